@@ -1,0 +1,219 @@
+/*
+ * xmesh: cross-mesh resharding of sharded tensors between device meshes.
+ *
+ * Plain C11. This header carries no MPI or CUDA types: contexts are created
+ * through <xmesh/mpi.h> (host memory over Open MPI) or <xmesh/cuda.h>
+ * (device memory over NCCL).
+ *
+ * Ownership and error contract, for every function below unless it says
+ * otherwise:
+ *   - a function returning an error leaves every handle and buffer passed to
+ *     it exactly as it was and allocates nothing that outlives the call;
+ *   - xmesh_last_error() then returns a thread-local message naming the bad
+ *     value ("sharding 'S0S0R': mesh axis 0 used twice");
+ *   - *_destroy(NULL) is a no-op returning XMESH_SUCCESS.
+ */
+#ifndef XMESH_H
+#define XMESH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XMESH_VERSION_MAJOR 0
+#define XMESH_VERSION_MINOR 1
+#define XMESH_VERSION_PATCH 0
+#define XMESH_VERSION_CODE                                                                         \
+    (XMESH_VERSION_MAJOR * 10000 + XMESH_VERSION_MINOR * 100 + XMESH_VERSION_PATCH)
+
+/* Result codes. The numeric values are fixed forever. */
+#define XMESH_RESULT_LIST(X)                                                                       \
+    X(XMESH_SUCCESS, 0, "success")                                                                 \
+    X(XMESH_IN_PROGRESS, 1, "operation in progress")                                               \
+    X(XMESH_ERR_INVALID_ARGUMENT, -1, "invalid argument")                                          \
+    X(XMESH_ERR_INVALID_USAGE, -2, "invalid usage")                                                \
+    X(XMESH_ERR_UNSUPPORTED, -3, "unsupported")                                                    \
+    X(XMESH_ERR_NO_MEMORY, -4, "out of memory")                                                    \
+    X(XMESH_ERR_SYSTEM, -5, "system error")                                                        \
+    X(XMESH_ERR_BACKEND, -6, "backend (MPI/NCCL/CUDA) error")                                      \
+    X(XMESH_ERR_MISMATCH, -7, "ranks passed different arguments")                                  \
+    X(XMESH_ERR_REMOTE, -8, "remote peer failed")                                                  \
+    X(XMESH_ERR_TIMEOUT, -9, "timed out")                                                          \
+    X(XMESH_ERR_INTERNAL, -10, "internal error")
+
+typedef enum {
+#define XMESH_RESULT_ENUM_(name, value, text) name = value,
+    XMESH_RESULT_LIST(XMESH_RESULT_ENUM_)
+#undef XMESH_RESULT_ENUM_
+} xmesh_result_t;
+
+/* Static string for a result code ("unknown result" for other values). */
+const char *xmesh_result_string(xmesh_result_t r);
+/* Detailed message of the last error raised on this thread ("" if none). */
+const char *xmesh_last_error(void);
+/* Library version as "MAJOR.MINOR.PATCH". */
+const char *xmesh_version_string(void);
+
+typedef enum {
+    XMESH_U8 = 0,
+    XMESH_I8 = 1,
+    XMESH_I32 = 2,
+    XMESH_I64 = 3,
+    XMESH_F16 = 4,
+    XMESH_BF16 = 5,
+    XMESH_F32 = 6,
+    XMESH_F64 = 7,
+    XMESH_DTYPE_COUNT_ = 8
+} xmesh_dtype_t;
+
+/* Size in bytes of one element, 0 for an unknown dtype. */
+size_t xmesh_dtype_size(xmesh_dtype_t dtype);
+/* "u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64"; NULL for unknown. */
+const char *xmesh_dtype_name(xmesh_dtype_t dtype);
+/* Parses a dtype name (as above; also "int32", "float32", ...). */
+xmesh_result_t xmesh_dtype_parse(const char *name, xmesh_dtype_t *out);
+
+typedef struct xmesh_ctx *xmesh_ctx_t;
+typedef struct xmesh_mesh *xmesh_mesh_t;
+typedef struct xmesh_plan *xmesh_plan_t;
+typedef struct xmesh_request *xmesh_request_t;
+
+#define XMESH_MAX_TENSOR_DIMS 8
+#define XMESH_MAX_MESH_DIMS 4
+
+/* Parameter structs carry size/magic/version so fields can be added later
+ * without breaking callers. Initialise with the *_INITIALIZER macro: every
+ * field starts "unset" and then takes the environment override (XMESH_*) or
+ * the built-in default. */
+#define XMESH_PARAMS_MAGIC 0x786d7368u /* "xmsh" */
+#define XMESH_UNSET_INT (-2147483647 - 1)
+#define XMESH_UNSET_I64 INT64_MIN
+#define XMESH_UNSET_DOUBLE (-1.0)
+
+struct xmesh_ctx_params {
+    size_t size;
+    unsigned magic;
+    unsigned version;
+    /* Host id of this rank; XMESH_UNSET_INT: from XMESH_HOST_ID or the
+     * MPI shared-memory split. Lets tests pretend ranks sit on other hosts. */
+    int host_id;
+    /* Default timeout of blocking operations, seconds (XMESH_TIMEOUT_S). */
+    double timeout_s;
+};
+typedef struct xmesh_ctx_params xmesh_ctx_params_t;
+#define XMESH_CTX_PARAMS_INITIALIZER                                                               \
+    {sizeof(xmesh_ctx_params_t), XMESH_PARAMS_MAGIC, XMESH_VERSION_CODE, XMESH_UNSET_INT,          \
+     XMESH_UNSET_DOUBLE}
+
+/* How a plan moves data (paper section 3.1). */
+typedef enum {
+    XMESH_STRATEGY_UNSET = -1,
+    XMESH_STRATEGY_BROADCAST = 0,          /* chunked pipelined chain per unit task */
+    XMESH_STRATEGY_SENDRECV = 1,           /* one point-to-point per receiver device */
+    XMESH_STRATEGY_SENDRECV_ALLGATHER = 2, /* 1/k per device, then intra-host all-gather (Alpa) */
+    XMESH_STRATEGY_GLOBAL_ALLGATHER = 3,   /* 1/k per device, then all-gather over all receivers */
+    XMESH_STRATEGY_COUNT_ = 4
+} xmesh_strategy_t;
+
+/* Which scheduler orders the unit tasks (paper section 3.2). */
+typedef enum {
+    XMESH_SCHEDULER_UNSET = -1,
+    XMESH_SCHEDULER_NAIVE = 0,
+    XMESH_SCHEDULER_LB = 1,
+    XMESH_SCHEDULER_DFS = 2,
+    XMESH_SCHEDULER_GREEDY = 3,
+    XMESH_SCHEDULER_ENSEMBLE = 4,
+    XMESH_SCHEDULER_COUNT_ = 5
+} xmesh_scheduler_t;
+
+const char *xmesh_strategy_name(xmesh_strategy_t s);
+xmesh_result_t xmesh_strategy_parse(const char *name, xmesh_strategy_t *out);
+const char *xmesh_scheduler_name(xmesh_scheduler_t s);
+xmesh_result_t xmesh_scheduler_parse(const char *name, xmesh_scheduler_t *out);
+
+struct xmesh_plan_params {
+    size_t size;
+    unsigned magic;
+    unsigned version;
+    xmesh_strategy_t strategy;   /* XMESH_STRATEGY */
+    xmesh_scheduler_t scheduler; /* XMESH_SCHEDULER */
+    int64_t chunk_bytes;         /* XMESH_CHUNK_BYTES */
+    int64_t budget_us;           /* XMESH_BUDGET_US: scheduler time budget */
+    int64_t seed;                /* XMESH_SEED */
+    double timeout_s;            /* XMESH_TIMEOUT_S */
+};
+typedef struct xmesh_plan_params xmesh_plan_params_t;
+#define XMESH_PLAN_PARAMS_INITIALIZER                                                              \
+    {sizeof(xmesh_plan_params_t), XMESH_PARAMS_MAGIC, XMESH_VERSION_CODE,                          \
+     XMESH_STRATEGY_UNSET,       XMESH_SCHEDULER_UNSET,  XMESH_UNSET_I64,                          \
+     XMESH_UNSET_I64,            XMESH_UNSET_I64,        XMESH_UNSET_DOUBLE}
+
+/* A mesh: ndim axes (1..XMESH_MAX_MESH_DIMS) of the given shape; ranks lists
+ * prod(shape) distinct ranks of ctx, row-major. The mesh copies ranks. */
+xmesh_result_t xmesh_mesh_create(xmesh_ctx_t ctx, int ndim, const int *shape, const int *ranks,
+                                 xmesh_mesh_t *out);
+/* Fails with INVALID_USAGE while a plan uses the mesh. */
+xmesh_result_t xmesh_mesh_destroy(xmesh_mesh_t mesh);
+
+typedef struct {
+    int ndim;             /* tensor dims, 0..XMESH_MAX_TENSOR_DIMS */
+    const int64_t *shape; /* ndim entries >= 0 (may be NULL when ndim == 0) */
+    xmesh_dtype_t dtype;
+    xmesh_mesh_t mesh;
+    const char *sharding; /* GSPMD "S0RR", "S01,R,R" or SBP "S(0),B,P" */
+} xmesh_layout_t;
+
+/* Local block shape of `rank` (a ctx rank): shape[0..ndim-1] is written.
+ * *holds = 0 (and shape zeroed) if rank is not in the layout's mesh. */
+xmesh_result_t xmesh_layout_local_shape(const xmesh_layout_t *l, int rank, int64_t *shape,
+                                        int *holds);
+/* Global offset of the local block of `rank` (same contract as above). */
+xmesh_result_t xmesh_layout_local_offset(const xmesh_layout_t *l, int rank, int64_t *offset,
+                                         int *holds);
+
+/* Collective over all ranks of ctx. params may be NULL (defaults, env
+ * overrides). Ranks that pass different layouts get XMESH_ERR_MISMATCH. */
+xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
+                                 const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
+                                 xmesh_plan_t *out);
+/* Collective over the ranks of both meshes; others may call and return at
+ * once. src_local / dst_local: this rank's local block, dense row-major (NULL
+ * where it holds none). dst_local must not alias src_local. */
+xmesh_result_t xmesh_reshard(xmesh_plan_t plan, const void *src_local, void *dst_local);
+/* Starts the transfer and returns at once; it progresses without further
+ * calls. The buffers belong to xmesh until the request completes. */
+xmesh_result_t xmesh_reshard_start(xmesh_plan_t plan, const void *src_local, void *dst_local,
+                                   xmesh_request_t *req);
+/* SUCCESS (request released), IN_PROGRESS, or an error (request released). */
+xmesh_result_t xmesh_test(xmesh_request_t req);
+/* Blocks without spinning until the request completes; releases it. */
+xmesh_result_t xmesh_wait(xmesh_request_t req);
+/* Fails with INVALID_USAGE while a request of the plan is in flight. */
+xmesh_result_t xmesh_plan_destroy(xmesh_plan_t plan);
+
+/* Summary of a plan, the same on every rank. */
+typedef struct {
+    int unit_tasks;
+    int64_t bytes_total;      /* bytes of the tensor */
+    int64_t bytes_cross_host; /* bytes that must cross host NICs, summed over receiver hosts */
+    double lower_bound_s;     /* model lower bound of the completion time */
+    double predicted_s;       /* simulated makespan of the chosen schedule */
+    xmesh_strategy_t strategy;
+    xmesh_scheduler_t scheduler;
+    int64_t chunk_bytes;
+} xmesh_plan_info_t;
+xmesh_result_t xmesh_plan_get_info(xmesh_plan_t plan, xmesh_plan_info_t *info);
+
+/* Context queries. */
+xmesh_result_t xmesh_ctx_rank(xmesh_ctx_t ctx, int *rank);
+xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size);
+xmesh_result_t xmesh_ctx_host(xmesh_ctx_t ctx, int rank, int *host);
+xmesh_result_t xmesh_ctx_destroy(xmesh_ctx_t ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* XMESH_H */

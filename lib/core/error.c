@@ -1,0 +1,71 @@
+/* Result strings, the thread-local last error and XMESH_DEBUG logging. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "xm_core.h"
+
+static _Thread_local char last_error[1024];
+
+const char *xmesh_result_string(xmesh_result_t r)
+{
+    switch (r) {
+#define XM_RESULT_CASE_(name, value, text)                                                         \
+    case name:                                                                                     \
+        return text;
+        XMESH_RESULT_LIST(XM_RESULT_CASE_)
+#undef XM_RESULT_CASE_
+    }
+    return "unknown result";
+}
+
+const char *xmesh_last_error(void)
+{
+    return last_error;
+}
+
+void xm_error_clear(void)
+{
+    last_error[0] = '\0';
+}
+
+xmesh_result_t xm_error_at(const char *file, int line, xmesh_result_t r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    XM_LOG(XM_LOG_INFO, "%s:%d error %d (%s): %s", file, line, (int)r, xmesh_result_string(r),
+           last_error);
+    return r;
+}
+
+int xm_log_level(void)
+{
+    static int level = -1;
+    if (level < 0) {
+        const char *s = getenv("XMESH_DEBUG");
+        int l = XM_LOG_NONE;
+        if (s && !strcasecmp(s, "WARN"))
+            l = XM_LOG_WARN;
+        else if (s && !strcasecmp(s, "INFO"))
+            l = XM_LOG_INFO;
+        else if (s && !strcasecmp(s, "TRACE"))
+            l = XM_LOG_TRACE;
+        level = l;
+    }
+    return level;
+}
+
+void xm_log_at(int level, const char *file, int line, const char *fmt, ...)
+{
+    static const char *names[] = {"", "WARN", "INFO", "TRACE"};
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *base = strrchr(file, '/');
+    fprintf(stderr, "xmesh %s %s:%d %s\n", names[level], base ? base + 1 : file, line, msg);
+}

@@ -1,0 +1,82 @@
+/* Meshes as plain data and the block math of a layout (array_split rule). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "xm_core.h"
+
+xmesh_result_t xm_meshdesc_check(const xm_meshdesc_t *m, int ndev_limit)
+{
+    if (!m)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh is NULL");
+    if (m->ndim < 1 || m->ndim > XM_MAX_MESH_DIMS)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh ndim %d out of range [1, %d]", m->ndim,
+                      XM_MAX_MESH_DIMS);
+    int64_t n = 1;
+    for (int a = 0; a < m->ndim; a++) {
+        if (m->shape[a] < 1)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh shape[%d] = %d, must be >= 1", a,
+                          m->shape[a]);
+        n *= m->shape[a];
+        if (n > (1 << 20))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh has more than 2^20 devices");
+    }
+    if (n != m->ndev)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh lists %d devices but its shape holds %lld",
+                      m->ndev, (long long)n);
+    if (!m->devs)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh device list is NULL");
+    for (int i = 0; i < m->ndev; i++) {
+        if (m->devs[i] < 0 || (ndev_limit > 0 && m->devs[i] >= ndev_limit))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "mesh rank %d (entry %d) out of range [0, %d)", m->devs[i], i,
+                          ndev_limit);
+        for (int j = 0; j < i; j++)
+            if (m->devs[j] == m->devs[i])
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                              "mesh rank %d listed twice (entries %d and %d)", m->devs[i], j, i);
+    }
+    return XMESH_SUCCESS;
+}
+
+void xm_mesh_coord(const xm_meshdesc_t *m, int i, int coord[XM_MAX_MESH_DIMS])
+{
+    for (int a = m->ndim - 1; a >= 0; a--) {
+        coord[a] = i % m->shape[a];
+        i /= m->shape[a];
+    }
+}
+
+int xm_mesh_find(const xm_meshdesc_t *m, int dev)
+{
+    for (int i = 0; i < m->ndev; i++)
+        if (m->devs[i] == dev)
+            return i;
+    return -1;
+}
+
+int64_t xm_layout_nshards(const xm_layout_t *l, int d)
+{
+    int64_t k = 1;
+    for (int j = 0; j < l->spec.naxes[d]; j++)
+        k *= l->mesh.shape[l->spec.axes[d][j]];
+    return k;
+}
+
+int64_t xm_layout_shard_index(const xm_layout_t *l, int d, const int coord[XM_MAX_MESH_DIMS])
+{
+    int64_t idx = 0;
+    for (int j = 0; j < l->spec.naxes[d]; j++) {
+        int a = l->spec.axes[d][j];
+        idx = idx * l->mesh.shape[a] + coord[a];
+    }
+    return idx;
+}
+
+void xm_layout_block(const xm_layout_t *l, int i, int64_t *lo, int64_t *hi)
+{
+    int coord[XM_MAX_MESH_DIMS];
+    xm_mesh_coord(&l->mesh, i, coord);
+    for (int d = 0; d < l->ndim; d++)
+        xm_split(l->shape[d], xm_layout_nshards(l, d), xm_layout_shard_index(l, d, coord), &lo[d],
+                 &hi[d]);
+}

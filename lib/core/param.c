@@ -1,0 +1,54 @@
+/* Every XMESH_* environment parameter, declared once (like NCCL_PARAM). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "xm_core.h"
+
+static const xm_param_desc_t params[] = {
+    {"XMESH_DEBUG", "", "log level: WARN, INFO or TRACE (errors are always recorded)"},
+    {"XMESH_STRATEGY", "broadcast",
+     "broadcast | sendrecv | sendrecv-allgather | global-allgather"},
+    {"XMESH_SCHEDULER", "ensemble", "naive | lb | dfs | greedy | ensemble"},
+    {"XMESH_CHUNK_BYTES", "1048576", "pipelining chunk of broadcast chains, bytes"},
+    {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},
+    {"XMESH_SEED", "1", "scheduler random seed"},
+    {"XMESH_TIMEOUT_S", "300", "timeout of blocking operations, seconds (0: none)"},
+    {"XMESH_HOST_ID", "", "override this rank's host id (tests); default: shared-memory split"},
+    {"XMESH_NIC_GBPS", "10", "model: NIC bandwidth per direction, Gbit/s"},
+    {"XMESH_NICS_PER_HOST", "1", "model: NICs per host"},
+    {"XMESH_INTRA_GBPS", "800", "model: intra-host device-to-device bandwidth, Gbit/s"},
+    {"XMESH_LATENCY_US", "5", "model: per-message latency, microseconds"},
+    {"XMESH_TRACE", "", "write a Chrome trace-event JSON of each reshard to this path"},
+    {"XMESH_CHECK", "0", "1: verify a checksum of every received box"},
+};
+
+int xm_param_count(void)
+{
+    return (int)(sizeof params / sizeof params[0]);
+}
+
+const xm_param_desc_t *xm_param_get(int i)
+{
+    return i >= 0 && i < xm_param_count() ? &params[i] : NULL;
+}
+
+const char *xm_param_str(const char *name)
+{
+    const char *v = getenv(name);
+    if (v && *v)
+        return v;
+    for (int i = 0; i < xm_param_count(); i++)
+        if (!strcmp(params[i].name, name))
+            return params[i].deflt;
+    return "";
+}
+
+int64_t xm_param_i64(const char *name)
+{
+    return strtoll(xm_param_str(name), NULL, 0);
+}
+
+double xm_param_double(const char *name)
+{
+    return strtod(xm_param_str(name), NULL);
+}

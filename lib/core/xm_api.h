@@ -1,0 +1,70 @@
+/*
+ * Private definitions behind the public handles, and the backend table.
+ * The generic code (lib/core/api.c) validates arguments, decomposes and
+ * schedules; a backend (lib/mpi, lib/cuda) moves the bytes.
+ */
+#ifndef XM_API_H
+#define XM_API_H
+
+#include "xm_core.h"
+#include "xm_sched.h"
+
+typedef struct xm_backend_ops {
+    const char *name;
+    /* Collective over all ranks of ctx. Every rank passes its local result
+     * and a hash of its inputs; returns SUCCESS on every rank only if all
+     * results are SUCCESS and all hashes agree; else MISMATCH (hashes differ)
+     * or REMOTE (another rank failed), on every rank, with a message. */
+    xmesh_result_t (*agree)(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t hash);
+    /* Collective: makes the schedule identical on every rank (e.g. rank 0's
+     * order and senders broadcast, routes rebuilt), then builds the executor
+     * state in plan->exec. On error the plan is left for plan_teardown. */
+    xmesh_result_t (*plan_setup)(xmesh_plan_t plan);
+    void (*plan_teardown)(xmesh_plan_t plan);
+    xmesh_result_t (*start)(xmesh_plan_t plan, const void *src, void *dst, xmesh_request_t *req);
+    xmesh_result_t (*test)(xmesh_request_t req);
+    xmesh_result_t (*wait)(xmesh_request_t req);
+    void (*ctx_free)(xmesh_ctx_t ctx);
+} xm_backend_ops_t;
+
+struct xmesh_ctx {
+    const xm_backend_ops_t *ops;
+    void *be;           /* backend state */
+    int rank, size;
+    xm_hostmap_t hosts; /* rank -> host, identical on every rank */
+    int nmeshes;        /* live meshes of this ctx */
+    int nplans;         /* live plans of this ctx */
+    double timeout_s;
+};
+
+struct xmesh_mesh {
+    xmesh_ctx_t ctx;
+    xm_meshdesc_t desc; /* desc.devs points to devs below */
+    int nplans;         /* plans using this mesh */
+    int devs[];
+};
+
+struct xmesh_plan {
+    xmesh_ctx_t ctx;
+    xmesh_mesh_t src_mesh, dst_mesh;
+    xmesh_dtype_t dtype;
+    xm_layout_t src, dst;
+    int src_index, dst_index; /* this rank's index in each mesh, -1 if absent */
+    xm_taskset_t ts;
+    xm_cluster_t cluster;
+    xm_schedule_t sched;
+    xmesh_strategy_t strategy;
+    xmesh_scheduler_t scheduler;
+    int64_t chunk_bytes;
+    int64_t budget_us;
+    uint64_t seed;
+    double timeout_s;
+    int inflight; /* requests in flight */
+    void *exec;   /* backend executor state */
+};
+
+/* Fills a cluster model for ctx's host map from XMESH_NIC_GBPS & co. */
+xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts,
+                                   int64_t chunk_bytes);
+
+#endif /* XM_API_H */

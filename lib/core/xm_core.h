@@ -1,0 +1,201 @@
+/*
+ * Private core types of xmesh: sharding specs, block math, unit tasks.
+ * Pure C over plain data: no MPI, no CUDA. Never installed.
+ *
+ * Terms (paper 002, section 2.2 and Appendix B):
+ *   device  = a rank of the context (an integer id); meshes list devices.
+ *   host    = the machine a device sits on (one NIC or a few).
+ *   spec    = per tensor dim, the mesh axes that split it (major first), plus
+ *             the mesh axes over which values are partial sums (SBP "P").
+ *   unit task = one box of the global tensor whose holders (source devices,
+ *             grouped into partial groups) and receivers (destination
+ *             devices) are each constant over the box.
+ */
+#ifndef XM_CORE_H
+#define XM_CORE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xmesh.h"
+
+#define XM_MAX_DIMS XMESH_MAX_TENSOR_DIMS
+#define XM_MAX_MESH_DIMS XMESH_MAX_MESH_DIMS
+
+/* ---------------------------------------------------------------- errors */
+
+/* Records a formatted message as this thread's last error (prefixed with
+ * nothing; file:line goes to the XMESH_DEBUG=INFO log) and returns r. */
+xmesh_result_t xm_error_at(const char *file, int line, xmesh_result_t r, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define XM_ERR(r, ...) xm_error_at(__FILE__, __LINE__, (r), __VA_ARGS__)
+void xm_error_clear(void);
+
+/* Logging: XMESH_DEBUG=WARN|INFO|TRACE (default: errors are only recorded). */
+enum { XM_LOG_NONE = 0, XM_LOG_WARN = 1, XM_LOG_INFO = 2, XM_LOG_TRACE = 3 };
+int xm_log_level(void);
+void xm_log_at(int level, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define XM_LOG(level, ...)                                                                         \
+    do {                                                                                           \
+        if (xm_log_level() >= (level))                                                             \
+            xm_log_at((level), __FILE__, __LINE__, __VA_ARGS__);                                   \
+    } while (0)
+#define XM_WARN(...) XM_LOG(XM_LOG_WARN, __VA_ARGS__)
+#define XM_INFO(...) XM_LOG(XM_LOG_INFO, __VA_ARGS__)
+#define XM_TRACE(...) XM_LOG(XM_LOG_TRACE, __VA_ARGS__)
+
+/* ------------------------------------------------------------ parameters */
+
+/* Every XMESH_* environment parameter is declared once in lib/core/param.c
+ * with its default and help line; xmesh-info prints the table. */
+typedef struct {
+    const char *name;    /* "XMESH_CHUNK_BYTES" */
+    const char *deflt;   /* default as text */
+    const char *help;    /* one line */
+} xm_param_desc_t;
+int xm_param_count(void);
+const xm_param_desc_t *xm_param_get(int i);
+/* Value of an environment parameter or the default when unset/empty. */
+const char *xm_param_str(const char *name);
+int64_t xm_param_i64(const char *name);
+double xm_param_double(const char *name);
+
+/* ----------------------------------------------------------------- specs */
+
+typedef struct xm_spec {
+    int ndim;                                  /* tensor dims */
+    int mesh_ndim;                             /* mesh dims */
+    int naxes[XM_MAX_DIMS];                    /* number of mesh axes splitting dim d */
+    int axes[XM_MAX_DIMS][XM_MAX_MESH_DIMS];   /* those axes, major first */
+    unsigned partial_mask;                     /* bit a set: values partial over mesh axis a */
+} xm_spec_t;
+
+/* Parses a sharding string for a tensor of `ndim` dims on a mesh of
+ * `mesh_ndim` dims. Notation is detected: SBP if the string contains '(',
+ * 'B' or 'P'; GSPMD otherwise ("R", "S0RR", "S01,R,R", "RS1R"). An empty
+ * string is the 0-d GSPMD spec. On error: INVALID_ARGUMENT with a message
+ * naming the token and value, *out untouched. */
+xmesh_result_t xm_spec_parse(const char *s, int ndim, int mesh_ndim, xm_spec_t *out);
+/* Prints in GSPMD notation ("S01RR"; P axes as a suffix "+P1": not GSPMD
+ * proper) or SBP notation ("S(0),S(0),B"). Returns the length that the full
+ * string needs (like snprintf). SBP cannot express a dim split by axes in
+ * non-ascending order: then it returns -1. */
+int xm_spec_format_gspmd(const xm_spec_t *spec, char *buf, size_t len);
+int xm_spec_format_sbp(const xm_spec_t *spec, char *buf, size_t len);
+/* Same meaning (both parsed into canonical form). */
+int xm_spec_equal(const xm_spec_t *a, const xm_spec_t *b);
+
+/* numpy.array_split rule: the first n % k parts get one extra element. */
+static inline void xm_split(int64_t n, int64_t k, int64_t idx, int64_t *lo, int64_t *hi)
+{
+    int64_t base = n / k, rem = n % k;
+    *lo = idx * base + (idx < rem ? idx : rem);
+    *hi = *lo + base + (idx < rem ? 1 : 0);
+}
+
+/* ---------------------------------------------------------------- layout */
+
+/* A mesh as plain data: devices row-major, `devs` points to ndev ids. */
+typedef struct xm_meshdesc {
+    int ndim;
+    int shape[XM_MAX_MESH_DIMS];
+    int ndev;
+    const int *devs;
+} xm_meshdesc_t;
+
+typedef struct xm_layout {
+    int ndim;
+    int64_t shape[XM_MAX_DIMS];
+    size_t elem_size;
+    xm_meshdesc_t mesh;
+    xm_spec_t spec;
+} xm_layout_t;
+
+/* Checks a mesh (ndim range, shape > 0, ids >= 0 and < ndev_limit when
+ * ndev_limit > 0, ids distinct). */
+xmesh_result_t xm_meshdesc_check(const xm_meshdesc_t *m, int ndev_limit);
+/* Mesh coordinate of the device at row-major index i. */
+void xm_mesh_coord(const xm_meshdesc_t *m, int i, int coord[XM_MAX_MESH_DIMS]);
+/* Index of device id `dev` in the mesh, -1 if absent. */
+int xm_mesh_find(const xm_meshdesc_t *m, int dev);
+/* Number of shards of tensor dim d under the spec. */
+int64_t xm_layout_nshards(const xm_layout_t *l, int d);
+/* Shard index of tensor dim d for a device at mesh coordinate coord. */
+int64_t xm_layout_shard_index(const xm_layout_t *l, int d, const int coord[XM_MAX_MESH_DIMS]);
+/* Block [lo, hi) of the device at mesh index i. */
+void xm_layout_block(const xm_layout_t *l, int i, int64_t *lo, int64_t *hi);
+
+/* ----------------------------------------------------------- unit tasks */
+
+typedef struct xm_box {
+    int64_t lo[XM_MAX_DIMS];
+    int64_t hi[XM_MAX_DIMS];
+} xm_box_t;
+
+static inline int64_t xm_box_volume(const xm_box_t *b, int ndim)
+{
+    int64_t v = 1;
+    for (int d = 0; d < ndim; d++)
+        v *= b->hi[d] - b->lo[d];
+    return v;
+}
+
+typedef struct xm_task {
+    xm_box_t box;
+    int64_t bytes;   /* volume * elem_size */
+    /* Holders: ngroups partial groups of group_size replica devices each,
+     * stored consecutively at ts->holders[holder_off ...]. Without P,
+     * ngroups == 1. The destination needs the sum over groups. */
+    int ngroups;
+    int group_size;
+    int holder_off;
+    /* Receivers: nrecv destination devices at ts->recvs[recv_off ...],
+     * sorted by (host, device). */
+    int nrecv;
+    int recv_off;
+} xm_task_t;
+
+/* Device -> host map, the only thing the decomposer knows of the cluster. */
+typedef struct xm_hostmap {
+    int ndev;
+    int nhosts;
+    int *host_of; /* ndev entries in [0, nhosts) */
+} xm_hostmap_t;
+
+typedef struct xm_taskset {
+    int ndim;
+    int64_t shape[XM_MAX_DIMS];
+    size_t elem_size;
+    int ntasks;
+    xm_task_t *tasks;
+    int *holders;
+    int *recvs;
+    int64_t bytes_total;      /* bytes of the whole tensor */
+    int64_t bytes_cross_host; /* sum over tasks of bytes x receiver hosts holding no replica */
+} xm_taskset_t;
+
+/* Decomposes a resharding (paper Appendix B.2): the cut points of both
+ * specs split every dim; each non-empty box becomes one task. Boxes whose
+ * receiver set is empty are dropped. Tasks are ordered row-major over the
+ * box grid. src and dst must have the same ndim, shape and elem_size.
+ * hosts may be NULL (then bytes_cross_host counts every receiver device
+ * that holds no replica as its own host). On error *out is untouched. */
+xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
+                            const xm_hostmap_t *hosts, xm_taskset_t *out);
+void xm_taskset_free(xm_taskset_t *ts);
+
+/* Default host map for planning without MPI: devices 0..|A|-1 are the source
+ * mesh, |A|..|A|+|B|-1 the destination mesh (or the same ids when
+ * `overlap`); mesh axis 0 enumerates hosts, source hosts first. */
+xmesh_result_t xm_hostmap_default(const int *src_shape, int src_ndim, const int *dst_shape,
+                                  int dst_ndim, int overlap, xm_hostmap_t *out, int **src_devs,
+                                  int **dst_devs);
+void xm_hostmap_free(xm_hostmap_t *h);
+
+/* 64-bit FNV-1a, used to compare plan inputs across ranks. */
+uint64_t xm_hash64(uint64_t h, const void *data, size_t len);
+#define XM_HASH_INIT 1469598103934665603ull
+
+#endif /* XM_CORE_H */
