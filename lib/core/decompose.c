@@ -110,7 +110,9 @@ static int cmp_keyed(const void *a, const void *b)
 
 static int host_of(const xm_hostmap_t *h, int dev)
 {
-    return h && dev < h->ndev ? h->host_of[dev] : -1 - dev;
+    if (!h)
+        return dev; /* no map: every device its own host */
+    return dev < h->ndev ? h->host_of[dev] : h->nhosts + dev;
 }
 
 xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
