@@ -1,3 +1,4 @@
+cmake_minimum_required(VERSION 3.25)
 # Compile-only check of the CUDA sources (no device needed): every
 # lib/cuda/*.cu must compile for sm_90 with warnings as errors, and the
 # cubin must be an sm_90 ELF holding each kernel of the backend.
