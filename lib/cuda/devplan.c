@@ -366,8 +366,10 @@ xmesh_result_t xm_commkey_make(const int *a, int na, const int *b, int nb, xm_co
     int *v = malloc(sizeof(int) * (na + nb + 1));
     if (!v)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "communicator key: out of memory");
-    memcpy(v, a, sizeof(int) * na);
-    memcpy(v + na, b, sizeof(int) * nb);
+    if (na > 0)
+        memcpy(v, a, sizeof(int) * na);
+    if (nb > 0)
+        memcpy(v + na, b, sizeof(int) * nb);
     qsort(v, na + nb, sizeof(int), cmp_int);
     int n = 0;
     for (int i = 0; i < na + nb; i++)

@@ -55,10 +55,20 @@ static int64_t parse_size(const char *s)
     char *end;
     double v = strtod(s, &end);
     switch (*end) {
-    case 'K': case 'k': v *= 1024; break;
-    case 'M': case 'm': v *= 1024 * 1024; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; break;
-    default: break;
+    case 'K':
+    case 'k':
+        v *= 1024;
+        break;
+    case 'M':
+    case 'm':
+        v *= 1024 * 1024;
+        break;
+    case 'G':
+    case 'g':
+        v *= 1024.0 * 1024 * 1024;
+        break;
+    default:
+        break;
     }
     return (int64_t)v;
 }
@@ -87,8 +97,7 @@ static double time_one(int which, xmesh_plan_t plan, ncclComm_t nc, void *buf, v
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     if (which == 0)
-        XM(xmesh_reshard_start_on_stream(plan, rank == 0 ? buf : NULL, rank == 0 ? NULL : dst,
-                                         st));
+        XM(xmesh_reshard_start_on_stream(plan, rank == 0 ? buf : NULL, rank == 0 ? NULL : dst, st));
     else
         NC(ncclBroadcast(buf, buf, (size_t)bytes, ncclUint8, 0, nc, st));
     CU(cudaStreamSynchronize(st));
@@ -112,17 +121,33 @@ int main(int argc, char **argv)
     const char *json = NULL;
     while ((opt = getopt(argc, argv, "b:e:f:n:w:c:J:")) != -1) {
         switch (opt) {
-        case 'b': minb = parse_size(optarg); break;
-        case 'e': maxb = parse_size(optarg); break;
-        case 'f': factor = atoi(optarg); break;
-        case 'n': iters = atoi(optarg); break;
-        case 'w': warm = atoi(optarg); break;
-        case 'c': chunk = parse_size(optarg); break;
-        case 'J': json = optarg; break;
+        case 'b':
+            minb = parse_size(optarg);
+            break;
+        case 'e':
+            maxb = parse_size(optarg);
+            break;
+        case 'f':
+            factor = atoi(optarg);
+            break;
+        case 'n':
+            iters = atoi(optarg);
+            break;
+        case 'w':
+            warm = atoi(optarg);
+            break;
+        case 'c':
+            chunk = parse_size(optarg);
+            break;
+        case 'J':
+            json = optarg;
+            break;
         default:
             if (rank == 0)
-                fprintf(stderr, "usage: %s [-b min] [-e max] [-f factor] [-n iters] [-w warmup] "
-                                "[-c chunk] [-J out.json]\n", argv[0]);
+                fprintf(stderr,
+                        "usage: %s [-b min] [-e max] [-f factor] [-n iters] [-w warmup] "
+                        "[-c chunk] [-J out.json]\n",
+                        argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -158,7 +183,8 @@ int main(int argc, char **argv)
     FILE *jf = NULL;
     if (rank == 0) {
         printf("# broadcast 1 -> %d ranks; time = max over ranks, median over %d iters "
-               "[min, max]; algbw = busbw = bytes / time\n", nrecv, iters);
+               "[min, max]; algbw = busbw = bytes / time\n",
+               nrecv, iters);
         printf("%12s  %28s %9s  %28s %9s  %7s %7s\n", "bytes", "xmesh time us [min,max]",
                "algbw GB/s", "ncclBroadcast us [min,max]", "algbw GB/s", "xm/nccl", "#wrong");
         if (json && !(jf = fopen(json, "w")))
@@ -215,8 +241,8 @@ int main(int argc, char **argv)
                         "%s\n  {\"bytes\": %lld, \"xmesh_s\": {\"median\": %.9g, \"min\": %.9g, "
                         "\"max\": %.9g}, \"nccl_broadcast_s\": {\"median\": %.9g, \"min\": %.9g, "
                         "\"max\": %.9g}, \"wrong\": %lld}",
-                        first ? "" : ",", (long long)bytes, s[0].med, s[0].min, s[0].max,
-                        s[1].med, s[1].min, s[1].max, all);
+                        first ? "" : ",", (long long)bytes, s[0].med, s[0].min, s[0].max, s[1].med,
+                        s[1].min, s[1].max, all);
             first = 0;
         }
         XM(xmesh_plan_destroy(plan));

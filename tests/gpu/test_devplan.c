@@ -523,7 +523,9 @@ static char *slot_ptr(char *slots, const xm_devprog_t *p, int slot)
     return slots + (int64_t)slot * p->slot_bytes;
 }
 
-static int run_case(const rcase_t *c, uint64_t seed, char *err, size_t errlen)
+/* sched: 0 = the stand-in above; k > 0 = the real scheduler (ensemble,
+ * default budget) on a cluster model with k NICs per host. */
+static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err, size_t errlen)
 {
     xm_hostmap_t hosts;
     int *sdevs, *ddevs;
@@ -554,7 +556,21 @@ static int run_case(const rcase_t *c, uint64_t seed, char *err, size_t errlen)
         fail_msg("decompose: %s", xmesh_last_error());
     uint64_t rs = seed | 1;
     xm_schedule_t s;
-    fake_schedule(&ts, c->sendrecv, &rs, &s);
+    xm_cluster_t cl;
+    if (sched == 0) {
+        fake_schedule(&ts, c->sendrecv, &rs, &s);
+    } else {
+        assert_int_equal(xm_cluster_init(&cl, &hosts), XMESH_SUCCESS);
+        cl.nics_per_host = sched;
+        cl.chunk_bytes = c->chunk;
+        xm_sched_opts_t so = {.kind = (xmesh_scheduler_t)(seed % XMESH_SCHEDULER_COUNT_),
+                              .budget_us = 2000,
+                              .seed = seed,
+                              .strategy =
+                                  c->sendrecv ? XMESH_STRATEGY_SENDRECV : XMESH_STRATEGY_BROADCAST};
+        if (xm_schedule(&ts, &cl, &so, &s))
+            fail_msg("xm_schedule: %s", xmesh_last_error());
+    }
 
     const int n = hosts.ndev;
     const size_t es = src.elem_size;
@@ -722,12 +738,32 @@ static int run_case(const rcase_t *c, uint64_t seed, char *err, size_t errlen)
     free(cur);
     free(part);
     free(nst);
-    free_schedule(&s);
+    if (sched == 0) {
+        free_schedule(&s);
+    } else {
+        xm_schedule_free(&s);
+        xm_cluster_free(&cl);
+    }
     xm_taskset_free(&ts);
     xm_hostmap_free(&hosts);
     free(sdevs);
     free(ddevs);
     return bad;
+}
+
+static int run_case(const rcase_t *c, uint64_t seed, char *err, size_t errlen)
+{
+    /* the stand-in schedule, then the real scheduler with 1 and 2 NICs */
+    for (int sched = 0; sched <= 2; sched++)
+        if (run_case_sched(c, seed, sched, err, errlen)) {
+            size_t n = strlen(err);
+            snprintf(err + n, errlen - n, " [%s schedule]",
+                     sched == 0   ? "stand-in"
+                     : sched == 1 ? "real, 1 NIC"
+                                  : "real, 2 NICs");
+            return 1;
+        }
+    return 0;
 }
 
 static void test_emulated_matrix(void **state)

@@ -87,14 +87,29 @@ static void store(xmesh_dtype_t dt, void *b, int64_t i, int64_t v)
 {
     switch (dt) {
     case XMESH_U8:
-    case XMESH_I8: ((uint8_t *)b)[i] = (uint8_t)v; break;
-    case XMESH_I32: ((int32_t *)b)[i] = (int32_t)v; break;
-    case XMESH_I64: ((int64_t *)b)[i] = v; break;
-    case XMESH_F16: ((uint16_t *)b)[i] = to_f16((float)v); break;
-    case XMESH_BF16: ((uint16_t *)b)[i] = to_bf16((float)v); break;
-    case XMESH_F32: ((float *)b)[i] = (float)v; break;
-    case XMESH_F64: ((double *)b)[i] = (double)v; break;
-    default: break;
+    case XMESH_I8:
+        ((uint8_t *)b)[i] = (uint8_t)v;
+        break;
+    case XMESH_I32:
+        ((int32_t *)b)[i] = (int32_t)v;
+        break;
+    case XMESH_I64:
+        ((int64_t *)b)[i] = v;
+        break;
+    case XMESH_F16:
+        ((uint16_t *)b)[i] = to_f16((float)v);
+        break;
+    case XMESH_BF16:
+        ((uint16_t *)b)[i] = to_bf16((float)v);
+        break;
+    case XMESH_F32:
+        ((float *)b)[i] = (float)v;
+        break;
+    case XMESH_F64:
+        ((double *)b)[i] = (double)v;
+        break;
+    default:
+        break;
     }
 }
 
@@ -102,14 +117,22 @@ static int64_t load(xmesh_dtype_t dt, const void *b, int64_t i)
 {
     switch (dt) {
     case XMESH_U8:
-    case XMESH_I8: return ((const uint8_t *)b)[i];
-    case XMESH_I32: return ((const int32_t *)b)[i];
-    case XMESH_I64: return ((const int64_t *)b)[i];
-    case XMESH_F16: return llroundf(from_f16(((const uint16_t *)b)[i]));
-    case XMESH_BF16: return llroundf(from_bf16(((const uint16_t *)b)[i]));
-    case XMESH_F32: return llroundf(((const float *)b)[i]);
-    case XMESH_F64: return llround(((const double *)b)[i]);
-    default: return 0;
+    case XMESH_I8:
+        return ((const uint8_t *)b)[i];
+    case XMESH_I32:
+        return ((const int32_t *)b)[i];
+    case XMESH_I64:
+        return ((const int64_t *)b)[i];
+    case XMESH_F16:
+        return llroundf(from_f16(((const uint16_t *)b)[i]));
+    case XMESH_BF16:
+        return llroundf(from_bf16(((const uint16_t *)b)[i]));
+    case XMESH_F32:
+        return llroundf(((const float *)b)[i]);
+    case XMESH_F64:
+        return llround(((const double *)b)[i]);
+    default:
+        return 0;
     }
 }
 
@@ -118,11 +141,11 @@ typedef struct {
     int ndim;
     int64_t shape[3];
     xmesh_dtype_t dt;
-    int src_2d;  /* source mesh (2, a/2) instead of (a) when a is even */
+    int src_2d; /* source mesh (2, a/2) instead of (a) when a is even */
     const char *src_spec, *src_spec_2d;
     unsigned pmask; /* P axes of the source mesh */
     const char *dst_spec;
-    int overlap;    /* both meshes over all ranks */
+    int overlap; /* both meshes over all ranks */
     xmesh_strategy_t strategy;
     int64_t chunk;
 } gcase_t;
@@ -130,17 +153,104 @@ typedef struct {
 static const gcase_t cases[] = {
     {"S0R->S0R", 2, {64, 48}, XMESH_I32, 0, "S0R", NULL, 0, "S0R", 0, XMESH_STRATEGY_BROADCAST, 0},
     {"RR->S0R", 2, {64, 48}, XMESH_F32, 0, "RR", NULL, 0, "S0R", 0, XMESH_STRATEGY_BROADCAST, 512},
-    {"RS0->S0R", 2, {64, 48}, XMESH_I32, 0, "RS0", NULL, 0, "S0R", 0, XMESH_STRATEGY_BROADCAST, 256},
-    {"RS0->S0R sendrecv", 2, {64, 48}, XMESH_F64, 0, "RS0", NULL, 0, "S0R", 0, XMESH_STRATEGY_SENDRECV, 0},
-    {"RR->RR bcast", 1, {1 << 16}, XMESH_U8, 0, "R", NULL, 0, "R", 0, XMESH_STRATEGY_BROADCAST, 4096},
+    {"RS0->S0R",
+     2,
+     {64, 48},
+     XMESH_I32,
+     0,
+     "RS0",
+     NULL,
+     0,
+     "S0R",
+     0,
+     XMESH_STRATEGY_BROADCAST,
+     256},
+    {"RS0->S0R sendrecv",
+     2,
+     {64, 48},
+     XMESH_F64,
+     0,
+     "RS0",
+     NULL,
+     0,
+     "S0R",
+     0,
+     XMESH_STRATEGY_SENDRECV,
+     0},
+    {"RR->RR bcast",
+     1,
+     {1 << 16},
+     XMESH_U8,
+     0,
+     "R",
+     NULL,
+     0,
+     "R",
+     0,
+     XMESH_STRATEGY_BROADCAST,
+     4096},
     {"uneven 7x5", 2, {7, 5}, XMESH_I32, 0, "S0R", NULL, 0, "RS0", 0, XMESH_STRATEGY_BROADCAST, 8},
-    {"uneven 3-d", 3, {9, 7, 5}, XMESH_BF16, 0, "RS0R", NULL, 0, "RRS0", 0, XMESH_STRATEGY_BROADCAST, 64},
+    {"uneven 3-d",
+     3,
+     {9, 7, 5},
+     XMESH_BF16,
+     0,
+     "RS0R",
+     NULL,
+     0,
+     "RRS0",
+     0,
+     XMESH_STRATEGY_BROADCAST,
+     64},
     {"P->B f16", 2, {32, 24}, XMESH_F16, 0, "P", NULL, 1, "B", 0, XMESH_STRATEGY_BROADCAST, 128},
-    {"S(0),P->S(1) bf16", 2, {32, 24}, XMESH_BF16, 1, "P", "S(0),P", 2, "S(1)", 0,
-     XMESH_STRATEGY_BROADCAST, 96},
-    {"P->S(0) f32 sr", 2, {30, 10}, XMESH_F32, 0, "P", NULL, 1, "S(0)", 0, XMESH_STRATEGY_SENDRECV, 64},
-    {"overlap S0R->RS0", 2, {40, 36}, XMESH_I64, 0, "S0R", NULL, 0, "RS0", 1, XMESH_STRATEGY_BROADCAST, 0},
-    {"overlap RR->S0R", 2, {40, 36}, XMESH_F16, 0, "RR", NULL, 0, "S0R", 1, XMESH_STRATEGY_BROADCAST, 200},
+    {"S(0),P->S(1) bf16",
+     2,
+     {32, 24},
+     XMESH_BF16,
+     1,
+     "P",
+     "S(0),P",
+     2,
+     "S(1)",
+     0,
+     XMESH_STRATEGY_BROADCAST,
+     96},
+    {"P->S(0) f32 sr",
+     2,
+     {30, 10},
+     XMESH_F32,
+     0,
+     "P",
+     NULL,
+     1,
+     "S(0)",
+     0,
+     XMESH_STRATEGY_SENDRECV,
+     64},
+    {"overlap S0R->RS0",
+     2,
+     {40, 36},
+     XMESH_I64,
+     0,
+     "S0R",
+     NULL,
+     0,
+     "RS0",
+     1,
+     XMESH_STRATEGY_BROADCAST,
+     0},
+    {"overlap RR->S0R",
+     2,
+     {40, 36},
+     XMESH_F16,
+     0,
+     "RR",
+     NULL,
+     0,
+     "S0R",
+     1,
+     XMESH_STRATEGY_BROADCAST,
+     200},
 };
 
 static int run(const gcase_t *c, uint64_t seed, xmesh_ctx_t ctx, cudaStream_t stream, int *ran)
@@ -251,8 +361,8 @@ static int run(const gcase_t *c, uint64_t seed, xmesh_ctx_t ctx, cudaStream_t st
                 want &= 0xff;
             int64_t got = load(c->dt, hd, k);
             CHECK(got == want, "%s (%s): dst element %lld (global %lld): got %lld want %lld",
-                  c->name, style ? "on_stream" : "wait", (long long)k, (long long)g,
-                  (long long)got, (long long)want);
+                  c->name, style ? "on_stream" : "wait", (long long)k, (long long)g, (long long)got,
+                  (long long)want);
         }
     }
     *ran = 1;
@@ -299,7 +409,9 @@ int main(int argc, char **argv)
         MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (g_rank == 0)
             printf("  %-22s %s\n", cases[i].name,
-                   any_bad ? "FAIL" : ran ? "ok" : "skipped (needs an even source mesh)");
+                   any_bad ? "FAIL"
+                   : ran   ? "ok"
+                           : "skipped (needs an even source mesh)");
         if (any_bad) {
             g_fail = 1;
             break;
