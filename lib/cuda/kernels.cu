@@ -8,7 +8,8 @@
 #include "xm_cuda_kernels.h"
 #include "xmesh.h"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 4096;
@@ -80,8 +81,7 @@ __global__ void reduce16_k(xm_packdesc_t d, const unsigned short *block, void *a
 
 /* Other dtypes add in their own type (unsigned for integers: wrap-around,
  * as the CPU reference). */
-template <typename T>
-__global__ void reduce_k(xm_packdesc_t d, const T *block, T *acc, T *out)
+template <typename T> __global__ void reduce_k(xm_packdesc_t d, const T *block, T *acc, T *out)
 {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < d.count;
          k += (int64_t)gridDim.x * blockDim.x) {
@@ -118,8 +118,7 @@ template <typename T>
 cudaError_t launch_reduce(const xm_packdesc_t *d, const void *block, void *acc, void *out,
                           cudaStream_t s)
 {
-    reduce_k<T><<<blocks_for(d->count), kThreads, 0, s>>>(*d, (const T *)block, (T *)acc,
-                                                          (T *)out);
+    reduce_k<T><<<blocks_for(d->count), kThreads, 0, s>>>(*d, (const T *)block, (T *)acc, (T *)out);
     return cudaGetLastError();
 }
 
@@ -207,9 +206,9 @@ extern "C" cudaError_t xm_cuda_reduce(const xm_packdesc_t *d, const void *block,
     switch (dtype) {
     case XMESH_F16:
     case XMESH_BF16:
-        reduce16_k<<<blocks_for(d->count), kThreads, 0, s>>>(
-            *d, (const unsigned short *)block, acc, is_acc != 0, (unsigned short *)out,
-            dtype == XMESH_BF16);
+        reduce16_k<<<blocks_for(d->count), kThreads, 0, s>>>(*d, (const unsigned short *)block, acc,
+                                                             is_acc != 0, (unsigned short *)out,
+                                                             dtype == XMESH_BF16);
         return cudaGetLastError();
     case XMESH_U8:
     case XMESH_I8:
