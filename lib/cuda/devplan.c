@@ -433,6 +433,25 @@ int xm_commcache_find(xm_commcache_t *c, const xm_commkey_t *key)
     return -1;
 }
 
+int xm_commcache_peek(const xm_commcache_t *c, const xm_commkey_t *key)
+{
+    for (int i = 0; i < c->n; i++)
+        if (xm_commkey_equal(&c->e[i].key, key))
+            return i;
+    return -1;
+}
+
+int xm_commcache_victim_masked(const xm_commcache_t *c, const int *ok)
+{
+    if (c->n < c->cap)
+        return c->n;
+    int v = -1;
+    for (int i = 0; i < c->n; i++)
+        if (ok[i] && (v < 0 || c->e[i].last_use < c->e[v].last_use))
+            v = i;
+    return v;
+}
+
 int xm_commcache_victim(const xm_commcache_t *c)
 {
     if (c->n < c->cap)

@@ -81,8 +81,10 @@ typedef struct xm_nccl_exec {
     int *comm_rank;   /* ctx rank -> rank in comm */
     void *slots;      /* device staging, prog.nslots * prog.slot_bytes */
     cudaStream_t stream;
-    cudaEvent_t last; /* end of the last transfer enqueued for this plan */
-    int enqueued;     /* last was recorded at least once */
+    cudaEvent_t last;       /* end of the last transfer enqueued for this plan */
+    cudaEvent_t comm_event; /* end of the last transfer on comm (any plan) */
+    int attached;           /* holds a reference on its cache entry */
+    int enqueued;           /* last was recorded at least once */
     xm_op_t *ops;
     xm_nccl_req_t *reqs;
 } xm_nccl_exec_t;
@@ -189,7 +191,10 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
 }
 
 /* Finds or creates the communicator of the plan's ranks. Collective: the
- * cache is identical on every rank, so every rank takes the same branch. */
+ * cache keys, their order and LRU times are identical on every rank (they
+ * change only here), so every rank takes the same branch and ncclCommSplit
+ * is called by all ranks or none. Reference counts can differ (plan
+ * destruction is local), hence the agreement on what may be evicted. */
 static xmesh_result_t attach_comm(xmesh_plan_t plan, xm_nccl_exec_t *ex)
 {
     xm_nccl_ctx_t *be = be_of(plan->ctx);
@@ -200,12 +205,26 @@ static xmesh_result_t attach_comm(xmesh_plan_t plan, xm_nccl_exec_t *ex)
         return r;
     int i = xm_commcache_find(&be->cache, &ex->key);
     if (i < 0) {
-        int v = xm_commcache_victim(&be->cache);
+        int n = be->cache.n, v = xm_commcache_victim(&be->cache);
+        if (v >= 0 && v < n) {
+            /* full: evict only what no rank still uses */
+            int *ok = malloc(sizeof(int) * n), *all = malloc(sizeof(int) * n);
+            int e = ok && all ? MPI_SUCCESS : MPI_ERR_NO_MEM;
+            for (int k = 0; ok && k < n; k++)
+                ok[k] = be->cache.e[k].refs == 0;
+            if (e == MPI_SUCCESS)
+                e = MPI_Allreduce(ok, all, n, MPI_INT, MPI_MIN, be->comm);
+            v = e == MPI_SUCCESS ? xm_commcache_victim_masked(&be->cache, all) : -2;
+            free(ok);
+            free(all);
+            if (v == -2)
+                return agree_on(be->comm, mpi_err(e, "communicator cache: MPI_Allreduce"), 0);
+        }
         if (v < 0)
             return XM_ERR(XMESH_ERR_UNSUPPORTED,
                           "%d NCCL communicators in use by live plans (XMESH_NCCL_MAX_COMMS): "
                           "destroy plans of other mesh pairs or raise the limit",
-                          be->cache.cap);
+                          be->cache.cap - 1);
         if (v < be->cache.n) {
             xm_commentry_t *old = &be->cache.e[v];
             XM_INFO("nccl: evicting the communicator of %d ranks", old->key.n);
@@ -233,25 +252,21 @@ static xmesh_result_t attach_comm(xmesh_plan_t plan, xm_nccl_exec_t *ex)
             return r;
         XM_INFO("nccl: new communicator of %d ranks (%d cached)", ex->key.n, be->cache.n);
     }
-    xm_commentry_t *e = &be->cache.e[i];
-    e->refs++;
-    ex->comm = (ncclComm_t)e->comm;
-    if (ex->comm && !e->event) {
-        cudaEvent_t ev;
-        CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        e->event = ev;
-    }
+    be->cache.e[i].refs++;
+    ex->attached = 1;
+    ex->comm = (ncclComm_t)be->cache.e[i].comm;
+    return XMESH_SUCCESS;
+}
+
+/* Local part of plan setup; its result is agreed on by the caller. */
+static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
+{
+    xm_nccl_ctx_t *be = be_of(plan->ctx);
     ex->comm_rank = malloc(sizeof(int) * plan->ctx->size);
     if (!ex->comm_rank)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     for (int k = 0; k < plan->ctx->size; k++)
         ex->comm_rank[k] = xm_commkey_index(&ex->key, k);
-    return XMESH_SUCCESS;
-}
-
-static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
-{
-    xm_nccl_ctx_t *be = be_of(plan->ctx);
     xmesh_result_t r = xm_devprog_build(&plan->src, &plan->dst, &plan->ts, &plan->sched,
                                         plan->dtype, plan->chunk_bytes, plan->ctx->rank, &ex->prog);
     if (r)
@@ -260,6 +275,16 @@ static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
     if (!ex->ops)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     CUDA_TRY(cudaSetDevice(be->device));
+    if (ex->comm) {
+        /* the communicator's ordering event, shared by its plans */
+        xm_commentry_t *e = &be->cache.e[xm_commcache_peek(&be->cache, &ex->key)];
+        if (!e->event) {
+            cudaEvent_t ev;
+            CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+            e->event = ev;
+        }
+        ex->comm_event = (cudaEvent_t)e->event;
+    }
     if (ex->prog.nslots > 0)
         CUDA_TRY(cudaMalloc(&ex->slots, (size_t)ex->prog.nslots * ex->prog.slot_bytes));
     /* A blocking stream: ordered after work on the legacy default stream. */
@@ -297,9 +322,9 @@ static void nccl_plan_teardown(xmesh_plan_t plan)
      * before their staging memory goes away. */
     if (ex->enqueued)
         cudaEventSynchronize(ex->last);
-    if (ex->key.ranks) {
-        int i = xm_commcache_find(&be->cache, &ex->key);
-        if (i >= 0 && ex->comm_rank)
+    if (ex->attached) {
+        int i = xm_commcache_peek(&be->cache, &ex->key);
+        if (i >= 0)
             be->cache.e[i].refs--;
     }
     for (xm_nccl_req_t *q = ex->reqs, *nx; q; q = nx) {
@@ -375,11 +400,7 @@ static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cud
     xm_nccl_exec_t *ex = plan->exec;
     xmesh_result_t r;
     CUDA_TRY(cudaSetDevice(be->device));
-    cudaEvent_t comm_ev = NULL;
-    if (ex->comm) {
-        int i = xm_commcache_find(&be->cache, &ex->key);
-        comm_ev = i >= 0 ? (cudaEvent_t)be->cache.e[i].event : NULL;
-    }
+    cudaEvent_t comm_ev = ex->comm_event;
     /* Order after the previous transfer on this communicator (any plan, any
      * stream) and after this plan's previous transfer (its staging). */
     if (comm_ev)

@@ -190,12 +190,20 @@ typedef struct xm_commcache {
 } xm_commcache_t;
 
 xmesh_result_t xm_commcache_init(xm_commcache_t *c, int cap);
-/* Entry index of key (touching its LRU time), -1 on a miss. */
+/* Entry index of key (touching its LRU time), -1 on a miss. Call it only
+ * from collective calls: the LRU order must stay the same on every rank. */
 int xm_commcache_find(xm_commcache_t *c, const xm_commkey_t *key);
+/* Same lookup without touching the LRU order (for local calls). */
+int xm_commcache_peek(const xm_commcache_t *c, const xm_commkey_t *key);
 /* Slot a new key may take: n < cap -> n (a fresh slot); else the LRU entry
  * with refs == 0 (the caller destroys its comm and calls _remove); -1 when
  * every entry is referenced (the caller must fail the plan). */
 int xm_commcache_victim(const xm_commcache_t *c);
+/* As xm_commcache_victim, but among entries with ok[i] != 0 only (ok has n
+ * entries). References are dropped by plan destruction, which is not
+ * collective, so ranks can disagree on refs: the backend passes the
+ * entries unreferenced on every rank (an MPI_Allreduce of refs == 0). */
+int xm_commcache_victim_masked(const xm_commcache_t *c, const int *ok);
 /* Moves key into the cache (the caller's key is emptied). */
 xmesh_result_t xm_commcache_insert(xm_commcache_t *c, xm_commkey_t *key, void *comm, int *index);
 void xm_commcache_remove(xm_commcache_t *c, int i);

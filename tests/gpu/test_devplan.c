@@ -311,6 +311,13 @@ static void test_commkey(void **state)
     cc.e[i1].refs = 0;
     assert_int_equal(xm_commcache_find(&cc, &k2), i0); /* i0 now most recent */
     assert_int_equal(xm_commcache_victim(&cc), i1);
+    /* ranks disagree on refs: only entries free everywhere may go */
+    int ok_none[2] = {0, 0}, ok_i0[2] = {1, 0};
+    assert_int_equal(xm_commcache_victim_masked(&cc, ok_none), -1);
+    assert_int_equal(xm_commcache_victim_masked(&cc, ok_i0), i0);
+    int before = (int)cc.clock;
+    assert_int_equal(xm_commcache_peek(&cc, &k2), i0);
+    assert_int_equal((int)cc.clock, before); /* peek leaves the LRU order alone */
     xm_commcache_remove(&cc, i1);
     assert_int_equal(cc.n, 1);
     assert_int_equal(xm_commcache_find(&cc, &k2), 0);
