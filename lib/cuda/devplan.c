@@ -78,18 +78,6 @@ void xm_chunkplan_chunk(const xm_chunkplan_t *p, int64_t c, xm_box_t *out)
     *out = b;
 }
 
-static int64_t chunkplan_max_elems(const xm_chunkplan_t *p)
-{
-    if (p->nchunks == 0)
-        return 0;
-    if (p->split_dim < 0)
-        return 1;
-    int64_t v = p->step;
-    for (int d = p->split_dim + 1; d < p->ndim; d++)
-        v *= p->box.hi[d] - p->box.lo[d];
-    return v;
-}
-
 /* ----------------------------------------------------- pack descriptors */
 
 void xm_packdesc_make(int ndim, const int64_t *blk_lo, const int64_t *blk_hi, const xm_box_t *box,
@@ -150,9 +138,218 @@ static int cmp_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* ------------------------------------------------------------ vroutes */
+
+typedef struct {
+    xm_vroutes_t v;
+    int cap_r, cap_d;
+} vbuild_t;
+
+static int vb_reserve(vbuild_t *b, int nr, int nd)
+{
+    if (b->v.n + nr > b->cap_r) {
+        int c = 2 * b->cap_r + nr + 16;
+        xm_vroute_t *r = realloc(b->v.r, sizeof *r * c);
+        if (!r)
+            return -1;
+        b->v.r = r;
+        b->cap_r = c;
+    }
+    int used = b->v.n ? b->v.r[b->v.n - 1].off + b->v.r[b->v.n - 1].len : 0;
+    if (used + nd > b->cap_d) {
+        int c = 2 * b->cap_d + nd + 64;
+        int *d = realloc(b->v.devs, sizeof(int) * c);
+        if (!d)
+            return -1;
+        b->v.devs = d;
+        b->cap_d = c;
+    }
+    return 0;
+}
+
+static int vb_add(vbuild_t *b, int task, const int *devs, int len, int nsrc, int whole,
+                  int from_dst, int64_t first, int64_t count)
+{
+    if (vb_reserve(b, 1, len))
+        return -1;
+    int off = b->v.n ? b->v.r[b->v.n - 1].off + b->v.r[b->v.n - 1].len : 0;
+    memcpy(b->v.devs + off, devs, sizeof(int) * len);
+    b->v.r[b->v.n++] = (xm_vroute_t){.task = task,
+                                     .nsrc = nsrc,
+                                     .len = len,
+                                     .off = off,
+                                     .whole = whole,
+                                     .from_dst = from_dst,
+                                     .first = first,
+                                     .count = count};
+    return 0;
+}
+
+int64_t xm_vroute_nchunks(const xm_vroute_t *v, const xm_taskset_t *ts, int64_t chunk_bytes)
+{
+    if (v->whole) {
+        xm_chunkplan_t cp;
+        xm_chunkplan_make(&ts->tasks[v->task].box, ts->ndim, ts->elem_size, chunk_bytes, &cp);
+        return cp.nchunks;
+    }
+    int64_t ce = chunk_bytes / (int64_t)ts->elem_size;
+    if (ce < 1)
+        ce = 1;
+    return (v->count + ce - 1) / ce;
+}
+
+void xm_vroute_chunk(const xm_vroute_t *v, const xm_taskset_t *ts, int64_t chunk_bytes, int64_t c,
+                     xm_box_t *box, int64_t *first, int64_t *count)
+{
+    if (v->whole) {
+        xm_chunkplan_t cp;
+        xm_chunkplan_make(&ts->tasks[v->task].box, ts->ndim, ts->elem_size, chunk_bytes, &cp);
+        xm_chunkplan_chunk(&cp, c, box);
+        *first = 0;
+        *count = xm_box_volume(box, ts->ndim);
+        return;
+    }
+    int64_t ce = chunk_bytes / (int64_t)ts->elem_size;
+    if (ce < 1)
+        ce = 1;
+    *box = ts->tasks[v->task].box;
+    *first = v->first + c * ce;
+    *count = v->first + v->count - *first < ce ? v->first + v->count - *first : ce;
+}
+
+/* Stage 0 and 1 chains of the all-gather strategies for task t (see
+ * xm_devplan.h; the part bounds and sender rules are the MPI executor's). */
+static int vb_allgather(vbuild_t *b, const xm_taskset_t *ts, const xm_schedule_t *s,
+                        const xm_hostmap_t *hm, int t, int per_host, int *chain)
+{
+    const xm_task_t *tk = &ts->tasks[t];
+    const int *R = ts->recvs + tk->recv_off, *H = ts->holders + tk->holder_off;
+    const int G = tk->ngroups, mg = s->max_groups;
+    const int64_t V = xm_box_volume(&tk->box, ts->ndim);
+    int first_ring = -1;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int g0 = 0; g0 < tk->nrecv;) {
+            int g1 = g0 + 1;
+            while (per_host && g1 < tk->nrecv && hm->host_of[R[g1]] == hm->host_of[R[g0]])
+                g1++;
+            if (!per_host)
+                g1 = tk->nrecv;
+            int k = g1 - g0;
+            for (int j = 0; j < k; j++) {
+                int64_t a = V * j / k, e = V * (j + 1) / k;
+                if (e == a)
+                    continue; /* an empty part moves nothing */
+                int len = 0, nsrc = 1, rcv = R[g0 + j];
+                if (pass == 1) {
+                    if (k < 2)
+                        continue;
+                    for (int q = 0; q < k; q++)
+                        chain[len++] = R[g0 + (j + q) % k];
+                    if (first_ring < 0)
+                        first_ring = b->v.n;
+                    if (vb_add(b, t, chain, len, 1, 0, 1, a, e - a))
+                        return -1;
+                    continue;
+                }
+                int self = 0, near = -1;
+                for (int i = 0; G == 1 && i < tk->group_size; i++) {
+                    self |= H[i] == rcv;
+                    if (near < 0 && hm->host_of[H[i]] == hm->host_of[rcv])
+                        near = H[i];
+                }
+                if (G == 1 && self) {
+                    chain[len++] = rcv; /* a self copy: len 1 */
+                } else {
+                    if (G == 1 && near >= 0) {
+                        chain[len++] = near; /* a replica on the receiver's host */
+                    } else {
+                        for (int g = 0; g < G; g++)
+                            chain[len++] = s->sender[t * mg + g];
+                        nsrc = G;
+                    }
+                    chain[len++] = rcv;
+                }
+                if (vb_add(b, t, chain, len, nsrc, 0, 0, a, e - a))
+                    return -1;
+            }
+            g0 = g1;
+        }
+    }
+    return first_ring;
+}
+
+xmesh_result_t xm_vroutes_build(const xm_taskset_t *ts, const xm_schedule_t *s,
+                                const xm_hostmap_t *hosts, xmesh_strategy_t strategy,
+                                int64_t chunk_bytes, xm_vroutes_t *out)
+{
+    vbuild_t b;
+    memset(&b, 0, sizeof b);
+    int allgather = strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+                    strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER;
+    int maxchain = 1;
+    for (int t = 0; t < ts->ntasks; t++)
+        if (ts->tasks[t].ngroups + ts->tasks[t].nrecv + 1 > maxchain)
+            maxchain = ts->tasks[t].ngroups + ts->tasks[t].nrecv + 1;
+    int *chain = malloc(sizeof(int) * maxchain);
+    b.v.task_off = malloc(sizeof(int) * (ts->ntasks + 1));
+    if (!chain || !b.v.task_off)
+        goto out_nomem;
+    if (allgather && !hosts)
+        goto out_nomem; /* cannot happen: callers pass the plan's map */
+    for (int t = 0; t < ts->ntasks; t++) {
+        b.v.task_off[t] = b.v.n;
+        int ring = -1;
+        if (allgather) {
+            ring = vb_allgather(&b, ts, s, hosts, t, strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER,
+                                chain);
+            if (ring == -1 && b.v.n == b.v.task_off[t] && ts->tasks[t].nrecv > 0 &&
+                xm_box_volume(&ts->tasks[t].box, ts->ndim) > 0)
+                goto out_nomem;
+        } else {
+            for (int q = s->task_route_off[t]; q < s->task_route_off[t + 1]; q++) {
+                const xm_route_t *rt = &s->routes[q];
+                if (vb_add(&b, t, s->route_devs + rt->off, rt->len, rt->nsrc, 1, 0, 0,
+                           xm_box_volume(&ts->tasks[t].box, ts->ndim)))
+                    goto out_nomem;
+            }
+        }
+        /* stage 1 starts when the slowest stage-0 chain of the task is done */
+        int64_t s1 = 0;
+        int end = ring >= 0 ? ring : b.v.n;
+        for (int q = b.v.task_off[t]; q < end; q++) {
+            int64_t k =
+                xm_chain_nsteps(b.v.r[q].len, xm_vroute_nchunks(&b.v.r[q], ts, chunk_bytes));
+            if (k > s1)
+                s1 = k;
+        }
+        for (int q = b.v.task_off[t]; q < b.v.n; q++)
+            b.v.r[q].step0 = ring >= 0 && q >= ring ? s1 : 0;
+    }
+    b.v.task_off[ts->ntasks] = b.v.n;
+    free(chain);
+    *out = b.v;
+    return XMESH_SUCCESS;
+out_nomem:
+    free(chain);
+    xm_vroutes_free(&b.v);
+    return XM_ERR(XMESH_ERR_NO_MEMORY, "device program: out of memory for %d chains", b.v.n);
+}
+
+void xm_vroutes_free(xm_vroutes_t *v)
+{
+    free(v->r);
+    free(v->devs);
+    free(v->task_off);
+    memset(v, 0, sizeof *v);
+}
+
+/* ------------------------------------------------------- step programs */
+
 xmesh_result_t xm_devprog_build(const xm_layout_t *src, const xm_layout_t *dst,
-                                const xm_taskset_t *ts, const xm_schedule_t *s, xmesh_dtype_t dtype,
-                                int64_t chunk_bytes, int rank, xm_devprog_t *out)
+                                const xm_taskset_t *ts, const xm_schedule_t *s,
+                                const xm_hostmap_t *hosts, xmesh_strategy_t strategy,
+                                xmesh_dtype_t dtype, int64_t chunk_bytes, int rank,
+                                xm_devprog_t *out)
 {
     xmesh_result_t r = XMESH_SUCCESS;
     xm_devprog_t p;
@@ -171,13 +368,16 @@ xmesh_result_t xm_devprog_build(const xm_layout_t *src, const xm_layout_t *dst,
         xm_layout_block(src, si, p.src_lo, p.src_hi);
     if ((p.holds_dst = di >= 0))
         xm_layout_block(dst, di, p.dst_lo, p.dst_hi);
+    if ((r = xm_vroutes_build(ts, s, hosts, strategy, chunk_bytes, &p.vr)))
+        return r;
+    const xm_vroutes_t *vr = &p.vr;
 
     p.task = malloc(sizeof(int) * (ts->ntasks + 1));
     p.part_off = malloc(sizeof(int) * (ts->ntasks + 1));
     int nparts = 0, npeers = 0;
-    for (int i = 0; i < s->nroutes; i++)
-        for (int k = 0; k < s->routes[i].len; k++)
-            nparts += s->route_devs[s->routes[i].off + k] == rank;
+    for (int i = 0; i < vr->n; i++)
+        for (int k = 0; k < vr->r[i].len; k++)
+            nparts += vr->devs[vr->r[i].off + k] == rank;
     p.parts = malloc(sizeof *p.parts * (nparts + 1));
     p.peers = malloc(sizeof(int) * (2 * nparts + 1));
     if (!p.task || !p.part_off || !p.parts || !p.peers) {
@@ -190,9 +390,9 @@ xmesh_result_t xm_devprog_build(const xm_layout_t *src, const xm_layout_t *dst,
         int t = s->order[k];
         const xm_task_t *task = &ts->tasks[t];
         int first = np;
-        for (int ri = s->task_route_off[t]; ri < s->task_route_off[t + 1]; ri++) {
-            const xm_route_t *rt = &s->routes[ri];
-            const int *devs = s->route_devs + rt->off;
+        for (int ri = vr->task_off[t]; ri < vr->task_off[t + 1]; ri++) {
+            const xm_vroute_t *rt = &vr->r[ri];
+            const int *devs = vr->devs + rt->off;
             if (rt->task != t || rt->len < 1 || rt->nsrc < 1 || rt->nsrc > rt->len ||
                 (rt->len > 1 && rt->nsrc == rt->len)) {
                 r = XM_ERR(XMESH_ERR_INTERNAL, "route %d of task %d: len %d nsrc %d invalid", ri, t,
@@ -202,12 +402,14 @@ xmesh_result_t xm_devprog_build(const xm_layout_t *src, const xm_layout_t *dst,
             for (int pos = 0; pos < rt->len; pos++) {
                 if (devs[pos] != rank)
                     continue;
-                /* Sources read the box from the source block, receivers
-                 * write it to the destination block (a len-1 route does both). */
+                /* Sources read the box from the source block (a ring head
+                 * from its destination block), receivers write it to the
+                 * destination block (a len-1 route does both). */
                 int is_src = pos < rt->nsrc, is_dst = pos >= rt->nsrc || rt->len == 1;
-                if ((is_src &&
+                int reads_dst = is_src && rt->from_dst;
+                if ((is_src && !reads_dst &&
                      (!p.holds_src || !box_inside(p.ndim, &task->box, p.src_lo, p.src_hi))) ||
-                    (is_dst &&
+                    ((is_dst || reads_dst) &&
                      (!p.holds_dst || !box_inside(p.ndim, &task->box, p.dst_lo, p.dst_hi)))) {
                     r = XM_ERR(XMESH_ERR_INTERNAL,
                                "route %d of task %d: rank %d at position %d does not %s the box",
@@ -221,15 +423,18 @@ xmesh_result_t xm_devprog_build(const xm_layout_t *src, const xm_layout_t *dst,
                     p.peers[npeers++] = devs[pos - 1];
                 if (pos < rt->len - 1)
                     p.peers[npeers++] = devs[pos + 1];
+                int64_t nch = xm_vroute_nchunks(rt, ts, chunk_bytes);
+                for (int64_t c = 0; c < nch && c < 2; c++) { /* chunk 0 is the largest */
+                    xm_box_t bx;
+                    int64_t f, n;
+                    xm_vroute_chunk(rt, ts, chunk_bytes, c, &bx, &f, &n);
+                    if (n > p.slot_elems)
+                        p.slot_elems = n;
+                }
             }
         }
         if (np == first)
             continue;
-        xm_chunkplan_t cp;
-        xm_chunkplan_make(&task->box, ts->ndim, ts->elem_size, chunk_bytes, &cp);
-        int64_t m = chunkplan_max_elems(&cp);
-        if (m > p.slot_elems)
-            p.slot_elems = m;
         if (np - first > p.max_parts)
             p.max_parts = np - first;
         p.task[p.ntasks++] = t;
@@ -250,6 +455,7 @@ out_free:
 
 void xm_devprog_free(xm_devprog_t *p)
 {
+    xm_vroutes_free(&p->vr);
     free(p->task);
     free(p->part_off);
     free(p->parts);
@@ -257,86 +463,91 @@ void xm_devprog_free(xm_devprog_t *p)
     memset(p, 0, sizeof *p);
 }
 
-int64_t xm_devprog_nsteps(const xm_devprog_t *p, const xm_taskset_t *ts, const xm_schedule_t *s,
-                          int i)
+int64_t xm_devprog_nsteps(const xm_devprog_t *p, const xm_taskset_t *ts, int i)
 {
-    int t = p->task[i];
-    xm_chunkplan_t cp;
-    xm_chunkplan_make(&ts->tasks[t].box, ts->ndim, ts->elem_size, p->chunk_bytes, &cp);
     int64_t n = 0;
     for (int j = p->part_off[i]; j < p->part_off[i + 1]; j++) {
-        int64_t k = xm_chain_nsteps(s->routes[p->parts[j].route].len, cp.nchunks);
-        if (k > n)
-            n = k;
+        const xm_vroute_t *v = &p->vr.r[p->parts[j].route];
+        int64_t k = xm_chain_nsteps(v->len, xm_vroute_nchunks(v, ts, p->chunk_bytes));
+        if (k > 0 && v->step0 + k > n)
+            n = v->step0 + k;
     }
     return n;
 }
 
-static void chunk_desc(const xm_devprog_t *p, const xm_chunkplan_t *cp, int64_t c, int in_dst,
-                       xm_packdesc_t *d)
+static void chunk_desc(const xm_devprog_t *p, const xm_taskset_t *ts, const xm_vroute_t *v,
+                       int64_t c, int in_dst, xm_packdesc_t *d)
 {
     xm_box_t b;
-    xm_chunkplan_chunk(cp, c, &b);
+    int64_t first, count;
+    xm_vroute_chunk(v, ts, p->chunk_bytes, c, &b, &first, &count);
     xm_packdesc_make(p->ndim, in_dst ? p->dst_lo : p->src_lo, in_dst ? p->dst_hi : p->src_hi, &b,
                      d);
+    d->first = first;
+    d->count = count;
 }
 
-int xm_devprog_step(const xm_devprog_t *p, const xm_taskset_t *ts, const xm_schedule_t *s, int i,
-                    int64_t step, xm_op_t *ops)
+int xm_devprog_step(const xm_devprog_t *p, const xm_taskset_t *ts, int i, int64_t gstep,
+                    xm_op_t *ops)
 {
-    const int t = p->task[i];
     const int conv = p->acc_size != p->elem_size;
-    xm_chunkplan_t cp;
-    xm_chunkplan_make(&ts->tasks[t].box, ts->ndim, ts->elem_size, p->chunk_bytes, &cp);
     int n = 0;
     for (int phase = 0; phase < 3; phase++) {
         for (int j = p->part_off[i], jl = 0; j < p->part_off[i + 1]; j++, jl++) {
-            const xm_route_t *rt = &s->routes[p->parts[j].route];
-            const int *devs = s->route_devs + rt->off;
+            const xm_vroute_t *rt = &p->vr.r[p->parts[j].route];
+            const int *devs = p->vr.devs + rt->off;
             const int pos = p->parts[j].pos, len = rt->len, nsrc = rt->nsrc;
+            const int64_t step = gstep - rt->step0;
+            const int64_t nch = xm_vroute_nchunks(rt, ts, p->chunk_bytes);
             xm_op_t op;
             memset(&op, 0, sizeof op);
             op.phase = phase;
+            if (step < 0 || nch == 0)
+                continue;
             if (len == 1) {
                 if (phase == 0 && step == 0) {
                     op.kind = XM_OP_COPY;
-                    xm_packdesc_make(p->ndim, p->src_lo, p->src_hi, &ts->tasks[t].box, &op.desc);
-                    xm_packdesc_make(p->ndim, p->dst_lo, p->dst_hi, &ts->tasks[t].box, &op.desc2);
-                    op.count = op.desc.count;
+                    const xm_box_t *b = &ts->tasks[rt->task].box;
+                    xm_packdesc_make(p->ndim, p->src_lo, p->src_hi, b, &op.desc);
+                    xm_packdesc_make(p->ndim, p->dst_lo, p->dst_hi, b, &op.desc2);
+                    op.desc.first = op.desc2.first = rt->first;
+                    op.desc.count = op.desc2.count = rt->count;
+                    op.count = rt->count;
                     ops[n++] = op;
                 }
                 continue;
             }
-            int64_t rc = xm_chain_recv_chunk(pos, step, cp.nchunks);
-            int64_t sc = xm_chain_send_chunk(pos, len, step, cp.nchunks);
+            int64_t rc = xm_chain_recv_chunk(pos, step, nch);
+            int64_t sc = xm_chain_send_chunk(pos, len, step, nch);
             if (phase == 0 && pos == 0 && sc >= 0) {
                 op.kind = XM_OP_PACK;
                 op.slot = 4 * jl + (int)(sc % 2);
                 op.acc = conv && nsrc > 1;
-                chunk_desc(p, &cp, sc, 0, &op.desc);
+                op.from_dst = rt->from_dst;
+                chunk_desc(p, ts, rt, sc, rt->from_dst, &op.desc);
                 op.count = op.desc.count;
                 ops[n++] = op;
             }
             if (phase == 1 && rc >= 0) {
                 xm_box_t b;
-                xm_chunkplan_chunk(&cp, rc, &b);
+                int64_t f;
+                xm_vroute_chunk(rt, ts, p->chunk_bytes, rc, &b, &f, &op.count);
                 op.kind = XM_OP_RECV;
                 op.peer = devs[pos - 1];
                 op.slot = 4 * jl + (int)(rc % 2);
                 op.acc = conv && pos <= nsrc - 1;
-                op.count = xm_box_volume(&b, ts->ndim);
                 ops[n++] = op;
             }
             if (phase == 1 && sc >= 0) {
                 xm_box_t b;
-                xm_chunkplan_chunk(&cp, sc, &b);
+                int64_t f;
+                xm_vroute_chunk(rt, ts, p->chunk_bytes, sc, &b, &f, &op.count);
                 op.kind = XM_OP_SEND;
                 op.peer = devs[pos + 1];
                 /* the last source of a converting chain sends the dtype copy */
                 int from_out = conv && pos == nsrc - 1 && pos > 0;
                 op.slot = 4 * jl + (from_out ? 2 : 0) + (int)(sc % 2);
                 op.acc = conv && pos < nsrc - 1;
-                op.count = xm_box_volume(&b, ts->ndim);
                 ops[n++] = op;
             }
             if (phase == 2 && rc >= 0) {
@@ -346,10 +557,10 @@ int xm_devprog_step(const xm_devprog_t *p, const xm_taskset_t *ts, const xm_sche
                     op.acc = conv;
                     op.convert_out = conv && pos == nsrc - 1;
                     op.out_slot = 4 * jl + 2 + (int)(rc % 2);
-                    chunk_desc(p, &cp, rc, 0, &op.desc);
+                    chunk_desc(p, ts, rt, rc, 0, &op.desc);
                 } else {
                     op.kind = XM_OP_UNPACK;
-                    chunk_desc(p, &cp, rc, 1, &op.desc);
+                    chunk_desc(p, ts, rt, rc, 1, &op.desc);
                 }
                 op.count = op.desc.count;
                 ops[n++] = op;

@@ -137,8 +137,8 @@ extern "C" cudaError_t xm_cuda_pack(const xm_packdesc_t *d, const void *block, v
         return cudaGetLastError();
     }
     if (xm_pack_contiguous(d)) /* one run: a plain device-to-device copy */
-        return cudaMemcpyAsync(packed, (const char *)block + d->base * es, d->count * es,
-                               cudaMemcpyDeviceToDevice, s);
+        return cudaMemcpyAsync(packed, (const char *)block + xm_pack_index(d, 0) * es,
+                               d->count * es, cudaMemcpyDeviceToDevice, s);
     switch (es) {
     case 1:
         return launch_pack<uint8_t>(d, block, packed, s);
@@ -159,7 +159,7 @@ extern "C" cudaError_t xm_cuda_unpack(const xm_packdesc_t *d, const void *packed
     if (d->count == 0)
         return cudaSuccess;
     if (xm_pack_contiguous(d))
-        return cudaMemcpyAsync((char *)block + d->base * es, packed, d->count * es,
+        return cudaMemcpyAsync((char *)block + xm_pack_index(d, 0) * es, packed, d->count * es,
                                cudaMemcpyDeviceToDevice, s);
     switch (es) {
     case 1:
@@ -182,8 +182,9 @@ extern "C" cudaError_t xm_cuda_copy(const xm_packdesc_t *sd, const void *sblock,
     if (sd->count == 0)
         return cudaSuccess;
     if (xm_pack_contiguous(sd) && xm_pack_contiguous(dd))
-        return cudaMemcpyAsync((char *)dblock + dd->base * es, (const char *)sblock + sd->base * es,
-                               sd->count * es, cudaMemcpyDeviceToDevice, s);
+        return cudaMemcpyAsync((char *)dblock + xm_pack_index(dd, 0) * es,
+                               (const char *)sblock + xm_pack_index(sd, 0) * es, sd->count * es,
+                               cudaMemcpyDeviceToDevice, s);
     switch (es) {
     case 1:
         return launch_copy<uint8_t>(sd, sblock, dd, dblock, s);

@@ -154,10 +154,14 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
 {
     xm_nccl_ctx_t *be = be_of(plan->ctx);
     xmesh_result_t r = XMESH_SUCCESS;
+    /* The all-gather strategies take senders and order from the send/recv
+     * model; their chains are built by xm_vroutes_build. */
     xm_sched_opts_t so = {.kind = plan->scheduler,
                           .budget_us = plan->budget_us,
                           .seed = plan->seed,
-                          .strategy = plan->strategy};
+                          .strategy = plan->strategy == XMESH_STRATEGY_BROADCAST
+                                          ? XMESH_STRATEGY_BROADCAST
+                                          : XMESH_STRATEGY_SENDRECV};
     const char *env = getenv("XMESH_NICS_PER_HOST");
     if ((!env || !*env) && be->nics_per_host > 1 &&
         plan->cluster.nics_per_host != be->nics_per_host) {
@@ -268,7 +272,8 @@ static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
     for (int k = 0; k < plan->ctx->size; k++)
         ex->comm_rank[k] = xm_commkey_index(&ex->key, k);
     xmesh_result_t r = xm_devprog_build(&plan->src, &plan->dst, &plan->ts, &plan->sched,
-                                        plan->dtype, plan->chunk_bytes, plan->ctx->rank, &ex->prog);
+                                        &plan->ctx->hosts, plan->strategy, plan->dtype,
+                                        plan->chunk_bytes, plan->ctx->rank, &ex->prog);
     if (r)
         return r;
     ex->ops = malloc(sizeof(xm_op_t) * xm_devprog_max_ops(&ex->prog));
@@ -365,7 +370,9 @@ static xmesh_result_t run_op(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_
         ce = xm_cuda_copy(&o->desc, src, &o->desc2, dst, p->elem_size, st);
         break;
     case XM_OP_PACK:
-        ce = xm_cuda_pack(&o->desc, src, slot(ex, o->slot), (int)plan->dtype, o->acc, st);
+        /* an all-gather ring head forwards the part it received earlier */
+        ce = xm_cuda_pack(&o->desc, o->from_dst ? dst : src, slot(ex, o->slot), (int)plan->dtype,
+                          o->acc, st);
         break;
     case XM_OP_REDUCE:
         ce = xm_cuda_reduce(&o->desc, src, slot(ex, o->slot), o->acc,
@@ -408,9 +415,9 @@ static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cud
     if (ex->enqueued)
         CUDA_TRY(cudaStreamWaitEvent(st, ex->last, 0));
     for (int i = 0; i < ex->prog.ntasks; i++) {
-        int64_t nst = xm_devprog_nsteps(&ex->prog, &plan->ts, &plan->sched, i);
+        int64_t nst = xm_devprog_nsteps(&ex->prog, &plan->ts, i);
         for (int64_t s = 0; s < nst; s++) {
-            int n = xm_devprog_step(&ex->prog, &plan->ts, &plan->sched, i, s, ex->ops);
+            int n = xm_devprog_step(&ex->prog, &plan->ts, i, s, ex->ops);
             int k = 0;
             for (; k < n && ex->ops[k].phase == 0; k++)
                 if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st)))

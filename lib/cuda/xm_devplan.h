@@ -94,15 +94,57 @@ typedef struct xm_op {
     int out_slot;        /* REDUCE with convert_out */
     int acc;             /* slot holds accumulator elements (f32 for f16/bf16) */
     int convert_out;     /* REDUCE: out_slot[k] = dtype(slot[k] + src) */
+    int from_dst;        /* PACK: read the destination block (all-gather ring head) */
     int64_t count;       /* elements */
-    xm_packdesc_t desc;  /* PACK/REDUCE: chunk in src block; UNPACK: chunk in dst block;
-                            COPY: source side */
+    xm_packdesc_t desc;  /* PACK/REDUCE: chunk in src block (dst block for a ring head);
+                            UNPACK: chunk in dst block; COPY: source side */
     xm_packdesc_t desc2; /* COPY: destination side */
 } xm_op_t;
 
+/* A chain as the executor runs it ("virtual route"). For broadcast and
+ * send/recv these are the schedule's routes, whole boxes chunked into
+ * sub-boxes. For the all-gather strategies (paper 002 section 3.1, the Alpa
+ * baseline and its global variant) they are derived from the schedule's
+ * senders, the same way as the MPI executor does: the k receivers of a
+ * group (one host, or all receivers) each get part j = [V j / k,
+ * V (j + 1) / k) of the box's row-major elements (stage 0: from itself
+ * when it holds the box, else from a holder on its host, else from the
+ * scheduled sender(s), through the partial-sum chain with P), then every
+ * part travels the ring R[j] -> R[j + 1] -> ... -> R[j - 1] (stage 1; its
+ * head reads the part from its destination block). Stage-1 chains start
+ * at step step0 = the most steps any stage-0 chain of the task needs, so
+ * a part is complete on its ring head before the ring uses it. */
+typedef struct xm_vroute {
+    int task;
+    int nsrc, len, off; /* devices at devs[off ..], sources first */
+    int whole;          /* the whole box, chunked in sub-boxes; else a linear range */
+    int from_dst;       /* the head reads its destination block */
+    int64_t first, count;
+    int64_t step0; /* first step of this chain within its task */
+} xm_vroute_t;
+
+typedef struct xm_vroutes {
+    int n;
+    xm_vroute_t *r; /* grouped by task, stage 0 before stage 1 */
+    int *devs;
+    int *task_off; /* ntasks + 1 */
+} xm_vroutes_t;
+
+/* Builds the chains of a schedule for a strategy; hosts: the plan's host
+ * map (all-gather groups are per host). On error *out is untouched. */
+xmesh_result_t xm_vroutes_build(const xm_taskset_t *ts, const xm_schedule_t *s,
+                                const xm_hostmap_t *hosts, xmesh_strategy_t strategy,
+                                int64_t chunk_bytes, xm_vroutes_t *out);
+void xm_vroutes_free(xm_vroutes_t *v);
+/* Chunks of a chain, and the region of chunk c: a box plus a linear range
+ * [first, first + count) of its row-major elements. */
+int64_t xm_vroute_nchunks(const xm_vroute_t *v, const xm_taskset_t *ts, int64_t chunk_bytes);
+void xm_vroute_chunk(const xm_vroute_t *v, const xm_taskset_t *ts, int64_t chunk_bytes, int64_t c,
+                     xm_box_t *box, int64_t *first, int64_t *count);
+
 typedef struct xm_devpart {
-    int route; /* index into sched->routes */
-    int pos;   /* position of this rank in the route */
+    int route; /* index into the program's vroutes */
+    int pos;   /* position of this rank in the chain */
 } xm_devpart_t;
 
 /* What one rank does in one plan. Built once per plan; steps are generated
@@ -117,9 +159,10 @@ typedef struct xm_devprog {
     int holds_src, holds_dst;
     int64_t src_lo[XM_MAX_DIMS], src_hi[XM_MAX_DIMS];
     int64_t dst_lo[XM_MAX_DIMS], dst_hi[XM_MAX_DIMS];
-    int ntasks;    /* tasks this rank takes part in, in schedule order */
-    int *task;     /* ntasks task ids */
-    int *part_off; /* ntasks + 1 */
+    xm_vroutes_t vr; /* every chain of the plan (same on every rank) */
+    int ntasks;      /* tasks this rank takes part in, in schedule order */
+    int *task;       /* ntasks task ids */
+    int *part_off;   /* ntasks + 1 */
     xm_devpart_t *parts;
     int max_parts;      /* most parts of one task: 4 slots per part */
     int64_t slot_elems; /* largest chunk, elements */
@@ -133,14 +176,15 @@ typedef struct xm_devprog {
 size_t xm_acc_size(xmesh_dtype_t dtype);
 
 /* Builds rank's program. src/dst are the plan's layouts, ts/s its tasks and
- * schedule. On error *out is untouched. */
+ * schedule, hosts its host map. On error *out is untouched. */
 xmesh_result_t xm_devprog_build(const xm_layout_t *src, const xm_layout_t *dst,
-                                const xm_taskset_t *ts, const xm_schedule_t *s, xmesh_dtype_t dtype,
-                                int64_t chunk_bytes, int rank, xm_devprog_t *out);
+                                const xm_taskset_t *ts, const xm_schedule_t *s,
+                                const xm_hostmap_t *hosts, xmesh_strategy_t strategy,
+                                xmesh_dtype_t dtype, int64_t chunk_bytes, int rank,
+                                xm_devprog_t *out);
 void xm_devprog_free(xm_devprog_t *p);
-/* Steps of the rank's i-th task (max over its parts). */
-int64_t xm_devprog_nsteps(const xm_devprog_t *p, const xm_taskset_t *ts, const xm_schedule_t *s,
-                          int i);
+/* Steps of the rank's i-th task (max over its parts of step0 + chain steps). */
+int64_t xm_devprog_nsteps(const xm_devprog_t *p, const xm_taskset_t *ts, int i);
 /* Most ops one step can produce: ops arrays of this size never overflow. */
 static inline int xm_devprog_max_ops(const xm_devprog_t *p)
 {
@@ -148,8 +192,8 @@ static inline int xm_devprog_max_ops(const xm_devprog_t *p)
 }
 /* Ops of step `step` of the rank's i-th task, phase order (0, 1, 2), into
  * ops[0 .. return). */
-int xm_devprog_step(const xm_devprog_t *p, const xm_taskset_t *ts, const xm_schedule_t *s, int i,
-                    int64_t step, xm_op_t *ops);
+int xm_devprog_step(const xm_devprog_t *p, const xm_taskset_t *ts, int i, int64_t step,
+                    xm_op_t *ops);
 
 /* ----------------------------------------------- communicator cache */
 

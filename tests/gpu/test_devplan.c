@@ -166,8 +166,9 @@ static void test_packdesc(void **state)
         }
         xm_packdesc_t p;
         xm_packdesc_make(ndim, lo, hi, &b, &p);
-        int64_t vol = xm_box_volume(&b, ndim);
+        int64_t vol = xm_box_volume(&b, ndim), want0 = -1, naive[6 * 6 * 6 * 6 * 6];
         assert_int_equal(p.count, vol);
+        assert_int_equal(p.first, 0);
         assert_true(p.ndim >= 1 && p.ndim <= (ndim > 0 ? ndim : 1));
         for (int64_t k = 0; k < vol; k++) {
             /* naive: box multi-index -> block row-major index */
@@ -180,7 +181,19 @@ static void test_packdesc(void **state)
             for (int d = 0; d < ndim; d++)
                 idx = idx * (hi[d] - lo[d]) + (m[d] - lo[d]);
             assert_int_equal(xm_pack_index(&p, k), idx);
+            if (k == 0)
+                want0 = idx;
+            naive[k] = idx;
         }
+        /* a linear range [first, first + count) of the same box */
+        if (vol > 0) {
+            xm_packdesc_t q = p;
+            q.first = rnd_in(&s, 0, vol - 1);
+            q.count = rnd_in(&s, 0, vol - q.first);
+            for (int64_t k = 0; k < q.count; k++)
+                assert_int_equal(xm_pack_index(&q, k), naive[q.first + k]);
+        }
+        (void)want0;
     }
     /* Coalescing: a slab of whole rows is one contiguous run. */
     int64_t lo[3] = {0, 0, 0}, hi[3] = {4, 5, 6};
@@ -521,7 +534,7 @@ typedef struct {
     const char *dst_spec;
     int overlap;
     int64_t chunk;
-    int sendrecv;
+    xmesh_strategy_t strategy;
 } rcase_t;
 
 static char *slot_ptr(char *slots, const xm_devprog_t *p, int slot)
@@ -565,7 +578,7 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
     xm_schedule_t s;
     xm_cluster_t cl;
     if (sched == 0) {
-        fake_schedule(&ts, c->sendrecv, &rs, &s);
+        fake_schedule(&ts, c->strategy == XMESH_STRATEGY_SENDRECV, &rs, &s);
     } else {
         assert_int_equal(xm_cluster_init(&cl, &hosts), XMESH_SUCCESS);
         cl.nics_per_host = sched;
@@ -573,8 +586,11 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
         xm_sched_opts_t so = {.kind = (xmesh_scheduler_t)(seed % XMESH_SCHEDULER_COUNT_),
                               .budget_us = 2000,
                               .seed = seed,
-                              .strategy =
-                                  c->sendrecv ? XMESH_STRATEGY_SENDRECV : XMESH_STRATEGY_BROADCAST};
+                              /* all-gather: senders and order from the
+                                 send/recv model, chains built by devplan */
+                              .strategy = c->strategy == XMESH_STRATEGY_BROADCAST
+                                              ? XMESH_STRATEGY_BROADCAST
+                                              : XMESH_STRATEGY_SENDRECV};
         if (xm_schedule(&ts, &cl, &so, &s))
             fail_msg("xm_schedule: %s", xmesh_last_error());
     }
@@ -591,7 +607,8 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
     int64_t *nst = calloc(n, sizeof(int64_t));
     int bad = 0;
     for (int r = 0; r < n; r++) {
-        if (xm_devprog_build(&src, &dst, &ts, &s, c->dt, c->chunk, r, &prog[r]))
+        if (xm_devprog_build(&src, &dst, &ts, &s, &hosts, c->strategy, c->dt, c->chunk, r,
+                             &prog[r]))
             fail_msg("devprog rank %d: %s", r, xmesh_last_error());
         block_of(&src, r, &sb[r]);
         block_of(&dst, r, &db[r]);
@@ -610,13 +627,13 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
         int64_t steps = 0;
         for (int r = 0; r < n; r++) {
             part[r] = cur[r] < prog[r].ntasks && prog[r].task[cur[r]] == t ? cur[r] : -1;
-            nst[r] = part[r] >= 0 ? xm_devprog_nsteps(&prog[r], &ts, &s, part[r]) : 0;
+            nst[r] = part[r] >= 0 ? xm_devprog_nsteps(&prog[r], &ts, part[r]) : 0;
             if (nst[r] > steps)
                 steps = nst[r];
         }
         for (int64_t st = 0; st < steps; st++) {
             for (int r = 0; r < n; r++) {
-                nops[r] = st < nst[r] ? xm_devprog_step(&prog[r], &ts, &s, part[r], st, ops[r]) : 0;
+                nops[r] = st < nst[r] ? xm_devprog_step(&prog[r], &ts, part[r], st, ops[r]) : 0;
                 assert_true(nops[r] <= xm_devprog_max_ops(&prog[r]));
                 for (int i = 1; i < nops[r]; i++)
                     assert_true(ops[r][i - 1].phase <= ops[r][i].phase);
@@ -641,8 +658,8 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
                             xm_ref_copy(&o->desc, sbuf[r], &o->desc2, dbuf[r], es);
                             break;
                         case XM_OP_PACK:
-                            xm_ref_pack(&o->desc, sbuf[r], slot_ptr(slots[r], &prog[r], o->slot),
-                                        c->dt, o->acc);
+                            xm_ref_pack(&o->desc, o->from_dst ? dbuf[r] : sbuf[r],
+                                        slot_ptr(slots[r], &prog[r], o->slot), c->dt, o->acc);
                             break;
                         case XM_OP_REDUCE:
                             xm_ref_reduce(
@@ -807,12 +824,12 @@ static void test_emulated_matrix(void **state)
     };
     char err[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        for (int sr = 0; sr < 2; sr++) {
+        for (int k = 0; k < XMESH_STRATEGY_COUNT_; k++) {
             rcase_t c = cases[i];
-            c.sendrecv ^= sr;
+            c.strategy = (xmesh_strategy_t)((c.strategy + k) % XMESH_STRATEGY_COUNT_);
             if (run_case(&c, g_seed + i, err, sizeof err))
                 fail_msg("case %zu (%s -> %s, %s, %s): %s", i, c.src_spec, c.dst_spec,
-                         xmesh_dtype_name(c.dt), c.sendrecv ? "sendrecv" : "broadcast", err);
+                         xmesh_dtype_name(c.dt), xmesh_strategy_name(c.strategy), err);
         }
     }
 }
@@ -860,7 +877,7 @@ static void test_emulated_random(void **state)
         c.dst_spec = ds;
         c.overlap = (int)rnd_in(&s, 0, 1);
         c.chunk = rnd_in(&s, 1, 64);
-        c.sendrecv = (int)rnd_in(&s, 0, 1);
+        c.strategy = (xmesh_strategy_t)rnd_in(&s, 0, XMESH_STRATEGY_COUNT_ - 1);
         xm_spec_t tmp;
         if (xm_spec_parse(ss, c.ndim, c.src_nd, &tmp) || xm_spec_parse(ds, c.ndim, c.dst_nd, &tmp))
             continue; /* e.g. a dim split more ways than it has elements is fine; others skip */
@@ -868,8 +885,8 @@ static void test_emulated_random(void **state)
             fail_msg("random case %d (seed %llu): shape ndim %d %s on %d-d mesh -> %s, %s, chunk "
                      "%lld, %s: %s",
                      it, (unsigned long long)g_seed, c.ndim, ss, c.src_nd, ds,
-                     xmesh_dtype_name(c.dt), (long long)c.chunk,
-                     c.sendrecv ? "sendrecv" : "broadcast", err);
+                     xmesh_dtype_name(c.dt), (long long)c.chunk, xmesh_strategy_name(c.strategy),
+                     err);
     }
 }
 
