@@ -684,8 +684,35 @@ xmesh_result_t xmesh_ctx_cuda_device(xmesh_ctx_t ctx, int *device)
 
 /* ------------------------------------------------------------- context */
 
-/* Host ids: params->host_id, XMESH_HOST_ID, or the lowest rank of the
- * shared-memory split; renumbered densely in order of first appearance. */
+/* XMESH_HOST_ID: an integer, or "rank/N" (N consecutive ranks share a
+ * host), as the MPI backend reads it. */
+static xmesh_result_t parse_host_env(const char *s, int rank, int *out)
+{
+    char *end;
+    long v;
+    if (!strncmp(s, "rank/", 5)) {
+        v = strtol(s + 5, &end, 10);
+        if (*end == 0 && v >= 1) {
+            *out = (int)(rank / v);
+            return XMESH_SUCCESS;
+        }
+    } else {
+        v = strtol(s, &end, 10);
+        if (*end == 0 && v >= 0 && v <= 1 << 30) {
+            *out = (int)v;
+            return XMESH_SUCCESS;
+        }
+    }
+    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                  "XMESH_HOST_ID '%s': expected an integer >= 0 or rank/N with N >= 1", s);
+}
+
+/* Host of every rank: explicit ids (params->host_id, else XMESH_HOST_ID)
+ * when every rank has one, else the lowest rank of the shared-memory
+ * split; renumbered 0..H-1 by first appearance, as the MPI backend does.
+ * *local_rank is the rank within the real shared-memory split (device
+ * selection), whatever the host ids say. Collective; a bad XMESH_HOST_ID
+ * anywhere fails every rank. */
 static xmesh_result_t find_hosts(MPI_Comm comm, int rank, int size, int host_id, int *local_rank,
                                  xm_hostmap_t *out)
 {
@@ -697,10 +724,17 @@ static xmesh_result_t find_hosts(MPI_Comm comm, int rank, int size, int host_id,
     MPI_Comm_rank(shm, local_rank);
     MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm);
     MPI_Comm_free(&shm);
-    int key = host_id != XMESH_UNSET_INT ? host_id : lowest;
+    int id = host_id != XMESH_UNSET_INT ? host_id : -1;
+    xmesh_result_t local = XMESH_SUCCESS;
     const char *env = getenv("XMESH_HOST_ID");
-    if (host_id == XMESH_UNSET_INT && env && *env)
-        key = atoi(env);
+    if (id < 0 && env && *env)
+        local = parse_host_env(env, rank, &id);
+    int have = id >= 0, all_have = 0;
+    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, comm);
+    xmesh_result_t r = agree_on(comm, local, 0);
+    if (r)
+        return r;
+    int key = all_have ? id : lowest; /* mixing ids and the split means nothing */
     int *keys = malloc(sizeof(int) * size);
     int *host = malloc(sizeof(int) * size);
     if (!keys || !host) {

@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "xmesh.h"
@@ -52,6 +53,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "rank %d: ctx_cuda_device(NULL) accepted\n", rank);
         fail = 1;
     }
+    /* A bad XMESH_HOST_ID on one rank fails every rank, before any device
+     * or NCCL call: INVALID_ARGUMENT there, REMOTE elsewhere. */
+    if (rank == 1)
+        setenv("XMESH_HOST_ID", "rank/0", 1);
+    ctx = sentinel;
+    r = xmesh_ctx_create_nccl(MPI_COMM_WORLD, -1, NULL, &ctx);
+    xmesh_result_t want = rank == 1 ? XMESH_ERR_INVALID_ARGUMENT : XMESH_ERR_REMOTE;
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1 && (r != want || ctx != sentinel)) {
+        fprintf(stderr, "rank %d: bad XMESH_HOST_ID on rank 1: got %s (%s)\n", rank,
+                xmesh_result_string(r), xmesh_last_error());
+        fail = 1;
+    }
+    unsetenv("XMESH_HOST_ID");
     int any = 0;
     MPI_Allreduce(&fail, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0)
