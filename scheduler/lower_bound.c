@@ -47,9 +47,9 @@ static double subset_bound(const xm_prep_t *p, const int *bit_of, int u)
             else
                 rm |= 1u << b;
         }
-        f[hm] += p->pt[t].nic_cost;
+        f[hm] += p->pt[t].lb_dur;
         if (!routside)
-            g[hm | rm] += p->pt[t].nic_cost;
+            g[hm | rm] += p->pt[t].lb_dur;
     }
     for (int b = 0; b < u; b++)
         for (size_t m = 0; m < n; m++)
@@ -86,9 +86,9 @@ static double singleton_bound(const xm_prep_t *p, const int *bit_of, int u)
             routside |= bit_of[p->dev_host[ts->recvs[k->recv_off + i]]] < 0;
         /* needs_nic with a single holder host means a receiver host is outside it */
         if (single)
-            one[h0] += p->pt[t].nic_cost;
+            one[h0] += p->pt[t].lb_dur;
         if (routside)
-            all += p->pt[t].nic_cost;
+            all += p->pt[t].lb_dur;
     }
     for (int h = 0; h < p->nhosts; h++)
         if (one[h] / p->nics > best)
@@ -109,8 +109,8 @@ double xm_lower_bound_prep(const xm_prep_t *p)
         if (ts->tasks[t].nrecv == 0)
             continue;
         double v = c->latency_s + (double)ts->tasks[t].bytes / maxbw;
-        if (p->pt[t].needs_nic && p->pt[t].nic_cost > v)
-            v = p->pt[t].nic_cost;
+        if (p->pt[t].lb_dur > v)
+            v = p->pt[t].lb_dur;
         if (v > lb)
             lb = v;
     }
@@ -128,7 +128,7 @@ double xm_lower_bound_prep(const xm_prep_t *p)
             if (i > 0 && p->dev_host[ts->recvs[k->recv_off + i - 1]] == h)
                 continue;
             if (!p->recv_covered[k->recv_off + i])
-                rin[h] += p->pt[t].nic_cost;
+                rin[h] += p->pt[t].lb_dur;
         }
     }
     for (int h = 0; h < p->nhosts; h++)

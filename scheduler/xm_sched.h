@@ -19,13 +19,13 @@
 /* ------------------------------------------------------------ cluster */
 
 typedef struct xm_cluster {
-    xm_hostmap_t hosts;   /* device -> host (owned) */
-    int nics_per_host;    /* >= 1; device i of a host uses NIC (i % nics_per_host) */
-    double nic_send_Bps;  /* per NIC, bytes/s */
-    double nic_recv_Bps;  /* per NIC, bytes/s */
-    double intra_Bps;     /* device-to-device inside a host, bytes/s */
-    double latency_s;     /* per message (alpha) */
-    int64_t chunk_bytes;  /* pipelining chunk of the broadcast chains */
+    xm_hostmap_t hosts;  /* device -> host (owned) */
+    int nics_per_host;   /* >= 1; device i of a host uses NIC (i % nics_per_host) */
+    double nic_send_Bps; /* per NIC, bytes/s */
+    double nic_recv_Bps; /* per NIC, bytes/s */
+    double intra_Bps;    /* device-to-device inside a host, bytes/s */
+    double latency_s;    /* per message (alpha) */
+    int64_t chunk_bytes; /* pipelining chunk of the broadcast chains */
 } xm_cluster_t;
 
 /* Paper cluster defaults: 10 Gb/s, 1 NIC/host, 100 GB/s intra, 5 us, 1 MiB
@@ -42,6 +42,51 @@ int xm_cluster_nic_of(const xm_cluster_t *c, int dev);
  * only with P). devs[nsrc .. len-1] are receivers, each forwarding to the
  * next. len == 1 is a self copy: devs[0] holds the box and also receives it.
  * A chain that stays inside one host uses only the intra-host link. */
+/*
+ * Route shapes (what executors must implement; built by scheduler/routes.c):
+ *
+ * BROADCAST, no P (ngroups == 1), chosen sender s (a holder):
+ *   - every receiver that is itself a holder: a self copy [r] (len 1);
+ *   - receivers on a host h != host(s) that has a holder: one intra-host
+ *     chain [hd, receivers on h in device order], hd = a holder on h;
+ *   - all other receivers: one main chain [s, receivers on host(s), then the
+ *     receivers of every other host, host by host in ascending host order].
+ *     Inside a host the chain enters through the receiver whose NIC frees
+ *     first (matters only with several NICs), the rest follow by device id.
+ *   Each receiver host's NIC therefore receives the bytes once.
+ * BROADCAST, P (ngroups G > 1): one chain [s_0 .. s_{G-1}, receivers]. The
+ *   sources are the chosen holders of the groups (sender[t * max_groups + g]
+ *   says which device serves group g; the chain order need not be the group
+ *   order): ordered by host so that each host's sources are adjacent, hosts
+ *   ascending, except that the last source host is the lowest-numbered
+ *   source host that also has receivers (if any), so the final sum is
+ *   already on a receiver host. Receivers follow: those on that last source
+ *   host first, then host by host ascending. No self copies: a device that
+ *   is both a source and a receiver appears twice.
+ * SENDRECV, no P: per receiver r a route [s, r] (len 2), or [r] if r holds
+ *   the box. SENDRECV, P: per receiver [s_0 .. s_{G-1}, r] (sources ordered
+ *   as above).
+ * A task with nrecv > 0 always has at least one route.
+ *
+ * Sender choice: the schedulers decide a sender host per task; the device
+ * inside it (per group) is the holder whose NIC frees first, then the one
+ * that sent the fewest bytes so far, then the lowest id. For a P group
+ * without a holder on that host: a host an earlier group already uses, else
+ * a receiver host, else its lowest holder's host.
+ *
+ * Timing (paper 002 eq. 1-3, implemented identically by the simulator): a
+ * task occupies the send direction of every NIC that sends one of its
+ * inter-host hops and the receive direction of every NIC that receives one;
+ * each NIC direction runs its tasks one at a time in the global order; a
+ * task starts when all its NIC directions are free. Intra-host hops use the
+ * intra-host link and occupy no NIC (tasks with no inter-host hop start at
+ * 0). Duration of a task = max over its routes of the pipelined chain time
+ * sum_hops(latency + c / bw_hop) + (K - 1) * c / min_hop bw, with K =
+ * ceil(bytes / chunk_bytes) chunks of c = bytes / K (inter-host hop bw =
+ * min(nic_send, nic_recv), intra = intra_Bps; a self copy costs latency +
+ * bytes / intra_Bps), and at least n * bytes / bw + latency for a NIC
+ * direction crossed n times by the task's routes.
+ */
 typedef struct xm_route {
     int task;
     int nsrc;
@@ -52,13 +97,13 @@ typedef struct xm_route {
 typedef struct xm_schedule {
     xmesh_scheduler_t scheduler;
     int ntasks;
-    int *order;       /* ntasks: global issue order (a permutation) */
-    int *sender;      /* ntasks * max_groups: chosen device per task per partial group,
-                         task t group g at sender[t * max_groups + g] */
+    int *order;  /* ntasks: global issue order (a permutation) */
+    int *sender; /* ntasks * max_groups: chosen device per task per partial group,
+                    task t group g at sender[t * max_groups + g] */
     int max_groups;
     int nroutes;
-    xm_route_t *routes;   /* sorted by task id */
-    int *task_route_off;  /* ntasks + 1: routes of task t are routes[off[t] .. off[t+1]) */
+    xm_route_t *routes;  /* sorted by task id */
+    int *task_route_off; /* ntasks + 1: routes of task t are routes[off[t] .. off[t+1]) */
     int *route_devs;
     double lower_bound_s; /* xm_lower_bound() of the instance */
     double makespan_s;    /* simulated makespan of this schedule */
@@ -97,11 +142,11 @@ double xm_lower_bound(const xm_taskset_t *ts, const xm_cluster_t *c);
 
 typedef struct xm_sim_result {
     double makespan_s;
-    int nnics;             /* nhosts * nics_per_host */
+    int nnics; /* nhosts * nics_per_host */
     double *nic_send_busy_s;
     double *nic_recv_busy_s;
-    double *task_start_s;  /* ntasks */
-    double *task_end_s;    /* ntasks */
+    double *task_start_s; /* ntasks */
+    double *task_end_s;   /* ntasks */
 } xm_sim_result_t;
 
 /* Discrete-event simulation of a schedule: chunked pipelined chains,
