@@ -118,6 +118,29 @@ static xmesh_result_t assign_classes(xm_prep_t *p)
     return XMESH_SUCCESS;
 }
 
+/* Shortest possible duration of a P task with any holders as senders: its
+ * chain has at least G - 1 hops between the sources plus one hop per
+ * receiver (broadcast) or G hops per route (sendrecv); every hop pays the
+ * latency and one chunk, and if a receiver host lacks a full value some hop
+ * is inter-host and paces all chunks at NIC speed. */
+static double p_chain_bound(const xm_prep_t *q, int t)
+{
+    const xm_task_t *k = &q->ts->tasks[t];
+    const xm_cluster_t *c = q->c;
+    int hops = q->strategy == XMESH_STRATEGY_SENDRECV ? k->ngroups : k->ngroups - 1 + k->nrecv;
+    if (hops < 1)
+        hops = 1;
+    int64_t C = c->chunk_bytes > 0 ? c->chunk_bytes : (int64_t)1 << 20;
+    int64_t K = (k->bytes + C - 1) / C;
+    if (K < 1)
+        K = 1;
+    double B = (double)k->bytes, ch = B / (double)K, inter = hop_bw(c);
+    double maxbw = c->intra_Bps > inter ? c->intra_Bps : inter;
+    double v = hops * c->latency_s + (hops - 1) * ch / maxbw;
+    v += q->pt[t].needs_nic ? B / inter : (double)K * ch / maxbw;
+    return q->pt[t].needs_nic && v < q->pt[t].nic_cost ? q->pt[t].nic_cost : v;
+}
+
 /* Appends the host-level directions of the routes in tr as option o's
  * resources (options are visited in order, so offsets grow). */
 static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
@@ -311,7 +334,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         pt->min_dur = isfinite(best) ? best : 0;
         /* Any holder as sender: without P its host is an option, so min_dur
          * holds; a P chain of arbitrary holders is only bounded by one hop. */
-        pt->lb_dur = ts->tasks[t].ngroups == 1 ? pt->min_dur : pt->needs_nic ? pt->nic_cost : 0;
+        pt->lb_dur = ts->tasks[t].ngroups == 1 ? pt->min_dur : p_chain_bound(&q, t);
     }
     xm_state_free(&st);
     xm_troutes_free(&tr);
