@@ -118,27 +118,83 @@ static xmesh_result_t assign_classes(xm_prep_t *p)
     return XMESH_SUCCESS;
 }
 
-/* Shortest possible duration of a P task with any holders as senders: its
- * chain has at least G - 1 hops between the sources plus one hop per
- * receiver (broadcast) or G hops per route (sendrecv); every hop pays the
- * latency and one chunk, and if a receiver host lacks a full value some hop
- * is inter-host and paces all chunks at NIC speed. */
+/* Fewest distinct hosts a P chain must visit: the receiver hosts in
+ * rh[0..nrh) plus, for the groups with no holder there, at least one more
+ * host; when all those groups sit on single hosts, each such host. */
+static int p_min_hosts(const xm_prep_t *q, const xm_task_t *k, const int *rh, int nrh)
+{
+    const int *hd = q->ts->holders + k->holder_off;
+    int extra_hosts[64], nextra = 0, multi = 0;
+    for (int g = 0; g < k->ngroups; g++) {
+        int inside = 0, h0 = q->dev_host[hd[g * k->group_size]], single = 1;
+        for (int j = 0; j < k->group_size; j++) {
+            int h = q->dev_host[hd[g * k->group_size + j]];
+            single &= h == h0;
+            for (int i = 0; i < nrh && !inside; i++)
+                inside = rh[i] == h;
+        }
+        if (inside)
+            continue;
+        if (!single || nextra == 64) {
+            multi = 1;
+            continue;
+        }
+        int seen = 0;
+        for (int i = 0; i < nextra && !seen; i++)
+            seen = extra_hosts[i] == h0;
+        if (!seen)
+            extra_hosts[nextra++] = h0;
+    }
+    return nrh + (nextra > 0 ? nextra : multi);
+}
+
+/* Shortest possible duration of a P task with any holders as senders. Its
+ * chain has at least G - 1 hops between the sources plus one per receiver
+ * (broadcast) or G hops per route (sendrecv), and visits at least
+ * p_min_hosts() hosts, so it has that many minus one inter-host hops. Every
+ * hop pays the latency and one chunk (c / NIC bw when inter-host), and an
+ * inter-host hop paces the remaining K - 1 chunks. */
 static double p_chain_bound(const xm_prep_t *q, int t)
 {
     const xm_task_t *k = &q->ts->tasks[t];
     const xm_cluster_t *c = q->c;
-    int hops = q->strategy == XMESH_STRATEGY_SENDRECV ? k->ngroups : k->ngroups - 1 + k->nrecv;
-    if (hops < 1)
-        hops = 1;
     int64_t C = c->chunk_bytes > 0 ? c->chunk_bytes : (int64_t)1 << 20;
     int64_t K = (k->bytes + C - 1) / C;
     if (K < 1)
         K = 1;
     double B = (double)k->bytes, ch = B / (double)K, inter = hop_bw(c);
     double maxbw = c->intra_Bps > inter ? c->intra_Bps : inter;
-    double v = hops * c->latency_s + (hops - 1) * ch / maxbw;
-    v += q->pt[t].needs_nic ? B / inter : (double)K * ch / maxbw;
-    return q->pt[t].needs_nic && v < q->pt[t].nic_cost ? q->pt[t].nic_cost : v;
+    int rh_buf[64], nrh = 0;
+    int *rh = k->nrecv <= 64 ? rh_buf : malloc(sizeof(int) * k->nrecv);
+    if (!rh)
+        return q->pt[t].needs_nic ? q->pt[t].nic_cost : 0;
+    for (int i = 0; i < k->nrecv; i++) {
+        int h = q->dev_host[q->ts->recvs[k->recv_off + i]];
+        if (nrh == 0 || rh[nrh - 1] != h)
+            rh[nrh++] = h;
+    }
+    double best = 0;
+    int sendrecv = q->strategy == XMESH_STRATEGY_SENDRECV;
+    /* broadcast: one chain over all receiver hosts; sendrecv: the slowest of
+     * the per-receiver routes, each over one receiver host */
+    for (int i = 0; i < (sendrecv ? nrh : 1); i++) {
+        int hops = sendrecv ? k->ngroups : k->ngroups - 1 + k->nrecv;
+        int inter_min = (sendrecv ? p_min_hosts(q, k, rh + i, 1) : p_min_hosts(q, k, rh, nrh)) - 1;
+        if (hops < 1)
+            hops = 1;
+        if (inter_min > hops)
+            inter_min = hops;
+        double v = hops * c->latency_s + (hops - inter_min) * ch / maxbw;
+        if (inter_min > 0)
+            v += (inter_min + K - 1) * ch / inter;
+        else
+            v += (K - 1) * ch / maxbw;
+        if (v > best)
+            best = v;
+    }
+    if (rh != rh_buf)
+        free(rh);
+    return q->pt[t].needs_nic && best < q->pt[t].nic_cost ? q->pt[t].nic_cost : best;
 }
 
 /* Appends the host-level directions of the routes in tr as option o's

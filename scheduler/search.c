@@ -217,7 +217,9 @@ static void dfs_rec(dfs_t *d, int depth)
         }
         return;
     }
-    if ((++d->nodes & 15) == 0 && xm_ctl_expired(d->ctl)) {
+    /* The first dive (until a first leaf exists) ignores the budget: it is
+     * polynomial, and without it there would be no plan to return. */
+    if ((++d->nodes & 15) == 0 && isfinite(d->best) && xm_ctl_expired(d->ctl)) {
         d->stop = d->expired = 1;
         return;
     }
@@ -250,8 +252,16 @@ static void dfs_rec(dfs_t *d, int depth)
             }
         }
     }
-    qsort(kids, nk, sizeof *kids, cmp_child);
+    /* Best-first without sorting: most nodes of a big instance only ever
+     * visit their first child, so select lazily. */
     for (int i = 0; i < nk && !d->stop; i++) {
+        int m = i;
+        for (int j = i + 1; j < nk; j++)
+            if (cmp_child(&kids[j], &kids[m]) < 0)
+                m = j;
+        child_t tmp = kids[i];
+        kids[i] = kids[m];
+        kids[m] = tmp;
         int t = kids[i].t, k = p->pt[t].klass, h = p->opt_hosts[kids[i].o];
         int mark = d->undo.n;
         xm_step(p, d->s, t, h, NULL, d->r, &d->undo);
