@@ -464,53 +464,102 @@ double xm_sched_greedy(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_se
 
 /* -------------------------------------------------------------- improve */
 
-/* Local search on a plan: random moves (move a task earlier, move the task
- * that finishes last, give a task another sender host, swap two tasks),
- * re-scored exactly; a move is kept when the makespan does not grow (equal
- * moves let the search walk across plateaus). */
+/* Evaluates (order, hosts) recording per position the end time and the
+ * position of the task that blocked its start (-1: started when its NIC
+ * directions were idle). Returns the makespan; *sum = sum of end times. */
+static double eval_crit(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, const int *order,
+                        const int *hosts, double *end, int *pred, int *dir_last, double *sum)
+{
+    int n = p->ts->ntasks;
+    xm_state_reset(s, p);
+    for (int d = 0; d < 2 * p->nnics; d++)
+        dir_last[d] = -1;
+    double tot = 0;
+    for (int i = 0; i < n; i++) {
+        end[i] = xm_step(p, s, order[i], hosts[order[i]], NULL, r, NULL);
+        tot += end[i];
+        pred[i] = -1;
+        for (int u = 0; u < r->nuse; u++) {
+            int d = r->use_dir[u], q = dir_last[d];
+            if (q >= 0 && end[q] == r->start)
+                pred[i] = q;
+            dir_last[d] = i;
+        }
+    }
+    *sum = tot;
+    return s->makespan;
+}
+
+/* Local search on a plan (used by the ensemble after the constructive
+ * schedulers). Moves, all re-scored exactly: along the critical chain (the
+ * last task and the tasks that, one after another, delayed it) move a task
+ * in front of its blocker or to a random earlier place, or give it another
+ * sender host; sometimes a random move anywhere. A move is kept when
+ * (makespan, sum of end times) does not grow, so the search can cross
+ * plateaus of equal makespan while tails shrink. */
 double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
                         int *order, int *hosts, double cur)
 {
     int n = p->ts->ntasks;
     if (n < 2)
         return cur;
-    int *o2 = xmalloc(sizeof(int) * n);
+    int *o2 = xmalloc(sizeof(int) * n), *chain = xmalloc(sizeof(int) * n);
+    int *pred = xmalloc(sizeof(int) * n), *pred2 = xmalloc(sizeof(int) * n);
+    int *dir_last = xmalloc(sizeof(int) * 2 * p->nnics);
     double *end = xmalloc(sizeof(double) * n), *end2 = xmalloc(sizeof(double) * n);
     uint64_t rng = ctl->seed ^ 0x696d70726f7665ull;
-    /* ends of the current plan */
-    xm_state_reset(s, p);
-    for (int i = 0; i < n; i++)
-        end[i] = xm_step(p, s, order[i], hosts[order[i]], NULL, r, NULL);
-    cur = s->makespan;
+    double sum, sum2;
+    cur = eval_crit(p, s, r, order, hosts, end, pred, dir_last, &sum);
     while (cur > ctl->lower_bound * (1 + 1e-12) && !xm_ctl_expired(ctl)) {
         uint64_t x = xm_rng_next(&rng);
-        int move = (int)(x % 4), i, j, t = -1, oldh = -1;
+        /* critical chain, last task first */
+        int nc = 0, last = 0;
+        for (int i = 0; i < n; i++)
+            if (end[i] >= end[last])
+                last = i;
+        for (int i = last; i >= 0 && nc < n; i = pred[i])
+            chain[nc++] = i;
+        int move = (int)(x % 5), t = -1, oldh = -1, i, j;
         memcpy(o2, order, sizeof(int) * n);
-        if (move == 0 || move == 1) {
-            if (move == 1) { /* a task finishing at the makespan */
-                i = 0;
-                for (int q = 0; q < n; q++)
-                    if (end[q] >= cur)
-                        i = q;
-            } else {
-                i = (int)((x >> 8) % (uint64_t)n);
-            }
-            if (i == 0) {
-                ctl->evals++;
+        ctl->evals++;
+        if (move == 0 && nc > 1) {
+            /* a critical task jumps in front of the task that blocked it */
+            int c = 1 + (int)((x >> 8) % (uint64_t)(nc - 1));
+            i = chain[c - 1];
+            j = chain[c];
+            int v = o2[i];
+            memmove(o2 + j + 1, o2 + j, sizeof(int) * (i - j));
+            o2[j] = v;
+        } else if (move <= 1) {
+            /* the last task, or any task, moves to a random earlier place */
+            i = move == 0 ? last : (int)((x >> 8) % (uint64_t)n);
+            if (i == 0)
                 continue;
-            }
             j = (int)((x >> 32) % (uint64_t)i);
             int v = o2[i];
             memmove(o2 + j + 1, o2 + j, sizeof(int) * (i - j));
             o2[j] = v;
         } else if (move == 2) {
-            t = (int)((x >> 8) % (uint64_t)n);
+            /* another sender host */
+            t = order[(x >> 8) % (uint64_t)n];
             if (p->pt[t].nopt < 2) {
-                ctl->evals++;
+                t = -1;
                 continue;
             }
             oldh = hosts[t];
             hosts[t] = p->opt_hosts[p->pt[t].opt_off + (int)((x >> 32) % (uint64_t)p->pt[t].nopt)];
+            if (hosts[t] == oldh) {
+                t = -1;
+                continue;
+            }
+        } else if (move == 3) {
+            /* the last task moves to a random earlier place */
+            if (last == 0)
+                continue;
+            j = (int)((x >> 32) % (uint64_t)last);
+            int v = o2[last];
+            memmove(o2 + j + 1, o2 + j, sizeof(int) * (last - j));
+            o2[j] = v;
         } else {
             i = (int)((x >> 8) % (uint64_t)n);
             j = (int)((x >> 32) % (uint64_t)n);
@@ -518,19 +567,23 @@ double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_s
             o2[i] = o2[j];
             o2[j] = v;
         }
-        xm_state_reset(s, p);
-        for (int q = 0; q < n; q++)
-            end2[q] = xm_step(p, s, o2[q], hosts[o2[q]], NULL, r, NULL);
+        double ms = eval_crit(p, s, r, o2, hosts, end2, pred2, dir_last, &sum2);
         ctl->evals += n;
-        if (s->makespan <= cur) {
-            cur = s->makespan;
+        if (ms <= cur) {
+            cur = ms;
+            sum = sum2;
             memcpy(order, o2, sizeof(int) * n);
             memcpy(end, end2, sizeof(double) * n);
+            memcpy(pred, pred2, sizeof(int) * n);
         } else if (t >= 0) {
             hosts[t] = oldh;
         }
     }
     free(o2);
+    free(chain);
+    free(pred);
+    free(pred2);
+    free(dir_last);
     free(end);
     free(end2);
     return cur;
