@@ -96,10 +96,15 @@ static double *subset_weights(const xm_prep_t *p, const int *bit_of, int u)
 static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
 {
     const xm_taskset_t *ts = p->ts;
-    double best = 0, *w = u <= XM_LB_MAX_SUBSET_HOSTS ? subset_weights(p, bit_of, u) : NULL;
-    int have_p = 0;
-    for (int t = 0; t < ts->ntasks && !have_p; t++)
-        have_p = p->pt[t].needs_nic && ts->tasks[t].ngroups > 1;
+    int have_p = 0, have_np = 0;
+    for (int t = 0; t < ts->ntasks; t++) {
+        have_p |= p->pt[t].needs_nic && ts->tasks[t].ngroups > 1;
+        have_np |= p->pt[t].needs_nic && ts->tasks[t].ngroups == 1;
+    }
+    double best = 0;
+    double *w = u <= XM_LB_MAX_SUBSET_HOSTS && have_np ? subset_weights(p, bit_of, u) : NULL;
+    if (!have_p && !have_np)
+        return 0;
     if (w) {
         for (size_t m = 1; m < ((size_t)1 << u); m++) {
             double v = w[m] / (__builtin_popcountll(m) * (double)p->nics);
@@ -107,7 +112,7 @@ static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
                 best = v;
         }
     }
-    if (u > 64 || (w && !have_p)) {
+    if (u > 64 || (w && !have_p)) { /* all subsets done, or too many hosts for masks */
         free(w);
         return best;
     }

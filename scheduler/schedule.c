@@ -32,7 +32,7 @@ int xm_ctl_expired(xm_search_ctl_t *ctl)
 /* Fills out from a plan given as option hosts or fixed senders: pass 1
  * counts routes per task, pass 2 writes them in task-id order. */
 static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, const int *order,
-                                  const int *hosts, const int *fixed, xm_schedule_t *out)
+                                  const int *hosts, const int *fixed, double lb, xm_schedule_t *out)
 {
     int n = p->ts->ntasks, G = p->max_groups;
     xm_schedule_t s;
@@ -97,7 +97,7 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
                    st.makespan, s.makespan_s);
         goto out_free;
     }
-    s.lower_bound_s = xm_lower_bound_prep(p);
+    s.lower_bound_s = lb >= 0 ? lb : xm_lower_bound_prep(p);
     *out = s;
     memset(&s, 0, sizeof s);
 out_free:
@@ -231,7 +231,7 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
 
     if (kind == XMESH_SCHEDULER_NAIVE) {
         naive_plan(&p, order, fixed);
-        r = materialise(&p, kind, order, NULL, fixed, out);
+        r = materialise(&p, kind, order, NULL, fixed, ctl.lower_bound, out);
         goto out_done;
     }
     if (kind == XMESH_SCHEDULER_LB) {
@@ -274,7 +274,7 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         memcpy(order, best.order, sizeof(int) * n);
         memcpy(hosts, best.hosts, sizeof(int) * n);
     }
-    r = materialise(&p, kind, order, hosts, NULL, out);
+    r = materialise(&p, kind, order, hosts, NULL, ctl.lower_bound, out);
 out_done:
     if (!r)
         out->plan_s = xm_now_s() - t0;
@@ -336,7 +336,7 @@ xmesh_result_t xm_schedule_from(const xm_taskset_t *ts, const xm_cluster_t *c,
         }
     }
     r = materialise(&p, o && o->kind != XMESH_SCHEDULER_UNSET ? o->kind : XMESH_SCHEDULER_ENSEMBLE,
-                    order, NULL, sender, out);
+                    order, NULL, sender, -1, out);
     if (!r)
         out->plan_s = xm_now_s() - t0;
 out_free:

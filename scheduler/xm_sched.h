@@ -138,6 +138,18 @@ xmesh_result_t xm_schedule_from(const xm_taskset_t *ts, const xm_cluster_t *c,
  * docs/LOWER_BOUND.md for the argument. */
 double xm_lower_bound(const xm_taskset_t *ts, const xm_cluster_t *c);
 
+/* Cuts the unit tasks of a small instance into pieces (boxes split along
+ * their longest dim; same holders and receivers), one per sender-host option
+ * and NIC, never below one chunk, so several hosts and NICs can share a task
+ * (whole-task balancing leaves e.g. 8 tasks on 6 hosts at 2 rounds where 4/3
+ * suffice). Instances with many tasks per sender NIC are copied unchanged, as
+ * are all of them if the result would exceed max(max_tasks, in->ntasks)
+ * tasks. The result is an ordinary task set for xm_schedule() and the
+ * executors. *parent (when parent != NULL; caller frees) maps each new task
+ * to its source task. On error *out and *parent are untouched. */
+xmesh_result_t xm_taskset_split(const xm_taskset_t *in, const xm_cluster_t *c, int max_tasks,
+                                xm_taskset_t *out, int **parent);
+
 /* ----------------------------------------------------------- simulator */
 
 typedef struct xm_sim_result {

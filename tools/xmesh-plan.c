@@ -30,7 +30,7 @@ typedef struct {
 typedef struct {
     problem_t pb;
     int have_shape, have_src_mesh, have_dst_mesh, have_src_spec, have_dst_spec, have_dtype;
-    int overlap, json, all_cases, case_no;
+    int overlap, json, all_cases, case_no, split;
     int scheduler; /* xmesh_scheduler_t or ALL_SCHEDULERS */
     xmesh_strategy_t strategy;
     double nic_gbps, intra_gbps, latency_us;
@@ -79,6 +79,8 @@ static void usage(FILE *f)
             "  --src-spec SPEC        GSPMD (S0RR, RS01R, S1,R,R) or SBP (S(0),B,P)\n"
             "  --dst-mesh, --dst-spec destination mesh and sharding\n"
             "  --overlap              both meshes on the same devices (ids 0..)\n"
+            "  --split                cut the unit tasks of small instances into pieces so\n"
+            "                         several sender hosts / NICs share a task\n"
             "scheduling:\n"
             "  --scheduler NAME       naive | lb | dfs | greedy | ensemble | all (default\n"
             "                         $XMESH_SCHEDULER or ensemble)\n"
@@ -238,6 +240,10 @@ static int parse_args(int argc, char **argv, opts_t *o)
             o->overlap = 1;
             continue;
         }
+        if (!strcmp(a, "--split")) {
+            o->split = 1;
+            continue;
+        }
         if (!strcmp(a, "--all-cases")) {
             o->all_cases = 1;
             continue;
@@ -379,6 +385,7 @@ typedef struct {
     xmesh_scheduler_t kinds[XMESH_SCHEDULER_COUNT_];
     int main_res; /* index of the result whose tasks are listed */
     xm_sim_result_t sim;
+    int split_from, split_to, split_used; /* --split: task counts, whether kept */
 } plan_t;
 
 static void plan_free(plan_t *p)
@@ -392,6 +399,63 @@ static void plan_free(plan_t *p)
     free(p->sdevs);
     free(p->ddevs);
     memset(p, 0, sizeof *p);
+}
+
+static xm_sched_opts_t sched_opts(const opts_t *o, xmesh_scheduler_t kind)
+{
+    xm_sched_opts_t so;
+    memset(&so, 0, sizeof so);
+    so.kind = kind;
+    so.budget_us = (int64_t)(o->budget_ms * 1000.0);
+    if (so.budget_us < 1)
+        so.budget_us = 1;
+    so.seed = o->seed;
+    so.strategy = o->strategy;
+    so.max_evals = o->max_evals;
+    return so;
+}
+
+/* --split: schedule the unsplit and the split task sets with the main
+ * scheduler and keep the split one only if its plan is faster. */
+static xmesh_result_t try_split(const opts_t *o, plan_t *p)
+{
+    xm_taskset_t sp;
+    xmesh_result_t r = xm_taskset_split(&p->ts, &p->cl, 4096, &sp, NULL);
+    if (r) {
+        fprintf(stderr, "xmesh-plan: splitting failed: %s\n", xmesh_last_error());
+        return r;
+    }
+    p->split_from = p->ts.ntasks;
+    p->split_to = sp.ntasks;
+    if (sp.ntasks == p->ts.ntasks) {
+        xm_taskset_free(&sp);
+        return XMESH_SUCCESS;
+    }
+    xm_sched_opts_t so =
+        sched_opts(o, o->scheduler == ALL_SCHEDULERS ? XMESH_SCHEDULER_ENSEMBLE
+                                                     : (xmesh_scheduler_t)o->scheduler);
+    xm_schedule_t a, b;
+    if ((r = xm_schedule(&p->ts, &p->cl, &so, &a))) {
+        xm_taskset_free(&sp);
+        fprintf(stderr, "xmesh-plan: scheduling failed: %s\n", xmesh_last_error());
+        return r;
+    }
+    if ((r = xm_schedule(&sp, &p->cl, &so, &b))) {
+        xm_schedule_free(&a);
+        xm_taskset_free(&sp);
+        fprintf(stderr, "xmesh-plan: scheduling failed: %s\n", xmesh_last_error());
+        return r;
+    }
+    p->split_used = b.makespan_s < a.makespan_s * (1 - 1e-9);
+    if (p->split_used) {
+        xm_taskset_free(&p->ts);
+        p->ts = sp;
+    } else {
+        xm_taskset_free(&sp);
+    }
+    xm_schedule_free(&a);
+    xm_schedule_free(&b);
+    return XMESH_SUCCESS;
 }
 
 /* Returns 0, 1 (planning error, message printed) or 2 (bad problem). */
@@ -443,6 +507,8 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
     p->cl.intra_Bps = o->intra_gbps * 1e9 / 8;
     p->cl.latency_s = o->latency_us * 1e-6;
     p->cl.chunk_bytes = o->chunk_bytes;
+    if (o->split && (r = try_split(o, p)))
+        return 1;
     if (o->scheduler == ALL_SCHEDULERS) {
         p->nres = XMESH_SCHEDULER_COUNT_;
         for (int k = 0; k < p->nres; k++)
@@ -454,15 +520,7 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
         p->main_res = 0;
     }
     for (int k = 0; k < p->nres; k++) {
-        xm_sched_opts_t so;
-        memset(&so, 0, sizeof so);
-        so.kind = p->kinds[k];
-        so.budget_us = (int64_t)(o->budget_ms * 1000.0);
-        if (so.budget_us < 1)
-            so.budget_us = 1;
-        so.seed = o->seed;
-        so.strategy = o->strategy;
-        so.max_evals = o->max_evals;
+        xm_sched_opts_t so = sched_opts(o, p->kinds[k]);
         if ((r = xm_schedule(&p->ts, &p->cl, &so, &p->sched[k]))) {
             fprintf(stderr, "xmesh-plan: scheduling (%s) failed: %s\n",
                     xmesh_scheduler_name(p->kinds[k]), xmesh_last_error());
@@ -553,8 +611,12 @@ static void print_text(const opts_t *o, const problem_t *pb, const plan_t *p)
            "us, chunk %lld B\n",
            p->hm.nhosts, p->hm.ndev, o->nics_per_host, o->nic_gbps, o->intra_gbps, o->latency_us,
            (long long)o->chunk_bytes);
-    printf("scheduler: %s, strategy %s\n\n", xmesh_scheduler_name(s->scheduler),
+    printf("scheduler: %s, strategy %s\n", xmesh_scheduler_name(s->scheduler),
            xmesh_strategy_name(o->strategy));
+    if (o->split)
+        printf("split: %d unit tasks -> %d pieces, %s\n", p->split_from, p->split_to,
+               p->split_used ? "used (faster plan)" : "not used (no faster plan)");
+    printf("\n");
     int lim = list_limit(o, ts->ntasks, 0);
     if (lim > 0)
         printf("%5s  %-28s %10s  %-12s %-12s  %s\n", "task", "box [lo,hi)", "bytes", "start_ms",
@@ -644,8 +706,9 @@ static void print_json(const opts_t *o, const problem_t *pb, const plan_t *p)
            "\"intra_gbps\":%g,\"latency_us\":%g,\"chunk_bytes\":%lld},",
            p->hm.nhosts, p->hm.ndev, o->nics_per_host, o->nic_gbps, o->intra_gbps, o->latency_us,
            (long long)o->chunk_bytes);
-    printf("\"strategy\":\"%s\",\"seed\":%llu,", xmesh_strategy_name(o->strategy),
-           (unsigned long long)o->seed);
+    printf("\"strategy\":\"%s\",\"seed\":%llu,\"split\":%s,\"split_used\":%s,",
+           xmesh_strategy_name(o->strategy), (unsigned long long)o->seed,
+           o->split ? "true" : "false", p->split_used ? "true" : "false");
     printf("\"unit_tasks\":%d,\"bytes_total\":%lld,\"bytes_cross_host\":%lld,", ts->ntasks,
            (long long)ts->bytes_total, (long long)ts->bytes_cross_host);
     json_result(stdout, s);

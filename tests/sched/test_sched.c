@@ -665,14 +665,72 @@ static void test_trace_json(void **state)
     inst_free(&in);
 }
 
+/* Splitting: pieces tile each task's box exactly once, keep its holders and
+ * receivers, P tasks stay whole; schedules of the pieces are valid. */
+static void test_split(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x6666;
+    for (int it = 0; it < 60; it++) {
+        inst_t in;
+        make_random(&rng, &in, xt_range(&rng, 1, 10), 2, xt_range(&rng, 1, 2));
+        xm_taskset_t sp;
+        int *parent = NULL;
+        assert_int_equal(xm_taskset_split(&in.ts, &in.c, 4096, &sp, &parent), XMESH_SUCCESS);
+        assert_true(sp.ntasks >= in.ts.ntasks);
+        int64_t *vol = calloc(in.ts.ntasks, sizeof(int64_t));
+        for (int q = 0; q < sp.ntasks; q++) {
+            int t = parent[q];
+            const xm_task_t *a = &in.ts.tasks[t], *b = &sp.tasks[q];
+            assert_true(q == 0 || parent[q - 1] <= t);
+            for (int d = 0; d < in.ts.ndim; d++) {
+                assert_true(b->box.lo[d] >= a->box.lo[d] && b->box.hi[d] <= a->box.hi[d]);
+                assert_true(b->box.lo[d] < b->box.hi[d]);
+            }
+            /* pieces of one task are consecutive and adjacent */
+            if (q > 0 && parent[q - 1] == t)
+                assert_true(sp.tasks[q - 1].box.hi[0] == b->box.lo[0]);
+            if (b->ngroups > 1)
+                assert_memory_equal(&a->box, &b->box, sizeof a->box);
+            assert_int_equal(b->bytes, xm_box_volume(&b->box, sp.ndim) * (int64_t)sp.elem_size);
+            vol[t] += b->bytes;
+            assert_int_equal(a->ngroups, b->ngroups);
+            assert_int_equal(a->nrecv, b->nrecv);
+            assert_memory_equal(in.ts.holders + a->holder_off, sp.holders + b->holder_off,
+                                sizeof(int) * a->ngroups * a->group_size);
+            assert_memory_equal(in.ts.recvs + a->recv_off, sp.recvs + b->recv_off,
+                                sizeof(int) * a->nrecv);
+        }
+        for (int t = 0; t < in.ts.ntasks; t++)
+            assert_int_equal(vol[t], in.ts.tasks[t].bytes);
+        inst_t sin = in;
+        sin.ts = sp;
+        xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, it, 3000);
+        xm_schedule_t s;
+        assert_int_equal(xm_schedule(&sp, &in.c, &o, &s), XMESH_SUCCESS);
+        check_routes(&sin, &s, XMESH_STRATEGY_BROADCAST);
+        check_sim(&sin, &s);
+        xm_schedule_free(&s);
+        free(vol);
+        free(parent);
+        xm_taskset_free(&sp);
+        inst_free(&in);
+    }
+}
+
 int main(void)
 {
     g_seed = xt_seed("test_sched");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chain_timing),        cmocka_unit_test(test_routes_and_sim_random),
-        cmocka_unit_test(test_lower_bound_random),  cmocka_unit_test(test_dfs_matches_brute_force),
-        cmocka_unit_test(test_same_seed_same_plan), cmocka_unit_test(test_schedule_from_rejects),
-        cmocka_unit_test(test_table2_targets),      cmocka_unit_test(test_trace_json),
+        cmocka_unit_test(test_chain_timing),
+        cmocka_unit_test(test_routes_and_sim_random),
+        cmocka_unit_test(test_lower_bound_random),
+        cmocka_unit_test(test_dfs_matches_brute_force),
+        cmocka_unit_test(test_same_seed_same_plan),
+        cmocka_unit_test(test_schedule_from_rejects),
+        cmocka_unit_test(test_table2_targets),
+        cmocka_unit_test(test_trace_json),
+        cmocka_unit_test(test_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
