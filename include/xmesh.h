@@ -105,8 +105,10 @@ struct xmesh_ctx_params {
 };
 typedef struct xmesh_ctx_params xmesh_ctx_params_t;
 #define XMESH_CTX_PARAMS_INITIALIZER                                                               \
-    {sizeof(xmesh_ctx_params_t), XMESH_PARAMS_MAGIC, XMESH_VERSION_CODE, XMESH_UNSET_INT,          \
-     XMESH_UNSET_DOUBLE}
+    {                                                                                              \
+        sizeof(xmesh_ctx_params_t), XMESH_PARAMS_MAGIC, XMESH_VERSION_CODE, XMESH_UNSET_INT,       \
+            XMESH_UNSET_DOUBLE                                                                     \
+    }
 
 /* How a plan moves data (paper section 3.1). */
 typedef enum {
@@ -147,9 +149,11 @@ struct xmesh_plan_params {
 };
 typedef struct xmesh_plan_params xmesh_plan_params_t;
 #define XMESH_PLAN_PARAMS_INITIALIZER                                                              \
-    {sizeof(xmesh_plan_params_t), XMESH_PARAMS_MAGIC, XMESH_VERSION_CODE,                          \
-     XMESH_STRATEGY_UNSET,       XMESH_SCHEDULER_UNSET,  XMESH_UNSET_I64,                          \
-     XMESH_UNSET_I64,            XMESH_UNSET_I64,        XMESH_UNSET_DOUBLE}
+    {                                                                                              \
+        sizeof(xmesh_plan_params_t), XMESH_PARAMS_MAGIC, XMESH_VERSION_CODE, XMESH_STRATEGY_UNSET, \
+            XMESH_SCHEDULER_UNSET, XMESH_UNSET_I64, XMESH_UNSET_I64, XMESH_UNSET_I64,              \
+            XMESH_UNSET_DOUBLE                                                                     \
+    }
 
 /* A mesh: ndim axes (1..XMESH_MAX_MESH_DIMS) of the given shape; ranks lists
  * prod(shape) distinct ranks of ctx, row-major. The mesh copies ranks. */

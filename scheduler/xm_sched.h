@@ -19,13 +19,13 @@
 /* ------------------------------------------------------------ cluster */
 
 typedef struct xm_cluster {
-    xm_hostmap_t hosts;   /* device -> host (owned) */
-    int nics_per_host;    /* >= 1; device i of a host uses NIC (i % nics_per_host) */
-    double nic_send_Bps;  /* per NIC, bytes/s */
-    double nic_recv_Bps;  /* per NIC, bytes/s */
-    double intra_Bps;     /* device-to-device inside a host, bytes/s */
-    double latency_s;     /* per message (alpha) */
-    int64_t chunk_bytes;  /* pipelining chunk of the broadcast chains */
+    xm_hostmap_t hosts;  /* device -> host (owned) */
+    int nics_per_host;   /* >= 1; device i of a host uses NIC (i % nics_per_host) */
+    double nic_send_Bps; /* per NIC, bytes/s */
+    double nic_recv_Bps; /* per NIC, bytes/s */
+    double intra_Bps;    /* device-to-device inside a host, bytes/s */
+    double latency_s;    /* per message (alpha) */
+    int64_t chunk_bytes; /* pipelining chunk of the broadcast chains */
 } xm_cluster_t;
 
 /* Paper cluster defaults: 10 Gb/s, 1 NIC/host, 100 GB/s intra, 5 us, 1 MiB
@@ -52,13 +52,13 @@ typedef struct xm_route {
 typedef struct xm_schedule {
     xmesh_scheduler_t scheduler;
     int ntasks;
-    int *order;       /* ntasks: global issue order (a permutation) */
-    int *sender;      /* ntasks * max_groups: chosen device per task per partial group,
-                         task t group g at sender[t * max_groups + g] */
+    int *order;  /* ntasks: global issue order (a permutation) */
+    int *sender; /* ntasks * max_groups: chosen device per task per partial group,
+                    task t group g at sender[t * max_groups + g] */
     int max_groups;
     int nroutes;
-    xm_route_t *routes;   /* sorted by task id */
-    int *task_route_off;  /* ntasks + 1: routes of task t are routes[off[t] .. off[t+1]) */
+    xm_route_t *routes;  /* sorted by task id */
+    int *task_route_off; /* ntasks + 1: routes of task t are routes[off[t] .. off[t+1]) */
     int *route_devs;
     double lower_bound_s; /* xm_lower_bound() of the instance */
     double makespan_s;    /* simulated makespan of this schedule */
@@ -93,11 +93,11 @@ double xm_lower_bound(const xm_taskset_t *ts, const xm_cluster_t *c);
 
 typedef struct xm_sim_result {
     double makespan_s;
-    int nnics;             /* nhosts * nics_per_host */
+    int nnics; /* nhosts * nics_per_host */
     double *nic_send_busy_s;
     double *nic_recv_busy_s;
-    double *task_start_s;  /* ntasks */
-    double *task_end_s;    /* ntasks */
+    double *task_start_s; /* ntasks */
+    double *task_end_s;   /* ntasks */
 } xm_sim_result_t;
 
 /* Discrete-event simulation of a schedule: chunked pipelined chains,

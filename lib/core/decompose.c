@@ -11,9 +11,9 @@
 /* Per dim: the intervals of the cut grid and the shard each side has there. */
 typedef struct {
     int n;
-    int64_t *cut;   /* n + 1 cut points */
-    int64_t *sidx;  /* n: source shard index of interval i */
-    int64_t *didx;  /* n: destination shard index of interval i */
+    int64_t *cut;  /* n + 1 cut points */
+    int64_t *sidx; /* n: source shard index of interval i */
+    int64_t *didx; /* n: destination shard index of interval i */
 } dim_cuts_t;
 
 static int cmp_i64(const void *a, const void *b)
@@ -110,7 +110,9 @@ static int cmp_keyed(const void *a, const void *b)
 
 static int host_of(const xm_hostmap_t *h, int dev)
 {
-    return h && dev < h->ndev ? h->host_of[dev] : -1 - dev;
+    if (!h)
+        return dev; /* no map: every device its own host */
+    return dev < h->ndev ? h->host_of[dev] : h->nhosts + dev;
 }
 
 xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
@@ -125,7 +127,7 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     xm_taskset_t ts;
     memset(&ts, 0, sizeof ts);
     keyed_t *scratch = NULL;
-    int64_t (*sshard)[XM_MAX_DIMS] = NULL, (*dshard)[XM_MAX_DIMS] = NULL;
+    int64_t(*sshard)[XM_MAX_DIMS] = NULL, (*dshard)[XM_MAX_DIMS] = NULL;
     int *sgroup = NULL;
 
     int64_t nboxes = 1;

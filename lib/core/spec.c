@@ -22,8 +22,7 @@ static int is_sep(char c)
 static xmesh_result_t use_axis(const char *s, xm_spec_t *sp, unsigned *used, int axis, int d)
 {
     if (axis < 0 || axis >= sp->mesh_ndim)
-        return SPEC_ERR(s, "mesh axis %d out of range (mesh has %d dims)", axis,
-                        sp->mesh_ndim);
+        return SPEC_ERR(s, "mesh axis %d out of range (mesh has %d dims)", axis, sp->mesh_ndim);
     if (*used & (1u << axis))
         return SPEC_ERR(s, "mesh axis %d used twice", axis);
     *used |= 1u << axis;
@@ -42,8 +41,8 @@ static xmesh_result_t parse_gspmd(const char *s, xm_spec_t *sp)
             continue;
         }
         if (*p != 'R' && *p != 'S')
-            return SPEC_ERR(s, "unexpected character '%c' at offset %d (expected R or S<axes>)",
-                            *p, (int)(p - s));
+            return SPEC_ERR(s, "unexpected character '%c' at offset %d (expected R or S<axes>)", *p,
+                            (int)(p - s));
         if (d >= sp->ndim)
             return SPEC_ERR(s, "more than %d dim tokens for a %d-d tensor", sp->ndim, sp->ndim);
         if (*p++ == 'R') {
@@ -86,18 +85,17 @@ static xmesh_result_t parse_sbp(const char *s, xm_spec_t *sp)
         } else if (*p == 'S') {
             int dim = 0, n = 0;
             if (sscanf(p, "S(%d)%n", &dim, &n) != 1 || n == 0)
-                return SPEC_ERR(s, "malformed token at offset %d (expected S(d))",
-                                (int)(p - s));
+                return SPEC_ERR(s, "malformed token at offset %d (expected S(d))", (int)(p - s));
             if (dim < 0 || dim >= sp->ndim)
-                return SPEC_ERR(s, "S(%d): tensor dim %d out of range (tensor has %d dims)",
-                                dim, dim, sp->ndim);
+                return SPEC_ERR(s, "S(%d): tensor dim %d out of range (tensor has %d dims)", dim,
+                                dim, sp->ndim);
             xmesh_result_t r = use_axis(s, sp, &used, a, dim);
             if (r)
                 return r;
             p += n;
         } else {
-            return SPEC_ERR(s, "unexpected character '%c' at offset %d (expected S(d), B or P)",
-                            *p, (int)(p - s));
+            return SPEC_ERR(s, "unexpected character '%c' at offset %d (expected S(d), B or P)", *p,
+                            (int)(p - s));
         }
         a++;
         while (*p == ' ')

@@ -24,12 +24,25 @@ typedef struct xm_backend_ops {
     xmesh_result_t (*start)(xmesh_plan_t plan, const void *src, void *dst, xmesh_request_t *req);
     xmesh_result_t (*test)(xmesh_request_t req);
     xmesh_result_t (*wait)(xmesh_request_t req);
+    /* Frees the backend state ctx->be (not ctx itself, nor ctx->hosts). */
     void (*ctx_free)(xmesh_ctx_t ctx);
 } xm_backend_ops_t;
 
+/* Ownership rules between api.c and a backend:
+ *  - the backend allocates the ctx with calloc, fills ops/be/rank/size/hosts/
+ *    timeout_s; xmesh_ctx_destroy (api.c) calls ops->ctx_free, then frees
+ *    ctx->hosts and ctx;
+ *  - ops->start increments plan->inflight on success; the test/wait call that
+ *    completes a request (returns anything but IN_PROGRESS) decrements it and
+ *    releases the request; a released or foreign request is detected and
+ *    rejected with INVALID_USAGE;
+ *  - every backend request struct starts with its xmesh_plan_t (api.c reads
+ *    it to dispatch xmesh_test/xmesh_wait) (requests are never freed under the user's
+ *    feet: keep them in a per-plan pool with a generation/magic field). */
+
 struct xmesh_ctx {
     const xm_backend_ops_t *ops;
-    void *be;           /* backend state */
+    void *be; /* backend state */
     int rank, size;
     xm_hostmap_t hosts; /* rank -> host, identical on every rank */
     int nmeshes;        /* live meshes of this ctx */
@@ -64,7 +77,6 @@ struct xmesh_plan {
 };
 
 /* Fills a cluster model for ctx's host map from XMESH_NIC_GBPS & co. */
-xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts,
-                                   int64_t chunk_bytes);
+xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, int64_t chunk_bytes);
 
 #endif /* XM_API_H */

@@ -51,9 +51,9 @@ void xm_log_at(int level, const char *file, int line, const char *fmt, ...)
 /* Every XMESH_* environment parameter is declared once in lib/core/param.c
  * with its default and help line; xmesh-info prints the table. */
 typedef struct {
-    const char *name;    /* "XMESH_CHUNK_BYTES" */
-    const char *deflt;   /* default as text */
-    const char *help;    /* one line */
+    const char *name;  /* "XMESH_CHUNK_BYTES" */
+    const char *deflt; /* default as text */
+    const char *help;  /* one line */
 } xm_param_desc_t;
 int xm_param_count(void);
 const xm_param_desc_t *xm_param_get(int i);
@@ -65,11 +65,11 @@ double xm_param_double(const char *name);
 /* ----------------------------------------------------------------- specs */
 
 typedef struct xm_spec {
-    int ndim;                                  /* tensor dims */
-    int mesh_ndim;                             /* mesh dims */
-    int naxes[XM_MAX_DIMS];                    /* number of mesh axes splitting dim d */
-    int axes[XM_MAX_DIMS][XM_MAX_MESH_DIMS];   /* those axes, major first */
-    unsigned partial_mask;                     /* bit a set: values partial over mesh axis a */
+    int ndim;                                /* tensor dims */
+    int mesh_ndim;                           /* mesh dims */
+    int naxes[XM_MAX_DIMS];                  /* number of mesh axes splitting dim d */
+    int axes[XM_MAX_DIMS][XM_MAX_MESH_DIMS]; /* those axes, major first */
+    unsigned partial_mask;                   /* bit a set: values partial over mesh axis a */
 } xm_spec_t;
 
 /* Parses a sharding string for a tensor of `ndim` dims on a mesh of
@@ -144,7 +144,7 @@ static inline int64_t xm_box_volume(const xm_box_t *b, int ndim)
 
 typedef struct xm_task {
     xm_box_t box;
-    int64_t bytes;   /* volume * elem_size */
+    int64_t bytes; /* volume * elem_size */
     /* Holders: ngroups partial groups of group_size replica devices each,
      * stored consecutively at ts->holders[holder_off ...]. Without P,
      * ngroups == 1. The destination needs the sum over groups. */

@@ -1,0 +1,478 @@
+/* The public API's generic half: argument checks, layouts, plan creation
+ * (decompose + schedule + agree across ranks) and dispatch to the backend.
+ * Everything here runs before a byte moves, so every check leaves the
+ * caller's handles and buffers as they were. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "xm_api.h"
+
+#define CHECK_NULL(p, name)                                                                        \
+    do {                                                                                           \
+        if (!(p))                                                                                  \
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", __func__, name);           \
+    } while (0)
+
+/* ------------------------------------------------------------------ meshes */
+
+xmesh_result_t xmesh_mesh_create(xmesh_ctx_t ctx, int ndim, const int *shape, const int *ranks,
+                                 xmesh_mesh_t *out)
+{
+    CHECK_NULL(ctx, "ctx");
+    CHECK_NULL(shape, "shape");
+    CHECK_NULL(ranks, "ranks");
+    CHECK_NULL(out, "out");
+    if (ndim < 1 || ndim > XM_MAX_MESH_DIMS)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh ndim %d out of range [1, %d]", ndim,
+                      XM_MAX_MESH_DIMS);
+    xm_meshdesc_t d = {.ndim = ndim, .devs = ranks};
+    int64_t n = 1;
+    for (int a = 0; a < ndim; a++) {
+        d.shape[a] = shape[a];
+        if (shape[a] < 1)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "mesh shape[%d] = %d, must be >= 1", a,
+                          shape[a]);
+        n *= shape[a];
+        if (n > ctx->size)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "mesh shape needs more devices than the %d ranks of the context",
+                          ctx->size);
+    }
+    d.ndev = (int)n;
+    xmesh_result_t r = xm_meshdesc_check(&d, ctx->size);
+    if (r)
+        return r;
+    struct xmesh_mesh *m = malloc(sizeof *m + sizeof(int) * n);
+    if (!m)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "mesh: out of memory");
+    m->ctx = ctx;
+    m->nplans = 0;
+    memcpy(m->devs, ranks, sizeof(int) * n);
+    m->desc = d;
+    m->desc.devs = m->devs;
+    ctx->nmeshes++;
+    *out = m;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_mesh_destroy(xmesh_mesh_t m)
+{
+    if (!m)
+        return XMESH_SUCCESS;
+    if (m->nplans)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE, "mesh is used by %d plan(s): destroy them first",
+                      m->nplans);
+    m->ctx->nmeshes--;
+    free(m);
+    return XMESH_SUCCESS;
+}
+
+/* ----------------------------------------------------------------- layouts */
+
+static xmesh_result_t layout_import(const xmesh_layout_t *l, const char *which, xm_layout_t *out)
+{
+    if (!l)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout is NULL", which);
+    if (l->ndim < 0 || l->ndim > XM_MAX_DIMS)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: ndim %d out of range [0, %d]", which,
+                      l->ndim, XM_MAX_DIMS);
+    if (l->ndim > 0 && !l->shape)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: shape is NULL", which);
+    if (!xmesh_dtype_size(l->dtype))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: unknown dtype %d", which,
+                      (int)l->dtype);
+    if (!l->mesh)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: mesh is NULL", which);
+    if (!l->sharding)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: sharding is NULL", which);
+    xm_layout_t x;
+    memset(&x, 0, sizeof x);
+    x.ndim = l->ndim;
+    x.elem_size = xmesh_dtype_size(l->dtype);
+    x.mesh = l->mesh->desc;
+    for (int d = 0; d < l->ndim; d++) {
+        if (l->shape[d] < 0)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: shape[%d] = %lld is negative",
+                          which, d, (long long)l->shape[d]);
+        x.shape[d] = l->shape[d];
+    }
+    xmesh_result_t r = xm_spec_parse(l->sharding, l->ndim, x.mesh.ndim, &x.spec);
+    if (r)
+        return r;
+    *out = x;
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t local_block(const xmesh_layout_t *l, int rank, int64_t *lo, int64_t *hi,
+                                  int *holds)
+{
+    xm_layout_t x;
+    xmesh_result_t r = layout_import(l, "", &x);
+    if (r)
+        return r;
+    CHECK_NULL(holds, "holds");
+    int i = xm_mesh_find(&x.mesh, rank);
+    if (i < 0) {
+        for (int d = 0; d < x.ndim; d++)
+            lo[d] = hi[d] = 0;
+        *holds = 0;
+        return XMESH_SUCCESS;
+    }
+    xm_layout_block(&x, i, lo, hi);
+    *holds = 1;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_layout_local_shape(const xmesh_layout_t *l, int rank, int64_t *shape,
+                                        int *holds)
+{
+    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS];
+    CHECK_NULL(l, "layout");
+    if (l->ndim > 0)
+        CHECK_NULL(shape, "shape");
+    int h;
+    xmesh_result_t r = local_block(l, rank, lo, hi, holds ? &h : NULL);
+    if (r)
+        return r;
+    for (int d = 0; d < l->ndim; d++)
+        shape[d] = hi[d] - lo[d];
+    *holds = h;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_layout_local_offset(const xmesh_layout_t *l, int rank, int64_t *offset,
+                                         int *holds)
+{
+    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS];
+    CHECK_NULL(l, "layout");
+    if (l->ndim > 0)
+        CHECK_NULL(offset, "offset");
+    int h;
+    xmesh_result_t r = local_block(l, rank, lo, hi, holds ? &h : NULL);
+    if (r)
+        return r;
+    for (int d = 0; d < l->ndim; d++)
+        offset[d] = lo[d];
+    *holds = h;
+    return XMESH_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ params */
+
+typedef struct {
+    xmesh_strategy_t strategy;
+    xmesh_scheduler_t scheduler;
+    int64_t chunk_bytes, budget_us, seed;
+    double timeout_s;
+} resolved_params_t;
+
+/* Unset fields take the XMESH_* environment value or the default. */
+static xmesh_result_t resolve_params(const xmesh_plan_params_t *p, double ctx_timeout,
+                                     resolved_params_t *out)
+{
+    xmesh_plan_params_t def = XMESH_PLAN_PARAMS_INITIALIZER;
+    if (!p)
+        p = &def;
+    if (p->magic != XMESH_PARAMS_MAGIC)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "plan params: magic 0x%x is wrong (initialise with "
+                      "XMESH_PLAN_PARAMS_INITIALIZER)",
+                      p->magic);
+    if (p->size < sizeof(xmesh_plan_params_t))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "plan params: size %zu smaller than %zu", p->size,
+                      sizeof(xmesh_plan_params_t));
+    resolved_params_t r;
+    xmesh_result_t rc;
+    if (p->strategy == XMESH_STRATEGY_UNSET) {
+        if ((rc = xmesh_strategy_parse(xm_param_str("XMESH_STRATEGY"), &r.strategy)))
+            return XM_ERR(rc, "XMESH_STRATEGY: %s", xmesh_last_error());
+    } else if ((unsigned)p->strategy >= XMESH_STRATEGY_COUNT_) {
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "plan params: strategy %d unknown",
+                      (int)p->strategy);
+    } else {
+        r.strategy = p->strategy;
+    }
+    if (p->scheduler == XMESH_SCHEDULER_UNSET) {
+        if ((rc = xmesh_scheduler_parse(xm_param_str("XMESH_SCHEDULER"), &r.scheduler)))
+            return XM_ERR(rc, "XMESH_SCHEDULER: %s", xmesh_last_error());
+    } else if ((unsigned)p->scheduler >= XMESH_SCHEDULER_COUNT_) {
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "plan params: scheduler %d unknown",
+                      (int)p->scheduler);
+    } else {
+        r.scheduler = p->scheduler;
+    }
+    r.chunk_bytes =
+        p->chunk_bytes != XMESH_UNSET_I64 ? p->chunk_bytes : xm_param_i64("XMESH_CHUNK_BYTES");
+    if (r.chunk_bytes < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "chunk_bytes %lld must be >= 1",
+                      (long long)r.chunk_bytes);
+    r.budget_us = p->budget_us != XMESH_UNSET_I64 ? p->budget_us : xm_param_i64("XMESH_BUDGET_US");
+    if (r.budget_us < 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "budget_us %lld must be >= 0",
+                      (long long)r.budget_us);
+    r.seed = p->seed != XMESH_UNSET_I64 ? p->seed : xm_param_i64("XMESH_SEED");
+    r.timeout_s = p->timeout_s >= 0 ? p->timeout_s : ctx_timeout;
+    *out = r;
+    return XMESH_SUCCESS;
+}
+
+/* ------------------------------------------------------------------- plans */
+
+static uint64_t hash_layout(uint64_t h, const xm_layout_t *l)
+{
+    h = xm_hash64(h, &l->ndim, sizeof l->ndim);
+    h = xm_hash64(h, l->shape, sizeof l->shape[0] * l->ndim);
+    h = xm_hash64(h, &l->elem_size, sizeof l->elem_size);
+    h = xm_hash64(h, &l->spec, sizeof l->spec);
+    h = xm_hash64(h, &l->mesh.ndim, sizeof l->mesh.ndim);
+    h = xm_hash64(h, l->mesh.shape, sizeof l->mesh.shape);
+    h = xm_hash64(h, l->mesh.devs, sizeof(int) * l->mesh.ndev);
+    return h;
+}
+
+/* Local half of plan creation: everything a rank can check and compute on
+ * its own. On error p is left for plan_free_local. */
+static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *src,
+                                       const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
+                                       struct xmesh_plan *p, uint64_t *hash)
+{
+    xmesh_result_t r;
+    resolved_params_t rp;
+    if ((r = layout_import(src, "source", &p->src)) ||
+        (r = layout_import(dst, "destination", &p->dst)))
+        return r;
+    if (src->mesh->ctx != ctx || dst->mesh->ctx != ctx)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s mesh belongs to another context",
+                      src->mesh->ctx != ctx ? "source" : "destination");
+    if (src->dtype != dst->dtype)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "source dtype %s != destination dtype %s",
+                      xmesh_dtype_name(src->dtype), xmesh_dtype_name(dst->dtype));
+    if ((r = resolve_params(params, ctx->timeout_s, &rp)))
+        return r;
+    p->dtype = src->dtype;
+    p->strategy = rp.strategy;
+    p->scheduler = rp.scheduler;
+    p->chunk_bytes = rp.chunk_bytes;
+    p->budget_us = rp.budget_us;
+    p->seed = (uint64_t)rp.seed;
+    p->timeout_s = rp.timeout_s;
+    p->src_index = xm_mesh_find(&p->src.mesh, ctx->rank);
+    p->dst_index = xm_mesh_find(&p->dst.mesh, ctx->rank);
+
+    uint64_t h = XM_HASH_INIT;
+    h = hash_layout(h, &p->src);
+    h = hash_layout(h, &p->dst);
+    h = xm_hash64(h, &p->dtype, sizeof p->dtype);
+    h = xm_hash64(h, &rp.strategy, sizeof rp.strategy);
+    h = xm_hash64(h, &rp.scheduler, sizeof rp.scheduler);
+    h = xm_hash64(h, &rp.chunk_bytes, sizeof rp.chunk_bytes);
+    h = xm_hash64(h, &rp.seed, sizeof rp.seed);
+    *hash = h;
+
+    if ((r = xm_decompose(&p->src, &p->dst, &ctx->hosts, &p->ts)))
+        return r;
+    if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
+        return r;
+    xm_sched_opts_t so = {
+        .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = p->strategy};
+    return xm_schedule(&p->ts, &p->cluster, &so, &p->sched);
+}
+
+static void plan_free_local(struct xmesh_plan *p)
+{
+    xm_schedule_free(&p->sched);
+    xm_cluster_free(&p->cluster);
+    xm_taskset_free(&p->ts);
+    free(p);
+}
+
+xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
+                                 const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
+                                 xmesh_plan_t *out)
+{
+    CHECK_NULL(ctx, "ctx");
+    CHECK_NULL(out, "out");
+    struct xmesh_plan *p = calloc(1, sizeof *p);
+    if (!p)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
+    p->ctx = ctx;
+    uint64_t hash = 0;
+    xmesh_result_t local = plan_build_local(ctx, src, dst, params, p, &hash);
+    char saved[512] = "";
+    if (local)
+        snprintf(saved, sizeof saved, "%s", xmesh_last_error());
+    /* Every rank takes part in agree(), even after a local error, so that no
+     * rank is left waiting in a collective. */
+    xmesh_result_t r = ctx->ops->agree(ctx, local, hash);
+    if (local) {
+        plan_free_local(p);
+        return XM_ERR(local, "%s", saved);
+    }
+    if (r)
+        goto out_free_plan;
+    if ((r = ctx->ops->plan_setup(p))) {
+        ctx->ops->plan_teardown(p);
+        goto out_free_plan;
+    }
+    p->src_mesh = src->mesh;
+    p->dst_mesh = dst->mesh;
+    p->src_mesh->nplans++;
+    p->dst_mesh->nplans++;
+    ctx->nplans++;
+    *out = p;
+    return XMESH_SUCCESS;
+out_free_plan:
+    plan_free_local(p);
+    return r;
+}
+
+xmesh_result_t xmesh_plan_destroy(xmesh_plan_t p)
+{
+    if (!p)
+        return XMESH_SUCCESS;
+    if (p->inflight)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "plan has %d reshard(s) in flight: wait for them before destroying it",
+                      p->inflight);
+    p->ctx->ops->plan_teardown(p);
+    p->src_mesh->nplans--;
+    p->dst_mesh->nplans--;
+    p->ctx->nplans--;
+    plan_free_local(p);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_plan_get_info(xmesh_plan_t p, xmesh_plan_info_t *info)
+{
+    CHECK_NULL(p, "plan");
+    CHECK_NULL(info, "info");
+    info->unit_tasks = p->ts.ntasks;
+    info->bytes_total = p->ts.bytes_total;
+    info->bytes_cross_host = p->ts.bytes_cross_host;
+    info->lower_bound_s = p->sched.lower_bound_s;
+    info->predicted_s = p->sched.makespan_s;
+    info->strategy = p->strategy;
+    info->scheduler = p->scheduler;
+    info->chunk_bytes = p->chunk_bytes;
+    return XMESH_SUCCESS;
+}
+
+/* --------------------------------------------------------------- reshards */
+
+static int64_t block_volume(const xm_layout_t *l, int index)
+{
+    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], v = 1;
+    xm_layout_block(l, index, lo, hi);
+    for (int d = 0; d < l->ndim; d++)
+        v *= hi[d] - lo[d];
+    return v;
+}
+
+xmesh_result_t xmesh_reshard_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *req)
+{
+    CHECK_NULL(p, "plan");
+    CHECK_NULL(req, "req");
+    if (p->src_index >= 0 && !src && block_volume(&p->src, p->src_index) > 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "src_local is NULL but rank %d holds a source block", p->ctx->rank);
+    if (p->dst_index >= 0 && !dst && block_volume(&p->dst, p->dst_index) > 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "dst_local is NULL but rank %d holds a destination block", p->ctx->rank);
+    if (src && src == dst)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "src_local and dst_local are the same buffer %p",
+                      (void *)dst);
+    return p->ctx->ops->start(p, src, dst, req);
+}
+
+xmesh_result_t xmesh_reshard(xmesh_plan_t p, const void *src, void *dst)
+{
+    xmesh_request_t req;
+    xmesh_result_t r = xmesh_reshard_start(p, src, dst, &req);
+    if (r)
+        return r;
+    return xmesh_wait(req);
+}
+
+xmesh_result_t xmesh_test(xmesh_request_t req)
+{
+    CHECK_NULL(req, "request");
+    xmesh_plan_t p = *(xmesh_plan_t *)req; /* every backend request starts with its plan */
+    return p->ctx->ops->test(req);
+}
+
+xmesh_result_t xmesh_wait(xmesh_request_t req)
+{
+    CHECK_NULL(req, "request");
+    xmesh_plan_t p = *(xmesh_plan_t *)req;
+    return p->ctx->ops->wait(req);
+}
+
+/* ---------------------------------------------------------------- context */
+
+xmesh_result_t xmesh_ctx_rank(xmesh_ctx_t ctx, int *rank)
+{
+    CHECK_NULL(ctx, "ctx");
+    CHECK_NULL(rank, "rank");
+    *rank = ctx->rank;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size)
+{
+    CHECK_NULL(ctx, "ctx");
+    CHECK_NULL(size, "size");
+    *size = ctx->size;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_ctx_host(xmesh_ctx_t ctx, int rank, int *host)
+{
+    CHECK_NULL(ctx, "ctx");
+    CHECK_NULL(host, "host");
+    if (rank < 0 || rank >= ctx->size)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "rank %d out of range [0, %d)", rank, ctx->size);
+    *host = ctx->hosts.host_of[rank];
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_ctx_destroy(xmesh_ctx_t ctx)
+{
+    if (!ctx)
+        return XMESH_SUCCESS;
+    if (ctx->nplans || ctx->nmeshes)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "context still has %d plan(s) and %d mesh(es): destroy them first",
+                      ctx->nplans, ctx->nmeshes);
+    if (ctx->ops && ctx->ops->ctx_free)
+        ctx->ops->ctx_free(ctx);
+    xm_hostmap_free(&ctx->hosts);
+    free(ctx);
+    return XMESH_SUCCESS;
+}
+
+/* -------------------------------------------------------------- cluster */
+
+xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, int64_t chunk_bytes)
+{
+    xm_cluster_t x;
+    xmesh_result_t r = xm_cluster_init(&x, hosts);
+    if (r)
+        return r;
+    double nic = xm_param_double("XMESH_NIC_GBPS"), intra = xm_param_double("XMESH_INTRA_GBPS");
+    int64_t nics = xm_param_i64("XMESH_NICS_PER_HOST");
+    double lat = xm_param_double("XMESH_LATENCY_US");
+    if (nic <= 0 || intra <= 0 || nics < 1 || lat < 0) {
+        xm_cluster_free(&x);
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster model: XMESH_NIC_GBPS=%g XMESH_INTRA_GBPS=%g "
+                      "XMESH_NICS_PER_HOST=%lld XMESH_LATENCY_US=%g: all must be positive",
+                      nic, intra, (long long)nics, lat);
+    }
+    x.nic_send_Bps = x.nic_recv_Bps = nic * 1e9 / 8;
+    x.intra_Bps = intra * 1e9 / 8;
+    x.nics_per_host = (int)nics;
+    x.latency_s = lat * 1e-6;
+    x.chunk_bytes = chunk_bytes;
+    *c = x;
+    return XMESH_SUCCESS;
+}
