@@ -1,9 +1,12 @@
 /*
  * The two MPI-library baselines of xmesh-bench, run on the same ranks and
  * the same unit tasks as xmesh:
- *   mpi-bcast      one MPI_Ibcast per unit task over an intercommunicator
- *                  from the task's sender to its receivers (Open MPI picks
- *                  the algorithm inside the receiver group);
+ *   mpi-bcast      one MPI_Bcast per unit task over an intercommunicator
+ *                  from the task's sender to its receivers, tasks in order
+ *                  (Open MPI: root to the receivers' leader, then a
+ *                  broadcast inside the receiver group);
+ *   mpi-ibcast     the same with MPI_Ibcast, all tasks in flight at once
+ *                  (Open MPI's libnbc: the root sends to every receiver);
  *   mpi-alltoallv  one MPI_Ialltoallv on the union of both meshes; every
  *                  receiver gets its boxes point-to-point from the sender.
  * Unit tasks come from xm_decompose() (the library's decomposer, linked
@@ -19,8 +22,9 @@
 struct bench_mpi_method {
     const bench_world_t *w;
     const bench_case_t *c;
-    int alltoallv;     /* else bcast */
-    int *sender;       /* per task: world rank that sends it */
+    int alltoallv;   /* else bcast */
+    int nonblocking; /* bcast: MPI_Ibcast all tasks at once (mpi-ibcast) */
+    int *sender;     /* per task: world rank that sends it */
     /* bcast: per task the intercommunicator (MPI_COMM_NULL if not a member)
      * and the packed box buffer of this rank */
     MPI_Comm *inter;
@@ -29,7 +33,7 @@ struct bench_mpi_method {
     /* alltoallv */
     MPI_Comm uni;
     int usize;
-    int *uni_world;    /* union rank -> world rank */
+    int *uni_world; /* union rank -> world rank */
     int *scount, *sdispl, *rcount, *rdispl;
     int32_t *sbuf, *rbuf;
 };
@@ -57,8 +61,8 @@ int bench_barrier(const bench_world_t *w, MPI_Comm comm)
 }
 
 /* Walks the rows (last dim contiguous) of box inside block [blo, bhi). */
-static void copy_box(const bench_case_t *c, int32_t *block, const int64_t *blo,
-                     const int64_t *bhi, const xm_box_t *box, int32_t *buf, int unpack)
+static void copy_box(const bench_case_t *c, int32_t *block, const int64_t *blo, const int64_t *bhi,
+                     const xm_box_t *box, int32_t *buf, int unpack)
 {
     int nd = c->ndim;
     int64_t idx[XM_MAX_DIMS], bstride[XM_MAX_DIMS];
@@ -91,8 +95,8 @@ static void copy_box(const bench_case_t *c, int32_t *block, const int64_t *blo,
     }
 }
 
-void bench_pack(const bench_case_t *c, const int32_t *block, const int64_t *blo,
-                const int64_t *bhi, const xm_box_t *box, int32_t *buf)
+void bench_pack(const bench_case_t *c, const int32_t *block, const int64_t *blo, const int64_t *bhi,
+                const xm_box_t *box, int32_t *buf)
 {
     copy_box(c, (int32_t *)block, blo, bhi, box, buf, 0);
 }
@@ -185,8 +189,7 @@ static int setup_alltoallv(bench_mpi_method_t *m)
     const bench_case_t *c = m->c;
     const bench_world_t *w = m->w;
     int member = c->src_index >= 0 || c->dst_index >= 0;
-    if (MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, w->rank, &m->uni) !=
-        MPI_SUCCESS)
+    if (MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, w->rank, &m->uni) != MPI_SUCCESS)
         return -1;
     if (!member)
         return 0;
@@ -235,6 +238,7 @@ bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *
         m->w = w;
         m->c = c;
         m->alltoallv = !strcmp(method, "mpi-alltoallv");
+        m->nonblocking = !strcmp(method, "mpi-ibcast");
         m->uni = MPI_COMM_NULL;
         m->sender = malloc(sizeof(int) * (size_t)(c->ts.ntasks ? c->ts.ntasks : 1));
         ok = m->sender != NULL;
@@ -259,9 +263,35 @@ bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *
     return m;
 }
 
+/* Blocking MPI_Bcast per task in the global task order: each rank walks
+ * the tasks it belongs to in that order, so the lowest unfinished task
+ * always has all its members inside it (no deadlock), while tasks with
+ * disjoint members run at the same time. */
+static int run_bcast_blocking(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
+{
+    const bench_case_t *c = m->c;
+    for (int t = 0; t < c->ts.ntasks; t++) {
+        if (m->inter[t] == MPI_COMM_NULL)
+            continue;
+        const xm_task_t *task = &c->ts.tasks[t];
+        int count = (int)(task->bytes / 4);
+        int send = m->sender[t] == m->w->rank;
+        if (send)
+            bench_pack(c, src, c->src_lo, c->src_hi, &task->box, m->box_buf[t]);
+        if (MPI_Bcast(m->box_buf[t], count, MPI_INT, send ? MPI_ROOT : 0, m->inter[t]) !=
+            MPI_SUCCESS)
+            return -1;
+        if (!send)
+            bench_unpack(c, dst, c->dst_lo, c->dst_hi, &task->box, m->box_buf[t]);
+    }
+    return 0;
+}
+
 static int run_bcast(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
 {
     const bench_case_t *c = m->c;
+    if (!m->nonblocking)
+        return run_bcast_blocking(m, src, dst);
     int n = 0;
     for (int t = 0; t < c->ts.ntasks; t++) {
         if (m->inter[t] == MPI_COMM_NULL)

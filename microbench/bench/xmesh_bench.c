@@ -42,8 +42,8 @@
 
 typedef struct {
     const char *suite;
-    const char *methods;  /* comma list or NULL: the suite's default */
-    const char *cases;    /* comma list or NULL: all */
+    const char *methods; /* comma list or NULL: the suite's default */
+    const char *cases;   /* comma list or NULL: all */
     int64_t minbytes, maxbytes, stepfactor;
     int iters, warmup, check;
     const char *json, *datprefix;
@@ -64,10 +64,10 @@ typedef struct {
 /* Paper 002 Table 2 (../shared/BENCH_CASES.md). Tensor (1024,1024,512)
  * scaled to the requested bytes keeping its 2:2:1 aspect. */
 static const case_def_t n_to_m_cases[] = {
-    {"1", {2, 4}, {2, 4}, "S0RR", "S0RR", 0},  {"2", {2, 4}, {2, 4}, "RRR", "S0RR", 0},
-    {"3", {2, 4}, {2, 4}, "RS0R", "S0RR", 0},  {"4", {2, 4}, {2, 4}, "RS01R", "S01RR", 0},
-    {"5", {2, 4}, {2, 4}, "S1RR", "S0RR", 0},  {"6", {2, 4}, {3, 4}, "S0RR", "S0RR", 1},
-    {"7", {1, 4}, {2, 4}, "S1RR", "RRR", 0},   {"8", {2, 3}, {3, 2}, "RRR", "RRR", 0},
+    {"1", {2, 4}, {2, 4}, "S0RR", "S0RR", 0}, {"2", {2, 4}, {2, 4}, "RRR", "S0RR", 0},
+    {"3", {2, 4}, {2, 4}, "RS0R", "S0RR", 0}, {"4", {2, 4}, {2, 4}, "RS01R", "S01RR", 0},
+    {"5", {2, 4}, {2, 4}, "S1RR", "S0RR", 0}, {"6", {2, 4}, {3, 4}, "S0RR", "S0RR", 1},
+    {"7", {1, 4}, {2, 4}, "S1RR", "RRR", 0},  {"8", {2, 3}, {3, 2}, "RRR", "RRR", 0},
     {"9", {2, 4}, {2, 4}, "RS0R", "RRS0", 0},
 };
 /* Paper 002 Fig. 5: one sender device, replicated vector. */
@@ -119,7 +119,9 @@ static const method_t methods[] = {
     {"greedy", 0, XMESH_STRATEGY_BROADCAST, XMESH_SCHEDULER_GREEDY,
      "broadcast, randomized greedy scheduler"},
     {"mpi-bcast", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
-     "MPI_Ibcast per unit task over an intercommunicator"},
+     "MPI_Bcast per unit task over an intercommunicator, tasks in order"},
+    {"mpi-ibcast", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "MPI_Ibcast per unit task over an intercommunicator, all at once"},
     {"mpi-alltoallv", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
      "MPI_Ialltoallv over the union of both meshes"},
 };
@@ -171,11 +173,21 @@ static int64_t parse_bytes(const char *s)
     if (errno || end == s || v < 0)
         return -1;
     switch (*end) {
-    case 'G': case 'g': v *= 1024; /* fall through */
-    case 'M': case 'm': v *= 1024; /* fall through */
-    case 'K': case 'k': v *= 1024; end++; break;
-    case '\0': break;
-    default: return -1;
+    case 'G':
+    case 'g':
+        v *= 1024; /* fall through */
+    case 'M':
+    case 'm':
+        v *= 1024; /* fall through */
+    case 'K':
+    case 'k':
+        v *= 1024;
+        end++;
+        break;
+    case '\0':
+        break;
+    default:
+        return -1;
     }
     return *end ? -1 : (int64_t)v;
 }
@@ -366,8 +378,7 @@ static int case_build(const case_def_t *def, int64_t bytes, bench_case_t *c, cha
         for (int h = 0; h < mesh[0]; h++) {
             int have = W.host_off[h0 + h + 1] - W.host_off[h0 + h];
             if (mesh[1] > have) {
-                snprintf(why, whylen, "needs %d ranks on host %d, have %d", mesh[1], h0 + h,
-                         have);
+                snprintf(why, whylen, "needs %d ranks on host %d, have %d", mesh[1], h0 + h, have);
                 return 1;
             }
             for (int d = 0; d < mesh[1]; d++)
@@ -684,8 +695,9 @@ static void write_json(const char *path, const bench_calib_t *cal)
     }
     fprintf(f, "{\n  \"bench\": \"xmesh-bench\", \"xmesh_version\": \"%s\",\n",
             xmesh_version_string());
-    fprintf(f, "  \"config\": {\"ranks\": %d, \"hosts\": %d, \"virtual_hosts\": %d, "
-               "\"iters\": %d, \"warmup\": %d, \"check\": %d},\n",
+    fprintf(f,
+            "  \"config\": {\"ranks\": %d, \"hosts\": %d, \"virtual_hosts\": %d, "
+            "\"iters\": %d, \"warmup\": %d, \"check\": %d},\n",
             W.size, W.nhosts, W.virtual_hosts, O.iters, O.warmup, O.check);
     fprintf(f, "  \"calibration\": {");
     json_num(f, "nominal_mbit", cal->nominal_mbit, 1);
@@ -796,9 +808,11 @@ static void print_calib(const bench_calib_t *c)
 {
     if (W.rank)
         return;
-    printf("# calibration (raw MPI, %lld-byte transfers, best of 2):\n",
+    printf("# calibration (raw MPI point-to-point, %lld-byte transfers, best of 2):\n",
            (long long)O.calib_bytes);
-    if (c->one_mbit < 0) {
+    if (O.calib_bytes == 0) {
+        printf("#   skipped (-k 0)\n");
+    } else if (c->one_mbit < 0) {
         printf("#   one host only: no NIC to calibrate\n");
     } else if (c->nominal_mbit > 0) {
         double pct = 100 * c->one_mbit / c->nominal_mbit;
@@ -837,22 +851,53 @@ int main(int argc, char **argv)
     int opt, bad = 0, help = 0;
     while ((opt = getopt(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:h")) != -1) {
         switch (opt) {
-        case 's': O.suite = optarg; break;
-        case 'm': O.methods = optarg; break;
-        case 'C': O.cases = optarg; break;
-        case 'b': bad |= (O.minbytes = parse_bytes(optarg)) < 0; break;
-        case 'e': bad |= (O.maxbytes = parse_bytes(optarg)) < 0; break;
-        case 'f': bad |= (O.stepfactor = atoll(optarg)) < 2; break;
-        case 'n': bad |= (O.iters = atoi(optarg)) < 0; break;
-        case 'w': bad |= (O.warmup = atoi(optarg)) < 0; break;
-        case 'c': O.check = atoi(optarg) != 0; break;
-        case 'J': O.json = optarg; break;
-        case 'D': O.datprefix = optarg; break;
-        case 'V': bad |= (O.virtual_hosts = atoi(optarg)) < 1; break;
-        case 'P': bad |= (O.poll_us = atoi(optarg)) < 0; break;
-        case 'k': bad |= (O.calib_bytes = parse_bytes(optarg)) < 0; break;
-        case 'h': help = 1; break;
-        default: bad = 1;
+        case 's':
+            O.suite = optarg;
+            break;
+        case 'm':
+            O.methods = optarg;
+            break;
+        case 'C':
+            O.cases = optarg;
+            break;
+        case 'b':
+            bad |= (O.minbytes = parse_bytes(optarg)) < 0;
+            break;
+        case 'e':
+            bad |= (O.maxbytes = parse_bytes(optarg)) < 0;
+            break;
+        case 'f':
+            bad |= (O.stepfactor = atoll(optarg)) < 2;
+            break;
+        case 'n':
+            bad |= (O.iters = atoi(optarg)) < 0;
+            break;
+        case 'w':
+            bad |= (O.warmup = atoi(optarg)) < 0;
+            break;
+        case 'c':
+            O.check = atoi(optarg) != 0;
+            break;
+        case 'J':
+            O.json = optarg;
+            break;
+        case 'D':
+            O.datprefix = optarg;
+            break;
+        case 'V':
+            bad |= (O.virtual_hosts = atoi(optarg)) < 1;
+            break;
+        case 'P':
+            bad |= (O.poll_us = atoi(optarg)) < 0;
+            break;
+        case 'k':
+            bad |= (O.calib_bytes = parse_bytes(optarg)) < 0;
+            break;
+        case 'h':
+            help = 1;
+            break;
+        default:
+            bad = 1;
         }
     }
     const suite_t *suite = NULL;
@@ -864,8 +909,8 @@ int main(int argc, char **argv)
     if (help || bad || !suite || optind < argc) {
         if (rank0 == 0) {
             if (!help)
-                fprintf(stderr, "xmesh-bench: bad arguments%s%s\n",
-                        suite ? "" : ": unknown suite ", suite ? "" : O.suite);
+                fprintf(stderr, "xmesh-bench: bad arguments%s%s\n", suite ? "" : ": unknown suite ",
+                        suite ? "" : O.suite);
             usage();
         }
         MPI_Finalize();
@@ -912,8 +957,8 @@ int main(int argc, char **argv)
         setenv("XMESH_INTRA_GBPS", v, 1);
     }
 
-    X.available = xmesh_ctx_create_mpi && xmesh_plan_create && xmesh_reshard &&
-                  xmesh_mesh_create && xmesh_plan_get_info;
+    X.available = xmesh_ctx_create_mpi && xmesh_plan_create && xmesh_reshard && xmesh_mesh_create &&
+                  xmesh_plan_get_info;
     if (X.available) {
         xmesh_ctx_params_t cp = XMESH_CTX_PARAMS_INITIALIZER;
         if (O.virtual_hosts > 0)
@@ -935,8 +980,8 @@ int main(int argc, char **argv)
                O.warmup, O.check ? "on" : "off");
         print_calib(&cal);
         const char *g = getenv("XMESH_NIC_GBPS"), *in = getenv("XMESH_INTRA_GBPS");
-        printf("# model: NIC %s Gbit/s per direction, intra-host %s Gbit/s\n",
-               g ? g : "(default)", in ? in : "(default)");
+        printf("# model: NIC %s Gbit/s per direction, intra-host %s Gbit/s\n", g ? g : "(default)",
+               in ? in : "(default)");
         printf("# time: seconds from a common barrier to the last rank done (median, min, max "
                "over iterations)\n# algbw: tensor bytes / median time, MB/s (1e6); t/LB: "
                "median / model lower bound; pred: simulated makespan, pred/t its ratio\n");
@@ -958,8 +1003,8 @@ int main(int argc, char **argv)
         errors += !strcmp(rows[i].status, "error") || !strcmp(rows[i].status, "setup-failed");
     }
     if (W.rank == 0) {
-        printf("# wrong elements: %lld %s; failed rows: %d\n", wrong,
-               wrong ? "WRONG" : "OK", errors);
+        printf("# wrong elements: %lld %s; failed rows: %d\n", wrong, wrong ? "WRONG" : "OK",
+               errors);
         if (O.json)
             write_json(O.json, &cal);
         if (O.datprefix)
