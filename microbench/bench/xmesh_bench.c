@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "xm_api.h"
 #include "xmesh/mpi.h"
 
 /* Until the MPI executor is part of the library, the harness must still
@@ -628,6 +629,20 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, in
         xplan_free(&xp);
 }
 
+/* The same bound from the library's model over the bench's own unit tasks,
+ * for runs where no xmesh plan can be made (e.g. a library without the
+ * MPI executor). NAN if the model cannot be built. */
+static double model_lower_bound(const bench_case_t *c)
+{
+    xm_hostmap_t hm = {W.size, W.nhosts, W.host_of};
+    xm_cluster_t cl;
+    if (xm_cluster_from_env(&cl, &hm, xm_param_i64("XMESH_CHUNK_BYTES")))
+        return NAN;
+    double lb = xm_lower_bound(&c->ts, &cl);
+    xm_cluster_free(&cl);
+    return lb;
+}
+
 static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
 {
     bench_case_t c;
@@ -659,6 +674,8 @@ static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
     if (xplan_make(&c, NULL, &xp) == XMESH_SUCCESS) {
         lb = xp.info.lower_bound_s;
         xplan_free(&xp);
+    } else {
+        lb = model_lower_bound(&c);
     }
     for (int i = 0; i < NMETHODS; i++) {
         const char *list = O.methods ? O.methods : s->methods;

@@ -14,6 +14,9 @@ if ! command -v gnuplot >/dev/null 2>&1; then
 fi
 chart() { # script datafile outfile ylabel title [refline]
     [ -s "$2" ] || return 0
+    # Nothing to draw when every value is missing (e.g. no lower bound).
+    awk -F'\t' 'NR > 1 { for (i = 2; i <= NF; i++) if ($i != "NaN") f = 1 } END { exit !f }' \
+        "$2" || { echo "make-charts: $2 has no values; no $(basename "$3")"; return 0; }
     local ncol
     ncol=$(head -1 "$2" | awk -F'\t' '{ print NF }')
     local extra=""
