@@ -70,6 +70,10 @@ typedef struct xm_sched_opts {
     int64_t budget_us;      /* time budget of dfs/greedy/ensemble; <= 0: default 20 ms */
     uint64_t seed;
     xmesh_strategy_t strategy; /* BROADCAST routes chains; SENDRECV one route per receiver */
+    /* > 0: deterministic budget instead of budget_us: the searches stop after
+     * this many task-step evaluations, so results do not depend on machine
+     * speed (tests, cross-machine reproducibility). */
+    int64_t max_evals;
 } xm_sched_opts_t;
 
 /* Schedules ts on cluster c. On error *out is untouched. */

@@ -1,0 +1,716 @@
+/*
+ * Routes of a unit task and the list-scheduling step (paper 002, sections
+ * 3.1 "broadcast based resharding" and 3.2 eq. 1-3).
+ *
+ * One function, xm_step(), turns a decision for one task into routes and a
+ * time slot; schedulers, xm_schedule_from() and tests all go through it, so
+ * a plan scored during search is exactly the plan executed and simulated.
+ * Route shapes are documented in xm_sched.h.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xm_sched_impl.h"
+
+/* ------------------------------------------------------------ prep */
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int group_has_host(const xm_prep_t *p, const xm_task_t *t, int g, int h)
+{
+    const int *hd = p->ts->holders + t->holder_off + g * t->group_size;
+    for (int j = 0; j < t->group_size; j++)
+        if (p->dev_host[hd[j]] == h)
+            return 1;
+    return 0;
+}
+
+static double hop_bw(const xm_cluster_t *c)
+{
+    return c->nic_send_Bps < c->nic_recv_Bps ? c->nic_send_Bps : c->nic_recv_Bps;
+}
+
+/* Interchangeable tasks: equal bytes, group shape, holder devices and
+ * receiver devices give equal timings under any state. With one NIC per host
+ * the device identities inside a host do not matter for NIC timing, so the
+ * host-level picture is enough (holder hosts per group, receiver hosts and
+ * whether each receiver is itself a holder). */
+static uint64_t task_sig(const xm_prep_t *p, int t, int hostlevel)
+{
+    const xm_task_t *k = &p->ts->tasks[t];
+    uint64_t h = XM_HASH_INIT;
+    h = xm_hash64(h, &k->bytes, sizeof k->bytes);
+    h = xm_hash64(h, &k->ngroups, sizeof k->ngroups);
+    h = xm_hash64(h, &k->group_size, sizeof k->group_size);
+    h = xm_hash64(h, &k->nrecv, sizeof k->nrecv);
+    for (int i = 0; i < k->ngroups * k->group_size; i++) {
+        int d = p->ts->holders[k->holder_off + i];
+        int v = hostlevel ? p->dev_host[d] : d;
+        h = xm_hash64(h, &v, sizeof v);
+    }
+    for (int i = 0; i < k->nrecv; i++) {
+        int d = p->ts->recvs[k->recv_off + i];
+        int v[2] = {hostlevel ? p->dev_host[d] : d, p->recv_is_holder[k->recv_off + i]};
+        h = xm_hash64(h, v, sizeof v);
+    }
+    return h;
+}
+
+static int task_same(const xm_prep_t *p, int a, int b, int hostlevel)
+{
+    const xm_task_t *x = &p->ts->tasks[a], *y = &p->ts->tasks[b];
+    if (x->bytes != y->bytes || x->ngroups != y->ngroups || x->group_size != y->group_size ||
+        x->nrecv != y->nrecv)
+        return 0;
+    for (int i = 0; i < x->ngroups * x->group_size; i++) {
+        int d = p->ts->holders[x->holder_off + i], e = p->ts->holders[y->holder_off + i];
+        if (hostlevel ? p->dev_host[d] != p->dev_host[e] : d != e)
+            return 0;
+    }
+    for (int i = 0; i < x->nrecv; i++) {
+        int d = p->ts->recvs[x->recv_off + i], e = p->ts->recvs[y->recv_off + i];
+        if (hostlevel ? p->dev_host[d] != p->dev_host[e] : d != e)
+            return 0;
+        if (p->recv_is_holder[x->recv_off + i] != p->recv_is_holder[y->recv_off + i])
+            return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    uint64_t sig;
+    int t;
+} sig_t;
+
+static int cmp_sig(const void *a, const void *b)
+{
+    const sig_t *x = a, *y = b;
+    if (x->sig != y->sig)
+        return x->sig < y->sig ? -1 : 1;
+    return x->t < y->t ? -1 : x->t > y->t;
+}
+
+static xmesh_result_t assign_classes(xm_prep_t *p)
+{
+    int n = p->ts->ntasks, hostlevel = p->nics == 1;
+    sig_t *v = malloc(sizeof *v * (n > 0 ? n : 1));
+    if (!v)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
+    for (int t = 0; t < n; t++)
+        v[t] = (sig_t){task_sig(p, t, hostlevel), t};
+    qsort(v, n, sizeof *v, cmp_sig);
+    int nk = 0;
+    for (int i = 0; i < n; i++) {
+        int t = v[i].t, k = -1;
+        /* Same hash: compare for real against earlier members of the run. */
+        for (int j = i - 1; j >= 0 && v[j].sig == v[i].sig && k < 0; j--)
+            if (task_same(p, v[j].t, t, hostlevel))
+                k = p->pt[v[j].t].klass;
+        p->pt[t].klass = k >= 0 ? k : nk++;
+    }
+    p->nklass = nk;
+    free(v);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_cluster_t *c,
+                            xmesh_strategy_t strategy)
+{
+    xm_prep_t q;
+    memset(&q, 0, sizeof q);
+    q.ts = ts;
+    q.c = c;
+    q.strategy =
+        strategy == XMESH_STRATEGY_SENDRECV ? XMESH_STRATEGY_SENDRECV : XMESH_STRATEGY_BROADCAST;
+    q.nhosts = c->hosts.nhosts;
+    q.nics = c->nics_per_host > 0 ? c->nics_per_host : 1;
+    q.nnics = q.nhosts * q.nics;
+    q.ndev = c->hosts.ndev;
+    q.dev_host = c->hosts.host_of;
+    int n = ts->ntasks;
+    int64_t nopt_total = 0, nrecv_total = 0;
+    for (int t = 0; t < n; t++) {
+        const xm_task_t *k = &ts->tasks[t];
+        int nh = k->ngroups * k->group_size;
+        nopt_total += nh;
+        if (k->recv_off + k->nrecv > nrecv_total)
+            nrecv_total = k->recv_off + k->nrecv;
+        if (k->ngroups > q.max_groups)
+            q.max_groups = k->ngroups;
+        for (int i = 0; i < nh; i++)
+            if (ts->holders[k->holder_off + i] < 0 || ts->holders[k->holder_off + i] >= q.ndev)
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                              "scheduler: task %d holder device %d outside the cluster's %d "
+                              "devices",
+                              t, ts->holders[k->holder_off + i], q.ndev);
+        for (int i = 0; i < k->nrecv; i++)
+            if (ts->recvs[k->recv_off + i] < 0 || ts->recvs[k->recv_off + i] >= q.ndev)
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                              "scheduler: task %d receiver device %d outside the cluster's %d "
+                              "devices",
+                              t, ts->recvs[k->recv_off + i], q.ndev);
+        if (nh < 1)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "scheduler: task %d has no holder", t);
+        int rd = 2 * k->nrecv + 1;
+        if (k->nrecv * (k->ngroups + 1) > rd)
+            rd = k->nrecv * (k->ngroups + 1);
+        if (k->ngroups + k->nrecv > rd)
+            rd = k->ngroups + k->nrecv;
+        if (rd > q.max_route_devs)
+            q.max_route_devs = rd;
+        if (k->nrecv + 1 > q.max_routes)
+            q.max_routes = k->nrecv + 1;
+    }
+    if (q.max_groups < 1)
+        q.max_groups = 1;
+    q.opt_hosts = malloc(sizeof(int) * (nopt_total + 1));
+    q.opt_dur = malloc(sizeof(double) * (nopt_total + 1));
+    q.pt = calloc(n > 0 ? n : 1, sizeof *q.pt);
+    q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
+    q.recv_is_holder = calloc(nrecv_total + 1, 1);
+    q.recv_covered = calloc(nrecv_total + 1, 1);
+    xm_state_t st;
+    xm_troutes_t tr;
+    memset(&st, 0, sizeof st);
+    memset(&tr, 0, sizeof tr);
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (!q.opt_hosts || !q.opt_dur || !q.pt || !q.dev_nic || !q.recv_is_holder || !q.recv_covered) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
+        goto out_free_prep;
+    }
+    {
+        int *cnt = calloc(q.nhosts + 1, sizeof *cnt);
+        if (!cnt) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
+            goto out_free_prep;
+        }
+        for (int d = 0; d < q.ndev; d++)
+            q.dev_nic[d] = q.dev_host[d] * q.nics + (cnt[q.dev_host[d]]++) % q.nics;
+        free(cnt);
+    }
+    int off = 0;
+    for (int t = 0; t < n; t++) {
+        const xm_task_t *k = &ts->tasks[t];
+        const int *hd = ts->holders + k->holder_off;
+        int nh = k->ngroups * k->group_size;
+        xm_prep_task_t *pt = &q.pt[t];
+        pt->opt_off = off;
+        for (int i = 0; i < nh; i++)
+            q.opt_hosts[off + i] = q.dev_host[hd[i]];
+        qsort(q.opt_hosts + off, nh, sizeof(int), cmp_int);
+        int u = 0;
+        for (int i = 0; i < nh; i++)
+            if (u == 0 || q.opt_hosts[off + i] != q.opt_hosts[off + u - 1])
+                q.opt_hosts[off + u++] = q.opt_hosts[off + i];
+        pt->nopt = u;
+        off += u;
+        pt->naive_host = q.dev_host[hd[0]];
+        for (int i = 0; i < k->nrecv; i++) {
+            int rdev = ts->recvs[k->recv_off + i], h = q.dev_host[rdev];
+            int is_h = 0;
+            for (int j = 0; j < nh && !is_h; j++)
+                is_h = hd[j] == rdev;
+            q.recv_is_holder[k->recv_off + i] = (unsigned char)is_h;
+            int cov = 1;
+            for (int g = 0; g < k->ngroups && cov; g++)
+                cov = group_has_host(&q, k, g, h);
+            q.recv_covered[k->recv_off + i] = (unsigned char)cov;
+            if (!cov)
+                pt->needs_nic = 1;
+        }
+        pt->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
+    }
+    if ((r = assign_classes(&q)))
+        goto out_free_prep;
+    if ((r = xm_state_init(&st, &q)) || (r = xm_troutes_init(&tr, &q)))
+        goto out_free_prep;
+    /* Duration of every option on an idle cluster; the DFS bound uses the
+     * device-independent part (route times) via min_dur. */
+    for (int t = 0; t < n; t++) {
+        xm_prep_task_t *pt = &q.pt[t];
+        double best = INFINITY;
+        for (int o = 0; o < pt->nopt; o++) {
+            xm_state_reset(&st, &q);
+            xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, NULL);
+            q.opt_dur[pt->opt_off + o] = tr.dur;
+            double d = q.nics == 1 ? tr.dur : 0;
+            if (q.nics > 1) {
+                /* Route times alone: NIC sharing inside a task may differ with devices. */
+                d = pt->needs_nic ? pt->nic_cost : 0;
+            }
+            if (d < best)
+                best = d;
+        }
+        pt->min_dur = pt->needs_nic && best < pt->nic_cost ? pt->nic_cost : best;
+        if (!isfinite(pt->min_dur))
+            pt->min_dur = 0;
+    }
+    xm_state_free(&st);
+    xm_troutes_free(&tr);
+    *p = q;
+    return XMESH_SUCCESS;
+out_free_prep:
+    xm_state_free(&st);
+    xm_troutes_free(&tr);
+    xm_prep_free(&q);
+    return r;
+}
+
+void xm_prep_free(xm_prep_t *p)
+{
+    if (!p)
+        return;
+    free(p->opt_hosts);
+    free(p->opt_dur);
+    free(p->pt);
+    free(p->dev_nic);
+    free(p->recv_is_holder);
+    free(p->recv_covered);
+    memset(p, 0, sizeof *p);
+}
+
+/* ------------------------------------------------------------ state */
+
+xmesh_result_t xm_state_init(xm_state_t *s, const xm_prep_t *p)
+{
+    memset(s, 0, sizeof *s);
+    s->dir_free = calloc(2 * p->nnics + 1, sizeof(double));
+    s->dev_load = calloc(p->ndev + 1, sizeof(double));
+    if (!s->dir_free || !s->dev_load) {
+        xm_state_free(s);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for state");
+    }
+    return XMESH_SUCCESS;
+}
+
+void xm_state_reset(xm_state_t *s, const xm_prep_t *p)
+{
+    memset(s->dir_free, 0, sizeof(double) * 2 * p->nnics);
+    memset(s->dev_load, 0, sizeof(double) * p->ndev);
+    s->makespan = 0;
+}
+
+void xm_state_free(xm_state_t *s)
+{
+    if (!s)
+        return;
+    free(s->dir_free);
+    free(s->dev_load);
+    memset(s, 0, sizeof *s);
+}
+
+static void undo_set(xm_undo_t *u, double *ptr, double v)
+{
+    if (u) {
+        if (u->n == u->cap) {
+            int nc = u->cap ? 2 * u->cap : 256;
+            double **np = realloc(u->ptr, sizeof *np * nc);
+            if (np)
+                u->ptr = np;
+            double *no = realloc(u->old, sizeof *no * nc);
+            if (no)
+                u->old = no;
+            if (!np || !no)
+                abort(); /* out of memory in a search: nothing sensible to return */
+            u->cap = nc;
+        }
+        u->ptr[u->n] = ptr;
+        u->old[u->n++] = *ptr;
+    }
+    *ptr = v;
+}
+
+void xm_undo_to(xm_undo_t *u, int mark)
+{
+    while (u->n > mark) {
+        u->n--;
+        *u->ptr[u->n] = u->old[u->n];
+    }
+}
+
+void xm_undo_free(xm_undo_t *u)
+{
+    if (!u)
+        return;
+    free(u->ptr);
+    free(u->old);
+    memset(u, 0, sizeof *u);
+}
+
+xmesh_result_t xm_troutes_init(xm_troutes_t *r, const xm_prep_t *p)
+{
+    memset(r, 0, sizeof *r);
+    int nd = p->max_route_devs + 1, nr = p->max_routes + 1;
+    r->routes = malloc(sizeof *r->routes * nr);
+    r->devs = malloc(sizeof *r->devs * nd);
+    r->senders = malloc(sizeof *r->senders * (p->max_groups + 1));
+    r->use_dir = malloc(sizeof *r->use_dir * 2 * nd);
+    r->use_count = malloc(sizeof *r->use_count * 2 * nd);
+    if (!r->routes || !r->devs || !r->senders || !r->use_dir || !r->use_count) {
+        xm_troutes_free(r);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for routes");
+    }
+    return XMESH_SUCCESS;
+}
+
+void xm_troutes_free(xm_troutes_t *r)
+{
+    if (!r)
+        return;
+    free(r->routes);
+    free(r->devs);
+    free(r->senders);
+    free(r->use_dir);
+    free(r->use_count);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------- routing */
+
+/* Device of `cand` on host h to use as a sender: earliest free send NIC,
+ * then fewest bytes sent so far, then lowest id (the least-loaded rule). */
+static int pick_device(const xm_prep_t *p, const xm_state_t *s, const int *cand, int n, int h)
+{
+    int best = -1;
+    for (int j = 0; j < n; j++) {
+        int d = cand[j];
+        if (p->dev_host[d] != h)
+            continue;
+        if (best < 0) {
+            best = d;
+            continue;
+        }
+        double fa = s->dir_free[XM_DIR_SEND(p->dev_nic[d])];
+        double fb = s->dir_free[XM_DIR_SEND(p->dev_nic[best])];
+        if (fa < fb || (fa == fb && (s->dev_load[d] < s->dev_load[best] ||
+                                     (s->dev_load[d] == s->dev_load[best] && d < best))))
+            best = d;
+    }
+    return best;
+}
+
+static int is_recv_host(const xm_prep_t *p, const xm_task_t *k, int h)
+{
+    const int *rv = p->ts->recvs + k->recv_off;
+    for (int i = 0; i < k->nrecv; i++)
+        if (p->dev_host[rv[i]] == h)
+            return 1;
+    return 0;
+}
+
+/* Sender of every group: on `host` when the group has a holder there; a
+ * group without one uses a host an earlier group already uses, else a
+ * receiver host, else its lowest holder's host (fewest host hops). */
+static void choose_senders(const xm_prep_t *p, const xm_state_t *s, int t, int host, int *snd)
+{
+    const xm_task_t *k = &p->ts->tasks[t];
+    for (int g = 0; g < k->ngroups; g++) {
+        const int *hd = p->ts->holders + k->holder_off + g * k->group_size;
+        int h = -1;
+        if (host >= 0 && group_has_host(p, k, g, host))
+            h = host;
+        for (int e = 0; e < g && h < 0; e++)
+            if (group_has_host(p, k, g, p->dev_host[snd[e]]))
+                h = p->dev_host[snd[e]];
+        for (int j = 0; j < k->group_size && h < 0; j++)
+            if (is_recv_host(p, k, p->dev_host[hd[j]]))
+                h = p->dev_host[hd[j]];
+        if (h < 0)
+            h = p->dev_host[hd[0]];
+        snd[g] = pick_device(p, s, hd, k->group_size, h);
+    }
+}
+
+static void route_begin(xm_troutes_t *r, int t, int nsrc)
+{
+    xm_route_t *q = &r->routes[r->nroutes++];
+    q->task = t;
+    q->nsrc = nsrc;
+    q->len = 0;
+    q->off = r->ndevs;
+}
+
+static void route_push(xm_troutes_t *r, int dev)
+{
+    r->devs[r->ndevs++] = dev;
+    r->routes[r->nroutes - 1].len++;
+}
+
+/* Pushes the receivers of host h (those with flag want[i]) so that the chain
+ * enters the host through the receiver whose receive NIC frees first
+ * (spreads hosts with several NICs); the rest follow in device order. */
+static void push_host_recvs(const xm_prep_t *p, const xm_state_t *s, xm_troutes_t *r,
+                            const xm_task_t *k, int h, const unsigned char *want, int entry_free)
+{
+    const int *rv = p->ts->recvs + k->recv_off;
+    int first = -1;
+    for (int i = 0; i < k->nrecv; i++) {
+        if (p->dev_host[rv[i]] != h || !want[i])
+            continue;
+        if (first < 0 || (entry_free && s->dir_free[XM_DIR_RECV(p->dev_nic[rv[i]])] <
+                                            s->dir_free[XM_DIR_RECV(p->dev_nic[rv[first]])]))
+            first = i;
+    }
+    if (first < 0)
+        return;
+    route_push(r, rv[first]);
+    for (int i = 0; i < k->nrecv; i++)
+        if (i != first && p->dev_host[rv[i]] == h && want[i])
+            route_push(r, rv[i]);
+}
+
+typedef struct {
+    int host, dev;
+} hd_t;
+
+/* Orders the sources of a P chain: hosts kept contiguous, ascending, except
+ * that the last host is one that also has receivers (the final sum then
+ * leaves no host it does not have to). Returns that last host or -1. */
+static int order_sources(const xm_prep_t *p, const xm_task_t *k, const int *snd, int *out)
+{
+    int G = k->ngroups, last = -1;
+    for (int g = 0; g < G; g++) {
+        int h = p->dev_host[snd[g]];
+        if (is_recv_host(p, k, h) && (last < 0 || h < last))
+            last = h;
+    }
+    hd_t v[64];
+    hd_t *w = G <= 64 ? v : malloc(sizeof *w * G);
+    if (!w)
+        abort();
+    for (int g = 0; g < G; g++) {
+        int h = p->dev_host[snd[g]];
+        w[g] = (hd_t){h == last ? p->nhosts : h, snd[g]};
+    }
+    /* insertion sort: G is small */
+    for (int i = 1; i < G; i++) {
+        hd_t x = w[i];
+        int j = i - 1;
+        while (j >= 0 && (w[j].host > x.host || (w[j].host == x.host && w[j].dev > x.dev))) {
+            w[j + 1] = w[j];
+            j--;
+        }
+        w[j + 1] = x;
+    }
+    for (int g = 0; g < G; g++)
+        out[g] = w[g].dev;
+    if (w != v)
+        free(w);
+    return last;
+}
+
+/* Builds the routes of task t for senders snd[] (see xm_sched.h). */
+static void build_routes(const xm_prep_t *p, const xm_state_t *s, int t, const int *snd,
+                         xm_troutes_t *r)
+{
+    const xm_task_t *k = &p->ts->tasks[t];
+    const int *rv = p->ts->recvs + k->recv_off;
+    const unsigned char *isholder = p->recv_is_holder + k->recv_off;
+    const unsigned char *covered = p->recv_covered + k->recv_off;
+    int entry = p->nics > 1;
+    r->nroutes = 0;
+    r->ndevs = 0;
+    if (k->nrecv == 0)
+        return;
+    if (k->ngroups > 1) {
+        int srcs_buf[64];
+        int *srcs = k->ngroups <= 64 ? srcs_buf : malloc(sizeof(int) * k->ngroups);
+        if (!srcs)
+            abort();
+        int last = order_sources(p, k, snd, srcs);
+        if (p->strategy == XMESH_STRATEGY_SENDRECV) {
+            for (int i = 0; i < k->nrecv; i++) {
+                route_begin(r, t, k->ngroups);
+                for (int g = 0; g < k->ngroups; g++)
+                    route_push(r, srcs[g]);
+                route_push(r, rv[i]);
+            }
+        } else {
+            unsigned char all_buf[256];
+            unsigned char *all = k->nrecv <= 256 ? all_buf : malloc(k->nrecv);
+            if (!all)
+                abort();
+            memset(all, 1, k->nrecv);
+            route_begin(r, t, k->ngroups);
+            for (int g = 0; g < k->ngroups; g++)
+                route_push(r, srcs[g]);
+            if (last >= 0)
+                push_host_recvs(p, s, r, k, last, all, entry);
+            for (int i = 0; i < k->nrecv; i++) {
+                int h = p->dev_host[rv[i]];
+                if (h != last && (i == 0 || p->dev_host[rv[i - 1]] != h))
+                    push_host_recvs(p, s, r, k, h, all, entry);
+            }
+            if (all != all_buf)
+                free(all);
+        }
+        if (srcs != srcs_buf)
+            free(srcs);
+        return;
+    }
+    int sdev = snd[0], hs = p->dev_host[sdev];
+    if (p->strategy == XMESH_STRATEGY_SENDRECV) {
+        for (int i = 0; i < k->nrecv; i++) {
+            route_begin(r, t, 1);
+            if (!isholder[i])
+                route_push(r, sdev);
+            route_push(r, rv[i]);
+        }
+        return;
+    }
+    /* Broadcast: self copies, intra-host chains on other holder hosts, one
+     * main chain from the sender through everything else. */
+    unsigned char main_buf[256];
+    unsigned char *in_main = k->nrecv <= 256 ? main_buf : malloc(k->nrecv);
+    if (!in_main)
+        abort();
+    int nmain = 0;
+    for (int i = 0; i < k->nrecv; i++) {
+        int h = p->dev_host[rv[i]];
+        in_main[i] = 0;
+        if (isholder[i]) {
+            route_begin(r, t, 1);
+            route_push(r, rv[i]);
+        } else if (h == hs || !covered[i]) {
+            in_main[i] = 1;
+            nmain++;
+        }
+    }
+    for (int i = 0, j; i < k->nrecv; i = j) {
+        int h = p->dev_host[rv[i]], any = 0;
+        for (j = i; j < k->nrecv && p->dev_host[rv[j]] == h; j++)
+            any |= !isholder[j] && !in_main[j];
+        if (!any)
+            continue;
+        /* a covered host other than the sender's: chain from a local holder */
+        const int *hd = p->ts->holders + k->holder_off;
+        int head = -1;
+        for (int q = 0; q < k->group_size; q++) {
+            int d = hd[q];
+            if (p->dev_host[d] == h && (head < 0 || s->dev_load[d] < s->dev_load[head] ||
+                                        (s->dev_load[d] == s->dev_load[head] && d < head)))
+                head = d;
+        }
+        route_begin(r, t, 1);
+        route_push(r, head);
+        for (int q = i; q < j; q++)
+            if (!isholder[q] && !in_main[q])
+                route_push(r, rv[q]);
+    }
+    if (nmain > 0) {
+        route_begin(r, t, 1);
+        route_push(r, sdev);
+        push_host_recvs(p, s, r, k, hs, in_main, 0);
+        for (int i = 0; i < k->nrecv; i++) {
+            int h = p->dev_host[rv[i]];
+            if (h != hs && (i == 0 || p->dev_host[rv[i - 1]] != h))
+                push_host_recvs(p, s, r, k, h, in_main, entry);
+        }
+    }
+    if (in_main != main_buf)
+        free(in_main);
+}
+
+/* ----------------------------------------------------------- timing */
+
+static void use_dir(xm_troutes_t *r, int dir)
+{
+    for (int i = 0; i < r->nuse; i++)
+        if (r->use_dir[i] == dir) {
+            r->use_count[i]++;
+            return;
+        }
+    r->use_dir[r->nuse] = dir;
+    r->use_count[r->nuse++] = 1;
+}
+
+/* Alpha-beta pipelined chain (paper 3.1, T^bc = t + A t / K): the bytes go
+ * in K chunks of c = B / K; every hop costs latency + c / bw for the first
+ * chunk, then the slowest hop paces the remaining K - 1 chunks. */
+void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
+{
+    const xm_cluster_t *c = p->c;
+    const xm_task_t *k = &p->ts->tasks[t];
+    double B = (double)k->bytes;
+    int64_t C = c->chunk_bytes > 0 ? c->chunk_bytes : (int64_t)1 << 20;
+    int64_t K = (k->bytes + C - 1) / C;
+    if (K < 1)
+        K = 1;
+    double ch = B / (double)K, inter = hop_bw(c), dur = 0;
+    r->nuse = 0;
+    for (int q = 0; q < r->nroutes; q++) {
+        const xm_route_t *rt = &r->routes[q];
+        const int *d = r->devs + rt->off;
+        double T;
+        if (rt->len <= 1) {
+            T = c->latency_s + B / c->intra_Bps; /* self copy: a local memcpy */
+        } else {
+            double sum = 0, bmin = INFINITY;
+            for (int h = 0; h + 1 < rt->len; h++) {
+                double bw = c->intra_Bps;
+                if (p->dev_host[d[h]] != p->dev_host[d[h + 1]]) {
+                    bw = inter;
+                    use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
+                    use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
+                }
+                sum += c->latency_s + ch / bw;
+                if (bw < bmin)
+                    bmin = bw;
+            }
+            T = sum + (double)(K - 1) * ch / bmin;
+        }
+        if (T > dur)
+            dur = T;
+    }
+    /* A NIC direction crossed n times inside the task carries n * B bytes. */
+    for (int i = 0; i < r->nuse; i++) {
+        double bw = (r->use_dir[i] & 1) ? c->nic_recv_Bps : c->nic_send_Bps;
+        double T = r->use_count[i] * B / bw + c->latency_s;
+        if (T > dur)
+            dur = T;
+    }
+    r->dur = dur;
+}
+
+double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fixed,
+               xm_troutes_t *r, xm_undo_t *undo)
+{
+    const xm_task_t *k = &p->ts->tasks[t];
+    if (fixed)
+        memcpy(r->senders, fixed, sizeof(int) * k->ngroups);
+    else
+        choose_senders(p, s, t, host, r->senders);
+    build_routes(p, s, t, r->senders, r);
+    xm_task_timing(p, t, r);
+    double start = 0;
+    for (int i = 0; i < r->nuse; i++)
+        if (s->dir_free[r->use_dir[i]] > start)
+            start = s->dir_free[r->use_dir[i]];
+    double end = start + r->dur;
+    for (int i = 0; i < r->nuse; i++)
+        undo_set(undo, &s->dir_free[r->use_dir[i]], end);
+    for (int g = 0; g < k->ngroups; g++)
+        undo_set(undo, &s->dev_load[r->senders[g]], s->dev_load[r->senders[g]] + (double)k->bytes);
+    if (end > s->makespan)
+        undo_set(undo, &s->makespan, end);
+    r->start = start;
+    r->end = end;
+    return end;
+}
+
+double xm_eval_plan(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, const int *order,
+                    const int *hosts, const int *fixed)
+{
+    xm_state_reset(s, p);
+    for (int i = 0; i < p->ts->ntasks; i++) {
+        int t = order[i];
+        xm_step(p, s, t, hosts ? hosts[t] : -1, fixed ? fixed + (size_t)t * p->max_groups : NULL, r,
+                NULL);
+    }
+    return s->makespan;
+}

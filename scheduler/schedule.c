@@ -1,0 +1,342 @@
+/*
+ * Scheduler front end (paper 002, section 3.2): validates, dispatches to
+ * naive / lb / dfs / greedy / ensemble and materialises the xm_schedule_t
+ * (order, senders, routes, bound, makespan). xm_schedule_from() rebuilds the
+ * same schedule from (order, senders) alone, so ranks can agree on rank 0's
+ * plan by broadcasting two int arrays.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "xm_sched_impl.h"
+
+#define XM_DEFAULT_BUDGET_US 20000
+
+double xm_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int xm_ctl_expired(xm_search_ctl_t *ctl)
+{
+    if (ctl->max_evals > 0)
+        return ctl->evals >= ctl->max_evals;
+    /* reading the clock costs ~20 ns; callers check every few steps anyway */
+    return ctl->deadline_s > 0 && xm_now_s() >= ctl->deadline_s;
+}
+
+/* Fills out from a plan given as option hosts or fixed senders: pass 1
+ * counts routes per task, pass 2 writes them in task-id order. */
+static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, const int *order,
+                                  const int *hosts, const int *fixed, xm_schedule_t *out)
+{
+    int n = p->ts->ntasks, G = p->max_groups;
+    xm_schedule_t s;
+    memset(&s, 0, sizeof s);
+    xm_state_t st;
+    xm_troutes_t tr;
+    memset(&st, 0, sizeof st);
+    memset(&tr, 0, sizeof tr);
+    int *ndevs = calloc(n + 1, sizeof *ndevs), *devoff = calloc(n + 1, sizeof *devoff);
+    xmesh_result_t r = XMESH_SUCCESS;
+    s.scheduler = kind;
+    s.ntasks = n;
+    s.max_groups = G;
+    s.order = malloc(sizeof(int) * (n + 1));
+    s.sender = malloc(sizeof(int) * ((size_t)n * G + 1));
+    s.task_route_off = calloc(n + 1, sizeof(int));
+    if (!ndevs || !devoff || !s.order || !s.sender || !s.task_route_off) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
+        goto out_free;
+    }
+    if ((r = xm_state_init(&st, p)) || (r = xm_troutes_init(&tr, p)))
+        goto out_free;
+    for (int i = 0; i < n * G; i++)
+        s.sender[i] = -1;
+    memcpy(s.order, order, sizeof(int) * n);
+    xm_state_reset(&st, p);
+    for (int i = 0; i < n; i++) {
+        int t = order[i];
+        xm_step(p, &st, t, hosts ? hosts[t] : -1, fixed ? fixed + (size_t)t * G : NULL, &tr, NULL);
+        s.task_route_off[t + 1] = tr.nroutes;
+        ndevs[t] = tr.ndevs;
+        memcpy(s.sender + (size_t)t * G, tr.senders, sizeof(int) * p->ts->tasks[t].ngroups);
+    }
+    s.makespan_s = st.makespan;
+    int64_t totdevs = 0;
+    for (int t = 0; t < n; t++) {
+        s.task_route_off[t + 1] += s.task_route_off[t];
+        devoff[t] = (int)totdevs;
+        totdevs += ndevs[t];
+    }
+    s.nroutes = s.task_route_off[n];
+    s.routes = malloc(sizeof *s.routes * (s.nroutes + 1));
+    s.route_devs = malloc(sizeof(int) * (totdevs + 1));
+    if (!s.routes || !s.route_devs) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d routes", s.nroutes);
+        goto out_free;
+    }
+    xm_state_reset(&st, p);
+    for (int i = 0; i < n; i++) {
+        int t = order[i];
+        xm_step(p, &st, t, -1, s.sender + (size_t)t * G, &tr, NULL);
+        memcpy(s.route_devs + devoff[t], tr.devs, sizeof(int) * tr.ndevs);
+        for (int q = 0; q < tr.nroutes; q++) {
+            xm_route_t rt = tr.routes[q];
+            rt.off += devoff[t];
+            s.routes[s.task_route_off[t] + q] = rt;
+        }
+    }
+    if (st.makespan != s.makespan_s) {
+        /* replaying the chosen senders must reproduce the plan exactly */
+        r = XM_ERR(XMESH_ERR_INTERNAL, "scheduler: replay makespan %.9g != planned %.9g",
+                   st.makespan, s.makespan_s);
+        goto out_free;
+    }
+    s.lower_bound_s = xm_lower_bound_prep(p);
+    *out = s;
+    memset(&s, 0, sizeof s);
+out_free:
+    xm_schedule_free(&s);
+    xm_state_free(&st);
+    xm_troutes_free(&tr);
+    free(ndevs);
+    free(devoff);
+    return r;
+}
+
+static xmesh_result_t check_inputs(const xm_taskset_t *ts, const xm_cluster_t *c,
+                                   const xm_sched_opts_t *o, xm_schedule_t *out)
+{
+    if (!ts || !c || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "scheduler: %s is NULL",
+                      !ts  ? "task set"
+                      : !c ? "cluster"
+                           : "out");
+    if (c->nics_per_host < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster: nics_per_host = %d (must be >= 1)",
+                      c->nics_per_host);
+    if (!(c->nic_send_Bps > 0) || !(c->nic_recv_Bps > 0) || !(c->intra_Bps > 0))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster: bandwidths must be > 0 (send %g, recv %g, intra %g B/s)",
+                      c->nic_send_Bps, c->nic_recv_Bps, c->intra_Bps);
+    if (!(c->latency_s >= 0))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster: latency %g s is negative",
+                      c->latency_s);
+    if (c->chunk_bytes < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster: chunk_bytes = %lld (must be >= 1)",
+                      (long long)c->chunk_bytes);
+    if (o && o->kind != XMESH_SCHEDULER_UNSET && (unsigned)o->kind >= XMESH_SCHEDULER_COUNT_)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "scheduler: unknown kind %d", (int)o->kind);
+    if (o && o->strategy != XMESH_STRATEGY_UNSET && o->strategy != XMESH_STRATEGY_BROADCAST &&
+        o->strategy != XMESH_STRATEGY_SENDRECV)
+        return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                      "scheduler: strategy '%s' has no route model (use broadcast or sendrecv)",
+                      xmesh_strategy_name(o->strategy));
+    return XMESH_SUCCESS;
+}
+
+static xmesh_strategy_t opts_strategy(const xm_sched_opts_t *o)
+{
+    return o && o->strategy == XMESH_STRATEGY_SENDRECV ? XMESH_STRATEGY_SENDRECV
+                                                       : XMESH_STRATEGY_BROADCAST;
+}
+
+/* Naive (paper 3.2): lowest holder of every group, decomposer order. */
+static void naive_plan(const xm_prep_t *p, int *order, int *fixed)
+{
+    const xm_taskset_t *ts = p->ts;
+    for (int t = 0; t < ts->ntasks; t++) {
+        order[t] = t;
+        const xm_task_t *k = &ts->tasks[t];
+        for (int g = 0; g < k->ngroups; g++)
+            fixed[(size_t)t * p->max_groups + g] = ts->holders[k->holder_off + g * k->group_size];
+    }
+}
+
+typedef struct {
+    int *order, *hosts;
+    double ms;
+} cand_t;
+
+static void keep_best(const xm_prep_t *p, cand_t *best, const int *order, const int *hosts,
+                      double ms)
+{
+    if (ms < best->ms) {
+        memcpy(best->order, order, sizeof(int) * p->ts->ntasks);
+        memcpy(best->hosts, hosts, sizeof(int) * p->ts->ntasks);
+        best->ms = ms;
+    }
+}
+
+xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const xm_sched_opts_t *o,
+                           xm_schedule_t *out)
+{
+    xmesh_result_t r = check_inputs(ts, c, o, out);
+    if (r)
+        return r;
+    double t0 = xm_now_s();
+    xmesh_scheduler_t kind =
+        o && o->kind != XMESH_SCHEDULER_UNSET ? o->kind : XMESH_SCHEDULER_ENSEMBLE;
+    xm_prep_t p;
+    if ((r = xm_prep_init(&p, ts, c, opts_strategy(o))))
+        return r;
+    int n = ts->ntasks;
+    xm_state_t st;
+    xm_troutes_t tr;
+    memset(&st, 0, sizeof st);
+    memset(&tr, 0, sizeof tr);
+    int *order = malloc(sizeof(int) * (n + 1)), *hosts = malloc(sizeof(int) * (n + 1));
+    int *fixed = malloc(sizeof(int) * ((size_t)n * p.max_groups + 1));
+    cand_t best = {malloc(sizeof(int) * (n + 1)), malloc(sizeof(int) * (n + 1)), INFINITY};
+    if (!order || !hosts || !fixed || !best.order || !best.hosts) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
+        goto out_free;
+    }
+    if ((r = xm_state_init(&st, &p)) || (r = xm_troutes_init(&tr, &p)))
+        goto out_free;
+    xm_search_ctl_t ctl;
+    memset(&ctl, 0, sizeof ctl);
+    int64_t budget = o && o->budget_us > 0 ? o->budget_us : XM_DEFAULT_BUDGET_US;
+    ctl.deadline_s = t0 + budget * 1e-6;
+    ctl.max_evals = o ? o->max_evals : 0;
+    ctl.seed = o ? o->seed : 0;
+    ctl.lower_bound = xm_lower_bound_prep(&p);
+
+    if (kind == XMESH_SCHEDULER_NAIVE) {
+        naive_plan(&p, order, fixed);
+        r = materialise(&p, kind, order, NULL, fixed, out);
+        goto out_done;
+    }
+    if (kind == XMESH_SCHEDULER_LB) {
+        xm_sched_lb(&p, &st, &tr, order, hosts);
+    } else if (kind == XMESH_SCHEDULER_DFS) {
+        xm_sched_dfs(&p, &st, &tr, &ctl, order, hosts);
+    } else if (kind == XMESH_SCHEDULER_GREEDY) {
+        xm_sched_greedy(&p, &st, &tr, &ctl, order, hosts);
+    } else {
+        /* Ensemble: cheap constructive plans first, then the searches share
+         * what is left of the budget, then local improvement of the best. */
+        double ms = xm_sched_lb(&p, &st, &tr, order, hosts);
+        keep_best(&p, &best, order, hosts, ms);
+        naive_plan(&p, order, fixed);
+        for (int t = 0; t < n; t++)
+            hosts[t] = p.dev_host[fixed[(size_t)t * p.max_groups]];
+        ms = xm_eval_plan(&p, &st, &tr, order, hosts, NULL);
+        keep_best(&p, &best, order, hosts, ms);
+        if (best.ms > ctl.lower_bound * (1 + 1e-9)) {
+            xm_search_ctl_t sub = ctl;
+            if (ctl.max_evals > 0)
+                sub.max_evals = ctl.max_evals / 3;
+            else
+                sub.deadline_s = xm_now_s() + (ctl.deadline_s - xm_now_s()) / 3;
+            ms = xm_sched_greedy(&p, &st, &tr, &sub, order, hosts);
+            keep_best(&p, &best, order, hosts, ms);
+            ctl.evals += sub.evals;
+        }
+        if (best.ms > ctl.lower_bound * (1 + 1e-9)) {
+            xm_search_ctl_t sub = ctl;
+            sub.evals = 0;
+            if (ctl.max_evals > 0)
+                sub.max_evals = ctl.max_evals / 3;
+            else
+                sub.deadline_s = xm_now_s() + (ctl.deadline_s - xm_now_s()) / 2;
+            ms = xm_sched_dfs(&p, &st, &tr, &sub, order, hosts);
+            keep_best(&p, &best, order, hosts, ms);
+            ctl.evals += sub.evals;
+        }
+        if (best.ms > ctl.lower_bound * (1 + 1e-9)) {
+            memcpy(order, best.order, sizeof(int) * n);
+            memcpy(hosts, best.hosts, sizeof(int) * n);
+            ms = xm_sched_improve(&p, &st, &tr, &ctl, order, hosts, best.ms);
+            keep_best(&p, &best, order, hosts, ms);
+        }
+        memcpy(order, best.order, sizeof(int) * n);
+        memcpy(hosts, best.hosts, sizeof(int) * n);
+    }
+    r = materialise(&p, kind, order, hosts, NULL, out);
+out_done:
+    if (!r)
+        out->plan_s = xm_now_s() - t0;
+out_free:
+    free(order);
+    free(hosts);
+    free(fixed);
+    free(best.order);
+    free(best.hosts);
+    xm_state_free(&st);
+    xm_troutes_free(&tr);
+    xm_prep_free(&p);
+    return r;
+}
+
+xmesh_result_t xm_schedule_from(const xm_taskset_t *ts, const xm_cluster_t *c,
+                                const xm_sched_opts_t *o, const int *order, const int *sender,
+                                xm_schedule_t *out)
+{
+    xmesh_result_t r = check_inputs(ts, c, o, out);
+    if (r)
+        return r;
+    if (!order || !sender)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_schedule_from: %s is NULL",
+                      !order ? "order" : "sender");
+    double t0 = xm_now_s();
+    int n = ts->ntasks;
+    xm_prep_t p;
+    if ((r = xm_prep_init(&p, ts, c, opts_strategy(o))))
+        return r;
+    unsigned char *seen = calloc(n + 1, 1);
+    if (!seen) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "xm_schedule_from: out of memory");
+        goto out_free;
+    }
+    for (int i = 0; i < n; i++) {
+        if (order[i] < 0 || order[i] >= n || seen[order[i]]) {
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                       "xm_schedule_from: order[%d] = %d is not part of a permutation of %d "
+                       "tasks",
+                       i, order[i], n);
+            goto out_free;
+        }
+        seen[order[i]] = 1;
+    }
+    for (int t = 0; t < n; t++) {
+        const xm_task_t *k = &ts->tasks[t];
+        for (int g = 0; g < k->ngroups; g++) {
+            int d = sender[(size_t)t * p.max_groups + g], ok = 0;
+            for (int j = 0; j < k->group_size && !ok; j++)
+                ok = ts->holders[k->holder_off + g * k->group_size + j] == d;
+            if (!ok) {
+                r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                           "xm_schedule_from: sender %d of task %d group %d does not hold the "
+                           "box",
+                           d, t, g);
+                goto out_free;
+            }
+        }
+    }
+    r = materialise(&p, o && o->kind != XMESH_SCHEDULER_UNSET ? o->kind : XMESH_SCHEDULER_ENSEMBLE,
+                    order, NULL, sender, out);
+    if (!r)
+        out->plan_s = xm_now_s() - t0;
+out_free:
+    free(seen);
+    xm_prep_free(&p);
+    return r;
+}
+
+void xm_schedule_free(xm_schedule_t *s)
+{
+    if (!s)
+        return;
+    free(s->order);
+    free(s->sender);
+    free(s->routes);
+    free(s->task_route_off);
+    free(s->route_devs);
+    memset(s, 0, sizeof *s);
+}

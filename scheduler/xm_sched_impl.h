@@ -1,0 +1,140 @@
+/*
+ * Private scheduler internals shared by the scheduler sources: per-task precomputed
+ * facts (xm_prep_t), the incremental evaluator state (xm_state_t) and the
+ * one function that turns a decision (task, sender host or fixed senders)
+ * into routes and timing (xm_step). Every scheduler, xm_schedule_from() and
+ * the brute-force test score plans with this same step function, and the
+ * simulator times routes with the same xm_task_timing(), so a schedule's
+ * makespan_s always equals what xm_simulate() reports.
+ */
+#ifndef XM_SCHED_IMPL_H
+#define XM_SCHED_IMPL_H
+
+#include "xm_sched.h"
+
+/* NIC direction index: nic * 2 + 0 (send) or + 1 (recv). */
+#define XM_DIR_SEND(nic) ((nic)*2)
+#define XM_DIR_RECV(nic) ((nic)*2 + 1)
+
+typedef struct xm_prep_task {
+    int nopt;        /* candidate sender hosts (options) */
+    int opt_off;     /* into xm_prep_t.opt_hosts */
+    int naive_host;  /* host of the lowest holder of group 0 */
+    int needs_nic;   /* some receiver host lacks a full value: an inter-host hop is unavoidable */
+    int klass;       /* symmetry class: tasks with equal klass are interchangeable */
+    double min_dur;  /* lower bound of this task's duration under any plan */
+    double nic_cost; /* bytes / min(send, recv) + latency: NIC time of one inter-host hop */
+} xm_prep_task_t;
+
+typedef struct xm_prep {
+    const xm_taskset_t *ts;
+    const xm_cluster_t *c;
+    xmesh_strategy_t strategy;
+    int nhosts, nics, nnics, ndev;
+    int max_groups;
+    int max_route_devs; /* upper bound of route_devs entries of one task */
+    int max_routes;     /* upper bound of routes of one task */
+    int *opt_hosts;
+    const int *dev_host; /* = c->hosts.host_of */
+    int *dev_nic;        /* global NIC of each device */
+    double *opt_dur;     /* per option: duration on an idle cluster */
+    xm_prep_task_t *pt;
+    unsigned char *recv_is_holder; /* per ts->recvs index */
+    unsigned char *recv_covered;   /* per ts->recvs index: its host holds a full value */
+    int nklass;
+} xm_prep_t;
+
+xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_cluster_t *c,
+                            xmesh_strategy_t strategy);
+void xm_prep_free(xm_prep_t *p);
+
+/* Mutable list-scheduling state: when each NIC direction is free, bytes sent
+ * per device (tie-break of the device choice), current makespan. */
+typedef struct xm_state {
+    double *dir_free; /* 2 * nnics */
+    double *dev_load; /* ndev */
+    double makespan;
+} xm_state_t;
+
+xmesh_result_t xm_state_init(xm_state_t *s, const xm_prep_t *p);
+void xm_state_reset(xm_state_t *s, const xm_prep_t *p);
+void xm_state_free(xm_state_t *s);
+
+/* Undo log so searches can step and take the step back. */
+typedef struct xm_undo {
+    int n, cap;
+    double **ptr;
+    double *old;
+} xm_undo_t;
+void xm_undo_free(xm_undo_t *u);
+/* Reverts entries back to mark (a value of u->n taken earlier). */
+void xm_undo_to(xm_undo_t *u, int mark);
+
+/* Routes and timing of one task (scratch reused across steps). */
+typedef struct xm_troutes {
+    int nroutes;
+    xm_route_t *routes;
+    int ndevs;
+    int *devs;
+    int *senders; /* max_groups */
+    int nuse;
+    int *use_dir;   /* NIC directions used (distinct) */
+    int *use_count; /* inter-host hops through that direction */
+    double dur;
+    double start, end;
+} xm_troutes_t;
+
+xmesh_result_t xm_troutes_init(xm_troutes_t *r, const xm_prep_t *p);
+void xm_troutes_free(xm_troutes_t *r);
+
+/* Schedules task t next: chooses sender devices (host `host` per the option,
+ * or the devices in fixed[0..ngroups-1] when fixed != NULL), builds the
+ * routes, times them, starts the task when all its NIC directions are free
+ * and advances the state. Records every change in undo when non-NULL.
+ * Returns the task's end time; details in *r. */
+double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fixed,
+               xm_troutes_t *r, xm_undo_t *undo);
+
+/* Timing of given routes of one task (shared with the simulator): fills
+ * r->dur, r->nuse, r->use_dir, r->use_count from r->routes / r->devs. */
+void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r);
+
+/* Evaluates a whole plan (order + per-task option host or fixed senders)
+ * from an idle cluster; returns the makespan. hosts or fixed may be NULL. */
+double xm_eval_plan(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, const int *order,
+                    const int *hosts, const int *fixed);
+
+/* Lower bound using prepared data. */
+double xm_lower_bound_prep(const xm_prep_t *p);
+
+/* Scheduler entry points: fill order[ntasks] and hosts[ntasks] (option
+ * host per task), or fixed senders (naive). Return makespan of the plan. */
+typedef struct xm_search_ctl {
+    double deadline_s; /* monotonic time; <= 0: none */
+    int64_t max_evals; /* > 0: deterministic budget in step evaluations */
+    int64_t evals;     /* counter */
+    uint64_t seed;
+    double lower_bound; /* stop early when reached */
+} xm_search_ctl_t;
+
+double xm_now_s(void);
+int xm_ctl_expired(xm_search_ctl_t *ctl);
+
+double xm_sched_lb(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *order, int *hosts);
+double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
+                    int *order, int *hosts);
+double xm_sched_greedy(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
+                       int *order, int *hosts);
+/* Improves (order, hosts) in place by local moves within ctl; returns makespan. */
+double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
+                        int *order, int *hosts, double cur);
+
+static inline uint64_t xm_rng_next(uint64_t *st)
+{
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+#endif /* XM_SCHED_IMPL_H */

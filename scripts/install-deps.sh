@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what xmesh needs from Debian's archive, skipping what is already
+# there. Run as root (or with sudo available). CUDA/NCCL are optional and not
+# installed here: the NCCL backend is built when /usr/local/cuda has them.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config python3
+      libopenmpi-dev openmpi-bin libhwloc-dev hwloc libcmocka-dev
+      clang libclang-rt-14-dev clang-format valgrind
+      gnuplot-nox iproute2 util-linux)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
