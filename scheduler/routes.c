@@ -232,8 +232,11 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     memset(&q, 0, sizeof q);
     q.ts = ts;
     q.c = c;
-    q.strategy =
-        strategy == XMESH_STRATEGY_SENDRECV ? XMESH_STRATEGY_SENDRECV : XMESH_STRATEGY_BROADCAST;
+    q.strategy = strategy == XMESH_STRATEGY_SENDRECV ||
+                         strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+                         strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
+                     ? XMESH_STRATEGY_SENDRECV
+                     : XMESH_STRATEGY_BROADCAST;
     q.nhosts = c->hosts.nhosts;
     q.nics = c->nics_per_host > 0 ? c->nics_per_host : 1;
     q.nnics = q.nhosts * q.nics;

@@ -132,8 +132,9 @@ static xmesh_result_t check_inputs(const xm_taskset_t *ts, const xm_cluster_t *c
                       (long long)c->chunk_bytes);
     if (o && o->kind != XMESH_SCHEDULER_UNSET && (unsigned)o->kind >= XMESH_SCHEDULER_COUNT_)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "scheduler: unknown kind %d", (int)o->kind);
-    if (o && o->strategy != XMESH_STRATEGY_UNSET && o->strategy != XMESH_STRATEGY_BROADCAST &&
-        o->strategy != XMESH_STRATEGY_SENDRECV)
+    /* The all-gather baselines pick senders and order with the sendrecv
+     * model; the MPI executor builds their routes itself (lib/mpi). */
+    if (o && o->strategy != XMESH_STRATEGY_UNSET && (unsigned)o->strategy >= XMESH_STRATEGY_COUNT_)
         return XM_ERR(XMESH_ERR_UNSUPPORTED,
                       "scheduler: strategy '%s' has no route model (use broadcast or sendrecv)",
                       xmesh_strategy_name(o->strategy));
