@@ -1,6 +1,7 @@
 /* PMPI wrappers for fault injection (see inject.h). */
 #include "inject.h"
 
+#include <fcntl.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
@@ -64,14 +65,31 @@ static int count_call(int is_send, int peer, int64_t bytes)
     return act;
 }
 
+/* INJ_MARK: the file appears only once complete (rename). */
+static void mark(int peer)
+{
+    char tmp[300], line[96];
+    snprintf(tmp, sizeof tmp, "%s.tmp", g_cfg.mark_path);
+    int fd = open(tmp, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    int n = snprintf(line, sizeof line, "%.6f %d\n", g_st.t_fired, peer);
+    if (fd < 0 || write(fd, line, (size_t)n) != n)
+        perror("inject: mark file");
+    if (fd >= 0)
+        close(fd);
+    rename(tmp, g_cfg.mark_path);
+}
+
 static void announce_signal(int sig, int peer)
 {
-    char line[160];
+    char line[400];
     int rank = -1;
     PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int n =
-        snprintf(line, sizeof line, "inject: rank %d pid %d raises signal %d (peer %d) at t=%.6f\n",
-                 rank, (int)getpid(), sig, peer, g_st.t_fired);
+        sig ? snprintf(line, sizeof line,
+                       "inject: rank %d pid %d raises signal %d (peer %d) at t=%.6f\n", rank,
+                       (int)getpid(), sig, peer, g_st.t_fired)
+            : snprintf(line, sizeof line, "inject: rank %d pid %d creates %s (peer %d) at t=%.6f\n",
+                       rank, (int)getpid(), g_cfg.mark_path, peer, g_st.t_fired);
     /* write(2): no stdio lock is held when the signal stops or kills us */
     if (write(2, line, (size_t)n) < 0 ||
         (g_cfg.log_fd > 0 && write(g_cfg.log_fd, line, (size_t)n) < 0))
@@ -88,6 +106,9 @@ int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MP
     if (act == INJ_SIGNAL) {
         announce_signal(g_cfg.sig, dest);
         raise(g_cfg.sig);
+    } else if (act == INJ_MARK) {
+        announce_signal(0, dest);
+        mark(dest);
     } else if (act == INJ_CORRUPT) {
         int64_t off = g_cfg.elem * (int64_t)g_cfg.elem_size + g_cfg.byte_in_elem;
         unsigned char *copy = malloc((size_t)bytes);
@@ -116,6 +137,9 @@ int MPI_Irecv(void *buf, int count, MPI_Datatype dt, int source, int tag, MPI_Co
     if (act == INJ_SIGNAL) {
         announce_signal(g_cfg.sig, source);
         raise(g_cfg.sig);
+    } else if (act == INJ_MARK) {
+        announce_signal(0, source);
+        mark(source);
     }
     return PMPI_Irecv(buf, count, dt, source, tag, comm, req);
 }

@@ -10,7 +10,9 @@
  *   INJ_CORRUPT  (sends only) send a copy of the buffer with byte
  *                `byte_in_elem` of element `elem` XORed with `xor_mask`; the
  *                caller's buffer is untouched, so only the bytes in transit
- *                are damaged.
+ *                are damaged;
+ *   INJ_MARK     create the file `mark_path` (holding the time) and carry on:
+ *                a script outside the job acts on it (cuts a link).
  * The configuration is written by the test before the transfer starts and
  * read by the progress thread afterwards (MPI calls in between order it).
  */
@@ -20,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { INJ_OFF = 0, INJ_SIGNAL = 1, INJ_CORRUPT = 2 };
+enum { INJ_OFF = 0, INJ_SIGNAL = 1, INJ_CORRUPT = 2, INJ_MARK = 3 };
 
 typedef struct {
     int action;        /* INJ_OFF, INJ_SIGNAL, INJ_CORRUPT */
@@ -34,7 +36,8 @@ typedef struct {
     int64_t elem;      /* element of the message to damage */
     int byte_in_elem;  /* which byte of it */
     unsigned char xor_mask;
-    int log_fd; /* INJ_SIGNAL: the announcement also goes here (0: none) */
+    int log_fd; /* INJ_SIGNAL, INJ_MARK: the announcement also goes here (0: none) */
+    char mark_path[256];
 } inj_cfg_t;
 
 /* What happened (read after the transfer). */
