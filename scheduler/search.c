@@ -84,7 +84,26 @@ static inline double res_free(const xm_prep_t *p, const xm_state_t *s, int res)
     return f;
 }
 
-/* Estimated start of option o (global index): exact with one NIC per host. */
+/* Start of option o (global index) for ordering children: exact with one
+ * NIC per host; with several, the NIC directions of its idle routing. */
+static inline double opt_key(const xm_prep_t *p, const xm_state_t *s, int o)
+{
+    double st = 0;
+    if (p->nics > 1) {
+        for (int i = p->opt_nres_off[o]; i < p->opt_nres_off[o + 1]; i++)
+            if (s->dir_free[p->opt_nres[i]] > st)
+                st = s->dir_free[p->opt_nres[i]];
+        return st;
+    }
+    for (int i = p->opt_res_off[o]; i < p->opt_res_off[o + 1]; i++)
+        if (s->dir_free[p->opt_res[i]] > st)
+            st = s->dir_free[p->opt_res[i]];
+    return st;
+}
+
+/* Earliest possible start of option o (global index): exact with one NIC
+ * per host, a lower bound with several (each host direction at its
+ * earliest-free NIC). */
 static inline double opt_start(const xm_prep_t *p, const xm_state_t *s, int o)
 {
     double st = 0;
@@ -131,6 +150,15 @@ static int cmp_child(const void *a, const void *b)
     return x->o < y->o ? -1 : x->o > y->o;
 }
 
+static int worst_of(const child_t *kids, int nk)
+{
+    int w = 0;
+    for (int i = 1; i < nk; i++)
+        if (cmp_child(&kids[i], &kids[w]) > 0)
+            w = i;
+    return w;
+}
+
 typedef struct {
     const xm_prep_t *p;
     xm_state_t *s;
@@ -138,6 +166,7 @@ typedef struct {
     xm_search_ctl_t *ctl;
     xm_undo_t undo;
     int n, width, stop, truncated, expired;
+    int exact_keys; /* several NICs: order children by a real step (host level is vague) */
     int *cls_off, *cls_list, *cls_pos; /* members of each class in index order */
     double *rem_recv;                  /* per host */
     int *send_cnt;                     /* per host: remaining tasks it may send */
@@ -225,7 +254,7 @@ static void dfs_rec(dfs_t *d, int depth)
     }
     /* children: next member of every class x its options, best `width` */
     child_t *kids = d->kids + (size_t)depth * d->width;
-    int nk = 0;
+    int nk = 0, worst = 0;
     for (int k = 0; k < p->nklass; k++) {
         if (d->cls_pos[k] >= d->cls_off[k + 1])
             continue;
@@ -237,18 +266,27 @@ static void dfs_rec(dfs_t *d, int depth)
                 crit = d->rem_recv[p->need_hosts[i]];
         for (int o = 0; o < pt->nopt; o++) {
             int go = pt->opt_off + o;
-            child_t c = {go, t, opt_start(p, d->s, go), crit + p->opt_dur[go] * 1e-3};
+            double key;
+            if (d->exact_keys) {
+                int mark = d->undo.n;
+                xm_step(p, d->s, t, p->opt_hosts[go], NULL, d->r, &d->undo);
+                key = d->r->start;
+                xm_undo_to(&d->undo, mark);
+            } else {
+                key = opt_key(p, d->s, go);
+            }
+            child_t c = {go, t, key, crit + p->opt_dur[go] * 1e-3};
             if (nk < d->width) {
                 kids[nk++] = c;
+                if (nk == d->width)
+                    worst = worst_of(kids, nk);
             } else {
                 /* keep the best `width`: replace the worst if c is better */
-                int w = 0;
-                for (int i = 1; i < nk; i++)
-                    if (cmp_child(&kids[i], &kids[w]) > 0)
-                        w = i;
-                if (cmp_child(&c, &kids[w]) < 0)
-                    kids[w] = c;
                 d->truncated = 1;
+                if (c.key <= kids[worst].key && cmp_child(&c, &kids[worst]) < 0) {
+                    kids[worst] = c;
+                    worst = worst_of(kids, nk);
+                }
             }
         }
     }
@@ -297,6 +335,7 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     /* Exact (full branching) when a node has few children; otherwise a
      * beam of the 8 most promising, which keeps big instances tractable. */
     d.width = p->nklass * maxopt <= 64 ? p->nklass * maxopt : 8;
+    d.exact_keys = p->nics > 1 && p->nklass * maxopt <= 64;
     d.cls_off = xcalloc(p->nklass + 1, sizeof(int));
     d.cls_list = xmalloc(sizeof(int) * n);
     d.cls_pos = xmalloc(sizeof(int) * (p->nklass + 1));

@@ -30,6 +30,8 @@
 
 #define NK XMESH_SCHEDULER_COUNT_
 
+static int g_nics = 1; /* --nics: NICs per host of the modelled cluster */
+
 typedef struct {
     char name[160];
     int64_t shape[3];
@@ -103,6 +105,7 @@ static int inst_make(const problem_t *pb, inst_t *in)
         goto out_fail;
     if (xm_cluster_init(&in->c, &in->hm))
         goto out_fail;
+    in->c.nics_per_host = g_nics;
     return 0;
 out_fail:
     inst_free(in);
@@ -375,6 +378,7 @@ static void usage(void)
            "  --family N     generated instances (default 60)\n"
            "  --seed S       seed of the family and of the schedulers (default 1)\n"
            "  --budget-ms MS scheduler budget (default: the library default, 20 ms)\n"
+           "  --nics N       NICs per host of the modelled cluster (default 1)\n"
            "  --json FILE    write all figures as JSON\n"
            "  --quiet        no per-instance lines for the family\n");
 }
@@ -407,6 +411,8 @@ int main(int argc, char **argv)
             nfam = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--seed"))
             seed = strtoull(v, &end, 10);
+        else if (!strcmp(a, "--nics"))
+            g_nics = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--budget-ms"))
             budget_us = (int64_t)(strtod(v, &end) * 1000);
         else if (!strcmp(a, "--json"))
@@ -415,7 +421,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "xmesh-sched-bench: unknown option '%s'\n", a);
             return 2;
         }
-        if (!end || *end || errno || reps < 1 || nfam < 0 || budget_us < 0) {
+        if (!end || *end || errno || reps < 1 || nfam < 0 || budget_us < 0 || g_nics < 1) {
             fprintf(stderr, "xmesh-sched-bench: bad value '%s' for %s\n", v, a);
             return 2;
         }
@@ -425,14 +431,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "xmesh-sched-bench: cannot write '%s': %s\n", json, strerror(errno));
         return 1;
     }
-    printf("xmesh-sched-bench: cluster model = paper defaults (10 Gb/s NIC, 1 NIC/host, "
-           "100 GB/s intra, 5 us, 1 MiB chunks)\n");
+    printf("xmesh-sched-bench: cluster model = paper defaults (10 Gb/s NIC, %d NIC(s)/host, "
+           "100 GB/s intra, 5 us, 1 MiB chunks)\n",
+           g_nics);
     printf("budget %s, seed %llu, reps %d; columns per scheduler = simulated makespan / lower "
            "bound\n\n",
            budget_us ? "set" : "default (20 ms)", (unsigned long long)seed, reps);
     if (jf)
-        fprintf(jf, "{\"seed\":%llu,\"reps\":%d,\"budget_us\":%lld,\n  \"table2\":[",
-                (unsigned long long)seed, reps, (long long)budget_us);
+        fprintf(
+            jf,
+            "{\"seed\":%llu,\"reps\":%d,\"budget_us\":%lld,\"nics_per_host\":%d,\n  \"table2\":[",
+            (unsigned long long)seed, reps, (long long)budget_us, g_nics);
 
     int nt2 = (int)(sizeof table2 / sizeof table2[0]);
     row_t *t2 = calloc(nt2, sizeof *t2);
