@@ -169,6 +169,7 @@ typedef struct {
     int exact_keys; /* several NICs: order children by a real step (host level is vague) */
     int *cls_off, *cls_list, *cls_pos; /* members of each class in index order */
     double *rem_recv;                  /* per host */
+    double *rem_sendf;                 /* per host: remaining work only it can send */
     int *send_cnt;                     /* per host: remaining tasks it may send */
     double rem_send;
     int *cur_order, *cur_hosts, *best_order, *best_hosts;
@@ -189,6 +190,8 @@ static void dfs_account(dfs_t *d, int t, int sign)
         d->rem_recv[p->need_hosts[i]] -= m;
     for (int o = 0; o < pt->nopt; o++)
         d->send_cnt[p->opt_hosts[pt->opt_off + o]] -= sign;
+    if (pt->nopt == 1)
+        d->rem_sendf[p->opt_hosts[pt->opt_off]] -= m;
     d->rem_send -= m;
 }
 
@@ -264,6 +267,8 @@ static void dfs_rec(dfs_t *d, int depth)
         for (int i = p->need_off[t]; i < p->need_off[t + 1]; i++)
             if (d->rem_recv[p->need_hosts[i]] > crit)
                 crit = d->rem_recv[p->need_hosts[i]];
+        if (pt->nopt == 1 && d->rem_sendf[p->opt_hosts[pt->opt_off]] > crit)
+            crit = d->rem_sendf[p->opt_hosts[pt->opt_off]];
         for (int o = 0; o < pt->nopt; o++) {
             int go = pt->opt_off + o;
             double key;
@@ -350,6 +355,7 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     for (int k = 0; k < p->nklass; k++)
         d.cls_pos[k] = d.cls_off[k];
     d.rem_recv = xcalloc(p->nhosts, sizeof(double));
+    d.rem_sendf = xcalloc(p->nhosts, sizeof(double));
     d.send_cnt = xcalloc(p->nhosts, sizeof(int));
     for (int t = 0; t < n; t++)
         dfs_account(&d, t, -1);
@@ -378,6 +384,7 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     free(d.cls_list);
     free(d.cls_pos);
     free(d.rem_recv);
+    free(d.rem_sendf);
     free(d.send_cnt);
     free(d.cur_order);
     free(d.cur_hosts);
