@@ -236,27 +236,11 @@ static double dfs_bound(dfs_t *d)
     return b;
 }
 
-static void dfs_rec(dfs_t *d, int depth)
+/* Children of the current node: the next member of every class x its
+ * options, the best `width` of them (unordered) in kids. Returns how many. */
+static int gen_kids(dfs_t *d, child_t *kids)
 {
     const xm_prep_t *p = d->p;
-    if (depth == d->n) {
-        if (d->s->makespan < d->best) {
-            d->best = d->s->makespan;
-            memcpy(d->best_order, d->cur_order, sizeof(int) * d->n);
-            memcpy(d->best_hosts, d->cur_hosts, sizeof(int) * d->n);
-            if (d->best <= d->global_lb * (1 + 1e-12))
-                d->stop = 1; /* provably optimal */
-        }
-        return;
-    }
-    /* The first dive (until a first leaf exists) ignores the budget: it is
-     * polynomial, and without it there would be no plan to return. */
-    if ((++d->nodes & 15) == 0 && isfinite(d->best) && xm_ctl_expired(d->ctl)) {
-        d->stop = d->expired = 1;
-        return;
-    }
-    /* children: next member of every class x its options, best `width` */
-    child_t *kids = d->kids + (size_t)depth * d->width;
     int nk = 0, worst = 0;
     for (int k = 0; k < p->nklass; k++) {
         if (d->cls_pos[k] >= d->cls_off[k + 1])
@@ -295,6 +279,55 @@ static void dfs_rec(dfs_t *d, int depth)
             }
         }
     }
+    return nk;
+}
+
+/* The first dive alone, iteratively (no recursion, no backtracking): a list
+ * schedule by earliest start, for instances too deep to recurse. */
+static void dfs_dive(dfs_t *d)
+{
+    const xm_prep_t *p = d->p;
+    for (int depth = 0; depth < d->n; depth++) {
+        int nk = gen_kids(d, d->kids), m = 0;
+        for (int j = 1; j < nk; j++)
+            if (cmp_child(&d->kids[j], &d->kids[m]) < 0)
+                m = j;
+        int t = d->kids[m].t, h = p->opt_hosts[d->kids[m].o];
+        xm_step(p, d->s, t, h, NULL, d->r, NULL);
+        d->ctl->evals++;
+        d->cls_pos[p->pt[t].klass]++;
+        dfs_account(d, t, 1);
+        d->cur_order[depth] = t;
+        d->cur_hosts[t] = h;
+    }
+    d->best = d->s->makespan;
+    memcpy(d->best_order, d->cur_order, sizeof(int) * d->n);
+    memcpy(d->best_hosts, d->cur_hosts, sizeof(int) * d->n);
+    d->truncated = 1; /* not a proof of anything */
+}
+
+static void dfs_rec(dfs_t *d, int depth)
+{
+    const xm_prep_t *p = d->p;
+    if (depth == d->n) {
+        if (d->s->makespan < d->best) {
+            d->best = d->s->makespan;
+            memcpy(d->best_order, d->cur_order, sizeof(int) * d->n);
+            memcpy(d->best_hosts, d->cur_hosts, sizeof(int) * d->n);
+            if (d->best <= d->global_lb * (1 + 1e-12))
+                d->stop = 1; /* provably optimal */
+        }
+        return;
+    }
+    /* The first dive (until a first leaf exists) ignores the budget: it is
+     * polynomial, and without it there would be no plan to return. */
+    if ((++d->nodes & 15) == 0 && isfinite(d->best) && xm_ctl_expired(d->ctl)) {
+        d->stop = d->expired = 1;
+        return;
+    }
+    /* children: next member of every class x its options, best `width` */
+    child_t *kids = d->kids + (size_t)depth * d->width;
+    int nk = gen_kids(d, kids);
     /* Best-first without sorting: most nodes of a big instance only ever
      * visit their first child, so select lazily. */
     for (int i = 0; i < nk && !d->stop; i++) {
@@ -321,6 +354,13 @@ static void dfs_rec(dfs_t *d, int depth)
         xm_undo_to(&d->undo, mark);
     }
 }
+
+/* Deeper than this the DFS only makes its first dive, iteratively (the
+ * recursion would need a frame per task on the stack). */
+#define XM_DFS_MAX_DEPTH 8192
+/* Above this many tasks greedy falls back to load balancing: its rounds are
+ * O(tasks^2 / hosts) and a run cannot stop half way. */
+#define XM_GREEDY_MAX_TASKS 16384
 
 double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
                     int *order, int *hosts)
@@ -363,11 +403,15 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     d.cur_hosts = xmalloc(sizeof(int) * n);
     d.best_order = xmalloc(sizeof(int) * n);
     d.best_hosts = xmalloc(sizeof(int) * n);
-    d.kids = xmalloc(sizeof(child_t) * ((size_t)n * d.width + 1));
+    int deep = n > XM_DFS_MAX_DEPTH;
+    d.kids = xmalloc(sizeof(child_t) * ((size_t)(deep ? 1 : n) * d.width + 1));
     d.best = INFINITY;
     d.global_lb = ctl->lower_bound;
     xm_state_reset(s, p);
-    dfs_rec(&d, 0);
+    if (deep)
+        dfs_dive(&d);
+    else
+        dfs_rec(&d, 0);
     double ms = d.best;
     /* Whole tree searched (or the bound met): nothing better exists. */
     if (isfinite(ms) && !d.expired && !d.truncated)
@@ -474,6 +518,8 @@ double xm_sched_greedy(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_se
                        int *order, int *hosts)
 {
     int n = p->ts->ntasks;
+    if (n > XM_GREEDY_MAX_TASKS)
+        return xm_sched_lb(p, s, r, order, hosts);
     int *rem = xmalloc(sizeof(int) * n), *used = xmalloc(sizeof(int) * 2 * p->nhosts);
     int *pick = xmalloc(sizeof(int) * n), *pick_h = xmalloc(sizeof(int) * n);
     int *best_pick = xmalloc(sizeof(int) * n), *best_h = xmalloc(sizeof(int) * n);
