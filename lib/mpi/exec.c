@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "xm_mpi.h"
 
@@ -181,6 +184,11 @@ void *xm_mpi_progress_main(void *arg)
     xm_request_t **snap = NULL;
     int cap = 0;
     long backoff = BACKOFF_MIN_NS;
+#ifdef __linux__
+    /* The default 50 us timer slack would turn every short backoff sleep
+     * into 50 us and stall the chunk pipeline. */
+    prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0);
+#endif
     pthread_mutex_lock(&be->mu);
     while (!be->stop) {
         if (!be->active) {
