@@ -1,6 +1,7 @@
 /* Execution of a compiled plan: requests, the per-context progress thread,
  * task ordering, chunked pipelined chains, partial sums, timeouts. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,11 @@
 
 #define BACKOFF_MIN_NS 1000l
 #define BACKOFF_MAX_NS 1000000l
+/* Idle polls answered with sched_yield() before sleeping: a chunk handshake
+ * needs a few progress rounds on both sides, and even a 1 us sleep costs a
+ * timer round trip. Measured on the 2-core dev box: 16 polls lift a 256 MiB
+ * broadcast from about 1.3 to about 2.3 GB/s (load-sensitive). */
+#define YIELD_POLLS 16
 
 /* ----------------------------------------------------------- requests */
 
@@ -184,6 +190,7 @@ void *xm_mpi_progress_main(void *arg)
     xm_request_t **snap = NULL;
     int cap = 0;
     long backoff = BACKOFF_MIN_NS;
+    int idle = 0;
 #ifdef __linux__
     /* The default 50 us timer slack would turn every short backoff sleep
      * into 50 us and stall the chunk pipeline. */
@@ -230,6 +237,13 @@ void *xm_mpi_progress_main(void *arg)
             pthread_cond_broadcast(&be->done_cv);
         if (moved || finished) {
             backoff = BACKOFF_MIN_NS;
+            idle = 0;
+        } else if (be->active && !be->stop && idle++ < YIELD_POLLS) {
+            /* Data was moving a moment ago: poll again soon, but give the
+             * core away first (ranks share cores in tests). */
+            pthread_mutex_unlock(&be->mu);
+            sched_yield();
+            pthread_mutex_lock(&be->mu);
         } else if (be->active && !be->stop) {
             /* Nothing moved: sleep (woken early by a new request) so that
              * waiting never burns a core. */
