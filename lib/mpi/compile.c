@@ -445,7 +445,7 @@ static void exec_free(xm_exec_t *x)
 }
 
 /* Trace participants: every rank of either mesh; the lowest one writes. */
-static xmesh_result_t setup_trace(xmesh_plan_t p, xm_exec_t *x, int trace_flag)
+static xmesh_result_t setup_trace(xmesh_plan_t p, xm_exec_t *x, int trace_flag, const char *path)
 {
     int n = p->ctx->size;
     char *in = calloc(n, 1);
@@ -465,7 +465,6 @@ static xmesh_result_t setup_trace(xmesh_plan_t p, xm_exec_t *x, int trace_flag)
     x->participant = in[x->rank];
     x->trace = trace_flag && x->participant;
     if (x->trace) {
-        const char *path = xm_param_str("XMESH_TRACE");
         snprintf(x->trace_path, sizeof x->trace_path, "%s", path);
         x->parts = malloc(sizeof(int) * x->nparts);
         x->cap_ev = 1 << 16;
@@ -536,6 +535,12 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     }
     int trace_flag = buf[2];
     free(buf);
+    /* Rank 0's trace path too: the leader writes, whatever its environment. */
+    char tpath[512] = "";
+    if (ctx->rank == 0)
+        snprintf(tpath, sizeof tpath, "%s", xm_param_str("XMESH_TRACE"));
+    if (trace_flag && (rc = MPI_Bcast(tpath, sizeof tpath, MPI_CHAR, 0, be->comm)))
+        return xm_mpi_err(rc, "MPI_Bcast(trace path)");
     /* 2. Private communicator (collective: every rank calls it). */
     if ((rc = MPI_Comm_dup(be->comm, &x->comm))) {
         x->comm = MPI_COMM_NULL;
@@ -550,7 +555,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     if (!local)
         local = compile(p, x);
     if (!local)
-        local = setup_trace(p, x, trace_flag);
+        local = setup_trace(p, x, trace_flag, tpath);
     char saved[512] = "";
     if (local)
         snprintf(saved, sizeof saved, "%s", xmesh_last_error());

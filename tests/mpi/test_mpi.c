@@ -519,6 +519,11 @@ static void random_case(tcase_t *c)
     c->scheduler = (xmesh_scheduler_t)rndi(XMESH_SCHEDULER_COUNT_);
     int k = rndi(4);
     c->chunk_bytes = k == 0 ? 1 + rndi(8) : k == 1 ? 16 + rndi(64) : k == 2 ? 256 : 1 << 20;
+    if (rndi(8) == 0) { /* larger boxes: many chunks per step, window wrap-around, staging */
+        for (int d = 0; d < c->ndim; d++)
+            c->shape[d] = 1 + rndi(40);
+        c->chunk_bytes = 64 + rndi(4096);
+    }
 }
 
 /* ------------------------------------------------------- special tests */
