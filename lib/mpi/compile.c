@@ -162,6 +162,12 @@ static xmesh_result_t add_chain(cstate_t *cs, int task, int route, int64_t r0, i
                 return XM_ERR(XMESH_ERR_INTERNAL, "plan setup: task %d chain starts at a receiver",
                               task);
             set_chunks(cs, s, &t->box, r0, r1, whole);
+            /* Checksums start where the final values first exist. */
+            s->ck_origin =
+                s->mode == XM_MODE_SRC || s->mode == XM_MODE_FROM_DST ||
+                (s->mode == XM_MODE_GENERAL && nsrc > 0 && i <= nsrc - 1 && j - 1 >= nsrc - 1);
+            s->ck_verify = s->mode == XM_MODE_RECV;
+            s->ck_off = -1;
             s->bytes = (r1 - r0) * (int64_t)x->es;
             *last = j == len ? x->nsteps - 1 : -1;
         }
@@ -333,7 +339,7 @@ static xmesh_result_t finish_task(cstate_t *cs, int t, int first, int64_t *regio
         }
         if (s->prev >= 0 || s->next >= 0) {
             s->req_off = roff;
-            roff += 2 * XM_WINDOW;
+            roff += XM_STEP_REQS;
         }
         s->region = region;
     }
@@ -407,6 +413,17 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     if (x->stage_bytes && !(x->stage = aligned_alloc(64, (size_t)x->stage_bytes)))
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %lld staging bytes",
                       (long long)x->stage_bytes);
+    if (x->check) {
+        int64_t nck = 0;
+        for (int i = 0; i < x->nsteps; i++)
+            if (x->steps[i].ck_origin || x->steps[i].ck_verify) {
+                x->steps[i].ck_off = nck;
+                nck += 2 * x->steps[i].nchunks;
+            }
+        if (!(x->ck = calloc(nck + 1, sizeof(uint64_t))))
+            return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %lld checksums",
+                          (long long)nck);
+    }
     x->reqs = malloc(sizeof(MPI_Request) * (x->nreqs + 1));
     x->req_idx = malloc(sizeof(int) * (x->nreqs + 1));
     x->srt = calloc(x->nsteps + 1, sizeof *x->srt);
@@ -438,6 +455,7 @@ static void exec_free(xm_exec_t *x)
     free(x->tstate);
     free(x->parts);
     free(x->ev);
+    free(x->ck);
     free(x->tr_reqs);
     free(x->tr_counts);
     free(x->tr_bufs);
@@ -492,7 +510,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     xmesh_result_t r = XMESH_SUCCESS;
     int nt = p->ts.ntasks, mg = p->sched.max_groups, rc;
     xm_exec_t *x = calloc(1, sizeof *x);
-    int64_t nbuf = 3 + (int64_t)nt * (1 + mg);
+    int64_t nbuf = 4 + (int64_t)nt * (1 + mg);
     int *buf = malloc(sizeof(int) * nbuf);
     if (!x || !buf) {
         free(x);
@@ -508,8 +526,9 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
         buf[0] = nt;
         buf[1] = mg;
         buf[2] = tp && *tp;
-        memcpy(buf + 3, p->sched.order, sizeof(int) * nt);
-        memcpy(buf + 3 + nt, p->sched.sender, sizeof(int) * (int64_t)nt * mg);
+        buf[3] = xm_param_i64("XMESH_CHECK") != 0;
+        memcpy(buf + 4, p->sched.order, sizeof(int) * nt);
+        memcpy(buf + 4 + nt, p->sched.sender, sizeof(int) * (int64_t)nt * mg);
     }
     if ((rc = MPI_Bcast(buf, (int)nbuf, MPI_INT, 0, be->comm))) {
         free(buf);
@@ -527,13 +546,18 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
                               .budget_us = p->budget_us,
                               .seed = p->seed,
                               .strategy = p->strategy};
-        local = xm_schedule_from(&p->ts, &p->cluster, &so, buf + 3, buf + 3 + nt, &ns);
+        local = xm_schedule_from(&p->ts, &p->cluster, &so, buf + 4, buf + 4 + nt, &ns);
         if (!local) {
             xm_schedule_free(&p->sched);
             p->sched = ns;
         }
     }
     int trace_flag = buf[2];
+    x->check = buf[3];
+    {
+        const char *cr = getenv("XMESH_TEST_CORRUPT");
+        x->corrupt = x->check && cr && *cr && atoi(cr) == ctx->rank;
+    }
     free(buf);
     /* Rank 0's trace path too: the leader writes, whatever its environment. */
     char tpath[512] = "";

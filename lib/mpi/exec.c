@@ -115,6 +115,7 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     memset(x->srt, 0, sizeof *x->srt * x->nsteps);
     memset(x->tstate, 0, x->nrtasks);
     x->tfirst = 0;
+    x->corrupted = 0;
     x->nev = 0;
     x->dropped_ev = 0;
     x->active = r;
@@ -354,6 +355,15 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
             sbuf = stg;
         }
         sbytes = (int)(cnt * es);
+        if (x->check && s->ck_verify) {
+            if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
+                int64_t o;
+                xm_geom_contig(&s->dg, a, 1, &o);
+                dst[o * es] ^= 0x40;
+                x->corrupted = 1;
+            }
+            x->ck[s->ck_off + c] = xm_geom_hash(&s->dg, dst, es, a, cnt);
+        }
         break;
     }
     case XM_MODE_SELF: {
@@ -386,6 +396,8 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
         break;
     }
     }
+    if (s->next >= 0 && x->check && s->ck_origin)
+        x->ck[s->ck_off + c] = xm_geom_hash(NULL, sbuf, 1, 0, sbytes);
     if (s->next >= 0) {
         rt->t_send[slot] = x->trace ? xm_now() - x->t0 : 0;
         return MPI_Isend(sbuf, sbytes, MPI_BYTE, s->next, s->tag_out, x->comm, sendreq);
@@ -413,6 +425,87 @@ static int post_recv(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t
     }
     rt->t_recv[slot] = x->trace ? xm_now() - x->t0 : 0;
     return MPI_Irecv(buf, bytes, MPI_BYTE, s->prev, s->tag_in, x->comm, req);
+}
+
+/* XMESH_CHECK: after its last chunk, the origin of a chain sends the
+ * per-chunk checksums of the final values; every receiver compares them
+ * with the sums of what it wrote and forwards the origin's sums. State:
+ * 0 nothing posted, 1 sums being received, 2 sums being sent, 3 done.
+ * Returns 1 if it moved, 0 if not, -1 after failing r. */
+static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt,
+                         MPI_Request *rq)
+{
+    int bytes = (int)(s->nchunks * 8), rc;
+    uint64_t *own = s->ck_off >= 0 ? x->ck + s->ck_off : NULL, *in = own ? own + s->nchunks : NULL;
+    int verify = s->ck_verify, origin = s->ck_origin && s->next >= 0;
+    if (!verify && !origin) {
+        rt->ck_state = 3;
+        return 0;
+    }
+    if (rt->ck_state == 0) {
+        if (verify) {
+            if (rt->posted < s->nchunks) /* after the last chunk's receive: same tag, in order */
+                return 0;
+            if ((rc = MPI_Irecv(in, bytes, MPI_BYTE, s->prev, s->tag_in, x->comm,
+                                &rq[2 * XM_WINDOW])))
+                goto out_mpi;
+            rt->ck_state = 1;
+            return 1;
+        }
+        if (rt->computed < s->nchunks) /* after the last chunk's send */
+            return 0;
+        if ((rc = MPI_Isend(own, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
+                            &rq[2 * XM_WINDOW + 1])))
+            goto out_mpi;
+        rt->ck_state = 2;
+        return 1;
+    }
+    if (rt->ck_state == 1) {
+        if (rq[2 * XM_WINDOW] != MPI_REQUEST_NULL || rt->computed < s->nchunks)
+            return 0;
+        for (int64_t c = 0; c < s->nchunks; c++)
+            if (in[c] != own[c]) {
+                int64_t a, cnt;
+                chunk_range(s, c, &a, &cnt);
+                /* Global coordinates of the chunk's first element. */
+                const xm_taskset_t *ts = &r->plan->ts;
+                const xm_box_t *b = &ts->tasks[s->task].box;
+                char at[160] = "";
+                int o = 0;
+                int64_t rem = a, idx[XM_MAX_DIMS];
+                for (int d = ts->ndim - 1; d >= 0; d--) {
+                    int64_t e = b->hi[d] - b->lo[d];
+                    idx[d] = b->lo[d] + rem % e;
+                    rem /= e;
+                }
+                for (int d = 0; d < ts->ndim && o < (int)sizeof at - 24; d++)
+                    o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
+                fail(r, XMESH_ERR_BACKEND,
+                     "rank %d: XMESH_CHECK: data of task %d received from rank %d is corrupt in "
+                     "chunk %lld of %lld: %lld elements starting at global index (%s) differ "
+                     "from what the sending chain produced",
+                     x->rank, s->task, s->prev, (long long)c, (long long)s->nchunks, (long long)cnt,
+                     at);
+                return -1;
+            }
+        if (s->next >= 0) {
+            if ((rc = MPI_Isend(in, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
+                                &rq[2 * XM_WINDOW + 1])))
+                goto out_mpi;
+            rt->ck_state = 2;
+        } else {
+            rt->ck_state = 3;
+        }
+        return 1;
+    }
+    if (rq[2 * XM_WINDOW + 1] != MPI_REQUEST_NULL)
+        return 0;
+    rt->ck_state = 3;
+    return 1;
+out_mpi:
+    fail(r, XMESH_ERR_BACKEND, "XMESH_CHECK: checksum message of task %d failed (MPI error %d)",
+         s->task, rc);
+    return -1;
 }
 
 /* Advances one step as far as it can without blocking. Returns 1 if it
@@ -485,7 +578,13 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
         rt->completed++;
         moved = 1;
     }
-    if (rt->completed == s->nchunks) {
+    if (x->check && rt->ck_state < 3) {
+        int m = check_advance(r, x, s, rt, rq);
+        if (m < 0)
+            return -1;
+        moved |= m;
+    }
+    if (rt->completed == s->nchunks && (!x->check || rt->ck_state == 3)) {
         rt->done = 1;
         moved = 1;
     }

@@ -16,6 +16,12 @@
 #define XM_WINDOW 4
 /* Tags below XM_TAG_BASE are reserved (trace gather, future checksums). */
 #define XM_TAG_TRACE 1
+/* Request slots per step: XM_WINDOW receives, XM_WINDOW sends, then the
+ * checksum receive and send of XMESH_CHECK. */
+#define XM_STEP_REQS (2 * XM_WINDOW + 2)
+/* Request slots per step: XM_WINDOW receives, XM_WINDOW sends, then the
+ * checksum receive and send of XMESH_CHECK. */
+#define XM_STEP_REQS (2 * XM_WINDOW + 2)
 #define XM_TAG_BASE 16
 
 /* ------------------------------------------------------------ data.c */
@@ -43,6 +49,12 @@ enum { XM_COPY_PACK, XM_COPY_UNPACK, XM_COPY_TO_ACC, XM_COPY_ADD_ACC };
  * block -> buf converted to the accumulation type, ADD_ACC buf += block. */
 void xm_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf, int64_t a,
                   int64_t c);
+/* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
+ * contiguous buffer when g is NULL), independent of how runs split. */
+uint64_t xm_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
+/* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
+ * contiguous buffer when g is NULL), independent of how runs split. */
+uint64_t xm_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
 /* Copies box-linear elements [a, a + c) from one block to another. */
 void xm_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst, size_t es,
                    int64_t a, int64_t c);
@@ -84,6 +96,10 @@ typedef struct xm_step {
     int req_off;       /* into the plan's request pool (2 * XM_WINDOW), -1 none */
     int region;        /* pool region (lowest slot class of its task), -1 none */
     int64_t bytes;     /* payload bytes this step receives or sends */
+    /* XMESH_CHECK: per-chunk checksums (ck_off into the plan's ck pool). */
+    int ck_origin; /* produces the final values (sole or last source, ring start) */
+    int ck_verify; /* receives final values: compares with the origin's sums */
+    int64_t ck_off;
 } xm_step_t;
 
 /* One task this rank takes part in, in global issue order. */
@@ -105,6 +121,7 @@ typedef struct xm_rtask {
 typedef struct xm_step_rt {
     int64_t posted, computed, completed; /* chunk counters */
     int started, done;
+    int ck_state; /* XMESH_CHECK: 0 idle, 1 receiving sums, 2 sending sums, 3 done */
     double t_start;
     double t_recv[XM_WINDOW], t_send[XM_WINDOW];
 } xm_step_rt_t;
@@ -154,6 +171,10 @@ typedef struct xm_exec {
     xm_trace_ev_t *ev;
     int nev, cap_ev;
     int64_t dropped_ev;
+    int check;            /* XMESH_CHECK (rank 0's choice) */
+    int corrupt;          /* XMESH_TEST_CORRUPT: this rank flips a received byte (tests) */
+    int corrupted;        /* done for this reshard */
+    uint64_t *ck;         /* 2 * nchunks per checking step: own sums, then received */
     MPI_Request *tr_reqs; /* 2 per participant */
     int64_t *tr_counts;   /* leader: events per participant; others: [0] own count */
     xm_trace_ev_t **tr_bufs;

@@ -783,6 +783,40 @@ static void test_trace(void)
     teardown(&s);
 }
 
+static void test_checksum(void)
+{
+    if (g_size < 2)
+        return;
+    tcase_t c;
+    fixed_case(&c, "33,9", XMESH_F32, "1", 0, "S(0)", "1", 1, "S(1)");
+    c.chunk_bytes = 40;
+    char why[256] = "";
+    tstate_t s;
+    setenv("XMESH_CHECK", "1", 1);
+    int ok = !setup(&c, &s);
+    fill_dst(&s);
+    ok = ok && !xmesh_reshard(s.plan, s.src, dst_ptr(&s)) && !check_dst(&c, &s, why, sizeof why);
+    report(ok, "XMESH_CHECK=1: clean data verifies %s", why);
+    teardown(&s);
+    /* rank 1 damages the first chunk it receives: it must say so */
+    setenv("XMESH_TEST_CORRUPT", "1", 1);
+    ok = !setup(&c, &s);
+    fill_dst(&s);
+    xmesh_result_t r = ok ? xmesh_reshard(s.plan, s.src, dst_ptr(&s)) : XMESH_ERR_INTERNAL;
+    if (g_rank == 1)
+        ok = r == XMESH_ERR_BACKEND && strstr(xmesh_last_error(), "XMESH_CHECK") &&
+             strstr(xmesh_last_error(), "rank 0") && strstr(xmesh_last_error(), "(0,0)");
+    else
+        ok = r == XMESH_SUCCESS;
+    if (!ok)
+        fprintf(stderr, "rank %d: corruption test: %s: %s\n", g_rank, xmesh_result_string(r),
+                xmesh_last_error());
+    report(ok, "XMESH_CHECK=1 catches a corrupted chunk and names peer and element");
+    unsetenv("XMESH_TEST_CORRUPT");
+    unsetenv("XMESH_CHECK");
+    teardown(&s);
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv)
@@ -885,6 +919,7 @@ int main(int argc, char **argv)
     test_mismatch();
     test_timeout();
     test_trace();
+    test_checksum();
 
     rng_state = seed;
     for (int i = 0; i < ncases; i++) {
