@@ -417,6 +417,12 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
         int64_t nck = 0;
         for (int i = 0; i < x->nsteps; i++)
             if (x->steps[i].ck_origin || x->steps[i].ck_verify) {
+                if (x->steps[i].nchunks > (1 << 26))
+                    return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                                  "XMESH_CHECK: task %d has %lld chunks (more than 2^26): raise "
+                                  "chunk_bytes (now %lld)",
+                                  x->steps[i].task, (long long)x->steps[i].nchunks,
+                                  (long long)p->chunk_bytes);
                 x->steps[i].ck_off = nck;
                 nck += 2 * x->steps[i].nchunks;
             }
