@@ -330,7 +330,7 @@ static xmesh_result_t finish_task(cstate_t *cs, int t, int first, int64_t *regio
         default:
             break;
         }
-        need *= s->ce * XM_WINDOW;
+        need *= s->ce * x->window;
         if (need && region < 0) /* a task without hops never needs staging */
             return XM_ERR(XMESH_ERR_INTERNAL, "plan setup: task %d needs staging without a hop", t);
         if (need) {
@@ -339,7 +339,7 @@ static xmesh_result_t finish_task(cstate_t *cs, int t, int first, int64_t *regio
         }
         if (s->prev >= 0 || s->next >= 0) {
             s->req_off = roff;
-            roff += XM_STEP_REQS;
+            roff += XM_STEP_REQS(x->window);
         }
         s->region = region;
     }
@@ -373,6 +373,8 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     int64_t cb =
         p->chunk_bytes < XM_MAX_CHUNK_ELEMS_BYTES ? p->chunk_bytes : XM_MAX_CHUNK_ELEMS_BYTES;
     cs.chunk_elems = cb / (int64_t)x->es > 0 ? cb / (int64_t)x->es : 1;
+    int64_t w = XM_WINDOW_BYTES / (cs.chunk_elems * (int64_t)x->es);
+    x->window = (int)(w < XM_WINDOW_MIN ? XM_WINDOW_MIN : w > XM_WINDOW_MAX ? XM_WINDOW_MAX : w);
     int holds;
     if (p->src_index >= 0)
         xm_layout_block(&p->src, p->src_index, cs.src_lo, cs.src_hi);

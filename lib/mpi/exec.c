@@ -324,7 +324,7 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
 {
     int64_t a, cnt, off;
     chunk_range(s, c, &a, &cnt);
-    int slot = (int)(c % XM_WINDOW);
+    int slot = (int)(c % x->window);
     size_t es = x->es;
     char *dst = x->dst;
     const char *src = x->src;
@@ -410,7 +410,7 @@ static int post_recv(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t
 {
     int64_t a, cnt, off;
     chunk_range(s, c, &a, &cnt);
-    int slot = (int)(c % XM_WINDOW);
+    int slot = (int)(c % x->window);
     void *buf;
     int bytes;
     if (s->mode == XM_MODE_RECV) {
@@ -447,7 +447,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
             if (rt->posted < s->nchunks) /* after the last chunk's receive: same tag, in order */
                 return 0;
             if ((rc = MPI_Irecv(in, bytes, MPI_BYTE, s->prev, s->tag_in, x->comm,
-                                &rq[2 * XM_WINDOW])))
+                                &rq[2 * x->window])))
                 goto out_mpi;
             rt->ck_state = 1;
             return 1;
@@ -455,13 +455,13 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
         if (rt->computed < s->nchunks) /* after the last chunk's send */
             return 0;
         if ((rc = MPI_Isend(own, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
-                            &rq[2 * XM_WINDOW + 1])))
+                            &rq[2 * x->window + 1])))
             goto out_mpi;
         rt->ck_state = 2;
         return 1;
     }
     if (rt->ck_state == 1) {
-        if (rq[2 * XM_WINDOW] != MPI_REQUEST_NULL || rt->computed < s->nchunks)
+        if (rq[2 * x->window] != MPI_REQUEST_NULL || rt->computed < s->nchunks)
             return 0;
         for (int64_t c = 0; c < s->nchunks; c++)
             if (in[c] != own[c]) {
@@ -490,7 +490,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
             }
         if (s->next >= 0) {
             if ((rc = MPI_Isend(in, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
-                                &rq[2 * XM_WINDOW + 1])))
+                                &rq[2 * x->window + 1])))
                 goto out_mpi;
             rt->ck_state = 2;
         } else {
@@ -498,7 +498,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
         }
         return 1;
     }
-    if (rq[2 * XM_WINDOW + 1] != MPI_REQUEST_NULL)
+    if (rq[2 * x->window + 1] != MPI_REQUEST_NULL)
         return 0;
     rt->ck_state = 3;
     return 1;
@@ -526,9 +526,9 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
     }
     MPI_Request *rq = s->req_off >= 0 ? x->reqs + s->req_off : NULL;
     if (s->prev >= 0)
-        while (rt->posted < s->nchunks && rt->posted - rt->completed < XM_WINDOW) {
+        while (rt->posted < s->nchunks && rt->posted - rt->completed < x->window) {
             int64_t c = rt->posted;
-            if ((rc = post_recv(x, s, rt, c, &rq[c % XM_WINDOW]))) {
+            if ((rc = post_recv(x, s, rt, c, &rq[c % x->window]))) {
                 fail(r, XMESH_ERR_BACKEND,
                      "MPI_Irecv of chunk %lld of task %d from rank %d failed (MPI error %d)",
                      (long long)c, s->task, s->prev, rc);
@@ -539,7 +539,7 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
         }
     while (rt->computed < s->nchunks) {
         int64_t c = rt->computed;
-        int slot = (int)(c % XM_WINDOW);
+        int slot = (int)(c % x->window);
         if (s->prev >= 0) {
             if (c >= rt->posted || rq[slot] != MPI_REQUEST_NULL)
                 break;
@@ -549,10 +549,10 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
                 xm_trace_add(x, 2, s->task, s->prev, c, cnt * (int64_t)x->es, rt->t_recv[slot],
                              xm_now() - x->t0);
             }
-        } else if (s->next >= 0 && c - rt->completed >= XM_WINDOW) {
+        } else if (s->next >= 0 && c - rt->completed >= x->window) {
             break;
         }
-        if ((rc = compute_chunk(x, s, rt, c, rq ? &rq[XM_WINDOW + slot] : NULL))) {
+        if ((rc = compute_chunk(x, s, rt, c, rq ? &rq[x->window + slot] : NULL))) {
             fail(r, XMESH_ERR_BACKEND,
                  "MPI_Isend of chunk %lld of task %d to rank %d failed (MPI error %d)",
                  (long long)c, s->task, s->next, rc);
@@ -563,9 +563,9 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
     }
     while (rt->completed < rt->computed) {
         int64_t c = rt->completed;
-        int slot = (int)(c % XM_WINDOW);
+        int slot = (int)(c % x->window);
         if (s->next >= 0) {
-            if (rq[XM_WINDOW + slot] != MPI_REQUEST_NULL)
+            if (rq[x->window + slot] != MPI_REQUEST_NULL)
                 break;
             if (x->trace) {
                 int64_t a, cnt;

@@ -12,16 +12,17 @@
 #include "xm_api.h"
 #include "xmesh/mpi.h"
 
-/* Chunks in flight per step (receive-ahead window and staging slots). */
-#define XM_WINDOW 4
+/* Chunks in flight per step (receive-ahead window and staging slots): enough
+ * chunks to keep XM_WINDOW_BYTES in flight, between XM_WINDOW_MIN and
+ * XM_WINDOW_MAX. Over TCP a 1 MiB window of small chunks starves the link. */
+#define XM_WINDOW_MIN 4
+#define XM_WINDOW_MAX 16
+#define XM_WINDOW_BYTES (4ll << 20)
 /* Tags below XM_TAG_BASE are reserved (trace gather, future checksums). */
 #define XM_TAG_TRACE 1
-/* Request slots per step: XM_WINDOW receives, XM_WINDOW sends, then the
+/* Request slots per step: w receives, w sends, then the
  * checksum receive and send of XMESH_CHECK. */
-#define XM_STEP_REQS (2 * XM_WINDOW + 2)
-/* Request slots per step: XM_WINDOW receives, XM_WINDOW sends, then the
- * checksum receive and send of XMESH_CHECK. */
-#define XM_STEP_REQS (2 * XM_WINDOW + 2)
+#define XM_STEP_REQS(w) (2 * (w) + 2)
 #define XM_TAG_BASE 16
 
 /* ------------------------------------------------------------ data.c */
@@ -93,7 +94,7 @@ typedef struct xm_step {
     /* Chunks: c -> row c / per_row, piece c % per_row of ce elements. */
     int64_t r0, row_elems, ce, per_row, nchunks;
     int64_t stage_off; /* into the plan's staging pool, -1 none */
-    int req_off;       /* into the plan's request pool (2 * XM_WINDOW), -1 none */
+    int req_off;       /* into the plan's request pool (XM_STEP_REQS), -1 none */
     int region;        /* pool region (lowest slot class of its task), -1 none */
     int64_t bytes;     /* payload bytes this step receives or sends */
     /* XMESH_CHECK: per-chunk checksums (ck_off into the plan's ck pool). */
@@ -123,7 +124,7 @@ typedef struct xm_step_rt {
     int started, done;
     int ck_state; /* XMESH_CHECK: 0 idle, 1 receiving sums, 2 sending sums, 3 done */
     double t_start;
-    double t_recv[XM_WINDOW], t_send[XM_WINDOW];
+    double t_recv[XM_WINDOW_MAX], t_send[XM_WINDOW_MAX];
 } xm_step_rt_t;
 
 typedef struct xm_trace_ev {
@@ -141,6 +142,7 @@ typedef struct xm_exec {
     MPI_Comm comm; /* private duplicate: tags never collide across plans */
     int rank;
     size_t es, acc_es;
+    int window; /* chunks in flight per step */
     xmesh_dtype_t dtype;
     int nsteps;
     xm_step_t *steps;
