@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "xmesh.h"
@@ -689,6 +690,44 @@ static void test_nonblocking(void)
     teardown(&s);
 }
 
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+           1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+/* A rank waiting for a late peer must sleep, not spin: rank 0 starts its
+ * side 0.5 s late; rank 1's process CPU time while waiting stays low. */
+static void test_idle_wait(void)
+{
+    if (g_size < 2)
+        return;
+    tcase_t c;
+    fixed_case(&c, "1000", XMESH_F32, "1", 0, "S(0)", "1", 1, "S(0)");
+    tstate_t s;
+    char why[256] = "";
+    int ok = !setup(&c, &s);
+    fill_dst(&s);
+    double cpu = 0, wall = 0;
+    if (ok && g_rank == 0)
+        usleep(500000);
+    if (ok) {
+        double c0 = cpu_seconds(), w0 = MPI_Wtime();
+        ok = !xmesh_reshard(s.plan, s.src, dst_ptr(&s)) && !check_dst(&c, &s, why, sizeof why);
+        cpu = cpu_seconds() - c0;
+        wall = MPI_Wtime() - w0;
+    }
+    if (g_rank == 1)
+        ok = ok && cpu < 0.25 * wall + 0.02;
+    double cw[2] = {cpu, wall};
+    MPI_Bcast(cw, 2, MPI_DOUBLE, 1, MPI_COMM_WORLD);
+    report(ok, "waiting for a late peer sleeps (rank 1: %.3f s CPU in %.3f s) %s", cw[0], cw[1],
+           why);
+    teardown(&s);
+}
+
 static void test_mismatch(void)
 {
     if (g_size < 2)
@@ -920,6 +959,7 @@ int main(int argc, char **argv)
     test_timeout();
     test_trace();
     test_checksum();
+    test_idle_wait();
 
     rng_state = seed;
     for (int i = 0; i < ncases; i++) {
