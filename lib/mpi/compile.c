@@ -178,18 +178,21 @@ static xmesh_result_t add_chain(cstate_t *cs, int task, int route, int64_t r0, i
     return XMESH_SUCCESS;
 }
 
-/* Receivers of task t grouped for the all-gather strategies: by host
- * (sendrecv-allgather) or all together (global-allgather). */
+/* Whether dev holds task t's box; *host_match gets the pick-th (mod count)
+ * holder on `host`, -1 if none, so parts spread over local replicas. */
 static int is_holder(const xm_taskset_t *ts, const xm_task_t *t, int dev, int *host_match,
-                     const xm_hostmap_t *h, int host)
+                     const xm_hostmap_t *h, int host, int pick)
 {
-    int n = t->ngroups * t->group_size, found = 0;
+    int n = t->ngroups * t->group_size, found = 0, nlocal = 0;
     *host_match = -1;
     for (int i = 0; i < n; i++) {
         int d = ts->holders[t->holder_off + i];
-        if (d == dev)
-            found = 1;
-        if (*host_match < 0 && h->host_of[d] == host)
+        found |= d == dev;
+        nlocal += h->host_of[d] == host;
+    }
+    for (int i = 0, k = 0; i < n && nlocal; i++) {
+        int d = ts->holders[t->holder_off + i];
+        if (h->host_of[d] == host && k++ == pick % nlocal)
             *host_match = d;
     }
     return found;
@@ -226,7 +229,7 @@ static xmesh_result_t compile_allgather(cstate_t *cs, int t, int per_host)
             int rcv = R[g0 + j], len = 0, nsrc;
             int64_t a = V * j / k, b = V * (j + 1) / k;
             int near = -1;
-            if (G == 1 && is_holder(ts, tk, rcv, &near, hm, hm->host_of[rcv])) {
+            if (G == 1 && is_holder(ts, tk, rcv, &near, hm, hm->host_of[rcv], j)) {
                 chain[len++] = rcv; /* self copy */
                 nsrc = 1;
             } else if (G == 1 && near >= 0) {
