@@ -178,8 +178,13 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
         pthread_mutex_unlock(&be->mu);
         return dead_call(req);
     }
-    while (!r->done)
+    xmesh_plan_t plan = r->plan;
+    while (r->magic == XM_REQ_LIVE && r->plan == plan && !r->done)
         pthread_cond_wait(&be->done_cv, &be->mu);
+    if (r->magic != XM_REQ_LIVE || r->plan != plan) { /* another thread finished it */
+        pthread_mutex_unlock(&be->mu);
+        return dead_call(req);
+    }
     return release(be, r);
 }
 
