@@ -74,6 +74,7 @@ static void set_chunks(const cstate_t *cs, xm_step_t *s, const xm_box_t *box, in
     }
 }
 
+/* Appends a zeroed step; *out is valid until the next push. */
 static xmesh_result_t push_step(cstate_t *cs, xm_step_t **out)
 {
     xm_exec_t *x = cs->x;
@@ -245,11 +246,10 @@ static xmesh_result_t compile_allgather(cstate_t *cs, int t, int per_host)
                 goto out_free;
         }
         for (int j = 0; k > 1 && j < k; j++) {
-            int64_t a = V * j / k, b = V * (j + 1) / k, dummy;
+            int64_t a = V * j / k, b = V * (j + 1) / k;
             for (int q = 0; q < k; q++)
                 chain[q] = R[g0 + (j + q) % k];
             int last;
-            (void)dummy;
             if ((r = add_chain(cs, t, -1, a, b, 0, chain, k, 0, 1, stage1[j], &last)))
                 goto out_free;
         }
@@ -261,6 +261,7 @@ out_free:
     return r;
 }
 
+/* broadcast / sendrecv: this rank's steps of the scheduler's routes of task t. */
 static xmesh_result_t compile_routes(cstate_t *cs, int t)
 {
     const xm_schedule_t *sc = &cs->p->sched;
@@ -364,6 +365,8 @@ static xmesh_result_t finish_task(cstate_t *cs, int t, int first, int64_t *regio
     return XMESH_SUCCESS;
 }
 
+/* Local part of plan setup: steps, task list, pools. On error x is left for
+ * exec_free (whatever was allocated is recorded in x). */
 static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
 {
     cstate_t cs;
@@ -378,12 +381,10 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     cs.chunk_elems = cb / (int64_t)x->es > 0 ? cb / (int64_t)x->es : 1;
     int64_t w = XM_WINDOW_BYTES / (cs.chunk_elems * (int64_t)x->es);
     x->window = (int)(w < XM_WINDOW_MIN ? XM_WINDOW_MIN : w > XM_WINDOW_MAX ? XM_WINDOW_MAX : w);
-    int holds;
     if (p->src_index >= 0)
         xm_layout_block(&p->src, p->src_index, cs.src_lo, cs.src_hi);
     if (p->dst_index >= 0)
         xm_layout_block(&p->dst, p->dst_index, cs.dst_lo, cs.dst_hi);
-    (void)holds;
     int64_t region_stage[XM_NSLOTS] = {0};
     int region_reqs[XM_NSLOTS] = {0}, cap_rt = 0;
     xmesh_result_t r = XMESH_SUCCESS;
@@ -448,6 +449,8 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     return XMESH_SUCCESS;
 }
 
+/* Frees the executor state (x may be partial or NULL). Not collective in
+ * practice: Open MPI frees a communicator locally. */
 static void exec_free(xm_exec_t *x)
 {
     if (!x)
@@ -514,6 +517,8 @@ static xmesh_result_t setup_trace(xmesh_plan_t p, xm_exec_t *x, int trace_flag, 
     return XMESH_SUCCESS;
 }
 
+/* ops->plan_setup: collective over the context. On error p->exec holds what
+ * was built and api.c calls plan_teardown. */
 xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
 {
     xmesh_ctx_t ctx = p->ctx;
@@ -612,6 +617,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     return r;
 }
 
+/* ops->plan_teardown: no request of the plan may be in flight (api.c). */
 void xm_mpi_plan_teardown(xmesh_plan_t p)
 {
     exec_free(p->exec);

@@ -21,6 +21,7 @@ static const xm_backend_ops_t mpi_ops = {
     .ctx_free = mpi_ctx_free,
 };
 
+/* Monotonic seconds. */
 double xm_now(void)
 {
     struct timespec ts;
@@ -201,6 +202,8 @@ out_free:
     return r;
 }
 
+/* ops->ctx_free: stops the progress thread and frees the request pool and
+ * the communicator (api.c has checked that no plan or mesh is left). */
 static void mpi_ctx_free(xmesh_ctx_t ctx)
 {
     xm_mpi_ctx_t *be = ctx->be;

@@ -62,6 +62,7 @@ static xm_request_t *req_alloc(xm_mpi_ctx_t *be)
     return r;
 }
 
+/* Starts the progress thread once; called with be->mu held. */
 static xmesh_result_t ensure_thread(xm_mpi_ctx_t *be)
 {
     if (be->thread_started)
@@ -73,6 +74,8 @@ static xmesh_result_t ensure_thread(xm_mpi_ctx_t *be)
     return XMESH_SUCCESS;
 }
 
+/* ops->start: queues the reshard for the progress thread and returns at once
+ * (no MPI call). On error nothing is queued and *out is untouched. */
 xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *out)
 {
     xm_exec_t *x = p->exec;
@@ -153,6 +156,7 @@ static xmesh_result_t release(xm_mpi_ctx_t *be, xm_request_t *r)
     return XMESH_SUCCESS;
 }
 
+/* ops->test: IN_PROGRESS, or the result (request released). */
 xmesh_result_t xm_mpi_test(xmesh_request_t req)
 {
     xm_request_t *r = (xm_request_t *)req;
@@ -169,6 +173,8 @@ xmesh_result_t xm_mpi_test(xmesh_request_t req)
     return release(be, r);
 }
 
+/* ops->wait: sleeps on a condition variable until the request is done, then
+ * releases it. */
 xmesh_result_t xm_mpi_wait(xmesh_request_t req)
 {
     xm_request_t *r = (xm_request_t *)req;
@@ -190,6 +196,8 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
 
 /* ------------------------------------------------------- progress thread */
 
+/* The progress thread: advances every queued request; sleeps (condition
+ * variable) when idle, backs off when nothing moved. Exits on be->stop. */
 void *xm_mpi_progress_main(void *arg)
 {
     xm_mpi_ctx_t *be = arg;
@@ -271,6 +279,7 @@ void *xm_mpi_progress_main(void *arg)
 
 /* ------------------------------------------------------------ execution */
 
+/* Box-linear range [*a, *a + *cnt) of chunk c of step s. */
 static inline void chunk_range(const xm_step_t *s, int64_t c, int64_t *a, int64_t *cnt)
 {
     int64_t row = c / s->per_row, i = c % s->per_row;

@@ -62,6 +62,7 @@ static void write_events(FILE *f, const xm_trace_ev_t *ev, int64_t n, int rank, 
     }
 }
 
+/* Leader: writes the merged events. 0 on success, -1 with r->msg set. */
 static int write_file(xm_request_t *r)
 {
     xmesh_plan_t p = r->plan;
@@ -106,6 +107,7 @@ static int write_file(xm_request_t *r)
     return 0;
 }
 
+/* Frees the leader's receive buffers of the last gather. */
 static void free_bufs(xm_exec_t *x)
 {
     for (int i = 0; x->tr_bufs && i < x->nparts; i++) {
