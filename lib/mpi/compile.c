@@ -558,10 +558,15 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
                        buf[0], buf[1], nt, mg);
     if (!local && ctx->rank != 0) {
         xm_schedule_t ns;
-        xm_sched_opts_t so = {.kind = p->scheduler,
-                              .budget_us = p->budget_us,
-                              .seed = p->seed,
-                              .strategy = p->strategy};
+        /* The scheduler has route models for broadcast and sendrecv only; the
+         * all-gather baselines take senders and order from the sendrecv model
+         * (their routes are built here). api.c must map them the same way. */
+        xmesh_strategy_t sst = p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+                                       p->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
+                                   ? XMESH_STRATEGY_SENDRECV
+                                   : p->strategy;
+        xm_sched_opts_t so = {
+            .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = sst};
         local = xm_schedule_from(&p->ts, &p->cluster, &so, buf + 4, buf + 4 + nt, &ns);
         if (!local) {
             xm_schedule_free(&p->sched);
