@@ -35,12 +35,11 @@ static double hop_bw(const xm_cluster_t *c)
     return c->nic_send_Bps < c->nic_recv_Bps ? c->nic_send_Bps : c->nic_recv_Bps;
 }
 
-/* Interchangeable tasks: equal bytes, group shape, holder devices and
- * receiver devices give equal timings under any state. With one NIC per host
- * the device identities inside a host do not matter for NIC timing, so the
- * host-level picture is enough (holder hosts per group, receiver hosts and
- * whether each receiver is itself a holder). */
-static uint64_t task_sig(const xm_prep_t *p, int t, int hostlevel)
+/* Interchangeable tasks: equal bytes, group shape and NIC of every holder
+ * and receiver (in order) give equal timings under any state, because the
+ * device choices below break ties by NIC before device identity. With one
+ * NIC per host the NIC is the host. */
+static uint64_t task_sig(const xm_prep_t *p, int t)
 {
     const xm_task_t *k = &p->ts->tasks[t];
     uint64_t h = XM_HASH_INIT;
@@ -50,18 +49,18 @@ static uint64_t task_sig(const xm_prep_t *p, int t, int hostlevel)
     h = xm_hash64(h, &k->nrecv, sizeof k->nrecv);
     for (int i = 0; i < k->ngroups * k->group_size; i++) {
         int d = p->ts->holders[k->holder_off + i];
-        int v = hostlevel ? p->dev_host[d] : d;
+        int v = p->dev_nic[d];
         h = xm_hash64(h, &v, sizeof v);
     }
     for (int i = 0; i < k->nrecv; i++) {
         int d = p->ts->recvs[k->recv_off + i];
-        int v[2] = {hostlevel ? p->dev_host[d] : d, p->recv_is_holder[k->recv_off + i]};
+        int v[2] = {p->dev_nic[d], p->recv_is_holder[k->recv_off + i]};
         h = xm_hash64(h, v, sizeof v);
     }
     return h;
 }
 
-static int task_same(const xm_prep_t *p, int a, int b, int hostlevel)
+static int task_same(const xm_prep_t *p, int a, int b)
 {
     const xm_task_t *x = &p->ts->tasks[a], *y = &p->ts->tasks[b];
     if (x->bytes != y->bytes || x->ngroups != y->ngroups || x->group_size != y->group_size ||
@@ -69,12 +68,12 @@ static int task_same(const xm_prep_t *p, int a, int b, int hostlevel)
         return 0;
     for (int i = 0; i < x->ngroups * x->group_size; i++) {
         int d = p->ts->holders[x->holder_off + i], e = p->ts->holders[y->holder_off + i];
-        if (hostlevel ? p->dev_host[d] != p->dev_host[e] : d != e)
+        if (p->dev_nic[d] != p->dev_nic[e])
             return 0;
     }
     for (int i = 0; i < x->nrecv; i++) {
         int d = p->ts->recvs[x->recv_off + i], e = p->ts->recvs[y->recv_off + i];
-        if (hostlevel ? p->dev_host[d] != p->dev_host[e] : d != e)
+        if (p->dev_nic[d] != p->dev_nic[e])
             return 0;
         if (p->recv_is_holder[x->recv_off + i] != p->recv_is_holder[y->recv_off + i])
             return 0;
@@ -97,19 +96,19 @@ static int cmp_sig(const void *a, const void *b)
 
 static xmesh_result_t assign_classes(xm_prep_t *p)
 {
-    int n = p->ts->ntasks, hostlevel = p->nics == 1;
+    int n = p->ts->ntasks;
     sig_t *v = malloc(sizeof *v * (n > 0 ? n : 1));
     if (!v)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
     for (int t = 0; t < n; t++)
-        v[t] = (sig_t){task_sig(p, t, hostlevel), t};
+        v[t] = (sig_t){task_sig(p, t), t};
     qsort(v, n, sizeof *v, cmp_sig);
     int nk = 0;
     for (int i = 0; i < n; i++) {
         int t = v[i].t, k = -1;
         /* Same hash: compare for real against earlier members of the run. */
         for (int j = i - 1; j >= 0 && v[j].sig == v[i].sig && k < 0; j--)
-            if (task_same(p, v[j].t, t, hostlevel))
+            if (task_same(p, v[j].t, t))
                 k = p->pt[v[j].t].klass;
         p->pt[t].klass = k >= 0 ? k : nk++;
     }
@@ -222,6 +221,22 @@ static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
             q->opt_res[m++] = d;
     }
     q->opt_res_off[o + 1] = m;
+    if (q->nics > 1) {
+        base = q->opt_nres_off[o];
+        need = base + tr->nuse + 1;
+        if (!q->opt_nres || need > q->opt_nres_cap) {
+            int nc = q->opt_nres_cap ? q->opt_nres_cap : chunk;
+            while (nc < need)
+                nc *= 2;
+            int *nr = realloc(q->opt_nres, sizeof(int) * nc);
+            if (!nr)
+                return -1;
+            q->opt_nres = nr;
+            q->opt_nres_cap = nc;
+        }
+        memcpy(q->opt_nres + base, tr->use_dir, sizeof(int) * tr->nuse);
+        q->opt_nres_off[o + 1] = base + tr->nuse;
+    }
     return 0;
 }
 
@@ -278,6 +293,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.opt_hosts = malloc(sizeof(int) * (nopt_total + 1));
     q.opt_dur = malloc(sizeof(double) * (nopt_total + 1));
     q.opt_res_off = calloc(nopt_total + 2, sizeof(int));
+    q.opt_nres_off = calloc(nopt_total + 2, sizeof(int));
     q.need_off = calloc(n + 2, sizeof(int));
     q.pt = calloc(n > 0 ? n : 1, sizeof *q.pt);
     q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
@@ -288,8 +304,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     memset(&st, 0, sizeof st);
     memset(&tr, 0, sizeof tr);
     xmesh_result_t r = XMESH_SUCCESS;
-    if (!q.opt_hosts || !q.opt_dur || !q.opt_res_off || !q.need_off || !q.pt || !q.dev_nic ||
-        !q.recv_is_holder || !q.recv_covered) {
+    if (!q.opt_hosts || !q.opt_dur || !q.opt_res_off || !q.opt_nres_off || !q.need_off || !q.pt ||
+        !q.dev_nic || !q.recv_is_holder || !q.recv_covered) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
     }
@@ -411,6 +427,8 @@ void xm_prep_free(xm_prep_t *p)
     free(p->opt_dur);
     free(p->opt_res_off);
     free(p->opt_res);
+    free(p->opt_nres_off);
+    free(p->opt_nres);
     free(p->need_off);
     free(p->need_hosts);
     free(p->pt);
@@ -519,7 +537,8 @@ void xm_troutes_free(xm_troutes_t *r)
 /* ---------------------------------------------------------- routing */
 
 /* Device of `cand` on host h to use as a sender: earliest free send NIC,
- * then fewest bytes sent so far, then lowest id (the least-loaded rule). */
+ * then lowest NIC, then fewest bytes sent so far, then lowest id (the
+ * least-loaded rule). */
 static int pick_device(const xm_prep_t *p, const xm_state_t *s, const int *cand, int n, int h)
 {
     int best = -1;
@@ -533,8 +552,11 @@ static int pick_device(const xm_prep_t *p, const xm_state_t *s, const int *cand,
         }
         double fa = s->dir_free[XM_DIR_SEND(p->dev_nic[d])];
         double fb = s->dir_free[XM_DIR_SEND(p->dev_nic[best])];
-        if (fa < fb || (fa == fb && (s->dev_load[d] < s->dev_load[best] ||
-                                     (s->dev_load[d] == s->dev_load[best] && d < best))))
+        int na = p->dev_nic[d], nb = p->dev_nic[best];
+        if (fa < fb ||
+            (fa == fb &&
+             (na < nb || (na == nb && (s->dev_load[d] < s->dev_load[best] ||
+                                       (s->dev_load[d] == s->dev_load[best] && d < best))))))
             best = d;
     }
     return best;
@@ -587,27 +609,47 @@ static void route_push(xm_troutes_t *r, int dev)
     r->routes[r->nroutes - 1].len++;
 }
 
-/* Pushes the receivers of host h (those with flag want[i]) so that the chain
- * enters the host through the receiver whose receive NIC frees first
- * (spreads hosts with several NICs); the rest follow in device order. */
+/* Pushes the receivers of host h (those with flag want[i]). With several
+ * NICs the chain enters the host through the receiver whose receive NIC
+ * frees first and leaves it from the one whose send NIC frees first
+ * (preferring the entry NIC, which keeps the host's other NICs free for
+ * other tasks); the rest follow in device order. */
 static void push_host_recvs(const xm_prep_t *p, const xm_state_t *s, xm_troutes_t *r,
-                            const xm_task_t *k, int h, const unsigned char *want, int entry_free)
+                            const xm_task_t *k, int h, const unsigned char *want, int choose)
 {
     const int *rv = p->ts->recvs + k->recv_off;
-    int first = -1;
+    int first = -1, last = -1, cnt = 0;
     for (int i = 0; i < k->nrecv; i++) {
         if (p->dev_host[rv[i]] != h || !want[i])
             continue;
-        if (first < 0 || (entry_free && s->dir_free[XM_DIR_RECV(p->dev_nic[rv[i]])] <
-                                            s->dir_free[XM_DIR_RECV(p->dev_nic[rv[first]])]))
+        cnt++;
+        if (first < 0 || (choose && s->dir_free[XM_DIR_RECV(p->dev_nic[rv[i]])] <
+                                        s->dir_free[XM_DIR_RECV(p->dev_nic[rv[first]])]))
             first = i;
     }
     if (first < 0)
         return;
+    if (choose && cnt > 2) {
+        int fn = p->dev_nic[rv[first]];
+        for (int i = 0; i < k->nrecv; i++) {
+            if (p->dev_host[rv[i]] != h || !want[i] || i == first)
+                continue;
+            if (last < 0) {
+                last = i;
+                continue;
+            }
+            double fa = s->dir_free[XM_DIR_SEND(p->dev_nic[rv[i]])];
+            double fb = s->dir_free[XM_DIR_SEND(p->dev_nic[rv[last]])];
+            if (fa < fb || (fa == fb && p->dev_nic[rv[i]] == fn && p->dev_nic[rv[last]] != fn))
+                last = i;
+        }
+    }
     route_push(r, rv[first]);
     for (int i = 0; i < k->nrecv; i++)
-        if (i != first && p->dev_host[rv[i]] == h && want[i])
+        if (i != first && i != last && p->dev_host[rv[i]] == h && want[i])
             route_push(r, rv[i]);
+    if (last >= 0)
+        route_push(r, rv[last]);
 }
 
 typedef struct {
@@ -751,7 +793,7 @@ static void build_routes(const xm_prep_t *p, const xm_state_t *s, int t, const i
     if (nmain > 0) {
         route_begin(r, t, 1);
         route_push(r, sdev);
-        push_host_recvs(p, s, r, k, hs, in_main, 0);
+        push_host_recvs(p, s, r, k, hs, in_main, entry);
         for (int i = 0; i < k->nrecv; i++) {
             int h = p->dev_host[rv[i]];
             if (h != hs && (i == 0 || p->dev_host[rv[i - 1]] != h))

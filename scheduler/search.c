@@ -84,7 +84,26 @@ static inline double res_free(const xm_prep_t *p, const xm_state_t *s, int res)
     return f;
 }
 
-/* Estimated start of option o (global index): exact with one NIC per host. */
+/* Start of option o (global index) for ordering children: exact with one
+ * NIC per host; with several, the NIC directions of its idle routing. */
+static inline double opt_key(const xm_prep_t *p, const xm_state_t *s, int o)
+{
+    double st = 0;
+    if (p->nics > 1) {
+        for (int i = p->opt_nres_off[o]; i < p->opt_nres_off[o + 1]; i++)
+            if (s->dir_free[p->opt_nres[i]] > st)
+                st = s->dir_free[p->opt_nres[i]];
+        return st;
+    }
+    for (int i = p->opt_res_off[o]; i < p->opt_res_off[o + 1]; i++)
+        if (s->dir_free[p->opt_res[i]] > st)
+            st = s->dir_free[p->opt_res[i]];
+    return st;
+}
+
+/* Earliest possible start of option o (global index): exact with one NIC
+ * per host, a lower bound with several (each host direction at its
+ * earliest-free NIC). */
 static inline double opt_start(const xm_prep_t *p, const xm_state_t *s, int o)
 {
     double st = 0;
@@ -131,6 +150,15 @@ static int cmp_child(const void *a, const void *b)
     return x->o < y->o ? -1 : x->o > y->o;
 }
 
+static int worst_of(const child_t *kids, int nk)
+{
+    int w = 0;
+    for (int i = 1; i < nk; i++)
+        if (cmp_child(&kids[i], &kids[w]) > 0)
+            w = i;
+    return w;
+}
+
 typedef struct {
     const xm_prep_t *p;
     xm_state_t *s;
@@ -138,8 +166,10 @@ typedef struct {
     xm_search_ctl_t *ctl;
     xm_undo_t undo;
     int n, width, stop, truncated, expired;
+    int exact_keys; /* several NICs: order children by a real step (host level is vague) */
     int *cls_off, *cls_list, *cls_pos; /* members of each class in index order */
     double *rem_recv;                  /* per host */
+    double *rem_sendf;                 /* per host: remaining work only it can send */
     int *send_cnt;                     /* per host: remaining tasks it may send */
     double rem_send;
     int *cur_order, *cur_hosts, *best_order, *best_hosts;
@@ -160,6 +190,8 @@ static void dfs_account(dfs_t *d, int t, int sign)
         d->rem_recv[p->need_hosts[i]] -= m;
     for (int o = 0; o < pt->nopt; o++)
         d->send_cnt[p->opt_hosts[pt->opt_off + o]] -= sign;
+    if (pt->nopt == 1)
+        d->rem_sendf[p->opt_hosts[pt->opt_off]] -= m;
     d->rem_send -= m;
 }
 
@@ -204,6 +236,76 @@ static double dfs_bound(dfs_t *d)
     return b;
 }
 
+/* Children of the current node: the next member of every class x its
+ * options, the best `width` of them (unordered) in kids. Returns how many. */
+static int gen_kids(dfs_t *d, child_t *kids)
+{
+    const xm_prep_t *p = d->p;
+    int nk = 0, worst = 0;
+    for (int k = 0; k < p->nklass; k++) {
+        if (d->cls_pos[k] >= d->cls_off[k + 1])
+            continue;
+        int t = d->cls_list[d->cls_pos[k]];
+        const xm_prep_task_t *pt = &p->pt[t];
+        double crit = 0;
+        for (int i = p->need_off[t]; i < p->need_off[t + 1]; i++)
+            if (d->rem_recv[p->need_hosts[i]] > crit)
+                crit = d->rem_recv[p->need_hosts[i]];
+        if (pt->nopt == 1 && d->rem_sendf[p->opt_hosts[pt->opt_off]] > crit)
+            crit = d->rem_sendf[p->opt_hosts[pt->opt_off]];
+        for (int o = 0; o < pt->nopt; o++) {
+            int go = pt->opt_off + o;
+            double key;
+            if (d->exact_keys) {
+                int mark = d->undo.n;
+                xm_step(p, d->s, t, p->opt_hosts[go], NULL, d->r, &d->undo);
+                key = d->r->start;
+                xm_undo_to(&d->undo, mark);
+            } else {
+                key = opt_key(p, d->s, go);
+            }
+            child_t c = {go, t, key, crit + p->opt_dur[go] * 1e-3};
+            if (nk < d->width) {
+                kids[nk++] = c;
+                if (nk == d->width)
+                    worst = worst_of(kids, nk);
+            } else {
+                /* keep the best `width`: replace the worst if c is better */
+                d->truncated = 1;
+                if (c.key <= kids[worst].key && cmp_child(&c, &kids[worst]) < 0) {
+                    kids[worst] = c;
+                    worst = worst_of(kids, nk);
+                }
+            }
+        }
+    }
+    return nk;
+}
+
+/* The first dive alone, iteratively (no recursion, no backtracking): a list
+ * schedule by earliest start, for instances too deep to recurse. */
+static void dfs_dive(dfs_t *d)
+{
+    const xm_prep_t *p = d->p;
+    for (int depth = 0; depth < d->n; depth++) {
+        int nk = gen_kids(d, d->kids), m = 0;
+        for (int j = 1; j < nk; j++)
+            if (cmp_child(&d->kids[j], &d->kids[m]) < 0)
+                m = j;
+        int t = d->kids[m].t, h = p->opt_hosts[d->kids[m].o];
+        xm_step(p, d->s, t, h, NULL, d->r, NULL);
+        d->ctl->evals++;
+        d->cls_pos[p->pt[t].klass]++;
+        dfs_account(d, t, 1);
+        d->cur_order[depth] = t;
+        d->cur_hosts[t] = h;
+    }
+    d->best = d->s->makespan;
+    memcpy(d->best_order, d->cur_order, sizeof(int) * d->n);
+    memcpy(d->best_hosts, d->cur_hosts, sizeof(int) * d->n);
+    d->truncated = 1; /* not a proof of anything */
+}
+
 static void dfs_rec(dfs_t *d, int depth)
 {
     const xm_prep_t *p = d->p;
@@ -225,33 +327,7 @@ static void dfs_rec(dfs_t *d, int depth)
     }
     /* children: next member of every class x its options, best `width` */
     child_t *kids = d->kids + (size_t)depth * d->width;
-    int nk = 0;
-    for (int k = 0; k < p->nklass; k++) {
-        if (d->cls_pos[k] >= d->cls_off[k + 1])
-            continue;
-        int t = d->cls_list[d->cls_pos[k]];
-        const xm_prep_task_t *pt = &p->pt[t];
-        double crit = 0;
-        for (int i = p->need_off[t]; i < p->need_off[t + 1]; i++)
-            if (d->rem_recv[p->need_hosts[i]] > crit)
-                crit = d->rem_recv[p->need_hosts[i]];
-        for (int o = 0; o < pt->nopt; o++) {
-            int go = pt->opt_off + o;
-            child_t c = {go, t, opt_start(p, d->s, go), crit + p->opt_dur[go] * 1e-3};
-            if (nk < d->width) {
-                kids[nk++] = c;
-            } else {
-                /* keep the best `width`: replace the worst if c is better */
-                int w = 0;
-                for (int i = 1; i < nk; i++)
-                    if (cmp_child(&kids[i], &kids[w]) > 0)
-                        w = i;
-                if (cmp_child(&c, &kids[w]) < 0)
-                    kids[w] = c;
-                d->truncated = 1;
-            }
-        }
-    }
+    int nk = gen_kids(d, kids);
     /* Best-first without sorting: most nodes of a big instance only ever
      * visit their first child, so select lazily. */
     for (int i = 0; i < nk && !d->stop; i++) {
@@ -279,6 +355,13 @@ static void dfs_rec(dfs_t *d, int depth)
     }
 }
 
+/* Deeper than this the DFS only makes its first dive, iteratively (the
+ * recursion would need a frame per task on the stack). */
+#define XM_DFS_MAX_DEPTH 8192
+/* Above this many tasks greedy falls back to load balancing: its rounds are
+ * O(tasks^2 / hosts) and a run cannot stop half way. */
+#define XM_GREEDY_MAX_TASKS 16384
+
 double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
                     int *order, int *hosts)
 {
@@ -297,6 +380,7 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     /* Exact (full branching) when a node has few children; otherwise a
      * beam of the 8 most promising, which keeps big instances tractable. */
     d.width = p->nklass * maxopt <= 64 ? p->nklass * maxopt : 8;
+    d.exact_keys = p->nics > 1 && p->nklass * maxopt <= 64;
     d.cls_off = xcalloc(p->nklass + 1, sizeof(int));
     d.cls_list = xmalloc(sizeof(int) * n);
     d.cls_pos = xmalloc(sizeof(int) * (p->nklass + 1));
@@ -311,6 +395,7 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     for (int k = 0; k < p->nklass; k++)
         d.cls_pos[k] = d.cls_off[k];
     d.rem_recv = xcalloc(p->nhosts, sizeof(double));
+    d.rem_sendf = xcalloc(p->nhosts, sizeof(double));
     d.send_cnt = xcalloc(p->nhosts, sizeof(int));
     for (int t = 0; t < n; t++)
         dfs_account(&d, t, -1);
@@ -318,11 +403,15 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     d.cur_hosts = xmalloc(sizeof(int) * n);
     d.best_order = xmalloc(sizeof(int) * n);
     d.best_hosts = xmalloc(sizeof(int) * n);
-    d.kids = xmalloc(sizeof(child_t) * ((size_t)n * d.width + 1));
+    int deep = n > XM_DFS_MAX_DEPTH;
+    d.kids = xmalloc(sizeof(child_t) * ((size_t)(deep ? 1 : n) * d.width + 1));
     d.best = INFINITY;
     d.global_lb = ctl->lower_bound;
     xm_state_reset(s, p);
-    dfs_rec(&d, 0);
+    if (deep)
+        dfs_dive(&d);
+    else
+        dfs_rec(&d, 0);
     double ms = d.best;
     /* Whole tree searched (or the bound met): nothing better exists. */
     if (isfinite(ms) && !d.expired && !d.truncated)
@@ -339,6 +428,7 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
     free(d.cls_list);
     free(d.cls_pos);
     free(d.rem_recv);
+    free(d.rem_sendf);
     free(d.send_cnt);
     free(d.cur_order);
     free(d.cur_hosts);
@@ -428,6 +518,8 @@ double xm_sched_greedy(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_se
                        int *order, int *hosts)
 {
     int n = p->ts->ntasks;
+    if (n > XM_GREEDY_MAX_TASKS)
+        return xm_sched_lb(p, s, r, order, hosts);
     int *rem = xmalloc(sizeof(int) * n), *used = xmalloc(sizeof(int) * 2 * p->nhosts);
     int *pick = xmalloc(sizeof(int) * n), *pick_h = xmalloc(sizeof(int) * n);
     int *best_pick = xmalloc(sizeof(int) * n), *best_h = xmalloc(sizeof(int) * n);

@@ -45,6 +45,12 @@ typedef struct xm_prep {
     int *opt_res_off;
     int *opt_res;
     int opt_res_cap;
+    /* Per option, several NICs per host only: the NIC directions the task
+     * crosses when routed on an idle cluster (the DFS orders children by
+     * them; exact when the devices are forced, an estimate otherwise). */
+    int *opt_nres_off;
+    int *opt_nres;
+    int opt_nres_cap;
     /* Per task: receiver hosts that lack a full value (must be fed by NIC),
      * at need_hosts[need_off[t] .. need_off[t + 1]). */
     int *need_off;

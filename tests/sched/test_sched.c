@@ -632,6 +632,83 @@ static void test_chain_timing(void **state)
     inst_free(&in);
 }
 
+/* The analytic chain time equals a chunk-by-chunk event simulation of the
+ * same chain: chunk j leaves hop h's sender when it has arrived there and
+ * the previous chunk has left, takes c / bw on the wire, then the latency. */
+static void test_chain_vs_chunk_events(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x7777;
+    for (int it = 0; it < 40; it++) {
+        int nh = xt_range(&rng, 2, 5), dph = xt_range(&rng, 1, 3);
+        inst_t in;
+        memset(&in, 0, sizeof in);
+        in.hm.ndev = nh * dph;
+        in.hm.nhosts = nh;
+        in.hm.host_of = malloc(sizeof(int) * in.hm.ndev);
+        for (int d = 0; d < in.hm.ndev; d++)
+            in.hm.host_of[d] = d / dph;
+        in.ts.ntasks = 1;
+        in.ts.ndim = 1;
+        in.ts.elem_size = 1;
+        in.ts.tasks = calloc(1, sizeof(xm_task_t));
+        in.ts.holders = malloc(sizeof(int));
+        in.ts.recvs = malloc(sizeof(int) * in.hm.ndev);
+        in.ts.holders[0] = 0;
+        int m = 0;
+        for (int d = 1; d < in.hm.ndev; d++)
+            in.ts.recvs[m++] = d;
+        xm_task_t *k = &in.ts.tasks[0];
+        k->bytes = (int64_t)xt_range(&rng, 1, 40) << 20 | xt_range(&rng, 0, 4095);
+        k->box.hi[0] = k->bytes;
+        k->ngroups = k->group_size = 1;
+        k->nrecv = m;
+        assert_int_equal(xm_cluster_init(&in.c, &in.hm), XMESH_SUCCESS);
+        in.c.intra_Bps = xt_range(&rng, 0, 1) ? 100e9 : 0.8e9; /* sometimes slower than NIC */
+        in.c.latency_s = xt_range(&rng, 0, 20) * 1e-6;
+        in.c.chunk_bytes = (int64_t)1 << xt_range(&rng, 16, 22);
+        xm_sched_opts_t o = opts(XMESH_SCHEDULER_NAIVE, XMESH_STRATEGY_BROADCAST, 1, 10);
+        xm_schedule_t s;
+        assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+        /* self copies and intra chains aside, the main chain is the longest route */
+        double want = 0;
+        for (int q = 0; q < s.nroutes; q++) {
+            const xm_route_t *rt = &s.routes[q];
+            const int *d = s.route_devs + rt->off;
+            int64_t K = (k->bytes + in.c.chunk_bytes - 1) / in.c.chunk_bytes;
+            double c = (double)k->bytes / (double)K, T = 0;
+            if (rt->len == 1) {
+                T = in.c.latency_s + (double)k->bytes / in.c.intra_Bps;
+            } else {
+                int H = rt->len - 1;
+                double *arr = calloc(H + 1, sizeof(double)), *left = calloc(H, sizeof(double));
+                for (int64_t j = 0; j < K; j++) {
+                    double a = 0; /* arrival of chunk j at the chain head */
+                    for (int h = 0; h < H; h++) {
+                        double bw = in.hm.host_of[d[h]] == in.hm.host_of[d[h + 1]]
+                                        ? in.c.intra_Bps
+                                        : in.c.nic_send_Bps;
+                        double st = a > left[h] ? a : left[h];
+                        left[h] = st + c / bw;
+                        a = left[h] + in.c.latency_s;
+                    }
+                    arr[H] = a;
+                }
+                T = arr[H];
+                free(arr);
+                free(left);
+            }
+            if (T > want)
+                want = T;
+        }
+        if (fabs(s.makespan_s - want) > 1e-9 * want)
+            fail_msg("seed %llu it %d: analytic %.12g != chunk events %.12g",
+                     (unsigned long long)g_seed, it, s.makespan_s, want);
+        xm_schedule_free(&s);
+        inst_free(&in);
+    }
+}
+
 static void test_trace_json(void **state)
 {
     (void)state;
@@ -723,6 +800,7 @@ int main(void)
     g_seed = xt_seed("test_sched");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_timing),
+        cmocka_unit_test(test_chain_vs_chunk_events),
         cmocka_unit_test(test_routes_and_sim_random),
         cmocka_unit_test(test_lower_bound_random),
         cmocka_unit_test(test_dfs_matches_brute_force),
