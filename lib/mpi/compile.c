@@ -137,7 +137,7 @@ static xmesh_result_t add_chain(cstate_t *cs, int task, int route, int64_t r0, i
                                   "plan setup: task %d lists rank %d as a source but its source "
                                   "block does not hold the box",
                                   task, me);
-                xm_geom_init(&s->sg, p->ts.ndim, cs->src_lo, cs->src_hi, &t->box);
+                xm_mpi_geom_init(&s->sg, p->ts.ndim, cs->src_lo, cs->src_hi, &t->box);
                 s->has_sg = 1;
             }
             if (has_recv) {
@@ -146,7 +146,7 @@ static xmesh_result_t add_chain(cstate_t *cs, int task, int route, int64_t r0, i
                                   "plan setup: task %d lists rank %d as a receiver but its "
                                   "destination block does not hold the box",
                                   task, me);
-                xm_geom_init(&s->dg, p->ts.ndim, cs->dst_lo, cs->dst_hi, &t->box);
+                xm_mpi_geom_init(&s->dg, p->ts.ndim, cs->dst_lo, cs->dst_hi, &t->box);
                 s->has_dg = 1;
             }
             if (from_dst && i == 0)
@@ -558,10 +558,15 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
                        buf[0], buf[1], nt, mg);
     if (!local && ctx->rank != 0) {
         xm_schedule_t ns;
-        xm_sched_opts_t so = {.kind = p->scheduler,
-                              .budget_us = p->budget_us,
-                              .seed = p->seed,
-                              .strategy = p->strategy};
+        /* The scheduler has route models for broadcast and sendrecv only; the
+         * all-gather baselines take senders and order from the sendrecv model
+         * (their routes are built here). api.c must map them the same way. */
+        xmesh_strategy_t sst = p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+                                       p->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
+                                   ? XMESH_STRATEGY_SENDRECV
+                                   : p->strategy;
+        xm_sched_opts_t so = {
+            .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = sst};
         local = xm_schedule_from(&p->ts, &p->cluster, &so, buf + 4, buf + 4 + nt, &ns);
         if (!local) {
             xm_schedule_free(&p->sched);
@@ -590,7 +595,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     x->rank = ctx->rank;
     x->dtype = p->dtype;
     x->es = xmesh_dtype_size(p->dtype);
-    x->acc_es = xm_acc_size(p->dtype);
+    x->acc_es = xm_mpi_acc_size(p->dtype);
     /* 3. This rank's steps. */
     if (!local)
         local = compile(p, x);
@@ -610,7 +615,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
                       ctx->size - worst);
     /* 5. Common time origin for traces. */
     MPI_Barrier(x->comm);
-    x->t0 = xm_now();
+    x->t0 = xm_mpi_now();
     pthread_mutex_lock(&be->mu);
     x->plan_id = be->nplans_created++;
     pthread_mutex_unlock(&be->mu);

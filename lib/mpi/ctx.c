@@ -22,7 +22,7 @@ static const xm_backend_ops_t mpi_ops = {
 };
 
 /* Monotonic seconds. */
-double xm_now(void)
+double xm_mpi_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

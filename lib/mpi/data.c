@@ -5,8 +5,8 @@
 
 #include "xm_mpi.h"
 
-void xm_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
-                  const xm_box_t *box)
+void xm_mpi_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
+                      const xm_box_t *box)
 {
     int64_t bstride = 1;
     memset(g, 0, sizeof *g);
@@ -77,7 +77,7 @@ static inline void it_adv(geom_it_t *it, int64_t n)
     }
 }
 
-int xm_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
+int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
 {
     geom_it_t it;
     it_init(&it, g, a);
@@ -85,13 +85,13 @@ int xm_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
     return it_run(&it) >= c;
 }
 
-size_t xm_acc_size(xmesh_dtype_t dt)
+size_t xm_mpi_acc_size(xmesh_dtype_t dt)
 {
     return dt == XMESH_F16 || dt == XMESH_BF16 ? 4 : xmesh_dtype_size(dt);
 }
 
 /* IEEE 754 binary16 <-> binary32, round to nearest even. */
-float xm_half_to_float(uint16_t h)
+float xm_mpi_half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0x1f) {
@@ -115,7 +115,7 @@ float xm_half_to_float(uint16_t h)
     return f;
 }
 
-uint16_t xm_float_to_half(float f)
+uint16_t xm_mpi_float_to_half(float f)
 {
     uint32_t x;
     memcpy(&x, &f, 4);
@@ -141,7 +141,7 @@ uint16_t xm_float_to_half(float f)
     return (uint16_t)(sign | v);
 }
 
-float xm_bf16_to_float(uint16_t h)
+float xm_mpi_bf16_to_float(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -149,7 +149,7 @@ float xm_bf16_to_float(uint16_t h)
     return f;
 }
 
-uint16_t xm_float_to_bf16(float f)
+uint16_t xm_mpi_float_to_bf16(float f)
 {
     uint32_t x;
     memcpy(&x, &f, 4);
@@ -159,7 +159,7 @@ uint16_t xm_float_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
-void xm_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
+void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
 {
     /* In place, ascending: element i is written at 2i after being read at
      * 4i, so no unread element is overwritten. */
@@ -167,14 +167,14 @@ void xm_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
         for (int64_t i = 0; i < n; i++) {
             float f;
             memcpy(&f, (char *)buf + 4 * i, 4);
-            uint16_t h = xm_float_to_half(f);
+            uint16_t h = xm_mpi_float_to_half(f);
             memcpy((char *)buf + 2 * i, &h, 2);
         }
     } else if (dt == XMESH_BF16) {
         for (int64_t i = 0; i < n; i++) {
             float f;
             memcpy(&f, (char *)buf + 4 * i, 4);
-            uint16_t h = xm_float_to_bf16(f);
+            uint16_t h = xm_mpi_float_to_bf16(f);
             memcpy((char *)buf + 2 * i, &h, 2);
         }
     }
@@ -247,7 +247,7 @@ static void acc_op(xmesh_dtype_t dt, int add, void *acc, const void *nat, int64_
         for (int64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, b + i, 2);
-            float v = dt == XMESH_F16 ? xm_half_to_float(h) : xm_bf16_to_float(h);
+            float v = dt == XMESH_F16 ? xm_mpi_half_to_float(h) : xm_mpi_bf16_to_float(h);
             a[i] = add ? a[i] + v : v;
         }
         break;
@@ -257,10 +257,10 @@ static void acc_op(xmesh_dtype_t dt, int add, void *acc, const void *nat, int64_
     }
 }
 
-void xm_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf, int64_t a,
-                  int64_t c)
+void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf,
+                      int64_t a, int64_t c)
 {
-    size_t es = xmesh_dtype_size(dt), as = xm_acc_size(dt);
+    size_t es = xmesh_dtype_size(dt), as = xm_mpi_acc_size(dt);
     geom_it_t it;
     it_init(&it, g, a);
     int64_t done = 0;
@@ -288,8 +288,8 @@ void xm_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, voi
     }
 }
 
-void xm_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst, size_t es,
-                   int64_t a, int64_t c)
+void xm_mpi_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst,
+                       size_t es, int64_t a, int64_t c)
 {
     geom_it_t is, id;
     it_init(&is, gs, a);
@@ -317,7 +317,7 @@ static uint64_t fnv(uint64_t h, const unsigned char *p, int64_t n)
     return h;
 }
 
-uint64_t xm_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c)
+uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c)
 {
     uint64_t h = 1469598103934665603ull;
     if (!g)

@@ -111,7 +111,7 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     r->msg[0] = '\0';
     r->phase = 0;
     r->trace_stage = 0;
-    r->t_start = xm_now();
+    r->t_start = xm_mpi_now();
     r->deadline = p->timeout_s > 0 ? r->t_start + p->timeout_s : 0;
     x->src = src;
     x->dst = dst;
@@ -234,7 +234,7 @@ void *xm_mpi_progress_main(void *arg)
         pthread_mutex_unlock(&be->mu);
         int moved = 0;
         for (int i = 0; i < n; i++)
-            moved |= xm_exec_advance(snap[i]);
+            moved |= xm_mpi_exec_advance(snap[i]);
         pthread_mutex_lock(&be->mu);
         int finished = 0;
         for (xm_request_t **pp = &be->active; *pp;) {
@@ -324,7 +324,7 @@ static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
             MPI_Request_free(&x->reqs[i]);
             x->leak_stage = 1;
         }
-    xm_trace_cancel(r);
+    xm_mpi_trace_cancel(r);
     /* Peers may still send this reshard's messages: they would match the
      * next reshard's receives, so the plan is retired. */
     x->broken = 1;
@@ -346,11 +346,11 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
     int sbytes = 0;
     switch (s->mode) {
     case XM_MODE_SRC: {
-        if (xm_geom_contig(&s->sg, a, cnt, &off)) {
+        if (xm_mpi_geom_contig(&s->sg, a, cnt, &off)) {
             sbuf = src + off * es;
         } else {
             char *stg = x->stage + s->stage_off + (int64_t)slot * s->ce * es;
-            xm_geom_copy(XM_COPY_PACK, &s->sg, x->dtype, (void *)src, stg, a, cnt);
+            xm_mpi_geom_copy(XM_COPY_PACK, &s->sg, x->dtype, (void *)src, stg, a, cnt);
             sbuf = stg;
         }
         sbytes = (int)(cnt * es);
@@ -358,33 +358,34 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
     }
     case XM_MODE_RECV:
     case XM_MODE_FROM_DST: {
-        if (xm_geom_contig(&s->dg, a, cnt, &off)) {
+        if (xm_mpi_geom_contig(&s->dg, a, cnt, &off)) {
             sbuf = dst + off * es;
         } else {
             char *stg = x->stage + s->stage_off + (int64_t)slot * s->ce * es;
             if (s->mode == XM_MODE_RECV)
-                xm_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, stg, a, cnt);
+                xm_mpi_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, stg, a, cnt);
             else
-                xm_geom_copy(XM_COPY_PACK, &s->dg, x->dtype, dst, stg, a, cnt);
+                xm_mpi_geom_copy(XM_COPY_PACK, &s->dg, x->dtype, dst, stg, a, cnt);
             sbuf = stg;
         }
         sbytes = (int)(cnt * es);
         if (x->check && s->ck_verify) {
             if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
                 int64_t o;
-                xm_geom_contig(&s->dg, a, 1, &o);
+                xm_mpi_geom_contig(&s->dg, a, 1, &o);
                 dst[o * es] ^= 0x40;
                 x->corrupted = 1;
             }
-            x->ck[s->ck_off + c] = xm_geom_hash(&s->dg, dst, es, a, cnt);
+            x->ck[s->ck_off + c] = xm_mpi_geom_hash(&s->dg, dst, es, a, cnt);
         }
         break;
     }
     case XM_MODE_SELF: {
-        double t0 = x->trace ? xm_now() - x->t0 : 0;
-        xm_geom_copy2(&s->sg, src, &s->dg, dst, es, a, cnt);
+        double t0 = x->trace ? xm_mpi_now() - x->t0 : 0;
+        xm_mpi_geom_copy2(&s->sg, src, &s->dg, dst, es, a, cnt);
         if (x->trace)
-            xm_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)es, t0, xm_now() - x->t0);
+            xm_mpi_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)es, t0,
+                             xm_mpi_now() - x->t0);
         break;
     }
     default: { /* GENERAL: running sum in the accumulation type */
@@ -392,18 +393,18 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
         int converted = 0, written = 0;
         for (int q = s->pos_first; q <= s->pos_last; q++) {
             if (q < s->nsrc) {
-                xm_geom_copy(q == 0 ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg, x->dtype,
-                             (void *)src, buf, a, cnt);
+                xm_mpi_geom_copy(q == 0 ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg, x->dtype,
+                                 (void *)src, buf, a, cnt);
             } else if (!written) {
-                xm_acc_to_native(x->dtype, buf, cnt);
+                xm_mpi_acc_to_native(x->dtype, buf, cnt);
                 converted = 1;
-                xm_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, buf, a, cnt);
+                xm_mpi_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, buf, a, cnt);
                 written = 1;
             }
         }
         if (s->next >= 0) {
             if (!s->out_acc && !converted)
-                xm_acc_to_native(x->dtype, buf, cnt);
+                xm_mpi_acc_to_native(x->dtype, buf, cnt);
             sbuf = buf;
             sbytes = (int)(cnt * (s->out_acc ? x->acc_es : es));
         }
@@ -411,9 +412,9 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
     }
     }
     if (s->next >= 0 && x->check && s->ck_origin)
-        x->ck[s->ck_off + c] = xm_geom_hash(NULL, sbuf, 1, 0, sbytes);
+        x->ck[s->ck_off + c] = xm_mpi_geom_hash(NULL, sbuf, 1, 0, sbytes);
     if (s->next >= 0) {
-        rt->t_send[slot] = x->trace ? xm_now() - x->t0 : 0;
+        rt->t_send[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
         return MPI_Isend(sbuf, sbytes, MPI_BYTE, s->next, s->tag_out, x->comm, sendreq);
     }
     return 0;
@@ -428,7 +429,7 @@ static int post_recv(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t
     void *buf;
     int bytes;
     if (s->mode == XM_MODE_RECV) {
-        if (xm_geom_contig(&s->dg, a, cnt, &off))
+        if (xm_mpi_geom_contig(&s->dg, a, cnt, &off))
             buf = (char *)x->dst + off * x->es;
         else
             buf = x->stage + s->stage_off + (int64_t)slot * s->ce * x->es;
@@ -437,7 +438,7 @@ static int post_recv(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t
         buf = x->stage + s->stage_off + (int64_t)slot * s->ce * x->acc_es;
         bytes = (int)(cnt * (s->in_acc ? x->acc_es : x->es));
     }
-    rt->t_recv[slot] = x->trace ? xm_now() - x->t0 : 0;
+    rt->t_recv[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
     return MPI_Irecv(buf, bytes, MPI_BYTE, s->prev, s->tag_in, x->comm, req);
 }
 
@@ -535,7 +536,7 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
         if (s->after >= 0 && !x->srt[s->after].done)
             return 0;
         rt->started = 1;
-        rt->t_start = xm_now();
+        rt->t_start = xm_mpi_now();
         moved = 1;
     }
     MPI_Request *rq = s->req_off >= 0 ? x->reqs + s->req_off : NULL;
@@ -560,8 +561,8 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
             if (x->trace) {
                 int64_t a, cnt;
                 chunk_range(s, c, &a, &cnt);
-                xm_trace_add(x, 2, s->task, s->prev, c, cnt * (int64_t)x->es, rt->t_recv[slot],
-                             xm_now() - x->t0);
+                xm_mpi_trace_add(x, 2, s->task, s->prev, c, cnt * (int64_t)x->es, rt->t_recv[slot],
+                                 xm_mpi_now() - x->t0);
             }
         } else if (s->next >= 0 && c - rt->completed >= x->window) {
             break;
@@ -584,9 +585,9 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
             if (x->trace) {
                 int64_t a, cnt;
                 chunk_range(s, c, &a, &cnt);
-                xm_trace_add(x, 1, s->task, s->next, c,
-                             cnt * (int64_t)(s->out_acc ? x->acc_es : x->es), rt->t_send[slot],
-                             xm_now() - x->t0);
+                xm_mpi_trace_add(x, 1, s->task, s->next, c,
+                                 cnt * (int64_t)(s->out_acc ? x->acc_es : x->es), rt->t_send[slot],
+                                 xm_mpi_now() - x->t0);
             }
         }
         rt->completed++;
@@ -629,7 +630,7 @@ static void describe_wait(xm_exec_t *x, char *buf, size_t len)
     snprintf(buf, len, "no transfer active (task %d of %d pending)", x->tfirst, x->nrtasks);
 }
 
-int xm_exec_advance(xm_request_t *r)
+int xm_mpi_exec_advance(xm_request_t *r)
 {
     xm_exec_t *x = r->plan->exec;
     int moved = 0;
@@ -665,7 +666,7 @@ int xm_exec_advance(xm_request_t *r)
                     continue;
                 }
                 x->tstate[i] = 1;
-                x->srt[t->first_step].t_start = xm_now();
+                x->srt[t->first_step].t_start = xm_mpi_now();
                 moved = 1;
             }
             int all = 1;
@@ -679,8 +680,8 @@ int xm_exec_advance(xm_request_t *r)
             if (all) {
                 x->tstate[i] = 2;
                 if (x->trace)
-                    xm_trace_add(x, 0, t->task, -1, -1, 0, x->srt[t->first_step].t_start - x->t0,
-                                 xm_now() - x->t0);
+                    xm_mpi_trace_add(x, 0, t->task, -1, -1, 0,
+                                     x->srt[t->first_step].t_start - x->t0, xm_mpi_now() - x->t0);
                 if (i == x->tfirst)
                     x->tfirst++;
                 moved = 1;
@@ -694,13 +695,13 @@ int xm_exec_advance(xm_request_t *r)
         }
     }
     if (r->phase == 1) {
-        int t = x->trace ? xm_trace_progress(r) : 1;
+        int t = x->trace ? xm_mpi_trace_progress(r) : 1;
         if (t < 0) {
             /* The data arrived; a lost trace is only worth a warning. The
              * gather may be half done, so tracing stops for this plan. */
             XM_WARN("rank %d: %s; tracing disabled for plan %d", x->rank, r->msg, x->plan_id);
             r->msg[0] = '\0';
-            xm_trace_cancel(r);
+            xm_mpi_trace_cancel(r);
             x->trace = 0;
             t = 1;
         }
@@ -710,7 +711,7 @@ int xm_exec_advance(xm_request_t *r)
             return 1;
         }
     }
-    if (r->phase < 2 && r->deadline > 0 && xm_now() > r->deadline) {
+    if (r->phase < 2 && r->deadline > 0 && xm_mpi_now() > r->deadline) {
         char what[256];
         describe_wait(x, what, sizeof what);
         fail(r, XMESH_ERR_TIMEOUT, "rank %d: reshard timed out after %.3g s, %s", x->rank,

@@ -8,8 +8,8 @@
 
 #include "xm_mpi.h"
 
-void xm_trace_add(xm_exec_t *x, int kind, int task, int peer, int64_t chunk, int64_t bytes,
-                  double t0, double t1)
+void xm_mpi_trace_add(xm_exec_t *x, int kind, int task, int peer, int64_t chunk, int64_t bytes,
+                      double t0, double t1)
 {
     if (x->nev >= x->cap_ev) {
         x->dropped_ev++;
@@ -116,7 +116,7 @@ static void free_bufs(xm_exec_t *x)
     }
 }
 
-int xm_trace_progress(xm_request_t *r)
+int xm_mpi_trace_progress(xm_request_t *r)
 {
     xm_exec_t *x = r->plan->exec;
     int n = x->nparts, flag = 0, rc;
@@ -174,7 +174,7 @@ out_mpi:
     return -1;
 }
 
-void xm_trace_cancel(xm_request_t *r)
+void xm_mpi_trace_cancel(xm_request_t *r)
 {
     xm_exec_t *x = r->plan->exec;
     if (!x->trace || !x->tr_reqs || r->trace_stage == 0)

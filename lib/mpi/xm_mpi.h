@@ -38,35 +38,35 @@ typedef struct xm_geom {
 } xm_geom_t;
 
 /* Geometry of box (global coordinates) inside the block [blo, bhi). */
-void xm_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
-                  const xm_box_t *box);
+void xm_mpi_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
+                      const xm_box_t *box);
 /* 1 if box-linear elements [a, a + c) are one contiguous run in memory;
  * then *off is the element offset of element a. */
-int xm_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off);
+int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off);
 
 enum { XM_COPY_PACK, XM_COPY_UNPACK, XM_COPY_TO_ACC, XM_COPY_ADD_ACC };
 /* Moves box-linear elements [a, a + c) between the block at `block` and the
  * contiguous buffer `buf`: PACK block -> buf, UNPACK buf -> block, TO_ACC
  * block -> buf converted to the accumulation type, ADD_ACC buf += block. */
-void xm_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf, int64_t a,
-                  int64_t c);
+void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf,
+                      int64_t a, int64_t c);
 /* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
  * contiguous buffer when g is NULL), independent of how runs split. */
-uint64_t xm_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
+uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
 /* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
  * contiguous buffer when g is NULL), independent of how runs split. */
-uint64_t xm_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
+uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
 /* Copies box-linear elements [a, a + c) from one block to another. */
-void xm_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst, size_t es,
-                   int64_t a, int64_t c);
+void xm_mpi_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst,
+                       size_t es, int64_t a, int64_t c);
 /* Element size of the accumulation type (f32 for f16/bf16, else native). */
-size_t xm_acc_size(xmesh_dtype_t dt);
+size_t xm_mpi_acc_size(xmesh_dtype_t dt);
 /* Converts n accumulated elements to the native type in place. */
-void xm_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n);
-float xm_half_to_float(uint16_t h);
-uint16_t xm_float_to_half(float f);
-float xm_bf16_to_float(uint16_t h);
-uint16_t xm_float_to_bf16(float f);
+void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n);
+float xm_mpi_half_to_float(uint16_t h);
+uint16_t xm_mpi_float_to_half(float f);
+float xm_mpi_bf16_to_float(uint16_t h);
+uint16_t xm_mpi_float_to_bf16(float f);
 
 /* ------------------------------------------------------------ plan state */
 
@@ -219,7 +219,7 @@ typedef struct xm_mpi_ctx {
 
 /* ctx.c */
 xmesh_result_t xm_mpi_err(int mpirc, const char *what);
-double xm_now(void);
+double xm_mpi_now(void);
 /* compile.c */
 xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t plan);
 void xm_mpi_plan_teardown(xmesh_plan_t plan);
@@ -229,13 +229,13 @@ xmesh_result_t xm_mpi_test(xmesh_request_t req);
 xmesh_result_t xm_mpi_wait(xmesh_request_t req);
 void *xm_mpi_progress_main(void *arg);
 /* Advances one request; returns 1 if anything moved. Sets req->done. */
-int xm_exec_advance(xm_request_t *r);
+int xm_mpi_exec_advance(xm_request_t *r);
 /* trace.c */
-void xm_trace_add(xm_exec_t *x, int kind, int task, int peer, int64_t chunk, int64_t bytes,
-                  double t0, double t1);
+void xm_mpi_trace_add(xm_exec_t *x, int kind, int task, int peer, int64_t chunk, int64_t bytes,
+                      double t0, double t1);
 /* Gathers the events to the leader and writes the file; returns 1 when done,
  * 0 to be called again, <0 on error (message in r->msg). */
-int xm_trace_progress(xm_request_t *r);
-void xm_trace_cancel(xm_request_t *r);
+int xm_mpi_trace_progress(xm_request_t *r);
+void xm_mpi_trace_cancel(xm_request_t *r);
 
 #endif /* XM_MPI_H */

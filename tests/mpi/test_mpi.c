@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -856,6 +857,89 @@ static void test_checksum(void)
     teardown(&s);
 }
 
+static long rss_kib(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int count_fds(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++)
+        n += fcntl(fd, F_GETFD) != -1;
+    return n;
+}
+
+/* Soak: n reshards over a rotating set of plans (every strategy, a P case,
+ * an overlapping case), every result checked; resident memory and open
+ * file descriptors must not grow after the warm-up tenth. */
+static void test_soak(int n)
+{
+    if (n <= 0 || g_size < 2)
+        return;
+    int h = g_size / 2;
+    char ms[16], md[16], mall[16];
+    snprintf(ms, sizeof ms, "%d", h);
+    snprintf(md, sizeof md, "%d", g_size - h);
+    snprintf(mall, sizeof mall, "%d", g_size);
+    enum { NP = 6 };
+    tcase_t c[NP];
+    tstate_t s[NP];
+    for (int i = 0; i < 4; i++) {
+        fixed_case(&c[i], "37,11", XMESH_F32, ms, 0, "S(0)", md, h, "S(1)");
+        c[i].strategy = (xmesh_strategy_t)i;
+        c[i].chunk_bytes = 512;
+    }
+    fixed_case(&c[4], "19,7", XMESH_BF16, ms, 0, "P", md, h, "B");
+    c[4].chunk_bytes = 100;
+    fixed_case(&c[5], "23,9", XMESH_I64, mall, 0, "S(1)", mall, 0, "S(0)");
+    int ok = 1;
+    char why[256] = "";
+    for (int i = 0; i < NP; i++)
+        ok &= !setup(&c[i], &s[i]);
+    long rss0 = 0, fd0 = 0;
+    double t0 = MPI_Wtime();
+    for (int it = 0; ok && it < n; it++) {
+        int i = it % NP;
+        fill_dst(&s[i]);
+        xmesh_result_t r = xmesh_reshard(s[i].plan, s[i].src, dst_ptr(&s[i]));
+        if (r) {
+            snprintf(why, sizeof why, "rank %d: soak %d: %s", g_rank, it, xmesh_last_error());
+            ok = 0;
+        } else if (check_dst(&c[i], &s[i], why, sizeof why)) {
+            ok = 0;
+        }
+        if (it == n / 10) {
+            rss0 = rss_kib();
+            fd0 = count_fds();
+        }
+    }
+    long rss1 = rss_kib(), fd1 = count_fds();
+    /* a little slack for allocator noise; a per-reshard leak grows linearly */
+    int grow_ok = rss1 - rss0 < 2048 && fd1 == fd0;
+    if (!grow_ok)
+        fprintf(stderr, "rank %d: soak: RSS %ld -> %ld KiB, fds %ld -> %ld\n", g_rank, rss0, rss1,
+                fd0, fd1);
+    long v[2] = {rss1 - rss0, fd1 - fd0}, mx[2];
+    MPI_Allreduce(v, mx, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    report(ok && grow_ok,
+           "soak: %d reshards over %d plans in %.1f s, all checked; max growth after warm-up: "
+           "RSS %ld KiB, fds %ld %s",
+           n, NP, MPI_Wtime() - t0, mx[0], mx[1], why);
+    if (g_rank == 0)
+        printf("soak: %d reshards, RSS growth %ld KiB, fd growth %ld (max over ranks)\n", n, mx[0],
+               mx[1]);
+    for (int i = 0; i < NP; i++)
+        teardown(&s[i]);
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv)
@@ -864,12 +948,14 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    int ncases = 100, per_host = 2;
+    int ncases = 100, per_host = 2, soak = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--cases") && i + 1 < argc)
             ncases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--per-host") && i + 1 < argc)
             per_host = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--soak") && i + 1 < argc)
+            soak = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-v"))
             g_verbose = 1;
     }
@@ -953,6 +1039,7 @@ int main(int argc, char **argv)
         }
     }
 
+    test_soak(soak);
     test_reuse_and_concurrency();
     test_nonblocking();
     test_mismatch();
