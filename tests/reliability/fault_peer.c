@@ -98,7 +98,7 @@ static int32_t value(int64_t i, int iter)
 int main(int argc, char **argv)
 {
     const char *mode = "stop", *role = "src", *outdir = NULL, *markp = NULL;
-    int after = 3, resume = 0, per_host = 1;
+    int after = 3, resume = 0, per_host = 1, finalize_anyway = 0;
     double margin = 2.0;
     int64_t elems = 1 << 20; /* 4 MiB: 16 chunks per receiver */
     for (int i = 1; i < argc; i++) {
@@ -110,6 +110,8 @@ int main(int argc, char **argv)
             after = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--resume"))
             resume = 1;
+        else if (!strcmp(argv[i], "--finalize-anyway"))
+            finalize_anyway = 1;
         else if (!strcmp(argv[i], "--margin") && i + 1 < argc)
             margin = atof(argv[++i]);
         else if (!strcmp(argv[i], "--per-host") && i + 1 < argc)
@@ -300,14 +302,17 @@ int main(int argc, char **argv)
             say("fault: rank %d: FAIL %s\n", g_rank, g_why);
         fflush(stdout);
         MPI_Barrier(surv);
-        if (!resume) {
+        if (!resume && finalize_anyway) {
+            /* Experiment (not a test): MPI_Finalize with the peer gone. */
+            say("fault: rank %d calls MPI_Finalize with rank %d stopped\n", g_rank, victim);
+        } else if (!resume) {
             if (g_rank == first_survivor) {
                 say("fault: survivors call MPI_Abort(MPI_COMM_WORLD, 42)\n");
                 fflush(stdout);
             }
             MPI_Abort(MPI_COMM_WORLD, 42);
         }
-        if (g_rank == first_survivor) {
+        if (resume && g_rank == first_survivor) {
             say("fault: rank %d sends SIGCONT to rank %d (pid %d)\n", g_rank, victim, pids[victim]);
             fflush(stdout);
             if (kill(pids[victim], SIGCONT))
