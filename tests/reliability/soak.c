@@ -16,7 +16,8 @@
  * number of entries of /proc/self/fd are taken at the start (plans built,
  * one round done), after 10 % of the iterations (warm-up) and at the end;
  * the run fails if, on any rank, the end exceeds the 10 % mark by more than
- * B KiB of RSS (default 1024) or by any file descriptor. The seed only
+ * B KiB of RSS (default 1024; not enforced under AddressSanitizer) or by
+ * any file descriptor. The seed only
  * shifts the values (XMESH_TEST_SEED also sets it).
  */
 #include <dirent.h>
@@ -29,6 +30,19 @@
 
 #include "xmesh.h"
 #include "xmesh/mpi.h"
+
+/* AddressSanitizer keeps freed memory in quarantine, so RSS grows with
+ * every free: the RSS bound is only reported there, not enforced. */
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
 
 static int g_rank, g_size;
 static xmesh_ctx_t g_ctx;
@@ -520,14 +534,17 @@ int main(int argc, char **argv)
     for (int i = 0; i < NPLANS; i++)
         plan_close(&plans[i]);
     xmesh_result_t dr = xmesh_ctx_destroy(g_ctx);
-    int ok = all[0] == 0 && all[1] == 0 && gmax[0] <= rss_bound && gmax[1] <= 0 && it == iters &&
-             dr == XMESH_SUCCESS;
+    int ok = all[0] == 0 && all[1] == 0 && (gmax[0] <= rss_bound || UNDER_ASAN) && gmax[1] <= 0 &&
+             it == iters && dr == XMESH_SUCCESS;
     if (g_rank == 0) {
         printf("soak: %lld reshards in %.1f s (%.0f per s), %lld wrong elements, %lld failed "
                "reshards; growth after warm-up (max over ranks): VmRSS %+ld KiB (bound %ld), fds "
                "%+ld (bound 0)\n",
                (long long)it, secs, it / secs, (long long)all[0], (long long)all[1], gmax[0],
                rss_bound, gmax[1]);
+        if (UNDER_ASAN)
+            printf("soak: built with AddressSanitizer: the VmRSS bound is not enforced (its "
+                   "quarantine keeps freed memory)\n");
         printf("soak: %s\n", ok ? "PASS" : "FAIL");
         fflush(stdout);
     }
