@@ -1,35 +1,45 @@
 /*
- * Peer failure during a reshard: one rank (the victim) is stopped (SIGSTOP)
- * or killed (SIGKILL) in the middle of a transfer; the other ranks must come
+ * Peer failure during a reshard: one rank (the victim) is stopped (SIGSTOP),
+ * killed (SIGKILL) or cut off (linkcut: a script outside the job takes its
+ * host's link down) in the middle of a transfer; the other ranks must come
  * back with XMESH_ERR_TIMEOUT / XMESH_ERR_REMOTE naming the rank they were
  * waiting for, within the timeout plus a margin, and then shut down cleanly.
  *
- *   mpiexec -n N fault_peer --mode stop|kill --role src|dst [--after K]
- *           [--resume] [--margin S] [--per-host H] [--elems E]
+ *   mpiexec -n N fault_peer --mode stop|kill|linkcut --role src|dst
+ *           [--after K] [--resume] [--margin S] [--per-host H] [--elems E]
+ *           [--out DIR] [--mark FILE] [--finalize-anyway]
  *
  * Needs XMESH_TIMEOUT_S in the environment (the timeout under test). The
  * plan: rank 0 holds an i32 vector of E elements, ranks 1..N-1 each need all
  * of it (sendrecv strategy: one point-to-point route per receiver, 256 KiB
  * chunks, so each receiver waits on rank 0 directly). Ranks pretend to sit on
- * hosts of H ranks. One warm-up reshard is checked first, then the victim
- * arms the PMPI injector (inject.c) and the second reshard runs:
- *   --role src  victim = rank 0; it raises the signal in its K-th MPI_Isend
- *               of >= 64 KiB: every receiver must time out naming rank 0;
- *   --role dst  victim = rank N-1; it raises the signal when it posts its
- *               K-th receive: rank 0 must time out naming rank N-1, the other
- *               receivers must finish with correct data.
- * Every survivor also checks its destination after an error: each element
- * holds either the value from before the call or the correct new value.
- * Then survivors destroy plan, meshes and context (each must succeed), and:
- *   --resume    survivor 0 sends SIGCONT to the stopped victim; the victim's
- *               reshard must return within the timeout plus the margin; all
- *               ranks destroy everything and call MPI_Finalize (exit 0);
- *   otherwise   survivors call MPI_Abort(MPI_COMM_WORLD, 42): the documented
- *               way out when a peer is gone for good (MPI_Finalize would
- *               wait for it).
- * Each survivor prints "fault: rank R: PASS" or "fault: rank R: FAIL ...";
- * fault.sh runs this under mpiexec and checks the lines, the exit status and
- * the wall time (SIGKILL: Open MPI's launcher usually ends the job itself).
+ * hosts of H ranks (H = 0: real hosts, e.g. the emulated cluster). One
+ * warm-up reshard is checked first, then the victim arms the PMPI injector
+ * (inject.c) and the second reshard runs:
+ *   --role src  victim = rank 0; it acts in its K-th MPI_Isend of >= 64 KiB:
+ *               every receiver must time out naming rank 0;
+ *   --role dst  victim = rank N-1; it acts when it posts its K-th receive:
+ *               rank 0 must time out naming rank N-1, the other receivers
+ *               must finish with correct data.
+ * "Acts": raises the signal, or for linkcut creates FILE (--mark) for the
+ * script to cut the link; the cut-off victim must then time out as well.
+ * Every failing rank also checks its destination: each element holds either
+ * the value from before the call or the correct new value (linkcut: one
+ * torn element allowed, TCP delivers a chunk in pieces). Then every checked
+ * rank destroys plan, meshes and context (each must succeed within 1 s) and:
+ *   --resume    survivor 0 sends SIGCONT to the stopped victim, which returns
+ *               from its reshard (no hang) and cleans up; all ranks call
+ *               MPI_Finalize (exit 0) and report what landed in their
+ *               destination after the error had been returned;
+ *   otherwise   they call MPI_Abort(MPI_COMM_WORLD, 42): the documented way
+ *               out when a peer is gone for good (MPI_Finalize waits for it:
+ *               --finalize-anyway shows that, an experiment, not a test).
+ * Result lines go to stdout and to DIR/rank.R (--out; mpiexec may drop
+ * forwarded output when the job is aborted): "fault: rank R: PASS" or
+ * "fault: rank R: FAIL ...". fault.sh (one machine) and linkcut.sh (the
+ * emulated cluster) run this under mpiexec and judge the lines, the exit
+ * status and the wall time (SIGKILL: Open MPI's launcher usually ends the
+ * job itself).
  */
 #include <errno.h>
 #include <mpi.h>
