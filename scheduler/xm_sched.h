@@ -134,8 +134,9 @@ xmesh_result_t xm_schedule_from(const xm_taskset_t *ts, const xm_cluster_t *c,
                                 const xm_sched_opts_t *o, const int *order, const int *sender,
                                 xm_schedule_t *out);
 
-/* Lower bound (seconds) of any schedule's completion time; see
- * docs/LOWER_BOUND.md for the argument. */
+/* Lower bound (seconds) of any schedule's completion time under the
+ * broadcast route model (xm_schedule_t.lower_bound_s is the same bound for
+ * the schedule's own strategy); see docs/LOWER_BOUND.md for the argument. */
 double xm_lower_bound(const xm_taskset_t *ts, const xm_cluster_t *c);
 
 /* Cuts the unit tasks of a small instance into pieces (boxes split along
