@@ -683,17 +683,20 @@ double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_s
 
 /* ------------------------------------------------------------- coloring */
 
-/* Rounds by bipartite edge coloring (Konig): with one NIC per host, a task
- * that crosses exactly one send direction and one receive direction is an
- * edge between them; the edges of a bipartite multigraph of maximum degree D
- * split into D matchings, so with equal durations the rounds finish at the
- * busiest direction's load, i.e. the lower bound, where greedy rounds can
+/* Rounds by bipartite edge coloring (Konig): a task that crosses exactly
+ * one send direction and one receive direction (of a host with one NIC; of
+ * NICs, as routed on an idle cluster, with several) is an edge between them; the edges of a
+ * bipartite multigraph of maximum degree D split into D matchings, so with equal durations the
+ * rounds finish at the busiest direction's load, i.e. the lower bound, where greedy rounds can
  * leave gaps. Sender hosts come from load balancing (eq. 4); tasks that are
  * not such edges go after the rounds, longest first. */
 double xm_sched_color(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *order, int *hosts)
 {
-    int n = p->ts->ntasks, V = 2 * p->nhosts;
-    if (p->nics != 1 || n == 0)
+    /* vertices: send and receive side of every NIC (host with one NIC) */
+    int n = p->ts->ntasks, V = 2 * p->nnics;
+    const int *roff = p->nics == 1 ? p->opt_res_off : p->opt_nres_off;
+    const int *res = p->nics == 1 ? p->opt_res : p->opt_nres;
+    if (n == 0)
         return INFINITY;
     xm_sched_lb(p, s, r, order, hosts); /* sender hosts */
     int *eu = xmalloc(sizeof(int) * n), *ev = xmalloc(sizeof(int) * n);
@@ -707,13 +710,13 @@ double xm_sched_color(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *o
                 go = pt->opt_off + o;
         eu[t] = ev[t] = -1;
         col[t] = -1;
-        if (go < 0 || p->opt_res_off[go + 1] - p->opt_res_off[go] != 2)
+        if (go < 0 || roff[go + 1] - roff[go] != 2)
             continue;
-        int a = p->opt_res[p->opt_res_off[go]], b = p->opt_res[p->opt_res_off[go] + 1];
+        int a = res[roff[go]], b = res[roff[go] + 1];
         if ((a & 1) == (b & 1))
             continue;
-        eu[t] = (a & 1) ? b / 2 : a / 2;               /* send host */
-        ev[t] = p->nhosts + ((a & 1) ? a / 2 : b / 2); /* recv host */
+        eu[t] = (a & 1) ? b / 2 : a / 2;              /* sending NIC (host) */
+        ev[t] = p->nnics + ((a & 1) ? a / 2 : b / 2); /* receiving NIC (host) */
         if (++deg[eu[t]] > D)
             D = deg[eu[t]];
         if (++deg[ev[t]] > D)
@@ -764,8 +767,7 @@ double xm_sched_color(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *o
         int nres = 0;
         for (int o = 0; o < p->pt[t].nopt; o++)
             if (p->opt_hosts[p->pt[t].opt_off + o] == hosts[t])
-                nres =
-                    p->opt_res_off[p->pt[t].opt_off + o + 1] - p->opt_res_off[p->pt[t].opt_off + o];
+                nres = roff[p->pt[t].opt_off + o + 1] - roff[p->pt[t].opt_off + o];
         /* descending key: no-NIC first, then color 0, 1, ..., then others */
         double rank = nres == 0 ? 0 : col[t] >= 0 ? 1 + col[t] : 2.0 + D;
         v[t] = (keyed_t){-(rank * 1e6) + p->pt[t].min_dur / (p->pt[t].min_dur + 1.0), t};

@@ -144,7 +144,7 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
                     int *order, int *hosts);
 double xm_sched_greedy(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
                        int *order, int *hosts);
-/* Rounds from a bipartite edge coloring (one NIC per host; INFINITY otherwise). */
+/* Rounds from a bipartite edge coloring of send/receive NIC directions. */
 double xm_sched_color(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *order, int *hosts);
 /* Improves (order, hosts) in place by local moves within ctl; returns makespan. */
 double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
