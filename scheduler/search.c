@@ -201,21 +201,26 @@ static double dfs_bound(dfs_t *d)
     const xm_state_t *s = d->s;
     double b = s->makespan, ssum = 0;
     int ns = 0;
+    /* only NICs that some task can use (xm_prep_t.nic_ok) count */
     for (int h = 0; h < p->nhosts; h++) {
-        double rsum = 0;
+        if (p->host_nics[h] == 0)
+            continue;
+        double rsum = 0, hs = 0;
         for (int k = 0; k < p->nics; k++)
-            rsum += s->dir_free[XM_DIR_RECV(h * p->nics + k)];
-        double v = (rsum + d->rem_recv[h]) / p->nics;
+            if (p->nic_ok[h * p->nics + k]) {
+                rsum += s->dir_free[XM_DIR_RECV(h * p->nics + k)];
+                hs += s->dir_free[XM_DIR_SEND(h * p->nics + k)];
+            }
+        double v = (rsum + d->rem_recv[h]) / p->host_nics[h];
         if (v > b)
             b = v;
         if (d->send_cnt[h] > 0) {
-            ns++;
-            for (int k = 0; k < p->nics; k++)
-                ssum += s->dir_free[XM_DIR_SEND(h * p->nics + k)];
+            ns += p->host_nics[h];
+            ssum += hs;
         }
     }
-    if (ns > 0 && (ssum + d->rem_send) / (ns * p->nics) > b)
-        b = (ssum + d->rem_send) / (ns * p->nics);
+    if (ns > 0 && (ssum + d->rem_send) / ns > b)
+        b = (ssum + d->rem_send) / ns;
     if (p->nklass <= 64) {
         for (int k = 0; k < p->nklass; k++) {
             if (d->cls_pos[k] >= d->cls_off[k + 1])

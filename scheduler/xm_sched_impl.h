@@ -38,7 +38,11 @@ typedef struct xm_prep {
     int *opt_hosts;
     const int *dev_host; /* = c->hosts.host_of */
     int *dev_nic;        /* global NIC of each device */
-    double *opt_dur;     /* per option: duration on an idle cluster */
+    /* NICs some task can use (a device on them holds or receives something)
+     * and their number per host: a host's other NICs never carry data. */
+    unsigned char *nic_ok;
+    int *host_nics;
+    double *opt_dur; /* per option: duration on an idle cluster */
     /* Per option: host-level NIC directions its routes cross (host * 2 +
      * 0 send / 1 recv), at opt_res[opt_res_off[o] .. opt_res_off[o + 1]).
      * With one NIC per host these are exactly the NIC directions. */
