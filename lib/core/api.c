@@ -274,8 +274,14 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
         return r;
     if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
         return r;
+    /* The all-gather baselines choose senders and order with the sendrecv
+     * model; their executors build the all-gather routes themselves. */
+    xmesh_strategy_t model = p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+                                     p->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
+                                 ? XMESH_STRATEGY_SENDRECV
+                                 : p->strategy;
     xm_sched_opts_t so = {
-        .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = p->strategy};
+        .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = model};
     return xm_schedule(&p->ts, &p->cluster, &so, &p->sched);
 }
 

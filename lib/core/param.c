@@ -12,7 +12,9 @@ static const xm_param_desc_t params[] = {
     {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},
     {"XMESH_SEED", "1", "scheduler random seed"},
     {"XMESH_TIMEOUT_S", "300", "timeout of blocking operations, seconds (0: none)"},
-    {"XMESH_HOST_ID", "", "override this rank's host id (tests); default: shared-memory split"},
+    {"XMESH_HOST_ID", "",
+     "override this rank's host id (tests): an integer, or rank/N (N ranks per host); default: "
+     "shared-memory split"},
     {"XMESH_NIC_GBPS", "10", "model: NIC bandwidth per direction, Gbit/s"},
     {"XMESH_NICS_PER_HOST", "1", "model: NICs per host"},
     {"XMESH_INTRA_GBPS", "800", "model: intra-host device-to-device bandwidth, Gbit/s"},
