@@ -23,6 +23,8 @@ static const xm_param_desc_t params[] = {
      "model: cluster file (key = value lines) applied over the XMESH_* model values"},
     {"XMESH_TRACE", "", "write a Chrome trace-event JSON of each reshard to this path"},
     {"XMESH_CHECK", "0", "1: verify a checksum of every received box"},
+    {"XMESH_TEST_CORRUPT", "",
+     "tests only: with XMESH_CHECK=1, this rank flips a byte of the first chunk it receives"},
     {"XMESH_TOPO_XML", "", "hwloc XML file to use instead of this machine's topology"},
     {"XMESH_NCCL_MAX_COMMS", "8",
      "NCCL backend: most cached communicators per context (one per mesh pair)"},

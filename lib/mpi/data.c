@@ -1,0 +1,337 @@
+/* Box geometry inside local blocks, pack/unpack, partial-sum accumulation
+ * and f16/bf16 conversions. Pure memory work, no MPI calls. */
+#include <math.h>
+#include <string.h>
+
+#include "xm_mpi.h"
+
+void xm_mpi_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
+                      const xm_box_t *box)
+{
+    int64_t bstride = 1;
+    memset(g, 0, sizeof *g);
+    /* Walk dims inner to outer: drop extent-1 dims, merge a dim into the
+     * previous one when they are adjacent in memory. */
+    for (int d = ndim - 1; d >= 0; d--) {
+        int64_t ext = box->hi[d] - box->lo[d];
+        g->base += (box->lo[d] - blo[d]) * bstride;
+        if (ext != 1) {
+            if (g->n > 0 && bstride == g->ext[g->n - 1] * g->stride[g->n - 1]) {
+                g->ext[g->n - 1] *= ext;
+            } else {
+                g->ext[g->n] = ext;
+                g->stride[g->n] = bstride;
+                g->n++;
+            }
+        }
+        bstride *= bhi[d] - blo[d];
+    }
+    if (g->n == 0) {
+        g->n = 1;
+        g->ext[0] = 1;
+        g->stride[0] = 1;
+    }
+}
+
+/* Iterator over box-linear elements: idx is the multi-index (inner first),
+ * off the element offset in the block. */
+typedef struct {
+    const xm_geom_t *g;
+    int64_t idx[XM_MAX_DIMS];
+    int64_t off;
+} geom_it_t;
+
+static void it_init(geom_it_t *it, const xm_geom_t *g, int64_t a)
+{
+    it->g = g;
+    it->off = g->base;
+    for (int k = 0; k < g->n; k++) {
+        it->idx[k] = a % g->ext[k];
+        a /= g->ext[k];
+        it->off += it->idx[k] * g->stride[k];
+    }
+}
+
+/* Elements from the current one that are consecutive in memory. */
+static inline int64_t it_run(const geom_it_t *it)
+{
+    return it->g->stride[0] == 1 ? it->g->ext[0] - it->idx[0] : 1;
+}
+
+static inline void it_adv(geom_it_t *it, int64_t n)
+{
+    const xm_geom_t *g = it->g;
+    it->idx[0] += n;
+    it->off += n * g->stride[0];
+    if (it->idx[0] < g->ext[0])
+        return;
+    it->off -= g->ext[0] * g->stride[0];
+    it->idx[0] = 0;
+    for (int k = 1; k < g->n; k++) {
+        it->idx[k]++;
+        it->off += g->stride[k];
+        if (it->idx[k] < g->ext[k])
+            return;
+        it->off -= g->ext[k] * g->stride[k];
+        it->idx[k] = 0;
+    }
+}
+
+int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
+{
+    geom_it_t it;
+    it_init(&it, g, a);
+    *off = it.off;
+    return it_run(&it) >= c;
+}
+
+size_t xm_mpi_acc_size(xmesh_dtype_t dt)
+{
+    return dt == XMESH_F16 || dt == XMESH_BF16 ? 4 : xmesh_dtype_size(dt);
+}
+
+/* IEEE 754 binary16 <-> binary32, round to nearest even. */
+float xm_mpi_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t xm_mpi_float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf or NaN (keep NaN quiet) */
+        return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
+    if (ax >= 0x477ff000u) /* rounds to >= 65520: overflow */
+        return (uint16_t)(sign | 0x7c00);
+    if (ax < 0x38800000u) { /* subnormal or zero in half */
+        if (ax < 0x33000000u)
+            return (uint16_t)sign;
+        uint32_t e = ax >> 23, man = (ax & 0x7fffff) | 0x800000;
+        uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t v = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (v & 1)))
+            v++;
+        return (uint16_t)(sign | v);
+    }
+    uint32_t v = ((ax >> 13) - (112u << 10));
+    uint32_t rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (v & 1)))
+        v++;
+    return (uint16_t)(sign | v);
+}
+
+float xm_mpi_bf16_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t xm_mpi_float_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
+{
+    /* In place, ascending: element i is written at 2i after being read at
+     * 4i, so no unread element is overwritten. */
+    if (dt == XMESH_F16) {
+        for (int64_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, (char *)buf + 4 * i, 4);
+            uint16_t h = xm_mpi_float_to_half(f);
+            memcpy((char *)buf + 2 * i, &h, 2);
+        }
+    } else if (dt == XMESH_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, (char *)buf + 4 * i, 4);
+            uint16_t h = xm_mpi_float_to_bf16(f);
+            memcpy((char *)buf + 2 * i, &h, 2);
+        }
+    }
+}
+
+/* acc[i] (+)= native[i] for n elements. Integers wrap (unsigned math). */
+static void acc_op(xmesh_dtype_t dt, int add, void *acc, const void *nat, int64_t n)
+{
+    switch (dt) {
+    case XMESH_U8:
+    case XMESH_I8: {
+        uint8_t *a = acc;
+        const uint8_t *b = nat;
+        if (!add) {
+            memcpy(a, b, n);
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            a[i] = (uint8_t)(a[i] + b[i]);
+        break;
+    }
+    case XMESH_I32: {
+        uint32_t *a = acc;
+        const uint32_t *b = nat;
+        if (!add) {
+            memcpy(a, b, n * 4);
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            a[i] += b[i];
+        break;
+    }
+    case XMESH_I64: {
+        uint64_t *a = acc;
+        const uint64_t *b = nat;
+        if (!add) {
+            memcpy(a, b, n * 8);
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            a[i] += b[i];
+        break;
+    }
+    case XMESH_F32: {
+        float *a = acc;
+        const float *b = nat;
+        if (!add) {
+            memcpy(a, b, n * 4);
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            a[i] += b[i];
+        break;
+    }
+    case XMESH_F64: {
+        double *a = acc;
+        const double *b = nat;
+        if (!add) {
+            memcpy(a, b, n * 8);
+            break;
+        }
+        for (int64_t i = 0; i < n; i++)
+            a[i] += b[i];
+        break;
+    }
+    case XMESH_F16:
+    case XMESH_BF16: {
+        float *a = acc;
+        const uint16_t *b = nat;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, b + i, 2);
+            float v = dt == XMESH_F16 ? xm_mpi_half_to_float(h) : xm_mpi_bf16_to_float(h);
+            a[i] = add ? a[i] + v : v;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf,
+                      int64_t a, int64_t c)
+{
+    size_t es = xmesh_dtype_size(dt), as = xm_mpi_acc_size(dt);
+    geom_it_t it;
+    it_init(&it, g, a);
+    int64_t done = 0;
+    while (done < c) {
+        int64_t run = it_run(&it);
+        if (run > c - done)
+            run = c - done;
+        char *mem = (char *)block + it.off * es;
+        switch (op) {
+        case XM_COPY_PACK:
+            memcpy((char *)buf + done * es, mem, run * es);
+            break;
+        case XM_COPY_UNPACK:
+            memcpy(mem, (char *)buf + done * es, run * es);
+            break;
+        case XM_COPY_TO_ACC:
+            acc_op(dt, 0, (char *)buf + done * as, mem, run);
+            break;
+        default:
+            acc_op(dt, 1, (char *)buf + done * as, mem, run);
+            break;
+        }
+        done += run;
+        it_adv(&it, run);
+    }
+}
+
+void xm_mpi_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst,
+                       size_t es, int64_t a, int64_t c)
+{
+    geom_it_t is, id;
+    it_init(&is, gs, a);
+    it_init(&id, gd, a);
+    int64_t done = 0;
+    while (done < c) {
+        int64_t run = it_run(&is), rd = it_run(&id);
+        if (rd < run)
+            run = rd;
+        if (run > c - done)
+            run = c - done;
+        memcpy((char *)dst + id.off * es, (const char *)src + is.off * es, run * es);
+        done += run;
+        it_adv(&is, run);
+        it_adv(&id, run);
+    }
+}
+
+/* FNV-1a over the bytes, in order: the same value whether the elements come
+ * as one run or many. A debugging aid (XMESH_CHECK), not a fast path. */
+static uint64_t fnv(uint64_t h, const unsigned char *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c)
+{
+    uint64_t h = 1469598103934665603ull;
+    if (!g)
+        return fnv(h, block, c);
+    geom_it_t it;
+    it_init(&it, g, a);
+    int64_t done = 0;
+    while (done < c) {
+        int64_t run = it_run(&it);
+        if (run > c - done)
+            run = c - done;
+        h = fnv(h, (const unsigned char *)block + it.off * es, run * (int64_t)es);
+        done += run;
+        it_adv(&it, run);
+    }
+    return h;
+}

@@ -1,0 +1,241 @@
+/*
+ * Private state of the MPI executor (host memory over Open MPI). See
+ * docs/EXECUTOR.md for the design: per-rank steps compiled once per plan,
+ * chunked pipelined chains, a per-context progress thread.
+ */
+#ifndef XM_MPI_H
+#define XM_MPI_H
+
+#include <mpi.h>
+#include <pthread.h>
+
+#include "xm_api.h"
+#include "xmesh/mpi.h"
+
+/* Chunks in flight per step (receive-ahead window and staging slots): enough
+ * chunks to keep XM_WINDOW_BYTES in flight, between XM_WINDOW_MIN and
+ * XM_WINDOW_MAX. Over TCP a 1 MiB window of small chunks starves the link. */
+#define XM_WINDOW_MIN 4
+#define XM_WINDOW_MAX 16
+#define XM_WINDOW_BYTES (4ll << 20)
+/* Tags below XM_TAG_BASE are reserved (trace gather, future checksums). */
+#define XM_TAG_TRACE 1
+/* Request slots per step: w receives, w sends, then the
+ * checksum receive and send of XMESH_CHECK. */
+#define XM_STEP_REQS(w) (2 * (w) + 2)
+#define XM_TAG_BASE 16
+
+/* ------------------------------------------------------------ data.c */
+
+/* A box inside a dense row-major local block, with dims of extent 1 dropped
+ * and dims that are contiguous in memory merged. Dims are inner first;
+ * strides and base are in elements. */
+typedef struct xm_geom {
+    int n;
+    int64_t ext[XM_MAX_DIMS];
+    int64_t stride[XM_MAX_DIMS];
+    int64_t base;
+} xm_geom_t;
+
+/* Geometry of box (global coordinates) inside the block [blo, bhi). */
+void xm_mpi_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
+                      const xm_box_t *box);
+/* 1 if box-linear elements [a, a + c) are one contiguous run in memory;
+ * then *off is the element offset of element a. */
+int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off);
+
+enum { XM_COPY_PACK, XM_COPY_UNPACK, XM_COPY_TO_ACC, XM_COPY_ADD_ACC };
+/* Moves box-linear elements [a, a + c) between the block at `block` and the
+ * contiguous buffer `buf`: PACK block -> buf, UNPACK buf -> block, TO_ACC
+ * block -> buf converted to the accumulation type, ADD_ACC buf += block. */
+void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf,
+                      int64_t a, int64_t c);
+/* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
+ * contiguous buffer when g is NULL), independent of how runs split. */
+uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
+/* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
+ * contiguous buffer when g is NULL), independent of how runs split. */
+uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
+/* Copies box-linear elements [a, a + c) from one block to another. */
+void xm_mpi_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst,
+                       size_t es, int64_t a, int64_t c);
+/* Element size of the accumulation type (f32 for f16/bf16, else native). */
+size_t xm_mpi_acc_size(xmesh_dtype_t dt);
+/* Converts n accumulated elements to the native type in place. */
+void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n);
+float xm_mpi_half_to_float(uint16_t h);
+uint16_t xm_mpi_float_to_half(float f);
+float xm_mpi_bf16_to_float(uint16_t h);
+uint16_t xm_mpi_float_to_bf16(float f);
+
+/* ------------------------------------------------------------ plan state */
+
+/* How a step moves each chunk (chosen at plan setup). */
+enum {
+    XM_MODE_SRC,      /* sole source: send from the src block */
+    XM_MODE_RECV,     /* receiver: receive into dst, forward from dst */
+    XM_MODE_FROM_DST, /* first of an all-gather chain: send from dst */
+    XM_MODE_SELF,     /* local copy src -> dst, no messages */
+    XM_MODE_GENERAL   /* partial sums: staging buffer, add, convert */
+};
+
+/* One rank's part of one chain (a run of consecutive chain positions that
+ * this rank occupies). */
+typedef struct xm_step {
+    int task, route;
+    int prev, next;      /* peer ranks, -1 for none */
+    int tag_in, tag_out; /* tags of the hops from prev / to next */
+    int mode;
+    int pos_first, pos_last, nsrc; /* chain positions covered; sources are < nsrc */
+    int in_acc, out_acc;           /* hop carries the accumulation type */
+    int after;                     /* local step that must finish first, -1 */
+    xm_geom_t sg, dg;              /* box in the src block / dst block */
+    int has_sg, has_dg;
+    /* Chunks: c -> row c / per_row, piece c % per_row of ce elements. */
+    int64_t r0, row_elems, ce, per_row, nchunks;
+    int64_t stage_off; /* into the plan's staging pool, -1 none */
+    int req_off;       /* into the plan's request pool (XM_STEP_REQS), -1 none */
+    int region;        /* pool region (lowest slot class of its task), -1 none */
+    int64_t bytes;     /* payload bytes this step receives or sends */
+    /* XMESH_CHECK: per-chunk checksums (ck_off into the plan's ck pool). */
+    int ck_origin; /* produces the final values (sole or last source, ring start) */
+    int ck_verify; /* receives final values: compares with the origin's sums */
+    int64_t ck_off;
+} xm_step_t;
+
+/* One task this rank takes part in, in global issue order. */
+typedef struct xm_rtask {
+    int task;
+    int first_step, nsteps;
+    unsigned slots; /* XM_SLOT_*: directions it occupies on this rank */
+} xm_rtask_t;
+/* Slot classes: NIC send/receive (hops to other hosts) and local-link
+ * send/receive (hops inside the host), as the simulator books them. */
+#define XM_SLOT_SEND 1u
+#define XM_SLOT_RECV 2u
+#define XM_SLOT_LSEND 4u
+#define XM_SLOT_LRECV 8u
+#define XM_NSLOTS 4
+#define XM_SLOT_ALL 15u
+
+/* Runtime state of a step during one reshard. */
+typedef struct xm_step_rt {
+    int64_t posted, computed, completed; /* chunk counters */
+    int started, done;
+    int ck_state; /* XMESH_CHECK: 0 idle, 1 receiving sums, 2 sending sums, 3 done */
+    double t_start;
+    double t_recv[XM_WINDOW_MAX], t_send[XM_WINDOW_MAX];
+} xm_step_rt_t;
+
+typedef struct xm_trace_ev {
+    double t0, t1;
+    int kind; /* 0 task, 1 send, 2 recv, 3 copy */
+    int task;
+    int peer;
+    int64_t chunk;
+    int64_t bytes;
+} xm_trace_ev_t;
+
+struct xm_request;
+
+typedef struct xm_exec {
+    MPI_Comm comm; /* private duplicate: tags never collide across plans */
+    int rank;
+    size_t es, acc_es;
+    int window; /* chunks in flight per step */
+    xmesh_dtype_t dtype;
+    int nsteps;
+    xm_step_t *steps;
+    int nrtasks;
+    xm_rtask_t *rtasks;
+    char *stage; /* staging pool */
+    int64_t stage_bytes;
+    int nreqs; /* request pool size */
+    MPI_Request *reqs;
+    int *req_idx; /* Testsome scratch */
+    /* Runtime, valid while a request is in flight. */
+    xm_step_rt_t *srt;
+    unsigned char *tstate; /* per rtask: 0 pending, 1 active, 2 done */
+    int tfirst;            /* lowest rtask not done */
+    const void *src;
+    void *dst;
+    struct xm_request *active;
+    int broken;     /* a reshard failed or timed out: the plan cannot run again */
+    int leak_stage; /* abandoned MPI requests may still touch the staging pool */
+    /* Trace. */
+    int trace; /* XMESH_TRACE set (rank 0's choice) */
+    char trace_path[512];
+    int leader;      /* lowest rank of both meshes */
+    int participant; /* in either mesh */
+    int *parts;      /* participants (leader: all of them) */
+    int nparts;
+    double t0; /* MPI_Wtime at plan setup after a barrier */
+    xm_trace_ev_t *ev;
+    int nev, cap_ev;
+    int64_t dropped_ev;
+    int check;            /* XMESH_CHECK (rank 0's choice) */
+    int corrupt;          /* XMESH_TEST_CORRUPT: this rank flips a received byte (tests) */
+    int corrupted;        /* done for this reshard */
+    uint64_t *ck;         /* 2 * nchunks per checking step: own sums, then received */
+    MPI_Request *tr_reqs; /* 2 per participant */
+    int64_t *tr_counts;   /* leader: events per participant; others: [0] own count */
+    xm_trace_ev_t **tr_bufs;
+    int plan_id;
+    int64_t nreshards;
+} xm_exec_t;
+
+/* A request: starts with its plan (api.c reads it to dispatch). Requests
+ * live in a per-context pool and are never freed before the context, so a
+ * released handle passed again is detected, not a use after free. */
+typedef struct xm_request {
+    xmesh_plan_t plan;
+    unsigned magic;
+    int done;
+    xmesh_result_t result;
+    char msg[512];
+    double t_start, deadline;
+    int phase; /* 0 tasks, 1 trace gather, 2 finished */
+    int trace_stage;
+    struct xm_request *next_free;
+    struct xm_request *next_active;
+} xm_request_t;
+#define XM_REQ_LIVE 0x72657131u
+#define XM_REQ_FREE 0x66726565u
+
+typedef struct xm_mpi_ctx {
+    MPI_Comm comm;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* progress thread: new work or stop */
+    pthread_cond_t done_cv; /* waiters: a request finished */
+    pthread_t thread;
+    int thread_started;
+    int stop;
+    xm_request_t *active; /* list of requests in flight */
+    xm_request_t *free_list;
+    xm_request_t **blocks; /* allocation blocks of the request pool */
+    int nblocks;
+    int nplans_created; /* plan ids for trace file names */
+} xm_mpi_ctx_t;
+
+/* ctx.c */
+xmesh_result_t xm_mpi_err(int mpirc, const char *what);
+double xm_mpi_now(void);
+/* compile.c */
+xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t plan);
+void xm_mpi_plan_teardown(xmesh_plan_t plan);
+/* exec.c */
+xmesh_result_t xm_mpi_start(xmesh_plan_t plan, const void *src, void *dst, xmesh_request_t *req);
+xmesh_result_t xm_mpi_test(xmesh_request_t req);
+xmesh_result_t xm_mpi_wait(xmesh_request_t req);
+void *xm_mpi_progress_main(void *arg);
+/* Advances one request; returns 1 if anything moved. Sets req->done. */
+int xm_mpi_exec_advance(xm_request_t *r);
+/* trace.c */
+void xm_mpi_trace_add(xm_exec_t *x, int kind, int task, int peer, int64_t chunk, int64_t bytes,
+                      double t0, double t1);
+/* Gathers the events to the leader and writes the file; returns 1 when done,
+ * 0 to be called again, <0 on error (message in r->msg). */
+int xm_mpi_trace_progress(xm_request_t *r);
+void xm_mpi_trace_cancel(xm_request_t *r);
+
+#endif /* XM_MPI_H */
