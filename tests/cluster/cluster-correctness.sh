@@ -3,7 +3,8 @@
 # n-to-m case 7 ((1,4) -> (2,4), the only Table 2 case that fits 3 hosts)
 # and the 1-to-m meshes up to (2,2), all methods, 2 MiB tensors, every
 # destination element of every iteration checked. Fails on any wrong
-# element, any failed row, or an xmesh row that did not run.
+# element, any failed row, or an xmesh row that did not run (a refused
+# sendrecv-allgather strategy is only reported).
 # usage: cluster-correctness.sh SOURCE_DIR XMESH_BENCH
 set -u
 src=${1:?source dir}
