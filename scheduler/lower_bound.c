@@ -21,24 +21,51 @@ static double hop_bw(const xm_cluster_t *c)
     return c->nic_send_Bps < c->nic_recv_Bps ? c->nic_send_Bps : c->nic_recv_Bps;
 }
 
-/* (S) over all subsets of the universe of holder hosts (u <= 16 bits):
+/* Does task t have to leave host set S (bit mask over the holder-host
+ * universe, bit_of maps hosts to bits)? Yes if some partial group (the only
+ * group without P) has all its holders in S and some receiver is outside S:
+ * that group's data enters the chain inside S and must reach the receiver. */
+static int must_leave(const xm_prep_t *p, const xm_task_t *k, const int *bit_of, uint64_t S)
+{
+    int rout = 0;
+    for (int i = 0; i < k->nrecv && !rout; i++) {
+        int b = bit_of[p->dev_host[p->ts->recvs[k->recv_off + i]]];
+        rout = b < 0 || !(S >> b & 1);
+    }
+    if (!rout)
+        return 0;
+    const int *hd = p->ts->holders + k->holder_off;
+    for (int g = 0; g < k->ngroups; g++) {
+        int in = 1;
+        for (int j = 0; j < k->group_size && in; j++)
+            in = S >> bit_of[p->dev_host[hd[g * k->group_size + j]]] & 1;
+        if (in)
+            return 1;
+    }
+    return 0;
+}
+
+/* (S) for tasks without P over all subsets of the universe (u <= 16 bits):
  * w(S) = sum of costs of tasks with holders in S minus those whose holders
- * and receivers are all in S, by two subset-sum (zeta) transforms. */
-static double subset_bound(const xm_prep_t *p, const int *bit_of, int u)
+ * and receivers are all in S, by two subset-sum (zeta) transforms.
+ * Returns the array w (caller frees) or NULL without memory. */
+static double *subset_weights(const xm_prep_t *p, const int *bit_of, int u)
 {
     const xm_taskset_t *ts = p->ts;
     size_t n = (size_t)1 << u;
     double *f = calloc(n, sizeof *f), *g = calloc(n, sizeof *g);
-    double best = 0;
-    if (!f || !g)
-        goto out_free; /* no memory: the bound stays valid, only weaker */
+    if (!f || !g) {
+        free(f);
+        free(g);
+        return NULL;
+    }
     for (int t = 0; t < ts->ntasks; t++) {
         const xm_task_t *k = &ts->tasks[t];
-        if (!p->pt[t].needs_nic)
+        if (!p->pt[t].needs_nic || k->ngroups > 1)
             continue;
         unsigned hm = 0, rm = 0;
         int routside = 0;
-        for (int i = 0; i < k->ngroups * k->group_size; i++)
+        for (int i = 0; i < k->group_size; i++)
             hm |= 1u << bit_of[p->dev_host[ts->holders[k->holder_off + i]]];
         for (int i = 0; i < k->nrecv; i++) {
             int b = bit_of[p->dev_host[ts->recvs[k->recv_off + i]]];
@@ -47,9 +74,9 @@ static double subset_bound(const xm_prep_t *p, const int *bit_of, int u)
             else
                 rm |= 1u << b;
         }
-        f[hm] += p->pt[t].nic_cost;
+        f[hm] += p->pt[t].lb_dur;
         if (!routside)
-            g[hm | rm] += p->pt[t].nic_cost;
+            g[hm | rm] += p->pt[t].lb_dur;
     }
     for (int b = 0; b < u; b++)
         for (size_t m = 0; m < n; m++)
@@ -57,45 +84,77 @@ static double subset_bound(const xm_prep_t *p, const int *bit_of, int u)
                 f[m] += f[m ^ ((size_t)1 << b)];
                 g[m] += g[m ^ ((size_t)1 << b)];
             }
-    for (size_t m = 1; m < n; m++) {
-        double v = (f[m] - g[m]) / (__builtin_popcountll(m) * (double)p->nics);
-        if (v > best)
-            best = v;
-    }
-out_free:
-    free(f);
+    for (size_t m = 0; m < n; m++)
+        f[m] -= g[m];
     free(g);
-    return best;
+    return f;
 }
 
-/* (S) restricted to singletons and the whole universe, for many hosts. */
-static double singleton_bound(const xm_prep_t *p, const int *bit_of, int u)
+/* (S): every subset when the universe is small (P tasks only at the
+ * candidate sets below), otherwise the candidate sets only: every single
+ * host, every group's holder-host set, and the whole universe. */
+static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
 {
     const xm_taskset_t *ts = p->ts;
-    double *one = calloc(p->nhosts + 1, sizeof *one), all = 0, best = 0;
-    if (!one)
-        return 0;
+    int have_p = 0, have_np = 0;
     for (int t = 0; t < ts->ntasks; t++) {
+        have_p |= p->pt[t].needs_nic && ts->tasks[t].ngroups > 1;
+        have_np |= p->pt[t].needs_nic && ts->tasks[t].ngroups == 1;
+    }
+    double best = 0;
+    double *w = u <= XM_LB_MAX_SUBSET_HOSTS && have_np ? subset_weights(p, bit_of, u) : NULL;
+    if (!have_p && !have_np)
+        return 0;
+    if (w) {
+        for (size_t m = 1; m < ((size_t)1 << u); m++) {
+            double v = w[m] / (__builtin_popcountll(m) * (double)p->nics);
+            if (v > best)
+                best = v;
+        }
+    }
+    if (u > 64 || (w && !have_p)) { /* all subsets done, or too many hosts for masks */
+        free(w);
+        return best;
+    }
+    /* candidate sets */
+    int ncand = 0, cap = u + 66;
+    uint64_t *cand = malloc(sizeof *cand * cap);
+    if (!cand) {
+        free(w);
+        return best;
+    }
+    for (int b = 0; b < u; b++)
+        cand[ncand++] = 1ull << b;
+    cand[ncand++] = u == 64 ? ~0ull : (1ull << u) - 1;
+    for (int t = 0; t < ts->ntasks && ncand < cap; t++) {
         const xm_task_t *k = &ts->tasks[t];
         if (!p->pt[t].needs_nic)
             continue;
-        int h0 = p->dev_host[ts->holders[k->holder_off]], single = 1, routside = 0;
-        for (int i = 1; i < k->ngroups * k->group_size; i++)
-            single &= p->dev_host[ts->holders[k->holder_off + i]] == h0;
-        for (int i = 0; i < k->nrecv; i++)
-            routside |= bit_of[p->dev_host[ts->recvs[k->recv_off + i]]] < 0;
-        /* needs_nic with a single holder host means a receiver host is outside it */
-        if (single)
-            one[h0] += p->pt[t].nic_cost;
-        if (routside)
-            all += p->pt[t].nic_cost;
+        for (int g = 0; g < k->ngroups && ncand < cap; g++) {
+            uint64_t m = 0;
+            for (int j = 0; j < k->group_size; j++)
+                m |=
+                    1ull << bit_of[p->dev_host[ts->holders[k->holder_off + g * k->group_size + j]]];
+            int dup = 0;
+            for (int i = 0; i < ncand && !dup; i++)
+                dup = cand[i] == m;
+            if (!dup)
+                cand[ncand++] = m;
+        }
     }
-    for (int h = 0; h < p->nhosts; h++)
-        if (one[h] / p->nics > best)
-            best = one[h] / p->nics;
-    if (u > 0 && all / (u * (double)p->nics) > best)
-        best = all / (u * (double)p->nics);
-    free(one);
+    for (int i = 0; i < ncand; i++) {
+        double sum = w ? w[cand[i]] : 0;
+        for (int t = 0; t < ts->ntasks; t++) {
+            const xm_task_t *k = &ts->tasks[t];
+            if (p->pt[t].needs_nic && (!w || k->ngroups > 1) && must_leave(p, k, bit_of, cand[i]))
+                sum += p->pt[t].lb_dur;
+        }
+        double v = sum / (__builtin_popcountll(cand[i]) * (double)p->nics);
+        if (v > best)
+            best = v;
+    }
+    free(cand);
+    free(w);
     return best;
 }
 
@@ -109,8 +168,8 @@ double xm_lower_bound_prep(const xm_prep_t *p)
         if (ts->tasks[t].nrecv == 0)
             continue;
         double v = c->latency_s + (double)ts->tasks[t].bytes / maxbw;
-        if (p->pt[t].needs_nic && p->pt[t].nic_cost > v)
-            v = p->pt[t].nic_cost;
+        if (p->pt[t].lb_dur > v)
+            v = p->pt[t].lb_dur;
         if (v > lb)
             lb = v;
     }
@@ -128,7 +187,7 @@ double xm_lower_bound_prep(const xm_prep_t *p)
             if (i > 0 && p->dev_host[ts->recvs[k->recv_off + i - 1]] == h)
                 continue;
             if (!p->recv_covered[k->recv_off + i])
-                rin[h] += p->pt[t].nic_cost;
+                rin[h] += p->pt[t].lb_dur;
         }
     }
     for (int h = 0; h < p->nhosts; h++)
@@ -148,8 +207,7 @@ double xm_lower_bound_prep(const xm_prep_t *p)
                 bit_of[h] = u++;
         }
     }
-    double sb =
-        u <= XM_LB_MAX_SUBSET_HOSTS ? subset_bound(p, bit_of, u) : singleton_bound(p, bit_of, u);
+    double sb = send_bound(p, bit_of, u);
     if (sb > lb)
         lb = sb;
 out_free:

@@ -118,6 +118,113 @@ static xmesh_result_t assign_classes(xm_prep_t *p)
     return XMESH_SUCCESS;
 }
 
+/* Fewest distinct hosts a P chain must visit: the receiver hosts in
+ * rh[0..nrh) plus, for the groups with no holder there, at least one more
+ * host; when all those groups sit on single hosts, each such host. */
+static int p_min_hosts(const xm_prep_t *q, const xm_task_t *k, const int *rh, int nrh)
+{
+    const int *hd = q->ts->holders + k->holder_off;
+    int extra_hosts[64], nextra = 0, multi = 0;
+    for (int g = 0; g < k->ngroups; g++) {
+        int inside = 0, h0 = q->dev_host[hd[g * k->group_size]], single = 1;
+        for (int j = 0; j < k->group_size; j++) {
+            int h = q->dev_host[hd[g * k->group_size + j]];
+            single &= h == h0;
+            for (int i = 0; i < nrh && !inside; i++)
+                inside = rh[i] == h;
+        }
+        if (inside)
+            continue;
+        if (!single || nextra == 64) {
+            multi = 1;
+            continue;
+        }
+        int seen = 0;
+        for (int i = 0; i < nextra && !seen; i++)
+            seen = extra_hosts[i] == h0;
+        if (!seen)
+            extra_hosts[nextra++] = h0;
+    }
+    return nrh + (nextra > 0 ? nextra : multi);
+}
+
+/* Shortest possible duration of a P task with any holders as senders. Its
+ * chain has at least G - 1 hops between the sources plus one per receiver
+ * (broadcast) or G hops per route (sendrecv), and visits at least
+ * p_min_hosts() hosts, so it has that many minus one inter-host hops. Every
+ * hop pays the latency and one chunk (c / NIC bw when inter-host), and an
+ * inter-host hop paces the remaining K - 1 chunks. */
+static double p_chain_bound(const xm_prep_t *q, int t)
+{
+    const xm_task_t *k = &q->ts->tasks[t];
+    const xm_cluster_t *c = q->c;
+    int64_t C = c->chunk_bytes > 0 ? c->chunk_bytes : (int64_t)1 << 20;
+    int64_t K = (k->bytes + C - 1) / C;
+    if (K < 1)
+        K = 1;
+    double B = (double)k->bytes, ch = B / (double)K, inter = hop_bw(c);
+    double maxbw = c->intra_Bps > inter ? c->intra_Bps : inter;
+    int rh_buf[64], nrh = 0;
+    int *rh = k->nrecv <= 64 ? rh_buf : malloc(sizeof(int) * k->nrecv);
+    if (!rh)
+        return q->pt[t].needs_nic ? q->pt[t].nic_cost : 0;
+    for (int i = 0; i < k->nrecv; i++) {
+        int h = q->dev_host[q->ts->recvs[k->recv_off + i]];
+        if (nrh == 0 || rh[nrh - 1] != h)
+            rh[nrh++] = h;
+    }
+    double best = 0;
+    int sendrecv = q->strategy == XMESH_STRATEGY_SENDRECV;
+    /* broadcast: one chain over all receiver hosts; sendrecv: the slowest of
+     * the per-receiver routes, each over one receiver host */
+    for (int i = 0; i < (sendrecv ? nrh : 1); i++) {
+        int hops = sendrecv ? k->ngroups : k->ngroups - 1 + k->nrecv;
+        int inter_min = (sendrecv ? p_min_hosts(q, k, rh + i, 1) : p_min_hosts(q, k, rh, nrh)) - 1;
+        if (hops < 1)
+            hops = 1;
+        if (inter_min > hops)
+            inter_min = hops;
+        double v = hops * c->latency_s + (hops - inter_min) * ch / maxbw;
+        if (inter_min > 0)
+            v += (inter_min + K - 1) * ch / inter;
+        else
+            v += (K - 1) * ch / maxbw;
+        if (v > best)
+            best = v;
+    }
+    if (rh != rh_buf)
+        free(rh);
+    return q->pt[t].needs_nic && best < q->pt[t].nic_cost ? q->pt[t].nic_cost : best;
+}
+
+/* Appends the host-level directions of the routes in tr as option o's
+ * resources (options are visited in order, so offsets grow). */
+static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
+{
+    static const int chunk = 1024;
+    int base = q->opt_res_off[o], m = base;
+    int need = base + tr->nuse + 1;
+    if (!q->opt_res || need > q->opt_res_cap) {
+        int nc = q->opt_res_cap ? q->opt_res_cap : chunk;
+        while (nc < need)
+            nc *= 2;
+        int *nr = realloc(q->opt_res, sizeof(int) * nc);
+        if (!nr)
+            return -1;
+        q->opt_res = nr;
+        q->opt_res_cap = nc;
+    }
+    for (int i = 0; i < tr->nuse; i++) {
+        int d = (tr->use_dir[i] / 2 / q->nics) * 2 + (tr->use_dir[i] & 1), dup = 0;
+        for (int j = base; j < m && !dup; j++)
+            dup = q->opt_res[j] == d;
+        if (!dup)
+            q->opt_res[m++] = d;
+    }
+    q->opt_res_off[o + 1] = m;
+    return 0;
+}
+
 xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_cluster_t *c,
                             xmesh_strategy_t strategy)
 {
@@ -170,6 +277,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         q.max_groups = 1;
     q.opt_hosts = malloc(sizeof(int) * (nopt_total + 1));
     q.opt_dur = malloc(sizeof(double) * (nopt_total + 1));
+    q.opt_res_off = calloc(nopt_total + 2, sizeof(int));
+    q.need_off = calloc(n + 2, sizeof(int));
     q.pt = calloc(n > 0 ? n : 1, sizeof *q.pt);
     q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
     q.recv_is_holder = calloc(nrecv_total + 1, 1);
@@ -179,7 +288,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     memset(&st, 0, sizeof st);
     memset(&tr, 0, sizeof tr);
     xmesh_result_t r = XMESH_SUCCESS;
-    if (!q.opt_hosts || !q.opt_dur || !q.pt || !q.dev_nic || !q.recv_is_holder || !q.recv_covered) {
+    if (!q.opt_hosts || !q.opt_dur || !q.opt_res_off || !q.need_off || !q.pt || !q.dev_nic ||
+        !q.recv_is_holder || !q.recv_covered) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
     }
@@ -225,6 +335,32 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         }
         pt->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
     }
+    /* receiver hosts lacking a full value, per task */
+    {
+        int64_t tot = 0;
+        for (int t = 0; t < n; t++) {
+            const xm_task_t *k = &ts->tasks[t];
+            for (int i = 0; i < k->nrecv; i++)
+                tot += !q.recv_covered[k->recv_off + i];
+        }
+        q.need_hosts = malloc(sizeof(int) * (tot + 1));
+        if (!q.need_hosts) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
+            goto out_free_prep;
+        }
+        int m = 0;
+        for (int t = 0; t < n; t++) {
+            const xm_task_t *k = &ts->tasks[t];
+            q.need_off[t] = m;
+            for (int i = 0; i < k->nrecv; i++) {
+                int h = q.dev_host[ts->recvs[k->recv_off + i]];
+                if (!q.recv_covered[k->recv_off + i] &&
+                    (m == q.need_off[t] || q.need_hosts[m - 1] != h))
+                    q.need_hosts[m++] = h;
+            }
+        }
+        q.need_off[n] = m;
+    }
     if ((r = assign_classes(&q)))
         goto out_free_prep;
     if ((r = xm_state_init(&st, &q)) || (r = xm_troutes_init(&tr, &q)))
@@ -238,17 +374,23 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
             xm_state_reset(&st, &q);
             xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, NULL);
             q.opt_dur[pt->opt_off + o] = tr.dur;
-            double d = q.nics == 1 ? tr.dur : 0;
-            if (q.nics > 1) {
-                /* Route times alone: NIC sharing inside a task may differ with devices. */
-                d = pt->needs_nic ? pt->nic_cost : 0;
+            if (add_res(&q, &tr, pt->opt_off + o)) {
+                r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
+                goto out_free_prep;
             }
+            /* With one NIC per host the whole duration is fixed by the host
+             * choice; with several, NIC sharing inside the task depends on
+             * the devices, but the route times do not. */
+            double d = q.nics == 1 ? tr.dur : tr.route_dur;
+            if (pt->needs_nic && d < pt->nic_cost)
+                d = pt->nic_cost;
             if (d < best)
                 best = d;
         }
-        pt->min_dur = pt->needs_nic && best < pt->nic_cost ? pt->nic_cost : best;
-        if (!isfinite(pt->min_dur))
-            pt->min_dur = 0;
+        pt->min_dur = isfinite(best) ? best : 0;
+        /* Any holder as sender: without P its host is an option, so min_dur
+         * holds; a P chain of arbitrary holders is only bounded by one hop. */
+        pt->lb_dur = ts->tasks[t].ngroups == 1 ? pt->min_dur : p_chain_bound(&q, t);
     }
     xm_state_free(&st);
     xm_troutes_free(&tr);
@@ -267,6 +409,10 @@ void xm_prep_free(xm_prep_t *p)
         return;
     free(p->opt_hosts);
     free(p->opt_dur);
+    free(p->opt_res_off);
+    free(p->opt_res);
+    free(p->need_off);
+    free(p->need_hosts);
     free(p->pt);
     free(p->dev_nic);
     free(p->recv_is_holder);
@@ -667,6 +813,7 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
         if (T > dur)
             dur = T;
     }
+    r->route_dur = dur;
     /* A NIC direction crossed n times inside the task carries n * B bytes. */
     for (int i = 0; i < r->nuse; i++) {
         double bw = (r->use_dir[i] & 1) ? c->nic_recv_Bps : c->nic_send_Bps;

@@ -32,7 +32,7 @@ int xm_ctl_expired(xm_search_ctl_t *ctl)
 /* Fills out from a plan given as option hosts or fixed senders: pass 1
  * counts routes per task, pass 2 writes them in task-id order. */
 static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, const int *order,
-                                  const int *hosts, const int *fixed, xm_schedule_t *out)
+                                  const int *hosts, const int *fixed, double lb, xm_schedule_t *out)
 {
     int n = p->ts->ntasks, G = p->max_groups;
     xm_schedule_t s;
@@ -97,7 +97,7 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
                    st.makespan, s.makespan_s);
         goto out_free;
     }
-    s.lower_bound_s = xm_lower_bound_prep(p);
+    s.lower_bound_s = lb >= 0 ? lb : xm_lower_bound_prep(p);
     *out = s;
     memset(&s, 0, sizeof s);
 out_free:
@@ -173,6 +173,28 @@ static void keep_best(const xm_prep_t *p, cand_t *best, const int *order, const 
     }
 }
 
+static int done(const cand_t *best, const xm_search_ctl_t *ctl)
+{
+    return ctl->optimal || best->ms <= ctl->lower_bound * (1 + 1e-9);
+}
+
+/* A share of what is left of the budget for one search of the ensemble. */
+static xm_search_ctl_t sub_ctl(const xm_search_ctl_t *ctl, double frac)
+{
+    xm_search_ctl_t sub = *ctl;
+    sub.evals = 0;
+    sub.optimal = 0;
+    if (ctl->max_evals > 0) {
+        sub.max_evals = (int64_t)((double)(ctl->max_evals - ctl->evals) * frac);
+        if (sub.max_evals < 1)
+            sub.max_evals = 1;
+    } else {
+        double now = xm_now_s();
+        sub.deadline_s = now + (ctl->deadline_s - now) * frac;
+    }
+    return sub;
+}
+
 xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const xm_sched_opts_t *o,
                            xm_schedule_t *out)
 {
@@ -209,7 +231,7 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
 
     if (kind == XMESH_SCHEDULER_NAIVE) {
         naive_plan(&p, order, fixed);
-        r = materialise(&p, kind, order, NULL, fixed, out);
+        r = materialise(&p, kind, order, NULL, fixed, ctl.lower_bound, out);
         goto out_done;
     }
     if (kind == XMESH_SCHEDULER_LB) {
@@ -228,28 +250,22 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
             hosts[t] = p.dev_host[fixed[(size_t)t * p.max_groups]];
         ms = xm_eval_plan(&p, &st, &tr, order, hosts, NULL);
         keep_best(&p, &best, order, hosts, ms);
-        if (best.ms > ctl.lower_bound * (1 + 1e-9)) {
-            xm_search_ctl_t sub = ctl;
-            if (ctl.max_evals > 0)
-                sub.max_evals = ctl.max_evals / 3;
-            else
-                sub.deadline_s = xm_now_s() + (ctl.deadline_s - xm_now_s()) / 3;
+        /* DFS first: its first leaf is an earliest-start list schedule and
+         * on small instances it proves optimality outright. */
+        if (!done(&best, &ctl)) {
+            xm_search_ctl_t sub = sub_ctl(&ctl, 1.0 / 3);
+            ms = xm_sched_dfs(&p, &st, &tr, &sub, order, hosts);
+            keep_best(&p, &best, order, hosts, ms);
+            ctl.evals += sub.evals;
+            ctl.optimal = sub.optimal && ms <= best.ms;
+        }
+        if (!done(&best, &ctl)) {
+            xm_search_ctl_t sub = sub_ctl(&ctl, 1.0 / 2);
             ms = xm_sched_greedy(&p, &st, &tr, &sub, order, hosts);
             keep_best(&p, &best, order, hosts, ms);
             ctl.evals += sub.evals;
         }
-        if (best.ms > ctl.lower_bound * (1 + 1e-9)) {
-            xm_search_ctl_t sub = ctl;
-            sub.evals = 0;
-            if (ctl.max_evals > 0)
-                sub.max_evals = ctl.max_evals / 3;
-            else
-                sub.deadline_s = xm_now_s() + (ctl.deadline_s - xm_now_s()) / 2;
-            ms = xm_sched_dfs(&p, &st, &tr, &sub, order, hosts);
-            keep_best(&p, &best, order, hosts, ms);
-            ctl.evals += sub.evals;
-        }
-        if (best.ms > ctl.lower_bound * (1 + 1e-9)) {
+        if (!done(&best, &ctl)) {
             memcpy(order, best.order, sizeof(int) * n);
             memcpy(hosts, best.hosts, sizeof(int) * n);
             ms = xm_sched_improve(&p, &st, &tr, &ctl, order, hosts, best.ms);
@@ -258,7 +274,7 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         memcpy(order, best.order, sizeof(int) * n);
         memcpy(hosts, best.hosts, sizeof(int) * n);
     }
-    r = materialise(&p, kind, order, hosts, NULL, out);
+    r = materialise(&p, kind, order, hosts, NULL, ctl.lower_bound, out);
 out_done:
     if (!r)
         out->plan_s = xm_now_s() - t0;
@@ -320,7 +336,7 @@ xmesh_result_t xm_schedule_from(const xm_taskset_t *ts, const xm_cluster_t *c,
         }
     }
     r = materialise(&p, o && o->kind != XMESH_SCHEDULER_UNSET ? o->kind : XMESH_SCHEDULER_ENSEMBLE,
-                    order, NULL, sender, out);
+                    order, NULL, sender, -1, out);
     if (!r)
         out->plan_s = xm_now_s() - t0;
 out_free:

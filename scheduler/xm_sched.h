@@ -42,6 +42,51 @@ int xm_cluster_nic_of(const xm_cluster_t *c, int dev);
  * only with P). devs[nsrc .. len-1] are receivers, each forwarding to the
  * next. len == 1 is a self copy: devs[0] holds the box and also receives it.
  * A chain that stays inside one host uses only the intra-host link. */
+/*
+ * Route shapes (what executors must implement; built by scheduler/routes.c):
+ *
+ * BROADCAST, no P (ngroups == 1), chosen sender s (a holder):
+ *   - every receiver that is itself a holder: a self copy [r] (len 1);
+ *   - receivers on a host h != host(s) that has a holder: one intra-host
+ *     chain [hd, receivers on h in device order], hd = a holder on h;
+ *   - all other receivers: one main chain [s, receivers on host(s), then the
+ *     receivers of every other host, host by host in ascending host order].
+ *     Inside a host the chain enters through the receiver whose NIC frees
+ *     first (matters only with several NICs), the rest follow by device id.
+ *   Each receiver host's NIC therefore receives the bytes once.
+ * BROADCAST, P (ngroups G > 1): one chain [s_0 .. s_{G-1}, receivers]. The
+ *   sources are the chosen holders of the groups (sender[t * max_groups + g]
+ *   says which device serves group g; the chain order need not be the group
+ *   order): ordered by host so that each host's sources are adjacent, hosts
+ *   ascending, except that the last source host is the lowest-numbered
+ *   source host that also has receivers (if any), so the final sum is
+ *   already on a receiver host. Receivers follow: those on that last source
+ *   host first, then host by host ascending. No self copies: a device that
+ *   is both a source and a receiver appears twice.
+ * SENDRECV, no P: per receiver r a route [s, r] (len 2), or [r] if r holds
+ *   the box. SENDRECV, P: per receiver [s_0 .. s_{G-1}, r] (sources ordered
+ *   as above).
+ * A task with nrecv > 0 always has at least one route.
+ *
+ * Sender choice: the schedulers decide a sender host per task; the device
+ * inside it (per group) is the holder whose NIC frees first, then the one
+ * that sent the fewest bytes so far, then the lowest id. For a P group
+ * without a holder on that host: a host an earlier group already uses, else
+ * a receiver host, else its lowest holder's host.
+ *
+ * Timing (paper 002 eq. 1-3, implemented identically by the simulator): a
+ * task occupies the send direction of every NIC that sends one of its
+ * inter-host hops and the receive direction of every NIC that receives one;
+ * each NIC direction runs its tasks one at a time in the global order; a
+ * task starts when all its NIC directions are free. Intra-host hops use the
+ * intra-host link and occupy no NIC (tasks with no inter-host hop start at
+ * 0). Duration of a task = max over its routes of the pipelined chain time
+ * sum_hops(latency + c / bw_hop) + (K - 1) * c / min_hop bw, with K =
+ * ceil(bytes / chunk_bytes) chunks of c = bytes / K (inter-host hop bw =
+ * min(nic_send, nic_recv), intra = intra_Bps; a self copy costs latency +
+ * bytes / intra_Bps), and at least n * bytes / bw + latency for a NIC
+ * direction crossed n times by the task's routes.
+ */
 typedef struct xm_route {
     int task;
     int nsrc;
@@ -92,6 +137,18 @@ xmesh_result_t xm_schedule_from(const xm_taskset_t *ts, const xm_cluster_t *c,
 /* Lower bound (seconds) of any schedule's completion time; see
  * docs/LOWER_BOUND.md for the argument. */
 double xm_lower_bound(const xm_taskset_t *ts, const xm_cluster_t *c);
+
+/* Cuts the unit tasks of a small instance into pieces (boxes split along
+ * their longest dim; same holders and receivers), one per sender-host option
+ * and NIC, never below one chunk, so several hosts and NICs can share a task
+ * (whole-task balancing leaves e.g. 8 tasks on 6 hosts at 2 rounds where 4/3
+ * suffice). Instances with many tasks per sender NIC are copied unchanged, as
+ * are all of them if the result would exceed max(max_tasks, in->ntasks)
+ * tasks. The result is an ordinary task set for xm_schedule() and the
+ * executors. *parent (when parent != NULL; caller frees) maps each new task
+ * to its source task. On error *out and *parent are untouched. */
+xmesh_result_t xm_taskset_split(const xm_taskset_t *in, const xm_cluster_t *c, int max_tasks,
+                                xm_taskset_t *out, int **parent);
 
 /* ----------------------------------------------------------- simulator */
 

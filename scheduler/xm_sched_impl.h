@@ -22,7 +22,8 @@ typedef struct xm_prep_task {
     int naive_host;  /* host of the lowest holder of group 0 */
     int needs_nic;   /* some receiver host lacks a full value: an inter-host hop is unavoidable */
     int klass;       /* symmetry class: tasks with equal klass are interchangeable */
-    double min_dur;  /* lower bound of this task's duration under any plan */
+    double min_dur;  /* lower bound of its duration over its options (the search space) */
+    double lb_dur;   /* lower bound of its duration with any holders as senders */
     double nic_cost; /* bytes / min(send, recv) + latency: NIC time of one inter-host hop */
 } xm_prep_task_t;
 
@@ -38,6 +39,16 @@ typedef struct xm_prep {
     const int *dev_host; /* = c->hosts.host_of */
     int *dev_nic;        /* global NIC of each device */
     double *opt_dur;     /* per option: duration on an idle cluster */
+    /* Per option: host-level NIC directions its routes cross (host * 2 +
+     * 0 send / 1 recv), at opt_res[opt_res_off[o] .. opt_res_off[o + 1]).
+     * With one NIC per host these are exactly the NIC directions. */
+    int *opt_res_off;
+    int *opt_res;
+    int opt_res_cap;
+    /* Per task: receiver hosts that lack a full value (must be fed by NIC),
+     * at need_hosts[need_off[t] .. need_off[t + 1]). */
+    int *need_off;
+    int *need_hosts;
     xm_prep_task_t *pt;
     unsigned char *recv_is_holder; /* per ts->recvs index */
     unsigned char *recv_covered;   /* per ts->recvs index: its host holds a full value */
@@ -81,6 +92,7 @@ typedef struct xm_troutes {
     int *use_dir;   /* NIC directions used (distinct) */
     int *use_count; /* inter-host hops through that direction */
     double dur;
+    double route_dur; /* max over routes alone, without NIC sharing */
     double start, end;
 } xm_troutes_t;
 
@@ -115,6 +127,7 @@ typedef struct xm_search_ctl {
     int64_t evals;     /* counter */
     uint64_t seed;
     double lower_bound; /* stop early when reached */
+    int optimal;        /* set by a search that proved its plan optimal */
 } xm_search_ctl_t;
 
 double xm_now_s(void);

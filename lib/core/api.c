@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "xm_api.h"
+#include "xm_cluster_file.h"
 
 #define CHECK_NULL(p, name)                                                                        \
     do {                                                                                           \
@@ -473,6 +474,11 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     x.nics_per_host = (int)nics;
     x.latency_s = lat * 1e-6;
     x.chunk_bytes = chunk_bytes;
+    const char *file = xm_param_str("XMESH_CLUSTER_FILE");
+    if (*file && (r = xm_cluster_load(file, &x))) {
+        xm_cluster_free(&x);
+        return r;
+    }
     *c = x;
     return XMESH_SUCCESS;
 }

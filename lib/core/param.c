@@ -17,8 +17,13 @@ static const xm_param_desc_t params[] = {
     {"XMESH_NICS_PER_HOST", "1", "model: NICs per host"},
     {"XMESH_INTRA_GBPS", "800", "model: intra-host device-to-device bandwidth, Gbit/s"},
     {"XMESH_LATENCY_US", "5", "model: per-message latency, microseconds"},
+    {"XMESH_CLUSTER_FILE", "",
+     "model: cluster file (key = value lines) applied over the XMESH_* model values"},
     {"XMESH_TRACE", "", "write a Chrome trace-event JSON of each reshard to this path"},
     {"XMESH_CHECK", "0", "1: verify a checksum of every received box"},
+    {"XMESH_TOPO_XML", "", "hwloc XML file to use instead of this machine's topology"},
+    {"XMESH_NCCL_MAX_COMMS", "8",
+     "NCCL backend: most cached communicators per context (one per mesh pair)"},
 };
 
 int xm_param_count(void)

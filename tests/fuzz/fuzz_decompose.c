@@ -81,8 +81,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int u = 0; u < t; u++) { /* disjoint */
             int overlap = 1;
             for (int d = 0; d < nd && overlap; d++)
-                overlap = k->box.lo[d] < ts.tasks[u].box.hi[d] &&
-                          ts.tasks[u].box.lo[d] < k->box.hi[d];
+                overlap =
+                    k->box.lo[d] < ts.tasks[u].box.hi[d] && ts.tasks[u].box.lo[d] < k->box.hi[d];
             if (overlap)
                 abort();
         }

@@ -13,7 +13,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2 || size > 256)
         return 0;
-    int ndim = data[0] % (XM_MAX_DIMS + 2) - 1; /* -1 .. 8 */
+    int ndim = data[0] % (XM_MAX_DIMS + 2) - 1;       /* -1 .. 8 */
     int mesh_ndim = data[1] % (XM_MAX_MESH_DIMS + 2); /* 0 .. 5 */
     char s[256];
     memcpy(s, data + 2, size - 2);

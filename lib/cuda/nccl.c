@@ -1,0 +1,906 @@
+/*
+ * NCCL backend: executes a plan's schedule with NCCL point-to-point calls on
+ * CUDA streams, packing, unpacking and reducing on the device.
+ *
+ * How a unit task moves (paper 002, section 3.1, broadcast strategy): the
+ * schedule gives each task one or more routes, chains of devices. A chain is
+ * executed as a pipeline of chunk steps; at step s, position i receives
+ * chunk s - i + 1 from position i - 1 and forwards chunk s - i to i + 1.
+ * Each step is one ncclGroupStart/ncclGroupEnd of the rank's ncclSend and
+ * ncclRecv calls (lib/cuda/devplan.c generates the steps; the CPU tests run
+ * the same step programs through an emulator).
+ *
+ * Why grouped send/recv on one communicator per mesh pair, and not
+ * ncclBroadcast on split communicators:
+ *   - ncclBroadcast needs a communicator per distinct (sender, receiver
+ *     set), which is what the reference implementation creates, one after
+ *     another; a resharding has up to one such set per unit task (64 in
+ *     paper case 4), and every communicator costs start-up time (a
+ *     collective bootstrap) and device memory for its channels (NCCL issues
+ *     #534, #986, #2294). Send/recv needs only that sender and receiver share
+ *     a communicator, so one communicator over the union of the two meshes
+ *     serves every task of every plan between those meshes (cached and
+ *     shared, bounded by XMESH_NCCL_MAX_COMMS per context; a mesh pair that
+ *     spans all ranks reuses the context's communicator).
+ *   - the chain order is the scheduler's (host-aware, sender chosen for
+ *     load balance, NIC order); ncclBroadcast picks its own ring/tree order
+ *     inside the communicator, which the scheduler and the simulator could
+ *     not model;
+ *   - partial sums (SBP "P") need a reduction along the source part of the
+ *     chain with an f32 accumulator for f16/bf16; send/recv plus our own
+ *     kernel does this, ncclBroadcast cannot.
+ * The cost is one group launch per chunk step instead of NCCL's internal
+ * pipelining; with 1 MiB chunks that is a few microseconds per step against
+ * tens of microseconds of transfer at NIC speed.
+ *
+ * Streams: every transfer is enqueued on one stream (the caller's for
+ * xmesh_reshard_start_on_stream, the plan's own otherwise) and waits for
+ * the previous transfer enqueued on the same communicator (an event per
+ * communicator), so transfers of plans sharing a communicator run one
+ * after another and NCCL never sees two of them interleaved.
+ */
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "xm_api.h"
+#include "xm_cuda_kernels.h"
+#include "xm_devplan.h"
+#include "xm_topo.h"
+#include "xmesh/cuda.h"
+
+#define XM_NCCL_REQ_MAGIC 0x6e63636cu /* "nccl" */
+
+typedef struct xm_nccl_ctx {
+    MPI_Comm comm; /* duplicate of the user's communicator: control traffic */
+    int device;
+    ncclComm_t world;
+    xm_commcache_t cache; /* entry 0: all ranks -> world, pinned */
+    xm_topo_t *topo;      /* this host, NULL if hwloc failed */
+    int topo_gpu;         /* index of our device in topo, -1 unknown */
+    int nic;              /* NIC closest to our device, -1 unknown */
+    int nics_per_host;    /* min over hosts of the NICs hwloc found (>= 1) */
+} xm_nccl_ctx_t;
+
+typedef struct xm_nccl_req {
+    xmesh_plan_t plan; /* first: api.c dispatches on it */
+    unsigned magic;
+    int live;
+    cudaEvent_t done;
+    struct timespec t0;
+    struct xm_nccl_req *next; /* pool of the plan */
+} xm_nccl_req_t;
+
+typedef struct xm_nccl_exec {
+    xm_devprog_t prog;
+    xm_commkey_t key; /* the plan's communicator ranks */
+    ncclComm_t comm;  /* NULL when this rank is outside both meshes */
+    int *comm_rank;   /* ctx rank -> rank in comm */
+    void *slots;      /* device staging, prog.nslots * prog.slot_bytes */
+    cudaStream_t stream;
+    cudaEvent_t last;       /* end of the last transfer enqueued for this plan */
+    cudaEvent_t comm_event; /* end of the last transfer on comm (any plan) */
+    int attached;           /* holds a reference on its cache entry */
+    int enqueued;           /* last was recorded at least once */
+    xm_op_t *ops;
+    xm_nccl_req_t *reqs;
+} xm_nccl_exec_t;
+
+/* ---------------------------------------------------- error conversion */
+
+#define CUDA_TRY(call)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return XM_ERR(XMESH_ERR_BACKEND, "%s: CUDA error %d (%s)", #call, (int)e_,             \
+                          cudaGetErrorString(e_));                                                 \
+    } while (0)
+
+static xmesh_result_t nccl_err(ncclResult_t r, ncclComm_t comm, const char *what)
+{
+    const char *last = comm ? ncclGetLastError(comm) : ncclGetLastError(NULL);
+    return XM_ERR(XMESH_ERR_BACKEND, "%s: NCCL error %d (%s)%s%s", what, (int)r,
+                  ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+}
+
+static xmesh_result_t mpi_err(int e, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(e, s, &len);
+    return XM_ERR(XMESH_ERR_BACKEND, "%s: MPI error %d (%s)", what, e, s);
+}
+
+static xm_nccl_ctx_t *be_of(xmesh_ctx_t ctx)
+{
+    return (xm_nccl_ctx_t *)ctx->be;
+}
+
+/* ----------------------------------------------------------- agreement */
+
+/* One MPI_Allreduce(MAX) of {failed, hash, ~hash}: failure anywhere and
+ * the hash range are known everywhere. */
+static xmesh_result_t agree_on(MPI_Comm comm, xmesh_result_t local, uint64_t hash)
+{
+    uint64_t v[3] = {local != XMESH_SUCCESS, hash, ~hash}, w[3];
+    int e = MPI_Allreduce(v, w, 3, MPI_UINT64_T, MPI_MAX, comm);
+    if (e != MPI_SUCCESS)
+        return mpi_err(e, "agree: MPI_Allreduce");
+    if (w[0])
+        return local != XMESH_SUCCESS ? local
+                                      : XM_ERR(XMESH_ERR_REMOTE, "another rank failed (see its "
+                                                                 "xmesh_last_error())");
+    if (w[1] != ~w[2])
+        return XM_ERR(XMESH_ERR_MISMATCH,
+                      "ranks passed different arguments (input hash %016llx here)",
+                      (unsigned long long)hash);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t nccl_agree(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t hash)
+{
+    return agree_on(be_of(ctx)->comm, local, hash);
+}
+
+/* ------------------------------------------------------------ plan setup */
+
+/* Rank 0's schedule becomes everyone's (schedulers with a time budget are
+ * not deterministic across ranks). With XMESH_NICS_PER_HOST unset, the
+ * model first takes the NIC count hwloc found (min over hosts). */
+static xmesh_result_t share_schedule(xmesh_plan_t plan)
+{
+    xm_nccl_ctx_t *be = be_of(plan->ctx);
+    xmesh_result_t r = XMESH_SUCCESS;
+    /* The all-gather strategies take senders and order from the send/recv
+     * model; their chains are built by xm_vroutes_build. */
+    xm_sched_opts_t so = {.kind = plan->scheduler,
+                          .budget_us = plan->budget_us,
+                          .seed = plan->seed,
+                          .strategy = plan->strategy == XMESH_STRATEGY_BROADCAST
+                                          ? XMESH_STRATEGY_BROADCAST
+                                          : XMESH_STRATEGY_SENDRECV};
+    const char *env = getenv("XMESH_NICS_PER_HOST");
+    if ((!env || !*env) && be->nics_per_host > 1 &&
+        plan->cluster.nics_per_host != be->nics_per_host) {
+        plan->cluster.nics_per_host = be->nics_per_host;
+        if (plan->ctx->rank == 0) {
+            xm_schedule_t s;
+            if ((r = xm_schedule(&plan->ts, &plan->cluster, &so, &s)) == XMESH_SUCCESS) {
+                xm_schedule_free(&plan->sched);
+                plan->sched = s;
+            }
+        }
+    }
+    if ((r = agree_on(be->comm, r, 0)))
+        return r;
+    int n = plan->sched.ntasks, g = plan->sched.max_groups;
+    int e = MPI_Bcast(plan->sched.order, n, MPI_INT, 0, be->comm);
+    if (e == MPI_SUCCESS)
+        e = MPI_Bcast(plan->sched.sender, n * g, MPI_INT, 0, be->comm);
+    if (e != MPI_SUCCESS)
+        return mpi_err(e, "plan: broadcast of the schedule");
+    if (plan->ctx->rank != 0) {
+        xm_schedule_t s;
+        r = xm_schedule_from(&plan->ts, &plan->cluster, &so, plan->sched.order, plan->sched.sender,
+                             &s);
+        if (r == XMESH_SUCCESS) {
+            xm_schedule_free(&plan->sched);
+            plan->sched = s;
+        }
+    }
+    return agree_on(be->comm, r, 0);
+}
+
+/* Finds or creates the communicator of the plan's ranks. Collective: the
+ * cache keys, their order and LRU times are identical on every rank (they
+ * change only here), so every rank takes the same branch and ncclCommSplit
+ * is called by all ranks or none. Reference counts can differ (plan
+ * destruction is local), hence the agreement on what may be evicted. */
+static xmesh_result_t attach_comm(xmesh_plan_t plan, xm_nccl_exec_t *ex)
+{
+    xm_nccl_ctx_t *be = be_of(plan->ctx);
+    xmesh_result_t r = xm_commkey_make(plan->src.mesh.devs, plan->src.mesh.ndev,
+                                       plan->dst.mesh.devs, plan->dst.mesh.ndev, &ex->key);
+    r = agree_on(be->comm, r, 0);
+    if (r)
+        return r;
+    int i = xm_commcache_find(&be->cache, &ex->key);
+    if (i < 0) {
+        int n = be->cache.n, v = xm_commcache_victim(&be->cache);
+        if (v >= 0 && v < n) {
+            /* full: evict only what no rank still uses */
+            int *ok = malloc(sizeof(int) * n), *all = malloc(sizeof(int) * n);
+            int e = ok && all ? MPI_SUCCESS : MPI_ERR_NO_MEM;
+            for (int k = 0; ok && k < n; k++)
+                ok[k] = be->cache.e[k].refs == 0;
+            if (e == MPI_SUCCESS)
+                e = MPI_Allreduce(ok, all, n, MPI_INT, MPI_MIN, be->comm);
+            v = e == MPI_SUCCESS ? xm_commcache_victim_masked(&be->cache, all) : -2;
+            free(ok);
+            free(all);
+            if (v == -2)
+                return agree_on(be->comm, mpi_err(e, "communicator cache: MPI_Allreduce"), 0);
+        }
+        if (v < 0)
+            return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                          "%d NCCL communicators in use by live plans (XMESH_NCCL_MAX_COMMS): "
+                          "destroy plans of other mesh pairs or raise the limit",
+                          be->cache.cap - 1);
+        if (v < be->cache.n) {
+            xm_commentry_t *old = &be->cache.e[v];
+            XM_INFO("nccl: evicting the communicator of %d ranks", old->key.n);
+            if (old->event)
+                cudaEventDestroy((cudaEvent_t)old->event);
+            if (old->comm)
+                ncclCommDestroy((ncclComm_t)old->comm);
+            xm_commcache_remove(&be->cache, v);
+        }
+        int member = xm_commkey_index(&ex->key, plan->ctx->rank) >= 0;
+        ncclComm_t nc = NULL;
+        /* key = context rank: split ranks follow the key's sorted order */
+        ncclResult_t nr =
+            ncclCommSplit(be->world, member ? 0 : NCCL_SPLIT_NOCOLOR, plan->ctx->rank, &nc, NULL);
+        r = nr == ncclSuccess ? XMESH_SUCCESS : nccl_err(nr, be->world, "ncclCommSplit");
+        xm_commkey_t copy = {0};
+        if (!r)
+            r = xm_commkey_make(ex->key.ranks, ex->key.n, NULL, 0, &copy);
+        if (!r)
+            r = xm_commcache_insert(&be->cache, &copy, nc, &i);
+        if (r && nc)
+            ncclCommDestroy(nc);
+        xm_commkey_free(&copy);
+        if ((r = agree_on(be->comm, r, 0)))
+            return r;
+        XM_INFO("nccl: new communicator of %d ranks (%d cached)", ex->key.n, be->cache.n);
+    }
+    be->cache.e[i].refs++;
+    ex->attached = 1;
+    ex->comm = (ncclComm_t)be->cache.e[i].comm;
+    return XMESH_SUCCESS;
+}
+
+/* Local part of plan setup; its result is agreed on by the caller. */
+static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
+{
+    xm_nccl_ctx_t *be = be_of(plan->ctx);
+    ex->comm_rank = malloc(sizeof(int) * plan->ctx->size);
+    if (!ex->comm_rank)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
+    for (int k = 0; k < plan->ctx->size; k++)
+        ex->comm_rank[k] = xm_commkey_index(&ex->key, k);
+    xmesh_result_t r = xm_devprog_build(&plan->src, &plan->dst, &plan->ts, &plan->sched,
+                                        &plan->ctx->hosts, plan->strategy, plan->dtype,
+                                        plan->chunk_bytes, plan->ctx->rank, &ex->prog);
+    if (r)
+        return r;
+    ex->ops = malloc(sizeof(xm_op_t) * xm_devprog_max_ops(&ex->prog));
+    if (!ex->ops)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
+    CUDA_TRY(cudaSetDevice(be->device));
+    if (ex->comm) {
+        /* the communicator's ordering event, shared by its plans */
+        xm_commentry_t *e = &be->cache.e[xm_commcache_peek(&be->cache, &ex->key)];
+        if (!e->event) {
+            cudaEvent_t ev;
+            CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+            e->event = ev;
+        }
+        ex->comm_event = (cudaEvent_t)e->event;
+    }
+    if (ex->prog.nslots > 0)
+        CUDA_TRY(cudaMalloc(&ex->slots, (size_t)ex->prog.nslots * ex->prog.slot_bytes));
+    /* A blocking stream: ordered after work on the legacy default stream. */
+    CUDA_TRY(cudaStreamCreate(&ex->stream));
+    CUDA_TRY(cudaEventCreateWithFlags(&ex->last, cudaEventDisableTiming));
+    XM_INFO("nccl: rank %d takes part in %d task(s), %d staging slot(s) of %lld bytes",
+            plan->ctx->rank, ex->prog.ntasks, ex->prog.nslots, (long long)ex->prog.slot_bytes);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t nccl_plan_setup(xmesh_plan_t plan)
+{
+    xm_nccl_ctx_t *be = be_of(plan->ctx);
+    xm_nccl_exec_t *ex = calloc(1, sizeof *ex);
+    if (!ex)
+        return agree_on(be->comm, XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory"), 0);
+    plan->exec = ex;
+    xmesh_result_t r = share_schedule(plan);
+    if (r)
+        return r;
+    if ((r = attach_comm(plan, ex)))
+        return r;
+    r = setup_local(plan, ex);
+    return agree_on(be->comm, r, 0);
+}
+
+static void nccl_plan_teardown(xmesh_plan_t plan)
+{
+    xm_nccl_exec_t *ex = plan->exec;
+    if (!ex)
+        return;
+    xm_nccl_ctx_t *be = be_of(plan->ctx);
+    cudaSetDevice(be->device);
+    /* Transfers enqueued on user streams have no request: wait for them
+     * before their staging memory goes away. */
+    if (ex->enqueued)
+        cudaEventSynchronize(ex->last);
+    if (ex->attached) {
+        int i = xm_commcache_peek(&be->cache, &ex->key);
+        if (i >= 0)
+            be->cache.e[i].refs--;
+    }
+    for (xm_nccl_req_t *q = ex->reqs, *nx; q; q = nx) {
+        nx = q->next;
+        q->magic = 0;
+        cudaEventDestroy(q->done);
+        free(q);
+    }
+    if (ex->last)
+        cudaEventDestroy(ex->last);
+    if (ex->stream)
+        cudaStreamDestroy(ex->stream);
+    cudaFree(ex->slots);
+    free(ex->ops);
+    free(ex->comm_rank);
+    xm_commkey_free(&ex->key);
+    xm_devprog_free(&ex->prog);
+    free(ex);
+    plan->exec = NULL;
+}
+
+/* ------------------------------------------------------------ execution */
+
+static char *slot(xm_nccl_exec_t *ex, int i)
+{
+    return (char *)ex->slots + (int64_t)i * ex->prog.slot_bytes;
+}
+
+static xmesh_result_t run_op(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_t *o,
+                             const void *src, void *dst, cudaStream_t st)
+{
+    const xm_devprog_t *p = &ex->prog;
+    size_t ws = o->acc ? p->acc_size : p->elem_size;
+    cudaError_t ce = cudaSuccess;
+    ncclResult_t nr = ncclSuccess;
+    switch (o->kind) {
+    case XM_OP_COPY:
+        ce = xm_cuda_copy(&o->desc, src, &o->desc2, dst, p->elem_size, st);
+        break;
+    case XM_OP_PACK:
+        /* an all-gather ring head forwards the part it received earlier */
+        ce = xm_cuda_pack(&o->desc, o->from_dst ? dst : src, slot(ex, o->slot), (int)plan->dtype,
+                          o->acc, st);
+        break;
+    case XM_OP_REDUCE:
+        ce = xm_cuda_reduce(&o->desc, src, slot(ex, o->slot), o->acc,
+                            o->convert_out ? slot(ex, o->out_slot) : NULL, (int)plan->dtype, st);
+        break;
+    case XM_OP_UNPACK:
+        ce = xm_cuda_unpack(&o->desc, slot(ex, o->slot), dst, p->elem_size, st);
+        break;
+    case XM_OP_SEND:
+        nr = ncclSend(slot(ex, o->slot), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
+                      ex->comm, st);
+        break;
+    case XM_OP_RECV:
+        nr = ncclRecv(slot(ex, o->slot), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
+                      ex->comm, st);
+        break;
+    default:
+        return XM_ERR(XMESH_ERR_INTERNAL, "nccl: unknown op kind %d", o->kind);
+    }
+    if (ce != cudaSuccess)
+        return XM_ERR(XMESH_ERR_BACKEND, "nccl: kernel launch (op %d): CUDA error %d (%s)", o->kind,
+                      (int)ce, cudaGetErrorString(ce));
+    if (nr != ncclSuccess)
+        return nccl_err(nr, ex->comm, o->kind == XM_OP_SEND ? "ncclSend" : "ncclRecv");
+    return XMESH_SUCCESS;
+}
+
+/* Enqueues the whole plan for this rank on stream st. */
+static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cudaStream_t st)
+{
+    xm_nccl_ctx_t *be = be_of(plan->ctx);
+    xm_nccl_exec_t *ex = plan->exec;
+    xmesh_result_t r;
+    CUDA_TRY(cudaSetDevice(be->device));
+    cudaEvent_t comm_ev = ex->comm_event;
+    /* Order after the previous transfer on this communicator (any plan, any
+     * stream) and after this plan's previous transfer (its staging). */
+    if (comm_ev)
+        CUDA_TRY(cudaStreamWaitEvent(st, comm_ev, 0));
+    if (ex->enqueued)
+        CUDA_TRY(cudaStreamWaitEvent(st, ex->last, 0));
+    for (int i = 0; i < ex->prog.ntasks; i++) {
+        int64_t nst = xm_devprog_nsteps(&ex->prog, &plan->ts, i);
+        for (int64_t s = 0; s < nst; s++) {
+            int n = xm_devprog_step(&ex->prog, &plan->ts, i, s, ex->ops);
+            int k = 0;
+            for (; k < n && ex->ops[k].phase == 0; k++)
+                if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st)))
+                    return r;
+            if (k < n && ex->ops[k].phase == 1) {
+                ncclResult_t nr = ncclGroupStart();
+                if (nr != ncclSuccess)
+                    return nccl_err(nr, ex->comm, "ncclGroupStart");
+                for (; k < n && ex->ops[k].phase == 1; k++)
+                    if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st))) {
+                        ncclGroupEnd();
+                        return r;
+                    }
+                if ((nr = ncclGroupEnd()) != ncclSuccess)
+                    return nccl_err(nr, ex->comm, "ncclGroupEnd");
+            }
+            for (; k < n; k++)
+                if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st)))
+                    return r;
+        }
+    }
+    CUDA_TRY(cudaEventRecord(ex->last, st));
+    ex->enqueued = 1;
+    if (comm_ev)
+        CUDA_TRY(cudaEventRecord(comm_ev, st));
+    return XMESH_SUCCESS;
+}
+
+static int64_t block_volume(const xm_layout_t *l, int index)
+{
+    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], v = 1;
+    xm_layout_block(l, index, lo, hi);
+    for (int d = 0; d < l->ndim; d++)
+        v *= hi[d] - lo[d];
+    return v;
+}
+
+/* Device buffers only: a host pointer would make NCCL fault on the device,
+ * long after the call returned. */
+static xmesh_result_t check_buffer(xmesh_plan_t plan, const void *p, const char *name, int needed)
+{
+    if (!needed)
+        return XMESH_SUCCESS;
+    struct cudaPointerAttributes a;
+    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky-free error state */
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s %p: not a CUDA pointer (%s)", name, p,
+                      cudaGetErrorString(e));
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s %p is host memory: an NCCL context needs device buffers", name, p);
+    if (a.type == cudaMemoryTypeDevice && a.device != be_of(plan->ctx)->device)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s %p is on CUDA device %d, the context uses device %d", name, p, a.device,
+                      be_of(plan->ctx)->device);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t check_buffers(xmesh_plan_t p, const void *src, void *dst)
+{
+    xmesh_result_t r;
+    int need_src = p->src_index >= 0 && block_volume(&p->src, p->src_index) > 0;
+    int need_dst = p->dst_index >= 0 && block_volume(&p->dst, p->dst_index) > 0;
+    if (need_src && !src)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "src_local is NULL but rank %d holds a source block", p->ctx->rank);
+    if (need_dst && !dst)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "dst_local is NULL but rank %d holds a destination block", p->ctx->rank);
+    if (src && src == dst)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "src_local and dst_local are the same buffer %p",
+                      (void *)dst);
+    CUDA_TRY(cudaSetDevice(be_of(p->ctx)->device));
+    if ((r = check_buffer(p, src, "src_local", need_src)) ||
+        (r = check_buffer(p, dst, "dst_local", need_dst)))
+        return r;
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t nccl_start(xmesh_plan_t plan, const void *src, void *dst,
+                                 xmesh_request_t *out)
+{
+    xm_nccl_exec_t *ex = plan->exec;
+    xmesh_result_t r = check_buffers(plan, src, dst);
+    if (r)
+        return r;
+    xm_nccl_req_t *q = ex->reqs;
+    while (q && q->live)
+        q = q->next;
+    if (!q) {
+        q = calloc(1, sizeof *q);
+        if (!q)
+            return XM_ERR(XMESH_ERR_NO_MEMORY, "request: out of memory");
+        cudaError_t e = cudaEventCreateWithFlags(&q->done, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            free(q);
+            return XM_ERR(XMESH_ERR_BACKEND, "cudaEventCreate: CUDA error %d (%s)", (int)e,
+                          cudaGetErrorString(e));
+        }
+        q->plan = plan;
+        q->next = ex->reqs;
+        ex->reqs = q;
+    }
+    if ((r = enqueue(plan, src, dst, ex->stream)))
+        return r;
+    cudaError_t e = cudaEventRecord(q->done, ex->stream);
+    if (e != cudaSuccess)
+        return XM_ERR(XMESH_ERR_BACKEND, "cudaEventRecord: CUDA error %d (%s)", (int)e,
+                      cudaGetErrorString(e));
+    q->magic = XM_NCCL_REQ_MAGIC;
+    q->live = 1;
+    clock_gettime(CLOCK_MONOTONIC, &q->t0);
+    plan->inflight++;
+    *out = (xmesh_request_t)q;
+    return XMESH_SUCCESS;
+}
+
+static void release(xm_nccl_req_t *q)
+{
+    q->live = 0;
+    q->plan->inflight--;
+}
+
+/* IN_PROGRESS, SUCCESS, or an error (NCCL async error, timeout). A timeout
+ * aborts the communicator: NCCL offers no other way to cancel. */
+static xmesh_result_t poll(xm_nccl_req_t *q)
+{
+    xm_nccl_exec_t *ex = q->plan->exec;
+    cudaError_t e = cudaEventQuery(q->done);
+    if (e == cudaSuccess) {
+        release(q);
+        return XMESH_SUCCESS;
+    }
+    if (e != cudaErrorNotReady) {
+        release(q);
+        return XM_ERR(XMESH_ERR_BACKEND, "reshard: CUDA error %d (%s)", (int)e,
+                      cudaGetErrorString(e));
+    }
+    if (ex->comm) {
+        ncclResult_t ae = ncclSuccess;
+        ncclCommGetAsyncError(ex->comm, &ae);
+        if (ae != ncclSuccess && ae != ncclInProgress) {
+            release(q);
+            return nccl_err(ae, ex->comm, "reshard: NCCL asynchronous error");
+        }
+    }
+    double to = q->plan->timeout_s;
+    if (to > 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double el = (double)(now.tv_sec - q->t0.tv_sec) + 1e-9 * (now.tv_nsec - q->t0.tv_nsec);
+        if (el > to) {
+            if (ex->comm)
+                ncclCommAbort(ex->comm); /* the plan's communicator is unusable from now on */
+            release(q);
+            return XM_ERR(XMESH_ERR_TIMEOUT,
+                          "reshard did not complete in %.1f s (XMESH_TIMEOUT_S); its NCCL "
+                          "communicator was aborted",
+                          to);
+        }
+    }
+    return XMESH_IN_PROGRESS;
+}
+
+static xm_nccl_req_t *req_of(xmesh_request_t r)
+{
+    xm_nccl_req_t *q = (xm_nccl_req_t *)r;
+    return q->magic == XM_NCCL_REQ_MAGIC && q->live ? q : NULL;
+}
+
+static xmesh_result_t nccl_test(xmesh_request_t r)
+{
+    xm_nccl_req_t *q = req_of(r);
+    if (!q)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE, "request %p was already completed or released",
+                      (void *)r);
+    cudaSetDevice(be_of(q->plan->ctx)->device);
+    return poll(q);
+}
+
+static xmesh_result_t nccl_wait(xmesh_request_t r)
+{
+    xm_nccl_req_t *q = req_of(r);
+    if (!q)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE, "request %p was already completed or released",
+                      (void *)r);
+    cudaSetDevice(be_of(q->plan->ctx)->device);
+    /* Sleeping poll (50 us growing to 1 ms): no spinning core, and NCCL
+     * errors and the timeout are still noticed. */
+    long ns = 50000;
+    for (;;) {
+        xmesh_result_t s = poll(q);
+        if (s != XMESH_IN_PROGRESS)
+            return s;
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        if (ns < 1000000)
+            ns *= 2;
+    }
+}
+
+static void nccl_ctx_free(xmesh_ctx_t ctx)
+{
+    xm_nccl_ctx_t *be = be_of(ctx);
+    if (!be)
+        return;
+    cudaSetDevice(be->device);
+    for (int i = 0; i < be->cache.n; i++) {
+        xm_commentry_t *e = &be->cache.e[i];
+        if (e->event)
+            cudaEventDestroy((cudaEvent_t)e->event);
+        if (e->comm && e->comm != be->world)
+            ncclCommDestroy((ncclComm_t)e->comm);
+    }
+    xm_commcache_free(&be->cache);
+    if (be->world)
+        ncclCommDestroy(be->world);
+    xm_topo_free(be->topo);
+    if (be->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&be->comm);
+    free(be);
+    ctx->be = NULL;
+}
+
+static const xm_backend_ops_t xm_nccl_ops = {
+    .name = "nccl",
+    .agree = nccl_agree,
+    .plan_setup = nccl_plan_setup,
+    .plan_teardown = nccl_plan_teardown,
+    .start = nccl_start,
+    .test = nccl_test,
+    .wait = nccl_wait,
+    .ctx_free = nccl_ctx_free,
+};
+
+xmesh_result_t xmesh_reshard_start_on_stream(xmesh_plan_t plan, const void *src, void *dst,
+                                             cudaStream_t stream)
+{
+    if (!plan)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: plan is NULL", __func__);
+    if (plan->ctx->ops != &xm_nccl_ops)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "%s: the plan belongs to a '%s' context, not an NCCL one", __func__,
+                      plan->ctx->ops->name);
+    xmesh_result_t r = check_buffers(plan, src, dst);
+    if (r)
+        return r;
+    return enqueue(plan, src, dst, stream);
+}
+
+xmesh_result_t xmesh_ctx_cuda_device(xmesh_ctx_t ctx, int *device)
+{
+    if (!ctx || !device)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", __func__,
+                      ctx ? "device" : "ctx");
+    if (ctx->ops != &xm_nccl_ops)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE, "%s: '%s' context, not an NCCL one", __func__,
+                      ctx->ops->name);
+    *device = be_of(ctx)->device;
+    return XMESH_SUCCESS;
+}
+
+/* ------------------------------------------------------------- context */
+
+/* XMESH_HOST_ID: an integer, or "rank/N" (N consecutive ranks share a
+ * host), as the MPI backend reads it. */
+static xmesh_result_t parse_host_env(const char *s, int rank, int *out)
+{
+    char *end;
+    long v;
+    if (!strncmp(s, "rank/", 5)) {
+        v = strtol(s + 5, &end, 10);
+        if (*end == 0 && v >= 1) {
+            *out = (int)(rank / v);
+            return XMESH_SUCCESS;
+        }
+    } else {
+        v = strtol(s, &end, 10);
+        if (*end == 0 && v >= 0 && v <= 1 << 30) {
+            *out = (int)v;
+            return XMESH_SUCCESS;
+        }
+    }
+    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                  "XMESH_HOST_ID '%s': expected an integer >= 0 or rank/N with N >= 1", s);
+}
+
+/* Host of every rank: explicit ids (params->host_id, else XMESH_HOST_ID)
+ * when every rank has one, else the lowest rank of the shared-memory
+ * split; renumbered 0..H-1 by first appearance, as the MPI backend does.
+ * *local_rank is the rank within the real shared-memory split (device
+ * selection), whatever the host ids say. Collective; a bad XMESH_HOST_ID
+ * anywhere fails every rank. */
+static xmesh_result_t find_hosts(MPI_Comm comm, int rank, int size, int host_id, int *local_rank,
+                                 xm_hostmap_t *out)
+{
+    MPI_Comm shm;
+    int e = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm);
+    if (e != MPI_SUCCESS)
+        return mpi_err(e, "MPI_Comm_split_type(SHARED)");
+    int lowest = rank;
+    MPI_Comm_rank(shm, local_rank);
+    MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm);
+    MPI_Comm_free(&shm);
+    int id = host_id != XMESH_UNSET_INT ? host_id : -1;
+    xmesh_result_t local = XMESH_SUCCESS;
+    const char *env = getenv("XMESH_HOST_ID");
+    if (id < 0 && env && *env)
+        local = parse_host_env(env, rank, &id);
+    int have = id >= 0, all_have = 0;
+    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, comm);
+    xmesh_result_t r = agree_on(comm, local, 0);
+    if (r)
+        return r;
+    int key = all_have ? id : lowest; /* mixing ids and the split means nothing */
+    int *keys = malloc(sizeof(int) * size);
+    int *host = malloc(sizeof(int) * size);
+    if (!keys || !host) {
+        free(keys);
+        free(host);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
+    }
+    if ((e = MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, comm)) != MPI_SUCCESS) {
+        free(keys);
+        free(host);
+        return mpi_err(e, "MPI_Allgather(host ids)");
+    }
+    int nh = 0;
+    for (int i = 0; i < size; i++) {
+        host[i] = -1;
+        for (int j = 0; j < i; j++)
+            if (keys[j] == keys[i]) {
+                host[i] = host[j];
+                break;
+            }
+        if (host[i] < 0)
+            host[i] = nh++;
+    }
+    free(keys);
+    out->ndev = size;
+    out->nhosts = nh;
+    out->host_of = host;
+    return XMESH_SUCCESS;
+}
+
+/* Local, non-collective part: device selection and topology. */
+static xmesh_result_t open_device(xm_nccl_ctx_t *be, int cuda_device, int local_rank)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return XM_ERR(XMESH_ERR_UNSUPPORTED, "no CUDA device visible to this rank (%s)",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    int dev = cuda_device >= 0 ? cuda_device : local_rank % n;
+    if (dev >= n)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cuda_device %d: only %d device(s) visible",
+                      cuda_device, n);
+    CUDA_TRY(cudaSetDevice(dev));
+    be->device = dev;
+    be->topo_gpu = be->nic = -1;
+    const char *xml = xm_param_str("XMESH_TOPO_XML");
+    if (xm_topo_load(xml, &be->topo) != XMESH_SUCCESS) {
+        XM_WARN("nccl: no hwloc topology (%s): NIC locality unknown", xmesh_last_error());
+        be->topo = NULL;
+        return XMESH_SUCCESS;
+    }
+    char bus[32];
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) == cudaSuccess) {
+        be->topo_gpu = xm_topo_gpu_by_busid(be->topo, bus);
+        be->nic = xm_topo_nic_for_gpu(be->topo, be->topo_gpu);
+    }
+    XM_INFO("nccl: device %d (%s) = topology gpu %d, closest NIC %d (%s)", dev, bus, be->topo_gpu,
+            be->nic, be->nic >= 0 ? be->topo->nics[be->nic].name : "-");
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t check_params(const xmesh_ctx_params_t *p)
+{
+    if (!p)
+        return XMESH_SUCCESS;
+    if (p->magic != XMESH_PARAMS_MAGIC)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "ctx params: magic 0x%x is wrong (initialise with "
+                      "XMESH_CTX_PARAMS_INITIALIZER)",
+                      p->magic);
+    if (p->size < sizeof(xmesh_ctx_params_t))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "ctx params: size %zu smaller than %zu", p->size,
+                      sizeof(xmesh_ctx_params_t));
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_ctx_create_nccl(MPI_Comm comm, int cuda_device,
+                                     const xmesh_ctx_params_t *params, xmesh_ctx_t *out)
+{
+    xmesh_result_t r;
+    int init = 0, rank, size, local_rank = 0, e;
+    if (!out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: out is NULL", __func__);
+    if ((r = check_params(params)))
+        return r;
+    MPI_Initialized(&init);
+    if (!init)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE, "%s: MPI is not initialised", __func__);
+    xm_nccl_ctx_t *be = calloc(1, sizeof *be);
+    struct xmesh_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
+    }
+    be->comm = MPI_COMM_NULL;
+    ctx->be = be;
+    ctx->ops = &xm_nccl_ops;
+    if ((e = MPI_Comm_dup(comm, &be->comm)) != MPI_SUCCESS) {
+        r = mpi_err(e, "MPI_Comm_dup");
+        be->comm = MPI_COMM_NULL;
+        goto out_free_ctx;
+    }
+    MPI_Comm_set_errhandler(be->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(be->comm, &rank);
+    MPI_Comm_size(be->comm, &size);
+    ctx->rank = rank;
+    ctx->size = size;
+    if ((r = find_hosts(be->comm, rank, size, params ? params->host_id : XMESH_UNSET_INT,
+                        &local_rank, &ctx->hosts)))
+        goto out_free_ctx;
+    r = open_device(be, cuda_device, local_rank);
+    if (cuda_device < -1)
+        r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cuda_device %d: must be >= 0 or -1", cuda_device);
+    /* Nobody enters NCCL's collective init unless every rank has a device. */
+    if ((r = agree_on(be->comm, r, 0)))
+        goto out_free_ctx;
+    int nics = be->topo ? xm_topo_nics_per_host(be->topo) : 1;
+    MPI_Allreduce(&nics, &be->nics_per_host, 1, MPI_INT, MPI_MIN, be->comm);
+
+    ncclUniqueId id;
+    ncclResult_t nr = ncclSuccess;
+    if (rank == 0)
+        nr = ncclGetUniqueId(&id);
+    r = nr == ncclSuccess ? XMESH_SUCCESS : nccl_err(nr, NULL, "ncclGetUniqueId");
+    if ((r = agree_on(be->comm, r, 0)))
+        goto out_free_ctx;
+    if ((e = MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, be->comm)) != MPI_SUCCESS) {
+        r = mpi_err(e, "MPI_Bcast(ncclUniqueId)");
+        goto out_free_ctx;
+    }
+    nr = ncclCommInitRank(&be->world, size, id, rank);
+    r = nr == ncclSuccess ? XMESH_SUCCESS : nccl_err(nr, NULL, "ncclCommInitRank");
+    if (r)
+        be->world = NULL;
+    if ((r = agree_on(be->comm, r, 0)))
+        goto out_free_ctx;
+
+    int cap = (int)xm_param_i64("XMESH_NCCL_MAX_COMMS");
+    xm_commkey_t all = {0};
+    int *ranks = malloc(sizeof(int) * size), idx;
+    if (!ranks) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
+        goto out_free_ctx;
+    }
+    for (int i = 0; i < size; i++)
+        ranks[i] = i;
+    r = xm_commcache_init(&be->cache, cap < 1 ? 1 : cap + 1);
+    if (!r)
+        r = xm_commkey_make(ranks, size, NULL, 0, &all);
+    free(ranks);
+    if (!r)
+        r = xm_commcache_insert(&be->cache, &all, be->world, &idx);
+    xm_commkey_free(&all);
+    if (r)
+        goto out_free_ctx;
+    be->cache.e[idx].refs = 1; /* pinned: the world communicator */
+    ctx->timeout_s =
+        params && params->timeout_s >= 0 ? params->timeout_s : xm_param_double("XMESH_TIMEOUT_S");
+    XM_INFO("nccl: context of %d ranks on %d host(s), device %d, %d NIC(s) per host", size,
+            ctx->hosts.nhosts, be->device, be->nics_per_host);
+    *out = ctx;
+    return XMESH_SUCCESS;
+out_free_ctx:
+    nccl_ctx_free(ctx);
+    xm_hostmap_free(&ctx->hosts);
+    free(ctx);
+    return r;
+}

@@ -1,0 +1,736 @@
+/*
+ * Scheduler, routes, lower bound and simulator (issue 3 item 7).
+ *
+ * Random instances are synthetic task sets (random hosts, holders, partial
+ * groups, receivers, sizes; sometimes overlapping holders and receivers)
+ * plus the paper's Table 2 cases through the real decomposer. Seeded from
+ * XMESH_TEST_SEED (printed) so a failure can be replayed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <math.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_util.h"
+#include "xm_sched_impl.h"
+
+static uint64_t g_seed;
+
+/* ------------------------------------------------------------ instances */
+
+typedef struct {
+    xm_hostmap_t hm;
+    xm_taskset_t ts;
+    xm_cluster_t c;
+} inst_t;
+
+static void inst_free(inst_t *in)
+{
+    xm_cluster_free(&in->c);
+    xm_taskset_free(&in->ts);
+    xm_hostmap_free(&in->hm);
+}
+
+static int has(const int *v, int n, int x)
+{
+    for (int i = 0; i < n; i++)
+        if (v[i] == x)
+            return 1;
+    return 0;
+}
+
+/* Synthetic task set: ntasks tasks on nhosts hosts of dph devices. */
+static void make_random(uint64_t *rng, inst_t *in, int ntasks, int max_groups, int nics)
+{
+    memset(in, 0, sizeof *in);
+    int nhosts = xt_range(rng, 2, 6), dph = xt_range(rng, 1, 4), ndev = nhosts * dph;
+    in->hm.ndev = ndev;
+    in->hm.nhosts = nhosts;
+    in->hm.host_of = malloc(sizeof(int) * ndev);
+    for (int d = 0; d < ndev; d++)
+        in->hm.host_of[d] = d / dph;
+    xm_taskset_t *ts = &in->ts;
+    ts->ndim = 1;
+    ts->elem_size = 1;
+    ts->ntasks = ntasks;
+    ts->tasks = calloc(ntasks, sizeof *ts->tasks);
+    ts->holders = malloc(sizeof(int) * ntasks * ndev);
+    ts->recvs = malloc(sizeof(int) * ntasks * ndev);
+    int hoff = 0, roff = 0;
+    int64_t lo = 0;
+    for (int t = 0; t < ntasks; t++) {
+        xm_task_t *k = &ts->tasks[t];
+        int tiny = xt_range(rng, 0, 4) == 0;
+        k->bytes = tiny ? xt_range(rng, 1, 5000) : (int64_t)xt_range(rng, 1, 64) << 20;
+        k->box.lo[0] = lo;
+        k->box.hi[0] = lo + k->bytes;
+        lo += k->bytes;
+        k->ngroups = max_groups > 1 && xt_range(rng, 0, 2) == 0 ? xt_range(rng, 2, max_groups) : 1;
+        if (k->ngroups > ndev)
+            k->ngroups = ndev;
+        int maxgs = ndev / k->ngroups;
+        if (maxgs > 3)
+            maxgs = 3;
+        k->group_size = xt_range(rng, 1, maxgs);
+        k->holder_off = hoff;
+        int nh = k->ngroups * k->group_size;
+        for (int i = 0; i < nh; i++) {
+            int d;
+            do
+                d = xt_range(rng, 0, ndev - 1);
+            while (has(ts->holders + hoff, i, d));
+            ts->holders[hoff + i] = d;
+        }
+        /* holders of each group ascending, as the decomposer gives them */
+        for (int g = 0; g < k->ngroups; g++)
+            for (int i = 1; i < k->group_size; i++)
+                for (int j = i; j > 0; j--) {
+                    int *a = ts->holders + hoff + g * k->group_size;
+                    if (a[j - 1] > a[j]) {
+                        int x = a[j];
+                        a[j] = a[j - 1];
+                        a[j - 1] = x;
+                    }
+                }
+        hoff += nh;
+        int overlap = xt_range(rng, 0, 3) == 0;
+        int nr = xt_range(rng, 1, ndev < 6 ? ndev : 6), m = 0;
+        for (int tries = 0; m < nr && tries < 100; tries++) {
+            int d = xt_range(rng, 0, ndev - 1);
+            if (has(ts->recvs + roff, m, d))
+                continue;
+            if (!overlap && has(ts->holders + k->holder_off, nh, d))
+                continue;
+            ts->recvs[roff + m++] = d;
+        }
+        if (m == 0) { /* every device holds: receive on a holder (a self copy) */
+            ts->recvs[roff + m++] = ts->holders[k->holder_off];
+        }
+        /* device ids are host-major, so ascending ids are sorted by (host, dev) */
+        for (int i = 1; i < m; i++)
+            for (int j = i; j > 0 && ts->recvs[roff + j - 1] > ts->recvs[roff + j]; j--) {
+                int x = ts->recvs[roff + j];
+                ts->recvs[roff + j] = ts->recvs[roff + j - 1];
+                ts->recvs[roff + j - 1] = x;
+            }
+        k->nrecv = m;
+        k->recv_off = roff;
+        roff += m;
+    }
+    ts->shape[0] = lo;
+    ts->bytes_total = lo;
+    assert_int_equal(xm_cluster_init(&in->c, &in->hm), XMESH_SUCCESS);
+    in->c.nics_per_host = nics;
+    in->c.nic_send_Bps = 1.25e9 * (xt_range(rng, 0, 1) ? 1.0 : 0.5);
+    in->c.nic_recv_Bps = 1.25e9;
+    in->c.intra_Bps = xt_range(rng, 0, 1) ? 100e9 : 5e9;
+    in->c.latency_s = xt_range(rng, 0, 3) * 5e-6;
+    in->c.chunk_bytes = (int64_t)1 << xt_range(rng, 12, 22);
+}
+
+/* Table 2 case through the decomposer (see tools/xmesh-plan.c). */
+static void make_case(inst_t *in, const int64_t *shape, const int *sm, const int *dm,
+                      const char *ss, const char *ds)
+{
+    memset(in, 0, sizeof *in);
+    int *sd, *dd;
+    assert_int_equal(xm_hostmap_default(sm, 2, dm, 2, 0, &in->hm, &sd, &dd), XMESH_SUCCESS);
+    xm_layout_t L[2];
+    memset(L, 0, sizeof L);
+    for (int s = 0; s < 2; s++) {
+        L[s].ndim = 3;
+        for (int d = 0; d < 3; d++)
+            L[s].shape[d] = shape[d];
+        L[s].elem_size = 4;
+        const int *m = s ? dm : sm;
+        L[s].mesh.ndim = 2;
+        L[s].mesh.shape[0] = m[0];
+        L[s].mesh.shape[1] = m[1];
+        L[s].mesh.ndev = m[0] * m[1];
+        L[s].mesh.devs = s ? dd : sd;
+        assert_int_equal(xm_spec_parse(s ? ds : ss, 3, 2, &L[s].spec), XMESH_SUCCESS);
+    }
+    assert_int_equal(xm_decompose(&L[0], &L[1], &in->hm, &in->ts), XMESH_SUCCESS);
+    assert_int_equal(xm_cluster_init(&in->c, &in->hm), XMESH_SUCCESS);
+    free(sd);
+    free(dd);
+}
+
+static const struct {
+    int64_t shape[3];
+    int src[2], dst[2];
+    const char *ss, *ds;
+} table2[] = {
+    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S0RR", "S0RR"},
+    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RRR", "S0RR"},
+    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "S0RR"},
+    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS01R", "S01RR"},
+    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S1RR", "S0RR"},
+    {{3072, 1024, 170}, {2, 4}, {3, 4}, "S0RR", "S0RR"},
+    {{1024, 1024, 512}, {1, 4}, {2, 4}, "S1RR", "RRR"},
+    {{1024, 1024, 512}, {2, 3}, {3, 2}, "RRR", "RRR"},
+    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "RRS0"},
+};
+
+static xm_sched_opts_t opts(xmesh_scheduler_t k, xmesh_strategy_t st, uint64_t seed, int64_t evals)
+{
+    xm_sched_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.kind = k;
+    o.strategy = st;
+    o.seed = seed;
+    o.max_evals = evals;
+    o.budget_us = 1000000;
+    return o;
+}
+
+/* --------------------------------------------------------------- checks */
+
+static int holder_group(const xm_taskset_t *ts, const xm_task_t *k, int dev)
+{
+    for (int i = 0; i < k->ngroups * k->group_size; i++)
+        if (ts->holders[k->holder_off + i] == dev)
+            return i / k->group_size;
+    return -1;
+}
+
+/* Route invariants of xm_sched.h. */
+static void check_routes(const inst_t *in, const xm_schedule_t *s, xmesh_strategy_t st)
+{
+    const xm_taskset_t *ts = &in->ts;
+    const int *host = in->hm.host_of;
+    for (int t = 0; t < ts->ntasks; t++) {
+        const xm_task_t *k = &ts->tasks[t];
+        int r0 = s->task_route_off[t], r1 = s->task_route_off[t + 1];
+        if (k->nrecv > 0 && r1 <= r0)
+            fail_msg("seed %llu: task %d has no route", (unsigned long long)g_seed, t);
+        int *seen = calloc(in->hm.ndev, sizeof(int));
+        int *hostin = calloc(in->hm.nhosts, sizeof(int));
+        for (int q = r0; q < r1; q++) {
+            const xm_route_t *rt = &s->routes[q];
+            const int *d = s->route_devs + rt->off;
+            assert_int_equal(rt->task, t);
+            assert_true(rt->len >= 1);
+            if (rt->len == 1) {
+                /* self copy: the device holds (every group of) the box */
+                assert_int_equal(k->ngroups, 1);
+                assert_true(holder_group(ts, k, d[0]) == 0);
+                assert_true(has(ts->recvs + k->recv_off, k->nrecv, d[0]));
+                seen[d[0]]++;
+                continue;
+            }
+            assert_int_equal(rt->nsrc, k->ngroups);
+            /* sources: one holder of every group */
+            unsigned groups = 0;
+            for (int i = 0; i < rt->nsrc; i++) {
+                int g = holder_group(ts, k, d[i]);
+                if (g < 0)
+                    fail_msg("seed %llu: task %d route source %d holds nothing",
+                             (unsigned long long)g_seed, t, d[i]);
+                groups |= 1u << g;
+                if (k->ngroups > 1) /* P routes start from the chosen senders */
+                    assert_int_equal(s->sender[(size_t)t * s->max_groups + g], d[i]);
+            }
+            assert_int_equal(groups, (1u << k->ngroups) - 1);
+            for (int i = rt->nsrc; i < rt->len; i++) {
+                if (!has(ts->recvs + k->recv_off, k->nrecv, d[i]))
+                    fail_msg("seed %llu: task %d route visits non-receiver %d",
+                             (unsigned long long)g_seed, t, d[i]);
+                seen[d[i]]++;
+                if (host[d[i]] != host[d[i - 1]])
+                    hostin[host[d[i]]]++;
+            }
+            if (st == XMESH_STRATEGY_SENDRECV)
+                assert_int_equal(rt->len, rt->nsrc + 1);
+        }
+        for (int i = 0; i < k->nrecv; i++) {
+            int r = ts->recvs[k->recv_off + i];
+            if (seen[r] != 1)
+                fail_msg("seed %llu: task %d receiver %d received %d times",
+                         (unsigned long long)g_seed, t, r, seen[r]);
+        }
+        /* broadcast: a host's NICs take in each task at most once */
+        if (st == XMESH_STRATEGY_BROADCAST && k->ngroups == 1)
+            for (int h = 0; h < in->hm.nhosts; h++)
+                if (hostin[h] > 1)
+                    fail_msg("seed %llu: task %d enters host %d %d times",
+                             (unsigned long long)g_seed, t, h, hostin[h]);
+        free(seen);
+        free(hostin);
+    }
+}
+
+/* No two tasks overlap on a NIC direction; each direction serves its tasks in
+ * the global order; the schedule's makespan is the simulator's. */
+static void check_sim(const inst_t *in, const xm_schedule_t *s)
+{
+    xm_sim_result_t res;
+    assert_int_equal(xm_simulate(&in->ts, &in->c, s, &res, NULL), XMESH_SUCCESS);
+    assert_true(fabs(res.makespan_s - s->makespan_s) <= 1e-12 * (1 + s->makespan_s));
+    int n = in->ts.ntasks, nics = in->c.nics_per_host, ndir = 2 * in->hm.nhosts * nics;
+    double *last_end = calloc(ndir, sizeof(double));
+    int *pos = malloc(sizeof(int) * n);
+    for (int i = 0; i < n; i++)
+        pos[s->order[i]] = i;
+    int *last_task = malloc(sizeof(int) * ndir);
+    for (int d = 0; d < ndir; d++)
+        last_task[d] = -1;
+    char *used = malloc(ndir);
+    double busy_recv = 0, busy_sum = 0;
+    for (int i = 0; i < n; i++) {
+        int t = s->order[i];
+        double st = res.task_start_s[t], en = res.task_end_s[t];
+        assert_true(en >= st);
+        memset(used, 0, ndir);
+        for (int q = s->task_route_off[t]; q < s->task_route_off[t + 1]; q++) {
+            const xm_route_t *rt = &s->routes[q];
+            const int *d = s->route_devs + rt->off;
+            for (int j = 0; j + 1 < rt->len; j++) {
+                if (in->hm.host_of[d[j]] == in->hm.host_of[d[j + 1]])
+                    continue;
+                used[2 * xm_cluster_nic_of(&in->c, d[j])] = 1;
+                used[2 * xm_cluster_nic_of(&in->c, d[j + 1]) + 1] = 1;
+            }
+        }
+        for (int d = 0; d < ndir; d++) {
+            if (!used[d])
+                continue;
+            if (st < last_end[d] - 1e-12 * (1 + st))
+                fail_msg("seed %llu: task %d starts %.9g on NIC dir %d busy until %.9g (task %d)",
+                         (unsigned long long)g_seed, t, st, d, last_end[d], last_task[d]);
+            if (last_task[d] >= 0)
+                assert_true(pos[last_task[d]] < pos[t]);
+            last_end[d] = en;
+            last_task[d] = t;
+            if (d & 1)
+                busy_recv += en - st;
+            busy_sum += en - st;
+        }
+    }
+    double rs = 0, ss = 0;
+    for (int k = 0; k < res.nnics; k++) {
+        rs += res.nic_recv_busy_s[k];
+        ss += res.nic_send_busy_s[k];
+    }
+    assert_true(fabs(rs - busy_recv) <= 1e-9 * (1 + rs));
+    assert_true(fabs(rs + ss - busy_sum) <= 1e-9 * (1 + busy_sum));
+    free(last_end);
+    free(pos);
+    free(last_task);
+    free(used);
+    xm_sim_result_free(&res);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_routes_and_sim_random(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x1111;
+    for (int it = 0; it < 150; it++) {
+        inst_t in;
+        make_random(&rng, &in, xt_range(&rng, 1, 40), 3, xt_range(&rng, 1, 3));
+        xmesh_strategy_t st =
+            xt_range(&rng, 0, 2) ? XMESH_STRATEGY_BROADCAST : XMESH_STRATEGY_SENDRECV;
+        for (int k = 0; k < XMESH_SCHEDULER_COUNT_; k++) {
+            xm_sched_opts_t o = opts(k, st, it, 3000);
+            xm_schedule_t s;
+            if (xm_schedule(&in.ts, &in.c, &o, &s))
+                fail_msg("seed %llu it %d: %s", (unsigned long long)g_seed, it, xmesh_last_error());
+            check_routes(&in, &s, st);
+            check_sim(&in, &s);
+            xm_schedule_free(&s);
+        }
+        inst_free(&in);
+    }
+}
+
+static void test_lower_bound_random(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x2222;
+    for (int it = 0; it < 200; it++) {
+        inst_t in;
+        make_random(&rng, &in, xt_range(&rng, 1, 30), 3, xt_range(&rng, 1, 2));
+        xmesh_strategy_t st =
+            xt_range(&rng, 0, 3) ? XMESH_STRATEGY_BROADCAST : XMESH_STRATEGY_SENDRECV;
+        double lb_any = xm_lower_bound(&in.ts, &in.c);
+        for (int k = 0; k < XMESH_SCHEDULER_COUNT_; k++) {
+            xm_sched_opts_t o = opts(k, st, it, 2000);
+            xm_schedule_t s;
+            assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+            if (s.lower_bound_s > s.makespan_s * (1 + 1e-12))
+                fail_msg("seed %llu it %d %s: lower bound %.12g > makespan %.12g",
+                         (unsigned long long)g_seed, it, xmesh_scheduler_name(k), s.lower_bound_s,
+                         s.makespan_s);
+            if (st == XMESH_STRATEGY_BROADCAST)
+                assert_true(lb_any <= s.makespan_s * (1 + 1e-12));
+            assert_true(s.lower_bound_s > 0);
+            xm_schedule_free(&s);
+        }
+        /* random plans, random fixed senders: still above the bound */
+        int n = in.ts.ntasks, G = 3;
+        int *order = malloc(sizeof(int) * n), *snd = malloc(sizeof(int) * n * G);
+        for (int i = 0; i < n; i++)
+            order[i] = i;
+        for (int i = n - 1; i > 0; i--) {
+            int j = xt_range(&rng, 0, i), x = order[i];
+            order[i] = order[j];
+            order[j] = x;
+        }
+        int maxg = 1;
+        for (int t = 0; t < n; t++)
+            if (in.ts.tasks[t].ngroups > maxg)
+                maxg = in.ts.tasks[t].ngroups;
+        for (int t = 0; t < n; t++) {
+            const xm_task_t *k = &in.ts.tasks[t];
+            for (int g = 0; g < k->ngroups; g++)
+                snd[t * maxg + g] = in.ts.holders[k->holder_off + g * k->group_size +
+                                                  xt_range(&rng, 0, k->group_size - 1)];
+        }
+        xm_sched_opts_t o = opts(XMESH_SCHEDULER_UNSET, st, 0, 0);
+        xm_schedule_t s;
+        assert_int_equal(xm_schedule_from(&in.ts, &in.c, &o, order, snd, &s), XMESH_SUCCESS);
+        if (s.lower_bound_s > s.makespan_s * (1 + 1e-12))
+            fail_msg("seed %llu it %d random plan: bound %.12g > makespan %.12g",
+                     (unsigned long long)g_seed, it, s.lower_bound_s, s.makespan_s);
+        check_routes(&in, &s, st);
+        check_sim(&in, &s);
+        xm_schedule_free(&s);
+        free(order);
+        free(snd);
+        inst_free(&in);
+    }
+}
+
+/* Exhaustive search with the same evaluator: every order x every sender host. */
+static double brute_force(const xm_prep_t *p, int *order, int *hosts, int depth, int *used,
+                          xm_state_t *s, xm_troutes_t *r, int64_t *evals)
+{
+    int n = p->ts->ntasks;
+    if (depth == n) {
+        (*evals)++;
+        return xm_eval_plan(p, s, r, order, hosts, NULL);
+    }
+    double best = INFINITY;
+    for (int t = 0; t < n; t++) {
+        if (used[t])
+            continue;
+        used[t] = 1;
+        order[depth] = t;
+        for (int o = 0; o < p->pt[t].nopt; o++) {
+            hosts[t] = p->opt_hosts[p->pt[t].opt_off + o];
+            double v = brute_force(p, order, hosts, depth + 1, used, s, r, evals);
+            if (v < best)
+                best = v;
+        }
+        used[t] = 0;
+    }
+    return best;
+}
+
+static void test_dfs_matches_brute_force(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x3333;
+    int done = 0;
+    for (int it = 0; done < 40 && it < 400; it++) {
+        inst_t in;
+        int n = xt_range(&rng, 1, 8);
+        make_random(&rng, &in, n, 2, xt_range(&rng, 0, 3) ? 1 : 2);
+        xmesh_strategy_t st =
+            xt_range(&rng, 0, 3) ? XMESH_STRATEGY_BROADCAST : XMESH_STRATEGY_SENDRECV;
+        xm_prep_t p;
+        assert_int_equal(xm_prep_init(&p, &in.ts, &in.c, st), XMESH_SUCCESS);
+        /* size of the space: n! * prod(options) */
+        double space = 1;
+        for (int t = 0; t < n; t++)
+            space *= (t + 1) * p.pt[t].nopt;
+        if (space > 3e5) {
+            xm_prep_free(&p);
+            inst_free(&in);
+            continue;
+        }
+        xm_state_t s;
+        xm_troutes_t r;
+        assert_int_equal(xm_state_init(&s, &p), XMESH_SUCCESS);
+        assert_int_equal(xm_troutes_init(&r, &p), XMESH_SUCCESS);
+        int order[8], hosts[8], used[8] = {0};
+        int64_t evals = 0;
+        double opt = brute_force(&p, order, hosts, 0, used, &s, &r, &evals);
+        xm_sched_opts_t o = opts(XMESH_SCHEDULER_DFS, st, it, INT64_MAX / 4);
+        xm_schedule_t sc;
+        assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &sc), XMESH_SUCCESS);
+        if (fabs(sc.makespan_s - opt) > 1e-12 * opt)
+            fail_msg("seed %llu it %d (%d tasks, %.0f plans): dfs %.12g != optimum %.12g",
+                     (unsigned long long)g_seed, it, n, space, sc.makespan_s, opt);
+        /* the ensemble never does worse than the optimum's bound allows */
+        assert_true(sc.lower_bound_s <= opt * (1 + 1e-12));
+        xm_schedule_free(&sc);
+        xm_state_free(&s);
+        xm_troutes_free(&r);
+        xm_prep_free(&p);
+        inst_free(&in);
+        done++;
+    }
+    assert_true(done >= 20);
+}
+
+static void test_same_seed_same_plan(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x4444;
+    for (int it = 0; it < 20; it++) {
+        inst_t in;
+        make_random(&rng, &in, xt_range(&rng, 5, 60), 3, xt_range(&rng, 1, 2));
+        for (int k = 0; k < XMESH_SCHEDULER_COUNT_; k++) {
+            xm_sched_opts_t o = opts(k, XMESH_STRATEGY_BROADCAST, 42 + it, 5000);
+            xm_schedule_t a, b;
+            assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &a), XMESH_SUCCESS);
+            assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &b), XMESH_SUCCESS);
+            assert_memory_equal(a.order, b.order, sizeof(int) * a.ntasks);
+            assert_memory_equal(a.sender, b.sender, sizeof(int) * a.ntasks * a.max_groups);
+            assert_int_equal(a.nroutes, b.nroutes);
+            assert_true(a.makespan_s == b.makespan_s);
+            /* every rank rebuilds rank 0's plan from order + senders */
+            xm_schedule_t c;
+            assert_int_equal(xm_schedule_from(&in.ts, &in.c, &o, a.order, a.sender, &c),
+                             XMESH_SUCCESS);
+            assert_true(c.makespan_s == a.makespan_s);
+            assert_int_equal(c.nroutes, a.nroutes);
+            assert_memory_equal(c.routes, a.routes, sizeof(xm_route_t) * a.nroutes);
+            int nd = 0;
+            for (int q = 0; q < a.nroutes; q++)
+                nd += a.routes[q].len;
+            assert_memory_equal(c.route_devs, a.route_devs, sizeof(int) * nd);
+            xm_schedule_free(&a);
+            xm_schedule_free(&b);
+            xm_schedule_free(&c);
+        }
+        inst_free(&in);
+    }
+}
+
+static void test_schedule_from_rejects(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x5555;
+    inst_t in;
+    make_random(&rng, &in, 6, 1, 1);
+    xm_sched_opts_t o = opts(XMESH_SCHEDULER_NAIVE, XMESH_STRATEGY_BROADCAST, 1, 100);
+    xm_schedule_t a;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &a), XMESH_SUCCESS);
+    xm_schedule_t out;
+    memset(&out, 0x5a, sizeof out);
+    xm_schedule_t copy = out;
+    int order[6] = {0, 1, 2, 3, 4, 4};
+    assert_int_equal(xm_schedule_from(&in.ts, &in.c, &o, order, a.sender, &out),
+                     XMESH_ERR_INVALID_ARGUMENT);
+    assert_memory_equal(&out, &copy, sizeof out);
+    assert_non_null(strstr(xmesh_last_error(), "order[5] = 4"));
+    /* a sender that does not hold the box */
+    int *snd = malloc(sizeof(int) * 6 * a.max_groups);
+    memcpy(snd, a.sender, sizeof(int) * 6 * a.max_groups);
+    int bad = -1;
+    for (int d = 0; d < in.hm.ndev && bad < 0; d++)
+        if (!has(in.ts.holders + in.ts.tasks[2].holder_off, in.ts.tasks[2].group_size, d))
+            bad = d;
+    if (bad >= 0) {
+        snd[2 * a.max_groups] = bad;
+        assert_int_equal(xm_schedule_from(&in.ts, &in.c, &o, a.order, snd, &out),
+                         XMESH_ERR_INVALID_ARGUMENT);
+        assert_memory_equal(&out, &copy, sizeof out);
+    }
+    /* bad cluster */
+    in.c.nics_per_host = 0;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &out), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "nics_per_host = 0"));
+    assert_memory_equal(&out, &copy, sizeof out);
+    in.c.nics_per_host = 1;
+    o.strategy = XMESH_STRATEGY_GLOBAL_ALLGATHER;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &out), XMESH_ERR_UNSUPPORTED);
+    free(snd);
+    xm_schedule_free(&a);
+    inst_free(&in);
+}
+
+/* Table 2: ensemble within 5 % of the bound, naive never better than it. */
+static void test_table2_targets(void **state)
+{
+    (void)state;
+    for (size_t c = 0; c < sizeof table2 / sizeof table2[0]; c++) {
+        inst_t in;
+        make_case(&in, table2[c].shape, table2[c].src, table2[c].dst, table2[c].ss, table2[c].ds);
+        if (c == 3)
+            assert_int_equal(in.ts.ntasks, 64);
+        xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, 1, 200000);
+        xm_schedule_t e, nv;
+        assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &e), XMESH_SUCCESS);
+        o.kind = XMESH_SCHEDULER_NAIVE;
+        assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &nv), XMESH_SUCCESS);
+        printf("case %zu: %d tasks, bound %.6f s, ensemble %.6f s (%.4fx), naive %.6f s\n", c + 1,
+               in.ts.ntasks, e.lower_bound_s, e.makespan_s, e.makespan_s / e.lower_bound_s,
+               nv.makespan_s);
+        assert_true(e.makespan_s <= 1.05 * e.lower_bound_s);
+        assert_true(e.makespan_s <= nv.makespan_s * (1 + 1e-12));
+        check_routes(&in, &e, XMESH_STRATEGY_BROADCAST);
+        check_sim(&in, &e);
+        xm_schedule_free(&e);
+        xm_schedule_free(&nv);
+        inst_free(&in);
+    }
+}
+
+/* The pipelined chain time: one task, one chain over A hosts, K chunks:
+ * T = t + A t / K style (paper 3.1): K*c/bw + (hops - 1) * c / bw + hops * alpha. */
+static void test_chain_timing(void **state)
+{
+    (void)state;
+    inst_t in;
+    memset(&in, 0, sizeof in);
+    int nh = 4;
+    in.hm.ndev = nh;
+    in.hm.nhosts = nh;
+    in.hm.host_of = malloc(sizeof(int) * nh);
+    for (int d = 0; d < nh; d++)
+        in.hm.host_of[d] = d;
+    in.ts.ntasks = 1;
+    in.ts.ndim = 1;
+    in.ts.elem_size = 1;
+    in.ts.tasks = calloc(1, sizeof(xm_task_t));
+    in.ts.holders = malloc(sizeof(int));
+    in.ts.recvs = malloc(sizeof(int) * 3);
+    in.ts.holders[0] = 0;
+    for (int i = 0; i < 3; i++)
+        in.ts.recvs[i] = i + 1;
+    xm_task_t *k = &in.ts.tasks[0];
+    k->bytes = 100 << 20;
+    k->box.hi[0] = k->bytes;
+    k->ngroups = k->group_size = 1;
+    k->nrecv = 3;
+    assert_int_equal(xm_cluster_init(&in.c, &in.hm), XMESH_SUCCESS);
+    xm_sched_opts_t o = opts(XMESH_SCHEDULER_NAIVE, XMESH_STRATEGY_BROADCAST, 1, 10);
+    xm_schedule_t s;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+    assert_int_equal(s.nroutes, 1);
+    assert_int_equal(s.routes[0].len, 4);
+    double bw = in.c.nic_send_Bps, C = (double)in.c.chunk_bytes, B = (double)k->bytes;
+    double want = B / bw + 2 * C / bw + 3 * in.c.latency_s;
+    assert_true(fabs(s.makespan_s - want) < 1e-12 * want);
+    assert_true(fabs(s.lower_bound_s - want) < 1e-12 * want);
+    xm_schedule_free(&s);
+    /* sendrecv: the sender NIC carries three copies */
+    o.strategy = XMESH_STRATEGY_SENDRECV;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+    assert_int_equal(s.nroutes, 3);
+    want = 3 * B / bw + in.c.latency_s;
+    assert_true(fabs(s.makespan_s - want) < 1e-12 * want);
+    xm_schedule_free(&s);
+    inst_free(&in);
+}
+
+static void test_trace_json(void **state)
+{
+    (void)state;
+    inst_t in;
+    make_case(&in, table2[3].shape, table2[3].src, table2[3].dst, table2[3].ss, table2[3].ds);
+    xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, 1, 10000);
+    xm_schedule_t s;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    xm_sim_result_t res;
+    assert_int_equal(xm_simulate(&in.ts, &in.c, &s, &res, f), XMESH_SUCCESS);
+    long len = ftell(f);
+    rewind(f);
+    char *buf = malloc(len + 1);
+    assert_int_equal(fread(buf, 1, len, f), (size_t)len);
+    buf[len] = 0;
+    fclose(f);
+    assert_non_null(strstr(buf, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":["));
+    assert_non_null(strstr(buf, "\"name\":\"nic 0 recv\""));
+    assert_non_null(strstr(buf, "\"name\":\"device 8\""));
+    /* 64 tasks x (send + recv NIC event + 2 device events) + metadata */
+    int nx = 0;
+    for (char *p = buf; (p = strstr(p, "\"ph\":\"X\"")); p++)
+        nx++;
+    assert_int_equal(nx, 64 * 4);
+    assert_true(len > 2 && buf[len - 2] == '}');
+    free(buf);
+    xm_sim_result_free(&res);
+    xm_schedule_free(&s);
+    inst_free(&in);
+}
+
+/* Splitting: pieces tile each task's box exactly once, keep its holders and
+ * receivers, P tasks stay whole; schedules of the pieces are valid. */
+static void test_split(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x6666;
+    for (int it = 0; it < 60; it++) {
+        inst_t in;
+        make_random(&rng, &in, xt_range(&rng, 1, 10), 2, xt_range(&rng, 1, 2));
+        xm_taskset_t sp;
+        int *parent = NULL;
+        assert_int_equal(xm_taskset_split(&in.ts, &in.c, 4096, &sp, &parent), XMESH_SUCCESS);
+        assert_true(sp.ntasks >= in.ts.ntasks);
+        int64_t *vol = calloc(in.ts.ntasks, sizeof(int64_t));
+        for (int q = 0; q < sp.ntasks; q++) {
+            int t = parent[q];
+            const xm_task_t *a = &in.ts.tasks[t], *b = &sp.tasks[q];
+            assert_true(q == 0 || parent[q - 1] <= t);
+            for (int d = 0; d < in.ts.ndim; d++) {
+                assert_true(b->box.lo[d] >= a->box.lo[d] && b->box.hi[d] <= a->box.hi[d]);
+                assert_true(b->box.lo[d] < b->box.hi[d]);
+            }
+            /* pieces of one task are consecutive and adjacent */
+            if (q > 0 && parent[q - 1] == t)
+                assert_true(sp.tasks[q - 1].box.hi[0] == b->box.lo[0]);
+            if (b->ngroups > 1)
+                assert_memory_equal(&a->box, &b->box, sizeof a->box);
+            assert_int_equal(b->bytes, xm_box_volume(&b->box, sp.ndim) * (int64_t)sp.elem_size);
+            vol[t] += b->bytes;
+            assert_int_equal(a->ngroups, b->ngroups);
+            assert_int_equal(a->nrecv, b->nrecv);
+            assert_memory_equal(in.ts.holders + a->holder_off, sp.holders + b->holder_off,
+                                sizeof(int) * a->ngroups * a->group_size);
+            assert_memory_equal(in.ts.recvs + a->recv_off, sp.recvs + b->recv_off,
+                                sizeof(int) * a->nrecv);
+        }
+        for (int t = 0; t < in.ts.ntasks; t++)
+            assert_int_equal(vol[t], in.ts.tasks[t].bytes);
+        inst_t sin = in;
+        sin.ts = sp;
+        xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, it, 3000);
+        xm_schedule_t s;
+        assert_int_equal(xm_schedule(&sp, &in.c, &o, &s), XMESH_SUCCESS);
+        check_routes(&sin, &s, XMESH_STRATEGY_BROADCAST);
+        check_sim(&sin, &s);
+        xm_schedule_free(&s);
+        free(vol);
+        free(parent);
+        xm_taskset_free(&sp);
+        inst_free(&in);
+    }
+}
+
+int main(void)
+{
+    g_seed = xt_seed("test_sched");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_timing),
+        cmocka_unit_test(test_routes_and_sim_random),
+        cmocka_unit_test(test_lower_bound_random),
+        cmocka_unit_test(test_dfs_matches_brute_force),
+        cmocka_unit_test(test_same_seed_same_plan),
+        cmocka_unit_test(test_schedule_from_rejects),
+        cmocka_unit_test(test_table2_targets),
+        cmocka_unit_test(test_trace_json),
+        cmocka_unit_test(test_split),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
