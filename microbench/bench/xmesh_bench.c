@@ -88,9 +88,9 @@ typedef struct {
 } suite_t;
 
 static const suite_t suites[] = {
-    {"n-to-m", n_to_m_cases, 9, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-alltoallv",
+    {"n-to-m", n_to_m_cases, 9, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      64LL << 20},
-    {"1-to-m", one_to_m_cases, 7, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-alltoallv",
+    {"1-to-m", one_to_m_cases, 7, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      16LL << 20},
     {"loadbalance", n_to_m_cases, 9, "naive,lb,xmesh", 64LL << 20},
 };
@@ -123,6 +123,8 @@ static const method_t methods[] = {
      "MPI_Bcast per unit task over an intercommunicator, tasks in order"},
     {"mpi-ibcast", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
      "MPI_Ibcast per unit task over an intercommunicator, all at once"},
+    {"mpi-sendrecv-allgather", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "Alpa with MPI: 1/k of each box per receiver device, then MPI_Iallgatherv per host"},
     {"mpi-alltoallv", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
      "MPI_Ialltoallv over the union of both meshes"},
 };
@@ -131,7 +133,7 @@ static const method_t methods[] = {
 /* --------------------------------------------------------------- rows */
 
 typedef struct {
-    char suite[16], casename[32], method[24], status[24];
+    char suite[16], casename[32], method[32], status[24];
     int64_t bytes;
     char shape[64];
     double tmed, tmin, tmax, lb, pred;
@@ -514,7 +516,7 @@ static void print_row(const row_t *r)
 {
     if (W.rank)
         return;
-    printf("%8s %-19s %11lld", r->casename, r->method, (long long)r->bytes);
+    printf("%8s %-22s %11lld", r->casename, r->method, (long long)r->bytes);
     if (strcmp(r->status, "ok") && strcmp(r->status, "WRONG")) {
         printf("   %s\n", r->status);
         fflush(stdout);
@@ -653,7 +655,7 @@ static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
     MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (worst) {
         if (W.rank == 0)
-            printf("%8s %-19s %11s   skipped: %s\n", def->name, "*", "-", why);
+            printf("%8s %-22s %11s   skipped: %s\n", def->name, "*", "-", why);
         case_free(&c);
         return;
     }
@@ -663,7 +665,7 @@ static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all) {
         if (W.rank == 0)
-            printf("%8s %-19s %11s   skipped: out of memory\n", def->name, "*", "-");
+            printf("%8s %-22s %11s   skipped: out of memory\n", def->name, "*", "-");
         goto out_free;
     }
     if (src)
@@ -1008,7 +1010,7 @@ int main(int argc, char **argv)
         printf("# time: seconds from a common barrier to the last rank done (median, min, max "
                "over iterations)\n# algbw: tensor bytes / median time, MB/s (1e6); t/LB: "
                "median / model lower bound; pred: simulated makespan, pred/t its ratio\n");
-        printf("#\n%8s %-19s %11s %8s %8s %8s %8s %7s %8s %7s %7s\n", "case", "method", "bytes",
+        printf("#\n%8s %-22s %11s %8s %8s %8s %8s %7s %8s %7s %7s\n", "case", "method", "bytes",
                "med(s)", "min(s)", "max(s)", "algbw", "t/LB", "pred(s)", "pred/t", "#wrong");
         fflush(stdout);
     }

@@ -19,7 +19,7 @@ if [ $rc -ne 0 ]; then
 fi
 log=$(mktemp /tmp/xmesh-cluster-test.XXXXXX)
 trap 'rm -f "$log"' EXIT
-all=xmesh,sendrecv,sendrecv-allgather,naive,lb,mpi-bcast,mpi-ibcast,mpi-alltoallv
+all=xmesh,sendrecv,sendrecv-allgather,naive,lb,mpi-bcast,mpi-ibcast,mpi-sendrecv-allgather,mpi-alltoallv
 "$cluster" -H 3 -d 4 -r 1000mbit -- bash -c "
     \$XMH_MPIRUN -np \$XMH_NP $bench -s n-to-m -C 7 -m $all -b 2M -n 2 -w 0 -k 1M &&
     \$XMH_MPIRUN -np \$XMH_NP $bench -s 1-to-m -C 1x1,1x2,1x3,1x4,2x2 -m $all -b 2M -n 2 -w 0 -k 0
