@@ -88,9 +88,11 @@ typedef struct {
 } suite_t;
 
 static const suite_t suites[] = {
-    {"n-to-m", n_to_m_cases, 9, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
+    {"n-to-m", n_to_m_cases, 9,
+     "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      64LL << 20},
-    {"1-to-m", one_to_m_cases, 7, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
+    {"1-to-m", one_to_m_cases, 7,
+     "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      16LL << 20},
     {"loadbalance", n_to_m_cases, 9, "naive,lb,xmesh", 64LL << 20},
 };
@@ -135,6 +137,7 @@ static const method_t methods[] = {
 typedef struct {
     char suite[16], casename[32], method[32], status[24];
     int64_t bytes;
+    int64_t req_bytes; /* the size of the sweep this row belongs to (-b .. -e) */
     char shape[64];
     double tmed, tmin, tmax, lb, pred;
     int iters;
@@ -491,6 +494,8 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static int64_t cur_req_bytes; /* size of the sweep being run */
+
 static row_t *new_row(const char *suite, const bench_case_t *c, const char *method)
 {
     if (nrows >= MAX_ROWS)
@@ -501,6 +506,7 @@ static row_t *new_row(const char *suite, const bench_case_t *c, const char *meth
     snprintf(r->casename, sizeof r->casename, "%s", c->name);
     snprintf(r->method, sizeof r->method, "%s", method);
     r->bytes = 4;
+    r->req_bytes = cur_req_bytes;
     int n = 0;
     for (int d = 0; d < c->ndim; d++) {
         r->bytes *= c->shape[d];
@@ -769,8 +775,8 @@ static void write_dat(const char *prefix, const char *suite)
     int nm = 0, nc = 0;
     int64_t maxbytes = 0;
     for (int i = 0; i < nrows; i++)
-        if (!strcmp(rows[i].suite, suite) && rows[i].bytes > maxbytes)
-            maxbytes = rows[i].bytes;
+        if (!strcmp(rows[i].suite, suite) && rows[i].req_bytes > maxbytes)
+            maxbytes = rows[i].req_bytes;
     for (int i = 0; i < nrows; i++) {
         const row_t *r = &rows[i];
         if (strcmp(r->suite, suite))
@@ -806,7 +812,7 @@ static void write_dat(const char *prefix, const char *suite)
                 for (int i = 0; i < nrows; i++) {
                     const row_t *r = &rows[i];
                     if (!strcmp(r->suite, suite) && !strcmp(r->method, mnames[m]) &&
-                        !strcmp(r->casename, cnames[cc]) && r->bytes == maxbytes &&
+                        !strcmp(r->casename, cnames[cc]) && r->req_bytes == maxbytes &&
                         !strcmp(r->status, "ok"))
                         v = kind ? r->tmed / r->lb : r->tmed;
                 }
@@ -1015,6 +1021,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     for (int64_t bytes = O.minbytes; bytes <= O.maxbytes; bytes *= O.stepfactor) {
+        cur_req_bytes = bytes;
         for (int i = 0; i < suite->ncases; i++)
             if (in_list(O.cases, suite->cases[i].name))
                 run_case(suite, &suite->cases[i], bytes);
