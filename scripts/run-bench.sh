@@ -71,7 +71,9 @@ fi
 echo "run-bench: suites took $(($(date +%s) - start)) s (exit $rc)"
 microbench/charts/make-charts.sh "$out/bench"
 if command -v python3 >/dev/null 2>&1; then
+    python3 microbench/charts/json2md.py "$out"/*.json >"$out/results.md"
+    echo "run-bench: targets of issue 5 (docs/BENCHMARKS.md):"
     python3 microbench/charts/targets.py "$out"/*.json | tee "$out/targets.txt"
 fi
-echo "run-bench: results in $out (tables *.txt, JSON *.json, charts *.png)"
+echo "run-bench: results in $out (tables *.txt, markdown results.md, JSON *.json, charts *.png)"
 exit $rc
