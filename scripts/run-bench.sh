@@ -11,6 +11,7 @@
 #   XMESH_BENCH_HOSTS [5]  XMESH_BENCH_PPH [4]  XMESH_BENCH_RATE [300mbit]
 #   XMESH_BENCH_NTOM_BYTES [32M]  XMESH_BENCH_1TOM_BYTES [16M]
 #   XMESH_BENCH_ITERS [3]  XMESH_BENCH_WARMUP [1]  XMESH_BENCH_OUT [build/bench/<time>]
+#   XMESH_BENCH_NO_CLUSTER=1: skip the emulated cluster even where it could run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -54,6 +55,10 @@ chmod +x "$out/suites.sh"
 
 mode=cluster
 why=$(microbench/cluster/cluster.sh check 2>&1) || mode=single
+if [ -n "${XMESH_BENCH_NO_CLUSTER:-}" ]; then
+    mode=single
+    why="XMESH_BENCH_NO_CLUSTER is set"
+fi
 start=$(date +%s)
 if [ "$mode" = cluster ]; then
     echo "run-bench: emulated cluster: $hosts hosts x $pph ranks, NIC $rate each way"

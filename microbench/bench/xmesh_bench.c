@@ -567,7 +567,7 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, in
         if (r) {
             snprintf(row->status, sizeof row->status, "%s",
                      r == XMESH_ERR_UNSUPPORTED ? "unsupported" : xmesh_result_string(r));
-            if (W.rank == 0)
+            if (W.rank == 0 && X.available)
                 fprintf(stderr, "xmesh-bench: case %s %s: plan: %s\n", c->name, m->name,
                         xmesh_last_error());
             print_row(row);
@@ -836,6 +836,8 @@ static void print_calib(const bench_calib_t *c)
         return;
     printf("# calibration (raw MPI point-to-point, %lld-byte transfers, best of 2):\n",
            (long long)O.calib_bytes);
+    if (W.virtual_hosts > 0 && O.calib_bytes > 0)
+        printf("#   virtual hosts: every transfer below is shared memory; no NIC to calibrate\n");
     if (O.calib_bytes == 0) {
         printf("#   skipped (-k 0)\n");
     } else if (c->one_mbit < 0) {
