@@ -1,0 +1,84 @@
+/*
+ * xmesh-bench internals: one resharding "case" as plain data, the MPI
+ * baselines and the calibration. The harness (xmesh_bench.c) owns timing,
+ * checking and output; baselines.c implements the two MPI-library methods
+ * on the unit tasks; calib.c measures the raw network the run sits on.
+ */
+#ifndef XMESH_BENCH_H
+#define XMESH_BENCH_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "xm_core.h"
+
+/* Where every rank sits: filled once at start-up. */
+typedef struct bench_world {
+    int rank, size;
+    int nhosts;
+    int *host_of;      /* size entries: host of each world rank */
+    int *host_ranks;   /* ranks grouped by host, host-major, ascending */
+    int *host_off;     /* nhosts + 1 offsets into host_ranks */
+    int virtual_hosts; /* > 0: hosts are rank / virtual_hosts (single-host fallback) */
+    int poll_us;       /* sleep between MPI_Test polls of the bench's own waits */
+} bench_world_t;
+
+/* One resharding to measure: meshes already mapped to world ranks. */
+typedef struct bench_case {
+    char name[32];
+    int ndim;
+    int64_t shape[XM_MAX_DIMS];
+    int src_mesh[2], dst_mesh[2]; /* (hosts, devices per host) */
+    const char *src_spec, *dst_spec;
+    int *src_ranks, *dst_ranks; /* row-major over the mesh, world ranks */
+    xm_layout_t src, dst;       /* plain-data layouts (int32 elements) */
+    xm_taskset_t ts;            /* unit tasks (box intersections) */
+    int src_index, dst_index;   /* this rank's index in each mesh, -1 if absent */
+    int64_t src_lo[XM_MAX_DIMS], src_hi[XM_MAX_DIMS];
+    int64_t dst_lo[XM_MAX_DIMS], dst_hi[XM_MAX_DIMS];
+    int64_t src_elems, dst_elems; /* of this rank's local blocks */
+} bench_case_t;
+
+/* Waits for n requests, sleeping poll_us between tests so idle or waiting
+ * ranks leave the 2 cores to the ranks that move data. */
+int bench_waitall(const bench_world_t *w, int n, MPI_Request *reqs);
+/* Barrier over comm with the same sleepy wait. */
+int bench_barrier(const bench_world_t *w, MPI_Comm comm);
+
+/* Copies the box [lo, hi) out of (pack) or into (unpack) a dense row-major
+ * block [blo, bhi) of 4-byte elements. buf is the dense box. */
+void bench_pack(const bench_case_t *c, const int32_t *block, const int64_t *blo, const int64_t *bhi,
+                const xm_box_t *box, int32_t *buf);
+void bench_unpack(const bench_case_t *c, int32_t *block, const int64_t *blo, const int64_t *bhi,
+                  const xm_box_t *box, const int32_t *buf);
+
+/* ---- MPI-library baselines (baselines.c) ----------------------------- */
+
+typedef struct bench_mpi_method bench_mpi_method_t;
+/* Collective over the world. Builds the per-case state of a baseline
+ * ("mpi-bcast" or "mpi-alltoallv"): the sender of each unit task (holder on
+ * the least-loaded host, paper 002 section 5.1.2's greedy balance), the
+ * communicators and the packing plan. Returns NULL (on every rank) on
+ * failure with a message on rank 0's stderr. */
+bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *c,
+                                    const char *method);
+/* Runs one resharding: src and dst are this rank's local blocks. 0 on
+ * success. Not timed inside: the harness times around it. */
+int bench_mpi_run(bench_mpi_method_t *m, const int32_t *src, int32_t *dst);
+void bench_mpi_free(bench_mpi_method_t *m);
+
+/* ---- calibration (calib.c) ------------------------------------------- */
+
+typedef struct bench_calib {
+    double nominal_mbit; /* the shaper's rate (XMESH_NIC_GBPS), 0 if unknown */
+    double one_mbit;     /* one transfer host 0 -> host 1 */
+    double shared_mbit;  /* each of two transfers out of host 0's NIC (-1: < 3 hosts) */
+    double ring_mbit;    /* each transfer of a ring over all hosts (full duplex) */
+    double intra_mbit;   /* host 0 device 0 -> device 1 (-1: one device per host) */
+} bench_calib_t;
+
+/* Collective over the world. Measures with `bytes` per transfer; fills *out
+ * on every rank. */
+void bench_calibrate(const bench_world_t *w, int64_t bytes, bench_calib_t *out);
+
+#endif /* XMESH_BENCH_H */

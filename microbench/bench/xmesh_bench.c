@@ -1,0 +1,1053 @@
+/*
+ * xmesh-bench: cross-mesh resharding microbenchmarks (paper 002 section 5.1
+ * and 5.3.1) in the style of nccl-tests.
+ *
+ *   mpirun -np 20 xmesh-bench -s n-to-m -b 64M -n 5 -w 1 -J out.json
+ *
+ * Suites: n-to-m (Table 2 cases 1-9, Fig. 6), 1-to-m (Fig. 5 receiver
+ * meshes), loadbalance (Fig. 8: naive / lb / ensemble). Ranks are laid out
+ * host-major (mpirun's default with --host h0:P,h1:P,...); every case puts
+ * its source mesh on the first hosts and its destination mesh on the next
+ * ones, so the two meshes never share a host. Ranks a case does not use
+ * stay idle. Every iteration checks every destination element.
+ * docs/BENCHMARKS.md defines every column.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "xm_api.h"
+#include "xmesh/mpi.h"
+
+/* Until the MPI executor is part of the library, the harness must still
+ * link and run its baselines: the xmesh entry points are weak references,
+ * NULL when absent (then xmesh rows print "unsupported"). */
+#pragma weak xmesh_ctx_create_mpi
+#pragma weak xmesh_ctx_destroy
+#pragma weak xmesh_mesh_create
+#pragma weak xmesh_mesh_destroy
+#pragma weak xmesh_plan_create
+#pragma weak xmesh_plan_destroy
+#pragma weak xmesh_plan_get_info
+#pragma weak xmesh_reshard
+
+#define MAX_ROWS 4096
+#define MAX_METHODS 16
+#define MAX_CASES 32
+
+/* ------------------------------------------------------------ options */
+
+typedef struct {
+    const char *suite;
+    const char *methods; /* comma list or NULL: the suite's default */
+    const char *cases;   /* comma list or NULL: all */
+    int64_t minbytes, maxbytes, stepfactor;
+    int iters, warmup, check;
+    const char *json, *datprefix;
+    int virtual_hosts;
+    int poll_us;
+    int64_t calib_bytes;
+} opts_t;
+
+/* --------------------------------------------------------------- cases */
+
+typedef struct {
+    const char *name;
+    int src_mesh[2], dst_mesh[2];
+    const char *src_spec, *dst_spec;
+    int shape_kind; /* 0: (2k,2k,k); 1: case 6 (3x,x,x/6); 2: 1-D vector */
+} case_def_t;
+
+/* Paper 002 Table 2 (../shared/BENCH_CASES.md). Tensor (1024,1024,512)
+ * scaled to the requested bytes keeping its 2:2:1 aspect. */
+static const case_def_t n_to_m_cases[] = {
+    {"1", {2, 4}, {2, 4}, "S0RR", "S0RR", 0}, {"2", {2, 4}, {2, 4}, "RRR", "S0RR", 0},
+    {"3", {2, 4}, {2, 4}, "RS0R", "S0RR", 0}, {"4", {2, 4}, {2, 4}, "RS01R", "S01RR", 0},
+    {"5", {2, 4}, {2, 4}, "S1RR", "S0RR", 0}, {"6", {2, 4}, {3, 4}, "S0RR", "S0RR", 1},
+    {"7", {1, 4}, {2, 4}, "S1RR", "RRR", 0},  {"8", {2, 3}, {3, 2}, "RRR", "RRR", 0},
+    {"9", {2, 4}, {2, 4}, "RS0R", "RRS0", 0},
+};
+/* Paper 002 Fig. 5: one sender device, replicated vector. */
+static const case_def_t one_to_m_cases[] = {
+    {"1x1", {1, 1}, {1, 1}, "R", "R", 2}, {"1x2", {1, 1}, {1, 2}, "R", "R", 2},
+    {"1x3", {1, 1}, {1, 3}, "R", "R", 2}, {"1x4", {1, 1}, {1, 4}, "R", "R", 2},
+    {"2x2", {1, 1}, {2, 2}, "R", "R", 2}, {"3x2", {1, 1}, {3, 2}, "R", "R", 2},
+    {"4x2", {1, 1}, {4, 2}, "R", "R", 2},
+};
+
+typedef struct {
+    const char *name;
+    const case_def_t *cases;
+    int ncases;
+    const char *methods;
+    int64_t bytes; /* default tensor bytes */
+} suite_t;
+
+static const suite_t suites[] = {
+    {"n-to-m", n_to_m_cases, 9,
+     "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
+     64LL << 20},
+    {"1-to-m", one_to_m_cases, 7,
+     "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
+     16LL << 20},
+    {"loadbalance", n_to_m_cases, 9, "naive,lb,xmesh", 64LL << 20},
+};
+
+/* ------------------------------------------------------------ methods */
+
+typedef struct {
+    const char *name;
+    int mpi; /* MPI-library baseline implemented in baselines.c */
+    xmesh_strategy_t strategy;
+    xmesh_scheduler_t scheduler;
+    const char *help;
+} method_t;
+
+/* The paper's baselines balance senders greedily (section 5.1.2), hence
+ * the lb scheduler for sendrecv and sendrecv-allgather. */
+static const method_t methods[] = {
+    {"xmesh", 0, XMESH_STRATEGY_BROADCAST, XMESH_SCHEDULER_ENSEMBLE,
+     "broadcast chains + ensemble scheduler (paper's Ours)"},
+    {"sendrecv", 0, XMESH_STRATEGY_SENDRECV, XMESH_SCHEDULER_LB, "one send/recv per receiver"},
+    {"sendrecv-allgather", 0, XMESH_STRATEGY_SENDRECV_ALLGATHER, XMESH_SCHEDULER_LB,
+     "1/k per receiver device + intra-host all-gather (Alpa)"},
+    {"naive", 0, XMESH_STRATEGY_BROADCAST, XMESH_SCHEDULER_NAIVE,
+     "broadcast, lowest sender, arbitrary order"},
+    {"lb", 0, XMESH_STRATEGY_BROADCAST, XMESH_SCHEDULER_LB, "broadcast, balanced senders only"},
+    {"dfs", 0, XMESH_STRATEGY_BROADCAST, XMESH_SCHEDULER_DFS, "broadcast, DFS scheduler"},
+    {"greedy", 0, XMESH_STRATEGY_BROADCAST, XMESH_SCHEDULER_GREEDY,
+     "broadcast, randomized greedy scheduler"},
+    {"mpi-bcast", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "MPI_Bcast per unit task over an intercommunicator, tasks in order"},
+    {"mpi-ibcast", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "MPI_Ibcast per unit task over an intercommunicator, all at once"},
+    {"mpi-sendrecv-allgather", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "Alpa with MPI: 1/k of each box per receiver device, then MPI_Iallgatherv per host"},
+    {"mpi-alltoallv", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "MPI_Ialltoallv over the union of both meshes"},
+};
+#define NMETHODS ((int)(sizeof methods / sizeof methods[0]))
+
+/* --------------------------------------------------------------- rows */
+
+typedef struct {
+    char suite[16], casename[32], method[32], status[24];
+    int64_t bytes;
+    int64_t req_bytes; /* the size of the sweep this row belongs to (-b .. -e) */
+    char shape[64];
+    double tmed, tmin, tmax, lb, pred;
+    int iters;
+    long long wrong;
+    double *times;
+} row_t;
+
+static row_t rows[MAX_ROWS];
+static int nrows;
+static bench_world_t W;
+static opts_t O;
+
+static void usage(void)
+{
+    printf("usage: mpirun ... xmesh-bench [options]\n"
+           "  -s suite     n-to-m | 1-to-m | loadbalance (default n-to-m)\n"
+           "  -m methods   comma list (default: the suite's); known:\n");
+    for (int i = 0; i < NMETHODS; i++)
+        printf("                 %-20s %s\n", methods[i].name, methods[i].help);
+    printf("  -C cases     comma list of case names (n-to-m: 1..9; 1-to-m: 1x1,1x2,...)\n"
+           "  -b bytes     minimum tensor bytes (K/M/G suffixes; default: suite's)\n"
+           "  -e bytes     maximum tensor bytes (default: -b)\n"
+           "  -f factor    multiplication factor between sizes (default 2)\n"
+           "  -n iters     measured iterations (default 5)\n"
+           "  -w iters     warm-up iterations (default 1)\n"
+           "  -c 0|1       check every destination element (default 1)\n"
+           "  -J file      write results as JSON\n"
+           "  -D prefix    write gnuplot data PREFIX-SUITE.dat / PREFIX-SUITE-lb.dat\n"
+           "  -V n         virtual hosts of n ranks (single-machine fallback; no NIC limit)\n"
+           "  -P us        poll interval of the MPI baselines' waits (default 100)\n"
+           "  -k bytes     calibration transfer size (default 8M; 0: skip)\n");
+}
+
+static int64_t parse_bytes(const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -1;
+    switch (*end) {
+    case 'G':
+    case 'g':
+        v *= 1024; /* fall through */
+    case 'M':
+    case 'm':
+        v *= 1024; /* fall through */
+    case 'K':
+    case 'k':
+        v *= 1024;
+        end++;
+        break;
+    case '\0':
+        break;
+    default:
+        return -1;
+    }
+    return *end ? -1 : (int64_t)v;
+}
+
+static int in_list(const char *list, const char *name)
+{
+    if (!list)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n))
+            return 1;
+        if (!q)
+            break;
+        p = q + 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ world */
+
+static int world_init(void)
+{
+    MPI_Comm_rank(MPI_COMM_WORLD, &W.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &W.size);
+    W.virtual_hosts = O.virtual_hosts;
+    W.poll_us = O.poll_us;
+    W.host_of = malloc(sizeof(int) * (size_t)W.size);
+    char *names = calloc((size_t)W.size, MPI_MAX_PROCESSOR_NAME);
+    char me[MPI_MAX_PROCESSOR_NAME] = {0};
+    int len = 0;
+    if (!W.host_of || !names)
+        return -1;
+    MPI_Get_processor_name(me, &len);
+    MPI_Allgather(me, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names, MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                  MPI_COMM_WORLD);
+    W.nhosts = 0;
+    for (int r = 0; r < W.size; r++) {
+        if (W.virtual_hosts > 0) {
+            W.host_of[r] = r / W.virtual_hosts;
+        } else {
+            int h = -1;
+            for (int q = 0; q < r && h < 0; q++)
+                if (!strcmp(names + (size_t)q * MPI_MAX_PROCESSOR_NAME,
+                            names + (size_t)r * MPI_MAX_PROCESSOR_NAME))
+                    h = W.host_of[q];
+            W.host_of[r] = h >= 0 ? h : W.nhosts;
+        }
+        if (W.host_of[r] + 1 > W.nhosts)
+            W.nhosts = W.host_of[r] + 1;
+    }
+    free(names);
+    W.host_off = calloc((size_t)W.nhosts + 1, sizeof(int));
+    W.host_ranks = malloc(sizeof(int) * (size_t)W.size);
+    if (!W.host_off || !W.host_ranks)
+        return -1;
+    for (int r = 0; r < W.size; r++)
+        W.host_off[W.host_of[r] + 1]++;
+    for (int h = 0; h < W.nhosts; h++)
+        W.host_off[h + 1] += W.host_off[h];
+    int *fill = calloc((size_t)W.nhosts, sizeof(int));
+    if (!fill)
+        return -1;
+    for (int r = 0; r < W.size; r++)
+        W.host_ranks[W.host_off[W.host_of[r]] + fill[W.host_of[r]]++] = r;
+    free(fill);
+    return 0;
+}
+
+/* ------------------------------------------------------------- values */
+
+/* The value every element of the global tensor carries: a hash of its
+ * linear index, so a misplaced box is caught, not only a missing one. */
+static inline int32_t elem_value(int64_t g)
+{
+    uint64_t x = (uint64_t)g * 0x9E3779B97F4A7C15ull;
+    return (int32_t)(x >> 32);
+}
+
+/* Fills (check == 0) or counts mismatches of (check == 1) the local block
+ * [lo, hi) of a tensor of `shape`. */
+static long long block_values(const bench_case_t *c, int32_t *blk, const int64_t *lo,
+                              const int64_t *hi, int check)
+{
+    int nd = c->ndim;
+    int64_t gstride[XM_MAX_DIMS], idx[XM_MAX_DIMS];
+    int64_t s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        gstride[d] = s;
+        s *= c->shape[d];
+        idx[d] = lo[d];
+        if (hi[d] <= lo[d])
+            return 0;
+    }
+    int64_t row = hi[nd - 1] - lo[nd - 1];
+    long long wrong = 0;
+    for (;;) {
+        int64_t g = 0;
+        for (int d = 0; d < nd; d++)
+            g += idx[d] * gstride[d];
+        if (check) {
+            for (int64_t i = 0; i < row; i++)
+                wrong += blk[i] != elem_value(g + i);
+        } else {
+            for (int64_t i = 0; i < row; i++)
+                blk[i] = elem_value(g + i);
+        }
+        blk += row;
+        int d = nd - 2;
+        for (; d >= 0; d--) {
+            if (++idx[d] < hi[d])
+                break;
+            idx[d] = lo[d];
+        }
+        if (d < 0)
+            break;
+    }
+    return wrong;
+}
+
+/* --------------------------------------------------------------- cases */
+
+static void case_shape(const case_def_t *def, int64_t bytes, bench_case_t *c)
+{
+    int64_t elems = bytes / 4;
+    if (def->shape_kind == 2) {
+        c->ndim = 1;
+        c->shape[0] = elems > 0 ? elems : 1;
+    } else if (def->shape_kind == 1) {
+        /* Case 6: (3072, 1024, 170) has aspect 18:6:1 and divides by 2 and
+         * 3 on dim 0; keep both properties. */
+        int64_t x = (int64_t)llround(cbrt(2.0 * (double)elems) / 12.0) * 12;
+        if (x < 12)
+            x = 12;
+        c->ndim = 3;
+        c->shape[0] = 3 * x;
+        c->shape[1] = x;
+        c->shape[2] = x / 6;
+    } else {
+        int64_t k = (int64_t)llround(cbrt((double)elems / 4.0) / 8.0) * 8;
+        if (k < 8)
+            k = 8;
+        c->ndim = 3;
+        c->shape[0] = 2 * k;
+        c->shape[1] = 2 * k;
+        c->shape[2] = k;
+    }
+}
+
+static void case_free(bench_case_t *c)
+{
+    xm_taskset_free(&c->ts);
+    free(c->src_ranks);
+    free(c->dst_ranks);
+    memset(c, 0, sizeof *c);
+}
+
+/* Maps a case onto the world. Returns 1 if the world is too small (with a
+ * reason in why), -1 on error, 0 on success. */
+static int case_build(const case_def_t *def, int64_t bytes, bench_case_t *c, char *why,
+                      size_t whylen)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", def->name);
+    case_shape(def, bytes, c);
+    c->src_mesh[0] = def->src_mesh[0];
+    c->src_mesh[1] = def->src_mesh[1];
+    c->dst_mesh[0] = def->dst_mesh[0];
+    c->dst_mesh[1] = def->dst_mesh[1];
+    c->src_spec = def->src_spec;
+    c->dst_spec = def->dst_spec;
+    int need_hosts = def->src_mesh[0] + def->dst_mesh[0];
+    if (need_hosts > W.nhosts) {
+        snprintf(why, whylen, "needs %d hosts, have %d", need_hosts, W.nhosts);
+        return 1;
+    }
+    int ns = def->src_mesh[0] * def->src_mesh[1], nd = def->dst_mesh[0] * def->dst_mesh[1];
+    c->src_ranks = malloc(sizeof(int) * (size_t)ns);
+    c->dst_ranks = malloc(sizeof(int) * (size_t)nd);
+    if (!c->src_ranks || !c->dst_ranks)
+        return -1;
+    for (int side = 0; side < 2; side++) {
+        const int *mesh = side ? def->dst_mesh : def->src_mesh;
+        int *out = side ? c->dst_ranks : c->src_ranks;
+        int h0 = side ? def->src_mesh[0] : 0;
+        for (int h = 0; h < mesh[0]; h++) {
+            int have = W.host_off[h0 + h + 1] - W.host_off[h0 + h];
+            if (mesh[1] > have) {
+                snprintf(why, whylen, "needs %d ranks on host %d, have %d", mesh[1], h0 + h, have);
+                return 1;
+            }
+            for (int d = 0; d < mesh[1]; d++)
+                out[h * mesh[1] + d] = W.host_ranks[W.host_off[h0 + h] + d];
+        }
+    }
+    xm_layout_t *ls[2] = {&c->src, &c->dst};
+    for (int side = 0; side < 2; side++) {
+        xm_layout_t *l = ls[side];
+        const int *mesh = side ? def->dst_mesh : def->src_mesh;
+        l->ndim = c->ndim;
+        for (int d = 0; d < c->ndim; d++)
+            l->shape[d] = c->shape[d];
+        l->elem_size = 4;
+        l->mesh.ndim = 2;
+        l->mesh.shape[0] = mesh[0];
+        l->mesh.shape[1] = mesh[1];
+        l->mesh.ndev = mesh[0] * mesh[1];
+        l->mesh.devs = side ? c->dst_ranks : c->src_ranks;
+        if (xm_spec_parse(side ? def->dst_spec : def->src_spec, c->ndim, 2, &l->spec)) {
+            snprintf(why, whylen, "spec: %s", xmesh_last_error());
+            return -1;
+        }
+    }
+    xm_hostmap_t hm = {W.size, W.nhosts, W.host_of};
+    if (xm_decompose(&c->src, &c->dst, &hm, &c->ts)) {
+        snprintf(why, whylen, "decompose: %s", xmesh_last_error());
+        return -1;
+    }
+    c->src_index = xm_mesh_find(&c->src.mesh, W.rank);
+    c->dst_index = xm_mesh_find(&c->dst.mesh, W.rank);
+    c->src_elems = c->dst_elems = 0;
+    if (c->src_index >= 0) {
+        xm_layout_block(&c->src, c->src_index, c->src_lo, c->src_hi);
+        c->src_elems = 1;
+        for (int d = 0; d < c->ndim; d++)
+            c->src_elems *= c->src_hi[d] - c->src_lo[d];
+    }
+    if (c->dst_index >= 0) {
+        xm_layout_block(&c->dst, c->dst_index, c->dst_lo, c->dst_hi);
+        c->dst_elems = 1;
+        for (int d = 0; d < c->ndim; d++)
+            c->dst_elems *= c->dst_hi[d] - c->dst_lo[d];
+    }
+    return 0;
+}
+
+/* -------------------------------------------------------- xmesh method */
+
+typedef struct {
+    xmesh_ctx_t ctx;
+    int available; /* the library has the MPI executor entry points */
+    char why[256]; /* why not, for the header */
+} xmesh_state_t;
+
+static xmesh_state_t X;
+
+typedef struct {
+    xmesh_mesh_t sm, dm;
+    xmesh_plan_t plan;
+    xmesh_plan_info_t info;
+} xplan_t;
+
+static void xplan_free(xplan_t *p)
+{
+    if (p->plan)
+        xmesh_plan_destroy(p->plan);
+    if (p->sm)
+        xmesh_mesh_destroy(p->sm);
+    if (p->dm)
+        xmesh_mesh_destroy(p->dm);
+    memset(p, 0, sizeof *p);
+}
+
+/* Collective. Returns the xmesh result (identical on every rank since plan
+ * creation agrees across ranks). */
+static xmesh_result_t xplan_make(const bench_case_t *c, const method_t *m, xplan_t *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!X.available)
+        return XMESH_ERR_UNSUPPORTED;
+    xmesh_result_t r = xmesh_mesh_create(X.ctx, 2, c->src_mesh, c->src_ranks, &p->sm);
+    if (!r)
+        r = xmesh_mesh_create(X.ctx, 2, c->dst_mesh, c->dst_ranks, &p->dm);
+    if (r) {
+        xplan_free(p);
+        return r;
+    }
+    xmesh_layout_t sl = {c->ndim, c->shape, XMESH_I32, p->sm, c->src_spec};
+    xmesh_layout_t dl = {c->ndim, c->shape, XMESH_I32, p->dm, c->dst_spec};
+    xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
+    pp.strategy = m ? m->strategy : XMESH_STRATEGY_UNSET;
+    pp.scheduler = m ? m->scheduler : XMESH_SCHEDULER_UNSET;
+    r = xmesh_plan_create(X.ctx, &sl, &dl, &pp, &p->plan);
+    if (!r)
+        r = xmesh_plan_get_info(p->plan, &p->info);
+    if (r)
+        xplan_free(p);
+    return r;
+}
+
+/* ------------------------------------------------------------- running */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int64_t cur_req_bytes; /* size of the sweep being run */
+
+static row_t *new_row(const char *suite, const bench_case_t *c, const char *method)
+{
+    if (nrows >= MAX_ROWS)
+        return NULL;
+    row_t *r = &rows[nrows++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->suite, sizeof r->suite, "%s", suite);
+    snprintf(r->casename, sizeof r->casename, "%s", c->name);
+    snprintf(r->method, sizeof r->method, "%s", method);
+    r->bytes = 4;
+    r->req_bytes = cur_req_bytes;
+    int n = 0;
+    for (int d = 0; d < c->ndim; d++) {
+        r->bytes *= c->shape[d];
+        n += snprintf(r->shape + n, sizeof r->shape - (size_t)n, "%s%lld", d ? "x" : "",
+                      (long long)c->shape[d]);
+    }
+    r->lb = r->pred = NAN;
+    r->tmed = r->tmin = r->tmax = NAN;
+    return r;
+}
+
+static void print_row(const row_t *r)
+{
+    if (W.rank)
+        return;
+    printf("%8s %-22s %11lld", r->casename, r->method, (long long)r->bytes);
+    if (strcmp(r->status, "ok") && strcmp(r->status, "WRONG")) {
+        printf("   %s\n", r->status);
+        fflush(stdout);
+        return;
+    }
+    double algbw = r->bytes / r->tmed / 1e6;
+    printf(" %8.3f %8.3f %8.3f %8.2f", r->tmed, r->tmin, r->tmax, algbw);
+    if (isnan(r->lb))
+        printf(" %7s", "-");
+    else
+        printf(" %7.3f", r->tmed / r->lb);
+    if (isnan(r->pred))
+        printf(" %8s %7s", "-", "-");
+    else
+        printf(" %8.3f %7.3f", r->pred, r->pred / r->tmed);
+    printf(" %7lld%s\n", r->wrong, strcmp(r->status, "ok") ? "  WRONG" : "");
+    fflush(stdout);
+}
+
+/* Runs one method on one case: warm-up + measured iterations, each timed
+ * from a common barrier to the last rank's completion and checked.
+ * Collective over the world. */
+static void run_method(const char *suite, bench_case_t *c, const method_t *m, int32_t *src,
+                       int32_t *dst, double lb)
+{
+    row_t *row = new_row(suite, c, m->name);
+    if (!row)
+        return;
+    row->lb = lb;
+    xplan_t xp;
+    memset(&xp, 0, sizeof xp);
+    bench_mpi_method_t *mm = NULL;
+    if (m->mpi) {
+        mm = bench_mpi_setup(&W, c, m->name);
+        if (!mm) {
+            snprintf(row->status, sizeof row->status, "setup-failed");
+            print_row(row);
+            return;
+        }
+    } else {
+        xmesh_result_t r = xplan_make(c, m, &xp);
+        if (r) {
+            snprintf(row->status, sizeof row->status, "%s",
+                     r == XMESH_ERR_UNSUPPORTED ? "unsupported" : xmesh_result_string(r));
+            if (W.rank == 0 && X.available)
+                fprintf(stderr, "xmesh-bench: case %s %s: plan: %s\n", c->name, m->name,
+                        xmesh_last_error());
+            print_row(row);
+            return;
+        }
+        row->pred = xp.info.predicted_s;
+        if (isnan(row->lb))
+            row->lb = xp.info.lower_bound_s;
+    }
+    int total = O.warmup + O.iters;
+    row->times = calloc((size_t)(O.iters > 0 ? O.iters : 1), sizeof(double));
+    long long wrong_total = 0;
+    int failed = 0;
+    for (int it = 0; it < total && !failed; it++) {
+        if (O.check && dst)
+            memset(dst, 0xA5, (size_t)c->dst_elems * 4);
+        bench_barrier(&W, MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        int err = 0;
+        if (mm) {
+            err = bench_mpi_run(mm, src, dst) != 0;
+        } else {
+            xmesh_result_t r = xmesh_reshard(xp.plan, c->src_index >= 0 ? src : NULL,
+                                             c->dst_index >= 0 ? dst : NULL);
+            if (r && W.rank >= 0) {
+                fprintf(stderr, "xmesh-bench: rank %d case %s %s: reshard: %s: %s\n", W.rank,
+                        c->name, m->name, xmesh_result_string(r), xmesh_last_error());
+                err = 1;
+            }
+        }
+        double t = MPI_Wtime() - t0, tmax = 0;
+        int anyerr = 0;
+        MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(&err, &anyerr, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (anyerr) {
+            failed = 1;
+            break;
+        }
+        if (O.check) {
+            long long w = c->dst_index >= 0 ? block_values(c, dst, c->dst_lo, c->dst_hi, 1) : 0;
+            long long wsum = 0;
+            MPI_Allreduce(&w, &wsum, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+            wrong_total += wsum;
+        }
+        if (it >= O.warmup)
+            row->times[it - O.warmup] = tmax;
+    }
+    if (failed) {
+        snprintf(row->status, sizeof row->status, "error");
+    } else if (O.iters > 0) {
+        row->iters = O.iters;
+        double *s = malloc(sizeof(double) * (size_t)O.iters);
+        memcpy(s, row->times, sizeof(double) * (size_t)O.iters);
+        qsort(s, (size_t)O.iters, sizeof *s, cmp_double);
+        row->tmin = s[0];
+        row->tmax = s[O.iters - 1];
+        row->tmed = O.iters % 2 ? s[O.iters / 2] : 0.5 * (s[O.iters / 2 - 1] + s[O.iters / 2]);
+        free(s);
+        row->wrong = wrong_total;
+        snprintf(row->status, sizeof row->status, "%s", wrong_total ? "WRONG" : "ok");
+    } else {
+        snprintf(row->status, sizeof row->status, "no-iterations");
+    }
+    print_row(row);
+    if (mm)
+        bench_mpi_free(mm);
+    else
+        xplan_free(&xp);
+}
+
+/* The same bound from the library's model over the bench's own unit tasks,
+ * for runs where no xmesh plan can be made (e.g. a library without the
+ * MPI executor). NAN if the model cannot be built. */
+static double model_lower_bound(const bench_case_t *c)
+{
+    xm_hostmap_t hm = {W.size, W.nhosts, W.host_of};
+    xm_cluster_t cl;
+    if (xm_cluster_from_env(&cl, &hm, xm_param_i64("XMESH_CHUNK_BYTES")))
+        return NAN;
+    double lb = xm_lower_bound(&c->ts, &cl);
+    xm_cluster_free(&cl);
+    return lb;
+}
+
+static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
+{
+    bench_case_t c;
+    char why[256] = "";
+    int rc = case_build(def, bytes, &c, why, sizeof why);
+    int worst = 0;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (worst) {
+        if (W.rank == 0)
+            printf("%8s %-22s %11s   skipped: %s\n", def->name, "*", "-", why);
+        case_free(&c);
+        return;
+    }
+    int32_t *src = c.src_elems ? malloc((size_t)c.src_elems * 4) : NULL;
+    int32_t *dst = c.dst_elems ? malloc((size_t)c.dst_elems * 4) : NULL;
+    int ok = (!c.src_elems || src) && (!c.dst_elems || dst), all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all) {
+        if (W.rank == 0)
+            printf("%8s %-22s %11s   skipped: out of memory\n", def->name, "*", "-");
+        goto out_free;
+    }
+    if (src)
+        block_values(&c, src, c.src_lo, c.src_hi, 0);
+    /* The lower bound belongs to the case, not the method: take it from a
+     * default xmesh plan when the library can plan. */
+    double lb = NAN;
+    xplan_t xp;
+    if (xplan_make(&c, NULL, &xp) == XMESH_SUCCESS) {
+        lb = xp.info.lower_bound_s;
+        xplan_free(&xp);
+    } else {
+        lb = model_lower_bound(&c);
+    }
+    for (int i = 0; i < NMETHODS; i++) {
+        const char *list = O.methods ? O.methods : s->methods;
+        if (in_list(list, methods[i].name))
+            run_method(s->name, &c, &methods[i], src, dst, lb);
+    }
+out_free:
+    free(src);
+    free(dst);
+    case_free(&c);
+}
+
+/* -------------------------------------------------------------- output */
+
+static void json_str(FILE *f, const char *k, const char *v, int comma)
+{
+    fprintf(f, "\"%s\": \"%s\"%s", k, v, comma ? ", " : "");
+}
+
+static void json_num(FILE *f, const char *k, double v, int comma)
+{
+    if (isnan(v) || isinf(v))
+        fprintf(f, "\"%s\": null%s", k, comma ? ", " : "");
+    else
+        fprintf(f, "\"%s\": %.6g%s", k, v, comma ? ", " : "");
+}
+
+static void write_json(const char *path, const bench_calib_t *cal)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "xmesh-bench: cannot write %s: %s\n", path, strerror(errno));
+        return;
+    }
+    fprintf(f, "{\n  \"bench\": \"xmesh-bench\", \"xmesh_version\": \"%s\",\n",
+            xmesh_version_string());
+    fprintf(f,
+            "  \"config\": {\"ranks\": %d, \"hosts\": %d, \"virtual_hosts\": %d, "
+            "\"iters\": %d, \"warmup\": %d, \"check\": %d},\n",
+            W.size, W.nhosts, W.virtual_hosts, O.iters, O.warmup, O.check);
+    fprintf(f, "  \"calibration\": {");
+    json_num(f, "nominal_mbit", cal->nominal_mbit, 1);
+    json_num(f, "one_mbit", cal->one_mbit, 1);
+    json_num(f, "shared_mbit", cal->shared_mbit, 1);
+    json_num(f, "ring_mbit", cal->ring_mbit, 1);
+    json_num(f, "intra_mbit", cal->intra_mbit, 0);
+    fprintf(f, "},\n  \"model\": {");
+    const char *envs[] = {"XMESH_NIC_GBPS", "XMESH_NICS_PER_HOST", "XMESH_INTRA_GBPS",
+                          "XMESH_LATENCY_US", "XMESH_CHUNK_BYTES"};
+    for (int i = 0; i < 5; i++) {
+        const char *v = getenv(envs[i]);
+        json_str(f, envs[i], v ? v : "", i < 4);
+    }
+    fprintf(f, "},\n  \"rows\": [\n");
+    for (int i = 0; i < nrows; i++) {
+        const row_t *r = &rows[i];
+        fprintf(f, "    {");
+        json_str(f, "suite", r->suite, 1);
+        json_str(f, "case", r->casename, 1);
+        json_str(f, "method", r->method, 1);
+        json_str(f, "status", r->status, 1);
+        json_str(f, "shape", r->shape, 1);
+        fprintf(f, "\"bytes\": %lld, \"iters\": %d, ", (long long)r->bytes, r->iters);
+        json_num(f, "time_med_s", r->tmed, 1);
+        json_num(f, "time_min_s", r->tmin, 1);
+        json_num(f, "time_max_s", r->tmax, 1);
+        json_num(f, "algbw_MBps", r->bytes / r->tmed / 1e6, 1);
+        json_num(f, "lower_bound_s", r->lb, 1);
+        json_num(f, "time_over_lb", r->tmed / r->lb, 1);
+        json_num(f, "predicted_s", r->pred, 1);
+        json_num(f, "predicted_over_time", r->pred / r->tmed, 1);
+        fprintf(f, "\"wrong\": %lld, \"times_s\": [", r->wrong);
+        for (int k = 0; k < r->iters && r->times; k++)
+            fprintf(f, "%s%.6g", k ? ", " : "", r->times[k]);
+        fprintf(f, "]}%s\n", i + 1 < nrows ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    fclose(f);
+    printf("# JSON written to %s\n", path);
+}
+
+/* gnuplot data: one line per case, one column per method; median seconds
+ * and median / lower bound. Only the largest size of the sweep. */
+static void write_dat(const char *prefix, const char *suite)
+{
+    const char *mnames[MAX_METHODS];
+    const char *cnames[MAX_CASES];
+    int nm = 0, nc = 0;
+    int64_t maxbytes = 0;
+    for (int i = 0; i < nrows; i++)
+        if (!strcmp(rows[i].suite, suite) && rows[i].req_bytes > maxbytes)
+            maxbytes = rows[i].req_bytes;
+    for (int i = 0; i < nrows; i++) {
+        const row_t *r = &rows[i];
+        if (strcmp(r->suite, suite))
+            continue;
+        int k;
+        for (k = 0; k < nm && strcmp(mnames[k], r->method); k++)
+            ;
+        if (k == nm && nm < MAX_METHODS)
+            mnames[nm++] = r->method;
+        for (k = 0; k < nc && strcmp(cnames[k], r->casename); k++)
+            ;
+        if (k == nc && nc < MAX_CASES)
+            cnames[nc++] = r->casename;
+    }
+    if (!nm)
+        return;
+    for (int kind = 0; kind < 2; kind++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s-%s%s.dat", prefix, suite, kind ? "-lb" : "");
+        FILE *f = fopen(path, "w");
+        if (!f) {
+            fprintf(stderr, "xmesh-bench: cannot write %s: %s\n", path, strerror(errno));
+            continue;
+        }
+        fprintf(f, "case");
+        for (int m = 0; m < nm; m++)
+            fprintf(f, "\t%s", mnames[m]);
+        fprintf(f, "\n");
+        for (int cc = 0; cc < nc; cc++) {
+            fprintf(f, "%s", cnames[cc]);
+            for (int m = 0; m < nm; m++) {
+                double v = NAN;
+                for (int i = 0; i < nrows; i++) {
+                    const row_t *r = &rows[i];
+                    if (!strcmp(r->suite, suite) && !strcmp(r->method, mnames[m]) &&
+                        !strcmp(r->casename, cnames[cc]) && r->req_bytes == maxbytes &&
+                        !strcmp(r->status, "ok"))
+                        v = kind ? r->tmed / r->lb : r->tmed;
+                }
+                if (isnan(v))
+                    fprintf(f, "\tNaN");
+                else
+                    fprintf(f, "\t%.6g", v);
+            }
+            fprintf(f, "\n");
+        }
+        fclose(f);
+        printf("# gnuplot data written to %s\n", path);
+    }
+}
+
+/* ---------------------------------------------------------------- main */
+
+static void print_calib(const bench_calib_t *c)
+{
+    if (W.rank)
+        return;
+    printf("# calibration (raw MPI point-to-point, %lld-byte transfers, best of 2):\n",
+           (long long)O.calib_bytes);
+    if (W.virtual_hosts > 0 && O.calib_bytes > 0)
+        printf("#   virtual hosts: every transfer below is shared memory; no NIC to calibrate\n");
+    if (O.calib_bytes == 0) {
+        printf("#   skipped (-k 0)\n");
+    } else if (c->one_mbit < 0) {
+        printf("#   one host only: no NIC to calibrate\n");
+    } else if (c->nominal_mbit > 0) {
+        double pct = 100 * c->one_mbit / c->nominal_mbit;
+        printf("#   1 transfer host0->host1     %9.1f Mbit/s = %5.1f%% of nominal %.0f Mbit/s"
+               "  [%s >= 90%%]\n",
+               c->one_mbit, pct, c->nominal_mbit, pct >= 90 ? "OK" : "LOW");
+    } else {
+        printf("#   1 transfer host0->host1     %9.1f Mbit/s (nominal rate unknown: "
+               "XMESH_NIC_GBPS unset)\n",
+               c->one_mbit);
+    }
+    if (c->shared_mbit > 0)
+        printf("#   2 transfers out of host0    %9.1f Mbit/s each (%.2f of one transfer; "
+               "expect 0.5)\n",
+               c->shared_mbit, c->shared_mbit / c->one_mbit);
+    if (c->ring_mbit > 0)
+        printf("#   ring over %2d hosts          %9.1f Mbit/s each (%.2f of one transfer; "
+               "expect 1.0: full duplex)\n",
+               W.nhosts, c->ring_mbit, c->ring_mbit / c->one_mbit);
+    if (c->intra_mbit > 0)
+        printf("#   intra-host dev0->dev1       %9.1f Mbit/s (%.1fx one NIC transfer)\n",
+               c->intra_mbit, c->one_mbit > 0 ? c->intra_mbit / c->one_mbit : 0);
+}
+
+int main(int argc, char **argv)
+{
+    /* xmesh's MPI executor runs a progress thread: it needs
+     * MPI_THREAD_MULTIPLE (the baselines then run at the same level). */
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    O.suite = "n-to-m";
+    O.minbytes = O.maxbytes = -1;
+    O.stepfactor = 2;
+    O.iters = 5;
+    O.warmup = 1;
+    O.check = 1;
+    O.poll_us = 100;
+    O.calib_bytes = 8 << 20;
+    int opt, bad = 0, help = 0;
+    while ((opt = getopt(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:h")) != -1) {
+        switch (opt) {
+        case 's':
+            O.suite = optarg;
+            break;
+        case 'm':
+            O.methods = optarg;
+            break;
+        case 'C':
+            O.cases = optarg;
+            break;
+        case 'b':
+            bad |= (O.minbytes = parse_bytes(optarg)) < 0;
+            break;
+        case 'e':
+            bad |= (O.maxbytes = parse_bytes(optarg)) < 0;
+            break;
+        case 'f':
+            bad |= (O.stepfactor = atoll(optarg)) < 2;
+            break;
+        case 'n':
+            bad |= (O.iters = atoi(optarg)) < 0;
+            break;
+        case 'w':
+            bad |= (O.warmup = atoi(optarg)) < 0;
+            break;
+        case 'c':
+            O.check = atoi(optarg) != 0;
+            break;
+        case 'J':
+            O.json = optarg;
+            break;
+        case 'D':
+            O.datprefix = optarg;
+            break;
+        case 'V':
+            bad |= (O.virtual_hosts = atoi(optarg)) < 1;
+            break;
+        case 'P':
+            bad |= (O.poll_us = atoi(optarg)) < 0;
+            break;
+        case 'k':
+            bad |= (O.calib_bytes = parse_bytes(optarg)) < 0;
+            break;
+        case 'h':
+            help = 1;
+            break;
+        default:
+            bad = 1;
+        }
+    }
+    const suite_t *suite = NULL;
+    for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++)
+        if (!strcmp(suites[i].name, O.suite))
+            suite = &suites[i];
+    int rank0 = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank0);
+    if (help || bad || !suite || optind < argc) {
+        if (rank0 == 0) {
+            if (!help)
+                fprintf(stderr, "xmesh-bench: bad arguments%s%s\n", suite ? "" : ": unknown suite ",
+                        suite ? "" : O.suite);
+            usage();
+        }
+        MPI_Finalize();
+        return help ? 0 : 2;
+    }
+    if (O.methods) {
+        for (const char *p = O.methods; *p;) {
+            const char *q = strchr(p, ',');
+            size_t len = q ? (size_t)(q - p) : strlen(p);
+            int found = 0;
+            for (int i = 0; i < NMETHODS; i++)
+                found |= strlen(methods[i].name) == len && !strncmp(methods[i].name, p, len);
+            if (!found) {
+                if (rank0 == 0)
+                    fprintf(stderr, "xmesh-bench: unknown method '%.*s' (-h lists them)\n",
+                            (int)len, p);
+                MPI_Finalize();
+                return 2;
+            }
+            if (!q)
+                break;
+            p = q + 1;
+        }
+    }
+    if (O.minbytes < 0)
+        O.minbytes = suite->bytes;
+    if (O.maxbytes < 0)
+        O.maxbytes = O.minbytes;
+    if (world_init()) {
+        fprintf(stderr, "xmesh-bench: out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+
+    bench_calib_t cal;
+    memset(&cal, 0, sizeof cal);
+    cal.one_mbit = cal.shared_mbit = cal.ring_mbit = cal.intra_mbit = -1;
+    if (O.calib_bytes > 0)
+        bench_calibrate(&W, O.calib_bytes, &cal);
+    /* The model's intra-host rate: the measured one unless the user set it
+     * (same value on every rank: the measurement is reduced). */
+    if (!getenv("XMESH_INTRA_GBPS") && cal.intra_mbit > 0) {
+        char v[32];
+        snprintf(v, sizeof v, "%.3f", cal.intra_mbit / 1000);
+        setenv("XMESH_INTRA_GBPS", v, 1);
+    }
+
+    X.available = xmesh_ctx_create_mpi && xmesh_plan_create && xmesh_reshard && xmesh_mesh_create &&
+                  xmesh_plan_get_info;
+    if (X.available) {
+        xmesh_ctx_params_t cp = XMESH_CTX_PARAMS_INITIALIZER;
+        if (O.virtual_hosts > 0)
+            cp.host_id = W.rank / O.virtual_hosts;
+        xmesh_result_t r = xmesh_ctx_create_mpi(MPI_COMM_WORLD, &cp, &X.ctx);
+        if (r) {
+            snprintf(X.why, sizeof X.why, "xmesh_ctx_create_mpi: %s: %s", xmesh_result_string(r),
+                     xmesh_last_error());
+            X.available = 0;
+        }
+    } else {
+        snprintf(X.why, sizeof X.why, "library without the MPI executor");
+    }
+
+    if (W.rank == 0) {
+        printf("# xmesh-bench  suite %s  xmesh %s\n", suite->name, xmesh_version_string());
+        if (!X.available)
+            printf("# xmesh rows unsupported: %s\n", X.why);
+        printf("# ranks %d  hosts %d%s  iters %d  warm-up %d  check %s\n", W.size, W.nhosts,
+               W.virtual_hosts > 0 ? " (virtual: one machine, no NIC limit)" : "", O.iters,
+               O.warmup, O.check ? "on" : "off");
+        print_calib(&cal);
+        const char *g = getenv("XMESH_NIC_GBPS"), *in = getenv("XMESH_INTRA_GBPS");
+        printf("# model: NIC %s Gbit/s per direction, intra-host %s Gbit/s\n", g ? g : "(default)",
+               in ? in : "(default)");
+        printf("# time: seconds from a common barrier to the last rank done (median, min, max "
+               "over iterations)\n# algbw: tensor bytes / median time, MB/s (1e6); t/LB: "
+               "median / model lower bound; pred: simulated makespan, pred/t its ratio\n");
+        printf("#\n%8s %-22s %11s %8s %8s %8s %8s %7s %8s %7s %7s\n", "case", "method", "bytes",
+               "med(s)", "min(s)", "max(s)", "algbw", "t/LB", "pred(s)", "pred/t", "#wrong");
+        fflush(stdout);
+    }
+    for (int64_t bytes = O.minbytes; bytes <= O.maxbytes; bytes *= O.stepfactor) {
+        cur_req_bytes = bytes;
+        for (int i = 0; i < suite->ncases; i++)
+            if (in_list(O.cases, suite->cases[i].name))
+                run_case(suite, &suite->cases[i], bytes);
+        if (bytes == 0)
+            break;
+    }
+    long long wrong = 0;
+    int errors = 0;
+    for (int i = 0; i < nrows; i++) {
+        wrong += rows[i].wrong;
+        errors += !strcmp(rows[i].status, "error") || !strcmp(rows[i].status, "setup-failed");
+    }
+    if (W.rank == 0) {
+        printf("# wrong elements: %lld %s; failed rows: %d\n", wrong, wrong ? "WRONG" : "OK",
+               errors);
+        if (O.json)
+            write_json(O.json, &cal);
+        if (O.datprefix)
+            write_dat(O.datprefix, suite->name);
+    }
+    if (X.available && X.ctx)
+        xmesh_ctx_destroy(X.ctx);
+    for (int i = 0; i < nrows; i++)
+        free(rows[i].times);
+    MPI_Finalize();
+    return wrong || errors ? 1 : 0;
+}
