@@ -93,8 +93,21 @@ static double *subset_weights(const xm_prep_t *p, const int *bit_of, int u)
 /* (S): every subset when the universe is small (P tasks only at the
  * candidate sets below), otherwise the candidate sets only: every single
  * host, every group's holder-host set, and the whole universe. */
+/* Usable NICs of the hosts in mask m. */
+static double nics_of(const xm_prep_t *p, const int *bit_host, uint64_t m)
+{
+    int c = 0;
+    for (; m; m &= m - 1)
+        c += p->host_nics[bit_host[__builtin_ctzll(m)]];
+    return c > 0 ? c : 1;
+}
+
 static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
 {
+    int bit_host[64];
+    for (int h = 0; h < p->nhosts; h++)
+        if (bit_of[h] >= 0 && bit_of[h] < 64)
+            bit_host[bit_of[h]] = h;
     const xm_taskset_t *ts = p->ts;
     int have_p = 0, have_np = 0;
     for (int t = 0; t < ts->ntasks; t++) {
@@ -107,7 +120,7 @@ static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
         return 0;
     if (w) {
         for (size_t m = 1; m < ((size_t)1 << u); m++) {
-            double v = w[m] / (__builtin_popcountll(m) * (double)p->nics);
+            double v = w[m] / nics_of(p, bit_host, m);
             if (v > best)
                 best = v;
         }
@@ -149,7 +162,7 @@ static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
             if (p->pt[t].needs_nic && (!w || k->ngroups > 1) && must_leave(p, k, bit_of, cand[i]))
                 sum += p->pt[t].lb_dur;
         }
-        double v = sum / (__builtin_popcountll(cand[i]) * (double)p->nics);
+        double v = sum / nics_of(p, bit_host, cand[i]);
         if (v > best)
             best = v;
     }
@@ -191,8 +204,8 @@ double xm_lower_bound_prep(const xm_prep_t *p)
         }
     }
     for (int h = 0; h < p->nhosts; h++)
-        if (rin[h] / p->nics > lb)
-            lb = rin[h] / p->nics;
+        if (p->host_nics[h] > 0 && rin[h] / p->host_nics[h] > lb)
+            lb = rin[h] / p->host_nics[h];
     /* (S) */
     int u = 0;
     for (int h = 0; h < p->nhosts; h++)

@@ -300,6 +300,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.need_off = calloc(n + 2, sizeof(int));
     q.pt = calloc(n > 0 ? n : 1, sizeof *q.pt);
     q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
+    q.nic_ok = calloc(q.nnics + 1, 1);
+    q.host_nics = calloc(q.nhosts + 1, sizeof(int));
     q.recv_is_holder = calloc(nrecv_total + 1, 1);
     q.recv_covered = calloc(nrecv_total + 1, 1);
     xm_state_t st;
@@ -307,8 +309,9 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     memset(&st, 0, sizeof st);
     memset(&tr, 0, sizeof tr);
     xmesh_result_t r = XMESH_SUCCESS;
-    if (!q.opt_hosts || !q.opt_dur || !q.opt_res_off || !q.opt_nres_off || !q.need_off || !q.pt ||
-        !q.dev_nic || !q.recv_is_holder || !q.recv_covered) {
+    if (!q.nic_ok || !q.host_nics || !q.opt_hosts || !q.opt_dur || !q.opt_res_off ||
+        !q.opt_nres_off || !q.need_off || !q.pt || !q.dev_nic || !q.recv_is_holder ||
+        !q.recv_covered) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
     }
@@ -354,6 +357,15 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         }
         pt->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
     }
+    for (int t = 0; t < n; t++) {
+        const xm_task_t *k = &ts->tasks[t];
+        for (int i = 0; i < k->ngroups * k->group_size; i++)
+            q.nic_ok[q.dev_nic[ts->holders[k->holder_off + i]]] = 1;
+        for (int i = 0; i < k->nrecv; i++)
+            q.nic_ok[q.dev_nic[ts->recvs[k->recv_off + i]]] = 1;
+    }
+    for (int i = 0; i < q.nnics; i++)
+        q.host_nics[i / q.nics] += q.nic_ok[i];
     /* receiver hosts lacking a full value, per task */
     {
         int64_t tot = 0;
@@ -436,6 +448,8 @@ void xm_prep_free(xm_prep_t *p)
     free(p->need_hosts);
     free(p->pt);
     free(p->dev_nic);
+    free(p->nic_ok);
+    free(p->host_nics);
     free(p->recv_is_holder);
     free(p->recv_covered);
     memset(p, 0, sizeof *p);

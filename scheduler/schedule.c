@@ -251,6 +251,10 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
             hosts[t] = p.dev_host[fixed[(size_t)t * p.max_groups]];
         ms = xm_eval_plan(&p, &st, &tr, order, hosts, NULL);
         keep_best(&p, &best, order, hosts, ms);
+        if (!done(&best, &ctl)) {
+            ms = xm_sched_color(&p, &st, &tr, order, hosts);
+            keep_best(&p, &best, order, hosts, ms);
+        }
         /* DFS first: its first leaf is an earliest-start list schedule and
          * on small instances it proves optimality outright. */
         if (!done(&best, &ctl)) {

@@ -201,21 +201,26 @@ static double dfs_bound(dfs_t *d)
     const xm_state_t *s = d->s;
     double b = s->makespan, ssum = 0;
     int ns = 0;
+    /* only NICs that some task can use (xm_prep_t.nic_ok) count */
     for (int h = 0; h < p->nhosts; h++) {
-        double rsum = 0;
+        if (p->host_nics[h] == 0)
+            continue;
+        double rsum = 0, hs = 0;
         for (int k = 0; k < p->nics; k++)
-            rsum += s->dir_free[XM_DIR_RECV(h * p->nics + k)];
-        double v = (rsum + d->rem_recv[h]) / p->nics;
+            if (p->nic_ok[h * p->nics + k]) {
+                rsum += s->dir_free[XM_DIR_RECV(h * p->nics + k)];
+                hs += s->dir_free[XM_DIR_SEND(h * p->nics + k)];
+            }
+        double v = (rsum + d->rem_recv[h]) / p->host_nics[h];
         if (v > b)
             b = v;
         if (d->send_cnt[h] > 0) {
-            ns++;
-            for (int k = 0; k < p->nics; k++)
-                ssum += s->dir_free[XM_DIR_SEND(h * p->nics + k)];
+            ns += p->host_nics[h];
+            ssum += hs;
         }
     }
-    if (ns > 0 && (ssum + d->rem_send) / (ns * p->nics) > b)
-        b = (ssum + d->rem_send) / (ns * p->nics);
+    if (ns > 0 && (ssum + d->rem_send) / ns > b)
+        b = (ssum + d->rem_send) / ns;
     if (p->nklass <= 64) {
         for (int k = 0; k < p->nklass; k++) {
             if (d->cls_pos[k] >= d->cls_off[k + 1])
@@ -679,4 +684,108 @@ double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_s
     free(end);
     free(end2);
     return cur;
+}
+
+/* ------------------------------------------------------------- coloring */
+
+/* Rounds by bipartite edge coloring (Konig): a task that crosses exactly
+ * one send direction and one receive direction (of a host with one NIC; of
+ * NICs, as routed on an idle cluster, with several) is an edge between them; the edges of a
+ * bipartite multigraph of maximum degree D split into D matchings, so with equal durations the
+ * rounds finish at the busiest direction's load, i.e. the lower bound, where greedy rounds can
+ * leave gaps. Sender hosts come from load balancing (eq. 4); tasks that are
+ * not such edges go after the rounds, longest first. */
+double xm_sched_color(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *order, int *hosts)
+{
+    /* vertices: send and receive side of every NIC (host with one NIC) */
+    int n = p->ts->ntasks, V = 2 * p->nnics;
+    const int *roff = p->nics == 1 ? p->opt_res_off : p->opt_nres_off;
+    const int *res = p->nics == 1 ? p->opt_res : p->opt_nres;
+    if (n == 0)
+        return INFINITY;
+    xm_sched_lb(p, s, r, order, hosts); /* sender hosts */
+    int *eu = xmalloc(sizeof(int) * n), *ev = xmalloc(sizeof(int) * n);
+    int *deg = xcalloc(V, sizeof(int)), *col = xmalloc(sizeof(int) * n);
+    int D = 0;
+    for (int t = 0; t < n; t++) {
+        const xm_prep_task_t *pt = &p->pt[t];
+        int go = -1;
+        for (int o = 0; o < pt->nopt; o++)
+            if (p->opt_hosts[pt->opt_off + o] == hosts[t])
+                go = pt->opt_off + o;
+        eu[t] = ev[t] = -1;
+        col[t] = -1;
+        if (go < 0 || roff[go + 1] - roff[go] != 2)
+            continue;
+        int a = res[roff[go]], b = res[roff[go] + 1];
+        if ((a & 1) == (b & 1))
+            continue;
+        eu[t] = (a & 1) ? b / 2 : a / 2;              /* sending NIC (host) */
+        ev[t] = p->nnics + ((a & 1) ? a / 2 : b / 2); /* receiving NIC (host) */
+        if (++deg[eu[t]] > D)
+            D = deg[eu[t]];
+        if (++deg[ev[t]] > D)
+            D = deg[ev[t]];
+    }
+    int *at = xmalloc(sizeof(int) * ((size_t)V * (D + 1)));
+    int *path = xmalloc(sizeof(int) * (n + 1));
+    for (size_t i = 0; i < (size_t)V * (D + 1); i++)
+        at[i] = -1;
+#define AT(x, c) at[(size_t)(x) * (D + 1) + (c)]
+    for (int t = 0; t < n; t++) {
+        if (eu[t] < 0)
+            continue;
+        int u = eu[t], v = ev[t], a = 0, b = 0;
+        while (AT(u, a) >= 0)
+            a++;
+        while (AT(v, b) >= 0)
+            b++;
+        if (AT(v, a) >= 0) {
+            /* flip the a/b alternating path from v; it cannot reach u */
+            int np = 0, x = v, c = a;
+            while (AT(x, c) >= 0) {
+                int f = AT(x, c);
+                path[np++] = f;
+                x = eu[f] == x ? ev[f] : eu[f];
+                c = c == a ? b : a;
+            }
+            for (int i = 0; i < np; i++) {
+                int f = path[i];
+                AT(eu[f], col[f]) = -1;
+                AT(ev[f], col[f]) = -1;
+            }
+            for (int i = 0; i < np; i++) {
+                int f = path[i];
+                col[f] = col[f] == a ? b : a;
+                AT(eu[f], col[f]) = f;
+                AT(ev[f], col[f]) = f;
+            }
+        }
+        col[t] = a;
+        AT(u, a) = t;
+        AT(v, a) = t;
+    }
+#undef AT
+    /* order: tasks without NIC, the rounds, then the rest (longest first) */
+    keyed_t *v = xmalloc(sizeof *v * n);
+    for (int t = 0; t < n; t++) {
+        int nres = 0;
+        for (int o = 0; o < p->pt[t].nopt; o++)
+            if (p->opt_hosts[p->pt[t].opt_off + o] == hosts[t])
+                nres = roff[p->pt[t].opt_off + o + 1] - roff[p->pt[t].opt_off + o];
+        /* descending key: no-NIC first, then color 0, 1, ..., then others */
+        double rank = nres == 0 ? 0 : col[t] >= 0 ? 1 + col[t] : 2.0 + D;
+        v[t] = (keyed_t){-(rank * 1e6) + p->pt[t].min_dur / (p->pt[t].min_dur + 1.0), t};
+    }
+    qsort(v, n, sizeof *v, cmp_keyed_desc);
+    for (int i = 0; i < n; i++)
+        order[i] = v[i].t;
+    free(v);
+    free(eu);
+    free(ev);
+    free(deg);
+    free(col);
+    free(at);
+    free(path);
+    return xm_eval_plan(p, s, r, order, hosts, NULL);
 }

@@ -51,8 +51,11 @@ int xm_cluster_nic_of(const xm_cluster_t *c, int dev);
  *     chain [hd, receivers on h in device order], hd = a holder on h;
  *   - all other receivers: one main chain [s, receivers on host(s), then the
  *     receivers of every other host, host by host in ascending host order].
- *     Inside a host the chain enters through the receiver whose NIC frees
- *     first (matters only with several NICs), the rest follow by device id.
+ *     With several NICs per host, inside a receiving host the chain enters
+ *     through the receiver whose receive NIC frees first and, when three or
+ *     more receivers are there, leaves from the one whose send NIC frees
+ *     first (ties: the entry's NIC); the others follow by device id. With
+ *     one NIC the receivers of a host simply follow by device id.
  *   Each receiver host's NIC therefore receives the bytes once.
  * BROADCAST, P (ngroups G > 1): one chain [s_0 .. s_{G-1}, receivers]. The
  *   sources are the chosen holders of the groups (sender[t * max_groups + g]
@@ -69,8 +72,10 @@ int xm_cluster_nic_of(const xm_cluster_t *c, int dev);
  * A task with nrecv > 0 always has at least one route.
  *
  * Sender choice: the schedulers decide a sender host per task; the device
- * inside it (per group) is the holder whose NIC frees first, then the one
- * that sent the fewest bytes so far, then the lowest id. For a P group
+ * inside it (per group) is the holder whose send NIC frees first, then the
+ * one on the lowest NIC, then the one that sent the fewest bytes so far,
+ * then the lowest id. Intra-host chains start at the holder of that host
+ * that sent the fewest bytes (then lowest id). For a P group
  * without a holder on that host: a host an earlier group already uses, else
  * a receiver host, else its lowest holder's host.
  *
@@ -134,8 +139,9 @@ xmesh_result_t xm_schedule_from(const xm_taskset_t *ts, const xm_cluster_t *c,
                                 const xm_sched_opts_t *o, const int *order, const int *sender,
                                 xm_schedule_t *out);
 
-/* Lower bound (seconds) of any schedule's completion time; see
- * docs/LOWER_BOUND.md for the argument. */
+/* Lower bound (seconds) of any schedule's completion time under the
+ * broadcast route model (xm_schedule_t.lower_bound_s is the same bound for
+ * the schedule's own strategy); see docs/LOWER_BOUND.md for the argument. */
 double xm_lower_bound(const xm_taskset_t *ts, const xm_cluster_t *c);
 
 /* Cuts the unit tasks of a small instance into pieces (boxes split along

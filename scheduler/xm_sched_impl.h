@@ -38,7 +38,11 @@ typedef struct xm_prep {
     int *opt_hosts;
     const int *dev_host; /* = c->hosts.host_of */
     int *dev_nic;        /* global NIC of each device */
-    double *opt_dur;     /* per option: duration on an idle cluster */
+    /* NICs some task can use (a device on them holds or receives something)
+     * and their number per host: a host's other NICs never carry data. */
+    unsigned char *nic_ok;
+    int *host_nics;
+    double *opt_dur; /* per option: duration on an idle cluster */
     /* Per option: host-level NIC directions its routes cross (host * 2 +
      * 0 send / 1 recv), at opt_res[opt_res_off[o] .. opt_res_off[o + 1]).
      * With one NIC per host these are exactly the NIC directions. */
@@ -144,6 +148,8 @@ double xm_sched_dfs(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_searc
                     int *order, int *hosts);
 double xm_sched_greedy(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
                        int *order, int *hosts);
+/* Rounds from a bipartite edge coloring of send/receive NIC directions. */
+double xm_sched_color(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *order, int *hosts);
 /* Improves (order, hosts) in place by local moves within ctl; returns makespan. */
 double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_search_ctl_t *ctl,
                         int *order, int *hosts, double cur);

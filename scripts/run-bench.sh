@@ -11,6 +11,7 @@
 #   XMESH_BENCH_HOSTS [5]  XMESH_BENCH_PPH [4]  XMESH_BENCH_RATE [300mbit]
 #   XMESH_BENCH_NTOM_BYTES [32M]  XMESH_BENCH_1TOM_BYTES [16M]
 #   XMESH_BENCH_ITERS [3]  XMESH_BENCH_WARMUP [1]  XMESH_BENCH_OUT [build/bench/<time>]
+#   XMESH_BENCH_NO_CLUSTER=1: skip the emulated cluster even where it could run
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -54,6 +55,10 @@ chmod +x "$out/suites.sh"
 
 mode=cluster
 why=$(microbench/cluster/cluster.sh check 2>&1) || mode=single
+if [ -n "${XMESH_BENCH_NO_CLUSTER:-}" ]; then
+    mode=single
+    why="XMESH_BENCH_NO_CLUSTER is set"
+fi
 start=$(date +%s)
 if [ "$mode" = cluster ]; then
     echo "run-bench: emulated cluster: $hosts hosts x $pph ranks, NIC $rate each way"
@@ -71,7 +76,9 @@ fi
 echo "run-bench: suites took $(($(date +%s) - start)) s (exit $rc)"
 microbench/charts/make-charts.sh "$out/bench"
 if command -v python3 >/dev/null 2>&1; then
+    python3 microbench/charts/json2md.py "$out"/*.json >"$out/results.md"
+    echo "run-bench: targets of issue 5 (docs/BENCHMARKS.md):"
     python3 microbench/charts/targets.py "$out"/*.json | tee "$out/targets.txt"
 fi
-echo "run-bench: results in $out (tables *.txt, JSON *.json, charts *.png)"
+echo "run-bench: results in $out (tables *.txt, markdown results.md, JSON *.json, charts *.png)"
 exit $rc

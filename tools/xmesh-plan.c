@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "xm_cases.h"
 #include "xm_sched.h"
 
 #define ALL_SCHEDULERS (-2)
@@ -41,23 +42,7 @@ typedef struct {
     const char *trace;
 } opts_t;
 
-/* The paper's Table 2 (see ../shared/BENCH_CASES.md). */
-static const struct {
-    int64_t shape[3];
-    int src[2], dst[2];
-    const char *sspec, *dspec;
-} cases[] = {
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S0RR", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RRR", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS01R", "S01RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S1RR", "S0RR"},
-    {{3072, 1024, 170}, {2, 4}, {3, 4}, "S0RR", "S0RR"},
-    {{1024, 1024, 512}, {1, 4}, {2, 4}, "S1RR", "RRR"},
-    {{1024, 1024, 512}, {2, 3}, {3, 2}, "RRR", "RRR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "RRS0"},
-};
-#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+#define NCASES XM_TABLE2_NCASES
 
 static void usage(FILE *f)
 {
@@ -195,15 +180,15 @@ static void set_case(problem_t *pb, int c)
 {
     pb->ndim = 3;
     for (int d = 0; d < 3; d++)
-        pb->shape[d] = cases[c].shape[d];
+        pb->shape[d] = xm_table2[c].shape[d];
     pb->dtype = "i32";
     pb->src_ndim = pb->dst_ndim = 2;
     for (int a = 0; a < 2; a++) {
-        pb->src_shape[a] = cases[c].src[a];
-        pb->dst_shape[a] = cases[c].dst[a];
+        pb->src_shape[a] = xm_table2[c].src[a];
+        pb->dst_shape[a] = xm_table2[c].dst[a];
     }
-    pb->src_spec = cases[c].sspec;
-    pb->dst_spec = cases[c].dspec;
+    pb->src_spec = xm_table2[c].ss;
+    pb->dst_spec = xm_table2[c].ds;
 }
 
 static int parse_args(int argc, char **argv, opts_t *o)

@@ -366,23 +366,14 @@ xmesh_result_t xmesh_plan_get_info(xmesh_plan_t p, xmesh_plan_info_t *info)
 
 /* --------------------------------------------------------------- reshards */
 
-static int64_t block_volume(const xm_layout_t *l, int index)
-{
-    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], v = 1;
-    xm_layout_block(l, index, lo, hi);
-    for (int d = 0; d < l->ndim; d++)
-        v *= hi[d] - lo[d];
-    return v;
-}
-
 xmesh_result_t xmesh_reshard_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *req)
 {
     CHECK_NULL(p, "plan");
     CHECK_NULL(req, "req");
-    if (p->src_index >= 0 && !src && block_volume(&p->src, p->src_index) > 0)
+    if (p->src_index >= 0 && !src && xm_layout_block_volume(&p->src, p->src_index) > 0)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                       "src_local is NULL but rank %d holds a source block", p->ctx->rank);
-    if (p->dst_index >= 0 && !dst && block_volume(&p->dst, p->dst_index) > 0)
+    if (p->dst_index >= 0 && !dst && xm_layout_block_volume(&p->dst, p->dst_index) > 0)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                       "dst_local is NULL but rank %d holds a destination block", p->ctx->rank);
     if (src && src == dst)

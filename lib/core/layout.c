@@ -80,3 +80,12 @@ void xm_layout_block(const xm_layout_t *l, int i, int64_t *lo, int64_t *hi)
         xm_split(l->shape[d], xm_layout_nshards(l, d), xm_layout_shard_index(l, d, coord), &lo[d],
                  &hi[d]);
 }
+
+int64_t xm_layout_block_volume(const xm_layout_t *l, int i)
+{
+    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], v = 1;
+    xm_layout_block(l, i, lo, hi);
+    for (int d = 0; d < l->ndim; d++)
+        v *= hi[d] - lo[d];
+    return v;
+}

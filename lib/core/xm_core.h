@@ -95,6 +95,16 @@ static inline void xm_split(int64_t n, int64_t k, int64_t idx, int64_t *lo, int6
     *hi = *lo + base + (idx < rem ? 1 : 0);
 }
 
+/* Accumulator element size of partial sums: f32 for f16/bf16, else the
+ * element size (0 for an unknown dtype). */
+size_t xm_dtype_acc_size(xmesh_dtype_t dtype);
+/* IEEE 754 binary16 and bfloat16 <-> binary32, round to nearest even; NaN
+ * stays NaN, overflow goes to infinity. */
+float xm_f16_to_f32(uint16_t h);
+uint16_t xm_f32_to_f16(float f);
+float xm_bf16_to_f32(uint16_t h);
+uint16_t xm_f32_to_bf16(float f);
+
 /* ---------------------------------------------------------------- layout */
 
 /* A mesh as plain data: devices row-major, `devs` points to ndev ids. */
@@ -126,6 +136,8 @@ int64_t xm_layout_nshards(const xm_layout_t *l, int d);
 int64_t xm_layout_shard_index(const xm_layout_t *l, int d, const int coord[XM_MAX_MESH_DIMS]);
 /* Block [lo, hi) of the device at mesh index i. */
 void xm_layout_block(const xm_layout_t *l, int i, int64_t *lo, int64_t *hi);
+/* Number of elements of that block. */
+int64_t xm_layout_block_volume(const xm_layout_t *l, int i);
 
 /* ----------------------------------------------------------- unit tasks */
 

@@ -446,15 +446,6 @@ static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cud
     return XMESH_SUCCESS;
 }
 
-static int64_t block_volume(const xm_layout_t *l, int index)
-{
-    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], v = 1;
-    xm_layout_block(l, index, lo, hi);
-    for (int d = 0; d < l->ndim; d++)
-        v *= hi[d] - lo[d];
-    return v;
-}
-
 /* Device buffers only: a host pointer would make NCCL fault on the device,
  * long after the call returned. */
 static xmesh_result_t check_buffer(xmesh_plan_t plan, const void *p, const char *name, int needed)
@@ -481,8 +472,8 @@ static xmesh_result_t check_buffer(xmesh_plan_t plan, const void *p, const char 
 static xmesh_result_t check_buffers(xmesh_plan_t p, const void *src, void *dst)
 {
     xmesh_result_t r;
-    int need_src = p->src_index >= 0 && block_volume(&p->src, p->src_index) > 0;
-    int need_dst = p->dst_index >= 0 && block_volume(&p->dst, p->dst_index) > 0;
+    int need_src = p->src_index >= 0 && xm_layout_block_volume(&p->src, p->src_index) > 0;
+    int need_dst = p->dst_index >= 0 && xm_layout_block_volume(&p->dst, p->dst_index) > 0;
     if (need_src && !src)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                       "src_local is NULL but rank %d holds a source block", p->ctx->rank);

@@ -173,7 +173,6 @@ typedef struct xm_devprog {
 } xm_devprog_t;
 
 /* Accumulator element size of a dtype for partial sums. */
-size_t xm_acc_size(xmesh_dtype_t dtype);
 
 /* Builds rank's program. src/dst are the plan's layouts, ts/s its tasks and
  * schedule, hosts its host map. On error *out is untouched. */
@@ -255,10 +254,7 @@ void xm_commcache_free(xm_commcache_t *c);
 
 /* --------------------------------------------- element conversions */
 
-float xm_f16_to_f32(uint16_t h);
-uint16_t xm_f32_to_f16(float f); /* round to nearest even, overflow to inf */
-float xm_bf16_to_f32(uint16_t h);
-uint16_t xm_f32_to_bf16(float f); /* round to nearest even, NaN kept quiet */
+/* f16/bf16 conversions: xm_f16_to_f32 & co. in lib/core/xm_core.h */
 
 /* ------------------------------------------ CPU reference of the kernels */
 

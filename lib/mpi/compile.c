@@ -595,7 +595,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     x->rank = ctx->rank;
     x->dtype = p->dtype;
     x->es = xmesh_dtype_size(p->dtype);
-    x->acc_es = xm_mpi_acc_size(p->dtype);
+    x->acc_es = xm_dtype_acc_size(p->dtype);
     /* 3. This rank's steps. */
     if (!local)
         local = compile(p, x);

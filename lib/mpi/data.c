@@ -85,80 +85,6 @@ int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
     return it_run(&it) >= c;
 }
 
-size_t xm_mpi_acc_size(xmesh_dtype_t dt)
-{
-    return dt == XMESH_F16 || dt == XMESH_BF16 ? 4 : xmesh_dtype_size(dt);
-}
-
-/* IEEE 754 binary16 <-> binary32, round to nearest even. */
-float xm_mpi_half_to_float(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            int e = -1;
-            do {
-                e++;
-                man <<= 1;
-            } while (!(man & 0x400));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
-        }
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t xm_mpi_float_to_half(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf or NaN (keep NaN quiet) */
-        return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
-    if (ax >= 0x477ff000u) /* rounds to >= 65520: overflow */
-        return (uint16_t)(sign | 0x7c00);
-    if (ax < 0x38800000u) { /* subnormal or zero in half */
-        if (ax < 0x33000000u)
-            return (uint16_t)sign;
-        uint32_t e = ax >> 23, man = (ax & 0x7fffff) | 0x800000;
-        uint32_t shift = 126 - e; /* 14..24 */
-        uint32_t v = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (v & 1)))
-            v++;
-        return (uint16_t)(sign | v);
-    }
-    uint32_t v = ((ax >> 13) - (112u << 10));
-    uint32_t rem = ax & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (v & 1)))
-        v++;
-    return (uint16_t)(sign | v);
-}
-
-float xm_mpi_bf16_to_float(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t xm_mpi_float_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40);
-    x += 0x7fff + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
 void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
 {
     /* In place, ascending: element i is written at 2i after being read at
@@ -167,14 +93,14 @@ void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
         for (int64_t i = 0; i < n; i++) {
             float f;
             memcpy(&f, (char *)buf + 4 * i, 4);
-            uint16_t h = xm_mpi_float_to_half(f);
+            uint16_t h = xm_f32_to_f16(f);
             memcpy((char *)buf + 2 * i, &h, 2);
         }
     } else if (dt == XMESH_BF16) {
         for (int64_t i = 0; i < n; i++) {
             float f;
             memcpy(&f, (char *)buf + 4 * i, 4);
-            uint16_t h = xm_mpi_float_to_bf16(f);
+            uint16_t h = xm_f32_to_bf16(f);
             memcpy((char *)buf + 2 * i, &h, 2);
         }
     }
@@ -247,7 +173,7 @@ static void acc_op(xmesh_dtype_t dt, int add, void *acc, const void *nat, int64_
         for (int64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, b + i, 2);
-            float v = dt == XMESH_F16 ? xm_mpi_half_to_float(h) : xm_mpi_bf16_to_float(h);
+            float v = dt == XMESH_F16 ? xm_f16_to_f32(h) : xm_bf16_to_f32(h);
             a[i] = add ? a[i] + v : v;
         }
         break;
@@ -260,7 +186,7 @@ static void acc_op(xmesh_dtype_t dt, int add, void *acc, const void *nat, int64_
 void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf,
                       int64_t a, int64_t c)
 {
-    size_t es = xmesh_dtype_size(dt), as = xm_mpi_acc_size(dt);
+    size_t es = xmesh_dtype_size(dt), as = xm_dtype_acc_size(dt);
     geom_it_t it;
     it_init(&it, g, a);
     int64_t done = 0;

@@ -53,20 +53,11 @@ void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block,
 /* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
  * contiguous buffer when g is NULL), independent of how runs split. */
 uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
-/* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
- * contiguous buffer when g is NULL), independent of how runs split. */
-uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
 /* Copies box-linear elements [a, a + c) from one block to another. */
 void xm_mpi_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst,
                        size_t es, int64_t a, int64_t c);
-/* Element size of the accumulation type (f32 for f16/bf16, else native). */
-size_t xm_mpi_acc_size(xmesh_dtype_t dt);
 /* Converts n accumulated elements to the native type in place. */
 void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n);
-float xm_mpi_half_to_float(uint16_t h);
-uint16_t xm_mpi_float_to_half(float f);
-float xm_mpi_bf16_to_float(uint16_t h);
-uint16_t xm_mpi_float_to_bf16(float f);
 
 /* ------------------------------------------------------------ plan state */
 

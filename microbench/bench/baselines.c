@@ -7,6 +7,10 @@
  *                  broadcast inside the receiver group);
  *   mpi-ibcast     the same with MPI_Ibcast, all tasks in flight at once
  *                  (Open MPI's libnbc: the root sends to every receiver);
+ *   mpi-sendrecv-allgather  Alpa's method with MPI: per unit task the
+ *                  sender sends 1/k of the box to each of the k receivers
+ *                  on a host, then those k run MPI_Iallgatherv among
+ *                  themselves (a communicator per task and host);
  *   mpi-alltoallv  one MPI_Ialltoallv on the union of both meshes; every
  *                  receiver gets its boxes point-to-point from the sender.
  * Unit tasks come from xm_decompose() (the library's decomposer, linked
@@ -23,6 +27,7 @@ struct bench_mpi_method {
     const bench_world_t *w;
     const bench_case_t *c;
     int alltoallv;   /* else bcast */
+    int alpa;        /* mpi-sendrecv-allgather */
     int nonblocking; /* bcast: MPI_Ibcast all tasks at once (mpi-ibcast) */
     int *sender;     /* per task: world rank that sends it */
     /* bcast: per task the intercommunicator (MPI_COMM_NULL if not a member)
@@ -30,6 +35,11 @@ struct bench_mpi_method {
     MPI_Comm *inter;
     int32_t **box_buf;
     MPI_Request *reqs;
+    /* sendrecv-allgather: per task the host communicator of this receiver
+     * (in inter[]), its slice counts and displacements (k entries) and
+     * this rank's slice index */
+    int **acount, **adispl;
+    int *aslice;
     /* alltoallv */
     MPI_Comm uni;
     int usize;
@@ -184,6 +194,71 @@ static int setup_bcast(bench_mpi_method_t *m)
     return fail ? -1 : 0;
 }
 
+/* Receivers of task t on `host` (consecutive: receivers are sorted by
+ * host); returns their count and sets *first to the index of the first. */
+static int host_group(const bench_world_t *w, const bench_case_t *c, const xm_task_t *t, int host,
+                      int *first)
+{
+    int k = 0;
+    *first = -1;
+    for (int j = 0; j < t->nrecv; j++)
+        if (w->host_of[c->ts.recvs[t->recv_off + j]] == host) {
+            if (*first < 0)
+                *first = j;
+            k++;
+        }
+    return k;
+}
+
+static int setup_alpa(bench_mpi_method_t *m)
+{
+    const bench_case_t *c = m->c;
+    const bench_world_t *w = m->w;
+    int nt = c->ts.ntasks;
+    m->inter = malloc(sizeof *m->inter * (size_t)(nt ? nt : 1));
+    m->box_buf = calloc((size_t)(nt ? nt : 1), sizeof *m->box_buf);
+    m->acount = calloc((size_t)(nt ? nt : 1), sizeof *m->acount);
+    m->adispl = calloc((size_t)(nt ? nt : 1), sizeof *m->adispl);
+    m->aslice = calloc((size_t)(nt ? nt : 1), sizeof *m->aslice);
+    /* at most one request per receiver per task on the sender side */
+    int64_t nreq = 1;
+    for (int t = 0; t < nt; t++)
+        nreq += c->ts.tasks[t].nrecv + 1;
+    m->reqs = malloc(sizeof *m->reqs * (size_t)nreq);
+    if (!m->inter || !m->box_buf || !m->acount || !m->adispl || !m->aslice || !m->reqs)
+        return -1;
+    for (int t = 0; t < nt; t++)
+        m->inter[t] = MPI_COMM_NULL;
+    int fail = 0, myhost = w->host_of[w->rank];
+    for (int t = 0; t < nt; t++) {
+        const xm_task_t *task = &c->ts.tasks[t];
+        int am_recv = is_recv(c, task, w->rank);
+        if (MPI_Comm_split(MPI_COMM_WORLD, am_recv ? myhost : MPI_UNDEFINED, w->rank,
+                           &m->inter[t]) != MPI_SUCCESS)
+            return -1;
+        int64_t e = task->bytes / 4;
+        if (am_recv) {
+            int first, k = host_group(w, c, task, myhost, &first);
+            m->acount[t] = malloc(sizeof(int) * (size_t)k);
+            m->adispl[t] = malloc(sizeof(int) * (size_t)k);
+            fail |= !m->acount[t] || !m->adispl[t];
+            for (int j = 0; j < k && !fail; j++) {
+                int64_t lo, hi;
+                xm_split(e, k, j, &lo, &hi);
+                m->adispl[t][j] = (int)lo;
+                m->acount[t][j] = (int)(hi - lo);
+                if (c->ts.recvs[task->recv_off + first + j] == w->rank)
+                    m->aslice[t] = j;
+            }
+        }
+        if (am_recv || m->sender[t] == w->rank) {
+            m->box_buf[t] = malloc((size_t)(e > 0 ? e : 1) * 4);
+            fail |= !m->box_buf[t];
+        }
+    }
+    return fail ? -1 : 0;
+}
+
 static int setup_alltoallv(bench_mpi_method_t *m)
 {
     const bench_case_t *c = m->c;
@@ -239,6 +314,7 @@ bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *
         m->c = c;
         m->alltoallv = !strcmp(method, "mpi-alltoallv");
         m->nonblocking = !strcmp(method, "mpi-ibcast");
+        m->alpa = !strcmp(method, "mpi-sendrecv-allgather");
         m->uni = MPI_COMM_NULL;
         m->sender = malloc(sizeof(int) * (size_t)(c->ts.ntasks ? c->ts.ntasks : 1));
         ok = m->sender != NULL;
@@ -252,7 +328,7 @@ bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *
         return NULL;
     }
     choose_senders(w, c, m->sender);
-    ok = (m->alltoallv ? setup_alltoallv(m) : setup_bcast(m)) == 0;
+    ok = (m->alltoallv ? setup_alltoallv(m) : m->alpa ? setup_alpa(m) : setup_bcast(m)) == 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all_ok) {
         if (w->rank == 0)
@@ -354,9 +430,62 @@ static int run_alltoallv(bench_mpi_method_t *m, const int32_t *src, int32_t *dst
     return 0;
 }
 
+/* Phase 1: every sender sends each receiver its 1/k slice (all tasks in
+ * flight). Phase 2: each host's receivers of a task all-gather the slices.
+ * Packing and unpacking are inside, as for every method. */
+static int run_alpa(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
+{
+    const bench_case_t *c = m->c;
+    const bench_world_t *w = m->w;
+    int n = 0;
+    for (int t = 0; t < c->ts.ntasks; t++) {
+        const xm_task_t *task = &c->ts.tasks[t];
+        int tag = t % 32000;
+        if (m->sender[t] == w->rank) {
+            bench_pack(c, src, c->src_lo, c->src_hi, &task->box, m->box_buf[t]);
+            int64_t e = task->bytes / 4;
+            for (int j = 0; j < task->nrecv;) {
+                int first, r = c->ts.recvs[task->recv_off + j];
+                int k = host_group(w, c, task, w->host_of[r], &first);
+                for (int q = 0; q < k; q++) {
+                    int64_t lo, hi;
+                    xm_split(e, k, q, &lo, &hi);
+                    if (MPI_Isend(m->box_buf[t] + lo, (int)(hi - lo), MPI_INT,
+                                  c->ts.recvs[task->recv_off + first + q], tag, MPI_COMM_WORLD,
+                                  &m->reqs[n++]) != MPI_SUCCESS)
+                        return -1;
+                }
+                j = first + k;
+            }
+        }
+        if (m->inter[t] != MPI_COMM_NULL) {
+            int j = m->aslice[t];
+            if (MPI_Irecv(m->box_buf[t] + m->adispl[t][j], m->acount[t][j], MPI_INT, m->sender[t],
+                          tag, MPI_COMM_WORLD, &m->reqs[n++]) != MPI_SUCCESS)
+                return -1;
+        }
+    }
+    if (bench_waitall(w, n, m->reqs) != MPI_SUCCESS)
+        return -1;
+    n = 0;
+    for (int t = 0; t < c->ts.ntasks; t++)
+        if (m->inter[t] != MPI_COMM_NULL &&
+            MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, m->box_buf[t], m->acount[t],
+                            m->adispl[t], MPI_INT, m->inter[t], &m->reqs[n++]) != MPI_SUCCESS)
+            return -1;
+    if (bench_waitall(w, n, m->reqs) != MPI_SUCCESS)
+        return -1;
+    for (int t = 0; t < c->ts.ntasks; t++)
+        if (m->inter[t] != MPI_COMM_NULL)
+            bench_unpack(c, dst, c->dst_lo, c->dst_hi, &c->ts.tasks[t].box, m->box_buf[t]);
+    return 0;
+}
+
 int bench_mpi_run(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
 {
-    return m->alltoallv ? run_alltoallv(m, src, dst) : run_bcast(m, src, dst);
+    if (m->alltoallv)
+        return run_alltoallv(m, src, dst);
+    return m->alpa ? run_alpa(m, src, dst) : run_bcast(m, src, dst);
 }
 
 void bench_mpi_free(bench_mpi_method_t *m)
@@ -374,6 +503,15 @@ void bench_mpi_free(bench_mpi_method_t *m)
             free(m->box_buf[t]);
         free(m->box_buf);
     }
+    if (m->acount) {
+        for (int t = 0; t < m->c->ts.ntasks; t++) {
+            free(m->acount[t]);
+            free(m->adispl[t]);
+        }
+    }
+    free(m->acount);
+    free(m->adispl);
+    free(m->aslice);
     if (m->uni != MPI_COMM_NULL)
         MPI_Comm_free(&m->uni);
     free(m->reqs);

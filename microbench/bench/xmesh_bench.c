@@ -88,9 +88,11 @@ typedef struct {
 } suite_t;
 
 static const suite_t suites[] = {
-    {"n-to-m", n_to_m_cases, 9, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-alltoallv",
+    {"n-to-m", n_to_m_cases, 9,
+     "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      64LL << 20},
-    {"1-to-m", one_to_m_cases, 7, "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-alltoallv",
+    {"1-to-m", one_to_m_cases, 7,
+     "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      16LL << 20},
     {"loadbalance", n_to_m_cases, 9, "naive,lb,xmesh", 64LL << 20},
 };
@@ -123,6 +125,8 @@ static const method_t methods[] = {
      "MPI_Bcast per unit task over an intercommunicator, tasks in order"},
     {"mpi-ibcast", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
      "MPI_Ibcast per unit task over an intercommunicator, all at once"},
+    {"mpi-sendrecv-allgather", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "Alpa with MPI: 1/k of each box per receiver device, then MPI_Iallgatherv per host"},
     {"mpi-alltoallv", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
      "MPI_Ialltoallv over the union of both meshes"},
 };
@@ -131,8 +135,9 @@ static const method_t methods[] = {
 /* --------------------------------------------------------------- rows */
 
 typedef struct {
-    char suite[16], casename[32], method[24], status[24];
+    char suite[16], casename[32], method[32], status[24];
     int64_t bytes;
+    int64_t req_bytes; /* the size of the sweep this row belongs to (-b .. -e) */
     char shape[64];
     double tmed, tmin, tmax, lb, pred;
     int iters;
@@ -432,6 +437,7 @@ static int case_build(const case_def_t *def, int64_t bytes, bench_case_t *c, cha
 typedef struct {
     xmesh_ctx_t ctx;
     int available; /* the library has the MPI executor entry points */
+    char why[256]; /* why not, for the header */
 } xmesh_state_t;
 
 static xmesh_state_t X;
@@ -488,6 +494,8 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static int64_t cur_req_bytes; /* size of the sweep being run */
+
 static row_t *new_row(const char *suite, const bench_case_t *c, const char *method)
 {
     if (nrows >= MAX_ROWS)
@@ -498,6 +506,7 @@ static row_t *new_row(const char *suite, const bench_case_t *c, const char *meth
     snprintf(r->casename, sizeof r->casename, "%s", c->name);
     snprintf(r->method, sizeof r->method, "%s", method);
     r->bytes = 4;
+    r->req_bytes = cur_req_bytes;
     int n = 0;
     for (int d = 0; d < c->ndim; d++) {
         r->bytes *= c->shape[d];
@@ -513,7 +522,7 @@ static void print_row(const row_t *r)
 {
     if (W.rank)
         return;
-    printf("%8s %-19s %11lld", r->casename, r->method, (long long)r->bytes);
+    printf("%8s %-22s %11lld", r->casename, r->method, (long long)r->bytes);
     if (strcmp(r->status, "ok") && strcmp(r->status, "WRONG")) {
         printf("   %s\n", r->status);
         fflush(stdout);
@@ -558,7 +567,7 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, in
         if (r) {
             snprintf(row->status, sizeof row->status, "%s",
                      r == XMESH_ERR_UNSUPPORTED ? "unsupported" : xmesh_result_string(r));
-            if (W.rank == 0 && r != XMESH_ERR_UNSUPPORTED)
+            if (W.rank == 0 && X.available)
                 fprintf(stderr, "xmesh-bench: case %s %s: plan: %s\n", c->name, m->name,
                         xmesh_last_error());
             print_row(row);
@@ -652,7 +661,7 @@ static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
     MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (worst) {
         if (W.rank == 0)
-            printf("%8s %-19s %11s   skipped: %s\n", def->name, "*", "-", why);
+            printf("%8s %-22s %11s   skipped: %s\n", def->name, "*", "-", why);
         case_free(&c);
         return;
     }
@@ -662,7 +671,7 @@ static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all) {
         if (W.rank == 0)
-            printf("%8s %-19s %11s   skipped: out of memory\n", def->name, "*", "-");
+            printf("%8s %-22s %11s   skipped: out of memory\n", def->name, "*", "-");
         goto out_free;
     }
     if (src)
@@ -766,8 +775,8 @@ static void write_dat(const char *prefix, const char *suite)
     int nm = 0, nc = 0;
     int64_t maxbytes = 0;
     for (int i = 0; i < nrows; i++)
-        if (!strcmp(rows[i].suite, suite) && rows[i].bytes > maxbytes)
-            maxbytes = rows[i].bytes;
+        if (!strcmp(rows[i].suite, suite) && rows[i].req_bytes > maxbytes)
+            maxbytes = rows[i].req_bytes;
     for (int i = 0; i < nrows; i++) {
         const row_t *r = &rows[i];
         if (strcmp(r->suite, suite))
@@ -803,7 +812,7 @@ static void write_dat(const char *prefix, const char *suite)
                 for (int i = 0; i < nrows; i++) {
                     const row_t *r = &rows[i];
                     if (!strcmp(r->suite, suite) && !strcmp(r->method, mnames[m]) &&
-                        !strcmp(r->casename, cnames[cc]) && r->bytes == maxbytes &&
+                        !strcmp(r->casename, cnames[cc]) && r->req_bytes == maxbytes &&
                         !strcmp(r->status, "ok"))
                         v = kind ? r->tmed / r->lb : r->tmed;
                 }
@@ -827,6 +836,8 @@ static void print_calib(const bench_calib_t *c)
         return;
     printf("# calibration (raw MPI point-to-point, %lld-byte transfers, best of 2):\n",
            (long long)O.calib_bytes);
+    if (W.virtual_hosts > 0 && O.calib_bytes > 0)
+        printf("#   virtual hosts: every transfer below is shared memory; no NIC to calibrate\n");
     if (O.calib_bytes == 0) {
         printf("#   skipped (-k 0)\n");
     } else if (c->one_mbit < 0) {
@@ -856,7 +867,10 @@ static void print_calib(const bench_calib_t *c)
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
+    /* xmesh's MPI executor runs a progress thread: it needs
+     * MPI_THREAD_MULTIPLE (the baselines then run at the same level). */
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     O.suite = "n-to-m";
     O.minbytes = O.maxbytes = -1;
     O.stepfactor = 2;
@@ -982,16 +996,18 @@ int main(int argc, char **argv)
             cp.host_id = W.rank / O.virtual_hosts;
         xmesh_result_t r = xmesh_ctx_create_mpi(MPI_COMM_WORLD, &cp, &X.ctx);
         if (r) {
-            if (W.rank == 0)
-                fprintf(stderr, "xmesh-bench: xmesh_ctx_create_mpi: %s: %s\n",
-                        xmesh_result_string(r), xmesh_last_error());
+            snprintf(X.why, sizeof X.why, "xmesh_ctx_create_mpi: %s: %s", xmesh_result_string(r),
+                     xmesh_last_error());
             X.available = 0;
         }
+    } else {
+        snprintf(X.why, sizeof X.why, "library without the MPI executor");
     }
 
     if (W.rank == 0) {
-        printf("# xmesh-bench  suite %s  xmesh %s%s\n", suite->name, xmesh_version_string(),
-               X.available ? "" : "  (library without MPI executor: xmesh rows unsupported)");
+        printf("# xmesh-bench  suite %s  xmesh %s\n", suite->name, xmesh_version_string());
+        if (!X.available)
+            printf("# xmesh rows unsupported: %s\n", X.why);
         printf("# ranks %d  hosts %d%s  iters %d  warm-up %d  check %s\n", W.size, W.nhosts,
                W.virtual_hosts > 0 ? " (virtual: one machine, no NIC limit)" : "", O.iters,
                O.warmup, O.check ? "on" : "off");
@@ -1002,11 +1018,12 @@ int main(int argc, char **argv)
         printf("# time: seconds from a common barrier to the last rank done (median, min, max "
                "over iterations)\n# algbw: tensor bytes / median time, MB/s (1e6); t/LB: "
                "median / model lower bound; pred: simulated makespan, pred/t its ratio\n");
-        printf("#\n%8s %-19s %11s %8s %8s %8s %8s %7s %8s %7s %7s\n", "case", "method", "bytes",
+        printf("#\n%8s %-22s %11s %8s %8s %8s %8s %7s %8s %7s %7s\n", "case", "method", "bytes",
                "med(s)", "min(s)", "max(s)", "algbw", "t/LB", "pred(s)", "pred/t", "#wrong");
         fflush(stdout);
     }
     for (int64_t bytes = O.minbytes; bytes <= O.maxbytes; bytes *= O.stepfactor) {
+        cur_req_bytes = bytes;
         for (int i = 0; i < suite->ncases; i++)
             if (in_list(O.cases, suite->cases[i].name))
                 run_case(suite, &suite->cases[i], bytes);

@@ -27,6 +27,7 @@ set -u
 HOSTS=4
 PPH=4
 RATE=300mbit
+LATENCY=200ms
 QUIET=0
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
@@ -56,11 +57,12 @@ if [ "${1:-}" = check ]; then
     exit 0
 fi
 
-while getopts "H:d:r:qh" opt; do
+while getopts "H:d:r:l:qh" opt; do
     case "$opt" in
     H) HOSTS=$OPTARG ;;
     d) PPH=$OPTARG ;;
     r) RATE=$OPTARG ;;
+    l) LATENCY=$OPTARG ;;
     q) QUIET=1 ;;
     h) sed -n '2,24p' "$0"; exit 0 ;;
     *) exit 2 ;;
@@ -155,8 +157,8 @@ for ((h = 0; h < HOSTS; h++)); do
     # Host send: egress of eth0 inside the namespace. Host receive: egress
     # of the bridge-side end. burst must exceed one GSO segment (64 KiB).
     ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${RATE_MBIT}mbit" burst 256kb \
-        latency 200ms || die "tc (send) in $ns failed"
-    tc qdisc add dev "${P}v$h" root tbf rate "${RATE_MBIT}mbit" burst 256kb latency 200ms ||
+        latency "$LATENCY" || die "tc (send) in $ns failed"
+    tc qdisc add dev "${P}v$h" root tbf rate "${RATE_MBIT}mbit" burst 256kb latency "$LATENCY" ||
         die "tc (receive) on ${P}v$h failed"
     mkdir -p "$SCRATCH/$ns"
     echo "$SUBNET.$((h + 1)) $ns" >>"$MAP"

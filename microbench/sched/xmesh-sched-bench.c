@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "xm_cases.h"
 #include "xm_sched.h"
 
 #define NK XMESH_SCHEDULER_COUNT_
@@ -205,22 +206,6 @@ static int run_row(const problem_t *pb, int reps, int64_t budget_us, uint64_t se
     inst_free(&in);
     return 0;
 }
-
-static const struct {
-    int64_t shape[3];
-    int src[2], dst[2];
-    const char *ss, *ds;
-} table2[] = {
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S0RR", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RRR", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS01R", "S01RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S1RR", "S0RR"},
-    {{3072, 1024, 170}, {2, 4}, {3, 4}, "S0RR", "S0RR"},
-    {{1024, 1024, 512}, {1, 4}, {2, 4}, "S1RR", "RRR"},
-    {{1024, 1024, 512}, {2, 3}, {3, 2}, "RRR", "RRR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "RRS0"},
-};
 
 static uint64_t rng_next(uint64_t *s)
 {
@@ -465,19 +450,19 @@ int main(int argc, char **argv)
             "{\"seed\":%llu,\"reps\":%d,\"budget_us\":%lld,\"nics_per_host\":%d,\n  \"table2\":[",
             (unsigned long long)seed, reps, (long long)budget_us, g_nics);
 
-    int nt2 = (int)(sizeof table2 / sizeof table2[0]);
+    int nt2 = XM_TABLE2_NCASES;
     row_t *t2 = calloc(nt2, sizeof *t2);
     printf("Paper Table 2 (tensor (1024,1024,512) int32 unless noted)\n");
     print_header();
     for (int c = 0; c < nt2; c++) {
         problem_t pb;
         memset(&pb, 0, sizeof pb);
-        memcpy(pb.shape, table2[c].shape, sizeof pb.shape);
+        memcpy(pb.shape, xm_table2[c].shape, sizeof pb.shape);
         pb.elem = 4;
-        memcpy(pb.sm, table2[c].src, sizeof pb.sm);
-        memcpy(pb.dm, table2[c].dst, sizeof pb.dm);
-        snprintf(pb.ss, sizeof pb.ss, "%s", table2[c].ss);
-        snprintf(pb.ds, sizeof pb.ds, "%s", table2[c].ds);
+        memcpy(pb.sm, xm_table2[c].src, sizeof pb.sm);
+        memcpy(pb.dm, xm_table2[c].dst, sizeof pb.dm);
+        snprintf(pb.ss, sizeof pb.ss, "%s", xm_table2[c].ss);
+        snprintf(pb.ds, sizeof pb.ds, "%s", xm_table2[c].ds);
         snprintf(pb.name, sizeof pb.name, "case %d %dx%d %s -> %dx%d %s", c + 1, pb.sm[0], pb.sm[1],
                  pb.ss, pb.dm[0], pb.dm[1], pb.ds);
         if (run_row(&pb, reps, budget_us, seed, &t2[c]))

@@ -40,8 +40,8 @@ static void test_half_roundtrip(void **state)
 {
     (void)state;
     for (uint32_t h = 0; h < 65536; h++) {
-        float f = xm_mpi_half_to_float((uint16_t)h);
-        uint16_t back = xm_mpi_float_to_half(f);
+        float f = xm_f16_to_f32((uint16_t)h);
+        uint16_t back = xm_f32_to_f16(f);
         if (((h >> 10) & 0x1f) == 0x1f && (h & 0x3ff))
             assert_true(isnan(f) && ((back >> 10) & 0x1f) == 0x1f && (back & 0x3ff));
         else
@@ -65,7 +65,7 @@ static void test_half_rounding(void **state)
         _Float16 ref = (_Float16)f;
         uint16_t rb;
         memcpy(&rb, &ref, 2);
-        uint16_t got = xm_mpi_float_to_half(f);
+        uint16_t got = xm_f32_to_f16(f);
         if (got != rb)
             fail_msg("float %a (0x%08x): got 0x%04x, want 0x%04x (seed %llu)", (double)f, b, got,
                      rb, (unsigned long long)seed);
@@ -81,9 +81,9 @@ static void test_bf16(void **state)
     (void)state;
     rs = seed + 1;
     for (uint32_t h = 0; h < 65536; h++) {
-        float f = xm_mpi_bf16_to_float((uint16_t)h);
+        float f = xm_bf16_to_f32((uint16_t)h);
         if (!isnan(f))
-            assert_int_equal(xm_mpi_float_to_bf16(f), h);
+            assert_int_equal(xm_f32_to_bf16(f), h);
     }
     for (int i = 0; i < 2000000; i++) {
         uint32_t b = (uint32_t)rnd();
@@ -100,7 +100,7 @@ static void test_bf16(void **state)
             want = (uint16_t)(hi >> 16);
         if (isinf(bits_f(hi)) && dl >= fabs((double)bits_f(lo) - (double)bits_f(lo - 0x10000u)) / 2)
             want = (uint16_t)(hi >> 16); /* rounds up to infinity */
-        uint16_t got = xm_mpi_float_to_bf16(f);
+        uint16_t got = xm_f32_to_bf16(f);
         if (got != want)
             fail_msg("float %a: got 0x%04x, want 0x%04x (seed %llu)", (double)f, got, want,
                      (unsigned long long)seed);
@@ -247,7 +247,7 @@ static void test_accumulate(void **state)
     xm_geom_t g;
     xm_mpi_geom_init(&g, 1, blo, bhi, &box);
     for (int dt = 0; dt < XMESH_DTYPE_COUNT_; dt++) {
-        size_t es = xmesh_dtype_size((xmesh_dtype_t)dt), as = xm_mpi_acc_size((xmesh_dtype_t)dt);
+        size_t es = xmesh_dtype_size((xmesh_dtype_t)dt), as = xm_dtype_acc_size((xmesh_dtype_t)dt);
         unsigned char parts[3][16 * 8], acc[16 * 8];
         for (int p = 0; p < 3; p++)
             for (int i = 0; i < 16; i++) {
@@ -270,12 +270,12 @@ static void test_accumulate(void **state)
                     break;
                 }
                 case XMESH_F16: {
-                    uint16_t x = xm_mpi_float_to_half((float)v);
+                    uint16_t x = xm_f32_to_f16((float)v);
                     memcpy(parts[p] + 2 * i, &x, 2);
                     break;
                 }
                 case XMESH_BF16: {
-                    uint16_t x = xm_mpi_float_to_bf16((float)v);
+                    uint16_t x = xm_f32_to_bf16((float)v);
                     memcpy(parts[p] + 2 * i, &x, 2);
                     break;
                 }
@@ -314,13 +314,13 @@ static void test_accumulate(void **state)
             case XMESH_F16: {
                 uint16_t x;
                 memcpy(&x, acc + 2 * i, 2);
-                assert_true(xm_mpi_half_to_float(x) == (float)want);
+                assert_true(xm_f16_to_f32(x) == (float)want);
                 break;
             }
             case XMESH_BF16: {
                 uint16_t x;
                 memcpy(&x, acc + 2 * i, 2);
-                assert_true(xm_mpi_bf16_to_float(x) == (float)want);
+                assert_true(xm_bf16_to_f32(x) == (float)want);
                 break;
             }
             case XMESH_F32: {

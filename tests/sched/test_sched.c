@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "test_util.h"
+#include "xm_cases.h"
 #include "xm_sched_impl.h"
 
 static uint64_t g_seed;
@@ -158,22 +159,6 @@ static void make_case(inst_t *in, const int64_t *shape, const int *sm, const int
     free(sd);
     free(dd);
 }
-
-static const struct {
-    int64_t shape[3];
-    int src[2], dst[2];
-    const char *ss, *ds;
-} table2[] = {
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S0RR", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RRR", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "S0RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS01R", "S01RR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "S1RR", "S0RR"},
-    {{3072, 1024, 170}, {2, 4}, {3, 4}, "S0RR", "S0RR"},
-    {{1024, 1024, 512}, {1, 4}, {2, 4}, "S1RR", "RRR"},
-    {{1024, 1024, 512}, {2, 3}, {3, 2}, "RRR", "RRR"},
-    {{1024, 1024, 512}, {2, 4}, {2, 4}, "RS0R", "RRS0"},
-};
 
 static xm_sched_opts_t opts(xmesh_scheduler_t k, xmesh_strategy_t st, uint64_t seed, int64_t evals)
 {
@@ -561,9 +546,10 @@ static void test_schedule_from_rejects(void **state)
 static void test_table2_targets(void **state)
 {
     (void)state;
-    for (size_t c = 0; c < sizeof table2 / sizeof table2[0]; c++) {
+    for (size_t c = 0; c < XM_TABLE2_NCASES; c++) {
         inst_t in;
-        make_case(&in, table2[c].shape, table2[c].src, table2[c].dst, table2[c].ss, table2[c].ds);
+        make_case(&in, xm_table2[c].shape, xm_table2[c].src, xm_table2[c].dst, xm_table2[c].ss,
+                  xm_table2[c].ds);
         if (c == 3)
             assert_int_equal(in.ts.ntasks, 64);
         xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, 1, 200000);
@@ -713,7 +699,8 @@ static void test_trace_json(void **state)
 {
     (void)state;
     inst_t in;
-    make_case(&in, table2[3].shape, table2[3].src, table2[3].dst, table2[3].ss, table2[3].ds);
+    make_case(&in, xm_table2[3].shape, xm_table2[3].src, xm_table2[3].dst, xm_table2[3].ss,
+              xm_table2[3].ds);
     xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, 1, 10000);
     xm_schedule_t s;
     assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
