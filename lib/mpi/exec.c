@@ -308,8 +308,10 @@ static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
             MPI_Cancel(&x->reqs[i]);
             pending++;
         }
-    /* Give cancellations a moment to complete, then abandon the rest. */
-    for (int k = 0; pending && k < 50; k++) {
+    /* Give cancellations 50 ms of wall time to complete (however loaded the
+     * machine is), then abandon the rest. */
+    double until = xm_mpi_now() + 0.05;
+    while (pending && xm_mpi_now() < until) {
         int flag = 0;
         MPI_Testall(x->nreqs, x->reqs, &flag, MPI_STATUSES_IGNORE);
         if (flag)
@@ -495,6 +497,14 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
                 }
                 for (int d = 0; d < ts->ndim && o < (int)sizeof at - 24; d++)
                     o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
+                /* Pass the origin's sums on, so the ranks downstream (which
+                 * got the same damaged bytes) report it too instead of
+                 * timing out. Small message: freed, not cancelled. */
+                if (s->next >= 0) {
+                    MPI_Request fwd;
+                    if (!MPI_Isend(in, bytes, MPI_BYTE, s->next, s->tag_out, x->comm, &fwd))
+                        MPI_Request_free(&fwd);
+                }
                 fail(r, XMESH_ERR_BACKEND,
                      "rank %d: XMESH_CHECK: data of task %d received from rank %d is corrupt in "
                      "chunk %lld of %lld: %lld elements starting at global index (%s) differ "
@@ -618,6 +628,17 @@ static void describe_wait(xm_exec_t *x, char *buf, size_t len)
             const xm_step_rt_t *rt = &x->srt[t->first_step + k];
             if (rt->done || !rt->started)
                 continue;
+            if (rt->completed == s->nchunks && x->check && rt->ck_state != 3) {
+                if (rt->ck_state == 2)
+                    snprintf(buf, len,
+                             "waiting for rank %d to receive the XMESH_CHECK sums of "
+                             "task %d",
+                             s->next, s->task);
+                else
+                    snprintf(buf, len, "waiting for the XMESH_CHECK sums of task %d from rank %d",
+                             s->task, s->prev);
+                return;
+            }
             if (s->prev >= 0 && rt->computed < s->nchunks)
                 snprintf(buf, len, "waiting to receive chunk %lld of %lld of task %d from rank %d",
                          (long long)rt->computed, (long long)s->nchunks, s->task, s->prev);
