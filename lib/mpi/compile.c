@@ -381,6 +381,12 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     cs.chunk_elems = cb / (int64_t)x->es > 0 ? cb / (int64_t)x->es : 1;
     int64_t w = XM_WINDOW_BYTES / (cs.chunk_elems * (int64_t)x->es);
     x->window = (int)(w < XM_WINDOW_MIN ? XM_WINDOW_MIN : w > XM_WINDOW_MAX ? XM_WINDOW_MAX : w);
+    /* Sends in flight per chain link: one by default, so a link moves chunk
+     * c completely before chunk c + 1 and the next hop can forward it at
+     * once (several sends to one peer share the wire and finish together,
+     * which delays every hop by a whole window). Receives still run ahead. */
+    int64_t ahead = xm_param_i64("XMESH_SEND_AHEAD");
+    x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     if (p->src_index >= 0)
         xm_layout_block(&p->src, p->src_index, cs.src_lo, cs.src_hi);
     if (p->dst_index >= 0)

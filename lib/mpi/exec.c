@@ -574,9 +574,9 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
                 xm_mpi_trace_add(x, 2, s->task, s->prev, c, cnt * (int64_t)x->es, rt->t_recv[slot],
                                  xm_mpi_now() - x->t0);
             }
-        } else if (s->next >= 0 && c - rt->completed >= x->window) {
-            break;
         }
+        if (s->next >= 0 && c - rt->completed >= x->send_ahead)
+            break;
         if ((rc = compute_chunk(x, s, rt, c, rq ? &rq[x->window + slot] : NULL))) {
             fail(r, XMESH_ERR_BACKEND,
                  "MPI_Isend of chunk %lld of task %d to rank %d failed (MPI error %d)",

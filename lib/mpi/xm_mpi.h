@@ -133,7 +133,8 @@ typedef struct xm_exec {
     MPI_Comm comm; /* private duplicate: tags never collide across plans */
     int rank;
     size_t es, acc_es;
-    int window; /* chunks in flight per step */
+    int window;     /* chunks in flight per step */
+    int send_ahead; /* sends in flight per step (XMESH_SEND_AHEAD, <= window) */
     xmesh_dtype_t dtype;
     int nsteps;
     xm_step_t *steps;
