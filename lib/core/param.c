@@ -8,7 +8,7 @@ static const xm_param_desc_t params[] = {
     {"XMESH_DEBUG", "", "log level: WARN, INFO or TRACE (errors are always recorded)"},
     {"XMESH_STRATEGY", "broadcast", "broadcast | sendrecv | sendrecv-allgather | global-allgather"},
     {"XMESH_SCHEDULER", "ensemble", "naive | lb | dfs | greedy | ensemble"},
-    {"XMESH_CHUNK_BYTES", "1048576", "pipelining chunk of broadcast chains, bytes"},
+    {"XMESH_CHUNK_BYTES", "262144", "pipelining chunk of broadcast chains, bytes"},
     {"XMESH_SEND_AHEAD", "1",
      "MPI executor: chunk sends in flight per chain link (receives run a window ahead)"},
     {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},
