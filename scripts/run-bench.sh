@@ -13,7 +13,7 @@
 #   XMESH_BENCH_ITERS [3]  XMESH_BENCH_WARMUP [1]  XMESH_BENCH_OUT [build/bench/<time>]
 #   XMESH_BENCH_NO_CLUSTER=1: skip the emulated cluster even where it could run
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 hosts=${XMESH_BENCH_HOSTS:-5}
 pph=${XMESH_BENCH_PPH:-4}
