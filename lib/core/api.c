@@ -124,38 +124,37 @@ static xmesh_result_t local_block(const xmesh_layout_t *l, int rank, int64_t *lo
     return XMESH_SUCCESS;
 }
 
-xmesh_result_t xmesh_layout_local_shape(const xmesh_layout_t *l, int rank, int64_t *shape,
-                                        int *holds)
+/* Writes the extent (want_offset = 0) or the global offset (1) of the
+ * local block of rank; out untouched on error. */
+static xmesh_result_t local_query(const xmesh_layout_t *l, int rank, int64_t *out, int *holds,
+                                  int want_offset, const char *func)
 {
     int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS];
-    CHECK_NULL(l, "layout");
-    if (l->ndim > 0)
-        CHECK_NULL(shape, "shape");
-    int h;
+    if (!l)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: layout is NULL", func);
+    if (l->ndim > 0 && !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", func,
+                      want_offset ? "offset" : "shape");
+    int h = 0;
     xmesh_result_t r = local_block(l, rank, lo, hi, holds ? &h : NULL);
     if (r)
         return r;
     for (int d = 0; d < l->ndim; d++)
-        shape[d] = hi[d] - lo[d];
+        out[d] = want_offset ? lo[d] : hi[d] - lo[d];
     *holds = h;
     return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_layout_local_shape(const xmesh_layout_t *l, int rank, int64_t *shape,
+                                        int *holds)
+{
+    return local_query(l, rank, shape, holds, 0, __func__);
 }
 
 xmesh_result_t xmesh_layout_local_offset(const xmesh_layout_t *l, int rank, int64_t *offset,
                                          int *holds)
 {
-    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS];
-    CHECK_NULL(l, "layout");
-    if (l->ndim > 0)
-        CHECK_NULL(offset, "offset");
-    int h;
-    xmesh_result_t r = local_block(l, rank, lo, hi, holds ? &h : NULL);
-    if (r)
-        return r;
-    for (int d = 0; d < l->ndim; d++)
-        offset[d] = lo[d];
-    *holds = h;
-    return XMESH_SUCCESS;
+    return local_query(l, rank, offset, holds, 1, __func__);
 }
 
 /* ------------------------------------------------------------------ params */

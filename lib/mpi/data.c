@@ -109,63 +109,35 @@ void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
 /* acc[i] (+)= native[i] for n elements. Integers wrap (unsigned math). */
 static void acc_op(xmesh_dtype_t dt, int add, void *acc, const void *nat, int64_t n)
 {
+    if (!add && dt != XMESH_F16 && dt != XMESH_BF16) {
+        memcpy(acc, nat, n * xmesh_dtype_size(dt));
+        return;
+    }
+#define XM_ADD_LOOP(T)                                                                             \
+    do {                                                                                           \
+        T *a_ = acc;                                                                               \
+        const T *b_ = nat;                                                                         \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            a_[i] += b_[i];                                                                        \
+    } while (0)
     switch (dt) {
     case XMESH_U8:
-    case XMESH_I8: {
-        uint8_t *a = acc;
-        const uint8_t *b = nat;
-        if (!add) {
-            memcpy(a, b, n);
-            break;
-        }
-        for (int64_t i = 0; i < n; i++)
-            a[i] = (uint8_t)(a[i] + b[i]);
+    case XMESH_I8:
+        XM_ADD_LOOP(uint8_t);
         break;
-    }
-    case XMESH_I32: {
-        uint32_t *a = acc;
-        const uint32_t *b = nat;
-        if (!add) {
-            memcpy(a, b, n * 4);
-            break;
-        }
-        for (int64_t i = 0; i < n; i++)
-            a[i] += b[i];
+    case XMESH_I32:
+        XM_ADD_LOOP(uint32_t);
         break;
-    }
-    case XMESH_I64: {
-        uint64_t *a = acc;
-        const uint64_t *b = nat;
-        if (!add) {
-            memcpy(a, b, n * 8);
-            break;
-        }
-        for (int64_t i = 0; i < n; i++)
-            a[i] += b[i];
+    case XMESH_I64:
+        XM_ADD_LOOP(uint64_t);
         break;
-    }
-    case XMESH_F32: {
-        float *a = acc;
-        const float *b = nat;
-        if (!add) {
-            memcpy(a, b, n * 4);
-            break;
-        }
-        for (int64_t i = 0; i < n; i++)
-            a[i] += b[i];
+    case XMESH_F32:
+        XM_ADD_LOOP(float);
         break;
-    }
-    case XMESH_F64: {
-        double *a = acc;
-        const double *b = nat;
-        if (!add) {
-            memcpy(a, b, n * 8);
-            break;
-        }
-        for (int64_t i = 0; i < n; i++)
-            a[i] += b[i];
+    case XMESH_F64:
+        XM_ADD_LOOP(double);
         break;
-    }
+#undef XM_ADD_LOOP
     case XMESH_F16:
     case XMESH_BF16: {
         float *a = acc;
