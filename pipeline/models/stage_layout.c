@@ -1,0 +1,270 @@
+/* Stage layouts: parsing "E,t*3|t*3,L", even splits and per-stage meshes. */
+#include "models/stage_layout.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen)
+        vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Parses a positive int at *p, advancing it; -1 if none or out of range. */
+static int parse_pos(const char **p, int max)
+{
+    if (!isdigit((unsigned char)**p))
+        return -1;
+    errno = 0;
+    char *end;
+    long v = strtol(*p, &end, 10);
+    if (errno || v < 1 || v > max)
+        return -1;
+    *p = end;
+    return (int)v;
+}
+
+/* Fills first/count/stage_of from an explicit layout string. */
+static int parse_layout(const char *kinds, const char *layout, xmp_stage_layout_t *l, char *err,
+                        size_t errlen)
+{
+    int n = (int)strlen(kinds), at = 0, s = 0;
+    const char *p = layout;
+    l->first[0] = 0;
+    l->count[0] = 0;
+    for (;;) {
+        while (*p == ' ')
+            p++;
+        if (!isalpha((unsigned char)*p))
+            return fail(err, errlen, "layout '%s': expected a layer kind at '%s'", layout, p);
+        char k = *p++;
+        int rep = 1;
+        if (*p == '*') {
+            p++;
+            rep = parse_pos(&p, XMP_MAX_LAYERS);
+            if (rep < 0)
+                return fail(err, errlen, "layout '%s': bad repeat count after '%c*'", layout, k);
+        }
+        for (int i = 0; i < rep; i++, at++) {
+            if (at >= n)
+                return fail(err, errlen, "layout '%s' has more layers than the model's %d", layout,
+                            n);
+            if (kinds[at] != k)
+                return fail(err, errlen,
+                            "layout '%s': layer %d is '%c' in the model, '%c' in the layout",
+                            layout, at, kinds[at], k);
+            l->stage_of[at] = s;
+            l->count[s]++;
+        }
+        while (*p == ' ')
+            p++;
+        if (*p == ',') {
+            p++;
+        } else if (*p == '|') {
+            p++;
+            if (l->count[s] == 0)
+                return fail(err, errlen, "layout '%s': stage %d is empty", layout, s);
+            if (++s >= XMP_MAX_STAGES)
+                return fail(err, errlen, "layout '%s': more than %d stages", layout,
+                            XMP_MAX_STAGES);
+            l->first[s] = at;
+            l->count[s] = 0;
+        } else if (*p == '\0') {
+            break;
+        } else {
+            return fail(err, errlen, "layout '%s': unexpected '%c'", layout, *p);
+        }
+    }
+    if (at != n)
+        return fail(err, errlen, "layout '%s' names %d layers, the model has %d", layout, at, n);
+    l->nstages = s + 1;
+    return 0;
+}
+
+static int split_even(int n, int fixed_head, int fixed_tail, int stages, xmp_stage_layout_t *l,
+                      char *err, size_t errlen)
+{
+    int mid = n - fixed_head - fixed_tail;
+    if (stages < 1 || stages > XMP_MAX_STAGES)
+        return fail(err, errlen, "--stages %d out of range [1, %d]", stages, XMP_MAX_STAGES);
+    if (mid < stages)
+        return fail(err, errlen, "--stages %d: the model has only %d layers to split", stages, mid);
+    int at = 0;
+    for (int s = 0; s < stages; s++) {
+        int c = mid / stages + (s < mid % stages);
+        if (s == 0)
+            c += fixed_head;
+        if (s == stages - 1)
+            c += fixed_tail;
+        l->first[s] = at;
+        l->count[s] = c;
+        for (int i = 0; i < c; i++)
+            l->stage_of[at++] = s;
+    }
+    l->nstages = stages;
+    return 0;
+}
+
+/* Parses a comma list of per-stage ints ("2,1" or one value for all). */
+static int parse_list(const char *what, const char *s, int nstages, int *out, char *err,
+                      size_t errlen)
+{
+    if (!s) {
+        for (int i = 0; i < nstages; i++)
+            out[i] = 1;
+        return 0;
+    }
+    const char *p = s;
+    int k = 0;
+    for (;;) {
+        int v = parse_pos(&p, 1 << 20);
+        if (v < 0)
+            return fail(err, errlen, "%s '%s': expected positive integers separated by ','", what,
+                        s);
+        if (k >= nstages)
+            return fail(err, errlen, "%s '%s' has more entries than the %d stages", what, s,
+                        nstages);
+        out[k++] = v;
+        if (*p == '\0')
+            break;
+        if (*p++ != ',')
+            return fail(err, errlen, "%s '%s': expected ',' at '%s'", what, s, p - 1);
+    }
+    if (k == 1)
+        for (int i = 1; i < nstages; i++)
+            out[i] = out[0];
+    else if (k != nstages)
+        return fail(err, errlen, "%s '%s' has %d entries for %d stages", what, s, k, nstages);
+    return 0;
+}
+
+static int parse_meshes(const char *s, xmp_stage_layout_t *l, char *err, size_t errlen)
+{
+    const char *p = s;
+    for (int k = 0; k < l->nstages; k++) {
+        int r = parse_pos(&p, 1 << 20), c = 1;
+        if (r >= 0 && *p == 'x') {
+            p++;
+            c = parse_pos(&p, 1 << 20);
+        }
+        if (r < 0 || c < 0)
+            return fail(err, errlen, "--stage-mesh '%s': stage %d: expected RxC", s, k);
+        if (r != l->dp[k] || c != l->tp[k])
+            return fail(err, errlen,
+                        "--stage-mesh '%s': stage %d mesh %dx%d does not match dp %d x tp %d "
+                        "(axis 0 is data parallel, axis 1 tensor parallel)",
+                        s, k, r, c, l->dp[k], l->tp[k]);
+        if (k + 1 < l->nstages && *p++ != ',')
+            return fail(err, errlen, "--stage-mesh '%s': expected %d meshes", s, l->nstages);
+    }
+    if (*p)
+        return fail(err, errlen, "--stage-mesh '%s': more meshes than the %d stages", s,
+                    l->nstages);
+    return 0;
+}
+
+/* With meshes but no dp/tp, the mesh shape gives them. */
+static int meshes_to_degrees(const char *s, xmp_stage_layout_t *l, char *err, size_t errlen)
+{
+    const char *p = s;
+    for (int k = 0; k < l->nstages; k++) {
+        int r = parse_pos(&p, 1 << 20), c = 1;
+        if (r >= 0 && *p == 'x') {
+            p++;
+            c = parse_pos(&p, 1 << 20);
+        }
+        if (r < 0 || c < 0)
+            return fail(err, errlen, "--stage-mesh '%s': stage %d: expected RxC", s, k);
+        l->dp[k] = r;
+        l->tp[k] = c;
+        if (*p == ',')
+            p++;
+        else if (k + 1 < l->nstages)
+            return fail(err, errlen, "--stage-mesh '%s' has fewer meshes than the %d stages", s,
+                        l->nstages);
+    }
+    if (*p)
+        return fail(err, errlen, "--stage-mesh '%s': more meshes than the %d stages", s,
+                    l->nstages);
+    return 0;
+}
+
+int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, const char *layout,
+                           int stages, const char *meshes, const char *dps, const char *tps,
+                           xmp_stage_layout_t *out, char *err, size_t errlen)
+{
+    xmp_stage_layout_t l;
+    memset(&l, 0, sizeof l);
+    int n = kinds ? (int)strlen(kinds) : 0;
+    if (n < 1 || n > XMP_MAX_LAYERS)
+        return fail(err, errlen, "model with %d layers (must be 1..%d)", n, XMP_MAX_LAYERS);
+    l.nitems = n;
+    memcpy(l.kind, kinds, (size_t)n);
+    int rc = (layout && *layout) ? parse_layout(kinds, layout, &l, err, errlen)
+                                 : split_even(n, fixed_head, fixed_tail, stages, &l, err, errlen);
+    if (rc)
+        return rc;
+    if (layout && *layout && stages > 0 && stages != l.nstages)
+        return fail(err, errlen, "--stages %d but layout '%s' has %d stages", stages, layout,
+                    l.nstages);
+    if (meshes && !dps && !tps) {
+        if (meshes_to_degrees(meshes, &l, err, errlen))
+            return -1;
+    } else {
+        if (parse_list("--stage-dp", dps, l.nstages, l.dp, err, errlen) ||
+            parse_list("--stage-tp", tps, l.nstages, l.tp, err, errlen))
+            return -1;
+        if (meshes && parse_meshes(meshes, &l, err, errlen))
+            return -1;
+    }
+    int r = 0;
+    for (int s = 0; s < l.nstages; s++) {
+        l.rank0[s] = r;
+        r += l.dp[s] * l.tp[s];
+    }
+    l.nranks = r;
+    *out = l;
+    return 0;
+}
+
+int xmp_stage_layout_stage_of_rank(const xmp_stage_layout_t *l, int rank)
+{
+    for (int s = 0; s < l->nstages; s++)
+        if (rank >= l->rank0[s] && rank < l->rank0[s] + l->dp[s] * l->tp[s])
+            return s;
+    return -1;
+}
+
+void xmp_stage_layout_format(const xmp_stage_layout_t *l, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int s = 0; s < l->nstages; s++) {
+        int i = l->first[s], end = l->first[s] + l->count[s];
+        while (i < end && at < len) {
+            int j = i;
+            while (j < end && l->kind[j] == l->kind[i])
+                j++;
+            int w = (j - i > 1) ? snprintf(buf + at, len - at, "%s%c*%d",
+                                           i > l->first[s] ? "," : "", l->kind[i], j - i)
+                                : snprintf(buf + at, len - at, "%s%c", i > l->first[s] ? "," : "",
+                                           l->kind[i]);
+            at += (size_t)(w > 0 ? w : 0);
+            i = j;
+        }
+        if (s + 1 < l->nstages && at + 1 < len) {
+            buf[at++] = '|';
+            buf[at] = '\0';
+        }
+    }
+}

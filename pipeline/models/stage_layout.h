@@ -1,0 +1,59 @@
+/* Stage layout: which layers of a model run on which pipeline stage, and on
+ * which mesh with which strategy (Megatron-style --layout strings).
+ *
+ * A model names its layers with one-letter kinds in model order (GPT-2:
+ * 'E' embedding, 't' transformer block, 'L' final norm + head + loss; the
+ * U-Transformer: 'u' for each of its 13 layers). A layout string lists the
+ * kinds per stage, stages separated by '|', items by ',', "k*n" repeating a
+ * kind: "E,t*3|t*3,L" is 2 stages of 4 items each. Without a layout string,
+ * `stages` stages get the model's layers split evenly (the first stage takes
+ * the remainder first, like numpy.array_split); the fixed first/last items
+ * (GPT-2's E and L) stay on the first/last stage.
+ *
+ * Meshes: stage s runs on a dp x tp mesh (axis 0 data parallel, axis 1 tensor
+ * parallel) of ranks rank0[s] .. rank0[s] + dp*tp - 1, stages in order. Pure
+ * code, no MPI: every rank computes the same plan from the same flags.
+ */
+#ifndef XMP_STAGE_LAYOUT_H
+#define XMP_STAGE_LAYOUT_H
+
+#include <stddef.h>
+
+#define XMP_MAX_STAGES 32
+#define XMP_MAX_LAYERS 512
+
+typedef struct {
+    int nstages;
+    int nitems;                   /* layers of the model, in model order */
+    char kind[XMP_MAX_LAYERS];    /* kind letter of each layer */
+    int stage_of[XMP_MAX_LAYERS]; /* stage of each layer */
+    int first[XMP_MAX_STAGES];    /* first layer index of each stage */
+    int count[XMP_MAX_STAGES];    /* layers of each stage */
+    int dp[XMP_MAX_STAGES];       /* data-parallel degree (mesh axis 0) */
+    int tp[XMP_MAX_STAGES];       /* tensor-parallel degree (mesh axis 1) */
+    int rank0[XMP_MAX_STAGES];    /* first global rank of each stage */
+    int nranks;                   /* ranks used by all stages */
+} xmp_stage_layout_t;
+
+/* Builds a layout.
+ *   kinds      the model's layers in order, e.g. "Ettttttl" for GPT-2 (a
+ *              NUL-terminated string of kind letters);
+ *   fixed_head number of leading layers that must stay on stage 0 (GPT-2: 1)
+ *   fixed_tail number of trailing layers that must stay on the last stage
+ *   layout     a layout string or NULL (then `stages` even stages)
+ *   stages     number of stages when layout is NULL (>= 1)
+ *   meshes     "RxC,RxC,..." per stage or NULL (then dp x tp)
+ *   dps, tps   "N,N,..." per stage or NULL (then 1), or a single "N" for all
+ * Returns 0, or -1 with a message naming the bad value in err; *out is then
+ * unchanged. */
+int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, const char *layout,
+                           int stages, const char *meshes, const char *dps, const char *tps,
+                           xmp_stage_layout_t *out, char *err, size_t errlen);
+
+/* Stage of a global rank, or -1 if the rank is in no stage. */
+int xmp_stage_layout_stage_of_rank(const xmp_stage_layout_t *l, int rank);
+
+/* Writes the layout back as a layout string ("E,t*3|t*3,L"). */
+void xmp_stage_layout_format(const xmp_stage_layout_t *l, char *buf, size_t len);
+
+#endif /* XMP_STAGE_LAYOUT_H */
