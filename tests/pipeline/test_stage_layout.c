@@ -94,7 +94,7 @@ static void test_errors(void **state)
     (void)state;
     expect_error("E,t*3|t*2,L", 0, NULL, NULL, NULL, "layer 6");
     expect_error("E,t*3|t*3", 0, NULL, NULL, NULL, "names 7 layers");
-    expect_error("E,t*3|t*4,L", 0, NULL, NULL, NULL, "more layers");
+    expect_error("E,t*3|t*3,L,L", 0, NULL, NULL, NULL, "more layers");
     expect_error("t*3,E|t*3,L", 0, NULL, NULL, NULL, "layer 0");
     expect_error("E,t*3||t*3,L", 0, NULL, NULL, NULL, "empty");
     expect_error("E,t*x|t*3,L", 0, NULL, NULL, NULL, "repeat");
