@@ -45,6 +45,8 @@ static int parse_layout(const char *kinds, const char *layout, xmp_stage_layout_
     for (;;) {
         while (*p == ' ')
             p++;
+        if ((*p == '|' || *p == '\0') && l->count[s] == 0)
+            return fail(err, errlen, "layout '%s': stage %d is empty", layout, s);
         if (!isalpha((unsigned char)*p))
             return fail(err, errlen, "layout '%s': expected a layer kind at '%s'", layout, p);
         char k = *p++;
