@@ -316,9 +316,9 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
 /* Channel-split identities: output split (halves of W rows) gives the channel halves of the
  * full output, input split (halves of W columns / x channels) gives partial sums adding to it
  * (bias on one half only), and the split backward parts assemble to the full gradients. */
-static void test_conv_channel_split(void)
+static void test_conv_channel_split(int k, int s, int p)
 {
-    const int n = 2, ic = 6, h = 6, w = 5, oc = 4, k = 3, s = 1, p = 1;
+    const int n = 2, ic = 6, h = 6, w = 5, oc = 4;
     const int ic1 = 2, oc1 = 3; /* uneven halves */
     xmp_unet_conv2d_t full, o1, o2, i1, i2;
     OK(xmp_unet_conv2d_init(&full, n, ic, h, w, oc, k, k, s, p));
@@ -347,8 +347,8 @@ static void test_conv_channel_split(void)
         OK(xmp_unet_conv2d_forward(og[part], x, wp, b + c0, yp, col));
         slice_channels(y, n, oc, c0, cn, ohw, ref);
         CHECK(max_abs_diff(yp, ref, (size_t)n * cn * ohw) <= 1e-5,
-              "conv out-split part %d: forward differs from the full conv by %g", part,
-              max_abs_diff(yp, ref, (size_t)n * cn * ohw));
+              "conv k%d s%d p%d out-split part %d: forward differs from the full conv by %g", k, s,
+              p, part, max_abs_diff(yp, ref, (size_t)n * cn * ohw));
         slice_channels(dy, n, oc, c0, cn, ohw, dyp);
         OK(xmp_unet_conv2d_backward_input(og[part], dyp, wp, dxsum, col));
         OK(xmp_unet_conv2d_backward_weight(og[part], x, dyp, dwp, dbp, col));
@@ -383,8 +383,8 @@ static void test_conv_channel_split(void)
             memcpy(dwi + ((size_t)o * ic + c0) * kk, dwp + (size_t)o * cn * kk,
                    sizeof(float) * cn * kk);
     }
-    CHECK(max_abs_diff(ysum, y, ny) <= 1e-5, "conv in-split: partial sums differ by %g",
-          max_abs_diff(ysum, y, ny));
+    CHECK(max_abs_diff(ysum, y, ny) <= 1e-5, "conv k%d s%d p%d in-split: partial sums differ by %g",
+          k, s, p, max_abs_diff(ysum, y, ny));
     CHECK(max_abs_diff(dwi, dw, nw) <= 1e-5, "conv in-split: dW column blocks differ by %g",
           max_abs_diff(dwi, dw, nw));
     tfree_all();
@@ -669,6 +669,52 @@ static void test_linear(void)
     fd_check("linear dx", lin_loss, &t, t.x, nx, added(dx, dx0, nx), EPS_LINEAR);
     fd_check("linear dW", lin_loss, &t, t.w, nw, added(dw, dw0, nw), EPS_LINEAR);
     fd_check("linear db", lin_loss, &t, t.b, t.oc, added(db, db0, t.oc), EPS_LINEAR);
+    tfree_all();
+}
+
+/* Projections under a channel split: q/k/v are column-split (local output channels = local
+ * heads), the output projection is row-split (local input channels) giving partial sums. */
+static void test_linear_channel_split(void)
+{
+    const int m = 6, ic = 5, oc = 4, oc1 = 1, ic1 = 3;
+    size_t nx = (size_t)m * ic, nw = (size_t)oc * ic, ny = (size_t)m * oc;
+    float *x = trand(nx), *w = trand(nw), *b = trand(oc), *dy = trand(ny);
+    float *y = talloc(ny), *dx = talloc(nx), *dw = talloc(nw), *db = talloc(oc);
+    OK(xmp_unet_linear_forward(m, ic, oc, x, w, b, y));
+    OK(xmp_unet_linear_backward_input(m, ic, oc, dy, w, dx));
+    OK(xmp_unet_linear_backward_weight(m, ic, oc, x, dy, dw, db));
+    float *ysum = talloc(ny), *dxsum = talloc(nx);
+    for (int part = 0; part < 2; part++) {
+        /* output split: W rows [o0, o0 + on) */
+        int o0 = part ? oc1 : 0, on = part ? oc - oc1 : oc1;
+        float *yp = talloc((size_t)m * on), *dyp = talloc((size_t)m * on), *ref = talloc(m * on);
+        float *dwp = talloc((size_t)on * ic), *dbp = talloc(on);
+        OK(xmp_unet_linear_forward(m, ic, on, x, w + (size_t)o0 * ic, b + o0, yp));
+        slice_channels(y, m, oc, o0, on, 1, ref);
+        CHECK(max_abs_diff(yp, ref, (size_t)m * on) <= 1e-6, "linear out-split part %d", part);
+        slice_channels(dy, m, oc, o0, on, 1, dyp);
+        OK(xmp_unet_linear_backward_input(m, ic, on, dyp, w + (size_t)o0 * ic, dxsum));
+        OK(xmp_unet_linear_backward_weight(m, ic, on, x, dyp, dwp, dbp));
+        CHECK(max_abs_diff(dwp, dw + (size_t)o0 * ic, (size_t)on * ic) <= 1e-6 &&
+                  max_abs_diff(dbp, db + o0, on) <= 1e-6,
+              "linear out-split part %d: dW/db block differs", part);
+        /* input split: x columns and W columns [i0, i0 + in), bias on part 0 only */
+        int i0 = part ? ic1 : 0, in = part ? ic - ic1 : ic1;
+        float *xp = talloc((size_t)m * in), *wp = talloc((size_t)oc * in), *yq = talloc(ny);
+        float *dxp = talloc((size_t)m * in), *dxr = talloc((size_t)m * in);
+        slice_channels(x, m, ic, i0, in, 1, xp);
+        slice_channels(w, oc, ic, i0, in, 1, wp);
+        OK(xmp_unet_linear_forward(m, in, oc, xp, wp, part == 0 ? b : NULL, yq));
+        for (size_t e = 0; e < ny; e++)
+            ysum[e] += yq[e];
+        OK(xmp_unet_linear_backward_input(m, in, oc, dy, wp, dxp));
+        slice_channels(dx, m, ic, i0, in, 1, dxr);
+        CHECK(max_abs_diff(dxp, dxr, (size_t)m * in) <= 1e-6, "linear in-split part %d: dx", part);
+    }
+    CHECK(max_abs_diff(ysum, y, ny) <= 1e-5, "linear in-split: partial sums differ by %g",
+          max_abs_diff(ysum, y, ny));
+    CHECK(max_abs_diff(dxsum, dx, nx) <= 1e-5, "linear out-split: dx partial sums differ by %g",
+          max_abs_diff(dxsum, dx, nx));
     tfree_all();
 }
 
@@ -1017,7 +1063,9 @@ int main(int argc, char **argv)
 
     test_conv();
     test_im2col_adjoint();
-    test_conv_channel_split();
+    test_conv_channel_split(3, 1, 1);
+    test_conv_channel_split(3, 2, 1);
+    test_conv_channel_split(1, 1, 0);
     test_groupnorm();
     test_groupnorm_channel_split();
     test_silu();
@@ -1025,6 +1073,7 @@ int main(int argc, char **argv)
     test_concat_add();
     test_layout();
     test_linear();
+    test_linear_channel_split();
     test_attention_core(2, 5, 5, 2, 3, "self");
     test_attention_core(2, 6, 3, 2, 2, "cross");
     test_attention_head_split();
