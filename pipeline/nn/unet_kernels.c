@@ -37,6 +37,14 @@ static int unet_fail(const char *fn, const char *fmt, ...)
     return XMP_UNET_EINVAL;
 }
 
+/* Re-raises the message an inner validation just recorded, under the caller's name. */
+static int unet_fail_nested(const char *fn)
+{
+    char inner[sizeof(unet_err)];
+    memcpy(inner, unet_err, sizeof(inner));
+    return unet_fail(fn, "bad geometry (%s)", inner);
+}
+
 /* Checks that every name=value pair in dims is >= 1 and that their product fits in an int (BLAS
  * dimensions and leading dimensions are ints). Returns 0 or fails naming the value. */
 static int unet_check_dims(const char *fn, int count, const char *const *names, const int *dims)
@@ -152,7 +160,7 @@ static int conv_check(const char *fn, const xmp_unet_conv2d_t *c, const void *a,
         return rc;
     rc = xmp_unet_conv2d_init(&t, c->n, c->ic, c->h, c->w, c->oc, c->kh, c->kw, c->stride, c->pad);
     if (rc)
-        return unet_fail(fn, "bad geometry (%s)", unet_err);
+        return unet_fail_nested(fn);
     if (t.oh != c->oh || t.ow != c->ow)
         return unet_fail(fn, "geometry has oh x ow = %dx%d, expected %dx%d", c->oh, c->ow, t.oh,
                          t.ow);
@@ -745,7 +753,7 @@ static int attn_check(const char *fn, const xmp_unet_attn_t *a)
     if (rc)
         return rc;
     if (xmp_unet_attn_init(&t, a->n, a->tq, a->tk, a->heads, a->head_dim))
-        return unet_fail(fn, "bad geometry (%s)", unet_err);
+        return unet_fail_nested(fn);
     return 0;
 }
 

@@ -96,7 +96,7 @@ int xmp_unet_groupnorm_forward(int n, int c, int hw, int g, const float *x, cons
 
 /* Group norm backward from the saved mean/rstd: dx (n, c, hw) += d/dx, dgamma (c) += sum dy*xhat,
  * dbeta (c) += sum dy. Any of dx, dgamma, dbeta may be NULL (dx alone = input part, dgamma and
- * dbeta alone = weight part). */
+ * dbeta alone = weight part); gamma may be NULL when dx is. */
 int xmp_unet_groupnorm_backward(int n, int c, int hw, int g, const float *x, const float *dy,
                                 const float *gamma, const float *mean, const float *rstd, float *dx,
                                 float *dgamma, float *dbeta);

@@ -1035,6 +1035,12 @@ static void test_errors(void)
     CHECK(xmp_unet_conv2d_forward(&c, x, x, NULL, y, y) == -1 &&
               strstr(xmp_unet_last_error(), "3x4") != NULL,
           "conv with a stale oh: '%s'", xmp_unet_last_error());
+    c.oh = 4;
+    c.stride = 0; /* a hand-edited geometry is re-validated by every kernel */
+    CHECK(xmp_unet_conv2d_backward_input(&c, x, x, y, y) == -1 && y[0] == 42.0f &&
+              strstr(xmp_unet_last_error(), "xmp_unet_conv2d_backward_input") != NULL &&
+              strstr(xmp_unet_last_error(), "stride = 0") != NULL,
+          "conv backward with stride 0: '%s'", xmp_unet_last_error());
     float p = 1.0f, v = 0.0f, gr = 1.0f;
     CHECK(xmp_unet_sgd_nesterov(1, -0.1f, 0.9f, 0.0f, &p, &v, &gr) == -1 && p == 1.0f &&
               strstr(xmp_unet_last_error(), "lr = -0.1") != NULL,
