@@ -165,7 +165,7 @@ bench_scalapack_t *bench_scalapack_setup(const bench_world_t *w, const bench_cas
     bench_scalapack_t *s = NULL;
     if (!bench_scalapack_built()) {
         snprintf(status, status_len, "not-built");
-        snprintf(why, why_len, "ScaLAPACK was not found when xmesh-bench was configured");
+        snprintf(why, why_len, "xmesh-bench was configured without ScaLAPACK");
         return NULL;
     }
     int rc = layout_grid(&c->src, "source", &ga, why, why_len);

@@ -1224,8 +1224,8 @@ int main(int argc, char **argv)
                O.plans);
         const char *ml = O.methods ? O.methods : suite->methods;
         if (in_list(ml, "scalapack-pdgemr2d") && !bench_scalapack_built())
-            printf("# scalapack-pdgemr2d: not built (ScaLAPACK not found at configure time; "
-                   "Debian: libscalapack-openmpi-dev)\n");
+            printf("# scalapack-pdgemr2d: not built (ScaLAPACK not found at configure time, or "
+                   "XMESH_BENCH_SCALAPACK=OFF; Debian: libscalapack-openmpi-dev)\n");
         printf("#\n%*s %-22s %11s %8s %8s %8s %8s %7s %8s %7s %8s %7s\n", casew, "case", "method",
                "bytes", "med(s)", "min(s)", "max(s)", "algbw", "t/LB", "pred(s)", "pred/t",
                "plan(s)", "#wrong");
