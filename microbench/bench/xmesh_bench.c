@@ -1069,6 +1069,7 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"barrier", no_argument, NULL, 'B'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     int opt, bad = 0, help = 0;
+    char badmsg[128] = "";
     while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:Bh", longopts, NULL)) !=
            -1) {
         switch (opt) {
@@ -1076,7 +1077,11 @@ int main(int argc, char **argv)
             O.barrier = 1;
             break;
         case 'p':
-            bad |= (O.plans = atoi(optarg)) < 1 || O.plans > 64;
+            O.plans = atoi(optarg);
+            if (O.plans < 1 || O.plans > 64) {
+                snprintf(badmsg, sizeof badmsg, ": -p '%s': plans per row must be 1..64", optarg);
+                bad = 1;
+            }
             break;
         case 's':
             O.suite = optarg;
@@ -1136,8 +1141,8 @@ int main(int argc, char **argv)
     if (help || bad || !suite || optind < argc) {
         if (rank0 == 0) {
             if (!help)
-                fprintf(stderr, "xmesh-bench: bad arguments%s%s\n", suite ? "" : ": unknown suite ",
-                        suite ? "" : O.suite);
+                fprintf(stderr, "xmesh-bench: bad arguments%s%s%s\n", badmsg,
+                        suite ? "" : ": unknown suite ", suite ? "" : O.suite);
             usage();
         }
         MPI_Finalize();
