@@ -7,7 +7,7 @@ pkgs=(build-essential cmake pkg-config python3
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libcmocka-dev
       clang libclang-rt-14-dev clang-format valgrind
       gnuplot-nox iproute2 util-linux git procps
-      libopenblas-dev)
+      libopenblas-dev libscalapack-openmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -70,11 +70,13 @@ int bench_barrier(const bench_world_t *w, MPI_Comm comm)
     return rc != MPI_SUCCESS ? rc : bench_waitall(w, 1, &r);
 }
 
-/* Walks the rows (last dim contiguous) of box inside block [blo, bhi). */
-static void copy_box(const bench_case_t *c, int32_t *block, const int64_t *blo, const int64_t *bhi,
-                     const xm_box_t *box, int32_t *buf, int unpack)
+/* Walks the rows (last dim contiguous) of box inside block [blo, bhi);
+ * elements of c->src.elem_size bytes. */
+static void copy_box(const bench_case_t *c, char *block, const int64_t *blo, const int64_t *bhi,
+                     const xm_box_t *box, char *buf, int unpack)
 {
     int nd = c->ndim;
+    size_t es = c->src.elem_size;
     int64_t idx[XM_MAX_DIMS], bstride[XM_MAX_DIMS];
     int64_t s = 1;
     for (int d = nd - 1; d >= 0; d--) {
@@ -85,15 +87,16 @@ static void copy_box(const bench_case_t *c, int32_t *block, const int64_t *blo, 
     int64_t row = box->hi[nd - 1] - box->lo[nd - 1];
     if (row <= 0 || xm_box_volume(box, nd) == 0)
         return;
+    size_t rowbytes = (size_t)row * es;
     for (;;) {
         int64_t off = 0;
         for (int d = 0; d < nd; d++)
             off += (idx[d] - blo[d]) * bstride[d];
         if (unpack)
-            memcpy(block + off, buf, (size_t)row * sizeof *buf);
+            memcpy(block + (size_t)off * es, buf, rowbytes);
         else
-            memcpy(buf, block + off, (size_t)row * sizeof *buf);
-        buf += row;
+            memcpy(buf, block + (size_t)off * es, rowbytes);
+        buf += rowbytes;
         int d = nd - 2;
         for (; d >= 0; d--) {
             if (++idx[d] < box->hi[d])
@@ -105,16 +108,16 @@ static void copy_box(const bench_case_t *c, int32_t *block, const int64_t *blo, 
     }
 }
 
-void bench_pack(const bench_case_t *c, const int32_t *block, const int64_t *blo, const int64_t *bhi,
-                const xm_box_t *box, int32_t *buf)
+void bench_pack(const bench_case_t *c, const void *block, const int64_t *blo, const int64_t *bhi,
+                const xm_box_t *box, void *buf)
 {
-    copy_box(c, (int32_t *)block, blo, bhi, box, buf, 0);
+    copy_box(c, (char *)block, blo, bhi, box, buf, 0);
 }
 
-void bench_unpack(const bench_case_t *c, int32_t *block, const int64_t *blo, const int64_t *bhi,
-                  const xm_box_t *box, const int32_t *buf)
+void bench_unpack(const bench_case_t *c, void *block, const int64_t *blo, const int64_t *bhi,
+                  const xm_box_t *box, const void *buf)
 {
-    copy_box(c, block, blo, bhi, box, (int32_t *)buf, 1);
+    copy_box(c, block, blo, bhi, box, (char *)buf, 1);
 }
 
 /* Greedy balance of paper 002 section 3.2 as the paper's baselines use it:
@@ -343,7 +346,7 @@ bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *
  * the tasks it belongs to in that order, so the lowest unfinished task
  * always has all its members inside it (no deadlock), while tasks with
  * disjoint members run at the same time. */
-static int run_bcast_blocking(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
+static int run_bcast_blocking(bench_mpi_method_t *m, const void *src, void *dst)
 {
     const bench_case_t *c = m->c;
     for (int t = 0; t < c->ts.ntasks; t++) {
@@ -363,7 +366,7 @@ static int run_bcast_blocking(bench_mpi_method_t *m, const int32_t *src, int32_t
     return 0;
 }
 
-static int run_bcast(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
+static int run_bcast(bench_mpi_method_t *m, const void *src, void *dst)
 {
     const bench_case_t *c = m->c;
     if (!m->nonblocking)
@@ -393,7 +396,7 @@ static int run_bcast(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
     return 0;
 }
 
-static int run_alltoallv(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
+static int run_alltoallv(bench_mpi_method_t *m, const void *src, void *dst)
 {
     const bench_case_t *c = m->c;
     if (m->uni == MPI_COMM_NULL)
@@ -433,7 +436,7 @@ static int run_alltoallv(bench_mpi_method_t *m, const int32_t *src, int32_t *dst
 /* Phase 1: every sender sends each receiver its 1/k slice (all tasks in
  * flight). Phase 2: each host's receivers of a task all-gather the slices.
  * Packing and unpacking are inside, as for every method. */
-static int run_alpa(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
+static int run_alpa(bench_mpi_method_t *m, const void *src, void *dst)
 {
     const bench_case_t *c = m->c;
     const bench_world_t *w = m->w;
@@ -481,7 +484,7 @@ static int run_alpa(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
     return 0;
 }
 
-int bench_mpi_run(bench_mpi_method_t *m, const int32_t *src, int32_t *dst)
+int bench_mpi_run(bench_mpi_method_t *m, const void *src, void *dst)
 {
     if (m->alltoallv)
         return run_alltoallv(m, src, dst);

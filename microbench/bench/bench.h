@@ -31,7 +31,7 @@ typedef struct bench_case {
     int src_mesh[2], dst_mesh[2]; /* (hosts, devices per host) */
     const char *src_spec, *dst_spec;
     int *src_ranks, *dst_ranks; /* row-major over the mesh, world ranks */
-    xm_layout_t src, dst;       /* plain-data layouts (int32 elements) */
+    xm_layout_t src, dst;       /* plain-data layouts; elem_size 4 (int32) or 8 (f64) */
     xm_taskset_t ts;            /* unit tasks (box intersections) */
     int src_index, dst_index;   /* this rank's index in each mesh, -1 if absent */
     int64_t src_lo[XM_MAX_DIMS], src_hi[XM_MAX_DIMS];
@@ -46,11 +46,11 @@ int bench_waitall(const bench_world_t *w, int n, MPI_Request *reqs);
 int bench_barrier(const bench_world_t *w, MPI_Comm comm);
 
 /* Copies the box [lo, hi) out of (pack) or into (unpack) a dense row-major
- * block [blo, bhi) of 4-byte elements. buf is the dense box. */
-void bench_pack(const bench_case_t *c, const int32_t *block, const int64_t *blo, const int64_t *bhi,
-                const xm_box_t *box, int32_t *buf);
-void bench_unpack(const bench_case_t *c, int32_t *block, const int64_t *blo, const int64_t *bhi,
-                  const xm_box_t *box, const int32_t *buf);
+ * block [blo, bhi) of c->src.elem_size-byte elements. buf is the dense box. */
+void bench_pack(const bench_case_t *c, const void *block, const int64_t *blo, const int64_t *bhi,
+                const xm_box_t *box, void *buf);
+void bench_unpack(const bench_case_t *c, void *block, const int64_t *blo, const int64_t *bhi,
+                  const xm_box_t *box, const void *buf);
 
 /* ---- MPI-library baselines (baselines.c) ----------------------------- */
 
@@ -63,9 +63,37 @@ typedef struct bench_mpi_method bench_mpi_method_t;
 bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *c,
                                     const char *method);
 /* Runs one resharding: src and dst are this rank's local blocks. 0 on
- * success. Not timed inside: the harness times around it. */
-int bench_mpi_run(bench_mpi_method_t *m, const int32_t *src, int32_t *dst);
+ * success. Not timed inside: the harness times around it. Buffers move as
+ * 4-byte units (MPI_INT), so 8-byte elements travel unchanged. */
+int bench_mpi_run(bench_mpi_method_t *m, const void *src, void *dst);
 void bench_mpi_free(bench_mpi_method_t *m);
+
+/* ---- ScaLAPACK baseline (scalapack.c) -------------------------------- */
+
+/* 1 if xmesh-bench was built with ScaLAPACK (XMESH_BENCH_HAVE_SCALAPACK). */
+int bench_scalapack_built(void);
+
+typedef struct bench_scalapack bench_scalapack_t;
+/* Collective over the world. Sets up "scalapack-pdgemr2d" for a 2-D f64
+ * case: a BLACS grid per layout (block-cyclic with block = ceil(n/p) per
+ * dim, which is the case's block layout when numpy-style splits agree)
+ * and a 1 x n union grid over both meshes (pdgemr2d's last argument).
+ * Returns NULL on every rank when the method cannot run, with `status`
+ * set to "not-built" (no ScaLAPACK), "n/a" (the layouts are not
+ * expressible: replication, several axes on one dim, non-ceil splits) or
+ * "setup-failed", and a reason in `why`. The decision is the same on every
+ * rank (a pure function of the case). */
+bench_scalapack_t *bench_scalapack_setup(const bench_world_t *w, const bench_case_t *c,
+                                         char *status, size_t status_len, char *why,
+                                         size_t why_len);
+/* Runs pdgemr2d: src and dst are this rank's row-major blocks (NULL when
+ * not in that mesh). Ranks outside both meshes return at once. 0 on
+ * success (pdgemr2d itself aborts on bad arguments). */
+int bench_scalapack_run(bench_scalapack_t *s, const double *src, double *dst);
+/* Frees the grids (collective for the members). NULL is a no-op. */
+void bench_scalapack_free(bench_scalapack_t *s);
+/* Releases BLACS's own buffers (not MPI) if BLACS was used. */
+void bench_scalapack_finalize(void);
 
 /* ---- calibration (calib.c) ------------------------------------------- */
 

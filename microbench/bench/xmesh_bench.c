@@ -5,11 +5,13 @@
  *   mpirun -np 20 xmesh-bench -s n-to-m -b 64M -n 5 -w 1 -J out.json
  *
  * Suites: n-to-m (Table 2 cases 1-9, Fig. 6), 1-to-m (Fig. 5 receiver
- * meshes), loadbalance (Fig. 8: naive / lb / ensemble). Ranks are laid out
- * host-major (mpirun's default with --host h0:P,h1:P,...); every case puts
- * its source mesh on the first hosts and its destination mesh on the next
- * ones, so the two meshes never share a host. Ranks a case does not use
- * stay idle. Every iteration checks every destination element.
+ * meshes), loadbalance (Fig. 8: naive / lb / ensemble), 2d (2-D block
+ * layouts of a square f64 matrix between process grids, what HPC and
+ * tensor-parallel codes do, against ScaLAPACK's pdgemr2d). Ranks are laid
+ * out host-major (mpirun's default with --host h0:P,h1:P,...); every case
+ * puts its source mesh on the first hosts and its destination mesh on the
+ * next ones, so the two meshes never share a host. Ranks a case does not
+ * use stay idle. Every iteration checks every destination element.
  * docs/BENCHMARKS.md defines every column.
  */
 #include <errno.h>
@@ -39,6 +41,8 @@ typedef struct {
     int virtual_hosts;
     int poll_us;
     int64_t calib_bytes;
+    int barrier; /* end every timed iteration with MPI_Barrier (included) */
+    int plans;   /* xmesh plans created (and timed) per row */
 } opts_t;
 
 /* --------------------------------------------------------------- cases */
@@ -47,8 +51,17 @@ typedef struct {
     const char *name;
     int src_mesh[2], dst_mesh[2];
     const char *src_spec, *dst_spec;
-    int shape_kind; /* 0: (2k,2k,k); 1: case 6 (3x,x,x/6); 2: 1-D vector */
+    /* 0: (2k,2k,k); 1: case 6 (3x,x,x/6); 2: 1-D vector (int32 elements);
+     * 3, 4, 5: square f64 matrix n x n, (n-1)^2, (n+1)^2 on process grids */
+    int shape_kind;
 } case_def_t;
+
+/* 2d-suite cases: meshes are process grids (rows, cols) over consecutive
+ * ranks, not (hosts, devices per host). */
+static int is_grid(const case_def_t *def)
+{
+    return def->shape_kind >= 3;
+}
 
 /* Paper 002 Table 2 (../shared/BENCH_CASES.md). Tensor (1024,1024,512)
  * scaled to the requested bytes keeping its 2:2:1 aspect. */
@@ -67,6 +80,26 @@ static const case_def_t one_to_m_cases[] = {
     {"4x2", {1, 1}, {4, 2}, "R", "R", 2},
 };
 
+/* 2-D block layouts of a square f64 matrix (4096^2 by default, -b scales
+ * it) between process grids: reshaped grids, transposed roles (dim 0
+ * moves from grid rows to grid columns), uneven sizes (4095: pdgemr2d's
+ * ceil blocks agree with the numpy split; 4097 over 4: they do not) and
+ * replicated destinations. The 8- and 16-rank grids run when the world
+ * has room. */
+static const case_def_t grid_cases[] = {
+    {"2x2-4x1", {2, 2}, {4, 1}, "S0S1", "S0S1", 3},
+    {"4x1-1x4", {4, 1}, {1, 4}, "S0S1", "S0S1", 3},
+    {"2x2-2x2t", {2, 2}, {2, 2}, "S0S1", "S1S0", 3},
+    {"1x4-2x2", {1, 4}, {2, 2}, "S0S1", "S0S1", 3},
+    {"2x2-4x1-odd", {2, 2}, {4, 1}, "S0S1", "S0S1", 4},
+    {"4x1-2x2-odd", {4, 1}, {2, 2}, "S0S1", "S0S1", 5},
+    {"2x2-RR", {2, 2}, {2, 2}, "S0S1", "RR", 3},
+    {"2x2-S0R", {2, 2}, {2, 2}, "S0S1", "S0R", 3},
+    {"2x4-4x2", {2, 4}, {4, 2}, "S0S1", "S0S1", 3},
+    {"8x1-2x4t", {8, 1}, {2, 4}, "S0S1", "S1S0", 3},
+    {"4x4-2x8", {4, 4}, {2, 8}, "S0S1", "S0S1", 3},
+};
+
 typedef struct {
     const char *name;
     const case_def_t *cases;
@@ -83,13 +116,17 @@ static const suite_t suites[] = {
      "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      16LL << 20},
     {"loadbalance", n_to_m_cases, 9, "naive,lb,xmesh", 64LL << 20},
+    {"2d", grid_cases, (int)(sizeof grid_cases / sizeof grid_cases[0]),
+     "xmesh,mpi-alltoallv,scalapack-pdgemr2d", 128LL << 20},
 };
 
 /* ------------------------------------------------------------ methods */
 
+enum { M_XMESH = 0, M_MPI = 1, M_SCALAPACK = 2 };
+
 typedef struct {
     const char *name;
-    int mpi; /* MPI-library baseline implemented in baselines.c */
+    int mpi; /* M_MPI: baselines.c; M_SCALAPACK: scalapack.c; else xmesh */
     xmesh_strategy_t strategy;
     xmesh_scheduler_t scheduler;
     const char *help;
@@ -117,6 +154,8 @@ static const method_t methods[] = {
      "Alpa with MPI: 1/k of each box per receiver device, then MPI_Iallgatherv per host"},
     {"mpi-alltoallv", 1, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
      "MPI_Ialltoallv over the union of both meshes"},
+    {"scalapack-pdgemr2d", M_SCALAPACK, XMESH_STRATEGY_UNSET, XMESH_SCHEDULER_UNSET,
+     "ScaLAPACK pdgemr2d, block-cyclic with block ceil(n/p) (2d suite)"},
 };
 #define NMETHODS ((int)(sizeof methods / sizeof methods[0]))
 
@@ -128,6 +167,9 @@ typedef struct {
     int64_t req_bytes; /* the size of the sweep this row belongs to (-b .. -e) */
     char shape[64];
     double tmed, tmin, tmax, lb, pred;
+    double plan_med, plan_min, plan_max; /* plan creation / baseline setup, s */
+    int plans;                           /* how many were timed */
+    char note[160];                      /* why a row did not run (n/a, not-built) */
     int iters;
     long long wrong;
     double *times;
@@ -135,18 +177,24 @@ typedef struct {
 
 static row_t rows[MAX_ROWS];
 static int nrows;
+static int casew = 8; /* width of the case column: the suite's longest name */
 static bench_world_t W;
 static opts_t O;
 
 static void usage(void)
 {
     printf("usage: mpirun ... xmesh-bench [options]\n"
-           "  -s suite     n-to-m | 1-to-m | loadbalance (default n-to-m)\n"
+           "  -s suite     n-to-m | 1-to-m | loadbalance | 2d (default n-to-m)\n"
            "  -m methods   comma list (default: the suite's); known:\n");
     for (int i = 0; i < NMETHODS; i++)
         printf("                 %-20s %s\n", methods[i].name, methods[i].help);
-    printf("  -C cases     comma list of case names (n-to-m: 1..9; 1-to-m: 1x1,1x2,...)\n"
-           "  -b bytes     minimum tensor bytes (K/M/G suffixes; default: suite's)\n"
+    printf("  -C cases     comma list of case names (n-to-m: 1..9; 1-to-m: 1x1,1x2,...;\n"
+           "               2d:");
+    for (size_t i = 0; i < sizeof grid_cases / sizeof grid_cases[0]; i++)
+        printf("%s%s", i ? "," : " ", grid_cases[i].name);
+    printf(")\n"
+           "  -b bytes     minimum tensor bytes (K/M/G suffixes; default: suite's; 2d: an\n"
+           "               n x n f64 matrix, n = sqrt(bytes / 8), default 128M = 4096^2)\n"
            "  -e bytes     maximum tensor bytes (default: -b)\n"
            "  -f factor    multiplication factor between sizes (default 2)\n"
            "  -n iters     measured iterations (default 5)\n"
@@ -156,7 +204,10 @@ static void usage(void)
            "  -D prefix    write gnuplot data PREFIX-SUITE.dat / PREFIX-SUITE-lb.dat\n"
            "  -V n         virtual hosts of n ranks (single-machine fallback; no NIC limit)\n"
            "  -P us        poll interval of the MPI baselines' waits (default 100)\n"
-           "  -k bytes     calibration transfer size (default 8M; 0: skip)\n");
+           "  -k bytes     calibration transfer size (default 8M; 0: skip)\n"
+           "  -p n         xmesh plans created and timed per row (default 3; the last runs)\n"
+           "  -B, --barrier  end every timed iteration with MPI_Barrier on all ranks, as an\n"
+           "               application step would; the reported times include it\n");
 }
 
 static int64_t parse_bytes(const char *s)
@@ -264,10 +315,13 @@ static inline int32_t elem_value(int64_t g)
 }
 
 /* Fills (check == 0) or counts mismatches of (check == 1) the local block
- * [lo, hi) of a tensor of `shape`. */
-static long long block_values(const bench_case_t *c, int32_t *blk, const int64_t *lo,
+ * [lo, hi) of a tensor of `shape`. f64 tensors carry the same integers as
+ * doubles (exact), so they are compared exactly too. */
+static long long block_values(const bench_case_t *c, void *blkv, const int64_t *lo,
                               const int64_t *hi, int check)
 {
+    int32_t *blk = c->src.elem_size == 4 ? blkv : NULL;
+    double *fblk = c->src.elem_size == 8 ? blkv : NULL;
     int nd = c->ndim;
     int64_t gstride[XM_MAX_DIMS], idx[XM_MAX_DIMS];
     int64_t s = 1;
@@ -284,14 +338,23 @@ static long long block_values(const bench_case_t *c, int32_t *blk, const int64_t
         int64_t g = 0;
         for (int d = 0; d < nd; d++)
             g += idx[d] * gstride[d];
-        if (check) {
+        if (fblk && check) {
+            for (int64_t i = 0; i < row; i++)
+                wrong += fblk[i] != (double)elem_value(g + i);
+        } else if (fblk) {
+            for (int64_t i = 0; i < row; i++)
+                fblk[i] = (double)elem_value(g + i);
+        } else if (check) {
             for (int64_t i = 0; i < row; i++)
                 wrong += blk[i] != elem_value(g + i);
         } else {
             for (int64_t i = 0; i < row; i++)
                 blk[i] = elem_value(g + i);
         }
-        blk += row;
+        if (fblk)
+            fblk += row;
+        else
+            blk += row;
         int d = nd - 2;
         for (; d >= 0; d--) {
             if (++idx[d] < hi[d])
@@ -309,7 +372,16 @@ static long long block_values(const bench_case_t *c, int32_t *blk, const int64_t
 static void case_shape(const case_def_t *def, int64_t bytes, bench_case_t *c)
 {
     int64_t elems = bytes / 4;
-    if (def->shape_kind == 2) {
+    if (is_grid(def)) {
+        /* n x n f64 = bytes; at least 16 so a 16-way grid has no empty
+         * block; kinds 4 and 5 are one row and column short / over. */
+        int64_t n = (int64_t)llround(sqrt((double)bytes / 8.0));
+        if (n < 16)
+            n = 16;
+        n += def->shape_kind == 4 ? -1 : def->shape_kind == 5 ? 1 : 0;
+        c->ndim = 2;
+        c->shape[0] = c->shape[1] = n;
+    } else if (def->shape_kind == 2) {
         c->ndim = 1;
         c->shape[0] = elems > 0 ? elems : 1;
     } else if (def->shape_kind == 1) {
@@ -341,30 +413,15 @@ static void case_free(bench_case_t *c)
     memset(c, 0, sizeof *c);
 }
 
-/* Maps a case onto the world. Returns 1 if the world is too small (with a
- * reason in why), -1 on error, 0 on success. */
-static int case_build(const case_def_t *def, int64_t bytes, bench_case_t *c, char *why,
-                      size_t whylen)
+/* Meshes as (hosts, devices per host): mesh row h is host h (source) or
+ * host src_mesh[0] + h (destination). 1 if the world is too small. */
+static int host_place(const case_def_t *def, bench_case_t *c, char *why, size_t whylen)
 {
-    memset(c, 0, sizeof *c);
-    snprintf(c->name, sizeof c->name, "%s", def->name);
-    case_shape(def, bytes, c);
-    c->src_mesh[0] = def->src_mesh[0];
-    c->src_mesh[1] = def->src_mesh[1];
-    c->dst_mesh[0] = def->dst_mesh[0];
-    c->dst_mesh[1] = def->dst_mesh[1];
-    c->src_spec = def->src_spec;
-    c->dst_spec = def->dst_spec;
     int need_hosts = def->src_mesh[0] + def->dst_mesh[0];
     if (need_hosts > W.nhosts) {
         snprintf(why, whylen, "needs %d hosts, have %d", need_hosts, W.nhosts);
         return 1;
     }
-    int ns = def->src_mesh[0] * def->src_mesh[1], nd = def->dst_mesh[0] * def->dst_mesh[1];
-    c->src_ranks = malloc(sizeof(int) * (size_t)ns);
-    c->dst_ranks = malloc(sizeof(int) * (size_t)nd);
-    if (!c->src_ranks || !c->dst_ranks)
-        return -1;
     for (int side = 0; side < 2; side++) {
         const int *mesh = side ? def->dst_mesh : def->src_mesh;
         int *out = side ? c->dst_ranks : c->src_ranks;
@@ -379,6 +436,57 @@ static int case_build(const case_def_t *def, int64_t bytes, bench_case_t *c, cha
                 out[h * mesh[1] + d] = W.host_ranks[W.host_off[h0 + h] + d];
         }
     }
+    return 0;
+}
+
+/* Meshes as process grids (2d suite): the source grid takes the first
+ * rows*cols ranks in host-major order, row-major over the grid, as an MPI
+ * code numbering its grid by rank would; the destination grid starts on
+ * the first host the source does not touch, so the meshes share no host.
+ * 1 if the world is too small. */
+static int grid_place(const case_def_t *def, bench_case_t *c, char *why, size_t whylen)
+{
+    int h = 0;
+    for (int side = 0; side < 2; side++) {
+        const int *mesh = side ? def->dst_mesh : def->src_mesh;
+        int *out = side ? c->dst_ranks : c->src_ranks;
+        int need = mesh[0] * mesh[1], got = 0;
+        for (; h < W.nhosts && got < need; h++)
+            for (int k = W.host_off[h]; k < W.host_off[h + 1] && got < need; k++)
+                out[got++] = W.host_ranks[k];
+        if (got < need) {
+            snprintf(why, whylen,
+                     "needs %d + %d ranks on separate hosts, have %d ranks on %d hosts",
+                     def->src_mesh[0] * def->src_mesh[1], def->dst_mesh[0] * def->dst_mesh[1],
+                     W.size, W.nhosts);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Maps a case onto the world. Returns 1 if the world is too small (with a
+ * reason in why), -1 on error, 0 on success. */
+static int case_build(const case_def_t *def, int64_t bytes, bench_case_t *c, char *why,
+                      size_t whylen)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", def->name);
+    case_shape(def, bytes, c);
+    c->src_mesh[0] = def->src_mesh[0];
+    c->src_mesh[1] = def->src_mesh[1];
+    c->dst_mesh[0] = def->dst_mesh[0];
+    c->dst_mesh[1] = def->dst_mesh[1];
+    c->src_spec = def->src_spec;
+    c->dst_spec = def->dst_spec;
+    int ns = def->src_mesh[0] * def->src_mesh[1], nd = def->dst_mesh[0] * def->dst_mesh[1];
+    c->src_ranks = malloc(sizeof(int) * (size_t)ns);
+    c->dst_ranks = malloc(sizeof(int) * (size_t)nd);
+    if (!c->src_ranks || !c->dst_ranks)
+        return -1;
+    int rc = is_grid(def) ? grid_place(def, c, why, whylen) : host_place(def, c, why, whylen);
+    if (rc)
+        return rc;
     xm_layout_t *ls[2] = {&c->src, &c->dst};
     for (int side = 0; side < 2; side++) {
         xm_layout_t *l = ls[side];
@@ -386,7 +494,7 @@ static int case_build(const case_def_t *def, int64_t bytes, bench_case_t *c, cha
         l->ndim = c->ndim;
         for (int d = 0; d < c->ndim; d++)
             l->shape[d] = c->shape[d];
-        l->elem_size = 4;
+        l->elem_size = is_grid(def) ? 8 : 4;
         l->mesh.ndim = 2;
         l->mesh.shape[0] = mesh[0];
         l->mesh.shape[1] = mesh[1];
@@ -461,8 +569,9 @@ static xmesh_result_t xplan_make(const bench_case_t *c, const method_t *m, xplan
         xplan_free(p);
         return r;
     }
-    xmesh_layout_t sl = {c->ndim, c->shape, XMESH_I32, p->sm, c->src_spec};
-    xmesh_layout_t dl = {c->ndim, c->shape, XMESH_I32, p->dm, c->dst_spec};
+    xmesh_dtype_t dt = c->src.elem_size == 8 ? XMESH_F64 : XMESH_I32;
+    xmesh_layout_t sl = {c->ndim, c->shape, dt, p->sm, c->src_spec};
+    xmesh_layout_t dl = {c->ndim, c->shape, dt, p->dm, c->dst_spec};
     xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
     pp.strategy = m ? m->strategy : XMESH_STRATEGY_UNSET;
     pp.scheduler = m ? m->scheduler : XMESH_SCHEDULER_UNSET;
@@ -493,7 +602,7 @@ static row_t *new_row(const char *suite, const bench_case_t *c, const char *meth
     snprintf(r->suite, sizeof r->suite, "%s", suite);
     snprintf(r->casename, sizeof r->casename, "%s", c->name);
     snprintf(r->method, sizeof r->method, "%s", method);
-    r->bytes = 4;
+    r->bytes = (int64_t)c->src.elem_size;
     r->req_bytes = cur_req_bytes;
     int n = 0;
     for (int d = 0; d < c->ndim; d++) {
@@ -503,6 +612,7 @@ static row_t *new_row(const char *suite, const bench_case_t *c, const char *meth
     }
     r->lb = r->pred = NAN;
     r->tmed = r->tmin = r->tmax = NAN;
+    r->plan_med = r->plan_min = r->plan_max = NAN;
     return r;
 }
 
@@ -510,9 +620,9 @@ static void print_row(const row_t *r)
 {
     if (W.rank)
         return;
-    printf("%8s %-22s %11lld", r->casename, r->method, (long long)r->bytes);
+    printf("%*s %-22s %11lld", casew, r->casename, r->method, (long long)r->bytes);
     if (strcmp(r->status, "ok") && strcmp(r->status, "WRONG")) {
-        printf("   %s\n", r->status);
+        printf("   %s%s%s%s\n", r->status, r->note[0] ? " (" : "", r->note, r->note[0] ? ")" : "");
         fflush(stdout);
         return;
     }
@@ -526,44 +636,125 @@ static void print_row(const row_t *r)
         printf(" %8s %7s", "-", "-");
     else
         printf(" %8.3f %7.3f", r->pred, r->pred / r->tmed);
+    if (isnan(r->plan_med))
+        printf(" %8s", "-");
+    else
+        printf(" %8.4f", r->plan_med);
     printf(" %7lld%s\n", r->wrong, strcmp(r->status, "ok") ? "  WRONG" : "");
     fflush(stdout);
 }
 
+static double median_sorted(const double *s, int n)
+{
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+/* Fills med/min/max from n samples (n >= 1). */
+static void stats(const double *v, int n, double *med, double *mn, double *mx)
+{
+    double *s = malloc(sizeof(double) * (size_t)n);
+    if (!s) {
+        *med = *mn = *mx = NAN;
+        return;
+    }
+    memcpy(s, v, sizeof(double) * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    *mn = s[0];
+    *mx = s[n - 1];
+    *med = median_sorted(s, n);
+    free(s);
+}
+
+/* Seconds from a common barrier to the slowest rank's end of a setup step
+ * (collective). */
+static double since_all(double t0)
+{
+    double t = MPI_Wtime() - t0, tmax = 0;
+    MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return tmax;
+}
+
+/* The state one method needs for a case, made before the first iteration. */
+typedef struct {
+    xplan_t xp;
+    bench_mpi_method_t *mm;
+    bench_scalapack_t *sl;
+} prepared_t;
+
+/* Builds the method's state and times it: xmesh plans O.plans times (the
+ * last one is kept), a baseline's setup once. Collective. 0 on success;
+ * otherwise row->status is set and nothing is kept. */
+static int prepare(bench_case_t *c, const method_t *m, row_t *row, prepared_t *pm)
+{
+    memset(pm, 0, sizeof *pm);
+    double times[64];
+    int n = 0;
+    if (m->mpi == M_MPI) {
+        bench_barrier(&W, MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        pm->mm = bench_mpi_setup(&W, c, m->name);
+        times[n++] = since_all(t0);
+        if (!pm->mm) {
+            snprintf(row->status, sizeof row->status, "setup-failed");
+            return -1;
+        }
+    } else if (m->mpi == M_SCALAPACK) {
+        bench_barrier(&W, MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        pm->sl = bench_scalapack_setup(&W, c, row->status, sizeof row->status, row->note,
+                                       sizeof row->note);
+        times[n++] = since_all(t0);
+        if (!pm->sl)
+            return -1;
+    } else {
+        int nplans = O.plans < 1 ? 1 : O.plans > 64 ? 64 : O.plans;
+        for (int k = 0; k < nplans; k++) {
+            if (k)
+                xplan_free(&pm->xp);
+            bench_barrier(&W, MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            xmesh_result_t r = xplan_make(c, m, &pm->xp);
+            times[n++] = since_all(t0);
+            if (r) {
+                snprintf(row->status, sizeof row->status, "%s",
+                         r == XMESH_ERR_UNSUPPORTED ? "unsupported" : xmesh_result_string(r));
+                if (W.rank == 0 && X.available)
+                    fprintf(stderr, "xmesh-bench: case %s %s: plan: %s\n", c->name, m->name,
+                            xmesh_last_error());
+                return -1;
+            }
+        }
+        row->pred = pm->xp.info.predicted_s;
+        if (isnan(row->lb))
+            row->lb = pm->xp.info.lower_bound_s;
+    }
+    row->plans = n;
+    stats(times, n, &row->plan_med, &row->plan_min, &row->plan_max);
+    return 0;
+}
+
+static void release(prepared_t *pm)
+{
+    bench_mpi_free(pm->mm);
+    bench_scalapack_free(pm->sl);
+    xplan_free(&pm->xp);
+}
+
 /* Runs one method on one case: warm-up + measured iterations, each timed
- * from a common barrier to the last rank's completion and checked.
- * Collective over the world. */
-static void run_method(const char *suite, bench_case_t *c, const method_t *m, int32_t *src,
-                       int32_t *dst, double lb)
+ * from a common barrier to the last rank's completion (with -B: to the end
+ * of a closing MPI_Barrier on all ranks) and checked. Collective over the
+ * world. */
+static void run_method(const char *suite, bench_case_t *c, const method_t *m, void *src, void *dst,
+                       double lb)
 {
     row_t *row = new_row(suite, c, m->name);
     if (!row)
         return;
     row->lb = lb;
-    xplan_t xp;
-    memset(&xp, 0, sizeof xp);
-    bench_mpi_method_t *mm = NULL;
-    if (m->mpi) {
-        mm = bench_mpi_setup(&W, c, m->name);
-        if (!mm) {
-            snprintf(row->status, sizeof row->status, "setup-failed");
-            print_row(row);
-            return;
-        }
-    } else {
-        xmesh_result_t r = xplan_make(c, m, &xp);
-        if (r) {
-            snprintf(row->status, sizeof row->status, "%s",
-                     r == XMESH_ERR_UNSUPPORTED ? "unsupported" : xmesh_result_string(r));
-            if (W.rank == 0 && X.available)
-                fprintf(stderr, "xmesh-bench: case %s %s: plan: %s\n", c->name, m->name,
-                        xmesh_last_error());
-            print_row(row);
-            return;
-        }
-        row->pred = xp.info.predicted_s;
-        if (isnan(row->lb))
-            row->lb = xp.info.lower_bound_s;
+    prepared_t pm;
+    if (prepare(c, m, row, &pm)) {
+        print_row(row);
+        return;
     }
     int total = O.warmup + O.iters;
     row->times = calloc((size_t)(O.iters > 0 ? O.iters : 1), sizeof(double));
@@ -571,21 +762,27 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, in
     int failed = 0;
     for (int it = 0; it < total && !failed; it++) {
         if (O.check && dst)
-            memset(dst, 0xA5, (size_t)c->dst_elems * 4);
+            memset(dst, 0xA5, (size_t)c->dst_elems * c->dst.elem_size);
         bench_barrier(&W, MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         int err = 0;
-        if (mm) {
-            err = bench_mpi_run(mm, src, dst) != 0;
+        if (pm.mm) {
+            err = bench_mpi_run(pm.mm, src, dst) != 0;
+        } else if (pm.sl) {
+            err = bench_scalapack_run(pm.sl, src, dst) != 0;
         } else {
-            xmesh_result_t r = xmesh_reshard(xp.plan, c->src_index >= 0 ? src : NULL,
+            xmesh_result_t r = xmesh_reshard(pm.xp.plan, c->src_index >= 0 ? src : NULL,
                                              c->dst_index >= 0 ? dst : NULL);
-            if (r && W.rank >= 0) {
+            if (r) {
                 fprintf(stderr, "xmesh-bench: rank %d case %s %s: reshard: %s: %s\n", W.rank,
                         c->name, m->name, xmesh_result_string(r), xmesh_last_error());
                 err = 1;
             }
         }
+        /* Application-style: the step ends when every rank has passed a
+         * plain MPI_Barrier (not the bench's polling one). */
+        if (O.barrier)
+            MPI_Barrier(MPI_COMM_WORLD);
         double t = MPI_Wtime() - t0, tmax = 0;
         int anyerr = 0;
         MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -600,30 +797,21 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, in
             MPI_Allreduce(&w, &wsum, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
             wrong_total += wsum;
         }
-        if (it >= O.warmup)
+        if (it >= O.warmup && row->times)
             row->times[it - O.warmup] = tmax;
     }
     if (failed) {
         snprintf(row->status, sizeof row->status, "error");
-    } else if (O.iters > 0) {
+    } else if (O.iters > 0 && row->times) {
         row->iters = O.iters;
-        double *s = malloc(sizeof(double) * (size_t)O.iters);
-        memcpy(s, row->times, sizeof(double) * (size_t)O.iters);
-        qsort(s, (size_t)O.iters, sizeof *s, cmp_double);
-        row->tmin = s[0];
-        row->tmax = s[O.iters - 1];
-        row->tmed = O.iters % 2 ? s[O.iters / 2] : 0.5 * (s[O.iters / 2 - 1] + s[O.iters / 2]);
-        free(s);
+        stats(row->times, O.iters, &row->tmed, &row->tmin, &row->tmax);
         row->wrong = wrong_total;
         snprintf(row->status, sizeof row->status, "%s", wrong_total ? "WRONG" : "ok");
     } else {
         snprintf(row->status, sizeof row->status, "no-iterations");
     }
     print_row(row);
-    if (mm)
-        bench_mpi_free(mm);
-    else
-        xplan_free(&xp);
+    release(&pm);
 }
 
 /* The same bound from the library's model over the bench's own unit tasks,
@@ -649,17 +837,17 @@ static void run_case(const suite_t *s, const case_def_t *def, int64_t bytes)
     MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (worst) {
         if (W.rank == 0)
-            printf("%8s %-22s %11s   skipped: %s\n", def->name, "*", "-", why);
+            printf("%*s %-22s %11s   skipped: %s\n", casew, def->name, "*", "-", why);
         case_free(&c);
         return;
     }
-    int32_t *src = c.src_elems ? malloc((size_t)c.src_elems * 4) : NULL;
-    int32_t *dst = c.dst_elems ? malloc((size_t)c.dst_elems * 4) : NULL;
+    void *src = c.src_elems ? malloc((size_t)c.src_elems * c.src.elem_size) : NULL;
+    void *dst = c.dst_elems ? malloc((size_t)c.dst_elems * c.dst.elem_size) : NULL;
     int ok = (!c.src_elems || src) && (!c.dst_elems || dst), all = 0;
     MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all) {
         if (W.rank == 0)
-            printf("%8s %-22s %11s   skipped: out of memory\n", def->name, "*", "-");
+            printf("%*s %-22s %11s   skipped: out of memory\n", casew, def->name, "*", "-");
         goto out_free;
     }
     if (src)
@@ -711,8 +899,13 @@ static void write_json(const char *path, const bench_calib_t *cal)
             xmesh_version_string());
     fprintf(f,
             "  \"config\": {\"ranks\": %d, \"hosts\": %d, \"virtual_hosts\": %d, "
-            "\"iters\": %d, \"warmup\": %d, \"check\": %d},\n",
-            W.size, W.nhosts, W.virtual_hosts, O.iters, O.warmup, O.check);
+            "\"iters\": %d, \"warmup\": %d, \"check\": %d, \"closing_barrier\": %d, "
+            "\"plans_per_row\": %d, \"scalapack_built\": %d,\n"
+            "             \"timing\": \"%s\"},\n",
+            W.size, W.nhosts, W.virtual_hosts, O.iters, O.warmup, O.check, O.barrier, O.plans,
+            bench_scalapack_built(),
+            O.barrier ? "common barrier to the end of a closing MPI_Barrier on all ranks (included)"
+                      : "common barrier to the last rank done");
     fprintf(f, "  \"calibration\": {");
     json_num(f, "nominal_mbit", cal->nominal_mbit, 1);
     json_num(f, "one_mbit", cal->one_mbit, 1);
@@ -734,6 +927,7 @@ static void write_json(const char *path, const bench_calib_t *cal)
         json_str(f, "case", r->casename, 1);
         json_str(f, "method", r->method, 1);
         json_str(f, "status", r->status, 1);
+        json_str(f, "note", r->note, 1);
         json_str(f, "shape", r->shape, 1);
         fprintf(f, "\"bytes\": %lld, \"iters\": %d, ", (long long)r->bytes, r->iters);
         json_num(f, "time_med_s", r->tmed, 1);
@@ -744,6 +938,10 @@ static void write_json(const char *path, const bench_calib_t *cal)
         json_num(f, "time_over_lb", r->tmed / r->lb, 1);
         json_num(f, "predicted_s", r->pred, 1);
         json_num(f, "predicted_over_time", r->pred / r->tmed, 1);
+        fprintf(f, "\"plans\": %d, ", r->plans);
+        json_num(f, "plan_med_s", r->plan_med, 1);
+        json_num(f, "plan_min_s", r->plan_min, 1);
+        json_num(f, "plan_max_s", r->plan_max, 1);
         fprintf(f, "\"wrong\": %lld, \"times_s\": [", r->wrong);
         for (int k = 0; k < r->iters && r->times; k++)
             fprintf(f, "%s%.6g", k ? ", " : "", r->times[k]);
@@ -867,9 +1065,24 @@ int main(int argc, char **argv)
     O.check = 1;
     O.poll_us = 100;
     O.calib_bytes = 8 << 20;
+    O.plans = 3;
+    static const struct option longopts[] = {
+        {"barrier", no_argument, NULL, 'B'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
     int opt, bad = 0, help = 0;
-    while ((opt = getopt(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:h")) != -1) {
+    char badmsg[128] = "";
+    while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:Bh", longopts, NULL)) !=
+           -1) {
         switch (opt) {
+        case 'B':
+            O.barrier = 1;
+            break;
+        case 'p':
+            O.plans = atoi(optarg);
+            if (O.plans < 1 || O.plans > 64) {
+                snprintf(badmsg, sizeof badmsg, ": -p '%s': plans per row must be 1..64", optarg);
+                bad = 1;
+            }
+            break;
         case 's':
             O.suite = optarg;
             break;
@@ -928,8 +1141,8 @@ int main(int argc, char **argv)
     if (help || bad || !suite || optind < argc) {
         if (rank0 == 0) {
             if (!help)
-                fprintf(stderr, "xmesh-bench: bad arguments%s%s\n", suite ? "" : ": unknown suite ",
-                        suite ? "" : O.suite);
+                fprintf(stderr, "xmesh-bench: bad arguments%s%s%s\n", badmsg,
+                        suite ? "" : ": unknown suite ", suite ? "" : O.suite);
             usage();
         }
         MPI_Finalize();
@@ -954,6 +1167,9 @@ int main(int argc, char **argv)
             p = q + 1;
         }
     }
+    for (int i = 0; i < suite->ncases; i++)
+        if ((int)strlen(suite->cases[i].name) > casew)
+            casew = (int)strlen(suite->cases[i].name);
     if (O.minbytes < 0)
         O.minbytes = suite->bytes;
     if (O.maxbytes < 0)
@@ -998,11 +1214,26 @@ int main(int argc, char **argv)
         const char *g = getenv("XMESH_NIC_GBPS"), *in = getenv("XMESH_INTRA_GBPS");
         printf("# model: NIC %s Gbit/s per direction, intra-host %s Gbit/s\n", g ? g : "(default)",
                in ? in : "(default)");
-        printf("# time: seconds from a common barrier to the last rank done (median, min, max "
-               "over iterations)\n# algbw: tensor bytes / median time, MB/s (1e6); t/LB: "
-               "median / model lower bound; pred: simulated makespan, pred/t its ratio\n");
-        printf("#\n%8s %-22s %11s %8s %8s %8s %8s %7s %8s %7s %7s\n", "case", "method", "bytes",
-               "med(s)", "min(s)", "max(s)", "algbw", "t/LB", "pred(s)", "pred/t", "#wrong");
+        if (O.barrier)
+            printf("# time: seconds from a common barrier to the end of a closing MPI_Barrier on "
+                   "all ranks, INCLUDED\n#   (application-style -B; median, min, max over "
+                   "iterations)\n");
+        else
+            printf("# time: seconds from a common barrier to the last rank done (median, min, max "
+                   "over iterations)\n");
+        printf("# algbw: tensor bytes / median time, MB/s (1e6); t/LB: "
+               "median / model lower bound; pred: simulated makespan, pred/t its ratio\n"
+               "# plan: seconds to create the xmesh plan (meshes + xmesh_plan_create, median of "
+               "%d)\n#   or a baseline's setup (communicators, BLACS grids; once), max over "
+               "ranks\n",
+               O.plans);
+        const char *ml = O.methods ? O.methods : suite->methods;
+        if (in_list(ml, "scalapack-pdgemr2d") && !bench_scalapack_built())
+            printf("# scalapack-pdgemr2d: not built (ScaLAPACK not found at configure time, or "
+                   "XMESH_BENCH_SCALAPACK=OFF; Debian: libscalapack-openmpi-dev)\n");
+        printf("#\n%*s %-22s %11s %8s %8s %8s %8s %7s %8s %7s %8s %7s\n", casew, "case", "method",
+               "bytes", "med(s)", "min(s)", "max(s)", "algbw", "t/LB", "pred(s)", "pred/t",
+               "plan(s)", "#wrong");
         fflush(stdout);
     }
     for (int64_t bytes = O.minbytes; bytes <= O.maxbytes; bytes *= O.stepfactor) {
@@ -1029,6 +1260,7 @@ int main(int argc, char **argv)
     }
     if (X.available && X.ctx)
         xmesh_ctx_destroy(X.ctx);
+    bench_scalapack_finalize();
     for (int i = 0; i < nrows; i++)
         free(rows[i].times);
     MPI_Finalize();

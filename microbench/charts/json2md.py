@@ -29,9 +29,11 @@ def main(paths):
                 if r["case"] not in cases:
                     cases.append(r["case"])
             shapes = {r["case"]: r["shape"] for r in rs}
+            barrier = (", each ending with a closing MPI_Barrier (included)"
+                       if d["config"].get("closing_barrier") else "")
             print(f"\n**{suite}** ({d['config']['ranks']} ranks on {d['config']['hosts']} hosts, "
-                  f"{d['config']['iters']} iterations after {d['config']['warmup']} warm-up; "
-                  "cells: median seconds (median / lower bound))\n")
+                  f"{d['config']['iters']} iterations after {d['config']['warmup']} warm-up"
+                  f"{barrier}; cells: median seconds (median / lower bound))\n")
             print("| case | shape | " + " | ".join(methods) + " |")
             print("|---|---|" + "---|" * len(methods))
             for c in cases:
@@ -47,6 +49,11 @@ def main(paths):
                         cells.append(f"{r['time_med_s']:.3f} ({lb:.2f})" if lb else
                                      f"{r['time_med_s']:.3f}")
                 print(f"| {c} | {shapes[c]} | " + " | ".join(cells) + " |")
+            plans = [r for r in rs if r["method"] == "xmesh" and r.get("plan_med_s") is not None]
+            if plans:
+                print("\nxmesh plan creation, median (min-max) s: " + ", ".join(
+                    f"{r['case']}: {r['plan_med_s']:.4f} ({r['plan_min_s']:.4f}-"
+                    f"{r['plan_max_s']:.4f})" for r in plans))
             lbs = [r for r in rs if r["method"] == "xmesh" and r.get("predicted_s")]
             if lbs:
                 print("\nxmesh prediction / measured: " + ", ".join(
