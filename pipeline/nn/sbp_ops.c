@@ -8,11 +8,6 @@
 
 #define NAX XMP_MAX_MESH_DIMS
 
-static void sbp_copy(xmp_sbp_t *d, const xmp_sbp_t *s)
-{
-    memcpy(d, s, sizeof(xmp_sbp_t) * NAX);
-}
-
 static int64_t prod(const int64_t *s, int lo, int hi)
 {
     int64_t v = 1;
