@@ -1,0 +1,375 @@
+/* Boxing: SBP changes on one mesh, axis by axis (design note in sbp.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/sbp.h"
+
+static MPI_Datatype mpi_type(xmesh_dtype_t dt)
+{
+    return dt == XMESH_I32 ? MPI_INT : MPI_FLOAT;
+}
+
+static xmesh_result_t mpi_check(int rc, const char *what, const char *spec, int axis)
+{
+    if (rc == MPI_SUCCESS)
+        return XMESH_SUCCESS;
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(rc, s, &n);
+    return xmp_err(XMESH_ERR_BACKEND, "boxing '%s' axis %d: %s failed: %s (code %d)", spec, axis,
+                   what, s, rc);
+}
+
+static void split_range(int64_t n, int64_t k, int64_t i, int64_t *lo, int64_t *hi)
+{
+    int64_t q = n / k, r = n % k;
+    *lo = i * q + (i < r ? i : r);
+    *hi = *lo + q + (i < r ? 1 : 0);
+}
+
+static int64_t volume(int ndim, const int64_t *e)
+{
+    int64_t v = 1;
+    for (int d = 0; d < ndim; d++)
+        v *= e[d];
+    return v;
+}
+
+/* Does another axis than a split dim d in sbp? */
+static int shared_split(const xmp_mesh_t *m, const xmp_sbp_t *sbp, int a, int d)
+{
+    for (int b = 0; b < m->ndim; b++)
+        if (b != a && sbp[b].kind == XMP_S && sbp[b].dim == d)
+            return 1;
+    return 0;
+}
+
+/* General redistribution between x and y whose SBPs differ on axis a only,
+ * where neither is P on a: one MPI_Alltoallv over the mesh communicator.
+ * Receiver r takes from each sender s that matches r's coordinates on every
+ * axis where x is B or P (so the senders' blocks tile the global tensor once)
+ * the intersection of s's x-block and r's y-block. */
+static xmesh_result_t redistribute(const xmp_tensor_t *x, xmp_tensor_t *y, int a)
+{
+    const xmp_mesh_t *m = x->mesh;
+    int n = m->size, nd = x->ndim;
+    int *sc = calloc((size_t)n * 4, sizeof(int));
+    /* upper bound: my block may go to every rank (y B on all other axes) */
+    float *sbuf = calloc((size_t)(x->lcount ? x->lcount : 1) * 4 * (size_t)n, 1);
+    float *rbuf = malloc((size_t)(y->lcount ? y->lcount : 1) * 4); /* the senders tile my block */
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (!sc || !sbuf || !rbuf) {
+        r = xmp_err(XMESH_ERR_NO_MEMORY, "boxing '%s': out of memory", x->spec);
+        goto out_free;
+    }
+    int *scnt = sc, *sdis = sc + n, *rcnt = sc + 2 * n, *rdis = sc + 3 * n;
+    int64_t so = 0, ro = 0;
+    for (int p = 0; p < n; p++) {
+        int cp[XMP_MAX_MESH_DIMS], i = p;
+        for (int b = m->ndim - 1; b >= 0; b--) {
+            cp[b] = i % m->shape[b];
+            i /= m->shape[b];
+        }
+        int send_ok = 1, recv_ok = 1; /* me -> p ; p -> me */
+        for (int b = 0; b < m->ndim; b++)
+            if (x->sbp[b].kind != XMP_S && cp[b] != m->coord[b])
+                send_ok = recv_ok = 0;
+        int64_t lo[XMP_MAX_DIMS], hi[XMP_MAX_DIMS], ilo[XMP_MAX_DIMS], ext[XMP_MAX_DIMS];
+        int64_t zero[XMP_MAX_DIMS] = {0}, srel[XMP_MAX_DIMS];
+        sdis[p] = (int)so;
+        scnt[p] = 0;
+        if (send_ok) { /* my x block ∩ p's y block */
+            xmp_block(m, nd, y->shape, y->sbp, cp, lo, hi);
+            for (int d = 0; d < nd; d++) {
+                ilo[d] = lo[d] > x->loff[d] ? lo[d] : x->loff[d];
+                int64_t ih = hi[d] < x->loff[d] + x->lshape[d] ? hi[d] : x->loff[d] + x->lshape[d];
+                ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
+                srel[d] = ilo[d] - x->loff[d];
+            }
+            int64_t v = volume(nd, ext);
+            xmp_copy_box(nd, ext, x->data, x->lshape, srel, sbuf + so, ext, zero, 4);
+            scnt[p] = (int)v;
+            so += v;
+        }
+        rdis[p] = (int)ro;
+        rcnt[p] = 0;
+        if (recv_ok) { /* p's x block ∩ my y block */
+            xmp_block(m, nd, x->shape, x->sbp, cp, lo, hi);
+            for (int d = 0; d < nd; d++) {
+                ilo[d] = lo[d] > y->loff[d] ? lo[d] : y->loff[d];
+                int64_t ih = hi[d] < y->loff[d] + y->lshape[d] ? hi[d] : y->loff[d] + y->lshape[d];
+                ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
+            }
+            rcnt[p] = (int)volume(nd, ext);
+            ro += rcnt[p];
+        }
+    }
+    r = mpi_check(MPI_Alltoallv(sbuf, scnt, sdis, mpi_type(x->dtype), rbuf, rcnt, rdis,
+                                mpi_type(x->dtype), m->comm),
+                  "MPI_Alltoallv (mesh)", x->spec, a);
+    if (r)
+        goto out_free;
+    for (int p = 0; p < n; p++) {
+        if (!rcnt[p])
+            continue;
+        int cp[XMP_MAX_MESH_DIMS], i = p;
+        for (int b = m->ndim - 1; b >= 0; b--) {
+            cp[b] = i % m->shape[b];
+            i /= m->shape[b];
+        }
+        int64_t lo[XMP_MAX_DIMS], hi[XMP_MAX_DIMS], ext[XMP_MAX_DIMS], drel[XMP_MAX_DIMS];
+        int64_t zero[XMP_MAX_DIMS] = {0};
+        xmp_block(m, nd, x->shape, x->sbp, cp, lo, hi);
+        for (int d = 0; d < nd; d++) {
+            int64_t il = lo[d] > y->loff[d] ? lo[d] : y->loff[d];
+            int64_t ih = hi[d] < y->loff[d] + y->lshape[d] ? hi[d] : y->loff[d] + y->lshape[d];
+            ext[d] = ih - il;
+            drel[d] = il - y->loff[d];
+        }
+        xmp_copy_box(nd, ext, rbuf + rdis[p], ext, zero, y->data, y->lshape, drel, 4);
+    }
+out_free:
+    free(rbuf);
+    free(sbuf);
+    free(sc);
+    return r;
+}
+
+/* One step: y (allocated by the caller with x's SBP except `to` on axis a)
+ * receives x converted on axis a. */
+static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
+{
+    const xmp_mesh_t *m = x->mesh;
+    xmp_sbp_t from = x->sbp[a], to = y->sbp[a];
+    MPI_Comm comm = m->axis[a];
+    MPI_Datatype ty = mpi_type(x->dtype);
+    int na = m->shape[a], me = m->coord[a], nd = x->ndim;
+    int64_t zero[XMP_MAX_DIMS] = {0};
+    size_t esz = 4;
+
+    if (xmp_sbp_eq(from, to)) {
+        memcpy(y->data, x->data, (size_t)x->lcount * esz);
+        return XMESH_SUCCESS;
+    }
+    if ((from.kind == XMP_S && shared_split(m, x->sbp, a, from.dim)) ||
+        (to.kind == XMP_S && shared_split(m, x->sbp, a, to.dim))) {
+        if (from.kind != XMP_P && to.kind != XMP_P)
+            return redistribute(x, y, a);
+        /* P -> S(d): P -> B then B -> S(d); S(d) -> P: S(d) -> B then B -> P */
+        xmp_tensor_t mid;
+        xmp_sbp_t s[XMP_MAX_MESH_DIMS];
+        memcpy(s, x->sbp, sizeof s);
+        s[a] = xmp_sbp_b();
+        xmesh_result_t r = xmp_tensor_alloc(&mid, x->mesh, nd, x->shape, x->dtype, s);
+        if (r)
+            return r;
+        r = step(x, a, &mid);
+        if (!r)
+            r = step(&mid, a, y);
+        xmp_tensor_free(&mid);
+        return r;
+    }
+    /* G: my block with axis a unsplit (= the B local shape on axis a). */
+    const int64_t *G = from.kind == XMP_S ? y->lshape : x->lshape;
+    int64_t lo, hi;
+    if (from.kind == XMP_P && to.kind == XMP_B) {
+        memcpy(y->data, x->data, (size_t)x->lcount * esz);
+        return mpi_check(MPI_Allreduce(MPI_IN_PLACE, y->data, (int)y->lcount, ty, MPI_SUM, comm),
+                         "MPI_Allreduce", x->spec, a);
+    }
+    if (to.kind == XMP_P) { /* B -> P: holder keeps; S -> P: place into zeros */
+        if (from.kind == XMP_B) {
+            if (me == 0)
+                memcpy(y->data, x->data, (size_t)x->lcount * esz);
+            return XMESH_SUCCESS;
+        }
+        int64_t off[XMP_MAX_DIMS] = {0};
+        split_range(y->lshape[from.dim], na, me, &lo, &hi);
+        off[from.dim] = lo;
+        xmp_copy_box(nd, x->lshape, x->data, x->lshape, zero, y->data, y->lshape, off, esz);
+        return XMESH_SUCCESS;
+    }
+    if (from.kind == XMP_B) { /* B -> S(d): local slice */
+        int64_t off[XMP_MAX_DIMS] = {0};
+        split_range(x->lshape[to.dim], na, me, &lo, &hi);
+        off[to.dim] = lo;
+        xmp_copy_box(nd, y->lshape, x->data, x->lshape, off, y->data, y->lshape, zero, esz);
+        return XMESH_SUCCESS;
+    }
+    /* collectives with per-rank counts */
+    xmesh_result_t r = XMESH_SUCCESS;
+    int *cnt = NULL;
+    float *buf = NULL;
+    cnt = calloc((size_t)na * 4, sizeof(int));
+    int64_t buf_elems = (from.kind == XMP_S && to.kind == XMP_B) ? y->lcount
+                        : (from.kind == XMP_P)                   ? x->lcount
+                                                                 : x->lcount + y->lcount;
+    buf = calloc((size_t)(buf_elems ? buf_elems : 1), esz);
+    if (!cnt || !buf) {
+        r = xmp_err(XMESH_ERR_NO_MEMORY, "boxing '%s': out of memory", x->spec);
+        goto out_free;
+    }
+    int *c0 = cnt, *d0 = cnt + na, *c1 = cnt + 2 * na, *d1 = cnt + 3 * na;
+    int64_t ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS];
+    if (from.kind == XMP_P) { /* P -> S(d): pack by destination, reduce-scatter */
+        int d = to.dim;
+        int64_t o = 0;
+        memcpy(ext, G, sizeof(int64_t) * (size_t)nd);
+        memset(off, 0, sizeof off);
+        for (int c = 0; c < na; c++) {
+            split_range(G[d], na, c, &lo, &hi);
+            ext[d] = hi - lo;
+            off[d] = lo;
+            xmp_copy_box(nd, ext, x->data, G, off, buf + o, ext, zero, esz);
+            c0[c] = (int)volume(nd, ext);
+            o += c0[c];
+        }
+        r = mpi_check(MPI_Reduce_scatter(buf, y->data, c0, ty, MPI_SUM, comm), "MPI_Reduce_scatter",
+                      x->spec, a);
+    } else if (to.kind == XMP_B) { /* S(d) -> B: all-gather, unpack */
+        int d = from.dim;
+        int64_t o = 0, outer = volume(d, G);
+        memcpy(ext, G, sizeof(int64_t) * (size_t)nd);
+        for (int c = 0; c < na; c++) {
+            split_range(G[d], na, c, &lo, &hi);
+            ext[d] = hi - lo;
+            c0[c] = (int)volume(nd, ext);
+            d0[c] = (int)o;
+            o += c0[c];
+        }
+        float *dst = outer == 1 ? (float *)y->data : buf;
+        r = mpi_check(MPI_Allgatherv(x->data, (int)x->lcount, ty, dst, c0, d0, ty, comm),
+                      "MPI_Allgatherv", x->spec, a);
+        if (!r && outer != 1) {
+            memset(off, 0, sizeof off);
+            for (int c = 0; c < na; c++) {
+                split_range(G[d], na, c, &lo, &hi);
+                ext[d] = hi - lo;
+                off[d] = lo;
+                xmp_copy_box(nd, ext, buf + d0[c], ext, zero, y->data, G, off, esz);
+            }
+        }
+    } else { /* S(i) -> S(j): all-to-all of sub-boxes */
+        int di = from.dim, dj = to.dim;
+        float *sb = buf, *rb = buf + x->lcount;
+        int64_t o = 0;
+        memset(off, 0, sizeof off);
+        memcpy(ext, x->lshape, sizeof(int64_t) * (size_t)nd);
+        for (int c = 0; c < na; c++) { /* send: my dim-i chunk, c's dim-j chunk */
+            split_range(x->lshape[dj], na, c, &lo, &hi);
+            ext[dj] = hi - lo;
+            off[dj] = lo;
+            xmp_copy_box(nd, ext, x->data, x->lshape, off, sb + o, ext, zero, esz);
+            c0[c] = (int)volume(nd, ext);
+            d0[c] = (int)o;
+            o += c0[c];
+        }
+        o = 0;
+        memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
+        for (int c = 0; c < na; c++) { /* receive: c's dim-i chunk, my dim-j chunk */
+            split_range(y->lshape[di], na, c, &lo, &hi);
+            ext[di] = hi - lo;
+            c1[c] = (int)volume(nd, ext);
+            d1[c] = (int)o;
+            o += c1[c];
+        }
+        r = mpi_check(MPI_Alltoallv(sb, c0, d0, ty, rb, c1, d1, ty, comm), "MPI_Alltoallv", x->spec,
+                      a);
+        if (!r) {
+            memset(off, 0, sizeof off);
+            for (int c = 0; c < na; c++) {
+                split_range(y->lshape[di], na, c, &lo, &hi);
+                ext[di] = hi - lo;
+                off[di] = lo;
+                xmp_copy_box(nd, ext, rb + d1[c], ext, zero, y->data, y->lshape, off, esz);
+            }
+        }
+    }
+out_free:
+    free(buf);
+    free(cnt);
+    return r;
+}
+
+static int in_pass(int pass, xmp_sbp_t from, xmp_sbp_t to)
+{
+    switch (pass) {
+    case 0:
+        return from.kind == XMP_P;
+    case 1:
+        return from.kind != XMP_P && to.kind == XMP_S;
+    case 2:
+        return from.kind == XMP_S && to.kind == XMP_B;
+    default:
+        return from.kind != XMP_P && to.kind == XMP_P;
+    }
+}
+
+xmesh_result_t xmp_box(const xmp_tensor_t *x, const xmp_sbp_t *dst, xmp_tensor_t *y)
+{
+    if (!x || !dst || !y)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_box: NULL argument");
+    xmesh_result_t r = xmp_sbp_check(x->mesh, x->ndim, dst, "xmp_box destination");
+    if (r)
+        return r;
+    xmp_tensor_t cur;
+    r = xmp_tensor_alloc_like(&cur, x);
+    if (r)
+        return r;
+    if (x->mesh->member)
+        memcpy(cur.data, x->data, (size_t)x->lcount * 4);
+    for (int pass = 0; pass < 4 && x->mesh->member; pass++) {
+        for (int a = 0; a < x->mesh->ndim; a++) {
+            if (xmp_sbp_eq(cur.sbp[a], dst[a]) || !in_pass(pass, cur.sbp[a], dst[a]))
+                continue;
+            xmp_sbp_t s[XMP_MAX_MESH_DIMS];
+            xmp_tensor_t nxt;
+            memcpy(s, cur.sbp, sizeof s);
+            s[a] = dst[a];
+            r = xmp_tensor_alloc(&nxt, x->mesh, x->ndim, x->shape, x->dtype, s);
+            if (!r)
+                r = step(&cur, a, &nxt);
+            xmp_tensor_free(&cur);
+            if (r) {
+                xmp_tensor_free(&nxt);
+                return r;
+            }
+            cur = nxt;
+        }
+    }
+    if (!x->mesh->member) {
+        xmp_tensor_free(&cur);
+        return xmp_tensor_alloc(y, x->mesh, x->ndim, x->shape, x->dtype, dst);
+    }
+    *y = cur;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_box_backward(const xmp_tensor_t *dy, const xmp_sbp_t *src, xmp_tensor_t *dx)
+{
+    if (!dy || !src || !dx)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_box_backward: NULL argument");
+    xmesh_result_t r = xmp_sbp_check(dy->mesh, dy->ndim, src, "xmp_box_backward source");
+    if (r)
+        return r;
+    xmp_sbp_t g[XMP_MAX_MESH_DIMS];
+    for (int a = 0; a < dy->mesh->ndim; a++)
+        g[a] = xmp_sbp_grad(src[a]);
+    return xmp_box(dy, g, dx);
+}
+
+xmesh_result_t xmp_box_inplace(xmp_tensor_t *t, const xmp_sbp_t *dst)
+{
+    int same = 1;
+    for (int a = 0; a < t->mesh->ndim; a++)
+        same &= xmp_sbp_eq(t->sbp[a], dst[a]);
+    if (same)
+        return XMESH_SUCCESS;
+    xmp_tensor_t y;
+    xmesh_result_t r = xmp_box(t, dst, &y);
+    if (r)
+        return r;
+    xmp_tensor_free(t);
+    *t = y;
+    return XMESH_SUCCESS;
+}

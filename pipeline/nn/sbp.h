@@ -1,0 +1,199 @@
+/*
+ * SBP tensors on one device mesh, and boxing between SBP signatures
+ * (OneFlow, paper 004 sections 3.1-3.2).
+ *
+ * Design note
+ * -----------
+ * SBP model. A global tensor lives on a mesh of ndim (1..4) axes. For every
+ * mesh axis it carries one SBP: S(d) (tensor dim d is split over the ranks of
+ * that axis), B (every rank of the axis holds the same data) or P (every rank
+ * holds a partial value; the global tensor is the elementwise SUM over the
+ * axis). Axes are independent: the global value is obtained by undoing the
+ * axes one at a time, in any order.
+ *
+ * Local-block rule (identical to libxmesh, README "Sharding specs"): for a
+ * tensor dim d split by mesh axes a1 < a2 < ... (lower axis major), the dim is
+ * cut by numpy.array_split into prod(shape[ai]) pieces (the first n mod k get
+ * one more element; empty pieces are legal) and the rank takes piece number
+ * (((c[a1]) * shape[a2] + c[a2]) * ...). B and P axes do not cut. Local data
+ * is dense row-major in the local block shape. test_boxing checks this rule
+ * against xmesh_layout_local_shape/offset.
+ *
+ * P on fill: xmp_tensor_fill_from_full puts the full value on the holder,
+ * coordinate 0 of each P axis, and zeros on the other ranks of that axis.
+ *
+ * Gradient SBP rule. Boxing never changes the global value, so its backward
+ * is again a boxing of the gradient. The gradient of a tensor has the same
+ * SBP as the tensor, except: the gradient of a P tensor is B (every partial
+ * receives the full upstream gradient, since d(sum)/d(part) = 1), and the
+ * gradient of a B tensor that every rank consumed redundantly is B. (A layer
+ * may produce a P gradient for a B input when each rank used only part of it,
+ * e.g. the column-split linear: dX = dY_local * W_local is P; data-parallel
+ * weights get P gradients over the data axis. Callers box those P -> B when
+ * they need the value, e.g. the optimizer step.)
+ *
+ * Boxing per mesh axis, on that axis' sub-communicator (Open MPI collectives;
+ * nothing hand-rolled):
+ *   P -> B      MPI_Allreduce (sum)
+ *   P -> S(d)   MPI_Reduce_scatter, uneven counts (pack by destination first)
+ *   S(d) -> B   MPI_Allgatherv (unpack when d is not the block's leading dim)
+ *   S(i)->S(j)  MPI_Alltoallv (pack / unpack sub-boxes)
+ *   B -> S(d)   local slice, no communication
+ *   B -> P      the holder (coordinate 0 on the axis) keeps, others zero
+ *   S(d) -> P   local place: each rank writes its block at its offset into a
+ *               zero tensor of the unsplit shape (sum over the axis = value)
+ *   X -> X      copy
+ * Multi-axis changes go axis by axis in four passes, ascending axis within a
+ * pass: (1) axes leaving P (reduce first, data shrinks or stays), (2) axes
+ * going to S from B or another S (shrink before gathering), (3) axes going
+ * S -> B, (4) axes going to P. When the axis being changed splits a tensor
+ * dim that another axis also splits (currently), the blocks follow the flat
+ * "lower axis is major" array_split rule, which is not a nesting of per-axis
+ * splits; such a step runs as one MPI_Alltoallv over the mesh communicator
+ * that moves the intersections of source and destination blocks (P -> S
+ * there first reduces P -> B, S -> P first gathers S -> B).
+ *
+ * Errors: functions return xmesh_result_t; on error xmp_last_error() names
+ * the bad value and outputs are untouched (no allocation survives).
+ * Collectives: functions marked "collective over the mesh" must be called by
+ * every member of the mesh with the same arguments (non-members may call;
+ * they return at once with empty tensors).
+ */
+#ifndef XMP_NN_SBP_H
+#define XMP_NN_SBP_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <xmesh.h>
+#include <xmesh/mpi.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XMP_MAX_MESH_DIMS 4
+#define XMP_MAX_DIMS 8
+
+/* Detailed thread-local message of the last error of this module. */
+const char *xmp_last_error(void);
+
+/* A mesh group. Public fields are read-only for callers. */
+typedef struct xmp_mesh {
+    int ndim;                         /* 1..4 */
+    int shape[XMP_MAX_MESH_DIMS];     /* axis sizes */
+    int size;                         /* prod(shape) */
+    int *ranks;                       /* size ranks of the parent comm, row-major devices */
+    int member;                       /* 1 if this rank is in the mesh */
+    int index;                        /* row-major device index (-1 if not member) */
+    int coord[XMP_MAX_MESH_DIMS];     /* this rank's coordinates (0 if not member) */
+    MPI_Comm comm;                    /* ranks of the mesh ordered by index (NULL if not member) */
+    MPI_Comm axis[XMP_MAX_MESH_DIMS]; /* ranks differing only on axis a, ordered by coord[a] */
+    xmesh_mesh_t xmesh;               /* the same mesh for xmesh layouts (NULL if no ctx) */
+} xmp_mesh_t;
+
+/* Collective over parent. ranks: size distinct ranks of parent, row-major
+ * (as xmesh_mesh_create). ctx may be NULL; otherwise it must be created over
+ * parent (same rank numbering) and the matching xmesh mesh is created too.
+ * All communicators are created here, once. *out is owned by the caller. */
+xmesh_result_t xmp_mesh_create(MPI_Comm parent, xmesh_ctx_t ctx, int ndim, const int *shape,
+                               const int *ranks, xmp_mesh_t **out);
+/* Local: frees communicators and the xmesh mesh. NULL is a no-op. */
+xmesh_result_t xmp_mesh_destroy(xmp_mesh_t *mesh);
+
+typedef enum { XMP_S = 0, XMP_B = 1, XMP_P = 2 } xmp_sbp_kind_t;
+typedef struct {
+    xmp_sbp_kind_t kind;
+    int dim; /* split dim for XMP_S, ignored otherwise */
+} xmp_sbp_t;
+
+static inline xmp_sbp_t xmp_sbp_s(int d)
+{
+    xmp_sbp_t s = {XMP_S, d};
+    return s;
+}
+static inline xmp_sbp_t xmp_sbp_b(void)
+{
+    xmp_sbp_t s = {XMP_B, 0};
+    return s;
+}
+static inline xmp_sbp_t xmp_sbp_p(void)
+{
+    xmp_sbp_t s = {XMP_P, 0};
+    return s;
+}
+static inline int xmp_sbp_eq(xmp_sbp_t a, xmp_sbp_t b)
+{
+    return a.kind == b.kind && (a.kind != XMP_S || a.dim == b.dim);
+}
+/* Gradient SBP of a tensor with SBP s: P -> B, else s (see design note). */
+static inline xmp_sbp_t xmp_sbp_grad(xmp_sbp_t s)
+{
+    return s.kind == XMP_P ? xmp_sbp_b() : s;
+}
+/* Parses "S(0),B,P" (mesh_ndim tokens) into sbp[]. */
+xmesh_result_t xmp_sbp_parse(const char *s, int mesh_ndim, int tensor_ndim, xmp_sbp_t *sbp);
+
+/* An SBP tensor. data is owned (xmp_tensor_free). Non-members hold nothing
+ * (lcount 0, data NULL). */
+typedef struct {
+    int ndim;
+    int64_t shape[XMP_MAX_DIMS];
+    xmesh_dtype_t dtype; /* XMESH_F32 for compute; XMESH_I32 for token ids */
+    xmp_mesh_t *mesh;
+    xmp_sbp_t sbp[XMP_MAX_MESH_DIMS];
+    int64_t lshape[XMP_MAX_DIMS]; /* local block shape */
+    int64_t loff[XMP_MAX_DIMS];   /* local block offset in the global tensor */
+    int64_t lcount;               /* prod(lshape), 0 for non-members */
+    void *data;                   /* lcount elements, zero-initialised */
+    char spec[64];                /* "S(0),B" */
+} xmp_tensor_t;
+
+/* Block [lo, hi) of the device at mesh coordinates coord (own index math). */
+void xmp_block(const xmp_mesh_t *m, int ndim, const int64_t *shape, const xmp_sbp_t *sbp,
+               const int *coord, int64_t *lo, int64_t *hi);
+/* Validates (dims, split dims, dtype) and allocates a zeroed local block.
+ * Local. On error *t is untouched. */
+xmesh_result_t xmp_tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim, const int64_t *shape,
+                                xmesh_dtype_t dtype, const xmp_sbp_t *sbp);
+/* Same geometry and SBP as t, zeroed. */
+xmesh_result_t xmp_tensor_alloc_like(xmp_tensor_t *out, const xmp_tensor_t *t);
+void xmp_tensor_free(xmp_tensor_t *t);
+static inline float *xmp_f32(const xmp_tensor_t *t)
+{
+    return (float *)t->data;
+}
+/* Fills the xmesh layout; l->shape and l->sharding point into t. */
+xmesh_result_t xmp_tensor_layout(const xmp_tensor_t *t, xmesh_layout_t *l);
+/* Local: copies my block of the full row-major global array (P: holder
+ * keeps the value, other ranks of a P axis get zeros). */
+xmesh_result_t xmp_tensor_fill_from_full(xmp_tensor_t *t, const void *full);
+/* Collective over the mesh: every member gets the full global value in full
+ * (prod(shape) elements; P axes summed). For tests. */
+xmesh_result_t xmp_tensor_gather_full(const xmp_tensor_t *t, void *full);
+
+/* Collective over the mesh. y = x with SBP dst (y allocated here; x kept). */
+xmesh_result_t xmp_box(const xmp_tensor_t *x, const xmp_sbp_t *dst, xmp_tensor_t *y);
+/* Collective over the mesh. Backward of a boxing whose source SBP was
+ * src: dx = dy boxed to xmp_sbp_grad(src) per axis (dy may carry any SBP,
+ * e.g. B for the gradient of a P->B output, or P). */
+xmesh_result_t xmp_box_backward(const xmp_tensor_t *dy, const xmp_sbp_t *src, xmp_tensor_t *dx);
+/* Boxes t in place (replaces its data) when its SBP differs from dst. */
+xmesh_result_t xmp_box_inplace(xmp_tensor_t *t, const xmp_sbp_t *dst);
+
+/* Helpers shared by the nn/ sources (not for model code). */
+xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+xmesh_result_t xmp_sbp_check(const xmp_mesh_t *m, int ndim, const xmp_sbp_t *sbp, const char *what);
+void xmp_sbp_string(const xmp_sbp_t *sbp, int mesh_ndim, char *buf, size_t n);
+/* Copies a box of extent ext from src (shape ss) at lo_s to dst (shape ds)
+ * at lo_d, row-major, esz-byte elements. */
+void xmp_copy_box(int ndim, const int64_t *ext, const void *src, const int64_t *ss,
+                  const int64_t *lo_s, void *dst, const int64_t *ds, const int64_t *lo_d,
+                  size_t esz);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* XMP_NN_SBP_H */

@@ -1,0 +1,586 @@
+/* SBP layers (contracts and signature tables in sbp_ops.h). */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/sbp_ops.h"
+
+#define NAX XMP_MAX_MESH_DIMS
+
+static int64_t prod(const int64_t *s, int lo, int hi)
+{
+    int64_t v = 1;
+    for (int d = lo; d < hi; d++)
+        v *= s[d];
+    return v;
+}
+
+static xmesh_result_t check_f32(const xmp_tensor_t *t, const char *op, const char *name)
+{
+    if (!t)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, name);
+    if (t->dtype != XMESH_F32)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s, expected f32", op, name,
+                       xmesh_dtype_name(t->dtype));
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, const char *op)
+{
+    if (a->mesh != b->mesh)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: operands '%s' and '%s' on different meshes",
+                       op, a->spec, b->spec);
+    return XMESH_SUCCESS;
+}
+
+/* ------------------------------------------------------------ contraction */
+
+/* One operand of C = A . B: nfree free dims and ncon contracted dims, stored
+ * free-first (con_first 0) or contracted-first (1). */
+typedef struct {
+    const xmp_tensor_t *t;
+    int nfree, ncon, con_first;
+} operand_t;
+
+enum { CL_B, CL_P, CL_FREE, CL_CON };
+
+static int classify(const operand_t *o, xmp_sbp_t s, int *idx)
+{
+    if (s.kind == XMP_B)
+        return CL_B;
+    if (s.kind == XMP_P)
+        return CL_P;
+    int d = s.dim, con = o->con_first ? d < o->ncon : d >= o->nfree;
+    *idx = o->con_first ? (con ? d : d - o->ncon) : (con ? d - o->nfree : d);
+    return con ? CL_CON : CL_FREE;
+}
+
+static xmp_sbp_t con_sbp(const operand_t *o, int c)
+{
+    return xmp_sbp_s(o->con_first ? c : o->nfree + c);
+}
+
+/* Per-axis deduction (sbp_ops.h table): targets ta, tb for A and B, and the
+ * output SBP (output dims: A free dims, then B free dims). */
+static void deduce(const operand_t *A, const operand_t *B, int a, xmp_sbp_t *ta, xmp_sbp_t *tb,
+                   xmp_sbp_t *out)
+{
+    int ia = 0, ib = 0;
+    int ca = classify(A, A->t->sbp[a], &ia), cb = classify(B, B->t->sbp[a], &ib);
+    *ta = A->t->sbp[a];
+    *tb = B->t->sbp[a];
+    if (ca == CL_FREE) {
+        *tb = xmp_sbp_b();
+        *out = xmp_sbp_s(ia);
+    } else if (ca == CL_CON) {
+        *tb = con_sbp(B, ia);
+        *out = xmp_sbp_p();
+    } else if (cb == CL_CON) { /* A B or P */
+        *ta = con_sbp(A, ib);
+        *out = xmp_sbp_p();
+    } else if (cb == CL_FREE) {
+        *ta = xmp_sbp_b();
+        *out = xmp_sbp_s(A->nfree + ib);
+    } else if (ca == CL_P && cb == CL_P) {
+        *ta = xmp_sbp_b();
+        *out = xmp_sbp_p();
+    } else {
+        *out = (ca == CL_P || cb == CL_P) ? xmp_sbp_p() : xmp_sbp_b();
+    }
+}
+
+/* out = A . B with deduced SBPs; out allocated here. */
+static xmesh_result_t contract(const operand_t *A, const operand_t *B, const char *op,
+                               xmp_tensor_t *out, xmp_tensor_t *boxed_a, xmp_tensor_t *boxed_b)
+{
+    const xmp_mesh_t *m = A->t->mesh;
+    xmp_sbp_t ta[NAX], tb[NAX], to[NAX];
+    int64_t oshape[XMP_MAX_DIMS];
+    int fa = A->con_first ? A->ncon : 0, fb = B->con_first ? B->ncon : 0;
+    int ca = A->con_first ? 0 : A->nfree, cb = B->con_first ? 0 : B->nfree;
+    xmesh_result_t r = same_mesh(A->t, B->t, op);
+    if (r)
+        return r;
+    if (A->ncon != B->ncon || A->nfree + B->nfree > XMP_MAX_DIMS)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %d vs %d contracted dims", op, A->ncon,
+                       B->ncon);
+    for (int c = 0; c < A->ncon; c++)
+        if (A->t->shape[ca + c] != B->t->shape[cb + c])
+            return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
+                           "%s: contracted dim %d has size %lld in '%s' and %lld in '%s'", op, c,
+                           (long long)A->t->shape[ca + c], A->t->spec,
+                           (long long)B->t->shape[cb + c], B->t->spec);
+    for (int a = 0; a < NAX; a++)
+        ta[a] = tb[a] = to[a] = xmp_sbp_b();
+    for (int a = 0; a < m->ndim; a++)
+        deduce(A, B, a, &ta[a], &tb[a], &to[a]);
+    for (int f = 0; f < A->nfree; f++)
+        oshape[f] = A->t->shape[fa + f];
+    for (int f = 0; f < B->nfree; f++)
+        oshape[A->nfree + f] = B->t->shape[fb + f];
+    xmp_tensor_t xa, xb, o;
+    r = xmp_box(A->t, ta, &xa);
+    if (r)
+        return r;
+    r = xmp_box(B->t, tb, &xb);
+    if (r)
+        goto out_free_a;
+    r = xmp_tensor_alloc(&o, A->t->mesh, A->nfree + B->nfree, oshape, XMESH_F32, to);
+    if (r)
+        goto out_free_b;
+    if (m->member) {
+        int64_t M = prod(xa.lshape, fa, fa + A->nfree), K = prod(xa.lshape, ca, ca + A->ncon);
+        int64_t N = prod(xb.lshape, fb, fb + B->nfree), K2 = prod(xb.lshape, cb, cb + B->ncon);
+        if (K != K2 || M * N != o.lcount) {
+            r = xmp_err(XMESH_ERR_INTERNAL, "%s: local blocks %lldx%lld . %lldx%lld -> %lld", op,
+                        (long long)M, (long long)K, (long long)K2, (long long)N,
+                        (long long)o.lcount);
+            xmp_tensor_free(&o);
+            goto out_free_b;
+        }
+        if (M && N && K)
+            cblas_sgemm(CblasRowMajor, A->con_first ? CblasTrans : CblasNoTrans,
+                        B->con_first ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K, 1.0f,
+                        xmp_f32(&xa), A->con_first ? (int)M : (int)K, xmp_f32(&xb),
+                        B->con_first ? (int)N : (int)K, 0.0f, xmp_f32(&o), (int)N);
+    }
+    *out = o;
+    if (boxed_a) {
+        *boxed_a = xa;
+        xa.data = NULL;
+    }
+    if (boxed_b) {
+        *boxed_b = xb;
+        xb.data = NULL;
+    }
+out_free_b:
+    xmp_tensor_free(&xb);
+out_free_a:
+    xmp_tensor_free(&xa);
+    return r;
+}
+
+/* ----------------------------------------------------------------- linear */
+
+xmesh_result_t xmp_linear_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
+                                  const xmp_tensor_t *b, xmp_tensor_t *y)
+{
+    const char *op = "xmp_linear_forward";
+    xmesh_result_t r;
+    if ((r = check_f32(x, op, "x")) || (r = check_f32(w, op, "w")) ||
+        (b && (r = check_f32(b, op, "b"))))
+        return r;
+    if (x->ndim < 1 || w->ndim < 2)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: x has %d dims, w %d (need >= 1, >= 2)", op,
+                       x->ndim, w->ndim);
+    int nb = x->ndim - 1, no = w->ndim - 1;
+    if (b) {
+        if (b->ndim != no || memcmp(b->shape, w->shape, sizeof(int64_t) * (size_t)no))
+            return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: bias of %d dims does not match w", op,
+                           b->ndim);
+        if ((r = same_mesh(x, b, op)))
+            return r;
+    }
+    operand_t A = {x, nb, 1, 0}, B = {w, no, 1, 0};
+    xmp_tensor_t o;
+    r = contract(&A, &B, op, &o, NULL, NULL);
+    if (r || !b)
+        goto out;
+    xmp_sbp_t tbias[NAX];
+    for (int a = 0; a < NAX; a++)
+        tbias[a] = xmp_sbp_b();
+    for (int a = 0; a < x->mesh->ndim; a++) {
+        if (o.sbp[a].kind == XMP_P)
+            tbias[a] = xmp_sbp_p();
+        else if (o.sbp[a].kind == XMP_S && o.sbp[a].dim >= nb)
+            tbias[a] = xmp_sbp_s(o.sbp[a].dim - nb);
+    }
+    xmp_tensor_t bb;
+    r = xmp_box(b, tbias, &bb);
+    if (r) {
+        xmp_tensor_free(&o);
+        return r;
+    }
+    if (x->mesh->member) {
+        int64_t N = bb.lcount, M = N ? o.lcount / N : 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                xmp_f32(&o)[i * N + j] += xmp_f32(&bb)[j];
+    }
+    xmp_tensor_free(&bb);
+out:
+    if (!r)
+        *y = o;
+    return r;
+}
+
+xmesh_result_t xmp_linear_backward_input(const xmp_tensor_t *dy, const xmp_tensor_t *w,
+                                         xmp_tensor_t *dx)
+{
+    const char *op = "xmp_linear_backward_input";
+    xmesh_result_t r;
+    if ((r = check_f32(dy, op, "dy")) || (r = check_f32(w, op, "w")))
+        return r;
+    int no = w->ndim - 1, nb = dy->ndim - no;
+    if (no < 1 || nb < 0)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dy has %d dims, w %d", op, dy->ndim,
+                       w->ndim);
+    operand_t A = {dy, nb, no, 0}, B = {w, 1, no, 1};
+    return contract(&A, &B, op, dx, NULL, NULL);
+}
+
+xmesh_result_t xmp_linear_backward_weight(const xmp_tensor_t *dy, const xmp_tensor_t *x,
+                                          xmp_tensor_t *dw, xmp_tensor_t *db)
+{
+    const char *op = "xmp_linear_backward_weight";
+    xmesh_result_t r;
+    if ((r = check_f32(dy, op, "dy")) || (r = check_f32(x, op, "x")))
+        return r;
+    int nb = x->ndim - 1, no = dy->ndim - nb;
+    if (nb < 0 || no < 1)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dy has %d dims, x %d", op, dy->ndim,
+                       x->ndim);
+    operand_t A = {dy, no, nb, 1}, B = {x, 1, nb, 1};
+    xmp_tensor_t w;
+    r = contract(&A, &B, op, &w, NULL, NULL);
+    if (r || !db)
+        goto out;
+    /* db = sum of dy over batch dims: S(batch) -> P, S(nb+j) -> S(j), B, P */
+    xmp_sbp_t s[NAX];
+    for (int a = 0; a < NAX; a++)
+        s[a] = xmp_sbp_b();
+    for (int a = 0; a < dy->mesh->ndim; a++) {
+        xmp_sbp_t t = dy->sbp[a];
+        s[a] = t.kind != XMP_S ? t : t.dim < nb ? xmp_sbp_p() : xmp_sbp_s(t.dim - nb);
+    }
+    r = xmp_tensor_alloc(db, dy->mesh, no, dy->shape + nb, XMESH_F32, s);
+    if (r) {
+        xmp_tensor_free(&w);
+        return r;
+    }
+    if (dy->mesh->member) {
+        int64_t N = db->lcount, M = N ? dy->lcount / N : 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                xmp_f32(db)[j] += xmp_f32(dy)[i * N + j];
+    }
+out:
+    if (!r)
+        *dw = w;
+    return r;
+}
+
+/* -------------------------------------------------------------------- add */
+
+static xmp_sbp_t add_rule(xmp_sbp_t x, xmp_sbp_t y)
+{
+    if (xmp_sbp_eq(x, y))
+        return x;
+    if (x.kind == XMP_S)
+        return x;
+    if (y.kind == XMP_S)
+        return y;
+    return xmp_sbp_b(); /* B with P */
+}
+
+xmesh_result_t xmp_add_forward(const xmp_tensor_t *x, const xmp_tensor_t *y, xmp_tensor_t *z)
+{
+    const char *op = "xmp_add_forward";
+    xmesh_result_t r;
+    if ((r = check_f32(x, op, "x")) || (r = check_f32(y, op, "y")) || (r = same_mesh(x, y, op)))
+        return r;
+    if (x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: shapes differ (%d vs %d dims)", op, x->ndim,
+                       y->ndim);
+    xmp_sbp_t t[NAX];
+    for (int a = 0; a < NAX; a++)
+        t[a] = xmp_sbp_b();
+    for (int a = 0; a < x->mesh->ndim; a++)
+        t[a] = add_rule(x->sbp[a], y->sbp[a]);
+    xmp_tensor_t bx, by;
+    r = xmp_box(x, t, &bx);
+    if (r)
+        return r;
+    r = xmp_box(y, t, &by);
+    if (r) {
+        xmp_tensor_free(&bx);
+        return r;
+    }
+    for (int64_t e = 0; e < bx.lcount; e++)
+        xmp_f32(&bx)[e] += xmp_f32(&by)[e];
+    xmp_tensor_free(&by);
+    *z = bx;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_add_backward(const xmp_tensor_t *dz, const xmp_tensor_t *x,
+                                const xmp_tensor_t *y, xmp_tensor_t *dx, xmp_tensor_t *dy)
+{
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (dx && x)
+        r = xmp_box_backward(dz, x->sbp, dx);
+    if (!r && dy && y) {
+        r = xmp_box_backward(dz, y->sbp, dy);
+        if (r && dx && x)
+            xmp_tensor_free(dx);
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------- GELU */
+
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+
+static void no_p(const xmp_tensor_t *x, xmp_sbp_t *t)
+{
+    for (int a = 0; a < NAX; a++)
+        t[a] = a < x->mesh->ndim && x->sbp[a].kind != XMP_P ? x->sbp[a] : xmp_sbp_b();
+}
+
+xmesh_result_t xmp_gelu_forward(const xmp_tensor_t *x, xmp_tensor_t *y)
+{
+    xmesh_result_t r = check_f32(x, "xmp_gelu_forward", "x");
+    xmp_sbp_t t[NAX];
+    if (r)
+        return r;
+    no_p(x, t);
+    r = xmp_box(x, t, y);
+    if (r)
+        return r;
+    float *p = xmp_f32(y);
+    for (int64_t e = 0; e < y->lcount; e++) {
+        float v = p[e];
+        p[e] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + 0.044715f * v * v * v)));
+    }
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, xmp_tensor_t *dx)
+{
+    xmesh_result_t r;
+    if ((r = check_f32(dy, "xmp_gelu_backward", "dy")) ||
+        (r = check_f32(x, "xmp_gelu_backward", "x")))
+        return r;
+    xmp_sbp_t t[NAX];
+    xmp_tensor_t bx;
+    no_p(x, t);
+    r = xmp_box(x, t, &bx);
+    if (r)
+        return r;
+    r = xmp_box(dy, t, dx);
+    if (!r) {
+        float *g = xmp_f32(dx), *p = xmp_f32(&bx);
+        for (int64_t e = 0; e < dx->lcount; e++) {
+            float v = p[e], u = GELU_C * (v + 0.044715f * v * v * v), th = tanhf(u);
+            float du = GELU_C * (1.0f + 3.0f * 0.044715f * v * v);
+            g[e] *= 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+        }
+    }
+    xmp_tensor_free(&bx);
+    return r;
+}
+
+/* -------------------------------------------------------------- embedding */
+
+/* Per-axis targets for tokens and table, and the output SBP. */
+static xmesh_result_t emb_deduce(const xmp_tensor_t *tok, const xmp_tensor_t *tab, xmp_sbp_t *tt,
+                                 xmp_sbp_t *tw, xmp_sbp_t *to, const char *op)
+{
+    int nt = tok->ndim;
+    for (int a = 0; a < NAX; a++)
+        tt[a] = tw[a] = to[a] = xmp_sbp_b();
+    for (int a = 0; a < tok->mesh->ndim; a++) {
+        xmp_sbp_t st = tok->sbp[a], sw = tab->sbp[a];
+        if (st.kind == XMP_P)
+            return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: token ids '%s' are P on mesh axis %d",
+                           op, tok->spec, a);
+        tt[a] = st;
+        tw[a] = sw;
+        if (sw.kind == XMP_S) {
+            tt[a] = xmp_sbp_b();
+            to[a] = sw.dim == 0 ? xmp_sbp_p() : xmp_sbp_s(nt);
+        } else if (st.kind == XMP_S) {
+            tw[a] = xmp_sbp_b();
+            to[a] = st;
+        } else {
+            to[a] = sw; /* B or P */
+        }
+    }
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_embedding_forward(const xmp_tensor_t *tok, const xmp_tensor_t *table,
+                                     xmp_tensor_t *out)
+{
+    const char *op = "xmp_embedding_forward";
+    xmesh_result_t r;
+    if (!tok || tok->dtype != XMESH_I32)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: token ids must be i32", op);
+    if ((r = check_f32(table, op, "table")) || (r = same_mesh(tok, table, op)))
+        return r;
+    if (table->ndim != 2 || tok->ndim + 1 > XMP_MAX_DIMS)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: table has %d dims, expected 2", op,
+                       table->ndim);
+    xmp_sbp_t tt[NAX], tw[NAX], to[NAX];
+    if ((r = emb_deduce(tok, table, tt, tw, to, op)))
+        return r;
+    for (int64_t e = 0; e < tok->lcount; e++) {
+        int32_t v = ((const int32_t *)tok->data)[e];
+        if (v < 0 || v >= table->shape[0])
+            return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: token id %d out of [0, %lld)", op, v,
+                           (long long)table->shape[0]);
+    }
+    xmp_tensor_t bt, bw, o;
+    int64_t oshape[XMP_MAX_DIMS];
+    memcpy(oshape, tok->shape, sizeof(int64_t) * (size_t)tok->ndim);
+    oshape[tok->ndim] = table->shape[1];
+    if ((r = xmp_box(tok, tt, &bt)))
+        return r;
+    if ((r = xmp_box(table, tw, &bw)))
+        goto out_free_t;
+    if ((r = xmp_tensor_alloc(&o, tok->mesh, tok->ndim + 1, oshape, XMESH_F32, to)))
+        goto out_free_w;
+    int64_t C = bw.lshape[1], v0 = bw.loff[0], vn = bw.lshape[0];
+    for (int64_t i = 0; i < bt.lcount; i++) {
+        int64_t v = ((const int32_t *)bt.data)[i] - v0;
+        if (v >= 0 && v < vn)
+            memcpy(xmp_f32(&o) + i * C, xmp_f32(&bw) + v * C, sizeof(float) * (size_t)C);
+    }
+    *out = o;
+out_free_w:
+    xmp_tensor_free(&bw);
+out_free_t:
+    xmp_tensor_free(&bt);
+    return r;
+}
+
+xmesh_result_t xmp_embedding_backward(const xmp_tensor_t *dout, const xmp_tensor_t *tok,
+                                      const xmp_tensor_t *table, xmp_tensor_t *dtable)
+{
+    const char *op = "xmp_embedding_backward";
+    xmesh_result_t r;
+    if ((r = check_f32(dout, op, "dout")) || (r = check_f32(table, op, "table")))
+        return r;
+    xmp_sbp_t tt[NAX], tw[NAX], to[NAX], tg[NAX], gw[NAX];
+    if ((r = emb_deduce(tok, table, tt, tw, to, op)))
+        return r;
+    for (int a = 0; a < NAX; a++) {
+        tg[a] = xmp_sbp_grad(to[a]);
+        /* gradient SBP of the used table: S stays; B gets P where tokens were split */
+        gw[a] = tw[a].kind == XMP_S ? tw[a] : (tt[a].kind == XMP_S ? xmp_sbp_p() : xmp_sbp_b());
+    }
+    xmp_tensor_t bt, bd, g;
+    if ((r = xmp_box(tok, tt, &bt)))
+        return r;
+    if ((r = xmp_box(dout, tg, &bd)))
+        goto out_free_t;
+    if ((r = xmp_tensor_alloc(&g, table->mesh, 2, table->shape, XMESH_F32, gw)))
+        goto out_free_d;
+    int64_t C = g.lshape[1], v0 = g.loff[0], vn = g.lshape[0];
+    for (int64_t i = 0; i < bt.lcount; i++) {
+        int64_t v = ((const int32_t *)bt.data)[i] - v0;
+        if (v >= 0 && v < vn)
+            for (int64_t c = 0; c < C; c++)
+                xmp_f32(&g)[v * C + c] += xmp_f32(&bd)[i * C + c];
+    }
+    /* back through the boxing of the table (P table: gradient B) */
+    r = xmp_box_backward(&g, table->sbp, dtable);
+    xmp_tensor_free(&g);
+out_free_d:
+    xmp_tensor_free(&bd);
+out_free_t:
+    xmp_tensor_free(&bt);
+    return r;
+}
+
+/* ---------------------------------------------------------- cross-entropy */
+
+xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t *targets, int64_t V,
+                                 float *loss, xmp_tensor_t *dlogits)
+{
+    const char *op = "xmp_cross_entropy";
+    xmesh_result_t r;
+    if ((r = check_f32(logits, op, "logits")))
+        return r;
+    if (!targets || targets->dtype != XMESH_I32 || !loss)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: targets must be i32, loss non-NULL", op);
+    if ((r = same_mesh(logits, targets, op)))
+        return r;
+    int nr = logits->ndim - 1;
+    const xmp_mesh_t *m = logits->mesh;
+    if (nr < 0 || targets->ndim != nr ||
+        memcmp(targets->shape, logits->shape, sizeof(int64_t) * (size_t)nr))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: targets shape does not match logits rows",
+                       op);
+    if (V < 1 || V > logits->shape[nr])
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: V = %lld out of [1, %lld]", op,
+                       (long long)V, (long long)logits->shape[nr]);
+    xmp_sbp_t tl[NAX], tt[NAX];
+    for (int a = 0; a < NAX; a++) {
+        tl[a] = tt[a] = xmp_sbp_b();
+        if (a >= m->ndim)
+            continue;
+        tl[a] = logits->sbp[a].kind == XMP_P ? xmp_sbp_s(nr) : logits->sbp[a];
+        tt[a] = tl[a].kind == XMP_S && tl[a].dim < nr ? tl[a] : xmp_sbp_b();
+    }
+    xmp_tensor_t L, T;
+    if ((r = xmp_box(logits, tl, &L)))
+        return r;
+    if ((r = xmp_box(targets, tt, &T))) {
+        xmp_tensor_free(&L);
+        return r;
+    }
+    int64_t R = prod(L.lshape, 0, nr), Vl = L.lshape[nr], v0 = L.loff[nr], N = prod(L.shape, 0, nr);
+    float *buf = calloc((size_t)(3 * R + 1), sizeof(float));
+    double total = 0;
+    if (!buf) {
+        r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", op);
+        goto out_free;
+    }
+    float *mx = buf, *se = buf + R; /* se[2i]: sum-exp, se[2i+1]: target logit */
+    const float *x = xmp_f32(&L);
+    const int32_t *tg = (const int32_t *)T.data;
+    for (int64_t i = 0; i < R; i++) {
+        mx[i] = -INFINITY;
+        for (int64_t j = 0; j < Vl && v0 + j < V; j++)
+            mx[i] = fmaxf(mx[i], x[i * Vl + j]);
+    }
+    for (int a = 0; a < m->ndim && m->member; a++)
+        if (tl[a].kind == XMP_S && tl[a].dim == nr)
+            MPI_Allreduce(MPI_IN_PLACE, mx, (int)R, MPI_FLOAT, MPI_MAX, m->axis[a]);
+    for (int64_t i = 0; i < R; i++) {
+        float s = 0;
+        for (int64_t j = 0; j < Vl && v0 + j < V; j++)
+            s += expf(x[i * Vl + j] - mx[i]);
+        se[2 * i] = s;
+        int64_t t = tg[i] - v0;
+        se[2 * i + 1] = t >= 0 && t < Vl ? x[i * Vl + t] : 0.0f;
+    }
+    for (int a = 0; a < m->ndim && m->member; a++)
+        if (tl[a].kind == XMP_S && tl[a].dim == nr)
+            MPI_Allreduce(MPI_IN_PLACE, se, (int)(2 * R), MPI_FLOAT, MPI_SUM, m->axis[a]);
+    for (int64_t i = 0; i < R; i++)
+        total += logf(se[2 * i]) + mx[i] - se[2 * i + 1];
+    for (int a = 0; a < m->ndim && m->member; a++)
+        if (tl[a].kind == XMP_S && tl[a].dim < nr)
+            MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, m->axis[a]);
+    *loss = (float)(total / (double)(N ? N : 1));
+    if (dlogits) {
+        float inv = 1.0f / (float)(N ? N : 1);
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < Vl; j++) {
+                float g = 0;
+                if (v0 + j < V)
+                    g = expf(x[i * Vl + j] - mx[i]) / se[2 * i] - (v0 + j == tg[i] ? 1.0f : 0.0f);
+                xmp_f32(&L)[i * Vl + j] = g * inv;
+            }
+        *dlogits = L;
+        L.data = NULL;
+    }
+out_free:
+    free(buf);
+    xmp_tensor_free(&T);
+    xmp_tensor_free(&L);
+    return r;
+}
