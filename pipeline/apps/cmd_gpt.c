@@ -252,8 +252,10 @@ static int step_log_open(step_log_t *s, const gpt_opts_t *o, const xmp_gpt2_t *m
     if (!s->tps)
         return xmp_cli_error("out of memory");
     if (o->json) {
-        if (xmp_json_open(&s->json, o->json) != 0)
+        if (xmp_json_open(&s->json, o->json) != 0) {
+            free(s->tps);
             return -1;
+        }
         xmp_json_t *j = &s->json;
         xmp_json_obj_begin(j, NULL);
         xmp_json_str(j, "command", "gpt");
