@@ -670,12 +670,12 @@ typedef struct {
     const xmp_sim_costs_t *c;
     int fill, max_pw;
     int P, M;
-    int *cnt;      /* [P][2] starts so far per side */
-    int *kofmb;    /* [P][2][M] */
-    double *enq;   /* [P][2][M] */
-    int *nend;     /* [P] ends known */
-    double *end;   /* [P][M] */
-    int *pc, *sub; /* per stage */
+    int *cnt;    /* [P][2] starts so far per side */
+    int *kofmb;  /* [P][2][M] */
+    double *enq; /* [P][2][M] */
+    int *nend;   /* [P] ends known */
+    double *end; /* [P][M] */
+    int *pc;     /* per stage */
     double *t;
     int *held;
     int *pend, *phead, *ptail; /* pending W FIFO per stage [S][M] */
@@ -803,7 +803,10 @@ static int classify(engine_t *E, int st, int *blocked_fill)
     xmp_action_t a = s->acts[st][E->pc[st]];
     if (haspend && (a.kind == XMP_ACT_R || a.kind == XMP_ACT_O))
         return CAND_FILLW;
-    if (a.kind == XMP_ACT_WAIT || (a.kind == XMP_ACT_START && E->sub[st])) {
+    if (a.kind == XMP_ACT_WAIT && E->c->late_recv && xmp_xfer_receiver(s, a.edge, a.dir) == st &&
+        E->kofmb[(2 * xmp_plan_index(a.edge, a.dir) + 1) * E->M + a.mb] < 0)
+        return CAND_EXEC; /* late receive: start it first */
+    if (a.kind == XMP_ACT_WAIT) {
         double e = xfer_end(E, st, a);
         if (e >= 0)
             return haspend && e > E->t[st] ? CAND_FILLW : CAND_EXEC;
@@ -836,14 +839,13 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
     E.nend = calloc((size_t)(P > 0 ? P : 1), sizeof(int));
     E.end = calloc(PM, sizeof(double));
     E.pc = calloc((size_t)S, sizeof(int));
-    E.sub = calloc((size_t)S, sizeof(int));
     E.t = calloc((size_t)S, sizeof(double));
     E.held = calloc((size_t)S, sizeof(int));
     E.pend = calloc((size_t)S * (size_t)M, sizeof(int));
     E.phead = calloc((size_t)S, sizeof(int));
     E.ptail = calloc((size_t)S, sizeof(int));
-    if (!E.cnt || !E.kofmb || !E.enq || !E.nend || !E.end || !E.pc || !E.sub || !E.t || !E.held ||
-        !E.pend || !E.phead || !E.ptail || result_alloc(s, res) != 0) {
+    if (!E.cnt || !E.kofmb || !E.enq || !E.nend || !E.end || !E.pc || !E.t || !E.held || !E.pend ||
+        !E.phead || !E.ptail || result_alloc(s, res) != 0) {
         seterr(err, errlen, "simulator: out of memory");
         goto out_free;
     }
@@ -877,22 +879,32 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
             continue;
         }
         xmp_action_t a = s->acts[st][E.pc[st]];
-        if (a.kind == XMP_ACT_WAIT || (a.kind == XMP_ACT_START && E.sub[st])) {
+        if (a.kind == XMP_ACT_WAIT && xfer_end(&E, st, a) >= 0) {
             double e = xfer_end(&E, st, a);
             double t0 = E.t[st];
             if (e > E.t[st])
                 E.t[st] = e;
-            if (a.kind == XMP_ACT_WAIT)
-                rec_push(res, st, a, t0, E.t[st]);
-            else
-                res->t1[st][res->len[st] - 1] = E.t[st];
-            E.sub[st] = 0;
+            rec_push(res, st, a, t0, E.t[st]);
             E.pc[st]++;
             continue;
         }
-        if (a.kind == XMP_ACT_START) {
+        if (a.kind == XMP_ACT_START || (a.kind == XMP_ACT_WAIT && c->late_recv)) {
             int p = xmp_plan_index(a.edge, a.dir);
             int side = xmp_xfer_sender(s, a.edge, a.dir) == st ? 0 : 1;
+            if (c->late_recv && side == 1 && a.kind == XMP_ACT_START) {
+                rec_push(res, st, a, E.t[st], E.t[st]); /* posted at the wait instead */
+                E.pc[st]++;
+                continue;
+            }
+            if (a.kind == XMP_ACT_WAIT) { /* late receive: start it now, then wait */
+                if (a.mb != E.cnt[2 * p + 1]) {
+                    seterr(err, errlen,
+                           "simulator: stage %d waits for %c%d.e%d out of microbatch order "
+                           "(late receives need waits in start order)",
+                           st, a.dir ? 'G' : 'A', a.mb, a.edge);
+                    goto out_free;
+                }
+            }
             int k = E.cnt[2 * p + side]++;
             if (k >= M) {
                 seterr(err, errlen, "simulator: stage %d starts more than %d transfers on e%d", st,
@@ -902,11 +914,9 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
             E.kofmb[(2 * p + side) * M + a.mb] = k;
             E.enq[(2 * p + side) * M + k] = E.t[st];
             advance_plan(&E, p);
+            if (a.kind == XMP_ACT_WAIT)
+                continue; /* now enqueued: the same action waits next round */
             rec_push(res, st, a, E.t[st], E.t[st]);
-            if (c->blocking_sends && side == 0) {
-                E.sub[st] = 1; /* wait for it before moving on */
-                continue;
-            }
             E.pc[st]++;
             continue;
         }
@@ -962,7 +972,6 @@ out_free:
     free(E.nend);
     free(E.end);
     free(E.pc);
-    free(E.sub);
     free(E.t);
     free(E.held);
     free(E.pend);
@@ -982,13 +991,13 @@ int xmp_sim_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, xmp_sim_resul
     return r;
 }
 
-int xmp_sched_dryrun(const xmp_schedule_t *s, int blocking_sends, char *err, size_t errlen)
+int xmp_sched_dryrun(const xmp_schedule_t *s, int late_recv, char *err, size_t errlen)
 {
     if (xmp_sched_validate(s, NULL, 0, err, errlen) != 0)
         return -1;
     xmp_sim_costs_t c;
     memset(&c, 0, sizeof(c));
-    c.blocking_sends = blocking_sends;
+    c.late_recv = late_recv;
     xmp_sim_result_t res;
     int r = engine_run(s, &c, 0, 0, &res, err, errlen);
     if (r == 1)

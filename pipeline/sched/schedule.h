@@ -179,7 +179,8 @@ typedef struct {
     const double *b;         /* per stage; NULL: i + w */
     const double *xfer;      /* per plan index 2*edge+dir: seconds per transfer */
     double r, o;             /* reduction and optimizer time, every stage */
-    int blocking_sends;      /* the sender waits right after each start (no overlap) */
+    int late_recv;           /* receivers start each transfer at its wait and wait at once
+                              * (driver mode "blocking"): no posting ahead */
 } xmp_sim_costs_t;
 
 typedef struct {
@@ -204,9 +205,10 @@ int xmp_sim_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, xmp_sim_resul
 void xmp_sim_result_free(xmp_sim_result_t *res);
 
 /* Deadlock dry run: simulates all action lists with blocking waits and
- * per-plan FIFO transfers (timing-independent). 0: completes; 1: deadlock
+ * per-plan FIFO transfers (timing-independent); late_recv as in
+ * xmp_sim_costs_t. 0: completes; 1: deadlock
  * with the stuck actions in err; -1: bad input. */
-int xmp_sched_dryrun(const xmp_schedule_t *s, int blocking_sends, char *err, size_t errlen);
+int xmp_sched_dryrun(const xmp_schedule_t *s, int late_recv, char *err, size_t errlen);
 
 /* Text timeline: one row per stage, `width` columns for step_s; compute
  * actions as their letter + microbatch digits padded with '-', '.' idle.
