@@ -45,6 +45,7 @@ typedef struct {
     double W[NC * NC], gW[NC * NC], last_gW[NC * NC];
     double x[MAXM][NR * NC], y[MAXM][NR * NC], gz[MAXM][NR * NC];
     int held;
+    int signal, nonzero_in; /* signal mode: inputs must stay zero */
 } toy_t;
 
 static double init_w(int s, int i, int j)
@@ -105,17 +106,21 @@ static int toy_forward(void *u, int mb, const void *const *in, void *const *out,
         for (int e = 0; e < g->nedges; e++)
             if (g->e[e].dst == t->s) {
                 const double *v = in[kin++];
-                for (int i = 0; i < nr * NC; i++)
+                for (int i = 0; i < nr * NC; i++) {
                     x[i] += v[i];
+                    t->nonzero_in += t->signal && v[i] != 0.0;
+                }
             }
     }
-    for (int i = 0; i < nr; i++)
+    for (int i = 0; i < nr; i++) {
         for (int j = 0; j < NC; j++) {
             double z = 0;
             for (int l = 0; l < NC; l++)
                 z += x[i * NC + l] * t->W[l * NC + j];
             y[i * NC + j] = tanh(z);
         }
+        xmp_driver_progress(NULL); /* between "layers", as a model would */
+    }
     for (int e = 0; e < g->nedges; e++)
         if (g->e[e].src == t->s)
             to_block(t, g->e[e].src_spec, y, out[kout++]);
@@ -364,6 +369,7 @@ static void run_case(xmesh_ctx_t ctx, const graph_t *g, const ref_t *ref, int ki
     memset(&t, 0, sizeof(t));
     t.g = g;
     t.s = -1;
+    t.signal = mode == XMP_COMM_SIGNAL;
     for (int st = 0; st < g->stages; st++) {
         meshes[st].ndim = 1;
         meshes[st].shape[0] = g->mesh_n[st];
@@ -475,6 +481,11 @@ static void run_case(xmesh_ctx_t ctx, const graph_t *g, const ref_t *ref, int ki
                 failures++;
             }
         }
+    }
+    if (t.nonzero_in) {
+        fprintf(stderr, "FAIL rank %d %s signal: %d input values arrived\n", rank, s->name,
+                t.nonzero_in);
+        failures++;
     }
 out:
     if (xmp_driver_destroy(d) != XMESH_SUCCESS) {
