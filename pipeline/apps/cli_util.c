@@ -1,0 +1,277 @@
+/* Reusable CLI helpers of xmesh-train; contracts in apps/cli_util.h. */
+#include "cli_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *g_cmd = "";
+
+void xmp_cli_set_command(const char *cmd)
+{
+    g_cmd = cmd ? cmd : "";
+}
+
+int xmp_cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "xmesh-train%s%s: ", *g_cmd ? " " : "", g_cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return -1;
+}
+
+const char *xmp_cli_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        xmp_cli_error("%s: missing value", argv[*i]);
+        return NULL;
+    }
+    (*i)++;
+    return argv[*i];
+}
+
+int xmp_cli_int(const char *flag, const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE)
+        return xmp_cli_error("%s '%s': not an integer", flag, s);
+    if (v < lo || v > hi)
+        return xmp_cli_error("%s '%s': out of range [%ld, %ld]", flag, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+int xmp_cli_u64(const char *flag, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (*s == '-')
+        return xmp_cli_error("%s '%s': must not be negative", flag, s);
+    unsigned long long v = strtoull(s, &end, 0);
+    if (end == s || *end != '\0' || errno == ERANGE)
+        return xmp_cli_error("%s '%s': not an unsigned 64-bit integer", flag, s);
+    *out = (uint64_t)v;
+    return 0;
+}
+
+int xmp_cli_float(const char *flag, const char *s, double lo, double hi, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v))
+        return xmp_cli_error("%s '%s': not a finite number", flag, s);
+    if (v < lo || v > hi)
+        return xmp_cli_error("%s '%s': out of range [%g, %g]", flag, s, lo, hi);
+    *out = (float)v;
+    return 0;
+}
+
+double xmp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- progress bar ---- */
+
+void xmp_progress_init(xmp_progress_t *p, int total, int disable)
+{
+    p->enabled = !disable && isatty(STDERR_FILENO);
+    p->total = total;
+    p->t0 = xmp_now();
+}
+
+void xmp_progress_update(xmp_progress_t *p, int done, double loss, double tokens_per_s)
+{
+    if (!p->enabled)
+        return;
+    enum { W = 24 };
+    char bar[W + 1];
+    int fill = p->total > 0 ? (int)((long long)W * done / p->total) : W;
+    for (int i = 0; i < W; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[W] = '\0';
+    double el = xmp_now() - p->t0;
+    double eta = done > 0 ? el / done * (p->total - done) : 0.0;
+    int es = (int)(eta + 0.5);
+    fprintf(stderr, "\r[%s] step %d/%d  loss %.4f  %.0f tok/s  ETA %d:%02d \033[K", bar, done,
+            p->total, loss, tokens_per_s, es / 60, es % 60);
+    fflush(stderr);
+}
+
+void xmp_progress_finish(xmp_progress_t *p)
+{
+    if (!p->enabled)
+        return;
+    fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+}
+
+/* ---- JSON ---- */
+
+int xmp_json_open(xmp_json_t *j, const char *path)
+{
+    memset(j, 0, sizeof *j);
+    j->f = fopen(path, "w");
+    if (!j->f)
+        return xmp_cli_error("--json '%s': cannot create: %s", path, strerror(errno));
+    return 0;
+}
+
+static void jstring(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(f, "\\u%04x", *c);
+        else
+            fputc(*c, f);
+    }
+    fputc('"', f);
+}
+
+/* separator, indentation and key for the next value */
+static void jprefix(xmp_json_t *j, const char *key)
+{
+    if (j->depth > 0) {
+        if (j->count[j->depth - 1]++ > 0)
+            fputc(',', j->f);
+        fputc('\n', j->f);
+        for (int i = 0; i < j->depth; i++)
+            fputs("  ", j->f);
+    }
+    if (key) {
+        jstring(j->f, key);
+        fputs(": ", j->f);
+    }
+}
+
+static void jopen(xmp_json_t *j, const char *key, char c)
+{
+    jprefix(j, key);
+    fputc(c, j->f);
+    if (j->depth < XMP_JSON_MAX_DEPTH)
+        j->count[j->depth] = 0;
+    else
+        j->err = 1;
+    j->depth++;
+}
+
+static void jclose(xmp_json_t *j, char c)
+{
+    j->depth--;
+    if (j->depth < XMP_JSON_MAX_DEPTH && j->count[j->depth] > 0) {
+        fputc('\n', j->f);
+        for (int i = 0; i < j->depth; i++)
+            fputs("  ", j->f);
+    }
+    fputc(c, j->f);
+    if (j->depth == 0)
+        fputc('\n', j->f);
+}
+
+void xmp_json_obj_begin(xmp_json_t *j, const char *key)
+{
+    jopen(j, key, '{');
+}
+
+void xmp_json_obj_end(xmp_json_t *j)
+{
+    jclose(j, '}');
+}
+
+void xmp_json_arr_begin(xmp_json_t *j, const char *key)
+{
+    jopen(j, key, '[');
+}
+
+void xmp_json_arr_end(xmp_json_t *j)
+{
+    jclose(j, ']');
+}
+
+void xmp_json_int(xmp_json_t *j, const char *key, long long v)
+{
+    jprefix(j, key);
+    fprintf(j->f, "%lld", v);
+}
+
+void xmp_json_num(xmp_json_t *j, const char *key, double v)
+{
+    jprefix(j, key);
+    if (isfinite(v))
+        fprintf(j->f, "%.9g", v);
+    else
+        fputs("null", j->f);
+}
+
+void xmp_json_f32(xmp_json_t *j, const char *key, float v)
+{
+    jprefix(j, key);
+    if (isfinite(v))
+        fprintf(j->f, "%.7g", (double)v);
+    else
+        fputs("null", j->f);
+}
+
+void xmp_json_str(xmp_json_t *j, const char *key, const char *v)
+{
+    jprefix(j, key);
+    if (v)
+        jstring(j->f, v);
+    else
+        fputs("null", j->f);
+}
+
+void xmp_json_bool(xmp_json_t *j, const char *key, int v)
+{
+    jprefix(j, key);
+    fputs(v ? "true" : "false", j->f);
+}
+
+int xmp_json_close(xmp_json_t *j)
+{
+    if (!j->f)
+        return 0;
+    int bad = j->err || ferror(j->f) || j->depth != 0;
+    if (fclose(j->f) != 0)
+        bad = 1;
+    j->f = NULL;
+    return bad ? xmp_cli_error("--json: write failed or unbalanced document") : 0;
+}
+
+/* ---- statistics ---- */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void xmp_stats(const double *v, size_t n, double *median, double *min, double *max)
+{
+    double *s = malloc(n * sizeof(double));
+    if (!s) {
+        *median = *min = *max = NAN;
+        return;
+    }
+    memcpy(s, v, n * sizeof(double));
+    qsort(s, n, sizeof(double), cmp_double);
+    *min = s[0];
+    *max = s[n - 1];
+    *median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    free(s);
+}

@@ -1,0 +1,72 @@
+/*
+ * Reusable pieces of xmesh-train's subcommands: flag value parsing with errors that name the
+ * flag and the bad value, a wall clock, a terminal-only progress bar, a streaming JSON writer
+ * and small statistics. Nothing here knows about a particular model.
+ *
+ * Error convention: parsers print "xmesh-train <cmd>: <flag> '<value>': <why>" to stderr and
+ * return -1, leaving *out untouched; 0 on success.
+ */
+#ifndef XMP_APPS_CLI_UTIL_H
+#define XMP_APPS_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Command name used in messages ("gpt", "tokenize", ...). */
+void xmp_cli_set_command(const char *cmd);
+/* Prints "xmesh-train <cmd>: <message>\n" to stderr; returns -1. */
+int xmp_cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* For "--flag VALUE" at argv[*i]: returns argv[*i+1] and advances *i, or prints
+ * "<flag>: missing value" and returns NULL. */
+const char *xmp_cli_value(int argc, char **argv, int *i);
+/* Integer in [lo, hi]. */
+int xmp_cli_int(const char *flag, const char *s, long lo, long hi, int *out);
+int xmp_cli_u64(const char *flag, const char *s, uint64_t *out);
+/* Finite float in [lo, hi]. */
+int xmp_cli_float(const char *flag, const char *s, double lo, double hi, float *out);
+
+/* Monotonic wall clock in seconds. */
+double xmp_now(void);
+
+/* Progress bar on stderr, drawn only when stderr is a terminal (isatty) and not disabled. */
+typedef struct {
+    int enabled;
+    int total;
+    double t0;
+} xmp_progress_t;
+void xmp_progress_init(xmp_progress_t *p, int total, int disable);
+/* Redraws "[####....] step s/total loss L  N tok/s  ETA m:ss". */
+void xmp_progress_update(xmp_progress_t *p, int done, double loss, double tokens_per_s);
+/* Clears the bar line (call before printing the summary). */
+void xmp_progress_finish(xmp_progress_t *p);
+
+/* Streaming JSON writer. Usage: open; obj_begin(NULL); key_*(...); arr_begin("steps");
+ * obj_begin(NULL) ... obj_end(); arr_end(); obj_end(); close. Non-finite numbers are written
+ * as null. Errors (I/O) are sticky and reported by xmp_json_close. */
+#define XMP_JSON_MAX_DEPTH 16
+typedef struct {
+    FILE *f;
+    int depth;
+    int count[XMP_JSON_MAX_DEPTH];
+    int err;
+} xmp_json_t;
+int xmp_json_open(xmp_json_t *j, const char *path);
+void xmp_json_obj_begin(xmp_json_t *j, const char *key);
+void xmp_json_obj_end(xmp_json_t *j);
+void xmp_json_arr_begin(xmp_json_t *j, const char *key);
+void xmp_json_arr_end(xmp_json_t *j);
+void xmp_json_int(xmp_json_t *j, const char *key, long long v);
+void xmp_json_num(xmp_json_t *j, const char *key, double v);
+/* An f32 value with the 7 significant digits a float holds (1e-4f prints as 0.0001). */
+void xmp_json_f32(xmp_json_t *j, const char *key, float v);
+void xmp_json_str(xmp_json_t *j, const char *key, const char *v);
+void xmp_json_bool(xmp_json_t *j, const char *key, int v);
+/* Flushes and closes; returns -1 (message printed) if any write failed. */
+int xmp_json_close(xmp_json_t *j);
+
+/* Median / min / max of n doubles (n >= 1; v is not modified). */
+void xmp_stats(const double *v, size_t n, double *median, double *min, double *max);
+
+#endif /* XMP_APPS_CLI_UTIL_H */

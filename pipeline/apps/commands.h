@@ -1,0 +1,14 @@
+/*
+ * xmesh-train subcommands. Each takes the arguments AFTER the subcommand name (argv[0] is the
+ * subcommand name itself) and returns the process exit code. To add a subcommand (e.g.
+ * `utransformer`), declare it here and add one row to the table in apps/main.c.
+ */
+#ifndef XMP_APPS_COMMANDS_H
+#define XMP_APPS_COMMANDS_H
+
+/* GPT-2 training: `xmesh-train gpt --serial ...` (apps/cmd_gpt.c). */
+int xmp_cmd_gpt(int argc, char **argv);
+/* Byte-level tokenizer to llm.c token files (apps/cmd_tokenize.c). */
+int xmp_cmd_tokenize(int argc, char **argv);
+
+#endif /* XMP_APPS_COMMANDS_H */
