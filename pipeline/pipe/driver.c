@@ -1,0 +1,789 @@
+/*
+ * Pipeline driver: this rank's action list, with one xmesh plan per edge and
+ * direction, FIFO-serialised starts, overlap through xmesh_reshard_start /
+ * xmesh_test, timing and a Chrome trace. Contract in driver.h.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "pipe/driver.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { TR_COMPUTE = 0, TR_XFER = 1, TR_WAIT = 2 };
+
+typedef struct {
+    int track, kind, mb, edge, dir;
+    double t0, t1;
+    int64_t flow; /* 0: none; >0: 's' at t0 (transfer) or 'f' at t1 (wait) */
+} ev_t;
+
+typedef struct {
+    xmesh_plan_t plan;
+    int role;            /* 0 sender, 1 receiver, -1 this rank is not in either mesh */
+    size_t bytes;        /* this rank's block bytes on its side */
+    void **buf;          /* per mb: send source or receive destination */
+    xmesh_request_t req; /* in flight, or NULL */
+    int req_mb;
+    double req_t0;
+    int *queue, qhead, qtail;
+    char *done;
+    unsigned char sig[2]; /* signal mode: 1-byte send and receive blocks */
+} plan_t;
+
+struct xmp_driver {
+    xmp_driver_cfg_t cfg;
+    xmp_edge_cfg_t *edges;
+    char **specs; /* 4 per edge, owned */
+    xmp_stage_mesh_t *meshes;
+    int **mesh_ranks;
+    xmesh_mesh_t *mesh;
+    int rank, size, stage, M, P;
+    plan_t *plans;
+    int nin, nout, *in_e, *out_e;
+    void **argbuf; /* scratch pointer arrays for the callbacks */
+    double t_origin;
+    int64_t step_no;
+    ev_t *ev;
+    size_t nev, capev;
+    char err[1024];
+    /* per-step counters */
+    double compute_s, wait_s, loss_acc;
+    int held, peak_held;
+    int64_t peak_bytes;
+};
+
+static _Thread_local xmp_driver_t *current_driver;
+
+static void derr(xmp_driver_t *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, sizeof(d->err), fmt, ap);
+    va_end(ap);
+}
+
+static const char *mode_names[] = {"broadcast", "sendrecv", "sendrecv-allgather", "blocking",
+                                   "signal"};
+
+int xmp_comm_mode_parse(const char *name)
+{
+    for (int i = 0; name && i < XMP_COMM_COUNT_; i++)
+        if (strcmp(name, mode_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *xmp_comm_mode_name(int mode)
+{
+    return mode >= 0 && mode < XMP_COMM_COUNT_ ? mode_names[mode] : "unknown";
+}
+
+int xmp_driver_stage(const xmp_driver_t *d)
+{
+    return d->stage;
+}
+
+const char *xmp_driver_error(const xmp_driver_t *d)
+{
+    return d ? d->err : "";
+}
+
+static void record(xmp_driver_t *d, int track, xmp_action_t a, double t0, double t1, int64_t flow)
+{
+    if (!d->cfg.trace)
+        return;
+    if (d->nev == d->capev) {
+        size_t nc = d->capev ? 2 * d->capev : 1024;
+        ev_t *n = realloc(d->ev, nc * sizeof(*n));
+        if (n == NULL)
+            return; /* trace is best effort: drop events on OOM */
+        d->ev = n;
+        d->capev = nc;
+    }
+    ev_t e = {track, a.kind, a.mb, a.edge, a.dir, t0 - d->t_origin, t1 - d->t_origin, flow};
+    d->ev[d->nev++] = e;
+}
+
+static int64_t flow_id(const xmp_driver_t *d, int p, int mb)
+{
+    return ((d->step_no * d->P + p) * (int64_t)d->M + mb) + 1;
+}
+
+static int lead_rank(const xmp_driver_t *d, int stage)
+{
+    return d->meshes[stage].ranks[0];
+}
+
+/* ------------------------------------------------------------ transfers */
+
+static xmesh_result_t issue(xmp_driver_t *d, int p)
+{
+    plan_t *pl = &d->plans[p];
+    if (pl->req != NULL || pl->qhead == pl->qtail)
+        return XMESH_SUCCESS;
+    int mb = pl->queue[pl->qhead++];
+    const void *src = NULL;
+    void *dst = NULL;
+    if (d->cfg.mode == XMP_COMM_SIGNAL) {
+        if (pl->role == 0)
+            src = &pl->sig[0];
+        else
+            dst = &pl->sig[1];
+    } else if (pl->role == 0) {
+        src = pl->buf[mb];
+    } else {
+        dst = pl->buf[mb];
+    }
+    xmesh_result_t r = xmesh_reshard_start(pl->plan, src, dst, &pl->req);
+    if (r != XMESH_SUCCESS) {
+        derr(d, "xmesh_reshard_start of %c%d.e%d on rank %d: %s (%s)", p % 2 ? 'G' : 'A', mb, p / 2,
+             d->rank, xmesh_result_string(r), xmesh_last_error());
+        pl->req = NULL;
+        return r;
+    }
+    pl->req_mb = mb;
+    pl->req_t0 = MPI_Wtime();
+    return XMESH_SUCCESS;
+}
+
+static void retire(xmp_driver_t *d, int p)
+{
+    plan_t *pl = &d->plans[p];
+    int e = p / 2, dir = p % 2;
+    xmp_action_t a = {XMP_ACT_START, pl->req_mb, e, dir};
+    int sender_stage = dir == XMP_DIR_ACT ? d->edges[e].src : d->edges[e].dst;
+    int64_t flow =
+        pl->role == 0 && d->rank == lead_rank(d, sender_stage) ? flow_id(d, p, pl->req_mb) : 0;
+    record(d, TR_XFER, a, pl->req_t0, MPI_Wtime(), flow);
+    pl->done[pl->req_mb] = 1;
+    pl->req = NULL;
+}
+
+static xmesh_result_t progress_plan(xmp_driver_t *d, int p)
+{
+    plan_t *pl = &d->plans[p];
+    if (pl->req != NULL) {
+        xmesh_result_t r = xmesh_test(pl->req);
+        if (r == XMESH_SUCCESS) {
+            retire(d, p);
+        } else if (r != XMESH_IN_PROGRESS) {
+            derr(d, "transfer %c%d.e%d on rank %d failed: %s (%s)", p % 2 ? 'G' : 'A', pl->req_mb,
+                 p / 2, d->rank, xmesh_result_string(r), xmesh_last_error());
+            pl->req = NULL;
+            return r;
+        }
+    }
+    return issue(d, p);
+}
+
+static xmesh_result_t progress_all(xmp_driver_t *d)
+{
+    for (int p = 0; p < d->P; p++) {
+        if (d->plans[p].role < 0)
+            continue;
+        xmesh_result_t r = progress_plan(d, p);
+        if (r != XMESH_SUCCESS)
+            return r;
+    }
+    return XMESH_SUCCESS;
+}
+
+void xmp_driver_progress(xmp_driver_t *d)
+{
+    if (d == NULL)
+        d = current_driver;
+    if (d != NULL)
+        (void)progress_all(d); /* errors resurface at the next wait */
+}
+
+/* Blocks until transfer mb of plan p completed on this rank. */
+static xmesh_result_t wait_for(xmp_driver_t *d, int p, int mb)
+{
+    plan_t *pl = &d->plans[p];
+    while (!pl->done[mb]) {
+        xmesh_result_t r = progress_all(d);
+        if (r != XMESH_SUCCESS)
+            return r;
+        if (pl->done[mb])
+            break;
+        if (pl->req == NULL) {
+            derr(d, "wait for %c%d.e%d on rank %d: transfer was never started", p % 2 ? 'G' : 'A',
+                 mb, p / 2, d->rank);
+            return XMESH_ERR_INVALID_USAGE;
+        }
+        int others_queued = 0;
+        for (int q = 0; q < d->P; q++)
+            if (q != p && d->plans[q].qhead != d->plans[q].qtail)
+                others_queued = 1;
+        if (!others_queued) {
+            /* nothing of ours waits to be issued: block without spinning */
+            r = xmesh_wait(pl->req);
+            if (r != XMESH_SUCCESS) {
+                derr(d, "transfer %c%d.e%d on rank %d failed: %s (%s)", p % 2 ? 'G' : 'A',
+                     pl->req_mb, p / 2, d->rank, xmesh_result_string(r), xmesh_last_error());
+                pl->req = NULL;
+                return r;
+            }
+            retire(d, p);
+            continue;
+        }
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    return XMESH_SUCCESS;
+}
+
+/* ------------------------------------------------------------- creation */
+
+static xmesh_result_t fail(char *err, size_t errlen, xmesh_result_t r, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return r;
+}
+
+static char *dupstr(const char *s)
+{
+    if (s == NULL)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    char *r = malloc(n);
+    if (r)
+        memcpy(r, s, n);
+    return r;
+}
+
+static xmesh_result_t check_cfg(const xmp_driver_cfg_t *c, char *err, size_t errlen)
+{
+    const xmp_schedule_t *s = c->sched;
+    if (s == NULL || c->meshes == NULL || (c->nedges > 0 && c->edges == NULL))
+        return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: NULL sched/meshes/edges");
+    if (c->mode < 0 || c->mode >= XMP_COMM_COUNT_)
+        return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: comm mode %d unknown",
+                    c->mode);
+    if (c->nstages != s->nstages || c->nedges != s->nedges)
+        return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT,
+                    "driver: config has %d stages and %d edges, schedule '%s' %d and %d",
+                    c->nstages, c->nedges, s->name, s->nstages, s->nedges);
+    for (int e = 0; e < c->nedges; e++) {
+        const xmp_edge_cfg_t *ec = &c->edges[e];
+        if (ec->src != s->edges[e].src || ec->dst != s->edges[e].dst)
+            return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT,
+                        "driver: edge %d is %d>%d in the config but %d>%d in the schedule", e,
+                        ec->src, ec->dst, s->edges[e].src, s->edges[e].dst);
+        if (ec->src_spec == NULL || ec->dst_spec == NULL)
+            return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: edge %d has no spec", e);
+    }
+    char m[1024];
+    if (xmp_sched_validate(s, NULL, 0, m, sizeof(m)) != 0)
+        return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: schedule '%s': %s", s->name,
+                    m);
+    if (xmp_sched_dryrun(s, c->mode == XMP_COMM_BLOCKING, m, sizeof(m)) != 0)
+        return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: schedule '%s' (%s): %s",
+                    s->name, xmp_comm_mode_name(c->mode), m);
+    return XMESH_SUCCESS;
+}
+
+static size_t block_bytes(const xmesh_layout_t *l, int rank, int *holds, char *err, size_t errlen)
+{
+    int64_t shp[XMESH_MAX_TENSOR_DIMS];
+    if (xmesh_layout_local_shape(l, rank, shp, holds) != XMESH_SUCCESS) {
+        fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "layout '%s': %s", l->sharding,
+             xmesh_last_error());
+        return (size_t)-1;
+    }
+    size_t n = xmesh_dtype_size(l->dtype);
+    for (int i = 0; i < l->ndim; i++)
+        n *= (size_t)shp[i];
+    return n;
+}
+
+xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out, char *err,
+                                 size_t errlen)
+{
+    xmesh_result_t r = check_cfg(cfg, err, errlen);
+    if (r != XMESH_SUCCESS)
+        return r;
+    xmp_driver_t *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+    d->cfg = *cfg;
+    d->M = cfg->sched->nmb;
+    d->P = 2 * cfg->nedges;
+    d->stage = -1;
+    MPI_Comm_rank(cfg->comm, &d->rank);
+    MPI_Comm_size(cfg->comm, &d->size);
+    int S = cfg->nstages, E = cfg->nedges, M = d->M;
+    d->meshes = calloc((size_t)S, sizeof(*d->meshes));
+    d->mesh_ranks = calloc((size_t)S, sizeof(int *));
+    d->mesh = calloc((size_t)S, sizeof(xmesh_mesh_t));
+    d->edges = calloc((size_t)(E ? E : 1), sizeof(*d->edges));
+    d->specs = calloc((size_t)(4 * E + 1), sizeof(char *));
+    d->plans = calloc((size_t)(d->P ? d->P : 1), sizeof(plan_t));
+    d->in_e = calloc((size_t)(E + 1), sizeof(int));
+    d->out_e = calloc((size_t)(E + 1), sizeof(int));
+    d->argbuf = calloc((size_t)(2 * E + 2), sizeof(void *));
+    if (!d->meshes || !d->mesh_ranks || !d->mesh || !d->edges || !d->specs || !d->plans ||
+        !d->in_e || !d->out_e || !d->argbuf) {
+        r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+        goto out_destroy;
+    }
+    for (int st = 0; st < S; st++) {
+        const xmp_stage_mesh_t *m = &cfg->meshes[st];
+        int n = 1;
+        if (m->ndim < 1 || m->ndim > XMESH_MAX_MESH_DIMS || m->ranks == NULL) {
+            r = fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: stage %d mesh ndim %d", st,
+                     m->ndim);
+            goto out_destroy;
+        }
+        for (int k = 0; k < m->ndim; k++)
+            n *= m->shape[k];
+        d->meshes[st] = *m;
+        d->mesh_ranks[st] = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+        if (d->mesh_ranks[st] == NULL) {
+            r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+            goto out_destroy;
+        }
+        memcpy(d->mesh_ranks[st], m->ranks, (size_t)n * sizeof(int));
+        d->meshes[st].ranks = d->mesh_ranks[st];
+        for (int k = 0; k < n; k++)
+            if (m->ranks[k] == d->rank) {
+                if (d->stage >= 0) {
+                    r = fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT,
+                             "driver: rank %d is in stage %d and stage %d", d->rank, d->stage, st);
+                    goto out_destroy;
+                }
+                d->stage = st;
+            }
+        r = xmesh_mesh_create(cfg->ctx, m->ndim, m->shape, m->ranks, &d->mesh[st]);
+        if (r != XMESH_SUCCESS) {
+            fail(err, errlen, r, "driver: stage %d mesh: %s", st, xmesh_last_error());
+            goto out_destroy;
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        xmp_edge_cfg_t *ec = &d->edges[e];
+        *ec = cfg->edges[e];
+        const char *sp[4] = {ec->src_spec, ec->dst_spec,
+                             ec->grad_src_spec ? ec->grad_src_spec : ec->dst_spec,
+                             ec->grad_dst_spec ? ec->grad_dst_spec : ec->src_spec};
+        for (int k = 0; k < 4; k++)
+            if ((d->specs[4 * e + k] = dupstr(sp[k])) == NULL) {
+                r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+                goto out_destroy;
+            }
+        ec->src_spec = d->specs[4 * e];
+        ec->dst_spec = d->specs[4 * e + 1];
+        ec->grad_src_spec = d->specs[4 * e + 2];
+        ec->grad_dst_spec = d->specs[4 * e + 3];
+        if (ec->dst == d->stage)
+            d->in_e[d->nin++] = e;
+        if (ec->src == d->stage)
+            d->out_e[d->nout++] = e;
+    }
+    xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
+    if (cfg->mode == XMP_COMM_BROADCAST)
+        pp.strategy = XMESH_STRATEGY_BROADCAST;
+    else if (cfg->mode == XMP_COMM_SENDRECV)
+        pp.strategy = XMESH_STRATEGY_SENDRECV;
+    else if (cfg->mode == XMP_COMM_SENDRECV_ALLGATHER)
+        pp.strategy = XMESH_STRATEGY_SENDRECV_ALLGATHER;
+    int64_t one = 1;
+    for (int p = 0; p < d->P; p++) {
+        plan_t *pl = &d->plans[p];
+        int e = p / 2, dir = p % 2;
+        const xmp_edge_cfg_t *ec = &d->edges[e];
+        int sst = dir == XMP_DIR_ACT ? ec->src : ec->dst;
+        int dst_st = dir == XMP_DIR_ACT ? ec->dst : ec->src;
+        xmesh_layout_t ls = {ec->ndim, ec->shape, ec->dtype, d->mesh[sst],
+                             dir == XMP_DIR_ACT ? ec->src_spec : ec->grad_src_spec};
+        xmesh_layout_t ld = {ec->ndim, ec->shape, ec->dtype, d->mesh[dst_st],
+                             dir == XMP_DIR_ACT ? ec->dst_spec : ec->grad_dst_spec};
+        pl->role = d->stage == sst ? 0 : d->stage == dst_st ? 1 : -1;
+        int holds = 0;
+        size_t bytes = 0;
+        if (pl->role >= 0) {
+            bytes = block_bytes(pl->role == 0 ? &ls : &ld, d->rank, &holds, err, errlen);
+            if (bytes == (size_t)-1) {
+                r = XMESH_ERR_INVALID_ARGUMENT;
+                goto out_destroy;
+            }
+        }
+        if (cfg->mode == XMP_COMM_SIGNAL) {
+            xmesh_layout_t ss = {1, &one, XMESH_U8, d->mesh[sst], "R"};
+            xmesh_layout_t sd = {1, &one, XMESH_U8, d->mesh[dst_st], "R"};
+            r = xmesh_plan_create(cfg->ctx, &ss, &sd, &pp, &pl->plan);
+        } else {
+            r = xmesh_plan_create(cfg->ctx, &ls, &ld, &pp, &pl->plan);
+        }
+        if (r != XMESH_SUCCESS) {
+            fail(err, errlen, r, "driver: plan %c.e%d ('%s' on stage %d -> '%s' on stage %d): %s",
+                 dir ? 'G' : 'A', e, ls.sharding, sst, ld.sharding, dst_st, xmesh_last_error());
+            goto out_destroy;
+        }
+        pl->bytes = bytes;
+        pl->buf = calloc((size_t)M, sizeof(void *));
+        pl->queue = calloc((size_t)M, sizeof(int));
+        pl->done = calloc((size_t)M, 1);
+        if (!pl->buf || !pl->queue || !pl->done) {
+            r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+            goto out_destroy;
+        }
+        if (pl->role >= 0)
+            for (int m = 0; m < M; m++)
+                if ((pl->buf[m] = calloc(bytes ? bytes : 1, 1)) == NULL) {
+                    r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory (%zu B)",
+                             bytes);
+                    goto out_destroy;
+                }
+    }
+    MPI_Barrier(cfg->comm);
+    d->t_origin = MPI_Wtime();
+    *out = d;
+    return XMESH_SUCCESS;
+out_destroy:
+    xmp_driver_destroy(d);
+    return r;
+}
+
+xmesh_result_t xmp_driver_destroy(xmp_driver_t *d)
+{
+    if (d == NULL)
+        return XMESH_SUCCESS;
+    xmesh_result_t first = XMESH_SUCCESS;
+    for (int p = 0; d->plans && p < d->P; p++) {
+        plan_t *pl = &d->plans[p];
+        if (pl->req != NULL)
+            (void)xmesh_wait(pl->req);
+        if (pl->plan != NULL) {
+            xmesh_result_t r = xmesh_plan_destroy(pl->plan);
+            if (first == XMESH_SUCCESS)
+                first = r;
+        }
+        for (int m = 0; pl->buf && m < d->M; m++)
+            free(pl->buf[m]);
+        free(pl->buf);
+        free(pl->queue);
+        free(pl->done);
+    }
+    for (int st = 0; d->mesh && st < d->cfg.nstages; st++)
+        if (d->mesh[st] != NULL)
+            (void)xmesh_mesh_destroy(d->mesh[st]);
+    for (int st = 0; d->mesh_ranks && st < d->cfg.nstages; st++)
+        free(d->mesh_ranks[st]);
+    for (int k = 0; d->specs && k < 4 * d->cfg.nedges; k++)
+        free(d->specs[k]);
+    free(d->specs);
+    free(d->mesh_ranks);
+    free(d->mesh);
+    free(d->meshes);
+    free(d->edges);
+    free(d->plans);
+    free(d->in_e);
+    free(d->out_e);
+    free(d->argbuf);
+    free(d->ev);
+    free(d);
+    return first;
+}
+
+/* ----------------------------------------------------------------- step */
+
+static xmesh_result_t cb_fail(xmp_driver_t *d, const char *name, int mb, int rc)
+{
+    derr(d, "stage %d rank %d: callback %s(mb %d) failed with %d", d->stage, d->rank, name, mb, rc);
+    return XMESH_ERR_INVALID_USAGE;
+}
+
+static void act_bytes(xmp_driver_t *d)
+{
+    if (d->cfg.ops.activation_bytes) {
+        int64_t b = d->cfg.ops.activation_bytes(d->cfg.ops.user);
+        if (b > d->peak_bytes)
+            d->peak_bytes = b;
+    }
+}
+
+static xmesh_result_t run_compute(xmp_driver_t *d, xmp_action_t a)
+{
+    const xmp_stage_ops_t *o = &d->cfg.ops;
+    void **A = d->argbuf, **B = d->argbuf + d->nin + d->nout + 1;
+    int rc = 0;
+    double loss = 0;
+    switch (a.kind) {
+    case XMP_ACT_F:
+        for (int k = 0; k < d->nin; k++)
+            A[k] = d->plans[xmp_plan_index(d->in_e[k], XMP_DIR_ACT)].buf[a.mb];
+        for (int k = 0; k < d->nout; k++)
+            B[k] = d->plans[xmp_plan_index(d->out_e[k], XMP_DIR_ACT)].buf[a.mb];
+        if (o->forward == NULL)
+            return cb_fail(d, "forward (NULL)", a.mb, -1);
+        rc = o->forward(o->user, a.mb, (const void *const *)A, B, &loss);
+        d->loss_acc += loss;
+        if (rc)
+            return cb_fail(d, "forward", a.mb, rc);
+        if (++d->held > d->peak_held)
+            d->peak_held = d->held;
+        break;
+    case XMP_ACT_B:
+    case XMP_ACT_I:
+        for (int k = 0; k < d->nout; k++)
+            A[k] = d->plans[xmp_plan_index(d->out_e[k], XMP_DIR_GRAD)].buf[a.mb];
+        for (int k = 0; k < d->nin; k++)
+            B[k] = d->plans[xmp_plan_index(d->in_e[k], XMP_DIR_GRAD)].buf[a.mb];
+        if (a.kind == XMP_ACT_B && o->backward) {
+            rc = o->backward(o->user, a.mb, (const void *const *)A, B);
+            if (rc)
+                return cb_fail(d, "backward", a.mb, rc);
+        } else {
+            if (o->backward_input == NULL)
+                return cb_fail(d, "backward_input (NULL)", a.mb, -1);
+            rc = o->backward_input(o->user, a.mb, (const void *const *)A, B);
+            if (rc)
+                return cb_fail(d, "backward_input", a.mb, rc);
+            if (a.kind == XMP_ACT_B) {
+                act_bytes(d);
+                if (o->backward_weight && (rc = o->backward_weight(o->user, a.mb)) != 0)
+                    return cb_fail(d, "backward_weight", a.mb, rc);
+            }
+        }
+        if (a.kind == XMP_ACT_B)
+            d->held--;
+        break;
+    case XMP_ACT_W:
+        if (o->backward_weight && (rc = o->backward_weight(o->user, a.mb)) != 0)
+            return cb_fail(d, "backward_weight", a.mb, rc);
+        d->held--;
+        break;
+    case XMP_ACT_R:
+        if (o->reduce_grads && (rc = o->reduce_grads(o->user)) != 0)
+            return cb_fail(d, "reduce_grads", -1, rc);
+        break;
+    case XMP_ACT_O:
+        if (o->optimizer_step && (rc = o->optimizer_step(o->user)) != 0)
+            return cb_fail(d, "optimizer_step", -1, rc);
+        break;
+    }
+    act_bytes(d);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t run_action(xmp_driver_t *d, xmp_action_t a)
+{
+    if (a.kind == XMP_ACT_START || a.kind == XMP_ACT_WAIT) {
+        int p = xmp_plan_index(a.edge, a.dir);
+        plan_t *pl = &d->plans[p];
+        xmesh_result_t r;
+        int late = d->cfg.mode == XMP_COMM_BLOCKING && pl->role == 1;
+        if (a.kind == XMP_ACT_START) {
+            if (late)
+                return XMESH_SUCCESS; /* blocking mode: the receive starts at its wait */
+            pl->queue[pl->qtail++] = a.mb;
+            return issue(d, p);
+        }
+        if (late && !pl->done[a.mb]) {
+            pl->queue[pl->qtail++] = a.mb;
+            if ((r = issue(d, p)) != XMESH_SUCCESS)
+                return r;
+        }
+        double t0 = MPI_Wtime();
+        r = wait_for(d, p, a.mb);
+        double t1 = MPI_Wtime();
+        d->wait_s += t1 - t0;
+        int e = a.edge;
+        int recv_stage = a.dir == XMP_DIR_ACT ? d->edges[e].dst : d->edges[e].src;
+        int64_t flow =
+            pl->role == 1 && d->rank == lead_rank(d, recv_stage) ? flow_id(d, p, a.mb) : 0;
+        record(d, TR_WAIT, a, t0, t1, flow);
+        return r;
+    }
+    double t0 = MPI_Wtime();
+    xmesh_result_t r = run_compute(d, a);
+    double t1 = MPI_Wtime();
+    d->compute_s += t1 - t0;
+    record(d, TR_COMPUTE, a, t0, t1, 0);
+    return r;
+}
+
+xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
+{
+    xmesh_result_t r = XMESH_SUCCESS;
+    const xmp_schedule_t *s = d->cfg.sched;
+    for (int p = 0; p < d->P; p++) {
+        plan_t *pl = &d->plans[p];
+        pl->qhead = pl->qtail = 0;
+        memset(pl->done, 0, (size_t)d->M);
+        if (d->cfg.mode == XMP_COMM_SIGNAL && pl->role == 1)
+            for (int m = 0; m < d->M; m++)
+                memset(pl->buf[m], 0, pl->bytes ? pl->bytes : 1);
+    }
+    d->compute_s = d->wait_s = d->loss_acc = 0;
+    d->held = d->peak_held = 0;
+    d->peak_bytes = 0;
+    MPI_Barrier(d->cfg.comm);
+    double t_start = MPI_Wtime();
+    xmp_driver_t *saved = current_driver;
+    current_driver = d;
+    if (d->stage >= 0) {
+        for (int j = 0; j < s->len[d->stage] && r == XMESH_SUCCESS; j++) {
+            r = progress_all(d);
+            if (r == XMESH_SUCCESS)
+                r = run_action(d, s->acts[d->stage][j]);
+        }
+    }
+    current_driver = saved;
+    double local = MPI_Wtime() - t_start;
+    double step = local;
+    /* every request of the step has been waited for by the action list */
+    MPI_Allreduce(&local, &step, 1, MPI_DOUBLE, MPI_MAX, d->cfg.comm);
+    int bad = r != XMESH_SUCCESS, anybad = 0;
+    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, d->cfg.comm);
+    d->step_no++;
+    if (stats) {
+        memset(stats, 0, sizeof(*stats));
+        stats->loss = d->loss_acc;
+        stats->step_s = step;
+        stats->local_s = local;
+        stats->compute_s = d->compute_s;
+        stats->bubble = local > 0 ? (local - d->compute_s) / local : 0;
+        stats->wait_s = d->wait_s;
+        stats->peak_act_mb = d->peak_held;
+        stats->peak_act_bytes = d->peak_bytes;
+    }
+    if (r == XMESH_SUCCESS && anybad) {
+        derr(d, "step failed on another rank");
+        r = XMESH_ERR_REMOTE;
+    }
+    return r;
+}
+
+xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double *i,
+                                  const double *w, xmp_sim_result_t *res)
+{
+    double *x = calloc((size_t)(d->P ? d->P : 1), sizeof(double));
+    if (x == NULL)
+        return XMESH_ERR_NO_MEMORY;
+    for (int p = 0; p < d->P; p++) {
+        xmesh_plan_info_t info;
+        if (xmesh_plan_get_info(d->plans[p].plan, &info) != XMESH_SUCCESS) {
+            derr(d, "xmesh_plan_get_info: %s", xmesh_last_error());
+            free(x);
+            return XMESH_ERR_INTERNAL;
+        }
+        x[p] = info.predicted_s;
+    }
+    xmp_sim_costs_t c;
+    memset(&c, 0, sizeof(c));
+    c.f = f;
+    c.i = i;
+    c.w = w;
+    c.xfer = x;
+    c.late_recv = d->cfg.mode == XMP_COMM_BLOCKING;
+    int r = xmp_sim_run(d->cfg.sched, &c, res, d->err, sizeof(d->err));
+    free(x);
+    return r == 0 ? XMESH_SUCCESS : XMESH_ERR_INVALID_USAGE;
+}
+
+/* ---------------------------------------------------------------- trace */
+
+static int ev_json(const xmp_driver_t *d, const ev_t *e, char *buf, size_t n)
+{
+    static const char *tname[] = {"compute", "transfers", "waits"};
+    char lab[32];
+    xmp_action_t a = {e->kind, e->mb, e->edge, e->dir};
+    if (e->track == TR_XFER)
+        snprintf(lab, sizeof(lab), "%c%d.e%d", e->dir ? 'G' : 'A', e->mb, e->edge);
+    else
+        xmp_action_format(a, lab, sizeof(lab));
+    double ts = e->t0 * 1e6, dur = (e->t1 - e->t0) * 1e6;
+    int k = snprintf(buf, n,
+                     "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
+                     "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"stage\":%d,\"mb\":%d}}",
+                     lab, tname[e->track], d->rank, e->track, ts, dur, d->stage, e->mb);
+    if (e->flow > 0 && k > 0 && (size_t)k < n) {
+        if (e->track == TR_XFER)
+            k += snprintf(buf + k, n - (size_t)k,
+                          ",\n{\"name\":\"xfer\",\"cat\":\"flow\",\"ph\":\"s\",\"id\":%lld,"
+                          "\"pid\":%d,\"tid\":%d,\"ts\":%.3f}",
+                          (long long)e->flow, d->rank, e->track, ts);
+        else
+            k += snprintf(buf + k, n - (size_t)k,
+                          ",\n{\"name\":\"xfer\",\"cat\":\"flow\",\"ph\":\"f\",\"bp\":\"e\","
+                          "\"id\":%lld,\"pid\":%d,\"tid\":%d,\"ts\":%.3f}",
+                          (long long)e->flow, d->rank, e->track, ts + dur);
+    }
+    return k;
+}
+
+xmesh_result_t xmp_driver_write_trace(xmp_driver_t *d, const char *path)
+{
+    size_t cap = 512 + d->nev * 640, len = 0;
+    char *mine = malloc(cap);
+    int ok = mine != NULL;
+    if (ok) {
+        static const char *tname[] = {"compute", "transfers", "waits"};
+        len += (size_t)snprintf(mine + len, cap - len,
+                                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{"
+                                "\"name\":\"rank %d stage %d\"}}",
+                                d->rank, d->rank, d->stage);
+        for (int t = 0; t < 3; t++)
+            len += (size_t)snprintf(mine + len, cap - len,
+                                    ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%"
+                                    "d,\"args\":{\"name\":\"%s\"}}",
+                                    d->rank, t, tname[t]);
+        for (size_t i = 0; i < d->nev; i++) {
+            mine[len++] = ',';
+            mine[len++] = '\n';
+            len += (size_t)ev_json(d, &d->ev[i], mine + len, cap - len);
+        }
+    }
+    int n = ok ? (int)len : 0;
+    int *lens = NULL, *displs = NULL;
+    char *all = NULL;
+    if (d->rank == 0) {
+        lens = calloc((size_t)d->size, sizeof(int));
+        displs = calloc((size_t)d->size, sizeof(int));
+    }
+    MPI_Gather(&n, 1, MPI_INT, lens, 1, MPI_INT, 0, d->cfg.comm);
+    long total = 0;
+    if (d->rank == 0) {
+        for (int i = 0; i < d->size; i++) {
+            displs[i] = (int)total;
+            total += lens[i];
+        }
+        all = malloc((size_t)total + 1);
+    }
+    MPI_Gatherv(mine, n, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, d->cfg.comm);
+    xmesh_result_t r = ok ? XMESH_SUCCESS : XMESH_ERR_NO_MEMORY;
+    if (d->rank == 0) {
+        FILE *f = all ? fopen(path, "w") : NULL;
+        if (f == NULL) {
+            derr(d, "trace: cannot write '%s'", path);
+            r = XMESH_ERR_SYSTEM;
+        } else {
+            fputs("[\n", f);
+            for (int i = 0; i < d->size; i++) {
+                if (lens[i] == 0)
+                    continue;
+                if (i > 0)
+                    fputs(",\n", f);
+                fwrite(all + displs[i], 1, (size_t)lens[i], f);
+            }
+            fputs("\n]\n", f);
+            if (fclose(f) != 0)
+                r = XMESH_ERR_SYSTEM;
+        }
+    }
+    free(lens);
+    free(displs);
+    free(all);
+    free(mine);
+    return r;
+}

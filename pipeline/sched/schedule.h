@@ -1,0 +1,221 @@
+/*
+ * Pipeline schedules as data (pure C: no MPI, no xmesh calls).
+ *
+ * A schedule lists, for each pipeline stage, the actions every rank of that
+ * stage runs in order during one training step. Stages are connected by a
+ * stage graph: edges (src stage -> dst stage), possibly between NON-adjacent
+ * stages (skip connections, U-Transformer). Each edge carries one tensor per
+ * microbatch in two directions: the forward activation (dir A, src -> dst)
+ * and the backward gradient (dir G, dst -> src). Each (edge, dir) pair is one
+ * xmesh plan in the driver, and a plan has ONE request in flight per rank: the
+ * transfers of one (edge, dir) run one after another in the order they were
+ * started, and both endpoint stages start them in the same (microbatch) order.
+ *
+ * Actions and their text form (the grammar, one token per action):
+ *
+ *   F<m>          forward of microbatch m
+ *   B<m>          full backward of m (input and weight gradients)
+ *   I<m>          input-gradient half of the backward of m (zero-bubble "B")
+ *   W<m>          weight-gradient half of the backward of m (needs I<m> first)
+ *   SA<m>.e<k>    start the activation transfer of m on edge k (the producer:
+ *                 send; the consumer: post the receive)
+ *   WA<m>.e<k>    wait until that transfer completed on this rank
+ *   SG<m>.e<k>    start the gradient transfer of m on edge k (dst -> src)
+ *   WG<m>.e<k>    wait for it
+ *   R             reduce gradients (data parallel inside the stage)
+ *   O             optimizer step
+ *
+ * A start is a non-blocking "enqueue": it is issued on the plan as soon as the
+ * plan's previous transfer (in start order) has completed. A wait blocks until
+ * the transfer of that microbatch has completed; a transfer completes when
+ * both endpoint stages started it and the previous transfer of the plan
+ * completed (plus its transfer time in the timed simulator).
+ *
+ * Whole schedule (xmp_sched_format / xmp_sched_parse):
+ *
+ *   schedule  := header "\n" { stageline "\n" }
+ *   header    := "schedule" SP name SP "S=" int SP "M=" int SP "edges=" edges
+ *   edges     := "-" | edge { "," edge }          ("-": no edges)
+ *   edge      := int ">" int     (source stage ">" destination stage; edge ids 0,1,.. in order)
+ *   stageline := "s" int SP "inflight<=" int ":" { SP action }
+ *   name      := non-blank characters, at most XMP_SCHED_NAME_MAX - 1
+ *
+ * Blank lines and lines starting with '#' are ignored. Example (S=2, M=2, 1F1B):
+ *
+ *   schedule 1f1b S=2 M=2 edges=0>1
+ *   s0 inflight<=2: SG0.e0 F0 SA0.e0 F1 SA1.e0 WA0.e0 WG0.e0 SG1.e0 B0 ...
+ *
+ * Ownership: an xmp_schedule_t is created by xmp_sched_create / a generator /
+ * xmp_sched_parse and freed by xmp_sched_destroy (NULL is a no-op). Functions
+ * that take `char *err, size_t errlen` write a message naming the bad value on
+ * failure (err may be NULL) and return -1; they return 0 on success and leave
+ * their outputs untouched on failure.
+ */
+#ifndef XMP_SCHEDULE_H
+#define XMP_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XMP_SCHED_NAME_MAX 32
+
+typedef enum {
+    XMP_ACT_F = 0,
+    XMP_ACT_B = 1,
+    XMP_ACT_I = 2,
+    XMP_ACT_W = 3,
+    XMP_ACT_START = 4, /* transfer start (edge, dir, mb) */
+    XMP_ACT_WAIT = 5,  /* transfer wait (edge, dir, mb) */
+    XMP_ACT_R = 6,
+    XMP_ACT_O = 7
+} xmp_act_kind_t;
+
+typedef enum { XMP_DIR_ACT = 0, XMP_DIR_GRAD = 1 } xmp_dir_t;
+
+typedef struct {
+    int kind; /* xmp_act_kind_t */
+    int mb;   /* microbatch; -1 for R and O */
+    int edge; /* edge id for START/WAIT, else -1 */
+    int dir;  /* xmp_dir_t for START/WAIT, else 0 */
+} xmp_action_t;
+
+typedef struct {
+    int src, dst; /* stages; the activation flows src -> dst */
+} xmp_sedge_t;
+
+typedef struct {
+    char name[XMP_SCHED_NAME_MAX];
+    int nstages, nmb, nedges;
+    xmp_sedge_t *edges; /* nedges */
+    int *len;           /* per stage: number of actions */
+    int *cap;           /* per stage: allocated actions (internal) */
+    xmp_action_t **acts;
+    int *max_inflight; /* per stage: bound on microbatches with F done and B/I not done */
+} xmp_schedule_t;
+
+/* (edge, dir) -> plan index 2*edge + dir, used by the simulator's transfer arrays. */
+static inline int xmp_plan_index(int edge, int dir)
+{
+    return 2 * edge + dir;
+}
+/* The stage that starts the transfer as sender / receiver for (edge, dir). */
+static inline int xmp_xfer_sender(const xmp_schedule_t *s, int edge, int dir)
+{
+    return dir == XMP_DIR_ACT ? s->edges[edge].src : s->edges[edge].dst;
+}
+static inline int xmp_xfer_receiver(const xmp_schedule_t *s, int edge, int dir)
+{
+    return dir == XMP_DIR_ACT ? s->edges[edge].dst : s->edges[edge].src;
+}
+
+/* Empty schedule: nstages >= 1, nmb >= 1, edges copied (src, dst in range,
+ * src != dst). max_inflight starts at nmb. */
+int xmp_sched_create(int nstages, int nmb, int nedges, const xmp_sedge_t *edges,
+                     xmp_schedule_t **out, char *err, size_t errlen);
+void xmp_sched_destroy(xmp_schedule_t *s);
+/* Appends one action to a stage's list (no checks beyond the stage index). */
+int xmp_sched_append(xmp_schedule_t *s, int stage, xmp_action_t a);
+
+typedef enum { XMP_SCHED_GPIPE = 0, XMP_SCHED_1F1B = 1, XMP_SCHED_EAGER_1F1B = 2 } xmp_sched_kind_t;
+/* "gpipe", "1f1b", "eager-1f1b" (also "eager"); -1 if unknown. */
+int xmp_sched_kind_parse(const char *name);
+const char *xmp_sched_kind_name(int kind);
+
+/* Options of the generators. Costs (seconds, any unit) only steer where
+ * delayed W actions go; NULL options: no delay, unit costs. */
+typedef struct {
+    int delay_wgrad;   /* B becomes I; W queued and drained when the stage would idle */
+    double f, i, w;    /* per-microbatch compute costs used to place W (0: 1.0) */
+    double xfer;       /* transfer time used to place W */
+    int max_pending_w; /* drain W also when more than this many are queued (0: no bound) */
+} xmp_gen_opts_t;
+
+/* Generates a schedule for `kind` over the stage graph.
+ *   GPipe: all F (mb order), then all B.
+ *   1F1B: stage i runs min(M, S-i) forwards, then alternates B and F, then
+ *         the remaining B.
+ *   eager-1F1B (AlpaComm section 4): warm-up min(M, 2(S-i)-1) forwards.
+ * 1F1B-style kinds refuse M < S. With delay_wgrad, B is replaced by I and the
+ * W actions are placed by a simulation with the option costs: a queued W runs
+ * when the stage would otherwise wait; all remaining W run before R. Transfers:
+ * receives are posted for microbatch 0 at the start and for m+1 right after
+ * the wait of m; sends start right after the producing F/I/B; a stage waits
+ * just before the F (activations) or B/I (gradients) that needs the data; the
+ * sender's own waits come before B/I of that microbatch (activations) or at
+ * the end before R (gradients). The result validates and dry-runs. */
+int xmp_sched_generate(int kind, int nstages, int nmb, int nedges, const xmp_sedge_t *edges,
+                       const xmp_gen_opts_t *opts, xmp_schedule_t **out, char *err, size_t errlen);
+/* Chain graph 0>1>...>S-1 edges into edges[0..S-2]; returns S-1. */
+int xmp_sched_chain_edges(int nstages, xmp_sedge_t *edges);
+
+/* Text form of one action into buf (always NUL-terminated); returns its length. */
+int xmp_action_format(xmp_action_t a, char *buf, size_t n);
+/* Parses one action token (see grammar); 0 or -1. */
+int xmp_action_parse(const char *tok, xmp_action_t *a);
+/* Whole schedule as text (grammar above); malloc'ed, caller frees. NULL on OOM. */
+char *xmp_sched_format(const xmp_schedule_t *s);
+int xmp_sched_fprint(const xmp_schedule_t *s, FILE *f);
+int xmp_sched_parse(const char *text, xmp_schedule_t **out, char *err, size_t errlen);
+
+/* Static checks (section "Checks before running"): edges, per stage every F
+ * has exactly one B or one I and one W (W after I, I/B after F), in-flight
+ * microbatches within max_inflight, every transfer of every (edge, dir) the
+ * stage is an endpoint of started exactly once per microbatch in microbatch
+ * order and waited once after its start, F preceded by the waits of its
+ * activations, B/I by the waits of its gradients, sends after their
+ * producers, at most one R and one O after all compute (O after R). If
+ * layer_stage is not NULL: each of the nlayers layers maps to a stage in
+ * range and every stage owns at least one layer. */
+int xmp_sched_validate(const xmp_schedule_t *s, const int *layer_stage, int nlayers, char *err,
+                       size_t errlen);
+
+/* Inputs of the timed simulator. Arrays may be NULL (zero cost). */
+typedef struct {
+    const double *f, *i, *w; /* per stage, seconds per microbatch */
+    const double *b;         /* per stage; NULL: i + w */
+    const double *xfer;      /* per plan index 2*edge+dir: seconds per transfer */
+    double r, o;             /* reduction and optimizer time, every stage */
+    int late_recv;           /* receivers start each transfer at its wait and wait at once
+                              * (driver mode "blocking"): no posting ahead */
+} xmp_sim_costs_t;
+
+typedef struct {
+    int ok;              /* 1: every stage finished; 0: deadlock (msg says where) */
+    char msg[1024];      /* deadlock report: each stuck stage and its action */
+    double step_s;       /* max finish time over stages */
+    int nstages;         /* arrays below have nstages entries */
+    double *busy_s;      /* compute time (F/B/I/W/R/O) */
+    double *bubble;      /* (step_s - busy_s) / step_s */
+    int *peak_act;       /* max microbatches with F done and B (or W) not done */
+    int *len;            /* executed actions per stage (== schedule len if ok) */
+    xmp_action_t **acts; /* executed actions (W inserted when filling) */
+    double **t0, **t1;   /* per executed action: start and end (waits: blocked span) */
+} xmp_sim_result_t;
+
+/* Timed simulation of all stages: one compute stream per stage, transfers per
+ * plan FIFO, concurrent with compute. The schedule must validate. res is
+ * filled (free with xmp_sim_result_free) even on deadlock; returns 0 when
+ * every stage finished, 1 on deadlock, -1 on bad input (err). */
+int xmp_sim_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, xmp_sim_result_t *res, char *err,
+                size_t errlen);
+void xmp_sim_result_free(xmp_sim_result_t *res);
+
+/* Deadlock dry run: simulates all action lists with blocking waits and
+ * per-plan FIFO transfers (timing-independent); late_recv as in
+ * xmp_sim_costs_t. 0: completes; 1: deadlock
+ * with the stuck actions in err; -1: bad input. */
+int xmp_sched_dryrun(const xmp_schedule_t *s, int late_recv, char *err, size_t errlen);
+
+/* Text timeline: one row per stage, `width` columns for step_s; compute
+ * actions as their letter + microbatch digits padded with '-', '.' idle.
+ * Followed by per-stage bubble and peak activation lines. */
+int xmp_sim_render(const xmp_schedule_t *s, const xmp_sim_result_t *res, int width, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* XMP_SCHEDULE_H */

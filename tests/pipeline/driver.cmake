@@ -1,0 +1,16 @@
+# Pipeline driver under mpiexec: a toy model (y = tanh(x W) per stage) over
+# 4 and 6 ranks, every schedule x delay_wgrad x comm mode checked against a
+# one-process computation; graph a also writes a Chrome trace.
+add_executable(test_pipeline_driver ${CMAKE_CURRENT_LIST_DIR}/test_driver.c)
+target_link_libraries(test_pipeline_driver PRIVATE xmesh_pipeline)
+set(XMP_DRIVER_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+foreach(spec "4;ab" "6;c")
+  list(GET spec 0 np)
+  list(GET spec 1 graphs)
+  add_test(NAME pipeline.driver.n${np}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_pipeline_driver> --graph ${graphs}
+            --trace ${CMAKE_CURRENT_BINARY_DIR}/driver_trace_n${np}.json ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.driver.n${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+    ENVIRONMENT "${XMP_DRIVER_ENV}")
+endforeach()

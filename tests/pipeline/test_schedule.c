@@ -1,0 +1,350 @@
+/* Pipeline schedules: generators, text form, validator, dry run, simulator. */
+#include "sched/schedule.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+
+static char err[2048];
+
+/* Index of the first action of `kind` (and mb if >= 0) on stage st, -1 if none. */
+static int find(const xmp_schedule_t *s, int st, int kind, int mb)
+{
+    for (int j = 0; j < s->len[st]; j++)
+        if (s->acts[st][j].kind == kind && (mb < 0 || s->acts[st][j].mb == mb))
+            return j;
+    return -1;
+}
+
+static int warmup(const xmp_schedule_t *s, int st)
+{
+    int n = 0;
+    for (int j = 0; j < s->len[st]; j++) {
+        int k = s->acts[st][j].kind;
+        if (k == XMP_ACT_B || k == XMP_ACT_I)
+            break;
+        n += k == XMP_ACT_F;
+    }
+    return n;
+}
+
+static int expected_warmup(int kind, int S, int M, int st)
+{
+    int w = kind == XMP_SCHED_GPIPE ? M : kind == XMP_SCHED_1F1B ? S - st : 2 * (S - st) - 1;
+    return w < M ? w : M;
+}
+
+static void roundtrip(const xmp_schedule_t *s)
+{
+    char *t1 = xmp_sched_format(s), *t2 = NULL;
+    xmp_schedule_t *p = NULL;
+    CHECK(t1 != NULL, "format");
+    int r = xmp_sched_parse(t1, &p, err, sizeof(err));
+    CHECK(r == 0, "parse: %s", err);
+    if (r == 0) {
+        t2 = xmp_sched_format(p);
+        CHECK(t2 && strcmp(t1, t2) == 0, "roundtrip differs:\n%s\n---\n%s", t1, t2 ? t2 : "");
+        CHECK(p->nstages == s->nstages && p->nmb == s->nmb && p->nedges == s->nedges, "dims");
+        for (int i = 0; i < s->nstages && i < p->nstages; i++) {
+            CHECK(p->len[i] == s->len[i], "stage %d len", i);
+            for (int j = 0; j < s->len[i] && j < p->len[i]; j++)
+                CHECK(memcmp(&p->acts[i][j], &s->acts[i][j], sizeof(xmp_action_t)) == 0,
+                      "stage %d action %d", i, j);
+        }
+    }
+    free(t1);
+    free(t2);
+    xmp_sched_destroy(p);
+}
+
+static void check_delay(const xmp_schedule_t *s)
+{
+    for (int st = 0; st < s->nstages; st++) {
+        int R = find(s, st, XMP_ACT_R, -1);
+        CHECK(find(s, st, XMP_ACT_B, -1) < 0, "%s stage %d has B with delay_wgrad", s->name, st);
+        for (int m = 0; m < s->nmb; m++) {
+            int i = find(s, st, XMP_ACT_I, m), w = find(s, st, XMP_ACT_W, m);
+            CHECK(i >= 0 && w > i && w < R, "%s stage %d mb %d: I at %d W at %d R at %d", s->name,
+                  st, m, i, w, R);
+        }
+    }
+}
+
+static void test_generators(void)
+{
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 13};
+    for (int S = 2; S <= 4; S++)
+        for (int mi = 0; mi < 7; mi++)
+            for (int kind = 0; kind < 3; kind++)
+                for (int dw = 0; dw < 2; dw++) {
+                    int M = Ms[mi];
+                    xmp_sedge_t edges[8];
+                    int ne = xmp_sched_chain_edges(S, edges);
+                    xmp_gen_opts_t o = {0};
+                    o.delay_wgrad = dw;
+                    xmp_schedule_t *s = NULL;
+                    int r = xmp_sched_generate(kind, S, M, ne, edges, &o, &s, err, sizeof(err));
+                    if (kind != XMP_SCHED_GPIPE && M < S) {
+                        CHECK(r != 0 && strstr(err, "M=") != NULL,
+                              "%s S=%d M=%d must be refused with a message (got '%s')",
+                              xmp_sched_kind_name(kind), S, M, err);
+                        continue;
+                    }
+                    CHECK(r == 0, "%s S=%d M=%d dw=%d: %s", xmp_sched_kind_name(kind), S, M, dw,
+                          err);
+                    if (r != 0)
+                        continue;
+                    CHECK(xmp_sched_validate(s, NULL, 0, err, sizeof(err)) == 0, "validate %s",
+                          err);
+                    CHECK(xmp_sched_dryrun(s, 0, err, sizeof(err)) == 0, "dryrun %s S=%d M=%d: %s",
+                          s->name, S, M, err);
+                    CHECK(xmp_sched_dryrun(s, 1, err, sizeof(err)) == 0,
+                          "blocking dryrun %s S=%d M=%d: %s", s->name, S, M, err);
+                    for (int st = 0; st < S; st++)
+                        CHECK(warmup(s, st) == expected_warmup(kind, S, M, st),
+                              "%s S=%d M=%d stage %d warm-up %d, expected %d", s->name, S, M, st,
+                              warmup(s, st), expected_warmup(kind, S, M, st));
+                    if (dw)
+                        check_delay(s);
+                    roundtrip(s);
+                    xmp_sched_destroy(s);
+                }
+}
+
+static void test_nonadjacent(void)
+{
+    /* 0>1, 1>2, 0>2 (skip), and a 4-stage U shape 0>1,1>2,2>3,0>3,1>2 twice. */
+    xmp_sedge_t g3[3] = {{0, 1}, {1, 2}, {0, 2}};
+    xmp_sedge_t g4[5] = {{0, 1}, {1, 2}, {2, 3}, {1, 2}, {0, 3}};
+    for (int kind = 0; kind < 3; kind++)
+        for (int dw = 0; dw < 2; dw++) {
+            xmp_gen_opts_t o = {0};
+            o.delay_wgrad = dw;
+            xmp_schedule_t *s = NULL;
+            int r = xmp_sched_generate(kind, 3, 4, 3, g3, &o, &s, err, sizeof(err));
+            CHECK(r == 0, "skip graph %d: %s", kind, err);
+            if (r != 0)
+                continue;
+            for (int m = 0; m < 4; m++) {
+                int f0 = find(s, 0, XMP_ACT_F, m);
+                int sa = -1, wa = -1, f2 = find(s, 2, XMP_ACT_F, m);
+                for (int j = 0; j < s->len[0]; j++)
+                    if (s->acts[0][j].kind == XMP_ACT_START && s->acts[0][j].edge == 2 &&
+                        s->acts[0][j].dir == XMP_DIR_ACT && s->acts[0][j].mb == m)
+                        sa = j;
+                for (int j = 0; j < s->len[2]; j++)
+                    if (s->acts[2][j].kind == XMP_ACT_WAIT && s->acts[2][j].edge == 2 &&
+                        s->acts[2][j].dir == XMP_DIR_ACT && s->acts[2][j].mb == m)
+                        wa = j;
+                CHECK(sa > f0 && wa >= 0 && wa < f2, "skip edge mb %d: F0@%d SA@%d WA@%d F2@%d", m,
+                      f0, sa, wa, f2);
+            }
+            roundtrip(s);
+            xmp_sched_destroy(s);
+            r = xmp_sched_generate(kind, 4, 6, 5, g4, &o, &s, err, sizeof(err));
+            CHECK(r == 0, "U graph %d: %s", kind, err);
+            xmp_sched_destroy(s);
+        }
+    /* bad edges are refused */
+    xmp_sedge_t bad[1] = {{1, 1}};
+    xmp_schedule_t *s = NULL;
+    CHECK(xmp_sched_generate(0, 2, 2, 1, bad, NULL, &s, err, sizeof(err)) != 0 &&
+              strstr(err, "1>1") != NULL,
+          "self edge: %s", err);
+}
+
+static double run_sim(xmp_schedule_t *s, double f, double b_i, double w, double x,
+                      xmp_sim_result_t *res)
+{
+    double cf[8], ci[8], cw[8], cx[16];
+    for (int i = 0; i < 8; i++) {
+        cf[i] = f;
+        ci[i] = b_i;
+        cw[i] = w;
+    }
+    for (int i = 0; i < 16; i++)
+        cx[i] = x;
+    xmp_sim_costs_t c;
+    memset(&c, 0, sizeof(c));
+    c.f = cf;
+    c.i = ci;
+    c.w = cw;
+    c.xfer = cx;
+    int r = xmp_sim_run(s, &c, res, err, sizeof(err));
+    CHECK(r == 0, "sim: %s %s", err, r == 1 ? res->msg : "");
+    return res->step_s;
+}
+
+static void test_sim(void)
+{
+    for (int S = 2; S <= 4; S++)
+        for (int M = S; M <= 8; M += 3)
+            for (int kind = 0; kind < 2; kind++) {
+                xmp_sedge_t edges[8];
+                int ne = xmp_sched_chain_edges(S, edges);
+                xmp_schedule_t *s = NULL;
+                if (xmp_sched_generate(kind, S, M, ne, edges, NULL, &s, err, sizeof(err)) != 0) {
+                    CHECK(0, "%s", err);
+                    continue;
+                }
+                xmp_sim_result_t res;
+                /* f = 1, b = 2 (i = 1.5, w = 0.5), no transfer time */
+                double step = run_sim(s, 1.0, 1.5, 0.5, 0.0, &res);
+                CHECK(step == (M + S - 1) * 3.0, "%s S=%d M=%d: step %.17g expected %d", s->name, S,
+                      M, step, (M + S - 1) * 3);
+                double bub = 1.0 - M * 3.0 / step;
+                CHECK(res.bubble[0] > bub - 1e-12 && res.bubble[0] < bub + 1e-12,
+                      "bubble %.17g expected %.17g", res.bubble[0], bub);
+                for (int st = 0; st < S; st++)
+                    CHECK(res.peak_act[st] == expected_warmup(kind, S, M, st),
+                          "%s stage %d peak %d", s->name, st, res.peak_act[st]);
+                xmp_sim_result_free(&res);
+                xmp_sched_destroy(s);
+            }
+    /* S=2 M=1 GPipe, f=1 b=2 x=0.5: F0 [0,1] A [1,1.5] F0 [1.5,2.5] B0 [2.5,4.5]
+     * G [4.5,5] B0 [5,7]. */
+    xmp_sedge_t e1[1] = {{0, 1}};
+    xmp_schedule_t *s = NULL;
+    CHECK(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 1, 1, e1, NULL, &s, err, sizeof(err)) == 0, "%s",
+          err);
+    xmp_sim_result_t res;
+    double step = run_sim(s, 1.0, 1.5, 0.5, 0.5, &res);
+    CHECK(step == 7.0, "step %.17g expected 7", step);
+    CHECK(res.busy_s[0] == 3.0 && res.busy_s[1] == 3.0, "busy %g %g", res.busy_s[0], res.busy_s[1]);
+    xmp_sim_result_free(&res);
+    xmp_sched_destroy(s);
+    /* Two microbatches serialize on one plan: S=2 M=2 GPipe, f=1, b=2, x=3:
+     * stage 0 F0 [0,1] F1 [1,2]; A0 [1,4]; A1 [4,7] (FIFO, not [2,5]);
+     * stage 1 F0 [4,5] F1 [7,8] B0 [8,10] B1 [10,12]; G0 [10,13] G1 [13,16];
+     * stage 0 B0 [13,15] B1 [16,18]. */
+    CHECK(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 2, 1, e1, NULL, &s, err, sizeof(err)) == 0, "%s",
+          err);
+    step = run_sim(s, 1.0, 1.5, 0.5, 3.0, &res);
+    CHECK(step == 18.0, "FIFO step %.17g expected 18", step);
+    xmp_sim_result_free(&res);
+    xmp_sched_destroy(s);
+
+    /* eager-1F1B holds at least as many activations as 1F1B, and hides transfers */
+    for (int S = 2; S <= 4; S++) {
+        xmp_sedge_t edges[8];
+        int ne = xmp_sched_chain_edges(S, edges);
+        xmp_schedule_t *a = NULL, *b = NULL;
+        xmp_sched_generate(XMP_SCHED_1F1B, S, 8, ne, edges, NULL, &a, err, sizeof(err));
+        xmp_sched_generate(XMP_SCHED_EAGER_1F1B, S, 8, ne, edges, NULL, &b, err, sizeof(err));
+        xmp_sim_result_t ra, rb;
+        double sa = run_sim(a, 1.0, 1.0, 1.0, 0.5, &ra);
+        double sb = run_sim(b, 1.0, 1.0, 1.0, 0.5, &rb);
+        for (int st = 0; st < S; st++)
+            CHECK(rb.peak_act[st] >= ra.peak_act[st], "S=%d stage %d eager peak %d < 1f1b %d", S,
+                  st, rb.peak_act[st], ra.peak_act[st]);
+        CHECK(sb <= sa, "S=%d eager step %g > 1f1b %g with transfers", S, sb, sa);
+        if (S == 4) {
+            printf("1F1B vs eager-1F1B, S=4 M=8 f=i=w=1 x=0.5:\n");
+            xmp_sim_render(a, &ra, 72, stdout);
+            xmp_sim_render(b, &rb, 72, stdout);
+        }
+        xmp_sim_result_free(&ra);
+        xmp_sim_result_free(&rb);
+        xmp_sched_destroy(a);
+        xmp_sched_destroy(b);
+    }
+}
+
+static void test_checks(void)
+{
+    /* deadlock: stage 0 waits for the gradient before its first forward */
+    const char *dl = "schedule dead S=2 M=1 edges=0>1\n"
+                     "s0 inflight<=1: SG0.e0 WG0.e0 F0 SA0.e0 WA0.e0 B0 R O\n"
+                     "s1 inflight<=1: SA0.e0 WA0.e0 F0 B0 SG0.e0 WG0.e0 R O\n";
+    xmp_schedule_t *s = NULL;
+    CHECK(xmp_sched_parse(dl, &s, err, sizeof(err)) == 0, "%s", err);
+    if (s) {
+        CHECK(xmp_sched_validate(s, NULL, 0, err, sizeof(err)) == 0, "%s", err);
+        int r = xmp_sched_dryrun(s, 0, err, sizeof(err));
+        CHECK(r == 1 && strstr(err, "stage 0 stuck at action 1 'WG0.e0'") &&
+                  strstr(err, "stage 1 stuck at action 1 'WA0.e0'"),
+              "deadlock report: %d %s", r, err);
+        xmp_sched_destroy(s);
+    }
+    struct {
+        const char *text, *want;
+    } bad[] = {
+        {"schedule x S=1 M=2 edges=-\ns0 inflight<=2: F0 F1 B0 R O\n", "B1"},
+        {"schedule x S=1 M=1 edges=-\ns0 inflight<=1: F0 W0 I0 R O\n", "W before I0"},
+        {"schedule x S=1 M=1 edges=-\ns0 inflight<=1: B0 F0 R O\n", "before F0"},
+        {"schedule x S=1 M=2 edges=-\ns0 inflight<=1: F0 F1 B0 B1 R O\n", "bound is 1"},
+        {"schedule x S=1 M=1 edges=-\ns0 inflight<=1: F0 R B0 O\n", "after R"},
+        {"schedule x S=2 M=1 edges=0>1\ns0 inflight<=1: F0 SA0.e0 WA0.e0 SG0.e0 WG0.e0 B0 R O\n"
+         "s1 inflight<=1: SA0.e0 F0 WA0.e0 B0 SG0.e0 WG0.e0 R O\n",
+         "no WA0.e0 before"},
+        {"schedule x S=2 M=1 edges=0>1\ns0 inflight<=1: WA0.e0 F0 SA0.e0 SG0.e0 WG0.e0 B0 R O\n"
+         "s1 inflight<=1: SA0.e0 WA0.e0 F0 B0 SG0.e0 WG0.e0 R O\n",
+         "wait before start"},
+        {"schedule x S=2 M=2 edges=0>1\ns0 inflight<=2: F0 F1 SA1.e0 SA0.e0 R O\n"
+         "s1 inflight<=2: R O\n",
+         "microbatch order"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        s = NULL;
+        int r = xmp_sched_parse(bad[i].text, &s, err, sizeof(err));
+        CHECK(r == 0, "case %zu parse: %s", i, err);
+        if (r != 0)
+            continue;
+        err[0] = '\0';
+        CHECK(xmp_sched_validate(s, NULL, 0, err, sizeof(err)) != 0 && strstr(err, bad[i].want),
+              "case %zu: want '%s', got '%s'", i, bad[i].want, err);
+        xmp_sched_destroy(s);
+    }
+    /* parse errors name the bad token */
+    CHECK(xmp_sched_parse("schedule x S=1 M=1 edges=-\ns0 inflight<=1: F0 Q7\n", &s, err,
+                          sizeof(err)) != 0 &&
+              strstr(err, "'Q7'"),
+          "bad token: %s", err);
+    /* layer map */
+    xmp_sedge_t e1[1] = {{0, 1}};
+    CHECK(xmp_sched_generate(XMP_SCHED_1F1B, 2, 2, 1, e1, NULL, &s, err, sizeof(err)) == 0, "%s",
+          err);
+    int good[4] = {0, 0, 1, 1}, out[4] = {0, 0, 2, 1}, empty[4] = {0, 0, 0, 0};
+    CHECK(xmp_sched_validate(s, good, 4, err, sizeof(err)) == 0, "%s", err);
+    CHECK(xmp_sched_validate(s, out, 4, err, sizeof(err)) != 0 && strstr(err, "layer 2"), "%s",
+          err);
+    CHECK(xmp_sched_validate(s, empty, 4, err, sizeof(err)) != 0 && strstr(err, "stage 1"), "%s",
+          err);
+    xmp_sched_destroy(s);
+    /* kinds */
+    CHECK(xmp_sched_kind_parse("eager-1f1b") == XMP_SCHED_EAGER_1F1B, "kind");
+    CHECK(xmp_sched_kind_parse("nope") == -1, "kind");
+}
+
+int main(void)
+{
+    test_generators();
+    test_nonadjacent();
+    test_sim();
+    test_checks();
+    xmp_sedge_t e[1] = {{0, 1}};
+    xmp_schedule_t *s = NULL;
+    xmp_gen_opts_t o = {0};
+    o.delay_wgrad = 1;
+    if (xmp_sched_generate(XMP_SCHED_EAGER_1F1B, 2, 4, 1, e, &o, &s, err, sizeof(err)) == 0) {
+        xmp_sched_fprint(s, stdout);
+        xmp_sched_destroy(s);
+    }
+    if (failures) {
+        fprintf(stderr, "%d failures\n", failures);
+        return 1;
+    }
+    printf("all schedule tests passed\n");
+    return 0;
+}
