@@ -53,7 +53,7 @@ static void ut_defaults(ut_opts_t *o)
     o->momentum = 0.9f;
     o->sigma = 0.3f;
     o->seed = 1234;
-    o->stages = 1;
+    o->stages = 0; /* unset: the layout's count, else 1 */
     o->microbatches = 1;
     o->schedule = XMP_SCHED_1F1B;
     o->comm = XMP_COMM_BROADCAST;
@@ -167,6 +167,11 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
         if (t[k].sp)
             *t[k].sp = v;
     }
+    if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
+        return xmp_cli_error("--check-serial with --comm signal: signal mode moves no data, so "
+                             "its losses cannot match the serial reference");
+    if (o->stages == 0 && !o->layout)
+        o->stages = 1;
     if (o->batch % o->microbatches != 0)
         return xmp_cli_error("--batch %d is not a multiple of --microbatches %d", o->batch,
                              o->microbatches);
