@@ -11,4 +11,7 @@ int xmp_cmd_gpt(int argc, char **argv);
 /* Byte-level tokenizer to llm.c token files (apps/cmd_tokenize.c). */
 int xmp_cmd_tokenize(int argc, char **argv);
 
+/* U-Transformer training: `xmesh-train utransformer` (apps/train_utransformer.c). */
+int xmp_train_utransformer_main(int argc, char **argv);
+
 #endif /* XMP_APPS_COMMANDS_H */

@@ -10,6 +10,8 @@ static const struct {
     const char *help;
 } g_commands[] = {
     {"gpt", xmp_cmd_gpt, "train GPT-2 (llm.c semantics); --serial for one process"},
+    {"utransformer", xmp_train_utransformer_main,
+     "train the U-Transformer on synthetic shapes; --serial or MPI pipeline"},
     {"tokenize", xmp_cmd_tokenize, "byte-level tokenizer writing llm.c token files"},
 };
 

@@ -1,0 +1,854 @@
+/*
+ * `xmesh-train utransformer`: the U-Transformer (models/utransformer.h) on the synthetic shapes
+ * denoising task (models/shapes_data.h), L2 loss, SGD with Nesterov momentum.
+ *
+ *   --serial      one process, the reference (xmp_ut_model_*)
+ *   otherwise     MPI pipeline: the 13 layers split into stages (models/stage_layout.h), each
+ *                 stage on its own dp x tp mesh, run by the pipeline driver (pipe/driver.h).
+ *
+ * Stage graph: every tensor crossing a stage boundary is one edge with its own xmesh plans: the
+ * main activation between consecutive layers on different stages, and each long skip
+ * (down_i -> up_(5-i)) whose producer and consumer sit on different stages. Edge tensors are
+ * (micro-batch, c, h, w) f32 in layout "S(0),B" on the producer's and the consumer's dp x tp mesh
+ * (split over the data-parallel axis), so a skip can go from a dp=2 mesh to a dp=1 mesh. The
+ * conditioning sequence is NOT an edge: every rank generates the images, targets and
+ * conditioning of its own slice from (seed, step, global image index).
+ *
+ * Data parallel inside a stage: rank d of the stage's dp axis runs images
+ * [d * mb/dp, (d+1) * mb/dp) of each micro-batch; the loss and its gradient use the global
+ * element count, so parameter gradients summed over the dp axis (MPI_Allreduce in R) and over
+ * micro-batches equal the serial gradient. Tensor parallelism (--stage-tp > 1) is refused.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "models/shapes_data.h"
+#include "models/stage_layout.h"
+#include "models/utransformer.h"
+#include "nn/unet_kernels.h"
+#include "pipe/driver.h"
+
+typedef struct {
+    int serial, base, groups, head_dim, batch, steps, blas_threads, no_progress;
+    float lr, momentum, wd, sigma;
+    uint64_t seed;
+    const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp;
+    int stages, microbatches, schedule, delay_wgrad, comm, print_schedule, check_serial;
+} ut_opts_t;
+
+static void ut_defaults(ut_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->base = 8;
+    o->batch = 8;
+    o->steps = 200;
+    o->blas_threads = 1;
+    o->lr = 0.05f;
+    o->momentum = 0.9f;
+    o->sigma = 0.3f;
+    o->seed = 1234;
+    o->stages = 0; /* unset: the layout's count, else 1 */
+    o->microbatches = 1;
+    o->schedule = XMP_SCHED_1F1B;
+    o->comm = XMP_COMM_BROADCAST;
+}
+
+static void ut_usage(void)
+{
+    printf("usage: xmesh-train utransformer [--serial] [flags]   (MPI pipeline without --serial)\n"
+           "model:\n"
+           "  --base-channels C (8)  levels C,2C,4C,4C; conditioning 16 tokens x 4C\n"
+           "  --groups G (4 if it divides C, else 1)  --head-dim D (C)  --seed N (1234)\n"
+           "data / training:\n"
+           "  --batch B (8) --steps N (200) --lr (0.05) --momentum (0.9) --weight-decay (0)\n"
+           "  --noise SIGMA (0.3)\n"
+           "pipeline (same as xmesh-train gpt):\n"
+           "  --stages N (1)  --layout STR  --stage-mesh RxC,..  --stage-dp N,..  --stage-tp N,..\n"
+           "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b (1f1b)  --delay-wgrad\n"
+           "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
+           "  --trace FILE  --print-schedule\n"
+           "  --check-serial     rank 0 also runs the serial reference and fails unless every\n"
+           "                     step's loss matches (1e-5 relative to step 5, 1e-4 to step 10)\n"
+           "output:\n"
+           "  --json FILE  --no-progress  --blas-threads N (1)\n");
+}
+
+static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            ut_usage();
+            return 1;
+        }
+        const struct {
+            const char *flag;
+            int *flagp;
+        } sw[] = {{"--serial", &o->serial},
+                  {"--no-progress", &o->no_progress},
+                  {"--delay-wgrad", &o->delay_wgrad},
+                  {"--print-schedule", &o->print_schedule},
+                  {"--check-serial", &o->check_serial}};
+        size_t k;
+        for (k = 0; k < sizeof sw / sizeof sw[0]; k++)
+            if (!strcmp(a, sw[k].flag))
+                break;
+        if (k < sizeof sw / sizeof sw[0]) {
+            *sw[k].flagp = 1;
+            continue;
+        }
+        const struct {
+            const char *flag;
+            int *ip;
+            long lo, hi;
+            float *fp;
+            double flo, fhi;
+            const char **sp;
+        } t[] = {
+            {"--base-channels", &o->base, 1, 1024, NULL, 0, 0, NULL},
+            {"--groups", &o->groups, 1, 1024, NULL, 0, 0, NULL},
+            {"--head-dim", &o->head_dim, 1, 1024, NULL, 0, 0, NULL},
+            {"--batch", &o->batch, 1, 1 << 16, NULL, 0, 0, NULL},
+            {"--steps", &o->steps, 1, 1 << 30, NULL, 0, 0, NULL},
+            {"--blas-threads", &o->blas_threads, 1, 1024, NULL, 0, 0, NULL},
+            {"--stages", &o->stages, 1, XMP_UT_LAYERS, NULL, 0, 0, NULL},
+            {"--microbatches", &o->microbatches, 1, 1 << 16, NULL, 0, 0, NULL},
+            {"--lr", NULL, 0, 0, &o->lr, 0.0, 10.0, NULL},
+            {"--momentum", NULL, 0, 0, &o->momentum, 0.0, 0.999999, NULL},
+            {"--weight-decay", NULL, 0, 0, &o->wd, 0.0, 10.0, NULL},
+            {"--noise", NULL, 0, 0, &o->sigma, 0.0, 100.0, NULL},
+            {"--json", NULL, 0, 0, NULL, 0, 0, &o->json},
+            {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
+            {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
+            {"--stage-mesh", NULL, 0, 0, NULL, 0, 0, &o->stage_mesh},
+            {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
+            {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
+        };
+        size_t nt = sizeof t / sizeof t[0];
+        for (k = 0; k < nt; k++)
+            if (!strcmp(a, t[k].flag))
+                break;
+        if (k == nt) {
+            if (!strcmp(a, "--seed")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)) || xmp_cli_u64(a, v, &o->seed) != 0)
+                    return -1;
+                continue;
+            }
+            if (!strcmp(a, "--schedule")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
+                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b or eager-1f1b", v);
+                continue;
+            }
+            if (!strcmp(a, "--comm")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if ((o->comm = xmp_comm_mode_parse(v)) < 0)
+                    return xmp_cli_error("--comm '%s': expected broadcast, sendrecv, "
+                                         "sendrecv-allgather, blocking or signal",
+                                         v);
+                continue;
+            }
+            return xmp_cli_error("unknown flag '%s' (see --help)", a);
+        }
+        if (!(v = xmp_cli_value(argc, argv, &i)))
+            return -1;
+        if (t[k].ip && xmp_cli_int(a, v, t[k].lo, t[k].hi, t[k].ip) != 0)
+            return -1;
+        if (t[k].fp && xmp_cli_float(a, v, t[k].flo, t[k].fhi, t[k].fp) != 0)
+            return -1;
+        if (t[k].sp)
+            *t[k].sp = v;
+    }
+    if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
+        return xmp_cli_error("--check-serial with --comm signal: signal mode moves no data, so "
+                             "its losses cannot match the serial reference");
+    if (o->stages == 0 && !o->layout)
+        o->stages = 1;
+    if (o->batch % o->microbatches != 0)
+        return xmp_cli_error("--batch %d is not a multiple of --microbatches %d", o->batch,
+                             o->microbatches);
+    return 0;
+}
+
+/* ---- step records: JSON, progress bar, summary (rank 0 only in the pipeline) ---- */
+
+typedef struct {
+    const ut_opts_t *o;
+    xmp_json_t json;
+    xmp_progress_t bar;
+    double first, last, t0, *ips;
+    int n;
+} ut_log_t;
+
+static int ut_log_open(ut_log_t *s, const ut_opts_t *o, const xmp_ut_config_t *c, size_t nparams,
+                       const char *mode, const xmp_stage_layout_t *lay)
+{
+    memset(s, 0, sizeof *s);
+    s->o = o;
+    if (!(s->ips = calloc((size_t)o->steps, sizeof(double))))
+        return xmp_cli_error("out of memory");
+    if (o->json) {
+        if (xmp_json_open(&s->json, o->json) != 0)
+            return -1;
+        xmp_json_t *j = &s->json;
+        xmp_json_obj_begin(j, NULL);
+        xmp_json_str(j, "command", "utransformer");
+        xmp_json_str(j, "mode", mode);
+        xmp_json_obj_begin(j, "model");
+        xmp_json_int(j, "base_channels", c->base);
+        xmp_json_int(j, "groups", c->groups);
+        xmp_json_int(j, "head_dim", c->head_dim);
+        xmp_json_int(j, "cond_tokens", XMP_UT_TOKENS);
+        xmp_json_int(j, "cond_dim", c->cond_dim);
+        xmp_json_int(j, "layers", XMP_UT_LAYERS);
+        xmp_json_int(j, "num_parameters", (long long)nparams);
+        xmp_json_int(j, "seed", (long long)o->seed);
+        xmp_json_obj_end(j);
+        xmp_json_obj_begin(j, "train");
+        xmp_json_str(j, "data", "synthetic shapes 32x32, denoise + mask");
+        xmp_json_f32(j, "noise", o->sigma);
+        xmp_json_int(j, "batch", o->batch);
+        xmp_json_int(j, "steps", o->steps);
+        xmp_json_f32(j, "lr", o->lr);
+        xmp_json_f32(j, "momentum", o->momentum);
+        xmp_json_f32(j, "weight_decay", o->wd);
+        xmp_json_obj_end(j);
+        if (lay) {
+            char buf[512];
+            xmp_stage_layout_format(lay, buf, sizeof buf);
+            xmp_json_obj_begin(j, "pipeline");
+            xmp_json_int(j, "stages", lay->nstages);
+            xmp_json_str(j, "layout", buf);
+            xmp_json_int(j, "microbatches", o->microbatches);
+            xmp_json_str(j, "schedule", xmp_sched_kind_name(o->schedule));
+            xmp_json_bool(j, "delay_wgrad", o->delay_wgrad);
+            xmp_json_str(j, "comm", xmp_comm_mode_name(o->comm));
+            xmp_json_arr_begin(j, "stage_meshes");
+            for (int si = 0; si < lay->nstages; si++) {
+                snprintf(buf, sizeof buf, "%dx%d@%d", lay->dp[si], lay->tp[si], lay->rank0[si]);
+                xmp_json_str(j, NULL, buf);
+            }
+            xmp_json_arr_end(j);
+            xmp_json_obj_end(j);
+        }
+        xmp_json_arr_begin(j, "steps");
+    }
+    xmp_progress_init(&s->bar, o->steps, o->no_progress);
+    s->t0 = xmp_now();
+    return 0;
+}
+
+static void ut_log_record(ut_log_t *s, int step, double loss, double seconds)
+{
+    double ips = seconds > 0 ? s->o->batch / seconds : 0.0;
+    if (s->n == 0)
+        s->first = loss;
+    s->last = loss;
+    s->ips[s->n++] = ips;
+    if (s->o->json) {
+        xmp_json_obj_begin(&s->json, NULL);
+        xmp_json_int(&s->json, "step", step);
+        xmp_json_num(&s->json, "loss", loss);
+        xmp_json_num(&s->json, "step_seconds", seconds);
+        xmp_json_num(&s->json, "images_per_s", ips);
+        xmp_json_obj_end(&s->json);
+    }
+    xmp_progress_update(&s->bar, step + 1, loss, ips);
+}
+
+static int ut_log_close(ut_log_t *s, int ok, const char *mode)
+{
+    double total = xmp_now() - s->t0, med = 0, mn = 0, mx = 0;
+    int rc = 0;
+    xmp_progress_finish(&s->bar);
+    if (s->n)
+        xmp_stats(s->ips, (size_t)s->n, &med, &mn, &mx);
+    if (s->o->json) {
+        xmp_json_arr_end(&s->json);
+        xmp_json_obj_begin(&s->json, "summary");
+        xmp_json_bool(&s->json, "completed", ok);
+        xmp_json_int(&s->json, "steps_done", s->n);
+        xmp_json_num(&s->json, "first_loss", s->n ? s->first : NAN);
+        xmp_json_num(&s->json, "final_loss", s->n ? s->last : NAN);
+        xmp_json_num(&s->json, "total_seconds", total);
+        xmp_json_num(&s->json, "images_per_s_median", med);
+        xmp_json_obj_end(&s->json);
+        xmp_json_obj_end(&s->json);
+        rc = xmp_json_close(&s->json);
+    }
+    if (s->n)
+        printf("utransformer %s: %d steps B=%d C=%d, loss %.5f -> %.5f, %.1f images/s median, "
+               "%.2f s\n",
+               mode, s->n, s->o->batch, s->o->base, s->first, s->last, med, total);
+    free(s->ips);
+    return rc;
+}
+
+/* ---- serial reference ---- */
+
+/* Runs `steps` serial steps; losses[] (may be NULL) receives each loss; log may be NULL. */
+static int serial_losses(const ut_opts_t *o, const xmp_ut_config_t *c, double *losses,
+                         ut_log_t *log, int open_log)
+{
+    xmp_ut_model_t m;
+    xmp_shapes_t sh;
+    int ok = 0;
+    if (xmp_ut_model_init(&m, c, o->batch, o->seed) != 0)
+        return xmp_cli_error("model: %s", xmp_ut_last_error());
+    if (xmp_shapes_init(&sh, o->seed, c->cond_dim, o->sigma) != 0) {
+        xmp_ut_model_free(&m);
+        return xmp_cli_error("data: %s", xmp_ut_last_error());
+    }
+    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
+    float *in = malloc((B * 7 * HW + B * XMP_UT_TOKENS * (size_t)c->cond_dim) * sizeof(float));
+    if (!in)
+        goto out;
+    float *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
+    if (open_log && ut_log_open(log, o, c, m.layout.total, "serial", NULL) != 0)
+        goto out_in;
+    for (int step = 0; step < o->steps; step++) {
+        double t0 = xmp_now();
+        xmp_shapes_batch(&sh, step, o->batch, 0, o->batch, in, tg, cond);
+        if (xmp_ut_model_forward(&m, in, cond, tg) != 0 || xmp_ut_model_backward(&m, tg) != 0 ||
+            xmp_ut_model_update(&m, o->lr, o->momentum, o->wd) != 0) {
+            xmp_cli_error("step %d: %s", step, xmp_ut_last_error());
+            break;
+        }
+        if (losses)
+            losses[step] = m.loss;
+        if (log)
+            ut_log_record(log, step, m.loss, xmp_now() - t0);
+        if (!isfinite(m.loss)) {
+            xmp_cli_error("loss is %g at step %d", m.loss, step);
+            break;
+        }
+        ok = step == o->steps - 1;
+    }
+    if (open_log && ut_log_close(log, ok, "serial") != 0)
+        ok = 0;
+out_in:
+    free(in);
+out:
+    xmp_shapes_free(&sh);
+    xmp_ut_model_free(&m);
+    return ok ? 0 : -1;
+}
+
+/* ---- pipeline stage ---- */
+
+enum { T_MAIN = 0, T_SKIP = 1 };
+
+typedef struct {
+    int layer, what;               /* tensor: main output or skip output of layer */
+    int pos_src, pos_dst;          /* index among the producer's out-edges / consumer's in-edges */
+    size_t floats_src, floats_dst; /* local floats on the producer / consumer rank */
+} ut_edge_t;
+
+typedef struct {
+    const ut_opts_t *o;
+    xmp_ut_config_t cfg;
+    xmp_ut_params_t lay;
+    const xmp_stage_layout_t *sl;
+    int stage, first, last, dpi, dp, nloc, mbs, M;
+    long step;
+    MPI_Comm dpcomm;
+    float *params, *grads, *vel;
+    xmp_shapes_t sh;
+    int nedges;
+    ut_edge_t e[2 * XMP_UT_LAYERS];
+    /* per layer l and micro-batch m: index l*M + m */
+    xmp_ut_layer_t **L;
+    float **act, **dact, **skip, **dskip;
+    float **input, **cond, **target; /* per micro-batch */
+} ut_stage_t;
+
+static size_t chw_floats(const int chw[3])
+{
+    return (size_t)chw[0] * chw[1] * chw[2];
+}
+
+/* Stage graph edges in producer-layer order: main before skip for the same layer. */
+static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, int mbs,
+                       ut_edge_t *e, xmp_edge_cfg_t *ec, xmp_sedge_t *se)
+{
+    int n = 0, nout[XMP_MAX_STAGES] = {0}, nin[XMP_MAX_STAGES] = {0};
+    for (int l = 0; l < XMP_UT_LAYERS; l++)
+        for (int what = T_MAIN; what <= T_SKIP; what++) {
+            int dst = what == T_MAIN ? (l + 1 < XMP_UT_LAYERS ? l + 1 : -1) : xmp_ut_skip_dest(l);
+            if (dst < 0 || sl->stage_of[dst] == sl->stage_of[l])
+                continue;
+            int s = sl->stage_of[l], d = sl->stage_of[dst], chw[3];
+            if (what == T_MAIN)
+                xmp_ut_layer_out_shape(c, l, chw);
+            else
+                xmp_ut_layer_skip_shape(c, l, chw);
+            e[n].layer = l;
+            e[n].what = what;
+            e[n].floats_src = chw_floats(chw) * (size_t)(mbs / sl->dp[s]);
+            e[n].floats_dst = chw_floats(chw) * (size_t)(mbs / sl->dp[d]);
+            memset(&ec[n], 0, sizeof ec[n]);
+            ec[n].src = s;
+            ec[n].dst = d;
+            ec[n].ndim = 4;
+            ec[n].shape[0] = mbs;
+            for (int k = 0; k < 3; k++)
+                ec[n].shape[k + 1] = chw[k];
+            ec[n].dtype = XMESH_F32;
+            ec[n].src_spec = ec[n].dst_spec = "S(0),B";
+            se[n].src = s;
+            se[n].dst = d;
+            n++;
+        }
+    /* positions: edges are numbered in increasing id per stage */
+    for (int k = 0; k < n; k++) {
+        e[k].pos_src = nout[se[k].src]++;
+        e[k].pos_dst = nin[se[k].dst]++;
+    }
+    return n;
+}
+
+#define IX(st, l, m) ((size_t)(l) * (size_t)(st)->M + (size_t)(m))
+
+static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
+{
+    ut_stage_t *st = u;
+    const int first_img = mb * st->mbs + st->dpi * st->nloc;
+    const size_t HW = XMP_UT_IMG * XMP_UT_IMG;
+    int need_cond = 0;
+    for (int l = st->first; l <= st->last; l++)
+        need_cond |= xmp_ut_layer_uses_cond(&st->cfg, l);
+    xmp_shapes_batch(
+        &st->sh, st->step, st->o->batch, first_img, st->nloc, st->first == 0 ? st->input[mb] : NULL,
+        st->last == XMP_UT_CONV_OUT ? st->target[mb] : NULL, need_cond ? st->cond[mb] : NULL);
+    const float *x = st->first == 0 ? st->input[mb] : NULL;
+    for (int k = 0; k < st->nedges; k++)
+        if (st->sl->stage_of[st->e[k].layer] != st->stage && st->e[k].what == T_MAIN &&
+            st->e[k].layer == st->first - 1)
+            x = in[st->e[k].pos_dst];
+    for (int l = st->first; l <= st->last; l++) {
+        const float *skin = NULL;
+        int src = xmp_ut_skip_source(l);
+        if (src >= 0) {
+            if (st->sl->stage_of[src] == st->stage)
+                skin = st->skip[IX(st, src, mb)];
+            else
+                for (int k = 0; k < st->nedges; k++)
+                    if (st->e[k].what == T_SKIP && st->e[k].layer == src)
+                        skin = in[st->e[k].pos_dst];
+        }
+        if (xmp_ut_layer_forward(st->L[IX(st, l, mb)], st->params + st->lay.layer_offset[l], x,
+                                 skin, st->cond[mb], st->act[IX(st, l, mb)],
+                                 st->skip[IX(st, l, mb)]) != 0) {
+            fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
+            return 1;
+        }
+        x = st->act[IX(st, l, mb)];
+        xmp_driver_progress(NULL);
+    }
+    for (int k = 0; k < st->nedges; k++) {
+        const ut_edge_t *e = &st->e[k];
+        if (st->sl->stage_of[e->layer] != st->stage)
+            continue;
+        const float *v =
+            e->what == T_MAIN ? st->act[IX(st, e->layer, mb)] : st->skip[IX(st, e->layer, mb)];
+        memcpy(out[e->pos_src], v, e->floats_src * sizeof(float));
+    }
+    if (st->last == XMP_UT_CONV_OUT) {
+        double l = 0;
+        size_t cnt = (size_t)st->nloc * XMP_UT_OUT_CH * HW;
+        xmp_unet_mse_forward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW,
+                             st->act[IX(st, st->last, mb)], st->target[mb], &l);
+        *loss += l;
+    }
+    return 0;
+}
+
+static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *gin)
+{
+    ut_stage_t *st = u;
+    const size_t HW = XMP_UT_IMG * XMP_UT_IMG;
+    for (int l = st->first; l <= st->last; l++) {
+        size_t o = xmp_ut_layer_out_floats(st->L[IX(st, l, mb)]);
+        size_t s = xmp_ut_layer_skip_out_floats(st->L[IX(st, l, mb)]);
+        memset(st->dact[IX(st, l, mb)], 0, o * sizeof(float));
+        if (s)
+            memset(st->dskip[IX(st, l, mb)], 0, s * sizeof(float));
+    }
+    for (int k = 0; k < st->nedges; k++) {
+        const ut_edge_t *e = &st->e[k];
+        if (st->sl->stage_of[e->layer] == st->stage) /* my out-edge: gradient arrives */
+            memcpy(e->what == T_MAIN ? st->dact[IX(st, e->layer, mb)]
+                                     : st->dskip[IX(st, e->layer, mb)],
+                   gout[e->pos_src], e->floats_src * sizeof(float));
+        else if (st->sl->stage_of[e->what == T_MAIN ? e->layer + 1 : xmp_ut_skip_dest(e->layer)] ==
+                 st->stage)
+            memset(gin[e->pos_dst], 0, e->floats_dst * sizeof(float));
+    }
+    if (st->last == XMP_UT_CONV_OUT) {
+        size_t cnt = (size_t)st->nloc * XMP_UT_OUT_CH * HW;
+        xmp_unet_mse_backward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW,
+                              st->act[IX(st, st->last, mb)], st->target[mb],
+                              st->dact[IX(st, st->last, mb)]);
+    }
+    for (int l = st->last; l >= st->first; l--) {
+        float *dx = NULL, *dsk = NULL;
+        if (l > st->first)
+            dx = st->dact[IX(st, l - 1, mb)];
+        int src = xmp_ut_skip_source(l);
+        for (int k = 0; k < st->nedges; k++) {
+            const ut_edge_t *e = &st->e[k];
+            if (l == st->first && e->what == T_MAIN && e->layer == l - 1)
+                dx = gin[e->pos_dst];
+            if (src >= 0 && e->what == T_SKIP && e->layer == src)
+                dsk = gin[e->pos_dst];
+        }
+        if (src >= 0 && st->sl->stage_of[src] == st->stage)
+            dsk = st->dskip[IX(st, src, mb)];
+        if (xmp_ut_layer_backward_input(st->L[IX(st, l, mb)], st->params + st->lay.layer_offset[l],
+                                        st->dact[IX(st, l, mb)], st->dskip[IX(st, l, mb)], dx,
+                                        dsk) != 0) {
+            fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
+            return 1;
+        }
+        xmp_driver_progress(NULL);
+    }
+    return 0;
+}
+
+static int ut_bwd_weight(void *u, int mb)
+{
+    ut_stage_t *st = u;
+    for (int l = st->last; l >= st->first; l--)
+        if (xmp_ut_layer_backward_weight(st->L[IX(st, l, mb)],
+                                         st->grads + st->lay.layer_offset[l]) != 0) {
+            fprintf(stderr, "stage %d weight mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
+            return 1;
+        }
+    return 0;
+}
+
+static size_t stage_off(const ut_stage_t *st)
+{
+    return st->lay.layer_offset[st->first];
+}
+static size_t stage_cnt(const ut_stage_t *st)
+{
+    return st->lay.layer_offset[st->last] + st->lay.layer_count[st->last] - stage_off(st);
+}
+
+static int ut_reduce(void *u)
+{
+    ut_stage_t *st = u;
+    if (st->dp == 1)
+        return 0;
+    return MPI_Allreduce(MPI_IN_PLACE, st->grads + stage_off(st), (int)stage_cnt(st), MPI_FLOAT,
+                         MPI_SUM, st->dpcomm) != MPI_SUCCESS;
+}
+
+static int ut_opt(void *u)
+{
+    ut_stage_t *st = u;
+    size_t off = stage_off(st), n = stage_cnt(st);
+    int rc = xmp_unet_sgd_nesterov(n, st->o->lr, st->o->momentum, st->o->wd, st->params + off,
+                                   st->vel + off, st->grads + off);
+    memset(st->grads + off, 0, n * sizeof(float));
+    return rc != 0;
+}
+
+static void stage_free(ut_stage_t *st)
+{
+    if (st->L)
+        for (size_t i = 0; i < (size_t)XMP_UT_LAYERS * st->M; i++) {
+            xmp_ut_layer_destroy(st->L[i]);
+            free(st->act[i]);
+            free(st->dact[i]);
+            free(st->skip[i]);
+            free(st->dskip[i]);
+        }
+    if (st->input)
+        for (int m = 0; m < st->M; m++) {
+            free(st->input[m]);
+            free(st->cond[m]);
+            free(st->target[m]);
+        }
+    free(st->L);
+    free(st->act);
+    free(st->dact);
+    free(st->skip);
+    free(st->dskip);
+    free(st->input);
+    free(st->cond);
+    free(st->target);
+    free(st->params);
+    free(st->grads);
+    free(st->vel);
+    xmp_shapes_free(&st->sh);
+}
+
+static int stage_init(ut_stage_t *st)
+{
+    const size_t HW = XMP_UT_IMG * XMP_UT_IMG, NL = (size_t)XMP_UT_LAYERS * st->M;
+    const size_t nl = (size_t)st->nloc;
+    size_t P = st->lay.total;
+    st->params = malloc(P * sizeof(float));
+    st->grads = calloc(P, sizeof(float));
+    st->vel = calloc(P, sizeof(float));
+    st->L = calloc(NL, sizeof *st->L);
+    st->act = calloc(NL, sizeof(float *));
+    st->dact = calloc(NL, sizeof(float *));
+    st->skip = calloc(NL, sizeof(float *));
+    st->dskip = calloc(NL, sizeof(float *));
+    st->input = calloc((size_t)st->M, sizeof(float *));
+    st->cond = calloc((size_t)st->M, sizeof(float *));
+    st->target = calloc((size_t)st->M, sizeof(float *));
+    if (!st->params || !st->grads || !st->vel || !st->L || !st->act || !st->dact || !st->skip ||
+        !st->dskip || !st->input || !st->cond || !st->target)
+        return xmp_cli_error("out of memory");
+    /* full parameters from the seed; this stage uses its layers' range */
+    xmp_ut_params_init(&st->lay, st->o->seed, st->params);
+    for (int m = 0; m < st->M; m++) {
+        st->input[m] = malloc(nl * 3 * HW * sizeof(float));
+        st->target[m] = malloc(nl * 4 * HW * sizeof(float));
+        st->cond[m] = malloc(nl * XMP_UT_TOKENS * (size_t)st->cfg.cond_dim * sizeof(float));
+        if (!st->input[m] || !st->target[m] || !st->cond[m])
+            return xmp_cli_error("out of memory");
+        for (int l = st->first; l <= st->last; l++) {
+            xmp_ut_layer_t *L = st->L[IX(st, l, m)] = xmp_ut_layer_create(&st->cfg, l, st->nloc);
+            if (!L)
+                return xmp_cli_error("layer %d: %s", l, xmp_ut_last_error());
+            size_t o = xmp_ut_layer_out_floats(L), s = xmp_ut_layer_skip_out_floats(L);
+            st->act[IX(st, l, m)] = malloc(o * sizeof(float));
+            st->dact[IX(st, l, m)] = malloc(o * sizeof(float));
+            if (s) {
+                st->skip[IX(st, l, m)] = malloc(s * sizeof(float));
+                st->dskip[IX(st, l, m)] = malloc(s * sizeof(float));
+            }
+            if (!st->act[IX(st, l, m)] || !st->dact[IX(st, l, m)] ||
+                (s && (!st->skip[IX(st, l, m)] || !st->dskip[IX(st, l, m)])))
+                return xmp_cli_error("out of memory");
+        }
+    }
+    return 0;
+}
+
+static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
+{
+    int rank, size, prov, ok = 0, rc = 1;
+    char err[512];
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank != 0)
+        ((ut_opts_t *)o)->no_progress = 1;
+    xmp_stage_layout_t sl;
+    char kinds[XMP_UT_LAYERS + 1];
+    memset(kinds, 'u', XMP_UT_LAYERS);
+    kinds[XMP_UT_LAYERS] = '\0';
+    ut_stage_t st;
+    memset(&st, 0, sizeof st);
+    st.dpcomm = MPI_COMM_NULL;
+    xmp_schedule_t *sched = NULL;
+    xmesh_ctx_t ctx = NULL;
+    xmp_driver_t *drv = NULL;
+    double *ref = NULL;
+    const int M = o->microbatches, mbs = o->batch / M;
+    if (xmp_stage_layout_build(kinds, 0, 0, o->layout, o->stages, o->stage_mesh, o->stage_dp,
+                               o->stage_tp, &sl, err, sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("stage layout: %s", err);
+        goto out_mpi;
+    }
+    if (sl.nranks > size) {
+        if (rank == 0)
+            xmp_cli_error("the stage meshes need %d ranks, the job has %d", sl.nranks, size);
+        goto out_mpi;
+    }
+    for (int s = 0; s < sl.nstages; s++) {
+        if (sl.tp[s] != 1) {
+            if (rank == 0)
+                xmp_cli_error("stage %d: tensor parallel degree %d: only data parallel (tp 1) is "
+                              "implemented for the U-Transformer",
+                              s, sl.tp[s]);
+            goto out_mpi;
+        }
+        if (mbs % sl.dp[s] != 0) {
+            if (rank == 0)
+                xmp_cli_error("stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
+                              "multiple of its data-parallel degree %d",
+                              s, mbs, o->batch, M, sl.dp[s]);
+            goto out_mpi;
+        }
+    }
+    st.o = o;
+    st.cfg = *c;
+    st.sl = &sl;
+    st.M = M;
+    st.mbs = mbs;
+    xmp_ut_params_layout(c, &st.lay);
+    xmp_edge_cfg_t ec[2 * XMP_UT_LAYERS];
+    xmp_sedge_t se[2 * XMP_UT_LAYERS];
+    st.nedges = build_edges(c, &sl, mbs, st.e, ec, se);
+    xmp_gen_opts_t go;
+    memset(&go, 0, sizeof go);
+    go.delay_wgrad = o->delay_wgrad;
+    if (xmp_sched_generate(o->schedule, sl.nstages, M, st.nedges, se, &go, &sched, err,
+                           sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
+        goto out_mpi;
+    }
+    if (o->print_schedule && rank == 0) {
+        for (int k = 0; k < st.nedges; k++)
+            printf("# edge %d: %s %s (stage %d -> %d)\n", k, xmp_ut_layer_name(st.e[k].layer),
+                   st.e[k].what == T_MAIN ? "main" : "skip", se[k].src, se[k].dst);
+        xmp_sched_fprint(sched, stdout);
+    }
+    if (o->check_serial && rank == 0) {
+        if (!(ref = calloc((size_t)o->steps, sizeof(double))) ||
+            serial_losses(o, c, ref, NULL, 0) != 0) {
+            xmp_cli_error("serial reference failed");
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    st.stage = xmp_stage_layout_stage_of_rank(&sl, rank);
+    MPI_Comm_split(MPI_COMM_WORLD, st.stage < 0 ? MPI_UNDEFINED : st.stage, rank, &st.dpcomm);
+    int local_fail = 0;
+    if (st.stage >= 0) {
+        st.first = sl.first[st.stage];
+        st.last = st.first + sl.count[st.stage] - 1;
+        st.dp = sl.dp[st.stage];
+        st.dpi = (rank - sl.rank0[st.stage]) / sl.tp[st.stage];
+        st.nloc = mbs / st.dp;
+        if (xmp_shapes_init(&st.sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(&st) != 0)
+            local_fail = 1;
+    }
+    int any_fail = 0;
+    MPI_Allreduce(&local_fail, &any_fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any_fail)
+        goto out_stage;
+    if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {
+        xmp_cli_error("xmesh_ctx_create_mpi failed: %s", xmesh_last_error());
+        goto out_stage;
+    }
+    int mranks[XMP_MAX_STAGES][64];
+    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
+    for (int s = 0; s < sl.nstages; s++) {
+        meshes[s].ndim = 2;
+        meshes[s].shape[0] = sl.dp[s];
+        meshes[s].shape[1] = sl.tp[s];
+        for (int k = 0; k < sl.dp[s] * sl.tp[s] && k < 64; k++)
+            mranks[s][k] = sl.rank0[s] + k;
+        meshes[s].ranks = mranks[s];
+    }
+    xmp_driver_cfg_t dc;
+    memset(&dc, 0, sizeof dc);
+    dc.comm = MPI_COMM_WORLD;
+    dc.ctx = ctx;
+    dc.nstages = sl.nstages;
+    dc.meshes = meshes;
+    dc.nedges = st.nedges;
+    dc.edges = ec;
+    dc.sched = sched;
+    dc.mode = o->comm;
+    dc.trace = o->trace != NULL;
+    dc.ops.user = &st;
+    dc.ops.forward = ut_fwd;
+    dc.ops.backward_input = ut_bwd_input;
+    dc.ops.backward_weight = ut_bwd_weight;
+    dc.ops.reduce_grads = ut_reduce;
+    dc.ops.optimizer_step = ut_opt;
+    if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
+        if (rank == 0)
+            xmp_cli_error("pipeline driver: %s", err);
+        goto out_ctx;
+    }
+    ut_log_t log;
+    int log_ok = rank != 0 || ut_log_open(&log, o, c, st.lay.total, "pipeline", &sl) == 0;
+    int mismatch = 0;
+    for (int step = 0; step < o->steps && log_ok; step++) {
+        xmp_step_stats_t ss;
+        st.step = step;
+        xmesh_result_t r = xmp_driver_step(drv, &ss);
+        int bad = r != XMESH_SUCCESS, anybad = 0;
+        MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (anybad) {
+            if (bad)
+                xmp_cli_error("step %d: %s", step, xmp_driver_error(drv));
+            break;
+        }
+        double loss = 0;
+        MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        if (rank == 0) {
+            ut_log_record(&log, step, loss, ss.step_s);
+            if (ref) {
+                double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
+                double tol = step < 5 ? 1e-5 : 1e-4;
+                if (step < 10 && !(rel <= tol)) {
+                    xmp_progress_finish(&log.bar);
+                    fprintf(stderr,
+                            "MISMATCH step %d: pipeline loss %.9g serial %.9g (rel %.3g > "
+                            "%g)\n",
+                            step, loss, ref[step], rel, tol);
+                    mismatch++;
+                } else if (step < 10 && !o->no_progress) {
+                    /* nothing: the bar shows progress */
+                } else if (step < 10) {
+                    printf("step %d: pipeline loss %.9g serial %.9g rel %.2e\n", step, loss,
+                           ref[step], rel);
+                }
+            }
+        }
+        ok = step == o->steps - 1;
+    }
+    if (rank == 0 && log_ok && ut_log_close(&log, ok, "pipeline") != 0)
+        ok = 0;
+    if (rank == 0 && ref)
+        printf("check-serial: %s (%d mismatching steps of %d compared)\n",
+               mismatch ? "FAILED" : "OK", mismatch, o->steps < 10 ? o->steps : 10);
+    if (o->trace && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
+        xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
+    int mine = ok && !mismatch, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    rc = all ? 0 : 1;
+    xmp_driver_destroy(drv);
+out_ctx:
+    xmesh_ctx_destroy(ctx);
+out_stage:
+    stage_free(&st);
+    if (st.dpcomm != MPI_COMM_NULL)
+        MPI_Comm_free(&st.dpcomm);
+out_mpi:
+    free(ref);
+    xmp_sched_destroy(sched);
+    MPI_Finalize();
+    return rc;
+}
+
+int xmp_train_utransformer_main(int argc, char **argv)
+{
+    xmp_cli_set_command("utransformer");
+    ut_opts_t o;
+    ut_defaults(&o);
+    int p = parse_ut_flags(argc, argv, &o);
+    if (p != 0)
+        return p > 0 ? 0 : 2;
+    xmp_ut_config_t c;
+    if (xmp_ut_config_init(&c, o.base, o.groups, o.head_dim) != 0) {
+        xmp_cli_error("model flags: %s", xmp_ut_last_error());
+        return 2;
+    }
+    openblas_set_num_threads(o.blas_threads);
+    if (o.serial) {
+        ut_log_t log;
+        return serial_losses(&o, &c, NULL, &log, 1) == 0 ? 0 : 1;
+    }
+    return run_pipeline(&o, &c);
+}
