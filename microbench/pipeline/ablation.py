@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Pipeline overlap ablation (paper 002 Fig. 9) for xmesh-train.
+
+Runs one xmesh-train configuration under several communication variants and
+microbatch counts, and reports throughput, the fraction of the `signal` bound,
+predicted versus measured step time and peak activation memory per stage.
+
+Rows (same model, stages, meshes and batch in every row):
+  blocking      1F1B, each boundary receive started only when needed and
+                waited at once (no overlap of a transfer with compute)
+  1f1b          1F1B, transfers started when the data exists, waited when
+                needed (overlap without extra warm-up)
+  eager         eager-1F1B (warm-up 2(S-i)-1 forwards)
+  eager+wdelay  eager-1F1B with the weight-gradient part of the backward
+                delayed behind the gradient send (--delay-wgrad)
+  signal        eager-1F1B + wdelay with every boundary tensor replaced by a
+                1-byte message: same dependencies, no data (upper bound)
+
+Each run does `--steps` steps; the first `--warmup` are dropped; figures are
+the median step time over the rest with min and max. Throughput = tokens (GPT)
+or images (U-Transformer) per step / median step time. "of signal" = row
+throughput / signal throughput at the same microbatch count.
+
+Launch: inside microbench/cluster/cluster.sh, $XMH_MPIRUN and $XMH_NP are used;
+otherwise `mpirun --oversubscribe -np NP`.
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+ROWS = [
+    ("blocking", ["--schedule", "1f1b", "--comm", "blocking"]),
+    ("1f1b", ["--schedule", "1f1b", "--comm", "broadcast"]),
+    ("eager", ["--schedule", "eager-1f1b", "--comm", "broadcast"]),
+    ("eager+wdelay", ["--schedule", "eager-1f1b", "--delay-wgrad", "--comm", "broadcast"]),
+    ("signal", ["--schedule", "eager-1f1b", "--delay-wgrad", "--comm", "signal"]),
+]
+
+
+def first_key(d, keys, default=None):
+    for k in keys:
+        if isinstance(d, dict) and k in d and d[k] is not None:
+            return d[k]
+    return default
+
+
+def summarize(doc, warmup, per_step_units):
+    steps = doc.get("steps", [])
+    use = steps[warmup:] if len(steps) > warmup else steps
+    if not use:
+        raise RuntimeError("no step records")
+    t = [s["step_seconds"] for s in use]
+    out = {
+        "steps_used": len(use),
+        "step_s_median": statistics.median(t),
+        "step_s_min": min(t),
+        "step_s_max": max(t),
+    }
+    out["throughput"] = per_step_units / out["step_s_median"]
+    out["throughput_min"] = per_step_units / out["step_s_max"]
+    out["throughput_max"] = per_step_units / out["step_s_min"]
+    pred = [first_key(s, ["predicted_s", "predicted_step_s", "predicted_seconds"]) for s in use]
+    pred = [p for p in pred if isinstance(p, (int, float)) and p > 0]
+    if pred:
+        out["predicted_s"] = statistics.median(pred)
+        out["predicted_over_measured"] = out["predicted_s"] / out["step_s_median"]
+    bub = [first_key(s, ["bubble", "bubble_fraction", "measured_bubble"]) for s in use]
+    bub = [b for b in bub if isinstance(b, (int, float))]
+    if bub:
+        out["bubble"] = statistics.median(bub)
+    mem = [first_key(s, ["peak_activation_bytes", "peak_act_bytes", "peak_activations_bytes"])
+           for s in use]
+    mem = [m for m in mem if m is not None]
+    if mem:
+        out["peak_activation_bytes"] = mem[-1]
+    return out
+
+
+def run(args, launch, row, extra, mb, outdir):
+    name = f"{row}-m{mb}".replace("+", "_")
+    jpath = os.path.join(outdir, name + ".json")
+    cmd = launch + [args.train, args.model] + shlex.split(args.model_args) + \
+        shlex.split(args.stage_args) + ["--microbatches", str(mb), "--steps", str(args.steps),
+                                        "--json", jpath] + extra
+    with open(os.path.join(outdir, name + ".log"), "w") as log:
+        log.write("$ " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        log.flush()
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if rc != 0:
+        return None, f"exit {rc} (see {name}.log)"
+    with open(jpath) as f:
+        return json.load(f), None
+
+
+def fmt_bytes(b):
+    if isinstance(b, list):
+        return "/".join(fmt_bytes(x) for x in b)
+    if not isinstance(b, (int, float)):
+        return "-"
+    return f"{b / 1048576:.1f}M" if b >= 1048576 else f"{b / 1024:.0f}K"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", required=True, help="path of xmesh-train")
+    ap.add_argument("--model", default="gpt", choices=["gpt", "utransformer"])
+    ap.add_argument("--model-args", default="", help="model/batch flags, one string")
+    ap.add_argument("--stage-args", default="", help="--stages/--stage-mesh/... flags, one string")
+    ap.add_argument("--units-per-step", type=float, required=True,
+                    help="tokens (batch*seq) or images (batch) per step")
+    ap.add_argument("--units", default="tokens")
+    ap.add_argument("--np", type=int, default=0, help="ranks (default $XMH_NP)")
+    ap.add_argument("--microbatches", default="4,8")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rows", default=",".join(r for r, _ in ROWS))
+    ap.add_argument("--label", default="")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    np_ = a.np or int(os.environ.get("XMH_NP", "0"))
+    if np_ <= 0:
+        sys.exit("ablation: --np not given and $XMH_NP not set")
+    if os.environ.get("XMH_MPIRUN"):
+        launch = shlex.split(os.environ["XMH_MPIRUN"]) + ["-np", str(np_)]
+    else:
+        launch = ["mpirun", "--oversubscribe", "-np", str(np_)]
+    rows = [r for r in ROWS if r[0] in a.rows.split(",")]
+    mbs = [int(x) for x in a.microbatches.split(",")]
+    results = []
+    failed = 0
+    for mb in mbs:
+        for row, extra in rows:
+            doc, err = run(a, launch, row, extra, mb, a.out)
+            rec = {"row": row, "microbatches": mb}
+            if err:
+                rec["error"] = err
+                failed += 1
+                print(f"ablation: {row} M={mb}: {err}", file=sys.stderr)
+            else:
+                rec.update(summarize(doc, a.warmup, a.units_per_step))
+                rec["config"] = {k: doc.get(k) for k in ("model", "train", "pipeline")}
+                print(f"ablation: {row:13s} M={mb:<3d} {rec['throughput']:10.1f} {a.units}/s "
+                      f"(step {rec['step_s_median']:.3f} s [{rec['step_s_min']:.3f}, "
+                      f"{rec['step_s_max']:.3f}])", file=sys.stderr)
+            results.append(rec)
+    # fraction of the signal bound per microbatch count
+    for mb in mbs:
+        sig = [r for r in results if r["microbatches"] == mb and r["row"] == "signal" and "throughput" in r]
+        for r in results:
+            if r["microbatches"] == mb and sig and "throughput" in r:
+                r["of_signal"] = r["throughput"] / sig[0]["throughput"]
+    doc = {"label": a.label, "model": a.model, "model_args": a.model_args, "stage_args": a.stage_args,
+           "units": a.units, "units_per_step": a.units_per_step, "steps": a.steps,
+           "warmup": a.warmup, "np": np_, "results": results}
+    with open(os.path.join(a.out, "ablation.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    # table
+    lines = [f"**{a.label or a.model}** ({np_} ranks; `{a.model_args} {a.stage_args}`; "
+             f"median of {a.steps - a.warmup} steps after {a.warmup} warm-up, [min, max])", "",
+             f"| M | row | {a.units}/s [min, max] | of signal | step s | predicted s (pred/meas) | bubble | peak act. per stage |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['microbatches']} | {r['row']} | failed: {r['error']} | | | | | |")
+            continue
+        pred = (f"{r['predicted_s']:.3f} ({r['predicted_over_measured']:.2f})"
+                if "predicted_s" in r else "-")
+        bub = f"{r['bubble']:.2f}" if "bubble" in r else "-"
+        lines.append(
+            f"| {r['microbatches']} | {r['row']} | {r['throughput']:.1f} [{r['throughput_min']:.1f}, "
+            f"{r['throughput_max']:.1f}] | {r.get('of_signal', float('nan')):.2f} | "
+            f"{r['step_s_median']:.3f} | {pred} | {bub} | {fmt_bytes(r.get('peak_activation_bytes'))} |")
+    # targets: eager+wdelay >= 0.90 of signal where blocking <= 0.75, above eager and 1f1b
+    lines.append("")
+    for mb in mbs:
+        get = {r["row"]: r for r in results if r["microbatches"] == mb and "of_signal" in r}
+        if not all(k in get for k in ("blocking", "1f1b", "eager", "eager+wdelay", "signal")):
+            continue
+        b, e, w, o = (get["blocking"]["of_signal"], get["eager"]["of_signal"],
+                      get["eager+wdelay"]["of_signal"], get["1f1b"]["of_signal"])
+        ok_b = b <= 0.75
+        ok_w = w >= 0.90
+        above = get["eager+wdelay"]["throughput_min"] > max(get["eager"]["throughput_max"],
+                                                            get["1f1b"]["throughput_max"])
+        lines.append(f"- M={mb}: blocking {b:.2f} of signal ({'<= 0.75' if ok_b else '> 0.75'}), "
+                     f"eager+wdelay {w:.2f} ({'met' if ok_w else 'missed'} >= 0.90), "
+                     f"1f1b {o:.2f}, eager {e:.2f}; eager+wdelay above both with non-overlapping "
+                     f"[min, max]: {'yes' if above else 'no'}")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "ablation.md"), "w") as f:
+        f.write(table)
+    print(table)
+    # chart data: one cluster per M, one bar per row (fraction of signal)
+    with open(os.path.join(a.out, "ablation.tsv"), "w") as f:
+        f.write("M\t" + "\t".join(r for r, _ in rows) + "\n")
+        for mb in mbs:
+            vals = []
+            for row, _ in rows:
+                m = [r for r in results if r["microbatches"] == mb and r["row"] == row and "of_signal" in r]
+                vals.append(f"{m[0]['of_signal']:.4f}" if m else "NaN")
+            f.write(f"M={mb}\t" + "\t".join(vals) + "\n")
+    gp = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "charts", "bars.gp")
+    png = os.path.join(a.out, "ablation.png")
+    try:
+        subprocess.call(["gnuplot", "-e", f"datafile='{a.out}/ablation.tsv'; outfile='{png}'; "
+                         f"ncol={len(rows) + 1}; ylab='throughput / signal bound'; "
+                         f"ttl='{a.label or a.model}: pipeline overlap ablation'; refline=0.9", gp])
+    except OSError:
+        print("ablation: gnuplot not found, no chart", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
