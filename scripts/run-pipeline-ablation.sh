@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Pipeline overlap ablation (paper 002 Fig. 9) on the emulated cluster:
+# xmesh-train with rows blocking / 1F1B overlap / eager-1F1B / eager-1F1B +
+# weight-gradient delay / signal, for two microbatch counts, on
+#   gpt2   GPT-2, 2 stages on 2 hosts x 2 ranks (stage meshes 2x1 -> 1x2:
+#          activations split over 2 data-parallel ranks arrive replicated on
+#          a 2-way tensor-parallel mesh)
+#   gpt4   GPT-2, 4 stages on 4 hosts x 2 ranks (the larger layout)
+#   ut2    U-Transformer, 2 stages on 2 hosts x 2 ranks (long skips cross)
+# Writes build/ablation/<time>/<config>/{ablation.md,ablation.json,ablation.png}
+# and prints the tables.
+#
+#   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [ut2]     (default: all)
+# Environment: XMESH_ABL_RATE_GPT [40mbit], XMESH_ABL_RATE_UT [40mbit],
+#   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT.
+# BLAS runs one thread per rank (--blas-threads 1); ranks of a host share the
+# machine's 2 cores with each other and with xmesh's progress threads.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+root=$PWD
+steps=${XMESH_ABL_STEPS:-8}
+warmup=${XMESH_ABL_WARMUP:-2}
+rate_gpt=${XMESH_ABL_RATE_GPT:-40mbit}
+rate_ut=${XMESH_ABL_RATE_UT:-40mbit}
+out=${XMESH_ABL_OUT:-$root/build/ablation/$(date -u +%Y%m%d-%H%M%S)}
+configs=${*:-gpt2 gpt4 ut2}
+
+scripts/install-deps.sh >/dev/null || exit 1
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || exit 1
+cmake --build build -j "${XMESH_JOBS:-2}" --target xmesh-train >/dev/null || {
+    echo "run-pipeline-ablation: build failed" >&2
+    exit 1
+}
+train=$root/build/pipeline/xmesh-train
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$out"
+
+incluster=1
+why=$(microbench/cluster/cluster.sh check 2>&1) || incluster=0
+[ $incluster = 1 ] || echo "run-pipeline-ablation: no emulated cluster ($why); running on one host: times show no NIC bottleneck" >&2
+
+# gpt: 4 layers, 4 heads, 256 channels, T 64, batch 16 (M microbatches of 16/M).
+gpt_model="--layers 4 --heads 4 --channels 256 --seq 64 --batch 16 --blas-threads 1"
+gpt_units=$((16 * 64))
+# ut: base channels 16, batch 16.
+ut_model="--base-channels 16 --batch 16 --blas-threads 1"
+
+run_cfg() { # name hosts pph rate model units unitname stage-args microbatches
+    local name=$1 hosts=$2 pph=$3 rate=$4 model=$5 units=$6 uname=$7 sargs=$8 mbs=$9 margs
+    if [ "$model" = gpt ]; then margs=$gpt_model; else margs=$ut_model; fi
+    local cmd=(python3 "$root/microbench/pipeline/ablation.py" --train "$train" --model "$model"
+        --model-args "$margs --no-progress" --stage-args "$sargs" --units-per-step "$units"
+        --units "$uname" --microbatches "$mbs" --steps "$steps" --warmup "$warmup"
+        --label "$name: $model, $hosts hosts x $pph ranks, NIC $rate" --out "$out/$name")
+    echo "run-pipeline-ablation: $name ($hosts hosts x $pph ranks, $rate)" >&2
+    if [ $incluster = 1 ]; then
+        microbench/cluster/cluster.sh -q -H "$hosts" -d "$pph" -r "$rate" -- "${cmd[@]}"
+    else
+        "${cmd[@]}" --np $((hosts * pph))
+    fi
+}
+
+rc=0
+for c in $configs; do
+    case $c in
+    gpt2) run_cfg gpt2 2 2 "$rate_gpt" gpt $gpt_units tokens \
+        "--stages 2 --stage-mesh 2x1,1x2" 4,8 || rc=1 ;;
+    gpt4) run_cfg gpt4 4 2 "$rate_gpt" gpt $gpt_units tokens \
+        "--stages 4 --stage-mesh 2x1,1x2,2x1,1x2" 4,8 || rc=1 ;;
+    ut2) run_cfg ut2 2 2 "$rate_ut" utransformer 16 images \
+        "--stages 2 --stage-mesh 2x1,2x1" 4,8 || rc=1 ;;
+    *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, ut2)" >&2; rc=2 ;;
+    esac
+done
+echo "run-pipeline-ablation: results in $out" >&2
+exit $rc
