@@ -2,6 +2,7 @@
  * (decompose + schedule + agree across ranks) and dispatch to the backend.
  * Everything here runs before a byte moves, so every check leaves the
  * caller's handles and buffers as they were. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,8 +98,13 @@ static xmesh_result_t layout_import(const xmesh_layout_t *l, const char *which, 
                           which, d, (long long)l->shape[d]);
         x.shape[d] = l->shape[d];
     }
-    xmesh_result_t r = xm_spec_parse(l->sharding, l->ndim, x.mesh.ndim, &x.spec);
-    if (r)
+    xmesh_result_t r = xm_shape_bytes(x.ndim, x.shape, x.elem_size, NULL);
+    if (r) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", xmesh_last_error());
+        return XM_ERR(r, "%s layout: %s", which, msg);
+    }
+    if ((r = xm_spec_parse(l->sharding, l->ndim, x.mesh.ndim, &x.spec)))
         return r;
     *out = x;
     return XMESH_SUCCESS;
