@@ -57,6 +57,13 @@ foreach(tgt xmesh xmesh_static)
   run(${WORK_DIR}/cmake-${tgt}/consumer)
 endforeach()
 check_needed(${WORK_DIR}/cmake-xmesh/consumer 1)
+# With the backend, libxmesh.a must hold the kernels too (not only libxmesh.so).
+if(have_cuda)
+  execute_process(COMMAND nm -A ${prefix}/lib/libxmesh.a OUTPUT_VARIABLE syms ERROR_QUIET)
+  if(NOT syms MATCHES "kernels[^\n]*T [^\n]*xm_cuda_")
+    message(FATAL_ERROR "libxmesh.a lacks the CUDA kernel objects")
+  endif()
+endif()
 check_needed(${WORK_DIR}/cmake-xmesh_static/consumer 0)
 
 # 2. pkg-config: shared, then --static against libxmesh.a
@@ -76,12 +83,20 @@ foreach(mode shared static)
   separate_arguments(flags UNIX_COMMAND "${flags}")
   if(mode STREQUAL "static")
     # -lxmesh would pick the .so next to the .a: name the archive.
-    list(TRANSFORM flags REPLACE "^-lxmesh$" "-l:libxmesh.a")
+    # The whole archive, so every object's references (CUDA kernels, NCCL,
+    # hwloc) must resolve from what pkg-config --static lists.
+    list(TRANSFORM flags REPLACE "^-lxmesh$" "-Wl,--whole-archive;-l:libxmesh.a;-Wl,--no-whole-archive")
     # --static also expands the dependencies' own Libs.private (hwloc's
     # -ludev...), whose development files a system may lack; those shared
     # libraries are loaded by libhwloc.so itself, so drop what the linker
     # cannot find, and say so.
     set(kept "")
+    set(ldirs "")
+    foreach(f ${flags})
+      if(f MATCHES "^-L(.+)$")
+        list(APPEND ldirs ${CMAKE_MATCH_1})
+      endif()
+    endforeach()
     foreach(f ${flags})
       if(f MATCHES "^-l([^:].*)$")
         set(lib ${CMAKE_MATCH_1})
@@ -89,6 +104,11 @@ foreach(mode shared static)
                         OUTPUT_STRIP_TRAILING_WHITESPACE)
         execute_process(COMMAND ${C_COMPILER} -print-file-name=lib${lib}.a OUTPUT_VARIABLE ar
                         OUTPUT_STRIP_TRAILING_WHITESPACE)
+        foreach(d ${ldirs})
+          if(EXISTS ${d}/lib${lib}.so OR EXISTS ${d}/lib${lib}.a)
+            set(so ${d}/lib${lib}.so)
+          endif()
+        endforeach()
         if(NOT IS_ABSOLUTE "${so}" AND NOT IS_ABSOLUTE "${ar}")
           message("note: ${f} (from a dependency's Libs.private) is not installed here: dropped")
           continue()
