@@ -90,7 +90,11 @@ typedef struct {
     int from_env; /* the value came from the environment */
 } slot_t;
 
-static slot_t slots[NPARAMS];
+/* typed[]: the cached accessors' values, loaded once and then never changed
+ * (xm_param_reset aside), so a string they return stays valid. byname[]:
+ * the by-name lookups, reloaded when the environment string changes; they
+ * only hand out copies of numbers. */
+static slot_t typed[NPARAMS], byname[NPARAMS];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
@@ -276,10 +280,9 @@ static void check_env_once(void)
 
 /* Fills slot idx from value s (NULL: unset). Returns the warning to print
  * after unlocking in warn (empty: none). */
-static void load_slot(int idx, const char *s, char *warn, size_t wlen)
+static void load_slot(slot_t *sl, int idx, const char *s, char *warn, size_t wlen)
 {
     const xm_param_desc_t *d = &params[idx];
-    slot_t *sl = &slots[idx];
     const ptype_t *t = type_of(d->name);
     free(sl->raw);
     sl->raw = s ? strdup(s) : NULL;
@@ -318,29 +321,32 @@ static void load_slot(int idx, const char *s, char *warn, size_t wlen)
     snprintf(xm_error_buffer(), 1024, "%s", saved);
 }
 
-/* Cached (refresh = 0) or re-read when the environment string changed
- * (refresh = 1). Never NULL for a declared name. */
-static const slot_t *resolve(int idx, int refresh)
+/* Typed (refresh = 0: loaded once) or by-name (refresh = 1: reloaded when
+ * the environment string changed) value of row idx, copied into *out under
+ * the lock. */
+static void resolve(int idx, int refresh, slot_t *out)
 {
     char warn[1200];
     int logset = 0;
     pthread_once(&env_once, check_env_once);
     pthread_mutex_lock(&mu);
-    slot_t *sl = &slots[idx];
+    slot_t *sl = refresh ? &byname[idx] : &typed[idx];
     const char *s = getenv(params[idx].name);
     int changed =
         !sl->loaded || (refresh && ((s == NULL) != (sl->raw == NULL) || (s && strcmp(s, sl->raw))));
     warn[0] = '\0';
     if (changed) {
-        load_slot(idx, s, warn, sizeof warn);
+        load_slot(sl, idx, s, warn, sizeof warn);
         logset = sl->from_env;
     }
+    *out = *sl;
+    if (refresh)
+        out->raw = NULL, out->str = NULL; /* may change under a later call */
     pthread_mutex_unlock(&mu);
     if (*warn)
         fprintf(stderr, "%s\n", warn);
     if (logset)
         XM_INFO("%s set by environment to %s", params[idx].name, s);
-    return sl;
 }
 
 static int must_find(const char *name)
@@ -357,10 +363,9 @@ static int must_find(const char *name)
 #define XM_PARAM_DEFINE(fn, ctype, field, env)                                                     \
     ctype xm_param_##fn(void)                                                                      \
     {                                                                                              \
-        static int idx = -1;                                                                       \
-        if (idx < 0)                                                                               \
-            idx = must_find(env);                                                                  \
-        return (ctype)resolve(idx, 0)->field;                                                      \
+        slot_t v;                                                                                  \
+        resolve(must_find(env), 0, &v);                                                            \
+        return (ctype)v.field;                                                                     \
     }
 XM_PARAM_DEFINE(strategy, const char *, str, "XMESH_STRATEGY")
 XM_PARAM_DEFINE(scheduler, const char *, str, "XMESH_SCHEDULER")
@@ -381,7 +386,11 @@ XM_PARAM_DEFINE(nccl_max_comms, int64_t, i, "XMESH_NCCL_MAX_COMMS")
 int xm_param_is_set(const char *name)
 {
     int idx = xm_param_find(name);
-    return idx >= 0 && resolve(idx, 1)->from_env;
+    slot_t v;
+    if (idx < 0)
+        return 0;
+    resolve(idx, 1, &v);
+    return v.from_env;
 }
 
 /* ------------------------------------------- untyped accessors (by name) */
@@ -397,8 +406,9 @@ const char *xm_param_str(const char *name)
         const char *v = getenv(name);
         return v && *v ? v : "";
     }
+    slot_t sl;
+    resolve(idx, 1, &sl); /* warnings, logging */
     const char *v = getenv(name);
-    resolve(idx, 1);
     return v && *v ? v : params[idx].deflt;
 }
 
@@ -410,11 +420,12 @@ int64_t xm_param_i64(const char *name)
         const char *s = getenv(name);
         return s && *s && !xm_param_parse_int(s, 0, &v) ? v : 0;
     }
-    const slot_t *sl = resolve(idx, 1);
+    slot_t sl;
+    resolve(idx, 1, &sl);
     if (type_of(name))
-        return sl->i;
+        return sl.i;
     int64_t v = 0; /* a string row read as a number: best effort */
-    (void)xm_param_parse_int(sl->str, 0, &v);
+    (void)xm_param_parse_int(xm_param_str(name), 0, &v);
     return v;
 }
 
@@ -425,16 +436,19 @@ double xm_param_double(const char *name)
         const char *s = getenv(name);
         return s && *s ? strtod(s, NULL) : 0;
     }
-    const slot_t *sl = resolve(idx, 1);
-    return type_of(name) ? sl->r : strtod(sl->str, NULL);
+    slot_t sl;
+    resolve(idx, 1, &sl);
+    return type_of(name) ? sl.r : strtod(xm_param_str(name), NULL);
 }
 
 void xm_param_reset(void)
 {
     pthread_mutex_lock(&mu);
     for (size_t i = 0; i < NPARAMS; i++) {
-        free(slots[i].raw);
-        memset(&slots[i], 0, sizeof slots[i]);
+        free(typed[i].raw);
+        free(byname[i].raw);
+        memset(&typed[i], 0, sizeof typed[i]);
+        memset(&byname[i], 0, sizeof byname[i]);
     }
     pthread_mutex_unlock(&mu);
 }
