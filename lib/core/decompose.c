@@ -25,7 +25,10 @@ static int cmp_i64(const void *a, const void *b)
 /* Index of the shard of an array_split(n, k) that contains position pos. */
 static int64_t shard_of(int64_t n, int64_t k, int64_t pos)
 {
-    int64_t base = n / k, rem = n % k, big = rem * (base + 1);
+    int64_t base = n / k, rem = n % k;
+    if (rem == 0)
+        return base ? pos / base : 0;
+    int64_t big = rem * (base + 1); /* rem > 0: k >= 2, so base + 1 <= n, big <= n */
     if (pos < big)
         return pos / (base + 1);
     return rem + (pos - big) / base;
@@ -83,10 +86,12 @@ xmesh_result_t xm_shape_bytes(int ndim, const int64_t *shape, size_t elem_size, 
                           (long long)shape[d]);
         }
         zero |= shape[d] == 0;
-        if (!over && __builtin_mul_overflow(v, shape[d], &v))
+        /* A zero dim does not excuse the others: every partial product of
+         * extents (blocks, boxes, strides) must fit too. */
+        if (!over && __builtin_mul_overflow(v, shape[d] ? shape[d] : 1, &v))
             over = 1;
     }
-    if (over && !zero) {
+    if (over) {
         char buf[256];
         format_shape(ndim, shape, buf, sizeof buf);
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -304,11 +309,9 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     ts.ntasks = nt;
     ts.ndim = nd;
     ts.elem_size = src->elem_size;
-    ts.bytes_total = (int64_t)src->elem_size;
-    for (int d = 0; d < nd; d++) {
+    (void)xm_shape_bytes(nd, src->shape, src->elem_size, &ts.bytes_total); /* checked */
+    for (int d = 0; d < nd; d++)
         ts.shape[d] = src->shape[d];
-        ts.bytes_total *= src->shape[d];
-    }
     *out = ts;
     memset(&ts, 0, sizeof ts);
     r = XMESH_SUCCESS;

@@ -250,8 +250,10 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
                             const xm_hostmap_t *hosts, xm_taskset_t *out);
 void xm_taskset_free(xm_taskset_t *ts);
 /* Byte size of a dense tensor (0 if a dim is 0) into *bytes (may be NULL).
- * INVALID_ARGUMENT naming the shape if a dim is negative or the size does
- * not fit in int64_t; *bytes untouched then. */
+ * INVALID_ARGUMENT naming the shape if a dim is negative or elem_size times
+ * the product of the dims (zero dims counted as 1, so that no partial
+ * product of extents can overflow either) does not fit in int64_t; *bytes
+ * untouched then. */
 xmesh_result_t xm_shape_bytes(int ndim, const int64_t *shape, size_t elem_size, int64_t *bytes);
 
 /* Default host map for planning without MPI: devices 0..|A|-1 are the source

@@ -374,10 +374,15 @@ static void test_shape_overflow(void **state)
     assert_int_equal(xm_decompose(&s, &d, NULL, &ts), XMESH_ERR_INVALID_ARGUMENT);
     assert_non_null(strstr(xmesh_last_error(), "receiver hosts exceed 64 bits"));
     assert_memory_equal(&ts, &before, sizeof ts);
-    /* A zero dim: 0 bytes whatever the others. */
-    int64_t z[3] = {INT64_MAX, 0, INT64_MAX};
+    /* A zero dim: 0 bytes, but the other dims must still multiply within
+     * 64 bits (blocks and boxes multiply extents before they meet the 0). */
+    int64_t z[3] = {(int64_t)1 << 29, 0, (int64_t)1 << 29}; /* 8 x 2^58 = 2^61 */
     int64_t bytes = -1;
     assert_int_equal(xm_shape_bytes(3, z, 8, &bytes), XMESH_SUCCESS);
+    assert_int_equal(bytes, 0);
+    int64_t zbig[3] = {INT64_MAX, 0, INT64_MAX};
+    assert_int_equal(xm_shape_bytes(3, zbig, 8, &bytes), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "[9223372036854775807, 0, 9223372036854775807]"));
     assert_int_equal(bytes, 0);
     int64_t m1[2] = {3, -1};
     assert_int_equal(xm_shape_bytes(2, m1, 8, &bytes), XMESH_ERR_INVALID_ARGUMENT);
