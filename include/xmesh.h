@@ -23,9 +23,9 @@
 extern "C" {
 #endif
 
-#define XMESH_VERSION_MAJOR 0
-#define XMESH_VERSION_MINOR 1
-#define XMESH_VERSION_PATCH 0
+/* XMESH_VERSION_MAJOR/MINOR/PATCH/STRING and XMESH_HAVE_CUDA, generated. */
+#include "xmesh/config.h"
+
 #define XMESH_VERSION_CODE                                                                         \
     (XMESH_VERSION_MAJOR * 10000 + XMESH_VERSION_MINOR * 100 + XMESH_VERSION_PATCH)
 

@@ -21,10 +21,21 @@ step "dependencies"
 scripts/install-deps.sh
 
 step "format check (.clang-format)"
-mapfile -t srcs < <(git ls-files '*.c' '*.h' '*.cu' 2>/dev/null || true)
-if [ ${#srcs[@]} -gt 0 ]; then
-  clang-format --dry-run --Werror "${srcs[@]}"
-  echo "clang-format: ${#srcs[@]} files clean"
+# Says so when it cannot run rather than passing silently.
+if ! command -v clang-format >/dev/null 2>&1; then
+  echo "format check NOT RUN: clang-format is not installed"
+elif ! command -v git >/dev/null 2>&1; then
+  echo "format check NOT RUN: git is not installed (the file list comes from git ls-files)"
+elif ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  echo "format check NOT RUN: $root is not a git work tree (the file list comes from git ls-files)"
+else
+  mapfile -t srcs < <(git ls-files '*.c' '*.h' '*.cu')
+  if [ ${#srcs[@]} -eq 0 ]; then
+    echo "format check NOT RUN: git ls-files lists no C/CUDA sources"
+  else
+    clang-format --dry-run --Werror "${srcs[@]}"
+    echo "clang-format: ${#srcs[@]} files clean"
+  fi
 fi
 
 if [ -z "${XMESH_QUICK:-}" ]; then

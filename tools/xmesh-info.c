@@ -106,14 +106,32 @@ static void print_params(void)
         if (l > w)
             w = l;
     }
-    printf("\nparameters (environment; \"-\" = unset, the default applies)\n");
-    printf("  %-*s  %-12s %-12s %s\n", w, "name", "default", "current", "meaning");
+    printf("\nparameters (environment; \"-\" = unset, the default applies; a value that does "
+           "not parse is refused with a warning and the default applies)\n");
+    printf("  %-*s  %-8s %-12s %-12s %s\n", w, "name", "kind", "default", "current", "meaning");
     for (int i = 0; i < xm_param_count(); i++) {
         const xm_param_desc_t *p = xm_param_get(i);
         const char *v = getenv(p->name);
-        printf("  %-*s  %-12s %-12s %s\n", w, p->name, *p->deflt ? p->deflt : "\"\"",
-               v && *v ? v : "-", p->help);
+        char cur[160];
+        if (!v || !*v)
+            snprintf(cur, sizeof cur, "-");
+        else if (strcmp(xm_param_kind_name(p->name), "string") && !xm_param_is_set(p->name))
+            snprintf(cur, sizeof cur, "%s (refused)", v);
+        else
+            snprintf(cur, sizeof cur, "%s", v);
+        printf("  %-*s  %-8s %-12s %-12s %s\n", w, p->name, xm_param_kind_name(p->name),
+               *p->deflt ? p->deflt : "\"\"", cur, p->help);
     }
+    printf("\nunknown XMESH_* variables in the environment (misspelt? ignored by xmesh)\n");
+    if (!xm_param_check_env(NULL))
+        printf("  none\n");
+    else
+        xm_param_check_env(stdout);
+#ifdef XMESH_TEST_HOOKS
+    printf("\ntest hooks: compiled in (XMESH_TEST_CORRUPT works; a test build)\n");
+#else
+    printf("\ntest hooks: not compiled in (XMESH_TEST_CORRUPT is ignored)\n");
+#endif
 }
 
 static int print_topo(const char *xml)
@@ -126,9 +144,8 @@ static int print_topo(const char *xml)
     }
     xm_topo_print(t, stdout);
     printf("  cluster model: %d NIC(s) per host from hwloc", xm_topo_nics_per_host(t));
-    const char *env = getenv("XMESH_NICS_PER_HOST");
-    if (env && *env)
-        printf(" (XMESH_NICS_PER_HOST=%s overrides it)", env);
+    if (xm_param_is_set("XMESH_NICS_PER_HOST"))
+        printf(" (XMESH_NICS_PER_HOST=%lld overrides it)", (long long)xm_param_nics_per_host());
     printf("\n");
     for (int g = 0; g < t->ngpus; g++)
         printf("  gpu %d sends through nic %d (%s)\n", g, t->gpus[g].nic,
@@ -139,7 +156,7 @@ static int print_topo(const char *xml)
 
 int main(int argc, char **argv)
 {
-    const char *xml = xm_param_str("XMESH_TOPO_XML");
+    const char *xml = xm_param_topo_xml();
     int topo = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--topo") && i + 1 < argc) {

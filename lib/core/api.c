@@ -2,6 +2,7 @@
  * (decompose + schedule + agree across ranks) and dispatch to the backend.
  * Everything here runs before a byte moves, so every check leaves the
  * caller's handles and buffers as they were. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,8 +98,13 @@ static xmesh_result_t layout_import(const xmesh_layout_t *l, const char *which, 
                           which, d, (long long)l->shape[d]);
         x.shape[d] = l->shape[d];
     }
-    xmesh_result_t r = xm_spec_parse(l->sharding, l->ndim, x.mesh.ndim, &x.spec);
-    if (r)
+    xmesh_result_t r = xm_shape_bytes(x.ndim, x.shape, x.elem_size, NULL);
+    if (r) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", xmesh_last_error());
+        return XM_ERR(r, "%s layout: %s", which, msg);
+    }
+    if ((r = xm_spec_parse(l->sharding, l->ndim, x.mesh.ndim, &x.spec)))
         return r;
     *out = x;
     return XMESH_SUCCESS;
@@ -184,7 +190,7 @@ static xmesh_result_t resolve_params(const xmesh_plan_params_t *p, double ctx_ti
     resolved_params_t r;
     xmesh_result_t rc;
     if (p->strategy == XMESH_STRATEGY_UNSET) {
-        if ((rc = xmesh_strategy_parse(xm_param_str("XMESH_STRATEGY"), &r.strategy)))
+        if ((rc = xmesh_strategy_parse(xm_param_strategy(), &r.strategy)))
             return XM_ERR(rc, "XMESH_STRATEGY: %s", xmesh_last_error());
     } else if ((unsigned)p->strategy >= XMESH_STRATEGY_COUNT_) {
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "plan params: strategy %d unknown",
@@ -193,7 +199,7 @@ static xmesh_result_t resolve_params(const xmesh_plan_params_t *p, double ctx_ti
         r.strategy = p->strategy;
     }
     if (p->scheduler == XMESH_SCHEDULER_UNSET) {
-        if ((rc = xmesh_scheduler_parse(xm_param_str("XMESH_SCHEDULER"), &r.scheduler)))
+        if ((rc = xmesh_scheduler_parse(xm_param_scheduler(), &r.scheduler)))
             return XM_ERR(rc, "XMESH_SCHEDULER: %s", xmesh_last_error());
     } else if ((unsigned)p->scheduler >= XMESH_SCHEDULER_COUNT_) {
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "plan params: scheduler %d unknown",
@@ -201,16 +207,15 @@ static xmesh_result_t resolve_params(const xmesh_plan_params_t *p, double ctx_ti
     } else {
         r.scheduler = p->scheduler;
     }
-    r.chunk_bytes =
-        p->chunk_bytes != XMESH_UNSET_I64 ? p->chunk_bytes : xm_param_i64("XMESH_CHUNK_BYTES");
+    r.chunk_bytes = p->chunk_bytes != XMESH_UNSET_I64 ? p->chunk_bytes : xm_param_chunk_bytes();
     if (r.chunk_bytes < 1)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "chunk_bytes %lld must be >= 1",
                       (long long)r.chunk_bytes);
-    r.budget_us = p->budget_us != XMESH_UNSET_I64 ? p->budget_us : xm_param_i64("XMESH_BUDGET_US");
+    r.budget_us = p->budget_us != XMESH_UNSET_I64 ? p->budget_us : xm_param_budget_us();
     if (r.budget_us < 0)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "budget_us %lld must be >= 0",
                       (long long)r.budget_us);
-    r.seed = p->seed != XMESH_UNSET_I64 ? p->seed : xm_param_i64("XMESH_SEED");
+    r.seed = p->seed != XMESH_UNSET_I64 ? p->seed : xm_param_seed();
     r.timeout_s = p->timeout_s >= 0 ? p->timeout_s : ctx_timeout;
     *out = r;
     return XMESH_SUCCESS;
@@ -455,9 +460,9 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     xmesh_result_t r = xm_cluster_init(&x, hosts);
     if (r)
         return r;
-    double nic = xm_param_double("XMESH_NIC_GBPS"), intra = xm_param_double("XMESH_INTRA_GBPS");
-    int64_t nics = xm_param_i64("XMESH_NICS_PER_HOST");
-    double lat = xm_param_double("XMESH_LATENCY_US");
+    double nic = xm_param_nic_gbps(), intra = xm_param_intra_gbps();
+    int64_t nics = xm_param_nics_per_host();
+    double lat = xm_param_latency_us();
     if (nic <= 0 || intra <= 0 || nics < 1 || lat < 0) {
         xm_cluster_free(&x);
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -470,7 +475,7 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     x.nics_per_host = (int)nics;
     x.latency_s = lat * 1e-6;
     x.chunk_bytes = chunk_bytes;
-    const char *file = xm_param_str("XMESH_CLUSTER_FILE");
+    const char *file = xm_param_cluster_file();
     if (*file && (r = xm_cluster_load(file, &x))) {
         xm_cluster_free(&x);
         return r;

@@ -25,7 +25,10 @@ static int cmp_i64(const void *a, const void *b)
 /* Index of the shard of an array_split(n, k) that contains position pos. */
 static int64_t shard_of(int64_t n, int64_t k, int64_t pos)
 {
-    int64_t base = n / k, rem = n % k, big = rem * (base + 1);
+    int64_t base = n / k, rem = n % k;
+    if (rem == 0)
+        return base ? pos / base : 0;
+    int64_t big = rem * (base + 1); /* rem > 0: k >= 2, so base + 1 <= n, big <= n */
     if (pos < big)
         return pos / (base + 1);
     return rem + (pos - big) / base;
@@ -61,6 +64,45 @@ static xmesh_result_t make_cuts(const xm_layout_t *s, const xm_layout_t *t, int 
     return XMESH_SUCCESS;
 }
 
+/* Formats "[a, b, c]" into buf. */
+static void format_shape(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t n = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < ndim && n < len; d++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < len)
+        snprintf(buf + n, len - n, "]");
+}
+
+xmesh_result_t xm_shape_bytes(int ndim, const int64_t *shape, size_t elem_size, int64_t *bytes)
+{
+    int64_t v = (int64_t)elem_size, zero = 0;
+    int over = elem_size > (size_t)INT64_MAX;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0) {
+            char buf[256];
+            format_shape(ndim, shape, buf, sizeof buf);
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "shape %s: dim %d = %lld is negative", buf, d,
+                          (long long)shape[d]);
+        }
+        zero |= shape[d] == 0;
+        /* A zero dim does not excuse the others: every partial product of
+         * extents (blocks, boxes, strides) must fit too. */
+        if (!over && __builtin_mul_overflow(v, shape[d] ? shape[d] : 1, &v))
+            over = 1;
+    }
+    if (over) {
+        char buf[256];
+        format_shape(ndim, shape, buf, sizeof buf);
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "shape %s of %zu-byte elements: the tensor's byte size exceeds 64 bits", buf,
+                      elem_size);
+    }
+    if (bytes)
+        *bytes = zero ? 0 : v;
+    return XMESH_SUCCESS;
+}
+
 static xmesh_result_t check_pair(const xm_layout_t *src, const xm_layout_t *dst)
 {
     if (src->ndim != dst->ndim)
@@ -78,6 +120,9 @@ static xmesh_result_t check_pair(const xm_layout_t *src, const xm_layout_t *dst)
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "shape[%d] = %lld is negative", d,
                           (long long)src->shape[d]);
     }
+    xmesh_result_t r = xm_shape_bytes(src->ndim, src->shape, src->elem_size, NULL);
+    if (r)
+        return r;
     if (dst->spec.partial_mask)
         return XM_ERR(XMESH_ERR_UNSUPPORTED,
                       "destination sharding has a partial (P) mesh axis; only sources may be "
@@ -241,7 +286,19 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
             }
             nhosts_remote += !covered;
         }
-        ts.bytes_cross_host += t->bytes * nhosts_remote;
+        /* The tensor fits in 64 bits (check_pair), its copies to every host
+         * may not: refuse rather than wrap. */
+        int64_t cross;
+        if (__builtin_mul_overflow(t->bytes, (int64_t)nhosts_remote, &cross) ||
+            __builtin_add_overflow(ts.bytes_cross_host, cross, &ts.bytes_cross_host)) {
+            char buf[256];
+            format_shape(nd, src->shape, buf, sizeof buf);
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                       "shape %s of %zu-byte elements: the bytes sent to all receiver hosts "
+                       "exceed 64 bits",
+                       buf, src->elem_size);
+            goto out_free_all;
+        }
         nt++;
         for (int d = nd - 1; d >= 0; d--) {
             if (++iv[d] < cuts[d].n)
@@ -252,11 +309,9 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     ts.ntasks = nt;
     ts.ndim = nd;
     ts.elem_size = src->elem_size;
-    ts.bytes_total = (int64_t)src->elem_size;
-    for (int d = 0; d < nd; d++) {
+    (void)xm_shape_bytes(nd, src->shape, src->elem_size, &ts.bytes_total); /* checked */
+    for (int d = 0; d < nd; d++)
         ts.shape[d] = src->shape[d];
-        ts.bytes_total *= src->shape[d];
-    }
     *out = ts;
     memset(&ts, 0, sizeof ts);
     r = XMESH_SUCCESS;

@@ -25,6 +25,11 @@ const char *xmesh_last_error(void)
     return last_error;
 }
 
+char *xm_error_buffer(void)
+{
+    return last_error;
+}
+
 void xm_error_clear(void)
 {
     last_error[0] = '\0';
@@ -53,6 +58,11 @@ int xm_log_level(void)
             l = XM_LOG_INFO;
         else if (s && !strcasecmp(s, "TRACE"))
             l = XM_LOG_TRACE;
+        else if (s && *s)
+            fprintf(stderr,
+                    "xmesh WARN XMESH_DEBUG=%s refused: expected WARN, INFO or TRACE; using the "
+                    "default (errors are only recorded)\n",
+                    s);
         level = l;
     }
     return level;

@@ -85,7 +85,7 @@ xmesh_result_t xmesh_scheduler_parse(const char *name, xmesh_scheduler_t *out)
 
 const char *xmesh_version_string(void)
 {
-    return "0.1.0";
+    return XMESH_VERSION_STRING;
 }
 
 uint64_t xm_hash64(uint64_t h, const void *data, size_t len)

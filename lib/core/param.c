@@ -1,4 +1,10 @@
-/* Every XMESH_* environment parameter, declared once (like NCCL_PARAM). */
+/* Every XMESH_* environment parameter, declared once (like NCCL_PARAM):
+ * name, default and help in the table below; type and range in `types`;
+ * typed accessors parse once, cache, and log when set (XMESH_DEBUG=INFO). */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,9 +38,69 @@ static const xm_param_desc_t params[] = {
      "NCCL backend: most cached communicators per context (one per mesh pair)"},
 };
 
+/* ------------------------------------------------------------------ types */
+
+/* How each typed parameter is parsed and its valid range. A row of the table
+ * above with no entry here is a string. Integers are decimal; byte sizes are
+ * decimal with an optional binary suffix K, M or G (256K = 262144); reals are
+ * strtod numbers. A value that does not parse or is out of range is refused:
+ * one warning on stderr naming the variable, the value and the default that
+ * is used instead (never an error, never a silently truncated number). */
+typedef enum { KIND_STR = 0, KIND_INT, KIND_BYTES, KIND_REAL } kind_t;
+
+typedef struct {
+    const char *name;
+    kind_t kind;
+    int64_t imin, imax; /* KIND_INT, KIND_BYTES: inclusive range */
+    double rmin;        /* KIND_REAL: lower bound ... */
+    int rmin_open;      /* ... exclusive when set */
+} ptype_t;
+
+static const ptype_t types[] = {
+    {"XMESH_CHUNK_BYTES", KIND_BYTES, 1, INT64_MAX, 0, 0},
+    {"XMESH_SEND_AHEAD", KIND_INT, 1, 1 << 20, 0, 0},
+    {"XMESH_BUDGET_US", KIND_INT, 0, INT64_MAX, 0, 0},
+    {"XMESH_SEED", KIND_INT, INT64_MIN, INT64_MAX, 0, 0},
+    {"XMESH_TIMEOUT_S", KIND_REAL, 0, 0, 0, 0},
+    {"XMESH_NIC_GBPS", KIND_REAL, 0, 0, 0, 1},
+    {"XMESH_NICS_PER_HOST", KIND_INT, 1, 1 << 16, 0, 0},
+    {"XMESH_INTRA_GBPS", KIND_REAL, 0, 0, 0, 1},
+    {"XMESH_LATENCY_US", KIND_REAL, 0, 0, 0, 0},
+    {"XMESH_CHECK", KIND_INT, 0, 1, 0, 0},
+    {"XMESH_NCCL_MAX_COMMS", KIND_INT, 1, 1 << 16, 0, 0},
+};
+
+/* Names in the XMESH_ namespace that belong to scripts and tests, not to
+ * the library: never reported as misspelt. */
+static const char *const foreign_prefixes[] = {"XMESH_TEST_", "XMESH_BENCH", "XMESH_GPU_",
+                                               "XMESH_REL_",  "XMESH_FUZZ",  "XMESH_PIPE",
+                                               "XMESH_TRAIN"};
+static const char *const foreign_names[] = {"XMESH_QUICK", "XMESH_JOBS", "XMESH_PLAN_ONLY",
+                                            "XMESH_MPIEXEC", "XMESH_FAULT_DST"};
+
+#define NPARAMS (sizeof params / sizeof params[0])
+
+/* Parsed state of one parameter (cached). */
+typedef struct {
+    int loaded;
+    char *raw; /* the environment string it was parsed from, NULL if unset */
+    const char *str;
+    int64_t i;
+    double r;
+    int from_env; /* the value came from the environment */
+} slot_t;
+
+/* typed[]: the cached accessors' values, loaded once and then never changed
+ * (xm_param_reset aside), so a string they return stays valid. byname[]:
+ * the by-name lookups, reloaded when the environment string changes; they
+ * only hand out copies of numbers. */
+static slot_t typed[NPARAMS], byname[NPARAMS];
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
 int xm_param_count(void)
 {
-    return (int)(sizeof params / sizeof params[0]);
+    return (int)NPARAMS;
 }
 
 const xm_param_desc_t *xm_param_get(int i)
@@ -42,23 +108,355 @@ const xm_param_desc_t *xm_param_get(int i)
     return i >= 0 && i < xm_param_count() ? &params[i] : NULL;
 }
 
+int xm_param_find(const char *name)
+{
+    for (int i = 0; name && i < xm_param_count(); i++)
+        if (!strcmp(params[i].name, name))
+            return i;
+    return -1;
+}
+
+static const ptype_t *type_of(const char *name)
+{
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(types[i].name, name))
+            return &types[i];
+    return NULL;
+}
+
+xmesh_result_t xm_param_parse_int(const char *s, int bytes, int64_t *out)
+{
+    if (!s || !*s)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "'' is empty");
+    const char *p = s;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (!((*p >= '0' && *p <= '9') || ((*p == '-' || *p == '+') && p[1] >= '0' && p[1] <= '9')))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "'%s' is not a decimal number", s);
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (errno == ERANGE)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "'%s' does not fit in 64 bits", s);
+    int64_t mul = 1;
+    if (bytes && *end) {
+        switch (*end) {
+        case 'k':
+        case 'K':
+            mul = (int64_t)1 << 10;
+            break;
+        case 'm':
+        case 'M':
+            mul = (int64_t)1 << 20;
+            break;
+        case 'g':
+        case 'G':
+            mul = (int64_t)1 << 30;
+            break;
+        default:
+            mul = 0;
+        }
+        if (mul) {
+            end++;
+            if (*end == 'i' && end[1] == 'B')
+                end += 2; /* KiB, MiB, GiB */
+        }
+    }
+    if (*end || !mul)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "'%s' is not a %s", s,
+                      bytes ? "byte size (digits, optional suffix K, M or G = 2^10, 2^20, 2^30)"
+                            : "decimal integer");
+    int64_t r;
+    if (__builtin_mul_overflow((int64_t)v, mul, &r))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "'%s' does not fit in 64 bits", s);
+    *out = r;
+    return XMESH_SUCCESS;
+}
+
+/* Parses s as the kind of t and checks the range; on error the message (in
+ * xmesh_last_error) names the problem, the value is not written. */
+static xmesh_result_t parse_typed(const ptype_t *t, const char *s, int64_t *i, double *r)
+{
+    xmesh_result_t rc;
+    if (t->kind == KIND_INT || t->kind == KIND_BYTES) {
+        int64_t v;
+        if ((rc = xm_param_parse_int(s, t->kind == KIND_BYTES, &v)))
+            return rc;
+        if (v < t->imin || v > t->imax)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%lld is out of range [%lld, %lld]",
+                          (long long)v, (long long)t->imin, (long long)t->imax);
+        *i = v;
+        *r = (double)v;
+        return XMESH_SUCCESS;
+    }
+    char *end;
+    errno = 0;
+    double v = s && *s ? strtod(s, &end) : 0;
+    if (!s || !*s || *end || errno == ERANGE || !isfinite(v))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "'%s' is not a finite number", s ? s : "");
+    if (t->rmin_open ? !(v > t->rmin) : !(v >= t->rmin))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%g must be %s %g", v,
+                      t->rmin_open ? ">" : ">=", t->rmin);
+    *r = v;
+    *i = (int64_t)v;
+    return XMESH_SUCCESS;
+}
+
+/* Edit distance, for "did you mean". Names are short. */
+static int distance(const char *a, const char *b)
+{
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63 || lb > 63)
+        return 99;
+    int row[64];
+    for (int j = 0; j <= lb; j++)
+        row[j] = j;
+    for (int i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+int xm_param_is_foreign(const char *name)
+{
+    for (size_t i = 0; i < sizeof foreign_prefixes / sizeof foreign_prefixes[0]; i++)
+        if (!strncmp(name, foreign_prefixes[i], strlen(foreign_prefixes[i])))
+            return 1;
+    for (size_t i = 0; i < sizeof foreign_names / sizeof foreign_names[0]; i++)
+        if (!strcmp(name, foreign_names[i]))
+            return 1;
+    return 0;
+}
+
+int xm_param_check_env(FILE *f)
+{
+    extern char **environ;
+    int unknown = 0;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "XMESH_", 6))
+            continue;
+        char name[128];
+        size_t n = strcspn(*e, "=");
+        if (n >= sizeof name)
+            n = sizeof name - 1;
+        memcpy(name, *e, n);
+        name[n] = '\0';
+        if (xm_param_find(name) >= 0 || xm_param_is_foreign(name))
+            continue;
+        int best = -1, bd = 99;
+        for (int i = 0; i < xm_param_count(); i++) {
+            int d = distance(name, params[i].name);
+            if (d < bd) {
+                bd = d;
+                best = i;
+            }
+        }
+        if (f)
+            fprintf(f,
+                    "xmesh WARN %s is set but is not an xmesh parameter (ignored)%s%s%s; "
+                    "`xmesh-info` lists them\n",
+                    name, best >= 0 && bd <= 3 ? ": did you mean " : "",
+                    best >= 0 && bd <= 3 ? params[best].name : "", best >= 0 && bd <= 3 ? "?" : "");
+        unknown++;
+    }
+    return unknown;
+}
+
+static void check_env_once(void)
+{
+    xm_param_check_env(stderr);
+}
+
+/* Fills slot idx from value s (NULL: unset). Returns the warning to print
+ * after unlocking in warn (empty: none). */
+static void load_slot(slot_t *sl, int idx, const char *s, char *warn, size_t wlen)
+{
+    const xm_param_desc_t *d = &params[idx];
+    const ptype_t *t = type_of(d->name);
+    free(sl->raw);
+    sl->raw = s ? strdup(s) : NULL;
+    sl->loaded = 1;
+    sl->from_env = 0;
+    sl->str = d->deflt;
+    sl->i = 0;
+    sl->r = 0;
+    warn[0] = '\0';
+    if (!t) {
+        if (sl->raw && *sl->raw) {
+            sl->str = sl->raw;
+            sl->from_env = 1;
+        }
+        return;
+    }
+    /* The default is trusted (a unit test parses every one). */
+    if (*d->deflt)
+        (void)parse_typed(t, d->deflt, &sl->i, &sl->r);
+    if (!s || !*s)
+        return;
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", xmesh_last_error());
+    int64_t i;
+    double r;
+    if (parse_typed(t, s, &i, &r)) {
+        snprintf(warn, wlen, "xmesh WARN %s=%s refused: %s; using the default %s", d->name, s,
+                 xmesh_last_error(), *d->deflt ? d->deflt : "(none)");
+    } else {
+        sl->i = i;
+        sl->r = r;
+        sl->str = sl->raw;
+        sl->from_env = 1;
+    }
+    /* Parsing must not disturb the caller's last error. */
+    snprintf(xm_error_buffer(), 1024, "%s", saved);
+}
+
+/* Typed (refresh = 0: loaded once) or by-name (refresh = 1: reloaded when
+ * the environment string changed) value of row idx, copied into *out under
+ * the lock. */
+static void resolve(int idx, int refresh, slot_t *out)
+{
+    char warn[1200];
+    int logset = 0;
+    pthread_once(&env_once, check_env_once);
+    pthread_mutex_lock(&mu);
+    slot_t *sl = refresh ? &byname[idx] : &typed[idx];
+    const char *s = getenv(params[idx].name);
+    int changed =
+        !sl->loaded || (refresh && ((s == NULL) != (sl->raw == NULL) || (s && strcmp(s, sl->raw))));
+    warn[0] = '\0';
+    if (changed) {
+        load_slot(sl, idx, s, warn, sizeof warn);
+        logset = sl->from_env;
+    }
+    *out = *sl;
+    if (refresh)
+        out->raw = NULL, out->str = NULL; /* may change under a later call */
+    pthread_mutex_unlock(&mu);
+    if (*warn)
+        fprintf(stderr, "%s\n", warn);
+    if (logset)
+        XM_INFO("%s set by environment to %s", params[idx].name, s);
+}
+
+static int must_find(const char *name)
+{
+    int idx = xm_param_find(name);
+    if (idx < 0) { /* a programming error: the accessor names an undeclared row */
+        fprintf(stderr, "xmesh: internal error: parameter %s is not declared in param.c\n", name);
+        abort();
+    }
+    return idx;
+}
+
+/* Typed accessors, each bound to a declared row (see xm_core.h). */
+#define XM_PARAM_DEFINE(fn, ctype, field, env)                                                     \
+    ctype xm_param_##fn(void)                                                                      \
+    {                                                                                              \
+        slot_t v;                                                                                  \
+        resolve(must_find(env), 0, &v);                                                            \
+        return (ctype)v.field;                                                                     \
+    }
+XM_PARAM_DEFINE(strategy, const char *, str, "XMESH_STRATEGY")
+XM_PARAM_DEFINE(scheduler, const char *, str, "XMESH_SCHEDULER")
+XM_PARAM_DEFINE(chunk_bytes, int64_t, i, "XMESH_CHUNK_BYTES")
+XM_PARAM_DEFINE(send_ahead, int64_t, i, "XMESH_SEND_AHEAD")
+XM_PARAM_DEFINE(budget_us, int64_t, i, "XMESH_BUDGET_US")
+XM_PARAM_DEFINE(seed, int64_t, i, "XMESH_SEED")
+XM_PARAM_DEFINE(timeout_s, double, r, "XMESH_TIMEOUT_S")
+XM_PARAM_DEFINE(nic_gbps, double, r, "XMESH_NIC_GBPS")
+XM_PARAM_DEFINE(nics_per_host, int64_t, i, "XMESH_NICS_PER_HOST")
+XM_PARAM_DEFINE(intra_gbps, double, r, "XMESH_INTRA_GBPS")
+XM_PARAM_DEFINE(latency_us, double, r, "XMESH_LATENCY_US")
+XM_PARAM_DEFINE(cluster_file, const char *, str, "XMESH_CLUSTER_FILE")
+XM_PARAM_DEFINE(topo_xml, const char *, str, "XMESH_TOPO_XML")
+XM_PARAM_DEFINE(nccl_max_comms, int64_t, i, "XMESH_NCCL_MAX_COMMS")
+#undef XM_PARAM_DEFINE
+
+int xm_param_is_set(const char *name)
+{
+    int idx = xm_param_find(name);
+    slot_t v;
+    if (idx < 0)
+        return 0;
+    resolve(idx, 1, &v);
+    return v.from_env;
+}
+
+/* ------------------------------------------- untyped accessors (by name) */
+
+/* The lookups below re-read the environment at each call (tests change
+ * XMESH_CHECK/XMESH_TRACE between plans) but parse and warn only when the
+ * string changed. Declared names get their typed validation. */
+
 const char *xm_param_str(const char *name)
 {
+    int idx = xm_param_find(name);
+    if (idx < 0) {
+        const char *v = getenv(name);
+        return v && *v ? v : "";
+    }
+    slot_t sl;
+    resolve(idx, 1, &sl); /* warnings, logging */
     const char *v = getenv(name);
-    if (v && *v)
-        return v;
-    for (int i = 0; i < xm_param_count(); i++)
-        if (!strcmp(params[i].name, name))
-            return params[i].deflt;
-    return "";
+    return v && *v ? v : params[idx].deflt;
 }
 
 int64_t xm_param_i64(const char *name)
 {
-    return strtoll(xm_param_str(name), NULL, 0);
+    int idx = xm_param_find(name);
+    if (idx < 0) {
+        int64_t v = 0;
+        const char *s = getenv(name);
+        return s && *s && !xm_param_parse_int(s, 0, &v) ? v : 0;
+    }
+    slot_t sl;
+    resolve(idx, 1, &sl);
+    if (type_of(name))
+        return sl.i;
+    int64_t v = 0; /* a string row read as a number: best effort */
+    (void)xm_param_parse_int(xm_param_str(name), 0, &v);
+    return v;
 }
 
 double xm_param_double(const char *name)
 {
-    return strtod(xm_param_str(name), NULL);
+    int idx = xm_param_find(name);
+    if (idx < 0) {
+        const char *s = getenv(name);
+        return s && *s ? strtod(s, NULL) : 0;
+    }
+    slot_t sl;
+    resolve(idx, 1, &sl);
+    return type_of(name) ? sl.r : strtod(xm_param_str(name), NULL);
+}
+
+void xm_param_reset(void)
+{
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < NPARAMS; i++) {
+        free(typed[i].raw);
+        free(byname[i].raw);
+        memset(&typed[i], 0, sizeof typed[i]);
+        memset(&byname[i], 0, sizeof byname[i]);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+const char *xm_param_kind_name(const char *name)
+{
+    const ptype_t *t = type_of(name);
+    if (!t)
+        return "string";
+    return t->kind == KIND_INT ? "integer" : t->kind == KIND_BYTES ? "bytes" : "real";
 }

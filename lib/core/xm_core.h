@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "xmesh.h"
 
@@ -31,6 +32,8 @@ xmesh_result_t xm_error_at(const char *file, int line, xmesh_result_t r, const c
     __attribute__((format(printf, 4, 5)));
 #define XM_ERR(r, ...) xm_error_at(__FILE__, __LINE__, (r), __VA_ARGS__)
 void xm_error_clear(void);
+/* This thread's last-error buffer (1024 bytes), to save and restore it. */
+char *xm_error_buffer(void);
 
 /* Logging: XMESH_DEBUG=WARN|INFO|TRACE (default: errors are only recorded). */
 enum { XM_LOG_NONE = 0, XM_LOG_WARN = 1, XM_LOG_INFO = 2, XM_LOG_TRACE = 3 };
@@ -49,7 +52,15 @@ void xm_log_at(int level, const char *file, int line, const char *fmt, ...)
 /* ------------------------------------------------------------ parameters */
 
 /* Every XMESH_* environment parameter is declared once in lib/core/param.c
- * with its default and help line; xmesh-info prints the table. */
+ * with its default and help line; xmesh-info prints the table. Typed ones
+ * (integers, byte sizes with K/M/G binary suffixes, reals) are validated: a
+ * value that does not parse or is out of range is refused with one warning
+ * on stderr naming the variable, the value and the default used instead
+ * (the value never is an error and never silently truncated: "256K" is
+ * 262144, "256X" is refused). The first lookup also warns once about every
+ * XMESH_* variable of the environment that is not a parameter (misspelt),
+ * except names that belong to scripts and tests (XMESH_TEST_*, XMESH_BENCH*,
+ * ...). */
 typedef struct {
     const char *name;  /* "XMESH_CHUNK_BYTES" */
     const char *deflt; /* default as text */
@@ -57,10 +68,51 @@ typedef struct {
 } xm_param_desc_t;
 int xm_param_count(void);
 const xm_param_desc_t *xm_param_get(int i);
-/* Value of an environment parameter or the default when unset/empty. */
+/* Row index of a declared parameter, -1 if name is not one. */
+int xm_param_find(const char *name);
+/* "string", "integer", "bytes" or "real". */
+const char *xm_param_kind_name(const char *name);
+
+/* Typed, cached accessors (in the manner of NCCL_PARAM): the environment is
+ * read and validated at the first call, then the value is fixed for the
+ * life of the process (xm_param_reset forgets it, for tests); a value taken
+ * from the environment is logged at XMESH_DEBUG=INFO. Strings return the
+ * default when unset or empty. */
+const char *xm_param_strategy(void);     /* XMESH_STRATEGY */
+const char *xm_param_scheduler(void);    /* XMESH_SCHEDULER */
+int64_t xm_param_chunk_bytes(void);      /* XMESH_CHUNK_BYTES, >= 1 */
+int64_t xm_param_send_ahead(void);       /* XMESH_SEND_AHEAD, >= 1 */
+int64_t xm_param_budget_us(void);        /* XMESH_BUDGET_US, >= 0 */
+int64_t xm_param_seed(void);             /* XMESH_SEED */
+double xm_param_timeout_s(void);         /* XMESH_TIMEOUT_S, >= 0 */
+double xm_param_nic_gbps(void);          /* XMESH_NIC_GBPS, > 0 */
+int64_t xm_param_nics_per_host(void);    /* XMESH_NICS_PER_HOST, >= 1 */
+double xm_param_intra_gbps(void);        /* XMESH_INTRA_GBPS, > 0 */
+double xm_param_latency_us(void);        /* XMESH_LATENCY_US, >= 0 */
+const char *xm_param_cluster_file(void); /* XMESH_CLUSTER_FILE */
+const char *xm_param_topo_xml(void);     /* XMESH_TOPO_XML */
+int64_t xm_param_nccl_max_comms(void);   /* XMESH_NCCL_MAX_COMMS, >= 1 */
+/* The named parameter has a valid value from the environment. */
+int xm_param_is_set(const char *name);
+void xm_param_reset(void);
+
+/* Lookups by name (older call sites; lib/mpi, lib/cuda, tools): the value
+ * of the environment or the default, re-read at each call (so tests may
+ * change XMESH_CHECK between plans), validated like the typed accessors
+ * when the name is declared. */
 const char *xm_param_str(const char *name);
 int64_t xm_param_i64(const char *name);
 double xm_param_double(const char *name);
+
+/* Parses a decimal integer (bytes = 1: with an optional binary suffix K, M,
+ * G, or KiB, MiB, GiB) into *out; INVALID_ARGUMENT naming s if it does not
+ * parse or overflows 64 bits, *out untouched. */
+xmesh_result_t xm_param_parse_int(const char *s, int bytes, int64_t *out);
+/* Warns on f (if not NULL) about every XMESH_* environment variable that is
+ * neither a parameter nor a script/test variable; returns how many. */
+int xm_param_check_env(FILE *f);
+/* The name belongs to scripts/tests (XMESH_TEST_*, XMESH_BENCH*, ...). */
+int xm_param_is_foreign(const char *name);
 
 /* ----------------------------------------------------------------- specs */
 
@@ -197,6 +249,12 @@ typedef struct xm_taskset {
 xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
                             const xm_hostmap_t *hosts, xm_taskset_t *out);
 void xm_taskset_free(xm_taskset_t *ts);
+/* Byte size of a dense tensor (0 if a dim is 0) into *bytes (may be NULL).
+ * INVALID_ARGUMENT naming the shape if a dim is negative or elem_size times
+ * the product of the dims (zero dims counted as 1, so that no partial
+ * product of extents can overflow either) does not fit in int64_t; *bytes
+ * untouched then. */
+xmesh_result_t xm_shape_bytes(int ndim, const int64_t *shape, size_t elem_size, int64_t *bytes);
 
 /* Default host map for planning without MPI: devices 0..|A|-1 are the source
  * mesh, |A|..|A|+|B|-1 the destination mesh (or the same ids when

@@ -8,6 +8,12 @@ Targets (medians, emulated cluster):
   T2 1-to-m: xmesh time grows <= 10% from 1 to 4 receiver hosts (1x2 -> 4x2)
   T3 xmesh at least as fast as every baseline on every case
   T4 xmesh >= 2x faster than the best baseline on n-to-m cases 3, 4 and 9
+Comparisons use each method's [min, max] over its iterations, not medians
+alone: xmesh WINs against a baseline only when its max is below the
+baseline's min (the intervals do not overlap), LOSEs only when its min is
+above the baseline's max, and otherwise the two TIE. T3 is met on a case
+when xmesh WINs against every baseline; a TIE is reported as a tie (not
+met, not lost). T4 needs a WIN and a median speed-up >= 2.
   T5 simulator prediction within 15% of the measured xmesh median
   T0 calibration: one raw transfer >= 90% of the nominal NIC rate
 Prints one line per check, PASS/MISS with the numbers. Exit 0 always: a
@@ -21,6 +27,29 @@ ABLATIONS = {"naive", "lb", "dfs", "greedy"}
 
 def ok(rows):
     return [r for r in rows if r["status"] == "ok" and r["time_med_s"]]
+
+
+def interval(r):
+    """[min, max] of a row's iterations (the median when not recorded)."""
+    lo = r.get("time_min_s") or r["time_med_s"]
+    hi = r.get("time_max_s") or r["time_med_s"]
+    return lo, hi
+
+
+def span(r):
+    lo, hi = interval(r)
+    return f"[{lo:.3f}..{hi:.3f}]"
+
+
+def compare(x, b):
+    """WIN / LOSS when xmesh's and the baseline's intervals are disjoint."""
+    xlo, xhi = interval(x)
+    blo, bhi = interval(b)
+    if xhi < blo:
+        return "WIN"
+    if xlo > bhi:
+        return "LOSS"
+    return "TIE"
 
 
 def main(paths):
@@ -61,11 +90,21 @@ def main(paths):
             best_m = min(base, key=lambda m: base[m]["time_med_s"])
             bt = base[best_m]["time_med_s"]
             sp = bt / t
-            print(f"T3 {tag}: best baseline {best_m} {bt:.3f} s vs xmesh {t:.3f} s = "
-                  f"{sp:.2f}x: {'PASS' if sp >= 1.0 else 'MISS'}")
+            verdicts = {m: compare(x, r) for m, r in base.items()}
+            ties = sorted(m for m, v in verdicts.items() if v == "TIE")
+            losses = sorted(m for m, v in verdicts.items() if v == "LOSS")
+            if losses:
+                res = "MISS (LOSS to " + ", ".join(losses) + ")"
+            elif ties:
+                res = "TIE (intervals overlap with " + ", ".join(ties) + ")"
+            else:
+                res = "PASS (WIN against every baseline)"
+            print(f"T3 {tag}: best baseline {best_m} {bt:.3f} s {span(base[best_m])} vs xmesh "
+                  f"{t:.3f} s {span(x)} = {sp:.2f}x: {res}")
             if suite == "n-to-m" and case in ("3", "4", "9"):
-                print(f"T4 {tag}: speed-up over best baseline {sp:.2f}x: "
-                      f"{'PASS' if sp >= 2.0 else 'MISS'}")
+                win = verdicts[best_m] == "WIN"
+                print(f"T4 {tag}: speed-up over best baseline {sp:.2f}x "
+                      f"({verdicts[best_m]}): {'PASS' if sp >= 2.0 and win else 'MISS'}")
         if x.get("predicted_s"):
             e = x["predicted_s"] / t
             print(f"T5 {tag}: predicted {x['predicted_s']:.3f} s / measured {t:.3f} s = "

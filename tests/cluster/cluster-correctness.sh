@@ -39,6 +39,22 @@ if grep -v "sendrecv-allgather .*unsupported" "$log" |
     echo "FAIL: some rows did not run or were wrong (see above)"
     exit 1
 fi
-n=$(grep -cE '^ +[0-9x]+ +[a-z-]+ +[0-9]+ +[0-9.]+ ' "$log")
-echo "PASS: $n rows ran, every destination element correct"
+# A run that printed no result rows proves nothing: every method must have
+# produced rows (the refusable Alpa-style strategy excepted).
+rowre='^ +[0-9x]+ +[a-z-]+ +[0-9]+ +[0-9.]+ '
+n=$(grep -cE "$rowre" "$log")
+if [ "$n" -eq 0 ]; then
+    echo "FAIL: no result rows in xmesh-bench's output (nothing was checked)"
+    exit 1
+fi
+missing=""
+for m in ${all//,/ }; do
+    [ "$m" = sendrecv-allgather ] && grep -q "sendrecv-allgather .*unsupported" "$log" && continue
+    grep -E "$rowre" "$log" | grep -qE "^ +[0-9x]+ +$m " || missing="$missing $m"
+done
+if [ -n "$missing" ]; then
+    echo "FAIL: $n rows, but none for:$missing"
+    exit 1
+fi
+echo "PASS: $n rows ran, every method present, every destination element correct"
 exit 0

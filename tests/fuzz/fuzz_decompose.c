@@ -1,6 +1,10 @@
 /* Fuzzes the decomposer: the input picks meshes, shape and specs. Either a
  * clear error comes back or the invariants hold: task boxes are non-empty,
- * disjoint and tile the tensor, and every holder's block contains its box. */
+ * disjoint and tile the tensor, and every holder's block contains its box.
+ * A shape byte >= 192 picks a huge dim (INT64_MAX >> (byte - 192)), so the
+ * fuzzer reaches shapes whose byte size overflows 64 bits (zero dims
+ * counted as 1): those must be refused with INVALID_ARGUMENT naming the
+ * shape. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,8 +29,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(l, 0, sizeof l);
     int nd = take(&p, end, 5);
     int64_t shape[XM_MAX_DIMS];
-    for (int d = 0; d < nd; d++)
-        shape[d] = take(&p, end, 12);
+    for (int d = 0; d < nd; d++) {
+        int v = take(&p, end, 256);
+        shape[d] = v < 192 ? v % 12 : INT64_MAX >> (v - 192);
+    }
+    int64_t want_bytes = 2, zero = 0, over = 0; /* elem_size 2, computed here on its own */
+    for (int d = 0; d < nd; d++) {
+        zero |= shape[d] == 0;
+        over |= __builtin_mul_overflow(want_bytes, shape[d] ? shape[d] : 1, &want_bytes);
+    }
     for (int side = 0; side < 2; side++) {
         xm_layout_t *x = &l[side];
         x->ndim = nd;
@@ -60,11 +71,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             return 0; /* a clear error: fine */
     }
     xm_taskset_t ts;
-    if (xm_decompose(&l[0], &l[1], NULL, &ts))
+    xmesh_result_t r = xm_decompose(&l[0], &l[1], NULL, &ts);
+    if (over) {
+        /* too large: refused, naming the shape */
+        if (r != XMESH_ERR_INVALID_ARGUMENT || !strstr(xmesh_last_error(), "exceeds 64 bits"))
+            abort();
         return 0;
+    }
+    if (r)
+        return 0;
+    if (ts.bytes_total != (zero ? 0 : want_bytes))
+        abort();
     int64_t total = 1, sum = 0;
-    for (int d = 0; d < nd; d++)
-        total *= shape[d];
+    for (int d = 0; d < nd && !zero; d++)
+        total *= shape[d]; /* fits: want_bytes did */
+    if (zero)
+        total = 0;
     for (int t = 0; t < ts.ntasks; t++) {
         const xm_task_t *k = &ts.tasks[t];
         int64_t v = xm_box_volume(&k->box, nd);

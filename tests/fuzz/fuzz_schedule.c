@@ -2,7 +2,8 @@
  * specs, cluster model and scheduler. Either a clear error comes back or:
  * order is a permutation, every sender holds its group's box, every receiver
  * of a task appears in exactly one of its routes, and the lower bound does
- * not exceed the simulated makespan. */
+ * not exceed the simulated makespan. Huge shapes (byte size near or past
+ * 2^63) are in reach too. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,8 +62,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data, *end = data + size;
     int nd = 1 + take(&p, end, 3);
     int64_t shape[XM_MAX_DIMS];
-    for (int d = 0; d < nd; d++)
-        shape[d] = 1 + take(&p, end, 16);
+    for (int d = 0; d < nd; d++) {
+        /* bytes >= 240 pick huge dims (up to 2^62): the decomposer must
+         * refuse what overflows, the schedulers must cope with the rest */
+        int v = take(&p, end, 256);
+        shape[d] = v < 240 ? 1 + v % 16 : (int64_t)1 << (47 + (v - 240));
+    }
     int ms[2][2], devs[2][16];
     xm_layout_t l[2];
     memset(l, 0, sizeof l);

@@ -13,8 +13,9 @@ set(found "")
 foreach(cu ${cus})
   get_filename_component(n ${cu} NAME_WE)
   set(cubin ${OUT}/${n}.sm_90.cubin)
+  list(TRANSFORM INC PREPEND -I OUTPUT_VARIABLE incflags) # INC: a list (generated config.h too)
   execute_process(COMMAND ${NVCC} -arch=sm_90 -cubin -Werror all-warnings
-                          -I${INC} -I${SRC_DIR} -o ${cubin} ${cu}
+                          ${incflags} -I${SRC_DIR} -o ${cubin} ${cu}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "nvcc -arch=sm_90 failed on ${cu}:\n${out}${err}")

@@ -8,27 +8,120 @@ function(run)
     message(FATAL_ERROR "failed (${rc}): ${ARGN}")
   endif()
 endfunction()
+# Fails unless `prog` does (want_so = 1) or does not (0) load libxmesh.so.
+function(check_needed prog want_so)
+  execute_process(COMMAND readelf -d ${prog} OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "readelf -d ${prog} failed")
+  endif()
+  if(dyn MATCHES "NEEDED[^\n]*libxmesh\\.so")
+    set(has 1)
+  else()
+    set(has 0)
+  endif()
+  if(NOT has EQUAL want_so)
+    message(FATAL_ERROR "${prog}: needs libxmesh.so = ${has}, want ${want_so}:\n${dyn}")
+  endif()
+endfunction()
+
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
-foreach(f include/xmesh.h include/xmesh/mpi.h lib/libxmesh.so lib/libxmesh.a lib/pkgconfig/xmesh.pc
-          lib/cmake/xmesh/xmeshConfig.cmake bin/xmesh-plan)
+foreach(f include/xmesh.h include/xmesh/mpi.h include/xmesh/config.h lib/libxmesh.so
+          lib/libxmesh.a lib/pkgconfig/xmesh.pc lib/cmake/xmesh/xmeshConfig.cmake bin/xmesh-plan)
   if(NOT EXISTS ${prefix}/${f})
     message(FATAL_ERROR "not installed: ${f}")
   endif()
 endforeach()
-# 1. find_package(xmesh) -> xmesh::xmesh
-run(${CMAKE_COMMAND} -S ${SRC_DIR} -B ${WORK_DIR}/cmake-build -DCMAKE_PREFIX_PATH=${prefix}
-    -DCMAKE_C_COMPILER=${C_COMPILER})
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/cmake-build)
-run(${WORK_DIR}/cmake-build/consumer)
-# 2. pkg-config
-set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
-execute_process(COMMAND pkg-config --cflags --libs xmesh OUTPUT_VARIABLE flags
-                RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "pkg-config does not find xmesh")
+# <xmesh/cuda.h> ships only with the backend (config.h says which).
+file(READ ${prefix}/include/xmesh/config.h cfg)
+if(cfg MATCHES "#define XMESH_HAVE_CUDA 1")
+  set(have_cuda 1)
+else()
+  set(have_cuda 0)
 endif()
-separate_arguments(flags UNIX_COMMAND "${flags}")
-run(${C_COMPILER} ${SRC_DIR}/consumer.c -o ${WORK_DIR}/consumer-pc ${flags}
-    -Wl,-rpath,${prefix}/lib)
-run(${WORK_DIR}/consumer-pc)
-message("install.consumer: find_package and pkg-config consumers built and passed")
+if(EXISTS ${prefix}/include/xmesh/cuda.h AND NOT have_cuda)
+  message(FATAL_ERROR "include/xmesh/cuda.h installed without the NCCL/CUDA backend")
+endif()
+if(have_cuda AND NOT EXISTS ${prefix}/include/xmesh/cuda.h)
+  message(FATAL_ERROR "backend built but include/xmesh/cuda.h not installed")
+endif()
+file(STRINGS ${prefix}/include/xmesh.h ver_in_header REGEX "define XMESH_VERSION_(MAJOR|MINOR|PATCH) [0-9]")
+if(ver_in_header)
+  message(FATAL_ERROR "xmesh.h defines the version itself (want it from config.h): ${ver_in_header}")
+endif()
+
+# 1. find_package(xmesh) -> xmesh::xmesh and xmesh::xmesh_static
+foreach(tgt xmesh xmesh_static)
+  run(${CMAKE_COMMAND} -S ${SRC_DIR} -B ${WORK_DIR}/cmake-${tgt} -DCMAKE_PREFIX_PATH=${prefix}
+      -DCMAKE_C_COMPILER=${C_COMPILER} -DXMESH_TARGET=${tgt})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/cmake-${tgt})
+  run(${WORK_DIR}/cmake-${tgt}/consumer)
+endforeach()
+check_needed(${WORK_DIR}/cmake-xmesh/consumer 1)
+# With the backend, libxmesh.a must hold the kernels too (not only libxmesh.so).
+if(have_cuda)
+  execute_process(COMMAND nm -A ${prefix}/lib/libxmesh.a OUTPUT_VARIABLE syms ERROR_QUIET)
+  if(NOT syms MATCHES "kernels[^\n]*T [^\n]*xm_cuda_")
+    message(FATAL_ERROR "libxmesh.a lacks the CUDA kernel objects")
+  endif()
+endif()
+check_needed(${WORK_DIR}/cmake-xmesh_static/consumer 0)
+
+# 2. pkg-config: shared, then --static against libxmesh.a
+set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
+foreach(mode shared static)
+  if(mode STREQUAL "static")
+    set(pcargs --static)
+  else()
+    set(pcargs "")
+  endif()
+  execute_process(COMMAND pkg-config ${pcargs} --cflags --libs xmesh OUTPUT_VARIABLE flags
+                  RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pkg-config ${pcargs} does not find xmesh")
+  endif()
+  message("pkg-config ${pcargs}: ${flags}")
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  if(mode STREQUAL "static")
+    # -lxmesh would pick the .so next to the .a: name the archive.
+    # The whole archive, so every object's references (CUDA kernels, NCCL,
+    # hwloc) must resolve from what pkg-config --static lists.
+    list(TRANSFORM flags REPLACE "^-lxmesh$" "-Wl,--whole-archive;-l:libxmesh.a;-Wl,--no-whole-archive")
+    # --static also expands the dependencies' own Libs.private (hwloc's
+    # -ludev...), whose development files a system may lack; those shared
+    # libraries are loaded by libhwloc.so itself, so drop what the linker
+    # cannot find, and say so.
+    set(kept "")
+    set(ldirs "")
+    foreach(f ${flags})
+      if(f MATCHES "^-L(.+)$")
+        list(APPEND ldirs ${CMAKE_MATCH_1})
+      endif()
+    endforeach()
+    foreach(f ${flags})
+      if(f MATCHES "^-l([^:].*)$")
+        set(lib ${CMAKE_MATCH_1})
+        execute_process(COMMAND ${C_COMPILER} -print-file-name=lib${lib}.so OUTPUT_VARIABLE so
+                        OUTPUT_STRIP_TRAILING_WHITESPACE)
+        execute_process(COMMAND ${C_COMPILER} -print-file-name=lib${lib}.a OUTPUT_VARIABLE ar
+                        OUTPUT_STRIP_TRAILING_WHITESPACE)
+        foreach(d ${ldirs})
+          if(EXISTS ${d}/lib${lib}.so OR EXISTS ${d}/lib${lib}.a)
+            set(so ${d}/lib${lib}.so)
+          endif()
+        endforeach()
+        if(NOT IS_ABSOLUTE "${so}" AND NOT IS_ABSOLUTE "${ar}")
+          message("note: ${f} (from a dependency's Libs.private) is not installed here: dropped")
+          continue()
+        endif()
+      endif()
+      list(APPEND kept ${f})
+    endforeach()
+    set(flags ${kept})
+  endif()
+  run(${C_COMPILER} ${SRC_DIR}/consumer.c -o ${WORK_DIR}/consumer-pc-${mode} ${flags}
+      -Wl,-rpath,${prefix}/lib)
+  run(${WORK_DIR}/consumer-pc-${mode})
+endforeach()
+check_needed(${WORK_DIR}/consumer-pc-shared 1)
+check_needed(${WORK_DIR}/consumer-pc-static 0)
+message("install.consumer: shared and static consumers via find_package and pkg-config built and passed")

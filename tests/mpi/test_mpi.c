@@ -258,6 +258,7 @@ typedef struct {
     int64_t src_shape[8], src_off[8], dst_shape[8], dst_off[8];
     int hold_src, hold_dst;
     int src_index;
+    char ref_why[200]; /* the library's block disagrees with ref_block (empty: agrees) */
 } tstate_t;
 
 static xmesh_ctx_t g_ctx;
@@ -297,6 +298,118 @@ static int64_t global_index(const tcase_t *c, const int64_t *bshape, const int64
     for (int d = 0; d < c->ndim; d++)
         g = g * c->shape[d] + boff[d] + idx[d];
     return g;
+}
+
+/* ------------------------------------------------ independent block math
+ * The test's own answer to "which block does this rank hold", from the spec
+ * string, the mesh and numpy.array_split, sharing no code with the library:
+ * the matrix places and checks every element by these offsets, and any
+ * disagreement with xmesh_layout_local_shape/offset is a failure. */
+
+/* Mesh axes splitting each tensor dim, major first; returns 0 if the spec is
+ * not one this test writes. SBP: one token per mesh axis, "S(d)", "B" or
+ * "P"; several axes on one dim: the lower axis is major. GSPMD: one token
+ * per tensor dim, "R" or "S" + axis digits (major first), commas optional. */
+static int ref_axes(const char *spec, int ndim, int mesh_ndim, int naxes[8], int axes[8][4])
+{
+    memset(naxes, 0, sizeof(int) * 8);
+    int sbp = strchr(spec, '(') || strchr(spec, 'B') || strchr(spec, 'P');
+    const char *p = spec;
+    if (sbp) {
+        for (int a = 0; a < mesh_ndim; a++) {
+            if (p[0] == 'S' && p[1] == '(') {
+                int d = (int)strtol(p + 2, (char **)&p, 10);
+                if (*p++ != ')' || d < 0 || d >= ndim)
+                    return 0;
+                axes[d][naxes[d]++] = a; /* axes visited in ascending order */
+            } else if (*p == 'B' || *p == 'P') {
+                p++;
+            } else {
+                return 0;
+            }
+            if (*p == ',')
+                p++;
+        }
+        return *p == '\0';
+    }
+    for (int d = 0; d < ndim; d++) {
+        if (*p == 'R') {
+            p++;
+        } else if (*p == 'S') {
+            for (p++; *p >= '0' && *p <= '9'; p++)
+                axes[d][naxes[d]++] = *p - '0';
+        } else {
+            return 0;
+        }
+        if (*p == ',')
+            p++;
+    }
+    return *p == '\0';
+}
+
+/* Offset and extent of rank's block; returns 0 if rank is not in the mesh
+ * (or the spec is foreign: then *ok = 0). */
+static int ref_block(const tcase_t *c, int src_side, int rank, int64_t *off, int64_t *ext, int *ok)
+{
+    int mnd = src_side ? c->sm_ndim : c->dm_ndim;
+    const int *mshape = src_side ? c->sm_shape : c->dm_shape;
+    const int *ranks = src_side ? c->sm_ranks : c->dm_ranks;
+    int n = 1, idx = -1, coord[4];
+    for (int a = 0; a < mnd; a++)
+        n *= mshape[a];
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == rank)
+            idx = i;
+    int naxes[8], axes[8][4];
+    *ok = ref_axes(src_side ? c->sspec : c->dspec, c->ndim, mnd, naxes, axes);
+    if (idx < 0 || !*ok)
+        return 0;
+    for (int a = mnd - 1, i = idx; a >= 0; a--) {
+        coord[a] = i % mshape[a];
+        i /= mshape[a];
+    }
+    for (int d = 0; d < c->ndim; d++) {
+        int64_t k = 1, j = 0;
+        for (int q = 0; q < naxes[d]; q++) {
+            k *= mshape[axes[d][q]];
+            j = j * mshape[axes[d][q]] + coord[axes[d][q]];
+        }
+        /* array_split: the first n % k pieces are one longer */
+        int64_t len = c->shape[d], small = len / k, big = len % k;
+        off[d] = j * small + (j < big ? j : big);
+        ext[d] = small + (j < big ? 1 : 0);
+    }
+    return 1;
+}
+
+/* Replaces the library's offsets/extents in s by ref_block's, noting any
+ * disagreement in s->ref_why. */
+static void use_ref_blocks(const tcase_t *c, tstate_t *s)
+{
+    for (int side = 0; side < 2; side++) {
+        int64_t off[8] = {0}, ext[8] = {0};
+        int ok, holds = ref_block(c, side == 0, g_rank, off, ext, &ok);
+        int64_t *loff = side == 0 ? s->src_off : s->dst_off;
+        int64_t *lext = side == 0 ? s->src_shape : s->dst_shape;
+        int lholds = side == 0 ? s->hold_src : s->hold_dst;
+        if (!ok) {
+            snprintf(s->ref_why, sizeof s->ref_why, "rank %d: test cannot read spec '%s'", g_rank,
+                     side == 0 ? c->sspec : c->dspec);
+            continue;
+        }
+        int same_block = holds == lholds;
+        for (int d = 0; holds && same_block && d < c->ndim; d++)
+            same_block = off[d] == loff[d] && ext[d] == lext[d];
+        if (!same_block && !s->ref_why[0])
+            snprintf(s->ref_why, sizeof s->ref_why,
+                     "rank %d: library's %s block (holds %d) differs from the test's own "
+                     "array_split block (holds %d)",
+                     g_rank, side == 0 ? "source" : "destination", lholds, holds);
+        for (int d = 0; d < c->ndim; d++) {
+            loff[d] = off[d];
+            lext[d] = ext[d];
+        }
+    }
 }
 
 static int partial_group_of(const tcase_t *c, int index, int *G)
@@ -340,6 +453,7 @@ static xmesh_result_t setup(const tcase_t *c, tstate_t *s)
     xmesh_layout_local_offset(&s->sl, g_rank, s->src_off, &s->hold_src);
     xmesh_layout_local_shape(&s->dl, g_rank, s->dst_shape, &s->hold_dst);
     xmesh_layout_local_offset(&s->dl, g_rank, s->dst_off, &s->hold_dst);
+    use_ref_blocks(c, s); /* place and check by the test's own block math */
     s->src_bytes = s->hold_src ? (size_t)prod(s->src_shape, c->ndim) * es : 0;
     s->dst_bytes = s->hold_dst ? (size_t)prod(s->dst_shape, c->ndim) * es : 0;
     s->src_index = -1;
@@ -387,6 +501,11 @@ static int64_t check_dst(const tcase_t *c, tstate_t *s, char *why, size_t len)
     if (s->hold_src && memcmp(s->src, s->src_copy, s->src_bytes)) {
         if (!bad)
             snprintf(why, len, "rank %d: source block modified", g_rank);
+        bad++;
+    }
+    if (s->ref_why[0]) {
+        if (!bad)
+            snprintf(why, len, "%s", s->ref_why);
         bad++;
     }
     if (!s->hold_dst)
@@ -838,6 +957,13 @@ static void test_checksum(void)
     ok = ok && !xmesh_reshard(s.plan, s.src, dst_ptr(&s)) && !check_dst(&c, &s, why, sizeof why);
     report(ok, "XMESH_CHECK=1: clean data verifies %s", why);
     teardown(&s);
+#ifndef XMESH_TEST_HOOKS
+    /* XMESH_TEST_CORRUPT is compiled only into test builds (XMESH_TEST_HOOKS) */
+    if (g_rank == 0)
+        printf("SKIP: XMESH_CHECK=1 corruption check: library built without XMESH_TEST_HOOKS\n");
+    unsetenv("XMESH_CHECK");
+    return;
+#endif
     /* rank 1 damages the first chunk it receives: it must say so */
     setenv("XMESH_TEST_CORRUPT", "1", 1);
     ok = !setup(&c, &s);

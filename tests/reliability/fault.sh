@@ -8,10 +8,19 @@
 #                (exit 42) and no process of the job is left behind
 #   stop-resume  the victim is resumed after the survivors timed out: every
 #                rank, the victim too, returns and MPI_Finalize succeeds (exit 0)
-#   kill         victim SIGKILLed: the job must end promptly, either because
-#                the survivors detected it (PASS, then MPI_Abort) or because
-#                Open MPI's launcher aborted the job naming the dead process;
-#                prints the time from the kill to the end of the job
+#   kill         victim SIGKILLed under a plain mpiexec. What xmesh can be
+#                judged on here: no survivor may report anything but PASS
+#                (TIMEOUT/REMOTE naming the victim, destination untouched or
+#                new, cleanup ok) -- never SUCCESS, a wrong peer or garbage;
+#                if the job outlived XMESH_TIMEOUT_S after the kill, every
+#                survivor must have reported (xmesh had its chance to detect
+#                the death, so silence is a hang); and the job ends within the
+#                timeout + margin (xmesh's own bound, not mpiexec's). Open MPI
+#                4.1 usually kills the survivors within ~1 s, before the
+#                timeout: then the run shows only that xmesh did not return a
+#                wrong result in that window, and says so; detection itself is
+#                asserted by kill-recovery, where the launcher keeps the
+#                survivors alive. mpiexec's own messages are not evidence.
 #   kill-recovery  the same under `mpiexec --enable-recovery` (the launcher
 #                keeps the job alive): every survivor must PASS, i.e. return
 #                TIMEOUT/REMOTE naming the dead rank and clean up
@@ -88,17 +97,27 @@ kill-recovery)
     ;;
 kill)
     [ $rc -ne 0 ] || fail "mpiexec exit 0 although a rank was killed"
-    bound=$(awk -v t="$tmo" 'BEGIN { print t + 10 }')
-    awk -v e="$end_after" -v b="$bound" 'BEGIN { exit !(e <= b) }' ||
-        fail "the job ended $end_after s after the kill, want <= $bound s"
-    if [ "$npass" -eq $((np - 1)) ]; then
-        how="every survivor returned TIMEOUT/REMOTE naming the victim, then MPI_Abort"
-    elif grep -q "exited on signal 9" "$out"/stderr; then
-        how="Open MPI's launcher aborted the job ($npass survivor(s) reported first): $(grep -m1 "exited on signal 9" "$out"/stderr | sed 's/^ *//')"
-    else
-        fail "the job ended (exit $rc) but neither the survivors nor Open MPI said why"
+    # Any survivor that reported said PASS (nfail = 0 above); what it saw:
+    nrep=$(cat "$out"/rank.* | grep -c '^fault: rank [0-9]*: reshard -> ')
+    nsucc=$(cat "$out"/rank.* | grep '^fault: rank [0-9]*: reshard -> SUCCESS' | wc -l)
+    # The source is the victim (role src): nobody may claim success.
+    if grep -q 'victim rank 0 ' "$out"/rank.* "$out"/stdout 2>/dev/null; then
+        [ "$nsucc" -eq 0 ] || fail "$nsucc survivor(s) returned SUCCESS although the only source died"
     fi
-    echo "kill: the job ended $end_after s after SIGKILL: $how"
+    # xmesh's bound: a survivor returns within timeout + margin of the kill.
+    margin=$(awk -v t="$tmo" 'BEGIN { print t + 2.5 + 3 }') # + abort and teardown of the job
+    awk -v e="$end_after" -v b="$margin" 'BEGIN { exit !(e <= b) }' ||
+        fail "the job ended $end_after s after the kill, want <= $margin s (XMESH_TIMEOUT_S + margin)"
+    if awk -v e="$end_after" -v t="$tmo" 'BEGIN { exit !(e >= t + 0.5) }'; then
+        # The timeout had expired while the survivors lived: each must have
+        # detected the death and passed.
+        [ "$npass" -eq $((np - 1)) ] ||
+            fail "the job lived $end_after s > XMESH_TIMEOUT_S=$tmo after the kill, but only $npass of $((np - 1)) survivors reported PASS"
+        how="every survivor returned TIMEOUT/REMOTE naming the victim ($npass PASS), then MPI_Abort"
+    else
+        how="the launcher ended the job $end_after s after SIGKILL, before XMESH_TIMEOUT_S=$tmo expired: $npass survivor(s) had reported (all PASS), $nrep returned at all, none returned a wrong result; detection is checked by kill-recovery"
+    fi
+    echo "kill: $how"
     ;;
 esac
 echo "PASS ($scenario): mpiexec exit $rc, job ended $end_after s after the signal, wall $wall s"

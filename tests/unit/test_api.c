@@ -139,6 +139,14 @@ static void test_layout_local_shape(void **state)
     l.dtype = (xmesh_dtype_t)42;
     assert_int_equal(xmesh_layout_local_shape(&l, 4, got, &holds), XMESH_ERR_INVALID_ARGUMENT);
     expect_msg("unknown dtype 42");
+    /* 2^32 x 2^32 f32 elements: 2^66 bytes, refused naming the shape */
+    l.dtype = XMESH_F32;
+    int64_t huge[2] = {(int64_t)1 << 32, (int64_t)1 << 32};
+    l.shape = huge;
+    got[0] = 99;
+    assert_int_equal(xmesh_layout_local_shape(&l, 4, got, &holds), XMESH_ERR_INVALID_ARGUMENT);
+    expect_msg("shape [4294967296, 4294967296] of 4-byte elements");
+    assert_int_equal(got[0], 99);
     xmesh_mesh_destroy(m);
     xmesh_ctx_destroy(ctx);
 }

@@ -337,12 +337,71 @@ static void test_bad_pairs(void **state)
     assert_memory_equal(&ts, &before, sizeof ts);
 }
 
+/* A shape whose byte size exceeds 64 bits is refused naming the shape (was
+ * signed overflow in bytes_total); a zero dim makes any shape legal. */
+static void test_shape_overflow(void **state)
+{
+    (void)state;
+    int64_t big[2] = {(int64_t)1 << 31, (int64_t)1 << 31}; /* 2^62 elems x 4 B = 2^64 */
+    int ms[1] = {2}, a[2] = {0, 1}, b[2] = {2, 3};
+    xm_layout_t s, d;
+    xm_taskset_t ts, before;
+    memset(&ts, 0x33, sizeof ts);
+    before = ts;
+    make_layout(&s, 2, big, 1, ms, a, "S0R");
+    make_layout(&d, 2, big, 1, ms, b, "RS0");
+    assert_int_equal(xm_decompose(&s, &d, NULL, &ts), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "shape [2147483648, 2147483648]"));
+    assert_non_null(strstr(xmesh_last_error(), "exceeds 64 bits"));
+    assert_memory_equal(&ts, &before, sizeof ts);
+    /* Half of it per dim fits: 4 x 2^30 x 2^30 = 2^62. */
+    int64_t fits[2] = {(int64_t)1 << 30, (int64_t)1 << 30};
+    make_layout(&s, 2, fits, 1, ms, a, "S0R");
+    make_layout(&d, 2, fits, 1, ms, b, "RS0");
+    assert_int_equal(xm_decompose(&s, &d, NULL, &ts), XMESH_SUCCESS);
+    int64_t want = 4 * fits[0] * fits[1];
+    assert_int_equal(ts.bytes_total, want);
+    int64_t sum = 0;
+    for (int t = 0; t < ts.ntasks; t++)
+        sum += ts.tasks[t].bytes;
+    assert_int_equal(sum, want);
+    xm_taskset_free(&ts);
+    /* Fits as a tensor, but its copies to 2 receiver hosts do not. */
+    int64_t half[1] = {((int64_t)1 << 61) - 1}; /* x 4 B < 2^63, x 2 hosts > 2^63 */
+    make_layout(&s, 1, half, 1, ms, a, "S0");
+    make_layout(&d, 1, half, 1, ms, b, "R");
+    memset(&ts, 0x33, sizeof ts);
+    assert_int_equal(xm_decompose(&s, &d, NULL, &ts), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "receiver hosts exceed 64 bits"));
+    assert_memory_equal(&ts, &before, sizeof ts);
+    /* A zero dim: 0 bytes, but the other dims must still multiply within
+     * 64 bits (blocks and boxes multiply extents before they meet the 0). */
+    int64_t z[3] = {(int64_t)1 << 29, 0, (int64_t)1 << 29}; /* 8 x 2^58 = 2^61 */
+    int64_t bytes = -1;
+    assert_int_equal(xm_shape_bytes(3, z, 8, &bytes), XMESH_SUCCESS);
+    assert_int_equal(bytes, 0);
+    int64_t zbig[3] = {INT64_MAX, 0, INT64_MAX};
+    assert_int_equal(xm_shape_bytes(3, zbig, 8, &bytes), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "[9223372036854775807, 0, 9223372036854775807]"));
+    assert_int_equal(bytes, 0);
+    int64_t m1[2] = {3, -1};
+    assert_int_equal(xm_shape_bytes(2, m1, 8, &bytes), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "dim 1 = -1 is negative"));
+    assert_int_equal(bytes, 0);
+    int64_t edge[1] = {INT64_MAX / 8};
+    assert_int_equal(xm_shape_bytes(1, edge, 8, &bytes), XMESH_SUCCESS);
+    assert_int_equal(bytes, INT64_MAX / 8 * 8);
+    edge[0]++;
+    assert_int_equal(xm_shape_bytes(1, edge, 8, &bytes), XMESH_ERR_INVALID_ARGUMENT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_rule),        cmocka_unit_test(test_paper_fig2),
         cmocka_unit_test(test_table2_case4),      cmocka_unit_test(test_partial_groups),
         cmocka_unit_test(test_random_properties), cmocka_unit_test(test_bad_pairs),
+        cmocka_unit_test(test_shape_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,13 @@ int main(int argc, char **argv)
     CHECK(xmesh_dtype_parse("f128", &t) == XMESH_ERR_INVALID_ARGUMENT);
     CHECK(strstr(xmesh_last_error(), "f128") != NULL);
     CHECK(xmesh_mesh_destroy(NULL) == XMESH_SUCCESS);
+    /* The version macros (generated <xmesh/config.h>) match the library. */
+    char v[32];
+    snprintf(v, sizeof v, "%d.%d.%d", XMESH_VERSION_MAJOR, XMESH_VERSION_MINOR,
+             XMESH_VERSION_PATCH);
+    CHECK(!strcmp(v, xmesh_version_string()) && !strcmp(XMESH_VERSION_STRING, v));
+    CHECK(XMESH_VERSION_CODE ==
+          XMESH_VERSION_MAJOR * 10000 + XMESH_VERSION_MINOR * 100 + XMESH_VERSION_PATCH);
 
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     xmesh_ctx_t ctx = NULL;

@@ -1,0 +1,209 @@
+/* Parameters: byte sizes with binary suffixes, refused garbage (warning,
+ * default kept), the typed accessors' cache, and the misspelt-variable
+ * check. Runs in one process; changes its own environment. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "xm_core.h"
+
+static void test_parse_int(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        int bytes;
+        int ok;
+        int64_t want;
+    } cases[] = {
+        {"262144", 1, 1, 262144},
+        {"256K", 1, 1, 262144},
+        {"256k", 1, 1, 262144},
+        {"256KiB", 1, 1, 262144},
+        {"4M", 1, 1, 4 << 20},
+        {"2G", 1, 1, (int64_t)2 << 30},
+        {"8589934591G", 1, 1, (int64_t)8589934591 << 30},
+        {"8589934592G", 1, 0, 0}, /* 2^63: does not fit */
+        {"256K", 0, 0, 0},        /* a plain integer takes no suffix */
+        {"256X", 1, 0, 0},
+        {"256KB", 1, 0, 0},
+        {"0x10", 0, 0, 0}, /* decimal only: no silent hex/octal */
+        {"12abc", 0, 0, 0},
+        {"abc", 0, 0, 0},
+        {"", 0, 0, 0},
+        {"-5", 0, 1, -5},
+        {"99999999999999999999", 0, 0, 0},
+        {"9223372036854775807", 0, 1, INT64_MAX},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t v = 777;
+        xmesh_result_t r = xm_param_parse_int(cases[i].s, cases[i].bytes, &v);
+        if ((r == XMESH_SUCCESS) != cases[i].ok)
+            fail_msg("'%s' (bytes %d): %s, want %s", cases[i].s, cases[i].bytes,
+                     xmesh_result_string(r), cases[i].ok ? "success" : "refusal");
+        if (cases[i].ok)
+            assert_int_equal(v, cases[i].want);
+        else {
+            assert_int_equal(v, 777); /* untouched */
+            assert_non_null(strstr(xmesh_last_error(), cases[i].s));
+        }
+    }
+}
+
+/* Every typed accessor returns its table default when unset, and the table
+ * default parses (a broken default would silently be 0). */
+static void test_defaults(void **state)
+{
+    (void)state;
+    for (int i = 0; i < xm_param_count(); i++)
+        unsetenv(xm_param_get(i)->name);
+    xm_param_reset();
+    assert_int_equal(xm_param_chunk_bytes(), 262144);
+    assert_int_equal(xm_param_send_ahead(), 1);
+    assert_int_equal(xm_param_budget_us(), 20000);
+    assert_int_equal(xm_param_seed(), 1);
+    assert_true(xm_param_timeout_s() == 300);
+    assert_true(xm_param_nic_gbps() == 10);
+    assert_int_equal(xm_param_nics_per_host(), 1);
+    assert_true(xm_param_intra_gbps() == 800);
+    assert_true(xm_param_latency_us() == 5);
+    assert_int_equal(xm_param_nccl_max_comms(), 8);
+    assert_string_equal(xm_param_strategy(), "broadcast");
+    assert_string_equal(xm_param_scheduler(), "ensemble");
+    assert_string_equal(xm_param_cluster_file(), "");
+    assert_string_equal(xm_param_topo_xml(), "");
+    for (int i = 0; i < xm_param_count(); i++) {
+        const xm_param_desc_t *p = xm_param_get(i);
+        const char *k = xm_param_kind_name(p->name);
+        if (!strcmp(k, "string") || !*p->deflt)
+            continue;
+        int64_t v;
+        if (strcmp(k, "real") && xm_param_parse_int(p->deflt, !strcmp(k, "bytes"), &v))
+            fail_msg("default of %s '%s' does not parse: %s", p->name, p->deflt,
+                     xmesh_last_error());
+    }
+}
+
+/* Runs f with stderr captured into buf. */
+static void capture_stderr(void (*f)(void), char *buf, size_t len)
+{
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    f();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(buf, 1, len - 1, tmp);
+    buf[n] = '\0';
+    fclose(tmp);
+}
+
+static int64_t got_i;
+static double got_r;
+static void read_chunk(void)
+{
+    got_i = xm_param_chunk_bytes();
+}
+static void read_nic(void)
+{
+    got_r = xm_param_nic_gbps();
+}
+
+static void test_typed_values(void **state)
+{
+    (void)state;
+    char err[4096];
+    setenv("XMESH_CHUNK_BYTES", "256K", 1);
+    xm_param_reset();
+    capture_stderr(read_chunk, err, sizeof err);
+    assert_int_equal(got_i, 262144); /* never 256 */
+    assert_null(strstr(err, "WARN"));
+    assert_int_equal(xm_param_is_set("XMESH_CHUNK_BYTES"), 1);
+
+    /* cached: a later change of the environment is not seen ... */
+    setenv("XMESH_CHUNK_BYTES", "1M", 1);
+    assert_int_equal(xm_param_chunk_bytes(), 262144);
+    /* ... but the by-name lookup re-reads it */
+    assert_int_equal(xm_param_i64("XMESH_CHUNK_BYTES"), 1 << 20);
+
+    setenv("XMESH_CHUNK_BYTES", "256X", 1);
+    xm_param_reset();
+    capture_stderr(read_chunk, err, sizeof err);
+    assert_int_equal(got_i, 262144);
+    assert_non_null(strstr(err, "XMESH_CHUNK_BYTES=256X refused"));
+    assert_non_null(strstr(err, "using the default 262144"));
+    /* warned once: the cached value does not warn again */
+    capture_stderr(read_chunk, err, sizeof err);
+    assert_null(strstr(err, "refused"));
+
+    setenv("XMESH_CHUNK_BYTES", "0", 1);
+    xm_param_reset();
+    capture_stderr(read_chunk, err, sizeof err);
+    assert_int_equal(got_i, 262144);
+    assert_non_null(strstr(err, "0 is out of range"));
+    unsetenv("XMESH_CHUNK_BYTES");
+
+    setenv("XMESH_NIC_GBPS", "fast", 1);
+    xm_param_reset();
+    capture_stderr(read_nic, err, sizeof err);
+    assert_true(got_r == 10);
+    assert_non_null(strstr(err, "XMESH_NIC_GBPS=fast refused"));
+    setenv("XMESH_NIC_GBPS", "-1", 1);
+    xm_param_reset();
+    capture_stderr(read_nic, err, sizeof err);
+    assert_true(got_r == 10);
+    assert_non_null(strstr(err, "must be > 0"));
+    setenv("XMESH_NIC_GBPS", "2.5", 1);
+    xm_param_reset();
+    capture_stderr(read_nic, err, sizeof err);
+    assert_true(got_r == 2.5);
+    assert_null(strstr(err, "WARN"));
+    unsetenv("XMESH_NIC_GBPS");
+    xm_param_reset();
+}
+
+static void test_unknown_env(void **state)
+{
+    (void)state;
+    setenv("XMESH_CHUNK_BYTE", "1", 1);      /* misspelt */
+    setenv("XMESH_TEST_SEED_X", "1", 1);     /* belongs to tests */
+    setenv("XMESH_BENCH_ITERS", "3", 1);     /* belongs to scripts */
+    setenv("XMESH_STRATEGY", "sendrecv", 1); /* a parameter */
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    int n = xm_param_check_env(tmp);
+    char buf[2048];
+    rewind(tmp);
+    size_t len = fread(buf, 1, sizeof buf - 1, tmp);
+    buf[len] = '\0';
+    fclose(tmp);
+    assert_int_equal(n, 1);
+    assert_non_null(strstr(buf, "XMESH_CHUNK_BYTE is set but is not an xmesh parameter"));
+    assert_non_null(strstr(buf, "did you mean XMESH_CHUNK_BYTES?"));
+    assert_null(strstr(buf, "XMESH_BENCH_ITERS"));
+    unsetenv("XMESH_CHUNK_BYTE");
+    unsetenv("XMESH_TEST_SEED_X");
+    unsetenv("XMESH_BENCH_ITERS");
+    unsetenv("XMESH_STRATEGY");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_int),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_typed_values),
+        cmocka_unit_test(test_unknown_env),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
