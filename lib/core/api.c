@@ -267,12 +267,26 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = xm_hash64(h, &rp.scheduler, sizeof rp.scheduler);
     h = xm_hash64(h, &rp.chunk_bytes, sizeof rp.chunk_bytes);
     h = xm_hash64(h, &rp.seed, sizeof rp.seed);
-    *hash = h;
 
     if ((r = xm_decompose(&p->src, &p->dst, &ctx->hosts, &p->ts)))
         return r;
     if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
         return r;
+    /* Every rank rebuilds the routes from its own cluster model (rank 0
+     * only broadcasts order and senders), so everything that shapes the
+     * model is agreed: the values after XMESH_NIC_GBPS, XMESH_INTRA_GBPS,
+     * XMESH_NICS_PER_HOST, XMESH_LATENCY_US and the cluster file's contents
+     * were applied. A mismatch then gives XMESH_ERR_MISMATCH, not a hang. */
+    const xm_cluster_t *cm = &p->cluster;
+    h = xm_hash64(h, &cm->nics_per_host, sizeof cm->nics_per_host);
+    h = xm_hash64(h, &cm->nic_send_Bps, sizeof cm->nic_send_Bps);
+    h = xm_hash64(h, &cm->nic_recv_Bps, sizeof cm->nic_recv_Bps);
+    h = xm_hash64(h, &cm->intra_Bps, sizeof cm->intra_Bps);
+    h = xm_hash64(h, &cm->latency_s, sizeof cm->latency_s);
+    h = xm_hash64(h, &cm->chunk_bytes, sizeof cm->chunk_bytes);
+    h = xm_hash64(h, &cm->hosts.nhosts, sizeof cm->hosts.nhosts);
+    h = xm_hash64(h, cm->hosts.host_of, sizeof(int) * cm->hosts.ndev);
+    *hash = h;
     /* The all-gather baselines choose senders and order with the sendrecv
      * model; their executors build the all-gather routes themselves. */
     xmesh_strategy_t model = p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
@@ -393,14 +407,16 @@ xmesh_result_t xmesh_reshard(xmesh_plan_t p, const void *src, void *dst)
 xmesh_result_t xmesh_test(xmesh_request_t req)
 {
     CHECK_NULL(req, "request");
-    xmesh_plan_t p = *(xmesh_plan_t *)req; /* every backend request starts with its plan */
+    /* Every backend request starts with its plan; a backend may switch it
+     * (to a "released" plan) from another thread, hence the atomic load. */
+    xmesh_plan_t p = __atomic_load_n((xmesh_plan_t *)req, __ATOMIC_ACQUIRE);
     return p->ctx->ops->test(req);
 }
 
 xmesh_result_t xmesh_wait(xmesh_request_t req)
 {
     CHECK_NULL(req, "request");
-    xmesh_plan_t p = *(xmesh_plan_t *)req;
+    xmesh_plan_t p = __atomic_load_n((xmesh_plan_t *)req, __ATOMIC_ACQUIRE);
     return p->ctx->ops->wait(req);
 }
 

@@ -30,6 +30,9 @@ static const xm_param_desc_t params[] = {
     {"XMESH_TOPO_XML", "", "hwloc XML file to use instead of this machine's topology"},
     {"XMESH_NCCL_MAX_COMMS", "8",
      "NCCL backend: most cached communicators per context (one per mesh pair)"},
+    {"XMESH_ZERO_COPY", "0",
+     "MPI executor: 1 = MPI reads/writes contiguous chunks in the caller's blocks directly (no "
+     "staging copy); then after a failed reshard MPI may still touch the blocks"},
 };
 
 int xm_param_count(void)

@@ -322,11 +322,11 @@ static xmesh_result_t finish_task(cstate_t *cs, int t, int first, int64_t *regio
         int64_t need = 0;
         switch (s->mode) {
         case XM_MODE_SRC:
-            need = geom_contiguous(&s->sg) ? 0 : (int64_t)x->es;
+            need = x->zero_copy && geom_contiguous(&s->sg) ? 0 : (int64_t)x->es;
             break;
         case XM_MODE_RECV:
         case XM_MODE_FROM_DST:
-            need = geom_contiguous(&s->dg) ? 0 : (int64_t)x->es;
+            need = x->zero_copy && geom_contiguous(&s->dg) ? 0 : (int64_t)x->es;
             break;
         case XM_MODE_GENERAL:
             need = (int64_t)x->acc_es;
@@ -386,6 +386,7 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
      * once (several sends to one peer share the wire and finish together,
      * which delays every hop by a whole window). Receives still run ahead. */
     int64_t ahead = xm_param_i64("XMESH_SEND_AHEAD");
+    x->zero_copy = xm_param_i64("XMESH_ZERO_COPY") != 0;
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     if (p->src_index >= 0)
         xm_layout_block(&p->src, p->src_index, cs.src_lo, cs.src_hi);
@@ -463,9 +464,24 @@ static void exec_free(xm_exec_t *x)
         return;
     int fin = 0;
     MPI_Finalized(&fin);
+    /* Requests kept after a failure: the finished ones are done with; the
+     * rest are handed to MPI and the memory they reference (staging pool,
+     * checksums: never the caller's blocks unless XMESH_ZERO_COPY=1) is
+     * leaked on purpose, as MPI may still complete them. */
+    for (int i = 0; x->kept && !fin && i < x->nreqs; i++)
+        if (x->reqs[i] != MPI_REQUEST_NULL) {
+            int done = 0;
+            MPI_Test(&x->reqs[i], &done, MPI_STATUS_IGNORE);
+            if (!done) {
+                MPI_Request_free(&x->reqs[i]);
+                x->leak_stage = 1;
+            }
+        }
+    if (x->kept && fin)
+        x->leak_stage = 1;
     if (x->comm != MPI_COMM_NULL && !fin)
         MPI_Comm_free(&x->comm);
-    if (!x->leak_stage) /* abandoned sends may still read the staging pool */
+    if (!x->leak_stage)
         free(x->stage);
     free(x->steps);
     free(x->rtasks);
@@ -475,7 +491,8 @@ static void exec_free(xm_exec_t *x)
     free(x->tstate);
     free(x->parts);
     free(x->ev);
-    free(x->ck);
+    if (!x->leak_stage)
+        free(x->ck);
     free(x->tr_reqs);
     free(x->tr_counts);
     free(x->tr_bufs);

@@ -121,12 +121,10 @@ xmesh_result_t xmesh_ctx_create_mpi(MPI_Comm comm, const xmesh_ctx_params_t *par
                       finalized ? "finalized" : "not initialized");
     if (comm == MPI_COMM_NULL)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xmesh_ctx_create_mpi: comm is MPI_COMM_NULL");
+    /* Any thread level works: below MPI_THREAD_MULTIPLE there is no progress
+     * thread and transfers advance inside xmesh_reshard_start, xmesh_test
+     * and xmesh_wait (the caller must then call xmesh_test to overlap). */
     MPI_Query_thread(&provided);
-    if (provided < MPI_THREAD_MULTIPLE)
-        return XM_ERR(XMESH_ERR_UNSUPPORTED,
-                      "xmesh_ctx_create_mpi: MPI thread level %d < MPI_THREAD_MULTIPLE (%d); the "
-                      "progress thread needs MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)",
-                      provided, MPI_THREAD_MULTIPLE);
     xmesh_ctx_params_t def = XMESH_CTX_PARAMS_INITIALIZER;
     if (!params)
         params = &def;
@@ -186,10 +184,12 @@ xmesh_result_t xmesh_ctx_create_mpi(MPI_Comm comm, const xmesh_ctx_params_t *par
     pthread_cond_init(&be->work_cv, &ca);
     pthread_cond_init(&be->done_cv, &ca);
     pthread_condattr_destroy(&ca);
+    be->threaded = provided >= MPI_THREAD_MULTIPLE;
     ctx->ops = &mpi_ops;
     ctx->be = be;
-    XM_INFO("ctx: rank %d of %d on host %d of %d", ctx->rank, ctx->size,
-            ctx->hosts.host_of[ctx->rank], ctx->hosts.nhosts);
+    XM_INFO("ctx: rank %d of %d on host %d of %d, MPI thread level %d (%s)", ctx->rank, ctx->size,
+            ctx->hosts.host_of[ctx->rank], ctx->hosts.nhosts, provided,
+            be->threaded ? "progress thread" : "progress in test/wait only");
     *out = ctx;
     return XMESH_SUCCESS;
 out_free_hosts:
@@ -218,6 +218,7 @@ static void mpi_ctx_free(xmesh_ctx_t ctx)
     for (int i = 0; i < be->nblocks; i++)
         free(be->blocks[i]);
     free(be->blocks);
+    free(be->snap);
     pthread_cond_destroy(&be->work_cv);
     pthread_cond_destroy(&be->done_cv);
     pthread_mutex_destroy(&be->mu);

@@ -153,7 +153,9 @@ typedef struct xm_exec {
     void *dst;
     struct xm_request *active;
     int broken;     /* a reshard failed or timed out: the plan cannot run again */
-    int leak_stage; /* abandoned MPI requests may still touch the staging pool */
+    int leak_stage; /* requests still in flight at destroy: stage and ck are leaked */
+    int zero_copy;  /* XMESH_ZERO_COPY: MPI reads/writes the caller's blocks directly */
+    int kept;       /* after a failure: uncancellable requests the plan still owns */
     /* Trace. */
     int trace; /* XMESH_TRACE set (rank 0's choice) */
     char trace_path[512];
@@ -180,7 +182,8 @@ typedef struct xm_exec {
  * live in a per-context pool and are never freed before the context, so a
  * released handle passed again is detected, not a use after free. */
 typedef struct xm_request {
-    xmesh_plan_t plan;
+    xmesh_plan_t plan;     /* first: api.c dispatches on it (atomic load) */
+    struct xm_mpi_ctx *be; /* owning context, fixed for the request's life */
     unsigned magic;
     int done;
     xmesh_result_t result;
@@ -197,11 +200,20 @@ typedef struct xm_request {
 typedef struct xm_mpi_ctx {
     MPI_Comm comm;
     pthread_mutex_t mu;
-    pthread_cond_t work_cv; /* progress thread: new work or stop */
-    pthread_cond_t done_cv; /* waiters: a request finished */
+    pthread_cond_t work_cv; /* progress thread: new work, stop, or callers left */
+    pthread_cond_t done_cv; /* waiters: a progress round ended */
     pthread_t thread;
+    int threaded; /* MPI_THREAD_MULTIPLE: a progress thread may run */
     int thread_started;
     int stop;
+    /* Progress token: at most one thread advances requests (and calls MPI
+     * for them) at a time. `busy` is set by the holder; `callers` counts
+     * threads blocked in xmesh_wait, which drive progress themselves while
+     * the progress thread stays away. */
+    int busy;
+    int callers;
+    xm_request_t **snap; /* token holder's snapshot of `active` */
+    int snap_cap;
     xm_request_t *active; /* list of requests in flight */
     xm_request_t *free_list;
     xm_request_t **blocks; /* allocation blocks of the request pool */
