@@ -4,6 +4,7 @@
  * caller's handles and buffers as they were. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "xm_api.h"
 #include "xm_cluster_file.h"
@@ -230,6 +231,14 @@ static uint64_t hash_layout(uint64_t h, const xm_layout_t *l)
     return h;
 }
 
+/* Monotonic seconds, for the XMESH_DEBUG=INFO plan-creation timings. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Local half of plan creation: everything a rank can check and compute on
  * its own. On error p is left for plan_free_local. */
 static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *src,
@@ -268,8 +277,10 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = xm_hash64(h, &rp.chunk_bytes, sizeof rp.chunk_bytes);
     h = xm_hash64(h, &rp.seed, sizeof rp.seed);
 
+    double t0 = now_s();
     if ((r = xm_decompose(&p->src, &p->dst, &ctx->hosts, &p->ts)))
         return r;
+    double t1 = now_s();
     if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
         return r;
     /* Every rank rebuilds the routes from its own cluster model (rank 0
@@ -284,6 +295,7 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = xm_hash64(h, &cm->intra_Bps, sizeof cm->intra_Bps);
     h = xm_hash64(h, &cm->latency_s, sizeof cm->latency_s);
     h = xm_hash64(h, &cm->chunk_bytes, sizeof cm->chunk_bytes);
+    h = xm_hash64(h, &cm->send_ahead, sizeof cm->send_ahead);
     h = xm_hash64(h, &cm->hosts.nhosts, sizeof cm->hosts.nhosts);
     h = xm_hash64(h, cm->hosts.host_of, sizeof(int) * cm->hosts.ndev);
     *hash = h;
@@ -295,7 +307,12 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
                                  : p->strategy;
     xm_sched_opts_t so = {
         .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = model};
-    return xm_schedule(&p->ts, &p->cluster, &so, &p->sched);
+    double t2 = now_s();
+    r = xm_schedule(&p->ts, &p->cluster, &so, &p->sched);
+    XM_INFO("plan create: rank %d: decompose %.2f ms (%d tasks), cluster model %.2f ms, "
+            "schedule %.2f ms",
+            ctx->rank, (t1 - t0) * 1e3, p->ts.ntasks, (t2 - t1) * 1e3, (now_s() - t2) * 1e3);
+    return r;
 }
 
 static void plan_free_local(struct xmesh_plan *p)
@@ -317,13 +334,16 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     p->ctx = ctx;
     uint64_t hash = 0;
+    double t0 = now_s();
     xmesh_result_t local = plan_build_local(ctx, src, dst, params, p, &hash);
+    double t1 = now_s();
     char saved[512] = "";
     if (local)
         snprintf(saved, sizeof saved, "%s", xmesh_last_error());
     /* Every rank takes part in agree(), even after a local error, so that no
      * rank is left waiting in a collective. */
     xmesh_result_t r = ctx->ops->agree(ctx, local, hash);
+    double t2 = now_s();
     if (local) {
         plan_free_local(p);
         return XM_ERR(local, "%s", saved);
@@ -334,6 +354,10 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
         ctx->ops->plan_teardown(p);
         goto out_free_plan;
     }
+    XM_INFO("plan create: rank %d: local %.2f ms, agree %.2f ms, backend setup %.2f ms, "
+            "total %.2f ms",
+            ctx->rank, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (now_s() - t2) * 1e3,
+            (now_s() - t0) * 1e3);
     p->src_mesh = src->mesh;
     p->dst_mesh = dst->mesh;
     p->src_mesh->nplans++;
@@ -486,6 +510,8 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     x.nics_per_host = (int)nics;
     x.latency_s = lat * 1e-6;
     x.chunk_bytes = chunk_bytes;
+    int64_t ahead = xm_param_i64("XMESH_SEND_AHEAD"); /* the MPI executor's pipeline fill */
+    x.send_ahead = ahead < 1 ? 1 : ahead > 16 ? 16 : (int)ahead;
     const char *file = xm_param_str("XMESH_CLUSTER_FILE");
     if (*file && (r = xm_cluster_load(file, &x))) {
         xm_cluster_free(&x);

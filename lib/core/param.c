@@ -9,7 +9,7 @@ static const xm_param_desc_t params[] = {
     {"XMESH_STRATEGY", "broadcast", "broadcast | sendrecv | sendrecv-allgather | global-allgather"},
     {"XMESH_SCHEDULER", "ensemble", "naive | lb | dfs | greedy | ensemble"},
     {"XMESH_CHUNK_BYTES", "262144", "pipelining chunk of broadcast chains, bytes"},
-    {"XMESH_SEND_AHEAD", "1",
+    {"XMESH_SEND_AHEAD", "2",
      "MPI executor: chunk sends in flight per chain link (receives run a window ahead)"},
     {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},
     {"XMESH_SEED", "1", "scheduler random seed"},

@@ -381,11 +381,13 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     cs.chunk_elems = cb / (int64_t)x->es > 0 ? cb / (int64_t)x->es : 1;
     int64_t w = XM_WINDOW_BYTES / (cs.chunk_elems * (int64_t)x->es);
     x->window = (int)(w < XM_WINDOW_MIN ? XM_WINDOW_MIN : w > XM_WINDOW_MAX ? XM_WINDOW_MAX : w);
-    /* Sends in flight per chain link: one by default, so a link moves chunk
-     * c completely before chunk c + 1 and the next hop can forward it at
-     * once (several sends to one peer share the wire and finish together,
-     * which delays every hop by a whole window). Receives still run ahead. */
-    int64_t ahead = xm_param_i64("XMESH_SEND_AHEAD");
+    /* Sends in flight per chain link (default 2): the wire never waits for
+     * a progress round between two chunks (the progress thread may be
+     * starved by the caller's compute), while the next hop is delayed by
+     * only send_ahead chunks, not a whole window (several sends to one peer
+     * share the wire and finish together). The model charges the same fill
+     * per hop (xm_task_timing). Receives still run a window ahead. */
+    int64_t ahead = p->cluster.send_ahead; /* XMESH_SEND_AHEAD, agreed and modelled */
     x->zero_copy = xm_param_i64("XMESH_ZERO_COPY") != 0;
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     if (p->src_index >= 0)
@@ -558,6 +560,8 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     }
     x->comm = MPI_COMM_NULL;
     p->exec = x;
+    double tm[6];
+    tm[0] = xm_mpi_now();
     /* 1. Rank 0's decisions for everyone: time-budgeted schedulers may pick
      *    differently on each rank. */
     if (ctx->rank == 0) {
@@ -596,6 +600,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
             p->sched = ns;
         }
     }
+    tm[1] = xm_mpi_now();
     int trace_flag = buf[2];
     x->check = buf[3];
     {
@@ -609,6 +614,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
         snprintf(tpath, sizeof tpath, "%s", xm_param_str("XMESH_TRACE"));
     if (trace_flag && (rc = MPI_Bcast(tpath, sizeof tpath, MPI_CHAR, 0, be->comm)))
         return xm_mpi_err(rc, "MPI_Bcast(trace path)");
+    tm[2] = xm_mpi_now();
     /* 2. Private communicator (collective: every rank calls it). */
     if ((rc = MPI_Comm_dup(be->comm, &x->comm))) {
         x->comm = MPI_COMM_NULL;
@@ -619,6 +625,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     x->dtype = p->dtype;
     x->es = xmesh_dtype_size(p->dtype);
     x->acc_es = xm_dtype_acc_size(p->dtype);
+    tm[3] = xm_mpi_now();
     /* 3. This rank's steps. */
     if (!local)
         local = compile(p, x);
@@ -627,6 +634,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     char saved[512] = "";
     if (local)
         snprintf(saved, sizeof saved, "%s", xmesh_last_error());
+    tm[4] = xm_mpi_now();
     /* 4. Everyone learns whether anyone failed. */
     int bad = local ? ctx->size - ctx->rank : 0, worst = 0;
     if ((rc = MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, x->comm)))
@@ -638,7 +646,11 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
                       ctx->size - worst);
     /* 5. Common time origin for traces. */
     MPI_Barrier(x->comm);
-    x->t0 = xm_mpi_now();
+    x->t0 = tm[5] = xm_mpi_now();
+    XM_INFO("plan setup: rank %d: schedule bcast + rebuild %.2f ms, trace bcast %.2f ms, "
+            "comm dup %.2f ms, compile %.2f ms, allreduce + barrier %.2f ms",
+            ctx->rank, (tm[1] - tm[0]) * 1e3, (tm[2] - tm[1]) * 1e3, (tm[3] - tm[2]) * 1e3,
+            (tm[4] - tm[3]) * 1e3, (tm[5] - tm[4]) * 1e3);
     pthread_mutex_lock(&be->mu);
     x->plan_id = be->nplans_created++;
     pthread_mutex_unlock(&be->mu);
