@@ -459,8 +459,9 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
 }
 
 /* Frees the executor state (x may be partial or NULL). Not collective in
- * practice: Open MPI frees a communicator locally. */
-static void exec_free(xm_exec_t *x)
+ * practice: Open MPI frees a communicator locally. A pooled communicator
+ * goes back to the pool, unless the plan failed (its slot is retired). */
+static void exec_free(xm_mpi_ctx_t *be, xm_exec_t *x)
 {
     if (!x)
         return;
@@ -481,8 +482,20 @@ static void exec_free(xm_exec_t *x)
         }
     if (x->kept && fin)
         x->leak_stage = 1;
-    if (x->comm != MPI_COMM_NULL && !fin)
+    if (x->pool_slot >= 0) {
+        pthread_mutex_lock(&be->mu);
+        if (x->broken) {
+            if (!fin)
+                MPI_Comm_free(&be->pool[x->pool_slot]);
+            be->pool[x->pool_slot] = MPI_COMM_NULL;
+            be->pool_state[x->pool_slot] = XM_POOL_DEAD;
+        } else {
+            be->pool_state[x->pool_slot] = XM_POOL_FREE;
+        }
+        pthread_mutex_unlock(&be->mu);
+    } else if (x->comm != MPI_COMM_NULL && !fin) {
         MPI_Comm_free(&x->comm);
+    }
     if (!x->leak_stage)
         free(x->stage);
     free(x->steps);
@@ -559,6 +572,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d tasks", nt);
     }
     x->comm = MPI_COMM_NULL;
+    x->pool_slot = -1;
     p->exec = x;
     double tm[6];
     tm[0] = xm_mpi_now();
@@ -615,10 +629,30 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     if (trace_flag && (rc = MPI_Bcast(tpath, sizeof tpath, MPI_CHAR, 0, be->comm)))
         return xm_mpi_err(rc, "MPI_Bcast(trace path)");
     tm[2] = xm_mpi_now();
-    /* 2. Private communicator (collective: every rank calls it). */
-    if ((rc = MPI_Comm_dup(be->comm, &x->comm))) {
-        x->comm = MPI_COMM_NULL;
-        return xm_mpi_err(rc, "MPI_Comm_dup(plan)");
+    /* 2. Private communicator: a pooled one that mpi_agree found free on
+     *    every rank, else a new duplicate (collective) that joins the pool
+     *    at the same index everywhere (pools grow in plan-creation order). */
+    pthread_mutex_lock(&be->mu);
+    int slot = be->agreed_slot, grow = slot < 0 && be->npool < XM_COMM_POOL;
+    be->agreed_slot = -1;
+    if (slot >= 0) {
+        x->comm = be->pool[slot];
+        be->pool_state[slot] = XM_POOL_BUSY;
+        x->pool_slot = slot;
+    }
+    pthread_mutex_unlock(&be->mu);
+    if (slot < 0) {
+        if ((rc = MPI_Comm_dup(be->comm, &x->comm))) {
+            x->comm = MPI_COMM_NULL;
+            return xm_mpi_err(rc, "MPI_Comm_dup(plan)");
+        }
+        if (grow) {
+            pthread_mutex_lock(&be->mu);
+            x->pool_slot = be->npool++;
+            be->pool[x->pool_slot] = x->comm;
+            be->pool_state[x->pool_slot] = XM_POOL_BUSY;
+            pthread_mutex_unlock(&be->mu);
+        }
     }
     MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
     x->rank = ctx->rank;
@@ -644,12 +678,15 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     if (worst)
         return XM_ERR(XMESH_ERR_REMOTE, "rank %d failed to set up the plan (see its error)",
                       ctx->size - worst);
-    /* 5. Common time origin for traces. */
-    MPI_Barrier(x->comm);
+    /* 5. Common time origin for traces (only then: a barrier costs a round
+     *    trip across hosts). */
+    if (trace_flag)
+        MPI_Barrier(x->comm);
     x->t0 = tm[5] = xm_mpi_now();
     XM_INFO("plan setup: rank %d: schedule bcast + rebuild %.2f ms, trace bcast %.2f ms, "
-            "comm dup %.2f ms, compile %.2f ms, allreduce + barrier %.2f ms",
-            ctx->rank, (tm[1] - tm[0]) * 1e3, (tm[2] - tm[1]) * 1e3, (tm[3] - tm[2]) * 1e3,
+            "comm %s %.2f ms, compile %.2f ms, allreduce + barrier %.2f ms",
+            ctx->rank, (tm[1] - tm[0]) * 1e3, (tm[2] - tm[1]) * 1e3,
+            x->pool_slot >= 0 && slot >= 0 ? "reused" : "dup", (tm[3] - tm[2]) * 1e3,
             (tm[4] - tm[3]) * 1e3, (tm[5] - tm[4]) * 1e3);
     pthread_mutex_lock(&be->mu);
     x->plan_id = be->nplans_created++;
@@ -660,6 +697,6 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
 /* ops->plan_teardown: no request of the plan may be in flight (api.c). */
 void xm_mpi_plan_teardown(xmesh_plan_t p)
 {
-    exec_free(p->exec);
+    exec_free(p->ctx->be, p->exec);
     p->exec = NULL;
 }

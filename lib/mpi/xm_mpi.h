@@ -24,6 +24,9 @@
  * checksum receive and send of XMESH_CHECK. */
 #define XM_STEP_REQS(w) (2 * (w) + 2)
 #define XM_TAG_BASE 16
+/* Pooled plan communicators per context, and their states. */
+#define XM_COMM_POOL 32
+enum { XM_POOL_FREE = 0, XM_POOL_BUSY = 1, XM_POOL_DEAD = 2 };
 
 /* ------------------------------------------------------------ data.c */
 
@@ -176,6 +179,7 @@ typedef struct xm_exec {
     xm_trace_ev_t **tr_bufs;
     int plan_id;
     int64_t nreshards;
+    int pool_slot; /* index of x->comm in the context's pool, -1: own duplicate */
 } xm_exec_t;
 
 /* A request: starts with its plan (api.c reads it to dispatch). Requests
@@ -219,6 +223,14 @@ typedef struct xm_mpi_ctx {
     xm_request_t **blocks; /* allocation blocks of the request pool */
     int nblocks;
     int nplans_created; /* plan ids for trace file names */
+    /* Plan communicators, reused: MPI_Comm_dup costs several collectives
+     * (hundreds of ms across hosts under load), so a plan takes a pooled
+     * communicator that is free on every rank (agreed in mpi_agree). A slot
+     * of a failed plan is retired: its late messages could match. */
+    MPI_Comm pool[XM_COMM_POOL];
+    unsigned char pool_state[XM_COMM_POOL]; /* XM_POOL_FREE / _BUSY / _DEAD */
+    int npool;
+    int agreed_slot; /* set by mpi_agree for the next plan_setup: free everywhere, -1 none */
 } xm_mpi_ctx_t;
 
 /* ctx.c */
