@@ -52,6 +52,7 @@ static xm_request_t *req_alloc(xm_mpi_ctx_t *be)
         be->blocks[be->nblocks++] = blk;
         for (int i = 0; i < N; i++) {
             blk[i].plan = &dead_plan;
+            blk[i].be = be; /* never changes: test/wait lock through it */
             blk[i].magic = XM_REQ_FREE;
             blk[i].next_free = be->free_list;
             be->free_list = &blk[i];
@@ -171,7 +172,6 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
         return rc;
     }
     __atomic_store_n(&r->plan, p, __ATOMIC_RELEASE);
-    r->be = be;
     r->magic = XM_REQ_LIVE;
     r->done = 0;
     r->result = XMESH_SUCCESS;
