@@ -145,18 +145,21 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     xm_mpi_ctx_t *be = p->ctx->be;
     if (!x)
         return XM_ERR(XMESH_ERR_INVALID_USAGE, "plan has no executor state");
+    /* Under the mutex, `active` first: while a request is in flight the
+     * token holder may set `broken` (fail()) without the mutex; once none is,
+     * no progress round touches x. */
     pthread_mutex_lock(&be->mu);
-    if (x->broken) {
-        pthread_mutex_unlock(&be->mu);
-        return XM_ERR(XMESH_ERR_INVALID_USAGE,
-                      "plan is unusable: an earlier reshard failed or timed out and MPI may still "
-                      "deliver its messages; destroy it and create a new one");
-    }
     if (x->active) {
         pthread_mutex_unlock(&be->mu);
         return XM_ERR(XMESH_ERR_INVALID_USAGE,
                       "plan already has a reshard in flight: wait for it before starting another "
                       "(use a second plan for concurrent transfers)");
+    }
+    if (x->broken) {
+        pthread_mutex_unlock(&be->mu);
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "plan is unusable: an earlier reshard failed or timed out and MPI may still "
+                      "deliver its messages; destroy it and create a new one");
     }
     xm_request_t *r = req_alloc(be);
     xmesh_result_t rc = r ? XMESH_SUCCESS : XM_ERR(XMESH_ERR_NO_MEMORY, "request: out of memory");
