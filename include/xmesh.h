@@ -185,15 +185,42 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
                                  xmesh_plan_t *out);
 /* Collective over the ranks of both meshes; others may call and return at
  * once. src_local / dst_local: this rank's local block, dense row-major (NULL
- * where it holds none). dst_local must not alias src_local. */
+ * where it holds none). dst_local must not alias src_local.
+ *
+ * Buffers, exactly:
+ *   - invalid arguments (INVALID_ARGUMENT / INVALID_USAGE): nothing was
+ *     queued or sent; both blocks are untouched;
+ *   - success: dst_local holds the result; src_local was only read;
+ *   - a transfer failure (TIMEOUT, REMOTE, BACKEND): the boxes of dst_local
+ *     this rank receives hold undefined values (elements outside them are
+ *     never written). Once the call returns, xmesh never reads src_local nor
+ *     writes dst_local again: MPI only ever works on the plan's own staging
+ *     memory; receives are cancelled, and MPI requests that cannot be
+ *     cancelled (sends, matched receives) stay owned by the plan, which is
+ *     retired (later starts: INVALID_USAGE). xmesh_plan_destroy releases them
+ *     to MPI and deliberately leaks the staging/checksum memory they still
+ *     reference. (Exception: XMESH_ZERO_COPY=1 lets MPI use the blocks
+ *     directly; then a failed reshard's blocks must stay allocated until the
+ *     process ends.) */
 xmesh_result_t xmesh_reshard(xmesh_plan_t plan, const void *src_local, void *dst_local);
-/* Starts the transfer and returns at once; it progresses without further
- * calls. The buffers belong to xmesh until the request completes. */
+/* Starts the transfer and returns at once. The buffers belong to xmesh until
+ * the request completes (same buffer contract as xmesh_reshard).
+ * Progress: with MPI_THREAD_MULTIPLE a progress thread moves the data while
+ * the caller computes; at lower thread levels (SINGLE, FUNNELED, SERIALIZED)
+ * there is no thread and the data moves only inside xmesh_reshard_start,
+ * xmesh_test and xmesh_wait, so a caller that wants overlap calls
+ * xmesh_test now and then while it computes (with FUNNELED from the main
+ * thread, with SERIALIZED never concurrently with another MPI call). */
 xmesh_result_t xmesh_reshard_start(xmesh_plan_t plan, const void *src_local, void *dst_local,
                                    xmesh_request_t *req);
-/* SUCCESS (request released), IN_PROGRESS, or an error (request released). */
+/* Advances the transfer once without blocking (unless another thread is
+ * doing so), then: SUCCESS (request released), IN_PROGRESS, or an error
+ * (request released). */
 xmesh_result_t xmesh_test(xmesh_request_t req);
-/* Blocks without spinning until the request completes; releases it. */
+/* Drives the transfer in the calling thread until the request completes
+ * (the progress thread stands back meanwhile, so a blocking wait does not
+ * depend on it getting a core); sleeps with back-off when nothing moves
+ * instead of spinning. Releases the request. */
 xmesh_result_t xmesh_wait(xmesh_request_t req);
 /* Fails with INVALID_USAGE while a request of the plan is in flight. */
 xmesh_result_t xmesh_plan_destroy(xmesh_plan_t plan);

@@ -832,8 +832,10 @@ static void use_dir(xm_troutes_t *r, int dir)
 }
 
 /* Alpha-beta pipelined chain (paper 3.1, T^bc = t + A t / K): the bytes go
- * in K chunks of c = B / K; every hop costs latency + c / bw for the first
- * chunk, then the slowest hop paces the remaining K - 1 chunks. */
+ * in K chunks of c = B / K; every hop costs latency + a c / bw for the first
+ * chunk, where a = min(send_ahead, K) chunks share the hop's wire and arrive
+ * together (the executor keeps send_ahead sends in flight per hop), then the
+ * slowest hop paces the remaining K - 1 chunks. */
 void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
 {
     const xm_cluster_t *c = p->c;
@@ -844,6 +846,7 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
     if (K < 1)
         K = 1;
     double ch = B / (double)K, inter = hop_bw(c), dur = 0;
+    double fill = c->send_ahead > 1 ? (c->send_ahead < K ? c->send_ahead : (double)K) : 1.0;
     r->nuse = 0;
     for (int q = 0; q < r->nroutes; q++) {
         const xm_route_t *rt = &r->routes[q];
@@ -860,7 +863,7 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
                     use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
                     use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
                 }
-                sum += c->latency_s + ch / bw;
+                sum += c->latency_s + fill * ch / bw;
                 if (bw < bmin)
                     bmin = bw;
             }

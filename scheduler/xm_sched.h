@@ -26,6 +26,7 @@ typedef struct xm_cluster {
     double intra_Bps;    /* device-to-device inside a host, bytes/s */
     double latency_s;    /* per message (alpha) */
     int64_t chunk_bytes; /* pipelining chunk of the broadcast chains */
+    int send_ahead;      /* chunk sends in flight per hop (>= 1): a hop's pipeline fill */
 } xm_cluster_t;
 
 /* Paper cluster defaults: 10 Gb/s, 1 NIC/host, 100 GB/s intra, 5 us, 1 MiB

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "xm_api.h"
 #include "xm_cluster_file.h"
@@ -235,6 +236,14 @@ static uint64_t hash_layout(uint64_t h, const xm_layout_t *l)
     return h;
 }
 
+/* Monotonic seconds, for the XMESH_DEBUG=INFO plan-creation timings. */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Local half of plan creation: everything a rank can check and compute on
  * its own. On error p is left for plan_free_local. */
 static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *src,
@@ -272,12 +281,29 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = xm_hash64(h, &rp.scheduler, sizeof rp.scheduler);
     h = xm_hash64(h, &rp.chunk_bytes, sizeof rp.chunk_bytes);
     h = xm_hash64(h, &rp.seed, sizeof rp.seed);
-    *hash = h;
 
+    double t0 = now_s();
     if ((r = xm_decompose(&p->src, &p->dst, &ctx->hosts, &p->ts)))
         return r;
+    double t1 = now_s();
     if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
         return r;
+    /* Every rank rebuilds the routes from its own cluster model (rank 0
+     * only broadcasts order and senders), so everything that shapes the
+     * model is agreed: the values after XMESH_NIC_GBPS, XMESH_INTRA_GBPS,
+     * XMESH_NICS_PER_HOST, XMESH_LATENCY_US and the cluster file's contents
+     * were applied. A mismatch then gives XMESH_ERR_MISMATCH, not a hang. */
+    const xm_cluster_t *cm = &p->cluster;
+    h = xm_hash64(h, &cm->nics_per_host, sizeof cm->nics_per_host);
+    h = xm_hash64(h, &cm->nic_send_Bps, sizeof cm->nic_send_Bps);
+    h = xm_hash64(h, &cm->nic_recv_Bps, sizeof cm->nic_recv_Bps);
+    h = xm_hash64(h, &cm->intra_Bps, sizeof cm->intra_Bps);
+    h = xm_hash64(h, &cm->latency_s, sizeof cm->latency_s);
+    h = xm_hash64(h, &cm->chunk_bytes, sizeof cm->chunk_bytes);
+    h = xm_hash64(h, &cm->send_ahead, sizeof cm->send_ahead);
+    h = xm_hash64(h, &cm->hosts.nhosts, sizeof cm->hosts.nhosts);
+    h = xm_hash64(h, cm->hosts.host_of, sizeof(int) * cm->hosts.ndev);
+    *hash = h;
     /* The all-gather baselines choose senders and order with the sendrecv
      * model; their executors build the all-gather routes themselves. */
     xmesh_strategy_t model = p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
@@ -286,7 +312,12 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
                                  : p->strategy;
     xm_sched_opts_t so = {
         .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = model};
-    return xm_schedule(&p->ts, &p->cluster, &so, &p->sched);
+    double t2 = now_s();
+    r = xm_schedule(&p->ts, &p->cluster, &so, &p->sched);
+    XM_INFO("plan create: rank %d: decompose %.2f ms (%d tasks), cluster model %.2f ms, "
+            "schedule %.2f ms",
+            ctx->rank, (t1 - t0) * 1e3, p->ts.ntasks, (t2 - t1) * 1e3, (now_s() - t2) * 1e3);
+    return r;
 }
 
 static void plan_free_local(struct xmesh_plan *p)
@@ -308,13 +339,16 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     p->ctx = ctx;
     uint64_t hash = 0;
+    double t0 = now_s();
     xmesh_result_t local = plan_build_local(ctx, src, dst, params, p, &hash);
+    double t1 = now_s();
     char saved[512] = "";
     if (local)
         snprintf(saved, sizeof saved, "%s", xmesh_last_error());
     /* Every rank takes part in agree(), even after a local error, so that no
      * rank is left waiting in a collective. */
     xmesh_result_t r = ctx->ops->agree(ctx, local, hash);
+    double t2 = now_s();
     if (local) {
         plan_free_local(p);
         return XM_ERR(local, "%s", saved);
@@ -325,6 +359,10 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
         ctx->ops->plan_teardown(p);
         goto out_free_plan;
     }
+    XM_INFO("plan create: rank %d: local %.2f ms, agree %.2f ms, backend setup %.2f ms, "
+            "total %.2f ms",
+            ctx->rank, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (now_s() - t2) * 1e3,
+            (now_s() - t0) * 1e3);
     p->src_mesh = src->mesh;
     p->dst_mesh = dst->mesh;
     p->src_mesh->nplans++;
@@ -398,14 +436,16 @@ xmesh_result_t xmesh_reshard(xmesh_plan_t p, const void *src, void *dst)
 xmesh_result_t xmesh_test(xmesh_request_t req)
 {
     CHECK_NULL(req, "request");
-    xmesh_plan_t p = *(xmesh_plan_t *)req; /* every backend request starts with its plan */
+    /* Every backend request starts with its plan; a backend may switch it
+     * (to a "released" plan) from another thread, hence the atomic load. */
+    xmesh_plan_t p = __atomic_load_n((xmesh_plan_t *)req, __ATOMIC_ACQUIRE);
     return p->ctx->ops->test(req);
 }
 
 xmesh_result_t xmesh_wait(xmesh_request_t req)
 {
     CHECK_NULL(req, "request");
-    xmesh_plan_t p = *(xmesh_plan_t *)req;
+    xmesh_plan_t p = __atomic_load_n((xmesh_plan_t *)req, __ATOMIC_ACQUIRE);
     return p->ctx->ops->wait(req);
 }
 
@@ -475,6 +515,8 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     x.nics_per_host = (int)nics;
     x.latency_s = lat * 1e-6;
     x.chunk_bytes = chunk_bytes;
+    int64_t ahead = xm_param_send_ahead(); /* the MPI executor's pipeline fill */
+    x.send_ahead = ahead < 1 ? 1 : ahead > 16 ? 16 : (int)ahead;
     const char *file = xm_param_cluster_file();
     if (*file && (r = xm_cluster_load(file, &x))) {
         xm_cluster_free(&x);

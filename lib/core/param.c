@@ -15,7 +15,7 @@ static const xm_param_desc_t params[] = {
     {"XMESH_STRATEGY", "broadcast", "broadcast | sendrecv | sendrecv-allgather | global-allgather"},
     {"XMESH_SCHEDULER", "ensemble", "naive | lb | dfs | greedy | ensemble"},
     {"XMESH_CHUNK_BYTES", "262144", "pipelining chunk of broadcast chains, bytes"},
-    {"XMESH_SEND_AHEAD", "1",
+    {"XMESH_SEND_AHEAD", "2",
      "MPI executor: chunk sends in flight per chain link (receives run a window ahead)"},
     {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},
     {"XMESH_SEED", "1", "scheduler random seed"},
@@ -36,6 +36,9 @@ static const xm_param_desc_t params[] = {
     {"XMESH_TOPO_XML", "", "hwloc XML file to use instead of this machine's topology"},
     {"XMESH_NCCL_MAX_COMMS", "8",
      "NCCL backend: most cached communicators per context (one per mesh pair)"},
+    {"XMESH_ZERO_COPY", "0",
+     "MPI executor: 1 = MPI reads/writes contiguous chunks in the caller's blocks directly (no "
+     "staging copy); then after a failed reshard MPI may still touch the blocks"},
 };
 
 /* ------------------------------------------------------------------ types */

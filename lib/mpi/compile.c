@@ -322,11 +322,11 @@ static xmesh_result_t finish_task(cstate_t *cs, int t, int first, int64_t *regio
         int64_t need = 0;
         switch (s->mode) {
         case XM_MODE_SRC:
-            need = geom_contiguous(&s->sg) ? 0 : (int64_t)x->es;
+            need = x->zero_copy && geom_contiguous(&s->sg) ? 0 : (int64_t)x->es;
             break;
         case XM_MODE_RECV:
         case XM_MODE_FROM_DST:
-            need = geom_contiguous(&s->dg) ? 0 : (int64_t)x->es;
+            need = x->zero_copy && geom_contiguous(&s->dg) ? 0 : (int64_t)x->es;
             break;
         case XM_MODE_GENERAL:
             need = (int64_t)x->acc_es;
@@ -381,11 +381,14 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     cs.chunk_elems = cb / (int64_t)x->es > 0 ? cb / (int64_t)x->es : 1;
     int64_t w = XM_WINDOW_BYTES / (cs.chunk_elems * (int64_t)x->es);
     x->window = (int)(w < XM_WINDOW_MIN ? XM_WINDOW_MIN : w > XM_WINDOW_MAX ? XM_WINDOW_MAX : w);
-    /* Sends in flight per chain link: one by default, so a link moves chunk
-     * c completely before chunk c + 1 and the next hop can forward it at
-     * once (several sends to one peer share the wire and finish together,
-     * which delays every hop by a whole window). Receives still run ahead. */
-    int64_t ahead = xm_param_i64("XMESH_SEND_AHEAD");
+    /* Sends in flight per chain link (default 2): the wire never waits for
+     * a progress round between two chunks (the progress thread may be
+     * starved by the caller's compute), while the next hop is delayed by
+     * only send_ahead chunks, not a whole window (several sends to one peer
+     * share the wire and finish together). The model charges the same fill
+     * per hop (xm_task_timing). Receives still run a window ahead. */
+    int64_t ahead = p->cluster.send_ahead; /* XMESH_SEND_AHEAD, agreed and modelled */
+    x->zero_copy = xm_param_i64("XMESH_ZERO_COPY") != 0;
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     if (p->src_index >= 0)
         xm_layout_block(&p->src, p->src_index, cs.src_lo, cs.src_hi);
@@ -456,16 +459,44 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
 }
 
 /* Frees the executor state (x may be partial or NULL). Not collective in
- * practice: Open MPI frees a communicator locally. */
-static void exec_free(xm_exec_t *x)
+ * practice: Open MPI frees a communicator locally. A pooled communicator
+ * goes back to the pool, unless the plan failed (its slot is retired). */
+static void exec_free(xm_mpi_ctx_t *be, xm_exec_t *x)
 {
     if (!x)
         return;
     int fin = 0;
     MPI_Finalized(&fin);
-    if (x->comm != MPI_COMM_NULL && !fin)
+    /* Requests kept after a failure: the finished ones are done with; the
+     * rest are handed to MPI and the memory they reference (staging pool,
+     * checksums: never the caller's blocks unless XMESH_ZERO_COPY=1) is
+     * leaked on purpose, as MPI may still complete them. */
+    for (int i = 0; x->kept && !fin && i < x->nreqs; i++)
+        if (x->reqs[i] != MPI_REQUEST_NULL) {
+            int done = 0;
+            MPI_Test(&x->reqs[i], &done, MPI_STATUS_IGNORE);
+            if (!done) {
+                MPI_Request_free(&x->reqs[i]);
+                x->leak_stage = 1;
+            }
+        }
+    if (x->kept && fin)
+        x->leak_stage = 1;
+    if (x->pool_slot >= 0) {
+        pthread_mutex_lock(&be->mu);
+        if (x->broken) {
+            if (!fin)
+                MPI_Comm_free(&be->pool[x->pool_slot]);
+            be->pool[x->pool_slot] = MPI_COMM_NULL;
+            be->pool_state[x->pool_slot] = XM_POOL_DEAD;
+        } else {
+            be->pool_state[x->pool_slot] = XM_POOL_FREE;
+        }
+        pthread_mutex_unlock(&be->mu);
+    } else if (x->comm != MPI_COMM_NULL && !fin) {
         MPI_Comm_free(&x->comm);
-    if (!x->leak_stage) /* abandoned sends may still read the staging pool */
+    }
+    if (!x->leak_stage)
         free(x->stage);
     free(x->steps);
     free(x->rtasks);
@@ -475,7 +506,8 @@ static void exec_free(xm_exec_t *x)
     free(x->tstate);
     free(x->parts);
     free(x->ev);
-    free(x->ck);
+    if (!x->leak_stage)
+        free(x->ck);
     free(x->tr_reqs);
     free(x->tr_counts);
     free(x->tr_bufs);
@@ -540,7 +572,10 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d tasks", nt);
     }
     x->comm = MPI_COMM_NULL;
+    x->pool_slot = -1;
     p->exec = x;
+    double tm[6];
+    tm[0] = xm_mpi_now();
     /* 1. Rank 0's decisions for everyone: time-budgeted schedulers may pick
      *    differently on each rank. */
     if (ctx->rank == 0) {
@@ -579,6 +614,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
             p->sched = ns;
         }
     }
+    tm[1] = xm_mpi_now();
     int trace_flag = buf[2];
     x->check = buf[3];
     {
@@ -596,16 +632,38 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
         snprintf(tpath, sizeof tpath, "%s", xm_param_str("XMESH_TRACE"));
     if (trace_flag && (rc = MPI_Bcast(tpath, sizeof tpath, MPI_CHAR, 0, be->comm)))
         return xm_mpi_err(rc, "MPI_Bcast(trace path)");
-    /* 2. Private communicator (collective: every rank calls it). */
-    if ((rc = MPI_Comm_dup(be->comm, &x->comm))) {
-        x->comm = MPI_COMM_NULL;
-        return xm_mpi_err(rc, "MPI_Comm_dup(plan)");
+    tm[2] = xm_mpi_now();
+    /* 2. Private communicator: a pooled one that mpi_agree found free on
+     *    every rank, else a new duplicate (collective) that joins the pool
+     *    at the same index everywhere (pools grow in plan-creation order). */
+    pthread_mutex_lock(&be->mu);
+    int slot = be->agreed_slot, grow = slot < 0 && be->npool < XM_COMM_POOL;
+    be->agreed_slot = -1;
+    if (slot >= 0) {
+        x->comm = be->pool[slot];
+        be->pool_state[slot] = XM_POOL_BUSY;
+        x->pool_slot = slot;
+    }
+    pthread_mutex_unlock(&be->mu);
+    if (slot < 0) {
+        if ((rc = MPI_Comm_dup(be->comm, &x->comm))) {
+            x->comm = MPI_COMM_NULL;
+            return xm_mpi_err(rc, "MPI_Comm_dup(plan)");
+        }
+        if (grow) {
+            pthread_mutex_lock(&be->mu);
+            x->pool_slot = be->npool++;
+            be->pool[x->pool_slot] = x->comm;
+            be->pool_state[x->pool_slot] = XM_POOL_BUSY;
+            pthread_mutex_unlock(&be->mu);
+        }
     }
     MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
     x->rank = ctx->rank;
     x->dtype = p->dtype;
     x->es = xmesh_dtype_size(p->dtype);
     x->acc_es = xm_dtype_acc_size(p->dtype);
+    tm[3] = xm_mpi_now();
     /* 3. This rank's steps. */
     if (!local)
         local = compile(p, x);
@@ -614,6 +672,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     char saved[512] = "";
     if (local)
         snprintf(saved, sizeof saved, "%s", xmesh_last_error());
+    tm[4] = xm_mpi_now();
     /* 4. Everyone learns whether anyone failed. */
     int bad = local ? ctx->size - ctx->rank : 0, worst = 0;
     if ((rc = MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, x->comm)))
@@ -623,9 +682,16 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     if (worst)
         return XM_ERR(XMESH_ERR_REMOTE, "rank %d failed to set up the plan (see its error)",
                       ctx->size - worst);
-    /* 5. Common time origin for traces. */
-    MPI_Barrier(x->comm);
-    x->t0 = xm_mpi_now();
+    /* 5. Common time origin for traces (only then: a barrier costs a round
+     *    trip across hosts). */
+    if (trace_flag)
+        MPI_Barrier(x->comm);
+    x->t0 = tm[5] = xm_mpi_now();
+    XM_INFO("plan setup: rank %d: schedule bcast + rebuild %.2f ms, trace bcast %.2f ms, "
+            "comm %s %.2f ms, compile %.2f ms, allreduce + barrier %.2f ms",
+            ctx->rank, (tm[1] - tm[0]) * 1e3, (tm[2] - tm[1]) * 1e3,
+            x->pool_slot >= 0 && slot >= 0 ? "reused" : "dup", (tm[3] - tm[2]) * 1e3,
+            (tm[4] - tm[3]) * 1e3, (tm[5] - tm[4]) * 1e3);
     pthread_mutex_lock(&be->mu);
     x->plan_id = be->nplans_created++;
     pthread_mutex_unlock(&be->mu);
@@ -635,6 +701,6 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
 /* ops->plan_teardown: no request of the plan may be in flight (api.c). */
 void xm_mpi_plan_teardown(xmesh_plan_t p)
 {
-    exec_free(p->exec);
+    exec_free(p->ctx->be, p->exec);
     p->exec = NULL;
 }

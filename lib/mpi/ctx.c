@@ -121,12 +121,10 @@ xmesh_result_t xmesh_ctx_create_mpi(MPI_Comm comm, const xmesh_ctx_params_t *par
                       finalized ? "finalized" : "not initialized");
     if (comm == MPI_COMM_NULL)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xmesh_ctx_create_mpi: comm is MPI_COMM_NULL");
+    /* Any thread level works: below MPI_THREAD_MULTIPLE there is no progress
+     * thread and transfers advance inside xmesh_reshard_start, xmesh_test
+     * and xmesh_wait (the caller must then call xmesh_test to overlap). */
     MPI_Query_thread(&provided);
-    if (provided < MPI_THREAD_MULTIPLE)
-        return XM_ERR(XMESH_ERR_UNSUPPORTED,
-                      "xmesh_ctx_create_mpi: MPI thread level %d < MPI_THREAD_MULTIPLE (%d); the "
-                      "progress thread needs MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...)",
-                      provided, MPI_THREAD_MULTIPLE);
     xmesh_ctx_params_t def = XMESH_CTX_PARAMS_INITIALIZER;
     if (!params)
         params = &def;
@@ -186,10 +184,13 @@ xmesh_result_t xmesh_ctx_create_mpi(MPI_Comm comm, const xmesh_ctx_params_t *par
     pthread_cond_init(&be->work_cv, &ca);
     pthread_cond_init(&be->done_cv, &ca);
     pthread_condattr_destroy(&ca);
+    be->threaded = provided >= MPI_THREAD_MULTIPLE;
+    be->agreed_slot = -1;
     ctx->ops = &mpi_ops;
     ctx->be = be;
-    XM_INFO("ctx: rank %d of %d on host %d of %d", ctx->rank, ctx->size,
-            ctx->hosts.host_of[ctx->rank], ctx->hosts.nhosts);
+    XM_INFO("ctx: rank %d of %d on host %d of %d, MPI thread level %d (%s)", ctx->rank, ctx->size,
+            ctx->hosts.host_of[ctx->rank], ctx->hosts.nhosts, provided,
+            be->threaded ? "progress thread" : "progress in test/wait only");
     *out = ctx;
     return XMESH_SUCCESS;
 out_free_hosts:
@@ -217,7 +218,13 @@ static void mpi_ctx_free(xmesh_ctx_t ctx)
         pthread_join(be->thread, NULL);
     for (int i = 0; i < be->nblocks; i++)
         free(be->blocks[i]);
+    int fin_pool = 0;
+    MPI_Finalized(&fin_pool);
+    for (int i = 0; i < be->npool && !fin_pool; i++)
+        if (be->pool[i] != MPI_COMM_NULL)
+            MPI_Comm_free(&be->pool[i]);
     free(be->blocks);
+    free(be->snap);
     pthread_cond_destroy(&be->work_cv);
     pthread_cond_destroy(&be->done_cv);
     pthread_mutex_destroy(&be->mu);
@@ -229,17 +236,24 @@ static void mpi_ctx_free(xmesh_ctx_t ctx)
     ctx->be = NULL;
 }
 
-/* One MPI_Allreduce(MAX) over {hash, ~hash, failing rank + 1}: max(hash) and
- * ~max(~hash) = min(hash) differ iff some rank hashed different inputs. */
+/* One MPI_Allreduce(MAX) over {hash, ~hash, failing rank + 1, busy flag of
+ * every pooled communicator}: max(hash) and ~max(~hash) = min(hash) differ
+ * iff some rank hashed different inputs; a pool slot whose max flag is 0 is
+ * free on every rank and becomes the next plan's communicator. */
 static xmesh_result_t mpi_agree(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t hash)
 {
     xm_mpi_ctx_t *be = ctx->be;
-    uint64_t in[3], outv[3];
+    uint64_t in[3 + XM_COMM_POOL], outv[3 + XM_COMM_POOL];
     /* A failing rank's hash is meaningless: send the neutral element. */
     in[0] = local ? 0 : hash;
     in[1] = local ? 0 : ~hash;
     in[2] = local ? (uint64_t)(ctx->size - ctx->rank) : 0; /* max picks the lowest failing rank */
-    int rc = MPI_Allreduce(in, outv, 3, MPI_UINT64_T, MPI_MAX, be->comm);
+    pthread_mutex_lock(&be->mu);
+    for (int i = 0; i < XM_COMM_POOL; i++)
+        in[3 + i] = i >= be->npool || be->pool_state[i] != XM_POOL_FREE;
+    be->agreed_slot = -1;
+    pthread_mutex_unlock(&be->mu);
+    int rc = MPI_Allreduce(in, outv, 3 + XM_COMM_POOL, MPI_UINT64_T, MPI_MAX, be->comm);
     if (rc)
         return xm_mpi_err(rc, "MPI_Allreduce(plan agreement)");
     if (local)
@@ -251,8 +265,12 @@ static xmesh_result_t mpi_agree(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t 
     uint64_t hmax = outv[0], hmin = ~outv[1];
     if (hmax != hmin)
         return XM_ERR(XMESH_ERR_MISMATCH,
-                      "ranks passed different plan inputs (shape, dtype, meshes, shardings or "
-                      "params): this rank's hash %016llx, range over ranks [%016llx, %016llx]",
+                      "ranks passed different plan inputs (shape, dtype, meshes, shardings, params "
+                      "or cluster model): this rank's hash %016llx, range over ranks [%016llx, "
+                      "%016llx]",
                       (unsigned long long)hash, (unsigned long long)hmin, (unsigned long long)hmax);
+    for (int i = 0; i < XM_COMM_POOL && be->agreed_slot < 0; i++)
+        if (!outv[3 + i])
+            be->agreed_slot = i;
     return XMESH_SUCCESS;
 }

@@ -52,6 +52,7 @@ static xm_request_t *req_alloc(xm_mpi_ctx_t *be)
         be->blocks[be->nblocks++] = blk;
         for (int i = 0; i < N; i++) {
             blk[i].plan = &dead_plan;
+            blk[i].be = be; /* never changes: test/wait lock through it */
             blk[i].magic = XM_REQ_FREE;
             blk[i].next_free = be->free_list;
             be->free_list = &blk[i];
@@ -62,10 +63,12 @@ static xm_request_t *req_alloc(xm_mpi_ctx_t *be)
     return r;
 }
 
-/* Starts the progress thread once; called with be->mu held. */
+/* Starts the progress thread once; called with be->mu held. Only under
+ * MPI_THREAD_MULTIPLE: at lower levels progress happens in the caller's
+ * xmesh_reshard_start / xmesh_test / xmesh_wait. */
 static xmesh_result_t ensure_thread(xm_mpi_ctx_t *be)
 {
-    if (be->thread_started)
+    if (be->thread_started || !be->threaded)
         return XMESH_SUCCESS;
     int e = pthread_create(&be->thread, NULL, xm_mpi_progress_main, be);
     if (e)
@@ -74,27 +77,94 @@ static xmesh_result_t ensure_thread(xm_mpi_ctx_t *be)
     return XMESH_SUCCESS;
 }
 
-/* ops->start: queues the reshard for the progress thread and returns at once
- * (no MPI call). On error nothing is queued and *out is untouched. */
+/* One progress round over every active request. Called with be->mu held and
+ * the token free (!be->busy); takes the token, advances without the lock,
+ * retires finished requests, returns the token and wakes every waiter.
+ * Returns 1 if anything moved or finished. `from_thread`: called by the
+ * progress thread (else the progress thread is poked, as it may be sleeping
+ * because the token was taken). */
+static int progress_round(xm_mpi_ctx_t *be, int from_thread)
+{
+    int n = 0;
+    for (xm_request_t *r = be->active; r; r = r->next_active) {
+        if (n == be->snap_cap) {
+            int ncap = be->snap_cap ? 2 * be->snap_cap : 8;
+            xm_request_t **ns = realloc(be->snap, sizeof *ns * ncap);
+            if (!ns)
+                break; /* advance what fits; the rest next round */
+            be->snap = ns;
+            be->snap_cap = ncap;
+        }
+        be->snap[n++] = r;
+    }
+    be->busy = 1;
+    /* Requests in the snapshot cannot be released: only the token holder
+     * marks them done. */
+    pthread_mutex_unlock(&be->mu);
+    int moved = 0;
+    for (int i = 0; i < n; i++)
+        moved |= xm_mpi_exec_advance(be->snap[i]);
+    pthread_mutex_lock(&be->mu);
+    be->busy = 0;
+    for (xm_request_t **pp = &be->active; *pp;) {
+        if ((*pp)->phase == 2) {
+            xm_request_t *r = *pp;
+            *pp = r->next_active;
+            r->done = 1;
+            moved = 1;
+        } else {
+            pp = &(*pp)->next_active;
+        }
+    }
+    pthread_cond_broadcast(&be->done_cv);
+    if (!from_thread && be->active && be->thread_started)
+        pthread_cond_signal(&be->work_cv);
+    return moved;
+}
+
+/* Sleeps on `cv` for `ns` nanoseconds (or until signalled); be->mu held. */
+static void timed_sleep(xm_mpi_ctx_t *be, pthread_cond_t *cv, long ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += ns;
+    if (ts.tv_nsec >= 1000000000l) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000l;
+    }
+    pthread_cond_timedwait(cv, &be->mu, &ts);
+}
+
+/* ops->start: queues the reshard. With a progress thread (MULTIPLE) it
+ * makes no MPI call; without one it runs one progress round, so receives
+ * are posted and the first chunks leave before the caller computes. On
+ * error nothing is queued and *out is untouched. */
 xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *out)
 {
     xm_exec_t *x = p->exec;
     xm_mpi_ctx_t *be = p->ctx->be;
     if (!x)
         return XM_ERR(XMESH_ERR_INVALID_USAGE, "plan has no executor state");
-    if (x->broken)
-        return XM_ERR(XMESH_ERR_INVALID_USAGE,
-                      "plan is unusable: an earlier reshard failed or timed out and abandoned "
-                      "MPI requests; destroy it and create a new one");
-    if (x->active)
+    /* Under the mutex, `active` first: while a request is in flight the
+     * token holder may set `broken` (fail()) without the mutex; once none is,
+     * no progress round touches x. */
+    pthread_mutex_lock(&be->mu);
+    if (x->active) {
+        pthread_mutex_unlock(&be->mu);
         return XM_ERR(XMESH_ERR_INVALID_USAGE,
                       "plan already has a reshard in flight: wait for it before starting another "
                       "(use a second plan for concurrent transfers)");
-    pthread_mutex_lock(&be->mu);
+    }
+    if (x->broken) {
+        pthread_mutex_unlock(&be->mu);
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "plan is unusable: an earlier reshard failed or timed out and MPI may still "
+                      "deliver its messages; destroy it and create a new one");
+    }
     xm_request_t *r = req_alloc(be);
     xmesh_result_t rc = r ? XMESH_SUCCESS : XM_ERR(XMESH_ERR_NO_MEMORY, "request: out of memory");
-    int needs_thread = x->nrtasks > 0 || x->trace;
-    if (!rc && needs_thread)
+    int has_work = x->nrtasks > 0 || x->trace;
+    if (!rc && has_work)
         rc = ensure_thread(be);
     if (rc) {
         if (r) {
@@ -104,7 +174,7 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
         pthread_mutex_unlock(&be->mu);
         return rc;
     }
-    r->plan = p;
+    __atomic_store_n(&r->plan, p, __ATOMIC_RELEASE);
     r->magic = XM_REQ_LIVE;
     r->done = 0;
     r->result = XMESH_SUCCESS;
@@ -123,20 +193,23 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     x->dropped_ev = 0;
     x->active = r;
     p->inflight++;
-    if (!needs_thread) {
+    if (!has_work) {
         r->phase = 2;
         r->done = 1;
     } else {
         r->next_active = be->active;
         be->active = r;
-        pthread_cond_signal(&be->work_cv);
+        if (be->thread_started)
+            pthread_cond_signal(&be->work_cv);
+        else if (!be->busy)
+            progress_round(be, 0);
     }
     pthread_mutex_unlock(&be->mu);
     *out = (xmesh_request_t)r;
     return XMESH_SUCCESS;
 }
 
-/* Called with be->mu held on a finished request. */
+/* Called with be->mu held on a finished request; unlocks. */
 static xmesh_result_t release(xm_mpi_ctx_t *be, xm_request_t *r)
 {
     xmesh_plan_t p = r->plan;
@@ -147,7 +220,7 @@ static xmesh_result_t release(xm_mpi_ctx_t *be, xm_request_t *r)
     p->inflight--;
     x->active = NULL;
     r->magic = XM_REQ_FREE;
-    r->plan = &dead_plan;
+    __atomic_store_n(&r->plan, &dead_plan, __ATOMIC_RELEASE);
     r->next_free = be->free_list;
     be->free_list = r;
     pthread_mutex_unlock(&be->mu);
@@ -156,13 +229,21 @@ static xmesh_result_t release(xm_mpi_ctx_t *be, xm_request_t *r)
     return XMESH_SUCCESS;
 }
 
-/* ops->test: IN_PROGRESS, or the result (request released). */
+/* ops->test: runs one progress round if nobody else holds the token (the
+ * only progress below MPI_THREAD_MULTIPLE), then IN_PROGRESS or the result
+ * (request released). */
 xmesh_result_t xm_mpi_test(xmesh_request_t req)
 {
     xm_request_t *r = (xm_request_t *)req;
-    xm_mpi_ctx_t *be = r->plan->ctx->be;
+    xm_mpi_ctx_t *be = r->be; /* fixed at allocation; r->plan may change */
     pthread_mutex_lock(&be->mu);
     if (r->magic != XM_REQ_LIVE) {
+        pthread_mutex_unlock(&be->mu);
+        return dead_call(req);
+    }
+    if (!r->done && !be->busy)
+        progress_round(be, 0);
+    if (r->magic != XM_REQ_LIVE) { /* another thread finished it meanwhile */
         pthread_mutex_unlock(&be->mu);
         return dead_call(req);
     }
@@ -173,20 +254,44 @@ xmesh_result_t xm_mpi_test(xmesh_request_t req)
     return release(be, r);
 }
 
-/* ops->wait: sleeps on a condition variable until the request is done, then
- * releases it. */
+/* ops->wait: the calling thread drives progress itself (token rounds) until
+ * the request is done, so a blocking call never depends on the progress
+ * thread getting a core; the progress thread stays away meanwhile. When
+ * nothing moves it yields, then sleeps with back-off (never spins). */
 xmesh_result_t xm_mpi_wait(xmesh_request_t req)
 {
     xm_request_t *r = (xm_request_t *)req;
-    xm_mpi_ctx_t *be = r->plan->ctx->be;
+    xm_mpi_ctx_t *be = r->be;
     pthread_mutex_lock(&be->mu);
     if (r->magic != XM_REQ_LIVE) {
         pthread_mutex_unlock(&be->mu);
         return dead_call(req);
     }
     xmesh_plan_t plan = r->plan;
-    while (r->magic == XM_REQ_LIVE && r->plan == plan && !r->done)
-        pthread_cond_wait(&be->done_cv, &be->mu);
+    long backoff = BACKOFF_MIN_NS;
+    int idle = 0;
+    be->callers++;
+    while (r->magic == XM_REQ_LIVE && r->plan == plan && !r->done) {
+        if (be->busy) { /* another holder's round ends with a broadcast */
+            pthread_cond_wait(&be->done_cv, &be->mu);
+            continue;
+        }
+        if (progress_round(be, 1)) {
+            backoff = BACKOFF_MIN_NS;
+            idle = 0;
+        } else if (r->done || r->magic != XM_REQ_LIVE) {
+            break;
+        } else if (idle++ < YIELD_POLLS) {
+            pthread_mutex_unlock(&be->mu);
+            sched_yield();
+            pthread_mutex_lock(&be->mu);
+        } else {
+            timed_sleep(be, &be->done_cv, backoff);
+            backoff = backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff * 2;
+        }
+    }
+    if (--be->callers == 0 && be->active && be->thread_started)
+        pthread_cond_signal(&be->work_cv);
     if (r->magic != XM_REQ_LIVE || r->plan != plan) { /* another thread finished it */
         pthread_mutex_unlock(&be->mu);
         return dead_call(req);
@@ -196,13 +301,14 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
 
 /* ------------------------------------------------------- progress thread */
 
-/* The progress thread: advances every queued request; sleeps (condition
- * variable) when idle, backs off when nothing moved. Exits on be->stop. */
+/* The progress thread (MPI_THREAD_MULTIPLE only): advances the queued
+ * requests while no caller is blocked in xmesh_wait, i.e. it provides the
+ * overlap of xmesh_reshard_start with the caller's compute. Sleeps
+ * (condition variable) when idle or while a caller drives progress, backs
+ * off when nothing moved. Exits on be->stop. */
 void *xm_mpi_progress_main(void *arg)
 {
     xm_mpi_ctx_t *be = arg;
-    xm_request_t **snap = NULL;
-    int cap = 0;
     long backoff = BACKOFF_MIN_NS;
     int idle = 0;
 #ifdef __linux__
@@ -212,44 +318,12 @@ void *xm_mpi_progress_main(void *arg)
 #endif
     pthread_mutex_lock(&be->mu);
     while (!be->stop) {
-        if (!be->active) {
+        if (!be->active || be->callers > 0 || be->busy) {
             pthread_cond_wait(&be->work_cv, &be->mu);
             backoff = BACKOFF_MIN_NS;
             continue;
         }
-        int n = 0;
-        for (xm_request_t *r = be->active; r; r = r->next_active) {
-            if (n == cap) {
-                int ncap = cap ? 2 * cap : 8;
-                xm_request_t **ns = realloc(snap, sizeof *ns * ncap);
-                if (!ns)
-                    break; /* advance what fits; the rest next round */
-                snap = ns;
-                cap = ncap;
-            }
-            snap[n++] = r;
-        }
-        /* Requests in the snapshot cannot be released: only this thread
-         * marks them done. */
-        pthread_mutex_unlock(&be->mu);
-        int moved = 0;
-        for (int i = 0; i < n; i++)
-            moved |= xm_mpi_exec_advance(snap[i]);
-        pthread_mutex_lock(&be->mu);
-        int finished = 0;
-        for (xm_request_t **pp = &be->active; *pp;) {
-            if ((*pp)->phase == 2) {
-                xm_request_t *r = *pp;
-                *pp = r->next_active;
-                r->done = 1;
-                finished = 1;
-            } else {
-                pp = &(*pp)->next_active;
-            }
-        }
-        if (finished)
-            pthread_cond_broadcast(&be->done_cv);
-        if (moved || finished) {
+        if (progress_round(be, 1)) {
             backoff = BACKOFF_MIN_NS;
             idle = 0;
         } else if (be->active && !be->stop && idle++ < YIELD_POLLS) {
@@ -261,19 +335,11 @@ void *xm_mpi_progress_main(void *arg)
         } else if (be->active && !be->stop) {
             /* Nothing moved: sleep (woken early by a new request) so that
              * waiting never burns a core. */
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += backoff;
-            if (ts.tv_nsec >= 1000000000l) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000l;
-            }
-            pthread_cond_timedwait(&be->work_cv, &be->mu, &ts);
+            timed_sleep(be, &be->work_cv, backoff);
             backoff = backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff * 2;
         }
     }
     pthread_mutex_unlock(&be->mu);
-    free(snap);
     return NULL;
 }
 
@@ -290,8 +356,12 @@ static inline void chunk_range(const xm_step_t *s, int64_t c, int64_t *a, int64_
 static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Records the first error, abandons the outstanding MPI requests (receives
- * cancelled, sends freed) and finishes the request. */
+/* Records the first error, cancels the outstanding MPI requests and
+ * finishes the request. Requests that cannot be cancelled within a grace
+ * period (sends, receives MPI already matched) stay in x->reqs, owned by the
+ * plan, which is retired; they only ever point into the plan's staging and
+ * checksum memory (unless XMESH_ZERO_COPY=1), so the caller's blocks are
+ * never touched after this reshard returns. exec_free settles them. */
 static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
 {
     xm_exec_t *x = r->plan->exec;
@@ -309,7 +379,7 @@ static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
             pending++;
         }
     /* Give cancellations 50 ms of wall time to complete (however loaded the
-     * machine is), then abandon the rest. */
+     * machine is); what is left stays with the plan. */
     double until = xm_mpi_now() + 0.05;
     while (pending && xm_mpi_now() < until) {
         int flag = 0;
@@ -321,11 +391,14 @@ static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
             nanosleep(&ts, NULL);
         }
     }
+    x->kept = 0;
     for (int i = 0; i < x->nreqs; i++)
-        if (x->reqs[i] != MPI_REQUEST_NULL) {
-            MPI_Request_free(&x->reqs[i]);
-            x->leak_stage = 1;
-        }
+        x->kept += x->reqs[i] != MPI_REQUEST_NULL;
+    if (x->kept)
+        XM_INFO("rank %d: plan %d keeps %d uncancellable MPI request(s) after the failure "
+                "(they only reference %s)",
+                x->rank, x->plan_id, x->kept,
+                x->zero_copy ? "the caller's blocks (XMESH_ZERO_COPY=1)" : "plan memory");
     xm_mpi_trace_cancel(r);
     /* Peers may still send this reshard's messages: they would match the
      * next reshard's receives, so the plan is retired. */
@@ -348,7 +421,7 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
     int sbytes = 0;
     switch (s->mode) {
     case XM_MODE_SRC: {
-        if (xm_mpi_geom_contig(&s->sg, a, cnt, &off)) {
+        if (x->zero_copy && xm_mpi_geom_contig(&s->sg, a, cnt, &off)) {
             sbuf = src + off * es;
         } else {
             char *stg = x->stage + s->stage_off + (int64_t)slot * s->ce * es;
@@ -360,7 +433,7 @@ static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int
     }
     case XM_MODE_RECV:
     case XM_MODE_FROM_DST: {
-        if (xm_mpi_geom_contig(&s->dg, a, cnt, &off)) {
+        if (x->zero_copy && xm_mpi_geom_contig(&s->dg, a, cnt, &off)) {
             sbuf = dst + off * es;
         } else {
             char *stg = x->stage + s->stage_off + (int64_t)slot * s->ce * es;
@@ -431,7 +504,7 @@ static int post_recv(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t
     void *buf;
     int bytes;
     if (s->mode == XM_MODE_RECV) {
-        if (xm_mpi_geom_contig(&s->dg, a, cnt, &off))
+        if (x->zero_copy && xm_mpi_geom_contig(&s->dg, a, cnt, &off))
             buf = (char *)x->dst + off * x->es;
         else
             buf = x->stage + s->stage_off + (int64_t)slot * s->ce * x->es;
@@ -499,12 +572,12 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
                     o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
                 /* Pass the origin's sums on, so the ranks downstream (which
                  * got the same damaged bytes) report it too instead of
-                 * timing out. Small message: freed, not cancelled. */
-                if (s->next >= 0) {
-                    MPI_Request fwd;
-                    if (!MPI_Isend(in, bytes, MPI_BYTE, s->next, s->tag_out, x->comm, &fwd))
-                        MPI_Request_free(&fwd);
-                }
+                 * timing out. */
+                /* The sums' send slot is free (state 1): fail() then owns
+                 * the send like any other, so x->ck outlives it. */
+                if (s->next >= 0)
+                    MPI_Isend(in, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
+                              &rq[2 * x->window + 1]);
                 fail(r, XMESH_ERR_BACKEND,
                      "rank %d: XMESH_CHECK: data of task %d received from rank %d is corrupt in "
                      "chunk %lld of %lld: %lld elements starting at global index (%s) differ "

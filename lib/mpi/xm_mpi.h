@@ -24,6 +24,9 @@
  * checksum receive and send of XMESH_CHECK. */
 #define XM_STEP_REQS(w) (2 * (w) + 2)
 #define XM_TAG_BASE 16
+/* Pooled plan communicators per context, and their states. */
+#define XM_COMM_POOL 32
+enum { XM_POOL_FREE = 0, XM_POOL_BUSY = 1, XM_POOL_DEAD = 2 };
 
 /* ------------------------------------------------------------ data.c */
 
@@ -153,7 +156,9 @@ typedef struct xm_exec {
     void *dst;
     struct xm_request *active;
     int broken;     /* a reshard failed or timed out: the plan cannot run again */
-    int leak_stage; /* abandoned MPI requests may still touch the staging pool */
+    int leak_stage; /* requests still in flight at destroy: stage and ck are leaked */
+    int zero_copy;  /* XMESH_ZERO_COPY: MPI reads/writes the caller's blocks directly */
+    int kept;       /* after a failure: uncancellable requests the plan still owns */
     /* Trace. */
     int trace; /* XMESH_TRACE set (rank 0's choice) */
     char trace_path[512];
@@ -174,13 +179,15 @@ typedef struct xm_exec {
     xm_trace_ev_t **tr_bufs;
     int plan_id;
     int64_t nreshards;
+    int pool_slot; /* index of x->comm in the context's pool, -1: own duplicate */
 } xm_exec_t;
 
 /* A request: starts with its plan (api.c reads it to dispatch). Requests
  * live in a per-context pool and are never freed before the context, so a
  * released handle passed again is detected, not a use after free. */
 typedef struct xm_request {
-    xmesh_plan_t plan;
+    xmesh_plan_t plan;     /* first: api.c dispatches on it (atomic load) */
+    struct xm_mpi_ctx *be; /* owning context, fixed for the request's life */
     unsigned magic;
     int done;
     xmesh_result_t result;
@@ -197,16 +204,33 @@ typedef struct xm_request {
 typedef struct xm_mpi_ctx {
     MPI_Comm comm;
     pthread_mutex_t mu;
-    pthread_cond_t work_cv; /* progress thread: new work or stop */
-    pthread_cond_t done_cv; /* waiters: a request finished */
+    pthread_cond_t work_cv; /* progress thread: new work, stop, or callers left */
+    pthread_cond_t done_cv; /* waiters: a progress round ended */
     pthread_t thread;
+    int threaded; /* MPI_THREAD_MULTIPLE: a progress thread may run */
     int thread_started;
     int stop;
+    /* Progress token: at most one thread advances requests (and calls MPI
+     * for them) at a time. `busy` is set by the holder; `callers` counts
+     * threads blocked in xmesh_wait, which drive progress themselves while
+     * the progress thread stays away. */
+    int busy;
+    int callers;
+    xm_request_t **snap; /* token holder's snapshot of `active` */
+    int snap_cap;
     xm_request_t *active; /* list of requests in flight */
     xm_request_t *free_list;
     xm_request_t **blocks; /* allocation blocks of the request pool */
     int nblocks;
     int nplans_created; /* plan ids for trace file names */
+    /* Plan communicators, reused: MPI_Comm_dup costs several collectives
+     * (hundreds of ms across hosts under load), so a plan takes a pooled
+     * communicator that is free on every rank (agreed in mpi_agree). A slot
+     * of a failed plan is retired: its late messages could match. */
+    MPI_Comm pool[XM_COMM_POOL];
+    unsigned char pool_state[XM_COMM_POOL]; /* XM_POOL_FREE / _BUSY / _DEAD */
+    int npool;
+    int agreed_slot; /* set by mpi_agree for the next plan_setup: free everywhere, -1 none */
 } xm_mpi_ctx_t;
 
 /* ctx.c */
