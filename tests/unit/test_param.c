@@ -65,7 +65,7 @@ static void test_defaults(void **state)
         unsetenv(xm_param_get(i)->name);
     xm_param_reset();
     assert_int_equal(xm_param_chunk_bytes(), 262144);
-    assert_int_equal(xm_param_send_ahead(), 1);
+    assert_int_equal(xm_param_send_ahead(), 2);
     assert_int_equal(xm_param_budget_us(), 20000);
     assert_int_equal(xm_param_seed(), 1);
     assert_true(xm_param_timeout_s() == 300);
