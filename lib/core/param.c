@@ -39,6 +39,9 @@ static const xm_param_desc_t params[] = {
     {"XMESH_ZERO_COPY", "0",
      "MPI executor: 1 = MPI reads/writes contiguous chunks in the caller's blocks directly (no "
      "staging copy); then after a failed reshard MPI may still touch the blocks"},
+    {"XMESH_PROGRESS_NICE", "-10",
+     "MPI executor: nice value the progress thread asks for (-20..19); below 0 needs "
+     "CAP_SYS_NICE, else the thread keeps the process's value (logged at INFO)"},
 };
 
 /* ------------------------------------------------------------------ types */
@@ -71,6 +74,7 @@ static const ptype_t types[] = {
     {"XMESH_LATENCY_US", KIND_REAL, 0, 0, 0, 0},
     {"XMESH_CHECK", KIND_INT, 0, 1, 0, 0},
     {"XMESH_NCCL_MAX_COMMS", KIND_INT, 1, 1 << 16, 0, 0},
+    {"XMESH_PROGRESS_NICE", KIND_INT, -20, 19, 0, 0},
 };
 
 /* Names in the XMESH_ namespace that belong to scripts and tests, not to

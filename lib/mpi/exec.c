@@ -8,6 +8,9 @@
 #include <time.h>
 #ifdef __linux__
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include "xm_mpi.h"
@@ -315,6 +318,17 @@ void *xm_mpi_progress_main(void *arg)
     /* The default 50 us timer slack would turn every short backoff sleep
      * into 50 us and stall the chunk pipeline. */
     prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0);
+    /* When every core computes (pipeline stages, several ranks per core),
+     * a progress thread of the same priority waits a whole scheduler slice
+     * between chunk handshakes and the NIC idles: measured on the emulated
+     * cluster (4 hosts x 2 ranks, 2 cores, 16 MiB S0R -> RR at 200 Mbit/s,
+     * tests/mpi/mpi_overlap), overlap efficiency 0.70 at the process's
+     * priority, 0.98 at nice -10. The thread sleeps when idle, so the higher
+     * priority costs the compute threads only the progress work itself. */
+    int nice_v = (int)xm_param_i64("XMESH_PROGRESS_NICE");
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice_v) != 0)
+        XM_LOG(XM_LOG_INFO, "progress thread keeps its priority (nice %d refused: %s)", nice_v,
+               strerror(errno));
 #endif
     pthread_mutex_lock(&be->mu);
     while (!be->stop) {

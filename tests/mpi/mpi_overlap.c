@@ -15,6 +15,12 @@
  * emulated cluster:
  *   microbench/cluster/cluster.sh -H 2 -d 1 -r 300mbit -- bash -c \
  *     '$XMH_MPIRUN -np $XMH_NP build/tests/mpi/mpi_overlap 16 5 400 multiple 0'
+ * With more than 2 ranks (an even number) the source mesh is the first half
+ * of the ranks (1-D) holding a (rows, 1024) int32 tensor as S0R, and the
+ * destination the second half as RR (every destination rank gets all of it);
+ * hosts are the real ones (shared-memory split), e.g. the issue-14 setting:
+ *   microbench/cluster/cluster.sh -H 4 -d 2 -r 200mbit -- bash -c \
+ *     '$XMH_MPIRUN -np $XMH_NP build/tests/mpi/mpi_overlap 16 5 700 multiple 0'
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -75,36 +81,49 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, want, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size != 2 || iters < 1) {
+    if (size < 2 || size % 2 || iters < 1) {
         if (rank == 0)
-            fprintf(stderr, "usage: mpiexec -n 2 mpi_overlap [MiB] [iters>=1] [compute_ms] "
+            fprintf(stderr, "usage: mpiexec -n 2k mpi_overlap [MiB] [iters>=1] [compute_ms] "
                             "[level] [poll_us]\n");
         MPI_Finalize();
         return 2;
     }
     xmesh_ctx_params_t cp = XMESH_CTX_PARAMS_INITIALIZER;
-    cp.host_id = rank;
+    if (size == 2)
+        cp.host_id = rank; /* two fake hosts; with more ranks the real ones */
     xmesh_ctx_t ctx;
     if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, &cp, &ctx)) {
         fprintf(stderr, "rank %d: %s\n", rank, xmesh_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    int one[1] = {1}, r0[1] = {0}, r1[1] = {1};
+    int half = size / 2, *ranks = malloc(sizeof(int) * (size_t)size);
+    for (int i = 0; i < size; i++)
+        ranks[i] = i;
+    int in_src = rank < half, in_dst = !in_src;
     xmesh_mesh_t A, B;
-    xmesh_mesh_create(ctx, 1, one, r0, &A);
-    xmesh_mesh_create(ctx, 1, one, r1, &B);
-    int64_t n = (int64_t)(mib * (1 << 20) / 4), shape[1] = {n};
-    xmesh_layout_t sl = {1, shape, XMESH_I32, A, "R"}, dl = {1, shape, XMESH_I32, B, "R"};
+    xmesh_mesh_create(ctx, 1, &half, ranks, &A);
+    xmesh_mesh_create(ctx, 1, &half, ranks + half, &B);
+    const int64_t cols = 1024;
+    int64_t rows = (int64_t)(mib * (1 << 20) / 4 / cols), shape[2] = {rows, cols};
+    xmesh_layout_t sl = {2, shape, XMESH_I32, A, "S0R"}, dl = {2, shape, XMESH_I32, B, "RR"};
     xmesh_plan_t plan;
     if (xmesh_plan_create(ctx, &sl, &dl, NULL, &plan)) {
         fprintf(stderr, "rank %d: %s\n", rank, xmesh_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    int32_t *buf = malloc(sizeof(int32_t) * (n ? n : 1));
-    for (int64_t i = 0; i < n; i++)
-        buf[i] = rank == 0 ? (int32_t)i : -1;
-    const void *src = rank == 0 ? buf : NULL;
-    void *dst = rank == 1 ? buf : NULL;
+    /* Source rank k holds rows [k*rows/half + min(k, rows%half), ...) (array_split). */
+    int64_t n = rows * cols, r0 = 0, nr = rows;
+    if (in_src) {
+        int k = rank;
+        nr = rows / half + (k < rows % half);
+        r0 = (int64_t)k * (rows / half) + (k < rows % half ? k : rows % half);
+    }
+    int64_t cnt = in_src ? nr * cols : n;
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)(cnt ? cnt : 1));
+    for (int64_t i = 0; i < cnt; i++)
+        buf[i] = in_src ? (int32_t)(r0 * cols + i) : -1;
+    const void *src = in_src ? buf : NULL;
+    void *dst = in_dst ? buf : NULL;
     double *tx = malloc(sizeof(double) * 3 * iters), *tc = tx + iters, *tb = tc + iters;
     int64_t wrong = 0;
     for (int it = -1; it < iters; it++) { /* iteration -1: warm-up and check */
@@ -117,7 +136,7 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         if (it < 0) {
-            for (int64_t i = 0; rank == 1 && i < n; i++)
+            for (int64_t i = 0; in_dst && i < n; i++)
                 wrong += buf[i] != (int32_t)i;
             continue;
         }
@@ -149,14 +168,19 @@ int main(int argc, char **argv)
     qsort(tb, iters, sizeof *tb, cmp_d);
     double x = tx[iters / 2], c = tc[iters / 2], b = tb[iters / 2];
     double lo = x < c ? x : c;
-    if (rank == 1)
-        printf("mpi_overlap: %.1f MiB, level %s (provided %d), poll %g us, %d iterations: "
-               "t_xfer %.3f s, t_comp %.3f s, t_both %.3f s, overlap efficiency %.2f, "
-               "wrong elements %lld\n",
-               mib, lv, provided, poll_us, iters, x, c, b, lo > 0 ? (x + c - b) / lo : 0.0,
-               (long long)wrong);
+    int64_t wrong_all = 0;
+    MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    wrong = wrong_all;
+    if (rank == 0)
+        printf(
+            "mpi_overlap: %d ranks, %.1f MiB, level %s (provided %d), poll %g us, %d iterations: "
+            "t_xfer %.3f s, t_comp %.3f s, t_both %.3f s, overlap efficiency %.2f, "
+            "wrong elements %lld\n",
+            size, mib, lv, provided, poll_us, iters, x, c, b, lo > 0 ? (x + c - b) / lo : 0.0,
+            (long long)wrong);
     free(tx);
     free(buf);
+    free(ranks);
     xmesh_plan_destroy(plan);
     xmesh_mesh_destroy(A);
     xmesh_mesh_destroy(B);
