@@ -104,8 +104,8 @@ static xmesh_result_t redistribute(const xmp_tensor_t *x, xmp_tensor_t *y, int a
             ro += rcnt[p];
         }
     }
-    r = mpi_check(MPI_Alltoallv(sbuf, scnt, sdis, mpi_type(x->dtype), rbuf, rcnt, rdis,
-                                mpi_type(x->dtype), m->comm),
+    r = mpi_check(XMP_TIMED_MPI(MPI_Alltoallv(sbuf, scnt, sdis, mpi_type(x->dtype), rbuf, rcnt,
+                                              rdis, mpi_type(x->dtype), m->comm)),
                   "MPI_Alltoallv (mesh)", x->spec, a);
     if (r)
         goto out_free;
@@ -174,8 +174,9 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
     int64_t lo, hi;
     if (from.kind == XMP_P && to.kind == XMP_B) {
         memcpy(y->data, x->data, (size_t)x->lcount * esz);
-        return mpi_check(MPI_Allreduce(MPI_IN_PLACE, y->data, (int)y->lcount, ty, MPI_SUM, comm),
-                         "MPI_Allreduce", x->spec, a);
+        return mpi_check(
+            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, y->data, (int)y->lcount, ty, MPI_SUM, comm)),
+            "MPI_Allreduce", x->spec, a);
     }
     if (to.kind == XMP_P) { /* B -> P: holder keeps; S -> P: place into zeros */
         if (from.kind == XMP_B) {
@@ -224,8 +225,8 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
             c0[c] = (int)volume(nd, ext);
             o += c0[c];
         }
-        r = mpi_check(MPI_Reduce_scatter(buf, y->data, c0, ty, MPI_SUM, comm), "MPI_Reduce_scatter",
-                      x->spec, a);
+        r = mpi_check(XMP_TIMED_MPI(MPI_Reduce_scatter(buf, y->data, c0, ty, MPI_SUM, comm)),
+                      "MPI_Reduce_scatter", x->spec, a);
     } else if (to.kind == XMP_B) { /* S(d) -> B: all-gather, unpack */
         int d = from.dim;
         int64_t o = 0, outer = volume(d, G);
@@ -238,8 +239,9 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
             o += c0[c];
         }
         float *dst = outer == 1 ? (float *)y->data : buf;
-        r = mpi_check(MPI_Allgatherv(x->data, (int)x->lcount, ty, dst, c0, d0, ty, comm),
-                      "MPI_Allgatherv", x->spec, a);
+        r = mpi_check(
+            XMP_TIMED_MPI(MPI_Allgatherv(x->data, (int)x->lcount, ty, dst, c0, d0, ty, comm)),
+            "MPI_Allgatherv", x->spec, a);
         if (!r && outer != 1) {
             memset(off, 0, sizeof off);
             for (int c = 0; c < na; c++) {
@@ -273,8 +275,8 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
             d1[c] = (int)o;
             o += c1[c];
         }
-        r = mpi_check(MPI_Alltoallv(sb, c0, d0, ty, rb, c1, d1, ty, comm), "MPI_Alltoallv", x->spec,
-                      a);
+        r = mpi_check(XMP_TIMED_MPI(MPI_Alltoallv(sb, c0, d0, ty, rb, c1, d1, ty, comm)),
+                      "MPI_Alltoallv", x->spec, a);
         if (!r) {
             memset(off, 0, sizeof off);
             for (int c = 0; c < na; c++) {

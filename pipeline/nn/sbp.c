@@ -14,6 +14,18 @@ const char *xmp_last_error(void)
     return xmp_err_buf;
 }
 
+static _Thread_local double xmp_comm_s;
+
+double xmp_comm_seconds(void)
+{
+    return xmp_comm_s;
+}
+
+void xmp_comm_seconds_add(double s)
+{
+    xmp_comm_s += s;
+}
+
 xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
 {
     va_list ap;

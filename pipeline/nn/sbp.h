@@ -79,6 +79,21 @@ extern "C" {
 /* Detailed thread-local message of the last error of this module. */
 const char *xmp_last_error(void);
 
+/* Seconds this thread spent inside the MPI collectives of boxing and of the
+ * SBP layers (all-reduce, reduce-scatter, all-gather, all-to-all), summed
+ * since the thread started: callers difference it to split a step into
+ * compute and boxing time. */
+double xmp_comm_seconds(void);
+void xmp_comm_seconds_add(double s);
+/* Evaluates an MPI call and adds its wall time to xmp_comm_seconds(). */
+#define XMP_TIMED_MPI(call)                                                                        \
+    __extension__({                                                                                \
+        double xmp_t0_ = MPI_Wtime();                                                              \
+        int xmp_rc_ = (call);                                                                      \
+        xmp_comm_seconds_add(MPI_Wtime() - xmp_t0_);                                               \
+        xmp_rc_;                                                                                   \
+    })
+
 /* A mesh group. Public fields are read-only for callers. */
 typedef struct xmp_mesh {
     int ndim;                         /* 1..4 */

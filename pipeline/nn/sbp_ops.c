@@ -548,7 +548,7 @@ xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t 
     }
     for (int a = 0; a < m->ndim && m->member; a++)
         if (tl[a].kind == XMP_S && tl[a].dim == nr)
-            MPI_Allreduce(MPI_IN_PLACE, mx, (int)R, MPI_FLOAT, MPI_MAX, m->axis[a]);
+            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, mx, (int)R, MPI_FLOAT, MPI_MAX, m->axis[a]));
     for (int64_t i = 0; i < R; i++) {
         float s = 0;
         for (int64_t j = 0; j < Vl && v0 + j < V; j++)
@@ -559,12 +559,13 @@ xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t 
     }
     for (int a = 0; a < m->ndim && m->member; a++)
         if (tl[a].kind == XMP_S && tl[a].dim == nr)
-            MPI_Allreduce(MPI_IN_PLACE, se, (int)(2 * R), MPI_FLOAT, MPI_SUM, m->axis[a]);
+            XMP_TIMED_MPI(
+                MPI_Allreduce(MPI_IN_PLACE, se, (int)(2 * R), MPI_FLOAT, MPI_SUM, m->axis[a]));
     for (int64_t i = 0; i < R; i++)
         total += logf(se[2 * i]) + mx[i] - se[2 * i + 1];
     for (int a = 0; a < m->ndim && m->member; a++)
         if (tl[a].kind == XMP_S && tl[a].dim < nr)
-            MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, m->axis[a]);
+            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, m->axis[a]));
     *loss = (float)(total / (double)(N ? N : 1));
     if (dlogits) {
         float inv = 1.0f / (float)(N ? N : 1);
