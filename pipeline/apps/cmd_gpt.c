@@ -1,7 +1,12 @@
 /*
  * `xmesh-train gpt`: GPT-2 training with llm.c's CPU trainer semantics (train_gpt2.c):
  * B=4, T=64, AdamW lr 1e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0, t = step+1,
- * shuffled training loader (MT19937 seeded 42+rank). Only --serial exists today.
+ * shuffled training loader (MT19937 seeded 42+rank).
+ *
+ * Modes: --serial (one process, the reference), or under mpirun one or more pipeline stages,
+ * each a dp x tp mesh of SBP-parallel layers (models/gpt2_par.h) run by the pipeline driver
+ * (pipe/driver.h): --mesh RxC --dp N --tp N for one stage, --stages / --layout /
+ * --stage-mesh / --stage-dp / --stage-tp for several. Every rank reads the same batches.
  *
  * Structure for later work: gpt_opts_t holds every flag; parse_gpt_flags() fills it (add
  * --mesh RxC / --dp / --tp / pipeline flags there), setup_model() and setup_data() build the
@@ -17,7 +22,11 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "models/gpt2.h"
+#include "models/gpt2_par.h"
 #include "models/llmc_io.h"
+#include "models/stage_layout.h"
+#include "pipe/driver.h"
+#include "sched/schedule.h"
 
 #ifndef XMP_DATA_DIR
 #define XMP_DATA_DIR "pipeline/data"
@@ -39,6 +48,10 @@ typedef struct {
     /* output */
     const char *save, *json;
     int bench, warmup, blas_threads, log_steps, no_progress;
+    /* parallel: one stage (--mesh/--dp/--tp) or a pipeline */
+    const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace;
+    int dp, tp, stages, microbatches, schedule, delay_wgrad, comm, print_schedule;
+    int check_serial;
 } gpt_opts_t;
 
 static void gpt_defaults(gpt_opts_t *o)
@@ -61,30 +74,46 @@ static void gpt_defaults(gpt_opts_t *o)
     o->wd = 0.0f;
     o->warmup = 1;
     o->blas_threads = 1;
+    o->microbatches = 1;
+    o->schedule = XMP_SCHED_1F1B;
+    o->comm = XMP_COMM_BROADCAST;
 }
 
 static void gpt_usage(void)
 {
-    printf("usage: xmesh-train gpt --serial [flags]\n"
-           "model (fresh GPT-2 init unless --init-from):\n"
-           "  --init-from FILE    llm.c checkpoint (v3 f32; v1 read too)\n"
-           "  --layers N (4) --heads N (4) --channels N (128) --max-seq N (1024)\n"
-           "  --vocab N (256, byte level; padded to a multiple of 128) --seed N (1337)\n"
-           "data:\n"
-           "  --data FILE|GLOB    llm.c token file(s); default: the shipped text\n"
-           "                      (" XMP_DEFAULT_TEXT "), byte-tokenized in memory\n"
-           "  --text FILE         byte-tokenize this text in memory instead\n"
-           "  --no-shuffle        visit samples in file order (llm.c's training loader shuffles)\n"
-           "training (defaults = llm.c train_gpt2.c):\n"
-           "  --batch B (4) --seq T (64) --steps N (40) --lr (1e-4) --beta1 (0.9)\n"
-           "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
-           "output:\n"
-           "  --save FILE         write an llm.c v3 checkpoint at the end\n"
-           "  --json FILE         configuration + one record per step\n"
-           "  --log-steps         print llm.c-style 'step N: train loss L (took X ms)' lines\n"
-           "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
-           "  --bench             print tokens/s median/min/max over steps after --warmup (1)\n"
-           "  --blas-threads N    OpenBLAS threads (1)\n");
+    printf(
+        "usage: xmesh-train gpt --serial [flags]\n"
+        "       mpirun -np N xmesh-train gpt [--mesh RxC --dp N --tp N | pipeline flags] [flags]\n"
+        "model (fresh GPT-2 init unless --init-from):\n"
+        "  --init-from FILE    llm.c checkpoint (v3 f32; v1 read too)\n"
+        "  --layers N (4) --heads N (4) --channels N (128) --max-seq N (1024)\n"
+        "  --vocab N (256, byte level; padded to a multiple of 128) --seed N (1337)\n"
+        "data:\n"
+        "  --data FILE|GLOB    llm.c token file(s); default: the shipped text\n"
+        "                      (" XMP_DEFAULT_TEXT "), byte-tokenized in memory\n"
+        "  --text FILE         byte-tokenize this text in memory instead\n"
+        "  --no-shuffle        visit samples in file order (llm.c's training loader shuffles)\n"
+        "training (defaults = llm.c train_gpt2.c):\n"
+        "  --batch B (4) --seq T (64) --steps N (40) --lr (1e-4) --beta1 (0.9)\n"
+        "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
+        "output:\n"
+        "  --save FILE         write an llm.c v3 checkpoint at the end\n"
+        "  --json FILE         configuration + one record per step\n"
+        "  --log-steps         print llm.c-style 'step N: train loss L (took X ms)' lines\n"
+        "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
+        "  --bench             print tokens/s median/min/max over steps after --warmup (1)\n"
+        "  --blas-threads N    OpenBLAS threads (1)\n"
+        "parallel (under mpirun; axis 0 of a mesh is data parallel, axis 1 tensor parallel):\n"
+        "  --mesh RxC --dp N --tp N   one stage on all ranks (R = dp, C = tp)\n"
+        "  --stages N          pipeline stages; blocks split evenly, E first, L last\n"
+        "  --layout 'E,t*3|t*3,L'     explicit layers per stage (Megatron style)\n"
+        "  --stage-mesh 2x1,1x2  --stage-dp 2,1  --stage-tp 1,2   per-stage meshes\n"
+        "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
+        "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
+        "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
+        "  --print-schedule    print the schedule and its simulated timeline\n"
+        "  --check-serial      rank 0 also trains the serial reference and fails unless the\n"
+        "                      losses agree (1e-5 relative for steps 0-4, 1e-4 to step 19)\n");
 }
 
 /* Returns 0 ok, 1 help printed, -1 error (message printed). */
@@ -117,6 +146,18 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             o->no_progress = 1;
             continue;
         }
+        if (!strcmp(a, "--delay-wgrad")) {
+            o->delay_wgrad = 1;
+            continue;
+        }
+        if (!strcmp(a, "--print-schedule")) {
+            o->print_schedule = 1;
+            continue;
+        }
+        if (!strcmp(a, "--check-serial")) {
+            o->check_serial = 1;
+            continue;
+        }
         /* flags with a value */
         const struct {
             const char *flag;
@@ -146,6 +187,16 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--text", NULL, 0, 0, NULL, 0, 0, &o->text},
             {"--save", NULL, 0, 0, NULL, 0, 0, &o->save},
             {"--json", NULL, 0, 0, NULL, 0, 0, &o->json},
+            {"--dp", &o->dp, 1, 1 << 20, NULL, 0, 0, NULL},
+            {"--tp", &o->tp, 1, 1 << 20, NULL, 0, 0, NULL},
+            {"--stages", &o->stages, 1, XMP_MAX_STAGES, NULL, 0, 0, NULL},
+            {"--microbatches", &o->microbatches, 1, 1 << 20, NULL, 0, 0, NULL},
+            {"--mesh", NULL, 0, 0, NULL, 0, 0, &o->mesh},
+            {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
+            {"--stage-mesh", NULL, 0, 0, NULL, 0, 0, &o->stage_mesh},
+            {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
+            {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
+            {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
         };
         size_t k, nt = sizeof t / sizeof t[0];
         for (k = 0; k < nt; k++)
@@ -157,8 +208,22 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
                     return -1;
                 continue;
             }
-            if (!strcmp(a, "--mesh") || !strcmp(a, "--dp") || !strcmp(a, "--tp"))
-                return xmp_cli_error("%s: parallel modes are not implemented yet; use --serial", a);
+            if (!strcmp(a, "--schedule")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
+                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b or eager-1f1b", v);
+                continue;
+            }
+            if (!strcmp(a, "--comm")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if ((o->comm = xmp_comm_mode_parse(v)) < 0)
+                    return xmp_cli_error("--comm '%s': expected broadcast, sendrecv, "
+                                         "sendrecv-allgather, blocking or signal",
+                                         v);
+                continue;
+            }
             return xmp_cli_error("unknown flag '%s' (see --help)", a);
         }
         if (!(v = xmp_cli_value(argc, argv, &i)))
@@ -170,8 +235,13 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
         if (t[k].sp)
             *t[k].sp = v;
     }
-    if (!o->serial)
-        return xmp_cli_error("only --serial is implemented (MPI parallel modes come later)");
+    if (o->serial && (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh ||
+                      o->stage_dp || o->stage_tp))
+        return xmp_cli_error("--serial runs one process: drop the mesh and stage flags");
+    if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
+        return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
+    if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
+        return xmp_cli_error("--check-serial with --comm signal: signal moves no data");
     if (o->data && o->text)
         return xmp_cli_error("--data '%s' and --text '%s' are exclusive", o->data, o->text);
     if (o->bench && o->warmup >= o->steps)
@@ -292,7 +362,26 @@ static int step_log_open(step_log_t *s, const gpt_opts_t *o, const xmp_gpt2_t *m
     return 0;
 }
 
+/* Extra per-step figures of the parallel modes (NULL for serial). */
+typedef struct {
+    double loss_exact;          /* loss as a double (the JSON "loss" of parallel runs) */
+    double compute_s, boxing_s; /* rank 0: in stage callbacks; in boxing collectives */
+    double predicted_s;         /* pipeline simulator (0: none) */
+    int nstages;
+    double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
+    int64_t peak_bytes[XMP_MAX_STAGES];
+    int peak_mb[XMP_MAX_STAGES];
+} step_extra_t;
+
+static void step_log_record_ex(step_log_t *s, int step, float loss, double seconds,
+                               const step_extra_t *ex);
 static void step_log_record(step_log_t *s, int step, float loss, double seconds)
+{
+    step_log_record_ex(s, step, loss, seconds, NULL);
+}
+
+static void step_log_record_ex(step_log_t *s, int step, float loss, double seconds,
+                               const step_extra_t *ex)
 {
     size_t tokens = (size_t)s->o->batch * (size_t)s->o->seq;
     double tps = seconds > 0 ? (double)tokens / seconds : 0.0;
@@ -303,9 +392,34 @@ static void step_log_record(step_log_t *s, int step, float loss, double seconds)
     if (s->o->json) {
         xmp_json_obj_begin(&s->json, NULL);
         xmp_json_int(&s->json, "step", step);
-        xmp_json_f32(&s->json, "loss", loss);
+        if (ex)
+            xmp_json_num(&s->json, "loss", ex->loss_exact);
+        else
+            xmp_json_f32(&s->json, "loss", loss);
         xmp_json_num(&s->json, "step_seconds", seconds);
         xmp_json_num(&s->json, "tokens_per_s", tps);
+        if (ex) {
+            xmp_json_num(&s->json, "compute_s", ex->compute_s);
+            xmp_json_num(&s->json, "boxing_s", ex->boxing_s);
+            if (ex->predicted_s > 0)
+                xmp_json_num(&s->json, "predicted_s", ex->predicted_s);
+            double bsum = 0;
+            xmp_json_arr_begin(&s->json, "bubble_per_stage");
+            for (int k = 0; k < ex->nstages; k++) {
+                xmp_json_num(&s->json, NULL, ex->bubble[k]);
+                bsum += ex->bubble[k];
+            }
+            xmp_json_arr_end(&s->json);
+            xmp_json_num(&s->json, "bubble", ex->nstages ? bsum / ex->nstages : 0);
+            xmp_json_arr_begin(&s->json, "peak_activation_bytes");
+            for (int k = 0; k < ex->nstages; k++)
+                xmp_json_int(&s->json, NULL, (long long)ex->peak_bytes[k]);
+            xmp_json_arr_end(&s->json);
+            xmp_json_arr_begin(&s->json, "peak_activation_microbatches");
+            for (int k = 0; k < ex->nstages; k++)
+                xmp_json_int(&s->json, NULL, ex->peak_mb[k]);
+            xmp_json_arr_end(&s->json);
+        }
         xmp_json_obj_end(&s->json);
     }
     if (s->o->log_steps) {
@@ -346,8 +460,8 @@ static int step_log_close(step_log_t *s, int ok)
     }
     if (s->n > 0) {
         printf("gpt %s: %d steps B=%d T=%d, loss %.4f -> %.4f, %.0f tokens/s median, %.2f s\n",
-               o->serial ? "serial" : "", s->n, o->batch, o->seq, s->first_loss, s->last_loss, med,
-               total);
+               o->serial ? "serial" : "parallel", s->n, o->batch, o->seq, s->first_loss,
+               s->last_loss, med, total);
         if (o->bench)
             printf("bench: tokens/s over steps %d..%d (B*T=%d per step; step = next_batch + "
                    "forward + zero_grad + backward + update):\n"
@@ -412,6 +526,303 @@ out_model:
     return rc;
 }
 
+/* ---- parallel: stages of SBP layers under the pipeline driver ---- */
+
+/* The serial reference's per-step losses (for --check-serial, on rank 0). */
+static int serial_losses(const gpt_opts_t *o, double *out)
+{
+    xmp_gpt2_t m;
+    xmp_llmc_loader_t ld;
+    const char *desc;
+    int rc = -1;
+    if (setup_model(o, &m) != 0)
+        return -1;
+    if (setup_data(o, &ld, &desc) != 0)
+        goto out_model;
+    for (int step = 0; step < o->steps; step++) {
+        if (xmp_llmc_loader_next(&ld) != 0 ||
+            xmp_gpt2_forward(&m, ld.inputs, ld.targets, o->batch, o->seq) != 0)
+            goto out_data;
+        xmp_gpt2_zero_grad(&m);
+        if (xmp_gpt2_backward(&m) != 0 ||
+            xmp_gpt2_update(&m, o->lr, o->beta1, o->beta2, o->eps, o->wd, step + 1) != 0)
+            goto out_data;
+        out[step] = m.mean_loss;
+    }
+    rc = 0;
+out_data:
+    xmp_llmc_loader_free(&ld);
+out_model:
+    xmp_gpt2_free(&m);
+    return rc;
+}
+
+/* Builds the stage layout from the flags (the same on every rank). */
+static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layout_t *sl, char *err,
+                           size_t errlen)
+{
+    char *kinds = malloc((size_t)L + 3);
+    if (!kinds)
+        return snprintf(err, errlen, "out of memory"), -1;
+    kinds[0] = 'E';
+    memset(kinds + 1, 't', (size_t)L);
+    kinds[L + 1] = 'L';
+    kinds[L + 2] = '\0';
+    char dps[32], tps[32];
+    const char *meshes = o->mesh ? o->mesh : o->stage_mesh, *dp = o->stage_dp, *tp = o->stage_tp;
+    if (o->dp) {
+        snprintf(dps, sizeof dps, "%d", o->dp);
+        dp = dps;
+    }
+    if (o->tp) {
+        snprintf(tps, sizeof tps, "%d", o->tp);
+        tp = tps;
+    }
+    if (o->mesh && !dp && !tp) {
+        dp = NULL; /* the mesh gives both */
+    } else if (o->mesh) {
+        if (!dp)
+            dp = "1";
+        if (!tp)
+            tp = "1";
+    }
+    int stages = o->stages ? o->stages : (o->layout ? 0 : 1);
+    /* Without any mesh flag: one stage, dp = ranks (pure data parallel). */
+    char alldp[32];
+    if (!meshes && !dp && !tp && stages == 1 && !o->layout) {
+        snprintf(alldp, sizeof alldp, "%d", size);
+        dp = alldp;
+    }
+    int rc =
+        xmp_stage_layout_build(kinds, 1, 1, o->layout, stages, meshes, dp, tp, sl, err, errlen);
+    free(kinds);
+    return rc;
+}
+
+static int run_parallel(const gpt_opts_t *oin)
+{
+    int prov, rank, size, rc = 1;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    gpt_opts_t o1 = *oin, *o = &o1;
+    if (rank != 0) {
+        o->no_progress = 1;
+        o->json = NULL;
+        o->log_steps = 0;
+    }
+    char err[512] = "";
+    xmp_stage_layout_t sl;
+    xmp_gpt2_t m;
+    memset(&m, 0, sizeof m);
+    xmp_llmc_loader_t ld;
+    memset(&ld, 0, sizeof ld);
+    xmesh_ctx_t ctx = NULL;
+    xmp_gpt2_stage_t *st = NULL;
+    xmp_schedule_t *sched = NULL;
+    xmp_driver_t *drv = NULL;
+    double *ref = NULL;
+    const char *desc = NULL;
+    int have_log = 0, ok = 0, mismatch = 0;
+    step_log_t log;
+    if (setup_model(o, &m) != 0 || setup_data(o, &ld, &desc) != 0)
+        goto out;
+    if (parallel_layout(o, m.cfg.num_layers, size, &sl, err, sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("stage layout: %s", err);
+        goto out;
+    }
+    if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {
+        xmp_cli_error("xmesh_ctx_create_mpi: %s", xmesh_last_error());
+        goto out;
+    }
+    xmp_gpt2_train_cfg_t tc = {o->batch, o->seq,   o->microbatches, o->lr,
+                               o->beta1, o->beta2, o->eps,          o->wd};
+    if (xmp_gpt2_stage_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, &st, err, sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("%s", err);
+        goto out;
+    }
+    xmp_edge_cfg_t edges[XMP_MAX_STAGES];
+    xmp_sedge_t sedges[XMP_MAX_STAGES];
+    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
+    int ne = xmp_gpt2_stage_edges(st, edges, sedges);
+    xmp_gpt2_stage_meshes(st, meshes);
+    xmp_gen_opts_t go;
+    memset(&go, 0, sizeof go);
+    go.delay_wgrad = o->delay_wgrad;
+    if (xmp_sched_generate(o->schedule, sl.nstages, o->microbatches, ne, sedges, &go, &sched, err,
+                           sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
+        goto out;
+    }
+    xmp_driver_cfg_t dc;
+    memset(&dc, 0, sizeof dc);
+    dc.comm = MPI_COMM_WORLD;
+    dc.ctx = ctx;
+    dc.nstages = sl.nstages;
+    dc.meshes = meshes;
+    dc.nedges = ne;
+    dc.edges = edges;
+    dc.sched = sched;
+    dc.ops = xmp_gpt2_stage_ops(st);
+    dc.mode = o->comm;
+    dc.trace = o->trace != NULL;
+    if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
+        if (rank == 0)
+            xmp_cli_error("pipeline driver: %s", err);
+        goto out;
+    }
+    if (o->print_schedule && rank == 0) {
+        char buf[256];
+        xmp_stage_layout_format(&sl, buf, sizeof buf);
+        printf("# layout %s, %d microbatches of %d\n", buf, o->microbatches,
+               o->batch / o->microbatches);
+        xmp_sched_fprint(sched, stdout);
+    }
+    if (o->check_serial && rank == 0) {
+        ref = calloc((size_t)o->steps, sizeof(double));
+        if (!ref || serial_losses(o, ref) != 0) {
+            xmp_cli_error("serial reference failed: %s", xmp_llmc_last_error());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    if (rank == 0) {
+        if (step_log_open(&log, o, &m, desc, "parallel") != 0)
+            goto out;
+        have_log = 1;
+    }
+    const int S = sl.nstages, me = xmp_gpt2_stage_index(st);
+    double f[XMP_MAX_STAGES], fi[XMP_MAX_STAGES], fw[XMP_MAX_STAGES];
+    int have_costs = 0;
+    for (int step = 0; step < o->steps; step++) {
+        if (xmp_llmc_loader_next(&ld) != 0) {
+            xmp_cli_error("data: %s", xmp_llmc_last_error());
+            break;
+        }
+        xmp_gpt2_stage_set_batch(st, ld.inputs, ld.targets, step);
+        xmp_step_stats_t ss;
+        xmesh_result_t r = xmp_driver_step(drv, &ss);
+        int bad = r != XMESH_SUCCESS, anybad = 0;
+        MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (anybad) {
+            if (bad)
+                xmp_cli_error("step %d: %s", step, xmp_driver_error(drv));
+            break;
+        }
+        double loss = 0;
+        MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        /* Per stage (max over its ranks): costs per microbatch, bubble, peaks. */
+        xmp_gpt2_stage_times_t t;
+        xmp_gpt2_stage_times(st, &t);
+        double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
+        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
+        memset(loc, 0, sizeof loc);
+        memset(lp, 0, sizeof lp);
+        if (me >= 0) {
+            loc[me] = t.nf ? t.f_s / t.nf : 0;
+            loc[S + me] = t.ni ? t.i_s / t.ni : 0;
+            loc[2 * S + me] = t.nw ? t.w_s / t.nw : 0;
+            loc[3 * S + me] = ss.bubble;
+            loc[4 * S + me] = ss.peak_act_mb;
+            lp[me] = ss.peak_act_bytes;
+        }
+        MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+        step_extra_t ex;
+        memset(&ex, 0, sizeof ex);
+        ex.loss_exact = loss;
+        ex.compute_s = t.f_s + t.i_s + t.w_s + t.r_s + t.o_s - t.comm_s;
+        ex.boxing_s = t.comm_s;
+        ex.nstages = S;
+        for (int k = 0; k < S; k++) {
+            ex.bubble[k] = all[3 * S + k];
+            ex.peak_mb[k] = (int)all[4 * S + k];
+            ex.peak_bytes[k] = ap[k];
+        }
+        /* Prediction of this step from the previous step's measured stage costs and
+         * xmesh's predicted plan times (the first step has none). */
+        if (have_costs) {
+            xmp_sim_result_t res;
+            memset(&res, 0, sizeof res);
+            if (xmp_driver_predict(drv, f, fi, fw, &res) == XMESH_SUCCESS && res.ok)
+                ex.predicted_s = res.step_s;
+            if (o->print_schedule && rank == 0 && step == 1) {
+                printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
+                xmp_sim_render(sched, &res, 100, stdout);
+            }
+            xmp_sim_result_free(&res);
+        }
+        for (int k = 0; k < S; k++) {
+            f[k] = all[k];
+            fi[k] = all[S + k];
+            fw[k] = all[2 * S + k];
+        }
+        have_costs = 1;
+        if (rank == 0) {
+            step_log_record_ex(&log, step, (float)loss, ss.step_s, &ex);
+            if (ref && step < 20) {
+                double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
+                double tol = step < 5 ? 1e-5 : 1e-4;
+                if (!(rel <= tol)) {
+                    xmp_progress_finish(&log.bar);
+                    fprintf(stderr,
+                            "MISMATCH step %d: parallel loss %.9g serial %.9g (rel %.3g > %g)\n",
+                            step, loss, ref[step], rel, tol);
+                    mismatch++;
+                } else if (o->no_progress) {
+                    printf("step %d: parallel loss %.9g serial %.9g rel %.2e\n", step, loss,
+                           ref[step], rel);
+                }
+            }
+        }
+        if (!isfinite(loss)) {
+            if (rank == 0)
+                xmp_cli_error("loss is %f at step %d", loss, step);
+            break;
+        }
+        ok = step == o->steps - 1;
+    }
+    if (have_log && step_log_close(&log, ok) != 0)
+        ok = 0;
+    have_log = 0;
+    if (rank == 0 && ref)
+        printf("check-serial: %s (%d mismatching of %d steps compared)\n",
+               mismatch ? "FAILED" : "OK", mismatch, o->steps < 20 ? o->steps : 20);
+    if (ok && o->save) {
+        if (xmp_gpt2_stage_gather(st, &m) != 0) {
+            ok = 0;
+            if (rank == 0)
+                xmp_cli_error("--save: gathering the parameters failed");
+        } else if (rank == 0) {
+            if (xmp_gpt2_save(&m, o->save) != 0) {
+                xmp_cli_error("--save: %s", xmp_llmc_last_error());
+                ok = 0;
+            } else {
+                printf("saved checkpoint '%s'\n", o->save);
+            }
+        }
+    }
+    if (o->trace && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
+        xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
+    int mine = ok && !mismatch, every = 0;
+    MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    rc = every ? 0 : 1;
+out:
+    if (have_log)
+        step_log_close(&log, 0);
+    xmp_driver_destroy(drv);
+    xmp_gpt2_stage_destroy(st);
+    xmp_sched_destroy(sched);
+    xmesh_ctx_destroy(ctx);
+    xmp_llmc_loader_free(&ld);
+    xmp_gpt2_free(&m);
+    free(ref);
+    MPI_Finalize();
+    return rc;
+}
+
 int xmp_cmd_gpt(int argc, char **argv)
 {
     xmp_cli_set_command("gpt");
@@ -421,5 +832,5 @@ int xmp_cmd_gpt(int argc, char **argv)
     if (p != 0)
         return p > 0 ? 0 : 2;
     openblas_set_num_threads(o.blas_threads);
-    return run_serial(&o);
+    return o.serial ? run_serial(&o) : run_parallel(&o);
 }
