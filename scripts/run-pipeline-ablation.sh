@@ -11,7 +11,7 @@
 # and prints the tables.
 #
 #   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [ut2]     (default: all)
-# Environment: XMESH_ABL_RATE_GPT [40mbit], XMESH_ABL_RATE_UT [40mbit],
+# Environment: XMESH_ABL_RATE_GPT [50mbit], XMESH_ABL_RATE_UT [50mbit], XMESH_ABL_BURST [64kb],
 #   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT.
 # BLAS runs one thread per rank (--blas-threads 1); ranks of a host share the
 # machine's 2 cores with each other and with xmesh's progress threads.
@@ -20,8 +20,9 @@ cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 steps=${XMESH_ABL_STEPS:-8}
 warmup=${XMESH_ABL_WARMUP:-2}
-rate_gpt=${XMESH_ABL_RATE_GPT:-40mbit}
-rate_ut=${XMESH_ABL_RATE_UT:-40mbit}
+rate_gpt=${XMESH_ABL_RATE_GPT:-50mbit}
+rate_ut=${XMESH_ABL_RATE_UT:-50mbit}
+burst=${XMESH_ABL_BURST:-64kb}
 out=${XMESH_ABL_OUT:-$root/build/ablation/$(date -u +%Y%m%d-%H%M%S)}
 configs=${*:-gpt2 gpt4 ut2}
 
@@ -39,22 +40,27 @@ incluster=1
 why=$(microbench/cluster/cluster.sh check 2>&1) || incluster=0
 [ $incluster = 1 ] || echo "run-pipeline-ablation: no emulated cluster ($why); running on one host: times show no NIC bottleneck" >&2
 
-# gpt: 4 layers, 4 heads, 256 channels, T 64, batch 16 (M microbatches of 16/M).
-gpt_model="--layers 4 --heads 4 --channels 256 --seq 64 --batch 16 --blas-threads 1"
-gpt_units=$((16 * 64))
-# ut: base channels 16, batch 16.
-ut_model="--base-channels 16 --batch 16 --blas-threads 1"
+# gpt: 4 layers, 4 heads, 256 channels, T 64, microbatches of 8 sequences (batch = 8 M, the
+# paper's Fig. 9 keeps the microbatch size and varies the batch): one boundary tensor is
+# 8 x 64 x 256 f32 = 512 KiB, about 84 ms at 50 Mbit/s, near the forward compute of a
+# microbatch on a stage (2 ranks per host sharing 2 cores).
+gpt_model="--layers 4 --heads 4 --channels 256 --seq 64 --blas-threads 1"
+gpt_mbs=8
+gpt_tokens_per_sample=64
+# ut: base channels 16, microbatches of 4 images.
+ut_model="--base-channels 16 --blas-threads 1"
 
-run_cfg() { # name hosts pph rate model units unitname stage-args microbatches
-    local name=$1 hosts=$2 pph=$3 rate=$4 model=$5 units=$6 uname=$7 sargs=$8 mbs=$9 margs
-    if [ "$model" = gpt ]; then margs=$gpt_model; else margs=$ut_model; fi
+run_cfg() { # name hosts pph rate model mbsize unitname stage-args microbatches
+    local name=$1 hosts=$2 pph=$3 rate=$4 model=$5 mbsize=$6 uname=$7 sargs=$8 mbs=$9 margs ups
+    if [ "$model" = gpt ]; then margs=$gpt_model ups=$gpt_tokens_per_sample; else margs=$ut_model ups=1; fi
     local cmd=(python3 "$root/microbench/pipeline/ablation.py" --train "$train" --model "$model"
-        --model-args "$margs --no-progress" --stage-args "$sargs" --units-per-step "$units"
+        --model-args "$margs --no-progress" --stage-args "$sargs" --microbatch-size "$mbsize"
+        --units-per-sample "$ups"
         --units "$uname" --microbatches "$mbs" --steps "$steps" --warmup "$warmup"
         --label "$name: $model, $hosts hosts x $pph ranks, NIC $rate" --out "$out/$name")
     echo "run-pipeline-ablation: $name ($hosts hosts x $pph ranks, $rate)" >&2
     if [ $incluster = 1 ]; then
-        microbench/cluster/cluster.sh -q -H "$hosts" -d "$pph" -r "$rate" -- "${cmd[@]}"
+        microbench/cluster/cluster.sh -q -H "$hosts" -d "$pph" -r "$rate" -b "$burst" -- "${cmd[@]}"
     else
         "${cmd[@]}" --np $((hosts * pph))
     fi
@@ -63,12 +69,12 @@ run_cfg() { # name hosts pph rate model units unitname stage-args microbatches
 rc=0
 for c in $configs; do
     case $c in
-    gpt2) run_cfg gpt2 2 2 "$rate_gpt" gpt $gpt_units tokens \
-        "--stages 2 --stage-mesh 2x1,1x2" 4,8 || rc=1 ;;
-    gpt4) run_cfg gpt4 4 2 "$rate_gpt" gpt $gpt_units tokens \
-        "--stages 4 --stage-mesh 2x1,1x2,2x1,1x2" 4,8 || rc=1 ;;
-    ut2) run_cfg ut2 2 2 "$rate_ut" utransformer 16 images \
-        "--stages 2 --stage-mesh 2x1,2x1" 4,8 || rc=1 ;;
+    gpt2) run_cfg gpt2 2 2 "$rate_gpt" gpt $gpt_mbs tokens \
+        "--stages 2 --stage-mesh 2x1,1x2" 4,16 || rc=1 ;;
+    gpt4) run_cfg gpt4 4 2 "$rate_gpt" gpt $gpt_mbs tokens \
+        "--stages 4 --stage-mesh 2x1,1x2,2x1,1x2" 4,16 || rc=1 ;;
+    ut2) run_cfg ut2 2 2 "$rate_ut" utransformer 4 images \
+        "--stages 2 --stage-mesh 2x1,2x1" 4,16 || rc=1 ;;
     *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, ut2)" >&2; rc=2 ;;
     esac
 done

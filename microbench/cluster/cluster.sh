@@ -9,7 +9,10 @@
 # of paper 002 section 5 (fast devices inside a host, one slow NIC each).
 #
 # Usage:
-#   cluster.sh [-H hosts] [-d ranks_per_host] [-r rate] [-q] -- COMMAND [ARGS...]
+#   cluster.sh [-H hosts] [-d ranks_per_host] [-r rate] [-b burst] [-q] -- COMMAND [ARGS...]
+#   -b: token-bucket burst of each shaped NIC (tc units, default 256kb): transfers
+#       smaller than it pass at full speed after an idle gap, so low rates with
+#       small messages want a small burst (at least one 64 KiB GSO segment)
 #   cluster.sh check        exit 0 if a cluster can be built here, 77 (with a
 #                           message on stderr) if not
 # COMMAND runs in the root namespace with these variables set:
@@ -28,6 +31,7 @@ HOSTS=4
 PPH=4
 RATE=300mbit
 LATENCY=200ms
+BURST=256kb
 QUIET=0
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
@@ -57,14 +61,15 @@ if [ "${1:-}" = check ]; then
     exit 0
 fi
 
-while getopts "H:d:r:l:qh" opt; do
+while getopts "H:d:r:l:b:qh" opt; do
     case "$opt" in
     H) HOSTS=$OPTARG ;;
     d) PPH=$OPTARG ;;
     r) RATE=$OPTARG ;;
     l) LATENCY=$OPTARG ;;
+    b) BURST=$OPTARG ;;
     q) QUIET=1 ;;
-    h) sed -n '2,24p' "$0"; exit 0 ;;
+    h) sed -n '2,27p' "$0"; exit 0 ;;
     *) exit 2 ;;
     esac
 done
@@ -156,9 +161,9 @@ for ((h = 0; h < HOSTS; h++)); do
     ip link set "${P}v$h" up || die "${P}v$h up failed"
     # Host send: egress of eth0 inside the namespace. Host receive: egress
     # of the bridge-side end. burst must exceed one GSO segment (64 KiB).
-    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${RATE_MBIT}mbit" burst 256kb \
+    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate "${RATE_MBIT}mbit" burst "$BURST" \
         latency "$LATENCY" || die "tc (send) in $ns failed"
-    tc qdisc add dev "${P}v$h" root tbf rate "${RATE_MBIT}mbit" burst 256kb latency "$LATENCY" ||
+    tc qdisc add dev "${P}v$h" root tbf rate "${RATE_MBIT}mbit" burst "$BURST" latency "$LATENCY" ||
         die "tc (receive) on ${P}v$h failed"
     mkdir -p "$SCRATCH/$ns"
     echo "$SUBNET.$((h + 1)) $ns" >>"$MAP"

@@ -83,6 +83,8 @@ def summarize(doc, warmup, per_step_units):
 def run(args, launch, row, extra, mb, outdir):
     name = f"{row}-m{mb}".replace("+", "_")
     jpath = os.path.join(outdir, name + ".json")
+    if args.microbatch_size:
+        extra = extra + ["--batch", str(mb * args.microbatch_size)]
     cmd = launch + [args.train, args.model] + shlex.split(args.model_args) + \
         shlex.split(args.stage_args) + ["--microbatches", str(mb), "--steps", str(args.steps),
                                         "--json", jpath] + extra
@@ -110,8 +112,13 @@ def main():
     ap.add_argument("--model", default="gpt", choices=["gpt", "utransformer"])
     ap.add_argument("--model-args", default="", help="model/batch flags, one string")
     ap.add_argument("--stage-args", default="", help="--stages/--stage-mesh/... flags, one string")
-    ap.add_argument("--units-per-step", type=float, required=True,
-                    help="tokens (batch*seq) or images (batch) per step")
+    ap.add_argument("--units-per-step", type=float, default=0,
+                    help="tokens (batch*seq) or images (batch) per step (fixed batch)")
+    ap.add_argument("--microbatch-size", type=int, default=0,
+                    help="keep the microbatch size fixed: --batch = M * this (the paper's "
+                         "Fig. 9 setting); throughput units per sample from --units-per-sample")
+    ap.add_argument("--units-per-sample", type=float, default=1,
+                    help="tokens per sample (seq) or 1 (images), with --microbatch-size")
     ap.add_argument("--units", default="tokens")
     ap.add_argument("--np", type=int, default=0, help="ranks (default $XMH_NP)")
     ap.add_argument("--microbatches", default="4,8")
@@ -121,6 +128,8 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if not a.units_per_step and not a.microbatch_size:
+        sys.exit("ablation: give --units-per-step or --microbatch-size")
     os.makedirs(a.out, exist_ok=True)
     np_ = a.np or int(os.environ.get("XMH_NP", "0"))
     if np_ <= 0:
@@ -142,7 +151,9 @@ def main():
                 failed += 1
                 print(f"ablation: {row} M={mb}: {err}", file=sys.stderr)
             else:
-                rec.update(summarize(doc, a.warmup, a.units_per_step))
+                units = (mb * a.microbatch_size * a.units_per_sample if a.microbatch_size
+                         else a.units_per_step)
+                rec.update(summarize(doc, a.warmup, units))
                 rec["config"] = {k: doc.get(k) for k in ("model", "train", "pipeline")}
                 print(f"ablation: {row:13s} M={mb:<3d} {rec['throughput']:10.1f} {a.units}/s "
                       f"(step {rec['step_s_median']:.3f} s [{rec['step_s_min']:.3f}, "
@@ -160,7 +171,8 @@ def main():
     with open(os.path.join(a.out, "ablation.json"), "w") as f:
         json.dump(doc, f, indent=1)
     # table
-    lines = [f"**{a.label or a.model}** ({np_} ranks; `{a.model_args} {a.stage_args}`; "
+    mbs_note = f" --batch M*{a.microbatch_size}" if a.microbatch_size else ""
+    lines = [f"**{a.label or a.model}** ({np_} ranks; `{a.model_args}{mbs_note} {a.stage_args}`; "
              f"median of {a.steps - a.warmup} steps after {a.warmup} warm-up, [min, max])", "",
              f"| M | row | {a.units}/s [min, max] | of signal | step s | predicted s (pred/meas) | bubble | peak act. per stage |",
              "|---|---|---|---|---|---|---|---|"]

@@ -651,6 +651,8 @@ static int run_parallel(const gpt_opts_t *oin)
     xmp_gen_opts_t go;
     memset(&go, 0, sizeof go);
     go.delay_wgrad = o->delay_wgrad;
+    /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
+    go.max_pending_w = sl.nstages;
     if (xmp_sched_generate(o->schedule, sl.nstages, o->microbatches, ne, sedges, &go, &sched, err,
                            sizeof err) != 0) {
         if (rank == 0)
