@@ -10,7 +10,8 @@
  * overlap below MPI_THREAD_MULTIPLE). Prints medians over iterations of the
  * slowest rank and overlap efficiency
  *   (t_xfer + t_comp - t_both) / min(t_xfer, t_comp)
- * (1: fully hidden, 0: serial). level: single|funneled|serialized|multiple
+ * (1: fully hidden, 0: serial). The compute is a fixed amount of work
+ * calibrated to compute_ms (see compute()). level: single|funneled|serialized|multiple
  * (default multiple). Every destination element is checked once. On the
  * emulated cluster:
  *   microbench/cluster/cluster.sh -H 2 -d 1 -r 300mbit -- bash -c \
@@ -39,15 +40,26 @@ static int cmp_d(const void *a, const void *b)
 
 static volatile double g_sink;
 
-/* compute_ms of arithmetic in slices; an xmesh_test between slices when
- * req and poll_us > 0. Returns the request's final result if it finished. */
+/* Compute is a fixed amount of work, not a fixed time: the warm-up
+ * iteration counts how many blocks of arithmetic fit in compute_ms while
+ * every rank computes (g_blocks), and every timed run does that many. So
+ * CPU taken by the transfer (progress thread, TCP, copies) shows up as a
+ * longer t_both instead of being hidden by a time-based loop. An
+ * xmesh_test runs between blocks every poll_us when req and poll_us > 0.
+ * Returns the request's final result if it finished. */
+static long g_blocks = -1;
+
 static xmesh_result_t compute(double ms, xmesh_request_t *req, double poll_us)
 {
     double t0 = MPI_Wtime(), next = t0, acc = 0;
     xmesh_result_t r = XMESH_IN_PROGRESS;
-    while (MPI_Wtime() - t0 < ms * 1e-3) {
+    long done = 0;
+    for (;;) {
+        if (g_blocks < 0 ? MPI_Wtime() - t0 >= ms * 1e-3 : done >= g_blocks)
+            break;
         for (int i = 0; i < 2000; i++)
             acc += (double)i * 1e-9 * (acc < 1e9);
+        done++;
         if (req && *req && poll_us > 0 && MPI_Wtime() >= next) {
             r = xmesh_test(*req);
             if (r != XMESH_IN_PROGRESS)
@@ -55,6 +67,8 @@ static xmesh_result_t compute(double ms, xmesh_request_t *req, double poll_us)
             next = MPI_Wtime() + poll_us * 1e-6;
         }
     }
+    if (g_blocks < 0)
+        g_blocks = done;
     g_sink = acc;
     return r;
 }
@@ -138,6 +152,8 @@ int main(int argc, char **argv)
         if (it < 0) {
             for (int64_t i = 0; in_dst && i < n; i++)
                 wrong += buf[i] != (int32_t)i;
+            MPI_Barrier(MPI_COMM_WORLD);
+            compute(comp_ms, NULL, 0); /* calibrates g_blocks with every rank computing */
             continue;
         }
         MPI_Barrier(MPI_COMM_WORLD);
