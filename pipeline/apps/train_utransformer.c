@@ -246,7 +246,23 @@ static int ut_log_open(ut_log_t *s, const ut_opts_t *o, const xmp_ut_config_t *c
     return 0;
 }
 
+/* Pipeline figures of a step (NULL for serial runs). */
+typedef struct {
+    double predicted_s; /* simulator from the previous step's stage costs (0: none) */
+    int nstages;
+    double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
+    int peak_mb[XMP_MAX_STAGES];
+} ut_extra_t;
+
+static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
+                             const ut_extra_t *ex);
 static void ut_log_record(ut_log_t *s, int step, double loss, double seconds)
+{
+    ut_log_record_ex(s, step, loss, seconds, NULL);
+}
+
+static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
+                             const ut_extra_t *ex)
 {
     double ips = seconds > 0 ? s->o->batch / seconds : 0.0;
     if (s->n == 0)
@@ -259,6 +275,22 @@ static void ut_log_record(ut_log_t *s, int step, double loss, double seconds)
         xmp_json_num(&s->json, "loss", loss);
         xmp_json_num(&s->json, "step_seconds", seconds);
         xmp_json_num(&s->json, "images_per_s", ips);
+        if (ex) {
+            if (ex->predicted_s > 0)
+                xmp_json_num(&s->json, "predicted_s", ex->predicted_s);
+            double bsum = 0;
+            xmp_json_arr_begin(&s->json, "bubble_per_stage");
+            for (int k = 0; k < ex->nstages; k++) {
+                xmp_json_num(&s->json, NULL, ex->bubble[k]);
+                bsum += ex->bubble[k];
+            }
+            xmp_json_arr_end(&s->json);
+            xmp_json_num(&s->json, "bubble", ex->nstages ? bsum / ex->nstages : 0);
+            xmp_json_arr_begin(&s->json, "peak_activation_microbatches");
+            for (int k = 0; k < ex->nstages; k++)
+                xmp_json_int(&s->json, NULL, ex->peak_mb[k]);
+            xmp_json_arr_end(&s->json);
+        }
         xmp_json_obj_end(&s->json);
     }
     xmp_progress_update(&s->bar, step + 1, loss, ips);
@@ -639,6 +671,51 @@ static int stage_init(ut_stage_t *st)
     return 0;
 }
 
+/* Times the stage callbacks (per-microbatch F/I/W costs for the simulator). */
+typedef struct {
+    xmp_stage_ops_t in;
+    double f, i, w;
+    int nf, ni, nw;
+} timed_ops_t;
+
+static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
+{
+    timed_ops_t *t = u;
+    double t0 = MPI_Wtime();
+    int rc = t->in.forward(t->in.user, mb, in, out, loss);
+    t->f += MPI_Wtime() - t0;
+    t->nf++;
+    return rc;
+}
+static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
+{
+    timed_ops_t *t = u;
+    double t0 = MPI_Wtime();
+    int rc = t->in.backward_input(t->in.user, mb, go, gi);
+    t->i += MPI_Wtime() - t0;
+    t->ni++;
+    return rc;
+}
+static int t_bw(void *u, int mb)
+{
+    timed_ops_t *t = u;
+    double t0 = MPI_Wtime();
+    int rc = t->in.backward_weight(t->in.user, mb);
+    t->w += MPI_Wtime() - t0;
+    t->nw++;
+    return rc;
+}
+static int t_red(void *u)
+{
+    timed_ops_t *t = u;
+    return t->in.reduce_grads(t->in.user);
+}
+static int t_opt(void *u)
+{
+    timed_ops_t *t = u;
+    return t->in.optimizer_step(t->in.user);
+}
+
 static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
 {
     int rank, size, prov, ok = 0, rc = 1;
@@ -759,12 +836,20 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     dc.sched = sched;
     dc.mode = o->comm;
     dc.trace = o->trace != NULL;
-    dc.ops.user = &st;
-    dc.ops.forward = ut_fwd;
-    dc.ops.backward_input = ut_bwd_input;
-    dc.ops.backward_weight = ut_bwd_weight;
-    dc.ops.reduce_grads = ut_reduce;
-    dc.ops.optimizer_step = ut_opt;
+    timed_ops_t tops;
+    memset(&tops, 0, sizeof tops);
+    tops.in.user = &st;
+    tops.in.forward = ut_fwd;
+    tops.in.backward_input = ut_bwd_input;
+    tops.in.backward_weight = ut_bwd_weight;
+    tops.in.reduce_grads = ut_reduce;
+    tops.in.optimizer_step = ut_opt;
+    dc.ops.user = &tops;
+    dc.ops.forward = t_fwd;
+    dc.ops.backward_input = t_bin;
+    dc.ops.backward_weight = t_bw;
+    dc.ops.reduce_grads = t_red;
+    dc.ops.optimizer_step = t_opt;
     if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
         if (rank == 0)
             xmp_cli_error("pipeline driver: %s", err);
@@ -772,10 +857,13 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     }
     ut_log_t log;
     int log_ok = rank != 0 || ut_log_open(&log, o, c, st.lay.total, "pipeline", &sl) == 0;
-    int mismatch = 0;
+    int mismatch = 0, have_costs = 0;
+    double cf[XMP_MAX_STAGES], ci[XMP_MAX_STAGES], cw[XMP_MAX_STAGES];
     for (int step = 0; step < o->steps && log_ok; step++) {
         xmp_step_stats_t ss;
         st.step = step;
+        tops.f = tops.i = tops.w = 0;
+        tops.nf = tops.ni = tops.nw = 0;
         xmesh_result_t r = xmp_driver_step(drv, &ss);
         int bad = r != XMESH_SUCCESS, anybad = 0;
         MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -786,8 +874,40 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         }
         double loss = 0;
         MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        /* Per stage, max over its ranks: costs per microbatch, bubble, peak. */
+        const int S = sl.nstages;
+        double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
+        memset(loc, 0, sizeof loc);
+        if (st.stage >= 0) {
+            loc[st.stage] = tops.nf ? tops.f / tops.nf : 0;
+            loc[S + st.stage] = tops.ni ? tops.i / tops.ni : 0;
+            loc[2 * S + st.stage] = tops.nw ? tops.w / tops.nw : 0;
+            loc[3 * S + st.stage] = ss.bubble;
+            loc[4 * S + st.stage] = ss.peak_act_mb;
+        }
+        MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        ut_extra_t ex;
+        memset(&ex, 0, sizeof ex);
+        ex.nstages = S;
+        for (int k = 0; k < S; k++) {
+            ex.bubble[k] = all[3 * S + k];
+            ex.peak_mb[k] = (int)all[4 * S + k];
+        }
+        if (have_costs) {
+            xmp_sim_result_t res;
+            memset(&res, 0, sizeof res);
+            if (xmp_driver_predict(drv, cf, ci, cw, &res) == XMESH_SUCCESS && res.ok)
+                ex.predicted_s = res.step_s;
+            xmp_sim_result_free(&res);
+        }
+        for (int k = 0; k < S; k++) {
+            cf[k] = all[k];
+            ci[k] = all[S + k];
+            cw[k] = all[2 * S + k];
+        }
+        have_costs = 1;
         if (rank == 0) {
-            ut_log_record(&log, step, loss, ss.step_s);
+            ut_log_record_ex(&log, step, loss, ss.step_s, &ex);
             if (ref) {
                 double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
                 double tol = step < 5 ? 1e-5 : 1e-4;
