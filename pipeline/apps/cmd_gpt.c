@@ -599,6 +599,63 @@ static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layou
     return rc;
 }
 
+/* Regenerates the schedule with measured per-microbatch costs (the mean over
+ * stages of F, I, W and the predicted boundary transfer) so that the W actions
+ * fill the waits the transfers cause, and recreates the driver with it.
+ * Collective. On failure the old schedule and driver are kept and -1 is
+ * returned (message printed on rank 0). */
+static int replan(const gpt_opts_t *o, xmp_gpt2_stage_t *st, const xmp_stage_layout_t *sl,
+                  const xmp_sedge_t *sedges, int ne, const double *f, const double *fi,
+                  const double *fw, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
+                  xmp_driver_t **drv)
+{
+    int rank, S = sl->nstages;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int strategy = o->comm == XMP_COMM_SENDRECV             ? XMESH_STRATEGY_SENDRECV
+                   : o->comm == XMP_COMM_SENDRECV_ALLGATHER ? XMESH_STRATEGY_SENDRECV_ALLGATHER
+                                                            : XMESH_STRATEGY_BROADCAST;
+    xmp_gen_opts_t go;
+    memset(&go, 0, sizeof go);
+    go.delay_wgrad = 1;
+    go.max_pending_w = S;
+    for (int k = 0; k < S; k++) {
+        go.f += f[k] / S;
+        go.i += fi[k] / S;
+        go.w += fw[k] / S;
+    }
+    double x = 0;
+    for (int k = 0; k + 1 < S; k++)
+        x += xmp_gpt2_stage_edge_seconds(st, k, strategy) / (S - 1);
+    go.xfer = o->comm == XMP_COMM_SIGNAL ? 0 : x;
+    char err[512];
+    xmp_schedule_t *ns = NULL;
+    xmp_driver_t *nd = NULL;
+    if (xmp_sched_generate(o->schedule, S, o->microbatches, ne, sedges, &go, &ns, err,
+                           sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("re-planning the schedule: %s", err);
+        return -1;
+    }
+    xmp_driver_destroy(*drv);
+    *drv = NULL;
+    dc->sched = ns;
+    if (xmp_driver_create(dc, &nd, err, sizeof err) != XMESH_SUCCESS) {
+        if (rank == 0)
+            xmp_cli_error("pipeline driver (re-planned): %s", err);
+        xmp_sched_destroy(ns);
+        return -1;
+    }
+    xmp_sched_destroy(*sched);
+    *sched = ns;
+    *drv = nd;
+    if (o->print_schedule && rank == 0) {
+        printf("# re-planned with measured costs f %.4f i %.4f w %.4f s, transfer %.4f s:\n", go.f,
+               go.i, go.w, go.xfer);
+        xmp_sched_fprint(ns, stdout);
+    }
+    return 0;
+}
+
 static int run_parallel(const gpt_opts_t *oin)
 {
     int prov, rank, size, rc = 1;
@@ -762,6 +819,12 @@ static int run_parallel(const gpt_opts_t *oin)
             fw[k] = all[2 * S + k];
         }
         have_costs = 1;
+        /* After the first step, place the deferred W work with the measured
+         * costs instead of unit costs: regenerate the schedule and the driver. */
+        if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1) {
+            if (replan(o, st, &sl, sedges, ne, f, fi, fw, &dc, &sched, &drv) != 0)
+                break;
+        }
         if (rank == 0) {
             step_log_record_ex(&log, step, (float)loss, ss.step_s, &ex);
             if (ref && step < 20) {
@@ -806,7 +869,7 @@ static int run_parallel(const gpt_opts_t *oin)
             }
         }
     }
-    if (o->trace && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
+    if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
         xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
     int mine = ok && !mismatch, every = 0;
     MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

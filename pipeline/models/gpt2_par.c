@@ -861,6 +861,25 @@ void xmp_gpt2_stage_times(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_times_t *t)
     t->comm_s = xmp_comm_seconds() - st->comm0;
 }
 
+double xmp_gpt2_stage_edge_seconds(xmp_gpt2_stage_t *st, int s, int strategy)
+{
+    if (s < 0 || s + 1 >= st->lay.nstages)
+        return 0;
+    xmesh_layout_t a = {3, st->edge_shape, XMESH_F32, st->meshes[s]->xmesh, "S(0),B"};
+    xmesh_layout_t b = {3, st->edge_shape, XMESH_F32, st->meshes[s + 1]->xmesh, "S(0),B"};
+    xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
+    if (strategy >= 0)
+        pp.strategy = (xmesh_strategy_t)strategy;
+    xmesh_plan_t plan = NULL;
+    xmesh_plan_info_t info;
+    double t = 0;
+    if (xmesh_plan_create(st->ctx, &a, &b, &pp, &plan) == XMESH_SUCCESS &&
+        xmesh_plan_get_info(plan, &info) == XMESH_SUCCESS)
+        t = info.predicted_s;
+    xmesh_plan_destroy(plan);
+    return t;
+}
+
 int xmp_gpt2_stage_gather(xmp_gpt2_stage_t *st, xmp_gpt2_t *full)
 {
     /* Every tensor (id, layer) once, in llm.c order: its stage's mesh

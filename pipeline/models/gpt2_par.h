@@ -93,6 +93,11 @@ void xmp_gpt2_stage_times(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_times_t *t)
  * writes the parameters into full->params (others: full untouched). */
 int xmp_gpt2_stage_gather(xmp_gpt2_stage_t *st, xmp_gpt2_t *full);
 
+/* Collective over comm: xmesh's predicted time (xmesh_plan_get_info's
+ * predicted_s) of one boundary activation transfer stage s -> s+1, from a
+ * plan created and destroyed here; 0 when there is one stage. */
+double xmp_gpt2_stage_edge_seconds(xmp_gpt2_stage_t *st, int s, int mode_strategy);
+
 /* Bytes of activations this rank holds now. */
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st);
 
