@@ -55,7 +55,9 @@ check_err() { # expected-substring args...
 }
 check_err "--batch 'abc'" gpt --serial --batch abc
 check_err "--lr '-1'" gpt --serial --lr -1
-check_err "only --serial" gpt --steps 2
+check_err "--serial runs one process" gpt --serial --mesh 2x1 --steps 1
+check_err "--schedule 'zigzag'" gpt --schedule zigzag --steps 1
+check_err "--comm 'carrier-pigeon'" gpt --comm carrier-pigeon --steps 1
 check_err "unknown flag '--bogus'" gpt --serial --bogus
 check_err "num_heads 3" gpt --serial --heads 3 --channels 32 --steps 1
 check_err "--seq 2048 exceeds" gpt --serial --seq 2048 --steps 1
