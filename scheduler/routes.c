@@ -303,8 +303,10 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.recv_covered = calloc(nrecv_total + 1, 1);
     xm_state_t st;
     xm_troutes_t tr;
+    xm_undo_t undo;
     memset(&st, 0, sizeof st);
     memset(&tr, 0, sizeof tr);
+    memset(&undo, 0, sizeof undo);
     xmesh_result_t r = XMESH_SUCCESS;
     if (!q.nic_ok || !q.host_nics || !q.opt_hosts || !q.opt_dur || !q.opt_res_off ||
         !q.opt_nres_off || !q.need_off || !q.pt || !q.dev_nic || !q.recv_is_holder ||
@@ -393,14 +395,17 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         goto out_free_prep;
     if ((r = xm_state_init(&st, &q)) || (r = xm_troutes_init(&tr, &q)))
         goto out_free_prep;
+    xm_state_reset(&st, &q);
     /* Duration of every option on an idle cluster; the DFS bound uses the
      * device-independent part (route times) via min_dur. */
     for (int t = 0; t < n; t++) {
         xm_prep_task_t *pt = &q.pt[t];
         double best = INFINITY;
         for (int o = 0; o < pt->nopt; o++) {
-            xm_state_reset(&st, &q);
-            xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, NULL);
+            /* idle cluster: step, then take the step back (a full reset per
+             * option would cost O(devices) and make this quadratic) */
+            xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, &undo);
+            xm_undo_to(&undo, 0);
             q.opt_dur[pt->opt_off + o] = tr.dur;
             if (add_res(&q, &tr, pt->opt_off + o)) {
                 r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
@@ -422,9 +427,11 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     }
     xm_state_free(&st);
     xm_troutes_free(&tr);
+    xm_undo_free(&undo);
     *p = q;
     return XMESH_SUCCESS;
 out_free_prep:
+    xm_undo_free(&undo);
     xm_state_free(&st);
     xm_troutes_free(&tr);
     xm_prep_free(&q);
