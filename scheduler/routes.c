@@ -86,34 +86,42 @@ typedef struct {
     int t;
 } sig_t;
 
-static int cmp_sig(const void *a, const void *b)
-{
-    const sig_t *x = a, *y = b;
-    if (x->sig != y->sig)
-        return x->sig < y->sig ? -1 : 1;
-    return x->t < y->t ? -1 : x->t > y->t;
-}
-
+/* Classes numbered by first appearance, found through a hash table of
+ * class representatives: tasks are read in index order and each is compared
+ * with one representative, so this is linear and cache friendly (sorting
+ * the signatures and comparing neighbours was not). Class numbers do not
+ * change any plan: the DFS orders children by a total order over tasks. */
 static xmesh_result_t assign_classes(xm_prep_t *p)
 {
     int n = p->ts->ntasks;
-    sig_t *v = malloc(sizeof *v * (n > 0 ? n : 1));
-    if (!v)
+    size_t cap = 64;
+    while (cap < 2 * (size_t)n)
+        cap *= 2;
+    sig_t *slot = malloc(sizeof *slot * cap);
+    if (!slot)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
-    for (int t = 0; t < n; t++)
-        v[t] = (sig_t){task_sig(p, t), t};
-    qsort(v, n, sizeof *v, cmp_sig);
+    for (size_t i = 0; i < cap; i++)
+        slot[i].t = -1;
     int nk = 0;
-    for (int i = 0; i < n; i++) {
-        int t = v[i].t, k = -1;
-        /* Same hash: compare for real against earlier members of the run. */
-        for (int j = i - 1; j >= 0 && v[j].sig == v[i].sig && k < 0; j--)
-            if (task_same(p, v[j].t, t))
-                k = p->pt[v[j].t].klass;
-        p->pt[t].klass = k >= 0 ? k : nk++;
+    for (int t = 0; t < n; t++) {
+        uint64_t h = task_sig(p, t);
+        size_t s = (size_t)h & (cap - 1);
+        int k = -1;
+        while (slot[s].t >= 0) {
+            if (slot[s].sig == h && task_same(p, slot[s].t, t)) {
+                k = p->pt[slot[s].t].klass;
+                break;
+            }
+            s = (s + 1) & (cap - 1);
+        }
+        if (k < 0) {
+            k = nk++;
+            slot[s] = (sig_t){h, t};
+        }
+        p->pt[t].klass = k;
     }
     p->nklass = nk;
-    free(v);
+    free(slot);
     return XMESH_SUCCESS;
 }
 
