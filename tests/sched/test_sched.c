@@ -662,6 +662,60 @@ static void test_flows_big_instance(void **state)
     inst_free(&in);
 }
 
+/* Placement advice: S01RR -> S10RR on the same 2 x 4 devices. Every
+ * destination block is one source block, held by some device, so the best
+ * order keeps every block in place (the whole tensor local, the bound drops
+ * to a self copy) and is a permutation of the ranks.
+ * A duplicate rank is refused, naming it, and writes nothing. */
+static void test_suggest_order(void **state)
+{
+    (void)state;
+    int64_t shape[3] = {64, 64, 8};
+    int mshape[2] = {2, 4}, ranks[8] = {0, 1, 2, 3, 4, 5, 6, 7}, host[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    xmesh_placement_problem_t pb = {3, shape,  XMESH_I32, 2,       mshape, ranks, "S01RR",
+                                    2, mshape, ranks,     "S10RR", 8,      host};
+    int out[8];
+    xmesh_placement_info_t info;
+    assert_int_equal(xmesh_suggest_order(&pb, out, &info), XMESH_SUCCESS);
+    printf("suggested:");
+    for (int i = 0; i < 8; i++)
+        printf(" %d", out[i]);
+    printf("  bound %.3g -> %.3g s, local %lld -> %lld bytes\n", info.lower_bound_s,
+           info.suggested_lower_bound_s, (long long)info.bytes_local,
+           (long long)info.bytes_local_suggested);
+    int seen[8] = {0};
+    for (int i = 0; i < 8; i++)
+        seen[out[i]]++;
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(seen[i], 1);
+    /* S10: position (i, j) takes dim-0 shard j * 2 + i, held by rank j * 2 + i under S01 */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            assert_int_equal(out[i * 4 + j], j * 2 + i);
+    assert_int_equal(info.bytes_local_suggested, 64 * 64 * 8 * 4);
+    assert_true(info.bytes_local < info.bytes_local_suggested);
+    assert_true(info.suggested_lower_bound_s < info.lower_bound_s);
+    /* non-overlapping meshes: never worse than the given order */
+    int dranks[8] = {8, 9, 10, 11, 12, 13, 14, 15}, host2[16];
+    for (int i = 0; i < 16; i++)
+        host2[i] = i / 4;
+    pb.dst_ranks = dranks;
+    pb.dst_sharding = "RS01R";
+    pb.src_sharding = "S0RR";
+    pb.nranks = 16;
+    pb.host_of_rank = host2;
+    assert_int_equal(xmesh_suggest_order(&pb, out, &info), XMESH_SUCCESS);
+    assert_true(info.suggested_lower_bound_s <= info.lower_bound_s * (1 + 1e-9));
+    /* bad input */
+    int dup[8] = {8, 9, 10, 11, 12, 13, 14, 8}, keep[8];
+    for (int i = 0; i < 8; i++)
+        keep[i] = out[i] = -7;
+    pb.dst_ranks = dup;
+    assert_int_equal(xmesh_suggest_order(&pb, out, &info), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "rank 8 appears twice"));
+    assert_memory_equal(out, keep, sizeof out);
+}
+
 /* The pipelined chain time: one task, one chain over A hosts, K chunks:
  * T = t + A t / K style (paper 3.1): K*c/bw + (hops - 1) * c / bw + hops * alpha. */
 static void test_chain_timing(void **state)
@@ -890,6 +944,7 @@ int main(void)
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_flows_group_host_pairs),
         cmocka_unit_test(test_flows_big_instance),
+        cmocka_unit_test(test_suggest_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
