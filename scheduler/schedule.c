@@ -16,6 +16,9 @@
 #define XM_DEFAULT_BUDGET_US 20000
 /* Above this many unit tasks the searches plan flows (flows.c). */
 #define XM_FLOW_MIN_TASKS 2048
+/* Above this many (flow or unit) tasks the ensemble colours before the DFS:
+ * the DFS's first dive costs tasks x classes and may not fit the budget. */
+#define XM_COLOR_FIRST_TASKS 512
 
 double xm_now_s(void)
 {
@@ -215,7 +218,7 @@ static double ensemble(const xm_prep_t *p, xm_state_t *st, xm_troutes_t *tr, xm_
     /* Many tasks (flow problems of big meshes): the colouring first, it is
      * near linear and optimal for equal durations, where the DFS's first
      * dive costs tasks x classes. */
-    if (n > XM_FLOW_MIN_TASKS && !done(best, ctl)) {
+    if (n > XM_COLOR_FIRST_TASKS && !done(best, ctl)) {
         ms = xm_sched_color(p, st, tr, order, hosts);
         keep_best(p, best, order, hosts, ms);
     }
@@ -232,7 +235,7 @@ static double ensemble(const xm_prep_t *p, xm_state_t *st, xm_troutes_t *tr, xm_
      * MPI executor runs closer to the model (Table 2 case 4 measured
      * 1.10 x bound with the DFS order, 1.40 x with the colouring order).
      * Its alternating-path flips are not budgeted: only on moderate sizes. */
-    if (!done(best, ctl) && n <= XM_FLOW_MIN_TASKS && !xm_ctl_expired(ctl)) {
+    if (!done(best, ctl) && n <= XM_COLOR_FIRST_TASKS && !xm_ctl_expired(ctl)) {
         ms = xm_sched_color(p, st, tr, order, hosts);
         keep_best(p, best, order, hosts, ms);
     }
@@ -293,9 +296,6 @@ static int flow_search(const xm_prep_t *p, xmesh_scheduler_t kind, xm_search_ctl
         else
             ensemble(&fp, &st, &tr, &sub, fo, fh, fx, &best);
         ctl->evals += sub.evals;
-        if (getenv("XM_DEBUG_FLOWS"))
-            fprintf(stderr, "flows %d lb %g ms %g\n", nf, sub.lower_bound,
-                    xm_eval_plan(&fp, &st, &tr, fo, fh, NULL));
         xm_flows_expand(&f, fo, fh, order, hosts);
         ok = 1;
     }
