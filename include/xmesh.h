@@ -238,6 +238,43 @@ typedef struct {
 } xmesh_plan_info_t;
 xmesh_result_t xmesh_plan_get_info(xmesh_plan_t plan, xmesh_plan_info_t *info);
 
+/* Placement advice (pure: no ctx, no MPI). Given a source layout and a
+ * destination mesh, proposes the destination device order (which rank
+ * holds which mesh position, row-major like xmesh_mesh_create's ranks) that
+ * minimises the model lower bound of the resharding. Ranks are plain ids
+ * 0..nranks-1 and host_of_rank[r] is rank r's host; meshes may overlap
+ * (then ranks that keep a block they already hold move nothing). The
+ * cluster model is the one plans use (XMESH_* parameters, XMESH_CLUSTER_FILE). */
+typedef struct {
+    int ndim;             /* tensor dims, 1..XMESH_MAX_TENSOR_DIMS */
+    const int64_t *shape; /* ndim entries >= 0 */
+    xmesh_dtype_t dtype;
+    int src_mesh_ndim;
+    const int *src_mesh_shape;
+    const int *src_ranks; /* prod(src_mesh_shape) distinct ranks, row-major */
+    const char *src_sharding;
+    int dst_mesh_ndim;
+    const int *dst_mesh_shape;
+    const int *dst_ranks; /* the current (or default) order of the destination mesh */
+    const char *dst_sharding;
+    int nranks;
+    const int *host_of_rank; /* nranks host ids >= 0 */
+} xmesh_placement_problem_t;
+
+typedef struct {
+    double lower_bound_s;           /* with dst_ranks as given */
+    double suggested_lower_bound_s; /* with the suggested order (<= lower_bound_s) */
+    int64_t bytes_local;            /* bytes receivers already hold (no transfer), given order */
+    int64_t bytes_local_suggested;  /* same with the suggested order */
+    int evaluations;                /* orders whose bound was computed */
+} xmesh_placement_info_t;
+
+/* Writes prod(dst_mesh_shape) ranks (a permutation of dst_ranks) to
+ * suggested_ranks and, when info != NULL, the bounds. The given order is
+ * returned when nothing beats it. On error nothing is written. */
+xmesh_result_t xmesh_suggest_order(const xmesh_placement_problem_t *pb, int *suggested_ranks,
+                                   xmesh_placement_info_t *info);
+
 /* Context queries. */
 xmesh_result_t xmesh_ctx_rank(xmesh_ctx_t ctx, int *rank);
 xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size);

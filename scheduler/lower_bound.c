@@ -21,29 +21,11 @@ static double hop_bw(const xm_cluster_t *c)
     return c->nic_send_Bps < c->nic_recv_Bps ? c->nic_send_Bps : c->nic_recv_Bps;
 }
 
-/* Does task t have to leave host set S (bit mask over the holder-host
- * universe, bit_of maps hosts to bits)? Yes if some partial group (the only
- * group without P) has all its holders in S and some receiver is outside S:
- * that group's data enters the chain inside S and must reach the receiver. */
-static int must_leave(const xm_prep_t *p, const xm_task_t *k, const int *bit_of, uint64_t S)
-{
-    int rout = 0;
-    for (int i = 0; i < k->nrecv && !rout; i++) {
-        int b = bit_of[p->dev_host[p->ts->recvs[k->recv_off + i]]];
-        rout = b < 0 || !(S >> b & 1);
-    }
-    if (!rout)
-        return 0;
-    const int *hd = p->ts->holders + k->holder_off;
-    for (int g = 0; g < k->ngroups; g++) {
-        int in = 1;
-        for (int j = 0; j < k->group_size && in; j++)
-            in = S >> bit_of[p->dev_host[hd[g * k->group_size + j]]] & 1;
-        if (in)
-            return 1;
-    }
-    return 0;
-}
+/* A task has to leave host set S (bit mask over the holder-host universe)
+ * if some partial group (the only group without P) has all its holders in S
+ * and some receiver is outside S: that group's data enters the chain inside
+ * S and must reach the receiver. send_bound() tests this on task classes
+ * (agg_t below). */
 
 /* (S) for tasks without P over all subsets of the universe (u <= 16 bits):
  * w(S) = sum of costs of tasks with holders in S minus those whose holders
@@ -102,6 +84,131 @@ static double nics_of(const xm_prep_t *p, const int *bit_host, uint64_t m)
     return c > 0 ? c : 1;
 }
 
+/* One class of tasks for the candidate-set loop: equal group holder-host
+ * masks and receiver-host masks; w = sum of their lb_dur. */
+typedef struct {
+    uint64_t rmask, hash;
+    int rout, ngroups, goff;
+    double w;
+} agg_ent_t;
+
+typedef struct {
+    int n, cap;
+    agg_ent_t *ent;
+    uint64_t *gmask; /* ngroups masks per entry at goff */
+    int ng, gcap;
+    int *slot; /* open addressing, 2 * cap entries */
+} agg_t;
+
+static void agg_free(agg_t *a)
+{
+    free(a->ent);
+    free(a->gmask);
+    free(a->slot);
+    memset(a, 0, sizeof *a);
+}
+
+static uint64_t mix64(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 29);
+}
+
+/* Classes of the NIC-needing tasks that send_bound's candidate loop must
+ * look at; tasks without P weigh 0 when the subset weights already count
+ * them (skip_np). Masks need u <= 64. Returns nonzero
+ * without memory. */
+static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *a)
+{
+    const xm_taskset_t *ts = p->ts;
+    memset(a, 0, sizeof *a);
+    int n = ts->ntasks;
+    a->cap = 64;
+    while (a->cap < n && a->cap < (1 << 24))
+        a->cap *= 2;
+    a->ent = malloc(sizeof *a->ent * a->cap);
+    a->slot = malloc(sizeof *a->slot * 2 * (size_t)a->cap);
+    a->gcap = 256;
+    a->gmask = malloc(sizeof *a->gmask * a->gcap);
+    if (!a->ent || !a->slot || !a->gmask)
+        goto fail;
+    for (int i = 0; i < 2 * a->cap; i++)
+        a->slot[i] = -1;
+    uint64_t gm_buf[64];
+    for (int t = 0; t < n; t++) {
+        const xm_task_t *k = &ts->tasks[t];
+        if (!p->pt[t].needs_nic)
+            continue;
+        /* tasks already in the subset weights still propose candidate sets */
+        agg_ent_t e = {0, 0, 0, k->ngroups, 0, skip_np && k->ngroups == 1 ? 0.0 : p->pt[t].lb_dur};
+        uint64_t *gm = k->ngroups <= 64 ? gm_buf : malloc(sizeof *gm * k->ngroups);
+        if (!gm)
+            goto fail;
+        for (int i = 0; i < k->nrecv; i++) {
+            int b = bit_of[p->dev_host[ts->recvs[k->recv_off + i]]];
+            if (b < 0)
+                e.rout = 1;
+            else
+                e.rmask |= 1ull << b;
+        }
+        uint64_t h = mix64(mix64(e.rmask, (uint64_t)e.rout), (uint64_t)k->ngroups);
+        for (int g = 0; g < k->ngroups; g++) {
+            uint64_t m = 0;
+            for (int j = 0; j < k->group_size; j++)
+                m |=
+                    1ull << bit_of[p->dev_host[ts->holders[k->holder_off + g * k->group_size + j]]];
+            gm[g] = m;
+            h = mix64(h, m);
+        }
+        e.hash = h;
+        size_t mask = 2 * (size_t)a->cap - 1, s = (size_t)h & mask;
+        int found = -1;
+        while (a->slot[s] >= 0) {
+            const agg_ent_t *x = &a->ent[a->slot[s]];
+            if (x->hash == h && x->rmask == e.rmask && x->rout == e.rout &&
+                x->ngroups == e.ngroups &&
+                !memcmp(a->gmask + x->goff, gm, sizeof *gm * (size_t)e.ngroups)) {
+                found = a->slot[s];
+                break;
+            }
+            s = (s + 1) & mask;
+        }
+        if (found >= 0) {
+            a->ent[found].w += e.w;
+        } else if (a->n < a->cap) {
+            if (a->ng + e.ngroups > a->gcap) {
+                int nc = a->gcap;
+                while (a->ng + e.ngroups > nc)
+                    nc *= 2;
+                uint64_t *ng = realloc(a->gmask, sizeof *ng * nc);
+                if (!ng) {
+                    if (gm != gm_buf)
+                        free(gm);
+                    goto fail;
+                }
+                a->gmask = ng;
+                a->gcap = nc;
+            }
+            e.goff = a->ng;
+            memcpy(a->gmask + a->ng, gm, sizeof *gm * (size_t)e.ngroups);
+            a->ng += e.ngroups;
+            a->slot[s] = a->n;
+            a->ent[a->n++] = e;
+        } else {
+            if (gm != gm_buf)
+                free(gm);
+            goto fail; /* more classes than the table holds: cannot happen below 2^24 tasks */
+        }
+        if (gm != gm_buf)
+            free(gm);
+    }
+    return 0;
+fail:
+    agg_free(a);
+    return 1;
+}
+
 static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
 {
     int bit_host[64];
@@ -129,25 +236,28 @@ static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
         free(w);
         return best;
     }
-    /* candidate sets */
+    /* Tasks aggregated by what must_leave() looks at (holder-host mask of
+     * every group, receiver-host mask, a receiver outside the universe):
+     * the candidate loop then costs O(candidates x distinct classes), not
+     * O(candidates x tasks). */
+    agg_t a;
+    if (agg_build(p, bit_of, w != NULL, &a)) {
+        free(w);
+        return best;
+    }
     int ncand = 0, cap = u + 66;
     uint64_t *cand = malloc(sizeof *cand * cap);
     if (!cand) {
+        agg_free(&a);
         free(w);
         return best;
     }
     for (int b = 0; b < u; b++)
         cand[ncand++] = 1ull << b;
     cand[ncand++] = u == 64 ? ~0ull : (1ull << u) - 1;
-    for (int t = 0; t < ts->ntasks && ncand < cap; t++) {
-        const xm_task_t *k = &ts->tasks[t];
-        if (!p->pt[t].needs_nic)
-            continue;
-        for (int g = 0; g < k->ngroups && ncand < cap; g++) {
-            uint64_t m = 0;
-            for (int j = 0; j < k->group_size; j++)
-                m |=
-                    1ull << bit_of[p->dev_host[ts->holders[k->holder_off + g * k->group_size + j]]];
+    for (int e = 0; e < a.n && ncand < cap; e++) {
+        for (int g = 0; g < a.ent[e].ngroups && ncand < cap; g++) {
+            uint64_t m = a.gmask[a.ent[e].goff + g];
             int dup = 0;
             for (int i = 0; i < ncand && !dup; i++)
                 dup = cand[i] == m;
@@ -157,16 +267,23 @@ static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
     }
     for (int i = 0; i < ncand; i++) {
         double sum = w ? w[cand[i]] : 0;
-        for (int t = 0; t < ts->ntasks; t++) {
-            const xm_task_t *k = &ts->tasks[t];
-            if (p->pt[t].needs_nic && (!w || k->ngroups > 1) && must_leave(p, k, bit_of, cand[i]))
-                sum += p->pt[t].lb_dur;
+        uint64_t S = cand[i];
+        for (int e = 0; e < a.n; e++) {
+            const agg_ent_t *x = &a.ent[e];
+            if (!x->rout && !(x->rmask & ~S))
+                continue;
+            for (int g = 0; g < x->ngroups; g++)
+                if (!(a.gmask[x->goff + g] & ~S)) {
+                    sum += x->w;
+                    break;
+                }
         }
         double v = sum / nics_of(p, bit_host, cand[i]);
         if (v > best)
             best = v;
     }
     free(cand);
+    agg_free(&a);
     free(w);
     return best;
 }

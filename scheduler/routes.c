@@ -86,34 +86,42 @@ typedef struct {
     int t;
 } sig_t;
 
-static int cmp_sig(const void *a, const void *b)
-{
-    const sig_t *x = a, *y = b;
-    if (x->sig != y->sig)
-        return x->sig < y->sig ? -1 : 1;
-    return x->t < y->t ? -1 : x->t > y->t;
-}
-
+/* Classes numbered by first appearance, found through a hash table of
+ * class representatives: tasks are read in index order and each is compared
+ * with one representative, so this is linear and cache friendly (sorting
+ * the signatures and comparing neighbours was not). Class numbers do not
+ * change any plan: the DFS orders children by a total order over tasks. */
 static xmesh_result_t assign_classes(xm_prep_t *p)
 {
     int n = p->ts->ntasks;
-    sig_t *v = malloc(sizeof *v * (n > 0 ? n : 1));
-    if (!v)
+    size_t cap = 64;
+    while (cap < 2 * (size_t)n)
+        cap *= 2;
+    sig_t *slot = malloc(sizeof *slot * cap);
+    if (!slot)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
-    for (int t = 0; t < n; t++)
-        v[t] = (sig_t){task_sig(p, t), t};
-    qsort(v, n, sizeof *v, cmp_sig);
+    for (size_t i = 0; i < cap; i++)
+        slot[i].t = -1;
     int nk = 0;
-    for (int i = 0; i < n; i++) {
-        int t = v[i].t, k = -1;
-        /* Same hash: compare for real against earlier members of the run. */
-        for (int j = i - 1; j >= 0 && v[j].sig == v[i].sig && k < 0; j--)
-            if (task_same(p, v[j].t, t))
-                k = p->pt[v[j].t].klass;
-        p->pt[t].klass = k >= 0 ? k : nk++;
+    for (int t = 0; t < n; t++) {
+        uint64_t h = task_sig(p, t);
+        size_t s = (size_t)h & (cap - 1);
+        int k = -1;
+        while (slot[s].t >= 0) {
+            if (slot[s].sig == h && task_same(p, slot[s].t, t)) {
+                k = p->pt[slot[s].t].klass;
+                break;
+            }
+            s = (s + 1) & (cap - 1);
+        }
+        if (k < 0) {
+            k = nk++;
+            slot[s] = (sig_t){h, t};
+        }
+        p->pt[t].klass = k;
     }
     p->nklass = nk;
-    free(v);
+    free(slot);
     return XMESH_SUCCESS;
 }
 
@@ -303,8 +311,10 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.recv_covered = calloc(nrecv_total + 1, 1);
     xm_state_t st;
     xm_troutes_t tr;
+    xm_undo_t undo;
     memset(&st, 0, sizeof st);
     memset(&tr, 0, sizeof tr);
+    memset(&undo, 0, sizeof undo);
     xmesh_result_t r = XMESH_SUCCESS;
     if (!q.nic_ok || !q.host_nics || !q.opt_hosts || !q.opt_dur || !q.opt_res_off ||
         !q.opt_nres_off || !q.need_off || !q.pt || !q.dev_nic || !q.recv_is_holder ||
@@ -393,14 +403,17 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         goto out_free_prep;
     if ((r = xm_state_init(&st, &q)) || (r = xm_troutes_init(&tr, &q)))
         goto out_free_prep;
+    xm_state_reset(&st, &q);
     /* Duration of every option on an idle cluster; the DFS bound uses the
      * device-independent part (route times) via min_dur. */
     for (int t = 0; t < n; t++) {
         xm_prep_task_t *pt = &q.pt[t];
         double best = INFINITY;
         for (int o = 0; o < pt->nopt; o++) {
-            xm_state_reset(&st, &q);
-            xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, NULL);
+            /* idle cluster: step, then take the step back (a full reset per
+             * option would cost O(devices) and make this quadratic) */
+            xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, &undo);
+            xm_undo_to(&undo, 0);
             q.opt_dur[pt->opt_off + o] = tr.dur;
             if (add_res(&q, &tr, pt->opt_off + o)) {
                 r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
@@ -422,9 +435,11 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     }
     xm_state_free(&st);
     xm_troutes_free(&tr);
+    xm_undo_free(&undo);
     *p = q;
     return XMESH_SUCCESS;
 out_free_prep:
+    xm_undo_free(&undo);
     xm_state_free(&st);
     xm_troutes_free(&tr);
     xm_prep_free(&q);

@@ -10,9 +10,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "xm_flows.h"
 #include "xm_sched_impl.h"
 
 #define XM_DEFAULT_BUDGET_US 20000
+/* Above this many unit tasks the searches plan flows (flows.c). */
+#define XM_FLOW_MIN_TASKS 2048
+/* Above this many (flow or unit) tasks the ensemble colours before the DFS:
+ * the DFS's first dive costs tasks x classes and may not fit the budget. */
+#define XM_COLOR_FIRST_TASKS 512
 
 double xm_now_s(void)
 {
@@ -195,6 +201,117 @@ static xm_search_ctl_t sub_ctl(const xm_search_ctl_t *ctl, double frac)
     return sub;
 }
 
+/* The ensemble on prepared data: cheap constructive plans first, then the
+ * searches share what is left of ctl's budget, then local improvement of
+ * the best. Leaves the best plan in order/hosts and returns its makespan. */
+static double ensemble(const xm_prep_t *p, xm_state_t *st, xm_troutes_t *tr, xm_search_ctl_t *ctl,
+                       int *order, int *hosts, int *fixed, cand_t *best)
+{
+    int n = p->ts->ntasks;
+    double ms = xm_sched_lb(p, st, tr, order, hosts);
+    keep_best(p, best, order, hosts, ms);
+    naive_plan(p, order, fixed);
+    for (int t = 0; t < n; t++)
+        hosts[t] = p->dev_host[fixed[(size_t)t * p->max_groups]];
+    ms = xm_eval_plan(p, st, tr, order, hosts, NULL);
+    keep_best(p, best, order, hosts, ms);
+    /* Many tasks (flow problems of big meshes): the colouring first, it is
+     * near linear and optimal for equal durations, where the DFS's first
+     * dive costs tasks x classes. */
+    if (n > XM_COLOR_FIRST_TASKS && !done(best, ctl)) {
+        ms = xm_sched_color(p, st, tr, order, hosts);
+        keep_best(p, best, order, hosts, ms);
+    }
+    /* DFS first: its first leaf is an earliest-start list schedule and
+     * on small instances it proves optimality outright. */
+    if (!done(best, ctl)) {
+        xm_search_ctl_t sub = sub_ctl(ctl, 1.0 / 3);
+        ms = xm_sched_dfs(p, st, tr, &sub, order, hosts);
+        keep_best(p, best, order, hosts, ms);
+        ctl->evals += sub.evals;
+        ctl->optimal = sub.optimal && ms <= best->ms;
+    }
+    /* Colouring rounds after DFS: on ties the DFS order wins, which the
+     * MPI executor runs closer to the model (Table 2 case 4 measured
+     * 1.10 x bound with the DFS order, 1.40 x with the colouring order).
+     * Its alternating-path flips are not budgeted: only on moderate sizes. */
+    if (!done(best, ctl) && n <= XM_COLOR_FIRST_TASKS && !xm_ctl_expired(ctl)) {
+        ms = xm_sched_color(p, st, tr, order, hosts);
+        keep_best(p, best, order, hosts, ms);
+    }
+    if (!done(best, ctl) && !xm_ctl_expired(ctl)) {
+        xm_search_ctl_t sub = sub_ctl(ctl, 1.0 / 2);
+        ms = xm_sched_greedy(p, st, tr, &sub, order, hosts);
+        keep_best(p, best, order, hosts, ms);
+        ctl->evals += sub.evals;
+    }
+    if (!done(best, ctl) && !xm_ctl_expired(ctl)) {
+        memcpy(order, best->order, sizeof(int) * n);
+        memcpy(hosts, best->hosts, sizeof(int) * n);
+        ms = xm_sched_improve(p, st, tr, ctl, order, hosts, best->ms);
+        keep_best(p, best, order, hosts, ms);
+    }
+    memcpy(order, best->order, sizeof(int) * n);
+    memcpy(hosts, best->hosts, sizeof(int) * n);
+    return best->ms;
+}
+
+/* Runs search `kind` (dfs, greedy or ensemble) on the flows of p (see
+ * flows.c) within ctl and expands the flow plan into order/hosts of the
+ * unit tasks. Returns 0 and leaves order/hosts alone when flows do not
+ * shrink the problem at least twofold (or memory runs out). */
+static int flow_search(const xm_prep_t *p, xmesh_scheduler_t kind, xm_search_ctl_t *ctl, int *order,
+                       int *hosts)
+{
+    xm_flows_t f;
+    if (xm_flows_build(p, &f))
+        return 0;
+    int ok = 0, nf = f.nflows;
+    xm_prep_t fp;
+    xm_state_t st;
+    xm_troutes_t tr;
+    memset(&st, 0, sizeof st);
+    memset(&tr, 0, sizeof tr);
+    int *fo = malloc(sizeof(int) * (nf + 1)), *fh = malloc(sizeof(int) * (nf + 1));
+    int *fx = malloc(sizeof(int) * ((size_t)nf * p->max_groups + 1));
+    cand_t best = {malloc(sizeof(int) * (nf + 1)), malloc(sizeof(int) * (nf + 1)), INFINITY};
+    if (2 * (int64_t)nf > p->ts->ntasks || !fo || !fh || !fx || !best.order || !best.hosts) {
+        xm_flows_free(&f);
+        goto out_free;
+    }
+    if (xm_prep_init(&fp, &f.ts, p->c, p->strategy)) {
+        xm_flows_free(&f);
+        goto out_free;
+    }
+    if (!xm_state_init(&st, &fp) && !xm_troutes_init(&tr, &fp)) {
+        xm_search_ctl_t sub = *ctl;
+        sub.evals = 0;
+        sub.optimal = 0;
+        /* the flow problem's own bound: meeting it is as good as it gets there */
+        sub.lower_bound = xm_lower_bound_prep(&fp);
+        if (kind == XMESH_SCHEDULER_DFS)
+            xm_sched_dfs(&fp, &st, &tr, &sub, fo, fh);
+        else if (kind == XMESH_SCHEDULER_GREEDY)
+            xm_sched_greedy(&fp, &st, &tr, &sub, fo, fh);
+        else
+            ensemble(&fp, &st, &tr, &sub, fo, fh, fx, &best);
+        ctl->evals += sub.evals;
+        xm_flows_expand(&f, fo, fh, order, hosts);
+        ok = 1;
+    }
+    xm_state_free(&st);
+    xm_troutes_free(&tr);
+    xm_prep_free(&fp);
+    xm_flows_free(&f);
+out_free:
+    free(fo);
+    free(fh);
+    free(fx);
+    free(best.order);
+    free(best.hosts);
+    return ok;
+}
+
 xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const xm_sched_opts_t *o,
                            xm_schedule_t *out)
 {
@@ -224,10 +341,12 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
     xm_search_ctl_t ctl;
     memset(&ctl, 0, sizeof ctl);
     int64_t budget = o && o->budget_us > 0 ? o->budget_us : XM_DEFAULT_BUDGET_US;
-    ctl.deadline_s = t0 + budget * 1e-6;
     ctl.max_evals = o ? o->max_evals : 0;
     ctl.seed = o ? o->seed : 0;
     ctl.lower_bound = xm_lower_bound_prep(&p);
+    /* The budget bounds the searches; the linear preparation before them
+     * (routing every option, the bound) is not part of it. */
+    ctl.deadline_s = xm_now_s() + budget * 1e-6;
 
     if (kind == XMESH_SCHEDULER_NAIVE) {
         naive_plan(&p, order, fixed);
@@ -236,50 +355,55 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
     }
     if (kind == XMESH_SCHEDULER_LB) {
         xm_sched_lb(&p, &st, &tr, order, hosts);
+    } else if (n > XM_FLOW_MIN_TASKS && kind != XMESH_SCHEDULER_ENSEMBLE &&
+               flow_search(&p, kind, &ctl, order, hosts)) {
+        /* dfs / greedy on many tasks: searched on flows, expanded */
     } else if (kind == XMESH_SCHEDULER_DFS) {
         xm_sched_dfs(&p, &st, &tr, &ctl, order, hosts);
     } else if (kind == XMESH_SCHEDULER_GREEDY) {
         xm_sched_greedy(&p, &st, &tr, &ctl, order, hosts);
-    } else {
-        /* Ensemble: cheap constructive plans first, then the searches share
-         * what is left of the budget, then local improvement of the best. */
-        double ms = xm_sched_lb(&p, &st, &tr, order, hosts);
-        keep_best(&p, &best, order, hosts, ms);
-        naive_plan(&p, order, fixed);
-        for (int t = 0; t < n; t++)
-            hosts[t] = p.dev_host[fixed[(size_t)t * p.max_groups]];
-        ms = xm_eval_plan(&p, &st, &tr, order, hosts, NULL);
-        keep_best(&p, &best, order, hosts, ms);
-        /* DFS first: its first leaf is an earliest-start list schedule and
-         * on small instances it proves optimality outright. */
-        if (!done(&best, &ctl)) {
-            xm_search_ctl_t sub = sub_ctl(&ctl, 1.0 / 3);
-            ms = xm_sched_dfs(&p, &st, &tr, &sub, order, hosts);
-            keep_best(&p, &best, order, hosts, ms);
-            ctl.evals += sub.evals;
-            ctl.optimal = sub.optimal && ms <= best.ms;
-        }
-        /* Colouring rounds after DFS: on ties the DFS order wins, which the
-         * MPI executor runs closer to the model (Table 2 case 4 measured
-         * 1.10 x bound with the DFS order, 1.40 x with the colouring order). */
-        if (!done(&best, &ctl)) {
-            ms = xm_sched_color(&p, &st, &tr, order, hosts);
+    } else if (n > XM_FLOW_MIN_TASKS) {
+        /* Many tasks: the constructive plans on unit tasks (linear), the
+         * searches on flows, then local moves on the unit plan while the
+         * budget lasts and one evaluation fits in what is left. */
+        double ms, te = xm_now_s();
+        xm_search_ctl_t sub = sub_ctl(&ctl, 0.8);
+        int flowed = flow_search(&p, kind, &sub, order, hosts);
+        ctl.evals += sub.evals;
+        if (flowed) {
+            te = xm_now_s();
+            ms = xm_eval_plan(&p, &st, &tr, order, hosts, NULL);
             keep_best(&p, &best, order, hosts, ms);
         }
+        /* the constructive plans on unit tasks, unless flows met the bound */
         if (!done(&best, &ctl)) {
-            xm_search_ctl_t sub = sub_ctl(&ctl, 1.0 / 2);
-            ms = xm_sched_greedy(&p, &st, &tr, &sub, order, hosts);
+            ms = xm_sched_lb(&p, &st, &tr, order, hosts);
             keep_best(&p, &best, order, hosts, ms);
+            naive_plan(&p, order, fixed);
+            for (int t = 0; t < n; t++)
+                hosts[t] = p.dev_host[fixed[(size_t)t * p.max_groups]];
+            ms = xm_eval_plan(&p, &st, &tr, order, hosts, NULL);
+            keep_best(&p, &best, order, hosts, ms);
+        }
+        if (!flowed && !done(&best, &ctl) && !xm_ctl_expired(&ctl)) {
+            /* flows do not shrink the problem: the plain ensemble */
+            sub = sub_ctl(&ctl, 0.8);
+            ensemble(&p, &st, &tr, &sub, order, hosts, fixed, &best);
             ctl.evals += sub.evals;
         }
-        if (!done(&best, &ctl)) {
+        double eval_s = xm_now_s() - te;
+        if (!done(&best, &ctl) && (ctl.max_evals > 0 || xm_now_s() + 3 * eval_s < ctl.deadline_s)) {
             memcpy(order, best.order, sizeof(int) * n);
             memcpy(hosts, best.hosts, sizeof(int) * n);
+            if (ctl.max_evals <= 0)
+                ctl.deadline_s -= eval_s; /* the last evaluation must end in time */
             ms = xm_sched_improve(&p, &st, &tr, &ctl, order, hosts, best.ms);
             keep_best(&p, &best, order, hosts, ms);
         }
         memcpy(order, best.order, sizeof(int) * n);
         memcpy(hosts, best.hosts, sizeof(int) * n);
+    } else {
+        ensemble(&p, &st, &tr, &ctl, order, hosts, fixed, &best);
     }
     r = materialise(&p, kind, order, hosts, NULL, ctl.lower_bound, out);
 out_done:

@@ -293,6 +293,12 @@ static void dfs_dive(dfs_t *d)
 {
     const xm_prep_t *p = d->p;
     for (int depth = 0; depth < d->n; depth++) {
+        /* a wall-clock budget is strict here: give up, the caller falls
+         * back to load balancing (a count budget keeps the dive whole) */
+        if ((depth & 15) == 15 && d->ctl->max_evals <= 0 && xm_ctl_expired(d->ctl)) {
+            d->expired = 1;
+            return; /* d->best stays infinite */
+        }
         int nk = gen_kids(d, d->kids), m = 0;
         for (int j = 1; j < nk; j++)
             if (cmp_child(&d->kids[j], &d->kids[m]) < 0)
@@ -324,9 +330,11 @@ static void dfs_rec(dfs_t *d, int depth)
         }
         return;
     }
-    /* The first dive (until a first leaf exists) ignores the budget: it is
-     * polynomial, and without it there would be no plan to return. */
-    if ((++d->nodes & 15) == 0 && isfinite(d->best) && xm_ctl_expired(d->ctl)) {
+    /* The first dive (until a first leaf exists) ignores a count budget (it
+     * is polynomial, and deterministic runs need a plan); a wall-clock
+     * budget stops it too and the caller falls back to load balancing. */
+    if ((++d->nodes & 15) == 0 && (isfinite(d->best) || d->ctl->max_evals <= 0) &&
+        xm_ctl_expired(d->ctl)) {
         d->stop = d->expired = 1;
         return;
     }

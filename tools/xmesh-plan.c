@@ -31,7 +31,7 @@ typedef struct {
 typedef struct {
     problem_t pb;
     int have_shape, have_src_mesh, have_dst_mesh, have_src_spec, have_dst_spec, have_dtype;
-    int overlap, json, all_cases, case_no, split;
+    int overlap, json, all_cases, case_no, split, suggest;
     int scheduler; /* xmesh_scheduler_t or ALL_SCHEDULERS */
     xmesh_strategy_t strategy;
     double nic_gbps, intra_gbps, latency_us;
@@ -64,6 +64,8 @@ static void usage(FILE *f)
             "  --src-spec SPEC        GSPMD (S0RR, RS01R, S1,R,R) or SBP (S(0),B,P)\n"
             "  --dst-mesh, --dst-spec destination mesh and sharding\n"
             "  --overlap              both meshes on the same devices (ids 0..)\n"
+            "  --suggest-order        also propose the destination device order that\n"
+            "                         minimises the lower bound (placement advice)\n"
             "  --split                cut the unit tasks of small instances into pieces so\n"
             "                         several sender hosts / NICs share a task\n"
             "scheduling:\n"
@@ -221,6 +223,10 @@ static int parse_args(int argc, char **argv, opts_t *o)
             o->json = 1;
             continue;
         }
+        if (!strcmp(a, "--suggest-order")) {
+            o->suggest = 1;
+            continue;
+        }
         if (!strcmp(a, "--overlap")) {
             o->overlap = 1;
             continue;
@@ -371,6 +377,8 @@ typedef struct {
     int main_res; /* index of the result whose tasks are listed */
     xm_sim_result_t sim;
     int split_from, split_to, split_used; /* --split: task counts, whether kept */
+    int *suggested;                       /* --suggest-order: destination order */
+    xmesh_placement_info_t place;
 } plan_t;
 
 static void plan_free(plan_t *p)
@@ -383,6 +391,7 @@ static void plan_free(plan_t *p)
     xm_hostmap_free(&p->hm);
     free(p->sdevs);
     free(p->ddevs);
+    free(p->suggested);
     memset(p, 0, sizeof *p);
 }
 
@@ -492,6 +501,17 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
     p->cl.intra_Bps = o->intra_gbps * 1e9 / 8;
     p->cl.latency_s = o->latency_us * 1e-6;
     p->cl.chunk_bytes = o->chunk_bytes;
+    if (o->suggest) {
+        xmesh_placement_problem_t pp = {pb->ndim,      pb->shape, dt,           pb->src_ndim,
+                                        pb->src_shape, p->sdevs,  pb->src_spec, pb->dst_ndim,
+                                        pb->dst_shape, p->ddevs,  pb->dst_spec, p->hm.ndev,
+                                        p->hm.host_of};
+        p->suggested = malloc(sizeof(int) * L[1].mesh.ndev);
+        if (!p->suggested || xm_suggest_order(&pp, &p->cl, p->suggested, &p->place)) {
+            fprintf(stderr, "xmesh-plan: --suggest-order failed: %s\n", xmesh_last_error());
+            return 1;
+        }
+    }
     if (o->split && (r = try_split(o, p)))
         return 1;
     if (o->scheduler == ALL_SCHEDULERS) {
@@ -647,6 +667,24 @@ static void print_text(const opts_t *o, const problem_t *pb, const plan_t *p)
     }
     if (p->nres > 1)
         printf("(tasks listed with the %s plan)\n", xmesh_scheduler_name(s->scheduler));
+    if (p->suggested) {
+        int nd = 1;
+        for (int ax = 0; ax < pb->dst_ndim; ax++)
+            nd *= pb->dst_shape[ax];
+        printf("suggested order:   ");
+        for (int i = 0; i < nd; i++)
+            printf("%s%d", i ? "," : "", p->suggested[i]);
+        printf("\n  lower bound %.6f s -> %.6f s (%.3fx), bytes kept in place %lld -> %lld, "
+               "%d orders evaluated\n",
+               p->place.lower_bound_s, p->place.suggested_lower_bound_s,
+               p->place.suggested_lower_bound_s > 0
+                   ? p->place.lower_bound_s / p->place.suggested_lower_bound_s
+                   : 1.0,
+               (long long)p->place.bytes_local, (long long)p->place.bytes_local_suggested,
+               p->place.evaluations);
+        if (p->place.bytes_local_suggested > p->place.bytes_local)
+            printf("  (the suggested relabeling lets devices keep blocks they already hold)\n");
+    }
     double busy = 0;
     for (int n = 0; n < p->sim.nnics; n++)
         if (p->sim.nic_recv_busy_s[n] > busy)
@@ -697,6 +735,18 @@ static void print_json(const opts_t *o, const problem_t *pb, const plan_t *p)
     printf("\"unit_tasks\":%d,\"bytes_total\":%lld,\"bytes_cross_host\":%lld,", ts->ntasks,
            (long long)ts->bytes_total, (long long)ts->bytes_cross_host);
     json_result(stdout, s);
+    if (p->suggested) {
+        int nd = 1;
+        for (int ax = 0; ax < pb->dst_ndim; ax++)
+            nd *= pb->dst_shape[ax];
+        printf(",\"suggested_order\":[");
+        for (int i = 0; i < nd; i++)
+            printf("%s%d", i ? "," : "", p->suggested[i]);
+        printf("],\"suggested_lower_bound_s\":%.9g,\"given_order_lower_bound_s\":%.9g,"
+               "\"bytes_local\":%lld,\"bytes_local_suggested\":%lld",
+               p->place.suggested_lower_bound_s, p->place.lower_bound_s,
+               (long long)p->place.bytes_local, (long long)p->place.bytes_local_suggested);
+    }
     printf(",\"results\":[");
     for (int i = 0; i < p->nres; i++) {
         printf("%s{", i ? "," : "");

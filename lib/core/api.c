@@ -525,3 +525,315 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     *c = x;
     return XMESH_SUCCESS;
 }
+
+/* ------------------------------------------------------------ placement */
+
+/* Evaluation of one destination order: lower bound and bytes the receivers
+ * already hold. The task set (when keep != NULL) is handed back. */
+typedef struct {
+    xm_layout_t src, dst;
+    xm_hostmap_t hm;
+    xm_cluster_t cl;
+    int ndst;
+} place_t;
+
+static xmesh_result_t place_eval(place_t *pl, const int *order, double *lb, int64_t *local,
+                                 xm_taskset_t *keep)
+{
+    pl->dst.mesh.devs = (int *)order;
+    xm_taskset_t ts;
+    xmesh_result_t r = xm_decompose(&pl->src, &pl->dst, &pl->hm, &ts);
+    if (r)
+        return r;
+    *lb = xm_lower_bound(&ts, &pl->cl);
+    int64_t loc = 0;
+    for (int t = 0; t < ts.ntasks; t++) {
+        const xm_task_t *k = &ts.tasks[t];
+        if (k->ngroups != 1)
+            continue; /* partial sums always need a reduction */
+        for (int i = 0; i < k->nrecv; i++)
+            for (int j = 0; j < k->group_size; j++)
+                if (ts.holders[k->holder_off + j] == ts.recvs[k->recv_off + i])
+                    loc += k->bytes;
+    }
+    *local = loc;
+    if (keep)
+        *keep = ts;
+    else
+        xm_taskset_free(&ts);
+    return XMESH_SUCCESS;
+}
+
+/* Better: lower bound smaller by more than rounding, or equal and more
+ * bytes kept in place. */
+static int place_better(double lb, int64_t loc, double blb, int64_t bloc)
+{
+    if (lb < blb * (1 - 1e-9))
+        return 1;
+    return lb <= blb * (1 + 1e-9) && loc > bloc;
+}
+
+typedef struct {
+    int64_t gain;
+    int pos, rank;
+} place_gain_t;
+
+static int cmp_gain(const void *a, const void *b)
+{
+    const place_gain_t *x = a, *y = b;
+    if (x->gain != y->gain)
+        return x->gain > y->gain ? -1 : 1;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static int cmp_posrank(const void *a, const void *b)
+{
+    const place_gain_t *x = a, *y = b;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+/* Search: (1) when the meshes share ranks, the order that gives every
+ * destination position the rank already holding most of its block (greedy
+ * assignment on held bytes, from the given order's decomposition, whose
+ * box bytes per position do not depend on the order); (2) first-improvement
+ * swaps of two positions on different hosts, until no swap helps or the
+ * evaluation cap is reached. Each evaluation decomposes and bounds, linear
+ * in unit tasks. */
+#define XM_PLACE_MAX_EVALS 400
+
+xmesh_result_t xmesh_suggest_order(const xmesh_placement_problem_t *pb, int *suggested_ranks,
+                                   xmesh_placement_info_t *info)
+{
+    return xm_suggest_order(pb, NULL, suggested_ranks, info);
+}
+
+xmesh_result_t xm_suggest_order(const xmesh_placement_problem_t *pb, const xm_cluster_t *model,
+                                int *suggested_ranks, xmesh_placement_info_t *info)
+{
+    if (!pb || !suggested_ranks)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", __func__,
+                      !pb ? "problem" : "suggested_ranks");
+    if (pb->ndim < 1 || pb->ndim > XM_MAX_DIMS || !pb->shape)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: ndim %d out of range [1, %d] or no shape",
+                      __func__, pb->ndim, XM_MAX_DIMS);
+    if (!xmesh_dtype_size(pb->dtype))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: unknown dtype %d", __func__, (int)pb->dtype);
+    if (pb->nranks < 1 || !pb->host_of_rank)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: nranks = %d (must be >= 1 with hosts)",
+                      __func__, pb->nranks);
+    int nhosts = 0;
+    for (int i = 0; i < pb->nranks; i++) {
+        if (pb->host_of_rank[i] < 0)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: host_of_rank[%d] = %d is negative",
+                          __func__, i, pb->host_of_rank[i]);
+        if (pb->host_of_rank[i] >= nhosts)
+            nhosts = pb->host_of_rank[i] + 1;
+    }
+    place_t pl;
+    memset(&pl, 0, sizeof pl);
+    xm_layout_t *L[2] = {&pl.src, &pl.dst};
+    for (int s = 0; s < 2; s++) {
+        int nd = s ? pb->dst_mesh_ndim : pb->src_mesh_ndim;
+        const int *shp = s ? pb->dst_mesh_shape : pb->src_mesh_shape;
+        const int *rk = s ? pb->dst_ranks : pb->src_ranks;
+        const char *spec = s ? pb->dst_sharding : pb->src_sharding;
+        const char *which = s ? "destination" : "source";
+        if (nd < 1 || nd > XM_MAX_MESH_DIMS || !shp || !rk || !spec)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "%s: %s mesh ndim %d out of range [1, %d] or shape/ranks/sharding NULL",
+                          __func__, which, nd, XM_MAX_MESH_DIMS);
+        xm_layout_t *l = L[s];
+        l->ndim = pb->ndim;
+        l->elem_size = xmesh_dtype_size(pb->dtype);
+        for (int d = 0; d < pb->ndim; d++) {
+            if (pb->shape[d] < 0)
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: shape[%d] = %lld is negative",
+                              __func__, d, (long long)pb->shape[d]);
+            l->shape[d] = pb->shape[d];
+        }
+        l->mesh.ndim = nd;
+        l->mesh.ndev = 1;
+        for (int a = 0; a < nd; a++) {
+            if (shp[a] < 1)
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s mesh shape[%d] = %d must be >= 1",
+                              __func__, which, a, shp[a]);
+            l->mesh.shape[a] = shp[a];
+            l->mesh.ndev *= shp[a];
+        }
+        for (int i = 0; i < l->mesh.ndev; i++) {
+            if (rk[i] < 0 || rk[i] >= pb->nranks)
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s rank %d outside [0, %d)",
+                              __func__, which, rk[i], pb->nranks);
+            for (int j = 0; j < i; j++)
+                if (rk[j] == rk[i])
+                    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                                  "%s: %s rank %d appears twice in the mesh", __func__, which,
+                                  rk[i]);
+        }
+        l->mesh.devs = (int *)rk;
+        xmesh_result_t r = xm_spec_parse(spec, pb->ndim, nd, &l->spec);
+        if (r)
+            return r;
+    }
+    int n = pl.dst.mesh.ndev;
+    pl.ndst = n;
+    pl.hm.ndev = pb->nranks;
+    pl.hm.nhosts = nhosts;
+    pl.hm.host_of = (int *)pb->host_of_rank;
+    xmesh_result_t r = xm_cluster_from_env(&pl.cl, &pl.hm, xm_param_chunk_bytes());
+    if (r)
+        return r;
+    if (model) {
+        pl.cl.nics_per_host = model->nics_per_host;
+        pl.cl.nic_send_Bps = model->nic_send_Bps;
+        pl.cl.nic_recv_Bps = model->nic_recv_Bps;
+        pl.cl.intra_Bps = model->intra_Bps;
+        pl.cl.latency_s = model->latency_s;
+        pl.cl.chunk_bytes = model->chunk_bytes;
+    }
+    int *cur = malloc(sizeof(int) * n), *best = malloc(sizeof(int) * n);
+    int *pos_of = malloc(sizeof(int) * pb->nranks);
+    xm_taskset_t ts;
+    memset(&ts, 0, sizeof ts);
+    place_gain_t *g = NULL;
+    if (!cur || !best || !pos_of) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "%s: out of memory", __func__);
+        goto out_free;
+    }
+    memcpy(cur, pb->dst_ranks, sizeof(int) * n);
+    double lb0, blb, lb;
+    int64_t loc0, bloc, loc;
+    int evals = 1;
+    if ((r = place_eval(&pl, cur, &lb0, &loc0, &ts)))
+        goto out_free;
+    blb = lb0;
+    bloc = loc0;
+    memcpy(best, cur, sizeof(int) * n);
+    /* (1) keep what ranks hold: gains (position, rank) from the given order */
+    for (int i = 0; i < pb->nranks; i++)
+        pos_of[i] = -1;
+    for (int i = 0; i < n; i++)
+        pos_of[cur[i]] = i;
+    int ng = 0, capg = 0;
+    for (int t = 0; t < ts.ntasks; t++) {
+        const xm_task_t *k = &ts.tasks[t];
+        if (k->ngroups == 1)
+            capg += k->nrecv * k->group_size;
+    }
+    g = malloc(sizeof *g * (capg + 1));
+    if (!g) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "%s: out of memory", __func__);
+        goto out_free;
+    }
+    for (int t = 0; t < ts.ntasks; t++) {
+        const xm_task_t *k = &ts.tasks[t];
+        if (k->ngroups != 1)
+            continue;
+        for (int i = 0; i < k->nrecv; i++)
+            for (int j = 0; j < k->group_size; j++) {
+                int hr = ts.holders[k->holder_off + j];
+                /* only ranks of the destination mesh can take a position */
+                if (pos_of[hr] >= 0)
+                    g[ng++] = (place_gain_t){k->bytes, pos_of[ts.recvs[k->recv_off + i]], hr};
+            }
+    }
+    if (ng > 0) {
+        /* merge equal (position, rank) pairs, then largest gain first */
+        qsort(g, ng, sizeof *g, cmp_posrank);
+        int m = 0;
+        for (int i = 0; i < ng; i++) {
+            if (m && g[m - 1].pos == g[i].pos && g[m - 1].rank == g[i].rank)
+                g[m - 1].gain += g[i].gain;
+            else
+                g[m++] = g[i];
+        }
+        qsort(g, m, sizeof *g, cmp_gain);
+        int *taken = calloc((size_t)pb->nranks + (size_t)n, sizeof *taken);
+        if (!taken) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "%s: out of memory", __func__);
+            goto out_free;
+        }
+        int *filled = taken + pb->nranks;
+        int *cand = malloc(sizeof(int) * n);
+        if (!cand) {
+            free(taken);
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "%s: out of memory", __func__);
+            goto out_free;
+        }
+        for (int i = 0; i < n; i++)
+            cand[i] = -1;
+        for (int i = 0; i < m; i++)
+            if (!taken[g[i].rank] && !filled[g[i].pos]) {
+                taken[g[i].rank] = filled[g[i].pos] = 1;
+                cand[g[i].pos] = g[i].rank;
+            }
+        /* the rest keep the given order's leftover ranks, in order */
+        int q = 0;
+        for (int i = 0; i < n; i++) {
+            if (cand[i] >= 0)
+                continue;
+            while (taken[cur[q]])
+                q++;
+            cand[i] = cur[q];
+            taken[cur[q]] = 1;
+        }
+        free(taken);
+        evals++;
+        if ((r = place_eval(&pl, cand, &lb, &loc, NULL))) {
+            free(cand);
+            goto out_free;
+        }
+        if (place_better(lb, loc, blb, bloc)) {
+            blb = lb;
+            bloc = loc;
+            memcpy(best, cand, sizeof(int) * n);
+        }
+        free(cand);
+    }
+    /* (2) swaps of positions on different hosts, first improvement */
+    memcpy(cur, best, sizeof(int) * n);
+    for (int improved = 1; improved && evals < XM_PLACE_MAX_EVALS;) {
+        improved = 0;
+        for (int i = 0; i < n && evals < XM_PLACE_MAX_EVALS; i++)
+            for (int j = i + 1; j < n && evals < XM_PLACE_MAX_EVALS; j++) {
+                if (pb->host_of_rank[cur[i]] == pb->host_of_rank[cur[j]])
+                    continue;
+                int v = cur[i];
+                cur[i] = cur[j];
+                cur[j] = v;
+                evals++;
+                if ((r = place_eval(&pl, cur, &lb, &loc, NULL)))
+                    goto out_free;
+                if (place_better(lb, loc, blb, bloc)) {
+                    blb = lb;
+                    bloc = loc;
+                    memcpy(best, cur, sizeof(int) * n);
+                    improved = 1;
+                } else {
+                    cur[j] = cur[i];
+                    cur[i] = v;
+                }
+            }
+    }
+    memcpy(suggested_ranks, best, sizeof(int) * n);
+    if (info) {
+        info->lower_bound_s = lb0;
+        info->suggested_lower_bound_s = blb;
+        info->bytes_local = loc0;
+        info->bytes_local_suggested = bloc;
+        info->evaluations = evals;
+    }
+    r = XMESH_SUCCESS;
+out_free:
+    free(g);
+    free(cur);
+    free(best);
+    free(pos_of);
+    xm_taskset_free(&ts);
+    xm_cluster_free(&pl.cl);
+    return r;
+}

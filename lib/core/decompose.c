@@ -160,6 +160,54 @@ static int host_of(const xm_hostmap_t *h, int dev)
     return dev < h->ndev ? h->host_of[dev] : h->nhosts + dev;
 }
 
+/* Devices of one side grouped by their shard tuple (mixed radix over the
+ * per-dim shard counts, at most ndev distinct values since mesh axes split
+ * at most one dim each): the devices of tuple q are dev[off[q] .. off[q+1]),
+ * sorted by (key, device). */
+typedef struct {
+    int64_t ntuples;
+    int *off;
+    keyed_t *dev;
+} tuple_index_t;
+
+static void tuple_index_free(tuple_index_t *x)
+{
+    free(x->off);
+    free(x->dev);
+    memset(x, 0, sizeof *x);
+}
+
+/* keys[i]: sort key of mesh device i (partial group or host); tuple[i]: its
+ * shard tuple. Counting sort by tuple, then each bucket by (key, dev). */
+static xmesh_result_t tuple_index_build(const xm_layout_t *l, const int64_t *tuple, const int *keys,
+                                        int64_t ntuples, tuple_index_t *x)
+{
+    int n = l->mesh.ndev;
+    x->ntuples = ntuples;
+    x->off = calloc((size_t)ntuples + 2, sizeof *x->off);
+    x->dev = malloc(sizeof *x->dev * (n ? n : 1));
+    if (!x->off || !x->dev)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "decompose: out of memory for %d devices", n);
+    for (int i = 0; i < n; i++)
+        x->off[tuple[i] + 2]++;
+    for (int64_t q = 0; q < ntuples; q++)
+        x->off[q + 2] += x->off[q + 1];
+    for (int i = 0; i < n; i++)
+        x->dev[x->off[tuple[i] + 1]++] = (keyed_t){keys[i], l->mesh.devs[i]};
+    for (int64_t q = 0; q < ntuples; q++)
+        qsort(x->dev + x->off[q], (size_t)(x->off[q + 1] - x->off[q]), sizeof *x->dev, cmp_keyed);
+    return XMESH_SUCCESS;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Complexity: O(devices log devices + boxes * (holders + receivers)), i.e.
+ * linear in the size of the output (each box copies its holder and receiver
+ * lists once; the old per-box scan of every device was quadratic). */
 xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
                             const xm_hostmap_t *hosts, xm_taskset_t *out)
 {
@@ -171,9 +219,11 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     memset(cuts, 0, sizeof cuts);
     xm_taskset_t ts;
     memset(&ts, 0, sizeof ts);
-    keyed_t *scratch = NULL;
-    int64_t(*sshard)[XM_MAX_DIMS] = NULL, (*dshard)[XM_MAX_DIMS] = NULL;
-    int *sgroup = NULL;
+    tuple_index_t sx, dx;
+    memset(&sx, 0, sizeof sx);
+    memset(&dx, 0, sizeof dx);
+    int64_t *stuple = NULL, *dtuple = NULL;
+    int *skey = NULL, *dkey = NULL, *cover_off = NULL, *cover = NULL;
 
     int64_t nboxes = 1;
     for (int d = 0; d < nd; d++) {
@@ -186,15 +236,13 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
             goto out_free_cuts;
         }
     }
-    /* Shard tuple of every device on each side. */
     int na = src->mesh.ndev, nb = dst->mesh.ndev;
-    sshard = malloc(sizeof *sshard * na);
-    dshard = malloc(sizeof *dshard * nb);
-    sgroup = malloc(sizeof *sgroup * na);
-    scratch = malloc(sizeof *scratch * (na > nb ? na : nb));
-    int64_t holders_cap = nboxes * na, recv_cap = nboxes * nb;
+    stuple = malloc(sizeof *stuple * (na + 1));
+    dtuple = malloc(sizeof *dtuple * (nb + 1));
+    skey = malloc(sizeof *skey * (na + 1));
+    dkey = malloc(sizeof *dkey * (nb + 1));
     ts.tasks = malloc(sizeof *ts.tasks * (nboxes ? nboxes : 1));
-    if (!sshard || !dshard || !sgroup || !scratch || !ts.tasks) {
+    if (!stuple || !dtuple || !skey || !dkey || !ts.tasks) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "decompose: out of memory for %lld boxes",
                    (long long)nboxes);
         goto out_free_all;
@@ -203,29 +251,66 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     for (int a = 0; a < src->mesh.ndim; a++)
         if (src->spec.partial_mask & (1u << a))
             ngroups *= src->mesh.shape[a];
+    int64_t sprod = 1, dprod = 1, sstride[XM_MAX_DIMS], dstride[XM_MAX_DIMS];
+    for (int d = nd - 1; d >= 0; d--) {
+        sstride[d] = sprod;
+        dstride[d] = dprod;
+        sprod *= xm_layout_nshards(src, d);
+        dprod *= xm_layout_nshards(dst, d);
+    }
     for (int i = 0; i < na; i++) {
         int c[XM_MAX_MESH_DIMS];
         xm_mesh_coord(&src->mesh, i, c);
+        stuple[i] = 0;
         for (int d = 0; d < nd; d++)
-            sshard[i][d] = xm_layout_shard_index(src, d, c);
-        sgroup[i] = partial_group(src, c);
+            stuple[i] += xm_layout_shard_index(src, d, c) * sstride[d];
+        skey[i] = partial_group(src, c);
     }
     for (int i = 0; i < nb; i++) {
         int c[XM_MAX_MESH_DIMS];
         xm_mesh_coord(&dst->mesh, i, c);
+        dtuple[i] = 0;
         for (int d = 0; d < nd; d++)
-            dshard[i][d] = xm_layout_shard_index(dst, d, c);
+            dtuple[i] += xm_layout_shard_index(dst, d, c) * dstride[d];
+        dkey[i] = host_of(hosts, dst->mesh.devs[i]);
     }
-    /* Holder and receiver counts per box are constant over the grid:
-     * holders = na / prod(src shards), receivers = nb / prod(dst shards). */
-    (void)holders_cap;
-    (void)recv_cap;
-    int64_t sprod = 1, dprod = 1;
-    for (int d = 0; d < nd; d++) {
-        sprod *= xm_layout_nshards(src, d);
-        dprod *= xm_layout_nshards(dst, d);
+    if ((r = tuple_index_build(src, stuple, skey, sprod, &sx)) ||
+        (r = tuple_index_build(dst, dtuple, dkey, dprod, &dx)))
+        goto out_free_all;
+    /* Per source tuple: the hosts holding a replica of every partial group
+     * (sorted), so a receiver host there needs no NIC. */
+    cover_off = calloc((size_t)sprod + 1, sizeof *cover_off);
+    cover = malloc(sizeof *cover * (na + 1));
+    if (!cover_off || !cover) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "decompose: out of memory for %d devices", na);
+        goto out_free_all;
     }
-    int nhold = (int)(na / sprod / 1), nrecv = (int)(nb / dprod);
+    for (int64_t q = 0, nc = 0; q < sprod; q++) {
+        int lo = sx.off[q], hi = sx.off[q + 1], k = hi - lo, gs = k / ngroups;
+        int *hs = cover + nc; /* candidate hosts: those of group 0, unique */
+        int nh = 0;
+        for (int j = 0; j < gs; j++)
+            hs[nh++] = host_of(hosts, sx.dev[lo + j].dev);
+        qsort(hs, (size_t)nh, sizeof *hs, cmp_int);
+        int u = 0;
+        for (int j = 0; j < nh; j++) {
+            if (u && hs[u - 1] == hs[j])
+                continue;
+            int ok = 1;
+            for (int g = 1; g < ngroups && ok; g++) {
+                int found = 0;
+                for (int i = 0; i < gs && !found; i++)
+                    found = host_of(hosts, sx.dev[lo + g * gs + i].dev) == hs[j];
+                ok = found;
+            }
+            if (ok)
+                hs[u++] = hs[j];
+        }
+        nc += u;
+        cover_off[q + 1] = (int)nc;
+    }
+    /* Holder and receiver counts per box are constant over the grid. */
+    int nhold = (int)(na / sprod), nrecv = (int)(nb / dprod);
     ts.holders = malloc(sizeof(int) * (nboxes * nhold + 1));
     ts.recvs = malloc(sizeof(int) * (nboxes * nrecv + 1));
     if (!ts.holders || !ts.recvs) {
@@ -239,52 +324,35 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     for (int64_t b = 0; b < nboxes; b++) {
         xm_task_t *t = &ts.tasks[nt];
         memset(t, 0, sizeof *t);
+        int64_t sq = 0, dq = 0;
         for (int d = 0; d < nd; d++) {
             t->box.lo[d] = cuts[d].cut[iv[d]];
             t->box.hi[d] = cuts[d].cut[iv[d] + 1];
+            sq += cuts[d].sidx[iv[d]] * sstride[d];
+            dq += cuts[d].didx[iv[d]] * dstride[d];
         }
-        int k = 0;
-        for (int i = 0; i < na; i++) {
-            int ok = 1;
-            for (int d = 0; d < nd && ok; d++)
-                ok = sshard[i][d] == cuts[d].sidx[iv[d]];
-            if (ok)
-                scratch[k++] = (keyed_t){sgroup[i], src->mesh.devs[i]};
-        }
-        qsort(scratch, k, sizeof *scratch, cmp_keyed);
+        int k = sx.off[sq + 1] - sx.off[sq];
         t->ngroups = ngroups;
         t->group_size = k / ngroups;
         t->holder_off = hoff;
-        for (int i = 0; i < k; i++)
-            ts.holders[hoff++] = scratch[i].dev;
-        k = 0;
-        for (int i = 0; i < nb; i++) {
-            int ok = 1;
-            for (int d = 0; d < nd && ok; d++)
-                ok = dshard[i][d] == cuts[d].didx[iv[d]];
-            if (ok)
-                scratch[k++] = (keyed_t){host_of(hosts, dst->mesh.devs[i]), dst->mesh.devs[i]};
-        }
-        qsort(scratch, k, sizeof *scratch, cmp_keyed);
+        for (int i = sx.off[sq]; i < sx.off[sq + 1]; i++)
+            ts.holders[hoff++] = sx.dev[i].dev;
+        k = dx.off[dq + 1] - dx.off[dq];
+        const keyed_t *rv = dx.dev + dx.off[dq];
         t->nrecv = k;
         t->recv_off = roff;
         for (int i = 0; i < k; i++)
-            ts.recvs[roff++] = scratch[i].dev;
+            ts.recvs[roff++] = rv[i].dev;
         t->bytes = xm_box_volume(&t->box, nd) * (int64_t)src->elem_size;
         /* Receiver hosts that hold the whole value locally need no NIC. */
         int nhosts_remote = 0;
+        const int *cv = cover + cover_off[sq];
+        int ncv = cover_off[sq + 1] - cover_off[sq];
         for (int i = 0; i < k; i++) {
-            int h = scratch[i].key;
-            if (i > 0 && scratch[i - 1].key == h)
+            int h = rv[i].key;
+            if (i > 0 && rv[i - 1].key == h)
                 continue;
-            int covered = 1;
-            for (int g = 0; g < ngroups && covered; g++) {
-                int found = 0;
-                for (int j = 0; j < t->group_size && !found; j++)
-                    found = host_of(hosts, ts.holders[t->holder_off + g * t->group_size + j]) == h;
-                covered = found;
-            }
-            nhosts_remote += !covered;
+            nhosts_remote += !bsearch(&h, cv, (size_t)ncv, sizeof *cv, cmp_int);
         }
         /* The tensor fits in 64 bits (check_pair), its copies to every host
          * may not: refuse rather than wrap. */
@@ -319,10 +387,14 @@ out_free_all:
     free(ts.tasks);
     free(ts.holders);
     free(ts.recvs);
-    free(scratch);
-    free(sgroup);
-    free(sshard);
-    free(dshard);
+    free(stuple);
+    free(dtuple);
+    free(skey);
+    free(dkey);
+    free(cover_off);
+    free(cover);
+    tuple_index_free(&sx);
+    tuple_index_free(&dx);
 out_free_cuts:
     for (int d = 0; d < nd; d++) {
         free(cuts[d].cut);

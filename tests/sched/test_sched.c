@@ -16,6 +16,7 @@
 
 #include "test_util.h"
 #include "xm_cases.h"
+#include "xm_flows.h"
 #include "xm_sched_impl.h"
 
 static uint64_t g_seed;
@@ -570,6 +571,151 @@ static void test_table2_targets(void **state)
     }
 }
 
+/* Flows: RS01R -> S01RR between two 4 x 8 meshes has 32 x 32 unit tasks and
+ * 4 x 4 host pairs. Every unit task lands in exactly one flow, a flow's
+ * members share holder and receiver hosts, and its bytes are their sum. */
+static void test_flows_group_host_pairs(void **state)
+{
+    (void)state;
+    int64_t shape[3] = {256, 256, 4};
+    int m[2] = {4, 8};
+    inst_t in;
+    make_case(&in, shape, m, m, "RS01R", "S01RR");
+    assert_int_equal(in.ts.ntasks, 1024);
+    xm_prep_t p;
+    assert_int_equal(xm_prep_init(&p, &in.ts, &in.c, XMESH_STRATEGY_BROADCAST), XMESH_SUCCESS);
+    xm_flows_t f;
+    assert_int_equal(xm_flows_build(&p, &f), XMESH_SUCCESS);
+    assert_int_equal(f.nflows, 16);
+    int *seen = calloc(in.ts.ntasks, sizeof *seen);
+    for (int i = 0; i < f.nflows; i++) {
+        int first = f.members[f.member_off[i]];
+        int hh = in.hm.host_of[in.ts.holders[in.ts.tasks[first].holder_off]];
+        int rh = in.hm.host_of[in.ts.recvs[in.ts.tasks[first].recv_off]];
+        int64_t bytes = 0;
+        assert_int_equal(f.member_off[i + 1] - f.member_off[i], 64);
+        for (int j = f.member_off[i]; j < f.member_off[i + 1]; j++) {
+            const xm_task_t *k = &in.ts.tasks[f.members[j]];
+            seen[f.members[j]]++;
+            bytes += k->bytes;
+            assert_int_equal(in.hm.host_of[in.ts.holders[k->holder_off]], hh);
+            assert_int_equal(in.hm.host_of[in.ts.recvs[k->recv_off]], rh);
+            if (j > f.member_off[i])
+                assert_true(f.members[j] > f.members[j - 1]);
+        }
+        assert_int_equal(f.ts.tasks[i].bytes, bytes);
+    }
+    for (int t = 0; t < in.ts.ntasks; t++)
+        assert_int_equal(seen[t], 1);
+    /* expanding a flow plan lists every task once, on its flow's host */
+    int forder[16], fhosts[16], order[1024], hosts[1024];
+    for (int i = 0; i < 16; i++) {
+        forder[i] = 15 - i;
+        fhosts[i] = in.hm.host_of[in.ts.holders[f.ts.tasks[i].holder_off]];
+    }
+    xm_flows_expand(&f, forder, fhosts, order, hosts);
+    memset(seen, 0, sizeof(int) * in.ts.ntasks);
+    for (int i = 0; i < in.ts.ntasks; i++)
+        seen[order[i]]++;
+    for (int t = 0; t < in.ts.ntasks; t++) {
+        assert_int_equal(seen[t], 1);
+        assert_int_equal(hosts[t], in.hm.host_of[in.ts.holders[in.ts.tasks[t].holder_off]]);
+    }
+    assert_int_equal(order[0], f.members[f.member_off[15]]);
+    free(seen);
+    xm_flows_free(&f);
+    xm_prep_free(&p);
+    inst_free(&in);
+}
+
+/* Big instances are searched on flows: RS01R -> S01RR between 8 x 8 meshes
+ * (4096 unit tasks, 64 host pairs) meets the lower bound with a
+ * deterministic budget, and every scheduler returns a valid plan; with a
+ * 1 ms wall-clock budget the ensemble still returns a valid plan. */
+static void test_flows_big_instance(void **state)
+{
+    (void)state;
+    int64_t shape[3] = {512, 512, 4};
+    int m[2] = {8, 8};
+    inst_t in;
+    make_case(&in, shape, m, m, "RS01R", "S01RR");
+    assert_int_equal(in.ts.ntasks, 4096);
+    for (int k = 0; k < XMESH_SCHEDULER_COUNT_; k++) {
+        xm_sched_opts_t o = opts((xmesh_scheduler_t)k, XMESH_STRATEGY_BROADCAST, 1, 200000);
+        xm_schedule_t s;
+        assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+        printf("%s: %.6f s, bound %.6f s\n", xmesh_scheduler_name((xmesh_scheduler_t)k),
+               s.makespan_s, s.lower_bound_s);
+        if (k == XMESH_SCHEDULER_ENSEMBLE || k == XMESH_SCHEDULER_DFS)
+            assert_true(s.makespan_s <= s.lower_bound_s * (1 + 1e-9));
+        check_routes(&in, &s, XMESH_STRATEGY_BROADCAST);
+        check_sim(&in, &s);
+        xm_schedule_free(&s);
+    }
+    xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, 1, 0);
+    o.budget_us = 1000;
+    xm_schedule_t s;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+    check_routes(&in, &s, XMESH_STRATEGY_BROADCAST);
+    check_sim(&in, &s);
+    xm_schedule_free(&s);
+    inst_free(&in);
+}
+
+/* Placement advice: S01RR -> S10RR on the same 2 x 4 devices. Every
+ * destination block is one source block, held by some device, so the best
+ * order keeps every block in place (the whole tensor local, the bound drops
+ * to a self copy) and is a permutation of the ranks.
+ * A duplicate rank is refused, naming it, and writes nothing. */
+static void test_suggest_order(void **state)
+{
+    (void)state;
+    int64_t shape[3] = {64, 64, 8};
+    int mshape[2] = {2, 4}, ranks[8] = {0, 1, 2, 3, 4, 5, 6, 7}, host[8] = {0, 0, 0, 0, 1, 1, 1, 1};
+    xmesh_placement_problem_t pb = {3, shape,  XMESH_I32, 2,       mshape, ranks, "S01RR",
+                                    2, mshape, ranks,     "S10RR", 8,      host};
+    int out[8];
+    xmesh_placement_info_t info;
+    assert_int_equal(xmesh_suggest_order(&pb, out, &info), XMESH_SUCCESS);
+    printf("suggested:");
+    for (int i = 0; i < 8; i++)
+        printf(" %d", out[i]);
+    printf("  bound %.3g -> %.3g s, local %lld -> %lld bytes\n", info.lower_bound_s,
+           info.suggested_lower_bound_s, (long long)info.bytes_local,
+           (long long)info.bytes_local_suggested);
+    int seen[8] = {0};
+    for (int i = 0; i < 8; i++)
+        seen[out[i]]++;
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(seen[i], 1);
+    /* S10: position (i, j) takes dim-0 shard j * 2 + i, held by rank j * 2 + i under S01 */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            assert_int_equal(out[i * 4 + j], j * 2 + i);
+    assert_int_equal(info.bytes_local_suggested, 64 * 64 * 8 * 4);
+    assert_true(info.bytes_local < info.bytes_local_suggested);
+    assert_true(info.suggested_lower_bound_s < info.lower_bound_s);
+    /* non-overlapping meshes: never worse than the given order */
+    int dranks[8] = {8, 9, 10, 11, 12, 13, 14, 15}, host2[16];
+    for (int i = 0; i < 16; i++)
+        host2[i] = i / 4;
+    pb.dst_ranks = dranks;
+    pb.dst_sharding = "RS01R";
+    pb.src_sharding = "S0RR";
+    pb.nranks = 16;
+    pb.host_of_rank = host2;
+    assert_int_equal(xmesh_suggest_order(&pb, out, &info), XMESH_SUCCESS);
+    assert_true(info.suggested_lower_bound_s <= info.lower_bound_s * (1 + 1e-9));
+    /* bad input */
+    int dup[8] = {8, 9, 10, 11, 12, 13, 14, 8}, keep[8];
+    for (int i = 0; i < 8; i++)
+        keep[i] = out[i] = -7;
+    pb.dst_ranks = dup;
+    assert_int_equal(xmesh_suggest_order(&pb, out, &info), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "rank 8 appears twice"));
+    assert_memory_equal(out, keep, sizeof out);
+}
+
 /* The pipelined chain time: one task, one chain over A hosts, K chunks:
  * T = t + A t / K style (paper 3.1): K*c/bw + (hops - 1) * c / bw + hops * alpha. */
 static void test_chain_timing(void **state)
@@ -796,6 +942,9 @@ int main(void)
         cmocka_unit_test(test_table2_targets),
         cmocka_unit_test(test_trace_json),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_flows_group_host_pairs),
+        cmocka_unit_test(test_flows_big_instance),
+        cmocka_unit_test(test_suggest_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
