@@ -59,7 +59,9 @@ if [ -z "${XMESH_QUICK:-}" ]; then
         -DCMAKE_BUILD_TYPE=Debug >/dev/null
   cmake --build build-asan -j "$jobs"
   # Open MPI keeps some allocations until exit; leaks are checked by valgrind below.
-  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  # XMESH_TEST_TIME_SCALE stretches the fault tests' timeouts and margins
+  # (tests/reliability/fault.sh) for the slower instrumented builds.
+  XMESH_TEST_TIME_SCALE=2 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -L 'unit|mpi|sched' -j "$jobs" --output-on-failure
 
   step "ThreadSanitizer over the MPI tier"
@@ -72,7 +74,7 @@ if [ -z "${XMESH_QUICK:-}" ]; then
   cmake -S . -B build-tsan -DXMESH_TSAN=ON -DXMESH_WITH_CUDA=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build-tsan -j "$jobs"
-  OMPI_MCA_btl=self,vader \
+  OMPI_MCA_btl=self,vader XMESH_TEST_TIME_SCALE=3 \
     TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$root/tests/mpi/tsan.supp" \
     ctest --test-dir build-tsan -L mpi -LE pipeline -j "$jobs" --output-on-failure
 
