@@ -8,6 +8,7 @@
 #   microbench/costmodel/validate.sh [build-dir] [out-dir]
 # Environment (defaults in brackets): VAL_HOSTS [4] VAL_PPH [4] VAL_RATE
 #   [300mbit] VAL_NTOM [16M] VAL_1TOM [16M] VAL_ITERS [1] VAL_WARMUP [1]
+#   VAL_CAL_MAX [4M] (largest calibration message)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 root=$PWD
@@ -21,6 +22,7 @@ rate=${VAL_RATE:-300mbit}
 ntom=${VAL_NTOM:-16M}
 onetom=${VAL_1TOM:-16M}
 iters=${VAL_ITERS:-1}
+calmax=${VAL_CAL_MAX:-4M}
 warmup=${VAL_WARMUP:-1}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cal=$build/tools/xmesh-calibrate
@@ -32,9 +34,9 @@ bench=$build/microbench/bench/xmesh-bench
 cat >"$out/inside.sh" <<INSIDE
 #!/usr/bin/env bash
 set -x
-\$XMH_MPIRUN -np \$XMH_NP $cal --min 64K --max 4M --steps 5 --reps 3 -o $out/cluster.txt \
+\$XMH_MPIRUN -np \$XMH_NP $cal --min 64K --max $calmax --steps 5 --reps 3 -o $out/cluster.txt \
     >$out/calibrate.txt 2>&1 || exit 1
-\$XMH_MPIRUN -np \$XMH_NP $cal --min 64K --max 4M --steps 5 --reps 1 --json \
+\$XMH_MPIRUN -np \$XMH_NP $cal --min 64K --max $calmax --steps 5 --reps 1 --json \
     >$out/calibrate-check.json 2>/dev/null
 for s in n-to-m 1-to-m; do
     b=$ntom
