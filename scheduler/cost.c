@@ -86,6 +86,8 @@ typedef struct {
     int nnics, ndev, nres;
     int *dev_nic;
     double *load;
+    int *touched; /* resources with a nonzero load, ntouched of them */
+    int ntouched;
 } res_t;
 
 static int res_init(res_t *r, const xm_cluster_t *c)
@@ -98,8 +100,9 @@ static int res_init(res_t *r, const xm_cluster_t *c)
     r->nres = 2 * r->nnics + 2 * r->ndev;
     r->dev_nic = malloc(sizeof(int) * (size_t)(r->ndev + 1));
     r->load = calloc((size_t)r->nres + 1, sizeof(double));
+    r->touched = malloc(sizeof(int) * ((size_t)r->nres + 1));
     int *cnt = calloc((size_t)c->hosts.nhosts + 1, sizeof(int));
-    if (!r->dev_nic || !r->load || !cnt) {
+    if (!r->dev_nic || !r->load || !r->touched || !cnt) {
         free(cnt);
         return -1;
     }
@@ -115,6 +118,22 @@ static void res_free(res_t *r)
 {
     free(r->dev_nic);
     free(r->load);
+    free(r->touched);
+}
+
+static void res_add(res_t *r, int i, double s)
+{
+    if (r->load[i] == 0 && s > 0)
+        r->touched[r->ntouched++] = i;
+    r->load[i] += s;
+}
+
+/* Clears the loads in O(touched). */
+static void res_reset(res_t *r)
+{
+    for (int k = 0; k < r->ntouched; k++)
+        r->load[r->touched[k]] = 0;
+    r->ntouched = 0;
 }
 
 /* Adds a transfer of bytes from a to b to the loads (a == b: nothing, a
@@ -125,20 +144,20 @@ static void res_flow(res_t *r, int a, int b, double bytes)
     if (a == b)
         return;
     if (c->hosts.host_of[a] != c->hosts.host_of[b]) {
-        r->load[XM_DIR_SEND(r->dev_nic[a])] += bytes / c->nic_send_Bps;
-        r->load[XM_DIR_RECV(r->dev_nic[b])] += bytes / c->nic_recv_Bps;
+        res_add(r, XM_DIR_SEND(r->dev_nic[a]), bytes / c->nic_send_Bps);
+        res_add(r, XM_DIR_RECV(r->dev_nic[b]), bytes / c->nic_recv_Bps);
     } else {
-        r->load[2 * r->nnics + 2 * a] += bytes / c->intra_Bps;
-        r->load[2 * r->nnics + 2 * b + 1] += bytes / c->intra_Bps;
+        res_add(r, 2 * r->nnics + 2 * a, bytes / c->intra_Bps);
+        res_add(r, 2 * r->nnics + 2 * b + 1, bytes / c->intra_Bps);
     }
 }
 
 static double res_max(const res_t *r)
 {
     double m = 0;
-    for (int i = 0; i < r->nres; i++)
-        if (r->load[i] > m)
-            m = r->load[i];
+    for (int k = 0; k < r->ntouched; k++)
+        if (r->load[r->touched[k]] > m)
+            m = r->load[r->touched[k]];
     return m;
 }
 
@@ -192,7 +211,7 @@ double xm_cost_allgather(const xm_taskset_t *ts, const xm_cluster_t *c, const xm
         const int *R = ts->recvs + k->recv_off;
         const int *H = ts->holders + k->holder_off;
         int G = k->ngroups, nh = G * k->group_size;
-        memset(r.load, 0, sizeof(double) * (size_t)r.nres);
+        res_reset(&r);
         double t1 = 0, t2 = 0;
         for (int g0 = 0; g0 < k->nrecv;) {
             int g1 = g0 + 1;
@@ -241,18 +260,18 @@ double xm_cost_allgather(const xm_taskset_t *ts, const xm_cluster_t *c, const xm
             }
             g0 = g1;
         }
+        /* only NIC directions are loaded here (intra hops are not added) */
         double dur = t1 + t2, start = 0;
-        for (int d = 0; d < 2 * r.nnics; d++)
-            if (r.load[d] > 0) {
-                if (r.load[d] + c->latency_s > dur)
-                    dur = r.load[d] + c->latency_s;
-                if (dir_free[d] > start)
-                    start = dir_free[d];
-            }
+        for (int q = 0; q < r.ntouched; q++) {
+            int d = r.touched[q];
+            if (r.load[d] + c->latency_s > dur)
+                dur = r.load[d] + c->latency_s;
+            if (dir_free[d] > start)
+                start = dir_free[d];
+        }
         double end = start + dur;
-        for (int d = 0; d < 2 * r.nnics; d++)
-            if (r.load[d] > 0)
-                dir_free[d] = end;
+        for (int q = 0; q < r.ntouched; q++)
+            dir_free[r.touched[q]] = end;
         if (end > makespan)
             makespan = end;
     }
@@ -295,7 +314,7 @@ static double cost_bcast(const xm_taskset_t *ts, const xm_cluster_t *c, const in
         memcpy(rv, ts->recvs + k->recv_off, sizeof(int) * (size_t)n);
         qsort(rv, (size_t)n, sizeof(int), cmp_int);
         double B = (double)k->bytes;
-        memset(r->load, 0, sizeof(double) * (size_t)r->nres);
+        res_reset(r);
         /* root -> leader: one whole message */
         double bw = host[s] != host[rv[0]] ? inter_bw(c) : c->intra_Bps;
         double dur = s == rv[0] ? 0 : c->latency_s + B / bw;
@@ -313,13 +332,13 @@ static double cost_bcast(const xm_taskset_t *ts, const xm_cluster_t *c, const in
         for (int i = 0; i < n; i++)
             if (dev_free[rv[i]] > start)
                 start = dev_free[rv[i]];
-        for (int d = 0; d < 2 * r->nnics; d++)
-            if (r->load[d] > 0 && dir_free[d] > start)
-                start = dir_free[d];
+        for (int q = 0; q < r->ntouched; q++)
+            if (r->touched[q] < 2 * r->nnics && dir_free[r->touched[q]] > start)
+                start = dir_free[r->touched[q]];
         double end = start + dur;
-        for (int d = 0; d < 2 * r->nnics; d++)
-            if (r->load[d] > 0)
-                dir_free[d] = end;
+        for (int q = 0; q < r->ntouched; q++)
+            if (r->touched[q] < 2 * r->nnics)
+                dir_free[r->touched[q]] = end;
         dev_free[s] = end;
         for (int i = 0; i < n; i++)
             dev_free[rv[i]] = end;
@@ -377,7 +396,7 @@ double xm_cost_mpi(const xm_taskset_t *ts, const xm_cluster_t *c, const int *sen
         }
         double t1 = res_max(&r) + c->latency_s;
         /* phase 2: per host and task an all-gather, all at once */
-        memset(r.load, 0, sizeof(double) * (size_t)r.nres);
+        res_reset(&r);
         int any = 0;
         for (int t = 0; t < ts->ntasks; t++) {
             const xm_task_t *k = &ts->tasks[t];
