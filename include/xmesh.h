@@ -231,7 +231,8 @@ typedef struct {
     int64_t bytes_total;      /* bytes of the tensor */
     int64_t bytes_cross_host; /* bytes that must cross host NICs, summed over receiver hosts */
     double lower_bound_s;     /* model lower bound of the completion time */
-    double predicted_s;       /* simulated makespan of the chosen schedule */
+    double predicted_s;       /* modelled completion time (the simulated makespan;
+                                 the all-gather strategies: their own model) */
     xmesh_strategy_t strategy;
     xmesh_scheduler_t scheduler;
     int64_t chunk_bytes;

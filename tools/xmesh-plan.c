@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "xm_cases.h"
+#include "xm_cluster_file.h"
 #include "xm_sched.h"
 
 #define ALL_SCHEDULERS (-2)
@@ -34,8 +35,9 @@ typedef struct {
     int overlap, json, all_cases, case_no, split, suggest;
     int scheduler; /* xmesh_scheduler_t or ALL_SCHEDULERS */
     xmesh_strategy_t strategy;
-    double nic_gbps, intra_gbps, latency_us;
+    double nic_gbps, nic_recv_gbps, intra_gbps, latency_us;
     int nics_per_host;
+    const char *cluster_file; /* --cluster or XMESH_CLUSTER_FILE, "" if none */
     int64_t chunk_bytes, max_evals, max_tasks;
     double budget_ms;
     uint64_t seed;
@@ -75,7 +77,9 @@ static void usage(FILE *f)
             "  --budget-ms MS         search time budget (default $XMESH_BUDGET_US/1000 = 20)\n"
             "  --max-evals N          deterministic budget in evaluation steps instead of time\n"
             "  --seed N               random seed (default $XMESH_SEED or 1)\n"
-            "cluster model:\n"
+            "cluster model (flags override a cluster file, which overrides XMESH_*):\n"
+            "  --cluster FILE         cluster file, e.g. from xmesh-calibrate -o FILE\n"
+            "                         (default $XMESH_CLUSTER_FILE)\n"
             "  --nic-gbps G           NIC bandwidth per direction, Gbit/s (default 10)\n"
             "  --nics-per-host N      NICs per host (default 1)\n"
             "  --intra-gbps G         intra-host device bandwidth, Gbit/s (default 800)\n"
@@ -211,6 +215,32 @@ static int parse_args(int argc, char **argv, opts_t *o)
     o->budget_ms = (double)xm_param_i64("XMESH_BUDGET_US") / 1000.0;
     o->seed = (uint64_t)xm_param_i64("XMESH_SEED");
     o->max_tasks = -1;
+    /* A cluster file (--cluster, else XMESH_CLUSTER_FILE) overrides the
+     * XMESH_* values above; explicit flags below override both. */
+    o->cluster_file = xm_param_str("XMESH_CLUSTER_FILE");
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--cluster"))
+            o->cluster_file = argv[i + 1];
+    o->nic_recv_gbps = o->nic_gbps;
+    if (o->cluster_file && *o->cluster_file) {
+        xm_cluster_t x;
+        memset(&x, 0, sizeof x);
+        x.nic_send_Bps = x.nic_recv_Bps = o->nic_gbps * 1e9 / 8;
+        x.intra_Bps = o->intra_gbps * 1e9 / 8;
+        x.latency_s = o->latency_us * 1e-6;
+        x.nics_per_host = o->nics_per_host;
+        x.chunk_bytes = o->chunk_bytes;
+        if (xm_cluster_load(o->cluster_file, &x))
+            return bad("--cluster: %s", xmesh_last_error());
+        o->nic_gbps = x.nic_send_Bps * 8 / 1e9;
+        o->nic_recv_gbps = x.nic_recv_Bps * 8 / 1e9;
+        o->intra_gbps = x.intra_Bps * 8 / 1e9;
+        o->latency_us = x.latency_s * 1e6;
+        o->nics_per_host = x.nics_per_host;
+        o->chunk_bytes = x.chunk_bytes;
+    } else {
+        o->cluster_file = "";
+    }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int64_t v;
@@ -288,6 +318,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         } else if (!strcmp(a, "--nic-gbps")) {
             if ((rc = parse_pos_double(a, val, 0, &o->nic_gbps)))
                 return rc;
+            o->nic_recv_gbps = o->nic_gbps;
         } else if (!strcmp(a, "--intra-gbps")) {
             if ((rc = parse_pos_double(a, val, 0, &o->intra_gbps)))
                 return rc;
@@ -320,6 +351,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
             o->case_no = (int)v;
         } else if (!strcmp(a, "--trace")) {
             o->trace = val;
+        } else if (!strcmp(a, "--cluster")) {
+            /* read above, before the flags that refine it */
         } else {
             return bad("unknown option '%s'", a);
         }
@@ -497,7 +530,8 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
         return 1;
     }
     p->cl.nics_per_host = o->nics_per_host;
-    p->cl.nic_send_Bps = p->cl.nic_recv_Bps = o->nic_gbps * 1e9 / 8;
+    p->cl.nic_send_Bps = o->nic_gbps * 1e9 / 8;
+    p->cl.nic_recv_Bps = o->nic_recv_gbps * 1e9 / 8;
     p->cl.intra_Bps = o->intra_gbps * 1e9 / 8;
     p->cl.latency_s = o->latency_us * 1e-6;
     p->cl.chunk_bytes = o->chunk_bytes;
@@ -613,9 +647,9 @@ static void print_text(const opts_t *o, const problem_t *pb, const plan_t *p)
     printf("resharding: shape (%s) %s, src mesh %s spec %s -> dst mesh %s spec %s%s\n", a,
            pb->dtype, b, pb->src_spec, c, pb->dst_spec, o->overlap ? " (overlapping)" : "");
     printf("cluster: %d hosts, %d devices, %d NIC(s)/host at %g Gb/s, intra %g Gb/s, latency %g "
-           "us, chunk %lld B\n",
+           "us, chunk %lld B%s%s\n",
            p->hm.nhosts, p->hm.ndev, o->nics_per_host, o->nic_gbps, o->intra_gbps, o->latency_us,
-           (long long)o->chunk_bytes);
+           (long long)o->chunk_bytes, *o->cluster_file ? ", from " : "", o->cluster_file);
     printf("scheduler: %s, strategy %s\n", xmesh_scheduler_name(s->scheduler),
            xmesh_strategy_name(o->strategy));
     if (o->split)
@@ -726,9 +760,9 @@ static void print_json(const opts_t *o, const problem_t *pb, const plan_t *p)
     printf("\"dst_mesh\":\"%s\",\"dst_spec\":\"%s\",\"overlap\":%s,", a, pb->dst_spec,
            o->overlap ? "true" : "false");
     printf("\"cluster\":{\"hosts\":%d,\"devices\":%d,\"nics_per_host\":%d,\"nic_gbps\":%g,"
-           "\"intra_gbps\":%g,\"latency_us\":%g,\"chunk_bytes\":%lld},",
+           "\"intra_gbps\":%g,\"latency_us\":%g,\"chunk_bytes\":%lld,\"cluster_file\":\"%s\"},",
            p->hm.nhosts, p->hm.ndev, o->nics_per_host, o->nic_gbps, o->intra_gbps, o->latency_us,
-           (long long)o->chunk_bytes);
+           (long long)o->chunk_bytes, o->cluster_file);
     printf("\"strategy\":\"%s\",\"seed\":%llu,\"split\":%s,\"split_used\":%s,",
            xmesh_strategy_name(o->strategy), (unsigned long long)o->seed,
            o->split ? "true" : "false", p->split_used ? "true" : "false");

@@ -9,6 +9,7 @@
 
 #include "xm_api.h"
 #include "xm_cluster_file.h"
+#include "xm_cost.h"
 
 #define CHECK_NULL(p, name)                                                                        \
     do {                                                                                           \
@@ -399,7 +400,14 @@ xmesh_result_t xmesh_plan_get_info(xmesh_plan_t p, xmesh_plan_info_t *info)
     info->bytes_total = p->ts.bytes_total;
     info->bytes_cross_host = p->ts.bytes_cross_host;
     info->lower_bound_s = p->sched.lower_bound_s;
-    info->predicted_s = p->sched.makespan_s;
+    /* The all-gather strategies move other bytes than the sendrecv routes
+     * their senders and order come from: their own model (xm_cost.h). */
+    if (p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+        p->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER)
+        info->predicted_s = xm_cost_allgather(&p->ts, &p->cluster, &p->sched,
+                                              p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER);
+    else
+        info->predicted_s = p->sched.makespan_s;
     info->strategy = p->strategy;
     info->scheduler = p->scheduler;
     info->chunk_bytes = p->chunk_bytes;

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "xm_cost.h"
 
 struct bench_mpi_method {
     const bench_world_t *w;
@@ -489,6 +490,15 @@ int bench_mpi_run(bench_mpi_method_t *m, const void *src, void *dst)
     if (m->alltoallv)
         return run_alltoallv(m, src, dst);
     return m->alpa ? run_alpa(m, src, dst) : run_bcast(m, src, dst);
+}
+
+double bench_mpi_predict(const bench_mpi_method_t *m, const xm_cluster_t *c)
+{
+    xm_cost_mpi_t k = m->alltoallv     ? XM_COST_MPI_ALLTOALLV
+                      : m->alpa        ? XM_COST_MPI_SENDRECV_ALLGATHER
+                      : m->nonblocking ? XM_COST_MPI_IBCAST
+                                       : XM_COST_MPI_BCAST;
+    return xm_cost_mpi(&m->c->ts, c, m->sender, k);
 }
 
 void bench_mpi_free(bench_mpi_method_t *m)

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "xm_core.h"
+#include "xm_sched.h"
 
 /* Where every rank sits: filled once at start-up. */
 typedef struct bench_world {
@@ -67,6 +68,9 @@ bench_mpi_method_t *bench_mpi_setup(const bench_world_t *w, const bench_case_t *
  * 4-byte units (MPI_INT), so 8-byte elements travel unchanged. */
 int bench_mpi_run(bench_mpi_method_t *m, const void *src, void *dst);
 void bench_mpi_free(bench_mpi_method_t *m);
+/* The method's modelled time on cluster c with the senders it chose
+ * (xm_cost_mpi); NAN if the model does not apply. */
+double bench_mpi_predict(const bench_mpi_method_t *m, const xm_cluster_t *c);
 
 /* ---- ScaLAPACK baseline (scalapack.c) -------------------------------- */
 

@@ -23,6 +23,7 @@
 
 #include "bench.h"
 #include "xm_api.h"
+#include "xm_cost.h"
 #include "xmesh/mpi.h"
 
 #define MAX_ROWS 4096
@@ -207,7 +208,9 @@ static void usage(void)
            "  -k bytes     calibration transfer size (default 8M; 0: skip)\n"
            "  -p n         xmesh plans created and timed per row (default 3; the last runs)\n"
            "  -B, --barrier  end every timed iteration with MPI_Barrier on all ranks, as an\n"
-           "               application step would; the reported times include it\n");
+           "               application step would; the reported times include it\n"
+           "  -K, --cluster FILE  cost model from a cluster file (xmesh-calibrate -o FILE;\n"
+           "               same as XMESH_CLUSTER_FILE): predictions and plans use it\n");
 }
 
 static int64_t parse_bytes(const char *s)
@@ -674,6 +677,8 @@ static double since_all(double t0)
     return tmax;
 }
 
+static int model_cluster(xm_cluster_t *cl);
+
 /* The state one method needs for a case, made before the first iteration. */
 typedef struct {
     xplan_t xp;
@@ -698,6 +703,11 @@ static int prepare(bench_case_t *c, const method_t *m, row_t *row, prepared_t *p
             snprintf(row->status, sizeof row->status, "setup-failed");
             return -1;
         }
+        xm_cluster_t cl;
+        if (!model_cluster(&cl)) {
+            row->pred = bench_mpi_predict(pm->mm, &cl);
+            xm_cluster_free(&cl);
+        }
     } else if (m->mpi == M_SCALAPACK) {
         bench_barrier(&W, MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
@@ -706,6 +716,17 @@ static int prepare(bench_case_t *c, const method_t *m, row_t *row, prepared_t *p
         times[n++] = since_all(t0);
         if (!pm->sl)
             return -1;
+        /* pdgemr2d: point-to-point messages between all block owners,
+         * in flight together: the all-to-all model */
+        xm_cluster_t cl;
+        int *snd = malloc(sizeof(int) * (size_t)(c->ts.ntasks + 1));
+        if (snd && !model_cluster(&cl)) {
+            for (int t = 0; t < c->ts.ntasks; t++)
+                snd[t] = c->ts.holders[c->ts.tasks[t].holder_off];
+            row->pred = xm_cost_mpi(&c->ts, &cl, snd, XM_COST_MPI_ALLTOALLV);
+            xm_cluster_free(&cl);
+        }
+        free(snd);
     } else {
         int nplans = O.plans < 1 ? 1 : O.plans > 64 ? 64 : O.plans;
         for (int k = 0; k < nplans; k++) {
@@ -814,14 +835,21 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, vo
     release(&pm);
 }
 
+/* The library's cluster model over the world's hosts (XMESH_* parameters
+ * and XMESH_CLUSTER_FILE, as plans see it). 0 on success. */
+static int model_cluster(xm_cluster_t *cl)
+{
+    xm_hostmap_t hm = {W.size, W.nhosts, W.host_of};
+    return xm_cluster_from_env(cl, &hm, xm_param_i64("XMESH_CHUNK_BYTES")) ? -1 : 0;
+}
+
 /* The same bound from the library's model over the bench's own unit tasks,
  * for runs where no xmesh plan can be made (e.g. a library without the
  * MPI executor). NAN if the model cannot be built. */
 static double model_lower_bound(const bench_case_t *c)
 {
-    xm_hostmap_t hm = {W.size, W.nhosts, W.host_of};
     xm_cluster_t cl;
-    if (xm_cluster_from_env(&cl, &hm, xm_param_i64("XMESH_CHUNK_BYTES")))
+    if (model_cluster(&cl))
         return NAN;
     double lb = xm_lower_bound(&c->ts, &cl);
     xm_cluster_free(&cl);
@@ -1066,15 +1094,21 @@ int main(int argc, char **argv)
     O.poll_us = 100;
     O.calib_bytes = 8 << 20;
     O.plans = 3;
-    static const struct option longopts[] = {
-        {"barrier", no_argument, NULL, 'B'}, {"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {{"barrier", no_argument, NULL, 'B'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {"cluster", required_argument, NULL, 'K'},
+                                             {NULL, 0, NULL, 0}};
     int opt, bad = 0, help = 0;
     char badmsg[128] = "";
-    while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:Bh", longopts, NULL)) !=
+    while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:K:Bh", longopts, NULL)) !=
            -1) {
         switch (opt) {
         case 'B':
             O.barrier = 1;
+            break;
+        case 'K':
+            /* the library reads it when it builds a plan's cluster model */
+            setenv("XMESH_CLUSTER_FILE", optarg, 1);
             break;
         case 'p':
             O.plans = atoi(optarg);
@@ -1214,6 +1248,16 @@ int main(int argc, char **argv)
         const char *g = getenv("XMESH_NIC_GBPS"), *in = getenv("XMESH_INTRA_GBPS");
         printf("# model: NIC %s Gbit/s per direction, intra-host %s Gbit/s\n", g ? g : "(default)",
                in ? in : "(default)");
+        xm_cluster_t cl;
+        const char *cf = getenv("XMESH_CLUSTER_FILE");
+        if (cf && *cf && !model_cluster(&cl)) {
+            printf("# cluster file %s: NIC %.4g Gbit/s, intra-host %.4g Gbit/s, latency %.4g us "
+                   "(overrides the above)\n",
+                   cf, cl.nic_send_Bps * 8 / 1e9, cl.intra_Bps * 8 / 1e9, cl.latency_s * 1e6);
+            xm_cluster_free(&cl);
+        } else if (cf && *cf) {
+            printf("# cluster file %s: %s\n", cf, xmesh_last_error());
+        }
         if (O.barrier)
             printf("# time: seconds from a common barrier to the end of a closing MPI_Barrier on "
                    "all ranks, INCLUDED\n#   (application-style -B; median, min, max over "
@@ -1222,7 +1266,8 @@ int main(int argc, char **argv)
             printf("# time: seconds from a common barrier to the last rank done (median, min, max "
                    "over iterations)\n");
         printf("# algbw: tensor bytes / median time, MB/s (1e6); t/LB: "
-               "median / model lower bound; pred: simulated makespan, pred/t its ratio\n"
+               "median / model lower bound; pred: the method's modelled time (xm_cost.h), "
+               "pred/t\n#   its ratio\n"
                "# plan: seconds to create the xmesh plan (meshes + xmesh_plan_create, median of "
                "%d)\n#   or a baseline's setup (communicators, BLACS grids; once), max over "
                "ranks\n",

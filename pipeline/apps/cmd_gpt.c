@@ -49,7 +49,7 @@ typedef struct {
     const char *save, *json;
     int bench, warmup, blas_threads, log_steps, no_progress;
     /* parallel: one stage (--mesh/--dp/--tp) or a pipeline */
-    const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace;
+    const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace, *cluster;
     int dp, tp, stages, microbatches, schedule, delay_wgrad, comm, print_schedule;
     int check_serial;
 } gpt_opts_t;
@@ -111,6 +111,8 @@ static void gpt_usage(void)
         "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
+        "  --cluster FILE      cost model of the transfers (xmesh-calibrate -o FILE; sets\n"
+        "                      XMESH_CLUSTER_FILE): plans, predictions, the simulator\n"
         "  --print-schedule    print the schedule and its simulated timeline\n"
         "  --check-serial      rank 0 also trains the serial reference and fails unless the\n"
         "                      losses agree (1e-5 relative for steps 0-4, 1e-4 to step 19)\n");
@@ -197,6 +199,7 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
             {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
             {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
+            {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
         };
         size_t k, nt = sizeof t / sizeof t[0];
         for (k = 0; k < nt; k++)
@@ -235,6 +238,10 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
         if (t[k].sp)
             *t[k].sp = v;
     }
+    /* Every plan's cluster model reads it (the library applies the file on
+     * top of XMESH_*), so the schedule's predicted transfers use it too. */
+    if (o->cluster)
+        setenv("XMESH_CLUSTER_FILE", o->cluster, 1);
     if (o->serial && (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh ||
                       o->stage_dp || o->stage_tp))
         return xmp_cli_error("--serial runs one process: drop the mesh and stage flags");

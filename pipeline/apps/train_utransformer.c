@@ -38,7 +38,7 @@ typedef struct {
     int serial, base, groups, head_dim, batch, steps, blas_threads, no_progress;
     float lr, momentum, wd, sigma;
     uint64_t seed;
-    const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp;
+    const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp, *cluster;
     int stages, microbatches, schedule, delay_wgrad, comm, print_schedule, check_serial;
 } ut_opts_t;
 
@@ -73,6 +73,7 @@ static void ut_usage(void)
            "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b (1f1b)  --delay-wgrad\n"
            "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
            "  --trace FILE  --print-schedule\n"
+           "  --cluster FILE     cost model (xmesh-calibrate -o FILE; sets XMESH_CLUSTER_FILE)\n"
            "  --check-serial     rank 0 also runs the serial reference and fails unless every\n"
            "                     step's loss matches (1e-5 relative to step 5, 1e-4 to step 10)\n"
            "output:\n"
@@ -125,6 +126,7 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
             {"--noise", NULL, 0, 0, &o->sigma, 0.0, 100.0, NULL},
             {"--json", NULL, 0, 0, NULL, 0, 0, &o->json},
             {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
+            {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
             {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
             {"--stage-mesh", NULL, 0, 0, NULL, 0, 0, &o->stage_mesh},
             {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
@@ -167,6 +169,8 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
         if (t[k].sp)
             *t[k].sp = v;
     }
+    if (o->cluster) /* every plan's cluster model reads it */
+        setenv("XMESH_CLUSTER_FILE", o->cluster, 1);
     if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
         return xmp_cli_error("--check-serial with --comm signal: signal mode moves no data, so "
                              "its losses cannot match the serial reference");

@@ -1,0 +1,191 @@
+/* Cost models (scheduler/xm_cost.h): the least-squares fit on exact and
+ * noisy synthetic data, its errors, and the strategy models on instances
+ * small enough to time by hand. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "xm_cost.h"
+
+static void test_fit_exact(void **state)
+{
+    (void)state;
+    double x[8], y[8];
+    for (int i = 0; i < 8; i++) {
+        x[i] = 4096.0 * (1 << i);
+        y[i] = 35e-6 + x[i] * 2.7e-8;
+    }
+    xm_fit_t f;
+    assert_int_equal(xm_fit_linear(x, y, 8, &f), XMESH_SUCCESS);
+    assert_int_equal(f.n, 8);
+    assert_true(fabs(f.alpha - 35e-6) < 1e-12);
+    assert_true(fabs(f.beta - 2.7e-8) / 2.7e-8 < 1e-9);
+    assert_true(f.r2 > 1 - 1e-12);
+    assert_true(f.worst_rel < 1e-9);
+}
+
+/* Hand-computed: x = 0,1,2, y = 0,2,1: beta 0.5, alpha 0.5, SSE 1.5,
+ * SST 2, R^2 0.25, residuals 0.5/2 and 0.5/1 relative. */
+static void test_fit_hand(void **state)
+{
+    (void)state;
+    const double x[3] = {0, 1, 2}, y[3] = {0, 2, 1};
+    xm_fit_t f;
+    assert_int_equal(xm_fit_linear(x, y, 3, &f), XMESH_SUCCESS);
+    assert_true(fabs(f.beta - 0.5) < 1e-12);
+    assert_true(fabs(f.alpha - 0.5) < 1e-12);
+    assert_true(fabs(f.r2 - 0.25) < 1e-12);
+    assert_true(fabs(f.worst_rel - 0.5) < 1e-12);
+}
+
+/* Multiplicative noise of at most 3%: the fit stays close and reports it. */
+static void test_fit_noisy(void **state)
+{
+    (void)state;
+    uint64_t seed = 0x5eed1234u;
+    printf("test_fit_noisy: seed %llu\n", (unsigned long long)seed);
+    uint64_t s = seed;
+    for (int rep = 0; rep < 50; rep++) {
+        double x[12], y[12], maxn = 0;
+        for (int i = 0; i < 12; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(s >> 11) / 9007199254740992.0; /* [0, 1) */
+            double noise = (u - 0.5) * 0.06;
+            if (fabs(noise) > maxn)
+                maxn = fabs(noise);
+            x[i] = 65536.0 * pow(2, i / 1.5);
+            y[i] = (50e-6 + x[i] * 2.7e-8) * (1 + noise);
+        }
+        xm_fit_t f;
+        assert_int_equal(xm_fit_linear(x, y, 12, &f), XMESH_SUCCESS);
+        assert_true(fabs(f.beta - 2.7e-8) / 2.7e-8 < 0.05);
+        assert_true(f.r2 > 0.99 && f.r2 <= 1);
+        /* worst_rel is the largest relative residual, recomputed here */
+        double w = 0;
+        for (int i = 0; i < 12; i++) {
+            double e = fabs(f.alpha + f.beta * x[i] - y[i]) / y[i];
+            w = e > w ? e : w;
+        }
+        assert_true(w > 0 && fabs(f.worst_rel - w) < 1e-12);
+        assert_true(maxn > 0.01); /* the noise was there */
+    }
+}
+
+static void test_fit_errors(void **state)
+{
+    (void)state;
+    double x[3] = {1, 1, 1}, y[3] = {1, 2, 3};
+    xm_fit_t f = {42, 42, 42, 42, 42};
+    assert_int_equal(xm_fit_linear(x, y, 3, &f), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "all 3 x values equal"));
+    assert_int_equal(xm_fit_linear(x, y, 1, &f), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "1 point(s)"));
+    x[1] = 2;
+    y[2] = NAN;
+    assert_int_equal(xm_fit_linear(x, y, 3, &f), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "point 2"));
+    assert_int_equal(xm_fit_linear(NULL, y, 3, &f), XMESH_ERR_INVALID_ARGUMENT);
+    assert_int_equal(xm_fit_linear(x, y, 3, NULL), XMESH_ERR_INVALID_ARGUMENT);
+    assert_true(f.alpha == 42 && f.beta == 42 && f.r2 == 42 && f.n == 42); /* untouched */
+}
+
+/* One task of 1e6 bytes held by device 0, received by rcv[0..1]; NICs and
+ * the intra-host link at 1e9 B/s, no latency, one chunk. */
+typedef struct {
+    int host_of[6];
+    xm_cluster_t c;
+    xm_task_t task;
+    int holders[1], recvs[2];
+    xm_taskset_t ts;
+} inst_t;
+
+static void inst_make(inst_t *in, int ndev, const int *hosts, int r0, int r1)
+{
+    memset(in, 0, sizeof *in);
+    memcpy(in->host_of, hosts, sizeof(int) * ndev);
+    xm_hostmap_t hm = {ndev, hosts[ndev - 1] + 1, in->host_of};
+    assert_int_equal(xm_cluster_init(&in->c, &hm), XMESH_SUCCESS);
+    in->c.nic_send_Bps = in->c.nic_recv_Bps = in->c.intra_Bps = 1e9;
+    in->c.latency_s = 0;
+    in->c.chunk_bytes = 1 << 22;
+    in->holders[0] = 0;
+    in->recvs[0] = r0;
+    in->recvs[1] = r1;
+    in->task.bytes = 1000000;
+    in->task.ngroups = in->task.group_size = 1;
+    in->task.nrecv = 2;
+    in->ts.ntasks = 1;
+    in->ts.tasks = &in->task;
+    in->ts.holders = in->holders;
+    in->ts.recvs = in->recvs;
+}
+
+static void test_mpi_models(void **state)
+{
+    (void)state;
+    inst_t in;
+    const int hosts[4] = {0, 0, 1, 1};
+    inst_make(&in, 4, hosts, 2, 3);
+    int sender[1] = {0};
+    /* alltoallv: host 0's send direction carries both copies: 2 ms */
+    assert_true(fabs(xm_cost_mpi(&in.ts, &in.c, sender, XM_COST_MPI_ALLTOALLV) - 2e-3) < 1e-9);
+    /* Alpa: two half slices over the NIC (1 ms), then each receiver sends
+     * its half to the other over the intra link (0.5 ms) */
+    assert_true(fabs(xm_cost_mpi(&in.ts, &in.c, sender, XM_COST_MPI_SENDRECV_ALLGATHER) - 1.5e-3) <
+                1e-9);
+    /* bcast: 0 -> leader 2 (1 ms), then 2 -> 3 inside host 1 (1 ms) */
+    assert_true(fabs(xm_cost_mpi(&in.ts, &in.c, sender, XM_COST_MPI_BCAST) - 2e-3) < 1e-9);
+    /* latency: one per message level */
+    in.c.latency_s = 1e-5;
+    assert_true(fabs(xm_cost_mpi(&in.ts, &in.c, sender, XM_COST_MPI_BCAST) - 2.02e-3) < 1e-9);
+    /* bad sender */
+    sender[0] = 9;
+    assert_true(isnan(xm_cost_mpi(&in.ts, &in.c, sender, XM_COST_MPI_ALLTOALLV)));
+    xm_cluster_free(&in.c);
+}
+
+static void test_allgather_model(void **state)
+{
+    (void)state;
+    inst_t in;
+    const int hosts[6] = {0, 0, 1, 1, 2, 2};
+    inst_make(&in, 6, hosts, 2, 4); /* one receiver on each of hosts 1 and 2 */
+    int order[1] = {0}, snd[1] = {0};
+    xm_schedule_t s;
+    memset(&s, 0, sizeof s);
+    s.ntasks = 1;
+    s.order = order;
+    s.sender = snd;
+    s.max_groups = 1;
+    /* per host: groups of one receiver: two full copies leave host 0: 2 ms */
+    assert_true(fabs(xm_cost_allgather(&in.ts, &in.c, &s, 1) - 2e-3) < 1e-9);
+    /* global: halves to each (1 MB out of host 0: 1 ms), the ring swap of the
+     * halves (0.5 ms chains) overlaps within the NIC bound: stages 0.5 + 0.5 */
+    assert_true(fabs(xm_cost_allgather(&in.ts, &in.c, &s, 0) - 1e-3) < 1e-9);
+    /* two receivers on one host: same as the per-host variant */
+    in.recvs[1] = 3;
+    double ph = xm_cost_allgather(&in.ts, &in.c, &s, 1),
+           gl = xm_cost_allgather(&in.ts, &in.c, &s, 0);
+    assert_true(fabs(ph - 1e-3) < 1e-9 && fabs(gl - 1e-3) < 1e-9);
+    /* an order entry out of range */
+    order[0] = 3;
+    assert_true(isnan(xm_cost_allgather(&in.ts, &in.c, &s, 1)));
+    xm_cluster_free(&in.c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fit_exact),  cmocka_unit_test(test_fit_hand),
+        cmocka_unit_test(test_fit_noisy),  cmocka_unit_test(test_fit_errors),
+        cmocka_unit_test(test_mpi_models), cmocka_unit_test(test_allgather_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
