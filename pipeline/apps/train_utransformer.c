@@ -16,8 +16,13 @@
  *
  * Data parallel inside a stage: rank d of the stage's dp axis runs images
  * [d * mb/dp, (d+1) * mb/dp) of each micro-batch; the loss and its gradient use the global
- * element count, so parameter gradients summed over the dp axis (MPI_Allreduce in R) and over
- * micro-batches equal the serial gradient. Tensor parallelism (--stage-tp > 1) is refused.
+ * element count, so parameter gradients summed over the dp axis (SBP boxing P -> B over the dp
+ * axis in R) and over micro-batches equal the serial gradient.
+ *
+ * Tensor parallel inside a stage (--stage-tp > 1): every layer is created as this rank's part
+ * of a channel split over the stage mesh's tp axis (xmp_ut_layer_create_tp: conv pairs split
+ * over channels, attention over heads, P -> B boxing with nn/sbp.h), holds only its local
+ * parameter blocks, and every layer input and output stays "S(0),B", so the edges do not change.
  */
 #include <cblas.h>
 #include <math.h>
@@ -31,6 +36,7 @@
 #include "models/shapes_data.h"
 #include "models/stage_layout.h"
 #include "models/utransformer.h"
+#include "models/utransformer_tp.h"
 #include "nn/unet_kernels.h"
 #include "pipe/driver.h"
 
@@ -389,10 +395,12 @@ typedef struct {
     xmp_ut_config_t cfg;
     xmp_ut_params_t lay;
     const xmp_stage_layout_t *sl;
-    int stage, first, last, dpi, dp, nloc, mbs, M;
+    int stage, first, last, dpi, dp, tp, tpi, nloc, mbs, M;
     long step;
-    MPI_Comm dpcomm;
-    float *params, *grads, *vel;
+    xmp_mesh_t *mesh;                 /* this stage's dp x tp mesh (NULL: no stage) */
+    xmp_ut_tp_t tpd;                  /* the layers' tp split (box over mesh's tp axis) */
+    float *params, *grads, *vel;      /* local parameters of the stage's layers */
+    size_t loff[XMP_UT_LAYERS], lcnt; /* each layer's first local float; floats in all */
     xmp_shapes_t sh;
     int nedges;
     ut_edge_t e[2 * XMP_UT_LAYERS];
@@ -476,8 +484,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                     if (st->e[k].what == T_SKIP && st->e[k].layer == src)
                         skin = in[st->e[k].pos_dst];
         }
-        if (xmp_ut_layer_forward(st->L[IX(st, l, mb)], st->params + st->lay.layer_offset[l], x,
-                                 skin, st->cond[mb], st->act[IX(st, l, mb)],
+        if (xmp_ut_layer_forward(st->L[IX(st, l, mb)], st->params + st->loff[l], x, skin,
+                                 st->cond[mb], st->act[IX(st, l, mb)],
                                  st->skip[IX(st, l, mb)]) != 0) {
             fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             return 1;
@@ -493,7 +501,7 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
             e->what == T_MAIN ? st->act[IX(st, e->layer, mb)] : st->skip[IX(st, e->layer, mb)];
         memcpy(out[e->pos_src], v, e->floats_src * sizeof(float));
     }
-    if (st->last == XMP_UT_CONV_OUT) {
+    if (st->last == XMP_UT_CONV_OUT && st->tpi == 0) { /* tp ranks hold the same loss */
         double l = 0;
         size_t cnt = (size_t)st->nloc * XMP_UT_OUT_CH * HW;
         xmp_unet_mse_forward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW,
@@ -544,7 +552,7 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         }
         if (src >= 0 && st->sl->stage_of[src] == st->stage)
             dsk = st->dskip[IX(st, src, mb)];
-        if (xmp_ut_layer_backward_input(st->L[IX(st, l, mb)], st->params + st->lay.layer_offset[l],
+        if (xmp_ut_layer_backward_input(st->L[IX(st, l, mb)], st->params + st->loff[l],
                                         st->dact[IX(st, l, mb)], st->dskip[IX(st, l, mb)], dx,
                                         dsk) != 0) {
             fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
@@ -559,39 +567,30 @@ static int ut_bwd_weight(void *u, int mb)
 {
     ut_stage_t *st = u;
     for (int l = st->last; l >= st->first; l--)
-        if (xmp_ut_layer_backward_weight(st->L[IX(st, l, mb)],
-                                         st->grads + st->lay.layer_offset[l]) != 0) {
+        if (xmp_ut_layer_backward_weight(st->L[IX(st, l, mb)], st->grads + st->loff[l]) != 0) {
             fprintf(stderr, "stage %d weight mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             return 1;
         }
     return 0;
 }
 
-static size_t stage_off(const ut_stage_t *st)
-{
-    return st->lay.layer_offset[st->first];
-}
-static size_t stage_cnt(const ut_stage_t *st)
-{
-    return st->lay.layer_offset[st->last] + st->lay.layer_count[st->last] - stage_off(st);
-}
-
+/* R: the parameter gradients are P over the dp axis; boxed to B (the data-parallel sum). */
 static int ut_reduce(void *u)
 {
     ut_stage_t *st = u;
-    if (st->dp == 1)
-        return 0;
-    return MPI_Allreduce(MPI_IN_PLACE, st->grads + stage_off(st), (int)stage_cnt(st), MPI_FLOAT,
-                         MPI_SUM, st->dpcomm) != MPI_SUCCESS;
+    if (xmp_ut_dp_reduce(st->mesh, st->grads, st->lcnt) != 0) {
+        fprintf(stderr, "stage %d: gradient reduction: %s\n", st->stage, xmp_last_error());
+        return 1;
+    }
+    return 0;
 }
 
 static int ut_opt(void *u)
 {
     ut_stage_t *st = u;
-    size_t off = stage_off(st), n = stage_cnt(st);
-    int rc = xmp_unet_sgd_nesterov(n, st->o->lr, st->o->momentum, st->o->wd, st->params + off,
-                                   st->vel + off, st->grads + off);
-    memset(st->grads + off, 0, n * sizeof(float));
+    int rc = xmp_unet_sgd_nesterov(st->lcnt, st->o->lr, st->o->momentum, st->o->wd, st->params,
+                                   st->vel, st->grads);
+    memset(st->grads, 0, st->lcnt * sizeof(float));
     return rc != 0;
 }
 
@@ -629,10 +628,6 @@ static int stage_init(ut_stage_t *st)
 {
     const size_t HW = XMP_UT_IMG * XMP_UT_IMG, NL = (size_t)XMP_UT_LAYERS * st->M;
     const size_t nl = (size_t)st->nloc;
-    size_t P = st->lay.total;
-    st->params = malloc(P * sizeof(float));
-    st->grads = calloc(P, sizeof(float));
-    st->vel = calloc(P, sizeof(float));
     st->L = calloc(NL, sizeof *st->L);
     st->act = calloc(NL, sizeof(float *));
     st->dact = calloc(NL, sizeof(float *));
@@ -641,11 +636,9 @@ static int stage_init(ut_stage_t *st)
     st->input = calloc((size_t)st->M, sizeof(float *));
     st->cond = calloc((size_t)st->M, sizeof(float *));
     st->target = calloc((size_t)st->M, sizeof(float *));
-    if (!st->params || !st->grads || !st->vel || !st->L || !st->act || !st->dact || !st->skip ||
-        !st->dskip || !st->input || !st->cond || !st->target)
+    if (!st->L || !st->act || !st->dact || !st->skip || !st->dskip || !st->input || !st->cond ||
+        !st->target)
         return xmp_cli_error("out of memory");
-    /* full parameters from the seed; this stage uses its layers' range */
-    xmp_ut_params_init(&st->lay, st->o->seed, st->params);
     for (int m = 0; m < st->M; m++) {
         st->input[m] = malloc(nl * 3 * HW * sizeof(float));
         st->target[m] = malloc(nl * 4 * HW * sizeof(float));
@@ -653,7 +646,8 @@ static int stage_init(ut_stage_t *st)
         if (!st->input[m] || !st->target[m] || !st->cond[m])
             return xmp_cli_error("out of memory");
         for (int l = st->first; l <= st->last; l++) {
-            xmp_ut_layer_t *L = st->L[IX(st, l, m)] = xmp_ut_layer_create(&st->cfg, l, st->nloc);
+            xmp_ut_layer_t *L = st->L[IX(st, l, m)] =
+                xmp_ut_layer_create_tp(&st->cfg, l, st->nloc, &st->tpd);
             if (!L)
                 return xmp_cli_error("layer %d: %s", l, xmp_ut_last_error());
             size_t o = xmp_ut_layer_out_floats(L), s = xmp_ut_layer_skip_out_floats(L);
@@ -668,6 +662,25 @@ static int stage_init(ut_stage_t *st)
                 return xmp_cli_error("out of memory");
         }
     }
+    /* local parameters: this rank's blocks of the full tensors generated from the seed */
+    st->lcnt = 0;
+    for (int l = st->first; l <= st->last; l++) {
+        st->loff[l] = st->lcnt;
+        st->lcnt += xmp_ut_layer_param_floats(st->L[IX(st, l, 0)]);
+    }
+    float *full = malloc(st->lay.total * sizeof(float));
+    st->params = malloc((st->lcnt + 1) * sizeof(float));
+    st->grads = calloc(st->lcnt + 1, sizeof(float));
+    st->vel = calloc(st->lcnt + 1, sizeof(float));
+    if (!full || !st->params || !st->grads || !st->vel) {
+        free(full);
+        return xmp_cli_error("out of memory");
+    }
+    xmp_ut_params_init(&st->lay, st->o->seed, full);
+    for (int l = st->first; l <= st->last; l++)
+        xmp_ut_layer_param_slice(st->L[IX(st, l, 0)], full + st->lay.layer_offset[l],
+                                 st->params + st->loff[l]);
+    free(full);
     return 0;
 }
 
@@ -731,7 +744,8 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     kinds[XMP_UT_LAYERS] = '\0';
     ut_stage_t st;
     memset(&st, 0, sizeof st);
-    st.dpcomm = MPI_COMM_NULL;
+    xmp_mesh_t *smesh[XMP_MAX_STAGES] = {NULL};
+    int allranks[XMP_MAX_STAGES * 64];
     xmp_schedule_t *sched = NULL;
     xmesh_ctx_t ctx = NULL;
     xmp_driver_t *drv = NULL;
@@ -749,11 +763,9 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         goto out_mpi;
     }
     for (int s = 0; s < sl.nstages; s++) {
-        if (sl.tp[s] != 1) {
+        if (xmp_ut_tp_check(c, sl.tp[s]) != 0) {
             if (rank == 0)
-                xmp_cli_error("stage %d: tensor parallel degree %d: only data parallel (tp 1) is "
-                              "implemented for the U-Transformer",
-                              s, sl.tp[s]);
+                xmp_cli_error("stage %d: %s", s, xmp_ut_last_error());
             goto out_mpi;
         }
         if (mbs % sl.dp[s] != 0) {
@@ -796,13 +808,30 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         }
     }
     st.stage = xmp_stage_layout_stage_of_rank(&sl, rank);
-    MPI_Comm_split(MPI_COMM_WORLD, st.stage < 0 ? MPI_UNDEFINED : st.stage, rank, &st.dpcomm);
+    /* every stage's dp x tp SBP mesh (collective over the job) */
     int local_fail = 0;
-    if (st.stage >= 0) {
+    for (int k = 0; k < XMP_MAX_STAGES * 64; k++)
+        allranks[k] = k;
+    for (int s = 0; s < sl.nstages && !local_fail; s++) {
+        int shape[2] = {sl.dp[s], sl.tp[s]};
+        if (xmp_mesh_create(MPI_COMM_WORLD, NULL, 2, shape, allranks + sl.rank0[s], &smesh[s]) !=
+            XMESH_SUCCESS) {
+            xmp_cli_error("stage %d mesh: %s", s, xmp_last_error());
+            local_fail = 1;
+        }
+    }
+    if (st.stage >= 0 && !local_fail) {
         st.first = sl.first[st.stage];
         st.last = st.first + sl.count[st.stage] - 1;
         st.dp = sl.dp[st.stage];
-        st.dpi = (rank - sl.rank0[st.stage]) / sl.tp[st.stage];
+        st.tp = sl.tp[st.stage];
+        st.dpi = (rank - sl.rank0[st.stage]) / st.tp;
+        st.tpi = (rank - sl.rank0[st.stage]) % st.tp;
+        st.mesh = smesh[st.stage];
+        st.tpd.size = st.tp;
+        st.tpd.rank = st.tpi;
+        st.tpd.box_p_to_b = xmp_ut_tp_box_p_to_b;
+        st.tpd.user = st.mesh;
         st.nloc = mbs / st.dp;
         if (xmp_shapes_init(&st.sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(&st) != 0)
             local_fail = 1;
@@ -943,8 +972,8 @@ out_ctx:
     xmesh_ctx_destroy(ctx);
 out_stage:
     stage_free(&st);
-    if (st.dpcomm != MPI_COMM_NULL)
-        MPI_Comm_free(&st.dpcomm);
+    for (int s = 0; s < XMP_MAX_STAGES; s++)
+        xmp_mesh_destroy(smesh[s]);
 out_mpi:
     free(ref);
     xmp_sched_destroy(sched);
