@@ -38,7 +38,9 @@
 #include "models/utransformer.h"
 #include "models/utransformer_tp.h"
 #include "nn/unet_kernels.h"
+#include "nn/sbp.h"
 #include "pipe/driver.h"
+#include "pipe/replan.h"
 
 typedef struct {
     int serial, base, groups, head_dim, batch, steps, blas_threads, no_progress;
@@ -252,12 +254,14 @@ static int ut_log_open(ut_log_t *s, const ut_opts_t *o, const xmp_ut_config_t *c
     return 0;
 }
 
-/* Pipeline figures of a step (NULL for serial runs). */
+/* Pipeline figures of a step (NULL for serial runs); the same JSON fields as gpt's. */
 typedef struct {
-    double predicted_s; /* simulator from the previous step's stage costs (0: none) */
+    double compute_s, boxing_s; /* rank 0: in stage callbacks (minus boxing); in boxing */
+    double predicted_s;         /* simulator from the previous step's stage costs (0: none) */
     int nstages;
     double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
     int peak_mb[XMP_MAX_STAGES];
+    int64_t peak_bytes[XMP_MAX_STAGES];
 } ut_extra_t;
 
 static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
@@ -282,20 +286,9 @@ static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
         xmp_json_num(&s->json, "step_seconds", seconds);
         xmp_json_num(&s->json, "images_per_s", ips);
         if (ex) {
-            if (ex->predicted_s > 0)
-                xmp_json_num(&s->json, "predicted_s", ex->predicted_s);
-            double bsum = 0;
-            xmp_json_arr_begin(&s->json, "bubble_per_stage");
-            for (int k = 0; k < ex->nstages; k++) {
-                xmp_json_num(&s->json, NULL, ex->bubble[k]);
-                bsum += ex->bubble[k];
-            }
-            xmp_json_arr_end(&s->json);
-            xmp_json_num(&s->json, "bubble", ex->nstages ? bsum / ex->nstages : 0);
-            xmp_json_arr_begin(&s->json, "peak_activation_microbatches");
-            for (int k = 0; k < ex->nstages; k++)
-                xmp_json_int(&s->json, NULL, ex->peak_mb[k]);
-            xmp_json_arr_end(&s->json);
+            xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
+                                  ex->bubble,    ex->peak_mb,  ex->peak_bytes};
+            xmp_json_step_pipeline(&s->json, &sp);
         }
         xmp_json_obj_end(&s->json);
     }
@@ -408,6 +401,8 @@ typedef struct {
     xmp_ut_layer_t **L;
     float **act, **dact, **skip, **dskip;
     float **input, **cond, **target; /* per micro-batch */
+    int *live;                       /* per micro-batch: forward done, weight part not yet */
+    int64_t mb_bytes;                /* activation bytes of one micro-batch on this rank */
 } ut_stage_t;
 
 static size_t chw_floats(const int chw[3])
@@ -493,6 +488,7 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         x = st->act[IX(st, l, mb)];
         xmp_driver_progress(NULL);
     }
+    st->live[mb] = 1;
     for (int k = 0; k < st->nedges; k++) {
         const ut_edge_t *e = &st->e[k];
         if (st->sl->stage_of[e->layer] != st->stage)
@@ -571,7 +567,17 @@ static int ut_bwd_weight(void *u, int mb)
             fprintf(stderr, "stage %d weight mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             return 1;
         }
+    st->live[mb] = 0;
     return 0;
+}
+
+static int64_t ut_act_bytes(void *u)
+{
+    ut_stage_t *st = u;
+    int64_t n = 0;
+    for (int m = 0; m < st->M; m++)
+        n += st->live[m];
+    return n * st->mb_bytes;
 }
 
 /* R: the parameter gradients are P over the dp axis; boxed to B (the data-parallel sum). */
@@ -618,6 +624,7 @@ static void stage_free(ut_stage_t *st)
     free(st->input);
     free(st->cond);
     free(st->target);
+    free(st->live);
     free(st->params);
     free(st->grads);
     free(st->vel);
@@ -636,8 +643,9 @@ static int stage_init(ut_stage_t *st)
     st->input = calloc((size_t)st->M, sizeof(float *));
     st->cond = calloc((size_t)st->M, sizeof(float *));
     st->target = calloc((size_t)st->M, sizeof(float *));
+    st->live = calloc((size_t)st->M, sizeof(int));
     if (!st->L || !st->act || !st->dact || !st->skip || !st->dskip || !st->input || !st->cond ||
-        !st->target)
+        !st->target || !st->live)
         return xmp_cli_error("out of memory");
     for (int m = 0; m < st->M; m++) {
         st->input[m] = malloc(nl * 3 * HW * sizeof(float));
@@ -660,6 +668,8 @@ static int stage_init(ut_stage_t *st)
             if (!st->act[IX(st, l, m)] || !st->dact[IX(st, l, m)] ||
                 (s && (!st->skip[IX(st, l, m)] || !st->dskip[IX(st, l, m)])))
                 return xmp_cli_error("out of memory");
+            if (m == 0)
+                st->mb_bytes += (int64_t)(xmp_ut_layer_activation_floats(L) + o + s) * 4;
         }
     }
     /* local parameters: this rank's blocks of the full tensors generated from the seed */
@@ -687,7 +697,7 @@ static int stage_init(ut_stage_t *st)
 /* Times the stage callbacks (per-microbatch F/I/W costs for the simulator). */
 typedef struct {
     xmp_stage_ops_t in;
-    double f, i, w;
+    double f, i, w, r, o;
     int nf, ni, nw;
 } timed_ops_t;
 
@@ -721,12 +731,23 @@ static int t_bw(void *u, int mb)
 static int t_red(void *u)
 {
     timed_ops_t *t = u;
-    return t->in.reduce_grads(t->in.user);
+    double t0 = MPI_Wtime();
+    int rc = t->in.reduce_grads(t->in.user);
+    t->r += MPI_Wtime() - t0;
+    return rc;
 }
 static int t_opt(void *u)
 {
     timed_ops_t *t = u;
-    return t->in.optimizer_step(t->in.user);
+    double t0 = MPI_Wtime();
+    int rc = t->in.optimizer_step(t->in.user);
+    t->o += MPI_Wtime() - t0;
+    return rc;
+}
+static int64_t t_act(void *u)
+{
+    timed_ops_t *t = u;
+    return t->in.activation_bytes(t->in.user);
 }
 
 static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
@@ -788,6 +809,8 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     xmp_gen_opts_t go;
     memset(&go, 0, sizeof go);
     go.delay_wgrad = o->delay_wgrad;
+    /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
+    go.max_pending_w = sl.nstages;
     if (xmp_sched_generate(o->schedule, sl.nstages, M, st.nedges, se, &go, &sched, err,
                            sizeof err) != 0) {
         if (rank == 0)
@@ -873,12 +896,14 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     tops.in.backward_weight = ut_bwd_weight;
     tops.in.reduce_grads = ut_reduce;
     tops.in.optimizer_step = ut_opt;
+    tops.in.activation_bytes = ut_act_bytes;
     dc.ops.user = &tops;
     dc.ops.forward = t_fwd;
     dc.ops.backward_input = t_bin;
     dc.ops.backward_weight = t_bw;
     dc.ops.reduce_grads = t_red;
     dc.ops.optimizer_step = t_opt;
+    dc.ops.activation_bytes = t_act;
     if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
         if (rank == 0)
             xmp_cli_error("pipeline driver: %s", err);
@@ -891,8 +916,9 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     for (int step = 0; step < o->steps && log_ok; step++) {
         xmp_step_stats_t ss;
         st.step = step;
-        tops.f = tops.i = tops.w = 0;
+        tops.f = tops.i = tops.w = tops.r = tops.o = 0;
         tops.nf = tops.ni = tops.nw = 0;
+        double comm0 = xmp_comm_seconds();
         xmesh_result_t r = xmp_driver_step(drv, &ss);
         int bad = r != XMESH_SUCCESS, anybad = 0;
         MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -914,19 +940,31 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
             loc[3 * S + st.stage] = ss.bubble;
             loc[4 * S + st.stage] = ss.peak_act_mb;
         }
+        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
+        memset(lp, 0, sizeof lp);
+        if (st.stage >= 0)
+            lp[st.stage] = ss.peak_act_bytes;
         MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
         ut_extra_t ex;
         memset(&ex, 0, sizeof ex);
         ex.nstages = S;
+        ex.boxing_s = xmp_comm_seconds() - comm0;
+        ex.compute_s = tops.f + tops.i + tops.w + tops.r + tops.o - ex.boxing_s;
         for (int k = 0; k < S; k++) {
             ex.bubble[k] = all[3 * S + k];
             ex.peak_mb[k] = (int)all[4 * S + k];
+            ex.peak_bytes[k] = ap[k];
         }
         if (have_costs) {
             xmp_sim_result_t res;
             memset(&res, 0, sizeof res);
             if (xmp_driver_predict(drv, cf, ci, cw, &res) == XMESH_SUCCESS && res.ok)
                 ex.predicted_s = res.step_s;
+            if (o->print_schedule && rank == 0 && step == 1) {
+                printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
+                xmp_sim_render(sched, &res, 100, stdout);
+            }
             xmp_sim_result_free(&res);
         }
         for (int k = 0; k < S; k++) {
@@ -935,6 +973,19 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
             cw[k] = all[2 * S + k];
         }
         have_costs = 1;
+        /* After the first step, place the deferred W work with the measured stage costs and
+         * xmesh's predicted transfer times instead of unit costs (pipe/replan.h). */
+        if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1) {
+            xmp_replan_t rp = {
+                o->schedule,      M, st.nedges, se, cf, ci, cw, xmp_driver_mean_act_seconds(drv),
+                o->print_schedule};
+            char rerr[640];
+            if (xmp_pipe_replan(&rp, &dc, &sched, &drv, rerr, sizeof rerr) != 0) {
+                if (rank == 0)
+                    xmp_cli_error("%s", rerr);
+                break;
+            }
+        }
         if (rank == 0) {
             ut_log_record_ex(&log, step, loss, ss.step_s, &ex);
             if (ref) {
@@ -962,7 +1013,7 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     if (rank == 0 && ref)
         printf("check-serial: %s (%d mismatching steps of %d compared)\n",
                mismatch ? "FAILED" : "OK", mismatch, o->steps < 10 ? o->steps : 10);
-    if (o->trace && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
+    if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
         xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
     int mine = ok && !mismatch, all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

@@ -695,6 +695,11 @@ size_t xmp_ut_layer_param_floats(const xmp_ut_layer_t *l)
     return l->pl.lfloats;
 }
 
+size_t xmp_ut_layer_activation_floats(const xmp_ut_layer_t *l)
+{
+    return l->grad_floats; /* value buffers: as many floats as the gradient buffers */
+}
+
 int xmp_ut_layer_attn_split(const xmp_ut_layer_t *l)
 {
     return l->pl.attn_split;

@@ -181,6 +181,8 @@ xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int 
                                        const xmp_ut_tp_t *tp);
 /* Floats of the layer's local parameters (== layer_count without a split). */
 size_t xmp_ut_layer_param_floats(const xmp_ut_layer_t *l);
+/* Floats of the layer's saved forward values for one micro-batch (its activation memory). */
+size_t xmp_ut_layer_activation_floats(const xmp_ut_layer_t *l);
 /* 1 if the layer's attention is head-split over tp (0: none or replicated). */
 int xmp_ut_layer_attn_split(const xmp_ut_layer_t *l);
 /* full (the layer's layer_count floats in the global layout) -> local (param_floats). */

@@ -93,3 +93,12 @@ foreach(np 2 4)
     ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1"
     PASS_REGULAR_EXPRESSION "^test_utrans_tp.*OK \\(0 failures")
 endforeach()
+
+# --delay-wgrad re-planning after the first step (pipe/replan.h) and gpt's step JSON keys.
+if(TARGET xmesh-train)
+  add_test(NAME pipeline.utrans.replan
+           COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_utrans_replan.py
+                   $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
+  set_tests_properties(pipeline.utrans.replan PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
+endif()
