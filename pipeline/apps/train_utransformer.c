@@ -78,6 +78,8 @@ static void ut_usage(void)
            "  --noise SIGMA (0.3)\n"
            "pipeline (same as xmesh-train gpt):\n"
            "  --stages N (1)  --layout STR  --stage-mesh RxC,..  --stage-dp N,..  --stage-tp N,..\n"
+           "                   (tp > 1: conv pairs channel-split, attention heads split where\n"
+           "                   tp divides them; needs --groups %% tp == 0)\n"
            "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b (1f1b)  --delay-wgrad\n"
            "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
            "  --trace FILE  --print-schedule\n"
