@@ -856,6 +856,7 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         st.tpd.size = st.tp;
         st.tpd.rank = st.tpi;
         st.tpd.box_p_to_b = xmp_ut_tp_box_p_to_b;
+        st.tpd.gather_channels = xmp_ut_tp_gather_channels;
         st.tpd.user = st.mesh;
         st.nloc = mbs / st.dp;
         if (xmp_shapes_init(&st.sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(&st) != 0)

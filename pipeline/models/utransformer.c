@@ -158,7 +158,9 @@ void xmp_ut_layer_skip_shape(const xmp_ut_config_t *c, int layer, int chw[3])
 
 /* OP_BOXF: P -> B boxing over the tp axis in forward (sum over the tp ranks), gradient passed
  * through (the gradient of a P tensor is B). OP_BOXB: identity in forward for a B tensor that
- * channel-split ops consume; its gradient arrives P (each rank's partial) and is boxed P -> B. */
+ * channel-split ops consume; its gradient arrives P (each rank's partial) and is boxed P -> B.
+ * OP_GATHER: S(1) -> B over the tp axis (all-gather of the channel blocks, n x c x hw with c the
+ * full count); its backward keeps this rank's channel block of the B gradient (B -> S(1)). */
 enum {
     OP_CONV,
     OP_GN,
@@ -171,7 +173,8 @@ enum {
     OP_ATTN,
     OP_ADD,
     OP_BOXF,
-    OP_BOXB
+    OP_BOXB,
+    OP_GATHER
 };
 
 #define MAX_BUF 64
@@ -525,12 +528,22 @@ static int build_layer(const xmp_ut_config_t *cf, int layer, int n, int tp, int 
         if (layer != XMP_UT_UP1)
             x = emit_attn(&b, x, sk[0], s, 1);
         if (layer != XMP_UT_UP4) {
+            if (tp > 1) /* the split conv's input gradient is P: box it at the lower resolution */
+                x = emit_box(&b, OP_BOXB, x, (size_t)n * sk[0] * s * s);
             k = emit_simple(&b, OP_UP, x, -1, (size_t)n * sk[0] * 4 * s * s);
             o = &pl->ops[k];
             o->n = n;
             o->c = sk[0];
             o->h = o->wd = s;
-            x = emit_conv(&b, "up", o->out, sk[0], out[0], 2 * s, 2 * s, 3, 1, SPLIT_NONE);
+            x = emit_conv(&b, "up", o->out, sk[0], out[0], 2 * s, 2 * s, 3, 1, SPLIT_OUT);
+            if (tp > 1) {
+                k = emit_simple(&b, OP_GATHER, x, -1, (size_t)n * out[0] * 4 * s * s);
+                o = &pl->ops[k];
+                o->n = n;
+                o->c = out[0];
+                o->hw = 4 * s * s;
+                x = o->out;
+            }
         }
         break;
     }
@@ -632,7 +645,7 @@ xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int 
         fail("micro-batch %d: must be >= 1", n);
         return NULL;
     }
-    xmp_ut_tp_t one = {1, 0, NULL, NULL};
+    xmp_ut_tp_t one = {1, 0, NULL, NULL, NULL};
     if (!tp)
         tp = &one;
     if (xmp_ut_tp_check(c, tp->size) != 0)
@@ -641,8 +654,8 @@ xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int 
         fail("tensor-parallel rank %d: must be in [0, %d)", tp->rank, tp->size);
         return NULL;
     }
-    if (tp->size > 1 && !tp->box_p_to_b) {
-        fail("tensor-parallel degree %d: no boxing function given", tp->size);
+    if (tp->size > 1 && (!tp->box_p_to_b || !tp->gather_channels)) {
+        fail("tensor-parallel degree %d: no boxing functions given", tp->size);
         return NULL;
     }
     xmp_ut_layer_t *l = calloc(1, sizeof *l);
@@ -851,6 +864,11 @@ int xmp_ut_layer_forward(xmp_ut_layer_t *l, const float *w, const float *x, cons
                 return fail("layer %s op %d: tensor-parallel boxing P -> B failed",
                             g_names[l->layer], i);
             break;
+        case OP_GATHER:
+            if (l->tp.gather_channels(l->tp.user, v[o->in0], v[o->out], o->n, o->c, o->hw) != 0)
+                return fail("layer %s op %d: tensor-parallel boxing S(1) -> B failed",
+                            g_names[l->layer], i);
+            break;
         }
         if (rc != 0)
             return fail("layer %s op %d: %s", g_names[l->layer], i, xmp_unet_last_error());
@@ -934,6 +952,13 @@ int xmp_ut_layer_backward_input(xmp_ut_layer_t *l, const float *w, const float *
             if (gr(l, o->in0))
                 acc(gr(l, o->in0), g, pl->bufsz[o->out]);
             break;
+        case OP_GATHER: { /* B -> S(1): this rank's channel block */
+            size_t blk = (size_t)(o->c / l->tp.size) * (size_t)o->hw;
+            for (int im = 0; im < o->n; im++)
+                acc(gr(l, o->in0) + (size_t)im * blk,
+                    g + ((size_t)im * (size_t)l->tp.size + (size_t)l->tp.rank) * blk, blk);
+            break;
+        }
         }
         if (rc != 0)
             return fail("layer %s op %d backward: %s", g_names[l->layer], i, xmp_unet_last_error());

@@ -152,7 +152,9 @@ size_t xmp_ut_layer_skip_out_floats(const xmp_ut_layer_t *l);
  *   attention   when heads % tp == 0: q, k, v column split (weights, biases S(0)), local heads,
  *               output projection row split (S(1), bias B on rank 0) giving P, boxed P -> B;
  *               otherwise replicated (B).
- *   conv_in, down/up-sampling convs, out, conv_out, concat: replicated (B).
+ *   up-sampling conv (up1-up3): output-channel split (weight, bias S(0)) on the upsampled B
+ *               input, output S(1) boxed S(1) -> B (all-gather over channels).
+ *   conv_in, down-sampling convs, out, conv_out, concat: replicated (B).
  * Every layer input and output (main, skip) is B over tp. A B tensor consumed by split ops gets
  * a P gradient, boxed P -> B in backward. Every parameter gradient has the SBP of its parameter
  * (B parameters get identical gradients on every tp rank).
@@ -167,6 +169,10 @@ typedef struct {
     /* Boxes buf (count floats, P over the tp axis: each rank's partial value) to B in place:
      * the sum over the tp ranks. Returns 0 or nonzero on failure. Required when size > 1. */
     int (*box_p_to_b)(void *user, float *buf, size_t count);
+    /* Boxes local (n, c/size, hw: this rank's channel block, SBP S(1) over tp) to full
+     * (n, c, hw), B: every rank's block in channel order. Returns 0 or nonzero. Required when
+     * size > 1. */
+    int (*gather_channels)(void *user, const float *local, float *full, int n, int c, int hw);
     void *user;
 } xmp_ut_tp_t;
 
@@ -176,7 +182,7 @@ int xmp_ut_tp_check(const xmp_ut_config_t *c, int tp);
 
 /* Creates layer `layer` for n images as this rank's part of a tp split (tp NULL or size 1: the
  * same as xmp_ut_layer_create). NULL (message set) on bad input: xmp_ut_tp_check fails, rank
- * out of range, missing box_p_to_b. */
+ * out of range, missing box_p_to_b or gather_channels. */
 xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int n,
                                        const xmp_ut_tp_t *tp);
 /* Floats of the layer's local parameters (== layer_count without a split). */

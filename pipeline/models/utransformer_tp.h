@@ -22,6 +22,11 @@ extern "C" {
  * Returns 0, or -1 (xmp_last_error() says why; buf unchanged). */
 int xmp_ut_tp_box_p_to_b(void *mesh, float *buf, size_t count);
 
+/* xmp_ut_tp_t.gather_channels for a stage mesh (user: the xmp_mesh_t *): local (n, c/tp, hw) is
+ * this rank's block of a global (dp * n, c, hw) tensor "S(0),S(1)", boxed to "S(0),B" into full
+ * (n, c, hw). Collective over the tp axis. 0 or -1 (full unchanged). */
+int xmp_ut_tp_gather_channels(void *mesh, const float *local, float *full, int n, int c, int hw);
+
 /* Data-parallel gradient reduction of a stage: grads (count floats: this rank's local
  * parameter gradients, the same count on every rank of the mesh) is its block of a global
  * tensor of tp * count floats with SBP "P,S(0)" (partial over dp, each tp rank its own blocks),

@@ -62,7 +62,7 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, xm
                         int tp, int layer, int n)
 {
     const char *nm = xmp_ut_layer_name(layer);
-    xmp_ut_tp_t t = {tp, g_rank, xmp_ut_tp_box_p_to_b, mesh};
+    xmp_ut_tp_t t = {tp, g_rank, xmp_ut_tp_box_p_to_b, xmp_ut_tp_gather_channels, mesh};
     xmp_ut_layer_t *ls = xmp_ut_layer_create(cf, layer, n);
     xmp_ut_layer_t *lt = xmp_ut_layer_create_tp(cf, layer, n, &t);
     CHECK(ls && lt, "create %s: %s", nm, xmp_ut_last_error());
@@ -140,7 +140,7 @@ static void check_refusals(int tp, xmp_mesh_t *mesh)
 {
     xmp_ut_config_t c;
     xmp_ut_config_init(&c, 6, 3, 0); /* groups 3: not a multiple of 2 or 4 */
-    xmp_ut_tp_t t = {tp, g_rank, xmp_ut_tp_box_p_to_b, mesh};
+    xmp_ut_tp_t t = {tp, g_rank, xmp_ut_tp_box_p_to_b, xmp_ut_tp_gather_channels, mesh};
     if (tp > 1) {
         CHECK(xmp_ut_tp_check(&c, tp) != 0, "groups 3 over tp %d accepted", tp);
         char want[64];
@@ -151,12 +151,12 @@ static void check_refusals(int tp, xmp_mesh_t *mesh)
               "layer with groups 3 over tp %d created", tp);
     }
     xmp_ut_config_init(&c, 8, 4, 0);
-    xmp_ut_tp_t bad = {tp, tp, xmp_ut_tp_box_p_to_b, mesh};
+    xmp_ut_tp_t bad = {tp, tp, xmp_ut_tp_box_p_to_b, xmp_ut_tp_gather_channels, mesh};
     CHECK(xmp_ut_layer_create_tp(&c, XMP_UT_MID_A, 2, &bad) == NULL &&
               strstr(xmp_ut_last_error(), "rank"),
           "tp rank %d of %d accepted", tp, tp);
     if (tp > 1) {
-        xmp_ut_tp_t nobox = {tp, g_rank, NULL, NULL};
+        xmp_ut_tp_t nobox = {tp, g_rank, xmp_ut_tp_box_p_to_b, NULL, mesh};
         CHECK(xmp_ut_layer_create_tp(&c, XMP_UT_MID_A, 2, &nobox) == NULL,
               "tp %d without a boxing function accepted", tp);
     }
