@@ -275,3 +275,27 @@ void xmp_stats(const double *v, size_t n, double *median, double *min, double *m
     *median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
     free(s);
 }
+
+void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
+{
+    xmp_json_num(j, "compute_s", p->compute_s);
+    xmp_json_num(j, "boxing_s", p->boxing_s);
+    if (p->predicted_s > 0)
+        xmp_json_num(j, "predicted_s", p->predicted_s);
+    double bsum = 0;
+    xmp_json_arr_begin(j, "bubble_per_stage");
+    for (int k = 0; k < p->nstages; k++) {
+        xmp_json_num(j, NULL, p->bubble[k]);
+        bsum += p->bubble[k];
+    }
+    xmp_json_arr_end(j);
+    xmp_json_num(j, "bubble", p->nstages ? bsum / p->nstages : 0);
+    xmp_json_arr_begin(j, "peak_activation_bytes");
+    for (int k = 0; k < p->nstages; k++)
+        xmp_json_int(j, NULL, (long long)p->peak_bytes[k]);
+    xmp_json_arr_end(j);
+    xmp_json_arr_begin(j, "peak_activation_microbatches");
+    for (int k = 0; k < p->nstages; k++)
+        xmp_json_int(j, NULL, p->peak_mb[k]);
+    xmp_json_arr_end(j);
+}

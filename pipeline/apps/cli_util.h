@@ -66,6 +66,22 @@ void xmp_json_bool(xmp_json_t *j, const char *key, int v);
 /* Flushes and closes; returns -1 (message printed) if any write failed. */
 int xmp_json_close(xmp_json_t *j);
 
+/* The pipeline figures of one step's JSON record, shared by the training commands so that
+ * their step records carry the same fields. */
+typedef struct {
+    double compute_s;          /* rank 0: seconds in stage callbacks minus boxing */
+    double boxing_s;           /* rank 0: seconds in SBP boxing collectives */
+    double predicted_s;        /* simulator's prediction of the step (<= 0: none, omitted) */
+    int nstages;               /* entries of the arrays below */
+    const double *bubble;      /* per stage: idle fraction */
+    const int *peak_mb;        /* per stage: peak microbatches with activations held */
+    const int64_t *peak_bytes; /* per stage: peak activation bytes */
+} xmp_step_pipe_t;
+/* Writes, into the current JSON object: compute_s, boxing_s, predicted_s (when > 0),
+ * bubble_per_stage, bubble (mean over stages), peak_activation_bytes,
+ * peak_activation_microbatches. */
+void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p);
+
 /* Median / min / max of n doubles (n >= 1; v is not modified). */
 void xmp_stats(const double *v, size_t n, double *median, double *min, double *max);
 

@@ -26,6 +26,7 @@
 #include "models/llmc_io.h"
 #include "models/stage_layout.h"
 #include "pipe/driver.h"
+#include "pipe/replan.h"
 #include "sched/schedule.h"
 
 #ifndef XMP_DATA_DIR
@@ -406,26 +407,9 @@ static void step_log_record_ex(step_log_t *s, int step, float loss, double secon
         xmp_json_num(&s->json, "step_seconds", seconds);
         xmp_json_num(&s->json, "tokens_per_s", tps);
         if (ex) {
-            xmp_json_num(&s->json, "compute_s", ex->compute_s);
-            xmp_json_num(&s->json, "boxing_s", ex->boxing_s);
-            if (ex->predicted_s > 0)
-                xmp_json_num(&s->json, "predicted_s", ex->predicted_s);
-            double bsum = 0;
-            xmp_json_arr_begin(&s->json, "bubble_per_stage");
-            for (int k = 0; k < ex->nstages; k++) {
-                xmp_json_num(&s->json, NULL, ex->bubble[k]);
-                bsum += ex->bubble[k];
-            }
-            xmp_json_arr_end(&s->json);
-            xmp_json_num(&s->json, "bubble", ex->nstages ? bsum / ex->nstages : 0);
-            xmp_json_arr_begin(&s->json, "peak_activation_bytes");
-            for (int k = 0; k < ex->nstages; k++)
-                xmp_json_int(&s->json, NULL, (long long)ex->peak_bytes[k]);
-            xmp_json_arr_end(&s->json);
-            xmp_json_arr_begin(&s->json, "peak_activation_microbatches");
-            for (int k = 0; k < ex->nstages; k++)
-                xmp_json_int(&s->json, NULL, ex->peak_mb[k]);
-            xmp_json_arr_end(&s->json);
+            xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
+                                  ex->bubble,    ex->peak_mb,  ex->peak_bytes};
+            xmp_json_step_pipeline(&s->json, &sp);
         }
         xmp_json_obj_end(&s->json);
     }
@@ -606,11 +590,9 @@ static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layou
     return rc;
 }
 
-/* Regenerates the schedule with measured per-microbatch costs (the mean over
- * stages of F, I, W and the predicted boundary transfer) so that the W actions
- * fill the waits the transfers cause, and recreates the driver with it.
- * Collective. On failure the old schedule and driver are kept and -1 is
- * returned (message printed on rank 0). */
+/* Re-plans (pipe/replan.h) with the measured per-microbatch costs and the mean of xmesh's
+ * predicted boundary transfer times (plans with the comm mode's strategy), so that the W
+ * actions fill the waits the transfers cause. Collective. -1 (message on rank 0) on failure. */
 static int replan(const gpt_opts_t *o, xmp_gpt2_stage_t *st, const xmp_stage_layout_t *sl,
                   const xmp_sedge_t *sedges, int ne, const double *f, const double *fi,
                   const double *fw, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
@@ -621,44 +603,23 @@ static int replan(const gpt_opts_t *o, xmp_gpt2_stage_t *st, const xmp_stage_lay
     int strategy = o->comm == XMP_COMM_SENDRECV             ? XMESH_STRATEGY_SENDRECV
                    : o->comm == XMP_COMM_SENDRECV_ALLGATHER ? XMESH_STRATEGY_SENDRECV_ALLGATHER
                                                             : XMESH_STRATEGY_BROADCAST;
-    xmp_gen_opts_t go;
-    memset(&go, 0, sizeof go);
-    go.delay_wgrad = 1;
-    go.max_pending_w = S;
-    for (int k = 0; k < S; k++) {
-        go.f += f[k] / S;
-        go.i += fi[k] / S;
-        go.w += fw[k] / S;
-    }
     double x = 0;
     for (int k = 0; k + 1 < S; k++)
         x += xmp_gpt2_stage_edge_seconds(st, k, strategy) / (S - 1);
-    go.xfer = o->comm == XMP_COMM_SIGNAL ? 0 : x;
-    char err[512];
-    xmp_schedule_t *ns = NULL;
-    xmp_driver_t *nd = NULL;
-    if (xmp_sched_generate(o->schedule, S, o->microbatches, ne, sedges, &go, &ns, err,
-                           sizeof err) != 0) {
+    xmp_replan_t rp = {o->schedule,
+                       o->microbatches,
+                       ne,
+                       sedges,
+                       f,
+                       fi,
+                       fw,
+                       o->comm == XMP_COMM_SIGNAL ? 0 : x,
+                       o->print_schedule};
+    char err[640];
+    if (xmp_pipe_replan(&rp, dc, sched, drv, err, sizeof err) != 0) {
         if (rank == 0)
-            xmp_cli_error("re-planning the schedule: %s", err);
+            xmp_cli_error("%s", err);
         return -1;
-    }
-    xmp_driver_destroy(*drv);
-    *drv = NULL;
-    dc->sched = ns;
-    if (xmp_driver_create(dc, &nd, err, sizeof err) != XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("pipeline driver (re-planned): %s", err);
-        xmp_sched_destroy(ns);
-        return -1;
-    }
-    xmp_sched_destroy(*sched);
-    *sched = ns;
-    *drv = nd;
-    if (o->print_schedule && rank == 0) {
-        printf("# re-planned with measured costs f %.4f i %.4f w %.4f s, transfer %.4f s:\n", go.f,
-               go.i, go.w, go.xfer);
-        xmp_sched_fprint(ns, stdout);
     }
     return 0;
 }

@@ -16,8 +16,13 @@
  *
  * Data parallel inside a stage: rank d of the stage's dp axis runs images
  * [d * mb/dp, (d+1) * mb/dp) of each micro-batch; the loss and its gradient use the global
- * element count, so parameter gradients summed over the dp axis (MPI_Allreduce in R) and over
- * micro-batches equal the serial gradient. Tensor parallelism (--stage-tp > 1) is refused.
+ * element count, so parameter gradients summed over the dp axis (SBP boxing P -> B over the dp
+ * axis in R) and over micro-batches equal the serial gradient.
+ *
+ * Tensor parallel inside a stage (--stage-tp > 1): every layer is created as this rank's part
+ * of a channel split over the stage mesh's tp axis (xmp_ut_layer_create_tp: conv pairs split
+ * over channels, attention over heads, P -> B boxing with nn/sbp.h), holds only its local
+ * parameter blocks, and every layer input and output stays "S(0),B", so the edges do not change.
  */
 #include <cblas.h>
 #include <math.h>
@@ -31,8 +36,11 @@
 #include "models/shapes_data.h"
 #include "models/stage_layout.h"
 #include "models/utransformer.h"
+#include "models/utransformer_tp.h"
 #include "nn/unet_kernels.h"
+#include "nn/sbp.h"
 #include "pipe/driver.h"
+#include "pipe/replan.h"
 
 typedef struct {
     int serial, base, groups, head_dim, batch, steps, blas_threads, no_progress;
@@ -70,6 +78,8 @@ static void ut_usage(void)
            "  --noise SIGMA (0.3)\n"
            "pipeline (same as xmesh-train gpt):\n"
            "  --stages N (1)  --layout STR  --stage-mesh RxC,..  --stage-dp N,..  --stage-tp N,..\n"
+           "                   (tp > 1: conv pairs channel-split, attention heads split where\n"
+           "                   tp divides them; needs --groups %% tp == 0)\n"
            "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b (1f1b)  --delay-wgrad\n"
            "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
            "  --trace FILE  --print-schedule\n"
@@ -250,12 +260,14 @@ static int ut_log_open(ut_log_t *s, const ut_opts_t *o, const xmp_ut_config_t *c
     return 0;
 }
 
-/* Pipeline figures of a step (NULL for serial runs). */
+/* Pipeline figures of a step (NULL for serial runs); the same JSON fields as gpt's. */
 typedef struct {
-    double predicted_s; /* simulator from the previous step's stage costs (0: none) */
+    double compute_s, boxing_s; /* rank 0: in stage callbacks (minus boxing); in boxing */
+    double predicted_s;         /* simulator from the previous step's stage costs (0: none) */
     int nstages;
     double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
     int peak_mb[XMP_MAX_STAGES];
+    int64_t peak_bytes[XMP_MAX_STAGES];
 } ut_extra_t;
 
 static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
@@ -280,20 +292,9 @@ static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
         xmp_json_num(&s->json, "step_seconds", seconds);
         xmp_json_num(&s->json, "images_per_s", ips);
         if (ex) {
-            if (ex->predicted_s > 0)
-                xmp_json_num(&s->json, "predicted_s", ex->predicted_s);
-            double bsum = 0;
-            xmp_json_arr_begin(&s->json, "bubble_per_stage");
-            for (int k = 0; k < ex->nstages; k++) {
-                xmp_json_num(&s->json, NULL, ex->bubble[k]);
-                bsum += ex->bubble[k];
-            }
-            xmp_json_arr_end(&s->json);
-            xmp_json_num(&s->json, "bubble", ex->nstages ? bsum / ex->nstages : 0);
-            xmp_json_arr_begin(&s->json, "peak_activation_microbatches");
-            for (int k = 0; k < ex->nstages; k++)
-                xmp_json_int(&s->json, NULL, ex->peak_mb[k]);
-            xmp_json_arr_end(&s->json);
+            xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
+                                  ex->bubble,    ex->peak_mb,  ex->peak_bytes};
+            xmp_json_step_pipeline(&s->json, &sp);
         }
         xmp_json_obj_end(&s->json);
     }
@@ -393,10 +394,12 @@ typedef struct {
     xmp_ut_config_t cfg;
     xmp_ut_params_t lay;
     const xmp_stage_layout_t *sl;
-    int stage, first, last, dpi, dp, nloc, mbs, M;
+    int stage, first, last, dpi, dp, tp, tpi, nloc, mbs, M;
     long step;
-    MPI_Comm dpcomm;
-    float *params, *grads, *vel;
+    xmp_mesh_t *mesh;                 /* this stage's dp x tp mesh (NULL: no stage) */
+    xmp_ut_tp_t tpd;                  /* the layers' tp split (box over mesh's tp axis) */
+    float *params, *grads, *vel;      /* local parameters of the stage's layers */
+    size_t loff[XMP_UT_LAYERS], lcnt; /* each layer's first local float; floats in all */
     xmp_shapes_t sh;
     int nedges;
     ut_edge_t e[2 * XMP_UT_LAYERS];
@@ -404,6 +407,8 @@ typedef struct {
     xmp_ut_layer_t **L;
     float **act, **dact, **skip, **dskip;
     float **input, **cond, **target; /* per micro-batch */
+    int *live;                       /* per micro-batch: forward done, weight part not yet */
+    int64_t mb_bytes;                /* activation bytes of one micro-batch on this rank */
 } ut_stage_t;
 
 static size_t chw_floats(const int chw[3])
@@ -480,8 +485,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                     if (st->e[k].what == T_SKIP && st->e[k].layer == src)
                         skin = in[st->e[k].pos_dst];
         }
-        if (xmp_ut_layer_forward(st->L[IX(st, l, mb)], st->params + st->lay.layer_offset[l], x,
-                                 skin, st->cond[mb], st->act[IX(st, l, mb)],
+        if (xmp_ut_layer_forward(st->L[IX(st, l, mb)], st->params + st->loff[l], x, skin,
+                                 st->cond[mb], st->act[IX(st, l, mb)],
                                  st->skip[IX(st, l, mb)]) != 0) {
             fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             return 1;
@@ -489,6 +494,7 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         x = st->act[IX(st, l, mb)];
         xmp_driver_progress(NULL);
     }
+    st->live[mb] = 1;
     for (int k = 0; k < st->nedges; k++) {
         const ut_edge_t *e = &st->e[k];
         if (st->sl->stage_of[e->layer] != st->stage)
@@ -497,7 +503,7 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
             e->what == T_MAIN ? st->act[IX(st, e->layer, mb)] : st->skip[IX(st, e->layer, mb)];
         memcpy(out[e->pos_src], v, e->floats_src * sizeof(float));
     }
-    if (st->last == XMP_UT_CONV_OUT) {
+    if (st->last == XMP_UT_CONV_OUT && st->tpi == 0) { /* tp ranks hold the same loss */
         double l = 0;
         size_t cnt = (size_t)st->nloc * XMP_UT_OUT_CH * HW;
         xmp_unet_mse_forward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW,
@@ -548,7 +554,7 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         }
         if (src >= 0 && st->sl->stage_of[src] == st->stage)
             dsk = st->dskip[IX(st, src, mb)];
-        if (xmp_ut_layer_backward_input(st->L[IX(st, l, mb)], st->params + st->lay.layer_offset[l],
+        if (xmp_ut_layer_backward_input(st->L[IX(st, l, mb)], st->params + st->loff[l],
                                         st->dact[IX(st, l, mb)], st->dskip[IX(st, l, mb)], dx,
                                         dsk) != 0) {
             fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
@@ -563,39 +569,40 @@ static int ut_bwd_weight(void *u, int mb)
 {
     ut_stage_t *st = u;
     for (int l = st->last; l >= st->first; l--)
-        if (xmp_ut_layer_backward_weight(st->L[IX(st, l, mb)],
-                                         st->grads + st->lay.layer_offset[l]) != 0) {
+        if (xmp_ut_layer_backward_weight(st->L[IX(st, l, mb)], st->grads + st->loff[l]) != 0) {
             fprintf(stderr, "stage %d weight mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             return 1;
         }
+    st->live[mb] = 0;
     return 0;
 }
 
-static size_t stage_off(const ut_stage_t *st)
+static int64_t ut_act_bytes(void *u)
 {
-    return st->lay.layer_offset[st->first];
-}
-static size_t stage_cnt(const ut_stage_t *st)
-{
-    return st->lay.layer_offset[st->last] + st->lay.layer_count[st->last] - stage_off(st);
+    ut_stage_t *st = u;
+    int64_t n = 0;
+    for (int m = 0; m < st->M; m++)
+        n += st->live[m];
+    return n * st->mb_bytes;
 }
 
+/* R: the parameter gradients are P over the dp axis; boxed to B (the data-parallel sum). */
 static int ut_reduce(void *u)
 {
     ut_stage_t *st = u;
-    if (st->dp == 1)
-        return 0;
-    return MPI_Allreduce(MPI_IN_PLACE, st->grads + stage_off(st), (int)stage_cnt(st), MPI_FLOAT,
-                         MPI_SUM, st->dpcomm) != MPI_SUCCESS;
+    if (xmp_ut_dp_reduce(st->mesh, st->grads, st->lcnt) != 0) {
+        fprintf(stderr, "stage %d: gradient reduction: %s\n", st->stage, xmp_last_error());
+        return 1;
+    }
+    return 0;
 }
 
 static int ut_opt(void *u)
 {
     ut_stage_t *st = u;
-    size_t off = stage_off(st), n = stage_cnt(st);
-    int rc = xmp_unet_sgd_nesterov(n, st->o->lr, st->o->momentum, st->o->wd, st->params + off,
-                                   st->vel + off, st->grads + off);
-    memset(st->grads + off, 0, n * sizeof(float));
+    int rc = xmp_unet_sgd_nesterov(st->lcnt, st->o->lr, st->o->momentum, st->o->wd, st->params,
+                                   st->vel, st->grads);
+    memset(st->grads, 0, st->lcnt * sizeof(float));
     return rc != 0;
 }
 
@@ -623,6 +630,7 @@ static void stage_free(ut_stage_t *st)
     free(st->input);
     free(st->cond);
     free(st->target);
+    free(st->live);
     free(st->params);
     free(st->grads);
     free(st->vel);
@@ -633,10 +641,6 @@ static int stage_init(ut_stage_t *st)
 {
     const size_t HW = XMP_UT_IMG * XMP_UT_IMG, NL = (size_t)XMP_UT_LAYERS * st->M;
     const size_t nl = (size_t)st->nloc;
-    size_t P = st->lay.total;
-    st->params = malloc(P * sizeof(float));
-    st->grads = calloc(P, sizeof(float));
-    st->vel = calloc(P, sizeof(float));
     st->L = calloc(NL, sizeof *st->L);
     st->act = calloc(NL, sizeof(float *));
     st->dact = calloc(NL, sizeof(float *));
@@ -645,11 +649,10 @@ static int stage_init(ut_stage_t *st)
     st->input = calloc((size_t)st->M, sizeof(float *));
     st->cond = calloc((size_t)st->M, sizeof(float *));
     st->target = calloc((size_t)st->M, sizeof(float *));
-    if (!st->params || !st->grads || !st->vel || !st->L || !st->act || !st->dact || !st->skip ||
-        !st->dskip || !st->input || !st->cond || !st->target)
+    st->live = calloc((size_t)st->M, sizeof(int));
+    if (!st->L || !st->act || !st->dact || !st->skip || !st->dskip || !st->input || !st->cond ||
+        !st->target || !st->live)
         return xmp_cli_error("out of memory");
-    /* full parameters from the seed; this stage uses its layers' range */
-    xmp_ut_params_init(&st->lay, st->o->seed, st->params);
     for (int m = 0; m < st->M; m++) {
         st->input[m] = malloc(nl * 3 * HW * sizeof(float));
         st->target[m] = malloc(nl * 4 * HW * sizeof(float));
@@ -657,7 +660,8 @@ static int stage_init(ut_stage_t *st)
         if (!st->input[m] || !st->target[m] || !st->cond[m])
             return xmp_cli_error("out of memory");
         for (int l = st->first; l <= st->last; l++) {
-            xmp_ut_layer_t *L = st->L[IX(st, l, m)] = xmp_ut_layer_create(&st->cfg, l, st->nloc);
+            xmp_ut_layer_t *L = st->L[IX(st, l, m)] =
+                xmp_ut_layer_create_tp(&st->cfg, l, st->nloc, &st->tpd);
             if (!L)
                 return xmp_cli_error("layer %d: %s", l, xmp_ut_last_error());
             size_t o = xmp_ut_layer_out_floats(L), s = xmp_ut_layer_skip_out_floats(L);
@@ -670,15 +674,36 @@ static int stage_init(ut_stage_t *st)
             if (!st->act[IX(st, l, m)] || !st->dact[IX(st, l, m)] ||
                 (s && (!st->skip[IX(st, l, m)] || !st->dskip[IX(st, l, m)])))
                 return xmp_cli_error("out of memory");
+            if (m == 0)
+                st->mb_bytes += (int64_t)(xmp_ut_layer_activation_floats(L) + o + s) * 4;
         }
     }
+    /* local parameters: this rank's blocks of the full tensors generated from the seed */
+    st->lcnt = 0;
+    for (int l = st->first; l <= st->last; l++) {
+        st->loff[l] = st->lcnt;
+        st->lcnt += xmp_ut_layer_param_floats(st->L[IX(st, l, 0)]);
+    }
+    float *full = malloc(st->lay.total * sizeof(float));
+    st->params = malloc((st->lcnt + 1) * sizeof(float));
+    st->grads = calloc(st->lcnt + 1, sizeof(float));
+    st->vel = calloc(st->lcnt + 1, sizeof(float));
+    if (!full || !st->params || !st->grads || !st->vel) {
+        free(full);
+        return xmp_cli_error("out of memory");
+    }
+    xmp_ut_params_init(&st->lay, st->o->seed, full);
+    for (int l = st->first; l <= st->last; l++)
+        xmp_ut_layer_param_slice(st->L[IX(st, l, 0)], full + st->lay.layer_offset[l],
+                                 st->params + st->loff[l]);
+    free(full);
     return 0;
 }
 
 /* Times the stage callbacks (per-microbatch F/I/W costs for the simulator). */
 typedef struct {
     xmp_stage_ops_t in;
-    double f, i, w;
+    double f, i, w, r, o;
     int nf, ni, nw;
 } timed_ops_t;
 
@@ -712,12 +737,23 @@ static int t_bw(void *u, int mb)
 static int t_red(void *u)
 {
     timed_ops_t *t = u;
-    return t->in.reduce_grads(t->in.user);
+    double t0 = MPI_Wtime();
+    int rc = t->in.reduce_grads(t->in.user);
+    t->r += MPI_Wtime() - t0;
+    return rc;
 }
 static int t_opt(void *u)
 {
     timed_ops_t *t = u;
-    return t->in.optimizer_step(t->in.user);
+    double t0 = MPI_Wtime();
+    int rc = t->in.optimizer_step(t->in.user);
+    t->o += MPI_Wtime() - t0;
+    return rc;
+}
+static int64_t t_act(void *u)
+{
+    timed_ops_t *t = u;
+    return t->in.activation_bytes(t->in.user);
 }
 
 static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
@@ -735,7 +771,8 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     kinds[XMP_UT_LAYERS] = '\0';
     ut_stage_t st;
     memset(&st, 0, sizeof st);
-    st.dpcomm = MPI_COMM_NULL;
+    xmp_mesh_t *smesh[XMP_MAX_STAGES] = {NULL};
+    int allranks[XMP_MAX_STAGES * 64];
     xmp_schedule_t *sched = NULL;
     xmesh_ctx_t ctx = NULL;
     xmp_driver_t *drv = NULL;
@@ -753,11 +790,9 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         goto out_mpi;
     }
     for (int s = 0; s < sl.nstages; s++) {
-        if (sl.tp[s] != 1) {
+        if (xmp_ut_tp_check(c, sl.tp[s]) != 0) {
             if (rank == 0)
-                xmp_cli_error("stage %d: tensor parallel degree %d: only data parallel (tp 1) is "
-                              "implemented for the U-Transformer",
-                              s, sl.tp[s]);
+                xmp_cli_error("stage %d: %s", s, xmp_ut_last_error());
             goto out_mpi;
         }
         if (mbs % sl.dp[s] != 0) {
@@ -780,6 +815,8 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     xmp_gen_opts_t go;
     memset(&go, 0, sizeof go);
     go.delay_wgrad = o->delay_wgrad;
+    /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
+    go.max_pending_w = sl.nstages;
     if (xmp_sched_generate(o->schedule, sl.nstages, M, st.nedges, se, &go, &sched, err,
                            sizeof err) != 0) {
         if (rank == 0)
@@ -800,13 +837,31 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         }
     }
     st.stage = xmp_stage_layout_stage_of_rank(&sl, rank);
-    MPI_Comm_split(MPI_COMM_WORLD, st.stage < 0 ? MPI_UNDEFINED : st.stage, rank, &st.dpcomm);
+    /* every stage's dp x tp SBP mesh (collective over the job) */
     int local_fail = 0;
-    if (st.stage >= 0) {
+    for (int k = 0; k < XMP_MAX_STAGES * 64; k++)
+        allranks[k] = k;
+    for (int s = 0; s < sl.nstages && !local_fail; s++) {
+        int shape[2] = {sl.dp[s], sl.tp[s]};
+        if (xmp_mesh_create(MPI_COMM_WORLD, NULL, 2, shape, allranks + sl.rank0[s], &smesh[s]) !=
+            XMESH_SUCCESS) {
+            xmp_cli_error("stage %d mesh: %s", s, xmp_last_error());
+            local_fail = 1;
+        }
+    }
+    if (st.stage >= 0 && !local_fail) {
         st.first = sl.first[st.stage];
         st.last = st.first + sl.count[st.stage] - 1;
         st.dp = sl.dp[st.stage];
-        st.dpi = (rank - sl.rank0[st.stage]) / sl.tp[st.stage];
+        st.tp = sl.tp[st.stage];
+        st.dpi = (rank - sl.rank0[st.stage]) / st.tp;
+        st.tpi = (rank - sl.rank0[st.stage]) % st.tp;
+        st.mesh = smesh[st.stage];
+        st.tpd.size = st.tp;
+        st.tpd.rank = st.tpi;
+        st.tpd.box_p_to_b = xmp_ut_tp_box_p_to_b;
+        st.tpd.gather_channels = xmp_ut_tp_gather_channels;
+        st.tpd.user = st.mesh;
         st.nloc = mbs / st.dp;
         if (xmp_shapes_init(&st.sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(&st) != 0)
             local_fail = 1;
@@ -848,12 +903,14 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     tops.in.backward_weight = ut_bwd_weight;
     tops.in.reduce_grads = ut_reduce;
     tops.in.optimizer_step = ut_opt;
+    tops.in.activation_bytes = ut_act_bytes;
     dc.ops.user = &tops;
     dc.ops.forward = t_fwd;
     dc.ops.backward_input = t_bin;
     dc.ops.backward_weight = t_bw;
     dc.ops.reduce_grads = t_red;
     dc.ops.optimizer_step = t_opt;
+    dc.ops.activation_bytes = t_act;
     if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
         if (rank == 0)
             xmp_cli_error("pipeline driver: %s", err);
@@ -866,8 +923,9 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     for (int step = 0; step < o->steps && log_ok; step++) {
         xmp_step_stats_t ss;
         st.step = step;
-        tops.f = tops.i = tops.w = 0;
+        tops.f = tops.i = tops.w = tops.r = tops.o = 0;
         tops.nf = tops.ni = tops.nw = 0;
+        double comm0 = xmp_comm_seconds();
         xmesh_result_t r = xmp_driver_step(drv, &ss);
         int bad = r != XMESH_SUCCESS, anybad = 0;
         MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -889,19 +947,31 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
             loc[3 * S + st.stage] = ss.bubble;
             loc[4 * S + st.stage] = ss.peak_act_mb;
         }
+        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
+        memset(lp, 0, sizeof lp);
+        if (st.stage >= 0)
+            lp[st.stage] = ss.peak_act_bytes;
         MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
         ut_extra_t ex;
         memset(&ex, 0, sizeof ex);
         ex.nstages = S;
+        ex.boxing_s = xmp_comm_seconds() - comm0;
+        ex.compute_s = tops.f + tops.i + tops.w + tops.r + tops.o - ex.boxing_s;
         for (int k = 0; k < S; k++) {
             ex.bubble[k] = all[3 * S + k];
             ex.peak_mb[k] = (int)all[4 * S + k];
+            ex.peak_bytes[k] = ap[k];
         }
         if (have_costs) {
             xmp_sim_result_t res;
             memset(&res, 0, sizeof res);
             if (xmp_driver_predict(drv, cf, ci, cw, &res) == XMESH_SUCCESS && res.ok)
                 ex.predicted_s = res.step_s;
+            if (o->print_schedule && rank == 0 && step == 1) {
+                printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
+                xmp_sim_render(sched, &res, 100, stdout);
+            }
             xmp_sim_result_free(&res);
         }
         for (int k = 0; k < S; k++) {
@@ -910,6 +980,19 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
             cw[k] = all[2 * S + k];
         }
         have_costs = 1;
+        /* After the first step, place the deferred W work with the measured stage costs and
+         * xmesh's predicted transfer times instead of unit costs (pipe/replan.h). */
+        if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1) {
+            xmp_replan_t rp = {
+                o->schedule,      M, st.nedges, se, cf, ci, cw, xmp_driver_mean_act_seconds(drv),
+                o->print_schedule};
+            char rerr[640];
+            if (xmp_pipe_replan(&rp, &dc, &sched, &drv, rerr, sizeof rerr) != 0) {
+                if (rank == 0)
+                    xmp_cli_error("%s", rerr);
+                break;
+            }
+        }
         if (rank == 0) {
             ut_log_record_ex(&log, step, loss, ss.step_s, &ex);
             if (ref) {
@@ -937,7 +1020,7 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     if (rank == 0 && ref)
         printf("check-serial: %s (%d mismatching steps of %d compared)\n",
                mismatch ? "FAILED" : "OK", mismatch, o->steps < 10 ? o->steps : 10);
-    if (o->trace && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
+    if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
         xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
     int mine = ok && !mismatch, all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -947,8 +1030,8 @@ out_ctx:
     xmesh_ctx_destroy(ctx);
 out_stage:
     stage_free(&st);
-    if (st.dpcomm != MPI_COMM_NULL)
-        MPI_Comm_free(&st.dpcomm);
+    for (int s = 0; s < XMP_MAX_STAGES; s++)
+        xmp_mesh_destroy(smesh[s]);
 out_mpi:
     free(ref);
     xmp_sched_destroy(sched);

@@ -691,6 +691,20 @@ xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double
     return r == 0 ? XMESH_SUCCESS : XMESH_ERR_INVALID_USAGE;
 }
 
+double xmp_driver_mean_act_seconds(xmp_driver_t *d)
+{
+    if (!d || d->cfg.mode == XMP_COMM_SIGNAL || d->cfg.nedges == 0)
+        return 0;
+    double sum = 0;
+    for (int e = 0; e < d->cfg.nedges; e++) {
+        xmesh_plan_info_t info;
+        if (xmesh_plan_get_info(d->plans[xmp_plan_index(e, XMP_DIR_ACT)].plan, &info) ==
+            XMESH_SUCCESS)
+            sum += info.predicted_s;
+    }
+    return sum / d->cfg.nedges;
+}
+
 /* ---------------------------------------------------------------- trace */
 
 static int ev_json(const xmp_driver_t *d, const ev_t *e, char *buf, size_t n)

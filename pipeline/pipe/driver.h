@@ -209,6 +209,9 @@ const char *xmp_driver_error(const xmp_driver_t *d);
  * predicted_s. res as in xmp_sim_run (free with xmp_sim_result_free). */
 xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double *i,
                                   const double *w, xmp_sim_result_t *res);
+/* Mean over the activation plans (every edge, producer -> consumer) of xmesh's predicted
+ * seconds (xmesh_plan_get_info); 0 without edges and in signal mode (no data moves). Local. */
+double xmp_driver_mean_act_seconds(xmp_driver_t *d);
 /* Collective: gathers every rank's recorded events to rank 0 of cfg.comm,
  * which writes the Chrome trace JSON to path (see above). */
 xmesh_result_t xmp_driver_write_trace(xmp_driver_t *d, const char *path);

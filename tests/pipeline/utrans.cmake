@@ -40,15 +40,65 @@ if(TARGET xmesh-train)
   xmp_ut_case(s2 2 --stages 2 --batch 4 --microbatches 2)
   xmp_ut_case(s3dp 4 --stages 3 --stage-dp 2,1,1 --batch 8 --microbatches 4)
   xmp_ut_case(s3lay 4 --layout "u*5|u*4|u*4" --stage-dp 1,1,2 --batch 8 --microbatches 4)
-  # Bad input: a clear message naming the value (the command exits non-zero).
+  # Tensor parallel (channel split, SBP boxing over the tp axis): one stage on 1x2 and 2x2
+  # (dp x tp), and two stages whose meshes differ in shape (1x2 -> 2x1, 2x1 -> 1x2) so the main
+  # edge and the skips go between a tensor-parallel and a data-parallel mesh; every comm mode
+  # once, each with a different schedule.
+  function(xmp_ut_tp_case name np)
+    add_test(NAME pipeline.utrans.tp.${name}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:xmesh-train> utransformer ${ARGN}
+              ${XMP_UT_COMMON} ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(pipeline.utrans.tp.${name} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
+      ENVIRONMENT "${XMP_UT_ENV}" PASS_REGULAR_EXPRESSION "check-serial: OK"
+      FAIL_REGULAR_EXPRESSION "MISMATCH")
+  endfunction()
+  xmp_ut_tp_case(s1_1x2 2 --stages 1 --stage-tp 2 --batch 4)
+  xmp_ut_tp_case(s1_2x2 4 --stages 1 --stage-mesh 2x2 --batch 4)
+  set(XMP_UT_TP2 --stages 2 --batch 4 --microbatches 2)
+  xmp_ut_tp_case(s2_1x2_2x1.gpipe.broadcast 4 ${XMP_UT_TP2} --stage-mesh 1x2,2x1
+                 --schedule gpipe --comm broadcast)
+  xmp_ut_tp_case(s2_1x2_2x1.1f1b.sendrecv 4 ${XMP_UT_TP2} --stage-mesh 1x2,2x1
+                 --schedule 1f1b --comm sendrecv)
+  xmp_ut_tp_case(s2_2x1_1x2.eager-1f1b.sendrecv-allgather 4 ${XMP_UT_TP2} --stage-mesh 2x1,1x2
+                 --schedule eager-1f1b --comm sendrecv-allgather)
+  xmp_ut_tp_case(s2_2x1_1x2.1f1b.blocking 4 ${XMP_UT_TP2} --stage-mesh 2x1,1x2
+                 --schedule 1f1b --comm blocking)
+  xmp_ut_tp_case(s2_1x2_2x1.eager-1f1b.delay-wgrad 4 ${XMP_UT_TP2} --stage-mesh 1x2,2x1
+                 --schedule eager-1f1b --delay-wgrad)
+  # Bad input: a clear message naming the values (the command exits non-zero).
   add_test(NAME pipeline.utrans.bad_tp
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
-            $<TARGET_FILE:xmesh-train> utransformer --stages 1 --stage-tp 2 --batch 4
-            --steps 1 ${MPIEXEC_POSTFLAGS})
+            $<TARGET_FILE:xmesh-train> utransformer --stages 1 --stage-tp 2 --base-channels 6
+            --groups 3 --batch 4 --steps 1 ${MPIEXEC_POSTFLAGS})
   set_tests_properties(pipeline.utrans.bad_tp PROPERTIES LABELS "pipeline;mpi" TIMEOUT 30
-    ENVIRONMENT "${XMP_UT_ENV}" PASS_REGULAR_EXPRESSION "tensor parallel degree 2")
+    ENVIRONMENT "${XMP_UT_ENV}"
+    PASS_REGULAR_EXPRESSION "stage 0: group norm groups 3 cannot be split over tensor-parallel degree 2")
   add_test(NAME pipeline.utrans.bad_groups
     COMMAND xmesh-train utransformer --serial --base-channels 6 --groups 4)
   set_tests_properties(pipeline.utrans.bad_groups PROPERTIES LABELS "pipeline;unit" TIMEOUT 30
     PASS_REGULAR_EXPRESSION "groups 4: must divide the base channels 6")
+endif()
+
+# U-Transformer tensor parallelism, layer by layer (test_utrans_tp.c): each of the 13 layers
+# channel-split over tp = 2 and 4 ranks equals the serial layer (outputs, input gradients, the
+# local blocks of the parameter gradients), and the refusals. Replay: test_utrans_tp --seed N
+add_executable(test_utrans_tp ${CMAKE_CURRENT_SOURCE_DIR}/test_utrans_tp.c)
+target_link_libraries(test_utrans_tp PRIVATE xmesh_pipeline m)
+foreach(np 2 4)
+  add_test(NAME pipeline.utrans_tp.np${np}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:test_utrans_tp> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.utrans_tp.np${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1"
+    PASS_REGULAR_EXPRESSION "^test_utrans_tp.*OK \\(0 failures")
+endforeach()
+
+# --delay-wgrad re-planning after the first step (pipe/replan.h) and gpt's step JSON keys.
+if(TARGET xmesh-train)
+  add_test(NAME pipeline.utrans.replan
+           COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_utrans_replan.py
+                   $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
+  set_tests_properties(pipeline.utrans.replan PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
 endif()

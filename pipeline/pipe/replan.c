@@ -1,0 +1,49 @@
+/* Re-planning with measured costs: see replan.h. */
+#include "pipe/replan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
+                    xmp_driver_t **drv, char *err, size_t errlen)
+{
+    const int S = dc->nstages;
+    int rank = 0;
+    MPI_Comm_rank(dc->comm, &rank);
+    xmp_gen_opts_t go;
+    memset(&go, 0, sizeof go);
+    go.delay_wgrad = 1;
+    go.max_pending_w = S;
+    for (int k = 0; k < S; k++) {
+        go.f += rp->f[k] / S;
+        go.i += rp->i[k] / S;
+        go.w += rp->w[k] / S;
+    }
+    go.xfer = rp->xfer;
+    char msg[512];
+    xmp_schedule_t *ns = NULL;
+    xmp_driver_t *nd = NULL;
+    if (xmp_sched_generate(rp->kind, S, rp->nmb, rp->nedges, rp->sedges, &go, &ns, msg,
+                           sizeof msg) != 0) {
+        snprintf(err, errlen, "re-planning the schedule: %s", msg);
+        return -1;
+    }
+    xmp_driver_destroy(*drv);
+    *drv = NULL;
+    dc->sched = ns;
+    if (xmp_driver_create(dc, &nd, msg, sizeof msg) != XMESH_SUCCESS) {
+        snprintf(err, errlen, "pipeline driver (re-planned): %s", msg);
+        dc->sched = *sched;
+        xmp_sched_destroy(ns);
+        return -1;
+    }
+    xmp_sched_destroy(*sched);
+    *sched = ns;
+    *drv = nd;
+    if (rp->print && rank == 0) {
+        printf("# re-planned with measured costs f %.4f i %.4f w %.4f s, transfer %.4f s:\n", go.f,
+               go.i, go.w, go.xfer);
+        xmp_sched_fprint(ns, stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,45 @@
+/*
+ * Re-planning a pipeline schedule with measured costs, shared by xmesh-train gpt and
+ * xmesh-train utransformer (--delay-wgrad).
+ *
+ * A schedule generated before the first step places deferred weight-gradient (W) work with
+ * unit costs and no transfer time. After the first step the commands know each stage's measured
+ * per-microbatch F, I and W seconds and xmesh's predicted transfer seconds; xmp_pipe_replan()
+ * regenerates the schedule with them (the means over stages of F, I, W, the given transfer
+ * time, at most nstages microbatches of pending W: ZB-H1's memory rule), so that W actions fill
+ * the waits the transfers cause, and recreates the driver with the new schedule.
+ */
+#ifndef XMP_PIPE_REPLAN_H
+#define XMP_PIPE_REPLAN_H
+
+#include <stddef.h>
+
+#include "pipe/driver.h"
+#include "sched/schedule.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int kind;                  /* xmp_sched_kind_t of the current schedule */
+    int nmb;                   /* microbatches */
+    int nedges;                /* stage-graph edges (== dc->nedges) */
+    const xmp_sedge_t *sedges; /* nedges */
+    const double *f, *i, *w;   /* per stage (dc->nstages): measured seconds per microbatch */
+    double xfer;               /* transfer seconds used to place W */
+    int print;                 /* rank 0 of dc->comm prints the costs and the new schedule */
+} xmp_replan_t;
+
+/* Collective over dc->comm. Generates the new schedule; on success destroys *drv and *sched,
+ * creates the driver from dc with the new schedule (dc->sched is set to it) and returns 0 with
+ * *sched and *drv replaced. Returns -1 with a message in err ("re-planning the schedule: ..." or
+ * "pipeline driver (re-planned): ...") when generation fails (nothing changed) or when the new
+ * driver cannot be created (then *drv is NULL, the old schedule is kept in *sched). */
+int xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
+                    xmp_driver_t **drv, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* XMP_PIPE_REPLAN_H */
