@@ -12,7 +12,9 @@
 #
 #   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [ut2]     (default: all)
 # Environment: XMESH_ABL_RATE_GPT [50mbit], XMESH_ABL_RATE_UT [50mbit], XMESH_ABL_BURST [64kb],
-#   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT.
+#   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT, XMESH_ABL_UT_C [16],
+#   XMESH_ABL_UT_MBS [4] (U-Transformer base channels and images per microbatch),
+#   XMESH_ABL_MICROBATCHES [4,16].
 # BLAS runs one thread per rank (--blas-threads 1); ranks of a host share the
 # machine's 2 cores with each other and with xmesh's progress threads.
 set -uo pipefail
@@ -25,6 +27,7 @@ rate_ut=${XMESH_ABL_RATE_UT:-50mbit}
 burst=${XMESH_ABL_BURST:-64kb}
 out=${XMESH_ABL_OUT:-$root/build/ablation/$(date -u +%Y%m%d-%H%M%S)}
 configs=${*:-gpt2 gpt4 ut2}
+mbl=${XMESH_ABL_MICROBATCHES:-4,16}
 
 scripts/install-deps.sh >/dev/null || exit 1
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || exit 1
@@ -47,8 +50,10 @@ why=$(microbench/cluster/cluster.sh check 2>&1) || incluster=0
 gpt_model="--layers 4 --heads 4 --channels 256 --seq 64 --blas-threads 1"
 gpt_mbs=8
 gpt_tokens_per_sample=64
-# ut: base channels 16, microbatches of 4 images.
-ut_model="--base-channels 16 --blas-threads 1"
+# ut: base channels XMESH_ABL_UT_C (16), microbatches of XMESH_ABL_UT_MBS (4) images.
+ut_c=${XMESH_ABL_UT_C:-16}
+ut_mbs=${XMESH_ABL_UT_MBS:-4}
+ut_model="--base-channels $ut_c --blas-threads 1"
 
 run_cfg() { # name hosts pph rate model mbsize unitname stage-args microbatches
     local name=$1 hosts=$2 pph=$3 rate=$4 model=$5 mbsize=$6 uname=$7 sargs=$8 mbs=$9 margs ups
@@ -70,11 +75,11 @@ rc=0
 for c in $configs; do
     case $c in
     gpt2) run_cfg gpt2 2 2 "$rate_gpt" gpt $gpt_mbs tokens \
-        "--stages 2 --stage-mesh 2x1,1x2" 4,16 || rc=1 ;;
+        "--stages 2 --stage-mesh 2x1,1x2" "$mbl" || rc=1 ;;
     gpt4) run_cfg gpt4 4 2 "$rate_gpt" gpt $gpt_mbs tokens \
-        "--stages 4 --stage-mesh 2x1,1x2,2x1,1x2" 4,16 || rc=1 ;;
-    ut2) run_cfg ut2 2 2 "$rate_ut" utransformer 4 images \
-        "--stages 2 --stage-mesh 2x1,2x1" 4,16 || rc=1 ;;
+        "--stages 4 --stage-mesh 2x1,1x2,2x1,1x2" "$mbl" || rc=1 ;;
+    ut2) run_cfg ut2 2 2 "$rate_ut" utransformer "$ut_mbs" images \
+        "--stages 2 --stage-mesh 2x1,2x1" "$mbl" || rc=1 ;;
     *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, ut2)" >&2; rc=2 ;;
     esac
 done
