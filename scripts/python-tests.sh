@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds the Python package into the venv (scripts/python-venv.sh) and runs
+# its tests under mpirun with 4 and 8 ranks, plus `python -m xmesh.info`.
+# The CMake build directory is kept (build-py/cmake), so reruns rebuild
+# only what changed. Exit status 0 iff everything passed.
+#
+#   scripts/python-tests.sh                 build, install, test
+#   XMESH_PY_SEED=123 scripts/python-tests.sh    replay a seed
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=build-py/venv
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+scripts/python-venv.sh "$venv"
+py=$PWD/$venv/bin/python
+
+echo "python: pip install . (scikit-build-core, build dir build-py/cmake)"
+"$py" -m pip --disable-pip-version-check -q install --no-deps --no-build-isolation \
+  -Cbuild-dir=build-py/cmake .
+
+echo "python: python -m xmesh.info"
+info=$(cd /tmp && "$py" -m xmesh.info --no-topo)
+echo "$info" | head -n 1
+echo "$info" | grep -q '^xmesh [0-9]' || { echo "python -m xmesh.info printed no version line"; exit 1; }
+echo "$info" | grep -q 'XMESH_CHUNK_BYTES' || { echo "python -m xmesh.info printed no parameters"; exit 1; }
+
+# Tests run from /tmp so `import xmesh` is the installed package, not python/.
+tests=$PWD/python/tests
+# A hung collective must not hang CI: the library's own timeout, then mpirun's.
+export XMESH_TIMEOUT_S=${XMESH_TIMEOUT_S:-60} XMESH_PY_SEED=${XMESH_PY_SEED:-}
+run() { # np thread-level
+  echo "python: pytest under mpirun -np $1 (MPI thread level $2)"
+  (cd /tmp && MPI4PY_RC_THREAD_LEVEL=$2 timeout 600 mpirun -np "$1" --oversubscribe \
+     -x MPI4PY_RC_THREAD_LEVEL -x XMESH_TIMEOUT_S -x XMESH_PY_SEED \
+     "$py" -m pytest -q -p no:cacheprovider "$tests")
+}
+run 4 multiple
+run 8 funneled
+echo "python: all passed"
