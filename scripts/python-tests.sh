@@ -27,12 +27,29 @@ echo "$info" | grep -q 'XMESH_CHUNK_BYTES' || { echo "python -m xmesh.info print
 tests=$PWD/python/tests
 # A hung collective must not hang CI: the library's own timeout, then mpirun's.
 export XMESH_TIMEOUT_S=${XMESH_TIMEOUT_S:-60} XMESH_PY_SEED=${XMESH_PY_SEED:-}
+# Each rank's report goes to its own file; rank 0's is shown, and every
+# rank's in full when the run fails.
+out=$PWD/build-py/pytest
+mkdir -p "$out"
 run() { # np thread-level
   echo "python: pytest under mpirun -np $1 (MPI thread level $2)"
-  (cd /tmp && MPI4PY_RC_THREAD_LEVEL=$2 timeout 600 mpirun -np "$1" --oversubscribe \
-     -x MPI4PY_RC_THREAD_LEVEL -x XMESH_TIMEOUT_S -x XMESH_PY_SEED \
-     "$py" -m pytest -q -p no:cacheprovider "$tests")
+  local dir=$out/np$1-$2 rc=0
+  rm -rf "$dir"
+  (cd /tmp && MPI4PY_RC_THREAD_LEVEL=$2 timeout 300 mpirun -np "$1" --oversubscribe \
+     --output-filename "$dir" -x MPI4PY_RC_THREAD_LEVEL -x XMESH_TIMEOUT_S -x XMESH_PY_SEED \
+     "$py" -m pytest -q --color=no -p no:cacheprovider "$tests") >"$dir.log" 2>&1 || rc=$?
+  local reports=("$dir"/1/rank.*/stdout)
+  if [ "$rc" -ne 0 ]; then
+    cat "$dir.log"
+    for f in "${reports[@]}"; do echo "---- $f"; cat "$f"; done
+    echo "python: FAILED under mpirun -np $1 ($2), exit $rc"
+    return 1
+  fi
+  cat "$dir"/1/rank.0/stdout
+  echo "python: every rank: $(tail -qn 1 "${reports[@]}" | sed 's/ in [0-9.]*s$//' | sort | uniq -c | tr -s ' ' | paste -sd ';')"
 }
 run 4 multiple
 run 8 funneled
+run 4 single
+run 8 serialized
 echo "python: all passed"

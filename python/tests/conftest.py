@@ -27,9 +27,14 @@ def _seed():
 SEED = _seed()
 
 
+def _thread_level():
+    names = {getattr(MPI, n): n for n in ("THREAD_SINGLE", "THREAD_FUNNELED", "THREAD_SERIALIZED", "THREAD_MULTIPLE")}
+    return names.get(MPI.Query_thread(), str(MPI.Query_thread()))
+
+
 def pytest_report_header(config):
     return (
-        f"xmesh: rank {COMM.rank} of {COMM.size}, MPI thread level {MPI.Query_thread()}, "
+        f"xmesh: rank {COMM.rank} of {COMM.size}, MPI {_thread_level()}, "
         f"seed {SEED} (replay: XMESH_PY_SEED={SEED})"
     )
 

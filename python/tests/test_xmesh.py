@@ -78,7 +78,7 @@ def _run_case(ctx, rng, src_spec, dst_spec, dtype, src_str, dst_str, **params):
 
 def test_random_layouts(ctx, seed):
     rng = np.random.default_rng(seed)
-    trials = 24
+    trials = 48
     for t in range(trials):
         ndim = int(rng.integers(1, 4))
         shape = tuple(int(x) for x in rng.integers(0 if t % 6 == 5 else 1, 10, size=ndim))
@@ -116,7 +116,7 @@ def test_partial_sums(ctx, seed, dtype):
 
 def test_random_partial_sums(ctx, seed):
     rng = np.random.default_rng(seed)
-    for t in range(8):
+    for t in range(16):
         shape = tuple(int(x) for x in rng.integers(1, 9, size=int(rng.integers(1, 3))))
         dtype = ALL_DTYPES[int(rng.integers(len(ALL_DTYPES)))]
         s = random_spec(rng, shape, *random_mesh(rng, ctx.size), partial=True, sbp=True)

@@ -22,6 +22,7 @@ docs/PYTHON.md.
 """
 
 import atexit
+import builtins
 import ctypes
 import sys
 import weakref
@@ -103,7 +104,8 @@ for _cname, _code, _text in _capi.RESULTS:
     )
     _cls.__module__ = __name__
     globals()[_cls.__name__] = _cls
-    __all__.append(_cls.__name__)
+    if not hasattr(builtins, _cls.__name__):  # `import *` must not shadow SystemError, TimeoutError
+        __all__.append(_cls.__name__)
     _ERRORS[_code] = _cls
 del _cname, _code, _text, _cls
 
@@ -735,9 +737,9 @@ _atexit_registered = False
 
 
 def _register_atexit():
-    # Registered when the first Context exists, i.e. after mpi4py.MPI was
-    # imported: atexit runs handlers last-in first-out, so this one runs
-    # before mpi4py finalises MPI.
+    # mpi4py finalises MPI in a Py_AtExit hook, which runs after every
+    # atexit handler; registered with the first Context (after mpi4py.MPI
+    # was imported) it would run first even if mpi4py used atexit itself.
     global _atexit_registered
     if not _atexit_registered:
         atexit.register(_close_all)
