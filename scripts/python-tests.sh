@@ -52,4 +52,9 @@ run 4 multiple
 run 8 funneled
 run 4 single
 run 8 serialized
+echo "python: the example, mpirun -np 4 python python/examples/redistribute.py"
+ex=$(cd /tmp && timeout 120 mpirun -np 4 --oversubscribe "$py" "$OLDPWD/python/examples/redistribute.py" 2>&1) ||
+  { echo "$ex"; echo "python: the example FAILED"; exit 1; }
+echo "$ex" | grep -E '^[0-9]+ unit tasks' || { echo "$ex"; echo "python: the example printed no summary"; exit 1; }
+echo "$ex" | grep -q ': OK$' || { echo "$ex"; echo "python: the example's check FAILED"; exit 1; }
 echo "python: all passed"

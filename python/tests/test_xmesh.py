@@ -277,6 +277,17 @@ def test_errors_name_the_bad_value_and_move_nothing(ctx):
     A.close()
 
 
+def test_ranks_passing_different_layouts(ctx):
+    n = ctx.size
+    A = ctx.mesh((n,), list(range(n)))
+    src = xmesh.Layout((n, 4 + (ctx.rank == 1)), np.int32, A, "S0R")  # rank 1 disagrees
+    dst = xmesh.Layout((n, 4 + (ctx.rank == 1)), np.int32, A, "RS0")
+    with pytest.raises(xmesh.MismatchError) as e:
+        ctx.plan(src, dst)
+    assert e.value.code == xmesh.MismatchError.code and e.value.message
+    A.close()
+
+
 def test_rank_outside_a_mesh(ctx):
     n = ctx.size
     A = ctx.mesh((n // 2,), list(range(n // 2)))
