@@ -22,6 +22,21 @@ info=$(cd /tmp && "$py" -m xmesh.info --no-topo)
 echo "$info" | head -n 1
 echo "$info" | grep -q '^xmesh [0-9]' || { echo "python -m xmesh.info printed no version line"; exit 1; }
 echo "$info" | grep -q 'XMESH_CHUNK_BYTES' || { echo "python -m xmesh.info printed no parameters"; exit 1; }
+# Same report as the C tool: the parameter table (build type and test hooks
+# differ between the two builds by design) must match line for line.
+cinfo=${XMESH_INFO:-}
+for c in build-ci/tools/xmesh-info build/tools/xmesh-info; do
+  [ -n "$cinfo" ] || { [ -x "$c" ] && cinfo=$c; } || true
+done
+if [ -n "$cinfo" ]; then
+  params() { awk '/^parameters /{p=1} /^test hooks/{p=0} p'; }
+  if ! diff <(echo "$info" | params) <("$cinfo" --no-topo | params); then
+    echo "python -m xmesh.info and $cinfo print different parameter tables"; exit 1
+  fi
+  echo "python: parameter table identical to $cinfo's"
+else
+  echo "python: no xmesh-info built here (build-ci/, build/): comparison NOT RUN"
+fi
 
 # Tests run from /tmp so `import xmesh` is the installed package, not python/.
 tests=$PWD/python/tests

@@ -15,7 +15,7 @@ py=${XMESH_PYTHON:-}
 if [ -z "$py" ]; then
   if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=$(command -v python3); fi
 fi
-pkgs=(scikit-build-core numpy pytest ml_dtypes)
+pkgs=(scikit-build-core numpy pytest ml_dtypes)  # and mpi4py, below
 # The stamp: interpreter, its version, the package list, mpicc's MPI.
 want="$("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])') ${pkgs[*]} mpi4py/$(mpicc --showme:version 2>&1 | head -n1)"
 stamp=$venv/.xmesh-deps
@@ -28,6 +28,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+# Debian 12's venv pip (23.0) predates some config-settings handling the
+# build uses; take a current one from PyPI first.
+"${pip[@]}" install --upgrade pip
 "${pip[@]}" install "${pkgs[@]}"
 # mpi4py from source against the MPI on PATH (mpicc): a binary wheel could
 # bring another MPI than the one libxmesh links. The build takes a few

@@ -47,7 +47,8 @@ def main():
         if my_dst is not None:
             ok = np.array_equal(my_dst, g[dst.local_slice()]) and np.array_equal(my_dst2, 2 * g[dst.local_slice()])
         ok = comm.allreduce(ok, op=MPI.LAND)
-        held = f"dst block {my_dst.shape} = global{dst.local_slice()}" if my_dst is not None else "no dst block"
+        span = ", ".join(f"{s.start}:{s.stop}" for s in dst.local_slice() or ())
+        held = f"dst block {my_dst.shape} = global[{span}]" if my_dst is not None else "no dst block"
         print(f"rank {ctx.rank}: src block {my_src.shape}, {held}")
         comm.Barrier()
         if ctx.rank == 0:
