@@ -52,7 +52,7 @@ run() { # np thread-level
   rm -rf "$dir"
   (cd /tmp && MPI4PY_RC_THREAD_LEVEL=$2 timeout 300 mpirun -np "$1" --oversubscribe \
      --output-filename "$dir" -x MPI4PY_RC_THREAD_LEVEL -x XMESH_TIMEOUT_S -x XMESH_PY_SEED \
-     "$py" -m pytest -q --color=no -p no:cacheprovider "$tests") >"$dir.log" 2>&1 || rc=$?
+     "$py" -m pytest -q --color=no -p no:cacheprovider -o faulthandler_timeout=120 "$tests") >"$dir.log" 2>&1 || rc=$?
   local reports=("$dir"/1/rank.*/stdout)
   if [ "$rc" -ne 0 ]; then
     cat "$dir.log"

@@ -288,6 +288,33 @@ def test_ranks_passing_different_layouts(ctx):
     A.close()
 
 
+def test_transfer_timeout_is_raised_by_wait(ctx, comm):
+    """Senders never call: receivers' wait() raises TimeoutError (or RemoteError)
+    carrying the library's message, and the retired plan refuses further starts."""
+    n = ctx.size
+    A = ctx.mesh((n // 2,), list(range(n // 2)))
+    B = ctx.mesh((n // 2,), list(range(n // 2, n)))
+    shape = (n, 2 * n)  # every receiver gets columns from a sender
+    src = xmesh.Layout(shape, np.float64, A, "S0R")
+    dst = xmesh.Layout(shape, np.float64, B, "RS0")
+    with ctx.plan(src, dst, timeout_s=1.0) as plan:
+        try:
+            if ctx.rank in B:
+                out = dst.empty()
+                req = plan.start(None, out)
+                with pytest.raises((xmesh.TimeoutError, xmesh.RemoteError)) as e:
+                    req.wait()
+                assert e.value.code in (xmesh.TimeoutError.code, xmesh.RemoteError.code)
+                assert "timed out" in e.value.message or "rank" in e.value.message
+                assert req.done
+                with pytest.raises(xmesh.Error):
+                    req.wait()  # the error again, not a hang
+                with pytest.raises(xmesh.InvalidUsageError):
+                    plan.start(None, out)
+        finally:
+            comm.Barrier()  # the senders stayed out until here
+
+
 def test_rank_outside_a_mesh(ctx):
     n = ctx.size
     A = ctx.mesh((n // 2,), list(range(n // 2)))
