@@ -24,7 +24,7 @@ echo "$info" | grep -q '^xmesh [0-9]' || { echo "python -m xmesh.info printed no
 echo "$info" | grep -q 'XMESH_CHUNK_BYTES' || { echo "python -m xmesh.info printed no parameters"; exit 1; }
 # Same report as the C tool: the parameter table (build type and test hooks
 # differ between the two builds by design) must match line for line.
-cinfo=${XMESH_INFO:-}
+cinfo=${XMESH_PY_INFO:-}
 for c in build-ci/tools/xmesh-info build/tools/xmesh-info; do
   [ -n "$cinfo" ] || { [ -x "$c" ] && cinfo=$c; } || true
 done
