@@ -7,11 +7,11 @@
 # records what was installed, and pip only runs when that changes.
 #
 #   scripts/python-venv.sh [VENV]     default build-py/venv
-#   XMESH_PYTHON=/path/to/python3     the interpreter (default: Debian's /usr/bin/python3)
+#   XMESH_PY_PYTHON=/path/to/python3  the interpreter (default: Debian's /usr/bin/python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build-py/venv}
-py=${XMESH_PYTHON:-}
+py=${XMESH_PY_PYTHON:-}
 if [ -z "$py" ]; then
   if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=$(command -v python3); fi
 fi

@@ -79,7 +79,7 @@ static const ptype_t types[] = {
 
 /* Names in the XMESH_ namespace that belong to scripts and tests, not to
  * the library: never reported as misspelt. XMESH_PY: the Python package's
- * scripts and tests (XMESH_PYTHON, XMESH_PY_SEED, XMESH_PY_LIBRARY). */
+ * scripts and tests (XMESH_PY_PYTHON, XMESH_PY_SEED, XMESH_PY_LIBRARY). */
 static const char *const foreign_prefixes[] = {"XMESH_TEST_", "XMESH_BENCH", "XMESH_GPU_",
                                                "XMESH_REL_",  "XMESH_FUZZ",  "XMESH_PIPE",
                                                "XMESH_TRAIN", "XMESH_PY"};
