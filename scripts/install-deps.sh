@@ -2,8 +2,11 @@
 # Installs what xmesh needs from Debian's archive, skipping what is already
 # there. Run as root (or with sudo available). CUDA/NCCL are optional and not
 # installed here: the NCCL backend is built when /usr/local/cuda has them.
+# Then the Python package's virtual environment (scripts/python-venv.sh:
+# scikit-build-core, numpy, mpi4py built against this Open MPI, pytest,
+# ml_dtypes from PyPI); XMESH_NO_PYTHON=1 skips it.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config python3
+pkgs=(build-essential cmake pkg-config python3 python3-dev python3-venv python3-pip
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libcmocka-dev
       clang libclang-rt-14-dev clang-format valgrind
       gnuplot-nox iproute2 util-linux git procps
@@ -14,11 +17,14 @@ for p in "${pkgs[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#pkgs[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ -z "${XMESH_NO_PYTHON:-}" ]; then
+  "$(dirname "$0")"/python-venv.sh
+fi

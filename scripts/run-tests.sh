@@ -2,11 +2,12 @@
 # Builds xmesh and runs every test tier: format check, unit + MPI + cluster +
 # GPU-skip + install tests (CTest), bounded fuzzing, and a sanitizer pass
 # (ASan+UBSan over the unit and MPI tiers), ThreadSanitizer over the MPI tier,
-# plus valgrind memcheck of the unit tier. Installs missing Debian packages
-# first. Exit status: 0 iff all passed.
+# plus valgrind memcheck of the unit tier, and the Python package (built
+# into build-py/venv, pytest under mpirun -np 4 and 8). Installs missing
+# Debian packages and the Python venv first. Exit status: 0 iff all passed.
 #
 #   scripts/run-tests.sh            everything (about 20-40 minutes on 2 cores)
-#   XMESH_QUICK=1 scripts/run-tests.sh   main build and CTest only
+#   XMESH_QUICK=1 scripts/run-tests.sh   main build, CTest and the Python package
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -93,3 +94,10 @@ step "build (warnings are errors) and CTest: every tier"
 cmake -S . -B build-ci -DXMESH_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-ci -j "$jobs"
 ctest --test-dir build-ci -j "$jobs" --output-on-failure
+
+step "python package (pip install into build-py/venv, pytest under mpirun -np 4 and -np 8)"
+if [ -n "${XMESH_NO_PYTHON:-}" ]; then
+  echo "python package NOT RUN: XMESH_NO_PYTHON is set"
+else
+  scripts/python-tests.sh
+fi

@@ -78,12 +78,13 @@ static const ptype_t types[] = {
 };
 
 /* Names in the XMESH_ namespace that belong to scripts and tests, not to
- * the library: never reported as misspelt. */
+ * the library: never reported as misspelt. XMESH_PY: the Python package's
+ * scripts and tests (XMESH_PY_PYTHON, XMESH_PY_SEED, XMESH_PY_LIBRARY). */
 static const char *const foreign_prefixes[] = {"XMESH_TEST_", "XMESH_BENCH", "XMESH_GPU_",
                                                "XMESH_REL_",  "XMESH_FUZZ",  "XMESH_PIPE",
-                                               "XMESH_TRAIN"};
-static const char *const foreign_names[] = {"XMESH_QUICK", "XMESH_JOBS", "XMESH_PLAN_ONLY",
-                                            "XMESH_MPIEXEC", "XMESH_FAULT_DST"};
+                                               "XMESH_TRAIN", "XMESH_PY"};
+static const char *const foreign_names[] = {"XMESH_QUICK",   "XMESH_JOBS",      "XMESH_PLAN_ONLY",
+                                            "XMESH_MPIEXEC", "XMESH_FAULT_DST", "XMESH_NO_PYTHON"};
 
 #define NPARAMS (sizeof params / sizeof params[0])
 

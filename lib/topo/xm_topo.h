@@ -90,4 +90,10 @@ int xm_topo_pick_sender(const xm_topo_t *t, const int *cand, int n, int nic);
 /* Human-readable summary, one line per device. */
 void xm_topo_print(const xm_topo_t *t, FILE *f);
 
+/* The xmesh-info report (version, build, parameters, topology of topo_xml:
+ * NULL = XMESH_TOPO_XML, else this machine; topo = 0 skips it) on out.
+ * Returns 0, or 1 when the topology is unavailable. Exported from libxmesh
+ * for the Python package (same build, not part of the public API). */
+int xm_info_print(FILE *out, const char *topo_xml, int topo);
+
 #endif /* XM_TOPO_H */
