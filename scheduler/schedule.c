@@ -487,3 +487,79 @@ void xm_schedule_free(xm_schedule_t *s)
     free(s->route_devs);
     memset(s, 0, sizeof *s);
 }
+
+xmesh_result_t xm_schedule_plan(xm_taskset_t *ts, const xm_cluster_t *c, const xm_sched_opts_t *o,
+                                int split, xm_schedule_t *out, int *split_used)
+{
+    xmesh_result_t r = check_inputs(ts, c, o, out);
+    if (r)
+        return r;
+    xmesh_scheduler_t kind =
+        o && o->kind != XMESH_SCHEDULER_UNSET ? o->kind : XMESH_SCHEDULER_ENSEMBLE;
+    /* naive is the paper's baseline: lowest holders, no balancing to gain */
+    if (!split || kind == XMESH_SCHEDULER_NAIVE || ts->ntasks >= XM_SPLIT_MAX_TASKS) {
+        if (!(r = xm_schedule(ts, c, o, out)) && split_used)
+            *split_used = 0;
+        return r;
+    }
+    double t0 = xm_now_s();
+    xm_taskset_t sp;
+    xm_schedule_t du, ds, w;
+    memset(&sp, 0, sizeof sp);
+    memset(&du, 0, sizeof du);
+    memset(&ds, 0, sizeof ds);
+    memset(&w, 0, sizeof w);
+    if ((r = xm_taskset_split(ts, c, XM_SPLIT_MAX_TASKS, &sp, NULL)))
+        return r;
+    int use = 0;
+    xm_schedule_t *best = &du;
+    xm_taskset_t *set = ts;
+    if (sp.ntasks == ts->ntasks) {
+        /* nothing to cut: the plain schedule */
+        if ((r = xm_schedule(ts, c, o, &w)))
+            goto out_free;
+        best = &w;
+    } else {
+        /* The choice of task set must be the same on every rank: decide
+         * with a count budget, never with wall time. */
+        xm_sched_opts_t det;
+        memset(&det, 0, sizeof det);
+        if (o)
+            det = *o;
+        if (det.max_evals <= 0)
+            det.max_evals = XM_SPLIT_EVALS;
+        if ((r = xm_schedule(ts, c, &det, &du)))
+            goto out_free;
+        if (du.makespan_s > du.lower_bound_s * XM_SPLIT_TRY_RATIO) {
+            if ((r = xm_schedule(&sp, c, &det, &ds)))
+                goto out_free;
+            use = ds.makespan_s < du.makespan_s * (1 - XM_SPLIT_MARGIN);
+        }
+        set = use ? &sp : ts;
+        best = use ? &ds : &du;
+        /* the caller's own (time) budget may still find a better plan of
+         * the chosen set; rank 0's plan is the one every rank uses */
+        if ((!o || o->max_evals <= 0) && best->makespan_s > best->lower_bound_s * (1 + 1e-9)) {
+            if ((r = xm_schedule(set, c, o, &w)))
+                goto out_free;
+            if (w.makespan_s < best->makespan_s)
+                best = &w;
+        }
+    }
+    *out = *best;
+    memset(best, 0, sizeof *best);
+    out->plan_s = xm_now_s() - t0;
+    if (use) {
+        xm_taskset_free(ts);
+        *ts = sp;
+        memset(&sp, 0, sizeof sp);
+    }
+    if (split_used)
+        *split_used = use;
+out_free:
+    xm_schedule_free(&du);
+    xm_schedule_free(&ds);
+    xm_schedule_free(&w);
+    xm_taskset_free(&sp);
+    return r;
+}
