@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "xm_cases.h"
 #include "xm_sched.h"
@@ -377,6 +378,7 @@ typedef struct {
     int main_res; /* index of the result whose tasks are listed */
     xm_sim_result_t sim;
     int split_from, split_to, split_used; /* --split: task counts, whether kept */
+    double decompose_ms;                  /* wall time of xm_decompose */
     int *suggested;                       /* --suggest-order: destination order */
     xmesh_placement_info_t place;
 } plan_t;
@@ -485,7 +487,12 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
             return bad("bad value '%s' for --%s-spec: %s", spec, s ? "dst" : "src",
                        xmesh_last_error());
     }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     xmesh_result_t r = xm_decompose(&L[0], &L[1], &p->hm, &p->ts);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    p->decompose_ms =
+        (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
     if (r == XMESH_ERR_INVALID_ARGUMENT)
         return bad("%s", xmesh_last_error());
     if (r) {
@@ -732,6 +739,7 @@ static void print_json(const opts_t *o, const problem_t *pb, const plan_t *p)
     printf("\"strategy\":\"%s\",\"seed\":%llu,\"split\":%s,\"split_used\":%s,",
            xmesh_strategy_name(o->strategy), (unsigned long long)o->seed,
            o->split ? "true" : "false", p->split_used ? "true" : "false");
+    printf("\"decompose_ms\":%.6g,", p->decompose_ms);
     printf("\"unit_tasks\":%d,\"bytes_total\":%lld,\"bytes_cross_host\":%lld,", ts->ntasks,
            (long long)ts->bytes_total, (long long)ts->bytes_cross_host);
     json_result(stdout, s);
