@@ -96,8 +96,9 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         if (len > maxkey)
             maxkey = len;
     }
+    /* keys are looked up once per prep class: size by classes, not tasks */
     size_t cap = 64;
-    while (cap < 2 * (size_t)n)
+    while (cap < 2 * (size_t)p->nklass)
         cap *= 2;
     int *slot = malloc(sizeof *slot * cap), *flow_of = malloc(sizeof(int) * (n + 1));
     int *key_off = malloc(sizeof(int) * (n + 2)), *rep = malloc(sizeof(int) * (n + 1));

@@ -124,8 +124,9 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
     const xm_taskset_t *ts = p->ts;
     memset(a, 0, sizeof *a);
     int n = ts->ntasks;
+    /* at most one entry per prep class (lookups are per class) */
     a->cap = 64;
-    while (a->cap < n && a->cap < (1 << 24))
+    while (a->cap < p->nklass && a->cap < (1 << 24))
         a->cap *= 2;
     a->ent = malloc(sizeof *a->ent * a->cap);
     a->slot = malloc(sizeof *a->slot * 2 * (size_t)a->cap);

@@ -94,34 +94,66 @@ typedef struct {
  * with one representative, so this is linear and cache friendly (sorting
  * the signatures and comparing neighbours was not). Class numbers do not
  * change any plan: the DFS orders children by a total order over tasks. */
-static sig_t *classes_new(int n, size_t *cap_out)
+/* Open-addressing table of class representatives. It grows with the
+ * number of classes, not of tasks, so that it stays in cache when many
+ * tasks share few classes (262,144 tasks in 4,096 classes at 1,024
+ * devices). */
+typedef struct {
+    sig_t *slot;
+    size_t cap, used;
+} classes_t;
+
+static int classes_put(classes_t *c, uint64_t h, int t)
 {
-    size_t cap = 64;
-    while (cap < 2 * (size_t)n)
-        cap *= 2;
-    sig_t *slot = malloc(sizeof *slot * cap);
-    if (slot)
-        for (size_t i = 0; i < cap; i++)
-            slot[i].t = -1;
-    *cap_out = cap;
-    return slot;
+    size_t s = (size_t)h & (c->cap - 1);
+    while (c->slot[s].t >= 0)
+        s = (s + 1) & (c->cap - 1);
+    c->slot[s] = (sig_t){h, t};
+    c->used++;
+    return 0;
+}
+
+static int classes_grow(classes_t *c, size_t cap)
+{
+    sig_t *old = c->slot;
+    size_t ocap = c->cap;
+    c->slot = malloc(sizeof *c->slot * cap);
+    if (!c->slot) {
+        c->slot = old;
+        return -1;
+    }
+    c->cap = cap;
+    c->used = 0;
+    for (size_t i = 0; i < cap; i++)
+        c->slot[i].t = -1;
+    for (size_t i = 0; old && i < ocap; i++)
+        if (old[i].t >= 0)
+            classes_put(c, old[i].sig, old[i].t);
+    free(old);
+    return 0;
 }
 
 /* Class of task t (its dev_nic and recv_is_holder facts must be set),
- * numbering new classes in order of first appearance. */
-static void class_assign(xm_prep_t *p, sig_t *slot, size_t cap, int t)
+ * numbering new classes in order of first appearance. Nonzero without
+ * memory. */
+static int class_assign(xm_prep_t *p, classes_t *c, int t)
 {
     uint64_t h = task_sig(p, t);
-    size_t s = (size_t)h & (cap - 1);
-    while (slot[s].t >= 0) {
-        if (slot[s].sig == h && task_same(p, slot[s].t, t)) {
-            p->pt[t].klass = p->pt[slot[s].t].klass;
-            return;
+    size_t s = (size_t)h & (c->cap - 1);
+    while (c->slot[s].t >= 0) {
+        if (c->slot[s].sig == h && task_same(p, c->slot[s].t, t)) {
+            p->pt[t].klass = p->pt[c->slot[s].t].klass;
+            return 0;
         }
-        s = (s + 1) & (cap - 1);
+        s = (s + 1) & (c->cap - 1);
     }
-    slot[s] = (sig_t){h, t};
+    if (2 * (c->used + 1) > c->cap) {
+        if (classes_grow(c, 2 * c->cap))
+            return -1;
+    }
+    classes_put(c, h, t);
     p->pt[t].klass = p->nklass++;
+    return 0;
 }
 
 /* Fewest distinct hosts a P chain must visit: the receiver hosts in
@@ -356,7 +388,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     memset(&undo, 0, sizeof undo);
     xmesh_result_t r = XMESH_SUCCESS;
     int *rep_of = NULL; /* per class: its first task, whose options are routed */
-    sig_t *cls_slot = NULL;
+    classes_t cls = {NULL, 0, 0};
     if (!q.nic_ok || !q.host_nics || !q.opt_hosts || !q.opt_dur || !q.opt_res_off ||
         !q.opt_nres_off || !q.need_off || !q.pt || !q.dev_nic || !q.recv_is_holder ||
         !q.recv_covered) {
@@ -376,10 +408,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     /* One pass over the tasks (each touches a new cache line of the task
      * array, so passes cost more than their arithmetic): options, receiver
      * facts, usable NICs, receiver hosts lacking a full value, class. */
-    size_t cls_cap = 0;
-    cls_slot = classes_new(n, &cls_cap);
     q.need_hosts = malloc(sizeof(int) * (nrecv_sum + 1));
-    if (!cls_slot || !q.need_hosts) {
+    if (classes_grow(&cls, 1024) || !q.need_hosts) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
     }
@@ -431,11 +461,14 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
             }
         }
         pt->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
-        class_assign(&q, cls_slot, cls_cap, t);
+        if (class_assign(&q, &cls, t)) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for task classes");
+            goto out_free_prep;
+        }
     }
     q.need_off[n] = m;
-    free(cls_slot);
-    cls_slot = NULL;
+    free(cls.slot);
+    cls.slot = NULL;
     for (int i = 0; i < q.nnics; i++)
         q.host_nics[i / q.nics] += q.nic_ok[i];
     if ((r = xm_state_init(&st, &q)) || (r = xm_troutes_init(&tr, &q)))
@@ -503,7 +536,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     return XMESH_SUCCESS;
 out_free_prep:
     free(rep_of);
-    free(cls_slot);
+    free(cls.slot);
     xm_undo_free(&undo);
     xm_state_free(&st);
     xm_troutes_free(&tr);
