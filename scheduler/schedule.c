@@ -581,7 +581,14 @@ xmesh_result_t xm_schedule_plan(xm_taskset_t *ts, const xm_cluster_t *c, const x
             det.max_evals = XM_SPLIT_EVALS;
         if ((r = xm_schedule(ts, c, &det, &du)))
             goto out_free;
-        if (du.makespan_s > du.lower_bound_s * XM_SPLIT_TRY_RATIO) {
+        /* Worth trying when the whole-task plan stays above its bound (an
+         * integrality gap) or above the pieces' bound (pieces can use
+         * NICs and hosts a whole task cannot: one task per host pair with
+         * several NICs per host meets its own bound on one NIC). */
+        double ref = du.lower_bound_s, lb_split = xm_lower_bound(&sp, c);
+        if (lb_split < ref)
+            ref = lb_split;
+        if (du.makespan_s > ref * XM_SPLIT_TRY_RATIO) {
             if ((r = xm_schedule(&sp, c, &det, &ds)))
                 goto out_free;
             use = ds.makespan_s < du.makespan_s * (1 - XM_SPLIT_MARGIN);

@@ -138,8 +138,9 @@ void xm_schedule_free(xm_schedule_t *s);
  * original tasks with the same holders and receivers). Splitting is only
  * tried when split != 0, the instance is small enough for
  * xm_taskset_split to cut it (< XM_SPLIT_MAX_TASKS tasks) and a plan of
- * the unsplit tasks stays above XM_SPLIT_TRY_RATIO x the lower bound; the
- * split set is kept when its plan is faster by more than XM_SPLIT_MARGIN.
+ * the unsplit tasks stays above XM_SPLIT_TRY_RATIO x the lower bound of
+ * the unsplit or (if lower) of the split task set; the split set is kept
+ * when its plan is faster by more than XM_SPLIT_MARGIN.
  * The choice is made with a deterministic evaluation budget (o->max_evals,
  * else XM_SPLIT_EVALS), so every rank of a plan picks the same task set;
  * the final schedule of the chosen set is the better of that run and one
