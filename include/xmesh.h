@@ -227,8 +227,8 @@ xmesh_result_t xmesh_plan_destroy(xmesh_plan_t plan);
 
 /* Summary of a plan, the same on every rank. */
 typedef struct {
-    int unit_tasks;
-    int64_t bytes_total;      /* bytes of the tensor */
+    int unit_tasks;      /* tasks of the plan: pieces when plan creation split them (XMESH_SPLIT) */
+    int64_t bytes_total; /* bytes of the tensor */
     int64_t bytes_cross_host; /* bytes that must cross host NICs, summed over receiver hosts */
     double lower_bound_s;     /* model lower bound of the completion time */
     double predicted_s;       /* modelled completion time (the simulated makespan;

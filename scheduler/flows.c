@@ -96,26 +96,39 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         if (len > maxkey)
             maxkey = len;
     }
+    /* keys are looked up once per prep class: size by classes, not tasks */
     size_t cap = 64;
-    while (cap < 2 * (size_t)n)
+    while (cap < 2 * (size_t)p->nklass)
         cap *= 2;
     int *slot = malloc(sizeof *slot * cap), *flow_of = malloc(sizeof(int) * (n + 1));
     int *key_off = malloc(sizeof(int) * (n + 2)), *rep = malloc(sizeof(int) * (n + 1));
     uint64_t *key_hash = malloc(sizeof *key_hash * (n + 1));
     int *cnt = calloc((size_t)n + 2, sizeof *cnt), *buf = malloc(sizeof(int) * maxkey);
+    /* tasks of one class (xm_prep_t.pt[].klass: same NIC of every holder and
+     * receiver) have the same key: computed once per class */
+    int *flow_of_class = malloc(sizeof(int) * ((size_t)p->nklass + 1));
     int *keys = NULL;
     size_t keys_cap = 1024, keys_n = 0;
     keys = malloc(sizeof *keys * keys_cap);
     xmesh_result_t r = XMESH_SUCCESS;
-    if (!slot || !flow_of || !key_off || !rep || !key_hash || !cnt || !buf || !keys) {
+    if (!slot || !flow_of || !key_off || !rep || !key_hash || !cnt || !buf || !keys ||
+        !flow_of_class) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "flows: out of memory for %d tasks", n);
         goto out_free;
     }
     for (size_t i = 0; i < cap; i++)
         slot[i] = -1;
+    for (int c = 0; c < p->nklass; c++)
+        flow_of_class[c] = -1;
     /* 1. classes of equal keys (hash table over canonical keys) */
     int nk = 0;
     for (int t = 0; t < n; t++) {
+        int kc = p->pt[t].klass;
+        if (flow_of_class[kc] >= 0) {
+            flow_of[t] = flow_of_class[kc];
+            cnt[flow_of[t]]++;
+            continue;
+        }
         int len = task_key(p, t, buf);
         uint64_t h = 0x243f6a8885a308d3ull;
         for (int i = 0; i < len; i++)
@@ -152,6 +165,7 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
             slot[s] = found;
         }
         flow_of[t] = found;
+        flow_of_class[kc] = found;
         cnt[found]++;
     }
     /* 2. sub-flows: class c with cnt members and nopt options -> m pieces */
@@ -214,6 +228,7 @@ out_free:
     free(cnt);
     free(buf);
     free(keys);
+    free(flow_of_class);
     return r;
 }
 

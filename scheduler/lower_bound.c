@@ -124,8 +124,9 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
     const xm_taskset_t *ts = p->ts;
     memset(a, 0, sizeof *a);
     int n = ts->ntasks;
+    /* at most one entry per prep class (lookups are per class) */
     a->cap = 64;
-    while (a->cap < n && a->cap < (1 << 24))
+    while (a->cap < p->nklass && a->cap < (1 << 24))
         a->cap *= 2;
     a->ent = malloc(sizeof *a->ent * a->cap);
     a->slot = malloc(sizeof *a->slot * 2 * (size_t)a->cap);
@@ -135,6 +136,13 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
         goto fail;
     for (int i = 0; i < 2 * a->cap; i++)
         a->slot[i] = -1;
+    /* interchangeable tasks (one prep class: same holder and receiver
+     * NICs, so same hosts) land in the same entry: looked up once */
+    int *ent_of = malloc(sizeof(int) * ((size_t)p->nklass + 1));
+    if (!ent_of)
+        goto fail;
+    for (int c = 0; c < p->nklass; c++)
+        ent_of[c] = -1;
     uint64_t gm_buf[64];
     for (int t = 0; t < n; t++) {
         const xm_task_t *k = &ts->tasks[t];
@@ -142,9 +150,15 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
             continue;
         /* tasks already in the subset weights still propose candidate sets */
         agg_ent_t e = {0, 0, 0, k->ngroups, 0, skip_np && k->ngroups == 1 ? 0.0 : p->pt[t].lb_dur};
+        if (ent_of[p->pt[t].klass] >= 0) {
+            a->ent[ent_of[p->pt[t].klass]].w += e.w;
+            continue;
+        }
         uint64_t *gm = k->ngroups <= 64 ? gm_buf : malloc(sizeof *gm * k->ngroups);
-        if (!gm)
+        if (!gm) {
+            free(ent_of);
             goto fail;
+        }
         for (int i = 0; i < k->nrecv; i++) {
             int b = bit_of[p->dev_host[ts->recvs[k->recv_off + i]]];
             if (b < 0)
@@ -176,6 +190,7 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
         }
         if (found >= 0) {
             a->ent[found].w += e.w;
+            ent_of[p->pt[t].klass] = found;
         } else if (a->n < a->cap) {
             if (a->ng + e.ngroups > a->gcap) {
                 int nc = a->gcap;
@@ -185,6 +200,7 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
                 if (!ng) {
                     if (gm != gm_buf)
                         free(gm);
+                    free(ent_of);
                     goto fail;
                 }
                 a->gmask = ng;
@@ -193,16 +209,19 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
             e.goff = a->ng;
             memcpy(a->gmask + a->ng, gm, sizeof *gm * (size_t)e.ngroups);
             a->ng += e.ngroups;
+            ent_of[p->pt[t].klass] = a->n;
             a->slot[s] = a->n;
             a->ent[a->n++] = e;
         } else {
             if (gm != gm_buf)
                 free(gm);
+            free(ent_of);
             goto fail; /* more classes than the table holds: cannot happen below 2^24 tasks */
         }
         if (gm != gm_buf)
             free(gm);
     }
+    free(ent_of);
     return 0;
 fail:
     agg_free(a);
@@ -293,25 +312,27 @@ double xm_lower_bound_prep(const xm_prep_t *p)
     const xm_taskset_t *ts = p->ts;
     const xm_cluster_t *c = p->c;
     double lb = 0, maxbw = c->intra_Bps > hop_bw(c) ? c->intra_Bps : hop_bw(c);
-    /* (T) */
-    for (int t = 0; t < ts->ntasks; t++) {
-        if (ts->tasks[t].nrecv == 0)
-            continue;
-        double v = c->latency_s + (double)ts->tasks[t].bytes / maxbw;
-        if (p->pt[t].lb_dur > v)
-            v = p->pt[t].lb_dur;
-        if (v > lb)
-            lb = v;
-    }
-    /* (R): a receiver host not holding the full value of a task takes it in
-     * through one of its NICs; that NIC direction is busy for the task's
-     * whole duration, at least nic_cost. */
     double *rin = calloc(p->nhosts + 1, sizeof *rin);
     int *bit_of = malloc(sizeof(int) * (p->nhosts + 1));
     if (!rin || !bit_of)
         goto out_free;
+    int u = 0;
+    for (int h = 0; h < p->nhosts; h++)
+        bit_of[h] = -1;
+    /* one pass over the tasks for (T), (R) and the holder hosts of (S) */
     for (int t = 0; t < ts->ntasks; t++) {
         const xm_task_t *k = &ts->tasks[t];
+        /* (T) */
+        if (k->nrecv > 0) {
+            double v = c->latency_s + (double)k->bytes / maxbw;
+            if (p->pt[t].lb_dur > v)
+                v = p->pt[t].lb_dur;
+            if (v > lb)
+                lb = v;
+        }
+        /* (R): a receiver host not holding the full value of a task takes
+         * it in through one of its NICs; that NIC direction is busy for the
+         * task's whole duration, at least nic_cost. */
         for (int i = 0; i < k->nrecv; i++) {
             int h = p->dev_host[ts->recvs[k->recv_off + i]];
             if (i > 0 && p->dev_host[ts->recvs[k->recv_off + i - 1]] == h)
@@ -319,16 +340,7 @@ double xm_lower_bound_prep(const xm_prep_t *p)
             if (!p->recv_covered[k->recv_off + i])
                 rin[h] += p->pt[t].lb_dur;
         }
-    }
-    for (int h = 0; h < p->nhosts; h++)
-        if (p->host_nics[h] > 0 && rin[h] / p->host_nics[h] > lb)
-            lb = rin[h] / p->host_nics[h];
-    /* (S) */
-    int u = 0;
-    for (int h = 0; h < p->nhosts; h++)
-        bit_of[h] = -1;
-    for (int t = 0; t < ts->ntasks; t++) {
-        const xm_task_t *k = &ts->tasks[t];
+        /* (S): bit per holder host of a NIC-needing task */
         if (!p->pt[t].needs_nic)
             continue;
         for (int i = 0; i < k->ngroups * k->group_size; i++) {
@@ -337,6 +349,9 @@ double xm_lower_bound_prep(const xm_prep_t *p)
                 bit_of[h] = u++;
         }
     }
+    for (int h = 0; h < p->nhosts; h++)
+        if (p->host_nics[h] > 0 && rin[h] / p->host_nics[h] > lb)
+            lb = rin[h] / p->host_nics[h];
     double sb = send_bound(p, bit_of, u);
     if (sb > lb)
         lb = sb;

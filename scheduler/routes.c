@@ -39,23 +39,26 @@ static double hop_bw(const xm_cluster_t *c)
  * and receiver (in order) give equal timings under any state, because the
  * device choices below break ties by NIC before device identity. With one
  * NIC per host the NIC is the host. */
+/* One word into a signature (multiply-xorshift; task_same() confirms
+ * every hash match, so this only needs to spread). */
+static inline uint64_t sig_mix(uint64_t h, uint64_t v)
+{
+    h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
+}
+
 static uint64_t task_sig(const xm_prep_t *p, int t)
 {
     const xm_task_t *k = &p->ts->tasks[t];
     uint64_t h = XM_HASH_INIT;
-    h = xm_hash64(h, &k->bytes, sizeof k->bytes);
-    h = xm_hash64(h, &k->ngroups, sizeof k->ngroups);
-    h = xm_hash64(h, &k->group_size, sizeof k->group_size);
-    h = xm_hash64(h, &k->nrecv, sizeof k->nrecv);
-    for (int i = 0; i < k->ngroups * k->group_size; i++) {
-        int d = p->ts->holders[k->holder_off + i];
-        int v = p->dev_nic[d];
-        h = xm_hash64(h, &v, sizeof v);
-    }
+    h = sig_mix(h, (uint64_t)k->bytes);
+    h = sig_mix(h, (uint64_t)(uint32_t)k->ngroups << 32 | (uint32_t)k->group_size);
+    h = sig_mix(h, (uint64_t)(uint32_t)k->nrecv);
+    for (int i = 0; i < k->ngroups * k->group_size; i++)
+        h = sig_mix(h, (uint64_t)(uint32_t)p->dev_nic[p->ts->holders[k->holder_off + i]]);
     for (int i = 0; i < k->nrecv; i++) {
         int d = p->ts->recvs[k->recv_off + i];
-        int v[2] = {p->dev_nic[d], p->recv_is_holder[k->recv_off + i]};
-        h = xm_hash64(h, v, sizeof v);
+        h = sig_mix(h, (uint64_t)(uint32_t)p->dev_nic[d] << 1 | p->recv_is_holder[k->recv_off + i]);
     }
     return h;
 }
@@ -91,38 +94,66 @@ typedef struct {
  * with one representative, so this is linear and cache friendly (sorting
  * the signatures and comparing neighbours was not). Class numbers do not
  * change any plan: the DFS orders children by a total order over tasks. */
-static xmesh_result_t assign_classes(xm_prep_t *p)
+/* Open-addressing table of class representatives. It grows with the
+ * number of classes, not of tasks, so that it stays in cache when many
+ * tasks share few classes (262,144 tasks in 4,096 classes at 1,024
+ * devices). */
+typedef struct {
+    sig_t *slot;
+    size_t cap, used;
+} classes_t;
+
+static int classes_put(classes_t *c, uint64_t h, int t)
 {
-    int n = p->ts->ntasks;
-    size_t cap = 64;
-    while (cap < 2 * (size_t)n)
-        cap *= 2;
-    sig_t *slot = malloc(sizeof *slot * cap);
-    if (!slot)
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
-    for (size_t i = 0; i < cap; i++)
-        slot[i].t = -1;
-    int nk = 0;
-    for (int t = 0; t < n; t++) {
-        uint64_t h = task_sig(p, t);
-        size_t s = (size_t)h & (cap - 1);
-        int k = -1;
-        while (slot[s].t >= 0) {
-            if (slot[s].sig == h && task_same(p, slot[s].t, t)) {
-                k = p->pt[slot[s].t].klass;
-                break;
-            }
-            s = (s + 1) & (cap - 1);
-        }
-        if (k < 0) {
-            k = nk++;
-            slot[s] = (sig_t){h, t};
-        }
-        p->pt[t].klass = k;
+    size_t s = (size_t)h & (c->cap - 1);
+    while (c->slot[s].t >= 0)
+        s = (s + 1) & (c->cap - 1);
+    c->slot[s] = (sig_t){h, t};
+    c->used++;
+    return 0;
+}
+
+static int classes_grow(classes_t *c, size_t cap)
+{
+    sig_t *old = c->slot;
+    size_t ocap = c->cap;
+    c->slot = malloc(sizeof *c->slot * cap);
+    if (!c->slot) {
+        c->slot = old;
+        return -1;
     }
-    p->nklass = nk;
-    free(slot);
-    return XMESH_SUCCESS;
+    c->cap = cap;
+    c->used = 0;
+    for (size_t i = 0; i < cap; i++)
+        c->slot[i].t = -1;
+    for (size_t i = 0; old && i < ocap; i++)
+        if (old[i].t >= 0)
+            classes_put(c, old[i].sig, old[i].t);
+    free(old);
+    return 0;
+}
+
+/* Class of task t (its dev_nic and recv_is_holder facts must be set),
+ * numbering new classes in order of first appearance. Nonzero without
+ * memory. */
+static int class_assign(xm_prep_t *p, classes_t *c, int t)
+{
+    uint64_t h = task_sig(p, t);
+    size_t s = (size_t)h & (c->cap - 1);
+    while (c->slot[s].t >= 0) {
+        if (c->slot[s].sig == h && task_same(p, c->slot[s].t, t)) {
+            p->pt[t].klass = p->pt[c->slot[s].t].klass;
+            return 0;
+        }
+        s = (s + 1) & (c->cap - 1);
+    }
+    if (2 * (c->used + 1) > c->cap) {
+        if (classes_grow(c, 2 * c->cap))
+            return -1;
+    }
+    classes_put(c, h, t);
+    p->pt[t].klass = p->nklass++;
+    return 0;
 }
 
 /* Fewest distinct hosts a P chain must visit: the receiver hosts in
@@ -248,6 +279,44 @@ static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
     return 0;
 }
 
+/* Option o gets the resources of an earlier option `from` of an
+ * interchangeable task (appended like add_res). */
+static int copy_res(xm_prep_t *q, int from, int o)
+{
+    int a = q->opt_res_off[from], na = q->opt_res_off[from + 1] - a;
+    int base = q->opt_res_off[o];
+    if (base + na + 1 > q->opt_res_cap) {
+        int nc = q->opt_res_cap ? q->opt_res_cap : 1024;
+        while (nc < base + na + 1)
+            nc *= 2;
+        int *nr = realloc(q->opt_res, sizeof(int) * nc);
+        if (!nr)
+            return -1;
+        q->opt_res = nr;
+        q->opt_res_cap = nc;
+    }
+    memcpy(q->opt_res + base, q->opt_res + a, sizeof(int) * na);
+    q->opt_res_off[o + 1] = base + na;
+    if (q->nics > 1) {
+        a = q->opt_nres_off[from];
+        na = q->opt_nres_off[from + 1] - a;
+        base = q->opt_nres_off[o];
+        if (base + na + 1 > q->opt_nres_cap) {
+            int nc = q->opt_nres_cap ? q->opt_nres_cap : 1024;
+            while (nc < base + na + 1)
+                nc *= 2;
+            int *nr = realloc(q->opt_nres, sizeof(int) * nc);
+            if (!nr)
+                return -1;
+            q->opt_nres = nr;
+            q->opt_nres_cap = nc;
+        }
+        memcpy(q->opt_nres + base, q->opt_nres + a, sizeof(int) * na);
+        q->opt_nres_off[o + 1] = base + na;
+    }
+    return 0;
+}
+
 xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_cluster_t *c,
                             xmesh_strategy_t strategy)
 {
@@ -263,13 +332,14 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.ndev = c->hosts.ndev;
     q.dev_host = c->hosts.host_of;
     int n = ts->ntasks;
-    int64_t nopt_total = 0, nrecv_total = 0;
+    int64_t nopt_total = 0, nrecv_total = 0, nrecv_sum = 0;
     for (int t = 0; t < n; t++) {
         const xm_task_t *k = &ts->tasks[t];
         int nh = k->ngroups * k->group_size;
         nopt_total += nh;
         if (k->recv_off + k->nrecv > nrecv_total)
             nrecv_total = k->recv_off + k->nrecv;
+        nrecv_sum += k->nrecv;
         if (k->ngroups > q.max_groups)
             q.max_groups = k->ngroups;
         for (int i = 0; i < nh; i++)
@@ -301,7 +371,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.opt_hosts = malloc(sizeof(int) * (nopt_total + 1));
     q.opt_dur = malloc(sizeof(double) * (nopt_total + 1));
     q.opt_res_off = calloc(nopt_total + 2, sizeof(int));
-    q.opt_nres_off = calloc(nopt_total + 2, sizeof(int));
+    /* per-NIC directions only matter with several NICs per host */
+    q.opt_nres_off = calloc(q.nics > 1 ? nopt_total + 2 : 2, sizeof(int));
     q.need_off = calloc(n + 2, sizeof(int));
     q.pt = calloc(n > 0 ? n : 1, sizeof *q.pt);
     q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
@@ -316,6 +387,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     memset(&tr, 0, sizeof tr);
     memset(&undo, 0, sizeof undo);
     xmesh_result_t r = XMESH_SUCCESS;
+    int *rep_of = NULL; /* per class: its first task, whose options are routed */
+    classes_t cls = {NULL, 0, 0};
     if (!q.nic_ok || !q.host_nics || !q.opt_hosts || !q.opt_dur || !q.opt_res_off ||
         !q.opt_nres_off || !q.need_off || !q.pt || !q.dev_nic || !q.recv_is_holder ||
         !q.recv_covered) {
@@ -332,16 +405,36 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
             q.dev_nic[d] = q.dev_host[d] * q.nics + (cnt[q.dev_host[d]]++) % q.nics;
         free(cnt);
     }
-    int off = 0;
+    /* One pass over the tasks (each touches a new cache line of the task
+     * array, so passes cost more than their arithmetic): options, receiver
+     * facts, usable NICs, receiver hosts lacking a full value, class. */
+    q.need_hosts = malloc(sizeof(int) * (nrecv_sum + 1));
+    if (classes_grow(&cls, 1024) || !q.need_hosts) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
+        goto out_free_prep;
+    }
+    int off = 0, m = 0;
     for (int t = 0; t < n; t++) {
         const xm_task_t *k = &ts->tasks[t];
         const int *hd = ts->holders + k->holder_off;
         int nh = k->ngroups * k->group_size;
         xm_prep_task_t *pt = &q.pt[t];
         pt->opt_off = off;
-        for (int i = 0; i < nh; i++)
+        for (int i = 0; i < nh; i++) {
             q.opt_hosts[off + i] = q.dev_host[hd[i]];
-        qsort(q.opt_hosts + off, nh, sizeof(int), cmp_int);
+            q.nic_ok[q.dev_nic[hd[i]]] = 1;
+        }
+        if (nh > 16) {
+            qsort(q.opt_hosts + off, nh, sizeof(int), cmp_int);
+        } else { /* few holders (the usual case): insertion sort, no calls */
+            int *a = q.opt_hosts + off;
+            for (int i = 1; i < nh; i++) {
+                int v = a[i], j = i;
+                for (; j > 0 && a[j - 1] > v; j--)
+                    a[j] = a[j - 1];
+                a[j] = v;
+            }
+        }
         int u = 0;
         for (int i = 0; i < nh; i++)
             if (u == 0 || q.opt_hosts[off + i] != q.opt_hosts[off + u - 1])
@@ -349,8 +442,10 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         pt->nopt = u;
         off += u;
         pt->naive_host = q.dev_host[hd[0]];
+        q.need_off[t] = m;
         for (int i = 0; i < k->nrecv; i++) {
             int rdev = ts->recvs[k->recv_off + i], h = q.dev_host[rdev];
+            q.nic_ok[q.dev_nic[rdev]] = 1;
             int is_h = 0;
             for (int j = 0; j < nh && !is_h; j++)
                 is_h = hd[j] == rdev;
@@ -359,56 +454,56 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
             for (int g = 0; g < k->ngroups && cov; g++)
                 cov = group_has_host(&q, k, g, h);
             q.recv_covered[k->recv_off + i] = (unsigned char)cov;
-            if (!cov)
+            if (!cov) {
                 pt->needs_nic = 1;
-        }
-        pt->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
-    }
-    for (int t = 0; t < n; t++) {
-        const xm_task_t *k = &ts->tasks[t];
-        for (int i = 0; i < k->ngroups * k->group_size; i++)
-            q.nic_ok[q.dev_nic[ts->holders[k->holder_off + i]]] = 1;
-        for (int i = 0; i < k->nrecv; i++)
-            q.nic_ok[q.dev_nic[ts->recvs[k->recv_off + i]]] = 1;
-    }
-    for (int i = 0; i < q.nnics; i++)
-        q.host_nics[i / q.nics] += q.nic_ok[i];
-    /* receiver hosts lacking a full value, per task */
-    {
-        int64_t tot = 0;
-        for (int t = 0; t < n; t++) {
-            const xm_task_t *k = &ts->tasks[t];
-            for (int i = 0; i < k->nrecv; i++)
-                tot += !q.recv_covered[k->recv_off + i];
-        }
-        q.need_hosts = malloc(sizeof(int) * (tot + 1));
-        if (!q.need_hosts) {
-            r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
-            goto out_free_prep;
-        }
-        int m = 0;
-        for (int t = 0; t < n; t++) {
-            const xm_task_t *k = &ts->tasks[t];
-            q.need_off[t] = m;
-            for (int i = 0; i < k->nrecv; i++) {
-                int h = q.dev_host[ts->recvs[k->recv_off + i]];
-                if (!q.recv_covered[k->recv_off + i] &&
-                    (m == q.need_off[t] || q.need_hosts[m - 1] != h))
+                if (m == q.need_off[t] || q.need_hosts[m - 1] != h)
                     q.need_hosts[m++] = h;
             }
         }
-        q.need_off[n] = m;
+        pt->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
+        if (class_assign(&q, &cls, t)) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for task classes");
+            goto out_free_prep;
+        }
     }
-    if ((r = assign_classes(&q)))
-        goto out_free_prep;
+    q.need_off[n] = m;
+    free(cls.slot);
+    cls.slot = NULL;
+    for (int i = 0; i < q.nnics; i++)
+        q.host_nics[i / q.nics] += q.nic_ok[i];
     if ((r = xm_state_init(&st, &q)) || (r = xm_troutes_init(&tr, &q)))
         goto out_free_prep;
     xm_state_reset(&st, &q);
     /* Duration of every option on an idle cluster; the DFS bound uses the
-     * device-independent part (route times) via min_dur. */
+     * device-independent part (route times) via min_dur. Interchangeable
+     * tasks (same class: same bytes and NIC of every holder and receiver)
+     * have the same options, durations and directions, so only the first
+     * task of each class is routed; the others copy it. */
+    rep_of = malloc(sizeof(int) * (q.nklass + 1));
+    if (!rep_of) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
+        goto out_free_prep;
+    }
+    for (int k = 0; k < q.nklass; k++)
+        rep_of[k] = -1;
     for (int t = 0; t < n; t++) {
         xm_prep_task_t *pt = &q.pt[t];
         double best = INFINITY;
+        int rt = rep_of[pt->klass];
+        if (rt >= 0) {
+            const xm_prep_task_t *rp = &q.pt[rt];
+            for (int o = 0; o < pt->nopt; o++) {
+                q.opt_dur[pt->opt_off + o] = q.opt_dur[rp->opt_off + o];
+                if (copy_res(&q, rp->opt_off + o, pt->opt_off + o)) {
+                    r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
+                    goto out_free_prep;
+                }
+            }
+            pt->min_dur = rp->min_dur;
+            pt->lb_dur = rp->lb_dur;
+            continue;
+        }
+        rep_of[pt->klass] = t;
         for (int o = 0; o < pt->nopt; o++) {
             /* idle cluster: step, then take the step back (a full reset per
              * option would cost O(devices) and make this quadratic) */
@@ -436,9 +531,12 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     xm_state_free(&st);
     xm_troutes_free(&tr);
     xm_undo_free(&undo);
+    free(rep_of);
     *p = q;
     return XMESH_SUCCESS;
 out_free_prep:
+    free(rep_of);
+    free(cls.slot);
     xm_undo_free(&undo);
     xm_state_free(&st);
     xm_troutes_free(&tr);

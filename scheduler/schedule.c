@@ -6,6 +6,7 @@
  * plan by broadcasting two int arrays.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,8 +36,25 @@ int xm_ctl_expired(xm_search_ctl_t *ctl)
     return ctl->deadline_s > 0 && xm_now_s() >= ctl->deadline_s;
 }
 
-/* Fills out from a plan given as option hosts or fixed senders: pass 1
- * counts routes per task, pass 2 writes them in task-id order. */
+/* Grows *buf (elements of size sz, capacity *cap) to hold need elements. */
+static int grow(void **buf, int64_t *cap, int64_t need, size_t sz)
+{
+    if (need <= *cap)
+        return 0;
+    int64_t nc = *cap > 0 ? *cap : 1024;
+    while (nc < need)
+        nc *= 2;
+    void *nb = realloc(*buf, sz * (size_t)nc);
+    if (!nb)
+        return -1;
+    *buf = nb;
+    *cap = nc;
+    return 0;
+}
+
+/* Fills out from a plan given as option hosts or fixed senders in one pass
+ * of the list-scheduling step: routes are collected in issue order, then
+ * copied into task-id order. */
 static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, const int *order,
                                   const int *hosts, const int *fixed, double lb, xm_schedule_t *out)
 {
@@ -47,7 +65,11 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     xm_troutes_t tr;
     memset(&st, 0, sizeof st);
     memset(&tr, 0, sizeof tr);
-    int *ndevs = calloc(n + 1, sizeof *ndevs), *devoff = calloc(n + 1, sizeof *devoff);
+    /* per task: where its routes and devices start in the issue-order buffers */
+    int64_t *at = malloc(sizeof(int64_t) * 3 * ((size_t)n + 1));
+    xm_route_t *rbuf = NULL;
+    int *dbuf = NULL;
+    int64_t rcap = 0, dcap = 0, nr = 0, nd = 0;
     xmesh_result_t r = XMESH_SUCCESS;
     s.scheduler = kind;
     s.ntasks = n;
@@ -55,7 +77,7 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     s.order = malloc(sizeof(int) * (n + 1));
     s.sender = malloc(sizeof(int) * ((size_t)n * G + 1));
     s.task_route_off = calloc(n + 1, sizeof(int));
-    if (!ndevs || !devoff || !s.order || !s.sender || !s.task_route_off) {
+    if (!at || !s.order || !s.sender || !s.task_route_off) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free;
     }
@@ -68,40 +90,49 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     for (int i = 0; i < n; i++) {
         int t = order[i];
         xm_step(p, &st, t, hosts ? hosts[t] : -1, fixed ? fixed + (size_t)t * G : NULL, &tr, NULL);
+        if (grow((void **)&rbuf, &rcap, nr + tr.nroutes, sizeof *rbuf) ||
+            grow((void **)&dbuf, &dcap, nd + tr.ndevs, sizeof *dbuf)) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for routes");
+            goto out_free;
+        }
+        at[3 * (size_t)t] = nr;
+        at[3 * (size_t)t + 1] = nd;
+        at[3 * (size_t)t + 2] = tr.ndevs;
+        memcpy(rbuf + nr, tr.routes, sizeof *rbuf * tr.nroutes);
+        memcpy(dbuf + nd, tr.devs, sizeof *dbuf * tr.ndevs);
+        nr += tr.nroutes;
+        nd += tr.ndevs;
         s.task_route_off[t + 1] = tr.nroutes;
-        ndevs[t] = tr.ndevs;
         memcpy(s.sender + (size_t)t * G, tr.senders, sizeof(int) * p->ts->tasks[t].ngroups);
     }
     s.makespan_s = st.makespan;
-    int64_t totdevs = 0;
-    for (int t = 0; t < n; t++) {
-        s.task_route_off[t + 1] += s.task_route_off[t];
-        devoff[t] = (int)totdevs;
-        totdevs += ndevs[t];
+    if (nr > INT32_MAX || nd > INT32_MAX) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: %lld routes, %lld route devices: too many",
+                   (long long)nr, (long long)nd);
+        goto out_free;
     }
+    for (int t = 0; t < n; t++)
+        s.task_route_off[t + 1] += s.task_route_off[t];
     s.nroutes = s.task_route_off[n];
     s.routes = malloc(sizeof *s.routes * (s.nroutes + 1));
-    s.route_devs = malloc(sizeof(int) * (totdevs + 1));
+    s.route_devs = malloc(sizeof(int) * (nd + 1));
     if (!s.routes || !s.route_devs) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d routes", s.nroutes);
         goto out_free;
     }
-    xm_state_reset(&st, p);
-    for (int i = 0; i < n; i++) {
-        int t = order[i];
-        xm_step(p, &st, t, -1, s.sender + (size_t)t * G, &tr, NULL);
-        memcpy(s.route_devs + devoff[t], tr.devs, sizeof(int) * tr.ndevs);
-        for (int q = 0; q < tr.nroutes; q++) {
-            xm_route_t rt = tr.routes[q];
-            rt.off += devoff[t];
-            s.routes[s.task_route_off[t] + q] = rt;
+    /* task-id order: routes of task t at task_route_off[t], its devices
+     * after those of task t - 1 */
+    int64_t doff = 0;
+    for (int t = 0; t < n; t++) {
+        int q0 = s.task_route_off[t], nq = s.task_route_off[t + 1] - q0;
+        int64_t r0 = at[3 * (size_t)t], d0 = at[3 * (size_t)t + 1], tdevs = at[3 * (size_t)t + 2];
+        memcpy(s.route_devs + doff, dbuf + d0, sizeof(int) * tdevs);
+        for (int q = 0; q < nq; q++) {
+            xm_route_t rt = rbuf[r0 + q];
+            rt.off += (int)doff;
+            s.routes[q0 + q] = rt;
         }
-    }
-    if (st.makespan != s.makespan_s) {
-        /* replaying the chosen senders must reproduce the plan exactly */
-        r = XM_ERR(XMESH_ERR_INTERNAL, "scheduler: replay makespan %.9g != planned %.9g",
-                   st.makespan, s.makespan_s);
-        goto out_free;
+        doff += tdevs;
     }
     s.lower_bound_s = lb >= 0 ? lb : xm_lower_bound_prep(p);
     *out = s;
@@ -110,8 +141,9 @@ out_free:
     xm_schedule_free(&s);
     xm_state_free(&st);
     xm_troutes_free(&tr);
-    free(ndevs);
-    free(devoff);
+    free(at);
+    free(rbuf);
+    free(dbuf);
     return r;
 }
 
@@ -205,7 +237,7 @@ static xm_search_ctl_t sub_ctl(const xm_search_ctl_t *ctl, double frac)
  * searches share what is left of ctl's budget, then local improvement of
  * the best. Leaves the best plan in order/hosts and returns its makespan. */
 static double ensemble(const xm_prep_t *p, xm_state_t *st, xm_troutes_t *tr, xm_search_ctl_t *ctl,
-                       int *order, int *hosts, int *fixed, cand_t *best)
+                       int *order, int *hosts, int *fixed, cand_t *best, int color_first)
 {
     int n = p->ts->ntasks;
     double ms = xm_sched_lb(p, st, tr, order, hosts);
@@ -215,10 +247,12 @@ static double ensemble(const xm_prep_t *p, xm_state_t *st, xm_troutes_t *tr, xm_
         hosts[t] = p->dev_host[fixed[(size_t)t * p->max_groups]];
     ms = xm_eval_plan(p, st, tr, order, hosts, NULL);
     keep_best(p, best, order, hosts, ms);
-    /* Many tasks (flow problems of big meshes): the colouring first, it is
-     * near linear and optimal for equal durations, where the DFS's first
-     * dive costs tasks x classes. */
-    if (n > XM_COLOR_FIRST_TASKS && !done(best, ctl)) {
+    /* Flow problems (color_first) and many tasks: the colouring first, it
+     * is near linear and optimal for equal durations, where the DFS's first
+     * dive costs tasks x classes; done before any budget check, so a
+     * deadline that passes early (a loaded machine) still leaves a good
+     * plan (the DFS's cut-off dive falls back to load balancing). */
+    if ((color_first || n > XM_COLOR_FIRST_TASKS) && !done(best, ctl)) {
         ms = xm_sched_color(p, st, tr, order, hosts);
         keep_best(p, best, order, hosts, ms);
     }
@@ -235,7 +269,7 @@ static double ensemble(const xm_prep_t *p, xm_state_t *st, xm_troutes_t *tr, xm_
      * MPI executor runs closer to the model (Table 2 case 4 measured
      * 1.10 x bound with the DFS order, 1.40 x with the colouring order).
      * Its alternating-path flips are not budgeted: only on moderate sizes. */
-    if (!done(best, ctl) && n <= XM_COLOR_FIRST_TASKS && !xm_ctl_expired(ctl)) {
+    if (!done(best, ctl) && !color_first && n <= XM_COLOR_FIRST_TASKS && !xm_ctl_expired(ctl)) {
         ms = xm_sched_color(p, st, tr, order, hosts);
         keep_best(p, best, order, hosts, ms);
     }
@@ -294,7 +328,7 @@ static int flow_search(const xm_prep_t *p, xmesh_scheduler_t kind, xm_search_ctl
         else if (kind == XMESH_SCHEDULER_GREEDY)
             xm_sched_greedy(&fp, &st, &tr, &sub, fo, fh);
         else
-            ensemble(&fp, &st, &tr, &sub, fo, fh, fx, &best);
+            ensemble(&fp, &st, &tr, &sub, fo, fh, fx, &best, 1);
         ctl->evals += sub.evals;
         xm_flows_expand(&f, fo, fh, order, hosts);
         ok = 1;
@@ -327,8 +361,11 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
     int n = ts->ntasks;
     xm_state_t st;
     xm_troutes_t tr;
+    xm_schedule_t flow_plan; /* the expanded flow plan, built while scoring it */
+    int have_flow_plan = 0;
     memset(&st, 0, sizeof st);
     memset(&tr, 0, sizeof tr);
+    memset(&flow_plan, 0, sizeof flow_plan);
     int *order = malloc(sizeof(int) * (n + 1)), *hosts = malloc(sizeof(int) * (n + 1));
     int *fixed = malloc(sizeof(int) * ((size_t)n * p.max_groups + 1));
     cand_t best = {malloc(sizeof(int) * (n + 1)), malloc(sizeof(int) * (n + 1)), INFINITY};
@@ -371,8 +408,13 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         int flowed = flow_search(&p, kind, &sub, order, hosts);
         ctl.evals += sub.evals;
         if (flowed) {
+            /* scored by building it: when it stays the best (it meets the
+             * bound, typically), it is the result without another pass */
             te = xm_now_s();
-            ms = xm_eval_plan(&p, &st, &tr, order, hosts, NULL);
+            if ((r = materialise(&p, kind, order, hosts, NULL, ctl.lower_bound, &flow_plan)))
+                goto out_free;
+            have_flow_plan = 1;
+            ms = flow_plan.makespan_s;
             keep_best(&p, &best, order, hosts, ms);
         }
         /* the constructive plans on unit tasks, unless flows met the bound */
@@ -388,7 +430,7 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         if (!flowed && !done(&best, &ctl) && !xm_ctl_expired(&ctl)) {
             /* flows do not shrink the problem: the plain ensemble */
             sub = sub_ctl(&ctl, 0.8);
-            ensemble(&p, &st, &tr, &sub, order, hosts, fixed, &best);
+            ensemble(&p, &st, &tr, &sub, order, hosts, fixed, &best, 0);
             ctl.evals += sub.evals;
         }
         double eval_s = xm_now_s() - te;
@@ -403,13 +445,22 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         memcpy(order, best.order, sizeof(int) * n);
         memcpy(hosts, best.hosts, sizeof(int) * n);
     } else {
-        ensemble(&p, &st, &tr, &ctl, order, hosts, fixed, &best);
+        ensemble(&p, &st, &tr, &ctl, order, hosts, fixed, &best, 0);
     }
-    r = materialise(&p, kind, order, hosts, NULL, ctl.lower_bound, out);
+    if (have_flow_plan && best.ms == flow_plan.makespan_s) {
+        /* the flow plan stayed the best (later plans replace it only when
+         * strictly faster): already built */
+        *out = flow_plan;
+        have_flow_plan = 0;
+    } else {
+        r = materialise(&p, kind, order, hosts, NULL, ctl.lower_bound, out);
+    }
 out_done:
     if (!r)
         out->plan_s = xm_now_s() - t0;
 out_free:
+    if (have_flow_plan)
+        xm_schedule_free(&flow_plan);
     free(order);
     free(hosts);
     free(fixed);
@@ -486,4 +537,87 @@ void xm_schedule_free(xm_schedule_t *s)
     free(s->task_route_off);
     free(s->route_devs);
     memset(s, 0, sizeof *s);
+}
+
+xmesh_result_t xm_schedule_plan(xm_taskset_t *ts, const xm_cluster_t *c, const xm_sched_opts_t *o,
+                                int split, xm_schedule_t *out, int *split_used)
+{
+    xmesh_result_t r = check_inputs(ts, c, o, out);
+    if (r)
+        return r;
+    xmesh_scheduler_t kind =
+        o && o->kind != XMESH_SCHEDULER_UNSET ? o->kind : XMESH_SCHEDULER_ENSEMBLE;
+    /* naive is the paper's baseline: lowest holders, no balancing to gain */
+    if (!split || kind == XMESH_SCHEDULER_NAIVE || ts->ntasks >= XM_SPLIT_MAX_TASKS) {
+        if (!(r = xm_schedule(ts, c, o, out)) && split_used)
+            *split_used = 0;
+        return r;
+    }
+    double t0 = xm_now_s();
+    xm_taskset_t sp;
+    xm_schedule_t du, ds, w;
+    memset(&sp, 0, sizeof sp);
+    memset(&du, 0, sizeof du);
+    memset(&ds, 0, sizeof ds);
+    memset(&w, 0, sizeof w);
+    if ((r = xm_taskset_split(ts, c, XM_SPLIT_MAX_TASKS, &sp, NULL)))
+        return r;
+    int use = 0;
+    xm_schedule_t *best = &du;
+    xm_taskset_t *set = ts;
+    if (sp.ntasks == ts->ntasks) {
+        /* nothing to cut: the plain schedule */
+        if ((r = xm_schedule(ts, c, o, &w)))
+            goto out_free;
+        best = &w;
+    } else {
+        /* The choice of task set must be the same on every rank: decide
+         * with a count budget, never with wall time. */
+        xm_sched_opts_t det;
+        memset(&det, 0, sizeof det);
+        if (o)
+            det = *o;
+        if (det.max_evals <= 0)
+            det.max_evals = XM_SPLIT_EVALS;
+        if ((r = xm_schedule(ts, c, &det, &du)))
+            goto out_free;
+        /* Worth trying when the whole-task plan stays above its bound (an
+         * integrality gap) or above the pieces' bound (pieces can use
+         * NICs and hosts a whole task cannot: one task per host pair with
+         * several NICs per host meets its own bound on one NIC). */
+        double ref = du.lower_bound_s, lb_split = xm_lower_bound(&sp, c);
+        if (lb_split < ref)
+            ref = lb_split;
+        if (du.makespan_s > ref * XM_SPLIT_TRY_RATIO) {
+            if ((r = xm_schedule(&sp, c, &det, &ds)))
+                goto out_free;
+            use = ds.makespan_s < du.makespan_s * (1 - XM_SPLIT_MARGIN);
+        }
+        set = use ? &sp : ts;
+        best = use ? &ds : &du;
+        /* the caller's own (time) budget may still find a better plan of
+         * the chosen set; rank 0's plan is the one every rank uses */
+        if ((!o || o->max_evals <= 0) && best->makespan_s > best->lower_bound_s * (1 + 1e-9)) {
+            if ((r = xm_schedule(set, c, o, &w)))
+                goto out_free;
+            if (w.makespan_s < best->makespan_s)
+                best = &w;
+        }
+    }
+    *out = *best;
+    memset(best, 0, sizeof *best);
+    out->plan_s = xm_now_s() - t0;
+    if (use) {
+        xm_taskset_free(ts);
+        *ts = sp;
+        memset(&sp, 0, sizeof sp);
+    }
+    if (split_used)
+        *split_used = use;
+out_free:
+    xm_schedule_free(&du);
+    xm_schedule_free(&ds);
+    xm_schedule_free(&w);
+    xm_taskset_free(&sp);
+    return r;
 }

@@ -132,6 +132,27 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
                            xm_schedule_t *out);
 void xm_schedule_free(xm_schedule_t *s);
 
+/* Plan creation's entry point: xm_schedule(), and when task splitting
+ * (xm_taskset_split) lowers the model makespan, the schedule of the split
+ * task set, which then replaces *ts (its pieces are sub-boxes of the
+ * original tasks with the same holders and receivers). Splitting is only
+ * tried when split != 0, the instance is small enough for
+ * xm_taskset_split to cut it (< XM_SPLIT_MAX_TASKS tasks) and a plan of
+ * the unsplit tasks stays above XM_SPLIT_TRY_RATIO x the lower bound of
+ * the unsplit or (if lower) of the split task set; the split set is kept
+ * when its plan is faster by more than XM_SPLIT_MARGIN.
+ * The choice is made with a deterministic evaluation budget (o->max_evals,
+ * else XM_SPLIT_EVALS), so every rank of a plan picks the same task set;
+ * the final schedule of the chosen set is the better of that run and one
+ * with o's own budget. *split_used (if not NULL) says which set was used.
+ * On error *ts and *out are untouched. */
+#define XM_SPLIT_MAX_TASKS 4096
+#define XM_SPLIT_TRY_RATIO 1.02
+#define XM_SPLIT_MARGIN 0.01
+#define XM_SPLIT_EVALS 20000
+xmesh_result_t xm_schedule_plan(xm_taskset_t *ts, const xm_cluster_t *c, const xm_sched_opts_t *o,
+                                int split, xm_schedule_t *out, int *split_used);
+
 /* Builds a schedule from given decisions (order: ntasks permutation; sender:
  * ntasks * max_groups devices, each a holder of its group), computing routes,
  * lower bound and makespan as xm_schedule() would. Lets every rank rebuild

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "xm_cases.h"
 #include "xm_cluster_file.h"
@@ -410,6 +411,8 @@ typedef struct {
     int main_res; /* index of the result whose tasks are listed */
     xm_sim_result_t sim;
     int split_from, split_to, split_used; /* --split: task counts, whether kept */
+    double decompose_ms;                  /* wall time of xm_decompose */
+    double decompose_cpu_ms, plan_cpu_ms; /* thread CPU time: decompose, main schedule */
     int *suggested;                       /* --suggest-order: destination order */
     xmesh_placement_info_t place;
 } plan_t;
@@ -485,6 +488,13 @@ static xmesh_result_t try_split(const opts_t *o, plan_t *p)
     return XMESH_SUCCESS;
 }
 
+static double now_ms(clockid_t clk)
+{
+    struct timespec t;
+    clock_gettime(clk, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
 /* Returns 0, 1 (planning error, message printed) or 2 (bad problem). */
 static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
 {
@@ -518,7 +528,10 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
             return bad("bad value '%s' for --%s-spec: %s", spec, s ? "dst" : "src",
                        xmesh_last_error());
     }
+    double t0 = now_ms(CLOCK_MONOTONIC), c0 = now_ms(CLOCK_THREAD_CPUTIME_ID);
     xmesh_result_t r = xm_decompose(&L[0], &L[1], &p->hm, &p->ts);
+    p->decompose_ms = now_ms(CLOCK_MONOTONIC) - t0;
+    p->decompose_cpu_ms = now_ms(CLOCK_THREAD_CPUTIME_ID) - c0;
     if (r == XMESH_ERR_INVALID_ARGUMENT)
         return bad("%s", xmesh_last_error());
     if (r) {
@@ -560,7 +573,11 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
     }
     for (int k = 0; k < p->nres; k++) {
         xm_sched_opts_t so = sched_opts(o, p->kinds[k]);
-        if ((r = xm_schedule(&p->ts, &p->cl, &so, &p->sched[k]))) {
+        double c1 = now_ms(CLOCK_THREAD_CPUTIME_ID);
+        r = xm_schedule(&p->ts, &p->cl, &so, &p->sched[k]);
+        if (k == p->main_res)
+            p->plan_cpu_ms = now_ms(CLOCK_THREAD_CPUTIME_ID) - c1;
+        if (r) {
             fprintf(stderr, "xmesh-plan: scheduling (%s) failed: %s\n",
                     xmesh_scheduler_name(p->kinds[k]), xmesh_last_error());
             p->nres = k;
@@ -766,6 +783,8 @@ static void print_json(const opts_t *o, const problem_t *pb, const plan_t *p)
     printf("\"strategy\":\"%s\",\"seed\":%llu,\"split\":%s,\"split_used\":%s,",
            xmesh_strategy_name(o->strategy), (unsigned long long)o->seed,
            o->split ? "true" : "false", p->split_used ? "true" : "false");
+    printf("\"decompose_ms\":%.6g,\"decompose_cpu_ms\":%.6g,\"plan_cpu_ms\":%.6g,", p->decompose_ms,
+           p->decompose_cpu_ms, p->plan_cpu_ms);
     printf("\"unit_tasks\":%d,\"bytes_total\":%lld,\"bytes_cross_host\":%lld,", ts->ntasks,
            (long long)ts->bytes_total, (long long)ts->bytes_cross_host);
     json_result(stdout, s);

@@ -304,6 +304,8 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = xm_hash64(h, &cm->send_ahead, sizeof cm->send_ahead);
     h = xm_hash64(h, &cm->hosts.nhosts, sizeof cm->hosts.nhosts);
     h = xm_hash64(h, cm->hosts.host_of, sizeof(int) * cm->hosts.ndev);
+    int64_t split = xm_param_i64("XMESH_SPLIT") != 0;
+    h = xm_hash64(h, &split, sizeof split);
     *hash = h;
     /* The all-gather baselines choose senders and order with the sendrecv
      * model; their executors build the all-gather routes themselves. */
@@ -314,10 +316,15 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     xm_sched_opts_t so = {
         .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = model};
     double t2 = now_s();
-    r = xm_schedule(&p->ts, &p->cluster, &so, &p->sched);
+    /* Task splitting on small instances whose whole-task plans leave an
+     * integrality gap; the choice is deterministic (scheduler/schedule.c),
+     * so every rank ends with the same task set. */
+    int ntasks = p->ts.ntasks, split_used = 0;
+    r = xm_schedule_plan(&p->ts, &p->cluster, &so, (int)split, &p->sched, &split_used);
     XM_INFO("plan create: rank %d: decompose %.2f ms (%d tasks), cluster model %.2f ms, "
-            "schedule %.2f ms",
-            ctx->rank, (t1 - t0) * 1e3, p->ts.ntasks, (t2 - t1) * 1e3, (now_s() - t2) * 1e3);
+            "schedule %.2f ms%s (%d tasks)",
+            ctx->rank, (t1 - t0) * 1e3, ntasks, (t2 - t1) * 1e3, (now_s() - t2) * 1e3,
+            split_used ? ", split" : "", p->ts.ntasks);
     return r;
 }
 

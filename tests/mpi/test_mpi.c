@@ -876,6 +876,71 @@ static void test_mismatch(void)
     teardown(&s);
 }
 
+/* Task splitting in plan creation (issue 14 item 5). With one rank per
+ * host, a tensor replicated on 3 hosts goes to 4 hosts in 4 equal row
+ * blocks: whole tasks need 2 rounds on some sender host (1.5 x the bound),
+ * pieces of the 4 tasks spread over the 3 senders reach the bound. Plan
+ * creation must pick the pieces (more unit tasks, prediction near the
+ * bound) and the executor must deliver them, every element checked; with
+ * XMESH_SPLIT=0 it keeps the 4 whole tasks. Needs 7 ranks, 1 per host. */
+static void test_split(int per_host)
+{
+    if (g_size < 7 || per_host != 1)
+        return;
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            setenv("XMESH_SPLIT", "0", 1);
+        for (int st = 0; st < 4; st++) {
+            tcase_t c;
+            fixed_case(&c, "256,256", XMESH_F32, "3", 0, "B", "4", 3, "S(0)");
+            c.strategy = (xmesh_strategy_t)st;
+            c.chunk_bytes = 16384;
+            char desc[512], why[256] = "";
+            describe(&c, desc, sizeof desc);
+            tstate_t s;
+            xmesh_plan_info_t info;
+            memset(&info, 0, sizeof info);
+            xmesh_result_t r = setup(&c, &s);
+            int ok = r == XMESH_SUCCESS && xmesh_plan_get_info(s.plan, &info) == XMESH_SUCCESS;
+            if (!ok)
+                snprintf(why, sizeof why, "rank %d: plan_create: %s", g_rank, xmesh_last_error());
+            /* the broadcast model must choose the pieces; the others only
+             * have to move the right bytes whichever set they chose */
+            int want_split = !off && c.strategy == XMESH_STRATEGY_BROADCAST;
+            if (ok && want_split &&
+                (info.unit_tasks <= 4 || info.predicted_s > 1.05 * info.lower_bound_s)) {
+                snprintf(why, sizeof why,
+                         "rank %d: %d unit tasks, predicted %.3g s vs bound %.3g s: "
+                         "pieces not used",
+                         g_rank, info.unit_tasks, info.predicted_s, info.lower_bound_s);
+                ok = 0;
+            }
+            if (ok && off && info.unit_tasks != 4) {
+                snprintf(why, sizeof why, "rank %d: XMESH_SPLIT=0 but %d unit tasks", g_rank,
+                         info.unit_tasks);
+                ok = 0;
+            }
+            for (int rep = 0; ok && rep < 2; rep++) {
+                fill_dst(&s);
+                if ((r = xmesh_reshard(s.plan, s.src, dst_ptr(&s)))) {
+                    snprintf(why, sizeof why, "rank %d: reshard: %s: %s", g_rank,
+                             xmesh_result_string(r), xmesh_last_error());
+                    ok = 0;
+                } else {
+                    ok = check_dst(&c, &s, why, sizeof why) == 0;
+                }
+            }
+            if (!ok)
+                fprintf(stderr, "fixed-split [%s] %s\n", desc, why);
+            report(ok, "fixed-split%s %s: %d unit tasks, predicted / bound %.3f", off ? "-off" : "",
+                   desc, info.unit_tasks,
+                   info.lower_bound_s > 0 ? info.predicted_s / info.lower_bound_s : 0.0);
+            teardown(&s);
+        }
+    }
+    unsetenv("XMESH_SPLIT");
+}
+
 static void test_timeout(void)
 {
     if (g_size < 2)
@@ -1074,7 +1139,7 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-    int ncases = 100, per_host = 2, soak = 0;
+    int ncases = 100, per_host = 2, soak = 0, split_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--cases") && i + 1 < argc)
             ncases = atoi(argv[++i]);
@@ -1082,7 +1147,10 @@ int main(int argc, char **argv)
             per_host = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--soak") && i + 1 < argc)
             soak = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-v"))
+        else if (!strcmp(argv[i], "--split-only")) {
+            split_only = 1;
+            ncases = 0;
+        } else if (!strcmp(argv[i], "-v"))
             g_verbose = 1;
     }
     uint64_t seed = (uint64_t)time(NULL);
@@ -1104,9 +1172,10 @@ int main(int argc, char **argv)
     xmesh_ctx_host(g_ctx, g_rank, &host);
     report(host == g_rank / per_host, "host override: rank %d on host %d", g_rank, host);
 
+    test_split(per_host);
     /* Fixed cases: the paper's examples and corner cases. */
     tcase_t c;
-    if (g_size >= 2) {
+    if (g_size >= 2 && !split_only) {
         int h = g_size / 2;
         char ms[16], md[16];
         snprintf(ms, sizeof ms, "%d", h);
@@ -1149,7 +1218,7 @@ int main(int argc, char **argv)
         snprintf(c.dspec, sizeof c.dspec, "B");
         run_case(&c, "fixed-0d");
     }
-    if (g_size >= 8) {
+    if (g_size >= 8 && !split_only) {
         /* paper Table 2 case 4 shape (scaled): RS01R -> S01RR, (2,4) -> (2,4) */
         for (int st = 0; st < 4; st++) {
             fixed_case(&c, "16,16,8", XMESH_I32, "2x2", 0, "RS01R", "2x2", 4, "S01RR");
@@ -1166,13 +1235,15 @@ int main(int argc, char **argv)
     }
 
     test_soak(soak);
-    test_reuse_and_concurrency();
-    test_nonblocking();
-    test_mismatch();
-    test_timeout();
-    test_trace();
-    test_checksum();
-    test_idle_wait();
+    if (!split_only) {
+        test_reuse_and_concurrency();
+        test_nonblocking();
+        test_mismatch();
+        test_timeout();
+        test_trace();
+        test_checksum();
+        test_idle_wait();
+    }
 
     rng_state = seed;
     for (int i = 0; i < ncases; i++) {

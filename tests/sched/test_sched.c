@@ -928,6 +928,67 @@ static void test_split(void **state)
     }
 }
 
+/* Plan creation's splitting (xm_schedule_plan): an integrality gap (4
+ * equal tasks from 3 replica hosts: 1.5 x the bound whole, ~1 x in pieces)
+ * and several NICs (one task per host pair uses one of 8 NICs whole) are
+ * closed by pieces; without splitting, or with nothing to gain, the task
+ * set is left alone. Deterministic budgets: the choice must not depend on
+ * the clock. */
+static void test_schedule_plan_split(void **state)
+{
+    (void)state;
+    static const struct {
+        int sm[2], dm[2];
+        const char *ss, *ds;
+        int nics, split, want_split;
+        double max_gain; /* split makespan <= max_gain x unsplit */
+    } cs[] = {
+        {{3, 1}, {4, 1}, "RRR", "S0RR", 1, 1, 1, 0.75},
+        {{2, 8}, {2, 8}, "S0RR", "S0RR", 8, 1, 1, 0.30},
+        {{3, 1}, {4, 1}, "RRR", "S0RR", 1, 0, 0, 1.0},
+        {{2, 4}, {2, 4}, "S0RR", "S0RR", 1, 1, 0, 1.0}, /* meets the bound whole */
+    };
+    const int64_t shape[3] = {256, 256, 4};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        inst_t in;
+        make_case(&in, shape, cs[i].sm, cs[i].dm, cs[i].ss, cs[i].ds);
+        in.c.chunk_bytes = 16384;
+        in.c.nics_per_host = cs[i].nics;
+        xm_sched_opts_t o = opts(XMESH_SCHEDULER_ENSEMBLE, XMESH_STRATEGY_BROADCAST, 1, 20000);
+        xm_schedule_t u, s, s2;
+        assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &u), XMESH_SUCCESS);
+        int n0 = in.ts.ntasks, used = -1;
+        assert_int_equal(xm_schedule_plan(&in.ts, &in.c, &o, cs[i].split, &s, &used),
+                         XMESH_SUCCESS);
+        assert_int_equal(used, cs[i].want_split);
+        assert_int_equal(s.ntasks, in.ts.ntasks);
+        if (used) {
+            assert_true(in.ts.ntasks > n0);
+            assert_true(s.makespan_s <= cs[i].max_gain * u.makespan_s);
+        } else {
+            assert_int_equal(in.ts.ntasks, n0);
+            assert_true(s.makespan_s <= u.makespan_s * (1 + 1e-12));
+        }
+        check_routes(&in, &s, XMESH_STRATEGY_BROADCAST);
+        check_sim(&in, &s);
+        /* the same inputs choose the same task set and plan (every rank) */
+        inst_t again;
+        make_case(&again, shape, cs[i].sm, cs[i].dm, cs[i].ss, cs[i].ds);
+        again.c.chunk_bytes = 16384;
+        again.c.nics_per_host = cs[i].nics;
+        assert_int_equal(xm_schedule_plan(&again.ts, &again.c, &o, cs[i].split, &s2, NULL),
+                         XMESH_SUCCESS);
+        assert_int_equal(again.ts.ntasks, in.ts.ntasks);
+        assert_memory_equal(s2.order, s.order, sizeof(int) * s.ntasks);
+        assert_true(s2.makespan_s == s.makespan_s);
+        xm_schedule_free(&s2);
+        inst_free(&again);
+        xm_schedule_free(&s);
+        xm_schedule_free(&u);
+        inst_free(&in);
+    }
+}
+
 int main(void)
 {
     g_seed = xt_seed("test_sched");
@@ -942,6 +1003,7 @@ int main(void)
         cmocka_unit_test(test_table2_targets),
         cmocka_unit_test(test_trace_json),
         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_schedule_plan_split),
         cmocka_unit_test(test_flows_group_host_pairs),
         cmocka_unit_test(test_flows_big_instance),
         cmocka_unit_test(test_suggest_order),
