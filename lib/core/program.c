@@ -7,6 +7,49 @@
 
 /* -------------------------------------------------------------- chains */
 
+/* Most elements of one chunk. */
+static int64_t chunk_elems_of(const xm_prog_in_t *in)
+{
+    int64_t cb = in->chunk_bytes < XM_MAX_CHUNK_BYTES ? in->chunk_bytes : XM_MAX_CHUNK_BYTES;
+    int64_t es = (int64_t)xmesh_dtype_size(in->dtype);
+    return cb / es > 0 ? cb / es : 1;
+}
+
+/* Chunking of the box-linear range [r0, r1): for a whole box, pieces of
+ * dim k (the outermost dim whose inner dims fit a chunk) so that every chunk
+ * is a sub-box, chunks in row-major order of their origins; for a part of a
+ * box (all-gather strategies), fixed pieces. */
+static void set_chunks(int nd, int64_t ce, xm_pstep_t *s, const xm_box_t *box, int64_t r0,
+                       int64_t r1, int whole)
+{
+    s->r0 = r0;
+    if (whole && nd > 0) {
+        int64_t e[XM_MAX_DIMS], inner = 1;
+        int k = nd - 1;
+        for (int d = 0; d < nd; d++)
+            e[d] = box->hi[d] - box->lo[d];
+        for (; k > 0; k--) { /* inner = prod of e[d] for d > k */
+            if (inner * e[k] > ce)
+                break;
+            inner *= e[k];
+        }
+        int64_t m = ce / inner;
+        if (m > e[k])
+            m = e[k];
+        if (m < 1)
+            m = 1;
+        s->ce = m * inner;
+        s->row_elems = e[k] * inner;
+        s->per_row = (e[k] + m - 1) / m;
+        s->nchunks = (r1 - r0) / s->row_elems * s->per_row;
+    } else {
+        s->row_elems = r1 - r0;
+        s->ce = ce < s->row_elems ? ce : s->row_elems;
+        s->per_row = (s->row_elems + s->ce - 1) / s->ce;
+        s->nchunks = s->per_row;
+    }
+}
+
 typedef struct {
     xm_chains_t v;
     int cap_c, cap_d, ndevs;
@@ -49,7 +92,8 @@ static int cb_add(cbuild_t *b, int task, int route, const int *devs, int len, in
                                   .r0 = r0,
                                   .r1 = r1,
                                   .dep = dep,
-                                  .hop0 = b->v.nhops};
+                                  .hop0 = b->v.nhops,
+                                  .nseg = nseg};
     b->ndevs += len;
     b->v.nhops += nseg - 1;
     return b->v.n++;
@@ -127,6 +171,71 @@ static xmesh_result_t chains_allgather(cbuild_t *b, const xm_prog_in_t *in, int 
     return XMESH_SUCCESS;
 }
 
+/* Last round of chain c (inclusive): its last chunk reaches the last
+ * segment nseg - 2 rounds after leaving the first. */
+static int64_t chain_end(const xm_chain_t *c)
+{
+    return c->round0 + (c->nseg > 2 ? c->nseg - 2 : 0) + c->nchunks - 1;
+}
+
+/* Chunk counts and the lockstep round schedule (xm_rounds_next): tasks in
+ * schedule order, each as soon as every (rank, link class) its hops use is
+ * free; rings the round after their stage-0 chain. */
+static xmesh_result_t chains_rounds(const xm_prog_in_t *in, xm_chains_t *v)
+{
+    const xm_taskset_t *ts = in->ts;
+    const xm_hostmap_t *h = in->hosts;
+    int64_t ce = chunk_elems_of(in);
+    int64_t *freer = calloc((size_t)h->ndev * XM_NSLOTS + 1, sizeof(int64_t));
+    if (!freer)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "program: out of memory for %d devices", h->ndev);
+    for (int i = 0; i < v->n; i++) {
+        xm_pstep_t tmp;
+        xm_chain_t *c = &v->c[i];
+        set_chunks(ts->ndim, ce, &tmp, &ts->tasks[c->task].box, c->r0, c->r1, c->whole);
+        c->nchunks = tmp.nchunks;
+    }
+    v->nrounds = 0;
+    for (int i0 = 0; i0 < v->n;) {
+        int i1 = i0 + 1;
+        while (i1 < v->n && v->c[i1].task == v->c[i0].task)
+            i1++;
+        int64_t start = 0, end = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = i0; i < i1; i++) {
+                const int *d = v->devs + v->c[i].off;
+                for (int k = 0; k + 1 < v->c[i].len; k++) {
+                    if (d[k] == d[k + 1])
+                        continue;
+                    int remote = h->host_of[d[k]] != h->host_of[d[k + 1]];
+                    int64_t *fs = &freer[(int64_t)d[k] * XM_NSLOTS + (remote ? 0 : 2)];
+                    int64_t *fr = &freer[(int64_t)d[k + 1] * XM_NSLOTS + (remote ? 1 : 3)];
+                    if (pass == 0) {
+                        start = *fs > start ? *fs : start;
+                        start = *fr > start ? *fr : start;
+                    } else {
+                        *fs = *fr = end;
+                    }
+                }
+            }
+            if (pass == 0) { /* chains ordered: a ring's stage-0 chain comes first */
+                end = start;
+                for (int i = i0; i < i1; i++) {
+                    xm_chain_t *c = &v->c[i];
+                    c->round0 = c->dep >= 0 ? chain_end(&v->c[c->dep]) + 1 : start;
+                    if (chain_end(c) + 1 > end)
+                        end = chain_end(c) + 1;
+                }
+            }
+        }
+        if (end > v->nrounds)
+            v->nrounds = end;
+        i0 = i1;
+    }
+    free(freer);
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xm_chains_build(const xm_prog_in_t *in, xm_chains_t *out)
 {
     const xm_taskset_t *ts = in->ts;
@@ -166,6 +275,8 @@ xmesh_result_t xm_chains_build(const xm_prog_in_t *in, xm_chains_t *out)
                 r = XM_ERR(XMESH_ERR_NO_MEMORY, "program: out of memory for chains");
         }
     }
+    if (!r)
+        r = chains_rounds(in, &b.v);
 out_free:
     free(chain);
     free(stage0);
@@ -204,43 +315,6 @@ static int box_inside(int nd, const xm_box_t *b, const int64_t *lo, const int64_
         if (b->lo[d] < lo[d] || b->hi[d] > hi[d])
             return 0;
     return 1;
-}
-
-/* Chunking of the box-linear range [r0, r1): for a whole box, pieces of
- * dim k (the outermost dim whose inner dims fit a chunk) so that every chunk
- * is a sub-box, chunks in row-major order of their origins; for a part of a
- * box (all-gather strategies), fixed pieces. */
-static void set_chunks(const pbuild_t *b, xm_pstep_t *s, const xm_box_t *box, int64_t r0,
-                       int64_t r1, int whole)
-{
-    int nd = b->in->ts->ndim;
-    int64_t ce = b->p.chunk_elems;
-    s->r0 = r0;
-    if (whole && nd > 0) {
-        int64_t e[XM_MAX_DIMS], inner = 1;
-        int k = nd - 1;
-        for (int d = 0; d < nd; d++)
-            e[d] = box->hi[d] - box->lo[d];
-        for (; k > 0; k--) { /* inner = prod of e[d] for d > k */
-            if (inner * e[k] > ce)
-                break;
-            inner *= e[k];
-        }
-        int64_t m = ce / inner;
-        if (m > e[k])
-            m = e[k];
-        if (m < 1)
-            m = 1;
-        s->ce = m * inner;
-        s->row_elems = e[k] * inner;
-        s->per_row = (e[k] + m - 1) / m;
-        s->nchunks = (r1 - r0) / s->row_elems * s->per_row;
-    } else {
-        s->row_elems = r1 - r0;
-        s->ce = ce < s->row_elems ? ce : s->row_elems;
-        s->per_row = (s->row_elems + s->ce - 1) / s->ce;
-        s->nchunks = s->per_row;
-    }
 }
 
 static void push_op(xm_pstep_t *s, int kind, int blk)
@@ -372,7 +446,10 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
             if (s->mode == XM_MODE_RECV && s->prev < 0)
                 return XM_ERR(XMESH_ERR_INTERNAL, "program: task %d chain starts at a receiver",
                               cn->task);
-            set_chunks(b, s, &t->box, cn->r0, cn->r1, cn->whole);
+            set_chunks(ts->ndim, b->p.chunk_elems, s, &t->box, cn->r0, cn->r1, cn->whole);
+            s->seg = nseg;
+            s->rin = cn->round0 + nseg - 1;
+            s->rout = cn->round0 + nseg;
             /* Checksums start where the final values first exist. */
             s->ck_origin =
                 s->mode == XM_MODE_SRC || s->mode == XM_MODE_FROM_DST ||
@@ -434,8 +511,7 @@ xmesh_result_t xm_program_build(const xm_prog_in_t *in, const xm_chains_t *ch, i
     b.p.es = xmesh_dtype_size(in->dtype);
     b.p.acc_es = xm_dtype_acc_size(in->dtype);
     b.p.nhops = ch->nhops;
-    int64_t cb = in->chunk_bytes < XM_MAX_CHUNK_BYTES ? in->chunk_bytes : XM_MAX_CHUNK_BYTES;
-    b.p.chunk_elems = cb / (int64_t)b.p.es > 0 ? cb / (int64_t)b.p.es : 1;
+    b.p.chunk_elems = chunk_elems_of(in);
     int si = xm_mesh_find(&in->src->mesh, rank), di = xm_mesh_find(&in->dst->mesh, rank);
     if ((b.has_src = si >= 0))
         xm_layout_block(in->src, si, b.src_lo, b.src_hi);
@@ -478,6 +554,48 @@ void xm_program_free(xm_program_t *p)
     free(p->steps);
     free(p->tasks);
     memset(p, 0, sizeof *p);
+}
+
+xmesh_result_t xm_program_pool(const xm_program_t *p, const int64_t *need, int64_t align,
+                               int64_t *off, int64_t *total)
+{
+    int64_t region_size[XM_NSLOTS] = {0}, base[XM_NSLOTS];
+    int *region = malloc(sizeof(int) * (p->nsteps + 1));
+    if (!region)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "program: out of memory for %d steps", p->nsteps);
+    for (int k = 0; k < p->ntasks; k++) {
+        const xm_ptask_t *t = &p->tasks[k];
+        int reg = -1;
+        for (int b = 0; b < XM_NSLOTS && reg < 0; b++)
+            if (t->slots & (1u << b))
+                reg = b;
+        int64_t o = 0;
+        for (int i = t->first_step; i < t->first_step + t->nsteps; i++) {
+            region[i] = reg;
+            off[i] = -1;
+            if (!need[i])
+                continue;
+            if (reg < 0) { /* a task without hops never needs staging */
+                free(region);
+                return XM_ERR(XMESH_ERR_INTERNAL, "program: task %d needs staging without a hop",
+                              t->task);
+            }
+            off[i] = o;
+            o += (need[i] + align - 1) / align * align;
+        }
+        if (reg >= 0 && o > region_size[reg])
+            region_size[reg] = o;
+    }
+    *total = 0;
+    for (int b = 0; b < XM_NSLOTS; b++) {
+        base[b] = *total;
+        *total += region_size[b];
+    }
+    for (int i = 0; i < p->nsteps; i++)
+        if (off[i] >= 0)
+            off[i] += base[region[i]];
+    free(region);
+    return XMESH_SUCCESS;
 }
 
 const char *xm_pop_name(int kind)

@@ -79,13 +79,17 @@ typedef struct xm_chain {
     int64_t r0, r1;     /* box-linear element range */
     int dep;            /* chain whose last position (this chain's head) must finish first, -1 */
     int hop0;           /* id of the chain's first hop; hops of one chain are consecutive */
+    int nseg;           /* segments: runs of equal consecutive devices (nseg - 1 hops) */
+    int64_t nchunks;
+    int64_t round0; /* lockstep rounds (xm_rounds_next): the chain's first round */
 } xm_chain_t;
 
 typedef struct xm_chains {
     int n;
     xm_chain_t *c; /* grouped by task in schedule order */
     int *devs;
-    int nhops; /* hops of all chains */
+    int nhops;       /* hops of all chains */
+    int64_t nrounds; /* lockstep rounds of the whole plan */
 } xm_chains_t;
 
 typedef struct xm_prog_in {
@@ -147,6 +151,10 @@ typedef struct xm_pstep {
     /* Chunks: c -> row c / per_row, piece c % per_row of ce elements. */
     int64_t r0, row_elems, ce, per_row, nchunks;
     int64_t bytes; /* payload bytes this step receives or sends */
+    /* Lockstep rounds: chunk c is received in round rin + c and sent (or,
+     * without messages, copied) in round rout + c (rout = rin + 1). */
+    int seg;
+    int64_t rin, rout;
     /* XMESH_CHECK roles: origin produces the final values (sole or last
      * source, ring head); verify receives them (receivers). */
     int ck_origin, ck_verify;
@@ -200,6 +208,53 @@ static inline void xm_pstep_chunk(const xm_pstep_t *s, int64_t c, int64_t *a, in
     *a = s->r0 + row * s->row_elems + i * s->ce;
     *cnt = s->row_elems - i * s->ce < s->ce ? s->row_elems - i * s->ce : s->ce;
 }
+
+/* Staging pools. need[i]: units step i needs while its task is active (0:
+ * none). At most one task per link class is active on a rank at a time (the
+ * MPI executor's admission rule, and the lockstep round schedule), so a
+ * task's steps go in the region of the lowest class it holds and each
+ * region is as large as its largest task: off[i] gets step i's offset (-1
+ * when need[i] is 0), *total the pool size; offsets are multiples of align.
+ * INTERNAL error if a task without hops needs staging. */
+xmesh_result_t xm_program_pool(const xm_program_t *p, const int64_t *need, int64_t align,
+                               int64_t *off, int64_t *total);
+
+/* ------------------------------------------------------ lockstep rounds */
+
+/* For transports that move every message of a round together (NCCL
+ * grouped send/recv): the plan is cut into global rounds, identical on every
+ * rank. A task starts when every (rank, link class) its hops use is free
+ * again (tasks in schedule order); an all-gather ring starts the round after
+ * its stage-0 chain ended. In round t a step receives chunk t - rin and
+ * sends chunk t - rout, so a chunk moves one hop per round and the chains
+ * of a round run concurrently. A round's ops come in three phases: 0 before
+ * the group (pack, reduce, unpack of what is sent now), 1 the group (RECV
+ * and SEND, in step order: the sends from rank a to rank b of a round are
+ * in the order of b's receives from a), 2 after it (what follows the last
+ * receive). A chunk's staging slot is chunk % 2 of its step. */
+typedef struct xm_rop {
+    int step;
+    unsigned char kind, blk, phase, slot;
+    int64_t chunk;
+} xm_rop_t;
+
+typedef struct xm_rounds_it {
+    int *order; /* steps with chunks, by first round, then step index */
+    int norder;
+    int next; /* first step of order not yet active */
+    int *active;
+    int nactive;
+    int64_t t; /* next round to look at */
+    xm_rop_t *ops;
+    int cap;
+} xm_rounds_it_t;
+
+xmesh_result_t xm_rounds_init(const xm_program_t *p, xm_rounds_it_t *it);
+/* The rank's next round with work: *round, its ops in *ops (valid until the
+ * next call), returns their count; 0 when the program is done, < 0 when out
+ * of memory. */
+int xm_rounds_next(const xm_program_t *p, xm_rounds_it_t *it, int64_t *round, const xm_rop_t **ops);
+void xm_rounds_free(xm_rounds_it_t *it);
 
 /* Printable name of an op kind. */
 const char *xm_pop_name(int kind);

@@ -17,61 +17,57 @@ static int geom_contiguous(const xm_geom_t *g)
     return g->n == 1 && g->stride[0] == 1;
 }
 
-/* Staging and request slots of the rank's task t. At most one task per slot
- * class is active on a rank at a time, so a task's pool region is the
- * lowest class it holds: two active tasks never share a region; each
- * region is as large as its largest task. */
-static xmesh_result_t task_resources(xm_exec_t *x, const xm_ptask_t *t, int64_t *region_stage,
-                                     int *region_reqs)
+/* Staging bytes a step needs (XMESH_ZERO_COPY sends whole contiguous boxes
+ * straight from the caller's blocks). */
+static int64_t stage_need(const xm_exec_t *x, const xm_pstep_t *s)
 {
-    int region = -1;
-    for (int b = 0; b < XM_NSLOTS && region < 0; b++)
-        if (t->slots & (1u << b))
-            region = b;
-    int64_t soff = 0;
-    int roff = 0;
-    for (int i = t->first_step; i < t->first_step + t->nsteps; i++) {
+    int64_t need = 0;
+    switch (s->mode) {
+    case XM_MODE_SRC:
+        need = x->zero_copy && geom_contiguous(&s->sg) ? 0 : (int64_t)x->es;
+        break;
+    case XM_MODE_RECV:
+    case XM_MODE_FROM_DST:
+        need = x->zero_copy && geom_contiguous(&s->dg) ? 0 : (int64_t)x->es;
+        break;
+    case XM_MODE_GENERAL:
+        need = (int64_t)x->acc_es;
+        break;
+    default:
+        break;
+    }
+    return need * s->ce * x->window;
+}
+
+/* Staging and request slots, pooled by the core (xm_program_pool). */
+static xmesh_result_t pools(xm_exec_t *x)
+{
+    int n = x->prog.nsteps;
+    int64_t *need = malloc(sizeof(int64_t) * (n + 1)), *off = malloc(sizeof(int64_t) * (n + 1));
+    int64_t nreqs = 0;
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (!need || !off) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps", n);
+        goto out_free;
+    }
+    for (int i = 0; i < n; i++)
+        need[i] = stage_need(x, &x->prog.steps[i]);
+    if ((r = xm_program_pool(&x->prog, need, 64, off, &x->stage_bytes)))
+        goto out_free;
+    for (int i = 0; i < n; i++) {
+        x->sx[i].stage_off = off[i];
         const xm_pstep_t *s = &x->prog.steps[i];
-        xm_stepx_t *sx = &x->sx[i];
-        int64_t need = 0;
-        sx->stage_off = -1;
-        sx->req_off = -1;
-        sx->ck_off = -1;
-        switch (s->mode) {
-        case XM_MODE_SRC:
-            need = x->zero_copy && geom_contiguous(&s->sg) ? 0 : (int64_t)x->es;
-            break;
-        case XM_MODE_RECV:
-        case XM_MODE_FROM_DST:
-            need = x->zero_copy && geom_contiguous(&s->dg) ? 0 : (int64_t)x->es;
-            break;
-        case XM_MODE_GENERAL:
-            need = (int64_t)x->acc_es;
-            break;
-        default:
-            break;
-        }
-        need *= s->ce * x->window;
-        if (need && region < 0) /* a task without hops never needs staging */
-            return XM_ERR(XMESH_ERR_INTERNAL, "plan setup: task %d needs staging without a hop",
-                          t->task);
-        if (need) {
-            sx->stage_off = soff;
-            soff += (need + 63) & ~63ll;
-        }
-        if (s->prev >= 0 || s->next >= 0) {
-            sx->req_off = roff;
-            roff += XM_STEP_REQS(x->window);
-        }
-        sx->region = region;
+        need[i] = s->prev >= 0 || s->next >= 0 ? XM_STEP_REQS(x->window) : 0;
     }
-    if (region >= 0) {
-        if (soff > region_stage[region])
-            region_stage[region] = soff;
-        if (roff > region_reqs[region])
-            region_reqs[region] = roff;
-    }
-    return XMESH_SUCCESS;
+    if ((r = xm_program_pool(&x->prog, need, 1, off, &nreqs)))
+        goto out_free;
+    for (int i = 0; i < n; i++)
+        x->sx[i].req_off = (int)off[i];
+    x->nreqs = (int)nreqs;
+out_free:
+    free(need);
+    free(off);
+    return r;
 }
 
 /* Local part of plan setup: the rank's program (compiled by the core from
@@ -119,27 +115,10 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
         x->sx[i].tag_in = s->hop_in >= 0 ? tag_of(tag_ub, s->hop_in) : -1;
         x->sx[i].tag_out = s->hop_out >= 0 ? tag_of(tag_ub, s->hop_out) : -1;
     }
-    int64_t region_stage[XM_NSLOTS] = {0};
-    int region_reqs[XM_NSLOTS] = {0};
-    for (int i = 0; i < x->prog.ntasks && !r; i++)
-        r = task_resources(x, &x->prog.tasks[i], region_stage, region_reqs);
-    if (r)
+    for (int i = 0; i < x->prog.nsteps; i++)
+        x->sx[i].ck_off = -1;
+    if ((r = pools(x)))
         return r;
-    int64_t stage_base[XM_NSLOTS];
-    int req_base[XM_NSLOTS];
-    for (int b = 0; b < XM_NSLOTS; b++) {
-        stage_base[b] = x->stage_bytes;
-        req_base[b] = x->nreqs;
-        x->stage_bytes += region_stage[b];
-        x->nreqs += region_reqs[b];
-    }
-    for (int i = 0; i < x->prog.nsteps; i++) {
-        xm_stepx_t *sx = &x->sx[i];
-        if (sx->stage_off >= 0)
-            sx->stage_off += stage_base[sx->region];
-        if (sx->req_off >= 0)
-            sx->req_off += req_base[sx->region];
-    }
     if (x->stage_bytes && !(x->stage = aligned_alloc(64, (size_t)x->stage_bytes)))
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %lld staging bytes",
                       (long long)x->stage_bytes);

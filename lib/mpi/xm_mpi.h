@@ -36,7 +36,6 @@ typedef struct xm_stepx {
     int tag_in, tag_out; /* MPI tags of hop_in / hop_out */
     int64_t stage_off;   /* into the plan's staging pool, -1 none */
     int req_off;         /* into the plan's request pool (XM_STEP_REQS), -1 none */
-    int region;          /* pool region (lowest slot class of its task), -1 none */
     int64_t ck_off;      /* XMESH_CHECK: per-chunk sums in the plan's ck pool, -1 none */
 } xm_stepx_t;
 

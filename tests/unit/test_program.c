@@ -169,6 +169,35 @@ typedef struct {
     unsigned char *done, *tstate;
 } rank_t;
 
+/* Runs one op that moves no message on chunk [a, a + cnt) of step s. */
+static void local_op(rank_t *k, const xm_pstep_t *s, int kind, int blk, char *buf, int64_t a,
+                     int64_t cnt)
+{
+    const xm_program_t *p = &k->prog;
+    switch (kind) {
+    case XM_POP_PACK:
+        xm_geom_copy(XM_COPY_PACK, blk ? &s->dg : &s->sg, p->dtype, blk ? k->dst : k->src, buf, a,
+                     cnt);
+        break;
+    case XM_POP_TO_ACC:
+    case XM_POP_ADD_ACC:
+        xm_geom_copy(kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg, p->dtype,
+                     k->src, buf, a, cnt);
+        break;
+    case XM_POP_TO_NATIVE:
+        xm_acc_to_native(p->dtype, buf, cnt);
+        break;
+    case XM_POP_UNPACK:
+        xm_geom_copy(XM_COPY_UNPACK, &s->dg, p->dtype, k->dst, buf, a, cnt);
+        break;
+    case XM_POP_COPY:
+        xm_geom_copy2(&s->sg, k->src, &s->dg, k->dst, p->es, a, cnt);
+        break;
+    default:
+        fail_msg("op %s moves a message", xm_pop_name(kind));
+    }
+}
+
 /* Runs chunk c of step s of rank r through its ops. 0 on success, 1 when a
  * message it needs has not arrived yet, -1 on a mismatch (err filled). */
 static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t c, char *err,
@@ -203,24 +232,6 @@ static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t
             m->data = NULL;
             break;
         }
-        case XM_POP_PACK:
-            xm_geom_copy(XM_COPY_PACK, o->blk ? &s->dg : &s->sg, p->dtype, o->blk ? k->dst : k->src,
-                         k->buf, a, cnt);
-            break;
-        case XM_POP_TO_ACC:
-        case XM_POP_ADD_ACC:
-            xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg,
-                         p->dtype, k->src, k->buf, a, cnt);
-            break;
-        case XM_POP_TO_NATIVE:
-            xm_acc_to_native(p->dtype, k->buf, cnt);
-            break;
-        case XM_POP_UNPACK:
-            xm_geom_copy(XM_COPY_UNPACK, &s->dg, p->dtype, k->dst, k->buf, a, cnt);
-            break;
-        case XM_POP_COPY:
-            xm_geom_copy2(&s->sg, k->src, &s->dg, k->dst, p->es, a, cnt);
-            break;
         case XM_POP_SEND: {
             hop_t *h = &hops[s->hop_out];
             if (!h->m) {
@@ -237,7 +248,8 @@ static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t
             break;
         }
         default:
-            fail_msg("unknown op %d", o->kind);
+            local_op(k, s, o->kind, o->blk, k->buf, a, cnt);
+            break;
         }
     }
     return 0;
@@ -290,6 +302,193 @@ static int sim_round(rank_t *R, int n, hop_t *hops, char *err, size_t errlen, in
         }
     }
     return moved;
+}
+
+/* Per (sender, receiver) pair: messages in send order (NCCL matches the
+ * n-th send a -> b with the n-th receive of b from a). */
+typedef struct {
+    msg_t *m;
+    int head, n, cap;
+} fifo_t;
+
+/* Staging element size of a step: accumulator elements in partial sums. */
+static size_t stage_es(const xm_program_t *p, const xm_pstep_t *s)
+{
+    return s->mode == XM_MODE_GENERAL ? p->acc_es : p->es;
+}
+
+/* Inside a group, receives and sends run concurrently: a receive never
+ * targets the slot a send of the same round reads; and steps active in
+ * the same round never share staging memory. */
+static void check_round_buffers(const xm_program_t *p, const xm_rop_t *ops, int n,
+                                const int64_t *off)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            const xm_rop_t *x = &ops[i], *y = &ops[j];
+            if (x->kind == XM_POP_RECV && y->kind == XM_POP_SEND && x->step == y->step)
+                assert_int_not_equal(x->slot, y->slot);
+            if (x->step == y->step || off[x->step] < 0 || off[y->step] < 0)
+                continue;
+            const xm_pstep_t *a = &p->steps[x->step], *b = &p->steps[y->step];
+            int64_t ea = off[x->step] + 2 * a->ce * (int64_t)stage_es(p, a);
+            int64_t eb = off[y->step] + 2 * b->ce * (int64_t)stage_es(p, b);
+            assert_true(ea <= off[y->step] || eb <= off[x->step]);
+        }
+}
+
+/* Runs the programs in lockstep rounds (xm_rounds_next), as the NCCL
+ * backend posts them: per round, phase 0 on every rank, then the group
+ * (every send of the round, then every receive), then phase 2. Staging is
+ * the backend's pool (two slots per step, xm_program_pool). */
+static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t errlen)
+{
+    xm_rounds_it_t *it = calloc(n, sizeof *it);
+    int64_t *cur = calloc(n, sizeof(int64_t)), **off = calloc(n, sizeof(int64_t *));
+    int *nops = calloc(n, sizeof(int));
+    const xm_rop_t **ops = calloc(n, sizeof *ops);
+    char **pool = calloc(n, sizeof(char *));
+    fifo_t *q = calloc((size_t)n * n, sizeof *q);
+    assert_true(it && cur && off && nops && ops && pool && q);
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        const xm_program_t *p = &R[r].prog;
+        int64_t *need = calloc(p->nsteps + 1, sizeof(int64_t)), total = 0;
+        off[r] = calloc(p->nsteps + 1, sizeof(int64_t));
+        assert_true(need && off[r]);
+        for (int i = 0; i < p->nsteps; i++)
+            need[i] = p->steps[i].mode == XM_MODE_SELF
+                          ? 0
+                          : 2 * p->steps[i].ce * (int64_t)stage_es(p, &p->steps[i]);
+        assert_int_equal(xm_program_pool(p, need, 64, off[r], &total), XMESH_SUCCESS);
+        free(need);
+        pool[r] = malloc((size_t)total + 1);
+        assert_int_equal(xm_rounds_init(p, &it[r]), XMESH_SUCCESS);
+        nops[r] = xm_rounds_next(p, &it[r], &cur[r], &ops[r]);
+        assert_true(nops[r] >= 0);
+    }
+    for (int64_t t = 0; t < ch->nrounds && !bad; t++) {
+        for (int phase = 0; phase < 3 && !bad; phase++)
+            for (int pass = 0; pass < (phase == 1 ? 2 : 1); pass++) /* sends, then receives */
+                for (int r = 0; r < n && !bad; r++) {
+                    if (!nops[r])
+                        continue;
+                    assert_true(cur[r] >= t); /* rounds never go back */
+                    if (cur[r] != t)
+                        continue;
+                    const xm_program_t *p = &R[r].prog;
+                    if (phase == 0 && pass == 0)
+                        check_round_buffers(p, ops[r], nops[r], off[r]);
+                    for (int i = 0; i < nops[r] && !bad; i++) {
+                        const xm_rop_t *o = &ops[r][i];
+                        if (i > 0)
+                            assert_true(ops[r][i - 1].phase <= o->phase);
+                        if (o->phase != phase)
+                            continue;
+                        const xm_pstep_t *s = &p->steps[o->step];
+                        int64_t a, cnt;
+                        xm_pstep_chunk(s, o->chunk, &a, &cnt);
+                        assert_true(off[r][o->step] >= 0 || o->kind == XM_POP_COPY);
+                        char *buf = off[r][o->step] < 0
+                                        ? NULL
+                                        : pool[r] + off[r][o->step] +
+                                              (int64_t)o->slot * s->ce * (int64_t)stage_es(p, s);
+                        if (o->kind == XM_POP_SEND && pass == 0) {
+                            fifo_t *f = &q[(int64_t)r * n + s->next];
+                            int64_t bytes = cnt * (int64_t)(s->out_acc ? p->acc_es : p->es);
+                            if (f->n == f->cap) {
+                                f->cap = 2 * f->cap + 8;
+                                f->m = realloc(f->m, sizeof *f->m * f->cap);
+                                assert_non_null(f->m);
+                            }
+                            f->m[f->n].data = malloc((size_t)bytes + 1);
+                            memcpy(f->m[f->n].data, buf, (size_t)bytes);
+                            f->m[f->n] = (msg_t){f->m[f->n].data, bytes, a, cnt, r};
+                            f->n++;
+                        } else if (o->kind == XM_POP_RECV && pass == 1) {
+                            fifo_t *f = &q[(int64_t)s->prev * n + r];
+                            int64_t bytes = cnt * (int64_t)(s->in_acc ? p->acc_es : p->es);
+                            if (f->head == f->n) {
+                                snprintf(err, errlen,
+                                         "round %lld: rank %d waits for rank %d (task %d chunk "
+                                         "%lld): NCCL would hang",
+                                         (long long)t, r, s->prev, s->task, (long long)o->chunk);
+                                bad = 1;
+                                break;
+                            }
+                            msg_t *m = &f->m[f->head++];
+                            if (m->bytes != bytes || m->a != a || m->cnt != cnt) {
+                                snprintf(err, errlen,
+                                         "round %lld: rank %d receives [%lld, +%lld) %lld bytes "
+                                         "from rank %d, which sent [%lld, +%lld) %lld bytes",
+                                         (long long)t, r, (long long)a, (long long)cnt,
+                                         (long long)bytes, s->prev, (long long)m->a,
+                                         (long long)m->cnt, (long long)m->bytes);
+                                bad = 1;
+                            }
+                            memcpy(buf, m->data, (size_t)m->bytes);
+                            free(m->data);
+                            m->data = NULL;
+                        } else if (o->kind != XM_POP_SEND && o->kind != XM_POP_RECV) {
+                            local_op(&R[r], s, o->kind, o->blk, buf, a, cnt);
+                        }
+                    }
+                }
+        for (int r = 0; r < n && !bad; r++)
+            if (nops[r] && cur[r] == t) {
+                nops[r] = xm_rounds_next(&R[r].prog, &it[r], &cur[r], &ops[r]);
+                assert_true(nops[r] >= 0);
+            }
+    }
+    for (int r = 0; r < n && !bad; r++)
+        if (nops[r]) {
+            snprintf(err, errlen, "rank %d has work in round %lld of %lld", r, (long long)cur[r],
+                     (long long)ch->nrounds);
+            bad = 1;
+        }
+    for (int64_t i = 0; i < (int64_t)n * n; i++) {
+        if (!bad && q[i].head != q[i].n) {
+            snprintf(err, errlen, "%d message(s) from rank %d to rank %d never received",
+                     q[i].n - q[i].head, (int)(i / n), (int)(i % n));
+            bad = 1;
+        }
+        for (int k = q[i].head; k < q[i].n; k++)
+            free(q[i].m[k].data);
+        free(q[i].m);
+    }
+    for (int r = 0; r < n; r++) {
+        xm_rounds_free(&it[r]);
+        free(off[r]);
+        free(pool[r]);
+    }
+    free(it);
+    free(cur);
+    free(off);
+    free(nops);
+    free(ops);
+    free(pool);
+    free(q);
+    return bad;
+}
+
+/* Compares every destination element with its value. */
+static int check_dst(const pcase_t *c, const xm_layout_t *dst, rank_t *R, const blk_t *db, int n,
+                     const char *how, char *err, size_t errlen)
+{
+    for (int r = 0; r < n; r++)
+        for (int64_t e = 0; e < db[r].n; e++) {
+            int64_t g = global_index(dst, &db[r], e);
+            int64_t tmp[1];
+            store(c->dt, tmp, 0, want(g)); /* the value as the dtype holds it */
+            int64_t got = load(c->dt, R[r].dst, e), exp = load(c->dt, tmp, 0);
+            if (got != exp) {
+                snprintf(err, errlen,
+                         "%s: rank %d dst element %lld (global %lld): got %lld, want %lld", how, r,
+                         (long long)e, (long long)g, (long long)got, (long long)exp);
+                return 1;
+            }
+        }
+    return 0;
 }
 
 static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
@@ -410,18 +609,15 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
                          (long long)cc);
                 bad = 1;
             }
-    for (int r = 0; r < n && !bad; r++)
-        for (int64_t e = 0; e < db[r].n && !bad; e++) {
-            int64_t g = global_index(&dst, &db[r], e);
-            int64_t tmp[1];
-            store(c->dt, tmp, 0, want(g)); /* the value as the dtype holds it */
-            int64_t got = load(c->dt, R[r].dst, e), exp = load(c->dt, tmp, 0);
-            if (got != exp) {
-                snprintf(err, errlen, "rank %d dst element %lld (global %lld): got %lld, want %lld",
-                         r, (long long)e, (long long)g, (long long)got, (long long)exp);
-                bad = 1;
-            }
-        }
+    if (!bad)
+        bad = check_dst(c, &dst, R, db, n, "asynchronous", err, errlen);
+    if (!bad) { /* the same programs in lockstep rounds (NCCL) */
+        for (int r = 0; r < n; r++)
+            memset(R[r].dst, 0xA5, db[r].n * es);
+        bad = run_rounds(R, n, &ch, err, errlen);
+        if (!bad)
+            bad = check_dst(c, &dst, R, db, n, "rounds", err, errlen);
+    }
     for (int h = 0; h < ch.nhops; h++) {
         for (int64_t cc = 0; cc < hops[h].n; cc++)
             free(hops[h].m[cc].data);
