@@ -2,13 +2,18 @@
  * NCCL backend: executes a plan's schedule with NCCL point-to-point calls on
  * CUDA streams, packing, unpacking and reducing on the device.
  *
- * How a unit task moves (paper 002, section 3.1, broadcast strategy): the
- * schedule gives each task one or more routes, chains of devices. A chain is
- * executed as a pipeline of chunk steps; at step s, position i receives
- * chunk s - i + 1 from position i - 1 and forwards chunk s - i to i + 1.
- * Each step is one ncclGroupStart/ncclGroupEnd of the rank's ncclSend and
- * ncclRecv calls (lib/cuda/devplan.c generates the steps; the CPU tests run
- * the same step programs through an emulator).
+ * What it runs: the per-rank program of the core (lib/core/xm_program.h),
+ * the very program the MPI executor runs: chains of devices (the schedule's
+ * routes, or the all-gather chains), each rank's segments of them with
+ * their ops (pack, send, receive, reduce, unpack, copy). NCCL wants every
+ * rank to post matching groups, so the program is cut into global lockstep
+ * rounds (xm_rounds_next): in round t each active step receives one chunk
+ * and forwards the previous one, and all chains active in the round (every
+ * task the round schedule runs concurrently) go into one
+ * ncclGroupStart/ncclGroupEnd; kernels that prepare a round's sends run
+ * before the group, kernels that consume its receives after it
+ * (lib/cuda/devplan.c lowers a round; the CPU tests run the lowered rounds
+ * through an emulator).
  *
  * Why grouped send/recv on one communicator per mesh pair, and not
  * ncclBroadcast on split communicators:
@@ -29,9 +34,10 @@
  *   - partial sums (SBP "P") need a reduction along the source part of the
  *     chain with an f32 accumulator for f16/bf16; send/recv plus our own
  *     kernel does this, ncclBroadcast cannot.
- * The cost is one group launch per chunk step instead of NCCL's internal
- * pipelining; with 1 MiB chunks that is a few microseconds per step against
- * tens of microseconds of transfer at NIC speed.
+ * The cost is one group launch per round (not per chain and chunk) instead
+ * of NCCL's internal pipelining; with 1 MiB chunks that is a few
+ * microseconds per round against tens of microseconds of transfer at NIC
+ * speed.
  *
  * Streams: every transfer is enqueued on one stream (the caller's for
  * xmesh_reshard_start_on_stream, the plan's own otherwise) and waits for
@@ -75,17 +81,18 @@ typedef struct xm_nccl_req {
 } xm_nccl_req_t;
 
 typedef struct xm_nccl_exec {
-    xm_devprog_t prog;
+    xm_devplan_t dp;  /* the rank's program, staging pool, peers */
     xm_commkey_t key; /* the plan's communicator ranks */
     ncclComm_t comm;  /* NULL when this rank is outside both meshes */
     int *comm_rank;   /* ctx rank -> rank in comm */
-    void *slots;      /* device staging, prog.nslots * prog.slot_bytes */
+    void *pool;       /* device staging, dp.pool_bytes */
     cudaStream_t stream;
     cudaEvent_t last;       /* end of the last transfer enqueued for this plan */
     cudaEvent_t comm_event; /* end of the last transfer on comm (any plan) */
     int attached;           /* holds a reference on its cache entry */
     int enqueued;           /* last was recorded at least once */
-    xm_op_t *ops;
+    xm_op_t *ops;           /* one round, lowered */
+    int cap_ops;
     xm_nccl_req_t *reqs;
 } xm_nccl_exec_t;
 
@@ -155,7 +162,7 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
     xm_nccl_ctx_t *be = be_of(plan->ctx);
     xmesh_result_t r = XMESH_SUCCESS;
     /* The all-gather strategies take senders and order from the send/recv
-     * model; their chains are built by xm_vroutes_build. */
+     * model; their chains are built by xm_chains_build. */
     xm_sched_opts_t so = {.kind = plan->scheduler,
                           .budget_us = plan->budget_us,
                           .seed = plan->seed,
@@ -271,14 +278,17 @@ static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     for (int k = 0; k < plan->ctx->size; k++)
         ex->comm_rank[k] = xm_commkey_index(&ex->key, k);
-    xmesh_result_t r = xm_devprog_build(&plan->src, &plan->dst, &plan->ts, &plan->sched,
-                                        &plan->ctx->hosts, plan->strategy, plan->dtype,
-                                        plan->chunk_bytes, plan->ctx->rank, &ex->prog);
+    xm_prog_in_t in = {.ts = &plan->ts,
+                       .sched = &plan->sched,
+                       .hosts = &plan->ctx->hosts,
+                       .src = &plan->src,
+                       .dst = &plan->dst,
+                       .strategy = plan->strategy,
+                       .dtype = plan->dtype,
+                       .chunk_bytes = plan->chunk_bytes};
+    xmesh_result_t r = xm_devplan_build(&in, plan->ctx->rank, &ex->dp);
     if (r)
         return r;
-    ex->ops = malloc(sizeof(xm_op_t) * xm_devprog_max_ops(&ex->prog));
-    if (!ex->ops)
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     CUDA_TRY(cudaSetDevice(be->device));
     if (ex->comm) {
         /* the communicator's ordering event, shared by its plans */
@@ -290,13 +300,14 @@ static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
         }
         ex->comm_event = (cudaEvent_t)e->event;
     }
-    if (ex->prog.nslots > 0)
-        CUDA_TRY(cudaMalloc(&ex->slots, (size_t)ex->prog.nslots * ex->prog.slot_bytes));
+    if (ex->dp.pool_bytes > 0)
+        CUDA_TRY(cudaMalloc(&ex->pool, (size_t)ex->dp.pool_bytes));
     /* A blocking stream: ordered after work on the legacy default stream. */
     CUDA_TRY(cudaStreamCreate(&ex->stream));
     CUDA_TRY(cudaEventCreateWithFlags(&ex->last, cudaEventDisableTiming));
-    XM_INFO("nccl: rank %d takes part in %d task(s), %d staging slot(s) of %lld bytes",
-            plan->ctx->rank, ex->prog.ntasks, ex->prog.nslots, (long long)ex->prog.slot_bytes);
+    XM_INFO("nccl: rank %d takes part in %d task(s) (%d steps, %lld rounds), %lld staging bytes",
+            plan->ctx->rank, ex->dp.prog.ntasks, ex->dp.prog.nsteps, (long long)ex->dp.nrounds,
+            (long long)ex->dp.pool_bytes);
     return XMESH_SUCCESS;
 }
 
@@ -342,51 +353,52 @@ static void nccl_plan_teardown(xmesh_plan_t plan)
         cudaEventDestroy(ex->last);
     if (ex->stream)
         cudaStreamDestroy(ex->stream);
-    cudaFree(ex->slots);
+    cudaFree(ex->pool);
     free(ex->ops);
     free(ex->comm_rank);
     xm_commkey_free(&ex->key);
-    xm_devprog_free(&ex->prog);
+    xm_devplan_free(&ex->dp);
     free(ex);
     plan->exec = NULL;
 }
 
 /* ------------------------------------------------------------ execution */
 
-static char *slot(xm_nccl_exec_t *ex, int i)
+static char *at(xm_nccl_exec_t *ex, int64_t off)
 {
-    return (char *)ex->slots + (int64_t)i * ex->prog.slot_bytes;
+    return (char *)ex->pool + off;
 }
 
+/* Runs one lowered op (xm_devplan_lower) on stream st. */
 static xmesh_result_t run_op(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_t *o,
                              const void *src, void *dst, cudaStream_t st)
 {
-    const xm_devprog_t *p = &ex->prog;
-    size_t ws = o->acc ? p->acc_size : p->elem_size;
+    const xm_program_t *p = &ex->dp.prog;
+    size_t ws = o->acc ? p->acc_es : p->es;
     cudaError_t ce = cudaSuccess;
     ncclResult_t nr = ncclSuccess;
     switch (o->kind) {
     case XM_OP_COPY:
-        ce = xm_cuda_copy(&o->desc, src, &o->desc2, dst, p->elem_size, st);
+        ce = xm_cuda_copy(&o->desc, src, &o->desc2, dst, p->es, st);
         break;
     case XM_OP_PACK:
         /* an all-gather ring head forwards the part it received earlier */
-        ce = xm_cuda_pack(&o->desc, o->from_dst ? dst : src, slot(ex, o->slot), (int)plan->dtype,
+        ce = xm_cuda_pack(&o->desc, o->from_dst ? dst : src, at(ex, o->buf), (int)plan->dtype,
                           o->acc, st);
         break;
     case XM_OP_REDUCE:
-        ce = xm_cuda_reduce(&o->desc, src, slot(ex, o->slot), o->acc,
-                            o->convert_out ? slot(ex, o->out_slot) : NULL, (int)plan->dtype, st);
+        ce = xm_cuda_reduce(&o->desc, src, at(ex, o->buf), o->acc,
+                            o->convert_out ? at(ex, o->out) : NULL, (int)plan->dtype, st);
         break;
     case XM_OP_UNPACK:
-        ce = xm_cuda_unpack(&o->desc, slot(ex, o->slot), dst, p->elem_size, st);
+        ce = xm_cuda_unpack(&o->desc, at(ex, o->buf), dst, p->es, st);
         break;
     case XM_OP_SEND:
-        nr = ncclSend(slot(ex, o->slot), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
+        nr = ncclSend(at(ex, o->buf), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
                       ex->comm, st);
         break;
     case XM_OP_RECV:
-        nr = ncclRecv(slot(ex, o->slot), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
+        nr = ncclRecv(at(ex, o->buf), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
                       ex->comm, st);
         break;
     default:
@@ -400,12 +412,42 @@ static xmesh_result_t run_op(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_
     return XMESH_SUCCESS;
 }
 
-/* Enqueues the whole plan for this rank on stream st. */
+/* One round: its kernels, then one group of every send and receive of the
+ * round (all chains active in the round, concurrently), then the kernels
+ * that consume what arrived. */
+static xmesh_result_t run_round(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_t *ops, int n,
+                                const void *src, void *dst, cudaStream_t st)
+{
+    xmesh_result_t r;
+    int k = 0;
+    for (; k < n && ops[k].phase == 0; k++)
+        if ((r = run_op(plan, ex, &ops[k], src, dst, st)))
+            return r;
+    if (k < n && ops[k].phase == 1) {
+        ncclResult_t nr = ncclGroupStart();
+        if (nr != ncclSuccess)
+            return nccl_err(nr, ex->comm, "ncclGroupStart");
+        for (; k < n && ops[k].phase == 1; k++)
+            if ((r = run_op(plan, ex, &ops[k], src, dst, st))) {
+                ncclGroupEnd();
+                return r;
+            }
+        if ((nr = ncclGroupEnd()) != ncclSuccess)
+            return nccl_err(nr, ex->comm, "ncclGroupEnd");
+    }
+    for (; k < n; k++)
+        if ((r = run_op(plan, ex, &ops[k], src, dst, st)))
+            return r;
+    return XMESH_SUCCESS;
+}
+
+/* Enqueues the whole plan for this rank on stream st: the program's
+ * lockstep rounds (xm_rounds_next), one NCCL group per round. */
 static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cudaStream_t st)
 {
     xm_nccl_ctx_t *be = be_of(plan->ctx);
     xm_nccl_exec_t *ex = plan->exec;
-    xmesh_result_t r;
+    xmesh_result_t r = XMESH_SUCCESS;
     CUDA_TRY(cudaSetDevice(be->device));
     cudaEvent_t comm_ev = ex->comm_event;
     /* Order after the previous transfer on this communicator (any plan, any
@@ -414,31 +456,38 @@ static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cud
         CUDA_TRY(cudaStreamWaitEvent(st, comm_ev, 0));
     if (ex->enqueued)
         CUDA_TRY(cudaStreamWaitEvent(st, ex->last, 0));
-    for (int i = 0; i < ex->prog.ntasks; i++) {
-        int64_t nst = xm_devprog_nsteps(&ex->prog, &plan->ts, i);
-        for (int64_t s = 0; s < nst; s++) {
-            int n = xm_devprog_step(&ex->prog, &plan->ts, i, s, ex->ops);
-            int k = 0;
-            for (; k < n && ex->ops[k].phase == 0; k++)
-                if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st)))
-                    return r;
-            if (k < n && ex->ops[k].phase == 1) {
-                ncclResult_t nr = ncclGroupStart();
-                if (nr != ncclSuccess)
-                    return nccl_err(nr, ex->comm, "ncclGroupStart");
-                for (; k < n && ex->ops[k].phase == 1; k++)
-                    if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st))) {
-                        ncclGroupEnd();
-                        return r;
-                    }
-                if ((nr = ncclGroupEnd()) != ncclSuccess)
-                    return nccl_err(nr, ex->comm, "ncclGroupEnd");
+    xm_rounds_it_t it;
+    if ((r = xm_rounds_init(&ex->dp.prog, &it)))
+        return r;
+    for (;;) {
+        int64_t round;
+        const xm_rop_t *rops;
+        int n = xm_rounds_next(&ex->dp.prog, &it, &round, &rops);
+        if (n == 0)
+            break;
+        if (n > 0 && n > ex->cap_ops) {
+            xm_op_t *o = realloc(ex->ops, sizeof *o * n);
+            if (o) {
+                ex->ops = o;
+                ex->cap_ops = n;
             }
-            for (; k < n; k++)
-                if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st)))
-                    return r;
         }
+        if (n < 0 || n > ex->cap_ops) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "nccl: out of memory for round %lld", (long long)round);
+            break;
+        }
+        int m = xm_devplan_lower(&ex->dp, rops, n, ex->ops);
+        if (m < 0) {
+            r = XM_ERR(XMESH_ERR_INTERNAL, "nccl: round %lld has an op the device cannot run",
+                       (long long)round);
+            break;
+        }
+        if ((r = run_round(plan, ex, ex->ops, m, src, dst, st)))
+            break;
     }
+    xm_rounds_free(&it);
+    if (r)
+        return r;
     CUDA_TRY(cudaEventRecord(ex->last, st));
     ex->enqueued = 1;
     if (comm_ev)

@@ -434,6 +434,14 @@ static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t
                         }
                     }
                 }
+        /* NCCL groups block until matched: a round's sends are received
+         * in the same round */
+        for (int64_t i = 0; i < (int64_t)n * n && !bad; i++)
+            if (q[i].head != q[i].n) {
+                snprintf(err, errlen, "round %lld: send %d->%d not received in its group",
+                         (long long)t, (int)(i / n), (int)(i % n));
+                bad = 1;
+            }
         for (int r = 0; r < n && !bad; r++)
             if (nops[r] && cur[r] == t) {
                 nops[r] = xm_rounds_next(&R[r].prog, &it[r], &cur[r], &ops[r]);
