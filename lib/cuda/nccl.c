@@ -53,6 +53,7 @@
 #include <time.h>
 
 #include "xm_api.h"
+#include "xm_boot.h"
 #include "xm_cuda_kernels.h"
 #include "xm_devplan.h"
 #include "xm_topo.h"
@@ -115,10 +116,7 @@ static xmesh_result_t nccl_err(ncclResult_t r, ncclComm_t comm, const char *what
 
 static xmesh_result_t mpi_err(int e, const char *what)
 {
-    char s[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(e, s, &len);
-    return XM_ERR(XMESH_ERR_BACKEND, "%s: MPI error %d (%s)", what, e, s);
+    return xm_boot_mpi_err(e, what);
 }
 
 static xm_nccl_ctx_t *be_of(xmesh_ctx_t ctx)
@@ -128,23 +126,10 @@ static xm_nccl_ctx_t *be_of(xmesh_ctx_t ctx)
 
 /* ----------------------------------------------------------- agreement */
 
-/* One MPI_Allreduce(MAX) of {failed, hash, ~hash}: failure anywhere and
- * the hash range are known everywhere. */
+/* The shared agreement collective (lib/mpi/boot.c). */
 static xmesh_result_t agree_on(MPI_Comm comm, xmesh_result_t local, uint64_t hash)
 {
-    uint64_t v[3] = {local != XMESH_SUCCESS, hash, ~hash}, w[3];
-    int e = MPI_Allreduce(v, w, 3, MPI_UINT64_T, MPI_MAX, comm);
-    if (e != MPI_SUCCESS)
-        return mpi_err(e, "agree: MPI_Allreduce");
-    if (w[0])
-        return local != XMESH_SUCCESS ? local
-                                      : XM_ERR(XMESH_ERR_REMOTE, "another rank failed (see its "
-                                                                 "xmesh_last_error())");
-    if (w[1] != ~w[2])
-        return XM_ERR(XMESH_ERR_MISMATCH,
-                      "ranks passed different arguments (input hash %016llx here)",
-                      (unsigned long long)hash);
-    return XMESH_SUCCESS;
+    return xm_boot_agree(comm, local, hash, NULL, NULL, 0, "agree");
 }
 
 static xmesh_result_t nccl_agree(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t hash)
@@ -183,22 +168,7 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
     }
     if ((r = agree_on(be->comm, r, 0)))
         return r;
-    int n = plan->sched.ntasks, g = plan->sched.max_groups;
-    int e = MPI_Bcast(plan->sched.order, n, MPI_INT, 0, be->comm);
-    if (e == MPI_SUCCESS)
-        e = MPI_Bcast(plan->sched.sender, n * g, MPI_INT, 0, be->comm);
-    if (e != MPI_SUCCESS)
-        return mpi_err(e, "plan: broadcast of the schedule");
-    if (plan->ctx->rank != 0) {
-        xm_schedule_t s;
-        r = xm_schedule_from(&plan->ts, &plan->cluster, &so, plan->sched.order, plan->sched.sender,
-                             &s);
-        if (r == XMESH_SUCCESS) {
-            xm_schedule_free(&plan->sched);
-            plan->sched = s;
-        }
-    }
-    return agree_on(be->comm, r, 0);
+    return agree_on(be->comm, xm_boot_share_schedule(be->comm, plan, NULL, 0), 0);
 }
 
 /* Finds or creates the communicator of the plan's ranks. Collective: the
@@ -726,85 +696,6 @@ xmesh_result_t xmesh_ctx_cuda_device(xmesh_ctx_t ctx, int *device)
 
 /* XMESH_HOST_ID: an integer, or "rank/N" (N consecutive ranks share a
  * host), as the MPI backend reads it. */
-static xmesh_result_t parse_host_env(const char *s, int rank, int *out)
-{
-    char *end;
-    long v;
-    if (!strncmp(s, "rank/", 5)) {
-        v = strtol(s + 5, &end, 10);
-        if (*end == 0 && v >= 1) {
-            *out = (int)(rank / v);
-            return XMESH_SUCCESS;
-        }
-    } else {
-        v = strtol(s, &end, 10);
-        if (*end == 0 && v >= 0 && v <= 1 << 30) {
-            *out = (int)v;
-            return XMESH_SUCCESS;
-        }
-    }
-    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                  "XMESH_HOST_ID '%s': expected an integer >= 0 or rank/N with N >= 1", s);
-}
-
-/* Host of every rank: explicit ids (params->host_id, else XMESH_HOST_ID)
- * when every rank has one, else the lowest rank of the shared-memory
- * split; renumbered 0..H-1 by first appearance, as the MPI backend does.
- * *local_rank is the rank within the real shared-memory split (device
- * selection), whatever the host ids say. Collective; a bad XMESH_HOST_ID
- * anywhere fails every rank. */
-static xmesh_result_t find_hosts(MPI_Comm comm, int rank, int size, int host_id, int *local_rank,
-                                 xm_hostmap_t *out)
-{
-    MPI_Comm shm;
-    int e = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm);
-    if (e != MPI_SUCCESS)
-        return mpi_err(e, "MPI_Comm_split_type(SHARED)");
-    int lowest = rank;
-    MPI_Comm_rank(shm, local_rank);
-    MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm);
-    MPI_Comm_free(&shm);
-    int id = host_id != XMESH_UNSET_INT ? host_id : -1;
-    xmesh_result_t local = XMESH_SUCCESS;
-    const char *env = getenv("XMESH_HOST_ID");
-    if (id < 0 && env && *env)
-        local = parse_host_env(env, rank, &id);
-    int have = id >= 0, all_have = 0;
-    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, comm);
-    xmesh_result_t r = agree_on(comm, local, 0);
-    if (r)
-        return r;
-    int key = all_have ? id : lowest; /* mixing ids and the split means nothing */
-    int *keys = malloc(sizeof(int) * size);
-    int *host = malloc(sizeof(int) * size);
-    if (!keys || !host) {
-        free(keys);
-        free(host);
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
-    }
-    if ((e = MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, comm)) != MPI_SUCCESS) {
-        free(keys);
-        free(host);
-        return mpi_err(e, "MPI_Allgather(host ids)");
-    }
-    int nh = 0;
-    for (int i = 0; i < size; i++) {
-        host[i] = -1;
-        for (int j = 0; j < i; j++)
-            if (keys[j] == keys[i]) {
-                host[i] = host[j];
-                break;
-            }
-        if (host[i] < 0)
-            host[i] = nh++;
-    }
-    free(keys);
-    out->ndev = size;
-    out->nhosts = nh;
-    out->host_of = host;
-    return XMESH_SUCCESS;
-}
-
 /* Local, non-collective part: device selection and topology. */
 static xmesh_result_t open_device(xm_nccl_ctx_t *be, int cuda_device, int local_rank)
 {
@@ -883,8 +774,8 @@ xmesh_result_t xmesh_ctx_create_nccl(MPI_Comm comm, int cuda_device,
     MPI_Comm_size(be->comm, &size);
     ctx->rank = rank;
     ctx->size = size;
-    if ((r = find_hosts(be->comm, rank, size, params ? params->host_id : XMESH_UNSET_INT,
-                        &local_rank, &ctx->hosts)))
+    if ((r = xm_boot_hosts(be->comm, params ? params->host_id : XMESH_UNSET_INT, &local_rank,
+                           &ctx->hosts)))
         goto out_free_ctx;
     r = open_device(be, cuda_device, local_rank);
     if (cuda_device < -1)

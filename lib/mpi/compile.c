@@ -257,61 +257,27 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     xmesh_ctx_t ctx = p->ctx;
     xm_mpi_ctx_t *be = ctx->be;
     xmesh_result_t r = XMESH_SUCCESS;
-    int nt = p->ts.ntasks, mg = p->sched.max_groups, rc;
+    int rc;
     xm_exec_t *x = calloc(1, sizeof *x);
-    int64_t nbuf = 4 + (int64_t)nt * (1 + mg);
-    int *buf = malloc(sizeof(int) * nbuf);
-    if (!x || !buf) {
-        free(x);
-        free(buf);
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d tasks", nt);
-    }
+    if (!x)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
     x->comm = MPI_COMM_NULL;
     x->pool_slot = -1;
     p->exec = x;
     double tm[6];
     tm[0] = xm_mpi_now();
     /* 1. Rank 0's decisions for everyone: time-budgeted schedulers may pick
-     *    differently on each rank. */
+     *    differently on each rank (xm_boot_share_schedule). */
+    int flags[2] = {0, 0}; /* XMESH_TRACE set, XMESH_CHECK */
     if (ctx->rank == 0) {
         const char *tp = xm_param_str("XMESH_TRACE");
-        buf[0] = nt;
-        buf[1] = mg;
-        buf[2] = tp && *tp;
-        buf[3] = xm_param_i64("XMESH_CHECK") != 0;
-        memcpy(buf + 4, p->sched.order, sizeof(int) * nt);
-        memcpy(buf + 4 + nt, p->sched.sender, sizeof(int) * (int64_t)nt * mg);
+        flags[0] = tp && *tp;
+        flags[1] = xm_param_i64("XMESH_CHECK") != 0;
     }
-    if ((rc = MPI_Bcast(buf, (int)nbuf, MPI_INT, 0, be->comm))) {
-        free(buf);
-        return xm_mpi_err(rc, "MPI_Bcast(schedule)");
-    }
-    xmesh_result_t local = XMESH_SUCCESS;
-    if (buf[0] != nt || buf[1] != mg)
-        local = XM_ERR(XMESH_ERR_INTERNAL,
-                       "plan setup: rank 0 has %d tasks x %d groups, this "
-                       "rank %d x %d",
-                       buf[0], buf[1], nt, mg);
-    if (!local && ctx->rank != 0) {
-        xm_schedule_t ns;
-        /* The scheduler has route models for broadcast and sendrecv only; the
-         * all-gather baselines take senders and order from the sendrecv model
-         * (their routes are built here). api.c must map them the same way. */
-        xmesh_strategy_t sst = p->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
-                                       p->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
-                                   ? XMESH_STRATEGY_SENDRECV
-                                   : p->strategy;
-        xm_sched_opts_t so = {
-            .kind = p->scheduler, .budget_us = p->budget_us, .seed = p->seed, .strategy = sst};
-        local = xm_schedule_from(&p->ts, &p->cluster, &so, buf + 4, buf + 4 + nt, &ns);
-        if (!local) {
-            xm_schedule_free(&p->sched);
-            p->sched = ns;
-        }
-    }
+    xmesh_result_t local = xm_boot_share_schedule(be->comm, p, flags, 2);
     tm[1] = xm_mpi_now();
-    int trace_flag = buf[2];
-    x->check = buf[3];
+    int trace_flag = flags[0];
+    x->check = flags[1];
     {
 #ifdef XMESH_TEST_HOOKS /* test builds only (lib/CMakeLists.txt) */
         const char *cr = getenv("XMESH_TEST_CORRUPT");
@@ -320,7 +286,6 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
         x->corrupt = 0;
 #endif
     }
-    free(buf);
     /* Rank 0's trace path too: the leader writes, whatever its environment. */
     char tpath[512] = "";
     if (ctx->rank == 0)

@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include "xm_api.h"
+#include "xm_boot.h"
 #include "xm_program.h"
 #include "xmesh/mpi.h"
 
