@@ -2,13 +2,18 @@
  * NCCL backend: executes a plan's schedule with NCCL point-to-point calls on
  * CUDA streams, packing, unpacking and reducing on the device.
  *
- * How a unit task moves (paper 002, section 3.1, broadcast strategy): the
- * schedule gives each task one or more routes, chains of devices. A chain is
- * executed as a pipeline of chunk steps; at step s, position i receives
- * chunk s - i + 1 from position i - 1 and forwards chunk s - i to i + 1.
- * Each step is one ncclGroupStart/ncclGroupEnd of the rank's ncclSend and
- * ncclRecv calls (lib/cuda/devplan.c generates the steps; the CPU tests run
- * the same step programs through an emulator).
+ * What it runs: the per-rank program of the core (lib/core/xm_program.h),
+ * the very program the MPI executor runs: chains of devices (the schedule's
+ * routes, or the all-gather chains), each rank's segments of them with
+ * their ops (pack, send, receive, reduce, unpack, copy). NCCL wants every
+ * rank to post matching groups, so the program is cut into global lockstep
+ * rounds (xm_rounds_next): in round t each active step receives one chunk
+ * and forwards the previous one, and all chains active in the round (every
+ * task the round schedule runs concurrently) go into one
+ * ncclGroupStart/ncclGroupEnd; kernels that prepare a round's sends run
+ * before the group, kernels that consume its receives after it
+ * (lib/cuda/devplan.c lowers a round; the CPU tests run the lowered rounds
+ * through an emulator).
  *
  * Why grouped send/recv on one communicator per mesh pair, and not
  * ncclBroadcast on split communicators:
@@ -29,9 +34,10 @@
  *   - partial sums (SBP "P") need a reduction along the source part of the
  *     chain with an f32 accumulator for f16/bf16; send/recv plus our own
  *     kernel does this, ncclBroadcast cannot.
- * The cost is one group launch per chunk step instead of NCCL's internal
- * pipelining; with 1 MiB chunks that is a few microseconds per step against
- * tens of microseconds of transfer at NIC speed.
+ * The cost is one group launch per round (not per chain and chunk) instead
+ * of NCCL's internal pipelining; with 1 MiB chunks that is a few
+ * microseconds per round against tens of microseconds of transfer at NIC
+ * speed.
  *
  * Streams: every transfer is enqueued on one stream (the caller's for
  * xmesh_reshard_start_on_stream, the plan's own otherwise) and waits for
@@ -47,6 +53,7 @@
 #include <time.h>
 
 #include "xm_api.h"
+#include "xm_boot.h"
 #include "xm_cuda_kernels.h"
 #include "xm_devplan.h"
 #include "xm_topo.h"
@@ -75,17 +82,18 @@ typedef struct xm_nccl_req {
 } xm_nccl_req_t;
 
 typedef struct xm_nccl_exec {
-    xm_devprog_t prog;
+    xm_devplan_t dp;  /* the rank's program, staging pool, peers */
     xm_commkey_t key; /* the plan's communicator ranks */
     ncclComm_t comm;  /* NULL when this rank is outside both meshes */
     int *comm_rank;   /* ctx rank -> rank in comm */
-    void *slots;      /* device staging, prog.nslots * prog.slot_bytes */
+    void *pool;       /* device staging, dp.pool_bytes */
     cudaStream_t stream;
     cudaEvent_t last;       /* end of the last transfer enqueued for this plan */
     cudaEvent_t comm_event; /* end of the last transfer on comm (any plan) */
     int attached;           /* holds a reference on its cache entry */
     int enqueued;           /* last was recorded at least once */
-    xm_op_t *ops;
+    xm_op_t *ops;           /* one round, lowered */
+    int cap_ops;
     xm_nccl_req_t *reqs;
 } xm_nccl_exec_t;
 
@@ -108,10 +116,7 @@ static xmesh_result_t nccl_err(ncclResult_t r, ncclComm_t comm, const char *what
 
 static xmesh_result_t mpi_err(int e, const char *what)
 {
-    char s[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(e, s, &len);
-    return XM_ERR(XMESH_ERR_BACKEND, "%s: MPI error %d (%s)", what, e, s);
+    return xm_boot_mpi_err(e, what);
 }
 
 static xm_nccl_ctx_t *be_of(xmesh_ctx_t ctx)
@@ -121,23 +126,10 @@ static xm_nccl_ctx_t *be_of(xmesh_ctx_t ctx)
 
 /* ----------------------------------------------------------- agreement */
 
-/* One MPI_Allreduce(MAX) of {failed, hash, ~hash}: failure anywhere and
- * the hash range are known everywhere. */
+/* The shared agreement collective (lib/mpi/boot.c). */
 static xmesh_result_t agree_on(MPI_Comm comm, xmesh_result_t local, uint64_t hash)
 {
-    uint64_t v[3] = {local != XMESH_SUCCESS, hash, ~hash}, w[3];
-    int e = MPI_Allreduce(v, w, 3, MPI_UINT64_T, MPI_MAX, comm);
-    if (e != MPI_SUCCESS)
-        return mpi_err(e, "agree: MPI_Allreduce");
-    if (w[0])
-        return local != XMESH_SUCCESS ? local
-                                      : XM_ERR(XMESH_ERR_REMOTE, "another rank failed (see its "
-                                                                 "xmesh_last_error())");
-    if (w[1] != ~w[2])
-        return XM_ERR(XMESH_ERR_MISMATCH,
-                      "ranks passed different arguments (input hash %016llx here)",
-                      (unsigned long long)hash);
-    return XMESH_SUCCESS;
+    return xm_boot_agree(comm, local, hash, NULL, NULL, 0, "agree");
 }
 
 static xmesh_result_t nccl_agree(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t hash)
@@ -155,7 +147,7 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
     xm_nccl_ctx_t *be = be_of(plan->ctx);
     xmesh_result_t r = XMESH_SUCCESS;
     /* The all-gather strategies take senders and order from the send/recv
-     * model; their chains are built by xm_vroutes_build. */
+     * model; their chains are built by xm_chains_build. */
     xm_sched_opts_t so = {.kind = plan->scheduler,
                           .budget_us = plan->budget_us,
                           .seed = plan->seed,
@@ -176,22 +168,7 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
     }
     if ((r = agree_on(be->comm, r, 0)))
         return r;
-    int n = plan->sched.ntasks, g = plan->sched.max_groups;
-    int e = MPI_Bcast(plan->sched.order, n, MPI_INT, 0, be->comm);
-    if (e == MPI_SUCCESS)
-        e = MPI_Bcast(plan->sched.sender, n * g, MPI_INT, 0, be->comm);
-    if (e != MPI_SUCCESS)
-        return mpi_err(e, "plan: broadcast of the schedule");
-    if (plan->ctx->rank != 0) {
-        xm_schedule_t s;
-        r = xm_schedule_from(&plan->ts, &plan->cluster, &so, plan->sched.order, plan->sched.sender,
-                             &s);
-        if (r == XMESH_SUCCESS) {
-            xm_schedule_free(&plan->sched);
-            plan->sched = s;
-        }
-    }
-    return agree_on(be->comm, r, 0);
+    return agree_on(be->comm, xm_boot_share_schedule(be->comm, plan, NULL, 0), 0);
 }
 
 /* Finds or creates the communicator of the plan's ranks. Collective: the
@@ -271,14 +248,17 @@ static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     for (int k = 0; k < plan->ctx->size; k++)
         ex->comm_rank[k] = xm_commkey_index(&ex->key, k);
-    xmesh_result_t r = xm_devprog_build(&plan->src, &plan->dst, &plan->ts, &plan->sched,
-                                        &plan->ctx->hosts, plan->strategy, plan->dtype,
-                                        plan->chunk_bytes, plan->ctx->rank, &ex->prog);
+    xm_prog_in_t in = {.ts = &plan->ts,
+                       .sched = &plan->sched,
+                       .hosts = &plan->ctx->hosts,
+                       .src = &plan->src,
+                       .dst = &plan->dst,
+                       .strategy = plan->strategy,
+                       .dtype = plan->dtype,
+                       .chunk_bytes = plan->chunk_bytes};
+    xmesh_result_t r = xm_devplan_build(&in, plan->ctx->rank, &ex->dp);
     if (r)
         return r;
-    ex->ops = malloc(sizeof(xm_op_t) * xm_devprog_max_ops(&ex->prog));
-    if (!ex->ops)
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
     CUDA_TRY(cudaSetDevice(be->device));
     if (ex->comm) {
         /* the communicator's ordering event, shared by its plans */
@@ -290,13 +270,14 @@ static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
         }
         ex->comm_event = (cudaEvent_t)e->event;
     }
-    if (ex->prog.nslots > 0)
-        CUDA_TRY(cudaMalloc(&ex->slots, (size_t)ex->prog.nslots * ex->prog.slot_bytes));
+    if (ex->dp.pool_bytes > 0)
+        CUDA_TRY(cudaMalloc(&ex->pool, (size_t)ex->dp.pool_bytes));
     /* A blocking stream: ordered after work on the legacy default stream. */
     CUDA_TRY(cudaStreamCreate(&ex->stream));
     CUDA_TRY(cudaEventCreateWithFlags(&ex->last, cudaEventDisableTiming));
-    XM_INFO("nccl: rank %d takes part in %d task(s), %d staging slot(s) of %lld bytes",
-            plan->ctx->rank, ex->prog.ntasks, ex->prog.nslots, (long long)ex->prog.slot_bytes);
+    XM_INFO("nccl: rank %d takes part in %d task(s) (%d steps, %lld rounds), %lld staging bytes",
+            plan->ctx->rank, ex->dp.prog.ntasks, ex->dp.prog.nsteps, (long long)ex->dp.nrounds,
+            (long long)ex->dp.pool_bytes);
     return XMESH_SUCCESS;
 }
 
@@ -342,51 +323,52 @@ static void nccl_plan_teardown(xmesh_plan_t plan)
         cudaEventDestroy(ex->last);
     if (ex->stream)
         cudaStreamDestroy(ex->stream);
-    cudaFree(ex->slots);
+    cudaFree(ex->pool);
     free(ex->ops);
     free(ex->comm_rank);
     xm_commkey_free(&ex->key);
-    xm_devprog_free(&ex->prog);
+    xm_devplan_free(&ex->dp);
     free(ex);
     plan->exec = NULL;
 }
 
 /* ------------------------------------------------------------ execution */
 
-static char *slot(xm_nccl_exec_t *ex, int i)
+static char *at(xm_nccl_exec_t *ex, int64_t off)
 {
-    return (char *)ex->slots + (int64_t)i * ex->prog.slot_bytes;
+    return (char *)ex->pool + off;
 }
 
+/* Runs one lowered op (xm_devplan_lower) on stream st. */
 static xmesh_result_t run_op(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_t *o,
                              const void *src, void *dst, cudaStream_t st)
 {
-    const xm_devprog_t *p = &ex->prog;
-    size_t ws = o->acc ? p->acc_size : p->elem_size;
+    const xm_program_t *p = &ex->dp.prog;
+    size_t ws = o->acc ? p->acc_es : p->es;
     cudaError_t ce = cudaSuccess;
     ncclResult_t nr = ncclSuccess;
     switch (o->kind) {
     case XM_OP_COPY:
-        ce = xm_cuda_copy(&o->desc, src, &o->desc2, dst, p->elem_size, st);
+        ce = xm_cuda_copy(&o->desc, src, &o->desc2, dst, p->es, st);
         break;
     case XM_OP_PACK:
         /* an all-gather ring head forwards the part it received earlier */
-        ce = xm_cuda_pack(&o->desc, o->from_dst ? dst : src, slot(ex, o->slot), (int)plan->dtype,
+        ce = xm_cuda_pack(&o->desc, o->from_dst ? dst : src, at(ex, o->buf), (int)plan->dtype,
                           o->acc, st);
         break;
     case XM_OP_REDUCE:
-        ce = xm_cuda_reduce(&o->desc, src, slot(ex, o->slot), o->acc,
-                            o->convert_out ? slot(ex, o->out_slot) : NULL, (int)plan->dtype, st);
+        ce = xm_cuda_reduce(&o->desc, src, at(ex, o->buf), o->acc,
+                            o->convert_out ? at(ex, o->out) : NULL, (int)plan->dtype, st);
         break;
     case XM_OP_UNPACK:
-        ce = xm_cuda_unpack(&o->desc, slot(ex, o->slot), dst, p->elem_size, st);
+        ce = xm_cuda_unpack(&o->desc, at(ex, o->buf), dst, p->es, st);
         break;
     case XM_OP_SEND:
-        nr = ncclSend(slot(ex, o->slot), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
+        nr = ncclSend(at(ex, o->buf), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
                       ex->comm, st);
         break;
     case XM_OP_RECV:
-        nr = ncclRecv(slot(ex, o->slot), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
+        nr = ncclRecv(at(ex, o->buf), (size_t)o->count * ws, ncclUint8, ex->comm_rank[o->peer],
                       ex->comm, st);
         break;
     default:
@@ -400,12 +382,42 @@ static xmesh_result_t run_op(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_
     return XMESH_SUCCESS;
 }
 
-/* Enqueues the whole plan for this rank on stream st. */
+/* One round: its kernels, then one group of every send and receive of the
+ * round (all chains active in the round, concurrently), then the kernels
+ * that consume what arrived. */
+static xmesh_result_t run_round(xmesh_plan_t plan, xm_nccl_exec_t *ex, const xm_op_t *ops, int n,
+                                const void *src, void *dst, cudaStream_t st)
+{
+    xmesh_result_t r;
+    int k = 0;
+    for (; k < n && ops[k].phase == 0; k++)
+        if ((r = run_op(plan, ex, &ops[k], src, dst, st)))
+            return r;
+    if (k < n && ops[k].phase == 1) {
+        ncclResult_t nr = ncclGroupStart();
+        if (nr != ncclSuccess)
+            return nccl_err(nr, ex->comm, "ncclGroupStart");
+        for (; k < n && ops[k].phase == 1; k++)
+            if ((r = run_op(plan, ex, &ops[k], src, dst, st))) {
+                ncclGroupEnd();
+                return r;
+            }
+        if ((nr = ncclGroupEnd()) != ncclSuccess)
+            return nccl_err(nr, ex->comm, "ncclGroupEnd");
+    }
+    for (; k < n; k++)
+        if ((r = run_op(plan, ex, &ops[k], src, dst, st)))
+            return r;
+    return XMESH_SUCCESS;
+}
+
+/* Enqueues the whole plan for this rank on stream st: the program's
+ * lockstep rounds (xm_rounds_next), one NCCL group per round. */
 static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cudaStream_t st)
 {
     xm_nccl_ctx_t *be = be_of(plan->ctx);
     xm_nccl_exec_t *ex = plan->exec;
-    xmesh_result_t r;
+    xmesh_result_t r = XMESH_SUCCESS;
     CUDA_TRY(cudaSetDevice(be->device));
     cudaEvent_t comm_ev = ex->comm_event;
     /* Order after the previous transfer on this communicator (any plan, any
@@ -414,31 +426,38 @@ static xmesh_result_t enqueue(xmesh_plan_t plan, const void *src, void *dst, cud
         CUDA_TRY(cudaStreamWaitEvent(st, comm_ev, 0));
     if (ex->enqueued)
         CUDA_TRY(cudaStreamWaitEvent(st, ex->last, 0));
-    for (int i = 0; i < ex->prog.ntasks; i++) {
-        int64_t nst = xm_devprog_nsteps(&ex->prog, &plan->ts, i);
-        for (int64_t s = 0; s < nst; s++) {
-            int n = xm_devprog_step(&ex->prog, &plan->ts, i, s, ex->ops);
-            int k = 0;
-            for (; k < n && ex->ops[k].phase == 0; k++)
-                if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st)))
-                    return r;
-            if (k < n && ex->ops[k].phase == 1) {
-                ncclResult_t nr = ncclGroupStart();
-                if (nr != ncclSuccess)
-                    return nccl_err(nr, ex->comm, "ncclGroupStart");
-                for (; k < n && ex->ops[k].phase == 1; k++)
-                    if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st))) {
-                        ncclGroupEnd();
-                        return r;
-                    }
-                if ((nr = ncclGroupEnd()) != ncclSuccess)
-                    return nccl_err(nr, ex->comm, "ncclGroupEnd");
+    xm_rounds_it_t it;
+    if ((r = xm_rounds_init(&ex->dp.prog, &it)))
+        return r;
+    for (;;) {
+        int64_t round;
+        const xm_rop_t *rops;
+        int n = xm_rounds_next(&ex->dp.prog, &it, &round, &rops);
+        if (n == 0)
+            break;
+        if (n > 0 && n > ex->cap_ops) {
+            xm_op_t *o = realloc(ex->ops, sizeof *o * n);
+            if (o) {
+                ex->ops = o;
+                ex->cap_ops = n;
             }
-            for (; k < n; k++)
-                if ((r = run_op(plan, ex, &ex->ops[k], src, dst, st)))
-                    return r;
         }
+        if (n < 0 || n > ex->cap_ops) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "nccl: out of memory for round %lld", (long long)round);
+            break;
+        }
+        int m = xm_devplan_lower(&ex->dp, rops, n, ex->ops);
+        if (m < 0) {
+            r = XM_ERR(XMESH_ERR_INTERNAL, "nccl: round %lld has an op the device cannot run",
+                       (long long)round);
+            break;
+        }
+        if ((r = run_round(plan, ex, ex->ops, m, src, dst, st)))
+            break;
     }
+    xm_rounds_free(&it);
+    if (r)
+        return r;
     CUDA_TRY(cudaEventRecord(ex->last, st));
     ex->enqueued = 1;
     if (comm_ev)
@@ -677,85 +696,6 @@ xmesh_result_t xmesh_ctx_cuda_device(xmesh_ctx_t ctx, int *device)
 
 /* XMESH_HOST_ID: an integer, or "rank/N" (N consecutive ranks share a
  * host), as the MPI backend reads it. */
-static xmesh_result_t parse_host_env(const char *s, int rank, int *out)
-{
-    char *end;
-    long v;
-    if (!strncmp(s, "rank/", 5)) {
-        v = strtol(s + 5, &end, 10);
-        if (*end == 0 && v >= 1) {
-            *out = (int)(rank / v);
-            return XMESH_SUCCESS;
-        }
-    } else {
-        v = strtol(s, &end, 10);
-        if (*end == 0 && v >= 0 && v <= 1 << 30) {
-            *out = (int)v;
-            return XMESH_SUCCESS;
-        }
-    }
-    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                  "XMESH_HOST_ID '%s': expected an integer >= 0 or rank/N with N >= 1", s);
-}
-
-/* Host of every rank: explicit ids (params->host_id, else XMESH_HOST_ID)
- * when every rank has one, else the lowest rank of the shared-memory
- * split; renumbered 0..H-1 by first appearance, as the MPI backend does.
- * *local_rank is the rank within the real shared-memory split (device
- * selection), whatever the host ids say. Collective; a bad XMESH_HOST_ID
- * anywhere fails every rank. */
-static xmesh_result_t find_hosts(MPI_Comm comm, int rank, int size, int host_id, int *local_rank,
-                                 xm_hostmap_t *out)
-{
-    MPI_Comm shm;
-    int e = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm);
-    if (e != MPI_SUCCESS)
-        return mpi_err(e, "MPI_Comm_split_type(SHARED)");
-    int lowest = rank;
-    MPI_Comm_rank(shm, local_rank);
-    MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm);
-    MPI_Comm_free(&shm);
-    int id = host_id != XMESH_UNSET_INT ? host_id : -1;
-    xmesh_result_t local = XMESH_SUCCESS;
-    const char *env = getenv("XMESH_HOST_ID");
-    if (id < 0 && env && *env)
-        local = parse_host_env(env, rank, &id);
-    int have = id >= 0, all_have = 0;
-    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, comm);
-    xmesh_result_t r = agree_on(comm, local, 0);
-    if (r)
-        return r;
-    int key = all_have ? id : lowest; /* mixing ids and the split means nothing */
-    int *keys = malloc(sizeof(int) * size);
-    int *host = malloc(sizeof(int) * size);
-    if (!keys || !host) {
-        free(keys);
-        free(host);
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
-    }
-    if ((e = MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, comm)) != MPI_SUCCESS) {
-        free(keys);
-        free(host);
-        return mpi_err(e, "MPI_Allgather(host ids)");
-    }
-    int nh = 0;
-    for (int i = 0; i < size; i++) {
-        host[i] = -1;
-        for (int j = 0; j < i; j++)
-            if (keys[j] == keys[i]) {
-                host[i] = host[j];
-                break;
-            }
-        if (host[i] < 0)
-            host[i] = nh++;
-    }
-    free(keys);
-    out->ndev = size;
-    out->nhosts = nh;
-    out->host_of = host;
-    return XMESH_SUCCESS;
-}
-
 /* Local, non-collective part: device selection and topology. */
 static xmesh_result_t open_device(xm_nccl_ctx_t *be, int cuda_device, int local_rank)
 {
@@ -834,8 +774,8 @@ xmesh_result_t xmesh_ctx_create_nccl(MPI_Comm comm, int cuda_device,
     MPI_Comm_size(be->comm, &size);
     ctx->rank = rank;
     ctx->size = size;
-    if ((r = find_hosts(be->comm, rank, size, params ? params->host_id : XMESH_UNSET_INT,
-                        &local_rank, &ctx->hosts)))
+    if ((r = xm_boot_hosts(be->comm, params ? params->host_id : XMESH_UNSET_INT, &local_rank,
+                           &ctx->hosts)))
         goto out_free_ctx;
     r = open_device(be, cuda_device, local_rank);
     if (cuda_device < -1)

@@ -32,78 +32,7 @@ double xm_mpi_now(void)
 /* Converts an MPI error code into XMESH_ERR_BACKEND with MPI's own text. */
 xmesh_result_t xm_mpi_err(int mpirc, const char *what)
 {
-    char s[MPI_MAX_ERROR_STRING] = "";
-    int len = 0;
-    MPI_Error_string(mpirc, s, &len);
-    return XM_ERR(XMESH_ERR_BACKEND, "%s failed: MPI error %d (%s)", what, mpirc, s);
-}
-
-/* Parses XMESH_HOST_ID: an integer, or "rank/N" (rank of comm divided by N,
- * so that N consecutive ranks pretend to share a host). */
-static xmesh_result_t parse_host_env(const char *s, int rank, int *out)
-{
-    char *end;
-    if (!strncmp(s, "rank/", 5)) {
-        long n = strtol(s + 5, &end, 10);
-        if (*end || n < 1)
-            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                          "XMESH_HOST_ID '%s': expected an integer >= 0 or rank/N with N >= 1", s);
-        *out = (int)(rank / n);
-        return XMESH_SUCCESS;
-    }
-    long v = strtol(s, &end, 10);
-    if (*end || v < 0 || v > 1 << 30)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                      "XMESH_HOST_ID '%s': expected an integer >= 0 or rank/N with N >= 1", s);
-    *out = (int)v;
-    return XMESH_SUCCESS;
-}
-
-/* Host of every rank: an explicit id (params or environment) or the
- * shared-memory split; ids renumbered 0..H-1 by first appearance. */
-static xmesh_result_t find_hosts(MPI_Comm comm, int rank, int size, int override_id,
-                                 xm_hostmap_t *out)
-{
-    int key[2] = {1, override_id}, rc;
-    if (override_id < 0) {
-        MPI_Comm shm;
-        if ((rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shm)))
-            return xm_mpi_err(rc, "MPI_Comm_split_type(SHARED)");
-        /* The host's lowest rank names it. */
-        int lowest = rank;
-        rc = MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, shm);
-        MPI_Comm_free(&shm);
-        if (rc)
-            return xm_mpi_err(rc, "MPI_Allreduce(host leader)");
-        key[0] = 0;
-        key[1] = lowest;
-    }
-    int *all = malloc(sizeof(int) * 2 * size);
-    int *host = malloc(sizeof(int) * size);
-    if (!all || !host) {
-        free(all);
-        free(host);
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory for %d ranks", size);
-    }
-    if ((rc = MPI_Allgather(key, 2, MPI_INT, all, 2, MPI_INT, comm))) {
-        free(all);
-        free(host);
-        return xm_mpi_err(rc, "MPI_Allgather(host ids)");
-    }
-    int nhosts = 0;
-    for (int r = 0; r < size; r++) {
-        host[r] = -1;
-        for (int q = 0; q < r && host[r] < 0; q++)
-            if (all[2 * q] == all[2 * r] && all[2 * q + 1] == all[2 * r + 1])
-                host[r] = host[q];
-        if (host[r] < 0)
-            host[r] = nhosts++;
-    }
-    free(all);
-    out->ndev = size;
-    out->nhosts = nhosts;
-    out->host_of = host;
-    return XMESH_SUCCESS;
+    return xm_boot_mpi_err(mpirc, what);
 }
 
 xmesh_result_t xmesh_ctx_create_mpi(MPI_Comm comm, const xmesh_ctx_params_t *params,
@@ -150,31 +79,8 @@ xmesh_result_t xmesh_ctx_create_mpi(MPI_Comm comm, const xmesh_ctx_params_t *par
     MPI_Comm_set_errhandler(be->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(be->comm, &ctx->rank);
     MPI_Comm_size(be->comm, &ctx->size);
-    /* Every rank must reach the collectives below, so a bad local value is
-     * only reported after them (the agree-style pattern). */
-    int override_id = -1;
-    xmesh_result_t local = XMESH_SUCCESS;
-    char saved[512] = "";
-    if (params->host_id != XMESH_UNSET_INT) {
-        override_id = params->host_id;
-    } else {
-        const char *env = getenv("XMESH_HOST_ID");
-        if (env && *env && (local = parse_host_env(env, ctx->rank, &override_id)))
-            snprintf(saved, sizeof saved, "%s", xmesh_last_error());
-    }
-    int any_override = override_id >= 0, all_override = 0;
-    MPI_Allreduce(&any_override, &all_override, 1, MPI_INT, MPI_MIN, be->comm);
-    if (!all_override)
-        override_id = -1; /* mixing explicit ids and the split would be meaningless */
-    if ((r = find_hosts(be->comm, ctx->rank, ctx->size, override_id, &ctx->hosts)))
+    if ((r = xm_boot_hosts(be->comm, params->host_id, NULL, &ctx->hosts)))
         goto out_free_comm;
-    int bad = local != XMESH_SUCCESS, anybad = 0;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, be->comm);
-    if (anybad) {
-        r = local ? XM_ERR(local, "%s", saved)
-                  : XM_ERR(XMESH_ERR_REMOTE, "another rank rejected its XMESH_HOST_ID");
-        goto out_free_hosts;
-    }
     ctx->timeout_s =
         params->timeout_s >= 0 ? params->timeout_s : xm_param_double("XMESH_TIMEOUT_S");
     pthread_mutex_init(&be->mu, NULL);
@@ -193,8 +99,6 @@ xmesh_result_t xmesh_ctx_create_mpi(MPI_Comm comm, const xmesh_ctx_params_t *par
             be->threaded ? "progress thread" : "progress in test/wait only");
     *out = ctx;
     return XMESH_SUCCESS;
-out_free_hosts:
-    xm_hostmap_free(&ctx->hosts);
 out_free_comm:
     MPI_Comm_free(&be->comm);
 out_free:
@@ -243,34 +147,18 @@ static void mpi_ctx_free(xmesh_ctx_t ctx)
 static xmesh_result_t mpi_agree(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t hash)
 {
     xm_mpi_ctx_t *be = ctx->be;
-    uint64_t in[3 + XM_COMM_POOL], outv[3 + XM_COMM_POOL];
-    /* A failing rank's hash is meaningless: send the neutral element. */
-    in[0] = local ? 0 : hash;
-    in[1] = local ? 0 : ~hash;
-    in[2] = local ? (uint64_t)(ctx->size - ctx->rank) : 0; /* max picks the lowest failing rank */
+    uint64_t in[XM_COMM_POOL], outv[XM_COMM_POOL];
     pthread_mutex_lock(&be->mu);
     for (int i = 0; i < XM_COMM_POOL; i++)
-        in[3 + i] = i >= be->npool || be->pool_state[i] != XM_POOL_FREE;
+        in[i] = i >= be->npool || be->pool_state[i] != XM_POOL_FREE;
     be->agreed_slot = -1;
     pthread_mutex_unlock(&be->mu);
-    int rc = MPI_Allreduce(in, outv, 3 + XM_COMM_POOL, MPI_UINT64_T, MPI_MAX, be->comm);
-    if (rc)
-        return xm_mpi_err(rc, "MPI_Allreduce(plan agreement)");
-    if (local)
-        return local;
-    if (outv[2])
-        return XM_ERR(XMESH_ERR_REMOTE,
-                      "rank %d failed to create the plan locally (see its error); no data moved",
-                      ctx->size - (int)outv[2]);
-    uint64_t hmax = outv[0], hmin = ~outv[1];
-    if (hmax != hmin)
-        return XM_ERR(XMESH_ERR_MISMATCH,
-                      "ranks passed different plan inputs (shape, dtype, meshes, shardings, params "
-                      "or cluster model): this rank's hash %016llx, range over ranks [%016llx, "
-                      "%016llx]",
-                      (unsigned long long)hash, (unsigned long long)hmin, (unsigned long long)hmax);
+    xmesh_result_t r =
+        xm_boot_agree(be->comm, local, hash, in, outv, XM_COMM_POOL, "plan agreement");
+    if (r)
+        return r;
     for (int i = 0; i < XM_COMM_POOL && be->agreed_slot < 0; i++)
-        if (!outv[3 + i])
+        if (!outv[i])
             be->agreed_slot = i;
     return XMESH_SUCCESS;
 }

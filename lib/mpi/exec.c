@@ -166,7 +166,7 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     }
     xm_request_t *r = req_alloc(be);
     xmesh_result_t rc = r ? XMESH_SUCCESS : XM_ERR(XMESH_ERR_NO_MEMORY, "request: out of memory");
-    int has_work = x->nrtasks > 0 || x->trace;
+    int has_work = x->prog.ntasks > 0 || x->trace;
     if (!rc && has_work)
         rc = ensure_thread(be);
     if (rc) {
@@ -188,8 +188,8 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     r->deadline = p->timeout_s > 0 ? r->t_start + p->timeout_s : 0;
     x->src = src;
     x->dst = dst;
-    memset(x->srt, 0, sizeof *x->srt * x->nsteps);
-    memset(x->tstate, 0, x->nrtasks);
+    memset(x->srt, 0, sizeof *x->srt * x->prog.nsteps);
+    memset(x->tstate, 0, x->prog.ntasks);
     x->tfirst = 0;
     x->corrupted = 0;
     x->nev = 0;
@@ -359,14 +359,6 @@ void *xm_mpi_progress_main(void *arg)
 
 /* ------------------------------------------------------------ execution */
 
-/* Box-linear range [*a, *a + *cnt) of chunk c of step s. */
-static inline void chunk_range(const xm_step_t *s, int64_t c, int64_t *a, int64_t *cnt)
-{
-    int64_t row = c / s->per_row, i = c % s->per_row;
-    *a = s->r0 + row * s->row_elems + i * s->ce;
-    *cnt = s->row_elems - i * s->ce < s->ce ? s->row_elems - i * s->ce : s->ce;
-}
-
 static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -420,115 +412,104 @@ static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
     r->phase = 2;
 }
 
-/* Moves one chunk through this rank's segment of the chain. Returns an MPI
- * error code (0 on success). */
-static int compute_chunk(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t c,
-                         MPI_Request *sendreq)
+/* Runs chunk c of step s through the program's ops (xm_pop_t); the RECV op
+ * was posted ahead by post_recv and has completed. Staging slots hold
+ * accumulator elements in partial-sum steps. With XMESH_ZERO_COPY=1 a chunk
+ * that is one run of a caller block is sent from (or was received into)
+ * the block itself. Returns an MPI error code (0 on success). */
+static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx, xm_step_rt_t *rt,
+                         int64_t c, MPI_Request *sendreq)
 {
     int64_t a, cnt, off;
-    chunk_range(s, c, &a, &cnt);
+    xm_pstep_chunk(s, c, &a, &cnt);
     int slot = (int)(c % x->window);
-    size_t es = x->es;
-    char *dst = x->dst;
-    const char *src = x->src;
-    const void *sbuf = NULL;
-    int sbytes = 0;
-    switch (s->mode) {
-    case XM_MODE_SRC: {
-        if (x->zero_copy && xm_mpi_geom_contig(&s->sg, a, cnt, &off)) {
-            sbuf = src + off * es;
-        } else {
-            char *stg = x->stage + s->stage_off + (int64_t)slot * s->ce * es;
-            xm_mpi_geom_copy(XM_COPY_PACK, &s->sg, x->dtype, (void *)src, stg, a, cnt);
-            sbuf = stg;
-        }
-        sbytes = (int)(cnt * es);
-        break;
-    }
-    case XM_MODE_RECV:
-    case XM_MODE_FROM_DST: {
-        if (x->zero_copy && xm_mpi_geom_contig(&s->dg, a, cnt, &off)) {
-            sbuf = dst + off * es;
-        } else {
-            char *stg = x->stage + s->stage_off + (int64_t)slot * s->ce * es;
-            if (s->mode == XM_MODE_RECV)
-                xm_mpi_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, stg, a, cnt);
+    size_t es = x->es, bs = s->mode == XM_MODE_GENERAL ? x->acc_es : es;
+    char *dst = x->dst, *src = (char *)x->src;
+    char *buf = sx->stage_off >= 0 ? x->stage + sx->stage_off + (int64_t)slot * s->ce * bs : NULL;
+    const char *sbuf = buf;
+    int in_place = 0;
+    for (int i = 0; i < s->nops; i++) {
+        const xm_pop_t *o = &s->ops[i];
+        switch (o->kind) {
+        case XM_POP_RECV:
+            if (s->mode == XM_MODE_RECV && x->zero_copy && xm_geom_contig(&s->dg, a, cnt, &off)) {
+                sbuf = dst + off * es; /* post_recv received into the block */
+                in_place = 1;
+            }
+            break;
+        case XM_POP_PACK: {
+            const xm_geom_t *g = o->blk ? &s->dg : &s->sg;
+            char *blk = o->blk ? dst : src;
+            if (x->zero_copy && xm_geom_contig(g, a, cnt, &off))
+                sbuf = blk + off * es;
             else
-                xm_mpi_geom_copy(XM_COPY_PACK, &s->dg, x->dtype, dst, stg, a, cnt);
-            sbuf = stg;
+                xm_geom_copy(XM_COPY_PACK, g, x->dtype, blk, buf, a, cnt);
+            break;
         }
-        sbytes = (int)(cnt * es);
-        if (x->check && s->ck_verify) {
-            if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
-                int64_t o;
-                xm_mpi_geom_contig(&s->dg, a, 1, &o);
-                dst[o * es] ^= 0x40;
-                x->corrupted = 1;
+        case XM_POP_TO_ACC:
+        case XM_POP_ADD_ACC:
+            xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg,
+                         x->dtype, src, buf, a, cnt);
+            break;
+        case XM_POP_TO_NATIVE:
+            xm_acc_to_native(x->dtype, buf, cnt);
+            break;
+        case XM_POP_UNPACK:
+            if (!in_place)
+                xm_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, buf, a, cnt);
+            if (x->check && s->ck_verify) {
+                if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
+                    int64_t o1;
+                    xm_geom_contig(&s->dg, a, 1, &o1);
+                    dst[o1 * es] ^= 0x40;
+                    x->corrupted = 1;
+                }
+                x->ck[sx->ck_off + c] = xm_geom_hash(&s->dg, dst, es, a, cnt);
             }
-            x->ck[s->ck_off + c] = xm_mpi_geom_hash(&s->dg, dst, es, a, cnt);
+            break;
+        case XM_POP_COPY: {
+            double t0 = x->trace ? xm_mpi_now() - x->t0 : 0;
+            xm_geom_copy2(&s->sg, src, &s->dg, dst, es, a, cnt);
+            if (x->trace)
+                xm_mpi_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)es, t0,
+                                 xm_mpi_now() - x->t0);
+            break;
         }
-        break;
-    }
-    case XM_MODE_SELF: {
-        double t0 = x->trace ? xm_mpi_now() - x->t0 : 0;
-        xm_mpi_geom_copy2(&s->sg, src, &s->dg, dst, es, a, cnt);
-        if (x->trace)
-            xm_mpi_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)es, t0,
-                             xm_mpi_now() - x->t0);
-        break;
-    }
-    default: { /* GENERAL: running sum in the accumulation type */
-        char *buf = x->stage + s->stage_off + (int64_t)slot * s->ce * x->acc_es;
-        int converted = 0, written = 0;
-        for (int q = s->pos_first; q <= s->pos_last; q++) {
-            if (q < s->nsrc) {
-                xm_mpi_geom_copy(q == 0 ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg, x->dtype,
-                                 (void *)src, buf, a, cnt);
-            } else if (!written) {
-                xm_mpi_acc_to_native(x->dtype, buf, cnt);
-                converted = 1;
-                xm_mpi_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, buf, a, cnt);
-                written = 1;
-            }
+        case XM_POP_SEND: {
+            int sbytes = (int)(cnt * (s->out_acc ? x->acc_es : es));
+            if (x->check && s->ck_origin)
+                x->ck[sx->ck_off + c] = xm_geom_hash(NULL, sbuf, 1, 0, sbytes);
+            rt->t_send[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
+            return MPI_Isend(sbuf, sbytes, MPI_BYTE, s->next, sx->tag_out, x->comm, sendreq);
         }
-        if (s->next >= 0) {
-            if (!s->out_acc && !converted)
-                xm_mpi_acc_to_native(x->dtype, buf, cnt);
-            sbuf = buf;
-            sbytes = (int)(cnt * (s->out_acc ? x->acc_es : es));
+        default:
+            break;
         }
-        break;
-    }
-    }
-    if (s->next >= 0 && x->check && s->ck_origin)
-        x->ck[s->ck_off + c] = xm_mpi_geom_hash(NULL, sbuf, 1, 0, sbytes);
-    if (s->next >= 0) {
-        rt->t_send[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
-        return MPI_Isend(sbuf, sbytes, MPI_BYTE, s->next, s->tag_out, x->comm, sendreq);
     }
     return 0;
 }
 
-static int post_recv(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t c,
+static int post_recv(xm_exec_t *x, const xm_pstep_t *s, xm_step_rt_t *rt, int64_t c,
                      MPI_Request *req)
 {
+    const xm_stepx_t *sx = &x->sx[s - x->prog.steps];
     int64_t a, cnt, off;
-    chunk_range(s, c, &a, &cnt);
+    xm_pstep_chunk(s, c, &a, &cnt);
     int slot = (int)(c % x->window);
     void *buf;
     int bytes;
     if (s->mode == XM_MODE_RECV) {
-        if (x->zero_copy && xm_mpi_geom_contig(&s->dg, a, cnt, &off))
+        if (x->zero_copy && xm_geom_contig(&s->dg, a, cnt, &off))
             buf = (char *)x->dst + off * x->es;
         else
-            buf = x->stage + s->stage_off + (int64_t)slot * s->ce * x->es;
+            buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * x->es;
         bytes = (int)(cnt * x->es);
     } else {
-        buf = x->stage + s->stage_off + (int64_t)slot * s->ce * x->acc_es;
+        buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * x->acc_es;
         bytes = (int)(cnt * (s->in_acc ? x->acc_es : x->es));
     }
     rt->t_recv[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
-    return MPI_Irecv(buf, bytes, MPI_BYTE, s->prev, s->tag_in, x->comm, req);
+    return MPI_Irecv(buf, bytes, MPI_BYTE, s->prev, sx->tag_in, x->comm, req);
 }
 
 /* XMESH_CHECK: after its last chunk, the origin of a chain sends the
@@ -536,11 +517,13 @@ static int post_recv(xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt, int64_t
  * with the sums of what it wrote and forwards the origin's sums. State:
  * 0 nothing posted, 1 sums being received, 2 sums being sent, 3 done.
  * Returns 1 if it moved, 0 if not, -1 after failing r. */
-static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_step_rt_t *rt,
+static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_pstep_t *s, xm_step_rt_t *rt,
                          MPI_Request *rq)
 {
+    const xm_stepx_t *sx = &x->sx[s - x->prog.steps];
     int bytes = (int)(s->nchunks * 8), rc;
-    uint64_t *own = s->ck_off >= 0 ? x->ck + s->ck_off : NULL, *in = own ? own + s->nchunks : NULL;
+    uint64_t *own = sx->ck_off >= 0 ? x->ck + sx->ck_off : NULL,
+             *in = own ? own + s->nchunks : NULL;
     int verify = s->ck_verify, origin = s->ck_origin && s->next >= 0;
     if (!verify && !origin) {
         rt->ck_state = 3;
@@ -550,7 +533,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
         if (verify) {
             if (rt->posted < s->nchunks) /* after the last chunk's receive: same tag, in order */
                 return 0;
-            if ((rc = MPI_Irecv(in, bytes, MPI_BYTE, s->prev, s->tag_in, x->comm,
+            if ((rc = MPI_Irecv(in, bytes, MPI_BYTE, s->prev, sx->tag_in, x->comm,
                                 &rq[2 * x->window])))
                 goto out_mpi;
             rt->ck_state = 1;
@@ -558,7 +541,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
         }
         if (rt->computed < s->nchunks) /* after the last chunk's send */
             return 0;
-        if ((rc = MPI_Isend(own, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
+        if ((rc = MPI_Isend(own, bytes, MPI_BYTE, s->next, sx->tag_out, x->comm,
                             &rq[2 * x->window + 1])))
             goto out_mpi;
         rt->ck_state = 2;
@@ -570,7 +553,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
         for (int64_t c = 0; c < s->nchunks; c++)
             if (in[c] != own[c]) {
                 int64_t a, cnt;
-                chunk_range(s, c, &a, &cnt);
+                xm_pstep_chunk(s, c, &a, &cnt);
                 /* Global coordinates of the chunk's first element. */
                 const xm_taskset_t *ts = &r->plan->ts;
                 const xm_box_t *b = &ts->tasks[s->task].box;
@@ -590,7 +573,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
                 /* The sums' send slot is free (state 1): fail() then owns
                  * the send like any other, so x->ck outlives it. */
                 if (s->next >= 0)
-                    MPI_Isend(in, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
+                    MPI_Isend(in, bytes, MPI_BYTE, s->next, sx->tag_out, x->comm,
                               &rq[2 * x->window + 1]);
                 fail(r, XMESH_ERR_BACKEND,
                      "rank %d: XMESH_CHECK: data of task %d received from rank %d is corrupt in "
@@ -601,7 +584,7 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_step_t *s, xm_s
                 return -1;
             }
         if (s->next >= 0) {
-            if ((rc = MPI_Isend(in, bytes, MPI_BYTE, s->next, s->tag_out, x->comm,
+            if ((rc = MPI_Isend(in, bytes, MPI_BYTE, s->next, sx->tag_out, x->comm,
                                 &rq[2 * x->window + 1])))
                 goto out_mpi;
             rt->ck_state = 2;
@@ -624,7 +607,8 @@ out_mpi:
  * moved, 0 if not, -1 on an MPI error (r failed). */
 static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
 {
-    const xm_step_t *s = &x->steps[si];
+    const xm_pstep_t *s = &x->prog.steps[si];
+    const xm_stepx_t *sx = &x->sx[si];
     xm_step_rt_t *rt = &x->srt[si];
     if (rt->done)
         return 0;
@@ -636,7 +620,7 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
         rt->t_start = xm_mpi_now();
         moved = 1;
     }
-    MPI_Request *rq = s->req_off >= 0 ? x->reqs + s->req_off : NULL;
+    MPI_Request *rq = sx->req_off >= 0 ? x->reqs + sx->req_off : NULL;
     if (s->prev >= 0)
         while (rt->posted < s->nchunks && rt->posted - rt->completed < x->window) {
             int64_t c = rt->posted;
@@ -657,14 +641,14 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
                 break;
             if (x->trace) {
                 int64_t a, cnt;
-                chunk_range(s, c, &a, &cnt);
+                xm_pstep_chunk(s, c, &a, &cnt);
                 xm_mpi_trace_add(x, 2, s->task, s->prev, c, cnt * (int64_t)x->es, rt->t_recv[slot],
                                  xm_mpi_now() - x->t0);
             }
         }
         if (s->next >= 0 && c - rt->completed >= x->send_ahead)
             break;
-        if ((rc = compute_chunk(x, s, rt, c, rq ? &rq[x->window + slot] : NULL))) {
+        if ((rc = compute_chunk(x, s, sx, rt, c, rq ? &rq[x->window + slot] : NULL))) {
             fail(r, XMESH_ERR_BACKEND,
                  "MPI_Isend of chunk %lld of task %d to rank %d failed (MPI error %d)",
                  (long long)c, s->task, s->next, rc);
@@ -681,7 +665,7 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
                 break;
             if (x->trace) {
                 int64_t a, cnt;
-                chunk_range(s, c, &a, &cnt);
+                xm_pstep_chunk(s, c, &a, &cnt);
                 xm_mpi_trace_add(x, 1, s->task, s->next, c,
                                  cnt * (int64_t)(s->out_acc ? x->acc_es : x->es), rt->t_send[slot],
                                  xm_mpi_now() - x->t0);
@@ -706,12 +690,12 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
 /* Names what an unfinished request is waiting for (timeout messages). */
 static void describe_wait(xm_exec_t *x, char *buf, size_t len)
 {
-    for (int i = x->tfirst; i < x->nrtasks; i++) {
+    for (int i = x->tfirst; i < x->prog.ntasks; i++) {
         if (x->tstate[i] != 1)
             continue;
-        const xm_rtask_t *t = &x->rtasks[i];
+        const xm_ptask_t *t = &x->prog.tasks[i];
         for (int k = 0; k < t->nsteps; k++) {
-            const xm_step_t *s = &x->steps[t->first_step + k];
+            const xm_pstep_t *s = &x->prog.steps[t->first_step + k];
             const xm_step_rt_t *rt = &x->srt[t->first_step + k];
             if (rt->done || !rt->started)
                 continue;
@@ -735,7 +719,7 @@ static void describe_wait(xm_exec_t *x, char *buf, size_t len)
             return;
         }
     }
-    snprintf(buf, len, "no transfer active (task %d of %d pending)", x->tfirst, x->nrtasks);
+    snprintf(buf, len, "no transfer active (task %d of %d pending)", x->tfirst, x->prog.ntasks);
 }
 
 int xm_mpi_exec_advance(xm_request_t *r)
@@ -759,8 +743,8 @@ int xm_mpi_exec_advance(xm_request_t *r)
         /* Tasks start in global order: a task waits until every earlier
          * task that uses one of its NIC directions on this rank is done. */
         unsigned blocked = 0;
-        for (int i = x->tfirst; i < x->nrtasks; i++) {
-            const xm_rtask_t *t = &x->rtasks[i];
+        for (int i = x->tfirst; i < x->prog.ntasks; i++) {
+            const xm_ptask_t *t = &x->prog.tasks[i];
             if (x->tstate[i] == 2) {
                 if (i == x->tfirst)
                     x->tfirst++;
@@ -797,7 +781,7 @@ int xm_mpi_exec_advance(xm_request_t *r)
                 blocked |= t->slots;
             }
         }
-        if (x->tfirst == x->nrtasks) {
+        if (x->tfirst == x->prog.ntasks) {
             r->phase = 1;
             moved = 1;
         }

@@ -10,6 +10,8 @@
 #include <pthread.h>
 
 #include "xm_api.h"
+#include "xm_boot.h"
+#include "xm_program.h"
 #include "xmesh/mpi.h"
 
 /* Chunks in flight per step (receive-ahead window and staging slots): enough
@@ -28,89 +30,15 @@
 #define XM_COMM_POOL 32
 enum { XM_POOL_FREE = 0, XM_POOL_BUSY = 1, XM_POOL_DEAD = 2 };
 
-/* ------------------------------------------------------------ data.c */
-
-/* A box inside a dense row-major local block, with dims of extent 1 dropped
- * and dims that are contiguous in memory merged. Dims are inner first;
- * strides and base are in elements. */
-typedef struct xm_geom {
-    int n;
-    int64_t ext[XM_MAX_DIMS];
-    int64_t stride[XM_MAX_DIMS];
-    int64_t base;
-} xm_geom_t;
-
-/* Geometry of box (global coordinates) inside the block [blo, bhi). */
-void xm_mpi_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
-                      const xm_box_t *box);
-/* 1 if box-linear elements [a, a + c) are one contiguous run in memory;
- * then *off is the element offset of element a. */
-int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off);
-
-enum { XM_COPY_PACK, XM_COPY_UNPACK, XM_COPY_TO_ACC, XM_COPY_ADD_ACC };
-/* Moves box-linear elements [a, a + c) between the block at `block` and the
- * contiguous buffer `buf`: PACK block -> buf, UNPACK buf -> block, TO_ACC
- * block -> buf converted to the accumulation type, ADD_ACC buf += block. */
-void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf,
-                      int64_t a, int64_t c);
-/* Checksum of box-linear elements [a, a + c) in the block (c bytes of a
- * contiguous buffer when g is NULL), independent of how runs split. */
-uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c);
-/* Copies box-linear elements [a, a + c) from one block to another. */
-void xm_mpi_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst,
-                       size_t es, int64_t a, int64_t c);
-/* Converts n accumulated elements to the native type in place. */
-void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n);
-
-/* ------------------------------------------------------------ plan state */
-
-/* How a step moves each chunk (chosen at plan setup). */
-enum {
-    XM_MODE_SRC,      /* sole source: send from the src block */
-    XM_MODE_RECV,     /* receiver: receive into dst, forward from dst */
-    XM_MODE_FROM_DST, /* first of an all-gather chain: send from dst */
-    XM_MODE_SELF,     /* local copy src -> dst, no messages */
-    XM_MODE_GENERAL   /* partial sums: staging buffer, add, convert */
-};
-
-/* One rank's part of one chain (a run of consecutive chain positions that
- * this rank occupies). */
-typedef struct xm_step {
-    int task, route;
-    int prev, next;      /* peer ranks, -1 for none */
-    int tag_in, tag_out; /* tags of the hops from prev / to next */
-    int mode;
-    int pos_first, pos_last, nsrc; /* chain positions covered; sources are < nsrc */
-    int in_acc, out_acc;           /* hop carries the accumulation type */
-    int after;                     /* local step that must finish first, -1 */
-    xm_geom_t sg, dg;              /* box in the src block / dst block */
-    int has_sg, has_dg;
-    /* Chunks: c -> row c / per_row, piece c % per_row of ce elements. */
-    int64_t r0, row_elems, ce, per_row, nchunks;
-    int64_t stage_off; /* into the plan's staging pool, -1 none */
-    int req_off;       /* into the plan's request pool (XM_STEP_REQS), -1 none */
-    int region;        /* pool region (lowest slot class of its task), -1 none */
-    int64_t bytes;     /* payload bytes this step receives or sends */
-    /* XMESH_CHECK: per-chunk checksums (ck_off into the plan's ck pool). */
-    int ck_origin; /* produces the final values (sole or last source, ring start) */
-    int ck_verify; /* receives final values: compares with the origin's sums */
-    int64_t ck_off;
-} xm_step_t;
-
-/* One task this rank takes part in, in global issue order. */
-typedef struct xm_rtask {
-    int task;
-    int first_step, nsteps;
-    unsigned slots; /* XM_SLOT_*: directions it occupies on this rank */
-} xm_rtask_t;
-/* Slot classes: NIC send/receive (hops to other hosts) and local-link
- * send/receive (hops inside the host), as the simulator books them. */
-#define XM_SLOT_SEND 1u
-#define XM_SLOT_RECV 2u
-#define XM_SLOT_LSEND 4u
-#define XM_SLOT_LRECV 8u
-#define XM_NSLOTS 4
-#define XM_SLOT_ALL 15u
+/* The per-rank program (lib/core/xm_program.h) is what this executor runs:
+ * its steps, ops, dependencies and chunking. Below is only what the MPI
+ * transport adds to a step. */
+typedef struct xm_stepx {
+    int tag_in, tag_out; /* MPI tags of hop_in / hop_out */
+    int64_t stage_off;   /* into the plan's staging pool, -1 none */
+    int req_off;         /* into the plan's request pool (XM_STEP_REQS), -1 none */
+    int64_t ck_off;      /* XMESH_CHECK: per-chunk sums in the plan's ck pool, -1 none */
+} xm_stepx_t;
 
 /* Runtime state of a step during one reshard. */
 typedef struct xm_step_rt {
@@ -139,11 +67,9 @@ typedef struct xm_exec {
     int window;     /* chunks in flight per step */
     int send_ahead; /* sends in flight per step (XMESH_SEND_AHEAD, <= window) */
     xmesh_dtype_t dtype;
-    int nsteps;
-    xm_step_t *steps;
-    int nrtasks;
-    xm_rtask_t *rtasks;
-    char *stage; /* staging pool */
+    xm_program_t prog; /* this rank's program */
+    xm_stepx_t *sx;    /* per program step */
+    char *stage;       /* staging pool */
     int64_t stage_bytes;
     int nreqs; /* request pool size */
     MPI_Request *reqs;

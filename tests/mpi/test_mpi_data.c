@@ -1,5 +1,5 @@
 /*
- * One-process unit tests of the MPI executor's data layer (lib/mpi/data.c):
+ * One-process unit tests of the MPI executor's data layer (lib/core/geom.c):
  * f16/bf16 conversions against references, box geometry pack/unpack/copy
  * against naive index loops, partial-sum accumulation and the checksum's
  * independence of how a box splits into runs. Random cases print their
@@ -155,19 +155,19 @@ static void test_geom_pack_unpack(void **state)
         for (int d = 0; d < nd; d++)
             bv *= bhi[d] - blo[d];
         xm_geom_t g;
-        xm_mpi_geom_init(&g, nd, blo, bhi, &box);
+        xm_geom_init(&g, nd, blo, bhi, &box);
         int32_t *block = malloc(sizeof(int32_t) * bv), *buf = malloc(sizeof(int32_t) * (v + 1));
         for (int64_t i = 0; i < bv; i++)
             block[i] = (int32_t)i;
         /* random sub-range of the box */
         int64_t a = (int64_t)(rnd() % (uint64_t)v), c = 1 + (int64_t)(rnd() % (uint64_t)(v - a));
         memset(buf, 0xff, sizeof(int32_t) * (v + 1));
-        xm_mpi_geom_copy(XM_COPY_PACK, &g, XMESH_I32, block, buf, a, c);
+        xm_geom_copy(XM_COPY_PACK, &g, XMESH_I32, block, buf, a, c);
         for (int64_t k = 0; k < c; k++)
             assert_int_equal(buf[k], naive_off(nd, blo, bhi, &box, a + k));
         assert_int_equal(buf[c], -1);
         int64_t off;
-        int contig = xm_mpi_geom_contig(&g, a, c, &off);
+        int contig = xm_geom_contig(&g, a, c, &off);
         int naive_contig = 1;
         for (int64_t k = 1; k < c; k++)
             naive_contig &=
@@ -180,7 +180,7 @@ static void test_geom_pack_unpack(void **state)
         /* unpack writes exactly the range */
         for (int64_t k = 0; k < c; k++)
             buf[k] = -2 - (int32_t)k;
-        xm_mpi_geom_copy(XM_COPY_UNPACK, &g, XMESH_I32, block, buf, a, c);
+        xm_geom_copy(XM_COPY_UNPACK, &g, XMESH_I32, block, buf, a, c);
         for (int64_t k = 0; k < v; k++) {
             int64_t o = naive_off(nd, blo, bhi, &box, k);
             assert_int_equal(block[o], k >= a && k < a + c ? -2 - (int32_t)(k - a) : (int32_t)o);
@@ -188,9 +188,8 @@ static void test_geom_pack_unpack(void **state)
         /* checksum: the same over the box as over its packed bytes */
         for (int64_t i = 0; i < bv; i++)
             block[i] = (int32_t)(i * 2654435761u);
-        xm_mpi_geom_copy(XM_COPY_PACK, &g, XMESH_I32, block, buf, a, c);
-        assert_true(xm_mpi_geom_hash(&g, block, 4, a, c) ==
-                    xm_mpi_geom_hash(NULL, buf, 1, 0, c * 4));
+        xm_geom_copy(XM_COPY_PACK, &g, XMESH_I32, block, buf, a, c);
+        assert_true(xm_geom_hash(&g, block, 4, a, c) == xm_geom_hash(NULL, buf, 1, 0, c * 4));
         free(block);
         free(buf);
     }
@@ -217,14 +216,14 @@ static void test_geom_copy2(void **state)
             dv *= dhi[d] - dlo[d];
         }
         xm_geom_t gs, gd;
-        xm_mpi_geom_init(&gs, nd, slo, shi, &box);
-        xm_mpi_geom_init(&gd, nd, dlo, dhi, &box);
+        xm_geom_init(&gs, nd, slo, shi, &box);
+        xm_geom_init(&gd, nd, dlo, dhi, &box);
         int64_t *src = malloc(8 * sv), *dst = malloc(8 * dv);
         for (int64_t i = 0; i < sv; i++)
             src[i] = i;
         for (int64_t i = 0; i < dv; i++)
             dst[i] = -1;
-        xm_mpi_geom_copy2(&gs, src, &gd, dst, 8, 0, v);
+        xm_geom_copy2(&gs, src, &gd, dst, 8, 0, v);
         int64_t written = 0;
         for (int64_t k = 0; k < v; k++) {
             int64_t so = naive_off(nd, slo, shi, &box, k), dof = naive_off(nd, dlo, dhi, &box, k);
@@ -245,7 +244,7 @@ static void test_accumulate(void **state)
     int64_t blo[1] = {0}, bhi[1] = {16};
     xm_box_t box = {.lo = {0}, .hi = {16}};
     xm_geom_t g;
-    xm_mpi_geom_init(&g, 1, blo, bhi, &box);
+    xm_geom_init(&g, 1, blo, bhi, &box);
     for (int dt = 0; dt < XMESH_DTYPE_COUNT_; dt++) {
         size_t es = xmesh_dtype_size((xmesh_dtype_t)dt), as = xm_dtype_acc_size((xmesh_dtype_t)dt);
         unsigned char parts[3][16 * 8], acc[16 * 8];
@@ -288,10 +287,10 @@ static void test_accumulate(void **state)
                     memcpy(parts[p] + 8 * i, &v, 8);
                 }
             }
-        xm_mpi_geom_copy(XM_COPY_TO_ACC, &g, (xmesh_dtype_t)dt, parts[0], acc, 0, 16);
-        xm_mpi_geom_copy(XM_COPY_ADD_ACC, &g, (xmesh_dtype_t)dt, parts[1], acc, 0, 16);
-        xm_mpi_geom_copy(XM_COPY_ADD_ACC, &g, (xmesh_dtype_t)dt, parts[2], acc, 0, 16);
-        xm_mpi_acc_to_native((xmesh_dtype_t)dt, acc, 16);
+        xm_geom_copy(XM_COPY_TO_ACC, &g, (xmesh_dtype_t)dt, parts[0], acc, 0, 16);
+        xm_geom_copy(XM_COPY_ADD_ACC, &g, (xmesh_dtype_t)dt, parts[1], acc, 0, 16);
+        xm_geom_copy(XM_COPY_ADD_ACC, &g, (xmesh_dtype_t)dt, parts[2], acc, 0, 16);
+        xm_acc_to_native((xmesh_dtype_t)dt, acc, 16);
         for (int i = 0; i < 16; i++) {
             double want = 0.5 * i * 6 - 9;
             switch (dt) {

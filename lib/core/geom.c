@@ -1,12 +1,12 @@
 /* Box geometry inside local blocks, pack/unpack, partial-sum accumulation
- * and f16/bf16 conversions. Pure memory work, no MPI calls. */
+ * and checksums of the per-rank program (xm_program.h). Pure memory work. */
 #include <math.h>
 #include <string.h>
 
-#include "xm_mpi.h"
+#include "xm_program.h"
 
-void xm_mpi_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
-                      const xm_box_t *box)
+void xm_geom_init(xm_geom_t *g, int ndim, const int64_t *blo, const int64_t *bhi,
+                  const xm_box_t *box)
 {
     int64_t bstride = 1;
     memset(g, 0, sizeof *g);
@@ -77,7 +77,7 @@ static inline void it_adv(geom_it_t *it, int64_t n)
     }
 }
 
-int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
+int xm_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
 {
     geom_it_t it;
     it_init(&it, g, a);
@@ -85,7 +85,7 @@ int xm_mpi_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
     return it_run(&it) >= c;
 }
 
-void xm_mpi_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
+void xm_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
 {
     /* In place, ascending: element i is written at 2i after being read at
      * 4i, so no unread element is overwritten. */
@@ -155,8 +155,8 @@ static void acc_op(xmesh_dtype_t dt, int add, void *acc, const void *nat, int64_
     }
 }
 
-void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf,
-                      int64_t a, int64_t c)
+void xm_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, void *buf, int64_t a,
+                  int64_t c)
 {
     size_t es = xmesh_dtype_size(dt), as = xm_dtype_acc_size(dt);
     geom_it_t it;
@@ -186,8 +186,8 @@ void xm_mpi_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block,
     }
 }
 
-void xm_mpi_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst,
-                       size_t es, int64_t a, int64_t c)
+void xm_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst, size_t es,
+                   int64_t a, int64_t c)
 {
     geom_it_t is, id;
     it_init(&is, gs, a);
@@ -215,7 +215,7 @@ static uint64_t fnv(uint64_t h, const unsigned char *p, int64_t n)
     return h;
 }
 
-uint64_t xm_mpi_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c)
+uint64_t xm_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t a, int64_t c)
 {
     uint64_t h = 1469598103934665603ull;
     if (!g)

@@ -1,0 +1,748 @@
+/*
+ * Unit tests of the per-rank program compiler (lib/core/program.c): for
+ * fixed and random reshardings (every strategy, partial sums, all dtypes
+ * with a partial-sum path), the programs of all ranks are run on in-memory
+ * blocks by a one-process simulator: hops are message queues keyed by hop
+ * id, each step's chunks go through exactly the ops the program lists, a
+ * step waits for its `after` step and a task for every earlier task of its
+ * rank that shares a link class (the MPI executor's admission rule), so a
+ * program that would deadlock is reported. Every destination element is
+ * compared with its value computed from its global index. Random cases
+ * print their seed; XMESH_TEST_SEED replays.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "test_util.h"
+#include "xm_program.h"
+
+typedef struct {
+    int ndim;
+    int64_t shape[XM_MAX_DIMS];
+    xmesh_dtype_t dt;
+    int src_nd, src_shape[XM_MAX_MESH_DIMS];
+    const char *src_spec;
+    int dst_nd, dst_shape[XM_MAX_MESH_DIMS];
+    const char *dst_spec;
+    int overlap;
+    int64_t chunk;
+    xmesh_strategy_t strategy;
+} pcase_t;
+
+/* The value element g must have at the destination, and group p's part of
+ * it (parts of the G groups sum to it; small integers, exact in every
+ * dtype, unsigned wrap for the integer types). */
+static int64_t want(int64_t g)
+{
+    return g % 97 + 1;
+}
+static int64_t part(int64_t g, int p, int G)
+{
+    if (G == 1)
+        return want(g);
+    int64_t v = (g * 7 + p * 13) % 5;
+    if (p < G - 1)
+        return v;
+    int64_t s = 0;
+    for (int q = 0; q < G - 1; q++)
+        s += (g * 7 + q * 13) % 5;
+    return want(g) - s;
+}
+
+static void store(xmesh_dtype_t dt, void *b, int64_t i, int64_t v)
+{
+    switch (dt) {
+    case XMESH_U8:
+    case XMESH_I8:
+        ((uint8_t *)b)[i] = (uint8_t)(v & 0xff);
+        break;
+    case XMESH_I32:
+        ((uint32_t *)b)[i] = (uint32_t)v;
+        break;
+    case XMESH_I64:
+        ((int64_t *)b)[i] = v;
+        break;
+    case XMESH_F32:
+        ((float *)b)[i] = (float)v;
+        break;
+    case XMESH_F64:
+        ((double *)b)[i] = (double)v;
+        break;
+    case XMESH_F16:
+        ((uint16_t *)b)[i] = xm_f32_to_f16((float)v);
+        break;
+    default:
+        ((uint16_t *)b)[i] = xm_f32_to_bf16((float)v);
+        break;
+    }
+}
+
+static int64_t load(xmesh_dtype_t dt, const void *b, int64_t i)
+{
+    switch (dt) {
+    case XMESH_U8:
+    case XMESH_I8:
+        return ((const uint8_t *)b)[i];
+    case XMESH_I32:
+        return (int32_t)((const uint32_t *)b)[i];
+    case XMESH_I64:
+        return ((const int64_t *)b)[i];
+    case XMESH_F32:
+        return (int64_t)((const float *)b)[i];
+    case XMESH_F64:
+        return (int64_t)((const double *)b)[i];
+    case XMESH_F16:
+        return (int64_t)xm_f16_to_f32(((const uint16_t *)b)[i]);
+    default:
+        return (int64_t)xm_bf16_to_f32(((const uint16_t *)b)[i]);
+    }
+}
+
+typedef struct {
+    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], n;
+    int idx;
+} blk_t;
+
+static void block_of(const xm_layout_t *l, int rank, blk_t *b)
+{
+    b->idx = xm_mesh_find(&l->mesh, rank);
+    b->n = 0;
+    if (b->idx < 0)
+        return;
+    xm_layout_block(l, b->idx, b->lo, b->hi);
+    b->n = 1;
+    for (int d = 0; d < l->ndim; d++)
+        b->n *= b->hi[d] - b->lo[d];
+}
+
+/* Global row-major index of local element k of block b. */
+static int64_t global_index(const xm_layout_t *l, const blk_t *b, int64_t k)
+{
+    int64_t m[XM_MAX_DIMS], g = 0;
+    for (int d = l->ndim - 1; d >= 0; d--) {
+        int64_t e = b->hi[d] - b->lo[d];
+        m[d] = b->lo[d] + k % e;
+        k /= e;
+    }
+    for (int d = 0; d < l->ndim; d++)
+        g = g * l->shape[d] + m[d];
+    return g;
+}
+
+/* Partial group of mesh index i: row-major over the P axes. */
+static int partial_coord(const xm_layout_t *l, int i, int *G)
+{
+    int coord[XM_MAX_MESH_DIMS], p = 0, g = 1;
+    xm_mesh_coord(&l->mesh, i, coord);
+    for (int a = 0; a < l->mesh.ndim; a++)
+        if (l->spec.partial_mask & (1u << a)) {
+            p = p * l->mesh.shape[a] + coord[a];
+            g *= l->mesh.shape[a];
+        }
+    *G = g;
+    return p;
+}
+
+/* A message on a hop: chunk payload plus what the sender thinks it is. */
+typedef struct {
+    char *data;
+    int64_t bytes, a, cnt;
+    int from;
+} msg_t;
+
+typedef struct {
+    msg_t *m; /* per chunk */
+    int64_t n;
+} hop_t;
+
+typedef struct {
+    xm_program_t prog;
+    char *src, *dst, *buf;
+    int64_t *next_chunk;
+    unsigned char *done, *tstate;
+} rank_t;
+
+/* Runs one op that moves no message on chunk [a, a + cnt) of step s. */
+static void local_op(rank_t *k, const xm_pstep_t *s, int kind, int blk, char *buf, int64_t a,
+                     int64_t cnt)
+{
+    const xm_program_t *p = &k->prog;
+    switch (kind) {
+    case XM_POP_PACK:
+        xm_geom_copy(XM_COPY_PACK, blk ? &s->dg : &s->sg, p->dtype, blk ? k->dst : k->src, buf, a,
+                     cnt);
+        break;
+    case XM_POP_TO_ACC:
+    case XM_POP_ADD_ACC:
+        xm_geom_copy(kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg, p->dtype,
+                     k->src, buf, a, cnt);
+        break;
+    case XM_POP_TO_NATIVE:
+        xm_acc_to_native(p->dtype, buf, cnt);
+        break;
+    case XM_POP_UNPACK:
+        xm_geom_copy(XM_COPY_UNPACK, &s->dg, p->dtype, k->dst, buf, a, cnt);
+        break;
+    case XM_POP_COPY:
+        xm_geom_copy2(&s->sg, k->src, &s->dg, k->dst, p->es, a, cnt);
+        break;
+    default:
+        fail_msg("op %s moves a message", xm_pop_name(kind));
+    }
+}
+
+/* Runs chunk c of step s of rank r through its ops. 0 on success, 1 when a
+ * message it needs has not arrived yet, -1 on a mismatch (err filled). */
+static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t c, char *err,
+                     size_t errlen)
+{
+    rank_t *k = &R[r];
+    const xm_program_t *p = &k->prog;
+    int64_t a, cnt;
+    xm_pstep_chunk(s, c, &a, &cnt);
+    if (s->prev >= 0) {
+        hop_t *h = &hops[s->hop_in];
+        if (c >= h->n || !h->m[c].data)
+            return 1;
+    }
+    for (int i = 0; i < s->nops; i++) {
+        const xm_pop_t *o = &s->ops[i];
+        switch (o->kind) {
+        case XM_POP_RECV: {
+            msg_t *m = &hops[s->hop_in].m[c];
+            int64_t want_bytes = cnt * (int64_t)(s->in_acc ? p->acc_es : p->es);
+            if (m->from != s->prev || m->a != a || m->cnt != cnt || m->bytes != want_bytes) {
+                snprintf(err, errlen,
+                         "rank %d task %d hop %d chunk %lld: got [%lld, +%lld) %lld bytes from "
+                         "rank %d, expects [%lld, +%lld) %lld bytes from rank %d",
+                         r, s->task, s->hop_in, (long long)c, (long long)m->a, (long long)m->cnt,
+                         (long long)m->bytes, m->from, (long long)a, (long long)cnt,
+                         (long long)want_bytes, s->prev);
+                return -1;
+            }
+            memcpy(k->buf, m->data, (size_t)m->bytes);
+            free(m->data);
+            m->data = NULL;
+            break;
+        }
+        case XM_POP_SEND: {
+            hop_t *h = &hops[s->hop_out];
+            if (!h->m) {
+                h->m = calloc((size_t)s->nchunks, sizeof *h->m);
+                h->n = s->nchunks;
+            }
+            assert_non_null(h->m);
+            assert_true(c < h->n && !h->m[c].data);
+            int64_t bytes = cnt * (int64_t)(s->out_acc ? p->acc_es : p->es);
+            msg_t *m = &h->m[c];
+            m->data = malloc((size_t)bytes + 1);
+            memcpy(m->data, k->buf, (size_t)bytes);
+            *m = (msg_t){m->data, bytes, a, cnt, r};
+            break;
+        }
+        default:
+            local_op(k, s, o->kind, o->blk, k->buf, a, cnt);
+            break;
+        }
+    }
+    return 0;
+}
+
+/* Advances every rank as far as it can; returns 1 if anything moved. */
+static int sim_round(rank_t *R, int n, hop_t *hops, char *err, size_t errlen, int *bad)
+{
+    int moved = 0;
+    for (int r = 0; r < n && !*bad; r++) {
+        rank_t *k = &R[r];
+        unsigned blocked = 0;
+        for (int i = 0; i < k->prog.ntasks && !*bad; i++) {
+            const xm_ptask_t *t = &k->prog.tasks[i];
+            if (k->tstate[i] == 2)
+                continue;
+            if (k->tstate[i] == 0) {
+                if (t->slots & blocked) {
+                    blocked |= t->slots;
+                    continue;
+                }
+                k->tstate[i] = 1;
+                moved = 1;
+            }
+            int all = 1;
+            for (int q = t->first_step; q < t->first_step + t->nsteps; q++) {
+                const xm_pstep_t *s = &k->prog.steps[q];
+                if (s->after >= 0 && !k->done[s->after]) {
+                    all = 0;
+                    continue;
+                }
+                while (k->next_chunk[q] < s->nchunks) {
+                    int e = run_chunk(R, r, hops, s, k->next_chunk[q], err, errlen);
+                    if (e < 0)
+                        *bad = 1;
+                    if (e)
+                        break;
+                    k->next_chunk[q]++;
+                    moved = 1;
+                }
+                k->done[q] = k->next_chunk[q] == s->nchunks;
+                all &= k->done[q];
+            }
+            if (all) {
+                k->tstate[i] = 2;
+                moved = 1;
+            } else {
+                blocked |= t->slots;
+            }
+        }
+    }
+    return moved;
+}
+
+/* Per (sender, receiver) pair: messages in send order (NCCL matches the
+ * n-th send a -> b with the n-th receive of b from a). */
+typedef struct {
+    msg_t *m;
+    int head, n, cap;
+} fifo_t;
+
+/* Staging element size of a step: accumulator elements in partial sums. */
+static size_t stage_es(const xm_program_t *p, const xm_pstep_t *s)
+{
+    return s->mode == XM_MODE_GENERAL ? p->acc_es : p->es;
+}
+
+/* Inside a group, receives and sends run concurrently: a receive never
+ * targets the slot a send of the same round reads; and steps active in
+ * the same round never share staging memory. */
+static void check_round_buffers(const xm_program_t *p, const xm_rop_t *ops, int n,
+                                const int64_t *off)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            const xm_rop_t *x = &ops[i], *y = &ops[j];
+            if (x->kind == XM_POP_RECV && y->kind == XM_POP_SEND && x->step == y->step)
+                assert_int_not_equal(x->slot, y->slot);
+            if (x->step == y->step || off[x->step] < 0 || off[y->step] < 0)
+                continue;
+            const xm_pstep_t *a = &p->steps[x->step], *b = &p->steps[y->step];
+            int64_t ea = off[x->step] + 2 * a->ce * (int64_t)stage_es(p, a);
+            int64_t eb = off[y->step] + 2 * b->ce * (int64_t)stage_es(p, b);
+            assert_true(ea <= off[y->step] || eb <= off[x->step]);
+        }
+}
+
+/* Runs the programs in lockstep rounds (xm_rounds_next), as the NCCL
+ * backend posts them: per round, phase 0 on every rank, then the group
+ * (every send of the round, then every receive), then phase 2. Staging is
+ * the backend's pool (two slots per step, xm_program_pool). */
+static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t errlen)
+{
+    xm_rounds_it_t *it = calloc(n, sizeof *it);
+    int64_t *cur = calloc(n, sizeof(int64_t)), **off = calloc(n, sizeof(int64_t *));
+    int *nops = calloc(n, sizeof(int));
+    const xm_rop_t **ops = calloc(n, sizeof *ops);
+    char **pool = calloc(n, sizeof(char *));
+    fifo_t *q = calloc((size_t)n * n, sizeof *q);
+    assert_true(it && cur && off && nops && ops && pool && q);
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        const xm_program_t *p = &R[r].prog;
+        int64_t *need = calloc(p->nsteps + 1, sizeof(int64_t)), total = 0;
+        off[r] = calloc(p->nsteps + 1, sizeof(int64_t));
+        assert_true(need && off[r]);
+        for (int i = 0; i < p->nsteps; i++)
+            need[i] = p->steps[i].mode == XM_MODE_SELF
+                          ? 0
+                          : 2 * p->steps[i].ce * (int64_t)stage_es(p, &p->steps[i]);
+        assert_int_equal(xm_program_pool(p, need, 64, off[r], &total), XMESH_SUCCESS);
+        free(need);
+        pool[r] = malloc((size_t)total + 1);
+        assert_int_equal(xm_rounds_init(p, &it[r]), XMESH_SUCCESS);
+        nops[r] = xm_rounds_next(p, &it[r], &cur[r], &ops[r]);
+        assert_true(nops[r] >= 0);
+    }
+    for (int64_t t = 0; t < ch->nrounds && !bad; t++) {
+        for (int phase = 0; phase < 3 && !bad; phase++)
+            for (int pass = 0; pass < (phase == 1 ? 2 : 1); pass++) /* sends, then receives */
+                for (int r = 0; r < n && !bad; r++) {
+                    if (!nops[r])
+                        continue;
+                    assert_true(cur[r] >= t); /* rounds never go back */
+                    if (cur[r] != t)
+                        continue;
+                    const xm_program_t *p = &R[r].prog;
+                    if (phase == 0 && pass == 0)
+                        check_round_buffers(p, ops[r], nops[r], off[r]);
+                    for (int i = 0; i < nops[r] && !bad; i++) {
+                        const xm_rop_t *o = &ops[r][i];
+                        if (i > 0)
+                            assert_true(ops[r][i - 1].phase <= o->phase);
+                        if (o->phase != phase)
+                            continue;
+                        const xm_pstep_t *s = &p->steps[o->step];
+                        int64_t a, cnt;
+                        xm_pstep_chunk(s, o->chunk, &a, &cnt);
+                        assert_true(off[r][o->step] >= 0 || o->kind == XM_POP_COPY);
+                        char *buf = off[r][o->step] < 0
+                                        ? NULL
+                                        : pool[r] + off[r][o->step] +
+                                              (int64_t)o->slot * s->ce * (int64_t)stage_es(p, s);
+                        if (o->kind == XM_POP_SEND && pass == 0) {
+                            fifo_t *f = &q[(int64_t)r * n + s->next];
+                            int64_t bytes = cnt * (int64_t)(s->out_acc ? p->acc_es : p->es);
+                            if (f->n == f->cap) {
+                                f->cap = 2 * f->cap + 8;
+                                f->m = realloc(f->m, sizeof *f->m * f->cap);
+                                assert_non_null(f->m);
+                            }
+                            f->m[f->n].data = malloc((size_t)bytes + 1);
+                            memcpy(f->m[f->n].data, buf, (size_t)bytes);
+                            f->m[f->n] = (msg_t){f->m[f->n].data, bytes, a, cnt, r};
+                            f->n++;
+                        } else if (o->kind == XM_POP_RECV && pass == 1) {
+                            fifo_t *f = &q[(int64_t)s->prev * n + r];
+                            int64_t bytes = cnt * (int64_t)(s->in_acc ? p->acc_es : p->es);
+                            if (f->head == f->n) {
+                                snprintf(err, errlen,
+                                         "round %lld: rank %d waits for rank %d (task %d chunk "
+                                         "%lld): NCCL would hang",
+                                         (long long)t, r, s->prev, s->task, (long long)o->chunk);
+                                bad = 1;
+                                break;
+                            }
+                            msg_t *m = &f->m[f->head++];
+                            if (m->bytes != bytes || m->a != a || m->cnt != cnt) {
+                                snprintf(err, errlen,
+                                         "round %lld: rank %d receives [%lld, +%lld) %lld bytes "
+                                         "from rank %d, which sent [%lld, +%lld) %lld bytes",
+                                         (long long)t, r, (long long)a, (long long)cnt,
+                                         (long long)bytes, s->prev, (long long)m->a,
+                                         (long long)m->cnt, (long long)m->bytes);
+                                bad = 1;
+                            }
+                            memcpy(buf, m->data, (size_t)m->bytes);
+                            free(m->data);
+                            m->data = NULL;
+                        } else if (o->kind != XM_POP_SEND && o->kind != XM_POP_RECV) {
+                            local_op(&R[r], s, o->kind, o->blk, buf, a, cnt);
+                        }
+                    }
+                }
+        /* NCCL groups block until matched: a round's sends are received
+         * in the same round */
+        for (int64_t i = 0; i < (int64_t)n * n && !bad; i++)
+            if (q[i].head != q[i].n) {
+                snprintf(err, errlen, "round %lld: send %d->%d not received in its group",
+                         (long long)t, (int)(i / n), (int)(i % n));
+                bad = 1;
+            }
+        for (int r = 0; r < n && !bad; r++)
+            if (nops[r] && cur[r] == t) {
+                nops[r] = xm_rounds_next(&R[r].prog, &it[r], &cur[r], &ops[r]);
+                assert_true(nops[r] >= 0);
+            }
+    }
+    for (int r = 0; r < n && !bad; r++)
+        if (nops[r]) {
+            snprintf(err, errlen, "rank %d has work in round %lld of %lld", r, (long long)cur[r],
+                     (long long)ch->nrounds);
+            bad = 1;
+        }
+    for (int64_t i = 0; i < (int64_t)n * n; i++) {
+        if (!bad && q[i].head != q[i].n) {
+            snprintf(err, errlen, "%d message(s) from rank %d to rank %d never received",
+                     q[i].n - q[i].head, (int)(i / n), (int)(i % n));
+            bad = 1;
+        }
+        for (int k = q[i].head; k < q[i].n; k++)
+            free(q[i].m[k].data);
+        free(q[i].m);
+    }
+    for (int r = 0; r < n; r++) {
+        xm_rounds_free(&it[r]);
+        free(off[r]);
+        free(pool[r]);
+    }
+    free(it);
+    free(cur);
+    free(off);
+    free(nops);
+    free(ops);
+    free(pool);
+    free(q);
+    return bad;
+}
+
+/* Compares every destination element with its value. */
+static int check_dst(const pcase_t *c, const xm_layout_t *dst, rank_t *R, const blk_t *db, int n,
+                     const char *how, char *err, size_t errlen)
+{
+    for (int r = 0; r < n; r++)
+        for (int64_t e = 0; e < db[r].n; e++) {
+            int64_t g = global_index(dst, &db[r], e);
+            int64_t tmp[1];
+            store(c->dt, tmp, 0, want(g)); /* the value as the dtype holds it */
+            int64_t got = load(c->dt, R[r].dst, e), exp = load(c->dt, tmp, 0);
+            if (got != exp) {
+                snprintf(err, errlen,
+                         "%s: rank %d dst element %lld (global %lld): got %lld, want %lld", how, r,
+                         (long long)e, (long long)g, (long long)got, (long long)exp);
+                return 1;
+            }
+        }
+    return 0;
+}
+
+static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
+{
+    xm_hostmap_t hosts;
+    int *sdevs, *ddevs;
+    assert_int_equal(xm_hostmap_default(c->src_shape, c->src_nd, c->dst_shape, c->dst_nd,
+                                        c->overlap, &hosts, &sdevs, &ddevs),
+                     XMESH_SUCCESS);
+    xm_layout_t src, dst;
+    memset(&src, 0, sizeof src);
+    memset(&dst, 0, sizeof dst);
+    src.ndim = dst.ndim = c->ndim;
+    src.elem_size = dst.elem_size = xmesh_dtype_size(c->dt);
+    for (int d = 0; d < c->ndim; d++)
+        src.shape[d] = dst.shape[d] = c->shape[d];
+    src.mesh.ndim = c->src_nd;
+    dst.mesh.ndim = c->dst_nd;
+    src.mesh.ndev = dst.mesh.ndev = 1;
+    for (int a = 0; a < c->src_nd; a++)
+        src.mesh.ndev *= src.mesh.shape[a] = c->src_shape[a];
+    for (int a = 0; a < c->dst_nd; a++)
+        dst.mesh.ndev *= dst.mesh.shape[a] = c->dst_shape[a];
+    src.mesh.devs = sdevs;
+    dst.mesh.devs = ddevs;
+    if (xm_spec_parse(c->src_spec, c->ndim, c->src_nd, &src.spec) ||
+        xm_spec_parse(c->dst_spec, c->ndim, c->dst_nd, &dst.spec))
+        fail_msg("spec: %s", xmesh_last_error());
+    xm_taskset_t ts;
+    if (xm_decompose(&src, &dst, &hosts, &ts))
+        fail_msg("decompose: %s", xmesh_last_error());
+    xm_cluster_t cl;
+    assert_int_equal(xm_cluster_init(&cl, &hosts), XMESH_SUCCESS);
+    cl.nics_per_host = 1 + (int)(seed % 2);
+    cl.chunk_bytes = c->chunk;
+    /* all-gather: senders and order from the send/recv model (api.c) */
+    xm_sched_opts_t so = {.kind = (xmesh_scheduler_t)(seed % XMESH_SCHEDULER_COUNT_),
+                          .max_evals = 2000,
+                          .seed = seed,
+                          .strategy = c->strategy == XMESH_STRATEGY_BROADCAST
+                                          ? XMESH_STRATEGY_BROADCAST
+                                          : XMESH_STRATEGY_SENDRECV};
+    xm_schedule_t s;
+    if (xm_schedule(&ts, &cl, &so, &s))
+        fail_msg("xm_schedule: %s", xmesh_last_error());
+    xm_prog_in_t in = {.ts = &ts,
+                       .sched = &s,
+                       .hosts = &hosts,
+                       .src = &src,
+                       .dst = &dst,
+                       .strategy = c->strategy,
+                       .dtype = c->dt,
+                       .chunk_bytes = c->chunk};
+    xm_chains_t ch;
+    if (xm_chains_build(&in, &ch))
+        fail_msg("chains: %s", xmesh_last_error());
+    const int n = hosts.ndev;
+    const size_t es = src.elem_size;
+    rank_t *R = calloc(n, sizeof *R);
+    hop_t *hops = calloc(ch.nhops + 1, sizeof *hops);
+    blk_t *sb = calloc(n, sizeof *sb), *db = calloc(n, sizeof *db);
+    assert_non_null(R);
+    assert_non_null(hops);
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        rank_t *k = &R[r];
+        if (xm_program_build(&in, &ch, r, &k->prog))
+            fail_msg("program of rank %d: %s", r, xmesh_last_error());
+        assert_int_equal(k->prog.nhops, ch.nhops);
+        block_of(&src, r, &sb[r]);
+        block_of(&dst, r, &db[r]);
+        k->src = malloc(sb[r].n * es + 1);
+        k->dst = malloc(db[r].n * es + 1);
+        memset(k->dst, 0xA5, db[r].n * es); /* poison: every element must be written */
+        int G = 1, pc = sb[r].idx >= 0 ? partial_coord(&src, sb[r].idx, &G) : 0;
+        for (int64_t e = 0; e < sb[r].n; e++)
+            store(c->dt, k->src, e, part(global_index(&src, &sb[r], e), pc, G));
+        k->buf = malloc((size_t)(k->prog.chunk_elems * (int64_t)(k->prog.acc_es + es)));
+        k->next_chunk = calloc(k->prog.nsteps + 1, sizeof(int64_t));
+        k->done = calloc(k->prog.nsteps + 1, 1);
+        k->tstate = calloc(k->prog.ntasks + 1, 1);
+        /* The program's own invariants. */
+        for (int q = 0; q < k->prog.nsteps; q++) {
+            const xm_pstep_t *st = &k->prog.steps[q];
+            assert_true(st->nops >= 1 && st->nops <= XM_POPS_MAX);
+            assert_int_equal(st->ops[0].kind == XM_POP_RECV, st->prev >= 0);
+            assert_int_equal(st->ops[st->nops - 1].kind == XM_POP_SEND, st->next >= 0);
+            assert_true(st->after < q);
+            assert_true(st->ce >= 1 && st->ce <= k->prog.chunk_elems);
+            int64_t sum = 0, a, cnt, prev_end = st->r0;
+            for (int64_t cc = 0; cc < st->nchunks; cc++) {
+                xm_pstep_chunk(st, cc, &a, &cnt);
+                assert_int_equal(a, prev_end); /* chunks tile the range in order */
+                assert_true(cnt >= 1 && cnt <= st->ce);
+                prev_end = a + cnt;
+                sum += cnt;
+            }
+            assert_int_equal(sum * (int64_t)es, st->bytes);
+        }
+    }
+    while (!bad && sim_round(R, n, hops, err, errlen, &bad))
+        ;
+    for (int r = 0; r < n && !bad; r++)
+        for (int q = 0; q < R[r].prog.nsteps && !bad; q++)
+            if (!R[r].done[q]) {
+                const xm_pstep_t *st = &R[r].prog.steps[q];
+                snprintf(err, errlen,
+                         "deadlock: rank %d step %d (task %d, chunk %lld of %lld, prev %d, "
+                         "next %d) never finished",
+                         r, q, st->task, (long long)R[r].next_chunk[q], (long long)st->nchunks,
+                         st->prev, st->next);
+                bad = 1;
+            }
+    for (int h = 0; h < ch.nhops && !bad; h++)
+        for (int64_t cc = 0; cc < hops[h].n && !bad; cc++)
+            if (hops[h].m[cc].data) {
+                snprintf(err, errlen, "hop %d chunk %lld was sent but never received", h,
+                         (long long)cc);
+                bad = 1;
+            }
+    if (!bad)
+        bad = check_dst(c, &dst, R, db, n, "asynchronous", err, errlen);
+    if (!bad) { /* the same programs in lockstep rounds (NCCL) */
+        for (int r = 0; r < n; r++)
+            memset(R[r].dst, 0xA5, db[r].n * es);
+        bad = run_rounds(R, n, &ch, err, errlen);
+        if (!bad)
+            bad = check_dst(c, &dst, R, db, n, "rounds", err, errlen);
+    }
+    for (int h = 0; h < ch.nhops; h++) {
+        for (int64_t cc = 0; cc < hops[h].n; cc++)
+            free(hops[h].m[cc].data);
+        free(hops[h].m);
+    }
+    for (int r = 0; r < n; r++) {
+        xm_program_free(&R[r].prog);
+        free(R[r].src);
+        free(R[r].dst);
+        free(R[r].buf);
+        free(R[r].next_chunk);
+        free(R[r].done);
+        free(R[r].tstate);
+    }
+    free(R);
+    free(hops);
+    free(sb);
+    free(db);
+    xm_chains_free(&ch);
+    xm_schedule_free(&s);
+    xm_cluster_free(&cl);
+    xm_taskset_free(&ts);
+    xm_hostmap_free(&hosts);
+    free(sdevs);
+    free(ddevs);
+    return bad;
+}
+
+static const xmesh_strategy_t strategies[] = {XMESH_STRATEGY_BROADCAST, XMESH_STRATEGY_SENDRECV,
+                                              XMESH_STRATEGY_SENDRECV_ALLGATHER,
+                                              XMESH_STRATEGY_GLOBAL_ALLGATHER};
+
+static void test_fixed(void **state)
+{
+    (void)state;
+    static const pcase_t cases[] = {
+        {2, {8, 6}, XMESH_F32, 1, {2}, "S0R", 1, {3}, "RS0", 0, 16, 0},
+        {3, {4, 6, 5}, XMESH_F64, 2, {2, 2}, "S0S1R", 2, {2, 3}, "RS0S1", 0, 40, 0},
+        {1, {17}, XMESH_U8, 1, {1}, "R", 1, {4}, "R", 0, 3, 0},
+        {2, {6, 4}, XMESH_I32, 2, {2, 2}, "S(0),P", 1, {2}, "S(1)", 0, 8, 0},
+        {2, {6, 4}, XMESH_F16, 2, {2, 2}, "P,S(1)", 2, {2, 2}, "B,S(0)", 0, 4, 0},
+        {2, {5, 3}, XMESH_BF16, 2, {2, 2}, "P,P", 1, {3}, "S(0)", 0, 6, 1},
+        {1, {9}, XMESH_F32, 1, {3}, "P", 1, {2}, "B", 0, 8, 0},
+        {2, {6, 4}, XMESH_I64, 2, {2, 2}, "S0S1", 2, {2, 2}, "S1S0", 1, 24, 0},
+        {0, {0}, XMESH_F32, 1, {2}, "", 1, {3}, "", 0, 4, 0},
+        {2, {0, 5}, XMESH_F32, 1, {2}, "S0R", 1, {2}, "RS0", 0, 4, 0},
+    };
+    char err[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int k = 0; k < 4; k++) {
+            pcase_t c = cases[i];
+            c.strategy = strategies[k];
+            if (run_case(&c, 7 + i, err, sizeof err))
+                fail_msg("case %zu (%s -> %s, strategy %d): %s", i, c.src_spec, c.dst_spec, k, err);
+        }
+}
+
+/* Random SBP spec of an nd-dim mesh for a tensor of ndim dims. */
+static void rand_spec(uint64_t *rs, int ndim, int nd, int allow_p, char *buf, size_t len)
+{
+    size_t o = 0;
+    for (int a = 0; a < nd; a++) {
+        int k = (int)(xt_next(rs) % (uint64_t)(ndim + 1 + (allow_p ? 1 : 0)));
+        if (k < ndim)
+            o += snprintf(buf + o, len - o, "%sS(%d)", a ? "," : "", k);
+        else if (k == ndim)
+            o += snprintf(buf + o, len - o, "%sB", a ? "," : "");
+        else
+            o += snprintf(buf + o, len - o, "%sP", a ? "," : "");
+    }
+}
+
+static void test_random(void **state)
+{
+    (void)state;
+    uint64_t seed = xt_seed("program.random"), rs = seed;
+    static const xmesh_dtype_t dts[] = {XMESH_F32, XMESH_F64,  XMESH_I32, XMESH_I64,
+                                        XMESH_F16, XMESH_BF16, XMESH_U8};
+    char err[512];
+    for (int it = 0; it < 1500; it++) {
+        pcase_t c;
+        memset(&c, 0, sizeof c);
+        char ss[64], ds[64];
+        c.ndim = 1 + (int)(xt_next(&rs) % 3);
+        for (int d = 0; d < c.ndim; d++)
+            c.shape[d] = 1 + (int64_t)(xt_next(&rs) % 12);
+        c.dt = dts[xt_next(&rs) % (sizeof dts / sizeof dts[0])];
+        c.src_nd = 1 + (int)(xt_next(&rs) % 2);
+        c.dst_nd = 1 + (int)(xt_next(&rs) % 2);
+        for (int a = 0; a < c.src_nd; a++)
+            c.src_shape[a] = 1 + (int)(xt_next(&rs) % 3);
+        for (int a = 0; a < c.dst_nd; a++)
+            c.dst_shape[a] = 1 + (int)(xt_next(&rs) % 3);
+        rand_spec(&rs, c.ndim, c.src_nd, 1, ss, sizeof ss);
+        rand_spec(&rs, c.ndim, c.dst_nd, 0, ds, sizeof ds);
+        c.src_spec = ss;
+        c.dst_spec = ds;
+        int nsrc = 1, ndst = 1;
+        for (int a = 0; a < c.src_nd; a++)
+            nsrc *= c.src_shape[a];
+        for (int a = 0; a < c.dst_nd; a++)
+            ndst *= c.dst_shape[a];
+        c.overlap = nsrc == ndst && (xt_next(&rs) % 2);
+        c.chunk = (int64_t)xmesh_dtype_size(c.dt) * (1 + (int64_t)(xt_next(&rs) % 12));
+        c.strategy = strategies[xt_next(&rs) % 4];
+        if (run_case(&c, seed + (uint64_t)it, err, sizeof err))
+            fail_msg("seed %llu iteration %d (%s -> %s, strategy %d, dtype %d, chunk %lld): %s",
+                     (unsigned long long)seed, it, ss, ds, (int)c.strategy, (int)c.dt,
+                     (long long)c.chunk, err);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixed),
+        cmocka_unit_test(test_random),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
