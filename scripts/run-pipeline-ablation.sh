@@ -6,12 +6,17 @@
 #          activations split over 2 data-parallel ranks arrive replicated on
 #          a 2-way tensor-parallel mesh)
 #   gpt4   GPT-2, 4 stages on 4 hosts x 2 ranks (the larger layout)
-#   ut2    U-Transformer, 2 stages on 2 hosts x 2 ranks (long skips cross)
+#   ut2    U-Transformer, 2 stages on 2 hosts x 2 ranks, each stage data parallel
+#          over its host's 2 ranks (long skips cross), CPUs pinned per host
+#   ut1    U-Transformer, 2 stages on 2 hosts x 1 rank, CPUs pinned per host
+# U-Transformer rows: C 64, layout u*8|u*5 (the up blocks are heavier: 8 + 5
+# layers balances the two stages), microbatches of 4 images, lr 0.005.
 # Writes build/ablation/<time>/<config>/{ablation.md,ablation.json,ablation.png}
 # and prints the tables.
 #
-#   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [ut2]     (default: all)
-# Environment: XMESH_ABL_RATE_GPT [50mbit], XMESH_ABL_RATE_UT [50mbit], XMESH_ABL_BURST [64kb],
+#   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [ut2] [ut1]     (default: all)
+# Environment: XMESH_ABL_RATE_GPT [50mbit], XMESH_ABL_RATE_UT [200mbit for ut2, 400mbit for
+#   ut1], XMESH_ABL_BURST [64kb],
 #   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT, XMESH_ABL_UT_C [16],
 #   XMESH_ABL_UT_MBS [4] (U-Transformer base channels and images per microbatch),
 #   XMESH_ABL_MICROBATCHES [4,16].
@@ -23,10 +28,10 @@ root=$PWD
 steps=${XMESH_ABL_STEPS:-8}
 warmup=${XMESH_ABL_WARMUP:-2}
 rate_gpt=${XMESH_ABL_RATE_GPT:-50mbit}
-rate_ut=${XMESH_ABL_RATE_UT:-50mbit}
+rate_ut=${XMESH_ABL_RATE_UT:-}
 burst=${XMESH_ABL_BURST:-64kb}
 out=${XMESH_ABL_OUT:-$root/build/ablation/$(date -u +%Y%m%d-%H%M%S)}
-configs=${*:-gpt2 gpt4 ut2}
+configs=${*:-gpt2 gpt4 ut2 ut1}
 mbl=${XMESH_ABL_MICROBATCHES:-4,16}
 
 scripts/install-deps.sh >/dev/null || exit 1
@@ -50,22 +55,22 @@ why=$(microbench/cluster/cluster.sh check 2>&1) || incluster=0
 gpt_model="--layers 4 --heads 4 --channels 256 --seq 64 --blas-threads 1"
 gpt_mbs=8
 gpt_tokens_per_sample=64
-# ut: base channels XMESH_ABL_UT_C (16), microbatches of XMESH_ABL_UT_MBS (4) images.
-ut_c=${XMESH_ABL_UT_C:-16}
+# ut: base channels XMESH_ABL_UT_C (64), microbatches of XMESH_ABL_UT_MBS (4) images.
+ut_c=${XMESH_ABL_UT_C:-64}
 ut_mbs=${XMESH_ABL_UT_MBS:-4}
-ut_model="--base-channels $ut_c --blas-threads 1"
+ut_model="--base-channels $ut_c --lr 0.005 --blas-threads 1"
 
-run_cfg() { # name hosts pph rate model mbsize unitname stage-args microbatches
-    local name=$1 hosts=$2 pph=$3 rate=$4 model=$5 mbsize=$6 uname=$7 sargs=$8 mbs=$9 margs ups
+run_cfg() { # name hosts pph rate model mbsize unitname stage-args microbatches [pin]
+    local name=$1 hosts=$2 pph=$3 rate=$4 model=$5 mbsize=$6 uname=$7 sargs=$8 mbs=$9 pin=${10:-} margs ups
     if [ "$model" = gpt ]; then margs=$gpt_model ups=$gpt_tokens_per_sample; else margs=$ut_model ups=1; fi
     local cmd=(python3 "$root/microbench/pipeline/ablation.py" --train "$train" --model "$model"
         --model-args "$margs --no-progress" --stage-args "$sargs" --microbatch-size "$mbsize"
         --units-per-sample "$ups"
         --units "$uname" --microbatches "$mbs" --steps "$steps" --warmup "$warmup"
-        --label "$name: $model, $hosts hosts x $pph ranks, NIC $rate" --out "$out/$name")
+        --label "$name: $model, $hosts hosts x $pph ranks, NIC $rate${pin:+, CPUs pinned per host}" --out "$out/$name")
     echo "run-pipeline-ablation: $name ($hosts hosts x $pph ranks, $rate)" >&2
     if [ $incluster = 1 ]; then
-        microbench/cluster/cluster.sh -q -H "$hosts" -d "$pph" -r "$rate" -b "$burst" -- "${cmd[@]}"
+        microbench/cluster/cluster.sh -q $pin -H "$hosts" -d "$pph" -r "$rate" -b "$burst" -- "${cmd[@]}"
     else
         "${cmd[@]}" --np $((hosts * pph))
     fi
@@ -78,9 +83,11 @@ for c in $configs; do
         "--stages 2 --stage-mesh 2x1,1x2" "$mbl" || rc=1 ;;
     gpt4) run_cfg gpt4 4 2 "$rate_gpt" gpt $gpt_mbs tokens \
         "--stages 4 --stage-mesh 2x1,1x2,2x1,1x2" "$mbl" || rc=1 ;;
-    ut2) run_cfg ut2 2 2 "$rate_ut" utransformer "$ut_mbs" images \
-        "--stages 2 --stage-mesh 2x1,2x1" "$mbl" || rc=1 ;;
-    *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, ut2)" >&2; rc=2 ;;
+    ut2) run_cfg ut2 2 2 "${rate_ut:-200mbit}" utransformer "$ut_mbs" images \
+        "--layout u*8|u*5 --stage-mesh 2x1,2x1" "$mbl" -p || rc=1 ;;
+    ut1) run_cfg ut1 2 1 "${rate_ut:-400mbit}" utransformer "$ut_mbs" images \
+        "--layout u*8|u*5 --stage-mesh 1x1,1x1" "$mbl" -p || rc=1 ;;
+    *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, ut2, ut1)" >&2; rc=2 ;;
     esac
 done
 echo "run-pipeline-ablation: results in $out" >&2

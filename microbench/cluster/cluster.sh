@@ -9,7 +9,12 @@
 # of paper 002 section 5 (fast devices inside a host, one slow NIC each).
 #
 # Usage:
-#   cluster.sh [-H hosts] [-d ranks_per_host] [-r rate] [-b burst] [-q] -- COMMAND [ARGS...]
+#   cluster.sh [-H hosts] [-d ranks_per_host] [-r rate] [-b burst] [-p] [-q] -- COMMAND [ARGS...]
+#   -p: give each emulated host CPUs of its own, as real hosts have: every
+#       process of host h (its Open MPI daemon, ranks and their threads) is
+#       bound to CPUs {h, h + H, ...} mod nproc, and mpirun binds nothing
+#       itself. Without -p all hosts share all CPUs, so a host that computes
+#       slows the others down (and one that idles lends them CPU).
 #   -b: token-bucket burst of each shaped NIC (tc units, default 256kb): transfers
 #       smaller than it pass at full speed after an idle gap, so low rates with
 #       small messages want a small burst (at least one 64 KiB GSO segment)
@@ -33,6 +38,7 @@ RATE=300mbit
 LATENCY=200ms
 BURST=256kb
 QUIET=0
+PIN=0
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 skip() { echo "cluster.sh: SKIP: $*" >&2; exit 77; }
@@ -61,7 +67,7 @@ if [ "${1:-}" = check ]; then
     exit 0
 fi
 
-while getopts "H:d:r:l:b:qh" opt; do
+while getopts "H:d:r:l:b:pqh" opt; do
     case "$opt" in
     H) HOSTS=$OPTARG ;;
     d) PPH=$OPTARG ;;
@@ -69,7 +75,8 @@ while getopts "H:d:r:l:b:qh" opt; do
     l) LATENCY=$OPTARG ;;
     b) BURST=$OPTARG ;;
     q) QUIET=1 ;;
-    h) sed -n '2,27p' "$0"; exit 0 ;;
+    p) PIN=1 ;;
+    h) sed -n '2,32p' "$0"; exit 0 ;;
     *) exit 2 ;;
     esac
 done
@@ -166,7 +173,13 @@ for ((h = 0; h < HOSTS; h++)); do
     tc qdisc add dev "${P}v$h" root tbf rate "${RATE_MBIT}mbit" burst "$BURST" latency "$LATENCY" ||
         die "tc (receive) on ${P}v$h failed"
     mkdir -p "$SCRATCH/$ns"
-    echo "$SUBNET.$((h + 1)) $ns" >>"$MAP"
+    cpus=all
+    if [ "$PIN" = 1 ]; then
+        ncpu=$(nproc)
+        cpus=
+        for ((c = h % ncpu; c < ncpu; c += HOSTS)); do cpus="${cpus:+$cpus,}$c"; done
+    fi
+    echo "$SUBNET.$((h + 1)) $ns $cpus" >>"$MAP"
     HOSTLIST="${HOSTLIST:+$HOSTLIST,}$SUBNET.$((h + 1)):$PPH"
 done
 
@@ -182,22 +195,27 @@ while [ \$# -gt 0 ]; do
 done
 host=\$1; shift
 ns=\$(awk -v h="\$host" '\$1 == h { print \$2 }' "$MAP")
+cpus=\$(awk -v h="\$host" '\$1 == h { print \$3 }' "$MAP")
+pin=
+[ "\$cpus" = all ] || pin="taskset -c \$cpus"
 if [ -z "\$ns" ]; then
     echo "xmh agent: host '\$host' is not part of this emulated cluster" >&2
     exit 1
 fi
-exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$ns && \
+exec ip netns exec "\$ns" unshare --uts \$pin sh -c "hostname \$ns && \
 export OMPI_MCA_orte_tmpdir_base=$SCRATCH/\$ns && \$*"
 AGENT_EOF
 chmod +x "$AGENT"
 
+BIND=
+[ "$PIN" = 1 ] && BIND="--bind-to none"
 MPIRUN="$SCRATCH/mpirun"
 cat >"$MPIRUN" <<MPI_EOF
 #!/bin/sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 exec mpirun --oversubscribe --mca plm_rsh_agent "$AGENT" --host "$HOSTLIST" \\
     --mca btl self,vader,tcp --mca btl_tcp_if_include "$SUBNET.0/24" \\
-    --mca oob_tcp_if_include "$SUBNET.0/24" --mca mpi_yield_when_idle 1 "\$@"
+    --mca oob_tcp_if_include "$SUBNET.0/24" --mca mpi_yield_when_idle 1 $BIND "\$@"
 MPI_EOF
 chmod +x "$MPIRUN"
 
@@ -206,7 +224,7 @@ export XMH_RATE_MBIT="$RATE_MBIT" XMH_SUBNET="$SUBNET.0/24"
 export XMESH_NIC_GBPS
 XMESH_NIC_GBPS=$(awk -v r="$RATE_MBIT" 'BEGIN { printf "%g", r / 1000 }')
 export XMESH_NICS_PER_HOST=1
-log "$HOSTS hosts x $PPH ranks, NIC ${RATE_MBIT} Mbit/s each way, subnet $SUBNET.0/24, prefix $P"
+log "$HOSTS hosts x $PPH ranks, NIC ${RATE_MBIT} Mbit/s each way, subnet $SUBNET.0/24, prefix $P$([ "$PIN" = 1 ] && echo ", CPUs pinned per host")"
 
 "$@" &
 CHILD=$!
