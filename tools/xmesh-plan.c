@@ -17,6 +17,7 @@
 
 #include "xm_cases.h"
 #include "xm_cluster_file.h"
+#include "xm_cost.h"
 #include "xm_sched.h"
 
 #define ALL_SCHEDULERS (-2)
@@ -74,7 +75,11 @@ static void usage(FILE *f)
             "scheduling:\n"
             "  --scheduler NAME       naive | lb | dfs | greedy | ensemble | all (default\n"
             "                         $XMESH_SCHEDULER or ensemble)\n"
-            "  --strategy NAME        broadcast | sendrecv (default broadcast)\n"
+            "  --strategy NAME        broadcast | sendrecv | sendrecv-allgather |\n"
+            "                         global-allgather (default broadcast); the all-gather\n"
+            "                         strategies take their senders and order from the\n"
+            "                         send/receive plan and are priced by their own model\n"
+            "                         (lower bound: the broadcast model's, that of any plan)\n"
             "  --budget-ms MS         search time budget (default $XMESH_BUDGET_US/1000 = 20)\n"
             "  --max-evals N          deterministic budget in evaluation steps instead of time\n"
             "  --seed N               random seed (default $XMESH_SEED or 1)\n"
@@ -311,10 +316,6 @@ static int parse_args(int argc, char **argv, opts_t *o)
         } else if (!strcmp(a, "--strategy")) {
             if (xmesh_strategy_parse(val, &st))
                 return bad("bad value '%s' for --strategy: %s", val, xmesh_last_error());
-            if (st != XMESH_STRATEGY_BROADCAST && st != XMESH_STRATEGY_SENDRECV)
-                return bad("bad value '%s' for --strategy: the planner models broadcast and "
-                           "sendrecv only",
-                           val);
             o->strategy = st;
         } else if (!strcmp(a, "--nic-gbps")) {
             if ((rc = parse_pos_double(a, val, 0, &o->nic_gbps)))
@@ -440,7 +441,12 @@ static xm_sched_opts_t sched_opts(const opts_t *o, xmesh_scheduler_t kind)
     if (so.budget_us < 1)
         so.budget_us = 1;
     so.seed = o->seed;
-    so.strategy = o->strategy;
+    /* The all-gather strategies take senders and order from the send/receive
+     * model, as plan creation does (lib/core/api.c). */
+    so.strategy = o->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+                          o->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
+                      ? XMESH_STRATEGY_SENDRECV
+                      : o->strategy;
     so.max_evals = o->max_evals;
     return so;
 }
@@ -582,6 +588,24 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
                     xmesh_scheduler_name(p->kinds[k]), xmesh_last_error());
             p->nres = k;
             return 1;
+        }
+    }
+    /* The all-gather strategies move other bytes than the routes their
+     * senders and order come from: price them with their own model, as
+     * xmesh_plan_get_info() does (per-task times stay the routes'). */
+    if (o->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
+        o->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER) {
+        for (int k = 0; k < p->nres; k++) {
+            double t = xm_cost_allgather(&p->ts, &p->cl, &p->sched[k],
+                                         o->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER);
+            if (!(t >= 0)) {
+                fprintf(stderr, "xmesh-plan: the %s model failed: %s\n",
+                        xmesh_strategy_name(o->strategy), xmesh_last_error());
+                return 1;
+            }
+            p->sched[k].makespan_s = t;
+            /* Their bound is that of any schedule: the broadcast model's. */
+            p->sched[k].lower_bound_s = xm_lower_bound(&p->ts, &p->cl);
         }
     }
     FILE *tf = NULL;

@@ -70,3 +70,17 @@ for args, word in [(["--case", "4", "--nic-gbps", "abc"], "'abc'"),
     p = run(*args, rc=2)
     assert word in p.stderr, (args, p.stderr)
 print("xmesh-plan CLI checks passed")
+
+# The all-gather strategies are priced by their own model: replicating a
+# tensor on every device of 2 hosts, send/receive crosses the source NIC once
+# per device (8 times), sendrecv-allgather once per host (2 times).
+rep = ["--shape", "1024,1024", "--dtype", "f32", "--src-mesh", "1", "--src-spec", "RR",
+       "--dst-mesh", "2x4", "--dst-spec", "RR", "--json", "--max-evals", "100000"]
+m = {}
+for st in ("sendrecv", "sendrecv-allgather", "global-allgather", "broadcast"):
+    j = json.loads(run(*rep, "--strategy", st).stdout)
+    assert j["strategy"] == st, j["strategy"]
+    assert j["makespan_s"] >= j["lower_bound_s"] * (1 - 1e-9), (st, j)
+    m[st] = j["makespan_s"]
+assert m["sendrecv-allgather"] < 0.5 * m["sendrecv"], m
+assert m["global-allgather"] < 0.5 * m["sendrecv"], m
