@@ -114,6 +114,16 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
         const xm_pstep_t *s = &x->prog.steps[i];
         x->sx[i].tag_in = s->hop_in >= 0 ? tag_of(tag_ub, s->hop_in) : -1;
         x->sx[i].tag_out = s->hop_out >= 0 ? tag_of(tag_ub, s->hop_out) : -1;
+        /* The send-ahead limit paces a NIC that several flows share; a hop
+         * inside the host (shared memory, tens of times a NIC) completes its
+         * sends in order, so it keeps the whole window in flight rather
+         * than waiting for a progress round every send_ahead chunks (8
+         * ranks on one host: 4x1 -> 1x4 of 128 MiB 0.042 s -> 0.031 s). The
+         * model needs no change: in-order completion means no shared-wire
+         * fill on such a hop. */
+        const xm_hostmap_t *hm = &p->ctx->hosts;
+        int local = s->next >= 0 && hm->host_of[s->next] == hm->host_of[x->rank];
+        x->sx[i].ahead = local ? x->window : x->send_ahead;
     }
     for (int i = 0; i < x->prog.nsteps; i++)
         x->sx[i].ck_off = -1;

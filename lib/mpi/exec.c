@@ -646,7 +646,7 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
                                  xm_mpi_now() - x->t0);
             }
         }
-        if (s->next >= 0 && c - rt->completed >= x->send_ahead)
+        if (s->next >= 0 && c - rt->completed >= sx->ahead)
             break;
         if ((rc = compute_chunk(x, s, sx, rt, c, rq ? &rq[x->window + slot] : NULL))) {
             fail(r, XMESH_ERR_BACKEND,

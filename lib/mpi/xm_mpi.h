@@ -38,6 +38,8 @@ typedef struct xm_stepx {
     int64_t stage_off;   /* into the plan's staging pool, -1 none */
     int req_off;         /* into the plan's request pool (XM_STEP_REQS), -1 none */
     int64_t ck_off;      /* XMESH_CHECK: per-chunk sums in the plan's ck pool, -1 none */
+    int ahead;           /* chunk sends in flight to next: send_ahead, or the window
+                          * when next is on this rank's host (shared memory) */
 } xm_stepx_t;
 
 /* Runtime state of a step during one reshard. */

@@ -40,6 +40,7 @@ typedef struct {
     int iters, warmup, check;
     const char *json, *datprefix;
     int virtual_hosts;
+    int real_hosts; /* -R: xmesh sees the real hosts, -V only places the meshes */
     int poll_us;
     int64_t calib_bytes;
     int barrier; /* end every timed iteration with MPI_Barrier (included) */
@@ -204,6 +205,8 @@ static void usage(void)
            "  -J file      write results as JSON\n"
            "  -D prefix    write gnuplot data PREFIX-SUITE.dat / PREFIX-SUITE-lb.dat\n"
            "  -V n         virtual hosts of n ranks (single-machine fallback; no NIC limit)\n"
+           "  -R           with -V: the meshes are placed on the virtual hosts, but xmesh sees\n"
+           "               the real ones (one machine = one host: every hop shared memory)\n"
            "  -P us        poll interval of the MPI baselines' waits (default 100)\n"
            "  -k bytes     calibration transfer size (default 8M; 0: skip)\n"
            "  -p n         xmesh plans created and timed per row (default 3; the last runs)\n"
@@ -1100,7 +1103,7 @@ int main(int argc, char **argv)
                                              {NULL, 0, NULL, 0}};
     int opt, bad = 0, help = 0;
     char badmsg[128] = "";
-    while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:K:Bh", longopts, NULL)) !=
+    while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:K:BRh", longopts, NULL)) !=
            -1) {
         switch (opt) {
         case 'B':
@@ -1152,6 +1155,9 @@ int main(int argc, char **argv)
             break;
         case 'V':
             bad |= (O.virtual_hosts = atoi(optarg)) < 1;
+            break;
+        case 'R':
+            O.real_hosts = 1;
             break;
         case 'P':
             bad |= (O.poll_us = atoi(optarg)) < 0;
@@ -1228,7 +1234,7 @@ int main(int argc, char **argv)
 
     {
         xmesh_ctx_params_t cp = XMESH_CTX_PARAMS_INITIALIZER;
-        if (O.virtual_hosts > 0)
+        if (O.virtual_hosts > 0 && !O.real_hosts)
             cp.host_id = W.rank / O.virtual_hosts;
         xmesh_result_t r = xmesh_ctx_create_mpi(MPI_COMM_WORLD, &cp, &X.ctx);
         X.available = r == XMESH_SUCCESS;
