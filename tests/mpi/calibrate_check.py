@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """CTest mpi.calibrate: runs xmesh-calibrate quickly on one machine (4 ranks,
-2 virtual hosts of 2), then checks that its JSON has a fit with R^2 and a
-positive beta for every measured class, that both point-to-point classes
-were measured, that the cluster file it wrote parses (xmesh-plan --cluster)
-and that xmesh-plan reports the fitted values from it.
+2 virtual hosts of 2), then checks that its JSON has a fit with R^2 for every
+measured class, that both point-to-point classes were measured, that the
+cluster file it wrote parses (xmesh-plan --cluster) and that xmesh-plan
+reports the fitted values from it. On one machine every class is shared
+memory, and timings of small messages under load (or a sanitizer) can give
+a slope <= 0: a point-to-point class whose slope is not positive must then be
+left out of the cluster file ("not fitted", the default stays) rather than
+written as a negative rate; the check takes whichever branch the run took
+and says so.
 
 usage: calibrate_check.py MPIEXEC NPFLAG CALIBRATE PLAN WORKDIR
 """
@@ -28,9 +33,16 @@ def main():
     cmd = [mpiexec, npflag, "4", "--oversubscribe", cal, "--virtual-hosts", "2",
            "--min", "4K", "--max", "512K", "--steps", "5", "--reps", "3", "-o", path, "--json"]
     print("$ " + " ".join(cmd))
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
-    print(r.stdout)
-    print(r.stderr, file=sys.stderr)
+    for attempt in range(3):
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+        print(r.stdout)
+        print(r.stderr, file=sys.stderr)
+        # Timing noise can leave both point-to-point slopes <= 0; the tool
+        # then refuses to write a cluster file (exit 1, message): run again.
+        if r.returncode == 0 or "nothing could be fitted" not in r.stderr:
+            break
+        print("note: attempt %d: nothing could be fitted (timing noise); again" % (attempt + 1))
     if r.returncode != 0:
         fail("xmesh-calibrate exited with %d" % r.returncode)
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
@@ -52,8 +64,8 @@ def main():
         for key in ("alpha_s", "beta_s_per_byte", "r2", "worst_rel_residual", "points"):
             if key not in c:
                 fail("class %s has no %s" % (name, key))
-        if not (c["beta_s_per_byte"] is not None and c["beta_s_per_byte"] > 0):
-            fail("class %s: beta %s is not positive" % (name, c["beta_s_per_byte"]))
+        if c["beta_s_per_byte"] is None or not math.isfinite(c["beta_s_per_byte"]):
+            fail("class %s: beta %s is not a number" % (name, c["beta_s_per_byte"]))
         if not (c["r2"] is not None and c["r2"] <= 1.0 + 1e-9 and math.isfinite(c["r2"])):
             fail("class %s: R^2 %s is not a finite number <= 1" % (name, c["r2"]))
         if len(c["points"]) != 5:
@@ -61,14 +73,28 @@ def main():
         if any(p[1] <= 0 for p in c["points"]):
             fail("class %s: a non-positive time in %s" % (name, c["points"]))
     model = doc["model"]
-    nic = 8 / classes["p2p-inter"]["beta_s_per_byte"] / 1e9
-    if abs(model["nic_gbps"] - nic) > 1e-6 * nic:
-        fail("model nic_gbps %s != 8 / beta(p2p-inter) = %s" % (model["nic_gbps"], nic))
     with open(path) as f:
         text = f.read()
-    for key in ("nic_gbps =", "intra_gbps =", "latency_us =", "p2p-inter:"):
-        if key not in text:
-            fail("cluster file lacks '%s':\n%s" % (key, text))
+    if "p2p-inter:" not in text or "p2p-intra:" not in text:
+        fail("cluster file lacks the fit comments:\n" + text)
+    fitted = {}
+    for cls, keys in (("p2p-inter", ("nic_gbps", "latency_us")), ("p2p-intra", ("intra_gbps",))):
+        beta = classes[cls]["beta_s_per_byte"]
+        fitted[cls] = beta > 0
+        if beta > 0:
+            for key in keys:
+                if key + " =" not in text:
+                    fail("%s fitted (beta %g) but the file lacks '%s =':\n%s" % (cls, beta, key, text))
+            gbps = 8 / beta / 1e9
+            if abs(model[keys[0]] - gbps) > 1e-6 * gbps:
+                fail("model %s %s != 8 / beta(%s) = %s" % (keys[0], model[keys[0]], cls, gbps))
+        else:
+            for key in keys:
+                if key + " =" in text:
+                    fail("%s slope %g <= 0 but '%s =' was written:\n%s" % (cls, beta, key, text))
+            if "not fitted (%s" % cls not in text:
+                fail("%s slope %g <= 0 and the file does not say 'not fitted':\n%s" % (cls, beta, text))
+            print("note: %s slope %g <= 0 in this run: left out of the file (checked)" % (cls, beta))
     p = subprocess.run([plan, "--case", "1", "--cluster", path, "--json"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     if p.returncode != 0:
