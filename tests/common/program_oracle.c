@@ -45,6 +45,19 @@ void po_world_free(po_world_t *w)
     free(w->ddevs);
 }
 
+xm_prog_in_t po_prog_in(const po_case_t *c, const po_world_t *w, const xm_schedule_t *s)
+{
+    xm_prog_in_t in = {.ts = &w->ts,
+                       .sched = s,
+                       .hosts = &w->hosts,
+                       .src = &w->src,
+                       .dst = &w->dst,
+                       .strategy = c->strategy,
+                       .dtype = c->dt,
+                       .chunk_bytes = c->chunk};
+    return in;
+}
+
 void po_block_of(const xm_layout_t *l, int rank, po_blk_t *b)
 {
     b->idx = xm_mesh_find(&l->mesh, rank);

@@ -40,6 +40,9 @@ typedef struct {
 void po_world_init(const po_case_t *c, po_world_t *w);
 void po_world_free(po_world_t *w);
 
+/* The program compiler's input for case c on w with schedule s. */
+xm_prog_in_t po_prog_in(const po_case_t *c, const po_world_t *w, const xm_schedule_t *s);
+
 /* The block of a rank in a layout: bounds, element count, mesh index
  * (idx < 0 and n == 0 when the rank is not on the mesh). */
 typedef struct {

@@ -379,14 +379,7 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
 
     const int n = w.hosts.ndev;
     const size_t es = w.src.elem_size;
-    xm_prog_in_t in = {.ts = &w.ts,
-                       .sched = &s,
-                       .hosts = &w.hosts,
-                       .src = &w.src,
-                       .dst = &w.dst,
-                       .strategy = c->strategy,
-                       .dtype = c->dt,
-                       .chunk_bytes = c->chunk};
+    xm_prog_in_t in = po_prog_in(c, &w, &s);
     xm_devplan_t *dp = calloc(n, sizeof *dp);
     xm_rounds_it_t *it = calloc(n, sizeof *it);
     char **sbuf = calloc(n, sizeof(char *)), **dbuf = calloc(n, sizeof(char *));

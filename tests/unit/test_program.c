@@ -434,14 +434,7 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
     xm_schedule_t s;
     if (xm_schedule(&w.ts, &cl, &so, &s))
         fail_msg("xm_schedule: %s", xmesh_last_error());
-    xm_prog_in_t in = {.ts = &w.ts,
-                       .sched = &s,
-                       .hosts = &w.hosts,
-                       .src = &w.src,
-                       .dst = &w.dst,
-                       .strategy = c->strategy,
-                       .dtype = c->dt,
-                       .chunk_bytes = c->chunk};
+    xm_prog_in_t in = po_prog_in(c, &w, &s);
     xm_chains_t ch;
     if (xm_chains_build(&in, &ch))
         fail_msg("chains: %s", xmesh_last_error());
