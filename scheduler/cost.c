@@ -352,6 +352,40 @@ out:
     return makespan;
 }
 
+/* One phase of the send/recv + all-gather method, over the groups of a
+ * task's receivers on one host (n of them): phase 1, the sender sends each
+ * receiver 1/n of the box; phase 2, a group with n > 1 all-gathers (every
+ * receiver sends its 1/n to each other one). Returns 1 if a flow was added. */
+static int allgather_phase(res_t *r, const xm_taskset_t *ts, const int *sender, const int *host,
+                           int phase)
+{
+    int any = 0;
+    for (int t = 0; t < ts->ntasks; t++) {
+        const xm_task_t *k = &ts->tasks[t];
+        const int *R = ts->recvs + k->recv_off;
+        for (int g0 = 0; g0 < k->nrecv;) {
+            int g1 = g0 + 1;
+            while (g1 < k->nrecv && host[R[g1]] == host[R[g0]])
+                g1++;
+            int n = g1 - g0;
+            for (int a = 0; a < n; a++) {
+                if (phase == 1) {
+                    res_flow(r, sender[t], R[g0 + a], (double)k->bytes / n);
+                    any = 1;
+                    continue;
+                }
+                for (int b = 0; b < n && n > 1; b++)
+                    if (a != b) {
+                        res_flow(r, R[g0 + a], R[g0 + b], (double)k->bytes / n);
+                        any = 1;
+                    }
+            }
+            g0 = g1;
+        }
+    }
+    return any;
+}
+
 double xm_cost_mpi(const xm_taskset_t *ts, const xm_cluster_t *c, const int *sender,
                    xm_cost_mpi_t method)
 {
@@ -382,39 +416,11 @@ double xm_cost_mpi(const xm_taskset_t *ts, const xm_cluster_t *c, const int *sen
         break;
     case XM_COST_MPI_SENDRECV_ALLGATHER: {
         /* phase 1: the slices, all at once */
-        for (int t = 0; t < ts->ntasks; t++) {
-            const xm_task_t *k = &ts->tasks[t];
-            const int *R = ts->recvs + k->recv_off;
-            for (int g0 = 0; g0 < k->nrecv;) {
-                int g1 = g0 + 1;
-                while (g1 < k->nrecv && host[R[g1]] == host[R[g0]])
-                    g1++;
-                for (int j = 0; j < g1 - g0; j++)
-                    res_flow(&r, sender[t], R[g0 + j], (double)k->bytes / (g1 - g0));
-                g0 = g1;
-            }
-        }
+        allgather_phase(&r, ts, sender, host, 1);
         double t1 = res_max(&r) + c->latency_s;
         /* phase 2: per host and task an all-gather, all at once */
         res_reset(&r);
-        int any = 0;
-        for (int t = 0; t < ts->ntasks; t++) {
-            const xm_task_t *k = &ts->tasks[t];
-            const int *R = ts->recvs + k->recv_off;
-            for (int g0 = 0; g0 < k->nrecv;) {
-                int g1 = g0 + 1;
-                while (g1 < k->nrecv && host[R[g1]] == host[R[g0]])
-                    g1++;
-                int n = g1 - g0;
-                for (int a = 0; a < n && n > 1; a++)
-                    for (int b = 0; b < n; b++)
-                        if (a != b) {
-                            res_flow(&r, R[g0 + a], R[g0 + b], (double)k->bytes / n);
-                            any = 1;
-                        }
-                g0 = g1;
-            }
-        }
+        int any = allgather_phase(&r, ts, sender, host, 2);
         T = t1 + (any ? res_max(&r) + c->latency_s : 0);
         break;
     }

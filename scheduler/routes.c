@@ -235,23 +235,29 @@ static double p_chain_bound(const xm_prep_t *q, int t)
     return q->pt[t].needs_nic && best < q->pt[t].nic_cost ? q->pt[t].nic_cost : best;
 }
 
+/* Makes int array *a (capacity *cap, doubling from 1024) hold need. */
+static int grow_ints(int **a, int *cap, int need)
+{
+    if (*a && need <= *cap)
+        return 0;
+    int nc = *cap ? *cap : 1024;
+    while (nc < need)
+        nc *= 2;
+    int *nr = realloc(*a, sizeof(int) * nc);
+    if (!nr)
+        return -1;
+    *a = nr;
+    *cap = nc;
+    return 0;
+}
+
 /* Appends the host-level directions of the routes in tr as option o's
  * resources (options are visited in order, so offsets grow). */
 static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
 {
-    static const int chunk = 1024;
     int base = q->opt_res_off[o], m = base;
-    int need = base + tr->nuse + 1;
-    if (!q->opt_res || need > q->opt_res_cap) {
-        int nc = q->opt_res_cap ? q->opt_res_cap : chunk;
-        while (nc < need)
-            nc *= 2;
-        int *nr = realloc(q->opt_res, sizeof(int) * nc);
-        if (!nr)
-            return -1;
-        q->opt_res = nr;
-        q->opt_res_cap = nc;
-    }
+    if (grow_ints(&q->opt_res, &q->opt_res_cap, base + tr->nuse + 1))
+        return -1;
     for (int i = 0; i < tr->nuse; i++) {
         int d = (tr->use_dir[i] / 2 / q->nics) * 2 + (tr->use_dir[i] & 1), dup = 0;
         for (int j = base; j < m && !dup; j++)
@@ -262,20 +268,23 @@ static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
     q->opt_res_off[o + 1] = m;
     if (q->nics > 1) {
         base = q->opt_nres_off[o];
-        need = base + tr->nuse + 1;
-        if (!q->opt_nres || need > q->opt_nres_cap) {
-            int nc = q->opt_nres_cap ? q->opt_nres_cap : chunk;
-            while (nc < need)
-                nc *= 2;
-            int *nr = realloc(q->opt_nres, sizeof(int) * nc);
-            if (!nr)
-                return -1;
-            q->opt_nres = nr;
-            q->opt_nres_cap = nc;
-        }
+        if (grow_ints(&q->opt_nres, &q->opt_nres_cap, base + tr->nuse + 1))
+            return -1;
         memcpy(q->opt_nres + base, tr->use_dir, sizeof(int) * tr->nuse);
         q->opt_nres_off[o + 1] = base + tr->nuse;
     }
+    return 0;
+}
+
+/* Entry o of a resource list (entries by offsets off) becomes a copy of
+ * the earlier entry `from`. */
+static int copy_entry(int **res, int *cap, int *off, int from, int o)
+{
+    int a = off[from], na = off[from + 1] - a, base = off[o];
+    if (grow_ints(res, cap, base + na + 1))
+        return -1;
+    memcpy(*res + base, *res + a, sizeof(int) * na);
+    off[o + 1] = base + na;
     return 0;
 }
 
@@ -283,37 +292,10 @@ static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
  * interchangeable task (appended like add_res). */
 static int copy_res(xm_prep_t *q, int from, int o)
 {
-    int a = q->opt_res_off[from], na = q->opt_res_off[from + 1] - a;
-    int base = q->opt_res_off[o];
-    if (base + na + 1 > q->opt_res_cap) {
-        int nc = q->opt_res_cap ? q->opt_res_cap : 1024;
-        while (nc < base + na + 1)
-            nc *= 2;
-        int *nr = realloc(q->opt_res, sizeof(int) * nc);
-        if (!nr)
-            return -1;
-        q->opt_res = nr;
-        q->opt_res_cap = nc;
-    }
-    memcpy(q->opt_res + base, q->opt_res + a, sizeof(int) * na);
-    q->opt_res_off[o + 1] = base + na;
-    if (q->nics > 1) {
-        a = q->opt_nres_off[from];
-        na = q->opt_nres_off[from + 1] - a;
-        base = q->opt_nres_off[o];
-        if (base + na + 1 > q->opt_nres_cap) {
-            int nc = q->opt_nres_cap ? q->opt_nres_cap : 1024;
-            while (nc < base + na + 1)
-                nc *= 2;
-            int *nr = realloc(q->opt_nres, sizeof(int) * nc);
-            if (!nr)
-                return -1;
-            q->opt_nres = nr;
-            q->opt_nres_cap = nc;
-        }
-        memcpy(q->opt_nres + base, q->opt_nres + a, sizeof(int) * na);
-        q->opt_nres_off[o + 1] = base + na;
-    }
+    if (copy_entry(&q->opt_res, &q->opt_res_cap, q->opt_res_off, from, o))
+        return -1;
+    if (q->nics > 1 && copy_entry(&q->opt_nres, &q->opt_nres_cap, q->opt_nres_off, from, o))
+        return -1;
     return 0;
 }
 

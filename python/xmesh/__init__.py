@@ -295,6 +295,20 @@ class _Handle:
                 self._h = h
                 _raise(rc, f"closing {type(self).__name__}")
 
+    def _close_children(self, *groups):
+        """Closes every handle of each group, then this handle; raises the
+        first error after all ran."""
+        first = None
+        for group in groups:
+            for h in list(group):
+                try:
+                    h.close()
+                except Error as e:
+                    first = first or e
+        self._release()
+        if first is not None:
+            raise first
+
     def __del__(self):
         # Unclosed handle collected: destroy it unless MPI is gone (after
         # MPI_Finalize the handle is leaked; the process is ending anyway).
@@ -356,16 +370,7 @@ class Context(_Handle):
         """Closes open plans (after their requests complete), meshes, then the context."""
         if self._h is None:
             return
-        first = None
-        for group in (list(self._plans), list(self._meshes)):
-            for h in group:
-                try:
-                    h.close()
-                except Error as e:
-                    first = first or e
-        self._release()
-        if first is not None:
-            raise first
+        self._close_children(list(self._plans), list(self._meshes))
 
     def __repr__(self):
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
@@ -648,15 +653,7 @@ class Plan(_Handle):
         """Waits for requests still in flight, then destroys the plan."""
         if self._h is None:
             return
-        first = None
-        for r in list(self._requests):
-            try:
-                r.close()
-            except Error as e:
-                first = first or e
-        self._release()
-        if first is not None:
-            raise first
+        self._close_children(self._requests)
 
     def __repr__(self):
         return f"<xmesh.Plan {self.src.spec!r} -> {self.dst.spec!r}{' closed' if self.closed else ''}>"

@@ -20,7 +20,10 @@
 
 #include <cmocka.h>
 
+#include "program_oracle.h"
 #include "xm_devplan.h"
+
+typedef po_case_t rcase_t;
 
 static uint64_t g_seed;
 
@@ -316,36 +319,6 @@ static int64_t elem_value(int64_t gidx, int p, int G)
     return p == 0 ? T - (G - 1) * D : D;
 }
 
-static void store(xmesh_dtype_t dt, void *base, int64_t i, int64_t v)
-{
-    switch (dt) {
-    case XMESH_U8:
-    case XMESH_I8:
-        ((uint8_t *)base)[i] = (uint8_t)v;
-        break;
-    case XMESH_I32:
-        ((int32_t *)base)[i] = (int32_t)v;
-        break;
-    case XMESH_I64:
-        ((int64_t *)base)[i] = v;
-        break;
-    case XMESH_F16:
-        ((uint16_t *)base)[i] = xm_f32_to_f16((float)v);
-        break;
-    case XMESH_BF16:
-        ((uint16_t *)base)[i] = xm_f32_to_bf16((float)v);
-        break;
-    case XMESH_F32:
-        ((float *)base)[i] = (float)v;
-        break;
-    case XMESH_F64:
-        ((double *)base)[i] = (double)v;
-        break;
-    default:
-        fail();
-    }
-}
-
 static int64_t load(xmesh_dtype_t dt, const void *base, int64_t i)
 {
     switch (dt) {
@@ -370,63 +343,6 @@ static int64_t load(xmesh_dtype_t dt, const void *base, int64_t i)
     return 0;
 }
 
-/* Partial-group coordinate of mesh index i: row-major over the P axes. */
-static int partial_coord(const xm_layout_t *l, int i, int *G)
-{
-    int coord[XM_MAX_MESH_DIMS], p = 0, g = 1;
-    xm_mesh_coord(&l->mesh, i, coord);
-    for (int a = 0; a < l->mesh.ndim; a++)
-        if (l->spec.partial_mask & (1u << a)) {
-            p = p * l->mesh.shape[a] + coord[a];
-            g *= l->mesh.shape[a];
-        }
-    *G = g;
-    return p;
-}
-
-typedef struct {
-    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], n;
-} blk_t;
-
-static void block_of(const xm_layout_t *l, int rank, blk_t *b)
-{
-    int i = xm_mesh_find(&l->mesh, rank);
-    b->n = 0;
-    if (i < 0)
-        return;
-    xm_layout_block(l, i, b->lo, b->hi);
-    b->n = 1;
-    for (int d = 0; d < l->ndim; d++)
-        b->n *= b->hi[d] - b->lo[d];
-}
-
-/* Global row-major index of local element k of block b. */
-static int64_t global_index(const xm_layout_t *l, const blk_t *b, int64_t k)
-{
-    int64_t m[XM_MAX_DIMS], g = 0;
-    for (int d = l->ndim - 1; d >= 0; d--) {
-        int64_t e = b->hi[d] - b->lo[d];
-        m[d] = b->lo[d] + k % e;
-        k /= e;
-    }
-    for (int d = 0; d < l->ndim; d++)
-        g = g * l->shape[d] + m[d];
-    return g;
-}
-
-typedef struct {
-    int ndim;
-    int64_t shape[XM_MAX_DIMS];
-    xmesh_dtype_t dt;
-    int src_nd, src_shape[XM_MAX_MESH_DIMS];
-    const char *src_spec;
-    int dst_nd, dst_shape[XM_MAX_MESH_DIMS];
-    const char *dst_spec;
-    int overlap;
-    int64_t chunk;
-    xmesh_strategy_t strategy;
-} rcase_t;
-
 /* A send of the current round, waiting for its receive. */
 typedef struct {
     int from, to, acc, matched;
@@ -438,40 +354,15 @@ typedef struct {
  * default budget) on a cluster model with k NICs per host. */
 static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err, size_t errlen)
 {
-    xm_hostmap_t hosts;
-    int *sdevs, *ddevs;
-    assert_int_equal(xm_hostmap_default(c->src_shape, c->src_nd, c->dst_shape, c->dst_nd,
-                                        c->overlap, &hosts, &sdevs, &ddevs),
-                     XMESH_SUCCESS);
-    xm_layout_t src, dst;
-    memset(&src, 0, sizeof src);
-    memset(&dst, 0, sizeof dst);
-    src.ndim = dst.ndim = c->ndim;
-    src.elem_size = dst.elem_size = xmesh_dtype_size(c->dt);
-    for (int d = 0; d < c->ndim; d++)
-        src.shape[d] = dst.shape[d] = c->shape[d];
-    src.mesh.ndim = c->src_nd;
-    dst.mesh.ndim = c->dst_nd;
-    src.mesh.ndev = dst.mesh.ndev = 1;
-    for (int a = 0; a < c->src_nd; a++)
-        src.mesh.ndev *= src.mesh.shape[a] = c->src_shape[a];
-    for (int a = 0; a < c->dst_nd; a++)
-        dst.mesh.ndev *= dst.mesh.shape[a] = c->dst_shape[a];
-    src.mesh.devs = sdevs;
-    dst.mesh.devs = ddevs;
-    if (xm_spec_parse(c->src_spec, c->ndim, c->src_nd, &src.spec) ||
-        xm_spec_parse(c->dst_spec, c->ndim, c->dst_nd, &dst.spec))
-        fail_msg("spec: %s", xmesh_last_error());
-    xm_taskset_t ts;
-    if (xm_decompose(&src, &dst, &hosts, &ts))
-        fail_msg("decompose: %s", xmesh_last_error());
+    po_world_t w;
+    po_world_init(c, &w);
     uint64_t rs = seed | 1;
     xm_schedule_t s;
     xm_cluster_t cl;
     if (sched == 0) {
-        fake_schedule(&ts, c->strategy == XMESH_STRATEGY_SENDRECV, &rs, &s);
+        fake_schedule(&w.ts, c->strategy == XMESH_STRATEGY_SENDRECV, &rs, &s);
     } else {
-        assert_int_equal(xm_cluster_init(&cl, &hosts), XMESH_SUCCESS);
+        assert_int_equal(xm_cluster_init(&cl, &w.hosts), XMESH_SUCCESS);
         cl.nics_per_host = sched;
         cl.chunk_bytes = c->chunk;
         xm_sched_opts_t so = {.kind = (xmesh_scheduler_t)(seed % XMESH_SCHEDULER_COUNT_),
@@ -482,25 +373,18 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
                               .strategy = c->strategy == XMESH_STRATEGY_BROADCAST
                                               ? XMESH_STRATEGY_BROADCAST
                                               : XMESH_STRATEGY_SENDRECV};
-        if (xm_schedule(&ts, &cl, &so, &s))
+        if (xm_schedule(&w.ts, &cl, &so, &s))
             fail_msg("xm_schedule: %s", xmesh_last_error());
     }
 
-    const int n = hosts.ndev;
-    const size_t es = src.elem_size;
-    xm_prog_in_t in = {.ts = &ts,
-                       .sched = &s,
-                       .hosts = &hosts,
-                       .src = &src,
-                       .dst = &dst,
-                       .strategy = c->strategy,
-                       .dtype = c->dt,
-                       .chunk_bytes = c->chunk};
+    const int n = w.hosts.ndev;
+    const size_t es = w.src.elem_size;
+    xm_prog_in_t in = po_prog_in(c, &w, &s);
     xm_devplan_t *dp = calloc(n, sizeof *dp);
     xm_rounds_it_t *it = calloc(n, sizeof *it);
     char **sbuf = calloc(n, sizeof(char *)), **dbuf = calloc(n, sizeof(char *));
     char **pool = calloc(n, sizeof(char *));
-    blk_t *sb = calloc(n, sizeof *sb), *db = calloc(n, sizeof *db);
+    po_blk_t *sb = calloc(n, sizeof *sb), *db = calloc(n, sizeof *db);
     xm_op_t **ops = calloc(n, sizeof(xm_op_t *));
     int *nops = calloc(n, sizeof(int)), *done = calloc(n, sizeof(int));
     int64_t *cur = calloc(n, sizeof(int64_t)), nrounds = 0;
@@ -510,15 +394,15 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
         if (xm_devplan_build(&in, r, &dp[r]))
             fail_msg("device plan of rank %d: %s", r, xmesh_last_error());
         nrounds = dp[r].nrounds;
-        block_of(&src, r, &sb[r]);
-        block_of(&dst, r, &db[r]);
+        po_block_of(&w.src, r, &sb[r]);
+        po_block_of(&w.dst, r, &db[r]);
         sbuf[r] = malloc(sb[r].n * es + 1);
         dbuf[r] = malloc(db[r].n * es + 1);
         memset(dbuf[r], 0xA5, db[r].n * es); /* poison: every element must be written */
-        int si = xm_mesh_find(&src.mesh, r), G = 1;
-        int pc = si >= 0 ? partial_coord(&src, si, &G) : 0;
+        int si = xm_mesh_find(&w.src.mesh, r), G = 1;
+        int pc = si >= 0 ? po_partial_coord(&w.src, si, &G) : 0;
         for (int64_t k = 0; k < sb[r].n; k++)
-            store(c->dt, sbuf[r], k, elem_value(global_index(&src, &sb[r], k), pc, G));
+            po_store(c->dt, sbuf[r], k, elem_value(po_global_index(&w.src, &sb[r], k), pc, G));
         pool[r] = calloc(1, (size_t)dp[r].pool_bytes + 1);
         assert_int_equal(xm_rounds_init(&dp[r].prog, &it[r]), XMESH_SUCCESS);
     }
@@ -656,9 +540,9 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
     for (int r = 0; r < n && !bad; r++) {
         int G = 1;
         if (db[r].n)
-            partial_coord(&src, 0, &G);
+            po_partial_coord(&w.src, 0, &G);
         for (int64_t k = 0; k < db[r].n && !bad; k++) {
-            int64_t g = global_index(&dst, &db[r], k), want = 0;
+            int64_t g = po_global_index(&w.dst, &db[r], k), want = 0;
             for (int p = 0; p < G; p++)
                 want += elem_value(g, p, G);
             int64_t got = load(c->dt, dbuf[r], k);
@@ -697,10 +581,7 @@ static int run_case_sched(const rcase_t *c, uint64_t seed, int sched, char *err,
         xm_schedule_free(&s);
         xm_cluster_free(&cl);
     }
-    xm_taskset_free(&ts);
-    xm_hostmap_free(&hosts);
-    free(sdevs);
-    free(ddevs);
+    po_world_free(&w);
     return bad;
 }
 

@@ -11,29 +11,7 @@
 
 #include "models/shapes_data.h"
 #include "models/utransformer.h"
-
-static int g_fail;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            g_fail++;                                                                              \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t g_state;
-static double urand(void) /* [0, 1) */
-{
-    g_state = g_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(g_state >> 11) * (1.0 / 9007199254740992.0);
-}
-static void fill(float *p, size_t n, double scale)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)((2.0 * urand() - 1.0) * scale);
-}
+#include "utrans_check.h"
 
 typedef struct {
     xmp_ut_layer_t *l;

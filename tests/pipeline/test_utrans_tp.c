@@ -17,29 +17,7 @@
 
 #include "models/utransformer.h"
 #include "models/utransformer_tp.h"
-
-static int g_fail, g_rank;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            g_fail++;                                                                              \
-            printf("rank %d FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t g_state;
-static double urand(void) /* [0, 1) */
-{
-    g_state = g_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(g_state >> 11) * (1.0 / 9007199254740992.0);
-}
-static void fill(float *p, size_t n, double scale)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (float)((2.0 * urand() - 1.0) * scale);
-}
+#include "utrans_check.h"
 
 /* Max |a - b| over n floats must be <= tol * (1 + max |b|); returns the scaled error. */
 static double cmp(const char *what, const char *layer, const float *a, const float *b, size_t n)

@@ -21,20 +21,10 @@
 #include <cmocka.h>
 
 #include "test_util.h"
+#include "program_oracle.h"
 #include "xm_program.h"
 
-typedef struct {
-    int ndim;
-    int64_t shape[XM_MAX_DIMS];
-    xmesh_dtype_t dt;
-    int src_nd, src_shape[XM_MAX_MESH_DIMS];
-    const char *src_spec;
-    int dst_nd, dst_shape[XM_MAX_MESH_DIMS];
-    const char *dst_spec;
-    int overlap;
-    int64_t chunk;
-    xmesh_strategy_t strategy;
-} pcase_t;
+typedef po_case_t pcase_t;
 
 /* The value element g must have at the destination, and group p's part of
  * it (parts of the G groups sum to it; small integers, exact in every
@@ -56,34 +46,6 @@ static int64_t part(int64_t g, int p, int G)
     return want(g) - s;
 }
 
-static void store(xmesh_dtype_t dt, void *b, int64_t i, int64_t v)
-{
-    switch (dt) {
-    case XMESH_U8:
-    case XMESH_I8:
-        ((uint8_t *)b)[i] = (uint8_t)(v & 0xff);
-        break;
-    case XMESH_I32:
-        ((uint32_t *)b)[i] = (uint32_t)v;
-        break;
-    case XMESH_I64:
-        ((int64_t *)b)[i] = v;
-        break;
-    case XMESH_F32:
-        ((float *)b)[i] = (float)v;
-        break;
-    case XMESH_F64:
-        ((double *)b)[i] = (double)v;
-        break;
-    case XMESH_F16:
-        ((uint16_t *)b)[i] = xm_f32_to_f16((float)v);
-        break;
-    default:
-        ((uint16_t *)b)[i] = xm_f32_to_bf16((float)v);
-        break;
-    }
-}
-
 static int64_t load(xmesh_dtype_t dt, const void *b, int64_t i)
 {
     switch (dt) {
@@ -103,51 +65,6 @@ static int64_t load(xmesh_dtype_t dt, const void *b, int64_t i)
     default:
         return (int64_t)xm_bf16_to_f32(((const uint16_t *)b)[i]);
     }
-}
-
-typedef struct {
-    int64_t lo[XM_MAX_DIMS], hi[XM_MAX_DIMS], n;
-    int idx;
-} blk_t;
-
-static void block_of(const xm_layout_t *l, int rank, blk_t *b)
-{
-    b->idx = xm_mesh_find(&l->mesh, rank);
-    b->n = 0;
-    if (b->idx < 0)
-        return;
-    xm_layout_block(l, b->idx, b->lo, b->hi);
-    b->n = 1;
-    for (int d = 0; d < l->ndim; d++)
-        b->n *= b->hi[d] - b->lo[d];
-}
-
-/* Global row-major index of local element k of block b. */
-static int64_t global_index(const xm_layout_t *l, const blk_t *b, int64_t k)
-{
-    int64_t m[XM_MAX_DIMS], g = 0;
-    for (int d = l->ndim - 1; d >= 0; d--) {
-        int64_t e = b->hi[d] - b->lo[d];
-        m[d] = b->lo[d] + k % e;
-        k /= e;
-    }
-    for (int d = 0; d < l->ndim; d++)
-        g = g * l->shape[d] + m[d];
-    return g;
-}
-
-/* Partial group of mesh index i: row-major over the P axes. */
-static int partial_coord(const xm_layout_t *l, int i, int *G)
-{
-    int coord[XM_MAX_MESH_DIMS], p = 0, g = 1;
-    xm_mesh_coord(&l->mesh, i, coord);
-    for (int a = 0; a < l->mesh.ndim; a++)
-        if (l->spec.partial_mask & (1u << a)) {
-            p = p * l->mesh.shape[a] + coord[a];
-            g *= l->mesh.shape[a];
-        }
-    *G = g;
-    return p;
 }
 
 /* A message on a hop: chunk payload plus what the sender thinks it is. */
@@ -480,14 +397,14 @@ static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t
 }
 
 /* Compares every destination element with its value. */
-static int check_dst(const pcase_t *c, const xm_layout_t *dst, rank_t *R, const blk_t *db, int n,
+static int check_dst(const pcase_t *c, const xm_layout_t *dst, rank_t *R, const po_blk_t *db, int n,
                      const char *how, char *err, size_t errlen)
 {
     for (int r = 0; r < n; r++)
         for (int64_t e = 0; e < db[r].n; e++) {
-            int64_t g = global_index(dst, &db[r], e);
+            int64_t g = po_global_index(dst, &db[r], e);
             int64_t tmp[1];
-            store(c->dt, tmp, 0, want(g)); /* the value as the dtype holds it */
+            po_store(c->dt, tmp, 0, want(g)); /* the value as the dtype holds it */
             int64_t got = load(c->dt, R[r].dst, e), exp = load(c->dt, tmp, 0);
             if (got != exp) {
                 snprintf(err, errlen,
@@ -501,35 +418,10 @@ static int check_dst(const pcase_t *c, const xm_layout_t *dst, rank_t *R, const 
 
 static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
 {
-    xm_hostmap_t hosts;
-    int *sdevs, *ddevs;
-    assert_int_equal(xm_hostmap_default(c->src_shape, c->src_nd, c->dst_shape, c->dst_nd,
-                                        c->overlap, &hosts, &sdevs, &ddevs),
-                     XMESH_SUCCESS);
-    xm_layout_t src, dst;
-    memset(&src, 0, sizeof src);
-    memset(&dst, 0, sizeof dst);
-    src.ndim = dst.ndim = c->ndim;
-    src.elem_size = dst.elem_size = xmesh_dtype_size(c->dt);
-    for (int d = 0; d < c->ndim; d++)
-        src.shape[d] = dst.shape[d] = c->shape[d];
-    src.mesh.ndim = c->src_nd;
-    dst.mesh.ndim = c->dst_nd;
-    src.mesh.ndev = dst.mesh.ndev = 1;
-    for (int a = 0; a < c->src_nd; a++)
-        src.mesh.ndev *= src.mesh.shape[a] = c->src_shape[a];
-    for (int a = 0; a < c->dst_nd; a++)
-        dst.mesh.ndev *= dst.mesh.shape[a] = c->dst_shape[a];
-    src.mesh.devs = sdevs;
-    dst.mesh.devs = ddevs;
-    if (xm_spec_parse(c->src_spec, c->ndim, c->src_nd, &src.spec) ||
-        xm_spec_parse(c->dst_spec, c->ndim, c->dst_nd, &dst.spec))
-        fail_msg("spec: %s", xmesh_last_error());
-    xm_taskset_t ts;
-    if (xm_decompose(&src, &dst, &hosts, &ts))
-        fail_msg("decompose: %s", xmesh_last_error());
+    po_world_t w;
+    po_world_init(c, &w);
     xm_cluster_t cl;
-    assert_int_equal(xm_cluster_init(&cl, &hosts), XMESH_SUCCESS);
+    assert_int_equal(xm_cluster_init(&cl, &w.hosts), XMESH_SUCCESS);
     cl.nics_per_host = 1 + (int)(seed % 2);
     cl.chunk_bytes = c->chunk;
     /* all-gather: senders and order from the send/recv model (api.c) */
@@ -540,24 +432,17 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
                                           ? XMESH_STRATEGY_BROADCAST
                                           : XMESH_STRATEGY_SENDRECV};
     xm_schedule_t s;
-    if (xm_schedule(&ts, &cl, &so, &s))
+    if (xm_schedule(&w.ts, &cl, &so, &s))
         fail_msg("xm_schedule: %s", xmesh_last_error());
-    xm_prog_in_t in = {.ts = &ts,
-                       .sched = &s,
-                       .hosts = &hosts,
-                       .src = &src,
-                       .dst = &dst,
-                       .strategy = c->strategy,
-                       .dtype = c->dt,
-                       .chunk_bytes = c->chunk};
+    xm_prog_in_t in = po_prog_in(c, &w, &s);
     xm_chains_t ch;
     if (xm_chains_build(&in, &ch))
         fail_msg("chains: %s", xmesh_last_error());
-    const int n = hosts.ndev;
-    const size_t es = src.elem_size;
+    const int n = w.hosts.ndev;
+    const size_t es = w.src.elem_size;
     rank_t *R = calloc(n, sizeof *R);
     hop_t *hops = calloc(ch.nhops + 1, sizeof *hops);
-    blk_t *sb = calloc(n, sizeof *sb), *db = calloc(n, sizeof *db);
+    po_blk_t *sb = calloc(n, sizeof *sb), *db = calloc(n, sizeof *db);
     assert_non_null(R);
     assert_non_null(hops);
     int bad = 0;
@@ -566,14 +451,14 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
         if (xm_program_build(&in, &ch, r, &k->prog))
             fail_msg("program of rank %d: %s", r, xmesh_last_error());
         assert_int_equal(k->prog.nhops, ch.nhops);
-        block_of(&src, r, &sb[r]);
-        block_of(&dst, r, &db[r]);
+        po_block_of(&w.src, r, &sb[r]);
+        po_block_of(&w.dst, r, &db[r]);
         k->src = malloc(sb[r].n * es + 1);
         k->dst = malloc(db[r].n * es + 1);
         memset(k->dst, 0xA5, db[r].n * es); /* poison: every element must be written */
-        int G = 1, pc = sb[r].idx >= 0 ? partial_coord(&src, sb[r].idx, &G) : 0;
+        int G = 1, pc = sb[r].idx >= 0 ? po_partial_coord(&w.src, sb[r].idx, &G) : 0;
         for (int64_t e = 0; e < sb[r].n; e++)
-            store(c->dt, k->src, e, part(global_index(&src, &sb[r], e), pc, G));
+            po_store(c->dt, k->src, e, part(po_global_index(&w.src, &sb[r], e), pc, G));
         k->buf = malloc((size_t)(k->prog.chunk_elems * (int64_t)(k->prog.acc_es + es)));
         k->next_chunk = calloc(k->prog.nsteps + 1, sizeof(int64_t));
         k->done = calloc(k->prog.nsteps + 1, 1);
@@ -618,13 +503,13 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
                 bad = 1;
             }
     if (!bad)
-        bad = check_dst(c, &dst, R, db, n, "asynchronous", err, errlen);
+        bad = check_dst(c, &w.dst, R, db, n, "asynchronous", err, errlen);
     if (!bad) { /* the same programs in lockstep rounds (NCCL) */
         for (int r = 0; r < n; r++)
             memset(R[r].dst, 0xA5, db[r].n * es);
         bad = run_rounds(R, n, &ch, err, errlen);
         if (!bad)
-            bad = check_dst(c, &dst, R, db, n, "rounds", err, errlen);
+            bad = check_dst(c, &w.dst, R, db, n, "rounds", err, errlen);
     }
     for (int h = 0; h < ch.nhops; h++) {
         for (int64_t cc = 0; cc < hops[h].n; cc++)
@@ -647,10 +532,7 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
     xm_chains_free(&ch);
     xm_schedule_free(&s);
     xm_cluster_free(&cl);
-    xm_taskset_free(&ts);
-    xm_hostmap_free(&hosts);
-    free(sdevs);
-    free(ddevs);
+    po_world_free(&w);
     return bad;
 }
 
