@@ -380,6 +380,11 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.host_nics = calloc(q.nhosts + 1, sizeof(int));
     q.recv_is_holder = calloc(nrecv_total + 1, 1);
     q.recv_covered = calloc(nrecv_total + 1, 1);
+    xm_hint_huge(q.opt_hosts, sizeof(int) * (size_t)nopt_total);
+    xm_hint_huge(q.opt_dur, sizeof(double) * (size_t)nopt_total);
+    xm_hint_huge(q.opt_res_off, sizeof(int) * (size_t)nopt_total);
+    xm_hint_huge(q.need_off, sizeof(int) * (size_t)n);
+    xm_hint_huge(q.pt, sizeof *q.pt * (size_t)n);
     xm_state_t st;
     xm_troutes_t tr;
     xm_undo_t undo;
@@ -409,6 +414,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
      * array, so passes cost more than their arithmetic): options, receiver
      * facts, usable NICs, receiver hosts lacking a full value, class. */
     q.need_hosts = malloc(sizeof(int) * (nrecv_sum + 1));
+    xm_hint_huge(q.need_hosts, sizeof(int) * (size_t)nrecv_sum);
     if (classes_grow(&cls, 1024) || !q.need_hosts) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;

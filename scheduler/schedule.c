@@ -49,6 +49,7 @@ static int grow(void **buf, int64_t *cap, int64_t need, size_t sz)
         return -1;
     *buf = nb;
     *cap = nc;
+    xm_hint_huge(nb, sz * (size_t)nc);
     return 0;
 }
 
@@ -77,6 +78,10 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     s.order = malloc(sizeof(int) * (n + 1));
     s.sender = malloc(sizeof(int) * ((size_t)n * G + 1));
     s.task_route_off = calloc(n + 1, sizeof(int));
+    xm_hint_huge(at, sizeof(int64_t) * 3 * (size_t)n);
+    xm_hint_huge(s.order, sizeof(int) * (size_t)n);
+    xm_hint_huge(s.sender, sizeof(int) * (size_t)n * G);
+    xm_hint_huge(s.task_route_off, sizeof(int) * (size_t)n);
     if (!at || !s.order || !s.sender || !s.task_route_off) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free;
@@ -116,6 +121,8 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     s.nroutes = s.task_route_off[n];
     s.routes = malloc(sizeof *s.routes * (s.nroutes + 1));
     s.route_devs = malloc(sizeof(int) * (nd + 1));
+    xm_hint_huge(s.routes, sizeof *s.routes * (size_t)s.nroutes);
+    xm_hint_huge(s.route_devs, sizeof(int) * (size_t)nd);
     if (!s.routes || !s.route_devs) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d routes", s.nroutes);
         goto out_free;
