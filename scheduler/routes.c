@@ -601,24 +601,30 @@ void xm_state_free(xm_state_t *s)
     memset(s, 0, sizeof *s);
 }
 
-static void undo_set(xm_undo_t *u, double *ptr, double v)
+static void undo_record(xm_undo_t *u, double *ptr)
 {
-    if (u) {
-        if (u->n == u->cap) {
-            int nc = u->cap ? 2 * u->cap : 256;
-            double **np = realloc(u->ptr, sizeof *np * nc);
-            if (np)
-                u->ptr = np;
-            double *no = realloc(u->old, sizeof *no * nc);
-            if (no)
-                u->old = no;
-            if (!np || !no)
-                abort(); /* out of memory in a search: nothing sensible to return */
-            u->cap = nc;
-        }
-        u->ptr[u->n] = ptr;
-        u->old[u->n++] = *ptr;
+    if (u->n == u->cap) {
+        int nc = u->cap ? 2 * u->cap : 256;
+        double **np = realloc(u->ptr, sizeof *np * nc);
+        if (np)
+            u->ptr = np;
+        double *no = realloc(u->old, sizeof *no * nc);
+        if (no)
+            u->old = no;
+        if (!np || !no)
+            abort(); /* out of memory in a search: nothing sensible to return */
+        u->cap = nc;
     }
+    u->ptr[u->n] = ptr;
+    u->old[u->n++] = *ptr;
+}
+
+/* Sets *ptr = v, recording the old value when undo is on (the plan's final
+ * pass runs without: keep that path a plain store). */
+static inline void undo_set(xm_undo_t *u, double *ptr, double v)
+{
+    if (u)
+        undo_record(u, ptr);
     *ptr = v;
 }
 
@@ -939,7 +945,7 @@ static void build_routes(const xm_prep_t *p, const xm_state_t *s, int t, const i
 
 /* ----------------------------------------------------------- timing */
 
-static void use_dir(xm_troutes_t *r, int dir)
+static inline void use_dir(xm_troutes_t *r, int dir)
 {
     for (int i = 0; i < r->nuse; i++)
         if (r->use_dir[i] == dir) {
@@ -969,6 +975,9 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
         K = 1;
     double ch = B / (double)K, inter = hop_bw(c), dur = 0;
     double fill = c->send_ahead > 1 ? (c->send_ahead < K ? c->send_ahead : (double)K) : 1.0;
+    /* first-window cost of an intra-host and of an inter-host hop */
+    double win_intra = c->latency_s + fill * ch / c->intra_Bps;
+    double win_inter = c->latency_s + fill * ch / inter;
     r->nuse = 0;
     for (int q = 0; q < r->nroutes; q++) {
         const xm_route_t *rt = &r->routes[q];
@@ -979,13 +988,14 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
         } else {
             double sum = 0, bmin = INFINITY;
             for (int h = 0; h + 1 < rt->len; h++) {
-                double bw = c->intra_Bps;
+                double bw = c->intra_Bps, win = win_intra;
                 if (p->dev_host[d[h]] != p->dev_host[d[h + 1]]) {
                     bw = inter;
+                    win = win_inter;
                     use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
                     use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
                 }
-                sum += c->latency_s + fill * ch / bw;
+                sum += win;
                 if (bw < bmin)
                     bmin = bw;
             }

@@ -103,12 +103,17 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
         at[3 * (size_t)t] = nr;
         at[3 * (size_t)t + 1] = nd;
         at[3 * (size_t)t + 2] = tr.ndevs;
-        memcpy(rbuf + nr, tr.routes, sizeof *rbuf * tr.nroutes);
-        memcpy(dbuf + nd, tr.devs, sizeof *dbuf * tr.ndevs);
+        /* a few entries per task: plain loops beat memcpy calls */
+        for (int q = 0; q < tr.nroutes; q++)
+            rbuf[nr + q] = tr.routes[q];
+        for (int q = 0; q < tr.ndevs; q++)
+            dbuf[nd + q] = tr.devs[q];
         nr += tr.nroutes;
         nd += tr.ndevs;
         s.task_route_off[t + 1] = tr.nroutes;
-        memcpy(s.sender + (size_t)t * G, tr.senders, sizeof(int) * p->ts->tasks[t].ngroups);
+        int *snd = s.sender + (size_t)t * G;
+        for (int g = 0, ng = p->ts->tasks[t].ngroups; g < ng; g++)
+            snd[g] = tr.senders[g];
     }
     s.makespan_s = st.makespan;
     if (nr > INT32_MAX || nd > INT32_MAX) {
@@ -133,7 +138,8 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     for (int t = 0; t < n; t++) {
         int q0 = s.task_route_off[t], nq = s.task_route_off[t + 1] - q0;
         int64_t r0 = at[3 * (size_t)t], d0 = at[3 * (size_t)t + 1], tdevs = at[3 * (size_t)t + 2];
-        memcpy(s.route_devs + doff, dbuf + d0, sizeof(int) * tdevs);
+        for (int64_t q = 0; q < tdevs; q++)
+            s.route_devs[doff + q] = dbuf[d0 + q];
         for (int q = 0; q < nq; q++) {
             xm_route_t rt = rbuf[r0 + q];
             rt.off += (int)doff;
