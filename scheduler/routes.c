@@ -374,7 +374,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     /* per-NIC directions only matter with several NICs per host */
     q.opt_nres_off = calloc(q.nics > 1 ? nopt_total + 2 : 2, sizeof(int));
     q.need_off = calloc(n + 2, sizeof(int));
-    q.pt = calloc(n > 0 ? n : 1, sizeof *q.pt);
+    /* every field is set by the pass below: no zeroing of 48 bytes per task */
+    q.pt = malloc(sizeof *q.pt * (n > 0 ? n : 1));
     q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
     q.nic_ok = calloc(q.nnics + 1, 1);
     q.host_nics = calloc(q.nhosts + 1, sizeof(int));
@@ -426,6 +427,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         int nh = k->ngroups * k->group_size;
         xm_prep_task_t *pt = &q.pt[t];
         pt->opt_off = off;
+        pt->needs_nic = 0;
         for (int i = 0; i < nh; i++) {
             q.opt_hosts[off + i] = q.dev_host[hd[i]];
             q.nic_ok[q.dev_nic[hd[i]]] = 1;
