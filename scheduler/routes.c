@@ -356,12 +356,18 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     /* per-NIC directions only matter with several NICs per host */
     q.opt_nres_off = calloc(q.nics > 1 ? nopt_total + 2 : 2, sizeof(int));
     q.need_off = calloc(n + 2, sizeof(int));
-    q.pt = calloc(n > 0 ? n : 1, sizeof *q.pt);
+    /* every field is set by the pass below: no zeroing of 48 bytes per task */
+    q.pt = malloc(sizeof *q.pt * (n > 0 ? n : 1));
     q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
     q.nic_ok = calloc(q.nnics + 1, 1);
     q.host_nics = calloc(q.nhosts + 1, sizeof(int));
     q.recv_is_holder = calloc(nrecv_total + 1, 1);
     q.recv_covered = calloc(nrecv_total + 1, 1);
+    xm_hint_huge(q.opt_hosts, sizeof(int) * (size_t)nopt_total);
+    xm_hint_huge(q.opt_dur, sizeof(double) * (size_t)nopt_total);
+    xm_hint_huge(q.opt_res_off, sizeof(int) * (size_t)nopt_total);
+    xm_hint_huge(q.need_off, sizeof(int) * (size_t)n);
+    xm_hint_huge(q.pt, sizeof *q.pt * (size_t)n);
     xm_state_t st;
     xm_troutes_t tr;
     xm_undo_t undo;
@@ -391,6 +397,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
      * array, so passes cost more than their arithmetic): options, receiver
      * facts, usable NICs, receiver hosts lacking a full value, class. */
     q.need_hosts = malloc(sizeof(int) * (nrecv_sum + 1));
+    xm_hint_huge(q.need_hosts, sizeof(int) * (size_t)nrecv_sum);
     if (classes_grow(&cls, 1024) || !q.need_hosts) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
@@ -402,6 +409,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         int nh = k->ngroups * k->group_size;
         xm_prep_task_t *pt = &q.pt[t];
         pt->opt_off = off;
+        pt->needs_nic = 0;
         for (int i = 0; i < nh; i++) {
             q.opt_hosts[off + i] = q.dev_host[hd[i]];
             q.nic_ok[q.dev_nic[hd[i]]] = 1;
@@ -577,24 +585,30 @@ void xm_state_free(xm_state_t *s)
     memset(s, 0, sizeof *s);
 }
 
-static void undo_set(xm_undo_t *u, double *ptr, double v)
+static void undo_record(xm_undo_t *u, double *ptr)
 {
-    if (u) {
-        if (u->n == u->cap) {
-            int nc = u->cap ? 2 * u->cap : 256;
-            double **np = realloc(u->ptr, sizeof *np * nc);
-            if (np)
-                u->ptr = np;
-            double *no = realloc(u->old, sizeof *no * nc);
-            if (no)
-                u->old = no;
-            if (!np || !no)
-                abort(); /* out of memory in a search: nothing sensible to return */
-            u->cap = nc;
-        }
-        u->ptr[u->n] = ptr;
-        u->old[u->n++] = *ptr;
+    if (u->n == u->cap) {
+        int nc = u->cap ? 2 * u->cap : 256;
+        double **np = realloc(u->ptr, sizeof *np * nc);
+        if (np)
+            u->ptr = np;
+        double *no = realloc(u->old, sizeof *no * nc);
+        if (no)
+            u->old = no;
+        if (!np || !no)
+            abort(); /* out of memory in a search: nothing sensible to return */
+        u->cap = nc;
     }
+    u->ptr[u->n] = ptr;
+    u->old[u->n++] = *ptr;
+}
+
+/* Sets *ptr = v, recording the old value when undo is on (the plan's final
+ * pass runs without: keep that path a plain store). */
+static inline void undo_set(xm_undo_t *u, double *ptr, double v)
+{
+    if (u)
+        undo_record(u, ptr);
     *ptr = v;
 }
 
@@ -915,7 +929,7 @@ static void build_routes(const xm_prep_t *p, const xm_state_t *s, int t, const i
 
 /* ----------------------------------------------------------- timing */
 
-static void use_dir(xm_troutes_t *r, int dir)
+static inline void use_dir(xm_troutes_t *r, int dir)
 {
     for (int i = 0; i < r->nuse; i++)
         if (r->use_dir[i] == dir) {
@@ -945,6 +959,9 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
         K = 1;
     double ch = B / (double)K, inter = hop_bw(c), dur = 0;
     double fill = c->send_ahead > 1 ? (c->send_ahead < K ? c->send_ahead : (double)K) : 1.0;
+    /* first-window cost of an intra-host and of an inter-host hop */
+    double win_intra = c->latency_s + fill * ch / c->intra_Bps;
+    double win_inter = c->latency_s + fill * ch / inter;
     r->nuse = 0;
     for (int q = 0; q < r->nroutes; q++) {
         const xm_route_t *rt = &r->routes[q];
@@ -955,13 +972,14 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
         } else {
             double sum = 0, bmin = INFINITY;
             for (int h = 0; h + 1 < rt->len; h++) {
-                double bw = c->intra_Bps;
+                double bw = c->intra_Bps, win = win_intra;
                 if (p->dev_host[d[h]] != p->dev_host[d[h + 1]]) {
                     bw = inter;
+                    win = win_inter;
                     use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
                     use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
                 }
-                sum += c->latency_s + fill * ch / bw;
+                sum += win;
                 if (bw < bmin)
                     bmin = bw;
             }

@@ -49,6 +49,7 @@ static int grow(void **buf, int64_t *cap, int64_t need, size_t sz)
         return -1;
     *buf = nb;
     *cap = nc;
+    xm_hint_huge(nb, sz * (size_t)nc);
     return 0;
 }
 
@@ -77,6 +78,10 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     s.order = malloc(sizeof(int) * (n + 1));
     s.sender = malloc(sizeof(int) * ((size_t)n * G + 1));
     s.task_route_off = calloc(n + 1, sizeof(int));
+    xm_hint_huge(at, sizeof(int64_t) * 3 * (size_t)n);
+    xm_hint_huge(s.order, sizeof(int) * (size_t)n);
+    xm_hint_huge(s.sender, sizeof(int) * (size_t)n * G);
+    xm_hint_huge(s.task_route_off, sizeof(int) * (size_t)n);
     if (!at || !s.order || !s.sender || !s.task_route_off) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free;
@@ -98,12 +103,17 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
         at[3 * (size_t)t] = nr;
         at[3 * (size_t)t + 1] = nd;
         at[3 * (size_t)t + 2] = tr.ndevs;
-        memcpy(rbuf + nr, tr.routes, sizeof *rbuf * tr.nroutes);
-        memcpy(dbuf + nd, tr.devs, sizeof *dbuf * tr.ndevs);
+        /* a few entries per task: plain loops beat memcpy calls */
+        for (int q = 0; q < tr.nroutes; q++)
+            rbuf[nr + q] = tr.routes[q];
+        for (int q = 0; q < tr.ndevs; q++)
+            dbuf[nd + q] = tr.devs[q];
         nr += tr.nroutes;
         nd += tr.ndevs;
         s.task_route_off[t + 1] = tr.nroutes;
-        memcpy(s.sender + (size_t)t * G, tr.senders, sizeof(int) * p->ts->tasks[t].ngroups);
+        int *snd = s.sender + (size_t)t * G;
+        for (int g = 0, ng = p->ts->tasks[t].ngroups; g < ng; g++)
+            snd[g] = tr.senders[g];
     }
     s.makespan_s = st.makespan;
     if (nr > INT32_MAX || nd > INT32_MAX) {
@@ -116,6 +126,8 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     s.nroutes = s.task_route_off[n];
     s.routes = malloc(sizeof *s.routes * (s.nroutes + 1));
     s.route_devs = malloc(sizeof(int) * (nd + 1));
+    xm_hint_huge(s.routes, sizeof *s.routes * (size_t)s.nroutes);
+    xm_hint_huge(s.route_devs, sizeof(int) * (size_t)nd);
     if (!s.routes || !s.route_devs) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d routes", s.nroutes);
         goto out_free;
@@ -126,7 +138,8 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     for (int t = 0; t < n; t++) {
         int q0 = s.task_route_off[t], nq = s.task_route_off[t + 1] - q0;
         int64_t r0 = at[3 * (size_t)t], d0 = at[3 * (size_t)t + 1], tdevs = at[3 * (size_t)t + 2];
-        memcpy(s.route_devs + doff, dbuf + d0, sizeof(int) * tdevs);
+        for (int64_t q = 0; q < tdevs; q++)
+            s.route_devs[doff + q] = dbuf[d0 + q];
         for (int q = 0; q < nq; q++) {
             xm_route_t rt = rbuf[r0 + q];
             rt.off += (int)doff;

@@ -242,6 +242,7 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     skey = malloc(sizeof *skey * (na + 1));
     dkey = malloc(sizeof *dkey * (nb + 1));
     ts.tasks = malloc(sizeof *ts.tasks * (nboxes ? nboxes : 1));
+    xm_hint_huge(ts.tasks, sizeof *ts.tasks * (size_t)nboxes);
     if (!stuple || !dtuple || !skey || !dkey || !ts.tasks) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "decompose: out of memory for %lld boxes",
                    (long long)nboxes);
@@ -313,6 +314,8 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     int nhold = (int)(na / sprod), nrecv = (int)(nb / dprod);
     ts.holders = malloc(sizeof(int) * (nboxes * nhold + 1));
     ts.recvs = malloc(sizeof(int) * (nboxes * nrecv + 1));
+    xm_hint_huge(ts.holders, sizeof(int) * (size_t)(nboxes * nhold));
+    xm_hint_huge(ts.recvs, sizeof(int) * (size_t)(nboxes * nrecv));
     if (!ts.holders || !ts.recvs) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "decompose: out of memory for %lld boxes",
                    (long long)nboxes);
