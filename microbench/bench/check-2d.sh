@@ -47,5 +47,25 @@ if grep '"suite": "2d"' "$json" | grep -v '"wrong": 0,' | grep -q .; then
     echo "FAIL: some row has wrong elements"
     fail=1
 fi
-[ $fail -eq 0 ] && echo "PASS: 2d suite, every destination element correct"
+# The same cases with -R: xmesh sees the one real host, so every hop is a
+# shared-memory hop that keeps its whole window of sends in flight (8 MiB:
+# tasks of several 256 KiB chunks).
+"$mpiexec" "$npflag" 8 --oversubscribe "$@" "$bench" -s 2d -b 8M -n 1 -w 1 -V 2 -R -k 0 -B -p 1 \
+    -m xmesh -J "$json"
+rc=$?
+if [ $rc -ne 0 ]; then
+    echo "FAIL: xmesh-bench -R exited $rc (wrong elements or failed rows, see above)"
+    fail=1
+elif [ "$(rows xmesh ok)" -ne 8 ] || [ "$(allrows xmesh)" -ne 8 ]; then
+    echo "FAIL: xmesh -R (one real host): $(rows xmesh ok) of 8 cases ran with 0 wrong elements"
+    fail=1
+fi
+# -R alone is refused, naming it.
+out=$("$mpiexec" "$npflag" 1 --oversubscribe "$@" "$bench" -s 2d -R 2>&1)
+rc=$?
+if [ $rc -ne 2 ] || ! printf '%s' "$out" | grep -q -- '-R needs -V'; then
+    echo "FAIL: xmesh-bench -R without -V: exit $rc, want 2 and a message naming -R: $out"
+    fail=1
+fi
+[ $fail -eq 0 ] && echo "PASS: 2d suite, every destination element correct (virtual and one real host)"
 exit $fail

@@ -1172,6 +1172,10 @@ int main(int argc, char **argv)
             bad = 1;
         }
     }
+    if (O.real_hosts && O.virtual_hosts < 1) {
+        snprintf(badmsg, sizeof badmsg, ": -R needs -V n (it only changes what -V does)");
+        bad = 1;
+    }
     const suite_t *suite = NULL;
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++)
         if (!strcmp(suites[i].name, O.suite))
