@@ -1,4 +1,4 @@
-/* The paper's Table 2 benchmark cases (../shared/BENCH_CASES.md), shared by
+/* The paper's Table 2 benchmark cases (docs/BENCH_CASES.md), shared by
  * xmesh-plan, the scheduler benchmark and the tests. */
 #ifndef XM_CASES_H
 #define XM_CASES_H

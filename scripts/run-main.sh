@@ -12,5 +12,5 @@ cmake --build build -j "${XMESH_JOBS:-2}"
 if [ -x scripts/run-bench.sh ] && [ -z "${XMESH_PLAN_ONLY:-}" ]; then
   exec scripts/run-bench.sh "$@"
 fi
-echo "xmesh-plan over the paper's Table 2 cases (../shared/BENCH_CASES.md):"
+echo "xmesh-plan over the paper's Table 2 cases (docs/BENCH_CASES.md):"
 exec build/tools/xmesh-plan --all-cases "$@"

@@ -65,7 +65,7 @@ static int is_grid(const case_def_t *def)
     return def->shape_kind >= 3;
 }
 
-/* Paper 002 Table 2 (../shared/BENCH_CASES.md). Tensor (1024,1024,512)
+/* Paper 002 Table 2 (docs/BENCH_CASES.md). Tensor (1024,1024,512)
  * scaled to the requested bytes keeping its 2:2:1 aspect. */
 static const case_def_t n_to_m_cases[] = {
     {"1", {2, 4}, {2, 4}, "S0RR", "S0RR", 0}, {"2", {2, 4}, {2, 4}, "RRR", "S0RR", 0},
