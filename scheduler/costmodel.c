@@ -100,8 +100,11 @@ static int geom_eq(const xm_coll_geom_t *a, const xm_coll_geom_t *b)
            a->hosts == b->hosts && a->share == b->share;
 }
 
-/* Checks a geometry; where names the context for the message. */
-static xmesh_result_t check_geom(const xm_coll_geom_t *g, const char *where)
+/* Checks a geometry; where names the context for the message. uneven: a
+ * query may have ranks_per_host as the most ranks on one host (every other
+ * host at least one: rph + hosts - 1 <= p <= rph * hosts); records are
+ * even (p = rph * hosts). */
+static xmesh_result_t check_geom(const xm_coll_geom_t *g, const char *where, int uneven)
 {
     const char *bad = g->group_size < 1       ? "p"
                       : g->ranks_per_host < 1 ? "ranks_per_host"
@@ -113,9 +116,16 @@ static xmesh_result_t check_geom(const xm_coll_geom_t *g, const char *where)
                       "%s: field %s must be >= 1 (p %d, ranks_per_host "
                       "%d, hosts %d, share %d)",
                       where, bad, g->group_size, g->ranks_per_host, g->hosts, g->share);
-    if ((int64_t)g->ranks_per_host * g->hosts != g->group_size)
+    int64_t most = (int64_t)g->ranks_per_host * g->hosts,
+            least = (int64_t)g->ranks_per_host + g->hosts - 1;
+    if (!uneven && most != g->group_size)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: p %d != ranks_per_host %d * hosts %d", where,
                       g->group_size, g->ranks_per_host, g->hosts);
+    if (uneven && (g->group_size > most || g->group_size < least))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: p %d ranks cannot span %d hosts with at most %d on one (need "
+                      "ranks_per_host + hosts - 1 <= p <= ranks_per_host * hosts)",
+                      where, g->group_size, g->hosts, g->ranks_per_host);
     return XMESH_SUCCESS;
 }
 
@@ -124,7 +134,7 @@ static xmesh_result_t check_coll(const xm_coll_rec_t *r, const char *where)
     if (!xm_coll_name(r->kind))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field kind: %d is not a collective", where,
                       (int)r->kind);
-    xmesh_result_t e = check_geom(&r->g, where);
+    xmesh_result_t e = check_geom(&r->g, where, 0);
     if (e)
         return e;
     if (r->g.group_size < 2)
@@ -521,7 +531,7 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
     if (!xm_coll_name(kind))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_cost_collective: kind %d out of range",
                       (int)kind);
-    xmesh_result_t e = check_geom(g, "xm_cost_collective");
+    xmesh_result_t e = check_geom(g, "xm_cost_collective", 1);
     if (e)
         return e;
     if (!(bytes >= 0) || !isfinite(bytes))
@@ -535,7 +545,7 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
         return XMESH_SUCCESS;
     }
     int cross = g->hosts > 1, best = -1, seen = 0;
-    double bestd = INFINITY;
+    double bestr = INFINITY, bestd = INFINITY;
     for (int i = 0; i < m->ncoll; i++) {
         const xm_coll_rec_t *c = &m->coll[i];
         if (c->kind != kind || (c->g.hosts > 1) != cross)
@@ -543,10 +553,12 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
         seen++;
         if (!(c->fit.beta > 0))
             continue;
-        double d = l2(c->g.group_size, g->group_size) + l2(c->g.ranks_per_host, g->ranks_per_host) +
-                   l2(c->g.share, g->share);
-        if (d < bestd)
-            bestd = d, best = i;
+        /* ranks_per_host first (nothing scales it), then p and share (the
+         * steps and the NIC sharing scale those) */
+        double dr = l2(c->g.ranks_per_host, g->ranks_per_host),
+               d = l2(c->g.group_size, g->group_size) + l2(c->g.share, g->share);
+        if (dr < bestr || (dr == bestr && d < bestd))
+            bestr = dr, bestd = d, best = i;
     }
     if (best < 0)
         return XM_ERR(XMESH_ERR_UNSUPPORTED,

@@ -59,8 +59,8 @@ int xm_coll_steps(xm_coll_t kind, int p);
 
 typedef struct xm_coll_geom {
     int group_size;     /* p */
-    int ranks_per_host; /* ranks of the group on each host it spans */
-    int hosts;          /* hosts the group spans; p = ranks_per_host * hosts */
+    int ranks_per_host; /* ranks of the group on each host it spans (a query's: the most on one) */
+    int hosts;          /* hosts the group spans; p = ranks_per_host * hosts in a record */
     int share;          /* groups of this geometry running at once on the same hosts, >= 1 */
 } xm_coll_geom_t;
 
@@ -127,13 +127,16 @@ typedef struct xm_cost_pred {
 
 /* Predicted time of one collective of `bytes` (n above) over geometry g.
  * p = 1 is 0 s (exact). Otherwise the record of the same kind and geometry
- * is used when there is one; else the nearest record of the same kind and
- * the same side (one host, or several hosts) in log2 of (p, ranks_per_host,
- * share), with alpha scaled by the step ratio xm_coll_steps and, across
+ * is used when there is one; else, among the records of the same kind and
+ * the same side (one host, or several hosts), the one nearest in
+ * |log2 ranks_per_host|, ties broken by |log2 p| + |log2 share| (then file
+ * order), with alpha scaled by the step ratio xm_coll_steps and, across
  * hosts, beta by share / share(record) (the shared NIC is the bottleneck).
  * A negative fitted alpha counts as 0; records with beta <= 0 are not used.
- * INVALID_ARGUMENT for a bad kind, geometry (p != ranks_per_host * hosts,
- * values < 1) or bytes (< 0, not finite); UNSUPPORTED "not calibrated: ..."
+ * An uneven group gives ranks_per_host as the most ranks on one host
+ * (ranks_per_host + hosts - 1 <= p <= ranks_per_host * hosts).
+ * INVALID_ARGUMENT for a bad kind, geometry (outside those bounds, values
+ * < 1) or bytes (< 0, not finite); UNSUPPORTED "not calibrated: ..."
  * when no usable record of that kind and side exists. *out untouched on error. */
 xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const xm_coll_geom_t *g,
                                   double bytes, xm_cost_pred_t *out);

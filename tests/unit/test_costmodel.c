@@ -420,11 +420,24 @@ static void test_predict_collective(void **state)
     assert_close(p.seconds, 45e-6 + 2 * 1.6e-8 * 3.0 / 4 * 65536, 1e-12);
     assert_false(p.exact);
     assert_non_null(strstr(p.basis, "nearest"));
-    /* p 16 across 16 hosts alone: nearest is p 4 ranks_per_host 1 (distance 2)
-     * over p 8 ranks_per_host 2 (distance 1 + 1 = 2, first wins); alpha x 15/3 */
+    /* p 16 across 16 hosts alone: nearest is p 4 ranks_per_host 1 (same
+     * ranks_per_host, p distance 2) over p 8 ranks_per_host 2 (p distance
+     * 1 but ranks_per_host differs); alpha x 15/3 */
     xm_coll_geom_t g16 = {16, 1, 16, 1};
     assert_int_equal(xm_cost_collective(m, XM_COLL_ALLTOALL, &g16, 1e6, &p), XMESH_SUCCESS);
     assert_close(p.seconds, (43e-6) * 15 / 3 + (8.3e-9) * 15.0 / 16 * 1e6, 1e-12);
+    /* two ranks per host over 16 hosts: the ranks_per_host 2 record, alpha
+     * 0 (negative), beta 9e-9, f = 31/32 n */
+    xm_coll_geom_t g32 = {32, 2, 16, 1};
+    assert_int_equal(xm_cost_collective(m, XM_COLL_ALLTOALL, &g32, 1e6, &p), XMESH_SUCCESS);
+    assert_close(p.seconds, 9e-9 * 31.0 / 32 * 1e6, 1e-12);
+    assert_non_null(strstr(p.basis, "p 8 ranks_per_host 2"));
+    /* an uneven group (3 ranks on one host, 1 on another): ranks_per_host 3
+     * is nearest the ranks_per_host 2 record (|log2 1.5| < |log2 3|) */
+    xm_coll_geom_t gu = {4, 3, 2, 1};
+    assert_int_equal(xm_cost_collective(m, XM_COLL_ALLTOALL, &gu, 1e6, &p), XMESH_SUCCESS);
+    assert_close(p.seconds, 9e-9 * 3.0 / 4 * 1e6, 1e-12);
+    assert_false(p.exact);
     /* negative fitted alpha counts as 0 */
     xm_coll_geom_t g8 = {8, 2, 4, 1};
     assert_int_equal(xm_cost_collective(m, XM_COLL_REDUCE_SCATTER, &g8, 8192, &p), XMESH_SUCCESS);
@@ -442,10 +455,14 @@ static void test_predict_collective(void **state)
     xm_cost_pred_t before;
     memset(&p, 0x55, sizeof p);
     before = p;
-    xm_coll_geom_t gb = {6, 4, 2, 1};
+    xm_coll_geom_t gb = {9, 4, 2, 1};
     assert_int_equal(xm_cost_collective(m, XM_COLL_ALLREDUCE, &gb, 4096, &p),
                      XMESH_ERR_INVALID_ARGUMENT);
-    assert_non_null(strstr(xmesh_last_error(), "p 6 != ranks_per_host 4 * hosts 2"));
+    assert_non_null(strstr(xmesh_last_error(), "p 9 ranks cannot span 2 hosts with at most 4"));
+    gb = (xm_coll_geom_t){4, 4, 2, 1};
+    assert_int_equal(xm_cost_collective(m, XM_COLL_ALLREDUCE, &gb, 4096, &p),
+                     XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "p 4 ranks cannot span 2 hosts"));
     assert_int_equal(xm_cost_collective(m, XM_COLL_ALLREDUCE, &g, -1, &p),
                      XMESH_ERR_INVALID_ARGUMENT);
     assert_int_equal(xm_cost_collective(m, XM_COLL_NKINDS, &g, 1, &p), XMESH_ERR_INVALID_ARGUMENT);
