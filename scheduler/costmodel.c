@@ -469,11 +469,67 @@ xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out)
     return r;
 }
 
+xmesh_result_t xm_costmodel_nominal(const xm_cluster_t *c, double flops_per_s, xm_costmodel_t **out)
+{
+    if (!c || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_nominal: %s is NULL",
+                      !c ? "cluster" : "out");
+    double nic = c->nic_send_Bps < c->nic_recv_Bps ? c->nic_send_Bps : c->nic_recv_Bps;
+    if (!(nic > 0) || !isfinite(nic) || !(c->intra_Bps > 0) || !isfinite(c->intra_Bps) ||
+        !(c->latency_s >= 0) || !isfinite(c->latency_s))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "xm_costmodel_nominal: cluster rates must be > 0 and latency >= 0 (NIC %g "
+                      "B/s, intra %g B/s, latency %g s)",
+                      nic, c->intra_Bps, c->latency_s);
+    if (!(flops_per_s >= 0) || !isfinite(flops_per_s))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "xm_costmodel_nominal: flops_per_s %g, need a finite value >= 0",
+                      flops_per_s);
+    xm_costmodel_t *m = xm_costmodel_create();
+    if (!m)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_nominal: out of memory");
+    xmesh_result_t r = XMESH_SUCCESS;
+    for (int k = 0; k < XM_COLL_NKINDS && !r; k++)
+        for (int cross = 0; cross < 2 && !r; cross++) {
+            xm_coll_rec_t rec;
+            memset(&rec, 0, sizeof rec);
+            rec.kind = (xm_coll_t)k;
+            rec.g = cross ? (xm_coll_geom_t){2, 1, 2, 1} : (xm_coll_geom_t){2, 2, 1, 1};
+            rec.fit.alpha = c->latency_s * xm_coll_steps(rec.kind, 2);
+            rec.fit.beta = 1 / (cross ? nic : c->intra_Bps);
+            rec.fit.r2 = 1;
+            rec.fit.n = 2;
+            rec.min_bytes = 1;
+            rec.max_bytes = 1e18;
+            r = xm_costmodel_add_coll(m, &rec);
+        }
+    if (!r && flops_per_s > 0) {
+        xm_gemm_rec_t g;
+        memset(&g, 0, sizeof g);
+        g.m = g.n = g.k = 1;
+        g.busy = 1;
+        g.seconds = 2 / flops_per_s;
+        snprintf(g.label, sizeof g.label, "nominal");
+        r = xm_costmodel_add_gemm(m, &g);
+    }
+    if (r) {
+        xm_costmodel_destroy(m);
+        return r;
+    }
+    m->nominal = 1;
+    *out = m;
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
 {
     if (!m || !f)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_write: %s is NULL",
                       !m ? "model" : "file");
+    if (m->nominal)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "xm_costmodel_write: a nominal (uncalibrated) model is not written as a "
+                      "calibration");
     if (m->ncoll) {
         fprintf(f, "\n[collectives]\n"
                    "# time = alpha + beta * f(n, p); f: allreduce 2(p-1)/p n, allgather, "
@@ -576,8 +632,11 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
     }
     p.seconds = alpha + beta * xm_coll_volume(kind, bytes, g->group_size);
     p.exact = same && bytes >= c->min_bytes && bytes <= c->max_bytes;
-    snprintf(p.basis, sizeof p.basis, "%s fit p %d ranks_per_host %d hosts %d share %d%s%s%s",
-             coll_names[kind], c->g.group_size, c->g.ranks_per_host, c->g.hosts, c->g.share,
+    if (m->nominal)
+        p.exact = 0;
+    snprintf(p.basis, sizeof p.basis, "%s%s fit p %d ranks_per_host %d hosts %d share %d%s%s%s",
+             m->nominal ? "nominal (uncalibrated) " : "", coll_names[kind], c->g.group_size,
+             c->g.ranks_per_host, c->g.hosts, c->g.share,
              same    ? ""
              : cross ? " (nearest; alpha scaled by steps, beta by share)"
                      : " (nearest; alpha scaled by steps)",
@@ -624,13 +683,14 @@ xmesh_result_t xm_cost_gemm(const xm_costmodel_t *m, int64_t M, int64_t N, int64
     double flops = 2.0 * (double)M * (double)N * (double)K;
     if (bestd == 0) {
         p.seconds = g->seconds;
-        p.exact = 1;
+        p.exact = !m->nominal;
     } else {
         double rate = 2.0 * (double)g->m * (double)g->n * (double)g->k / g->seconds;
         p.seconds = flops / rate;
     }
-    snprintf(p.basis, sizeof p.basis, "sgemm %lld x %lld x %lld (%s, %d busy)%s", (long long)g->m,
-             (long long)g->n, (long long)g->k, g->label, g->busy,
+    snprintf(p.basis, sizeof p.basis, "%ssgemm %lld x %lld x %lld (%s, %d busy)%s",
+             m->nominal ? "nominal (uncalibrated) " : "", (long long)g->m, (long long)g->n,
+             (long long)g->k, g->label, g->busy,
              bestd == 0 ? "" : " at its flop rate (nearest shape)");
     *out = p;
     return XMESH_SUCCESS;

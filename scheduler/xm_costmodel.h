@@ -86,8 +86,9 @@ typedef struct xm_costmodel {
     xm_coll_rec_t *coll;
     xm_gemm_rec_t *gemm;
     int has_gemm_fit;
-    xm_fit_t
-        gemm_fit; /* time = alpha + beta * 2mnk over every shape (reported, not predicted with) */
+    /* time = alpha + beta * 2mnk over every shape (reported, not predicted with) */
+    xm_fit_t gemm_fit;
+    int nominal; /* 1: made by xm_costmodel_nominal, not measured */
 } xm_costmodel_t;
 
 /* Fits time = alpha + beta * f(kind, n, p) to npts points (bytes[i],
@@ -115,8 +116,22 @@ xmesh_result_t xm_costmodel_add_gemm(xm_costmodel_t *m, const xm_gemm_rec_t *r);
  * the line and field on malformed text. */
 xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out);
 xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out);
+/* An UNCALIBRATED model from the cluster's nominal figures, for the
+ * "uncalibrated" ablation of the search and for runs that say they have no
+ * calibration: for every kind one record inside a host (p 2, beta =
+ * 1 / intra rate) and one across hosts (p 2, one rank per host, share 1,
+ * beta = 1 / the slower NIC direction), alpha = latency * steps; with
+ * flops_per_s > 0 one sgemm shape 1 x 1 x 1 at that rate (label
+ * "nominal"), else none (sgemm predictions then say "not calibrated").
+ * m->nominal is 1, every prediction's basis starts with "nominal
+ * (uncalibrated)" and none is exact; xm_costmodel_write refuses it.
+ * INVALID_ARGUMENT for rates <= 0, a negative latency or flops_per_s < 0
+ * (not finite); *out untouched on error. */
+xmesh_result_t xm_costmodel_nominal(const xm_cluster_t *c, double flops_per_s,
+                                    xm_costmodel_t **out);
 /* Writes the [collectives] and [compute] sections (with their header
- * comments) to f; nothing for an empty part. SYSTEM on a write error. */
+ * comments) to f; nothing for an empty part. SYSTEM on a write error,
+ * INVALID_USAGE for a nominal model (it is no calibration result). */
 xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f);
 
 typedef struct xm_cost_pred {

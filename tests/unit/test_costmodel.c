@@ -517,6 +517,54 @@ static void test_predict_gemm(void **state)
     xm_costmodel_destroy(m);
 }
 
+/* The nominal (uncalibrated) model: the cluster's rates with the same
+ * formulas, labelled, never exact, never written. */
+static void test_nominal(void **state)
+{
+    (void)state;
+    static int host_of[4] = {0, 0, 1, 1};
+    xm_hostmap_t hm = {.ndev = 4, .nhosts = 2, .host_of = host_of};
+    xm_cluster_t c;
+    assert_int_equal(xm_cluster_init(&c, &hm), XMESH_SUCCESS);
+    c.nic_send_Bps = 1.25e9;
+    c.nic_recv_Bps = 2.5e9;
+    c.intra_Bps = 10e9;
+    c.latency_s = 5e-6;
+    xm_costmodel_t *m = NULL;
+    assert_int_equal(xm_costmodel_nominal(&c, 1e11, &m), XMESH_SUCCESS);
+    assert_true(m->nominal);
+    xm_cost_pred_t p;
+    /* all-reduce over 8 hosts sharing the NIC 2 ways: 14 latencies, the slower direction / 2 */
+    xm_coll_geom_t g = {8, 1, 8, 2};
+    assert_int_equal(xm_cost_collective(m, XM_COLL_ALLREDUCE, &g, 8e6, &p), XMESH_SUCCESS);
+    assert_close(p.seconds, 14 * 5e-6 + 2 * 2 * 7.0 / 8 * 8e6 / 1.25e9, 1e-12);
+    assert_false(p.exact);
+    assert_non_null(strstr(p.basis, "nominal (uncalibrated)"));
+    /* inside a host, exact geometry of the record: still not exact */
+    xm_coll_geom_t gi = {2, 2, 1, 1};
+    assert_int_equal(xm_cost_collective(m, XM_COLL_ALLGATHER, &gi, 1e6, &p), XMESH_SUCCESS);
+    assert_close(p.seconds, 5e-6 + 0.5 * 1e6 / 10e9, 1e-12);
+    assert_false(p.exact);
+    assert_int_equal(xm_cost_gemm(m, 1024, 1024, 1024, &p), XMESH_SUCCESS);
+    assert_close(p.seconds, 2.0 * 1024 * 1024 * 1024 / 1e11, 1e-12);
+    assert_non_null(strstr(p.basis, "nominal (uncalibrated)"));
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    assert_int_equal(xm_costmodel_write(m, f), XMESH_ERR_INVALID_USAGE);
+    fclose(f);
+    xm_costmodel_destroy(m);
+    /* no flop rate: sgemm not calibrated */
+    assert_int_equal(xm_costmodel_nominal(&c, 0, &m), XMESH_SUCCESS);
+    assert_int_equal(xm_cost_gemm(m, 8, 8, 8, &p), XMESH_ERR_UNSUPPORTED);
+    xm_costmodel_destroy(m);
+    xm_costmodel_t *keep = (xm_costmodel_t *)(uintptr_t)0x99;
+    c.intra_Bps = 0;
+    assert_int_equal(xm_costmodel_nominal(&c, 1e9, &keep), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "intra 0 B/s"));
+    assert_true(keep == (xm_costmodel_t *)(uintptr_t)0x99);
+    xm_cluster_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -530,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_predict_collective),
         cmocka_unit_test(test_predict_gemm),
+        cmocka_unit_test(test_nominal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
