@@ -1,4 +1,5 @@
-/* Cluster-file parser (format in xm_cluster_file.h). */
+/* Cluster-file parser (format in xm_cluster_file.h): the base key = value
+ * lines here, the [collectives] and [compute] records in costmodel.c. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -6,6 +7,7 @@
 #include <string.h>
 
 #include "xm_cluster_file.h"
+#include "xm_costmodel.h"
 
 #define MAX_FILE_BYTES (1 << 20)
 
@@ -62,11 +64,33 @@ static xmesh_result_t apply(xm_cluster_t *x, int line, const char *key, const ch
     return XMESH_SUCCESS;
 }
 
-xmesh_result_t xm_cluster_parse(const char *text, xm_cluster_t *c)
+/* A section header "[name]": name of [a-z0-9_-], 1..31 characters, copied
+ * to out. INVALID_ARGUMENT naming the line otherwise. */
+static xmesh_result_t section_name(const char *l, int line, char *out, size_t outlen)
 {
-    if (!text || !c)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_cluster_parse: %s is NULL",
-                      !text ? "text" : "cluster");
+    size_t n = strlen(l);
+    if (n < 3 || l[n - 1] != ']' || n - 2 >= outlen)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster file line %d: '%s' is not a section header [name] (name of "
+                      "1..%zu characters a-z, 0-9, '_', '-')",
+                      line, l, outlen - 1);
+    for (size_t i = 1; i + 1 < n; i++) {
+        char ch = l[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-'))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: section name in '%s' has the character '%c' "
+                          "(allowed: a-z, 0-9, '_', '-')",
+                          line, l, ch);
+    }
+    memcpy(out, l + 1, n - 2);
+    out[n - 2] = '\0';
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_clusterfile_parse(const char *text, xm_cluster_t *c, xm_costmodel_t *m)
+{
+    if (!text)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster file parser: text is NULL");
     size_t n = strlen(text);
     if (n > MAX_FILE_BYTES)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster file of %zu bytes is too large", n);
@@ -74,17 +98,50 @@ xmesh_result_t xm_cluster_parse(const char *text, xm_cluster_t *c)
     if (!buf)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "cluster file: out of memory");
     memcpy(buf, text, n + 1);
-    xm_cluster_t x = *c; /* applied to a copy: *c changes only on success */
+    /* records go to a scratch model when the caller wants none, so that
+     * every reader refuses the same files (duplicates included) */
+    xm_costmodel_t *scratch = m ? NULL : xm_costmodel_create();
+    if (!m && !scratch) {
+        free(buf);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "cluster file: out of memory");
+    }
+    if (!m)
+        m = scratch;
+    xm_cluster_t x; /* applied to a copy: *c changes only on success */
+    if (c)
+        x = *c;
+    else
+        memset(&x, 0, sizeof x);
     xmesh_result_t r = XMESH_SUCCESS;
-    int line = 0;
-    for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+    char section[32] = ""; /* "" is the base section of key = value lines */
+    int line = 0, skip = 0;
+    for (char *l = buf, *next; l; l = next) {
         line++;
+        next = strchr(l, '\n');
+        if (next)
+            *next++ = '\0';
         char *hash = strchr(l, '#');
         if (hash)
             *hash = '\0';
         l = trim(l);
         if (!*l)
             continue;
+        if (*l == '[') {
+            if ((r = section_name(l, line, section, sizeof section)))
+                break;
+            if (!strcmp(section, "cluster"))
+                section[0] = '\0';
+            /* sections of later versions are skipped, so newer files load */
+            skip = section[0] && !xm_costmodel_section_known(section);
+            continue;
+        }
+        if (skip)
+            continue;
+        if (section[0]) {
+            if ((r = xm_costmodel_parse_line(m, section, line, l)))
+                break;
+            continue;
+        }
         char *eq = strchr(l, '=');
         if (!eq) {
             r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -96,13 +153,23 @@ xmesh_result_t xm_cluster_parse(const char *text, xm_cluster_t *c)
             break;
     }
     free(buf);
+    xm_costmodel_destroy(scratch);
     if (r)
         return r;
-    *c = x;
+    if (c)
+        *c = x;
     return XMESH_SUCCESS;
 }
 
-xmesh_result_t xm_cluster_load(const char *path, xm_cluster_t *c)
+xmesh_result_t xm_cluster_parse(const char *text, xm_cluster_t *c)
+{
+    if (!text || !c)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_cluster_parse: %s is NULL",
+                      !text ? "text" : "cluster");
+    return xm_clusterfile_parse(text, c, NULL);
+}
+
+xmesh_result_t xm_clusterfile_read(const char *path, char **text)
 {
     if (!path)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster file path is NULL");
@@ -115,17 +182,32 @@ xmesh_result_t xm_cluster_load(const char *path, xm_cluster_t *c)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "cluster file: out of memory");
     }
     size_t n = fread(buf, 1, MAX_FILE_BYTES + 1, f);
+    int rerr = ferror(f);
     fclose(f);
-    xmesh_result_t r;
-    if (n > MAX_FILE_BYTES)
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (rerr)
+        r = XM_ERR(XMESH_ERR_SYSTEM, "cluster file '%s': read error", path);
+    else if (n > MAX_FILE_BYTES)
         r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster file '%s' is larger than %d bytes", path,
                    MAX_FILE_BYTES);
     else if (memchr(buf, '\0', n))
         r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster file '%s' contains a NUL byte", path);
-    else {
-        buf[n] = '\0';
-        r = xm_cluster_parse(buf, c);
+    if (r) {
+        free(buf);
+        return r;
     }
-    free(buf);
+    buf[n] = '\0';
+    *text = buf;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_cluster_load(const char *path, xm_cluster_t *c)
+{
+    char *text = NULL;
+    xmesh_result_t r = xm_clusterfile_read(path, &text);
+    if (r)
+        return r;
+    r = xm_cluster_parse(text, c);
+    free(text);
     return r;
 }

@@ -7,7 +7,8 @@
 #include "xm_cost.h"
 #include "xm_sched_impl.h"
 
-xmesh_result_t xm_fit_linear(const double *x, const double *y, int n, xm_fit_t *out)
+xmesh_result_t xm_fit_weighted(const double *x, const double *y, const double *w, int n,
+                               xm_fit_t *out)
 {
     if (!x || !y || !out)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_fit_linear: %s is NULL",
@@ -16,19 +17,25 @@ xmesh_result_t xm_fit_linear(const double *x, const double *y, int n, xm_fit_t *
                            : "out");
     if (n < 2)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_fit_linear: %d point(s), need at least 2", n);
-    double sx = 0, sy = 0;
+    double sw = 0, sx = 0, sy = 0;
     for (int i = 0; i < n; i++) {
         if (!isfinite(x[i]) || !isfinite(y[i]))
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                           "xm_fit_linear: point %d (%g, %g) is not finite", i, x[i], y[i]);
-        sx += x[i];
-        sy += y[i];
+        double wi = w ? w[i] : 1;
+        if (!(wi > 0) || !isfinite(wi))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "xm_fit_linear: weight %d is %g, need a finite value > 0", i, wi);
+        sw += wi;
+        sx += wi * x[i];
+        sy += wi * y[i];
     }
-    double mx = sx / n, my = sy / n, sxx = 0, sxy = 0, syy = 0;
+    double mx = sx / sw, my = sy / sw, sxx = 0, sxy = 0, syy = 0;
     for (int i = 0; i < n; i++) {
-        sxx += (x[i] - mx) * (x[i] - mx);
-        sxy += (x[i] - mx) * (y[i] - my);
-        syy += (y[i] - my) * (y[i] - my);
+        double wi = w ? w[i] : 1;
+        sxx += wi * (x[i] - mx) * (x[i] - mx);
+        sxy += wi * (x[i] - mx) * (y[i] - my);
+        syy += wi * (y[i] - my) * (y[i] - my);
     }
     if (!(sxx > 0))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -41,13 +48,18 @@ xmesh_result_t xm_fit_linear(const double *x, const double *y, int n, xm_fit_t *
     f.worst_rel = 0;
     for (int i = 0; i < n; i++) {
         double e = f.alpha + f.beta * x[i] - y[i];
-        sse += e * e;
+        sse += (w ? w[i] : 1) * e * e;
         if (y[i] != 0 && fabs(e / y[i]) > f.worst_rel)
             f.worst_rel = fabs(e / y[i]);
     }
     f.r2 = syy > 0 ? 1 - sse / syy : (sse == 0 ? 1 : 0);
     *out = f;
     return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_fit_linear(const double *x, const double *y, int n, xm_fit_t *out)
+{
+    return xm_fit_weighted(x, y, NULL, n, out);
 }
 
 static double inter_bw(const xm_cluster_t *c)

@@ -42,6 +42,16 @@ typedef struct xm_fit {
     int n;
 } xm_fit_t;
 xmesh_result_t xm_fit_linear(const double *x, const double *y, int n, xm_fit_t *out);
+/* Weighted least squares: minimizes sum w[i] (alpha + beta x[i] - y[i])^2
+ * (w == NULL: every weight 1, which is xm_fit_linear). r2 is the weighted
+ * coefficient of determination 1 - sum w e^2 / sum w (y - ybar_w)^2,
+ * worst_rel as above. With w[i] = 1 / y[i]^2 the relative residuals are
+ * minimized: what the collective fits use, because a geometric size sweep
+ * spans decades of time and plain least squares fits the largest sizes
+ * only, leaving the smallest off by up to their whole latency. Errors as
+ * xm_fit_linear, and for a weight that is not finite and > 0. */
+xmesh_result_t xm_fit_weighted(const double *x, const double *y, const double *w, int n,
+                               xm_fit_t *out);
 
 /* Time of one chunk-pipelined chain devs[0..len-1] carrying `bytes` (the
  * formula of xm_task_timing: sum over hops of latency + fill * chunk / bw,

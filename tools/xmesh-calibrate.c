@@ -19,6 +19,19 @@
  * beta(p2p-intra); every fit is also written there as a comment. Each
  * point is the median over --reps repetitions, each timed from a barrier to
  * the slowest rank (max over ranks).
+ *
+ * For the layout search (issue 21) it also times MPI all-reduce,
+ * all-gather, reduce-scatter and all-to-all over groups of several
+ * geometries (scheduler/xm_costmodel.h): inside one host (2, 4, .. R ranks,
+ * alone and with every rank of the host in a group at once), across hosts
+ * (one rank per host, 2, 4, .. H hosts, alone and with each of a host's R
+ * ranks in a different cross-host group, all sharing the NIC: AxoNN's
+ * concern, paper 001 section V) and whole hosts, and fits time = alpha +
+ * beta * f(n, p) per kind and geometry (relative least squares). With
+ * OpenBLAS it times sgemm for the training stack's layer shapes (GPT-2
+ * linears, the U-Transformer's 3x3 convolutions as im2col GEMMs) with every
+ * rank busy at once. Both go to the file's [collectives] and [compute]
+ * sections.
  */
 #include <errno.h>
 #include <math.h>
@@ -29,7 +42,12 @@
 
 #include "xm_api.h"
 #include "xm_cost.h"
+#include "xm_costmodel.h"
 #include "xmesh/mpi.h"
+
+#ifdef XMESH_CALIBRATE_BLAS
+#include <cblas.h>
+#endif
 
 #define MAX_SIZES 32
 #define MAX_REPS 64
@@ -42,9 +60,20 @@ static const char *chelp[NCLASS] = {
     "xmesh broadcast chain, one rank -> one per other host",
     "MPI_Allgather, first rank of every host", "MPI_Allgather, ranks of host 0"};
 
+#define MAX_SHAPES 32
+
+typedef struct {
+    int64_t m, n, k;
+    char label[XM_GEMM_LABEL];
+} shape_t;
+
 typedef struct {
     int64_t minb, maxb;
     int steps, reps, vhosts, json;
+    int skip_p2p, skip_coll, skip_compute;
+    int tokens, hidden, vocab, conv_base;
+    int nextra;
+    shape_t extra[MAX_SHAPES];
     const char *out;
 } opts_t;
 
@@ -65,9 +94,10 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mpirun -np N xmesh-calibrate [options]\n"
             "Measures point-to-point, chain and all-gather times between ranks of one host\n"
-            "and of different hosts, fits alpha (latency) + beta (s/byte) per class by least\n"
-            "squares and writes a cluster file for xmesh-plan --cluster, xmesh-bench --cluster\n"
-            "and XMESH_CLUSTER_FILE.\n"
+            "and of different hosts, collectives over groups of several geometries and sgemm\n"
+            "throughput, fits alpha (latency) + beta (s/byte) per class by least squares and\n"
+            "writes a cluster file for xmesh-plan --cluster, xmesh-bench --cluster,\n"
+            "XMESH_CLUSTER_FILE and the layout search (xmesh-train ... plan --cluster).\n"
             "  -o, --output FILE     write the cluster file\n"
             "  --json                one JSON object on stdout instead of the table\n"
             "  --min BYTES           smallest message (default 64K; K/M/G suffixes)\n"
@@ -75,8 +105,17 @@ static void usage(FILE *f)
             "  --steps N             sizes in the geometric sweep (default 6, 2..%d)\n"
             "  --reps N              repetitions per size, median kept (default 3, 1..%d)\n"
             "  --virtual-hosts K     hosts of K consecutive ranks (one machine; tests)\n"
+            "  --skip LIST           leave out some of p2p,collectives,compute (comma list)\n"
+            "collectives (all-reduce, all-gather, reduce-scatter, all-to-all; same sweep):\n"
+            "  groups inside one host, one rank per host, whole hosts; alone and sharing\n"
+            "compute (sgemm via OpenBLAS, every rank busy at once; OPENBLAS_NUM_THREADS):\n"
+            "  --gemm-tokens T       GPT rows (batch x sequence) of the linears (default 1024)\n"
+            "  --gemm-hidden C       GPT channels (default 768)\n"
+            "  --gemm-vocab V        GPT padded vocabulary of the output head (default 50304)\n"
+            "  --conv-base C         U-Transformer base channels (default 8)\n"
+            "  --gemm-shape MxNxK    one more shape (repeatable, up to %d)\n"
             "  -h, --help\n",
-            MAX_SIZES, MAX_REPS);
+            MAX_SIZES, MAX_REPS, MAX_SHAPES);
 }
 
 static int64_t parse_bytes(const char *s)
@@ -103,6 +142,10 @@ static int parse(int argc, char **argv, opts_t *o, char *err, size_t errlen)
     o->maxb = 8 << 20;
     o->steps = 6;
     o->reps = 3;
+    o->tokens = 1024;
+    o->hidden = 768;
+    o->vocab = 50304;
+    o->conv_base = 8;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -138,6 +181,53 @@ static int parse(int argc, char **argv, opts_t *o, char *err, size_t errlen)
             *(!strcmp(a, "--steps")  ? &o->steps
               : !strcmp(a, "--reps") ? &o->reps
                                      : &o->vhosts) = (int)n;
+        } else if (!strcmp(a, "--gemm-tokens") || !strcmp(a, "--gemm-hidden") ||
+                   !strcmp(a, "--gemm-vocab") || !strcmp(a, "--conv-base")) {
+            if (*end || end == v || n < 1 || n > 1 << 20) {
+                snprintf(err, errlen, "bad value '%s' for %s: expected an integer in [1, %d]", v, a,
+                         1 << 20);
+                return -1;
+            }
+            *(!strcmp(a, "--gemm-tokens")   ? &o->tokens
+              : !strcmp(a, "--gemm-hidden") ? &o->hidden
+              : !strcmp(a, "--gemm-vocab")  ? &o->vocab
+                                            : &o->conv_base) = (int)n;
+        } else if (!strcmp(a, "--gemm-shape")) {
+            long long m, nn, k;
+            char tail;
+            if (o->nextra == MAX_SHAPES) {
+                snprintf(err, errlen, "more than %d --gemm-shape options", MAX_SHAPES);
+                return -1;
+            }
+            if (sscanf(v, "%lldx%lldx%lld%c", &m, &nn, &k, &tail) != 3 || m < 1 || nn < 1 ||
+                k < 1 || m > 1 << 16 || nn > 1 << 16 || k > 1 << 16) {
+                snprintf(err, errlen,
+                         "bad value '%s' for --gemm-shape: expected MxNxK, each 1 .. 65536", v);
+                return -1;
+            }
+            shape_t *sh = &o->extra[o->nextra++];
+            sh->m = m;
+            sh->n = nn;
+            sh->k = k;
+            snprintf(sh->label, sizeof sh->label, "user-%lldx%lldx%lld", m, nn, k);
+        } else if (!strcmp(a, "--skip")) {
+            char list[128];
+            snprintf(list, sizeof list, "%s", v);
+            for (char *save = NULL, *t = strtok_r(list, ",", &save); t;
+                 t = strtok_r(NULL, ",", &save)) {
+                if (!strcmp(t, "p2p"))
+                    o->skip_p2p = 1;
+                else if (!strcmp(t, "collectives"))
+                    o->skip_coll = 1;
+                else if (!strcmp(t, "compute"))
+                    o->skip_compute = 1;
+                else {
+                    snprintf(err, errlen,
+                             "bad value '%s' for --skip: '%s' is not p2p, collectives or compute",
+                             v, t);
+                    return -1;
+                }
+            }
         } else {
             snprintf(err, errlen, "unknown option '%s'", a);
             return -1;
@@ -360,8 +450,360 @@ static void measure(const opts_t *o, klass_t *K)
     free(rbuf);
 }
 
-static void print_table(const opts_t *o, const klass_t *K)
+/* ------------------------------------------------------------ collectives */
+
+#define MAX_GEOMS 64
+
+typedef struct {
+    xm_coll_geom_t g;
+    int ngroups;
+    int color; /* this rank's group, MPI_UNDEFINED if none */
+    char what[96];
+} geom_t;
+
+typedef struct {
+    xm_coll_t kind;
+    int geom;
+    int n;
+    double x[MAX_SIZES], y[MAX_SIZES];
+    int fit_ok;
+    xm_fit_t fit;
+    char why[160];
+} coll_res_t;
+
+/* 2, 4, 8, .. below max, then max (max >= 2). */
+static int pow2_list(int max, int *out)
 {
+    int n = 0;
+    for (int v = 2; v < max; v *= 2)
+        out[n++] = v;
+    if (max >= 2)
+        out[n++] = max;
+    return n;
+}
+
+static void add_geom(geom_t *G, int *ng, int p, int rph, int hosts, int share, int color,
+                     const char *what)
+{
+    if (*ng == MAX_GEOMS)
+        return;
+    geom_t *g = &G[(*ng)++];
+    g->g = (xm_coll_geom_t){p, rph, hosts, share};
+    g->ngroups = share;
+    g->color = color;
+    snprintf(g->what, sizeof g->what, "%s", what);
+}
+
+/* The geometries, the same on every rank (from the host map). R: ranks
+ * every host has (the smallest host's count), H: hosts. */
+static int build_geoms(geom_t *G)
+{
+    int H = ctx->hosts.nhosts, R = size;
+    for (int h = 0; h < H; h++) {
+        int c = 0;
+        while (host_rank(h, c) >= 0)
+            c++;
+        if (c < R)
+            R = c;
+    }
+    int me = ctx->hosts.host_of[rank], k = 0;
+    while (host_rank(me, k) != rank)
+        k++; /* my index on my host */
+    int ng = 0, list[64], n;
+    /* inside host 0: p = 2, 4, .. R; alone, then R / p groups at once */
+    n = pow2_list(R, list);
+    for (int i = 0; i < n; i++) {
+        int p = list[i];
+        add_geom(G, &ng, p, p, 1, 1, me == 0 && k < p ? 0 : MPI_UNDEFINED,
+                 "ranks of host 0, alone");
+        if (R / p >= 2)
+            add_geom(G, &ng, p, p, 1, R / p, me == 0 && k < R / p * p ? k / p : MPI_UNDEFINED,
+                     "groups of host 0, all at once");
+    }
+    /* one rank per host: hosts 0 .. h-1; alone, then each of the R ranks
+     * of a host in its own group, all at once (R groups share each NIC) */
+    n = pow2_list(H, list);
+    for (int i = 0; i < n; i++) {
+        int h = list[i];
+        add_geom(G, &ng, h, 1, h, 1, me < h && k == 0 ? 0 : MPI_UNDEFINED,
+                 "first rank of each host, alone");
+        if (R >= 2)
+            add_geom(G, &ng, h, 1, h, R, me < h && k < R ? k : MPI_UNDEFINED,
+                     "k-th rank of each host, R groups sharing each NIC");
+    }
+    /* whole hosts (R ranks each) */
+    if (R >= 2)
+        for (int i = 0; i < n; i++) {
+            int h = list[i];
+            add_geom(G, &ng, R * h, R, h, 1, me < h && k < R ? 0 : MPI_UNDEFINED,
+                     "all ranks of hosts 0..h-1");
+        }
+    return ng;
+}
+
+static int run_coll(xm_coll_t kind, int p, MPI_Comm comm, void *sb, void *rb, int64_t bytes)
+{
+    if (comm == MPI_COMM_NULL)
+        return MPI_SUCCESS;
+    int per = (int)(bytes / p);
+    switch (kind) {
+    case XM_COLL_ALLREDUCE:
+        return MPI_Allreduce(sb, rb, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, comm);
+    case XM_COLL_ALLGATHER:
+        return MPI_Allgather(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+    case XM_COLL_REDUCE_SCATTER:
+        return MPI_Reduce_scatter_block(sb, rb, per / 4, MPI_FLOAT, MPI_SUM, comm);
+    default:
+        return MPI_Alltoall(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+    }
+}
+
+/* Times every kind over every geometry; results on every rank (the times
+ * are world maxima). Returns the number of results. */
+static int measure_coll(const opts_t *o, geom_t *G, int ng, coll_res_t *res)
+{
+    int64_t cap = o->maxb + 4LL * size;
+    float *sb = malloc((size_t)cap), *rb = malloc((size_t)cap);
+    if (!sb || !rb) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory for %lld bytes\n", rank,
+                (long long)cap);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int64_t i = 0; i < cap / 4; i++)
+        sb[i] = 1.0f, rb[i] = 0.0f;
+    int nr = 0;
+    double tt[MAX_REPS];
+    for (int gi = 0; gi < ng; gi++) {
+        const geom_t *g = &G[gi];
+        int p = g->g.group_size;
+        MPI_Comm comm;
+        MPI_Comm_split(MPI_COMM_WORLD, g->color, rank, &comm);
+        for (int kind = 0; kind < XM_COLL_NKINDS; kind++) {
+            coll_res_t *r = &res[nr++];
+            memset(r, 0, sizeof *r);
+            r->kind = (xm_coll_t)kind;
+            r->geom = gi;
+            int bad = 0;
+            for (int st = 0; st < o->steps && !bad; st++) {
+                double f = (double)st / (o->steps - 1);
+                int64_t b = (int64_t)llround((double)o->minb * pow((double)o->maxb / o->minb, f));
+                int64_t unit = 4LL * p; /* whole floats per rank */
+                b = b / unit * unit > 0 ? b / unit * unit : unit;
+                for (int rep = -1; rep < o->reps && !bad; rep++) {
+                    MPI_Barrier(MPI_COMM_WORLD);
+                    double t0 = MPI_Wtime();
+                    int e = run_coll((xm_coll_t)kind, p, comm, sb, rb, b) != MPI_SUCCESS;
+                    double t = since(t0);
+                    MPI_Allreduce(&e, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+                    if (rep >= 0)
+                        tt[rep] = t; /* rep -1: warm-up */
+                }
+                if (bad)
+                    snprintf(r->why, sizeof r->why, "MPI error at %lld bytes", (long long)b);
+                r->x[r->n] = (double)b;
+                r->y[r->n++] = median(tt, o->reps);
+            }
+            if (bad)
+                continue;
+            if (xm_coll_fit(r->kind, p, r->x, r->y, r->n, &r->fit) == XMESH_SUCCESS)
+                r->fit_ok = 1;
+            else
+                snprintf(r->why, sizeof r->why, "fit refused: %s", xmesh_last_error());
+        }
+        if (comm != MPI_COMM_NULL)
+            MPI_Comm_free(&comm);
+    }
+    free(sb);
+    free(rb);
+    return nr;
+}
+
+/* ------------------------------------------------------------ compute */
+
+typedef struct {
+    shape_t s;
+    double seconds; /* slowest rank's median */
+} gemm_res_t;
+
+static int build_shapes(const opts_t *o, shape_t *S)
+{
+    int n = 0;
+    int64_t T = o->tokens, C = o->hidden, V = o->vocab, B = o->conv_base;
+    /* GPT-2 linears, out = in . W^T (rows T, llm.c's layout), and the
+     * weight gradient of the MLP (dW = dout^T . in: 4C x C over T) */
+    const struct {
+        int64_t m, n, k;
+        const char *label;
+    } gpt[] = {{T, 3 * C, C, "gpt-qkv"},        {T, C, C, "gpt-attn-proj"},
+               {T, 4 * C, C, "gpt-fc"},         {T, C, 4 * C, "gpt-fc-proj"},
+               {4 * C, C, T, "gpt-fc-dweight"}, {T, V, C, "gpt-lm-head"}};
+    for (size_t i = 0; i < sizeof gpt / sizeof *gpt; i++) {
+        S[n] = (shape_t){gpt[i].m, gpt[i].n, gpt[i].k, ""};
+        snprintf(S[n++].label, XM_GEMM_LABEL, "%s", gpt[i].label);
+    }
+    /* U-Transformer 3x3 convolutions per sample as im2col GEMMs
+     * (pipeline/nn/unet_kernels.c): weights (oc, ic*9) . cols (ic*9, oh*ow) */
+    const struct {
+        int64_t ic, oc, hw;
+    } conv[] = {{3, B, 32}, {B, B, 32}, {2 * B, 2 * B, 16}, {4 * B, 4 * B, 8}, {8 * B, 4 * B, 4}};
+    for (size_t i = 0; i < sizeof conv / sizeof *conv; i++) {
+        S[n] = (shape_t){conv[i].oc, conv[i].hw * conv[i].hw, conv[i].ic * 9, ""};
+        snprintf(S[n++].label, XM_GEMM_LABEL, "conv3x3-%lldx%lld-%lldto%lld", (long long)conv[i].hw,
+                 (long long)conv[i].hw, (long long)conv[i].ic, (long long)conv[i].oc);
+    }
+    for (int i = 0; i < o->nextra && n < MAX_SHAPES; i++)
+        S[n++] = o->extra[i];
+    /* drop repeated shapes (small settings make some coincide) */
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        int dup = 0;
+        for (int j = 0; j < m && !dup; j++)
+            dup = S[j].m == S[i].m && S[j].n == S[i].n && S[j].k == S[i].k;
+        if (!dup)
+            S[m++] = S[i];
+    }
+    return m;
+}
+
+/* Every rank runs the same sgemm at once; the slowest rank's median. 0
+ * shapes when built without OpenBLAS (*why says so). */
+static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whylen)
+{
+#ifdef XMESH_CALIBRATE_BLAS
+    shape_t S[MAX_SHAPES + 16];
+    int ns = build_shapes(o, S);
+    size_t na = 0, nb = 0, nc = 0;
+    for (int i = 0; i < ns; i++) {
+        size_t a = (size_t)(S[i].m * S[i].k), b = (size_t)(S[i].k * S[i].n),
+               c = (size_t)(S[i].m * S[i].n);
+        na = a > na ? a : na;
+        nb = b > nb ? b : nb;
+        nc = c > nc ? c : nc;
+    }
+    float *A = malloc(na * sizeof *A), *Bm = malloc(nb * sizeof *Bm), *Cm = malloc(nc * 4);
+    if (!A || !Bm || !Cm) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory for the sgemm shapes\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (size_t i = 0; i < na; i++)
+        A[i] = (float)((i % 7) + 1) * 0.125f;
+    for (size_t i = 0; i < nb; i++)
+        Bm[i] = (float)((i % 5) + 1) * 0.25f;
+    double tt[MAX_REPS];
+    for (int i = 0; i < ns; i++) {
+        int m = (int)S[i].m, n = (int)S[i].n, k = (int)S[i].k;
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int rep = -1; rep < o->reps; rep++) {
+            double t0 = MPI_Wtime();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, k, Bm, n, 0.0f,
+                        Cm, n);
+            if (rep >= 0)
+                tt[rep] = MPI_Wtime() - t0;
+        }
+        double mine = median(tt, o->reps), worst = 0;
+        MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        res[i].s = S[i];
+        res[i].seconds = worst;
+    }
+    free(A);
+    free(Bm);
+    free(Cm);
+    (void)why;
+    (void)whylen;
+    return ns;
+#else
+    (void)o;
+    (void)res;
+    snprintf(why, whylen, "built without OpenBLAS (pkg-config openblas not found)");
+    return 0;
+#endif
+}
+
+/* Ranks per host that ran sgemm at once: the largest host's count. */
+static int busy_per_host(void)
+{
+    int best = 0;
+    for (int h = 0; h < ctx->hosts.nhosts; h++) {
+        int c = 0;
+        while (host_rank(h, c) >= 0)
+            c++;
+        best = c > best ? c : best;
+    }
+    return best;
+}
+
+/* Everything measured, on rank 0 for the outputs. */
+typedef struct {
+    klass_t K[NCLASS];
+    geom_t G[MAX_GEOMS];
+    int ng;
+    coll_res_t *C;
+    int nc;
+    char coll_why[96];
+    gemm_res_t S[MAX_SHAPES + 16];
+    int ns, busy;
+    char gemm_why[128];
+    int gemm_fit_ok;
+    xm_fit_t gemm_fit;
+} results_t;
+
+static double flops(const shape_t *s)
+{
+    return 2.0 * (double)s->m * (double)s->n * (double)s->k;
+}
+
+/* time = alpha + beta * 2mnk over every shape, relative least squares. */
+static void fit_gemm(results_t *R)
+{
+    double x[MAX_SHAPES + 16], y[MAX_SHAPES + 16], w[MAX_SHAPES + 16];
+    for (int i = 0; i < R->ns; i++) {
+        x[i] = flops(&R->S[i].s);
+        y[i] = R->S[i].seconds;
+        w[i] = y[i] > 0 ? 1 / (y[i] * y[i]) : 0;
+    }
+    R->gemm_fit_ok = R->ns >= 2 && xm_fit_weighted(x, y, w, R->ns, &R->gemm_fit) == 0;
+}
+
+/* The model for the file's sections: every successful fit and shape. */
+static xm_costmodel_t *to_model(const results_t *R)
+{
+    xm_costmodel_t *m = xm_costmodel_create();
+    for (int i = 0; m && i < R->nc; i++) {
+        const coll_res_t *c = &R->C[i];
+        if (!c->fit_ok)
+            continue;
+        xm_coll_rec_t rec;
+        memset(&rec, 0, sizeof rec);
+        rec.kind = c->kind;
+        rec.g = R->G[c->geom].g;
+        rec.fit = c->fit;
+        rec.min_bytes = c->x[0];
+        rec.max_bytes = c->x[c->n - 1];
+        if (xm_costmodel_add_coll(m, &rec))
+            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+    }
+    for (int i = 0; m && i < R->ns; i++) {
+        xm_gemm_rec_t g;
+        memset(&g, 0, sizeof g);
+        g.m = R->S[i].s.m;
+        g.n = R->S[i].s.n;
+        g.k = R->S[i].s.k;
+        g.busy = R->busy;
+        g.seconds = R->S[i].seconds;
+        memcpy(g.label, R->S[i].s.label, sizeof g.label);
+        if (xm_costmodel_add_gemm(m, &g))
+            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+    }
+    if (m && R->gemm_fit_ok) {
+        m->has_gemm_fit = 1;
+        m->gemm_fit = R->gemm_fit;
+    }
+    return m;
+}
+
+static void print_table(const opts_t *o, const results_t *R)
+{
+    const klass_t *K = R->K;
     printf("# xmesh-calibrate: %d ranks on %d hosts; sizes %lld .. %lld bytes in %d steps, "
            "median of %d\n",
            size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps);
@@ -390,6 +832,48 @@ static void print_table(const opts_t *o, const klass_t *K)
             printf(" %.0f:%.6f", K[c].x[i], K[c].y[i]);
         printf("\n");
     }
+    if (o->skip_coll)
+        printf("# collectives: skipped (--skip)\n");
+    else if (R->coll_why[0])
+        printf("# collectives: not measured: %s\n", R->coll_why);
+    else {
+        printf("# collectives: time = alpha + beta * f(n, p), relative least squares;\n"
+               "# f = 2(p-1)/p n (allreduce), (p-1)/p n (allgather, reduce_scatter, alltoall);"
+               " bus Gbit/s = 8 / beta\n");
+        printf("%-15s %4s %4s %5s %5s %11s %11s %9s %8s %9s  %s\n", "kind", "p", "rph", "hosts",
+               "share", "alpha(us)", "beta(ns/B)", "busGbit/s", "R^2", "worst_rel", "geometry");
+        for (int i = 0; i < R->nc; i++) {
+            const coll_res_t *c = &R->C[i];
+            const geom_t *g = &R->G[c->geom];
+            printf("%-15s %4d %4d %5d %5d ", xm_coll_name(c->kind), g->g.group_size,
+                   g->g.ranks_per_host, g->g.hosts, g->g.share);
+            if (!c->fit_ok)
+                printf("not fitted: %s\n", c->why);
+            else
+                printf("%11.2f %11.4f %9.4g %8.5f %9.4f  %s\n", c->fit.alpha * 1e6,
+                       c->fit.beta * 1e9, c->fit.beta > 0 ? 8 / c->fit.beta / 1e9 : NAN, c->fit.r2,
+                       c->fit.worst_rel, g->what);
+        }
+    }
+    if (o->skip_compute)
+        printf("# compute: skipped (--skip)\n");
+    else if (!R->ns)
+        printf("# compute: not measured: %s\n", R->gemm_why);
+    else {
+        printf("# compute: sgemm C(m x n) = A(m x k) . B(k x n), %d ranks per host at once, "
+               "slowest rank's median\n",
+               R->busy);
+        printf("%-28s %7s %7s %7s %12s %9s\n", "shape", "m", "n", "k", "ms", "GFLOP/s");
+        for (int i = 0; i < R->ns; i++)
+            printf("%-28s %7lld %7lld %7lld %12.4f %9.2f\n", R->S[i].s.label,
+                   (long long)R->S[i].s.m, (long long)R->S[i].s.n, (long long)R->S[i].s.k,
+                   R->S[i].seconds * 1e3, flops(&R->S[i].s) / R->S[i].seconds / 1e9);
+        if (R->gemm_fit_ok)
+            printf("# sgemm fit time = alpha + beta * 2mnk: alpha %.2f us, %.4g GFLOP/s, R^2 "
+                   "%.5f, worst_rel %.4f\n",
+                   R->gemm_fit.alpha * 1e6, R->gemm_fit.beta > 0 ? 1e-9 / R->gemm_fit.beta : NAN,
+                   R->gemm_fit.r2, R->gemm_fit.worst_rel);
+    }
 }
 
 static void json_num(const char *k, double v, int comma)
@@ -400,8 +884,9 @@ static void json_num(const char *k, double v, int comma)
         printf("\"%s\":null%s", k, comma ? "," : "");
 }
 
-static void print_json(const opts_t *o, const klass_t *K, const xm_cluster_t *cl)
+static void print_json(const opts_t *o, const results_t *R, const xm_cluster_t *cl)
 {
+    const klass_t *K = R->K;
     printf("{\"ranks\":%d,\"hosts\":%d,\"min_bytes\":%lld,\"max_bytes\":%lld,\"steps\":%d,"
            "\"reps\":%d,\"classes\":{",
            size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps);
@@ -421,7 +906,53 @@ static void print_json(const opts_t *o, const klass_t *K, const xm_cluster_t *cl
             printf("%s[%.0f,%.9g]", i ? "," : "", K[c].x[i], K[c].y[i]);
         printf("]}");
     }
-    printf("},\"model\":{");
+    printf("},\"collectives\":[");
+    for (int i = 0; i < R->nc; i++) {
+        const coll_res_t *c = &R->C[i];
+        const geom_t *g = &R->G[c->geom];
+        printf("%s{\"kind\":\"%s\",\"p\":%d,\"ranks_per_host\":%d,\"hosts\":%d,\"share\":%d,"
+               "\"geometry\":\"%s\",\"fitted\":%s,",
+               i ? "," : "", xm_coll_name(c->kind), g->g.group_size, g->g.ranks_per_host,
+               g->g.hosts, g->g.share, g->what, c->fit_ok ? "true" : "false");
+        if (c->fit_ok) {
+            json_num("alpha_s", c->fit.alpha, 1);
+            json_num("beta_s_per_byte", c->fit.beta, 1);
+            json_num("r2", c->fit.r2, 1);
+            json_num("worst_rel_residual", c->fit.worst_rel, 1);
+        } else {
+            printf("\"why\":\"");
+            for (const char *q = c->why; *q; q++)
+                if (*q != '"' && *q != '\\' && (unsigned char)*q >= ' ')
+                    putchar(*q);
+            printf("\",");
+        }
+        printf("\"points\":[");
+        for (int j = 0; j < c->n; j++)
+            printf("%s[%.0f,%.9g]", j ? "," : "", c->x[j], c->y[j]);
+        printf("]}");
+    }
+    printf("],\"compute\":{\"busy\":%d,\"shapes\":[", R->busy);
+    for (int i = 0; i < R->ns; i++) {
+        printf("%s{\"label\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,", i ? "," : "",
+               R->S[i].s.label, (long long)R->S[i].s.m, (long long)R->S[i].s.n,
+               (long long)R->S[i].s.k);
+        json_num("seconds", R->S[i].seconds, 1);
+        json_num("gflops", flops(&R->S[i].s) / R->S[i].seconds / 1e9, 0);
+        printf("}");
+    }
+    printf("],\"fit\":");
+    if (R->gemm_fit_ok) {
+        printf("{");
+        json_num("alpha_s", R->gemm_fit.alpha, 1);
+        json_num("beta_s_per_flop", R->gemm_fit.beta, 1);
+        json_num("r2", R->gemm_fit.r2, 1);
+        json_num("worst_rel_residual", R->gemm_fit.worst_rel, 0);
+        printf("}");
+    } else {
+        printf("null");
+    }
+    printf(",\"why\":\"%s\"}", o->skip_compute ? "skipped" : R->ns ? "" : R->gemm_why);
+    printf(",\"model\":{");
     json_num("nic_gbps", cl->nic_send_Bps * 8 / 1e9, 1);
     json_num("intra_gbps", cl->intra_Bps * 8 / 1e9, 1);
     json_num("latency_us", cl->latency_s * 1e6, 0);
@@ -434,8 +965,9 @@ static void print_json(const opts_t *o, const klass_t *K, const xm_cluster_t *cl
 
 /* The cluster file text; fills the fitted values into *cl (for the JSON).
  * Returns -1 if nothing could be fitted. */
-static int write_file(const opts_t *o, const klass_t *K, xm_cluster_t *cl, FILE *f)
+static int write_file(const opts_t *o, const results_t *R, xm_cluster_t *cl, FILE *f)
 {
+    const klass_t *K = R->K;
     time_t now = time(NULL);
     char ts[64];
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
@@ -474,6 +1006,24 @@ static int write_file(const opts_t *o, const klass_t *K, xm_cluster_t *cl, FILE 
         fprintf(f, "# intra_gbps: not fitted (p2p-intra %s)\n",
                 ia->ok ? "slope not positive" : ia->why);
     }
+    xm_costmodel_t *m = to_model(R);
+    if (!m) {
+        fprintf(stderr, "xmesh-calibrate: out of memory for the cost model\n");
+        return -1;
+    }
+    if (xm_costmodel_write(m, f))
+        fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+    wrote += m->ncoll + m->ngemm;
+    xm_costmodel_destroy(m);
+    for (int i = 0; i < R->nc; i++)
+        if (!R->C[i].fit_ok) {
+            const xm_coll_geom_t *g = &R->G[R->C[i].geom].g;
+            fprintf(f, "# not fitted: %s p %d ranks_per_host %d hosts %d share %d: %s\n",
+                    xm_coll_name(R->C[i].kind), g->group_size, g->ranks_per_host, g->hosts,
+                    g->share, R->C[i].why);
+        }
+    if (!o->skip_compute && !R->ns)
+        fprintf(f, "# compute not measured: %s\n", R->gemm_why);
     return wrote ? 0 : -1;
 }
 
@@ -512,9 +1062,33 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 1;
     }
-    klass_t K[NCLASS];
-    memset(K, 0, sizeof K);
-    measure(&o, K);
+    results_t *R = calloc(1, sizeof *R);
+    if (!R) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (o.skip_p2p)
+        for (int c = 0; c < NCLASS; c++)
+            snprintf(R->K[c].why, sizeof R->K[c].why, "skipped (--skip p2p)");
+    else
+        measure(&o, R->K);
+    if (!o.skip_coll) {
+        R->ng = build_geoms(R->G);
+        R->C = calloc((size_t)R->ng * XM_COLL_NKINDS + 1, sizeof *R->C);
+        if (!R->C) {
+            fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        if (R->ng)
+            R->nc = measure_coll(&o, R->G, R->ng, R->C);
+        else
+            snprintf(R->coll_why, sizeof R->coll_why, "no group of 2 ranks");
+    }
+    if (!o.skip_compute) {
+        R->busy = busy_per_host();
+        R->ns = measure_gemm(&o, R->S, R->gemm_why, sizeof R->gemm_why);
+        fit_gemm(R);
+    }
     int rc = 0;
     if (rank == 0) {
         xm_cluster_t cl;
@@ -532,21 +1106,23 @@ int main(int argc, char **argv)
             rc = 1;
         }
         FILE *sink = f ? f : fopen("/dev/null", "w");
-        if (sink && write_file(&o, K, &cl, sink)) {
+        if (sink && write_file(&o, R, &cl, sink)) {
             fprintf(stderr, "xmesh-calibrate: nothing could be fitted (see the table)\n");
             rc = 1;
         }
         if (sink)
             fclose(sink);
         if (o.json)
-            print_json(&o, K, &cl);
+            print_json(&o, R, &cl);
         else {
-            print_table(&o, K);
+            print_table(&o, R);
             if (f)
                 printf("# cluster file written to %s\n", o.out);
         }
     }
     MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    free(R->C);
+    free(R);
     xmesh_ctx_destroy(ctx);
     MPI_Finalize();
     return rc;

@@ -10,7 +10,16 @@ left out of the cluster file ("not fitted", the default stays) rather than
 written as a negative rate; the check takes whichever branch the run took
 and says so.
 
-usage: calibrate_check.py MPIEXEC NPFLAG CALIBRATE PLAN WORKDIR
+Issue 21: the same run also times the four collectives over every group
+geometry of 2 virtual hosts x 2 ranks (inside a host; one rank per host,
+alone and two groups sharing each NIC; whole hosts) and sgemm for tiny layer
+shapes. Checked: every kind x geometry is in the JSON with a fit whose
+values are finite and R^2 <= 1 (or a stated reason), every sgemm shape has a
+finite time (or the build says it has no OpenBLAS), and the file loads
+through the search's API with every collective class present
+(calibrate_model_check). Behaviour, not timing: the machine is shared.
+
+usage: calibrate_check.py MPIEXEC NPFLAG CALIBRATE PLAN WORKDIR [MODEL_CHECK]
 """
 import json
 import math
@@ -24,14 +33,83 @@ def fail(msg):
     sys.exit(1)
 
 
+KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall")
+# (p, ranks_per_host, hosts, share) of 2 hosts x 2 ranks
+GEOMS = ((2, 2, 1, 1), (2, 1, 2, 1), (2, 1, 2, 2), (4, 2, 2, 1))
+
+
+def finite(v):
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def check_collectives(doc, text):
+    coll = doc.get("collectives")
+    if not isinstance(coll, list):
+        fail("JSON has no collectives list")
+    seen = {}
+    for c in coll:
+        key = (c["kind"], c["p"], c["ranks_per_host"], c["hosts"], c["share"])
+        if key in seen:
+            fail("collective %s measured twice" % (key,))
+        seen[key] = c
+        if len(c["points"]) != 5 or any(not finite(t) or t <= 0 for _, t in c["points"]):
+            fail("collective %s: points %s (expected 5 positive times)" % (key, c["points"]))
+        if c["fitted"]:
+            for k in ("alpha_s", "beta_s_per_byte", "r2", "worst_rel_residual"):
+                if not finite(c.get(k)):
+                    fail("collective %s: %s = %s is not finite" % (key, k, c.get(k)))
+            if c["r2"] > 1 + 1e-9 or c["worst_rel_residual"] < 0:
+                fail("collective %s: R^2 %s / worst residual %s out of range"
+                     % (key, c["r2"], c["worst_rel_residual"]))
+        elif not c.get("why"):
+            fail("collective %s not fitted and no reason given" % (key,))
+    for kind in KINDS:
+        for g in GEOMS:
+            key = (kind,) + g
+            if key not in seen:
+                fail("collective %s missing from the JSON (have %s)" % (key, sorted(seen)))
+            c = seen[key]
+            line = "%s %d %d %d %d " % key
+            in_file = any(l.startswith(line) for l in text.splitlines())
+            if c["fitted"] != in_file:
+                fail("collective %s: fitted %s but in the file %s" % (key, c["fitted"], in_file))
+    if "[collectives]" not in text:
+        fail("cluster file has no [collectives] section:\n" + text)
+    print("collectives: %d fits, R^2 %s" % (len(coll), ", ".join(
+        "%.3f" % c["r2"] for c in coll if c["fitted"])))
+
+
+def check_compute(doc):
+    comp = doc["compute"]
+    if not comp["shapes"]:
+        if "OpenBLAS" not in comp["why"]:
+            fail("no sgemm shapes and the reason %r does not name OpenBLAS" % comp["why"])
+        print("note: built without OpenBLAS: compute not measured (%s)" % comp["why"])
+        return False
+    labels = [s["label"] for s in comp["shapes"]]
+    for want in ("gpt-qkv", "gpt-fc", "conv3x3-32x32-3to4", "conv3x3-8x8-16to16"):
+        if want not in labels:
+            fail("sgemm shape %s missing (have %s)" % (want, labels))
+    for s in comp["shapes"]:
+        if not finite(s["seconds"]) or s["seconds"] <= 0 or not finite(s["gflops"]):
+            fail("sgemm %s: seconds %s gflops %s" % (s["label"], s["seconds"], s["gflops"]))
+    if comp["busy"] != 2:
+        fail("sgemm busy ranks per host %s, expected 2" % comp["busy"])
+    if comp["fit"] is None or not finite(comp["fit"]["r2"]) or comp["fit"]["r2"] > 1 + 1e-9:
+        fail("sgemm fit missing or R^2 not finite: %s" % comp["fit"])
+    return True
+
+
 def main():
     mpiexec, npflag, cal, plan, work = sys.argv[1:6]
+    model_check = sys.argv[6] if len(sys.argv) > 6 else None
     os.makedirs(work, exist_ok=True)
     path = os.path.join(work, "calibrated.cluster")
     if os.path.exists(path):
         os.remove(path)
     cmd = [mpiexec, npflag, "4", "--oversubscribe", cal, "--virtual-hosts", "2",
-           "--min", "4K", "--max", "512K", "--steps", "5", "--reps", "3", "-o", path, "--json"]
+           "--min", "4K", "--max", "512K", "--steps", "5", "--reps", "3", "-o", path, "--json",
+           "--gemm-tokens", "32", "--gemm-hidden", "32", "--gemm-vocab", "64", "--conv-base", "4"]
     print("$ " + " ".join(cmd))
     for attempt in range(3):
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -95,6 +173,16 @@ def main():
             if "not fitted (%s" % cls not in text:
                 fail("%s slope %g <= 0 and the file does not say 'not fitted':\n%s" % (cls, beta, text))
             print("note: %s slope %g <= 0 in this run: left out of the file (checked)" % (cls, beta))
+    check_collectives(doc, text)
+    compute = check_compute(doc)
+    if model_check:
+        mc = [model_check, path] + ([] if compute else ["--no-compute"])
+        print("$ " + " ".join(mc))
+        m = subprocess.run(mc, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=60)
+        print(m.stdout)
+        if m.returncode != 0:
+            fail("the cluster file does not pass calibrate_model_check (rc %d)" % m.returncode)
     p = subprocess.run([plan, "--case", "1", "--cluster", path, "--json"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
     if p.returncode != 0:

@@ -1,0 +1,697 @@
+/* Calibrated collective and compute costs: fits, the [collectives] and
+ * [compute] sections of the cluster file, predictions (xm_costmodel.h,
+ * docs/COSTMODEL.md). */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "xm_cluster_file.h"
+#include "xm_costmodel.h"
+#include "xm_sched_impl.h"
+
+static const char *const coll_names[XM_COLL_NKINDS] = {"allreduce", "allgather", "reduce_scatter",
+                                                       "alltoall"};
+
+const char *xm_coll_name(xm_coll_t kind)
+{
+    return (int)kind >= 0 && kind < XM_COLL_NKINDS ? coll_names[kind] : NULL;
+}
+
+int xm_coll_from_name(const char *s)
+{
+    for (int k = 0; s && k < XM_COLL_NKINDS; k++)
+        if (!strcmp(s, coll_names[k]))
+            return k;
+    return -1;
+}
+
+double xm_coll_volume(xm_coll_t kind, double bytes, int p)
+{
+    if ((int)kind < 0 || kind >= XM_COLL_NKINDS || p < 1 || !(bytes >= 0))
+        return NAN;
+    double f = (double)(p - 1) / p * bytes;
+    return kind == XM_COLL_ALLREDUCE ? 2 * f : f;
+}
+
+int xm_coll_steps(xm_coll_t kind, int p)
+{
+    return p < 1 ? 0 : kind == XM_COLL_ALLREDUCE ? 2 * (p - 1) : p - 1;
+}
+
+xmesh_result_t xm_coll_fit(xm_coll_t kind, int p, const double *bytes, const double *seconds,
+                           int npts, xm_fit_t *out)
+{
+    if (!xm_coll_name(kind))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_coll_fit: collective kind %d out of range",
+                      (int)kind);
+    if (p < 2)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_coll_fit: group size %d, need at least 2", p);
+    if (!bytes || !seconds || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_coll_fit: %s is NULL",
+                      !bytes     ? "bytes"
+                      : !seconds ? "seconds"
+                                 : "out");
+    if (npts < 2 || npts > 1 << 20)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_coll_fit: %d point(s), need 2 .. 2^20", npts);
+    double *x = malloc(sizeof(double) * 2 * (size_t)npts), *w = x + npts;
+    if (!x)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_coll_fit: out of memory");
+    xmesh_result_t r = XMESH_SUCCESS;
+    for (int i = 0; i < npts && !r; i++) {
+        if (!(bytes[i] > 0) || !isfinite(bytes[i]))
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                       "xm_coll_fit: %s point %d: %g bytes, need a finite count > 0",
+                       coll_names[kind], i, bytes[i]);
+        else if (!(seconds[i] > 0) || !isfinite(seconds[i]))
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                       "xm_coll_fit: %s point %d: %g seconds, need a finite time > 0",
+                       coll_names[kind], i, seconds[i]);
+        else {
+            x[i] = xm_coll_volume(kind, bytes[i], p);
+            w[i] = 1 / (seconds[i] * seconds[i]); /* relative residuals (xm_cost.h) */
+        }
+    }
+    if (!r)
+        r = xm_fit_weighted(x, seconds, w, npts, out);
+    free(x);
+    return r;
+}
+
+xm_costmodel_t *xm_costmodel_create(void)
+{
+    return calloc(1, sizeof(xm_costmodel_t));
+}
+
+void xm_costmodel_destroy(xm_costmodel_t *m)
+{
+    if (!m)
+        return;
+    free(m->coll);
+    free(m->gemm);
+    free(m);
+}
+
+/* ------------------------------------------------------------ records */
+
+static int geom_eq(const xm_coll_geom_t *a, const xm_coll_geom_t *b)
+{
+    return a->group_size == b->group_size && a->ranks_per_host == b->ranks_per_host &&
+           a->hosts == b->hosts && a->share == b->share;
+}
+
+/* Checks a geometry; where names the context for the message. uneven: a
+ * query may have ranks_per_host as the most ranks on one host (every other
+ * host at least one: rph + hosts - 1 <= p <= rph * hosts); records are
+ * even (p = rph * hosts). */
+static xmesh_result_t check_geom(const xm_coll_geom_t *g, const char *where, int uneven)
+{
+    const char *bad = g->group_size < 1       ? "p"
+                      : g->ranks_per_host < 1 ? "ranks_per_host"
+                      : g->hosts < 1          ? "hosts"
+                      : g->share < 1          ? "share"
+                                              : NULL;
+    if (bad)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: field %s must be >= 1 (p %d, ranks_per_host "
+                      "%d, hosts %d, share %d)",
+                      where, bad, g->group_size, g->ranks_per_host, g->hosts, g->share);
+    int64_t most = (int64_t)g->ranks_per_host * g->hosts,
+            least = (int64_t)g->ranks_per_host + g->hosts - 1;
+    if (!uneven && most != g->group_size)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: p %d != ranks_per_host %d * hosts %d", where,
+                      g->group_size, g->ranks_per_host, g->hosts);
+    if (uneven && (g->group_size > most || g->group_size < least))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: p %d ranks cannot span %d hosts with at most %d on one (need "
+                      "ranks_per_host + hosts - 1 <= p <= ranks_per_host * hosts)",
+                      where, g->group_size, g->hosts, g->ranks_per_host);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t check_coll(const xm_coll_rec_t *r, const char *where)
+{
+    if (!xm_coll_name(r->kind))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field kind: %d is not a collective", where,
+                      (int)r->kind);
+    xmesh_result_t e = check_geom(&r->g, where, 0);
+    if (e)
+        return e;
+    if (r->g.group_size < 2)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field p: %d, a fit needs p >= 2", where,
+                      r->g.group_size);
+    const xm_fit_t *f = &r->fit;
+    if (!isfinite(f->alpha) || !isfinite(f->beta))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field %s: %g is not finite", where,
+                      !isfinite(f->alpha) ? "alpha_us" : "beta_ns_per_byte",
+                      !isfinite(f->alpha) ? f->alpha : f->beta);
+    if (!isfinite(f->r2) || f->r2 > 1 + 1e-9)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field r2: %g, need a finite value <= 1",
+                      where, f->r2);
+    if (!isfinite(f->worst_rel) || f->worst_rel < 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field worst_rel: %g, need finite >= 0",
+                      where, f->worst_rel);
+    if (f->n < 2)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field points: %d, a fit needs >= 2", where,
+                      f->n);
+    if (!(r->min_bytes > 0) || !isfinite(r->max_bytes) || !(r->max_bytes >= r->min_bytes))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: fields min_bytes %g, max_bytes %g: need 0 < min_bytes <= max_bytes",
+                      where, r->min_bytes, r->max_bytes);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t check_gemm(const xm_gemm_rec_t *r, const char *where)
+{
+    const char *bad = r->m < 1 ? "m" : r->n < 1 ? "n" : r->k < 1 ? "k" : NULL;
+    if (bad)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: field %s must be >= 1 (m %lld n %lld k %lld)", where, bad,
+                      (long long)r->m, (long long)r->n, (long long)r->k);
+    if (r->busy < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field busy: %d, need >= 1", where, r->busy);
+    if (!(r->seconds > 0) || !isfinite(r->seconds))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field seconds: %g, need finite > 0", where,
+                      r->seconds);
+    size_t n = strnlen(r->label, XM_GEMM_LABEL);
+    if (n == 0 || n >= XM_GEMM_LABEL)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: field label: need 1 .. %d characters", where,
+                      XM_GEMM_LABEL - 1);
+    for (size_t i = 0; i < n; i++)
+        if (r->label[i] <= ' ' || r->label[i] == '#' || r->label[i] > '~')
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "%s: field label '%s': no spaces, '#' or control characters", where,
+                          r->label);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_costmodel_add_coll(xm_costmodel_t *m, const xm_coll_rec_t *r)
+{
+    if (!m || !r)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_add_coll: %s is NULL",
+                      !m ? "model" : "record");
+    char where[64];
+    if (r->line > 0)
+        snprintf(where, sizeof where, "cluster file line %d", r->line);
+    else
+        snprintf(where, sizeof where, "collective record");
+    xmesh_result_t e = check_coll(r, where);
+    if (e)
+        return e;
+    for (int i = 0; i < m->ncoll; i++)
+        if (m->coll[i].kind == r->kind && geom_eq(&m->coll[i].g, &r->g))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "%s: %s p %d ranks_per_host %d hosts %d share %d repeats line %d", where,
+                          coll_names[r->kind], r->g.group_size, r->g.ranks_per_host, r->g.hosts,
+                          r->g.share, m->coll[i].line);
+    xm_coll_rec_t *c = realloc(m->coll, sizeof *c * (size_t)(m->ncoll + 1));
+    if (!c)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_add_coll: out of memory");
+    m->coll = c;
+    m->coll[m->ncoll++] = *r;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_costmodel_add_gemm(xm_costmodel_t *m, const xm_gemm_rec_t *r)
+{
+    if (!m || !r)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_add_gemm: %s is NULL",
+                      !m ? "model" : "record");
+    char where[64];
+    if (r->line > 0)
+        snprintf(where, sizeof where, "cluster file line %d", r->line);
+    else
+        snprintf(where, sizeof where, "sgemm record");
+    xmesh_result_t e = check_gemm(r, where);
+    if (e)
+        return e;
+    for (int i = 0; i < m->ngemm; i++)
+        if (m->gemm[i].m == r->m && m->gemm[i].n == r->n && m->gemm[i].k == r->k &&
+            m->gemm[i].busy == r->busy)
+            return XM_ERR(
+                XMESH_ERR_INVALID_ARGUMENT, "%s: sgemm %lld %lld %lld busy %d repeats line %d",
+                where, (long long)r->m, (long long)r->n, (long long)r->k, r->busy, m->gemm[i].line);
+    xm_gemm_rec_t *g = realloc(m->gemm, sizeof *g * (size_t)(m->ngemm + 1));
+    if (!g)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_add_gemm: out of memory");
+    m->gemm = g;
+    m->gemm[m->ngemm++] = *r;
+    return XMESH_SUCCESS;
+}
+
+/* ------------------------------------------------------------ file */
+
+int xm_costmodel_section_known(const char *section)
+{
+    return section && (!strcmp(section, "collectives") || !strcmp(section, "compute"));
+}
+
+#define MAX_FIELDS 16
+
+/* Splits s at blanks into at most MAX_FIELDS fields; returns the count or
+ * MAX_FIELDS + 1 when there are more. */
+static int split(char *s, char **f)
+{
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(s, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+        if (n == MAX_FIELDS)
+            return MAX_FIELDS + 1;
+        f[n++] = t;
+    }
+    return n;
+}
+
+static xmesh_result_t num(int line, const char *rec, const char *field, const char *s, double *v)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end);
+    if (end == s || *end || errno || !isfinite(d))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster file line %d: %s field %s: '%s' is not a finite number", line, rec,
+                      field, s);
+    *v = d;
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t whole(int line, const char *rec, const char *field, const char *s,
+                            int64_t max, int64_t *v)
+{
+    double d;
+    xmesh_result_t r = num(line, rec, field, s, &d);
+    if (r)
+        return r;
+    if (d != floor(d) || d < 0 || d > (double)max)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster file line %d: %s field %s: '%s' is not a whole number in [0, %lld]",
+                      line, rec, field, s, (long long)max);
+    *v = (int64_t)d;
+    return XMESH_SUCCESS;
+}
+
+static const char *const coll_fields[] = {"kind",      "p",        "ranks_per_host",   "hosts",
+                                          "share",     "alpha_us", "beta_ns_per_byte", "r2",
+                                          "worst_rel", "points",   "min_bytes",        "max_bytes"};
+#define COLL_NF 12
+static const char *const gemm_fields[] = {"sgemm", "m", "n", "k", "busy", "seconds", "label"};
+#define GEMM_NF 7
+static const char *const gfit_fields[] = {"sgemm_fit", "alpha_us",  "beta_ps_per_flop",
+                                          "r2",        "worst_rel", "points"};
+#define GFIT_NF 6
+
+static xmesh_result_t want(int line, const char *rec, int got, int n, const char *const *names)
+{
+    if (got == n)
+        return XMESH_SUCCESS;
+    char list[256] = "";
+    for (int i = 0; i < n; i++) {
+        strncat(list, names[i], sizeof list - strlen(list) - 2);
+        if (i + 1 < n)
+            strncat(list, " ", sizeof list - strlen(list) - 1);
+    }
+    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                  "cluster file line %d: %s record has %s%d fields, expected %d: %s", line, rec,
+                  got > MAX_FIELDS ? "more than " : "", got > MAX_FIELDS ? MAX_FIELDS : got, n,
+                  list);
+}
+
+static xmesh_result_t parse_coll(xm_costmodel_t *m, int line, char **f, int nf)
+{
+    int kind = xm_coll_from_name(f[0]);
+    if (kind < 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster file line %d: [collectives] field kind: unknown collective '%s' "
+                      "(expected allreduce, allgather, reduce_scatter or alltoall)",
+                      line, f[0]);
+    xmesh_result_t r = want(line, f[0], nf, COLL_NF, coll_fields);
+    if (r)
+        return r;
+    xm_coll_rec_t c;
+    memset(&c, 0, sizeof c);
+    c.kind = (xm_coll_t)kind;
+    c.line = line;
+    int64_t iv[4], pts;
+    for (int i = 0; i < 4; i++)
+        if ((r = whole(line, f[0], coll_fields[1 + i], f[1 + i], 1 << 30, &iv[i])))
+            return r;
+    c.g.group_size = (int)iv[0];
+    c.g.ranks_per_host = (int)iv[1];
+    c.g.hosts = (int)iv[2];
+    c.g.share = (int)iv[3];
+    double a, b;
+    if ((r = num(line, f[0], coll_fields[5], f[5], &a)) ||
+        (r = num(line, f[0], coll_fields[6], f[6], &b)) ||
+        (r = num(line, f[0], coll_fields[7], f[7], &c.fit.r2)) ||
+        (r = num(line, f[0], coll_fields[8], f[8], &c.fit.worst_rel)) ||
+        (r = whole(line, f[0], coll_fields[9], f[9], 1 << 30, &pts)) ||
+        (r = num(line, f[0], coll_fields[10], f[10], &c.min_bytes)) ||
+        (r = num(line, f[0], coll_fields[11], f[11], &c.max_bytes)))
+        return r;
+    c.fit.alpha = a * 1e-6;
+    c.fit.beta = b * 1e-9;
+    c.fit.n = (int)pts;
+    if (!m) {
+        char where[64];
+        snprintf(where, sizeof where, "cluster file line %d", line);
+        return check_coll(&c, where);
+    }
+    return xm_costmodel_add_coll(m, &c);
+}
+
+static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int nf)
+{
+    xmesh_result_t r;
+    if (!strcmp(f[0], "sgemm")) {
+        if ((r = want(line, f[0], nf, GEMM_NF, gemm_fields)))
+            return r;
+        xm_gemm_rec_t g;
+        memset(&g, 0, sizeof g);
+        g.line = line;
+        int64_t busy;
+        const int64_t big = (int64_t)1 << 40;
+        if ((r = whole(line, f[0], "m", f[1], big, &g.m)) ||
+            (r = whole(line, f[0], "n", f[2], big, &g.n)) ||
+            (r = whole(line, f[0], "k", f[3], big, &g.k)) ||
+            (r = whole(line, f[0], "busy", f[4], 1 << 20, &busy)) ||
+            (r = num(line, f[0], "seconds", f[5], &g.seconds)))
+            return r;
+        g.busy = (int)busy;
+        if (strlen(f[6]) >= XM_GEMM_LABEL)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: sgemm field label: '%s' is longer than %d "
+                          "characters",
+                          line, f[6], XM_GEMM_LABEL - 1);
+        strcpy(g.label, f[6]);
+        if (!m) {
+            char where[64];
+            snprintf(where, sizeof where, "cluster file line %d", line);
+            return check_gemm(&g, where);
+        }
+        return xm_costmodel_add_gemm(m, &g);
+    }
+    if (!strcmp(f[0], "sgemm_fit")) {
+        if ((r = want(line, f[0], nf, GFIT_NF, gfit_fields)))
+            return r;
+        xm_fit_t fit;
+        double a, b;
+        int64_t pts;
+        if ((r = num(line, f[0], gfit_fields[1], f[1], &a)) ||
+            (r = num(line, f[0], gfit_fields[2], f[2], &b)) ||
+            (r = num(line, f[0], gfit_fields[3], f[3], &fit.r2)) ||
+            (r = num(line, f[0], gfit_fields[4], f[4], &fit.worst_rel)) ||
+            (r = whole(line, f[0], gfit_fields[5], f[5], 1 << 30, &pts)))
+            return r;
+        if (fit.r2 > 1 + 1e-9 || fit.worst_rel < 0 || pts < 2)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: sgemm_fit field %s out of range", line,
+                          fit.r2 > 1 + 1e-9   ? "r2 (> 1)"
+                          : fit.worst_rel < 0 ? "worst_rel (< 0)"
+                                              : "points (< 2)");
+        fit.alpha = a * 1e-6;
+        fit.beta = b * 1e-12;
+        fit.n = (int)pts;
+        if (m && m->has_gemm_fit)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: a second sgemm_fit record", line);
+        if (m) {
+            m->gemm_fit = fit;
+            m->has_gemm_fit = 1;
+        }
+        return XMESH_SUCCESS;
+    }
+    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                  "cluster file line %d: [compute] unknown record '%s' (expected sgemm or "
+                  "sgemm_fit)",
+                  line, f[0]);
+}
+
+xmesh_result_t xm_costmodel_parse_line(xm_costmodel_t *m, const char *section, int line, char *text)
+{
+    char *f[MAX_FIELDS];
+    int nf = split(text, f);
+    if (nf == 0)
+        return XMESH_SUCCESS;
+    if (!strcmp(section, "collectives"))
+        return parse_coll(m, line, f, nf);
+    if (!strcmp(section, "compute"))
+        return parse_compute(m, line, f, nf);
+    return XM_ERR(XMESH_ERR_INTERNAL, "cluster file line %d: section [%s] is not a cost section",
+                  line, section);
+}
+
+xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out)
+{
+    if (!text || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_parse: %s is NULL",
+                      !text ? "text" : "out");
+    xm_costmodel_t *m = xm_costmodel_create();
+    if (!m)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_parse: out of memory");
+    xmesh_result_t r = xm_clusterfile_parse(text, NULL, m);
+    if (r) {
+        xm_costmodel_destroy(m);
+        return r;
+    }
+    *out = m;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out)
+{
+    if (!out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_load: out is NULL");
+    char *text = NULL;
+    xmesh_result_t r = xm_clusterfile_read(path, &text);
+    if (r)
+        return r;
+    r = xm_costmodel_parse(text, out);
+    free(text);
+    return r;
+}
+
+xmesh_result_t xm_costmodel_nominal(const xm_cluster_t *c, double flops_per_s, xm_costmodel_t **out)
+{
+    if (!c || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_nominal: %s is NULL",
+                      !c ? "cluster" : "out");
+    double nic = c->nic_send_Bps < c->nic_recv_Bps ? c->nic_send_Bps : c->nic_recv_Bps;
+    if (!(nic > 0) || !isfinite(nic) || !(c->intra_Bps > 0) || !isfinite(c->intra_Bps) ||
+        !(c->latency_s >= 0) || !isfinite(c->latency_s))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "xm_costmodel_nominal: cluster rates must be > 0 and latency >= 0 (NIC %g "
+                      "B/s, intra %g B/s, latency %g s)",
+                      nic, c->intra_Bps, c->latency_s);
+    if (!(flops_per_s >= 0) || !isfinite(flops_per_s))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "xm_costmodel_nominal: flops_per_s %g, need a finite value >= 0",
+                      flops_per_s);
+    xm_costmodel_t *m = xm_costmodel_create();
+    if (!m)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_nominal: out of memory");
+    xmesh_result_t r = XMESH_SUCCESS;
+    for (int k = 0; k < XM_COLL_NKINDS && !r; k++)
+        for (int cross = 0; cross < 2 && !r; cross++) {
+            xm_coll_rec_t rec;
+            memset(&rec, 0, sizeof rec);
+            rec.kind = (xm_coll_t)k;
+            rec.g = cross ? (xm_coll_geom_t){2, 1, 2, 1} : (xm_coll_geom_t){2, 2, 1, 1};
+            rec.fit.alpha = c->latency_s * xm_coll_steps(rec.kind, 2);
+            rec.fit.beta = 1 / (cross ? nic : c->intra_Bps);
+            rec.fit.r2 = 1;
+            rec.fit.n = 2;
+            rec.min_bytes = 1;
+            rec.max_bytes = 1e18;
+            r = xm_costmodel_add_coll(m, &rec);
+        }
+    if (!r && flops_per_s > 0) {
+        xm_gemm_rec_t g;
+        memset(&g, 0, sizeof g);
+        g.m = g.n = g.k = 1;
+        g.busy = 1;
+        g.seconds = 2 / flops_per_s;
+        snprintf(g.label, sizeof g.label, "nominal");
+        r = xm_costmodel_add_gemm(m, &g);
+    }
+    if (r) {
+        xm_costmodel_destroy(m);
+        return r;
+    }
+    m->nominal = 1;
+    *out = m;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
+{
+    if (!m || !f)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_write: %s is NULL",
+                      !m ? "model" : "file");
+    if (m->nominal)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "xm_costmodel_write: a nominal (uncalibrated) model is not written as a "
+                      "calibration");
+    if (m->ncoll) {
+        fprintf(f, "\n[collectives]\n"
+                   "# time = alpha + beta * f(n, p); f: allreduce 2(p-1)/p n, allgather, "
+                   "reduce_scatter, alltoall (p-1)/p n\n"
+                   "# n: allreduce/reduce_scatter the vector per rank, allgather the gathered "
+                   "result, alltoall all a rank sends\n"
+                   "# kind p ranks_per_host hosts share alpha_us beta_ns_per_byte r2 worst_rel "
+                   "points min_bytes max_bytes\n");
+        for (int i = 0; i < m->ncoll; i++) {
+            const xm_coll_rec_t *c = &m->coll[i];
+            fprintf(f, "%s %d %d %d %d %.10g %.10g %.10g %.10g %d %.17g %.17g\n",
+                    coll_names[c->kind], c->g.group_size, c->g.ranks_per_host, c->g.hosts,
+                    c->g.share, c->fit.alpha * 1e6, c->fit.beta * 1e9, c->fit.r2, c->fit.worst_rel,
+                    c->fit.n, c->min_bytes, c->max_bytes);
+        }
+    }
+    if (m->ngemm || m->has_gemm_fit) {
+        fprintf(f, "\n[compute]\n"
+                   "# sgemm m n k busy seconds label: C(m x n) = A(m x k) . B(k x n), busy "
+                   "ranks per host at once\n");
+        for (int i = 0; i < m->ngemm; i++) {
+            const xm_gemm_rec_t *g = &m->gemm[i];
+            fprintf(f, "sgemm %lld %lld %lld %d %.10g %s\n", (long long)g->m, (long long)g->n,
+                    (long long)g->k, g->busy, g->seconds, g->label);
+        }
+        if (m->has_gemm_fit) {
+            const xm_fit_t *g = &m->gemm_fit;
+            fprintf(f,
+                    "# time = alpha + beta * 2mnk over every shape above\n"
+                    "# sgemm_fit alpha_us beta_ps_per_flop r2 worst_rel points\n"
+                    "sgemm_fit %.10g %.10g %.10g %.10g %d\n",
+                    g->alpha * 1e6, g->beta * 1e12, g->r2, g->worst_rel, g->n);
+        }
+    }
+    if (ferror(f))
+        return XM_ERR(XMESH_ERR_SYSTEM, "xm_costmodel_write: write error");
+    return XMESH_SUCCESS;
+}
+
+/* ------------------------------------------------------------ predictions */
+
+static double l2(double a, double b)
+{
+    return fabs(log2(a) - log2(b));
+}
+
+xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const xm_coll_geom_t *g,
+                                  double bytes, xm_cost_pred_t *out)
+{
+    if (!m || !g || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_cost_collective: %s is NULL",
+                      !m   ? "model"
+                      : !g ? "geometry"
+                           : "out");
+    if (!xm_coll_name(kind))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_cost_collective: kind %d out of range",
+                      (int)kind);
+    xmesh_result_t e = check_geom(g, "xm_cost_collective", 1);
+    if (e)
+        return e;
+    if (!(bytes >= 0) || !isfinite(bytes))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_cost_collective: %g bytes", bytes);
+    xm_cost_pred_t p;
+    memset(&p, 0, sizeof p);
+    if (g->group_size == 1) {
+        p.exact = 1;
+        snprintf(p.basis, sizeof p.basis, "group of one rank: no communication");
+        *out = p;
+        return XMESH_SUCCESS;
+    }
+    int cross = g->hosts > 1, best = -1, seen = 0;
+    double bestr = INFINITY, bestd = INFINITY;
+    for (int i = 0; i < m->ncoll; i++) {
+        const xm_coll_rec_t *c = &m->coll[i];
+        if (c->kind != kind || (c->g.hosts > 1) != cross)
+            continue;
+        seen++;
+        if (!(c->fit.beta > 0))
+            continue;
+        /* ranks_per_host first (nothing scales it), then p and share (the
+         * steps and the NIC sharing scale those) */
+        double dr = l2(c->g.ranks_per_host, g->ranks_per_host),
+               d = l2(c->g.group_size, g->group_size) + l2(c->g.share, g->share);
+        if (dr < bestr || (dr == bestr && d < bestd))
+            bestr = dr, bestd = d, best = i;
+    }
+    if (best < 0)
+        return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                      "not calibrated: the cluster file has %s %s fit for groups %s (run "
+                      "xmesh-calibrate on this cluster and pass its file)",
+                      seen ? "no usable (beta > 0)" : "no", coll_names[kind],
+                      cross ? "spanning several hosts" : "inside one host");
+    const xm_coll_rec_t *c = &m->coll[best];
+    double alpha = c->fit.alpha > 0 ? c->fit.alpha : 0, beta = c->fit.beta;
+    int same = geom_eq(&c->g, g);
+    if (!same) {
+        alpha *= (double)xm_coll_steps(kind, g->group_size) / xm_coll_steps(kind, c->g.group_size);
+        if (cross)
+            beta *= (double)g->share / c->g.share;
+    }
+    p.seconds = alpha + beta * xm_coll_volume(kind, bytes, g->group_size);
+    p.exact = same && bytes >= c->min_bytes && bytes <= c->max_bytes;
+    if (m->nominal)
+        p.exact = 0;
+    snprintf(p.basis, sizeof p.basis, "%s%s fit p %d ranks_per_host %d hosts %d share %d%s%s%s",
+             m->nominal ? "nominal (uncalibrated) " : "", coll_names[kind], c->g.group_size,
+             c->g.ranks_per_host, c->g.hosts, c->g.share,
+             same    ? ""
+             : cross ? " (nearest; alpha scaled by steps, beta by share)"
+                     : " (nearest; alpha scaled by steps)",
+             bytes < c->min_bytes || bytes > c->max_bytes ? ", bytes outside the measured range"
+                                                          : "",
+             c->fit.alpha < 0 ? ", negative alpha taken as 0" : "");
+    *out = p;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_cost_gemm(const xm_costmodel_t *m, int64_t M, int64_t N, int64_t K,
+                            xm_cost_pred_t *out)
+{
+    if (!m || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_cost_gemm: %s is NULL", !m ? "model" : "out");
+    if (M < 0 || N < 0 || K < 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "xm_cost_gemm: negative dimension (m %lld n %lld "
+                      "k %lld)",
+                      (long long)M, (long long)N, (long long)K);
+    xm_cost_pred_t p;
+    memset(&p, 0, sizeof p);
+    if (M == 0 || N == 0 || K == 0) {
+        p.exact = 1;
+        snprintf(p.basis, sizeof p.basis, "empty product");
+        *out = p;
+        return XMESH_SUCCESS;
+    }
+    if (m->ngemm == 0)
+        return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                      "not calibrated: the cluster file has no [compute] sgemm shape (run "
+                      "xmesh-calibrate on this cluster and pass its file)");
+    int best = -1;
+    double bestd = INFINITY;
+    for (int i = 0; i < m->ngemm; i++) {
+        const xm_gemm_rec_t *g = &m->gemm[i];
+        double d =
+            l2((double)g->m, (double)M) + l2((double)g->n, (double)N) + l2((double)g->k, (double)K);
+        /* ties (the same shape at several busy counts): the busiest */
+        if (d < bestd || (d == bestd && g->busy > m->gemm[best].busy))
+            bestd = d, best = i;
+    }
+    const xm_gemm_rec_t *g = &m->gemm[best];
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    if (bestd == 0) {
+        p.seconds = g->seconds;
+        p.exact = !m->nominal;
+    } else {
+        double rate = 2.0 * (double)g->m * (double)g->n * (double)g->k / g->seconds;
+        p.seconds = flops / rate;
+    }
+    snprintf(p.basis, sizeof p.basis, "%ssgemm %lld x %lld x %lld (%s, %d busy)%s",
+             m->nominal ? "nominal (uncalibrated) " : "", (long long)g->m, (long long)g->n,
+             (long long)g->k, g->label, g->busy,
+             bestd == 0 ? "" : " at its flop rate (nearest shape)");
+    *out = p;
+    return XMESH_SUCCESS;
+}

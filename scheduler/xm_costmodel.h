@@ -1,0 +1,177 @@
+/*
+ * Calibrated collective and compute costs (issue 21 items 1 and 2): what
+ * the layout search prices a configuration with. Pure C, no MPI: the
+ * records come from the cluster file that xmesh-calibrate writes
+ * (docs/COSTMODEL.md, "Collectives and compute").
+ *
+ * Collectives. For a group of p ranks and a message of n bytes, each kind
+ * is timed as
+ *
+ *     time = alpha + beta * f(kind, n, p)
+ *
+ * with the per-rank volume of the bandwidth-optimal algorithm (ring or
+ * pairwise exchange) as f, so beta is seconds per byte on the busiest link
+ * and comparable across group sizes. n is, per kind:
+ *
+ *     kind            n is                                   f(n, p)
+ *     allreduce       the vector each rank holds and gets    2 (p - 1) / p * n
+ *     allgather       the gathered result each rank gets     (p - 1) / p * n
+ *     reduce_scatter  the vector each rank holds (ends n/p)  (p - 1) / p * n
+ *     alltoall        what each rank sends in all (n/p each) (p - 1) / p * n
+ *
+ * One fit per kind and group geometry: p ranks, ranks_per_host of them on
+ * each of `hosts` hosts (p = ranks_per_host * hosts), while `share` groups
+ * of that geometry run at once through the same hosts (share 1: alone;
+ * share R with R ranks per host: every rank of a host in a different
+ * cross-host group, all sharing the host's NIC).
+ *
+ * Compute. sgemm times of the layer shapes (C = A . B with A M x K, B K x N),
+ * measured with `busy` ranks of each host running at once.
+ *
+ * Ownership: xm_costmodel_parse/load allocate a model the caller frees with
+ * xm_costmodel_destroy(); on error *out is left untouched and nothing leaks.
+ */
+#ifndef XM_COSTMODEL_H
+#define XM_COSTMODEL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "xm_cost.h"
+
+typedef enum xm_coll {
+    XM_COLL_ALLREDUCE,
+    XM_COLL_ALLGATHER,
+    XM_COLL_REDUCE_SCATTER,
+    XM_COLL_ALLTOALL,
+    XM_COLL_NKINDS
+} xm_coll_t;
+
+/* "allreduce", "allgather", "reduce_scatter", "alltoall"; NULL if out of range. */
+const char *xm_coll_name(xm_coll_t kind);
+/* The kind named s (the names above); -1 if none. */
+int xm_coll_from_name(const char *s);
+/* f(kind, n, p) of the table above; NAN for a bad kind, p < 1 or n < 0. */
+double xm_coll_volume(xm_coll_t kind, double bytes, int p);
+/* Latency steps of the ring / pairwise algorithm: 2 (p - 1) for allreduce,
+ * p - 1 otherwise (what alpha is scaled by between group sizes). */
+int xm_coll_steps(xm_coll_t kind, int p);
+
+typedef struct xm_coll_geom {
+    int group_size;     /* p */
+    int ranks_per_host; /* ranks of the group on each host it spans (a query's: the most on one) */
+    int hosts;          /* hosts the group spans; p = ranks_per_host * hosts in a record */
+    int share;          /* groups of this geometry running at once on the same hosts, >= 1 */
+} xm_coll_geom_t;
+
+typedef struct xm_coll_rec {
+    xm_coll_t kind;
+    xm_coll_geom_t g;
+    xm_fit_t fit;                /* x = f(kind, n, p) bytes, y = seconds */
+    double min_bytes, max_bytes; /* n measured */
+    int line;                    /* line in the file it came from (0: not from a file) */
+} xm_coll_rec_t;
+
+#define XM_GEMM_LABEL 48
+typedef struct xm_gemm_rec {
+    int64_t m, n, k;
+    int busy;                  /* ranks per host running sgemm at once */
+    double seconds;            /* one sgemm, the slowest rank's median */
+    char label[XM_GEMM_LABEL]; /* no spaces, e.g. gpt-qkv, conv3x3-16x16-16to16 */
+    int line;
+} xm_gemm_rec_t;
+
+typedef struct xm_costmodel {
+    int ncoll, ngemm;
+    xm_coll_rec_t *coll;
+    xm_gemm_rec_t *gemm;
+    int has_gemm_fit;
+    /* time = alpha + beta * 2mnk over every shape (reported, not predicted with) */
+    xm_fit_t gemm_fit;
+    int nominal; /* 1: made by xm_costmodel_nominal, not measured */
+} xm_costmodel_t;
+
+/* Fits time = alpha + beta * f(kind, n, p) to npts points (bytes[i],
+ * seconds[i]) by least squares of the relative residuals (weights
+ * 1 / seconds^2, xm_fit_weighted); r2 is the weighted R^2.
+ * INVALID_ARGUMENT (and *out untouched) on a bad kind, p < 2, a byte count
+ * <= 0, a time that is not finite and > 0, or what xm_fit_linear refuses
+ * (fewer than 2 points, all sizes equal). */
+xmesh_result_t xm_coll_fit(xm_coll_t kind, int p, const double *bytes, const double *seconds,
+                           int npts, xm_fit_t *out);
+
+/* An empty model (no records); NULL when out of memory. */
+xm_costmodel_t *xm_costmodel_create(void);
+/* Frees m; NULL is a no-op. */
+void xm_costmodel_destroy(xm_costmodel_t *m);
+/* Appends a copy of r (validated as a file line would be: INVALID_ARGUMENT
+ * naming the field, or for a duplicate kind + geometry). m unchanged on error. */
+xmesh_result_t xm_costmodel_add_coll(xm_costmodel_t *m, const xm_coll_rec_t *r);
+xmesh_result_t xm_costmodel_add_gemm(xm_costmodel_t *m, const xm_gemm_rec_t *r);
+
+/* Reads the [collectives] and [compute] sections of a cluster file (the
+ * base keys are checked as xm_cluster_parse does, then ignored; other
+ * sections are skipped). A file without those sections gives an empty
+ * model (predictions then say "not calibrated"). INVALID_ARGUMENT naming
+ * the line and field on malformed text. */
+xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out);
+xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out);
+/* An UNCALIBRATED model from the cluster's nominal figures, for the
+ * "uncalibrated" ablation of the search and for runs that say they have no
+ * calibration: for every kind one record inside a host (p 2, beta =
+ * 1 / intra rate) and one across hosts (p 2, one rank per host, share 1,
+ * beta = 1 / the slower NIC direction), alpha = latency * steps; with
+ * flops_per_s > 0 one sgemm shape 1 x 1 x 1 at that rate (label
+ * "nominal"), else none (sgemm predictions then say "not calibrated").
+ * m->nominal is 1, every prediction's basis starts with "nominal
+ * (uncalibrated)" and none is exact; xm_costmodel_write refuses it.
+ * INVALID_ARGUMENT for rates <= 0, a negative latency or flops_per_s < 0
+ * (not finite); *out untouched on error. */
+xmesh_result_t xm_costmodel_nominal(const xm_cluster_t *c, double flops_per_s,
+                                    xm_costmodel_t **out);
+/* Writes the [collectives] and [compute] sections (with their header
+ * comments) to f; nothing for an empty part. SYSTEM on a write error,
+ * INVALID_USAGE for a nominal model (it is no calibration result). */
+xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f);
+
+typedef struct xm_cost_pred {
+    double seconds;
+    int exact;       /* 1: a record of this very geometry / shape, n inside its measured range */
+    char basis[200]; /* which record the figure comes from and what was scaled */
+} xm_cost_pred_t;
+
+/* Predicted time of one collective of `bytes` (n above) over geometry g.
+ * p = 1 is 0 s (exact). Otherwise the record of the same kind and geometry
+ * is used when there is one; else, among the records of the same kind and
+ * the same side (one host, or several hosts), the one nearest in
+ * |log2 ranks_per_host|, ties broken by |log2 p| + |log2 share| (then file
+ * order), with alpha scaled by the step ratio xm_coll_steps and, across
+ * hosts, beta by share / share(record) (the shared NIC is the bottleneck).
+ * A negative fitted alpha counts as 0; records with beta <= 0 are not used.
+ * An uneven group gives ranks_per_host as the most ranks on one host
+ * (ranks_per_host + hosts - 1 <= p <= ranks_per_host * hosts).
+ * INVALID_ARGUMENT for a bad kind, geometry (outside those bounds, values
+ * < 1) or bytes (< 0, not finite); UNSUPPORTED "not calibrated: ..."
+ * when no usable record of that kind and side exists. *out untouched on error. */
+xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const xm_coll_geom_t *g,
+                                  double bytes, xm_cost_pred_t *out);
+
+/* Predicted time of one sgemm (m x k) . (k x n): the measured time of that
+ * shape (the record with the most busy ranks if several), else 2mnk at the
+ * flop rate of the nearest measured shape in log2 of (m, n, k). 0 s when a
+ * dimension is 0. INVALID_ARGUMENT for negative dimensions; UNSUPPORTED
+ * "not calibrated: ..." when the model has no sgemm shape. */
+xmesh_result_t xm_cost_gemm(const xm_costmodel_t *m, int64_t M, int64_t N, int64_t K,
+                            xm_cost_pred_t *out);
+
+/* For the cluster-file parser (cluster_file.c). section_known: 1 for the
+ * sections this model reads ("collectives", "compute"), 0 otherwise (the
+ * parser skips those). parse_line: one line of a known section, comment
+ * removed and trimmed, not empty; line is for messages; m may be NULL
+ * (the line is checked, not kept). INVALID_ARGUMENT naming the line and
+ * field; m unchanged on error. */
+int xm_costmodel_section_known(const char *section);
+xmesh_result_t xm_costmodel_parse_line(xm_costmodel_t *m, const char *section, int line,
+                                       char *text);
+
+#endif /* XM_COSTMODEL_H */
