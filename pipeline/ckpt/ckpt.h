@@ -179,6 +179,16 @@ xmesh_result_t xmp_ckpt_load(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_ckpt_t *c
                              const xmp_ckpt_tensor_t *tensors, int n, const xmp_ckpt_kv_t *expect,
                              int nexpect, unsigned flags);
 
+/* What the last xmp_ckpt_load of this thread did on this rank (also after
+ * an error: what it had done until then). */
+typedef struct {
+    int tensors_plan;      /* tensors moved by xmesh plans */
+    int tensors_direct;    /* tensors read directly by their destination ranks */
+    int64_t bytes_read;    /* tensor bytes this rank read from shard files */
+    int64_t bytes_checked; /* shard bytes this rank read for the CRC pass */
+} xmp_ckpt_load_info_t;
+void xmp_ckpt_last_load_info(xmp_ckpt_load_info_t *info);
+
 /* Local: newest complete step directory under root (one holding MANIFEST;
  * .tmp directories ignored). Writes its path to path (n bytes) and its step
  * to *step. XMESH_ERR_INVALID_ARGUMENT naming root when there is none. */

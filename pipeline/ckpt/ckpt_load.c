@@ -232,6 +232,13 @@ xmesh_result_t xmp_ckpt_verify_file(const xmp_ckpt_t *c, int i)
 
 /* ------------------------------------------------------------ load */
 
+static _Thread_local xmp_ckpt_load_info_t g_info;
+
+void xmp_ckpt_last_load_info(xmp_ckpt_load_info_t *info)
+{
+    *info = g_info;
+}
+
 /* A destination layout as gathered from every rank. */
 typedef struct {
     char name[XMP_CKPT_NAME_MAX];
@@ -501,8 +508,10 @@ static xmesh_result_t read_intersection(files_t *f, const ck_tensor_t *t, const 
     xmesh_result_t r = file_fd(f, k->file, &fd, path, sizeof path);
     if (r)
         return r;
-    if (nd == 0)
+    if (nd == 0) {
+        g_info.bytes_read += (int64_t)esz;
         return ck_pread_all(fd, dst, esz, k->offset, path);
+    }
     /* contiguous run: the innermost dims that both blocks hold in full */
     int m = nd - 1;
     int64_t run = ext[m];
@@ -520,6 +529,7 @@ static xmesh_result_t read_intersection(files_t *f, const ck_tensor_t *t, const 
         }
         r = ck_pread_all(fd, dst + dof * (int64_t)esz, (size_t)run * esz,
                          k->offset + so * (int64_t)esz, path);
+        g_info.bytes_read += run * (int64_t)esz;
         if (r)
             return r;
         int d = m - 1;
@@ -645,6 +655,7 @@ static xmesh_result_t load_plan(MPI_Comm comm, xmesh_ctx_t ctx, files_t *f, cons
         int fd;
         if (bytes && !(rl = file_fd(f, b->file, &fd, path, sizeof path)))
             rl = ck_pread_all(fd, src, (size_t)bytes, b->offset, path);
+        g_info.bytes_read += bytes;
     }
     /* every rank takes part (with zeros where a read failed); the caller
      * agrees on the outcome afterwards */
@@ -674,6 +685,8 @@ xmesh_result_t xmp_ckpt_load(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_ckpt_t *c
     int ndst = 0;
     void **stage = NULL;
     files_t files = {c, NULL};
+
+    memset(&g_info, 0, sizeof g_info);
 
     /* 1. arguments and metadata (local, then agreed) */
     if (!c)
@@ -727,8 +740,11 @@ xmesh_result_t xmp_ckpt_load(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_ckpt_t *c
         return r;
 
     /* 3. shard files: presence, size, CRC32, spread over the ranks */
-    for (int i = rank; i < c->nfiles && !r; i += size)
+    for (int i = rank; i < c->nfiles && !r; i += size) {
         r = verify_file(c, i, !(flags & XMP_CKPT_LOAD_NO_VERIFY));
+        if (!r && !(flags & XMP_CKPT_LOAD_NO_VERIFY))
+            g_info.bytes_checked += c->files[i].size;
+    }
     if ((r = ck_agree(comm, r)))
         goto out;
 
@@ -757,10 +773,12 @@ xmesh_result_t xmp_ckpt_load(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_ckpt_t *c
         const ck_tensor_t *t = &c->tensors[d->mi];
         void *st = d->local >= 0 && tensors[d->local].t->mesh->member ? stage[d->local] : NULL;
         if (ctx && !(flags & XMP_CKPT_LOAD_DIRECT) && t->nblocks <= size) {
+            g_info.tensors_plan++;
             r = load_plan(comm, ctx, &files, t, d, st);
-        } else if (st) {
-            const xmp_tensor_t *dt = tensors[d->local].t;
-            for (int u = 0; u < t->nblocks && !r; u++)
+        } else {
+            g_info.tensors_direct++;
+            const xmp_tensor_t *dt = st ? tensors[d->local].t : NULL;
+            for (int u = 0; dt && u < t->nblocks && !r; u++)
                 r = read_intersection(&files, t, &t->blocks[u], dt->loff, dt->lshape, st);
         }
         r = ck_agree(comm, r);

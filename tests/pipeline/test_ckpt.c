@@ -216,6 +216,7 @@ static int64_t dir_bytes(const char *dir)
 }
 
 static char g_root[512];
+static int g_plan_tensors, g_direct_tensors;
 
 /* ---------------------------------------------------------------- 1. matrix */
 
@@ -321,6 +322,38 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
                               1, flags | XMP_CKPT_STRICT);
             if (r)
                 FAIL("load: %s", xmp_last_error());
+            /* who read what: plans for the tensors whose saved blocks fit
+             * the ranks (each saved block read once, by one rank), direct
+             * reads otherwise (each rank exactly its destination block) */
+            xmp_ckpt_load_info_t li;
+            xmp_ckpt_last_load_info(&li);
+            int want_plan = 0;
+            int64_t plan_bytes = 0, direct_mine = 0, sum[2], mine[2];
+            for (int i = 0; i < NT; i++) {
+                int u = 1;
+                int64_t nb = 4;
+                for (int a = 0; a < A[i].ndim; a++)
+                    u *= A[i].store[a].kind == XMP_S ? A[i].mshape[a] : 1;
+                for (int d = 0; d < A[i].tnd; d++)
+                    nb *= A[i].shape[d];
+                if (!(flags & XMP_CKPT_LOAD_DIRECT) && u <= nB) {
+                    want_plan++;
+                    plan_bytes += nb;
+                } else if (m[i]->member) {
+                    direct_mine += t[i].lcount * 4;
+                }
+            }
+            mine[0] = li.bytes_read;
+            mine[1] = direct_mine;
+            MPI_Allreduce(mine, sum, 2, MPI_INT64_T, MPI_SUM, cb);
+            if (!r && (li.tensors_plan != want_plan || li.tensors_direct != NT - want_plan ||
+                       sum[0] != plan_bytes + sum[1]))
+                FAIL("nA=%d nB=%d trial %d: %d tensors by plan (want %d), %d direct; %" PRId64
+                     " bytes read by all ranks, want %" PRId64,
+                     nA, nB, trial, li.tensors_plan, want_plan, li.tensors_direct, sum[0],
+                     plan_bytes + sum[1]);
+            g_plan_tensors += li.tensors_plan;
+            g_direct_tensors += li.tensors_direct;
             for (int i = 0; i < NT; i++) {
                 if (!r && check(&t[i], tag0 * 8 + (uint64_t)i)) {
                     char la[160], lb[160];
@@ -682,6 +715,52 @@ static void test_bad(xmesh_ctx_t ctx)
         }
         dst_free(&d);
     }
+    /* destination lists that do not fit together */
+    if (g_world > 1) {
+        snprintf(root, sizeof root, "%s/lists", g_root);
+        if (small_save(root, 3, 0))
+            FAIL("lists: save: %s", xmp_last_error());
+        dst_make(&d, 5, XMESH_F32);
+        xmp_ckpt_t *c = NULL;
+        xmesh_result_t r = xmp_ckpt_open(MPI_COMM_WORLD, root, &c);
+        if (!r) {
+            /* rank 0 swaps the names: two layouts under one name */
+            xmp_ckpt_tensor_t ts[2] = {{"w", &d.w, NULL}, {"b", &d.b, NULL}};
+            if (g_rank == 0) {
+                ts[0].name = "b";
+                ts[1].name = "w";
+            }
+            r = xmp_ckpt_load(MPI_COMM_WORLD, ctx, c, ts, 2, NULL, 0, 0);
+            expect_fail("layouts differ", r, "pass different destination layouts", NULL, &d.w,
+                        &d.b);
+            /* rank 1 leaves out a tensor of a mesh it belongs to */
+            xmp_ckpt_tensor_t t2[2] = {{"b", &d.b, NULL}, {"w", &d.w, NULL}};
+            r = xmp_ckpt_load(MPI_COMM_WORLD, ctx, c, t2, g_rank == 1 ? 1 : 2, NULL, 0, 0);
+            expect_fail("member left out", r, "tensor 'w': rank 1 is a member", "did not pass it",
+                        &d.w, &d.b);
+            xmp_ckpt_close(c);
+        } else {
+            FAIL("lists: open: %s", xmp_last_error());
+        }
+        dst_free(&d);
+    }
+    /* bad names on save: nothing written */
+    {
+        xmp_tensor_t *none = NULL;
+        small_t s;
+        small_make(&s, 5, XMESH_F32, 1);
+        xmp_ckpt_tensor_t ts[2] = {{"w", &s.w, NULL}, {"w", &s.b, NULL}};
+        snprintf(root, sizeof root, "%s/names", g_root);
+        xmesh_result_t r = xmp_ckpt_save(MPI_COMM_WORLD, root, 1, ts, 2, NULL, 0, 0);
+        expect_fail("duplicate name", r, "tensor name 'w' passed twice", NULL, none, none);
+        ts[1].name = "b b";
+        r = xmp_ckpt_save(MPI_COMM_WORLD, root, 1, ts, 2, NULL, 0, 0);
+        expect_fail("blank in name", r, "name 'b b'", "without blanks", none, none);
+        snprintf(p, sizeof p, "%s/step-00000001", root);
+        if (g_rank == 0 && exists(p))
+            FAIL("bad names: %s written", p);
+        small_free(&s);
+    }
     /* P tensors are refused (nothing written) unless a storage SBP without P */
     {
         int shape[1] = {g_world}, ranks[16];
@@ -780,7 +859,9 @@ int main(int argc, char **argv)
         }
     }
     if (g_rank == 0)
-        printf("matrix: %d save/load cases x %d tensors\n", ncases, NT);
+        printf("matrix: %d save/load cases x %d tensors (rank 0: %d loaded by xmesh plans, %d by "
+               "direct reads)\n",
+               ncases, NT, g_plan_tensors, g_direct_tensors);
     test_keep();
     test_atomic();
     xmesh_ctx_t ctx = NULL;
