@@ -11,6 +11,11 @@
 #define CK_PATH_MAX 4096
 #define CK_STEP_FMT "step-%08" PRId64
 #define CK_MANIFEST "MANIFEST"
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define CK_HOST_ORDER "big"
+#else
+#define CK_HOST_ORDER "little"
+#endif
 
 typedef struct {
     int file; /* index into files, -1 while unset */

@@ -363,6 +363,7 @@ void ck_manifest_write(ck_buf_t *b, const xmp_ckpt_t *c)
 {
     char sbp[64], st[64];
     ck_buf_printf(b, "xmesh-checkpoint %d\n", XMP_CKPT_FORMAT_VERSION);
+    ck_buf_printf(b, "byteorder %s\n", CK_HOST_ORDER);
     ck_buf_printf(b, "step %" PRId64 "\n", c->step);
     ck_buf_printf(b, "ranks %d\n", c->nfiles);
     for (int i = 0; i < c->nmeta; i++) {
@@ -578,7 +579,12 @@ xmesh_result_t ck_manifest_parse(char *text, const char *path, xmp_ckpt_t *c)
         int nt = split_ws(line, tok, 12);
         if (nt == 0)
             continue;
-        if (strcmp(tok[0], "step") == 0 && nt == 2 && parse_i64(tok[1], &c->step)) {
+        if (strcmp(tok[0], "byteorder") == 0 && nt == 2) {
+            if (strcmp(tok[1], CK_HOST_ORDER) != 0)
+                return r = PERR(&pc, "byte order '%s', this machine is '%s'", tok[1],
+                                CK_HOST_ORDER),
+                       ck_free_contents(c), r;
+        } else if (strcmp(tok[0], "step") == 0 && nt == 2 && parse_i64(tok[1], &c->step)) {
             have_step = 1;
         } else if (strcmp(tok[0], "ranks") == 0 && nt == 2) {
             int64_t v;
