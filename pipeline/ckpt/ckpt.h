@@ -97,7 +97,9 @@ typedef struct {
  * lists: each passes the tensors whose mesh it belongs to; tensors with a
  * storage SBP other than their own are boxed, so every member of such a
  * tensor's mesh must pass it, in the same relative order), then deletes all
- * but the newest `keep` step directories of ROOT (keep <= 0: keep all).
+ * but `keep` step directories of ROOT: this one and the keep - 1 newest
+ * others (keep <= 0: keep all), after writing ROOT/LATEST (the name of this
+ * step directory, replaced atomically).
  * meta: nmeta entries (read by rank 0 only; others may pass NULL, 0).
  * An existing directory for the same step is replaced (atomically: the new
  * one is complete before the old one is removed).
@@ -114,7 +116,7 @@ typedef struct xmp_ckpt xmp_ckpt_t;
 
 /* Collective over comm: rank 0 reads the manifest and broadcasts it; every
  * rank parses it. path: a step directory (holding MANIFEST) or a ROOT, in
- * which case the newest complete step directory is opened. Checks the
+ * which case xmp_ckpt_latest(ROOT) is opened. Checks the
  * manifest's CRC, format version and syntax (not the shard files: loads
  * do). *out is owned by the caller (xmp_ckpt_close). */
 xmesh_result_t xmp_ckpt_open(MPI_Comm comm, const char *path, xmp_ckpt_t **out);
@@ -189,9 +191,10 @@ typedef struct {
 } xmp_ckpt_load_info_t;
 void xmp_ckpt_last_load_info(xmp_ckpt_load_info_t *info);
 
-/* Local: newest complete step directory under root (one holding MANIFEST;
- * .tmp directories ignored). Writes its path to path (n bytes) and its step
- * to *step. XMESH_ERR_INVALID_ARGUMENT naming root when there is none. */
+/* Local: the step directory ROOT/LATEST names when it holds a MANIFEST (the
+ * last completed save), else the complete step directory (one holding
+ * MANIFEST; .tmp directories ignored) of the highest step. Writes its path to path (n bytes) and
+ * its step to *step. XMESH_ERR_INVALID_ARGUMENT naming root when there is none. */
 xmesh_result_t xmp_ckpt_latest(const char *root, char *path, size_t n, int64_t *step);
 
 /* Test hook (also XMESH_CKPT_CRASH=N in the environment): when >= 0, a save

@@ -11,6 +11,7 @@
 #define CK_PATH_MAX 4096
 #define CK_STEP_FMT "step-%08" PRId64
 #define CK_MANIFEST "MANIFEST"
+#define CK_LATEST "LATEST"
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define CK_HOST_ORDER "big"
 #else
@@ -78,7 +79,10 @@ xmesh_result_t ck_fsync_path(const char *path, int dir);
 xmesh_result_t ck_mkdirs(const char *path);
 xmesh_result_t ck_rmtree(const char *path);
 int ck_parse_step_name(const char *name, int64_t *step);
-xmesh_result_t ck_keep(const char *root, int keep);
+/* Removes all step directories but `current` and the keep - 1 newest others. */
+xmesh_result_t ck_keep(const char *root, int keep, int64_t current);
+/* ROOT/LATEST := step-<step>, atomically (temporary file, rename). */
+xmesh_result_t ck_set_latest(const char *root, int64_t step);
 xmesh_result_t ck_file_crc(const char *path, int64_t *size, uint32_t *crc);
 uint32_t ck_crc(uint32_t c, const void *p, size_t n);
 

@@ -239,13 +239,31 @@ xmesh_result_t xmp_ckpt_latest(const char *root, char *path, size_t n, int64_t *
 {
     if (!root || !path || !step)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_ckpt_latest: NULL argument");
-    DIR *d = opendir(root);
-    if (!d)
-        return ck_sys_err("open checkpoint directory", root);
-    int64_t best = -1;
-    struct dirent *e;
+    /* ROOT/LATEST names the step directory of the last completed save (a run
+     * resumed from an earlier step saves steps below older ones) */
     char m[CK_PATH_MAX];
-    while ((e = readdir(d))) {
+    int64_t best = -1;
+    if (snprintf(m, sizeof m, "%s/" CK_LATEST, root) < (int)sizeof m) {
+        FILE *f = fopen(m, "r");
+        char line[64] = "";
+        if (f) {
+            if (!fgets(line, sizeof line, f))
+                line[0] = 0;
+            fclose(f);
+            line[strcspn(line, "\n")] = 0;
+            struct stat st;
+            int64_t s;
+            if (ck_parse_step_name(line, &s) &&
+                snprintf(m, sizeof m, "%s/%s/" CK_MANIFEST, root, line) < (int)sizeof m &&
+                stat(m, &st) == 0 && S_ISREG(st.st_mode))
+                best = s;
+        }
+    }
+    DIR *d = best >= 0 ? NULL : opendir(root);
+    if (!d && best < 0)
+        return ck_sys_err("open checkpoint directory", root);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
         int64_t s;
         struct stat st;
         if (!ck_parse_step_name(e->d_name, &s) || s <= best)
@@ -255,7 +273,8 @@ xmesh_result_t xmp_ckpt_latest(const char *root, char *path, size_t n, int64_t *
         if (stat(m, &st) == 0 && S_ISREG(st.st_mode))
             best = s;
     }
-    closedir(d);
+    if (d)
+        closedir(d);
     if (best < 0)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
                        "%s: no checkpoint (no step-N directory with a MANIFEST)", root);
@@ -271,7 +290,27 @@ static int cmp_i64_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-xmesh_result_t ck_keep(const char *root, int keep)
+xmesh_result_t ck_set_latest(const char *root, int64_t step)
+{
+    char p[CK_PATH_MAX], t[CK_PATH_MAX + 8], line[64];
+    snprintf(p, sizeof p, "%s/" CK_LATEST, root);
+    snprintf(t, sizeof t, "%s.tmp", p);
+    int n = snprintf(line, sizeof line, CK_STEP_FMT "\n", step);
+    int fd = open(t, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd < 0)
+        return ck_sys_err("create", t);
+    xmesh_result_t r = ck_write_all(fd, line, (size_t)n, t);
+    if (!r && fsync(fd) != 0)
+        r = ck_sys_err("fsync", t);
+    close(fd);
+    if (!r && rename(t, p) != 0)
+        r = ck_sys_err("rename into", p);
+    if (!r)
+        r = ck_fsync_path(root, 1);
+    return r;
+}
+
+xmesh_result_t ck_keep(const char *root, int keep, int64_t current)
 {
     if (keep <= 0)
         return XMESH_SUCCESS;
@@ -284,7 +323,7 @@ xmesh_result_t ck_keep(const char *root, int keep)
     xmesh_result_t r = XMESH_SUCCESS;
     while ((e = readdir(d))) {
         int64_t s;
-        if (!ck_parse_step_name(e->d_name, &s))
+        if (!ck_parse_step_name(e->d_name, &s) || s == current)
             continue;
         if (ns == cap) {
             cap = cap ? cap * 2 : 16;
@@ -298,7 +337,7 @@ xmesh_result_t ck_keep(const char *root, int keep)
         steps[ns++] = s;
     }
     qsort(steps, (size_t)ns, sizeof *steps, cmp_i64_desc);
-    for (int i = keep; i < ns && !r; i++) {
+    for (int i = keep - 1; i < ns && !r; i++) { /* the current one counts as one */
         char p[CK_PATH_MAX];
         snprintf(p, sizeof p, "%s/" CK_STEP_FMT, root, steps[i]);
         r = ck_rmtree(p);

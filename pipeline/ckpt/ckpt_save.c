@@ -478,8 +478,10 @@ xmesh_result_t xmp_ckpt_save(MPI_Comm comm, const char *root, int64_t step,
         }
         if (!r)
             r = ck_fsync_path(root, 1);
+        if (!r)
+            r = ck_set_latest(root, step);
         if (!r) {
-            xmesh_result_t rk = ck_keep(root, keep);
+            xmesh_result_t rk = ck_keep(root, keep, step);
             if (rk)
                 fprintf(stderr, "xmp_ckpt_save: warning: keep %d: %s\n", keep, xmp_last_error());
         }

@@ -480,6 +480,24 @@ static void test_keep(void)
     /* the same step saved again replaces it */
     if (small_save(root, 5, 2) || small_load_check(root, 5))
         FAIL("keep: resave step 5: %s", xmp_last_error());
+    /* a run resumed from an earlier step: step 3 saved after 4 and 5 is the
+     * latest (ROOT/LATEST), kept with the newest other one (5) */
+    if (small_save(root, 3, 2) || small_load_check(root, 3))
+        FAIL("keep: save step 3 after 5: %s", xmp_last_error());
+    if (g_rank == 0)
+        for (int s = 3; s <= 5; s++) {
+            snprintf(p, sizeof p, "%s/step-%08d", root, s);
+            if (exists(p) != (s != 4))
+                FAIL("keep 2 after saving step 3: %s %s", p, exists(p) ? "exists" : "missing");
+        }
+    /* without LATEST: the highest step */
+    snprintf(p, sizeof p, "%s/LATEST", root);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_rank == 0 && unlink(p) != 0)
+        FAIL("keep: no %s", p);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (small_load_check(root, 5))
+        FAIL("keep: load without LATEST: %s", xmp_last_error());
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
