@@ -131,6 +131,23 @@ const char *xmp_ckpt_meta(const xmp_ckpt_t *c, const char *key);
 int xmp_ckpt_meta_count(const xmp_ckpt_t *c);
 void xmp_ckpt_meta_at(const xmp_ckpt_t *c, int i, const char **key, const char **value);
 
+/* Metadata as numbers. Errors (XMESH_ERR_INVALID_ARGUMENT) name the
+ * manifest, the key and the value: missing, not a number, trailing text.
+ * *out is untouched on error. */
+xmesh_result_t xmp_ckpt_meta_i64(const xmp_ckpt_t *c, const char *key, int64_t *out);
+xmesh_result_t xmp_ckpt_meta_f64(const xmp_ckpt_t *c, const char *key, double *out);
+
+/* A growable metadata list that owns its strings, for building the meta
+ * argument of xmp_ckpt_save: start from {0}; setf replaces the value of a
+ * key already set (keeps its position); free releases everything. */
+typedef struct {
+    xmp_ckpt_kv_t *kv;
+    int n, cap;
+} xmp_ckpt_metalist_t;
+xmesh_result_t xmp_ckpt_metalist_setf(xmp_ckpt_metalist_t *m, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void xmp_ckpt_metalist_free(xmp_ckpt_metalist_t *m);
+
 typedef struct {
     const char *name;
     xmesh_dtype_t dtype;

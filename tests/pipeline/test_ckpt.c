@@ -534,6 +534,61 @@ static void test_atomic(void)
         FAIL("atomic: %s not removed by the next save", p);
 }
 
+/* metadata builder and typed getters */
+static void test_meta(void)
+{
+    char root[700];
+    snprintf(root, sizeof root, "%s/meta", g_root);
+    xmp_ckpt_metalist_t ml = {0};
+    xmesh_result_t r = XMESH_SUCCESS;
+    for (int i = 0; i < 20 && !r; i++) /* grows past the first capacity */
+        r = xmp_ckpt_metalist_setf(&ml, i ? "filler" : "model", "%s%d", i ? "x" : "tiny", i);
+    char key[32];
+    for (int i = 0; i < 20 && !r; i++) {
+        snprintf(key, sizeof key, "k%02d", i);
+        r = xmp_ckpt_metalist_setf(&ml, key, "%d", i * 7);
+    }
+    if (!r)
+        r = xmp_ckpt_metalist_setf(&ml, "model", "tiny"); /* replaced in place */
+    if (!r)
+        r = xmp_ckpt_metalist_setf(&ml, "lr", "%.17g", 3e-4);
+    if (!r)
+        r = xmp_ckpt_metalist_setf(&ml, "rng", "%llu:%d", 0xfedcba9876543210ull, -5);
+    if (r || ml.n != 24 || strcmp(ml.kv[0].key, "model") || strcmp(ml.kv[0].value, "tiny") ||
+        strcmp(ml.kv[1].value, "x19"))
+        FAIL("metalist: %d entries, first '%s'='%s': %s", ml.n, ml.n ? ml.kv[0].key : "",
+             ml.n ? ml.kv[0].value : "", xmp_last_error());
+    if (xmp_ckpt_metalist_setf(&ml, "bad key", "1") == XMESH_SUCCESS)
+        FAIL("metalist: a key with a blank accepted");
+    small_t sm;
+    small_make(&sm, 5, XMESH_F32, 1);
+    xmp_ckpt_tensor_t ts[2] = {{"w", &sm.w, NULL}, {"b", &sm.b, NULL}};
+    if (xmp_ckpt_save(MPI_COMM_WORLD, root, 1, ts, 2, ml.kv, ml.n, 0))
+        FAIL("meta save: %s", xmp_last_error());
+    small_free(&sm);
+    xmp_ckpt_metalist_free(&ml);
+    xmp_ckpt_t *c = NULL;
+    if (xmp_ckpt_open(MPI_COMM_WORLD, root, &c)) {
+        FAIL("meta open: %s", xmp_last_error());
+        return;
+    }
+    int64_t v = -1;
+    double lr = 0;
+    if (xmp_ckpt_meta_count(c) != 24 || xmp_ckpt_meta_i64(c, "k13", &v) || v != 91 ||
+        xmp_ckpt_meta_f64(c, "lr", &lr) || lr != 3e-4 ||
+        strcmp(xmp_ckpt_meta(c, "rng"), "18364758544493064720:-5") != 0)
+        FAIL("meta: %d entries, k13 = %" PRId64 ", lr = %g, rng = %s: %s", xmp_ckpt_meta_count(c),
+             v, lr, xmp_ckpt_meta(c, "rng"), xmp_last_error());
+    v = 42;
+    if (xmp_ckpt_meta_i64(c, "filler", &v) == XMESH_SUCCESS || v != 42 ||
+        !strstr(xmp_last_error(), "metadata 'filler' = 'x19' is not an integer"))
+        FAIL("meta: non-integer: '%s'", xmp_last_error());
+    if (xmp_ckpt_meta_f64(c, "absent", &lr) == XMESH_SUCCESS ||
+        !strstr(xmp_last_error(), "no metadata 'absent'"))
+        FAIL("meta: missing key: '%s'", xmp_last_error());
+    xmp_ckpt_close(c);
+}
+
 /* ---------------------------------------------------------------- 4 */
 
 /* expects the same failure on every rank, msg containing both strings, and
@@ -882,6 +937,7 @@ int main(int argc, char **argv)
                ncases, NT, g_plan_tensors, g_direct_tensors);
     test_keep();
     test_atomic();
+    test_meta();
     xmesh_ctx_t ctx = NULL;
     xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx);
     test_bad(ctx);
