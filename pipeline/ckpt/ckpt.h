@@ -217,7 +217,8 @@ xmesh_result_t xmp_ckpt_latest(const char *root, char *path, size_t n, int64_t *
 /* Test hook (also XMESH_CKPT_CRASH=N in the environment): when >= 0, a save
  * stops as a crash would right after the shard files of ranks < N are
  * written (ranks >= N write nothing), leaving its .tmp directory behind and
- * returning XMESH_ERR_INTERNAL "simulated crash" on every rank. -1: off. */
+ * returning XMESH_ERR_INTERNAL "simulated crash" on every rank. -1: off.
+ * XMESH_CKPT_CRASH=N:exit makes every rank _exit(86) there instead. */
 void xmp_ckpt_test_crash_after(int nranks_written);
 
 #ifdef __cplusplus

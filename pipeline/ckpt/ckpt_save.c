@@ -22,11 +22,14 @@ void xmp_ckpt_test_crash_after(int nranks_written)
     g_crash_after = nranks_written < 0 ? -1 : nranks_written;
 }
 
+static int g_crash_exit;
+
 static int crash_point(void)
 {
     if (g_crash_after == -2) {
         const char *e = getenv("XMESH_CKPT_CRASH");
         g_crash_after = e && *e ? atoi(e) : -1;
+        g_crash_exit = e && strstr(e, ":exit") != NULL;
     }
     return g_crash_after;
 }
@@ -388,6 +391,13 @@ xmesh_result_t xmp_ckpt_save(MPI_Comm comm, const char *root, int64_t step,
     if ((r = ck_agree(comm, r)))
         goto out;
     if (crash >= 0) {
+        if (g_crash_exit) {
+            fprintf(stderr,
+                    "xmp_ckpt_save: XMESH_CKPT_CRASH: rank %d exits after the shards of "
+                    "ranks < %d\n",
+                    rank, crash);
+            _exit(86); /* as a killed process: no cleanup, no MPI_Finalize */
+        }
         r = xmp_err(XMESH_ERR_INTERNAL,
                     "simulated crash (XMESH_CKPT_CRASH=%d) after the shards of ranks < %d were "
                     "written to %s",

@@ -16,5 +16,10 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt.c)
               $<TARGET_FILE:test_ckpt> $<TARGET_FILE:xmesh-ckpt>)
     set_tests_properties(pipeline.ckpt.info PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
       ENVIRONMENT "${XMP_CKPT_ENV}")
+    add_test(NAME pipeline.ckpt.crash
+      COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_crash_test.sh ${MPIEXEC_EXECUTABLE}
+              $<TARGET_FILE:test_ckpt> $<TARGET_FILE:xmesh-ckpt>)
+    set_tests_properties(pipeline.ckpt.crash PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+      ENVIRONMENT "${XMP_CKPT_ENV}")
   endif()
 endif()

@@ -17,8 +17,10 @@
  *    failure on every rank with the expected message and the destination
  *    untouched.
  * Usage: test_ckpt [--seed S] [--trials N] [--keep-dir DIR]
+ *        test_ckpt --save-only DIR STEP
  *   (--keep-dir: also save one small checkpoint to DIR and keep it, for
- *   the xmesh-ckpt info test). */
+ *   the xmesh-ckpt info test; --save-only: that save and nothing else, for
+ *   the crash test). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -898,6 +900,16 @@ int main(int argc, char **argv)
             trials = atoi(argv[++i]);
         else if (strcmp(argv[i], "--keep-dir") == 0 && i + 1 < argc)
             keep_dir = argv[++i];
+        else if (strcmp(argv[i], "--save-only") == 0 && i + 2 < argc) {
+            /* one small save of step S into DIR, nothing else (for the crash test) */
+            const char *dir = argv[++i];
+            int64_t step = atoll(argv[++i]);
+            xmesh_result_t r = small_save(dir, step, 0);
+            if (r && g_rank == 0)
+                fprintf(stderr, "test_ckpt --save-only: %s\n", xmp_last_error());
+            MPI_Finalize();
+            return r ? 1 : 0;
+        }
     }
     if (g_world > 16) {
         if (g_rank == 0)
