@@ -2,7 +2,7 @@
  *
  * 1. Matrix: random layouts (meshes of 1-4 axes over random subsets and
  *    orders of the ranks, S / B per axis, uneven and empty splits, storage
- *    SBPs, f32 and i32, 0-3 dims) saved on nA ranks and loaded on nB ranks
+ *    SBPs, f32 and i32, 0-3 dims, empty tensors) saved on nA ranks and loaded on nB ranks
  *    into other random layouts (P destinations too), through xmesh plans and
  *    through direct reads, for (nA, nB) in {(W,W), (W,2), (W,4), (2,W),
  *    (1,W), (W,1), (3,W)} where W is the world size; every element checked;
@@ -230,7 +230,7 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
     for (int i = 0; i < NT; i++) {
         A[i].tnd = rndi(8) == 0 ? 0 : 1 + rndi(3);
         for (int d = 0; d < A[i].tnd; d++)
-            A[i].shape[d] = rndi(9) == 0 ? 1 + rndi(2) : 1 + rndi(9);
+            A[i].shape[d] = rndi(40) == 0 ? 0 : rndi(9) == 0 ? 1 + rndi(2) : 1 + rndi(9);
         A[i].dtype = rndi(2) ? XMESH_F32 : XMESH_I32;
         rand_layout(&A[i], nA, 0);
         B[i].tnd = A[i].tnd;
