@@ -10,7 +10,7 @@ dir=$(mktemp -d "${TMPDIR:-/tmp}/xmesh-ckpt-crash-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; ls -laR "$dir"; exit 1; }
 run() { "$mpiexec" -n 4 --oversubscribe "$test_ckpt" --save-only "$dir" "$1"; }
-run 7 || fail "save of step 7 exited $?"
+run 7; rc=$?; [ $rc -eq 0 ] || fail "save of step 7 exited $rc"
 XMESH_CKPT_CRASH=2:exit run 8 >"$dir/crash.log" 2>&1 && fail "the killed save exited 0"
 grep -q "exits after the shards" "$dir/crash.log" || { cat "$dir/crash.log"; fail "no crash"; }
 [ -e "$dir/step-00000008" ] && fail "step-00000008 exists after the killed save"
@@ -18,11 +18,11 @@ grep -q "exits after the shards" "$dir/crash.log" || { cat "$dir/crash.log"; fai
   || fail "the killed save left no partial shards (the test would prove nothing)"
 [ -e "$dir/.step-00000008.tmp/rank-00002.bin" ] && fail "rank 2 wrote although it was killed first"
 [ -e "$dir/.step-00000008.tmp/MANIFEST" ] && fail "the killed save wrote a manifest"
-out=$("$tool" info "$dir") || fail "info after the crash exited $?: $out"
+out=$("$tool" info "$dir"); rc=$?; [ $rc -eq 0 ] || fail "info after the crash exited $rc: $out"
 grep -q '^step        7$' <<<"$out" || fail "info after the crash does not show step 7: $out"
 grep -q '^verify      ok$' <<<"$out" || fail "step 7 does not verify after the crash"
-run 9 || fail "save of step 9 exited $?"
+run 9; rc=$?; [ $rc -eq 0 ] || fail "save of step 9 exited $rc"
 [ -e "$dir/.step-00000008.tmp" ] && fail "the next save left .step-00000008.tmp"
-out=$("$tool" info "$dir") || fail "info after step 9 exited $?"
+out=$("$tool" info "$dir"); rc=$?; [ $rc -eq 0 ] || fail "info after step 9 exited $rc"
 grep -q '^step        9$' <<<"$out" || fail "info does not show step 9"
 echo "ckpt_crash_test: OK"

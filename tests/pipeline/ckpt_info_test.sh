@@ -8,8 +8,9 @@ mpiexec=$1 test_ckpt=$2 tool=$3
 dir=$(mktemp -d "${TMPDIR:-/tmp}/xmesh-ckpt-info-XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-"$mpiexec" -n 4 --oversubscribe "$test_ckpt" --trials 0 --keep-dir "$dir" >"$dir/save.log" 2>&1 \
-  || { cat "$dir/save.log"; fail "test_ckpt --keep-dir exited $?"; }
+"$mpiexec" -n 4 --oversubscribe "$test_ckpt" --trials 0 --keep-dir "$dir" >"$dir/save.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat "$dir/save.log"; fail "test_ckpt --keep-dir exited $rc"; }
 out=$("$tool" info "$dir"); rc=$?
 echo "$out"
 [ $rc -eq 0 ] || fail "info on a good checkpoint exited $rc"

@@ -730,6 +730,9 @@ static void test_bad(xmesh_ctx_t ctx)
             mutate(p, 1);
             r = try_load(root, &d, "w", &model, 1, fl, ctx);
             expect_fail("truncated shard", r, p + strlen(root), "the manifest says", &d.w, &d.b);
+            /* without the CRC pass the sizes are still checked */
+            r = try_load(root, &d, "w", &model, 1, fl | XMP_CKPT_LOAD_NO_VERIFY, ctx);
+            expect_fail("truncated, no CRC", r, p + strlen(root), "the manifest says", &d.w, &d.b);
             break;
         case 2:
             mutate(p, 2);
@@ -781,12 +784,21 @@ static void test_bad(xmesh_ctx_t ctx)
             break;
         }
         }
-        /* the good case really loads: the same destination, no mutation */
+        /* the good case really loads: the same destination, no mutation (case 6
+         * without the CRC pass: nothing checksummed) */
         if (kase >= 5 && kase <= 6) {
             fill_sentinel(&d.w);
-            r = try_load(root, &d, "w", NULL, 0, fl, ctx);
+            unsigned f2 = fl | (kase == 6 ? XMP_CKPT_LOAD_NO_VERIFY : 0);
+            r = try_load(root, &d, "w", NULL, 0, f2, ctx);
             if (r || check(&d.w, 900000 + 6) || check(&d.b, 900001 + 6))
                 FAIL("bad case %d: the unmutated load fails: %s", kase, xmp_last_error());
+            xmp_ckpt_load_info_t li;
+            int64_t checked;
+            xmp_ckpt_last_load_info(&li);
+            MPI_Allreduce(&li.bytes_checked, &checked, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+            if ((kase == 6) != (checked == 0))
+                FAIL("bad case %d: %" PRId64 " bytes checksummed by all ranks (flags %u)", kase,
+                     checked, f2);
         }
         dst_free(&d);
     }
