@@ -10,7 +10,7 @@ pkgs=(build-essential cmake pkg-config python3 python3-dev python3-venv python3-
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libcmocka-dev
       clang libclang-rt-14-dev clang-format valgrind
       gnuplot-nox iproute2 util-linux git procps
-      libopenblas-dev libscalapack-openmpi-dev)
+      libopenblas-dev libscalapack-openmpi-dev zlib1g-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
