@@ -53,6 +53,9 @@ typedef struct {
     const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace, *cluster;
     int dp, tp, stages, microbatches, schedule, delay_wgrad, comm, print_schedule;
     int check_serial;
+    /* strategies (nn/strategy.h): one for all stages, or one per stage */
+    const char *strategy, *stage_strategy;
+    int print_strategy;
 } gpt_opts_t;
 
 static void gpt_defaults(gpt_opts_t *o)
@@ -108,7 +111,13 @@ static void gpt_usage(void)
         "  --mesh RxC --dp N --tp N   one stage on all ranks (R = dp, C = tp)\n"
         "  --stages N          pipeline stages; blocks split evenly, E first, L last\n"
         "  --layout 'E,t*3|t*3,L'     explicit layers per stage (Megatron style)\n"
-        "  --stage-mesh 2x1,1x2  --stage-dp 2,1  --stage-tp 1,2   per-stage meshes\n"
+        "  --stage-mesh 2x2x2,1x4    per-stage meshes of 1 to 4 axes each (2x1,1x2: dp x tp)\n"
+        "  --stage-dp 2,1  --stage-tp 1,2   per-stage 2-axis dp x tp meshes (shorthands)\n"
+        "  --strategy NAME|FILE       SBP of every parameter and activation class, all stages:\n"
+        "                      built-in dp, megatron (default), 3d, axonn, or a strategy file\n"
+        "                      (docs/STRATEGY.md)\n"
+        "  --stage-strategy A,B       one strategy (name or file) per stage\n"
+        "  --print-strategy    print the resolved strategy of each stage and exit\n"
         "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
@@ -157,6 +166,10 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             o->print_schedule = 1;
             continue;
         }
+        if (!strcmp(a, "--print-strategy")) {
+            o->print_strategy = 1;
+            continue;
+        }
         if (!strcmp(a, "--check-serial")) {
             o->check_serial = 1;
             continue;
@@ -201,6 +214,8 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
             {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
             {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
+            {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
+            {"--stage-strategy", NULL, 0, 0, NULL, 0, 0, &o->stage_strategy},
         };
         size_t k, nt = sizeof t / sizeof t[0];
         for (k = 0; k < nt; k++)
@@ -243,9 +258,13 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
      * top of XMESH_*), so the schedule's predicted transfers use it too. */
     if (o->cluster)
         setenv("XMESH_CLUSTER_FILE", o->cluster, 1);
-    if (o->serial && (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh ||
-                      o->stage_dp || o->stage_tp))
-        return xmp_cli_error("--serial runs one process: drop the mesh and stage flags");
+    if (o->serial &&
+        (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh || o->stage_dp ||
+         o->stage_tp || o->strategy || o->stage_strategy || o->print_strategy))
+        return xmp_cli_error("--serial runs one process: drop the mesh, stage and strategy flags");
+    if (o->strategy && o->stage_strategy)
+        return xmp_cli_error("--strategy '%s' and --stage-strategy '%s' are exclusive", o->strategy,
+                             o->stage_strategy);
     if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
         return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
     if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
@@ -624,6 +643,50 @@ static int replan(const gpt_opts_t *o, xmp_gpt2_stage_t *st, const xmp_stage_lay
     return 0;
 }
 
+/* Resolves the strategy of every stage (the same on every rank): --strategy for
+ * all, --stage-strategy per stage (one entry: all), else megatron; each loaded
+ * for its stage's axis count and checked against the model. */
+static int resolve_strategies(const gpt_opts_t *o, const xmp_gpt2_config_t *cfg,
+                              const xmp_stage_layout_t *sl, xmp_strategy_t *out, char *err,
+                              size_t errlen)
+{
+    char names[XMP_MAX_STAGES][256];
+    int n = 0;
+    const char *flag = o->stage_strategy ? "--stage-strategy" : "--strategy";
+    const char *list = o->stage_strategy ? o->stage_strategy : o->strategy;
+    if (!list)
+        list = "megatron";
+    for (const char *p = list;; n++) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (n >= XMP_MAX_STAGES || len == 0 || len >= sizeof names[0] || (!o->stage_strategy && q))
+            return snprintf(err, errlen, "%s '%s': expected %s", flag, list,
+                            o->stage_strategy ? "one name or file per stage, separated by ','"
+                                              : "one name or file (per stage: --stage-strategy)"),
+                   -1;
+        memcpy(names[n], p, len);
+        names[n][len] = '\0';
+        if (!q) {
+            n++;
+            break;
+        }
+        p = q + 1;
+    }
+    if (n != 1 && n != sl->nstages)
+        return snprintf(err, errlen, "%s '%s' has %d entries for %d stages", flag, list, n,
+                        sl->nstages),
+               -1;
+    for (int s = 0; s < sl->nstages; s++) {
+        char sub[640];
+        if (xmp_strategy_load(names[n == 1 ? 0 : s], xmp_gpt2_strategy_builtin,
+                              XMP_GPT2_BUILTIN_STRATEGIES, sl->ndim[s], &out[s], sub, sizeof sub))
+            return snprintf(err, errlen, "stage %d: %.400s", s, sub), -1;
+        if (xmp_gpt2_strategy_check(&out[s], cfg, s, sl->ndim[s], sl->shape[s], err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
 static int run_parallel(const gpt_opts_t *oin)
 {
     int prov, rank, size, rc = 1;
@@ -647,6 +710,7 @@ static int run_parallel(const gpt_opts_t *oin)
     xmp_schedule_t *sched = NULL;
     xmp_driver_t *drv = NULL;
     double *ref = NULL;
+    xmp_strategy_t *strat = NULL;
     const char *desc = NULL;
     int have_log = 0, ok = 0, mismatch = 0;
     step_log_t log;
@@ -657,12 +721,32 @@ static int run_parallel(const gpt_opts_t *oin)
             xmp_cli_error("stage layout: %s", err);
         goto out;
     }
+    strat = calloc((size_t)sl.nstages, sizeof *strat);
+    if (!strat || resolve_strategies(o, &m.cfg, &sl, strat, err, sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("strategy: %s", strat ? err : "out of memory");
+        goto out;
+    }
+    if (o->print_strategy) {
+        if (rank == 0) {
+            char *buf = malloc(1 << 16), meshes[256];
+            xmp_stage_layout_format_meshes(&sl, meshes, sizeof meshes);
+            printf("# %d stage(s), meshes %s\n", sl.nstages, meshes);
+            for (int s = 0; buf && s < sl.nstages; s++) {
+                xmp_strategy_format(&strat[s], buf, 1 << 16);
+                printf("# stage %d: %s (%s)\n%s", s, strat[s].name, strat[s].source, buf);
+            }
+            free(buf);
+        }
+        rc = 0;
+        goto out;
+    }
     if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {
         xmp_cli_error("xmesh_ctx_create_mpi: %s", xmesh_last_error());
         goto out;
     }
-    xmp_gpt2_train_cfg_t tc = {o->batch, o->seq,   o->microbatches, o->lr,
-                               o->beta1, o->beta2, o->eps,          o->wd};
+    xmp_gpt2_train_cfg_t tc = {o->batch, o->seq, o->microbatches, o->lr, o->beta1,
+                               o->beta2, o->eps, o->wd,           strat};
     if (xmp_gpt2_stage_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, &st, err, sizeof err) != 0) {
         if (rank == 0)
             xmp_cli_error("%s", err);
@@ -852,6 +936,7 @@ out:
     xmp_llmc_loader_free(&ld);
     xmp_gpt2_free(&m);
     free(ref);
+    free(strat);
     MPI_Finalize();
     return rc;
 }
