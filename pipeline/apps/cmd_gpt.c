@@ -597,6 +597,11 @@ static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layou
             tp = "1";
     }
     int stages = o->stages ? o->stages : (o->layout ? 0 : 1);
+    if (!o->stages && !o->layout && o->stage_mesh) { /* one stage per mesh */
+        stages = 1;
+        for (const char *p = o->stage_mesh; *p; p++)
+            stages += *p == ',';
+    }
     /* Without any mesh flag: one stage, dp = ranks (pure data parallel). */
     char alldp[32];
     if (!meshes && !dp && !tp && stages == 1 && !o->layout) {

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""GPT-2 stages driven by strategies (xmesh-train gpt --strategy / --stage-strategy).
+
+A run case trains 5 steps under mpirun with --check-serial: rank 0 also trains the
+serial model and the command exits non-zero unless every step's loss agrees within
+1e-5 relative; the case passes on exit code 0 AND the "check-serial: OK" summary with
+5 steps compared. A refusal case passes when the command fails and its message names
+what it must (class, axis, rule). usage:
+  test_gpt_strategy.py CASE TRAIN MPIEXEC [MPIEXEC_FLAGS...]
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+CASE, TRAIN = sys.argv[1], sys.argv[2]
+MPI = sys.argv[3:]
+BASE = ["--heads", "4", "--channels", "32", "--seq", "16", "--batch", "4", "--no-progress",
+        "--layers", "2"]
+
+# name: (ranks, extra flags)
+RUNS = {
+    # one stage, every built-in on meshes of 1, 2, 3 and 4 axes
+    "dp.4": (4, ["--stage-mesh", "4", "--strategy", "dp"]),
+    "dp.2x2": (4, ["--stage-mesh", "2x2", "--strategy", "dp"]),
+    "dp.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "dp"]),
+    "dp.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "dp"]),
+    "megatron.2": (2, ["--stage-mesh", "2", "--strategy", "megatron"]),
+    "megatron.2x2": (4, ["--stage-mesh", "2x2", "--strategy", "megatron", "--vocab", "250"]),
+    "megatron.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "megatron"]),
+    "megatron.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "megatron"]),
+    "3d.2": (2, ["--stage-mesh", "2", "--strategy", "3d"]),
+    "3d.2x2": (4, ["--stage-mesh", "2x2", "--strategy", "3d"]),
+    "3d.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "3d", "--vocab", "250"]),
+    "3d.1x2x2": (4, ["--stage-mesh", "1x2x2", "--strategy", "3d", "--microbatches", "2"]),
+    "3d.3x1x2": (6, ["--stage-mesh", "3x1x2", "--strategy", "3d"]),  # uneven batch split
+    "3d.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "3d"]),
+    # pipelines of 2 and 3 stages mixing strategies and mesh shapes
+    "pipe.3d-megatron": (8, ["--stage-mesh", "1x2x2,2x2", "--stage-strategy", "3d,megatron",
+                             "--microbatches", "2"]),
+    "pipe.dp-megatron-3d": (8, ["--stage-mesh", "2,1x2,2x1x2", "--stage-strategy",
+                                "dp,megatron,3d", "--layers", "3", "--microbatches", "4", "--schedule",
+                                "eager-1f1b", "--delay-wgrad"]),
+    "pipe.3d-dp.4axes": (6, ["--stage-mesh", "1x1x2x2,2", "--stage-strategy", "3d,dp",
+                             "--microbatches", "2", "--schedule", "gpipe"]),
+    "pipe.megatron-3d.layout": (5, ["--layout", "E,t|t,L", "--stage-mesh", "1x1x1x1,2x1x2",
+                                    "--stage-strategy", "megatron,3d", "--microbatches", "2"]),
+}
+
+# name: (ranks, extra flags, strategy: a built-in name, or "file:EDIT" for a file made
+# from the printed 1-axis megatron strategy with EDIT applied, needles of the message).
+# "@N" in a needle is the number of lines of the printed text plus 1.
+REFUSALS = {
+    "refuse.unknown_class": (2, ["--stage-mesh", "2"], "file:append extra.w = B",
+                             [":@N: unknown class 'extra.w' (known: wte wpe"]),
+    "refuse.missing_class": (2, ["--stage-mesh", "2"], "file:drop act.gelu",
+                             [": class 'act.gelu' missing (strategy 'megatron' must give it)"]),
+    "refuse.axis_count": (4, ["--stage-mesh", "2x2"], "file:none",
+                          ["stage 0: ", ": strategy 'megatron' has axes=1, the stage mesh has 2 axes"]),
+    "refuse.bad_sbp": (2, ["--stage-mesh", "2"], "file:set wte = S(x)",
+                       [":2: class 'wte': SBP axis 0: bad SBP 'S(x)'"]),
+    "refuse.param_dim": (2, ["--stage-mesh", "2"], "file:set fc.b = S(1)",
+                         ["stage 0: class fc.b", "mesh axis 0: S(1) but fc.b has 1 dims"]),
+    "refuse.rule_layernorm": (2, ["--stage-mesh", "2"], "file:set act.x = S(2)", [
+        "stage 0: class act.x: mesh axis 0: S(2): missing SBP rule 'layernorm with channel split'"]),
+    "refuse.rule_attention": (2, ["--stage-mesh", "2"], "file:set act.qkv = S(1)", [
+        "stage 0: class act.qkv: mesh axis 0: S(1): missing SBP rule 'attention with sequence split'"]),
+    "refuse.rule_partial_param": (2, ["--stage-mesh", "2"], "file:set qkv.w = P", [
+        "stage 0: class qkv.w: mesh axis 0: P: missing SBP rule 'partial parameter'"]),
+    "refuse.heads": (8, ["--stage-mesh", "1x2x4"], "3d", [
+        "stage 0: 4 heads cannot be split over tensor-parallel degree 8",
+        "class act.qkv splits the heads over mesh axes 1,2"]),
+    "refuse.axonn": (8, ["--stage-mesh", "2x2x2"], "axonn", [
+        "built-in strategy 'axonn'", "needs sharded parameter storage"]),
+    "refuse.unknown_name": (2, ["--stage-mesh", "2"], "nosuch", [
+        "strategy 'nosuch': no such file and no built-in of that name (built-ins: dp, megatron, 3d, axonn)"]),
+    "refuse.stage_count": (4, ["--stage-mesh", "2,2", "--stages", "2", "--stage-strategy"],
+                           "dp,dp,dp", ["--stage-strategy 'dp,dp,dp' has 3 entries for 2 stages"]),
+}
+
+
+def run(n, args):
+    cmd = MPI + ["-n", str(n), "--oversubscribe", TRAIN, "gpt"] + BASE + args
+    print("+", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    return p.returncode, p.stdout
+
+
+def printed_strategy(n, flags, stage=0):
+    """The resolved text of one stage from --print-strategy."""
+    rc, out = run(n, flags + ["--print-strategy"])
+    if rc != 0:
+        sys.exit("--print-strategy failed:\n" + out)
+    blocks = re.split(r"^# stage \d+: .*\n", out, flags=re.M)
+    return blocks[stage + 1]
+
+
+def check_run(n, flags):
+    rc, out = run(n, flags + ["--steps", "5", "--check-serial"])
+    ok = rc == 0 and "check-serial: OK (0 mismatching of 5 steps compared)" in out
+    if not ok:
+        print(out[-4000:])
+    return ok
+
+
+if CASE in RUNS:
+    n, flags = RUNS[CASE]
+    ok = check_run(n, flags)
+elif CASE == "print.roundtrip":
+    # The printed 3d strategy, written to a file and loaded back, trains the same.
+    flags = ["--stage-mesh", "2x1x2"]
+    text = printed_strategy(4, flags + ["--strategy", "3d"])
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "s.txt")
+        open(path, "w").write(text)
+        again = printed_strategy(4, flags + ["--strategy", path])
+        ok = again == text and "fc.w         = B,S(0),S(1)" in text
+        if not ok:
+            print("printed texts differ or lack fc.w:\n" + text + "\n---\n" + again)
+        ok = ok and check_run(4, flags + ["--strategy", path])
+elif CASE in REFUSALS:
+    n, flags, spec, needles = REFUSALS[CASE]
+    with tempfile.TemporaryDirectory() as d:
+        arg = spec
+        if spec.startswith("file:"):
+            text = printed_strategy(2, ["--stage-mesh", "2", "--strategy", "megatron"])
+            lines = text.splitlines()
+            edit = spec[5:]
+            if edit.startswith("append "):
+                lines.append(edit[7:])
+            elif edit.startswith("drop "):
+                lines = [l for l in lines if l.split("=")[0].strip() != edit[5:]]
+            elif edit.startswith("set "):
+                cls = edit[4:].split("=")[0].strip()
+                assert any(l.split("=")[0].strip() == cls for l in lines), cls
+                lines = [edit[4:] if l.split("=")[0].strip() == cls else l for l in lines]
+            needles = [x.replace("@N", str(len(lines))) for x in needles]
+            arg = os.path.join(d, "s.txt")
+            open(arg, "w").write("\n".join(lines) + "\n")
+        if "--stage-strategy" not in flags:
+            flags = flags + ["--strategy"]
+        rc, out = run(n, flags + [arg, "--steps", "1"])
+        missing = [x for x in needles if x not in out]
+        ok = rc != 0 and not missing
+        if not ok:
+            print(f"rc {rc}, missing {missing}:\n" + out[-3000:])
+else:
+    sys.exit(f"unknown case {CASE}")
+print(f"{CASE}: {'passed' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
