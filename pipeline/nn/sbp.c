@@ -35,6 +35,18 @@ xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
     return r;
 }
 
+xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                             const char *what)
+{
+    int rc = XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, count, ty, op, comm));
+    if (rc == MPI_SUCCESS)
+        return XMESH_SUCCESS;
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(rc, s, &n);
+    return xmp_err(XMESH_ERR_BACKEND, "%s: MPI_Allreduce failed: %s (code %d)", what, s, rc);
+}
+
 /* ---------------------------------------------------------------- meshes */
 
 xmesh_result_t xmp_mesh_create(MPI_Comm parent, xmesh_ctx_t ctx, int ndim, const int *shape,

@@ -94,6 +94,11 @@ void xmp_comm_seconds_add(double s);
         xmp_rc_;                                                                                   \
     })
 
+/* Collective helpers of nn/: every collective of boxing and of the SBP layers goes through
+ * them. what names the caller for error messages. Collective over comm. */
+xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                             const char *what);
+
 /* A mesh group. Public fields are read-only for callers. */
 typedef struct xmp_mesh {
     int ndim;                         /* 1..4 */

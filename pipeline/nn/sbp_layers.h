@@ -64,6 +64,16 @@ xmesh_result_t xmp_attention_backward(const xmp_tensor_t *dy, const xmp_tensor_t
 int xmp_sbp_deduce(const char *op, int naxes, int nin, const int *in_ndim,
                    const xmp_sbp_t *const *in_sbp, xmp_sbp_t *out_sbp, char *err, size_t errlen);
 
+/* ---- additions to contract A ------------------------------------------------------------ */
+
+/* Per-axis rules of the two layers above (pure; shared by the ops and xmp_sbp_deduce).
+ * naxes axes of sbp in, NAX (4) written per output array (B beyond naxes). Return 0, or -1
+ * with a message naming op, operand, axis and the missing rule in err. */
+int xmp_rule_layernorm(int naxes, int nd, const xmp_sbp_t *sx, xmp_sbp_t *tx, xmp_sbp_t *tw,
+                       xmp_sbp_t *ty, xmp_sbp_t *tstat, char *err, size_t n);
+int xmp_rule_attention(int naxes, int nd, const xmp_sbp_t *sq, xmp_sbp_t *tq, xmp_sbp_t *ty,
+                       xmp_sbp_t *tatt, char *err, size_t n);
+
 #ifdef __cplusplus
 }
 #endif
