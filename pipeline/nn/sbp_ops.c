@@ -484,9 +484,11 @@ xmesh_result_t xmp_embedding_backward(const xmp_tensor_t *dout, const xmp_tensor
             for (int64_t c = 0; c < C; c++)
                 xmp_f32(&g)[v * C + c] += xmp_f32(&bd)[i * C + c];
     }
-    /* back through the boxing of the table (P table: gradient B) */
-    r = xmp_box_backward(&g, table->sbp, dtable);
-    xmp_tensor_free(&g);
+    /* The contract (sbp_ops.h): S where the table was split, P where the tokens were split
+     * and the table was not (each rank holds the rows its own tokens touched), B elsewhere
+     * (also where the table was P: the gradient of a partial is the full gradient). No
+     * reduction here: the caller boxes P -> B once per step, not once per microbatch. */
+    *dtable = g;
 out_free_d:
     xmp_tensor_free(&bd);
 out_free_t:

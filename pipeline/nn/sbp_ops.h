@@ -64,7 +64,8 @@ xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, 
 xmesh_result_t xmp_embedding_forward(const xmp_tensor_t *tok, const xmp_tensor_t *table,
                                      xmp_tensor_t *out);
 /* dtable (SBP of table, B where table is P; P where tok was split over an
- * axis that did not split the table). */
+ * axis that did not split the table). Never reduces: no collective on the
+ * table gradient happens here (the optimizer boxes P -> B once per step). */
 xmesh_result_t xmp_embedding_backward(const xmp_tensor_t *dout, const xmp_tensor_t *tok,
                                       const xmp_tensor_t *table, xmp_tensor_t *dtable);
 
