@@ -1,6 +1,7 @@
 /* SBP layer norm, causal attention and the pure SBP deduction (contracts in
  * sbp_layers.h). */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,19 +41,6 @@ static xmesh_result_t same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, co
     return XMESH_SUCCESS;
 }
 
-/* Formats "op: operand 'spec': mesh axis a: " into err; returns the length. */
-static void rule_err(char *err, size_t n, const char *op, const char *operand, const xmp_sbp_t *sbp,
-                     int naxes, int axis, const char *fmt, const char *what)
-{
-    char spec[64];
-    if (!err || !n)
-        return;
-    xmp_sbp_string(sbp, naxes, spec, sizeof spec);
-    int k = snprintf(err, n, "%s: operand %s '%s': mesh axis %d: ", op, operand, spec, axis);
-    if (k >= 0 && (size_t)k < n)
-        snprintf(err + k, n - (size_t)k, fmt, what);
-}
-
 /* -------------------------------------------------------------- rules */
 
 int xmp_rule_layernorm(int naxes, int nd, const xmp_sbp_t *sx, xmp_sbp_t *tx, xmp_sbp_t *tw,
@@ -63,6 +51,8 @@ int xmp_rule_layernorm(int naxes, int nd, const xmp_sbp_t *sx, xmp_sbp_t *tx, xm
             snprintf(err, n, "layernorm: operand x has %d dims, needs >= 1 (rows..., C)", nd);
         return -1;
     }
+    if (xmp_rule_operand("layernorm", "x", naxes, nd, sx, err, n))
+        return -1;
     for (int a = 0; a < NAX; a++) {
         xmp_sbp_t b = xmp_sbp_b();
         if (a >= naxes) {
@@ -70,12 +60,6 @@ int xmp_rule_layernorm(int naxes, int nd, const xmp_sbp_t *sx, xmp_sbp_t *tx, xm
             continue;
         }
         xmp_sbp_t s = sx[a];
-        if (s.kind == XMP_S && (s.dim < 0 || s.dim >= nd)) {
-            char w[96];
-            snprintf(w, sizeof w, "S(%d) is no dim of a %d-dim tensor", s.dim, nd);
-            rule_err(err, n, "layernorm", "x", sx, naxes, a, "%s (no rule)", w);
-            return -1;
-        }
         tx[a] = s.kind == XMP_P ? b : s;
         ty[a] = tx[a];
         int chan = tx[a].kind == XMP_S && tx[a].dim == nd - 1;
@@ -96,6 +80,8 @@ int xmp_rule_attention(int naxes, int nd, const xmp_sbp_t *sq, xmp_sbp_t *tq, xm
                      nd);
         return -1;
     }
+    if (xmp_rule_operand("attention", "qkv", naxes, nd, sq, err, n))
+        return -1;
     for (int a = 0; a < NAX; a++) {
         xmp_sbp_t b = xmp_sbp_b();
         if (a >= naxes) {
@@ -103,17 +89,14 @@ int xmp_rule_attention(int naxes, int nd, const xmp_sbp_t *sq, xmp_sbp_t *tq, xm
             continue;
         }
         xmp_sbp_t s = sq[a];
-        if (s.kind == XMP_S && (s.dim < 0 || s.dim >= nd)) {
-            rule_err(err, n, "attention", "qkv", sq, naxes, a, "%s", "split dim out of range");
-            return -1;
-        }
         if (s.kind == XMP_S && (s.dim == 2 || s.dim == 4)) {
-            rule_err(err, n, "attention", "qkv", sq, naxes, a, "%s",
-                     s.dim == 2 ? "S(2) splits the q/k/v index dim: no rule (a rank needs q, k "
-                                  "and v of its heads; split batch S(0), sequence S(1) or heads "
-                                  "S(3))"
-                                : "S(4) splits the head dim hs: no rule (a score needs the whole "
-                                  "head; split batch S(0), sequence S(1) or heads S(3))");
+            xmp_rule_msg(err, n, "attention", "qkv", sq, naxes, a, "%s",
+                         s.dim == 2
+                             ? "S(2) splits the q/k/v index dim: no rule (a rank needs q, k "
+                               "and v of its heads; split batch S(0), sequence S(1) or heads "
+                               "S(3))"
+                             : "S(4) splits the head dim hs: no rule (a score needs the whole "
+                               "head; split batch S(0), sequence S(1) or heads S(3))");
             return -1;
         }
         tq[a] = s.kind == XMP_P ? b : s;
@@ -689,13 +672,114 @@ out_free_q:
     return r;
 }
 
+/* ---------------------------------------------------- pure deduction */
+
+static int ded_fail(char *err, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int ded_fail(char *err, size_t n, const char *fmt, ...)
+{
+    char buf[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (err && n)
+        snprintf(err, n, "%s", buf);
+    xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s", buf);
+    return -1;
+}
+
 int xmp_sbp_deduce(const char *op, int naxes, int nin, const int *in_ndim,
                    const xmp_sbp_t *const *in_sbp, xmp_sbp_t *out_sbp, char *err, size_t errlen)
 {
-    (void)naxes, (void)nin, (void)in_ndim, (void)in_sbp, (void)out_sbp;
-    if (err && errlen)
-        snprintf(err, errlen, "xmp_sbp_deduce: op '%s': not implemented yet", op ? op : "(null)");
-    xmp_err(XMESH_ERR_UNSUPPORTED, "xmp_sbp_deduce: op '%s': not implemented yet",
-            op ? op : "(null)");
-    return -1;
+    static const struct {
+        const char *name;
+        int min_in, max_in;
+    } ops[] = {{"linear", 2, 3},       {"add", 2, 2},       {"gelu", 1, 1},
+               {"layernorm", 1, 3},    {"attention", 1, 1}, {"embedding", 2, 2},
+               {"cross_entropy", 1, 2}};
+    char msg[400] = "";
+    xmp_sbp_t t0[NAX], t1[NAX], t2[NAX], out[NAX];
+    int k = -1, rc = -1;
+    for (size_t i = 0; op && i < sizeof ops / sizeof ops[0]; i++)
+        if (!strcmp(op, ops[i].name))
+            k = (int)i;
+    if (k < 0)
+        return ded_fail(err, errlen,
+                        "xmp_sbp_deduce: op '%s' has no rules (known: linear, add, gelu, "
+                        "layernorm, attention, embedding, cross_entropy)",
+                        op ? op : "(null)");
+    if (naxes < 1 || naxes > NAX)
+        return ded_fail(err, errlen, "%s: mesh of %d axes: no rule (1 to 4 axes)", op, naxes);
+    if (nin < ops[k].min_in || nin > ops[k].max_in || !in_ndim || !in_sbp || !out_sbp)
+        return ded_fail(err, errlen, "%s: %d operands given (or a NULL array): no rule", op, nin);
+    for (int i = 0; i < nin; i++)
+        if (!in_sbp[i] || in_ndim[i] < 0 || in_ndim[i] > XMP_MAX_DIMS)
+            return ded_fail(err, errlen, "%s: operand %d has no SBP or a bad dim count", op, i);
+    const int *nd = in_ndim;
+    const xmp_sbp_t *const *s = in_sbp;
+    switch (k) {
+    case 0: /* linear: x, w[, b] */
+        rc = xmp_rule_linear(naxes, nd[0], s[0], nd[1], s[1], t0, t1, out, t2, msg, sizeof msg);
+        if (!rc && nin == 3) {
+            if (nd[2] != nd[1] - 1) {
+                snprintf(msg, sizeof msg,
+                         "linear: operand b has %d dims, w %d: no rule (b has w's out dims)", nd[2],
+                         nd[1]);
+                rc = -1;
+            } else {
+                rc = xmp_rule_operand("linear", "b", naxes, nd[2], s[2], msg, sizeof msg);
+            }
+        }
+        break;
+    case 1:
+        if (nd[0] != nd[1]) {
+            snprintf(msg, sizeof msg, "add: operands x (%d dims) and y (%d dims): no rule", nd[0],
+                     nd[1]);
+            break;
+        }
+        rc = xmp_rule_add(naxes, nd[0], s[0], s[1], out, msg, sizeof msg);
+        break;
+    case 2:
+        rc = xmp_rule_gelu(naxes, nd[0], s[0], out, msg, sizeof msg);
+        break;
+    case 3: /* layernorm: x[, w, b]: w and b are boxed to what x needs, any SBP */
+        rc = xmp_rule_layernorm(naxes, nd[0], s[0], t0, t1, out, t2, msg, sizeof msg);
+        for (int i = 1; !rc && i < nin; i++) {
+            const char *nm = i == 1 ? "w" : "b";
+            if (nd[i] != 1) {
+                snprintf(msg, sizeof msg, "layernorm: operand %s has %d dims: no rule (1 dim, C)",
+                         nm, nd[i]);
+                rc = -1;
+            } else {
+                rc = xmp_rule_operand("layernorm", nm, naxes, 1, s[i], msg, sizeof msg);
+            }
+        }
+        break;
+    case 4:
+        rc = xmp_rule_attention(naxes, nd[0], s[0], t0, out, t1, msg, sizeof msg);
+        break;
+    case 5:
+        rc = xmp_rule_embedding(naxes, nd[0], s[0], nd[1], s[1], t0, t1, out, msg, sizeof msg);
+        break;
+    default:
+        if (nin == 2 && nd[1] != nd[0] - 1) {
+            snprintf(msg, sizeof msg,
+                     "cross_entropy: operand targets has %d dims, logits %d: no rule (targets "
+                     "are the rows of logits)",
+                     nd[1], nd[0]);
+            break;
+        }
+        rc = xmp_rule_cross_entropy(naxes, nd[0], s[0], nin == 2 ? s[1] : NULL, out, t0, msg,
+                                    sizeof msg);
+        break;
+    }
+    if (rc) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s", msg);
+        xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s", msg);
+        return -1;
+    }
+    memcpy(out_sbp, out, sizeof(xmp_sbp_t) * (size_t)naxes);
+    return 0;
 }

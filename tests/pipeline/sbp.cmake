@@ -27,3 +27,9 @@ foreach(np 2 3 4 8)
       LABELS "pipeline;mpi" TIMEOUT 120 ENVIRONMENT "${XMP_SBP_ENV}")
   endforeach()
 endforeach()
+
+# Pure SBP deduction: accepted and refused signatures, one process.
+add_executable(test_sbp_deduce test_sbp_deduce.c)
+target_link_libraries(test_sbp_deduce PRIVATE xmesh_pipeline)
+add_test(NAME pipeline.sbp.test_sbp_deduce COMMAND test_sbp_deduce)
+set_tests_properties(pipeline.sbp.test_sbp_deduce PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)

@@ -103,6 +103,24 @@ static void rand_sbp(int naxes, int nopt, const int *opts, xmp_sbp_t *s)
         s[a] = a < naxes ? option(opts[irand(nopt)]) : xmp_sbp_b();
 }
 
+/* The pure deduction (one engine) must give the SBP the op produced. */
+static void check_deduce(const char *what, const char *op, int nin, const int *nd,
+                         const xmp_sbp_t *const *in, const xmp_tensor_t *out)
+{
+    xmp_sbp_t d[XMP_MAX_MESH_DIMS];
+    char err[400];
+    if (xmp_sbp_deduce(op, out->mesh->ndim, nin, nd, in, d, err, sizeof err)) {
+        FAIL("%s: xmp_sbp_deduce refuses what the op ran: %s", what, err);
+        return;
+    }
+    for (int a = 0; a < out->mesh->ndim; a++)
+        if (!xmp_sbp_eq(d[a], out->sbp[a])) {
+            FAIL("%s: xmp_sbp_deduce says axis %d differs from the op's output %s", what, a,
+                 out->spec);
+            return;
+        }
+}
+
 /* Every element of the gathered t against ref (|d| <= tol (1 + |ref|)); and its SBP. */
 static void compare(const char *what, const xmp_tensor_t *t, const float *ref,
                     const xmp_sbp_t *want_sbp, double tol)
@@ -219,6 +237,11 @@ static void ln_case(ln_case_t *c, int fd)
     char w2[300];
     snprintf(w2, sizeof w2, "%s: y", what);
     compare(w2, &y, Y, ty, 1e-5);
+    {
+        int nd[3] = {3, 1, 1};
+        const xmp_sbp_t *in[3] = {c->sx, c->sw, c->sb};
+        check_deduce(what, "layernorm", 3, nd, in, &y);
+    }
     snprintf(w2, sizeof w2, "%s: mean", what);
     compare(w2, &cache.mean, M, tst, 1e-5);
     snprintf(w2, sizeof w2, "%s: rstd", what);
@@ -368,6 +391,11 @@ static void at_case(at_case_t *c, int fd)
     }
     snprintf(w2, sizeof w2, "%s: y", what);
     compare(w2, &y, Y, ty, 1e-5);
+    {
+        int nd[1] = {5};
+        const xmp_sbp_t *in[1] = {c->sq};
+        check_deduce(what, "attention", 1, nd, in, &y);
+    }
     snprintf(w2, sizeof w2, "%s: att", what);
     compare(w2, &cache.att, A, ta, 1e-5);
     if (xmp_attention_backward(&dy, &q, &cache, &dq)) {

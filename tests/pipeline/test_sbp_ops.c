@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 
+#include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
 
 static int g_rank, g_fail;
@@ -197,6 +198,18 @@ static void test_linear(xmp_mesh_t *m, int ncases)
             c.R[e] = urand();
         xmp_tensor_t x, w, y, dy, dx, dw, db;
         lin_eval(&c, &y);
+        { /* one engine: the pure deduction gives the SBP the op produced */
+            int nd[3] = {c.nx, c.nw, c.nw - 1};
+            const xmp_sbp_t *in[3] = {c.sx, c.sw, c.sb};
+            xmp_sbp_t d[XMP_MAX_MESH_DIMS];
+            char err[400];
+            if (xmp_sbp_deduce("linear", m->ndim, 3, nd, in, d, err, sizeof err))
+                FAIL("xmp_sbp_deduce refuses a linear the op ran: %s", err);
+            for (int a = 0; a < m->ndim; a++)
+                if (!xmp_sbp_eq(d[a], y.sbp[a]))
+                    FAIL("xmp_sbp_deduce: linear axis %d differs from the op's output %s", a,
+                         y.spec);
+        }
         grad_tensor(&dy, &y, c.R);
         make(&x, m, c.nx, c.xs, c.sx, c.X);
         make(&w, m, c.nw, c.ws, c.sw, c.W);
