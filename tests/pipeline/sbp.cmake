@@ -33,3 +33,12 @@ add_executable(test_sbp_deduce test_sbp_deduce.c)
 target_link_libraries(test_sbp_deduce PRIVATE xmesh_pipeline)
 add_test(NAME pipeline.sbp.test_sbp_deduce COMMAND test_sbp_deduce)
 set_tests_properties(pipeline.sbp.test_sbp_deduce PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
+
+# Allocation accounting (contract D), one process.
+add_executable(test_sbp_mem test_sbp_mem.c)
+target_link_libraries(test_sbp_mem PRIVATE xmesh_pipeline)
+find_package(Threads REQUIRED)
+target_link_libraries(test_sbp_mem PRIVATE Threads::Threads)
+add_test(NAME pipeline.sbp.test_sbp_mem COMMAND test_sbp_mem)
+set_tests_properties(pipeline.sbp.test_sbp_mem PROPERTIES LABELS "pipeline;unit" TIMEOUT 60
+  ENVIRONMENT "${XMP_SBP_ENV}")
