@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "nn/kernels.h"
+#include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
 
 #define NPT XMP_GPT2_NUM_PARAM_TENSORS
@@ -206,18 +207,13 @@ static int set_err(char *err, size_t n, const char *fmt, ...)
     return -1;
 }
 
-static int only_b(const xmp_strategy_entry_t *e, int ndim, int stage, const char *rule, char *err,
-                  size_t errlen)
+/* One op of the stage through the pure SBP deduction (nn/sbp_layers.h). */
+static int deduce(int stage, const char *what, const char *op, int naxes, int nin, const int *nd,
+                  const xmp_sbp_t *const *in, xmp_sbp_t *out, char *err, size_t errlen)
 {
-    for (int a = 0; a < ndim; a++)
-        if (e->sbp[a].kind != XMP_B) {
-            char b[64];
-            xmp_strategy_sbp_string(&e->sbp[a], 1, b, sizeof b);
-            return set_err(err, errlen,
-                           "stage %d: class %s: mesh axis %d: %s: missing SBP rule '%s' (this "
-                           "build needs %s B on every axis)",
-                           stage, e->cls, a, b, rule, e->cls);
-        }
+    char msg[400];
+    if (xmp_sbp_deduce(op, naxes, nin, nd, in, out, msg, sizeof msg))
+        return set_err(err, errlen, "stage %d: %s: %s", stage, what, msg);
     return 0;
 }
 
@@ -267,57 +263,89 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
                                stage, e->cls, s->source, e->line);
         }
     }
-    /* Rules of the ops. Layer norm: rows split or replicated, full weights. */
+    /* The tensor between stages: S or B (a partial sum would cross as P). */
     const xmp_strategy_entry_t *x = xmp_strategy_get(s, "act.x");
-    for (int a = 0; a < ndim; a++) {
+    for (int a = 0; a < ndim; a++)
         if (x->sbp[a].kind == XMP_P)
             return set_err(err, errlen,
                            "stage %d: class act.x: mesh axis %d: P: missing SBP rule 'partial "
-                           "residual stream' (the tensor between stages and the layer-norm "
-                           "input must be S or B)",
+                           "residual stream' (the tensor between stages must be S or B)",
                            stage, a);
-        if (x->sbp[a].kind == XMP_S && x->sbp[a].dim == 2)
-            return set_err(err, errlen,
-                           "stage %d: class act.x: mesh axis %d: S(2): missing SBP rule "
-                           "'layernorm with channel split' (statistics over split channels; "
-                           "needs nn/sbp_layers.h)",
-                           stage, a);
+            /* Every op of a stage holding every layer kind, through the deduction
+             * rules: the first op that no rule covers is named with its classes. */
+#define SB(cls) (xmp_strategy_get(s, cls)->sbp)
+    xmp_sbp_t out[NAX], tok[NAX];
+    for (int a = 0; a < NAX; a++) {
+        xmp_sbp_t v = a < ndim ? x->sbp[a] : xmp_sbp_b();
+        tok[a] = v.kind == XMP_S && v.dim < 2 ? v : xmp_sbp_b();
     }
-    static const char *lnp[] = {"ln1.w", "ln1.b", "ln2.w", "ln2.b", "lnf.w", "lnf.b"};
-    for (size_t i = 0; i < sizeof lnp / sizeof lnp[0]; i++)
-        if (only_b(xmp_strategy_get(s, lnp[i]), ndim, stage, "layernorm with split weight", err,
+    const struct {
+        const char *what, *op;
+        int nin;
+        int nd[3];
+        const xmp_sbp_t *in[3];
+    } ops[] = {
+        {"embedding of the tokens (act.x's batch/sequence split) x wte",
+         "embedding",
+         2,
+         {2, 2},
+         {tok, SB("wte")}},
+        {"layernorm of act.x (ln1.w, ln1.b)",
+         "layernorm",
+         3,
+         {3, 1, 1},
+         {SB("act.x"), SB("ln1.w"), SB("ln1.b")}},
+        {"linear act.ln1 x qkv.w (+ qkv.b)",
+         "linear",
+         3,
+         {3, 4, 3},
+         {SB("act.ln1"), SB("qkv.w"), SB("qkv.b")}},
+        {"class act.qkv", "attention", 1, {5}, {SB("act.qkv")}},
+        {"linear act.att x attproj.w (+ attproj.b)",
+         "linear",
+         3,
+         {3, 2, 1},
+         {SB("act.att"), SB("attproj.w"), SB("attproj.b")}},
+        {"layernorm of act.x (ln2.w, ln2.b)",
+         "layernorm",
+         3,
+         {3, 1, 1},
+         {SB("act.x"), SB("ln2.w"), SB("ln2.b")}},
+        {"linear act.ln2 x fc.w (+ fc.b)",
+         "linear",
+         3,
+         {3, 2, 1},
+         {SB("act.ln2"), SB("fc.w"), SB("fc.b")}},
+        {"gelu of act.fch", "gelu", 1, {3}, {SB("act.fch")}},
+        {"linear act.gelu x fcproj.w (+ fcproj.b)",
+         "linear",
+         3,
+         {3, 2, 1},
+         {SB("act.gelu"), SB("fcproj.w"), SB("fcproj.b")}},
+        {"layernorm of act.x (lnf.w, lnf.b)",
+         "layernorm",
+         3,
+         {3, 1, 1},
+         {SB("act.x"), SB("lnf.w"), SB("lnf.b")}},
+        {"linear act.lnf x wte (tied head)", "linear", 2, {3, 2}, {SB("act.lnf"), SB("wte")}},
+        {"cross_entropy of act.logits", "cross_entropy", 2, {3, 2}, {SB("act.logits"), tok}},
+    };
+#undef SB
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (deduce(stage, ops[i].what, ops[i].op, ndim, ops[i].nin, ops[i].nd, ops[i].in, out, err,
                    errlen))
             return -1;
-    if (only_b(xmp_strategy_get(s, "wpe"), ndim, stage, "position add with split wpe", err, errlen))
-        return -1;
-    /* Attention: batch or heads split, or replicated; heads evenly split. */
+    /* The attention output (Bm, T, NH, hs) is used as (Bm, T, C): the heads
+     * must split evenly over the axes that split them. */
     const xmp_strategy_entry_t *q = xmp_strategy_get(s, "act.qkv");
     int hsplit = 1;
     char axes[64] = "";
-    for (int a = 0; a < ndim; a++) {
-        xmp_sbp_t v = q->sbp[a];
-        if (v.kind == XMP_S && v.dim == 3) {
+    for (int a = 0; a < ndim; a++)
+        if (q->sbp[a].kind == XMP_S && q->sbp[a].dim == 3) {
             hsplit *= shape[a];
             size_t l = strlen(axes);
             snprintf(axes + l, sizeof axes - l, "%s%d", l ? "," : "", a);
-        } else if (v.kind == XMP_S && v.dim == 1) {
-            return set_err(err, errlen,
-                           "stage %d: class act.qkv: mesh axis %d: S(1): missing SBP rule "
-                           "'attention with sequence split' (needs nn/sbp_layers.h)",
-                           stage, a);
-        } else if (v.kind == XMP_S && v.dim != 0) {
-            return set_err(err, errlen,
-                           "stage %d: class act.qkv: mesh axis %d: S(%d): missing SBP rule "
-                           "'attention split on %s' (attention splits the batch S(0) or the "
-                           "heads S(3))",
-                           stage, a, v.dim, v.dim == 2 ? "q/k/v" : "the head size");
-        } else if (v.kind == XMP_P) {
-            return set_err(err, errlen,
-                           "stage %d: class act.qkv: mesh axis %d: P: missing SBP rule "
-                           "'attention of partial sums' (give S(0), S(3) or B)",
-                           stage, a);
         }
-    }
     if (c->num_heads % hsplit)
         return set_err(err, errlen,
                        "stage %d: %d heads cannot be split over tensor-parallel degree %d (heads "
@@ -337,17 +365,12 @@ typedef struct {
     float *m, *v;   /* AdamW moments (local, w.lcount) */
 } par_t;
 
-/* Layer-norm statistics of the local rows. */
-typedef struct {
-    float *mean, *rstd;
-} lnc_t;
-
 /* Saved activations of one transformer block for one microbatch, and the
  * SBPs each had before it was boxed to its class (for the backward). */
 typedef struct {
-    lnc_t c1, c2;
+    xmp_norm_cache_t c1, c2;
     xmp_tensor_t ln1, qkv, att, res1, ln2, fch, fcg, res2;
-    float *attp; /* attention probabilities (Bl, NHl, T, T) */
+    xmp_attn_cache_t ac; /* attention probabilities and what its backward needs */
     xmp_sbp_t s_qkv[NAX], s_att[NAX], s_res1[NAX], s_fch[NAX], s_fcg[NAX], s_res2[NAX];
     xmp_sbp_t s_y1[NAX], s_y2[NAX]; /* projections' outputs (before the residual add) */
 } blk_t;
@@ -362,7 +385,7 @@ typedef struct {
 typedef struct {
     int live;
     xmp_tensor_t tok, x0, lnf, dlogits;
-    lnc_t cf;
+    xmp_norm_cache_t cf;
     xmp_sbp_t s_logits[NAX]; /* logits before boxing to act.logits */
     blk_t *b;
     wq_t *wq;
@@ -392,7 +415,6 @@ struct xmp_gpt2_stage {
     mb_t *mb;
     const int *inputs, *targets;
     int step;
-    float *work; /* attention backward scratch, T floats */
     xmp_gpt2_stage_times_t times;
     double comm0;
     /* tied wte across the first and last stage */
@@ -452,21 +474,14 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
 
 /* ------------------------------------------------------------ activations */
 
-static void lnc_free(lnc_t *c)
-{
-    free(c->mean);
-    free(c->rstd);
-    c->mean = c->rstd = NULL;
-}
-
 static void blk_free(blk_t *b)
 {
     xmp_tensor_t *t[] = {&b->ln1, &b->qkv, &b->att, &b->res1, &b->ln2, &b->fch, &b->fcg, &b->res2};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         xmp_tensor_free(t[i]);
-    lnc_free(&b->c1);
-    lnc_free(&b->c2);
-    free(b->attp);
+    xmp_norm_cache_free(&b->c1);
+    xmp_norm_cache_free(&b->c2);
+    xmp_attn_cache_free(&b->ac);
     memset(b, 0, sizeof *b);
 }
 
@@ -481,7 +496,7 @@ static void mb_free(xmp_gpt2_stage_t *st, mb_t *m)
     xmp_tensor_free(&m->x0);
     xmp_tensor_free(&m->lnf);
     xmp_tensor_free(&m->dlogits);
-    lnc_free(&m->cf);
+    xmp_norm_cache_free(&m->cf);
     m->live = 0;
     m->bytes = 0;
 }
@@ -489,12 +504,6 @@ static void mb_free(xmp_gpt2_stage_t *st, mb_t *m)
 static int64_t tbytes(const xmp_tensor_t *t)
 {
     return t->lcount * 4;
-}
-
-/* x's local rows (all dims but the last). */
-static int64_t rows_of(const xmp_tensor_t *x)
-{
-    return x->lcount / (x->lshape[x->ndim - 1] ? x->lshape[x->ndim - 1] : 1);
 }
 
 static int queue_w(mb_t *m, xmp_tensor_t *dy, const xmp_tensor_t *x, int pw, int pb)
@@ -572,109 +581,6 @@ static void view_heads(xmp_tensor_t *t, int to4, int64_t NH, int64_t hs)
     xmp_sbp_string(t->sbp, t->mesh->ndim, t->spec, sizeof t->spec);
 }
 
-/* ------------------------------------------- layer norm and attention ops */
-
-/* Layer norm over local rows: x is S(row dim) or B on every axis (checked),
- * w and b B. y has x's SBP. */
-static int ln_forward(const xmp_tensor_t *x, const xmp_tensor_t *w, const xmp_tensor_t *b,
-                      xmp_tensor_t *y, lnc_t *c)
-{
-    int64_t R = rows_of(x), C = x->shape[x->ndim - 1];
-    if (x->lshape[x->ndim - 1] != C || w->lcount != C)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
-                       "gpt2 layernorm: input '%s' splits the channels (rule missing)", x->spec);
-    c->mean = malloc(sizeof(float) * (size_t)(R + 1));
-    c->rstd = malloc(sizeof(float) * (size_t)(R + 1));
-    if (!c->mean || !c->rstd || xmp_tensor_alloc_like(y, x)) {
-        lnc_free(c);
-        return -1;
-    }
-    xmp_layernorm_fwd(xmp_f32(y), c->mean, c->rstd, xmp_f32(x), xmp_f32(w), xmp_f32(b), (size_t)R,
-                      (int)C);
-    return 0;
-}
-
-/* dx (x's SBP), dw and db (P where x's rows are split, B where x is B). */
-static int ln_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, const xmp_tensor_t *w,
-                       const lnc_t *c, xmp_tensor_t *dx, xmp_tensor_t *dw, xmp_tensor_t *db)
-{
-    xmp_tensor_t d = {0};
-    xmp_sbp_t gs[NAX];
-    for (int a = 0; a < NAX; a++)
-        gs[a] = x->sbp[a].kind == XMP_S ? xmp_sbp_p() : xmp_sbp_b();
-    if (xmp_box(dy, x->sbp, &d))
-        return -1;
-    if (xmp_tensor_alloc_like(dx, x))
-        goto fail;
-    if (xmp_tensor_alloc(dw, x->mesh, 1, w->shape, XMESH_F32, gs) ||
-        xmp_tensor_alloc(db, x->mesh, 1, w->shape, XMESH_F32, gs))
-        goto fail;
-    xmp_layernorm_bwd(xmp_f32(dx), xmp_f32(dw), xmp_f32(db), xmp_f32(&d), xmp_f32(x), xmp_f32(w),
-                      c->mean, c->rstd, (size_t)rows_of(x), (int)x->shape[x->ndim - 1]);
-    xmp_tensor_free(&d);
-    return 0;
-fail:
-    xmp_tensor_free(&d);
-    xmp_tensor_free(dx);
-    xmp_tensor_free(dw);
-    return -1;
-}
-
-/* Attention SBP of the output (Bm, T, NH, hs) for qkv (Bm, T, 3, NH, hs). */
-static void attn_out_sbp(const xmp_tensor_t *qkv, xmp_sbp_t *ys)
-{
-    for (int a = 0; a < NAX; a++) {
-        xmp_sbp_t s = qkv->sbp[a];
-        ys[a] = s.kind == XMP_S && s.dim == 3 ? xmp_sbp_s(2) : s;
-    }
-}
-
-/* Causal attention over local batch rows and local heads: qkv S(0), S(3) or
- * B per axis (checked). y (Bm, T, NH, hs). */
-static int attn_forward(const xmp_gpt2_stage_t *st, const xmp_tensor_t *qkv, xmp_tensor_t *y,
-                        float **attp)
-{
-    int64_t ys[4] = {qkv->shape[0], qkv->shape[1], qkv->shape[3], qkv->shape[4]};
-    xmp_sbp_t sb[NAX];
-    attn_out_sbp(qkv, sb);
-    if (qkv->lshape[1] != qkv->shape[1] || qkv->lshape[2] != 3 || qkv->lshape[4] != qkv->shape[4])
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "gpt2 attention: qkv '%s' not covered",
-                       qkv->spec);
-    if (xmp_tensor_alloc(y, qkv->mesh, 4, ys, XMESH_F32, sb))
-        return -1;
-    int Bl = (int)qkv->lshape[0], NHl = (int)qkv->lshape[3], T = (int)qkv->shape[1];
-    *attp = malloc(sizeof(float) * (size_t)((int64_t)Bl * NHl * T * T + 1));
-    if (!*attp) {
-        xmp_tensor_free(y);
-        return -1;
-    }
-    (void)st;
-    if (qkv->lcount)
-        xmp_attention_fwd(xmp_f32(y), NULL, *attp, xmp_f32(qkv), Bl, T, NHl, (int)qkv->shape[4]);
-    return 0;
-}
-
-/* dqkv (qkv's SBP) from dy (boxed to the output's SBP). */
-static int attn_backward(xmp_gpt2_stage_t *st, const xmp_tensor_t *dy, const xmp_tensor_t *qkv,
-                         const float *attp, xmp_tensor_t *dqkv)
-{
-    xmp_sbp_t sb[NAX];
-    xmp_tensor_t d = {0};
-    attn_out_sbp(qkv, sb);
-    if (xmp_box(dy, sb, &d))
-        return -1;
-    if (xmp_tensor_alloc_like(dqkv, qkv)) {
-        xmp_tensor_free(&d);
-        return -1;
-    }
-    int Bl = (int)qkv->lshape[0], NHl = (int)qkv->lshape[3], T = (int)qkv->shape[1];
-    if (qkv->lcount)
-        xmp_attention_bwd(xmp_f32(dqkv), xmp_f32(&d), xmp_f32(qkv), attp, Bl, T, NHl,
-                          (int)qkv->shape[4], st->work);
-    xmp_tensor_free(&d);
-    return 0;
-}
-
 #define CHK(x)                                                                                     \
     do {                                                                                           \
         if (x)                                                                                     \
@@ -689,12 +595,13 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
     int64_t NH = c->num_heads, hs = c->channels / c->num_heads;
     xmp_tensor_t y = {0}, y4 = {0};
     /* attention: res1 = x + attproj(attn(qkv(ln1(x)))) */
-    CHK(ln_forward(x, PT(st, XMP_GPT2_LN1W, layer), PT(st, XMP_GPT2_LN1B, layer), &b->ln1, &b->c1));
+    CHK(xmp_layernorm_forward(x, PT(st, XMP_GPT2_LN1W, layer), PT(st, XMP_GPT2_LN1B, layer),
+                              &b->ln1, &b->c1));
     CHK(to_class(&b->ln1, st->act[A_LN1], NULL)); /* its backward: boxed to x's SBP */
     CHK(xmp_linear_forward(&b->ln1, PT(st, XMP_GPT2_QKVW, layer), PT(st, XMP_GPT2_QKVB, layer),
                            &b->qkv));
     CHK(to_class(&b->qkv, st->act[A_QKV], b->s_qkv));
-    CHK(attn_forward(st, &b->qkv, &y4, &b->attp));
+    CHK(xmp_attention_forward(&b->qkv, &y4, &b->ac));
     view_heads(&y4, 0, NH, hs);
     b->att = y4;
     memset(&y4, 0, sizeof y4);
@@ -707,8 +614,8 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
     xmp_tensor_free(&y);
     CHK(to_class(&b->res1, st->act[A_X], b->s_res1));
     /* MLP: res2 = res1 + fcproj(gelu(fc(ln2(res1)))) */
-    CHK(ln_forward(&b->res1, PT(st, XMP_GPT2_LN2W, layer), PT(st, XMP_GPT2_LN2B, layer), &b->ln2,
-                   &b->c2));
+    CHK(xmp_layernorm_forward(&b->res1, PT(st, XMP_GPT2_LN2W, layer), PT(st, XMP_GPT2_LN2B, layer),
+                              &b->ln2, &b->c2));
     CHK(to_class(&b->ln2, st->act[A_LN2], NULL));
     CHK(xmp_linear_forward(&b->ln2, PT(st, XMP_GPT2_FCW, layer), PT(st, XMP_GPT2_FCB, layer),
                            &b->fch));
@@ -761,7 +668,8 @@ static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor
     CHK(xmp_linear_backward_input(&dfch, PT(st, XMP_GPT2_FCW, layer), &dln));
     CHK(queue_w(m, &dfch, &b->ln2, pindex(st, XMP_GPT2_FCW, layer),
                 pindex(st, XMP_GPT2_FCB, layer)));
-    CHK(ln_backward(&dln, &b->res1, PT(st, XMP_GPT2_LN2W, layer), &b->c2, &lx, &lw, &lb));
+    CHK(xmp_layernorm_backward(&dln, &b->res1, PT(st, XMP_GPT2_LN2W, layer), &b->c2, &lx, &lw,
+                               &lb));
     xmp_tensor_free(&dln);
     CHK(add_into(&dres1, &lx));
     CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN2W, layer)], &lw));
@@ -781,13 +689,13 @@ static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor
                 pindex(st, XMP_GPT2_ATTPROJB, layer)));
     CHK(from_class(st, &datt, b->s_att));
     view_heads(&datt, 1, NH, hs);
-    CHK(attn_backward(st, &datt, &b->qkv, b->attp, &dqkv));
+    CHK(xmp_attention_backward(&datt, &b->qkv, &b->ac, &dqkv));
     xmp_tensor_free(&datt);
     CHK(from_class(st, &dqkv, b->s_qkv));
     CHK(xmp_linear_backward_input(&dqkv, PT(st, XMP_GPT2_QKVW, layer), &dln));
     CHK(queue_w(m, &dqkv, &b->ln1, pindex(st, XMP_GPT2_QKVW, layer),
                 pindex(st, XMP_GPT2_QKVB, layer)));
-    CHK(ln_backward(&dln, x, PT(st, XMP_GPT2_LN1W, layer), &b->c1, &lx, &lw, &lb));
+    CHK(xmp_layernorm_backward(&dln, x, PT(st, XMP_GPT2_LN1W, layer), &b->c1, &lx, &lw, &lb));
     xmp_tensor_free(&dln);
     CHK(add_into(&dxa, &lx));
     CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN1W, layer)], &lw));
@@ -837,9 +745,23 @@ static const xmp_tensor_t *stage_out(const xmp_gpt2_stage_t *st, const mb_t *m)
     return st->nl ? &m->b[st->nl - 1].res2 : &m->x0;
 }
 
-/* x[b, t, c] += wpe[t, c] over x's local block (wpe B). */
-static void pos_add(xmp_tensor_t *x, const xmp_tensor_t *wpe)
+/* x[b, t, c] += wpe[t, c] over x's local block (wpe boxed to B first when
+ * the strategy splits it). */
+static int pos_add(xmp_tensor_t *x, const xmp_tensor_t *wpe_in)
 {
+    xmp_sbp_t allb[NAX];
+    xmp_tensor_t tmp = {0};
+    const xmp_tensor_t *wpe = wpe_in;
+    int need = 0;
+    for (int a = 0; a < NAX; a++) {
+        allb[a] = xmp_sbp_b();
+        need |= !xmp_sbp_eq(wpe_in->sbp[a], allb[a]);
+    }
+    if (need) {
+        if (xmp_box(wpe_in, allb, &tmp))
+            return -1;
+        wpe = &tmp;
+    }
     const float *w = xmp_f32(wpe);
     float *d = xmp_f32(x);
     int64_t C = wpe->shape[1];
@@ -848,6 +770,8 @@ static void pos_add(xmp_tensor_t *x, const xmp_tensor_t *wpe)
             for (int64_t c = 0; c < x->lshape[2]; c++)
                 d[(b * x->lshape[1] + t) * x->lshape[2] + c] +=
                     w[(x->loff[1] + t) * C + x->loff[2] + c];
+    xmp_tensor_free(&tmp);
+    return 0;
 }
 
 /* dwpe (P where the local block is a part, B where it is all) from dx. */
@@ -883,7 +807,7 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
         CHK(token_tensor(st, mbi, st->inputs, &m->tok));
         CHK(xmp_embedding_forward(&m->tok, PT(st, XMP_GPT2_WTE, -1), &m->x0));
         CHK(to_class(&m->x0, st->act[A_X], NULL));
-        pos_add(&m->x0, PT(st, XMP_GPT2_WPE, -1));
+        CHK(pos_add(&m->x0, PT(st, XMP_GPT2_WPE, -1)));
     } else {
         CHK(resid_tensor(st, &m->x0));
         if (m->x0.lcount)
@@ -896,11 +820,12 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
         CHK(block_forward(st, st->l0 + k, x, b));
         m->bytes += tbytes(&b->ln1) + tbytes(&b->qkv) + tbytes(&b->att) + tbytes(&b->res1) +
                     tbytes(&b->ln2) + tbytes(&b->fch) + tbytes(&b->fcg) + tbytes(&b->res2) +
-                    4 * b->qkv.lshape[0] * b->qkv.lshape[3] * st->tc.T * st->tc.T;
+                    tbytes(&b->ac.att);
         x = &b->res2;
     }
     if (st->has_l) {
-        CHK(ln_forward(x, PT(st, XMP_GPT2_LNFW, -1), PT(st, XMP_GPT2_LNFB, -1), &m->lnf, &m->cf));
+        CHK(xmp_layernorm_forward(x, PT(st, XMP_GPT2_LNFW, -1), PT(st, XMP_GPT2_LNFB, -1), &m->lnf,
+                                  &m->cf));
         CHK(to_class(&m->lnf, st->act[A_LNF], NULL));
         CHK(xmp_linear_forward(&m->lnf, PT(st, XMP_GPT2_WTE, -1), NULL, &logits));
         CHK(to_class(&logits, st->act[A_LOGITS], m->s_logits));
@@ -941,7 +866,7 @@ static int cb_backward_input(void *user, int mbi, const void *const *gout, void 
         CHK(from_class(st, &m->dlogits, m->s_logits));
         CHK(xmp_linear_backward_input(&m->dlogits, PT(st, XMP_GPT2_WTE, -1), &dl));
         CHK(queue_w(m, &m->dlogits, &m->lnf, pindex(st, XMP_GPT2_WTE, -1), -1));
-        CHK(ln_backward(&dl, xl, PT(st, XMP_GPT2_LNFW, -1), &m->cf, &d, &lw, &lb));
+        CHK(xmp_layernorm_backward(&dl, xl, PT(st, XMP_GPT2_LNFW, -1), &m->cf, &d, &lw, &lb));
         xmp_tensor_free(&dl);
         CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LNFW, -1)], &lw));
         CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LNFB, -1)], &lb));
@@ -1206,8 +1131,7 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
             st->l0 = 0;
         st->p = calloc((size_t)(12 * st->nl + 4), sizeof(par_t));
         st->mb = calloc((size_t)tc->M, sizeof(mb_t));
-        st->work = malloc(sizeof(float) * (size_t)(tc->T + 1));
-        if (!st->p || !st->mb || !st->work)
+        if (!st->p || !st->mb)
             lfail = 1;
         for (int k = 0; !lfail && k < tc->M; k++)
             if (!(st->mb[k].b = calloc((size_t)st->nl + 1, sizeof(blk_t))))
@@ -1285,7 +1209,6 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
     free(st->p);
     for (int s = 0; s < st->lay.nstages; s++)
         xmp_mesh_destroy(st->meshes[s]);
-    free(st->work);
     free(st->ranks);
     free(st->pidx);
     free(st);

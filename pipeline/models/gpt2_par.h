@@ -10,9 +10,10 @@
  * Strategy (nn/strategy.h, docs/STRATEGY.md). Every parameter class and
  * every activation class takes its SBP on each mesh axis from the stage's
  * strategy; the layers (nn/sbp_ops.h linear, add, GELU, embedding,
- * cross-entropy; layer norm and attention here, over local rows / local
- * heads) deduce their outputs per axis and box inputs as needed, and the
- * model boxes each activation to its class SBP after the op that makes it:
+ * cross-entropy; nn/sbp_layers.h layer norm, with the channel split, and
+ * attention, with heads or sequence split) deduce their outputs per axis and
+ * box inputs as needed, and the model boxes each activation to its class SBP
+ * after the op that makes it:
  *   parameter classes  wte (Vp, C), wpe (maxT, C), ln1.w ln1.b ln2.w ln2.b
  *                      lnf.w lnf.b attproj.b fcproj.b (C), qkv.w viewed
  *                      (3, NH, hs, C), qkv.b (3, NH, hs), attproj.w (C, C),

@@ -15,7 +15,8 @@ if(TARGET xmesh-train)
     pipe.3d-megatron pipe.dp-megatron-3d pipe.3d-dp.4axes pipe.megatron-3d.layout
     print.roundtrip
     refuse.unknown_class refuse.missing_class refuse.axis_count refuse.bad_sbp refuse.param_dim
-    refuse.rule_layernorm refuse.rule_attention refuse.rule_partial_param refuse.heads
+    refuse.rule_partial_x refuse.rule_attention refuse.rule_attention_hs refuse.rule_partial_param
+    refuse.heads custom.channel_layernorm custom.sequence_attention custom.pipeline_sequence
     refuse.axonn refuse.unknown_name refuse.stage_count)
   foreach(c ${XMP_GS_CASES})
     add_test(NAME pipeline.gpt_strategy.${c}

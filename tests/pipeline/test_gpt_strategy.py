@@ -48,6 +48,18 @@ RUNS = {
                                     "--stage-strategy", "megatron,3d", "--microbatches", "2"]),
 }
 
+# name: (ranks, flags, built-in, class lines replacing the built-in's): layers beyond the
+# built-ins: channel-split layer norm (statistics all-reduced), sequence-split attention,
+# split layer-norm weights and wpe, a vocabulary split over two axes.
+CUSTOM = {
+    "custom.channel_layernorm": (4, ["--stage-mesh", "2x2"], "megatron", [
+        "act.x = S(0),S(2)", "ln1.w = B,S(0)", "ln2.b = B,S(0)", "wpe = B,S(1)"]),
+    "custom.sequence_attention": (8, ["--stage-mesh", "2x2x2"], "3d", [
+        "act.qkv = S(0),S(1),S(3)", "act.x = S(0),S(2),S(1)", "lnf.w = B,B,S(0)"]),
+    "custom.pipeline_sequence": (6, ["--stage-mesh", "2x2,1x2", "--microbatches", "2"], "dp", [
+        "act.qkv = S(1),S(3)", "act.x = S(1),S(1)", "act.logits = S(2),S(2)"]),
+}
+
 # name: (ranks, extra flags, strategy: a built-in name, or "file:EDIT" for a file made
 # from the printed 1-axis megatron strategy with EDIT applied, needles of the message).
 # "@N" in a needle is the number of lines of the printed text plus 1.
@@ -62,10 +74,14 @@ REFUSALS = {
                        [":2: class 'wte': SBP axis 0: bad SBP 'S(x)'"]),
     "refuse.param_dim": (2, ["--stage-mesh", "2"], "file:set fc.b = S(1)",
                          ["stage 0: class fc.b", "mesh axis 0: S(1) but fc.b has 1 dims"]),
-    "refuse.rule_layernorm": (2, ["--stage-mesh", "2"], "file:set act.x = S(2)", [
-        "stage 0: class act.x: mesh axis 0: S(2): missing SBP rule 'layernorm with channel split'"]),
-    "refuse.rule_attention": (2, ["--stage-mesh", "2"], "file:set act.qkv = S(1)", [
-        "stage 0: class act.qkv: mesh axis 0: S(1): missing SBP rule 'attention with sequence split'"]),
+    "refuse.rule_partial_x": (2, ["--stage-mesh", "2"], "file:set act.x = P", [
+        "stage 0: class act.x: mesh axis 0: P: missing SBP rule 'partial residual stream'"]),
+    "refuse.rule_attention": (2, ["--stage-mesh", "2"], "file:set act.qkv = S(2)", [
+        "stage 0: class act.qkv: attention: operand qkv 'S(2)': mesh axis 0: S(2) splits the "
+        "q/k/v index dim: no rule"]),
+    "refuse.rule_attention_hs": (2, ["--stage-mesh", "2"], "file:set act.qkv = S(4)", [
+        "stage 0: class act.qkv: attention: operand qkv 'S(4)': mesh axis 0: S(4) splits the "
+        "head dim hs: no rule"]),
     "refuse.rule_partial_param": (2, ["--stage-mesh", "2"], "file:set qkv.w = P", [
         "stage 0: class qkv.w: mesh axis 0: P: missing SBP rule 'partial parameter'"]),
     "refuse.heads": (8, ["--stage-mesh", "1x2x4"], "3d", [
@@ -107,6 +123,20 @@ def check_run(n, flags):
 if CASE in RUNS:
     n, flags = RUNS[CASE]
     ok = check_run(n, flags)
+elif CASE in CUSTOM:
+    # A built-in, printed, edited and loaded back from a file.
+    n, flags, base, edits = CUSTOM[CASE]
+    text = printed_strategy(n, flags + ["--strategy", base])
+    for e in edits:
+        cls = e.split("=")[0].strip()
+        lines = text.splitlines()
+        assert any(l.split("=")[0].strip() == cls for l in lines), cls
+        text = "\n".join(e if l.split("=")[0].strip() == cls else l for l in lines) + "\n"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "s.txt")
+        open(path, "w").write(text)
+        print(text)
+        ok = check_run(n, flags + ["--strategy", path])
 elif CASE == "print.roundtrip":
     # The printed 3d strategy, written to a file and loaded back, trains the same.
     flags = ["--stage-mesh", "2x1x2"]
