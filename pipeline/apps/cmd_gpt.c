@@ -338,6 +338,9 @@ typedef struct {
     float first_loss, last_loss;
     double t_start;
     int n;
+    /* parallel runs, rank 0: per rank {stage, param, optimizer, compute param, grad bytes} */
+    const int64_t *mem;
+    int mem_ranks;
 } step_log_t;
 
 static int step_log_open(step_log_t *s, const gpt_opts_t *o, const xmp_gpt2_t *m,
@@ -464,6 +467,21 @@ static int step_log_close(step_log_t *s, int ok)
         xmp_json_num(&s->json, "tokens_per_s_median", med);
         xmp_json_num(&s->json, "tokens_per_s_min", mn);
         xmp_json_num(&s->json, "tokens_per_s_max", mx);
+        if (s->mem) {
+            xmp_json_arr_begin(&s->json, "memory_per_rank");
+            for (int r = 0; r < s->mem_ranks; r++) {
+                const int64_t *v = s->mem + 5 * r;
+                xmp_json_obj_begin(&s->json, NULL);
+                xmp_json_int(&s->json, "rank", r);
+                xmp_json_int(&s->json, "stage", (long long)v[0]);
+                xmp_json_int(&s->json, "param_bytes", (long long)v[1]);
+                xmp_json_int(&s->json, "optimizer_bytes", (long long)v[2]);
+                xmp_json_int(&s->json, "compute_param_bytes", (long long)v[3]);
+                xmp_json_int(&s->json, "grad_bytes", (long long)v[4]);
+                xmp_json_obj_end(&s->json);
+            }
+            xmp_json_arr_end(&s->json);
+        }
         xmp_json_obj_end(&s->json);
         xmp_json_obj_end(&s->json);
         rc = xmp_json_close(&s->json);
@@ -715,6 +733,7 @@ static int run_parallel(const gpt_opts_t *oin)
     xmp_schedule_t *sched = NULL;
     xmp_driver_t *drv = NULL;
     double *ref = NULL;
+    int64_t *all_mem = NULL;
     xmp_strategy_t *strat = NULL;
     const char *desc = NULL;
     int have_log = 0, ok = 0, mismatch = 0;
@@ -906,6 +925,33 @@ static int run_parallel(const gpt_opts_t *oin)
         }
         ok = step == o->steps - 1;
     }
+    /* Parameter + optimizer bytes per rank (sharded storage shows here). */
+    int64_t mine_mem[5] = {0};
+    all_mem = rank == 0 ? calloc((size_t)size * 5, 8) : NULL;
+    xmp_gpt2_stage_memory_t mem;
+    xmp_gpt2_stage_memory(st, &mem);
+    mine_mem[0] = xmp_gpt2_stage_index(st);
+    mine_mem[1] = mem.param_bytes;
+    mine_mem[2] = mem.optimizer_bytes;
+    mine_mem[3] = mem.compute_param_bytes;
+    mine_mem[4] = mem.grad_bytes;
+    int64_t dummy[5];
+    MPI_Gather(mine_mem, 5, MPI_INT64_T, all_mem ? all_mem : dummy, 5, MPI_INT64_T, 0,
+               MPI_COMM_WORLD);
+    if (all_mem) {
+        printf("memory per rank (bytes): stored parameters + AdamW moments (compute copies, "
+               "gradient accumulators)\n");
+        for (int r = 0; r < size; r++) {
+            const int64_t *v = all_mem + 5 * r;
+            printf("  rank %d stage %lld: %lld + %lld = %lld (%lld, %lld)\n", r, (long long)v[0],
+                   (long long)v[1], (long long)v[2], (long long)(v[1] + v[2]), (long long)v[3],
+                   (long long)v[4]);
+        }
+        if (have_log) {
+            log.mem = all_mem;
+            log.mem_ranks = size;
+        }
+    }
     if (have_log && step_log_close(&log, ok) != 0)
         ok = 0;
     have_log = 0;
@@ -942,6 +988,7 @@ out:
     xmp_gpt2_free(&m);
     free(ref);
     free(strat);
+    free(all_mem);
     MPI_Finalize();
     return rc;
 }

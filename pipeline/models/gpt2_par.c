@@ -133,7 +133,7 @@ static const char *role_sbp(int r, const char *cls)
 int xmp_gpt2_strategy_builtin(const char *name, int naxes, char *text, size_t n, char *err,
                               size_t errlen)
 {
-    int role[NAX];
+    int role[NAX], depth = -1; /* axonn: the axis the weights are stored split over */
     if (naxes < 1 || naxes > NAX) {
         snprintf(err, errlen, "built-in strategy '%s': mesh of %d axes (must be 1..%d)", name,
                  naxes, NAX);
@@ -154,18 +154,26 @@ int xmp_gpt2_strategy_builtin(const char *name, int naxes, char *text, size_t n,
             role[a] = k < 0 ? R_DATA : r3[k];
         }
     } else if (!strcmp(name, "axonn")) {
-        snprintf(err, errlen,
-                 "built-in strategy 'axonn' (3d with the weights' storage split again over the "
-                 "depth axis) needs sharded parameter storage (storage SBP != compute SBP), which "
-                 "this build does not implement yet; use '3d'");
-        return -1;
+        if (naxes < 3) {
+            snprintf(err, errlen,
+                     "built-in strategy 'axonn' needs a mesh of 3 or 4 axes (3d's rows axis is "
+                     "the depth axis its weights are stored split over); this mesh has %d",
+                     naxes);
+            return -1;
+        }
+        static const int r3[3] = {R_3R, R_3A, R_3K};
+        for (int a = 0; a < naxes; a++) {
+            int k = 3 - (naxes - a);
+            role[a] = k < 0 ? R_DATA : r3[k];
+        }
+        depth = naxes - 3;
     } else {
         return 1;
     }
     size_t at = 0;
     int w = snprintf(text, n, "# GPT-2 built-in '%s' for %d mesh axes (roles:", name, naxes);
     at += w > 0 ? (size_t)w : 0;
-    static const char *rn[] = {"data", "tensor", "3d-rows", "3d-cols", "3d-depth"};
+    static const char *rn[] = {"data", "tensor", "3d-rows/depth", "3d-cols", "3d-contracted"};
     for (int a = 0; a < naxes && at < n; a++) {
         w = snprintf(text + at, n - at, " %s", rn[role[a]]);
         at += w > 0 ? (size_t)w : 0;
@@ -180,6 +188,16 @@ int xmp_gpt2_strategy_builtin(const char *name, int naxes, char *text, size_t n,
         at += w > 0 ? (size_t)w : 0;
         for (int a = 0; a < naxes && at < n; a++) {
             w = snprintf(text + at, n - at, "%s%s", a ? "," : " ", role_sbp(role[a], cls));
+            at += w > 0 ? (size_t)w : 0;
+        }
+        /* AxoNN (paper 001, section III-B): the weight matrices, replicated
+         * over the depth axis by 3d, are stored split over it once more
+         * (dim 0); gathered before use, gradients reduce-scattered. */
+        int weight = i == XMP_GPT2_WTE || i == XMP_GPT2_QKVW || i == XMP_GPT2_ATTPROJW ||
+                     i == XMP_GPT2_FCW || i == XMP_GPT2_FCPROJW;
+        for (int a = 0; depth >= 0 && weight && a < naxes && at < n; a++) {
+            const char *v = a == depth ? "S(0)" : role_sbp(role[a], cls);
+            w = snprintf(text + at, n - at, "%s%s", a ? "," : " store ", v);
             at += w > 0 ? (size_t)w : 0;
         }
         if (at < n) {
@@ -251,16 +269,23 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
                                "is the P)",
                                stage, e->cls, a);
         }
-        if (e->has_store) {
-            int differ = 0;
-            for (int a = 0; a < ndim; a++)
-                differ |= !xmp_sbp_eq(e->sbp[a], e->store[a]);
-            if (differ)
+        for (int a = 0; e->has_store && a < ndim; a++) {
+            xmp_sbp_t v = e->store[a];
+            if (i >= NPT)
                 return set_err(err, errlen,
-                               "stage %d: class %s (%s line %d): storage SBP differs from the "
-                               "compute SBP: sharded parameter storage is not implemented in "
-                               "this build (drop the 'store' clause)",
+                               "stage %d: class %s (%s line %d): a storage SBP is for parameters "
+                               "only",
                                stage, e->cls, s->source, e->line);
+            if (v.kind == XMP_P)
+                return set_err(err, errlen,
+                               "stage %d: class %s: mesh axis %d: storage P: missing SBP rule "
+                               "'partial storage' (store S or B)",
+                               stage, e->cls, a);
+            if (v.kind == XMP_S && v.dim >= nd)
+                return set_err(err, errlen,
+                               "stage %d: class %s (%s line %d): mesh axis %d: storage S(%d) but "
+                               "%s has %d dims",
+                               stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
         }
     }
     /* The tensor between stages: S or B (a partial sum would cross as P). */
@@ -361,9 +386,17 @@ typedef struct {
     int id, layer;  /* XMP_GPT2_*, layer (-1: not per layer) */
     xmp_tensor_t w; /* compute SBP of the strategy */
     xmp_tensor_t g; /* gradient accumulator: w's SBP where S, P where B */
-    xmp_tensor_t r; /* reduced gradient of the step (w's SBP), made in R */
-    float *m, *v;   /* AdamW moments (local, w.lcount) */
+    xmp_tensor_t r; /* reduced gradient of the step (storage SBP), made in R */
+    int sharded;    /* storage SBP differs from the compute SBP */
+    xmp_tensor_t s; /* sharded: the master copy in the storage SBP */
+    float *m, *v;   /* AdamW moments of the stored copy (local) */
 } par_t;
+
+/* The tensor AdamW updates: the stored shard, or the compute copy. */
+static xmp_tensor_t *stored(par_t *q)
+{
+    return q->sharded ? &q->s : &q->w;
+}
 
 /* Saved activations of one transformer block for one microbatch, and the
  * SBPs each had before it was boxed to its class (for the backward). */
@@ -402,13 +435,14 @@ struct xmp_gpt2_stage {
     xmp_stage_layout_t lay;
     xmp_mesh_t *meshes[XMP_MAX_STAGES];
     char xspec[XMP_MAX_STAGES][64]; /* act.x of each stage: the boundary tensor */
-    char wspec[XMP_MAX_STAGES][64]; /* wte's compute SBP of each stage (tied copies) */
+    char wspec[XMP_MAX_STAGES][64]; /* wte's storage SBP of each stage (tied copies) */
     int *ranks;                     /* all stage ranks, stage after stage */
     int stage, Bm, nax, msize;
     xmp_mesh_t *mesh;
-    xmp_sbp_t psbp[NPT][NAX]; /* this stage's compute SBP per parameter class */
-    xmp_sbp_t act[NACT][NAX]; /* this stage's SBP per activation class */
-    int has_e, has_l, l0, nl; /* blocks l0 .. l0+nl-1 */
+    xmp_sbp_t psbp[NPT][NAX];   /* this stage's compute SBP per parameter class */
+    xmp_sbp_t pstore[NPT][NAX]; /* storage SBP (== psbp unless the strategy says 'store') */
+    xmp_sbp_t act[NACT][NAX];   /* this stage's SBP per activation class */
+    int has_e, has_l, l0, nl;   /* blocks l0 .. l0+nl-1 */
     par_t *p;
     int np;
     int *pidx; /* (id, layer+1) -> index in p, or -1 */
@@ -464,8 +498,13 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
     const float *src = full->params + pi->offset + (layer >= 0 ? (size_t)layer * per : 0);
     if (xmp_tensor_fill_from_full(&q->w, src))
         return -1;
-    q->m = calloc((size_t)q->w.lcount + 1, sizeof(float));
-    q->v = calloc((size_t)q->w.lcount + 1, sizeof(float));
+    for (int a = 0; a < NAX; a++)
+        q->sharded |= !xmp_sbp_eq(st->pstore[id][a], st->psbp[id][a]);
+    if (q->sharded && (xmp_tensor_alloc(&q->s, st->mesh, nd, shape, XMESH_F32, st->pstore[id]) ||
+                       xmp_tensor_fill_from_full(&q->s, src)))
+        return -1;
+    q->m = calloc((size_t)stored(q)->lcount + 1, sizeof(float));
+    q->v = calloc((size_t)stored(q)->lcount + 1, sizeof(float));
     if (!q->m || !q->v)
         return -1;
     st->pidx[id * (st->cfg.num_layers + 1) + layer + 1] = st->np++;
@@ -965,9 +1004,10 @@ static int cb_reduce(void *user)
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
         xmp_tensor_free(&q->r);
-        /* P -> B over the axes where the parameter is replicated: the
-         * data-parallel all-reduce, once per step. */
-        if (xmp_box(&q->g, q->w.sbp, &q->r) || q->r.lcount != q->w.lcount) {
+        /* Once per step: P -> B over the axes where the parameter is
+         * replicated (the data-parallel all-reduce), or P -> S where its
+         * storage is sharded (reduce-scatter). */
+        if (xmp_box(&q->g, stored(q)->sbp, &q->r) || q->r.lcount != stored(q)->lcount) {
             fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
                     pclass[q->id], xmp_last_error());
             return 1;
@@ -987,10 +1027,23 @@ static int cb_optimizer(void *user)
     const xmp_gpt2_train_cfg_t *t = &st->tc;
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
-        if (q->w.lcount && q->r.data)
-            xmp_adamw(xmp_f32(&q->w), xmp_f32(&q->r), q->m, q->v, (size_t)q->w.lcount, t->lr,
-                      t->beta1, t->beta2, t->eps, t->wd, st->step + 1);
+        xmp_tensor_t *w = stored(q), c = {0};
+        if (w->lcount && q->r.data)
+            xmp_adamw(xmp_f32(w), xmp_f32(&q->r), q->m, q->v, (size_t)w->lcount, t->lr, t->beta1,
+                      t->beta2, t->eps, t->wd, st->step + 1);
         xmp_tensor_free(&q->r);
+        /* Sharded: the updated shards are all-gathered into the compute copy
+         * the next step uses. */
+        if (q->sharded) {
+            if (xmp_box(&q->s, q->w.sbp, &c) || c.lcount != q->w.lcount) {
+                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                        xmp_last_error());
+                xmp_tensor_free(&c);
+                return 1;
+            }
+            xmp_tensor_free(&q->w);
+            q->w = c;
+        }
         if (q->g.lcount)
             memset(q->g.data, 0, (size_t)q->g.lcount * 4);
     }
@@ -1004,6 +1057,20 @@ static int cb_optimizer(void *user)
 static int64_t cb_act_bytes(void *user)
 {
     return xmp_gpt2_stage_activation_bytes(user);
+}
+
+void xmp_gpt2_stage_memory(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_memory_t *mem)
+{
+    memset(mem, 0, sizeof *mem);
+    for (int i = 0; st->stage >= 0 && i < st->np; i++) {
+        par_t *q = &st->p[i];
+        int64_t n = (q->sharded ? q->s.lcount : q->w.lcount) * 4;
+        mem->param_bytes += n;
+        mem->optimizer_bytes += 2 * n;
+        mem->compute_param_bytes += q->w.lcount * 4;
+        mem->grad_bytes += q->g.lcount * 4;
+        mem->sharded += q->sharded;
+    }
 }
 
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st)
@@ -1023,6 +1090,15 @@ static void class_sbp(const xmp_strategy_t *s, const char *cls, xmp_sbp_t *out)
     const xmp_strategy_entry_t *e = xmp_strategy_get(s, cls);
     for (int a = 0; a < NAX; a++)
         out[a] = e && a < s->naxes ? e->sbp[a] : xmp_sbp_b();
+}
+
+/* Storage SBPs of class cls (its compute SBP when the strategy gives none). */
+static void class_store(const xmp_strategy_t *s, const char *cls, xmp_sbp_t *out)
+{
+    const xmp_strategy_entry_t *e = xmp_strategy_get(s, cls);
+    class_sbp(s, cls, out);
+    for (int a = 0; e && e->has_store && a < s->naxes; a++)
+        out[a] = e->store[a];
 }
 
 int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
@@ -1081,15 +1157,17 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
         xmp_sbp_t v[NAX];
         class_sbp(&strat[s], "act.x", v);
         xmp_strategy_sbp_string(v, layout->ndim[s], st->xspec[s], sizeof st->xspec[s]);
-        class_sbp(&strat[s], "wte", v);
+        class_store(&strat[s], "wte", v);
         xmp_strategy_sbp_string(v, layout->ndim[s], st->wspec[s], sizeof st->wspec[s]);
     }
     if (st->stage >= 0) {
         const xmp_strategy_t *ss = &strat[st->stage];
         st->nax = layout->ndim[st->stage];
         st->msize = xmp_stage_layout_size(layout, st->stage);
-        for (int id = 0; id < NPT; id++)
+        for (int id = 0; id < NPT; id++) {
             class_sbp(ss, pclass[id], st->psbp[id]);
+            class_store(ss, pclass[id], st->pstore[id]);
+        }
         for (int a = 0; a < NACT; a++)
             class_sbp(ss, aclass[a], st->act[a]);
     }
@@ -1203,6 +1281,7 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
         xmp_tensor_free(&st->p[i].w);
         xmp_tensor_free(&st->p[i].g);
         xmp_tensor_free(&st->p[i].r);
+        xmp_tensor_free(&st->p[i].s);
         free(st->p[i].m);
         free(st->p[i].v);
     }

@@ -26,9 +26,13 @@
  * Every class is required. Built-ins (xmp_gpt2_strategy_builtin, generated
  * for the mesh's axis count): dp, megatron (the issue-10 table: axis 0 data,
  * axis 1 tensor parallel; more axes: leading axes data), 3d (AutoDDL's 3-D
- * matmul signature for every linear), axonn (refused: needs sharded storage).
- * A parameter's optional storage SBP ("store") is refused until sharded
- * storage exists. xmp_gpt2_strategy_check refuses, before anything runs, a
+ * matmul signature for every linear), axonn (3d with the weight matrices
+ * stored split over the depth axis, 3 or 4 axes). Sharded storage: a
+ * parameter whose storage SBP ("store") differs from its compute SBP keeps
+ * its master copy and AdamW moments for the local shard only; its gradient is
+ * boxed once per step to the storage SBP (P -> S: reduce-scatter) and, after
+ * the update, the shards are gathered into the compute copy the next step
+ * uses (S -> B: all-gather). xmp_gpt2_strategy_check refuses, before anything runs, a
  * strategy that no rule covers, naming the class, the mesh axis and the rule.
  *
  * Gradients: each parameter's gradient accumulates over the microbatches
@@ -129,6 +133,15 @@ int xmp_gpt2_stage_gather(xmp_gpt2_stage_t *st, xmp_gpt2_t *full);
  * predicted_s) of one boundary activation transfer stage s -> s+1, from a
  * plan created and destroyed here; 0 when there is one stage. */
 double xmp_gpt2_stage_edge_seconds(xmp_gpt2_stage_t *st, int s, int mode_strategy);
+
+/* Parameter memory of this rank: stored parameters (shards where sharded),
+ * AdamW moments (m and v of the stored part), the compute copies the layers
+ * use (gathered where sharded), gradient accumulators; zeros off-stage. */
+typedef struct {
+    int64_t param_bytes, optimizer_bytes, compute_param_bytes, grad_bytes;
+    int sharded; /* parameter tensors with sharded storage */
+} xmp_gpt2_stage_memory_t;
+void xmp_gpt2_stage_memory(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_memory_t *mem);
 
 /* Bytes of activations this rank holds now. */
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st);

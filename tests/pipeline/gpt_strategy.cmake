@@ -17,7 +17,9 @@ if(TARGET xmesh-train)
     refuse.unknown_class refuse.missing_class refuse.axis_count refuse.bad_sbp refuse.param_dim
     refuse.rule_partial_x refuse.rule_attention refuse.rule_attention_hs refuse.rule_partial_param
     refuse.heads custom.channel_layernorm custom.sequence_attention custom.pipeline_sequence
-    refuse.axonn refuse.unknown_name refuse.stage_count)
+    refuse.axonn refuse.unknown_name refuse.stage_count refuse.store_partial refuse.store_activation
+    axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 pipe.axonn-axonn.tied pipe.axonn-megatron custom.zero
+    memory.axonn)
   foreach(c ${XMP_GS_CASES})
     add_test(NAME pipeline.gpt_strategy.${c}
              COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_gpt_strategy.py ${c}

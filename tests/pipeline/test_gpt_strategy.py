@@ -8,6 +8,7 @@ serial model and the command exits non-zero unless every step's loss agrees with
 what it must (class, axis, rule). usage:
   test_gpt_strategy.py CASE TRAIN MPIEXEC [MPIEXEC_FLAGS...]
 """
+import json
 import os
 import re
 import subprocess
@@ -36,6 +37,14 @@ RUNS = {
     "3d.1x2x2": (4, ["--stage-mesh", "1x2x2", "--strategy", "3d", "--microbatches", "2"]),
     "3d.3x1x2": (6, ["--stage-mesh", "3x1x2", "--strategy", "3d"]),  # uneven batch split
     "3d.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "3d"]),
+    # sharded storage: axonn (3d + weights stored split over the depth axis)
+    "axonn.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "axonn", "--vocab", "250"]),
+    "axonn.1x2x2": (4, ["--stage-mesh", "1x2x2", "--strategy", "axonn"]),
+    "axonn.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "axonn", "--microbatches", "2"]),
+    "pipe.axonn-axonn.tied": (8, ["--stage-mesh", "2x1x2,2x2x1", "--strategy", "axonn",
+                                  "--microbatches", "2", "--schedule", "eager-1f1b"]),
+    "pipe.axonn-megatron": (6, ["--stage-mesh", "2x1x2,1x2", "--stage-strategy", "axonn,megatron",
+                                "--microbatches", "2"]),
     # pipelines of 2 and 3 stages mixing strategies and mesh shapes
     "pipe.3d-megatron": (8, ["--stage-mesh", "1x2x2,2x2", "--stage-strategy", "3d,megatron",
                              "--microbatches", "2"]),
@@ -56,6 +65,10 @@ CUSTOM = {
         "act.x = S(0),S(2)", "ln1.w = B,S(0)", "ln2.b = B,S(0)", "wpe = B,S(1)"]),
     "custom.sequence_attention": (8, ["--stage-mesh", "2x2x2"], "3d", [
         "act.qkv = S(0),S(1),S(3)", "act.x = S(0),S(2),S(1)", "lnf.w = B,B,S(0)"]),
+    # ZeRO-style: data-parallel compute, storage split over both axes (wte, fc.w, wpe, ln1.w)
+    "custom.zero": (4, ["--stage-mesh", "2x2", "--microbatches", "2"], "dp", [
+        "wte = B,B store S(0),S(1)", "fc.w = B,B store S(0),S(0)", "wpe = B,B store S(1),S(0)",
+        "ln1.w = B,B store B,S(0)"]),
     "custom.pipeline_sequence": (6, ["--stage-mesh", "2x2,1x2", "--microbatches", "2"], "dp", [
         "act.qkv = S(1),S(3)", "act.x = S(1),S(1)", "act.logits = S(2),S(2)"]),
 }
@@ -87,8 +100,12 @@ REFUSALS = {
     "refuse.heads": (8, ["--stage-mesh", "1x2x4"], "3d", [
         "stage 0: 4 heads cannot be split over tensor-parallel degree 8",
         "class act.qkv splits the heads over mesh axes 1,2"]),
-    "refuse.axonn": (8, ["--stage-mesh", "2x2x2"], "axonn", [
-        "built-in strategy 'axonn'", "needs sharded parameter storage"]),
+    "refuse.axonn": (4, ["--stage-mesh", "2x2"], "axonn", [
+        "built-in strategy 'axonn' needs a mesh of 3 or 4 axes", "this mesh has 2"]),
+    "refuse.store_partial": (2, ["--stage-mesh", "2"], "file:set fc.w = S(0) store P", [
+        "stage 0: class fc.w: mesh axis 0: storage P: missing SBP rule 'partial storage'"]),
+    "refuse.store_activation": (2, ["--stage-mesh", "2"], "file:set act.fch = S(2) store B", [
+        "stage 0: class act.fch", "a storage SBP is for parameters only"]),
     "refuse.unknown_name": (2, ["--stage-mesh", "2"], "nosuch", [
         "strategy 'nosuch': no such file and no built-in of that name (built-ins: dp, megatron, 3d, axonn)"]),
     "refuse.stage_count": (4, ["--stage-mesh", "2,2", "--stages", "2", "--stage-strategy"],
@@ -137,6 +154,72 @@ elif CASE in CUSTOM:
         open(path, "w").write(text)
         print(text)
         ok = check_run(n, flags + ["--strategy", path])
+elif CASE == "memory.axonn":
+    # Parameter + optimizer bytes per rank from the JSON, against the count from the printed
+    # strategies (storage SBP where given, numpy.array_split blocks, lower axis major): 3d
+    # and axonn on the same 2x2x2 mesh; axonn must store less on every rank.
+    mesh, L, C, NH, V, T = [2, 2, 2], 2, 32, 4, 256, 1024
+    shapes = {"wte": [V, C], "wpe": [T, C], "qkv.w": [3, NH, C // NH, C], "qkv.b": [3, NH, C // NH],
+              "attproj.w": [C, C], "fc.w": [4 * C, C], "fc.b": [4 * C], "fcproj.w": [C, 4 * C]}
+    per_layer = {"ln1.w", "ln1.b", "qkv.w", "qkv.b", "attproj.w", "attproj.b", "ln2.w", "ln2.b",
+                 "fc.w", "fc.b", "fcproj.w", "fcproj.b"}
+
+    def parse(text):
+        out = {}
+        for line in text.splitlines():
+            if "=" not in line or line.startswith(("strategy", "#")):
+                continue
+            cls, rest = [x.strip() for x in line.split("=", 1)]
+            parts = rest.split("store")
+            out[cls] = [re.findall(r"S\(\d\)|B|P", p) for p in parts]
+        return out
+
+    def local(shape, sbp, coord):
+        n = 1
+        for d, size in enumerate(shape):
+            axes = [a for a, v in enumerate(sbp) if v == f"S({d})"]
+            k, idx = 1, 0
+            for a in axes:
+                k *= mesh[a]
+                idx = idx * mesh[a] + coord[a]
+            n *= size // k + (1 if idx < size % k else 0)
+        return n
+
+    def expected(st, coord):
+        stored = compute = 0
+        for cls, sb in st.items():
+            if cls.startswith("act."):
+                continue
+            shape = shapes.get(cls, [C])
+            mult = L if cls in per_layer else 1
+            compute += 4 * mult * local(shape, sb[0], coord)
+            stored += 4 * mult * local(shape, sb[-1], coord)
+        return stored, compute
+
+    ok = True
+    got = {}
+    with tempfile.TemporaryDirectory() as d:
+        for name in ("3d", "axonn"):
+            flags = ["--stage-mesh", "2x2x2", "--strategy", name]
+            st = parse(printed_strategy(8, flags))
+            js = os.path.join(d, name + ".json")
+            rc, out = run(8, flags + ["--steps", "2", "--json", js])
+            if rc != 0:
+                print(out[-3000:])
+                ok = False
+                continue
+            recs = json.load(open(js))["summary"]["memory_per_rank"]
+            got[name] = recs
+            for r in recs:
+                coord = [r["rank"] // 4, r["rank"] // 2 % 2, r["rank"] % 2]
+                stored, compute = expected(st, coord)
+                good = (r["param_bytes"] == stored and r["optimizer_bytes"] == 2 * stored and
+                        r["compute_param_bytes"] == compute and r["grad_bytes"] == compute)
+                print(("ok  " if good else "FAIL"), name, r, "expected stored", stored,
+                      "compute", compute)
+                ok = ok and good
+    ok = ok and len(got) == 2 and all(
+        a["param_bytes"] < b["param_bytes"] for a, b in zip(got["axonn"], got["3d"]))
 elif CASE == "print.roundtrip":
     # The printed 3d strategy, written to a file and loaded back, trains the same.
     flags = ["--stage-mesh", "2x1x2"]
