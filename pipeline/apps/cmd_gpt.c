@@ -4,9 +4,11 @@
  * shuffled training loader (MT19937 seeded 42+rank).
  *
  * Modes: --serial (one process, the reference), or under mpirun one or more pipeline stages,
- * each a dp x tp mesh of SBP-parallel layers (models/gpt2_par.h) run by the pipeline driver
- * (pipe/driver.h): --mesh RxC --dp N --tp N for one stage, --stages / --layout /
- * --stage-mesh / --stage-dp / --stage-tp for several. Every rank reads the same batches.
+ * each a mesh of 1 to 4 axes of SBP-parallel layers (models/gpt2_par.h) run by the pipeline
+ * driver (pipe/driver.h): --mesh RxC --dp N --tp N for one 2-axis stage, --stages / --layout /
+ * --stage-mesh (2x2x2,1x4) / --stage-dp / --stage-tp for several; --strategy or
+ * --stage-strategy give the SBP of every parameter and activation class (nn/strategy.h,
+ * docs/STRATEGY.md). Every rank reads the same batches.
  *
  * Structure for later work: gpt_opts_t holds every flag; parse_gpt_flags() fills it (add
  * --mesh RxC / --dp / --tp / pipeline flags there), setup_model() and setup_data() build the
@@ -107,7 +109,7 @@ static void gpt_usage(void)
         "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
         "  --bench             print tokens/s median/min/max over steps after --warmup (1)\n"
         "  --blas-threads N    OpenBLAS threads (1)\n"
-        "parallel (under mpirun; axis 0 of a mesh is data parallel, axis 1 tensor parallel):\n"
+        "parallel (under mpirun; with --mesh/--dp/--tp a stage mesh is dp x tp):\n"
         "  --mesh RxC --dp N --tp N   one stage on all ranks (R = dp, C = tp)\n"
         "  --stages N          pipeline stages; blocks split evenly, E first, L last\n"
         "  --layout 'E,t*3|t*3,L'     explicit layers per stage (Megatron style)\n"
@@ -341,6 +343,8 @@ typedef struct {
     /* parallel runs, rank 0: per rank {stage, param, optimizer, compute param, grad bytes} */
     const int64_t *mem;
     int mem_ranks;
+    const xmp_stage_layout_t *sl; /* parallel runs: stage meshes and strategies */
+    const xmp_strategy_t *strat;
 } step_log_t;
 
 static int step_log_open(step_log_t *s, const gpt_opts_t *o, const xmp_gpt2_t *m,
@@ -467,6 +471,21 @@ static int step_log_close(step_log_t *s, int ok)
         xmp_json_num(&s->json, "tokens_per_s_median", med);
         xmp_json_num(&s->json, "tokens_per_s_min", mn);
         xmp_json_num(&s->json, "tokens_per_s_max", mx);
+        if (s->sl && s->strat) {
+            xmp_json_arr_begin(&s->json, "stages");
+            for (int k = 0; k < s->sl->nstages; k++) {
+                char mesh[64] = "";
+                for (int a = 0, at = 0; a < s->sl->ndim[k] && at < (int)sizeof mesh; a++)
+                    at += snprintf(mesh + at, sizeof mesh - (size_t)at, "%s%d", a ? "x" : "",
+                                   s->sl->shape[k][a]);
+                xmp_json_obj_begin(&s->json, NULL);
+                xmp_json_str(&s->json, "mesh", mesh);
+                xmp_json_str(&s->json, "strategy", s->strat[k].name);
+                xmp_json_str(&s->json, "strategy_source", s->strat[k].source);
+                xmp_json_obj_end(&s->json);
+            }
+            xmp_json_arr_end(&s->json);
+        }
         if (s->mem) {
             xmp_json_arr_begin(&s->json, "memory_per_rank");
             for (int r = 0; r < s->mem_ranks; r++) {
@@ -950,6 +969,8 @@ static int run_parallel(const gpt_opts_t *oin)
         if (have_log) {
             log.mem = all_mem;
             log.mem_ranks = size;
+            log.sl = &sl;
+            log.strat = strat;
         }
     }
     if (have_log && step_log_close(&log, ok) != 0)
