@@ -104,3 +104,16 @@ if(TARGET xmesh-train)
   set_tests_properties(pipeline.utrans.replan PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
     ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
 endif()
+
+# SBP forms of the U-Transformer layers (nn/sbp_conv.h) on 1, 2 and 4 ranks (1-D meshes, and a
+# 2x2 mesh on 4): every output and gradient against nn/unet_kernels element by element, finite
+# differences through the SBP forward, and the refusals. Replay: test_utrans_sbp --seed N
+add_executable(test_utrans_sbp ${CMAKE_CURRENT_SOURCE_DIR}/test_utrans_sbp.c)
+target_link_libraries(test_utrans_sbp PRIVATE xmesh_pipeline m)
+foreach(np 1 2 4)
+  add_test(NAME pipeline.utrans_sbp.np${np}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:test_utrans_sbp> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.utrans_sbp.np${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
+endforeach()
