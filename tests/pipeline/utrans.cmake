@@ -41,7 +41,8 @@ if(TARGET xmesh-train)
   xmp_ut_case(s2 2 --stages 2 --batch 4 --microbatches 2)
   xmp_ut_case(s3dp 4 --stages 3 --stage-dp 2,1,1 --batch 8 --microbatches 4)
   xmp_ut_case(s3lay 4 --layout "u*5|u*4|u*4" --stage-dp 1,1,2 --batch 8 --microbatches 4)
-  # Tensor parallel (channel split, SBP boxing over the tp axis): one stage on 1x2 and 2x2
+  # Tensor parallel (--strategy megatron, the default: channel split through the nn/ SBP ops,
+  # models/utransformer_sbp.h): one stage on 1x2 and 2x2
   # (dp x tp), and two stages whose meshes differ in shape (1x2 -> 2x1, 2x1 -> 1x2) so the main
   # edge and the skips go between a tensor-parallel and a data-parallel mesh; every comm mode
   # once, each with a different schedule.
@@ -55,6 +56,11 @@ if(TARGET xmesh-train)
   endfunction()
   xmp_ut_tp_case(s1_1x2 2 --stages 1 --stage-tp 2 --batch 4)
   xmp_ut_tp_case(s1_2x2 4 --stages 1 --stage-mesh 2x2 --batch 4)
+  # the dp strategy on a tp mesh (every parameter replicated, activations S(0),B) and a
+  # strategy read from a file (megatron's text with the attention replicated everywhere)
+  xmp_ut_tp_case(s1_1x2_dp 2 --stages 1 --stage-tp 2 --batch 4 --strategy dp)
+  xmp_ut_tp_case(s1_2x2_file 4 --stages 1 --stage-mesh 2x2 --batch 4
+                 --strategy ${CMAKE_CURRENT_LIST_DIR}/utrans_strategy_noattn.txt)
   set(XMP_UT_TP2 --stages 2 --batch 4 --microbatches 2)
   xmp_ut_tp_case(s2_1x2_2x1.gpipe.broadcast 4 ${XMP_UT_TP2} --stage-mesh 1x2,2x1
                  --schedule gpipe --comm broadcast)
@@ -71,7 +77,7 @@ if(TARGET xmesh-train)
   set(XMP_UT_EXPECT_FAIL sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh)
   add_test(NAME pipeline.utrans.bad_tp
     COMMAND ${XMP_UT_EXPECT_FAIL}
-            "stage 0: group norm groups 3 cannot be split over tensor-parallel degree 2"
+            "stage 0: strategy megatron, layer down1: group norm groups 3 cannot be split over 2 channel pieces"
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
             $<TARGET_FILE:xmesh-train> utransformer --stages 1 --stage-tp 2 --base-channels 6
             --groups 3 --batch 4 --steps 1 ${MPIEXEC_POSTFLAGS})
@@ -83,9 +89,10 @@ if(TARGET xmesh-train)
   set_tests_properties(pipeline.utrans.bad_groups PROPERTIES LABELS "pipeline;unit" TIMEOUT 30)
 endif()
 
-# U-Transformer tensor parallelism, layer by layer (test_utrans_tp.c): each of the 13 layers
-# channel-split over tp = 2 and 4 ranks equals the serial layer (outputs, input gradients, the
-# local blocks of the parameter gradients), and the refusals. Replay: test_utrans_tp --seed N
+# U-Transformer layers on SBP tensors, layer by layer (test_utrans_tp.c): each of the 13 layers
+# under the dp and megatron strategies on 1 x tp (tp = 2, 4) and 2 x 2 meshes equals the serial
+# layer (outputs, input gradients, reduced parameter gradients, all gathered), and the strategy
+# refusals. Replay: test_utrans_tp --seed N
 add_executable(test_utrans_tp ${CMAKE_CURRENT_SOURCE_DIR}/test_utrans_tp.c)
 target_link_libraries(test_utrans_tp PRIVATE xmesh_pipeline m)
 foreach(np 2 4)
