@@ -19,10 +19,11 @@
  * element count, so parameter gradients summed over the dp axis (SBP boxing P -> B over the dp
  * axis in R) and over micro-batches equal the serial gradient.
  *
- * Tensor parallel inside a stage (--stage-tp > 1): every layer is created as this rank's part
- * of a channel split over the stage mesh's tp axis (xmp_ut_layer_create_tp: conv pairs split
- * over channels, attention over heads, P -> B boxing with nn/sbp.h), holds only its local
- * parameter blocks, and every layer input and output stays "S(0),B", so the edges do not change.
+ * Layers of a stage run on SBP tensors of its dp x tp mesh through nn/ only
+ * (models/utransformer_sbp.h), with the per-class SBPs of --strategy (dp, megatron: channel
+ * split on the tp axis, or a file); every layer input and output stays "S(0),B" (class act.x),
+ * so the edges do not change. A micro-batch's activations (its tapes) are allocated when its
+ * forward runs and freed after its weight gradients; the reported peak is measured.
  */
 #include <cblas.h>
 #include <math.h>
