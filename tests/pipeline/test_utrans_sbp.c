@@ -143,6 +143,23 @@ static double conv_eval_x(void *c_, const float *xf)
     return l;
 }
 
+/* L as a function of the full weight (x fixed in ctx->w, which then holds the input). */
+static double conv_eval_w(void *c_, const float *wf)
+{
+    conv_ctx_t *c = c_;
+    xmp_tensor_t x = mk(4, c->xs, c->sx, c->w), w = mk(4, c->ws, c->sw, wf),
+                 b = mk(1, c->bs, c->sb, c->b), y;
+    double l = 0;
+    if (xmp_conv2d_forward(&x, &w, &b, c->stride, 1, &y) == XMESH_SUCCESS) {
+        l = dot_full(&y, c->r);
+        xmp_tensor_free(&y);
+    }
+    xmp_tensor_free(&x);
+    xmp_tensor_free(&w);
+    xmp_tensor_free(&b);
+    return l;
+}
+
 static void test_conv(const char *sx, const char *sw, const char *sbias, int stride, int dofd)
 {
     char sig[96];
@@ -191,6 +208,14 @@ static void test_conv(const char *sx, const char *sw, const char *sbias, int str
         if (r == XMESH_SUCCESS) {
             cmp("conv dw", sig, &dw, dwr);
             cmp("conv db", sig, &db, dbr);
+            if (dofd) {
+                float *dwf = malloc(nw * 4);
+                xmp_tensor_gather_full(&dw, dwf);
+                conv_ctx_t cc = {{N, CI, H, W}, {CO, CI, 3, 3}, {CO}, sx, sw, sbias, xf, bf,
+                                 dyf,           stride};
+                fd("conv dw", sig, conv_eval_w, &cc, wf, nw, dwf);
+                free(dwf);
+            }
             xmp_tensor_free(&dw);
             xmp_tensor_free(&db);
         }
