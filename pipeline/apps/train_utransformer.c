@@ -500,8 +500,22 @@ static int copy_out(ut_stage_t *st, const xmp_tensor_t *t, float *dst, size_t n)
     return rc;
 }
 
+/* Floats of a micro-batch's input, target and conditioning data on this rank. */
+static void mb_floats(const ut_stage_t *st, size_t f[3])
+{
+    const size_t HW = XMP_UT_IMG * XMP_UT_IMG, nl = (size_t)st->nloc;
+    f[0] = nl * 3 * HW;
+    f[1] = nl * 4 * HW;
+    f[2] = nl * XMP_UT_TOKENS * (size_t)st->cfg.cond_dim;
+}
+
 static void mb_free_data(ut_stage_t *st, int mb)
 {
+    size_t f[3];
+    mb_floats(st, f);
+    xmp_ut_mem_track(-(int64_t)sizeof(float) *
+                     (int64_t)((st->input[mb] ? f[0] : 0) + (st->target[mb] ? f[1] : 0) +
+                               (st->cond[mb] ? f[2] : 0)));
     free(st->input[mb]);
     free(st->cond[mb]);
     free(st->target[mb]);
@@ -519,9 +533,20 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         need_cond |= xmp_ut_layer_uses_cond(&st->cfg, l);
     /* this micro-batch's data, allocated now and freed after its weight gradients */
     mb_free_data(st, mb);
-    if ((st->first == 0 && !(st->input[mb] = malloc(nl * 3 * HW * sizeof(float)))) ||
-        (st->last == XMP_UT_CONV_OUT && !(st->target[mb] = malloc(nl * 4 * HW * sizeof(float)))) ||
-        (need_cond && !(st->cond[mb] = malloc(ncond * sizeof(float))))) {
+    size_t fl[3];
+    mb_floats(st, fl);
+    if (st->first == 0)
+        st->input[mb] = malloc(fl[0] * sizeof(float));
+    if (st->last == XMP_UT_CONV_OUT)
+        st->target[mb] = malloc(fl[1] * sizeof(float));
+    if (need_cond)
+        st->cond[mb] = malloc(fl[2] * sizeof(float));
+    /* counted like the tapes (freed, and uncounted, by mb_free_data) */
+    xmp_ut_mem_track((int64_t)sizeof(float) *
+                     (int64_t)((st->input[mb] ? fl[0] : 0) + (st->target[mb] ? fl[1] : 0) +
+                               (st->cond[mb] ? fl[2] : 0)));
+    if ((st->first == 0 && !st->input[mb]) || (st->last == XMP_UT_CONV_OUT && !st->target[mb]) ||
+        (need_cond && !st->cond[mb])) {
         fprintf(stderr, "stage %d forward mb %d: out of memory\n", st->stage, mb);
         return 1;
     }

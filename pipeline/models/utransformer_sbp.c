@@ -24,6 +24,10 @@ static void mem_track(int64_t delta)
     if (g_live > g_peak)
         g_peak = g_live;
 }
+void xmp_ut_mem_track(int64_t delta)
+{
+    mem_track(delta);
+}
 int64_t xmp_ut_mem_live_bytes(void)
 {
     return g_live;
