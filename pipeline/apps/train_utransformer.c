@@ -415,6 +415,7 @@ typedef struct {
     xmp_tensor_t *dact, *dskip;
     float **input, **cond, **target; /* per micro-batch, allocated with its forward */
     int *live;                       /* per micro-batch: forward done, weight part not yet */
+    int64_t base_bytes;              /* allocations held after set-up (the parameters) */
 } ut_stage_t;
 
 static size_t chw_floats(const int chw[3])
@@ -746,14 +747,16 @@ static int ut_bwd_weight(void *u, int mb)
     return 0;
 }
 
-/* Measured: the peak of the bytes held by this rank's tapes since the last query (the driver
- * queries after every compute action, so its maximum is the step's measured peak). */
+/* Measured (nn/sbp.h allocation accounting): the peak of this rank's allocations since the last
+ * query above those held after set-up (the parameters): the micro-batches' tapes (values,
+ * caches, gradients), their data, the op temporaries and the gradient accumulators. The driver
+ * queries after every compute action, so its maximum is the step's measured peak. */
 static int64_t ut_act_bytes(void *u)
 {
-    (void)u;
-    int64_t p = xmp_ut_mem_peak_bytes();
+    ut_stage_t *st = u;
+    int64_t p = xmp_ut_mem_peak_bytes() - st->base_bytes;
     xmp_ut_mem_peak_reset();
-    return p;
+    return p > 0 ? p : 0;
 }
 
 /* R: the parameter gradients are boxed to their parameters' SBP (P over dp -> B). */
@@ -833,6 +836,7 @@ static int stage_init(ut_stage_t *st)
             rc = xmp_cli_error("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
                                xmp_ut_last_error());
     free(full);
+    st->base_bytes = xmp_ut_mem_live_bytes();
     return rc;
 }
 

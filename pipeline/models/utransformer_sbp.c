@@ -15,46 +15,34 @@
 
 /* ------------------------------------------------------------------ memory */
 
-static _Thread_local int64_t g_live, g_peak;
-
-/* The one counter to switch over to nn/sbp.h xmp_mem_track (contract D). */
-static void mem_track(int64_t delta)
-{
-    g_live += delta;
-    if (g_live > g_peak)
-        g_peak = g_live;
-}
+/* Activation memory is measured by nn/sbp.h's allocation accounting (contract D): every tensor
+ * of a tape is an xmp_tensor_alloc, counted there; xmp_ut_mem_track adds model buffers that are
+ * not tensors. The xmp_ut_mem_* names are kept for the model's callers. */
 void xmp_ut_mem_track(int64_t delta)
 {
-    mem_track(delta);
+    xmp_mem_track(delta);
 }
 int64_t xmp_ut_mem_live_bytes(void)
 {
-    return g_live;
+    return xmp_mem_live_bytes();
 }
 int64_t xmp_ut_mem_peak_bytes(void)
 {
-    return g_peak;
+    return xmp_mem_peak_bytes();
 }
 void xmp_ut_mem_peak_reset(void)
 {
-    g_peak = g_live;
+    xmp_mem_peak_reset();
 }
 
-static int64_t tbytes(const xmp_tensor_t *t)
-{
-    return t->data ? t->lcount * (int64_t)sizeof(float) : 0;
-}
-/* Takes ownership of *src into *dst (counted). */
+/* Takes ownership of *src into *dst. */
 static void own(xmp_tensor_t *dst, xmp_tensor_t *src)
 {
     *dst = *src;
     memset(src, 0, sizeof *src);
-    mem_track(tbytes(dst));
 }
 static void drop(xmp_tensor_t *t)
 {
-    mem_track(-tbytes(t));
     xmp_tensor_free(t);
     memset(t, 0, sizeof *t);
 }
@@ -522,8 +510,6 @@ int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_t
             break;
         case XMP_UT_OP_GN:
             r = xmp_groupnorm_forward(&v[op->in0], w, b, op->g, &o, &t->gn[i]);
-            if (!r)
-                mem_track(tbytes(&t->gn[i].mean) + tbytes(&t->gn[i].rstd));
             break;
         case XMP_UT_OP_SILU:
             r = xmp_silu_forward(&v[op->in0], &o);
@@ -546,8 +532,6 @@ int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_t
         case XMP_UT_OP_ATTN:
             r = xmp_mha_forward(&v[op->in0], &v[op->in1], &v[op->in2], op->attn.head_dim, &o,
                                 &t->mha[i]);
-            if (!r)
-                mem_track(tbytes(&t->mha[i].probs));
             break;
         case XMP_UT_OP_ADD:
             r = xmp_add_forward(&v[op->in0], &v[op->in1], &o);
@@ -582,14 +566,12 @@ static int same_sbp(const xmp_tensor_t *a, const xmp_tensor_t *b)
     return a->lcount == b->lcount;
 }
 
-/* *acc += *g (either SBP; takes ownership of *g). counted: the accumulator is a tape buffer. */
-static xmesh_result_t accumulate(xmp_tensor_t *acc, xmp_tensor_t *g, int counted)
+/* *acc += *g (either SBP; takes ownership of *g). */
+static xmesh_result_t accumulate(xmp_tensor_t *acc, xmp_tensor_t *g)
 {
     if (!acc->mesh) {
         *acc = *g;
         memset(g, 0, sizeof *g);
-        if (counted)
-            mem_track(tbytes(acc));
         return XMESH_SUCCESS;
     }
     if (same_sbp(acc, g)) {
@@ -603,8 +585,6 @@ static xmesh_result_t accumulate(xmp_tensor_t *acc, xmp_tensor_t *g, int counted
     xmp_tensor_free(g);
     if (r)
         return r;
-    if (counted)
-        mem_track(tbytes(&s) - tbytes(acc));
     xmp_tensor_free(acc);
     *acc = s;
     return XMESH_SUCCESS;
@@ -625,11 +605,11 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
         return fail("layer %s backward_input: missing tape, dy or dskip_in", ln);
     xmp_tensor_t o, o2, o3;
     memset(&o, 0, sizeof o);
-    if (xmp_box(dy, dy->sbp, &o) != XMESH_SUCCESS || accumulate(&t->g[pl->out], &o, 1))
+    if (xmp_box(dy, dy->sbp, &o) != XMESH_SUCCESS || accumulate(&t->g[pl->out], &o))
         return fail("layer %s backward: dy: %s", ln, xmp_last_error());
     if (pl->skip_out >= 0 && dskip_out &&
         (xmp_box(dskip_out, dskip_out->sbp, &o) != XMESH_SUCCESS ||
-         accumulate(&t->g[pl->skip_out], &o, 1)))
+         accumulate(&t->g[pl->skip_out], &o)))
         return fail("layer %s backward: dskip: %s", ln, xmp_last_error());
     for (int i = pl->nops - 1; i >= 0; i--) {
         const xmp_ut_op_t *op = &pl->ops[i];
@@ -689,9 +669,9 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
         }
         if (r != XMESH_SUCCESS)
             return op_fail(l, i, "backward");
-        if ((got0 && n0 && accumulate(&t->g[op->in0], &o, 1)) ||
-            (got1 && n1 && accumulate(&t->g[op->in1], &o2, 1)) ||
-            (got2 && n2 && accumulate(&t->g[op->in2], &o3, 1))) {
+        if ((got0 && n0 && accumulate(&t->g[op->in0], &o)) ||
+            (got1 && n1 && accumulate(&t->g[op->in1], &o2)) ||
+            (got2 && n2 && accumulate(&t->g[op->in2], &o3))) {
             xmp_tensor_free(&o), xmp_tensor_free(&o2), xmp_tensor_free(&o3);
             return op_fail(l, i, "gradient accumulation");
         }
@@ -742,7 +722,7 @@ int xmp_ut_slayer_backward_weight(xmp_ut_slayer_t *l, xmp_ut_tape_t *t)
             rc = op_fail(l, i, "weight gradient");
             break;
         }
-        if (accumulate(&l->g[op->wi], &dw, 0) || accumulate(&l->g[op->bi], &db, 0)) {
+        if (accumulate(&l->g[op->wi], &dw) || accumulate(&l->g[op->bi], &db)) {
             xmp_tensor_free(&dw), xmp_tensor_free(&db);
             rc = op_fail(l, i, "weight gradient accumulation");
         }

@@ -76,15 +76,14 @@ const xmp_sbp_t *xmp_ut_strategy_get(const xmp_ut_strategy_t *s, const char *lay
 int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, int first, int last,
                           const int *shape);
 
-/* Measured bytes of the activations held by SBP tapes (values, gradients, caches) and the
- * buffers given to xmp_ut_mem_track, of this thread: live now, and the peak since the last reset.
- * (To be replaced by nn/sbp.h xmp_mem_* (contract D), which counts every tensor allocation.) */
-int64_t xmp_ut_mem_live_bytes(void);
-/* Counts delta bytes of a model buffer that is not a tape tensor (e.g. a micro-batch's input,
+/* Measured allocations (nn/sbp.h xmp_mem_*, contract D: every tensor of a tape, every
+ * temporary of the nn/ ops) of this thread: live now, and the peak since the last reset;
+ * xmp_ut_mem_track counts a model buffer that is not a tensor (e.g. a micro-batch's input,
  * target and conditioning data): + when allocated, - when freed. */
-void xmp_ut_mem_track(int64_t delta);
+int64_t xmp_ut_mem_live_bytes(void);
 int64_t xmp_ut_mem_peak_bytes(void);
 void xmp_ut_mem_peak_reset(void);
+void xmp_ut_mem_track(int64_t delta);
 
 /* One layer's parameters on a mesh (shared by its micro-batches) and its tape. */
 typedef struct xmp_ut_slayer xmp_ut_slayer_t;
