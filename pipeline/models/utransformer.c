@@ -1,10 +1,12 @@
 /*
  * U-Transformer layers as small op tapes over unet_kernels (see utransformer.h for the model).
  *
- * Each layer is described once by a builder (build_layer) that both registers the layer's
- * parameter tensors (names, shapes, offsets) and emits its ops over numbered buffers. The
- * parameter layout is the builders' registrations for all layers; a layer object is one
- * builder run plus an arena holding every buffer's value and gradient for its micro-batch.
+ * Each layer is described once by a builder (xmp_ut__build, models/utransformer_plan.h) that
+ * both registers the layer's parameter tensors (names, shapes, offsets) and emits its ops over
+ * numbered buffers. The parameter layout is the builders' registrations for all layers; a layer
+ * object here (the single-process reference) is one builder run plus an arena holding every
+ * buffer's value and gradient for its micro-batch. The same tapes run on SBP tensors in
+ * utransformer_sbp.c.
  */
 #include "models/utransformer.h"
 
