@@ -82,7 +82,7 @@ static void ut_usage(void)
            "  --stages N (1)  --layout STR  --stage-mesh RxC,..  --stage-dp N,..  --stage-tp N,..\n"
            "  --strategy dp|megatron|FILE (megatron)  per-class SBPs on every stage's dp x tp\n"
            "                   mesh (docs/UTRANSFORMER.md); megatron: conv pairs channel-split,\n"
-           "                   attention heads split where tp divides them, --groups %% tp == 0\n"
+           "                   attention heads split where tp divides them\n"
            "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b (1f1b)  --delay-wgrad\n"
            "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
            "  --trace FILE  --print-schedule\n"

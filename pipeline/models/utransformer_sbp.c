@@ -291,22 +291,6 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
             if (o->kind == XMP_UT_OP_BOX && !xmp_ut_strategy_get(s, ln, o->cls))
                 return fail("strategy %s: no SBP for activation class %s (layer %s)", s->name,
                             o->cls, ln);
-            if (o->kind == XMP_UT_OP_GN) {
-                /* channel pieces of the norm's input: the first block conv's output channels
-                 * (weight S(0) on an axis the input does not split), or act.x's channel split */
-                const xmp_sbp_t *w = l == XMP_UT_OUT ? NULL : xmp_ut_strategy_get(s, ln, "conv1.w");
-                int pieces = 1, a0 = -1;
-                for (int a = 0; a < s->naxes; a++)
-                    if ((w && is_s(w[a], 0) && ax[a].kind != XMP_S) || (!w && is_s(ax[a], 1)))
-                        pieces *= shape[a], a0 = a;
-                if (c->groups % pieces != 0)
-                    return fail("strategy %s, layer %s: group norm groups %d cannot be split "
-                                "over %d channel pieces (mesh axis %d of size %d; class %s): a "
-                                "group would span ranks. Choose --groups as a multiple of %d "
-                                "that divides the base channels %d",
-                                s->name, ln, c->groups, pieces, a0, shape[a0],
-                                w ? "conv1.w" : "act.x", pieces, c->base);
-            }
             if (o->kind == XMP_UT_OP_ATTN) {
                 const xmp_sbp_t *q = xmp_ut_strategy_get(s, ln, "attn.q.w");
                 const xmp_sbp_t *in = xmp_ut_strategy_get(s, ln, "act.block");

@@ -1,6 +1,7 @@
 /* SBP forms of the U-Transformer layers (contracts and signature tables in sbp_conv.h). */
 #include "nn/sbp_conv.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,11 @@ static int holder(const xmp_mesh_t *m, const xmp_sbp_t *s)
         if (s[a].kind == XMP_P && m->coord[a] != 0)
             return 0;
     return 1;
+}
+
+static int is_ch(xmp_sbp_t s)
+{
+    return s.kind == XMP_S && s.dim == 1;
 }
 
 static int computes(const xmp_tensor_t *t)
@@ -340,9 +346,12 @@ void xmp_gn_cache_free(xmp_gn_cache_t *c)
     memset(c, 0, sizeof *c);
 }
 
-/* tx: x's used SBP, tg: gamma/beta's, ts: the statistics' (N, groups). */
+/* tx: x's used SBP, tg: gamma/beta's, ts: the statistics' (N, groups). *span: 1 when a group
+ * spans ranks (groups not a multiple of the channel pieces): statistics all-reduced over the
+ * channel-splitting axes, every rank holding all groups' statistics of its samples. */
 static xmesh_result_t gn_deduce(const xmp_tensor_t *x, const xmp_tensor_t *gamma, int groups,
-                                xmp_sbp_t *tx, xmp_sbp_t *tg, xmp_sbp_t *ts, const char *op)
+                                xmp_sbp_t *tx, xmp_sbp_t *tg, xmp_sbp_t *ts, int *span,
+                                const char *op)
 {
     xmesh_result_t r;
     if ((r = check_t(x, 4, op, "x")) || (r = check_t(gamma, 1, op, "gamma")) ||
@@ -362,19 +371,107 @@ static xmesh_result_t gn_deduce(const xmp_tensor_t *x, const xmp_tensor_t *gamma
             tg[a] = s.dim == 1 ? xmp_sbp_s(0) : xmp_sbp_b();
         }
     }
-    int k = pieces(x->mesh, tx, 1);
-    if (groups % k != 0) {
-        char axes[64] = "";
-        for (int a = 0; a < x->mesh->ndim; a++)
-            if (tx[a].kind == XMP_S && tx[a].dim == 1)
-                snprintf(axes + strlen(axes), sizeof axes - strlen(axes), " %d (size %d)", a,
-                         x->mesh->shape[a]);
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
-                       "%s: x '%s' splits the channels into %d pieces over mesh axis%s, but %d "
-                       "groups are not a multiple of %d: a group would span ranks (statistics "
-                       "across ranks are not implemented; rule: groups %% pieces == 0)",
-                       op, x->spec, k, axes, groups, k);
+    *span = groups % pieces(x->mesh, tx, 1) != 0;
+    for (int a = 0; *span && a < x->mesh->ndim; a++)
+        if (is_ch(tx[a]))
+            ts[a] = xmp_sbp_b();
+    return XMESH_SUCCESS;
+}
+
+/* Sums n doubles over every mesh axis that splits the channels (collective over those axes). */
+static void ch_allreduce(const xmp_mesh_t *m, const xmp_sbp_t *tx, double *buf, int n)
+{
+    for (int a = 0; a < m->ndim && m->member; a++)
+        if (is_ch(tx[a]))
+            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, m->axis[a]));
+}
+
+/* Group norm of my block bx when groups span ranks (two-pass statistics, all-reduced). */
+static xmesh_result_t gn_span_forward(const xmp_tensor_t *bx, const xmp_sbp_t *tx, int groups,
+                                      const float *gamma, const float *beta, float *y, float *mean,
+                                      float *rstd)
+{
+    const int64_t nl = bx->lshape[0], cl = bx->lshape[1], c0 = bx->loff[1];
+    const int64_t hw = bx->lshape[2] * bx->lshape[3], cpg = bx->shape[1] / groups;
+    const double M = (double)cpg * (double)(bx->shape[2] * bx->shape[3]);
+    double *s = calloc((size_t)(nl * groups) + 1, sizeof(double));
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_groupnorm_forward: out of memory");
+    const float *x = xmp_f32(bx);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t n = 0; n < nl; n++)
+            for (int64_t c = 0; c < cl; c++) {
+                int64_t g = n * groups + (c0 + c) / cpg;
+                const float *p = x + (n * cl + c) * hw;
+                double acc = 0, mu = pass ? mean[g] : 0;
+                for (int64_t i = 0; i < hw; i++)
+                    acc += pass ? ((double)p[i] - mu) * ((double)p[i] - mu) : (double)p[i];
+                s[g] += acc;
+            }
+        ch_allreduce(bx->mesh, tx, s, (int)(nl * groups));
+        for (int64_t g = 0; g < nl * groups; g++) {
+            if (pass)
+                rstd[g] = (float)(1.0 / sqrt(s[g] / M + 1e-5));
+            else
+                mean[g] = (float)(s[g] / M);
+            s[g] = 0;
+        }
     }
+    for (int64_t n = 0; n < nl; n++)
+        for (int64_t c = 0; c < cl; c++) {
+            int64_t g = n * groups + (c0 + c) / cpg;
+            const float *p = x + (n * cl + c) * hw;
+            float *q = y + (n * cl + c) * hw;
+            for (int64_t i = 0; i < hw; i++)
+                q[i] = (p[i] - mean[g]) * rstd[g] * gamma[c] + beta[c];
+        }
+    free(s);
+    return XMESH_SUCCESS;
+}
+
+/* Backward of gn_span_forward: dx (may be NULL) with the group sums of dy*gamma and
+ * dy*gamma*xhat all-reduced; dgamma, dbeta (may be NULL) over my channels. Accumulates. */
+static xmesh_result_t gn_span_backward(const xmp_tensor_t *bx, const xmp_sbp_t *tx, int groups,
+                                       const float *dy, const float *gamma, const float *mean,
+                                       const float *rstd, float *dx, float *dgamma, float *dbeta)
+{
+    const int64_t nl = bx->lshape[0], cl = bx->lshape[1], c0 = bx->loff[1];
+    const int64_t hw = bx->lshape[2] * bx->lshape[3], cpg = bx->shape[1] / groups;
+    const double M = (double)cpg * (double)(bx->shape[2] * bx->shape[3]);
+    const float *x = xmp_f32(bx);
+    for (int64_t n = 0; n < nl && dgamma; n++)
+        for (int64_t c = 0; c < cl; c++) {
+            int64_t g = n * groups + (c0 + c) / cpg, o = (n * cl + c) * hw;
+            for (int64_t i = 0; i < hw; i++) {
+                dgamma[c] += dy[o + i] * (x[o + i] - mean[g]) * rstd[g];
+                dbeta[c] += dy[o + i];
+            }
+        }
+    if (!dx)
+        return XMESH_SUCCESS;
+    double *s = calloc((size_t)(2 * nl * groups) + 1, sizeof(double));
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_groupnorm_backward: out of memory");
+    for (int64_t n = 0; n < nl; n++)
+        for (int64_t c = 0; c < cl; c++) {
+            int64_t g = n * groups + (c0 + c) / cpg, o = (n * cl + c) * hw;
+            for (int64_t i = 0; i < hw; i++) {
+                double d = (double)dy[o + i] * gamma[c];
+                s[2 * g] += d;
+                s[2 * g + 1] += d * ((double)x[o + i] - mean[g]) * rstd[g];
+            }
+        }
+    ch_allreduce(bx->mesh, tx, s, (int)(2 * nl * groups));
+    for (int64_t n = 0; n < nl; n++)
+        for (int64_t c = 0; c < cl; c++) {
+            int64_t g = n * groups + (c0 + c) / cpg, o = (n * cl + c) * hw;
+            double a = s[2 * g] / M, b = s[2 * g + 1] / M;
+            for (int64_t i = 0; i < hw; i++) {
+                double xh = ((double)x[o + i] - mean[g]) * rstd[g];
+                dx[o + i] += (float)(rstd[g] * ((double)dy[o + i] * gamma[c] - a - xh * b));
+            }
+        }
+    free(s);
     return XMESH_SUCCESS;
 }
 
@@ -385,10 +482,11 @@ xmesh_result_t xmp_groupnorm_forward(const xmp_tensor_t *x, const xmp_tensor_t *
     const char *op = "xmp_groupnorm_forward";
     xmp_sbp_t tx[NAX], tg[NAX], ts[NAX];
     xmesh_result_t r;
+    int span;
     if (!y || !cache)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: y or cache is NULL", op);
-    if ((r = gn_deduce(x, gamma, groups, tx, tg, ts, op)) || (r = check_t(beta, 1, op, "beta")) ||
-        (r = same_mesh(x, beta, op)))
+    if ((r = gn_deduce(x, gamma, groups, tx, tg, ts, &span, op)) ||
+        (r = check_t(beta, 1, op, "beta")) || (r = same_mesh(x, beta, op)))
         return r;
     if (beta->shape[0] != x->shape[1])
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: beta has %lld entries, x %lld channels", op,
@@ -407,10 +505,14 @@ xmesh_result_t xmp_groupnorm_forward(const xmp_tensor_t *x, const xmp_tensor_t *
         (r = xmp_tensor_alloc(&mu, x->mesh, 2, ss, XMESH_F32, ts)) ||
         (r = xmp_tensor_alloc(&rs, x->mesh, 2, ss, XMESH_F32, ts)))
         goto out_o;
-    if (computes(&o) &&
-        xmp_unet_groupnorm_forward(
-            (int)o.lshape[0], (int)o.lshape[1], (int)(o.lshape[2] * o.lshape[3]), (int)mu.lshape[1],
-            xmp_f32(&bx), xmp_f32(&bg), xmp_f32(&bb), xmp_f32(&o), xmp_f32(&mu), xmp_f32(&rs)) != 0)
+    if (span && x->mesh->member)
+        r = gn_span_forward(&bx, tx, groups, xmp_f32(&bg), xmp_f32(&bb), xmp_f32(&o), xmp_f32(&mu),
+                            xmp_f32(&rs));
+    else if (computes(&o) &&
+             xmp_unet_groupnorm_forward((int)o.lshape[0], (int)o.lshape[1],
+                                        (int)(o.lshape[2] * o.lshape[3]), (int)mu.lshape[1],
+                                        xmp_f32(&bx), xmp_f32(&bg), xmp_f32(&bb), xmp_f32(&o),
+                                        xmp_f32(&mu), xmp_f32(&rs)) != 0)
         r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
     if (!r) {
         *y = o;
@@ -439,11 +541,12 @@ xmesh_result_t xmp_groupnorm_backward(const xmp_tensor_t *dy, const xmp_tensor_t
     const char *op = "xmp_groupnorm_backward";
     xmp_sbp_t tx[NAX], tg[NAX], ts[NAX], tdg[NAX];
     xmesh_result_t r;
+    int span;
     if (!cache || (!dx && !dgamma && !dbeta) || (!dgamma != !dbeta))
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
                        "%s: needs the cache and dx and/or both of dgamma, dbeta", op);
-    if ((r = gn_deduce(x, gamma, groups, tx, tg, ts, op)) || (r = check_t(dy, 4, op, "dy")) ||
-        (r = same_mesh(x, dy, op)))
+    if ((r = gn_deduce(x, gamma, groups, tx, tg, ts, &span, op)) ||
+        (r = check_t(dy, 4, op, "dy")) || (r = same_mesh(x, dy, op)))
         return r;
     all_b(tdg);
     for (int a = 0; a < x->mesh->ndim; a++)
@@ -463,12 +566,16 @@ xmesh_result_t xmp_groupnorm_backward(const xmp_tensor_t *dy, const xmp_tensor_t
         (dgamma && (r = xmp_tensor_alloc(&og, x->mesh, 1, gamma->shape, XMESH_F32, tdg))) ||
         (dbeta && (r = xmp_tensor_alloc(&ob, x->mesh, 1, gamma->shape, XMESH_F32, tdg))))
         goto out_all;
-    if (computes(&bx) &&
-        xmp_unet_groupnorm_backward(
-            (int)bx.lshape[0], (int)bx.lshape[1], (int)(bx.lshape[2] * bx.lshape[3]),
-            (int)cache->mean.lshape[1], xmp_f32(&bx), xmp_f32(&bdy), dx ? xmp_f32(&bg) : NULL,
-            xmp_f32(&cache->mean), xmp_f32(&cache->rstd), dx ? xmp_f32(&o) : NULL,
-            dgamma ? xmp_f32(&og) : NULL, dbeta ? xmp_f32(&ob) : NULL) != 0)
+    if (span && x->mesh->member)
+        r = gn_span_backward(&bx, tx, groups, xmp_f32(&bdy), dx ? xmp_f32(&bg) : NULL,
+                             xmp_f32(&cache->mean), xmp_f32(&cache->rstd), dx ? xmp_f32(&o) : NULL,
+                             dgamma ? xmp_f32(&og) : NULL, dbeta ? xmp_f32(&ob) : NULL);
+    else if (computes(&bx) &&
+             xmp_unet_groupnorm_backward(
+                 (int)bx.lshape[0], (int)bx.lshape[1], (int)(bx.lshape[2] * bx.lshape[3]),
+                 (int)cache->mean.lshape[1], xmp_f32(&bx), xmp_f32(&bdy), dx ? xmp_f32(&bg) : NULL,
+                 xmp_f32(&cache->mean), xmp_f32(&cache->rstd), dx ? xmp_f32(&o) : NULL,
+                 dgamma ? xmp_f32(&og) : NULL, dbeta ? xmp_f32(&ob) : NULL) != 0)
         r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
     if (!r) {
         if (dx)

@@ -54,11 +54,13 @@ xmesh_result_t xmp_conv2d_backward_weight(const xmp_tensor_t *dy, const xmp_tens
 
 /* Group norm (nn/unet_kernels.h semantics, eps 1e-5) over x (N, C, H, W), `groups` groups of
  * C/groups consecutive channels, gamma and beta (C). Per axis: x S(0) or B: local statistics,
- * gamma/beta B; x S(1) (channel split): allowed when every rank holds whole groups, i.e. groups
- * is a multiple of the number of channel pieces (product of the sizes of the axes splitting
- * dim 1), statistics local, gamma/beta used as S(0); otherwise refused naming groups and the
- * axis sizes (statistics across ranks are not implemented); x P: boxed to B; x S(2|3): refused.
- * y has x's used SBP. cache: mean and rstd (N, groups), kept for the backward. */
+ * gamma/beta B; x S(1) (channel split): gamma/beta used as S(0); when every rank holds whole
+ * groups (groups a multiple of the number of channel pieces, the product of the sizes of the
+ * axes splitting dim 1) the statistics are local, otherwise a group spans ranks and its sum and
+ * centred sum of squares (backward: the group sums of dy*gamma and dy*gamma*xhat) are
+ * all-reduced over the channel-splitting axes; x P: boxed to B; x S(2|3): refused (spatial).
+ * y has x's used SBP. cache: mean and rstd (N, groups), kept for the backward (B over the
+ * channel axes when groups span ranks). */
 typedef struct {
     xmp_tensor_t mean, rstd;
 } xmp_gn_cache_t;

@@ -3,10 +3,11 @@
  * MPI_COMM_WORLD (1, 2 or 4 ranks): for each op and a list of SBP signatures on a 1-D mesh (and
  * a 2x2 mesh on 4 ranks), the parallel forward output and every backward gradient, gathered to
  * full, equal the single-process kernels of nn/unet_kernels.h element by element (max |diff|
- * <= 2e-5 (1 + max |ref|)); a central finite difference of L = sum(y * r) through the SBP forward
+ * <= 2e-5 (1 + max |ref|)), group norm also where a group spans ranks (statistics all-reduced);
+ * a central finite difference of L = sum(y * r) through the SBP forward
  * matches the SBP backward on sampled coordinates; and the impossible splits are refused with
- * their message (spatial split, groups spanning ranks, heads not divisible, channel-split
- * concat). Replay: mpiexec -n N test_utrans_sbp --seed S
+ * their message (spatial split, heads not divisible, channel-split concat). Replay: mpiexec -n N
+ * test_utrans_sbp --seed S
  */
 #include <math.h>
 #include <mpi.h>
@@ -541,10 +542,7 @@ static void test_refusals(int p)
     expect_refusal(xmp_upsample2x_forward(&x, &y), "spatial split", "upsample x S(2)");
     expect_refusal(xmp_groupnorm_forward(&x, &g, &g, 2, &y, &gc), "spatial split", "gn x S(2)");
     xmp_tensor_free(&x);
-    /* groups 1 over p channel pieces: a group spans ranks */
     x = mk(4, xs, "S(1)", z);
-    expect_refusal(xmp_groupnorm_forward(&x, &g, &g, 1, &y, &gc), "groups are not a multiple",
-                   "gn groups 1 over S(1)");
     xmp_tensor_t b = mk(4, xs, "B", z);
     expect_refusal(xmp_concat_forward(&x, &b, &y), "channel pieces", "concat a S(1)");
     xmp_tensor_free(&x);
@@ -600,6 +598,8 @@ int main(int argc, char **argv)
             test_gn("S(0)", "B", 4, 1);
             test_gn("S(1)", "B", 4, 1);
             test_gn("S(1)", "S(0)", 4, 0);
+            test_gn("S(1)", "B", 1, 1); /* a group spans ranks: statistics all-reduced */
+            test_gn("S(1)", "S(0)", 2, 1);
             test_gn("B", "B", 2, 0);
             test_gn("P", "B", 4, 0);
             const char *ews[4] = {"S(0)", "S(1)", "B", "P"};
@@ -624,6 +624,8 @@ int main(int argc, char **argv)
             test_conv("S(1),B", "S(1),S(0)", "B,B", 1, 0);
             test_gn("S(0),S(1)", "B,S(0)", 4, 1);
             test_gn("S(1),S(1)", "B,B", 4, 0);
+            test_gn("S(1),S(1)", "B,S(0)", 2, 1); /* 4 pieces, 2 groups: spanning */
+            test_gn("S(0),S(1)", "B,B", 1, 1);
             test_ew(0, "S(0),P", 0);
             test_ew(1, "S(1),S(0)", 0);
             test_ew(2, "S(0),S(1)", 0);

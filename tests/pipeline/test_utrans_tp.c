@@ -8,7 +8,8 @@
  * to full. Two head sizes make the attention head-split at every level, or replicated (by the
  * strategy's explicit per-layer lines) where heads % tp != 0. Also: megatron really splits
  * (fewer local parameter bytes), the strategy text round trip, and the refusals before anything
- * runs (groups % pieces, heads % pieces, a missing class, bad lines).
+ * runs (heads % pieces, a missing class, bad lines). Group norm with 1 group makes every group
+ * span the tp ranks (statistics all-reduced).
  * Replay with: mpiexec -n N test_utrans_tp --seed S
  */
 #include <math.h>
@@ -177,17 +178,6 @@ static void check_refusals(int tp)
     xmp_ut_strategy_t s;
     char text[16384];
     int shape[2] = {1, tp};
-    xmp_ut_config_init(&c, 6, 3, 0); /* groups 3: not a multiple of 2 or 4 */
-    if (tp > 1) {
-        CHECK(xmp_ut_strategy_load("megatron", &c, 2, shape, &s) == 0, "load: %s",
-              xmp_ut_last_error());
-        CHECK(xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0,
-              "groups 3 over tp %d accepted", tp);
-        char want[64];
-        snprintf(want, sizeof want, "over %d channel pieces", tp);
-        CHECK(strstr(xmp_ut_last_error(), "groups 3") && strstr(xmp_ut_last_error(), want),
-              "message '%s' does not name groups 3 and %d pieces", xmp_ut_last_error(), tp);
-    }
     xmp_ut_config_init(&c, 8, 4, 0); /* heads 1, 2, 4 */
     /* heads split regardless of divisibility: refused, naming the heads */
     CHECK(xmp_ut_strategy_builtin("dp", &c, 2, shape, text, sizeof text) == 0, "dp text");
@@ -237,7 +227,7 @@ int main(int argc, char **argv)
         ranks[i] = i;
     /* head_dim 0 (= C): 1, 2, 4 heads at levels 1-3, so tp 2 replicates level 1's attention;
      * head_dim C/4: 4, 8, 16 heads, every attention head-split */
-    const int head_dims[2] = {0, 2};
+    const int head_dims[3] = {0, 2, 2}, groups[3] = {4, 4, 1}; /* groups 1: spans ranks */
     int nmesh = size == 4 ? 2 : 1;
     for (int mi = 0; mi < nmesh; mi++) {
         int shape[2] = {mi ? 2 : 1, mi ? 2 : size};
@@ -246,23 +236,23 @@ int main(int argc, char **argv)
             printf("mesh: %s\n", xmp_last_error());
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < 3; h++)
             for (int sgi = 0; sgi < 2; sgi++) {
                 xmp_ut_config_t c;
                 xmp_ut_strategy_t st;
-                if (xmp_ut_config_init(&c, 8, 4, head_dims[h]) != 0 ||
+                if (xmp_ut_config_init(&c, 8, groups[h], head_dims[h]) != 0 ||
                     xmp_ut_strategy_load(sgi ? "megatron" : "dp", &c, 2, shape, &st) != 0 ||
                     xmp_ut_strategy_check(&st, &c, 0, XMP_UT_LAYERS - 1, shape) != 0) {
                     printf("config/strategy: %s\n", xmp_ut_last_error());
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
-                if (sgi == 0 && h == 1)
-                    continue; /* dp does not depend on the heads */
+                if (sgi == 0 && h >= 1)
+                    continue; /* dp does not depend on the heads or groups */
                 xmp_ut_params_t pp;
                 xmp_ut_params_layout(&c, &pp);
                 if (g_rank == 0)
-                    printf("C 8, groups 4, head_dim %d, strategy %s on %dx%d:\n", c.head_dim,
-                           st.name, shape[0], shape[1]);
+                    printf("C 8, groups %d, head_dim %d, strategy %s on %dx%d:\n", c.groups,
+                           c.head_dim, st.name, shape[0], shape[1]);
                 for (int l = 0; l < XMP_UT_LAYERS; l++) {
                     g_state = seed * 1000003ull + (uint64_t)(h * 100 + l); /* same on all ranks */
                     check_layer(&c, &pp, mesh, &st, l, 2);

@@ -49,8 +49,8 @@ if(TARGET xmesh-train)
   function(xmp_ut_tp_case name np)
     add_test(NAME pipeline.utrans.tp.${name}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:xmesh-train> utransformer ${ARGN}
-              ${XMP_UT_COMMON} ${MPIEXEC_POSTFLAGS})
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:xmesh-train> utransformer ${XMP_UT_COMMON}
+              ${ARGN} ${MPIEXEC_POSTFLAGS})
     set_tests_properties(pipeline.utrans.tp.${name} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
       ENVIRONMENT "${XMP_UT_ENV}" FAIL_REGULAR_EXPRESSION "MISMATCH|check-serial: FAILED")
   endfunction()
@@ -73,14 +73,19 @@ if(TARGET xmesh-train)
   xmp_ut_tp_case(s2_1x2_2x1.eager-1f1b.delay-wgrad 4 ${XMP_UT_TP2} --stage-mesh 1x2,2x1
                  --schedule eager-1f1b --delay-wgrad)
   # Bad input: a clear message naming the values (the command exits non-zero).
+  # group norm groups 3 over tp 2: a group spans the two ranks (statistics all-reduced)
+  xmp_ut_tp_case(s1_1x2_groups3 2 --stages 1 --stage-tp 2 --base-channels 6 --groups 3
+                 --batch 4)
   # Bad input: test_utrans_expect_fail.sh passes only on a clean non-zero exit AND the message.
+  # bad_tp: a strategy file splitting every attention's heads over tp 2, where down1 has 1 head.
   set(XMP_UT_EXPECT_FAIL sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh)
   add_test(NAME pipeline.utrans.bad_tp
     COMMAND ${XMP_UT_EXPECT_FAIL}
-            "stage 0: strategy megatron, layer down1: group norm groups 3 cannot be split over 2 channel pieces"
+            "stage 0: strategy megatron-allheads, layer down1: attention heads 1 not divisible by the 2 channel pieces"
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
-            $<TARGET_FILE:xmesh-train> utransformer --stages 1 --stage-tp 2 --base-channels 6
-            --groups 3 --batch 4 --steps 1 ${MPIEXEC_POSTFLAGS})
+            $<TARGET_FILE:xmesh-train> utransformer --stages 1 --stage-tp 2 --base-channels 4
+            --strategy ${CMAKE_CURRENT_LIST_DIR}/utrans_strategy_allheads.txt --batch 4
+            --steps 1 ${MPIEXEC_POSTFLAGS})
   set_tests_properties(pipeline.utrans.bad_tp PROPERTIES LABELS "pipeline;mpi" TIMEOUT 30
     ENVIRONMENT "${XMP_UT_ENV}")
   add_test(NAME pipeline.utrans.bad_groups
