@@ -274,6 +274,27 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
                           const int *shape)
 {
     static _Thread_local xmp_ut_plan_t pl;
+    /* every line names a known class, optionally qualified by a layer name */
+    for (int i = 0; i < s->n; i++) {
+        const char *nm = s->c[i].name, *dot = strchr(nm, '.');
+        for (int l = 0; dot && l < XMP_UT_LAYERS; l++) { /* strip a layer qualifier */
+            size_t k = strlen(xmp_ut_layer_name(l));
+            if ((size_t)(dot - nm) == k && !strncmp(nm, xmp_ut_layer_name(l), k)) {
+                nm = dot + 1;
+                break;
+            }
+        }
+        int known = 0;
+        for (int k = 0; k < NPARAMS && !known; k++)
+            known = !strcmp(nm, k_params[k]);
+        for (size_t k = 0; k < sizeof k_acts / sizeof k_acts[0] && !known; k++)
+            known = !strcmp(nm, k_acts[k]);
+        if (!known)
+            return fail("strategy %s: unknown class '%s' (classes: act.x, act.block, act.up, "
+                        "act.cond, conv.w, conv1.w, gn.gamma, attn.q.w, ... each optionally "
+                        "prefixed by a layer name)",
+                        s->name, s->c[i].name);
+    }
     for (int l = first; l <= last; l++) {
         const char *ln = xmp_ut_layer_name(l);
         if (xmp_ut__build(c, l, 1, 1, &pl, NULL) != 0)

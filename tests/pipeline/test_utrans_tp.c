@@ -191,6 +191,12 @@ static void check_refusals(int tp)
               xmp_ut_strategy_check(&s, &c, 0, 0, shape) != 0 &&
               strstr(xmp_ut_last_error(), "act.x"),
           "missing act.x accepted: '%s'", xmp_ut_last_error());
+    CHECK(xmp_ut_strategy_builtin("dp", &c, 2, shape, text, sizeof text) == 0, "dp text");
+    strcat(text, "down1.conv1.W = B,B\n"); /* a typo must not pass silently */
+    CHECK(xmp_ut_strategy_parse(text, 2, &s) == 0 &&
+              xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
+              strstr(xmp_ut_last_error(), "unknown class 'down1.conv1.W'"),
+          "unknown class accepted: '%s'", xmp_ut_last_error());
     CHECK(xmp_ut_strategy_parse("strategy x axes=2\nconv.w = B,Q\n", 2, &s) != 0 &&
               strstr(xmp_ut_last_error(), "line 2"),
           "bad SBP token accepted: '%s'", xmp_ut_last_error());

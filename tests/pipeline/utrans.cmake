@@ -88,6 +88,13 @@ if(TARGET xmesh-train)
             --steps 1 ${MPIEXEC_POSTFLAGS})
   set_tests_properties(pipeline.utrans.bad_tp PROPERTIES LABELS "pipeline;mpi" TIMEOUT 30
     ENVIRONMENT "${XMP_UT_ENV}")
+  add_test(NAME pipeline.utrans.bad_strategy
+    COMMAND ${XMP_UT_EXPECT_FAIL} "strategy 'nosuch': not dp, megatron or a readable file"
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:xmesh-train> utransformer --stages 1 --stage-tp 2 --strategy nosuch
+            --batch 4 --steps 1 ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.utrans.bad_strategy PROPERTIES LABELS "pipeline;mpi" TIMEOUT 30
+    ENVIRONMENT "${XMP_UT_ENV}")
   add_test(NAME pipeline.utrans.bad_groups
     COMMAND ${XMP_UT_EXPECT_FAIL} "groups 4: must divide the base channels 6"
             $<TARGET_FILE:xmesh-train> utransformer --serial --base-channels 6 --groups 4)
