@@ -1,10 +1,12 @@
 /*
  * U-Transformer layers as small op tapes over unet_kernels (see utransformer.h for the model).
  *
- * Each layer is described once by a builder (build_layer) that both registers the layer's
- * parameter tensors (names, shapes, offsets) and emits its ops over numbered buffers. The
- * parameter layout is the builders' registrations for all layers; a layer object is one
- * builder run plus an arena holding every buffer's value and gradient for its micro-batch.
+ * Each layer is described once by a builder (xmp_ut__build, models/utransformer_plan.h) that
+ * both registers the layer's parameter tensors (names, shapes, offsets) and emits its ops over
+ * numbered buffers. The parameter layout is the builders' registrations for all layers; a layer
+ * object here (the single-process reference) is one builder run plus an arena holding every
+ * buffer's value and gradient for its micro-batch. The same tapes run on SBP tensors in
+ * utransformer_sbp.c.
  */
 #include "models/utransformer.h"
 
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/utransformer_plan.h"
 #include "nn/unet_kernels.h"
 
 static _Thread_local char g_err[256];
@@ -153,112 +156,63 @@ void xmp_ut_layer_skip_shape(const xmp_ut_config_t *c, int layer, int chw[3])
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Layer builder: parameter registration + op tape                                          */
+/* Layer builder: parameter registration + op tape (models/utransformer_plan.h)              */
 /* ---------------------------------------------------------------------------------------- */
 
-/* OP_BOXF: P -> B boxing over the tp axis in forward (sum over the tp ranks), gradient passed
- * through (the gradient of a P tensor is B). OP_BOXB: identity in forward for a B tensor that
- * channel-split ops consume; its gradient arrives P (each rank's partial) and is boxed P -> B.
- * OP_GATHER: S(1) -> B over the tp axis (all-gather of the channel blocks, n x c x hw with c the
- * full count); its backward keeps this rank's channel block of the B gradient (B -> S(1)). */
+typedef xmp_ut_op_t op_t;
+typedef xmp_ut_plan_t plan_t;
 enum {
-    OP_CONV,
-    OP_GN,
-    OP_SILU,
-    OP_UP,
-    OP_CONCAT,
-    OP_TOK,
-    OP_UNTOK,
-    OP_LIN,
-    OP_ATTN,
-    OP_ADD,
-    OP_BOXF,
-    OP_BOXB,
-    OP_GATHER
+    OP_CONV = XMP_UT_OP_CONV,
+    OP_GN = XMP_UT_OP_GN,
+    OP_SILU = XMP_UT_OP_SILU,
+    OP_UP = XMP_UT_OP_UP,
+    OP_CONCAT = XMP_UT_OP_CONCAT,
+    OP_TOK = XMP_UT_OP_TOK,
+    OP_UNTOK = XMP_UT_OP_UNTOK,
+    OP_LIN = XMP_UT_OP_LIN,
+    OP_ATTN = XMP_UT_OP_ATTN,
+    OP_ADD = XMP_UT_OP_ADD,
+    OP_BOX = XMP_UT_OP_BOX
 };
-
-#define MAX_BUF 64
-#define MAX_OPS 64
-#define MAX_PT 32
-
-/* Split modes of a weight op over the tp axis. */
-enum { SPLIT_NONE = 0, SPLIT_OUT, SPLIT_IN };
-
-/* One of the layer's parameter tensors: where its full tensor sits in the layer's full
- * (global-layout) parameters and where this rank's block sits in its local parameters. */
-typedef struct {
-    size_t goff, loff, lcount;
-    int split; /* tensor dim split over tp, -1: replicated (B) */
-    int ndim, shape[4];
-} ptens_t;
-
-typedef struct {
-    int kind;
-    int in0, in1, in2, out;
-    int aux0, aux1;  /* saved non-gradient buffers (GN mean/rstd, attention probs) */
-    size_t w, b;     /* layer-relative local parameter offsets (SIZE_MAX: none) */
-    int bias_holder; /* bias of a P output: added on tp rank 0 only */
-    xmp_unet_conv2d_t conv;
-    xmp_unet_attn_t attn;
-    int n, c, c2, hw, g, h, wd; /* sizes for the simple ops */
-} op_t;
-
-typedef struct {
-    int nbuf, nops;
-    size_t bufsz[MAX_BUF];
-    unsigned char nograd[MAX_BUF];
-    op_t ops[MAX_OPS];
-    int in, skip_in, cond, out, skip_out; /* buffer indices, -1 if absent */
-    size_t col_floats, attn_scratch;
-    int npt;
-    ptens_t pt[MAX_PT];
-    size_t lfloats; /* local parameter floats */
-    int attn_split; /* 1 if the layer's attention is head-split over tp */
-} plan_t;
+#define MAX_BUF XMP_UT_MAX_BUF
+#define MAX_OPS XMP_UT_MAX_OPS
+#define MAX_PT XMP_UT_MAX_PT
 
 typedef struct {
     const xmp_ut_config_t *cf;
-    int layer, n;
+    int layer, n, sbp;
     plan_t *pl;
     xmp_ut_params_t *pp; /* NULL: do not register */
-    size_t loff;         /* local floats of the layer registered so far */
-    size_t goff;         /* full floats of the layer registered so far */
-    int tp, tpr;         /* tensor-parallel degree and this rank's index */
     const char *prefix;
     int overflow;
 } bld_t;
 
 #define NONE ((size_t)-1)
 
-/* Registers a parameter tensor of full shape s; split: the dim cut into tp equal blocks (-1:
- * replicated). Returns its local offset. */
-static size_t add_tensor(bld_t *b, const char *name, int split, int ndim, int s0, int s1, int s2,
+/* Registers a parameter tensor of shape s; returns its layer-relative offset and sets *idx. */
+static size_t add_tensor(bld_t *b, const char *name, int *idx, int ndim, int s0, int s1, int s2,
                          int s3)
 {
     int s[4] = {s0, s1, s2, s3};
     size_t count = 1;
     for (int i = 0; i < ndim; i++)
         count *= (size_t)s[i];
-    if (b->tp <= 1)
-        split = -1;
-    size_t lcount = split >= 0 ? count / (size_t)b->tp : count;
-    size_t off = b->loff;
     plan_t *pl = b->pl;
+    size_t off = pl->pfloats;
+    *idx = -1;
     if (pl->npt >= MAX_PT) {
         b->overflow = 1;
     } else {
-        ptens_t *q = &pl->pt[pl->npt++];
-        q->goff = b->goff;
-        q->loff = off;
-        q->lcount = lcount;
-        q->split = split;
+        xmp_ut_ptens_t *q = &pl->pt[pl->npt];
+        *idx = pl->npt++;
+        q->off = off;
+        q->count = count;
         q->ndim = ndim;
         for (int i = 0; i < 4; i++)
             q->shape[i] = i < ndim ? s[i] : 1;
+        snprintf(q->name, sizeof q->name, "%s", name);
     }
-    b->loff += lcount;
-    b->goff += count;
-    pl->lfloats = b->loff;
+    pl->pfloats += count;
     if (b->pp) {
         xmp_ut_params_t *p = b->pp;
         if (p->ntensors >= XMP_UT_MAX_TENSORS) {
@@ -293,7 +247,7 @@ static int new_buf(bld_t *b, size_t floats)
 static op_t *new_op(bld_t *b, int kind)
 {
     plan_t *pl = b->pl;
-    static op_t dummy;
+    static _Thread_local op_t dummy;
     if (pl->nops >= MAX_OPS) {
         b->overflow = 1;
         return &dummy;
@@ -303,55 +257,47 @@ static op_t *new_op(bld_t *b, int kind)
     o->kind = kind;
     o->in0 = o->in1 = o->in2 = o->aux0 = o->aux1 = -1;
     o->w = o->b = NONE;
+    o->wi = o->bi = -1;
     return o;
 }
 
-/* conv kxk (stride, pad k/2) cin->cout at h x w; returns the output buffer. mode SPLIT_OUT:
- * this rank computes output channels [r*cout/tp, (r+1)*cout/tp) (weight and bias S(0));
- * SPLIT_IN: input channels [r*cin/tp, ...) (weight S(1)), the output is a partial sum (P) and
- * the bias (B) is added on tp rank 0 only. */
+/* conv kxk (stride, pad k/2) cin->cout at h x w; returns the output buffer. */
 static int emit_conv(bld_t *b, const char *name, int in, int cin, int cout, int h, int w, int k,
-                     int stride, int mode)
+                     int stride)
 {
     char nm[32];
-    if (b->tp <= 1)
-        mode = SPLIT_NONE;
-    int lin = mode == SPLIT_IN ? cin / b->tp : cin, lout = mode == SPLIT_OUT ? cout / b->tp : cout;
     op_t *o = new_op(b, OP_CONV);
-    xmp_unet_conv2d_init(&o->conv, b->n, lin, h, w, lout, k, k, stride, k / 2);
+    xmp_unet_conv2d_init(&o->conv, b->n, cin, h, w, cout, k, k, stride, k / 2);
     snprintf(nm, sizeof nm, "%s.w", name);
-    o->w = add_tensor(b, nm, mode == SPLIT_OUT ? 0 : mode == SPLIT_IN ? 1 : -1, 4, cout, cin, k, k);
+    o->w = add_tensor(b, nm, &o->wi, 4, cout, cin, k, k);
     snprintf(nm, sizeof nm, "%s.b", name);
-    o->b = add_tensor(b, nm, mode == SPLIT_OUT ? 0 : -1, 1, cout, 0, 0, 0);
-    o->bias_holder = mode == SPLIT_IN;
+    o->b = add_tensor(b, nm, &o->bi, 1, cout, 0, 0, 0);
     o->in0 = in;
-    o->out = new_buf(b, (size_t)b->n * lout * o->conv.oh * o->conv.ow);
+    o->out = new_buf(b, (size_t)b->n * cout * o->conv.oh * o->conv.ow);
     size_t col = xmp_unet_conv2d_col_floats(&o->conv);
     if (col > b->pl->col_floats)
         b->pl->col_floats = col;
     return o->out;
 }
 
-/* Group norm over c channels (split: this rank's c/tp channels and groups/tp groups). */
-static int emit_gn(bld_t *b, const char *name, int in, int c, int hw, int split)
+/* Group norm over c channels at hw pixels. */
+static int emit_gn(bld_t *b, const char *name, int in, int c, int hw)
 {
     char nm[32];
-    if (b->tp <= 1)
-        split = 0;
     op_t *o = new_op(b, OP_GN);
     o->n = b->n;
-    o->c = split ? c / b->tp : c;
+    o->c = c;
     o->hw = hw;
-    o->g = split ? b->cf->groups / b->tp : b->cf->groups;
+    o->g = b->cf->groups;
     snprintf(nm, sizeof nm, "%s.gamma", name);
-    o->w = add_tensor(b, nm, split ? 0 : -1, 1, c, 0, 0, 0);
+    o->w = add_tensor(b, nm, &o->wi, 1, c, 0, 0, 0);
     snprintf(nm, sizeof nm, "%s.beta", name);
-    o->b = add_tensor(b, nm, split ? 0 : -1, 1, c, 0, 0, 0);
+    o->b = add_tensor(b, nm, &o->bi, 1, c, 0, 0, 0);
     o->in0 = in;
     o->aux0 = new_buf(b, (size_t)b->n * o->g);
     o->aux1 = new_buf(b, (size_t)b->n * o->g);
     b->pl->nograd[o->aux0] = b->pl->nograd[o->aux1] = 1;
-    o->out = new_buf(b, (size_t)b->n * o->c * hw);
+    o->out = new_buf(b, (size_t)b->n * c * hw);
     return o->out;
 }
 
@@ -364,113 +310,93 @@ static int emit_simple(bld_t *b, int kind, int in0, int in1, size_t out_floats)
     return b->pl->nops - 1;
 }
 
-/* Boxing op (OP_BOXF or OP_BOXB) over `floats` floats; returns the output buffer. */
-static int emit_box(bld_t *b, int kind, int in, size_t floats)
+/* SBP executor only: box buffer `in` to activation class cls (returns the boxed buffer). */
+static int emit_box(bld_t *b, int in, const char *cls)
 {
-    int k = emit_simple(b, kind, in, -1, floats);
+    if (!b->sbp)
+        return in;
+    int k = emit_simple(b, OP_BOX, in, -1, b->pl->bufsz[in]);
+    b->pl->ops[k].cls = cls;
     return b->pl->ops[k].out;
 }
 
-/* Linear on m rows ic->oc; mode as for emit_conv (SPLIT_OUT: columns, SPLIT_IN: rows of the
- * contraction, output P). */
-static int emit_lin(bld_t *b, const char *name, int in, int m, int ic, int oc, int mode)
+/* Linear on m rows ic->oc (rows = n images x t tokens; t kept for the SBP executor). */
+static int emit_lin(bld_t *b, const char *name, int in, int m, int t, int ic, int oc)
 {
     char nm[32];
-    if (b->tp <= 1)
-        mode = SPLIT_NONE;
     op_t *o = new_op(b, OP_LIN);
     o->n = m;
-    o->c = mode == SPLIT_IN ? ic / b->tp : ic;
-    o->c2 = mode == SPLIT_OUT ? oc / b->tp : oc;
+    o->hw = t;
+    o->c = ic;
+    o->c2 = oc;
     snprintf(nm, sizeof nm, "%s.w", name);
-    o->w = add_tensor(b, nm, mode == SPLIT_OUT ? 0 : mode == SPLIT_IN ? 1 : -1, 2, oc, ic, 0, 0);
+    o->w = add_tensor(b, nm, &o->wi, 2, oc, ic, 0, 0);
     snprintf(nm, sizeof nm, "%s.b", name);
-    o->b = add_tensor(b, nm, mode == SPLIT_OUT ? 0 : -1, 1, oc, 0, 0, 0);
-    o->bias_holder = mode == SPLIT_IN;
+    o->b = add_tensor(b, nm, &o->bi, 1, oc, 0, 0, 0);
     o->in0 = in;
-    o->out = new_buf(b, (size_t)m * o->c2);
+    o->out = new_buf(b, (size_t)m * oc);
     return o->out;
 }
 
-/* block(cin->cout) at s x s: conv3x3, GN, SiLU, conv3x3. Under tp > 1 (Megatron-style pair):
- * conv1 output-channel split, GN and SiLU on the local channels, conv2 input-channel split
- * giving P, boxed P -> B; the B input is consumed through OP_BOXB (its gradient is P). */
+/* block(cin->cout) at s x s: conv3x3, GN, SiLU, conv3x3; output boxed to class act.block. */
 static int emit_block(bld_t *b, int in, int cin, int cout, int s)
 {
-    const int n = b->n, hw = s * s, tp = b->tp > 1, cl = tp ? cout / b->tp : cout;
-    if (tp)
-        in = emit_box(b, OP_BOXB, in, (size_t)n * cin * hw);
-    int t = emit_conv(b, "conv1", in, cin, cout, s, s, 3, 1, SPLIT_OUT);
-    t = emit_gn(b, "gn", t, cout, hw, 1);
-    int k = emit_simple(b, OP_SILU, t, -1, (size_t)n * cl * hw);
-    b->pl->ops[k].c = cl;
+    const int n = b->n, hw = s * s;
+    int t = emit_conv(b, "conv1", in, cin, cout, s, s, 3, 1);
+    t = emit_gn(b, "gn", t, cout, hw);
+    int k = emit_simple(b, OP_SILU, t, -1, (size_t)n * cout * hw);
+    b->pl->ops[k].c = cout;
     b->pl->ops[k].hw = hw;
     b->pl->ops[k].n = n;
-    t = emit_conv(b, "conv2", b->pl->ops[k].out, cout, cout, s, s, 3, 1, SPLIT_IN);
-    if (tp)
-        t = emit_box(b, OP_BOXF, t, (size_t)n * cout * hw);
-    return t;
+    t = emit_conv(b, "conv2", b->pl->ops[k].out, cout, cout, s, s, 3, 1);
+    return emit_box(b, t, "act.block");
 }
 
-/* Residual attention at s x s over c channels: cross (to the cond buffer) or self. Under tp > 1
- * with heads % tp == 0 the heads are split: q/k/v column split (S(0) weights), the output
- * projection row split (S(1), output P boxed to B); otherwise the attention is replicated. */
+/* Residual attention at s x s over c channels: cross (to the cond buffer) or self. */
 static int emit_attn(bld_t *b, int x, int c, int s, int cross)
 {
     const int n = b->n, hw = s * s, D = b->cf->cond_dim, heads = c / b->cf->head_dim;
-    const int split = b->tp > 1 && heads % b->tp == 0, cl = split ? c / b->tp : c;
-    const int mo = split ? SPLIT_OUT : SPLIT_NONE, mi = split ? SPLIT_IN : SPLIT_NONE;
-    if (split)
-        b->pl->attn_split = 1;
     int k = emit_simple(b, OP_TOK, x, -1, (size_t)n * c * hw);
     op_t *o = &b->pl->ops[k];
     o->n = n;
     o->c = c;
     o->hw = hw;
+    o->h = o->wd = s;
     int tok = o->out;
-    if (split)
-        tok = emit_box(b, OP_BOXB, tok, (size_t)n * c * hw);
-    int q = emit_lin(b, "attn.q", tok, n * hw, c, c, mo);
+    int q = emit_lin(b, "attn.q", tok, n * hw, hw, c, c);
     int src = cross ? b->pl->cond : tok;
     int tk = cross ? XMP_UT_TOKENS : hw, sd = cross ? D : c;
-    int kk = emit_lin(b, "attn.k", src, n * tk, sd, c, mo);
-    int vv = emit_lin(b, "attn.v", src, n * tk, sd, c, mo);
+    int kk = emit_lin(b, "attn.k", src, n * tk, tk, sd, c);
+    int vv = emit_lin(b, "attn.v", src, n * tk, tk, sd, c);
     op_t *a = new_op(b, OP_ATTN);
-    xmp_unet_attn_init(&a->attn, n, hw, tk, split ? heads / b->tp : heads, b->cf->head_dim);
+    xmp_unet_attn_init(&a->attn, n, hw, tk, heads, b->cf->head_dim);
     a->in0 = q;
     a->in1 = kk;
     a->in2 = vv;
     a->aux0 = new_buf(b, xmp_unet_attn_probs_floats(&a->attn));
     b->pl->nograd[a->aux0] = 1;
-    a->out = new_buf(b, (size_t)n * hw * cl);
+    a->out = new_buf(b, (size_t)n * hw * c);
     if (xmp_unet_attn_scratch_floats(&a->attn) > b->pl->attn_scratch)
         b->pl->attn_scratch = xmp_unet_attn_scratch_floats(&a->attn);
-    int ao = emit_lin(b, "attn.o", a->out, n * hw, c, c, mi);
+    int ao = emit_lin(b, "attn.o", a->out, n * hw, hw, c, c);
     k = emit_simple(b, OP_UNTOK, ao, -1, (size_t)n * c * hw);
     o = &b->pl->ops[k];
     o->n = n;
     o->c = c;
     o->hw = hw;
+    o->h = o->wd = s;
     int at = o->out;
-    if (split)
-        at = emit_box(b, OP_BOXF, at, (size_t)n * c * hw);
     k = emit_simple(b, OP_ADD, x, at, (size_t)n * c * hw);
     b->pl->ops[k].hw = c * hw;
     b->pl->ops[k].n = n;
     return b->pl->ops[k].out;
 }
 
-static int build_layer(const xmp_ut_config_t *cf, int layer, int n, int tp, int tpr, plan_t *pl,
-                       xmp_ut_params_t *pp)
+int xmp_ut__build(const xmp_ut_config_t *cf, int layer, int n, int sbp, plan_t *pl,
+                  xmp_ut_params_t *pp)
 {
-    bld_t b = {.cf = cf,
-               .layer = layer,
-               .n = n,
-               .pl = pl,
-               .pp = pp,
-               .prefix = g_names[layer],
-               .tp = tp,
-               .tpr = tpr};
+    bld_t b = {
+        .cf = cf, .layer = layer, .n = n, .sbp = sbp, .pl = pl, .pp = pp, .prefix = g_names[layer]};
     const int C = cf->base, D = cf->cond_dim;
     int in[3], out[3];
     xmp_ut_layer_in_shape(cf, layer, in);
@@ -487,7 +413,7 @@ static int build_layer(const xmp_ut_config_t *cf, int layer, int n, int tp, int 
     int x = pl->in, s = in[1];
     switch (layer) {
     case XMP_UT_CONV_IN:
-        x = emit_conv(&b, "conv", x, XMP_UT_IN_CH, C, s, s, 3, 1, SPLIT_NONE);
+        x = emit_conv(&b, "conv", x, XMP_UT_IN_CH, C, s, s, 3, 1);
         break;
     case XMP_UT_DOWN1:
     case XMP_UT_DOWN2:
@@ -498,9 +424,11 @@ static int build_layer(const xmp_ut_config_t *cf, int layer, int n, int tp, int 
         x = emit_block(&b, x, in[0], sk[0], s);
         if (layer != XMP_UT_DOWN4) {
             x = emit_attn(&b, x, sk[0], s, 1);
+            x = emit_box(&b, x, "act.x");
             pl->skip_out = x;
-            x = emit_conv(&b, "down", x, sk[0], sk[0], s, s, 3, 2, SPLIT_NONE);
+            x = emit_conv(&b, "down", x, sk[0], sk[0], s, s, 3, 2);
         } else {
+            x = emit_box(&b, x, "act.x");
             pl->skip_out = x;
         }
         break;
@@ -528,35 +456,28 @@ static int build_layer(const xmp_ut_config_t *cf, int layer, int n, int tp, int 
         if (layer != XMP_UT_UP1)
             x = emit_attn(&b, x, sk[0], s, 1);
         if (layer != XMP_UT_UP4) {
-            if (tp > 1) /* the split conv's input gradient is P: box it at the lower resolution */
-                x = emit_box(&b, OP_BOXB, x, (size_t)n * sk[0] * s * s);
             k = emit_simple(&b, OP_UP, x, -1, (size_t)n * sk[0] * 4 * s * s);
             o = &pl->ops[k];
             o->n = n;
             o->c = sk[0];
             o->h = o->wd = s;
-            x = emit_conv(&b, "up", o->out, sk[0], out[0], 2 * s, 2 * s, 3, 1, SPLIT_OUT);
-            if (tp > 1) {
-                k = emit_simple(&b, OP_GATHER, x, -1, (size_t)n * out[0] * 4 * s * s);
-                o = &pl->ops[k];
-                o->n = n;
-                o->c = out[0];
-                o->hw = 4 * s * s;
-                x = o->out;
-            }
+            x = emit_conv(&b, "up", o->out, sk[0], out[0], 2 * s, 2 * s, 3, 1);
+            x = emit_box(&b, x, "act.up");
         }
         break;
     }
     case XMP_UT_OUT: {
-        x = emit_gn(&b, "gn", x, C, s * s, 0);
+        x = emit_gn(&b, "gn", x, C, s * s);
         int k = emit_simple(&b, OP_SILU, x, -1, (size_t)n * C * s * s);
         x = pl->ops[k].out;
         break;
     }
     case XMP_UT_CONV_OUT:
-        x = emit_conv(&b, "conv", x, C, XMP_UT_OUT_CH, s, s, 3, 1, SPLIT_NONE);
+        x = emit_conv(&b, "conv", x, C, XMP_UT_OUT_CH, s, s, 3, 1);
         break;
     }
+    if (pl->skip_out != x)
+        x = emit_box(&b, x, "act.x");
     pl->out = x;
     if (b.overflow)
         return fail("layer %s: internal table overflow", g_names[layer]);
@@ -571,7 +492,7 @@ void xmp_ut_params_layout(const xmp_ut_config_t *c, xmp_ut_params_t *p)
     memset(p, 0, sizeof *p);
     for (int l = 0; l < XMP_UT_LAYERS; l++) {
         p->layer_offset[l] = p->total;
-        build_layer(c, l, 1, 1, 0, &pl, p);
+        xmp_ut__build(c, l, 1, 0, &pl, p);
         p->layer_count[l] = p->total - p->layer_offset[l];
     }
 }
@@ -614,28 +535,13 @@ void xmp_ut_params_init(const xmp_ut_params_t *p, uint64_t seed, float *params)
 struct xmp_ut_layer {
     xmp_ut_config_t cf;
     int layer, n;
-    xmp_ut_tp_t tp;
     plan_t pl;
     float *val[MAX_BUF], *grad[MAX_BUF];
     float *arena, *col, *scratch;
     size_t grad_floats; /* grads are one contiguous range starting at grad[0] */
 };
 
-int xmp_ut_tp_check(const xmp_ut_config_t *c, int tp)
-{
-    if (tp < 1)
-        return fail("tensor-parallel degree %d: must be >= 1", tp);
-    if (tp > 1 && c->groups % tp != 0)
-        return fail(
-            "group norm groups %d cannot be split over tensor-parallel degree %d (groups %% "
-            "tp must be 0; choose --groups as a multiple of %d that divides the base "
-            "channels %d)",
-            c->groups, tp, tp, c->base);
-    return 0;
-}
-
-xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int n,
-                                       const xmp_ut_tp_t *tp)
+xmp_ut_layer_t *xmp_ut_layer_create(const xmp_ut_config_t *c, int layer, int n)
 {
     if (layer < 0 || layer >= XMP_UT_LAYERS) {
         fail("layer %d: must be in [0, %d)", layer, XMP_UT_LAYERS);
@@ -643,19 +549,6 @@ xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int 
     }
     if (n < 1) {
         fail("micro-batch %d: must be >= 1", n);
-        return NULL;
-    }
-    xmp_ut_tp_t one = {1, 0, NULL, NULL, NULL};
-    if (!tp)
-        tp = &one;
-    if (xmp_ut_tp_check(c, tp->size) != 0)
-        return NULL;
-    if (tp->rank < 0 || tp->rank >= tp->size) {
-        fail("tensor-parallel rank %d: must be in [0, %d)", tp->rank, tp->size);
-        return NULL;
-    }
-    if (tp->size > 1 && (!tp->box_p_to_b || !tp->gather_channels)) {
-        fail("tensor-parallel degree %d: no boxing functions given", tp->size);
         return NULL;
     }
     xmp_ut_layer_t *l = calloc(1, sizeof *l);
@@ -666,8 +559,7 @@ xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int 
     l->cf = *c;
     l->layer = layer;
     l->n = n;
-    l->tp = *tp;
-    if (build_layer(c, layer, n, tp->size, tp->rank, &l->pl, NULL) != 0) {
+    if (xmp_ut__build(c, layer, n, 0, &l->pl, NULL) != 0) {
         free(l);
         return NULL;
     }
@@ -698,65 +590,9 @@ xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int 
     return l;
 }
 
-xmp_ut_layer_t *xmp_ut_layer_create(const xmp_ut_config_t *c, int layer, int n)
-{
-    return xmp_ut_layer_create_tp(c, layer, n, NULL);
-}
-
-size_t xmp_ut_layer_param_floats(const xmp_ut_layer_t *l)
-{
-    return l->pl.lfloats;
-}
-
 size_t xmp_ut_layer_activation_floats(const xmp_ut_layer_t *l)
 {
     return l->grad_floats; /* value buffers: as many floats as the gradient buffers */
-}
-
-int xmp_ut_layer_attn_split(const xmp_ut_layer_t *l)
-{
-    return l->pl.attn_split;
-}
-
-/* Copies this rank's block of every parameter tensor between the full layer layout (full) and
- * the local one (local); to_local selects the direction. */
-static void slice_params(const xmp_ut_layer_t *l, float *full, float *local, int to_local)
-{
-    const int tp = l->tp.size, r = l->tp.rank;
-    for (int k = 0; k < l->pl.npt; k++) {
-        const ptens_t *q = &l->pl.pt[k];
-        if (q->split < 0) {
-            if (to_local)
-                memcpy(local + q->loff, full + q->goff, q->lcount * sizeof(float));
-            else
-                memcpy(full + q->goff, local + q->loff, q->lcount * sizeof(float));
-            continue;
-        }
-        size_t outer = 1, inner = 1;
-        for (int d = 0; d < q->split; d++)
-            outer *= (size_t)q->shape[d];
-        for (int d = q->split + 1; d < q->ndim; d++)
-            inner *= (size_t)q->shape[d];
-        size_t part = (size_t)(q->shape[q->split] / tp) * inner;
-        for (size_t o = 0; o < outer; o++) {
-            float *f = full + q->goff + o * (size_t)q->shape[q->split] * inner + (size_t)r * part;
-            float *lp = local + q->loff + o * part;
-            if (to_local)
-                memcpy(lp, f, part * sizeof(float));
-            else
-                memcpy(f, lp, part * sizeof(float));
-        }
-    }
-}
-
-void xmp_ut_layer_param_slice(const xmp_ut_layer_t *l, const float *full, float *local)
-{
-    slice_params(l, (float *)full, local, 1);
-}
-
-void xmp_ut_layer_param_unslice(const xmp_ut_layer_t *l, const float *local, float *full)
-{
-    slice_params(l, full, (float *)local, 0);
 }
 
 void xmp_ut_layer_destroy(xmp_ut_layer_t *l)
@@ -792,11 +628,6 @@ static const float *pw(const float *w, size_t off)
 {
     return off == NONE ? NULL : w + off;
 }
-/* The bias of op o, or NULL when it has none or this rank is not its holder (P output). */
-static const float *bias_of(const xmp_ut_layer_t *l, const op_t *o, const float *w)
-{
-    return o->bias_holder && l->tp.rank != 0 ? NULL : pw(w, o->b);
-}
 static float *pg(float *w, size_t off)
 {
     return off == NONE ? NULL : w + off;
@@ -823,7 +654,7 @@ int xmp_ut_layer_forward(xmp_ut_layer_t *l, const float *w, const float *x, cons
         int rc = 0;
         switch (o->kind) {
         case OP_CONV:
-            rc = xmp_unet_conv2d_forward(&o->conv, v[o->in0], w + o->w, bias_of(l, o, w), v[o->out],
+            rc = xmp_unet_conv2d_forward(&o->conv, v[o->in0], w + o->w, pw(w, o->b), v[o->out],
                                          l->col);
             break;
         case OP_GN:
@@ -846,7 +677,7 @@ int xmp_ut_layer_forward(xmp_ut_layer_t *l, const float *w, const float *x, cons
             rc = xmp_unet_tokens_to_nchw(o->n, o->c, o->hw, v[o->in0], v[o->out]);
             break;
         case OP_LIN:
-            rc = xmp_unet_linear_forward(o->n, o->c, o->c2, v[o->in0], w + o->w, bias_of(l, o, w),
+            rc = xmp_unet_linear_forward(o->n, o->c, o->c2, v[o->in0], w + o->w, pw(w, o->b),
                                          v[o->out]);
             break;
         case OP_ATTN:
@@ -856,18 +687,8 @@ int xmp_ut_layer_forward(xmp_ut_layer_t *l, const float *w, const float *x, cons
         case OP_ADD:
             rc = xmp_unet_add_forward(pl->bufsz[o->out], v[o->in0], v[o->in1], v[o->out]);
             break;
-        case OP_BOXF:
-        case OP_BOXB:
+        case OP_BOX: /* the identity here */
             memcpy(v[o->out], v[o->in0], pl->bufsz[o->out] * sizeof(float));
-            if (o->kind == OP_BOXF &&
-                l->tp.box_p_to_b(l->tp.user, v[o->out], pl->bufsz[o->out]) != 0)
-                return fail("layer %s op %d: tensor-parallel boxing P -> B failed",
-                            g_names[l->layer], i);
-            break;
-        case OP_GATHER:
-            if (l->tp.gather_channels(l->tp.user, v[o->in0], v[o->out], o->n, o->c, o->hw) != 0)
-                return fail("layer %s op %d: tensor-parallel boxing S(1) -> B failed",
-                            g_names[l->layer], i);
             break;
         }
         if (rc != 0)
@@ -941,24 +762,10 @@ int xmp_ut_layer_backward_input(xmp_ut_layer_t *l, const float *w, const float *
         case OP_ADD:
             rc = xmp_unet_add_backward(pl->bufsz[o->out], g, gr(l, o->in0), gr(l, o->in1));
             break;
-        case OP_BOXF: /* the gradient of the P input is the B gradient */
+        case OP_BOX:
             if (gr(l, o->in0))
                 acc(gr(l, o->in0), g, pl->bufsz[o->out]);
             break;
-        case OP_BOXB: /* every rank's partial gradient, summed: P -> B */
-            if (l->tp.box_p_to_b(l->tp.user, g, pl->bufsz[o->out]) != 0)
-                return fail("layer %s op %d backward: tensor-parallel boxing P -> B failed",
-                            g_names[l->layer], i);
-            if (gr(l, o->in0))
-                acc(gr(l, o->in0), g, pl->bufsz[o->out]);
-            break;
-        case OP_GATHER: { /* B -> S(1): this rank's channel block */
-            size_t blk = (size_t)(o->c / l->tp.size) * (size_t)o->hw;
-            for (int im = 0; im < o->n; im++)
-                acc(gr(l, o->in0) + (size_t)im * blk,
-                    g + ((size_t)im * (size_t)l->tp.size + (size_t)l->tp.rank) * blk, blk);
-            break;
-        }
         }
         if (rc != 0)
             return fail("layer %s op %d backward: %s", g_names[l->layer], i, xmp_unet_last_error());

@@ -141,64 +141,13 @@ size_t xmp_ut_layer_out_floats(const xmp_ut_layer_t *l);
 size_t xmp_ut_layer_skip_in_floats(const xmp_ut_layer_t *l);
 size_t xmp_ut_layer_skip_out_floats(const xmp_ut_layer_t *l);
 
-/* ---- tensor parallelism (channel split over a tp axis) ----
- *
- * A layer created with xmp_ut_layer_create_tp() runs this rank's part of a channel split over
- * tp->size ranks (Megatron-style, OneFlow SBP notation on the tp axis; see docs/UTRANSFORMER.md
- * for the table):
- *   block       conv1 output-channel split (weight, bias S(0)), group norm on the local channels
- *               (groups/tp groups; gamma, beta S(0)), SiLU local, conv2 input-channel split
- *               (weight S(1), bias B added on tp rank 0 only) giving P, boxed P -> B.
- *   attention   when heads % tp == 0: q, k, v column split (weights, biases S(0)), local heads,
- *               output projection row split (S(1), bias B on rank 0) giving P, boxed P -> B;
- *               otherwise replicated (B).
- *   up-sampling conv (up1-up3): output-channel split (weight, bias S(0)) on the upsampled B
- *               input, output S(1) boxed S(1) -> B (all-gather over channels).
- *   conv_in, down-sampling convs, out, conv_out, concat: replicated (B).
- * Every layer input and output (main, skip) is B over tp. A B tensor consumed by split ops gets
- * a P gradient, boxed P -> B in backward. Every parameter gradient has the SBP of its parameter
- * (B parameters get identical gradients on every tp rank).
- * Parameters of such a layer are LOCAL: xmp_ut_layer_param_floats() floats, this rank's block
- * of each tensor of the layer (in tensor order); xmp_ut_layer_param_slice() cuts them from the
- * layer's full parameters. Forward, backward_input and backward_weight take local parameters
- * and gradients, and are collective over the tp ranks (box_p_to_b is called in the same order
- * on every rank). */
-typedef struct {
-    int size; /* tp degree (1: no split) */
-    int rank; /* this rank's coordinate on the tp axis, in [0, size) */
-    /* Boxes buf (count floats, P over the tp axis: each rank's partial value) to B in place:
-     * the sum over the tp ranks. Returns 0 or nonzero on failure. Required when size > 1. */
-    int (*box_p_to_b)(void *user, float *buf, size_t count);
-    /* Boxes local (n, c/size, hw: this rank's channel block, SBP S(1) over tp) to full
-     * (n, c, hw), B: every rank's block in channel order. Returns 0 or nonzero. Required when
-     * size > 1. */
-    int (*gather_channels)(void *user, const float *local, float *full, int n, int c, int hw);
-    void *user;
-} xmp_ut_tp_t;
-
-/* 0 if the model can be channel-split over tp ranks (tp >= 1, groups % tp == 0), else -1 with
- * a message naming groups and tp. */
-int xmp_ut_tp_check(const xmp_ut_config_t *c, int tp);
-
-/* Creates layer `layer` for n images as this rank's part of a tp split (tp NULL or size 1: the
- * same as xmp_ut_layer_create). NULL (message set) on bad input: xmp_ut_tp_check fails, rank
- * out of range, missing box_p_to_b or gather_channels. */
-xmp_ut_layer_t *xmp_ut_layer_create_tp(const xmp_ut_config_t *c, int layer, int n,
-                                       const xmp_ut_tp_t *tp);
-/* Floats of the layer's local parameters (== layer_count without a split). */
-size_t xmp_ut_layer_param_floats(const xmp_ut_layer_t *l);
 /* Floats of the layer's saved forward values for one micro-batch (its activation memory). */
 size_t xmp_ut_layer_activation_floats(const xmp_ut_layer_t *l);
-/* 1 if the layer's attention is head-split over tp (0: none or replicated). */
-int xmp_ut_layer_attn_split(const xmp_ut_layer_t *l);
-/* full (the layer's layer_count floats in the global layout) -> local (param_floats). */
-void xmp_ut_layer_param_slice(const xmp_ut_layer_t *l, const float *full, float *local);
-/* The inverse: writes this rank's blocks of local into their places in full (other ranks'
- * blocks of split tensors are left unchanged). */
-void xmp_ut_layer_param_unslice(const xmp_ut_layer_t *l, const float *local, float *full);
 
-/* Forward. w: the layer's parameters (layer_count floats, starting at layer_offset; local
- * parameters for a tp layer). x: main
+/* Parallel runs (data, tensor parallel) do not use these layer objects: they run the same layer
+ * tapes on SBP tensors through nn/ (models/utransformer_sbp.h). */
+
+/* Forward. w: the layer's parameters (layer_count floats, starting at layer_offset). x: main
  * input; skip_in: the skip for up layers (else NULL); cond (n, 16, D) for layers that use it
  * (else ignored). Writes y and, for down layers, skip_out. The inputs are copied: the caller may
  * reuse them after the call. */
@@ -212,7 +161,7 @@ int xmp_ut_layer_backward_input(xmp_ut_layer_t *l, const float *w, const float *
                                 const float *dskip_out, float *dx, float *dskip_in);
 
 /* Weight part of backward, after backward_input: accumulates the layer's parameter gradients
- * into dw (layer_count floats; param_floats local floats for a tp layer). */
+ * into dw (layer_count floats). */
 int xmp_ut_layer_backward_weight(xmp_ut_layer_t *l, float *dw);
 
 /* ---- the serial reference: all 13 layers in one process ---- */
