@@ -153,7 +153,7 @@ static void retire(xmp_driver_t *d, int p)
 {
     plan_t *pl = &d->plans[p];
     int e = p / 2, dir = p % 2;
-    xmp_action_t a = {XMP_ACT_START, pl->req_mb, e, dir};
+    xmp_action_t a = {XMP_ACT_START, pl->req_mb, e, dir, 0};
     int sender_stage = dir == XMP_DIR_ACT ? d->edges[e].src : d->edges[e].dst;
     int64_t flow =
         pl->role == 0 && d->rank == lead_rank(d, sender_stage) ? flow_id(d, p, pl->req_mb) : 0;
@@ -711,7 +711,7 @@ static int ev_json(const xmp_driver_t *d, const ev_t *e, char *buf, size_t n)
 {
     static const char *tname[] = {"compute", "transfers", "waits"};
     char lab[32];
-    xmp_action_t a = {e->kind, e->mb, e->edge, e->dir};
+    xmp_action_t a = {e->kind, e->mb, e->edge, e->dir, 0};
     if (e->track == TR_XFER)
         snprintf(lab, sizeof(lab), "%c%d.e%d", e->dir ? 'G' : 'A', e->mb, e->edge);
     else
