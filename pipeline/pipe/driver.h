@@ -172,6 +172,11 @@ typedef struct {
     xmp_stage_ops_t ops;            /* this rank's stage (ignored on ranks in no stage) */
     int mode;                       /* xmp_comm_mode_t */
     int trace;                      /* 1: record events for xmp_driver_write_trace */
+    /* Virtual stages: NULL, or nstages entries indexed by MODEL stage, each the callbacks and
+     * user pointer of that stage; a rank reads only the entries of its group's stages (others
+     * may be zero). Required when the schedule puts several stages on a group; when set,
+     * `ops` is ignored. */
+    const xmp_stage_ops_t *stage_ops;
 } xmp_driver_cfg_t;
 
 typedef struct xmp_driver xmp_driver_t;
@@ -200,8 +205,12 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats);
 /* Issues queued starts and retires finished requests; never blocks. d NULL:
  * the driver currently running xmp_driver_step on this thread (no-op if none). */
 void xmp_driver_progress(xmp_driver_t *d);
-/* This rank's stage (-1: none). */
+/* This rank's stage (-1: none); with virtual stages its group's lowest stage. */
 int xmp_driver_stage(const xmp_driver_t *d);
+/* This rank's group (-1: none): the index of its action list in the schedule. */
+int xmp_driver_group(const xmp_driver_t *d);
+/* This rank's model stages in chunk order into stages[0..max); returns how many it has. */
+int xmp_driver_stages(const xmp_driver_t *d, int *stages, int max);
 /* Detailed message of the driver's last error. */
 const char *xmp_driver_error(const xmp_driver_t *d);
 /* Predicted step by the timed simulator: per-stage costs (seconds) f, i, w
