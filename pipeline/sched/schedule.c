@@ -1885,6 +1885,19 @@ static int fit_memory(int kind, int nstages, int ngroups, const int *stage_group
     c.act_bytes = opts->act_bytes;
     c.ckpt_bytes = opts->ckpt_bytes;
     c.selective_keep = opts->selective_keep;
+    /* with the weight-gradient delay, also bound the queued W (each holds activations) */
+    int pws[5] = {opts->max_pending_w, 0, 0, 0, 0}, npw = 1;
+    if (opts->delay_wgrad) {
+        int cand[4] = {4 * ngroups, 2 * ngroups, ngroups, 1};
+        for (int k = 0; k < 4; k++)
+            if (opts->max_pending_w == 0 || cand[k] < opts->max_pending_w) {
+                int dup = 0;
+                for (int j = 0; j < npw; j++)
+                    dup |= pws[j] == cand[k];
+                if (!dup)
+                    pws[npw++] = cand[k];
+            }
+    }
     xmp_schedule_t *best = NULL;
     double best_step = 0, min_peak = -1;
     char min_desc[160] = "", first_err[512] = "";
@@ -1892,58 +1905,61 @@ static int fit_memory(int kind, int nstages, int ngroups, const int *stage_group
     for (int ki = 0; ki < 2 && kinds[ki] >= 0; ki++) {
         int kd = kinds[ki];
         int has_warm = kd != XMP_SCHED_GPIPE && kd != XMP_SCHED_ZB_V && kd != XMP_SCHED_V_1F1B;
-        for (int ri = r0; ri < 3; ri++) {
-            int D = 1; /* the kind's own deepest warm-up, known after w = 0 */
-            for (int w = 0; w >= 0; w = w == 0  ? (has_warm && D > 1 ? D - 1 : -1)
-                                        : w > 1 ? w - 1
-                                                : -1) {
-                if (w == 0 && ri > r0 && first_err[0] != '\0' && tried == 0)
-                    break;
-                xmp_gen_opts_t o = *opts;
-                o.max_act_bytes = 0;
-                o.recompute = rec_order[ri];
-                o.max_warmup = w;
-                xmp_schedule_t *s = NULL;
-                char m[512];
-                if (xmp_sched_generate_map(kd, nstages, ngroups, stage_group, nmb, nedges, edges,
-                                           &o, &s, m, sizeof(m)) != 0) {
-                    if (w == 0) {
-                        if (first_err[0] == '\0')
-                            snprintf(first_err, sizeof(first_err), "%s", m);
+        for (int ri = r0; ri < 3; ri++)
+            for (int pi = 0; pi < npw; pi++) {
+                int D = 1; /* the kind's own deepest warm-up, known after w = 0 */
+                for (int w = 0; w >= 0; w = w == 0  ? (has_warm && D > 1 ? D - 1 : -1)
+                                            : w > 1 ? w - 1
+                                                    : -1) {
+                    if (w == 0 && ri > r0 && first_err[0] != '\0' && tried == 0)
                         break;
+                    xmp_gen_opts_t o = *opts;
+                    o.max_act_bytes = 0;
+                    o.recompute = rec_order[ri];
+                    o.max_warmup = w;
+                    o.max_pending_w = pws[pi];
+                    xmp_schedule_t *s = NULL;
+                    char m[512];
+                    if (xmp_sched_generate_map(kd, nstages, ngroups, stage_group, nmb, nedges,
+                                               edges, &o, &s, m, sizeof(m)) != 0) {
+                        if (w == 0) {
+                            if (first_err[0] == '\0')
+                                snprintf(first_err, sizeof(first_err), "%s", m);
+                            break;
+                        }
+                        continue; /* too shallow for this order: deadlocks */
                     }
-                    continue; /* too shallow for this order: deadlocks */
-                }
-                if (w == 0)
-                    for (int g = 0; g < ngroups; g++)
-                        if (s->max_inflight[g] > D)
-                            D = s->max_inflight[g];
-                tried++;
-                xmp_sim_result_t res;
-                if (engine_run(s, &c, 0, 0, &res, m, sizeof(m)) != 0) {
+                    if (w == 0)
+                        for (int g = 0; g < ngroups; g++)
+                            if (s->max_inflight[g] > D)
+                                D = s->max_inflight[g];
+                    tried++;
+                    xmp_sim_result_t res;
+                    if (engine_run(s, &c, 0, 0, &res, m, sizeof(m)) != 0) {
+                        xmp_sim_result_free(&res);
+                        xmp_sched_destroy(s);
+                        continue;
+                    }
+                    double peak = 0;
+                    for (int g = 0; g < res.nstages; g++)
+                        if (res.peak_bytes[g] > peak)
+                            peak = res.peak_bytes[g];
+                    if (min_peak < 0 || peak < min_peak) {
+                        min_peak = peak;
+                        snprintf(min_desc, sizeof(min_desc),
+                                 "%s, recompute=%s, warm-up cap %d, pending W cap %d", s->name,
+                                 xmp_recompute_name(rec_order[ri]), w, pws[pi]);
+                    }
+                    if (peak <= cap && (best == NULL || res.step_s < best_step)) {
+                        xmp_sched_destroy(best);
+                        best = s;
+                        best_step = res.step_s;
+                        s = NULL;
+                    }
                     xmp_sim_result_free(&res);
                     xmp_sched_destroy(s);
-                    continue;
                 }
-                double peak = 0;
-                for (int g = 0; g < res.nstages; g++)
-                    if (res.peak_bytes[g] > peak)
-                        peak = res.peak_bytes[g];
-                if (min_peak < 0 || peak < min_peak) {
-                    min_peak = peak;
-                    snprintf(min_desc, sizeof(min_desc), "%s, recompute=%s, warm-up cap %d",
-                             s->name, xmp_recompute_name(rec_order[ri]), w);
-                }
-                if (peak <= cap && (best == NULL || res.step_s < best_step)) {
-                    xmp_sched_destroy(best);
-                    best = s;
-                    best_step = res.step_s;
-                    s = NULL;
-                }
-                xmp_sim_result_free(&res);
-                xmp_sched_destroy(s);
             }
-        }
     }
     free(cf);
     free(cx);

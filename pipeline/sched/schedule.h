@@ -31,13 +31,25 @@
  * both endpoint stages started it and the previous transfer of the plan
  * completed (plus its transfer time in the timed simulator).
  *
+ * Virtual stages: a rank group (mesh) may hold several model stages ("chunks"); then the
+ * schedule has one action list per GROUP, stage_group maps each model stage to its group, and
+ * every compute and transfer action names its chunk (the index of its stage among the
+ * group's stages, in increasing stage order) with a ".c<k>" suffix when k > 0:
+ *   F3.c1         forward of microbatch 3 on the group's second stage
+ *   SA3.e2.c1     the transfer of edge 2 as seen by the group's second stage (when both
+ *                 stages of edge 2 sit on this group, both sides appear in its list)
+ * Without virtual stages ngroups == nstages, group g holds stage g and nothing changes.
+ *
  * Whole schedule (xmp_sched_format / xmp_sched_parse):
  *
  *   schedule  := header "\n" { stageline "\n" }
  *   header    := "schedule" SP name SP "S=" int SP "M=" int SP "edges=" edges
+ *                [ SP "groups=" int SP "map=" int { "," int } ]   (virtual stages: S entries)
+ *                [ SP "recompute=" ( "none" | "block" | "selective:" fraction ) ]
  *   edges     := "-" | edge { "," edge }          ("-": no edges)
  *   edge      := int ">" int     (source stage ">" destination stage; edge ids 0,1,.. in order)
- *   stageline := "s" int SP "inflight<=" int ":" { SP action }
+ *   stageline := ("s" | "g") int SP "inflight<=" int ":" { SP action }   (the group's list;
+ *                written "g" when the schedule has virtual stages)
  *   name      := non-blank characters, at most XMP_SCHED_NAME_MAX - 1
  *
  * Blank lines and lines starting with '#' are ignored. Example (S=2, M=2, 1F1B):
