@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int *parse_int_list(const char *q, int *n);
+
 static void seterr(char *err, size_t n, const char *fmt, ...)
 {
     if (err == NULL || n == 0)
@@ -40,6 +42,63 @@ void xmp_sched_vshape_map(int R, int *stage_group)
 {
     for (int k = 0; k < 2 * R; k++)
         stage_group[k] = k < R ? k : 2 * R - 1 - k;
+}
+
+int xmp_sched_parse_map(const char *text, int nstages, int ngroups, int *stage_group, char *err,
+                        size_t errlen)
+{
+    if (text == NULL || nstages < 1 || ngroups < 1 || ngroups > nstages) {
+        seterr(err, errlen, "stage map: %d stages on %d groups (need 1 <= groups <= stages)",
+               nstages, ngroups);
+        return -1;
+    }
+    if (strcmp(text, "interleaved") == 0) {
+        if (nstages % ngroups != 0) {
+            seterr(err, errlen,
+                   "stage map 'interleaved': %d stages are not a multiple of %d groups", nstages,
+                   ngroups);
+            return -1;
+        }
+        xmp_sched_interleaved_map(ngroups, nstages / ngroups, stage_group);
+        return 0;
+    }
+    if (strcmp(text, "v") == 0) {
+        if (nstages != 2 * ngroups) {
+            seterr(err, errlen, "stage map 'v': needs %d stages for %d groups, have %d",
+                   2 * ngroups, ngroups, nstages);
+            return -1;
+        }
+        xmp_sched_vshape_map(ngroups, stage_group);
+        return 0;
+    }
+    int n = 0, *v = parse_int_list(text, &n);
+    if (v == NULL || n != nstages) {
+        seterr(err, errlen,
+               "stage map '%s': need 'interleaved', 'v' or %d comma-separated group ids (got %d)",
+               text, nstages, v ? n : 0);
+        free(v);
+        return -1;
+    }
+    for (int g = 0; g < ngroups; g++) {
+        int used = 0;
+        for (int st = 0; st < nstages; st++) {
+            if (v[st] >= ngroups) {
+                seterr(err, errlen, "stage map '%s': stage %d on group %d (groups 0..%d)", text, st,
+                       v[st], ngroups - 1);
+                free(v);
+                return -1;
+            }
+            used |= v[st] == g;
+        }
+        if (!used) {
+            seterr(err, errlen, "stage map '%s': group %d holds no stage", text, g);
+            free(v);
+            return -1;
+        }
+    }
+    memcpy(stage_group, v, (size_t)nstages * sizeof(int));
+    free(v);
+    return 0;
 }
 
 int xmp_sched_create_virtual(int nstages, int ngroups, const int *stage_group, int nmb, int nedges,

@@ -177,6 +177,12 @@ int xmp_sched_create_virtual(int nstages, int ngroups, const int *stage_group, i
 void xmp_sched_interleaved_map(int R, int V, int *stage_group);
 /* V shape: group r holds stages r and 2R-1-r (2R entries). */
 void xmp_sched_vshape_map(int R, int *stage_group);
+/* A stage -> group map from text (a CLI's --stage-groups): "interleaved" (Megatron's, needs
+ * nstages a multiple of ngroups), "v" (needs nstages == 2 ngroups) or a comma list of nstages
+ * group ids, every group 0..ngroups-1 used. Writes nstages entries; 0, or -1 with a message
+ * naming the bad value (stage_group untouched). */
+int xmp_sched_parse_map(const char *text, int nstages, int ngroups, int *stage_group, char *err,
+                        size_t errlen);
 void xmp_sched_destroy(xmp_schedule_t *s);
 /* Appends one action to a stage's list (no checks beyond the stage index). */
 int xmp_sched_append(xmp_schedule_t *s, int group, xmp_action_t a);

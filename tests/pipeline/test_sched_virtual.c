@@ -460,6 +460,26 @@ static void test_maps(void)
                                  sizeof(err)) != 0 &&
               strstr(err, "does not run: deadlock: group") && a == NULL,
           "U on interleaved: %s", err);
+    /* the map parser */
+    int pm[6];
+    CHECK(xmp_sched_parse_map("interleaved", 6, 3, pm, err, sizeof(err)) == 0 && pm[4] == 1 &&
+              pm[5] == 2,
+          "%s", err);
+    CHECK(xmp_sched_parse_map("v", 6, 3, pm, err, sizeof(err)) == 0 && pm[3] == 2 && pm[5] == 0,
+          "%s", err);
+    CHECK(xmp_sched_parse_map("0,1,1,0,2,2", 6, 3, pm, err, sizeof(err)) == 0 && pm[2] == 1 &&
+              pm[3] == 0,
+          "%s", err);
+    CHECK(xmp_sched_parse_map("0,1,1,0,1,1", 6, 3, pm, err, sizeof(err)) != 0 &&
+              strstr(err, "group 2 holds no stage") && pm[3] == 0,
+          "%s", err);
+    CHECK(xmp_sched_parse_map("0,1,3,0,1,2", 6, 3, pm, err, sizeof(err)) != 0 &&
+              strstr(err, "stage 2 on group 3"),
+          "%s", err);
+    CHECK(xmp_sched_parse_map("0,1", 6, 3, pm, err, sizeof(err)) != 0 && strstr(err, "got 2"), "%s",
+          err);
+    CHECK(xmp_sched_parse_map("v", 5, 3, pm, err, sizeof(err)) != 0 && strstr(err, "needs 6"), "%s",
+          err);
     /* bad maps */
     xmp_sched_interleaved_map(2, 2, im);
     int bad1[4] = {0, 0, 0, 0}, bad2[4] = {0, 1, 2, 1};
