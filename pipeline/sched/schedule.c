@@ -728,6 +728,7 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
     int *nstarted = pT + 2 * P * M;
     int nR = 0, nO = 0, posR = -1, posO = -1, inflight = 0;
     char ab[32];
+    const char *gl = xmp_sched_is_virtual(s) ? "group" : "stage";
 #define POSK(kind, c, m) pos[((kind)*C + (c)) * M + (m)]
     for (int i = 0; i < 4 * C * M + 4 * P * M; i++)
         pos[i] = -1;
@@ -737,13 +738,13 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
         xmp_action_t a = s->acts[g][j];
         fmt_act(a, ab);
         if (a.kind <= XMP_ACT_WAIT && (a.mb < 0 || a.mb >= M)) {
-            seterr(err, errlen, "group %d action %d '%s': microbatch %d out of 0..%d", g, j, ab,
+            seterr(err, errlen, "%s %d action %d '%s': microbatch %d out of 0..%d", gl, g, j, ab,
                    a.mb, M - 1);
             return -1;
         }
         if (a.chunk < 0 || a.chunk >= C || (a.kind > XMP_ACT_WAIT && a.chunk != 0)) {
-            seterr(err, errlen, "group %d action %d '%s': chunk %d out of 0..%d", g, j, ab, a.chunk,
-                   a.kind > XMP_ACT_WAIT ? 0 : C - 1);
+            seterr(err, errlen, "%s %d action %d '%s': chunk %d out of 0..%d", gl, g, j, ab,
+                   a.chunk, a.kind > XMP_ACT_WAIT ? 0 : C - 1);
             return -1;
         }
         int st = a.kind <= XMP_ACT_WAIT ? xmp_action_stage(s, g, a) : -1;
@@ -754,44 +755,44 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
         case XMP_ACT_W: {
             int *slot = &POSK(a.kind, a.chunk, a.mb);
             if (*slot >= 0) {
-                seterr(err, errlen, "group %d action %d '%s': microbatch %d appears twice", g, j,
+                seterr(err, errlen, "%s %d action %d '%s': microbatch %d appears twice", gl, g, j,
                        ab, a.mb);
                 return -1;
             }
             if (posR >= 0 || posO >= 0) {
-                seterr(err, errlen, "group %d action %d '%s': compute after R/O", g, j, ab);
+                seterr(err, errlen, "%s %d action %d '%s': compute after R/O", gl, g, j, ab);
                 return -1;
             }
             *slot = j;
             if (a.kind == XMP_ACT_F) {
                 if (++inflight > s->max_inflight[g]) {
                     seterr(err, errlen,
-                           "group %d action %d '%s': %d microbatches in flight, bound is %d", g, j,
+                           "%s %d action %d '%s': %d microbatches in flight, bound is %d", gl, g, j,
                            ab, inflight, s->max_inflight[g]);
                     return -1;
                 }
                 for (int e = 0; e < s->nedges; e++)
                     if (s->edges[e].dst == st &&
                         pT[(2 * xmp_plan_index(e, XMP_DIR_ACT) + 1) * M + a.mb] < 0) {
-                        seterr(err, errlen, "group %d action %d '%s': no WA%d.e%d before it", g, j,
+                        seterr(err, errlen, "%s %d action %d '%s': no WA%d.e%d before it", gl, g, j,
                                ab, a.mb, e);
                         return -1;
                     }
             } else if (a.kind == XMP_ACT_B || a.kind == XMP_ACT_I) {
                 if (POSK(XMP_ACT_F, a.chunk, a.mb) < 0) {
-                    seterr(err, errlen, "group %d action %d '%s': before F%d", g, j, ab, a.mb);
+                    seterr(err, errlen, "%s %d action %d '%s': before F%d", gl, g, j, ab, a.mb);
                     return -1;
                 }
                 inflight--;
                 for (int e = 0; e < s->nedges; e++)
                     if (s->edges[e].src == st &&
                         pT[(2 * xmp_plan_index(e, XMP_DIR_GRAD) + 1) * M + a.mb] < 0) {
-                        seterr(err, errlen, "group %d action %d '%s': no WG%d.e%d before it", g, j,
+                        seterr(err, errlen, "%s %d action %d '%s': no WG%d.e%d before it", gl, g, j,
                                ab, a.mb, e);
                         return -1;
                     }
             } else if (POSK(XMP_ACT_I, a.chunk, a.mb) < 0) {
-                seterr(err, errlen, "group %d action %d '%s': W before I%d", g, j, ab, a.mb);
+                seterr(err, errlen, "%s %d action %d '%s': W before I%d", gl, g, j, ab, a.mb);
                 return -1;
             }
             break;
@@ -799,15 +800,16 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
         case XMP_ACT_START:
         case XMP_ACT_WAIT: {
             if (a.edge < 0 || a.edge >= s->nedges || (a.dir != 0 && a.dir != 1)) {
-                seterr(err, errlen, "group %d action %d '%s': edge %d out of 0..%d", g, j, ab,
+                seterr(err, errlen, "%s %d action %d '%s': edge %d out of 0..%d", gl, g, j, ab,
                        a.edge, s->nedges - 1);
                 return -1;
             }
             if (s->edges[a.edge].src != st && s->edges[a.edge].dst != st) {
                 seterr(err, errlen,
-                       "group %d action %d '%s': edge %d connects stages %d>%d, not stage %d "
+                       "%s %d action %d '%s': edge %d connects stages %d>%d, not stage %d "
                        "(chunk %d)",
-                       g, j, ab, a.edge, s->edges[a.edge].src, s->edges[a.edge].dst, st, a.chunk);
+                       gl, g, j, ab, a.edge, s->edges[a.edge].src, s->edges[a.edge].dst, st,
+                       a.chunk);
                 return -1;
             }
             int side = act_side(s, g, a);
@@ -815,9 +817,9 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
             if (a.kind == XMP_ACT_START) {
                 if (a.mb != nstarted[q]) {
                     seterr(err, errlen,
-                           "group %d action %d '%s': transfers of plan %c.e%d must start in "
+                           "%s %d action %d '%s': transfers of plan %c.e%d must start in "
                            "microbatch order, expected microbatch %d",
-                           g, j, ab, a.dir ? 'G' : 'A', a.edge, nstarted[q]);
+                           gl, g, j, ab, a.dir ? 'G' : 'A', a.edge, nstarted[q]);
                     return -1;
                 }
                 nstarted[q]++;
@@ -828,19 +830,18 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
                                    ? POSK(XMP_ACT_I, a.chunk, a.mb)
                                    : POSK(XMP_ACT_B, a.chunk, a.mb);
                     if (prod < 0) {
-                        seterr(err, errlen,
-                               "group %d action %d '%s': send before its producer %c%d", g, j, ab,
-                               a.dir == XMP_DIR_ACT ? 'F' : 'I', a.mb);
+                        seterr(err, errlen, "%s %d action %d '%s': send before its producer %c%d",
+                               gl, g, j, ab, a.dir == XMP_DIR_ACT ? 'F' : 'I', a.mb);
                         return -1;
                     }
                 }
             } else {
                 if (pS[q * M + a.mb] < 0) {
-                    seterr(err, errlen, "group %d action %d '%s': wait before start", g, j, ab);
+                    seterr(err, errlen, "%s %d action %d '%s': wait before start", gl, g, j, ab);
                     return -1;
                 }
                 if (pT[q * M + a.mb] >= 0) {
-                    seterr(err, errlen, "group %d action %d '%s': waited twice", g, j, ab);
+                    seterr(err, errlen, "%s %d action %d '%s': waited twice", gl, g, j, ab);
                     return -1;
                 }
                 pT[q * M + a.mb] = j;
@@ -856,12 +857,12 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
             posO = j;
             break;
         default:
-            seterr(err, errlen, "group %d action %d: unknown kind %d", g, j, a.kind);
+            seterr(err, errlen, "%s %d action %d: unknown kind %d", gl, g, j, a.kind);
             return -1;
         }
     }
     if (nR > 1 || nO > 1 || (posO >= 0 && posR > posO)) {
-        seterr(err, errlen, "group %d: R and O must appear at most once, R before O", g);
+        seterr(err, errlen, "%s %d: R and O must appear at most once, R before O", gl, g);
         return -1;
     }
     for (int c = 0; c < C; c++) {
@@ -871,15 +872,14 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
             snprintf(cs, sizeof(cs), " (chunk %d, stage %d)", c, st);
         for (int m = 0; m < M; m++) {
             if (POSK(XMP_ACT_F, c, m) < 0) {
-                seterr(err, errlen, "group %d%s: no F%d", g, cs, m);
+                seterr(err, errlen, "%s %d%s: no F%d", gl, g, cs, m);
                 return -1;
             }
             int hasB = POSK(XMP_ACT_B, c, m) >= 0, hasI = POSK(XMP_ACT_I, c, m) >= 0,
                 hasW = POSK(XMP_ACT_W, c, m) >= 0;
             if (!(hasB && !hasI && !hasW) && !(!hasB && hasI && hasW)) {
-                seterr(err, errlen,
-                       "group %d%s: microbatch %d needs one B%d or one I%d and one W%d", g, cs, m,
-                       m, m, m);
+                seterr(err, errlen, "%s %d%s: microbatch %d needs one B%d or one I%d and one W%d",
+                       gl, g, cs, m, m, m, m);
                 return -1;
             }
         }
@@ -891,7 +891,7 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
                 int q = 2 * xmp_plan_index(e, d) + side;
                 for (int m = 0; m < M; m++)
                     if (pS[q * M + m] < 0 || pT[q * M + m] < 0) {
-                        seterr(err, errlen, "group %d%s: transfer %c%d.e%d not %s", g, cs,
+                        seterr(err, errlen, "%s %d%s: transfer %c%d.e%d not %s", gl, g, cs,
                                d ? 'G' : 'A', m, e, pS[q * M + m] < 0 ? "started" : "waited");
                         return -1;
                     }
