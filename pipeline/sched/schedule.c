@@ -262,7 +262,8 @@ const char *xmp_recompute_name(int mode)
 }
 
 static const char *kind_names[] = {
-    "gpipe", "1f1b", "eager-1f1b", "interleaved-1f1b", "eager-interleaved-1f1b", "zb-v", "v-1f1b"};
+    "gpipe", "1f1b",   "eager-1f1b", "interleaved-1f1b", "eager-interleaved-1f1b",
+    "zb-v",  "v-1f1b", "dualpipe-v"};
 
 int xmp_sched_kind_parse(const char *name)
 {
@@ -1436,7 +1437,83 @@ static int warm_of(int kind, int S, int M, int R, int V, int r)
     }
 }
 
-/* Compute order of group r; returns its length. */
+/* DualPipeV on group r (chunk 0 = stage r, chunk 1 = stage 2R-1-r); returns the length. */
+static int dualpipe_order(const xmp_schedule_t *s, int r, ord_t *o)
+{
+    const int M = s->nmb, R = s->ngroups;
+    int n = 0, nf[2] = {0, 0}, nb[2] = {0, 0}, zb = 0;
+    int *wq = malloc((size_t)(2 * M + 1) * sizeof(int)), wh = 0, wt = 0; /* chunk*M + mb */
+    if (wq == NULL)
+        return -1;
+#define EMIT(k, c, m)                                                                              \
+    do {                                                                                           \
+        o[n].kind = (k);                                                                           \
+        o[n].chunk = (c);                                                                          \
+        o[n].mb = (m);                                                                             \
+        n++;                                                                                       \
+    } while (0)
+#define FWD(c) EMIT(XMP_ACT_F, c, nf[c]++)
+#define BWD(c, split)                                                                              \
+    do {                                                                                           \
+        if (split) {                                                                               \
+            wq[wt++] = (c)*M + nb[c];                                                              \
+            EMIT(XMP_ACT_I, c, nb[c]++);                                                           \
+        } else {                                                                                   \
+            EMIT(XMP_ACT_B, c, nb[c]++);                                                           \
+        }                                                                                          \
+    } while (0)
+#define WPOP()                                                                                     \
+    do {                                                                                           \
+        if (wh < wt) {                                                                             \
+            EMIT(XMP_ACT_W, wq[wh] / M, wq[wh] % M);                                               \
+            wh++;                                                                                  \
+        }                                                                                          \
+    } while (0)
+    for (int k = 0; k < 2 * (R - r - 1); k++)
+        FWD(0);
+    for (int k = 0; k < r + 1; k++) {
+        FWD(0);
+        FWD(1);
+    }
+    for (int k = 0; k < R - r - 1; k++) {
+        BWD(1, 1);
+        WPOP();
+        FWD(1);
+    }
+    for (int k = 0; k < M - 2 * R + r + 1; k++) {
+        FWD(0); /* (F0 B1) (F1 B0): DualPipe overlaps each pair; here they run in turn */
+        BWD(1, 0);
+        FWD(1);
+        BWD(0, 0);
+    }
+    for (int k = 0; k < R - r - 1; k++) {
+        BWD(1, 0);
+        FWD(1);
+        BWD(0, 0);
+    }
+    for (int k = 0; k < r + 1; k++) { /* the second half of these uses the split backward */
+        if (k == (r + 1) / 2 && r % 2 == 1)
+            zb = 1;
+        BWD(1, zb);
+        if (k == (r + 1) / 2 && r % 2 == 0)
+            zb = 1;
+        BWD(0, zb);
+    }
+    for (int k = 0; k < R - r - 1; k++) {
+        WPOP();
+        BWD(0, zb);
+    }
+    while (wh < wt)
+        WPOP();
+#undef WPOP
+#undef BWD
+#undef FWD
+#undef EMIT
+    free(wq);
+    return n;
+}
+
+/* Compute order of group r; returns its length (-1: out of memory). */
 static int group_order(int kind, const xmp_schedule_t *s, int r, int max_warmup, ord_t *o)
 {
     const int M = s->nmb, R = s->ngroups, V = s->nchunks[r];
@@ -1477,6 +1554,8 @@ static int group_order(int kind, const xmp_schedule_t *s, int r, int max_warmup,
         }
         return n;
     }
+    if (kind == XMP_SCHED_DUALPIPE_V)
+        return dualpipe_order(s, r, o);
     /* V shape (zb-v, v-1f1b): chunk 0 = stage r, chunk 1 = stage 2R-1-r. */
     int nm = M > 2 * R - 1 ? M : 2 * R - 1;
     int f0 = 0, f1 = 0, b0 = 0, b1 = 0, w0, w1;
@@ -1645,6 +1724,12 @@ static int check_fit(int kind, const xmp_schedule_t *s, char *err, size_t errlen
                "%s needs exactly V=2 stages per group (stages r and 2R-1-r): R=%d V=%d", kn, R, V);
         return -1;
     }
+    if (kind == XMP_SCHED_DUALPIPE_V && M < 2 * R) {
+        seterr(err, errlen,
+               "%s needs at least as many microbatches as stages: M=%d < 2R=%d (R=%d, V=2)", kn, M,
+               2 * R, R);
+        return -1;
+    }
     for (int g = 0; g < R; g++)
         if (s->group_stage[g][0] != g || s->group_stage[g][1] != 2 * R - 1 - g) {
             seterr(err, errlen,
@@ -1729,7 +1814,7 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
     if (kind < 0 || kind >= XMP_SCHED_KIND_COUNT_) {
         seterr(err, errlen,
                "schedule kind %d unknown (gpipe, 1f1b, eager-1f1b, interleaved-1f1b, "
-               "eager-interleaved-1f1b, zb-v, v-1f1b)",
+               "eager-interleaved-1f1b, zb-v, v-1f1b, dualpipe-v)",
                kind);
         return -1;
     }
@@ -1749,7 +1834,7 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
             seterr(err, errlen, "schedule: out of memory");
             return -1;
         }
-        if (kind == XMP_SCHED_ZB_V || kind == XMP_SCHED_V_1F1B) {
+        if (kind >= XMP_SCHED_ZB_V) {
             if (nstages != 2 * ngroups) {
                 seterr(err, errlen, "%s needs exactly V=2 stages per group: %d stages on R=%d",
                        xmp_sched_kind_name(kind), nstages, ngroups);
@@ -1796,6 +1881,10 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
     }
     for (int g = 0; g < ngroups; g++) {
         int n = group_order(kind, s, g, o.max_warmup, ord);
+        if (n < 0) {
+            seterr(err, errlen, "schedule: out of memory");
+            goto out_free;
+        }
         if (o.delay_wgrad) { /* B (or ZB-V's I) becomes I, W placed by simulation */
             int m = 0;
             for (int k = 0; k < n; k++) {
@@ -1863,7 +1952,8 @@ int xmp_sched_generate_named(const char *name, int R, int V, int M, const xmp_ge
     if (kind < 0) {
         seterr(err, errlen,
                "schedule '%s' unknown (gpipe, 1f1b, eager-1f1b, interleaved-1f1b, "
-               "eager-interleaved-1f1b, zb-v, v-1f1b; '+dw' delays weight gradients)",
+               "eager-interleaved-1f1b, zb-v, v-1f1b, dualpipe-v; '+dw' delays weight "
+               "gradients)",
                name);
         return -1;
     }
@@ -1878,7 +1968,7 @@ int xmp_sched_generate_named(const char *name, int R, int V, int M, const xmp_ge
                V);
         return -1;
     }
-    if ((kind == XMP_SCHED_ZB_V || kind == XMP_SCHED_V_1F1B) && V != 2) {
+    if (kind >= XMP_SCHED_ZB_V && V != 2) {
         seterr(err, errlen,
                "%s needs exactly V=2 stages per group (stages r and 2R-1-r): R=%d V=%d", base, R,
                V);
@@ -1963,7 +2053,7 @@ static int fit_memory(int kind, int nstages, int ngroups, const int *stage_group
     int tried = 0;
     for (int ki = 0; ki < 2 && kinds[ki] >= 0; ki++) {
         int kd = kinds[ki];
-        int has_warm = kd != XMP_SCHED_GPIPE && kd != XMP_SCHED_ZB_V && kd != XMP_SCHED_V_1F1B;
+        int has_warm = kd != XMP_SCHED_GPIPE && kd < XMP_SCHED_ZB_V;
         for (int ri = r0; ri < 3; ri++)
             for (int pi = 0; pi < npw; pi++) {
                 int D = 1; /* the kind's own deepest warm-up, known after w = 0 */

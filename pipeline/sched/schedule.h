@@ -195,10 +195,11 @@ typedef enum {
     XMP_SCHED_EAGER_INTERLEAVED_1F1B = 4, /* the same, warm-up one deeper per group */
     XMP_SCHED_ZB_V = 5,                   /* ZB-V (Qi et al. 2024): V shape, split I/W */
     XMP_SCHED_V_1F1B = 6,                 /* ZB-V's order with whole backwards (no W delay) */
-    XMP_SCHED_KIND_COUNT_ = 7
+    XMP_SCHED_DUALPIPE_V = 7,             /* DualPipeV (DeepSeek; PyTorch's order) */
+    XMP_SCHED_KIND_COUNT_ = 8
 } xmp_sched_kind_t;
 /* "gpipe", "1f1b", "eager-1f1b" (also "eager"), "interleaved-1f1b" (also "interleaved"),
- * "eager-interleaved-1f1b", "zb-v" (also "zbv"), "v-1f1b"; -1 if unknown. */
+ * "eager-interleaved-1f1b", "zb-v" (also "zbv"), "v-1f1b", "dualpipe-v"; -1 if unknown. */
 int xmp_sched_kind_parse(const char *name);
 const char *xmp_sched_kind_name(int kind);
 /* 1 for the kinds that place several stages on a group (interleaved, zb-v, v-1f1b). */
@@ -263,6 +264,11 @@ int xmp_sched_generate(int kind, int nstages, int nmb, int nedges, const xmp_sed
  *     W actions are placed by the simulation instead (for unequal F/I/W costs).
  *   v-1f1b: zb-v's order with each I a whole backward B and no W (no weight-grad delay);
  *     delay_wgrad then splits B and places W by simulation.
+ *   dualpipe-v (DualPipeV, as PyTorch's ScheduleDualPipeV orders it): V map, M >= 2R;
+ *     chunk-0 forwards 2(R-r-1); r+1 pairs (F0, F1); R-r-1 triples (I1, W1, F1); then
+ *     M-2R+r+1 rounds (F0 B1)(F1 B0) (DualPipe's overlapped pairs, run one after the other
+ *     here); R-r-1 rounds B1 (F1 B0); r+1 pairs (B1, B0) that switch to I halfway; R-r-1 pairs
+ *     (queued W, B0 or I0); the remaining W.
  * Transfers as in xmp_sched_generate, per chunk. The result validates and dry-runs (a map
  * or M the order deadlocks on is refused with the dry run's report). */
 int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_group, int nmb,

@@ -494,7 +494,8 @@ int main(int argc, char **argv)
                            "zb-v",
                            "zb-v+dw",
                            "v-1f1b",
-                           "v-1f1b+dw"};
+                           "v-1f1b+dw",
+                           "dualpipe-v"};
     const int modes[] = {XMP_COMM_BROADCAST, XMP_COMM_SENDRECV, XMP_COMM_BLOCKING, XMP_COMM_SIGNAL};
     if (nranks != 2 && nranks != 4) {
         if (rank == 0)
@@ -504,9 +505,12 @@ int main(int argc, char **argv)
     for (int l = 0; l < 4; l++) {
         int R = nranks == 2 ? lay2[l].R : lay4[l].R, V = nranks == 2 ? lay2[l].V : lay4[l].V;
         int M = nranks == 2 ? lay2[l].M : lay4[l].M;
-        for (int k = 0; k < 7; k++) {
-            int vshape = strncmp(names[k], "zb-v", 4) == 0 || strncmp(names[k], "v-1f1b", 6) == 0;
+        for (int k = 0; k < 8; k++) {
+            int vshape = strncmp(names[k], "zb-v", 4) == 0 || strncmp(names[k], "v-1f1b", 6) == 0 ||
+                         strncmp(names[k], "dualpipe", 8) == 0;
             if (vshape && V != 2)
+                continue;
+            if (k == 7 && M < 2 * R)
                 continue;
             for (int mi = 0; mi < 4; mi++) {
                 if (mi > 0 && k % 2 == 1)

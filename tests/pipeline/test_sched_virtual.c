@@ -239,13 +239,95 @@ static double max_bubble(const xmp_sim_result_t *res)
     return b;
 }
 
-static const char *kinds[] = {"interleaved-1f1b", "eager-interleaved-1f1b", "zb-v", "v-1f1b"};
+static const char *kinds[] = {"interleaved-1f1b", "eager-interleaved-1f1b", "zb-v", "v-1f1b",
+                              "dualpipe-v"};
+
+/* DualPipeV's order on group r (PyTorch's ScheduleDualPipeV, re-derived; its overlapped
+ * (F, B) pairs as F then B), compared entry by entry; W compared unless +dw. */
+static void check_dualpipe(const xmp_schedule_t *s, int R, int M, int dw)
+{
+    int cap = 8 * M + 16;
+    int *ek = malloc(sizeof(int) * 6 * (size_t)cap), *es = ek + cap, *em = es + cap;
+    int *k = em + cap, *st = k + cap, *mb = st + cap;
+    for (int r = 0; r < R; r++) {
+        int n = 0, f[2] = {0, 0}, b[2] = {0, 0}, q[64], qh = 0, qt = 0, zb = 0;
+        int stg[2] = {r, 2 * R - 1 - r};
+#define PUT(kk, c, m)                                                                              \
+    do {                                                                                           \
+        ek[n] = (kk);                                                                              \
+        es[n] = stg[c];                                                                            \
+        em[n++] = (m);                                                                             \
+    } while (0)
+#define F_(c) PUT(XMP_ACT_F, c, f[c]++)
+#define B_(c, z)                                                                                   \
+    do {                                                                                           \
+        if (z)                                                                                     \
+            q[qt++] = (c)*100 + b[c];                                                              \
+        PUT(XMP_ACT_B, c, b[c]++); /* compute_seq reports I as B */                                \
+    } while (0)
+#define W_()                                                                                       \
+    do {                                                                                           \
+        if (qh < qt) {                                                                             \
+            if (!dw)                                                                               \
+                PUT(XMP_ACT_W, q[qh] / 100, q[qh] % 100);                                          \
+            qh++;                                                                                  \
+        }                                                                                          \
+    } while (0)
+        for (int i = 0; i < 2 * (R - r - 1); i++)
+            F_(0);
+        for (int i = 0; i <= r; i++) {
+            F_(0);
+            F_(1);
+        }
+        for (int i = 0; i < R - r - 1; i++) {
+            B_(1, 1);
+            W_();
+            F_(1);
+        }
+        for (int i = 0; i < M - 2 * R + r + 1; i++) {
+            F_(0);
+            B_(1, 0);
+            F_(1);
+            B_(0, 0);
+        }
+        for (int i = 0; i < R - r - 1; i++) {
+            B_(1, 0);
+            F_(1);
+            B_(0, 0);
+        }
+        for (int i = 0; i <= r; i++) {
+            if (i == (r + 1) / 2 && r % 2 == 1)
+                zb = 1;
+            B_(1, zb);
+            if (i == (r + 1) / 2 && r % 2 == 0)
+                zb = 1;
+            B_(0, zb);
+        }
+        for (int i = 0; i < R - r - 1; i++) {
+            W_();
+            B_(0, zb);
+        }
+        while (qh < qt)
+            W_();
+#undef W_
+#undef B_
+#undef F_
+#undef PUT
+        int got = compute_seq(s, r, dw, k, st, mb);
+        int same = got == n;
+        for (int i = 0; same && i < n; i++)
+            same = k[i] == ek[i] && st[i] == es[i] && mb[i] == em[i];
+        CHECK(same, "%s R=%d M=%d group %d: order differs from DualPipeV's (%d vs %d entries)",
+              s->name, R, M, r, got, n);
+    }
+    free(ek);
+}
 
 static void test_grid(void)
 {
     const int Ms[] = {1, 2, 3, 4, 5, 6, 8, 9, 12};
     int made = 0, refused = 0;
-    for (int ki = 0; ki < 4; ki++)
+    for (int ki = 0; ki < 5; ki++)
         for (int dw = 0; dw < 2; dw++)
             for (int R = 1; R <= 4; R++)
                 for (int V = 1; V <= 3; V++)
@@ -260,6 +342,13 @@ static void test_grid(void)
                         char want[64];
                         if (inter && M % R != 0) {
                             snprintf(want, sizeof(want), "M=%d, R=%d, V=%d", M, R, V);
+                            CHECK(r != 0 && strstr(err, want), "%s R=%d V=%d M=%d: want '%s': %s",
+                                  name, R, V, M, want, err);
+                            refused++;
+                            continue;
+                        }
+                        if (ki == 4 && V == 2 && M < 2 * R) {
+                            snprintf(want, sizeof(want), "M=%d < 2R=%d", M, 2 * R);
                             CHECK(r != 0 && strstr(err, want), "%s R=%d V=%d M=%d: want '%s': %s",
                                   name, R, V, M, want, err);
                             refused++;
@@ -291,6 +380,8 @@ static void test_grid(void)
                         check_once(s);
                         if (inter)
                             check_megatron(s, R, V, M, ki == 1);
+                        else if (ki == 4)
+                            check_dualpipe(s, R, M, dw);
                         else if (!dw)
                             check_zbv(s, R, M, ki == 3);
                         if (dw)
@@ -388,6 +479,20 @@ static void test_bubbles(void)
             CHECK(bz <= (R - 1.0) / sz + 1e-9, "zb-v R=%d M=%d bubble %g", R, M, bz);
             CHECK(R == 1 || sv > sz, "v-1f1b R=%d M=%d step %g not slower than zb-v %g", R, M, sv,
                   sz);
+            /* DualPipeV (its F/B pairs in turn, no overlap modelled): ZB-V's bound too */
+            xmp_schedule_t *dp = NULL;
+            CHECK(xmp_sched_generate_named("dualpipe-v", R, 2, M, NULL, &dp, err, sizeof(err)) == 0,
+                  "dualpipe-v: %s", err);
+            if (dp) {
+                xmp_sim_result_t rd;
+                double sd = sim(dp, 1, 1, 1, 0, &rd);
+                CHECK(sd <= ideal + (R - 1) + 1e-9 && (R == 1 || sd < sv),
+                      "dualpipe-v R=%d M=%d step %g (ideal %g, v-1f1b %g)", R, M, sd, ideal, sv);
+                if (M == 4 * R)
+                    printf("%d 2 %2d  dualpipe-v %7.2f\n", R, M, sd);
+                xmp_sim_result_free(&rd);
+                xmp_sched_destroy(dp);
+            }
             CHECK(R == 1 || bz < bo, "zb-v R=%d M=%d bubble %g not below 1f1b's %g", R, M, bz, bo);
             if (M == 4 * R)
                 printf("%d 2 %2d  zb-v %7.2f (ideal %.0f) bubble %.4f; v-1f1b %7.2f; 1f1b over "
@@ -670,11 +775,11 @@ static void test_memory_cap(void)
         act[i] = 100;
         ck[i] = 10;
     }
-    const char *names[] = {"1f1b",   "eager-1f1b", "interleaved-1f1b", "eager-interleaved-1f1b",
-                           "zb-v",   "v-1f1b",     "1f1b+dw",          "interleaved-1f1b+dw",
-                           "zb-v+dw"};
-    const int Vs[] = {1, 1, 2, 2, 2, 2, 1, 2, 2};
-    for (int n = 0; n < 9; n++) {
+    const char *names[] = {"1f1b",    "eager-1f1b", "interleaved-1f1b", "eager-interleaved-1f1b",
+                           "zb-v",    "v-1f1b",     "1f1b+dw",          "interleaved-1f1b+dw",
+                           "zb-v+dw", "dualpipe-v"};
+    const int Vs[] = {1, 1, 2, 2, 2, 2, 1, 2, 2, 2};
+    for (int n = 0; n < 10; n++) {
         int R = 4, V = Vs[n], M = 8;
         xmp_gen_opts_t o;
         memset(&o, 0, sizeof(o));
