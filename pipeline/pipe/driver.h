@@ -59,6 +59,15 @@
  * The callbacks may call xmp_driver_progress(NULL) between layers so that
  * queued transfers are issued and finished ones retired while they compute.
  *
+ * Virtual stages: when the schedule puts several model stages on one rank group
+ * (sched->stage_group), the meshes of those stages list the same ranks (order and shape may
+ * differ), cfg.stage_ops gives each model stage its own callbacks and user pointer, and a rank
+ * runs all of its group's stages from one action list: each compute action calls the
+ * callbacks of its chunk's stage with that stage's in/out edges; R and O call reduce_grads and
+ * optimizer_step of every stage of the group in stage order. An edge between two stages of the
+ * same group is an xmesh plan like any other (this rank sends and receives; one request per
+ * microbatch, issued at the send). activation_bytes is summed over the group's stages.
+ *
  * Every rank of the job (also ranks in no stage) calls xmp_driver_create,
  * xmp_driver_step, xmp_driver_write_trace and xmp_driver_destroy together
  * (collective over cfg.comm).
