@@ -734,6 +734,7 @@ static void test_recompute(void)
             CHECK(fabs(res.recompute_s[g] - M * rf) < 1e-9, "recompute_s %g", res.recompute_s[g]);
         }
         xmp_sim_result_free(&res);
+        roundtrip(s); /* recompute=... in the header */
         xmp_sched_destroy(s);
     }
 }
