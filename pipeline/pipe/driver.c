@@ -796,6 +796,17 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
 xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double *i,
                                   const double *w, xmp_sim_result_t *res)
 {
+    xmp_sim_costs_t c;
+    memset(&c, 0, sizeof(c));
+    c.f = f;
+    c.i = i;
+    c.w = w;
+    return xmp_driver_predict_costs(d, &c, res);
+}
+
+xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *costs,
+                                        xmp_sim_result_t *res)
+{
     double *x = calloc((size_t)(d->P ? d->P : 1), sizeof(double));
     if (x == NULL)
         return XMESH_ERR_NO_MEMORY;
@@ -808,11 +819,7 @@ xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double
         }
         x[p] = info.predicted_s;
     }
-    xmp_sim_costs_t c;
-    memset(&c, 0, sizeof(c));
-    c.f = f;
-    c.i = i;
-    c.w = w;
+    xmp_sim_costs_t c = *costs;
     c.xfer = x;
     c.late_recv = d->cfg.mode == XMP_COMM_BLOCKING;
     int r = xmp_sim_run(d->cfg.sched, &c, res, d->err, sizeof(d->err));

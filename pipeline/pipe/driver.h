@@ -227,6 +227,11 @@ const char *xmp_driver_error(const xmp_driver_t *d);
  * predicted_s. res as in xmp_sim_run (free with xmp_sim_result_free). */
 xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double *i,
                                   const double *w, xmp_sim_result_t *res);
+/* The same with every simulator input of costs (compute costs per model stage, b, r, o and the
+ * memory model: act_bytes, ckpt_bytes, selective_keep, whose peak_bytes per group the caller
+ * can set against the measured peak_act_bytes); xfer and late_recv come from the driver. */
+xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *costs,
+                                        xmp_sim_result_t *res);
 /* Mean over the activation plans (every edge, producer -> consumer) of xmesh's predicted
  * seconds (xmesh_plan_get_info); 0 without edges and in signal mode (no data moves). Local. */
 double xmp_driver_mean_act_seconds(xmp_driver_t *d);

@@ -8,7 +8,9 @@
  * (interleaved-1f1b, eager-interleaved-1f1b, zb-v, v-1f1b, each with and without the
  * weight-gradient delay) x comm mode must give, for two SGD steps, the loss and every element
  * of every stage's weight gradient of a one-process computation (f64) within 1e-12 relative
- * (signal mode, once per layout: it must run).
+ * (signal mode, once per layout: it must run). The simulator's prediction through the driver
+ * (xmp_driver_predict_costs, memory model with the toy's bytes per microbatch) must equal the
+ * measured peak activations (microbatches and activation_bytes) of every rank.
  * Usage: test_driver_virtual (2 or 4 ranks; the layouts follow the rank count).
  */
 #include "pipe/driver.h"
@@ -361,19 +363,23 @@ static void run_case(xmesh_ctx_t ctx, const char *name, int R, int V, int M, int
         failures++;
         goto out;
     }
-    int mine[MAXS], nm = xmp_driver_stages(d, mine, MAXS);
+    int mine[MAXS], nm = xmp_driver_stages(d, mine, MAXS), last_peak_mb = 0;
+    int64_t last_peak_bytes = 0;
     if (nm != V || xmp_driver_group(d) != rank / n.k) {
         fprintf(stderr, "FAIL rank %d: %d stages on group %d\n", rank, nm, xmp_driver_group(d));
         failures++;
     }
     for (int step = 0; step < 2; step++) {
         xmp_step_stats_t st;
+        memset(&st, 0, sizeof(st));
         if (xmp_driver_step(d, &st) != XMESH_SUCCESS) {
             fprintf(stderr, "FAIL rank %d step %s %s: %s\n", rank, s->name,
                     xmp_comm_mode_name(mode), xmp_driver_error(d));
             failures++;
             break;
         }
+        last_peak_mb = st.peak_act_mb;
+        last_peak_bytes = st.peak_act_bytes;
         double loss = 0;
         MPI_Allreduce(&st.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         if (mode == XMP_COMM_SIGNAL)
@@ -405,6 +411,35 @@ static void run_case(xmesh_ctx_t ctx, const char *name, int R, int V, int M, int
                     break;
                 }
             }
+        }
+    }
+    if (d != NULL && failures == 0) {
+        /* the simulator's memory model with the toy's bytes per microbatch predicts the
+         * measured peak of activation_bytes exactly (no recomputation, held F -> B or W) */
+        double f[MAXS], act[MAXS];
+        for (int k = 0; k < S; k++) {
+            f[k] = 1e-4;
+            act[k] = 3.0 * NR * NC * sizeof(double);
+        }
+        xmp_sim_costs_t c;
+        memset(&c, 0, sizeof(c));
+        c.f = c.i = c.w = f;
+        c.act_bytes = act;
+        xmp_sim_result_t res;
+        if (xmp_driver_predict_costs(d, &c, &res) != XMESH_SUCCESS) {
+            fprintf(stderr, "FAIL rank %d predict: %s\n", rank, xmp_driver_error(d));
+            failures++;
+        } else {
+            int g = xmp_driver_group(d);
+            if (res.peak_act[g] != last_peak_mb ||
+                fabs(res.peak_bytes[g] - (double)last_peak_bytes) > 0.5) {
+                fprintf(stderr,
+                        "FAIL rank %d %s: predicted peak %d mb %.0f B, measured %d mb %lld B\n",
+                        rank, s->name, res.peak_act[g], res.peak_bytes[g], last_peak_mb,
+                        (long long)last_peak_bytes);
+                failures++;
+            }
+            xmp_sim_result_free(&res);
         }
     }
     if (rank == 0)
