@@ -15,17 +15,18 @@
 enum { TR_COMPUTE = 0, TR_XFER = 1, TR_WAIT = 2 };
 
 typedef struct {
-    int track, kind, mb, edge, dir;
+    int track, kind, mb, edge, dir, chunk;
     double t0, t1;
     int64_t flow; /* 0: none; >0: 's' at t0 (transfer) or 'f' at t1 (wait) */
 } ev_t;
 
 typedef struct {
     xmesh_plan_t plan;
-    int role;            /* 0 sender, 1 receiver, -1 this rank is not in either mesh */
-    size_t bytes;        /* this rank's block bytes on its side */
-    void **buf;          /* per mb: send source or receive destination */
-    xmesh_request_t req; /* in flight, or NULL */
+    int role;              /* 0 sender, 1 receiver, 2 both (the two stages share this rank's group),
+                            * -1 this rank is not in either mesh */
+    size_t sbytes, rbytes; /* this rank's block bytes as sender / receiver */
+    void **sbuf, **rbuf;   /* per mb: send source / receive destination (NULL: not that side) */
+    xmesh_request_t req;   /* in flight, or NULL */
     int req_mb;
     double req_t0;
     int *queue, qhead, qtail;
@@ -41,8 +42,12 @@ struct xmp_driver {
     int **mesh_ranks;
     xmesh_mesh_t *mesh;
     int rank, size, stage, M, P;
+    int group, nch;          /* this rank's group (-1: none) and its number of stages */
+    const int *ch_stage;     /* [nch]: model stage of each chunk (the schedule's map) */
+    xmp_stage_ops_t *ch_ops; /* [nch] */
+    int *nin, *nout;         /* [nch] */
+    int **in_e, **out_e;     /* [nch][E] */
     plan_t *plans;
-    int nin, nout, *in_e, *out_e;
     void **argbuf; /* scratch pointer arrays for the callbacks */
     double t_origin;
     int64_t step_no;
@@ -86,6 +91,18 @@ int xmp_driver_stage(const xmp_driver_t *d)
     return d->stage;
 }
 
+int xmp_driver_group(const xmp_driver_t *d)
+{
+    return d->group;
+}
+
+int xmp_driver_stages(const xmp_driver_t *d, int *stages, int max)
+{
+    for (int c = 0; c < d->nch && c < max; c++)
+        stages[c] = d->ch_stage[c];
+    return d->nch;
+}
+
 const char *xmp_driver_error(const xmp_driver_t *d)
 {
     return d ? d->err : "";
@@ -103,7 +120,8 @@ static void record(xmp_driver_t *d, int track, xmp_action_t a, double t0, double
         d->ev = n;
         d->capev = nc;
     }
-    ev_t e = {track, a.kind, a.mb, a.edge, a.dir, t0 - d->t_origin, t1 - d->t_origin, flow};
+    ev_t e = {track, a.kind, a.mb, a.edge, a.dir, a.chunk, t0 - d->t_origin, t1 - d->t_origin,
+              flow};
     d->ev[d->nev++] = e;
 }
 
@@ -127,15 +145,13 @@ static xmesh_result_t issue(xmp_driver_t *d, int p)
     int mb = pl->queue[pl->qhead++];
     const void *src = NULL;
     void *dst = NULL;
+    int snd = pl->role == 0 || pl->role == 2, rcv = pl->role == 1 || pl->role == 2;
     if (d->cfg.mode == XMP_COMM_SIGNAL) {
-        if (pl->role == 0)
-            src = &pl->sig[0];
-        else
-            dst = &pl->sig[1];
-    } else if (pl->role == 0) {
-        src = pl->buf[mb];
+        src = snd ? &pl->sig[0] : NULL;
+        dst = rcv ? &pl->sig[1] : NULL;
     } else {
-        dst = pl->buf[mb];
+        src = snd ? pl->sbuf[mb] : NULL;
+        dst = rcv ? pl->rbuf[mb] : NULL;
     }
     xmesh_result_t r = xmesh_reshard_start(pl->plan, src, dst, &pl->req);
     if (r != XMESH_SUCCESS) {
@@ -153,10 +169,15 @@ static void retire(xmp_driver_t *d, int p)
 {
     plan_t *pl = &d->plans[p];
     int e = p / 2, dir = p % 2;
-    xmp_action_t a = {XMP_ACT_START, pl->req_mb, e, dir};
     int sender_stage = dir == XMP_DIR_ACT ? d->edges[e].src : d->edges[e].dst;
-    int64_t flow =
-        pl->role == 0 && d->rank == lead_rank(d, sender_stage) ? flow_id(d, p, pl->req_mb) : 0;
+    int chunk = 0;
+    for (int c = 0; c < d->nch; c++)
+        if (d->ch_stage[c] == sender_stage)
+            chunk = c;
+    xmp_action_t a = {XMP_ACT_START, pl->req_mb, e, dir, chunk};
+    int64_t flow = (pl->role == 0 || pl->role == 2) && d->rank == lead_rank(d, sender_stage)
+                       ? flow_id(d, p, pl->req_mb)
+                       : 0;
     record(d, TR_XFER, a, pl->req_t0, MPI_Wtime(), flow);
     pl->done[pl->req_mb] = 1;
     pl->req = NULL;
@@ -281,6 +302,43 @@ static xmesh_result_t check_cfg(const xmp_driver_cfg_t *c, char *err, size_t err
         if (ec->src_spec == NULL || ec->dst_spec == NULL)
             return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: edge %d has no spec", e);
     }
+    /* stages of one group run on the same ranks (in any order and mesh shape) */
+    for (int st = 0; st < c->nstages; st++) {
+        const xmp_stage_mesh_t *m = &c->meshes[st];
+        if (m->ndim < 1 || m->ndim > XMESH_MAX_MESH_DIMS || m->ranks == NULL)
+            return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: stage %d mesh ndim %d",
+                        st, m->ndim);
+    }
+    for (int st = 0; st < c->nstages; st++) {
+        int g = s->stage_group[st], first = s->group_stage[g][0];
+        if (first == st)
+            continue;
+        const xmp_stage_mesh_t *a = &c->meshes[first], *b = &c->meshes[st];
+        int na = 1, nb = 1;
+        for (int k = 0; k < a->ndim; k++)
+            na *= a->shape[k];
+        for (int k = 0; k < b->ndim; k++)
+            nb *= b->shape[k];
+        int same = na == nb;
+        for (int i = 0; same && i < nb; i++) {
+            int found = 0;
+            for (int j = 0; j < na && !found; j++)
+                found = a->ranks[j] == b->ranks[i];
+            same = found;
+        }
+        if (!same)
+            return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT,
+                        "driver: stages %d and %d share group %d but not their ranks (%d and %d "
+                        "ranks, or different ones)",
+                        first, st, g, na, nb);
+    }
+    if (c->stage_ops == NULL)
+        for (int g = 0; g < s->ngroups; g++)
+            if (s->nchunks[g] > 1)
+                return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT,
+                            "driver: schedule '%s' puts %d stages on group %d: set "
+                            "cfg.stage_ops (one entry per model stage)",
+                            s->name, s->nchunks[g], g);
     char m[1024];
     if (xmp_sched_validate(s, NULL, 0, m, sizeof(m)) != 0)
         return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: schedule '%s': %s", s->name,
@@ -314,10 +372,13 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
     xmp_driver_t *d = calloc(1, sizeof(*d));
     if (d == NULL)
         return fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+    const xmp_schedule_t *sc = cfg->sched;
     d->cfg = *cfg;
-    d->M = cfg->sched->nmb;
+    d->cfg.stage_ops = NULL; /* copied into ch_ops below */
+    d->M = sc->nmb;
     d->P = 2 * cfg->nedges;
     d->stage = -1;
+    d->group = -1;
     MPI_Comm_rank(cfg->comm, &d->rank);
     MPI_Comm_size(cfg->comm, &d->size);
     int S = cfg->nstages, E = cfg->nedges, M = d->M;
@@ -327,22 +388,15 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
     d->edges = calloc((size_t)(E ? E : 1), sizeof(*d->edges));
     d->specs = calloc((size_t)(4 * E + 1), sizeof(char *));
     d->plans = calloc((size_t)(d->P ? d->P : 1), sizeof(plan_t));
-    d->in_e = calloc((size_t)(E + 1), sizeof(int));
-    d->out_e = calloc((size_t)(E + 1), sizeof(int));
     d->argbuf = calloc((size_t)(2 * E + 2), sizeof(void *));
     if (!d->meshes || !d->mesh_ranks || !d->mesh || !d->edges || !d->specs || !d->plans ||
-        !d->in_e || !d->out_e || !d->argbuf) {
+        !d->argbuf) {
         r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
         goto out_destroy;
     }
     for (int st = 0; st < S; st++) {
         const xmp_stage_mesh_t *m = &cfg->meshes[st];
         int n = 1;
-        if (m->ndim < 1 || m->ndim > XMESH_MAX_MESH_DIMS || m->ranks == NULL) {
-            r = fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: stage %d mesh ndim %d", st,
-                     m->ndim);
-            goto out_destroy;
-        }
         for (int k = 0; k < m->ndim; k++)
             n *= m->shape[k];
         d->meshes[st] = *m;
@@ -353,18 +407,42 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
         }
         memcpy(d->mesh_ranks[st], m->ranks, (size_t)n * sizeof(int));
         d->meshes[st].ranks = d->mesh_ranks[st];
+        int g = sc->stage_group[st];
         for (int k = 0; k < n; k++)
             if (m->ranks[k] == d->rank) {
-                if (d->stage >= 0) {
+                if (d->group >= 0 && d->group != g) {
                     r = fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT,
-                             "driver: rank %d is in stage %d and stage %d", d->rank, d->stage, st);
+                             "driver: rank %d is in stage %d (group %d) and stage %d (group %d)",
+                             d->rank, d->stage, d->group, st, g);
                     goto out_destroy;
                 }
-                d->stage = st;
+                if (d->group < 0)
+                    d->stage = st;
+                d->group = g;
             }
         r = xmesh_mesh_create(cfg->ctx, m->ndim, m->shape, m->ranks, &d->mesh[st]);
         if (r != XMESH_SUCCESS) {
             fail(err, errlen, r, "driver: stage %d mesh: %s", st, xmesh_last_error());
+            goto out_destroy;
+        }
+    }
+    d->nch = d->group >= 0 ? sc->nchunks[d->group] : 0;
+    d->ch_stage = d->group >= 0 ? sc->group_stage[d->group] : NULL;
+    d->ch_ops = calloc((size_t)(d->nch + 1), sizeof(*d->ch_ops));
+    d->nin = calloc((size_t)(d->nch + 1), sizeof(int));
+    d->nout = calloc((size_t)(d->nch + 1), sizeof(int));
+    d->in_e = calloc((size_t)(d->nch + 1), sizeof(int *));
+    d->out_e = calloc((size_t)(d->nch + 1), sizeof(int *));
+    if (!d->ch_ops || !d->nin || !d->nout || !d->in_e || !d->out_e) {
+        r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+        goto out_destroy;
+    }
+    for (int c = 0; c < d->nch; c++) {
+        d->ch_ops[c] = cfg->stage_ops ? cfg->stage_ops[d->ch_stage[c]] : cfg->ops;
+        d->in_e[c] = calloc((size_t)(E + 1), sizeof(int));
+        d->out_e[c] = calloc((size_t)(E + 1), sizeof(int));
+        if (!d->in_e[c] || !d->out_e[c]) {
+            r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
             goto out_destroy;
         }
     }
@@ -383,10 +461,12 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
         ec->dst_spec = d->specs[4 * e + 1];
         ec->grad_src_spec = d->specs[4 * e + 2];
         ec->grad_dst_spec = d->specs[4 * e + 3];
-        if (ec->dst == d->stage)
-            d->in_e[d->nin++] = e;
-        if (ec->src == d->stage)
-            d->out_e[d->nout++] = e;
+        for (int c = 0; c < d->nch; c++) {
+            if (ec->dst == d->ch_stage[c])
+                d->in_e[c][d->nin[c]++] = e;
+            if (ec->src == d->ch_stage[c])
+                d->out_e[c][d->nout[c]++] = e;
+        }
     }
     xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
     if (cfg->mode == XMP_COMM_BROADCAST)
@@ -406,12 +486,20 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
                              dir == XMP_DIR_ACT ? ec->src_spec : ec->grad_src_spec};
         xmesh_layout_t ld = {ec->ndim, ec->shape, ec->dtype, d->mesh[dst_st],
                              dir == XMP_DIR_ACT ? ec->dst_spec : ec->grad_dst_spec};
-        pl->role = d->stage == sst ? 0 : d->stage == dst_st ? 1 : -1;
+        int snd = d->group >= 0 && sc->stage_group[sst] == d->group;
+        int rcv = d->group >= 0 && sc->stage_group[dst_st] == d->group;
+        pl->role = snd && rcv ? 2 : snd ? 0 : rcv ? 1 : -1;
         int holds = 0;
-        size_t bytes = 0;
-        if (pl->role >= 0) {
-            bytes = block_bytes(pl->role == 0 ? &ls : &ld, d->rank, &holds, err, errlen);
-            if (bytes == (size_t)-1) {
+        if (snd) {
+            pl->sbytes = block_bytes(&ls, d->rank, &holds, err, errlen);
+            if (pl->sbytes == (size_t)-1) {
+                r = XMESH_ERR_INVALID_ARGUMENT;
+                goto out_destroy;
+            }
+        }
+        if (rcv) {
+            pl->rbytes = block_bytes(&ld, d->rank, &holds, err, errlen);
+            if (pl->rbytes == (size_t)-1) {
                 r = XMESH_ERR_INVALID_ARGUMENT;
                 goto out_destroy;
             }
@@ -428,21 +516,26 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
                  dir ? 'G' : 'A', e, ls.sharding, sst, ld.sharding, dst_st, xmesh_last_error());
             goto out_destroy;
         }
-        pl->bytes = bytes;
-        pl->buf = calloc((size_t)M, sizeof(void *));
+        pl->sbuf = calloc((size_t)M, sizeof(void *));
+        pl->rbuf = calloc((size_t)M, sizeof(void *));
         pl->queue = calloc((size_t)M, sizeof(int));
         pl->done = calloc((size_t)M, 1);
-        if (!pl->buf || !pl->queue || !pl->done) {
+        if (!pl->sbuf || !pl->rbuf || !pl->queue || !pl->done) {
             r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
             goto out_destroy;
         }
-        if (pl->role >= 0)
-            for (int m = 0; m < M; m++)
-                if ((pl->buf[m] = calloc(bytes ? bytes : 1, 1)) == NULL) {
-                    r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory (%zu B)",
-                             bytes);
-                    goto out_destroy;
-                }
+        for (int m = 0; m < M; m++) {
+            if (snd && (pl->sbuf[m] = calloc(pl->sbytes ? pl->sbytes : 1, 1)) == NULL) {
+                r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory (%zu B)",
+                         pl->sbytes);
+                goto out_destroy;
+            }
+            if (rcv && (pl->rbuf[m] = calloc(pl->rbytes ? pl->rbytes : 1, 1)) == NULL) {
+                r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory (%zu B)",
+                         pl->rbytes);
+                goto out_destroy;
+            }
+        }
     }
     MPI_Barrier(cfg->comm);
     d->t_origin = MPI_Wtime();
@@ -467,9 +560,14 @@ xmesh_result_t xmp_driver_destroy(xmp_driver_t *d)
             if (first == XMESH_SUCCESS)
                 first = r;
         }
-        for (int m = 0; pl->buf && m < d->M; m++)
-            free(pl->buf[m]);
-        free(pl->buf);
+        for (int m = 0; m < d->M; m++) {
+            if (pl->sbuf)
+                free(pl->sbuf[m]);
+            if (pl->rbuf)
+                free(pl->rbuf[m]);
+        }
+        free(pl->sbuf);
+        free(pl->rbuf);
         free(pl->queue);
         free(pl->done);
     }
@@ -480,12 +578,21 @@ xmesh_result_t xmp_driver_destroy(xmp_driver_t *d)
         free(d->mesh_ranks[st]);
     for (int k = 0; d->specs && k < 4 * d->cfg.nedges; k++)
         free(d->specs[k]);
+    for (int c = 0; c < d->nch; c++) {
+        if (d->in_e)
+            free(d->in_e[c]);
+        if (d->out_e)
+            free(d->out_e[c]);
+    }
     free(d->specs);
     free(d->mesh_ranks);
     free(d->mesh);
     free(d->meshes);
     free(d->edges);
     free(d->plans);
+    free(d->ch_ops);
+    free(d->nin);
+    free(d->nout);
     free(d->in_e);
     free(d->out_e);
     free(d->argbuf);
@@ -496,62 +603,70 @@ xmesh_result_t xmp_driver_destroy(xmp_driver_t *d)
 
 /* ----------------------------------------------------------------- step */
 
-static xmesh_result_t cb_fail(xmp_driver_t *d, const char *name, int mb, int rc)
+static xmesh_result_t cb_fail(xmp_driver_t *d, int chunk, const char *name, int mb, int rc)
 {
-    derr(d, "stage %d rank %d: callback %s(mb %d) failed with %d", d->stage, d->rank, name, mb, rc);
+    derr(d, "stage %d rank %d: callback %s(mb %d) failed with %d",
+         d->nch > 0 ? d->ch_stage[chunk] : -1, d->rank, name, mb, rc);
     return XMESH_ERR_INVALID_USAGE;
 }
 
+/* Activation bytes held by this rank: the sum over its stages. */
 static void act_bytes(xmp_driver_t *d)
 {
-    if (d->cfg.ops.activation_bytes) {
-        int64_t b = d->cfg.ops.activation_bytes(d->cfg.ops.user);
-        if (b > d->peak_bytes)
-            d->peak_bytes = b;
-    }
+    int64_t b = 0;
+    int any = 0;
+    for (int c = 0; c < d->nch; c++)
+        if (d->ch_ops[c].activation_bytes) {
+            b += d->ch_ops[c].activation_bytes(d->ch_ops[c].user);
+            any = 1;
+        }
+    if (any && b > d->peak_bytes)
+        d->peak_bytes = b;
 }
 
 static xmesh_result_t run_compute(xmp_driver_t *d, xmp_action_t a)
 {
-    const xmp_stage_ops_t *o = &d->cfg.ops;
-    void **A = d->argbuf, **B = d->argbuf + d->nin + d->nout + 1;
+    const int c = a.chunk;
+    const xmp_stage_ops_t *o = &d->ch_ops[c];
+    const int nin = d->nin[c], nout = d->nout[c], *in_e = d->in_e[c], *out_e = d->out_e[c];
+    void **A = d->argbuf, **B = d->argbuf + nin + nout + 1;
     int rc = 0;
     double loss = 0;
     switch (a.kind) {
     case XMP_ACT_F:
-        for (int k = 0; k < d->nin; k++)
-            A[k] = d->plans[xmp_plan_index(d->in_e[k], XMP_DIR_ACT)].buf[a.mb];
-        for (int k = 0; k < d->nout; k++)
-            B[k] = d->plans[xmp_plan_index(d->out_e[k], XMP_DIR_ACT)].buf[a.mb];
+        for (int k = 0; k < nin; k++)
+            A[k] = d->plans[xmp_plan_index(in_e[k], XMP_DIR_ACT)].rbuf[a.mb];
+        for (int k = 0; k < nout; k++)
+            B[k] = d->plans[xmp_plan_index(out_e[k], XMP_DIR_ACT)].sbuf[a.mb];
         if (o->forward == NULL)
-            return cb_fail(d, "forward (NULL)", a.mb, -1);
+            return cb_fail(d, c, "forward (NULL)", a.mb, -1);
         rc = o->forward(o->user, a.mb, (const void *const *)A, B, &loss);
         d->loss_acc += loss;
         if (rc)
-            return cb_fail(d, "forward", a.mb, rc);
+            return cb_fail(d, c, "forward", a.mb, rc);
         if (++d->held > d->peak_held)
             d->peak_held = d->held;
         break;
     case XMP_ACT_B:
     case XMP_ACT_I:
-        for (int k = 0; k < d->nout; k++)
-            A[k] = d->plans[xmp_plan_index(d->out_e[k], XMP_DIR_GRAD)].buf[a.mb];
-        for (int k = 0; k < d->nin; k++)
-            B[k] = d->plans[xmp_plan_index(d->in_e[k], XMP_DIR_GRAD)].buf[a.mb];
+        for (int k = 0; k < nout; k++)
+            A[k] = d->plans[xmp_plan_index(out_e[k], XMP_DIR_GRAD)].rbuf[a.mb];
+        for (int k = 0; k < nin; k++)
+            B[k] = d->plans[xmp_plan_index(in_e[k], XMP_DIR_GRAD)].sbuf[a.mb];
         if (a.kind == XMP_ACT_B && o->backward) {
             rc = o->backward(o->user, a.mb, (const void *const *)A, B);
             if (rc)
-                return cb_fail(d, "backward", a.mb, rc);
+                return cb_fail(d, c, "backward", a.mb, rc);
         } else {
             if (o->backward_input == NULL)
-                return cb_fail(d, "backward_input (NULL)", a.mb, -1);
+                return cb_fail(d, c, "backward_input (NULL)", a.mb, -1);
             rc = o->backward_input(o->user, a.mb, (const void *const *)A, B);
             if (rc)
-                return cb_fail(d, "backward_input", a.mb, rc);
+                return cb_fail(d, c, "backward_input", a.mb, rc);
             if (a.kind == XMP_ACT_B) {
                 act_bytes(d);
                 if (o->backward_weight && (rc = o->backward_weight(o->user, a.mb)) != 0)
-                    return cb_fail(d, "backward_weight", a.mb, rc);
+                    return cb_fail(d, c, "backward_weight", a.mb, rc);
             }
         }
         if (a.kind == XMP_ACT_B)
@@ -559,16 +674,22 @@ static xmesh_result_t run_compute(xmp_driver_t *d, xmp_action_t a)
         break;
     case XMP_ACT_W:
         if (o->backward_weight && (rc = o->backward_weight(o->user, a.mb)) != 0)
-            return cb_fail(d, "backward_weight", a.mb, rc);
+            return cb_fail(d, c, "backward_weight", a.mb, rc);
         d->held--;
         break;
-    case XMP_ACT_R:
-        if (o->reduce_grads && (rc = o->reduce_grads(o->user)) != 0)
-            return cb_fail(d, "reduce_grads", -1, rc);
+    case XMP_ACT_R: /* every stage of the group */
+        for (int k = 0; k < d->nch; k++) {
+            o = &d->ch_ops[k];
+            if (o->reduce_grads && (rc = o->reduce_grads(o->user)) != 0)
+                return cb_fail(d, k, "reduce_grads", -1, rc);
+        }
         break;
     case XMP_ACT_O:
-        if (o->optimizer_step && (rc = o->optimizer_step(o->user)) != 0)
-            return cb_fail(d, "optimizer_step", -1, rc);
+        for (int k = 0; k < d->nch; k++) {
+            o = &d->ch_ops[k];
+            if (o->optimizer_step && (rc = o->optimizer_step(o->user)) != 0)
+                return cb_fail(d, k, "optimizer_step", -1, rc);
+        }
         break;
     }
     act_bytes(d);
@@ -585,6 +706,12 @@ static xmesh_result_t run_action(xmp_driver_t *d, xmp_action_t a)
         if (a.kind == XMP_ACT_START) {
             if (late)
                 return XMESH_SUCCESS; /* blocking mode: the receive starts at its wait */
+            /* both stages on this group: one request per microbatch, issued at the send
+             * (the receive buffer is always there) */
+            if (pl->role == 2 &&
+                d->ch_stage[a.chunk] !=
+                    (a.dir == XMP_DIR_ACT ? d->edges[a.edge].src : d->edges[a.edge].dst))
+                return XMESH_SUCCESS;
             pl->queue[pl->qtail++] = a.mb;
             return issue(d, p);
         }
@@ -599,8 +726,10 @@ static xmesh_result_t run_action(xmp_driver_t *d, xmp_action_t a)
         d->wait_s += t1 - t0;
         int e = a.edge;
         int recv_stage = a.dir == XMP_DIR_ACT ? d->edges[e].dst : d->edges[e].src;
-        int64_t flow =
-            pl->role == 1 && d->rank == lead_rank(d, recv_stage) ? flow_id(d, p, a.mb) : 0;
+        int64_t flow = (pl->role == 1 || (pl->role == 2 && d->ch_stage[a.chunk] == recv_stage)) &&
+                               d->rank == lead_rank(d, recv_stage)
+                           ? flow_id(d, p, a.mb)
+                           : 0;
         record(d, TR_WAIT, a, t0, t1, flow);
         return r;
     }
@@ -620,9 +749,9 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
         plan_t *pl = &d->plans[p];
         pl->qhead = pl->qtail = 0;
         memset(pl->done, 0, (size_t)d->M);
-        if (d->cfg.mode == XMP_COMM_SIGNAL && pl->role == 1)
+        if (d->cfg.mode == XMP_COMM_SIGNAL && (pl->role == 1 || pl->role == 2))
             for (int m = 0; m < d->M; m++)
-                memset(pl->buf[m], 0, pl->bytes ? pl->bytes : 1);
+                memset(pl->rbuf[m], 0, pl->rbytes ? pl->rbytes : 1);
     }
     d->compute_s = d->wait_s = d->loss_acc = 0;
     d->held = d->peak_held = 0;
@@ -631,11 +760,11 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     double t_start = MPI_Wtime();
     xmp_driver_t *saved = current_driver;
     current_driver = d;
-    if (d->stage >= 0) {
-        for (int j = 0; j < s->len[d->stage] && r == XMESH_SUCCESS; j++) {
+    if (d->group >= 0) {
+        for (int j = 0; j < s->len[d->group] && r == XMESH_SUCCESS; j++) {
             r = progress_all(d);
             if (r == XMESH_SUCCESS)
-                r = run_action(d, s->acts[d->stage][j]);
+                r = run_action(d, s->acts[d->group][j]);
         }
     }
     current_driver = saved;
@@ -667,6 +796,17 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
 xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double *i,
                                   const double *w, xmp_sim_result_t *res)
 {
+    xmp_sim_costs_t c;
+    memset(&c, 0, sizeof(c));
+    c.f = f;
+    c.i = i;
+    c.w = w;
+    return xmp_driver_predict_costs(d, &c, res);
+}
+
+xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *costs,
+                                        xmp_sim_result_t *res)
+{
     double *x = calloc((size_t)(d->P ? d->P : 1), sizeof(double));
     if (x == NULL)
         return XMESH_ERR_NO_MEMORY;
@@ -679,11 +819,7 @@ xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double
         }
         x[p] = info.predicted_s;
     }
-    xmp_sim_costs_t c;
-    memset(&c, 0, sizeof(c));
-    c.f = f;
-    c.i = i;
-    c.w = w;
+    xmp_sim_costs_t c = *costs;
     c.xfer = x;
     c.late_recv = d->cfg.mode == XMP_COMM_BLOCKING;
     int r = xmp_sim_run(d->cfg.sched, &c, res, d->err, sizeof(d->err));
@@ -711,7 +847,8 @@ static int ev_json(const xmp_driver_t *d, const ev_t *e, char *buf, size_t n)
 {
     static const char *tname[] = {"compute", "transfers", "waits"};
     char lab[32];
-    xmp_action_t a = {e->kind, e->mb, e->edge, e->dir};
+    xmp_action_t a = {e->kind, e->mb, e->edge, e->dir, e->chunk};
+    int stage = d->nch > 0 && e->chunk < d->nch ? d->ch_stage[e->chunk] : d->stage;
     if (e->track == TR_XFER)
         snprintf(lab, sizeof(lab), "%c%d.e%d", e->dir ? 'G' : 'A', e->mb, e->edge);
     else
@@ -720,7 +857,7 @@ static int ev_json(const xmp_driver_t *d, const ev_t *e, char *buf, size_t n)
     int k = snprintf(buf, n,
                      "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
                      "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"stage\":%d,\"mb\":%d}}",
-                     lab, tname[e->track], d->rank, e->track, ts, dur, d->stage, e->mb);
+                     lab, tname[e->track], d->rank, e->track, ts, dur, stage, e->mb);
     if (e->flow > 0 && k > 0 && (size_t)k < n) {
         if (e->track == TR_XFER)
             k += snprintf(buf + k, n - (size_t)k,

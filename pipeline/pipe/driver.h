@@ -59,6 +59,15 @@
  * The callbacks may call xmp_driver_progress(NULL) between layers so that
  * queued transfers are issued and finished ones retired while they compute.
  *
+ * Virtual stages: when the schedule puts several model stages on one rank group
+ * (sched->stage_group), the meshes of those stages list the same ranks (order and shape may
+ * differ), cfg.stage_ops gives each model stage its own callbacks and user pointer, and a rank
+ * runs all of its group's stages from one action list: each compute action calls the
+ * callbacks of its chunk's stage with that stage's in/out edges; R and O call reduce_grads and
+ * optimizer_step of every stage of the group in stage order. An edge between two stages of the
+ * same group is an xmesh plan like any other (this rank sends and receives; one request per
+ * microbatch, issued at the send). activation_bytes is summed over the group's stages.
+ *
  * Every rank of the job (also ranks in no stage) calls xmp_driver_create,
  * xmp_driver_step, xmp_driver_write_trace and xmp_driver_destroy together
  * (collective over cfg.comm).
@@ -172,6 +181,11 @@ typedef struct {
     xmp_stage_ops_t ops;            /* this rank's stage (ignored on ranks in no stage) */
     int mode;                       /* xmp_comm_mode_t */
     int trace;                      /* 1: record events for xmp_driver_write_trace */
+    /* Virtual stages: NULL, or nstages entries indexed by MODEL stage, each the callbacks and
+     * user pointer of that stage; a rank reads only the entries of its group's stages (others
+     * may be zero). Required when the schedule puts several stages on a group; when set,
+     * `ops` is ignored. */
+    const xmp_stage_ops_t *stage_ops;
 } xmp_driver_cfg_t;
 
 typedef struct xmp_driver xmp_driver_t;
@@ -200,8 +214,12 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats);
 /* Issues queued starts and retires finished requests; never blocks. d NULL:
  * the driver currently running xmp_driver_step on this thread (no-op if none). */
 void xmp_driver_progress(xmp_driver_t *d);
-/* This rank's stage (-1: none). */
+/* This rank's stage (-1: none); with virtual stages its group's lowest stage. */
 int xmp_driver_stage(const xmp_driver_t *d);
+/* This rank's group (-1: none): the index of its action list in the schedule. */
+int xmp_driver_group(const xmp_driver_t *d);
+/* This rank's model stages in chunk order into stages[0..max); returns how many it has. */
+int xmp_driver_stages(const xmp_driver_t *d, int *stages, int max);
 /* Detailed message of the driver's last error. */
 const char *xmp_driver_error(const xmp_driver_t *d);
 /* Predicted step by the timed simulator: per-stage costs (seconds) f, i, w
@@ -209,6 +227,11 @@ const char *xmp_driver_error(const xmp_driver_t *d);
  * predicted_s. res as in xmp_sim_run (free with xmp_sim_result_free). */
 xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double *i,
                                   const double *w, xmp_sim_result_t *res);
+/* The same with every simulator input of costs (compute costs per model stage, b, r, o and the
+ * memory model: act_bytes, ckpt_bytes, selective_keep, whose peak_bytes per group the caller
+ * can set against the measured peak_act_bytes); xfer and late_recv come from the driver. */
+xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *costs,
+                                        xmp_sim_result_t *res);
 /* Mean over the activation plans (every edge, producer -> consumer) of xmesh's predicted
  * seconds (xmesh_plan_get_info); 0 without edges and in signal mode (no data moves). Local. */
 double xmp_driver_mean_act_seconds(xmp_driver_t *d);

@@ -23,8 +23,10 @@ int xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t
     char msg[512];
     xmp_schedule_t *ns = NULL;
     xmp_driver_t *nd = NULL;
-    if (xmp_sched_generate(rp->kind, S, rp->nmb, rp->nedges, rp->sedges, &go, &ns, msg,
-                           sizeof msg) != 0) {
+    go.recompute = (*sched)->recompute; /* keep the stage -> group map and recomputation */
+    go.recompute_frac = (*sched)->recompute_frac;
+    if (xmp_sched_generate_map(rp->kind, S, (*sched)->ngroups, (*sched)->stage_group, rp->nmb,
+                               rp->nedges, rp->sedges, &go, &ns, msg, sizeof msg) != 0) {
         snprintf(err, errlen, "re-planning the schedule: %s", msg);
         return -1;
     }

@@ -14,3 +14,16 @@ foreach(spec "4;ab" "6;c")
   set_tests_properties(pipeline.driver.n${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
     ENVIRONMENT "${XMP_DRIVER_ENV}")
 endforeach()
+# Virtual stages under mpiexec: several model stages per rank group (interleaved-1f1b, zb-v,
+# v-1f1b, with and without the weight-gradient delay, three comm modes), boundaries between
+# stages of one group and between groups as xmesh plans, every gradient element against a
+# one-process computation; 2 and 4 ranks.
+add_executable(test_pipeline_driver_virtual ${CMAKE_CURRENT_LIST_DIR}/test_driver_virtual.c)
+target_link_libraries(test_pipeline_driver_virtual PRIVATE xmesh_pipeline)
+foreach(np 2 4)
+  add_test(NAME pipeline.driver.virtual.n${np}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_pipeline_driver_virtual> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.driver.virtual.n${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+    ENVIRONMENT "${XMP_DRIVER_ENV}")
+endforeach()
