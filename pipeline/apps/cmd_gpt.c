@@ -4,9 +4,11 @@
  * shuffled training loader (MT19937 seeded 42+rank).
  *
  * Modes: --serial (one process, the reference), or under mpirun one or more pipeline stages,
- * each a dp x tp mesh of SBP-parallel layers (models/gpt2_par.h) run by the pipeline driver
- * (pipe/driver.h): --mesh RxC --dp N --tp N for one stage, --stages / --layout /
- * --stage-mesh / --stage-dp / --stage-tp for several. Every rank reads the same batches.
+ * each a mesh of 1 to 4 axes of SBP-parallel layers (models/gpt2_par.h) run by the pipeline
+ * driver (pipe/driver.h): --mesh RxC --dp N --tp N for one 2-axis stage, --stages / --layout /
+ * --stage-mesh (2x2x2,1x4) / --stage-dp / --stage-tp for several; --strategy or
+ * --stage-strategy give the SBP of every parameter and activation class (nn/strategy.h,
+ * docs/STRATEGY.md). Every rank reads the same batches.
  *
  * Structure for later work: gpt_opts_t holds every flag; parse_gpt_flags() fills it (add
  * --mesh RxC / --dp / --tp / pipeline flags there), setup_model() and setup_data() build the
@@ -53,6 +55,9 @@ typedef struct {
     const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace, *cluster;
     int dp, tp, stages, microbatches, schedule, delay_wgrad, comm, print_schedule;
     int check_serial;
+    /* strategies (nn/strategy.h): one for all stages, or one per stage */
+    const char *strategy, *stage_strategy;
+    int print_strategy;
 } gpt_opts_t;
 
 static void gpt_defaults(gpt_opts_t *o)
@@ -104,11 +109,17 @@ static void gpt_usage(void)
         "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
         "  --bench             print tokens/s median/min/max over steps after --warmup (1)\n"
         "  --blas-threads N    OpenBLAS threads (1)\n"
-        "parallel (under mpirun; axis 0 of a mesh is data parallel, axis 1 tensor parallel):\n"
+        "parallel (under mpirun; with --mesh/--dp/--tp a stage mesh is dp x tp):\n"
         "  --mesh RxC --dp N --tp N   one stage on all ranks (R = dp, C = tp)\n"
         "  --stages N          pipeline stages; blocks split evenly, E first, L last\n"
         "  --layout 'E,t*3|t*3,L'     explicit layers per stage (Megatron style)\n"
-        "  --stage-mesh 2x1,1x2  --stage-dp 2,1  --stage-tp 1,2   per-stage meshes\n"
+        "  --stage-mesh 2x2x2,1x4    per-stage meshes of 1 to 4 axes each (2x1,1x2: dp x tp)\n"
+        "  --stage-dp 2,1  --stage-tp 1,2   per-stage 2-axis dp x tp meshes (shorthands)\n"
+        "  --strategy NAME|FILE       SBP of every parameter and activation class, all stages:\n"
+        "                      built-in dp, megatron (default), 3d, axonn, or a strategy file\n"
+        "                      (docs/STRATEGY.md)\n"
+        "  --stage-strategy A,B       one strategy (name or file) per stage\n"
+        "  --print-strategy    print the resolved strategy of each stage and exit\n"
         "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
@@ -157,6 +168,10 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             o->print_schedule = 1;
             continue;
         }
+        if (!strcmp(a, "--print-strategy")) {
+            o->print_strategy = 1;
+            continue;
+        }
         if (!strcmp(a, "--check-serial")) {
             o->check_serial = 1;
             continue;
@@ -201,6 +216,8 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
             {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
             {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
+            {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
+            {"--stage-strategy", NULL, 0, 0, NULL, 0, 0, &o->stage_strategy},
         };
         size_t k, nt = sizeof t / sizeof t[0];
         for (k = 0; k < nt; k++)
@@ -243,9 +260,13 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
      * top of XMESH_*), so the schedule's predicted transfers use it too. */
     if (o->cluster)
         setenv("XMESH_CLUSTER_FILE", o->cluster, 1);
-    if (o->serial && (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh ||
-                      o->stage_dp || o->stage_tp))
-        return xmp_cli_error("--serial runs one process: drop the mesh and stage flags");
+    if (o->serial &&
+        (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh || o->stage_dp ||
+         o->stage_tp || o->strategy || o->stage_strategy || o->print_strategy))
+        return xmp_cli_error("--serial runs one process: drop the mesh, stage and strategy flags");
+    if (o->strategy && o->stage_strategy)
+        return xmp_cli_error("--strategy '%s' and --stage-strategy '%s' are exclusive", o->strategy,
+                             o->stage_strategy);
     if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
         return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
     if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
@@ -319,6 +340,11 @@ typedef struct {
     float first_loss, last_loss;
     double t_start;
     int n;
+    /* parallel runs, rank 0: per rank {stage, param, optimizer, compute param, grad bytes} */
+    const int64_t *mem;
+    int mem_ranks;
+    const xmp_stage_layout_t *sl; /* parallel runs: stage meshes and strategies */
+    const xmp_strategy_t *strat;
 } step_log_t;
 
 static int step_log_open(step_log_t *s, const gpt_opts_t *o, const xmp_gpt2_t *m,
@@ -445,6 +471,36 @@ static int step_log_close(step_log_t *s, int ok)
         xmp_json_num(&s->json, "tokens_per_s_median", med);
         xmp_json_num(&s->json, "tokens_per_s_min", mn);
         xmp_json_num(&s->json, "tokens_per_s_max", mx);
+        if (s->sl && s->strat) {
+            xmp_json_arr_begin(&s->json, "stages");
+            for (int k = 0; k < s->sl->nstages; k++) {
+                char mesh[64] = "";
+                for (int a = 0, at = 0; a < s->sl->ndim[k] && at < (int)sizeof mesh; a++)
+                    at += snprintf(mesh + at, sizeof mesh - (size_t)at, "%s%d", a ? "x" : "",
+                                   s->sl->shape[k][a]);
+                xmp_json_obj_begin(&s->json, NULL);
+                xmp_json_str(&s->json, "mesh", mesh);
+                xmp_json_str(&s->json, "strategy", s->strat[k].name);
+                xmp_json_str(&s->json, "strategy_source", s->strat[k].source);
+                xmp_json_obj_end(&s->json);
+            }
+            xmp_json_arr_end(&s->json);
+        }
+        if (s->mem) {
+            xmp_json_arr_begin(&s->json, "memory_per_rank");
+            for (int r = 0; r < s->mem_ranks; r++) {
+                const int64_t *v = s->mem + 5 * r;
+                xmp_json_obj_begin(&s->json, NULL);
+                xmp_json_int(&s->json, "rank", r);
+                xmp_json_int(&s->json, "stage", (long long)v[0]);
+                xmp_json_int(&s->json, "param_bytes", (long long)v[1]);
+                xmp_json_int(&s->json, "optimizer_bytes", (long long)v[2]);
+                xmp_json_int(&s->json, "compute_param_bytes", (long long)v[3]);
+                xmp_json_int(&s->json, "grad_bytes", (long long)v[4]);
+                xmp_json_obj_end(&s->json);
+            }
+            xmp_json_arr_end(&s->json);
+        }
         xmp_json_obj_end(&s->json);
         xmp_json_obj_end(&s->json);
         rc = xmp_json_close(&s->json);
@@ -578,6 +634,11 @@ static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layou
             tp = "1";
     }
     int stages = o->stages ? o->stages : (o->layout ? 0 : 1);
+    if (!o->stages && !o->layout && o->stage_mesh) { /* one stage per mesh */
+        stages = 1;
+        for (const char *p = o->stage_mesh; *p; p++)
+            stages += *p == ',';
+    }
     /* Without any mesh flag: one stage, dp = ranks (pure data parallel). */
     char alldp[32];
     if (!meshes && !dp && !tp && stages == 1 && !o->layout) {
@@ -624,6 +685,50 @@ static int replan(const gpt_opts_t *o, xmp_gpt2_stage_t *st, const xmp_stage_lay
     return 0;
 }
 
+/* Resolves the strategy of every stage (the same on every rank): --strategy for
+ * all, --stage-strategy per stage (one entry: all), else megatron; each loaded
+ * for its stage's axis count and checked against the model. */
+static int resolve_strategies(const gpt_opts_t *o, const xmp_gpt2_config_t *cfg,
+                              const xmp_stage_layout_t *sl, xmp_strategy_t *out, char *err,
+                              size_t errlen)
+{
+    char names[XMP_MAX_STAGES][256];
+    int n = 0;
+    const char *flag = o->stage_strategy ? "--stage-strategy" : "--strategy";
+    const char *list = o->stage_strategy ? o->stage_strategy : o->strategy;
+    if (!list)
+        list = "megatron";
+    for (const char *p = list;; n++) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (n >= XMP_MAX_STAGES || len == 0 || len >= sizeof names[0] || (!o->stage_strategy && q))
+            return snprintf(err, errlen, "%s '%s': expected %s", flag, list,
+                            o->stage_strategy ? "one name or file per stage, separated by ','"
+                                              : "one name or file (per stage: --stage-strategy)"),
+                   -1;
+        memcpy(names[n], p, len);
+        names[n][len] = '\0';
+        if (!q) {
+            n++;
+            break;
+        }
+        p = q + 1;
+    }
+    if (n != 1 && n != sl->nstages)
+        return snprintf(err, errlen, "%s '%s' has %d entries for %d stages", flag, list, n,
+                        sl->nstages),
+               -1;
+    for (int s = 0; s < sl->nstages; s++) {
+        char sub[640];
+        if (xmp_strategy_load(names[n == 1 ? 0 : s], xmp_gpt2_strategy_builtin,
+                              XMP_GPT2_BUILTIN_STRATEGIES, sl->ndim[s], &out[s], sub, sizeof sub))
+            return snprintf(err, errlen, "stage %d: %.400s", s, sub), -1;
+        if (xmp_gpt2_strategy_check(&out[s], cfg, s, sl->ndim[s], sl->shape[s], err, errlen))
+            return -1;
+    }
+    return 0;
+}
+
 static int run_parallel(const gpt_opts_t *oin)
 {
     int prov, rank, size, rc = 1;
@@ -647,6 +752,8 @@ static int run_parallel(const gpt_opts_t *oin)
     xmp_schedule_t *sched = NULL;
     xmp_driver_t *drv = NULL;
     double *ref = NULL;
+    int64_t *all_mem = NULL;
+    xmp_strategy_t *strat = NULL;
     const char *desc = NULL;
     int have_log = 0, ok = 0, mismatch = 0;
     step_log_t log;
@@ -657,12 +764,32 @@ static int run_parallel(const gpt_opts_t *oin)
             xmp_cli_error("stage layout: %s", err);
         goto out;
     }
+    strat = calloc((size_t)sl.nstages, sizeof *strat);
+    if (!strat || resolve_strategies(o, &m.cfg, &sl, strat, err, sizeof err) != 0) {
+        if (rank == 0)
+            xmp_cli_error("strategy: %s", strat ? err : "out of memory");
+        goto out;
+    }
+    if (o->print_strategy) {
+        if (rank == 0) {
+            char *buf = malloc(1 << 16), meshes[256];
+            xmp_stage_layout_format_meshes(&sl, meshes, sizeof meshes);
+            printf("# %d stage(s), meshes %s\n", sl.nstages, meshes);
+            for (int s = 0; buf && s < sl.nstages; s++) {
+                xmp_strategy_format(&strat[s], buf, 1 << 16);
+                printf("# stage %d: %s (%s)\n%s", s, strat[s].name, strat[s].source, buf);
+            }
+            free(buf);
+        }
+        rc = 0;
+        goto out;
+    }
     if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {
         xmp_cli_error("xmesh_ctx_create_mpi: %s", xmesh_last_error());
         goto out;
     }
-    xmp_gpt2_train_cfg_t tc = {o->batch, o->seq,   o->microbatches, o->lr,
-                               o->beta1, o->beta2, o->eps,          o->wd};
+    xmp_gpt2_train_cfg_t tc = {o->batch, o->seq, o->microbatches, o->lr, o->beta1,
+                               o->beta2, o->eps, o->wd,           strat};
     if (xmp_gpt2_stage_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, &st, err, sizeof err) != 0) {
         if (rank == 0)
             xmp_cli_error("%s", err);
@@ -817,6 +944,35 @@ static int run_parallel(const gpt_opts_t *oin)
         }
         ok = step == o->steps - 1;
     }
+    /* Parameter + optimizer bytes per rank (sharded storage shows here). */
+    int64_t mine_mem[5] = {0};
+    all_mem = rank == 0 ? calloc((size_t)size * 5, 8) : NULL;
+    xmp_gpt2_stage_memory_t mem;
+    xmp_gpt2_stage_memory(st, &mem);
+    mine_mem[0] = xmp_gpt2_stage_index(st);
+    mine_mem[1] = mem.param_bytes;
+    mine_mem[2] = mem.optimizer_bytes;
+    mine_mem[3] = mem.compute_param_bytes;
+    mine_mem[4] = mem.grad_bytes;
+    int64_t dummy[5];
+    MPI_Gather(mine_mem, 5, MPI_INT64_T, all_mem ? all_mem : dummy, 5, MPI_INT64_T, 0,
+               MPI_COMM_WORLD);
+    if (all_mem) {
+        printf("memory per rank (bytes): stored parameters + AdamW moments (compute copies, "
+               "gradient accumulators)\n");
+        for (int r = 0; r < size; r++) {
+            const int64_t *v = all_mem + 5 * r;
+            printf("  rank %d stage %lld: %lld + %lld = %lld (%lld, %lld)\n", r, (long long)v[0],
+                   (long long)v[1], (long long)v[2], (long long)(v[1] + v[2]), (long long)v[3],
+                   (long long)v[4]);
+        }
+        if (have_log) {
+            log.mem = all_mem;
+            log.mem_ranks = size;
+            log.sl = &sl;
+            log.strat = strat;
+        }
+    }
     if (have_log && step_log_close(&log, ok) != 0)
         ok = 0;
     have_log = 0;
@@ -852,6 +1008,8 @@ out:
     xmp_llmc_loader_free(&ld);
     xmp_gpt2_free(&m);
     free(ref);
+    free(strat);
+    free(all_mem);
     MPI_Finalize();
     return rc;
 }

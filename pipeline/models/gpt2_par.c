@@ -1,4 +1,4 @@
-/* GPT-2 pipeline stages of SBP-parallel layers: see gpt2_par.h. */
+/* GPT-2 pipeline stages of SBP-parallel layers driven by a strategy: see gpt2_par.h. */
 #include "models/gpt2_par.h"
 
 #include <math.h>
@@ -8,101 +8,27 @@
 #include <string.h>
 
 #include "nn/kernels.h"
+#include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
 
 #define NPT XMP_GPT2_NUM_PARAM_TENSORS
+#define NAX XMP_MAX_MESH_DIMS
 
-/* One parameter tensor of this stage (one layer's slice of a stacked tensor). */
-typedef struct {
-    int id, layer;  /* XMP_GPT2_*, layer (-1: not per layer) */
-    xmp_tensor_t w; /* SBP B over dp, tp_sbp() over tp */
-    xmp_tensor_t g; /* gradient, P over dp (boxed to B in R) */
-    float *m, *v;   /* AdamW moments (local) */
-} par_t;
+/* ------------------------------------------------------------- classes */
 
-/* Saved activations of one transformer block for one microbatch. */
-typedef struct {
-    xmp_tensor_t ln1, qkv, atty, res1, ln2, fch, fcg, res2;
-    float *m1, *r1, *m2, *r2, *att;
-} blk_t;
+/* Parameter classes in llm.c order (index = XMP_GPT2_*). */
+static const char *const pclass[NPT] = {
+    "wte",   "wpe",   "ln1.w", "ln1.b", "qkv.w",    "qkv.b",    "attproj.w", "attproj.b",
+    "ln2.w", "ln2.b", "fc.w",  "fc.b",  "fcproj.w", "fcproj.b", "lnf.w",     "lnf.b"};
 
-/* A queued weight-gradient GEMM: dW += dy^T x (and db += sum dy). */
-typedef struct {
-    xmp_tensor_t dy;       /* owned */
-    const xmp_tensor_t *x; /* saved activation of the same microbatch */
-    int pw, pb;            /* parameter indexes (pb -1: no bias) */
-} wq_t;
+enum { A_X, A_LN1, A_QKV, A_ATT, A_LN2, A_FCH, A_GELU, A_LNF, A_LOGITS, NACT };
+static const char *const aclass[NACT] = {"act.x",   "act.ln1",  "act.qkv", "act.att",   "act.ln2",
+                                         "act.fch", "act.gelu", "act.lnf", "act.logits"};
 
-typedef struct {
-    int live;
-    xmp_tensor_t tok, x0, lnf, dlogits;
-    float *mf, *rf;
-    blk_t *b;
-    wq_t *wq;
-    int nwq, capwq;
-    int64_t bytes;
-} mb_t;
-
-struct xmp_gpt2_stage {
-    MPI_Comm comm;
-    int rank, size;
-    xmesh_ctx_t ctx;
-    xmp_gpt2_config_t cfg;
-    xmp_gpt2_train_cfg_t tc;
-    xmp_stage_layout_t lay;
-    xmp_mesh_t *meshes[XMP_MAX_STAGES];
-    int *ranks; /* all stage ranks, stage after stage */
-    int stage, dp, tp, Bm;
-    xmp_mesh_t *mesh;
-    int has_e, has_l, l0, nl; /* blocks l0 .. l0+nl-1 */
-    par_t *p;
-    int np;
-    int *pidx; /* (id, layer+1) -> index in p, or -1 */
-    mb_t *mb;
-    const int *inputs, *targets;
-    int step;
-    float *work; /* attention backward scratch, T floats */
-    xmp_gpt2_stage_times_t times;
-    double comm0;
-    /* tied wte across the first and last stage */
-    int tie_first, tie_last;
-    xmesh_plan_t tie_fl, tie_lf;
-    int64_t edge_shape[3];
-};
-
-static int set_err(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int set_err(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && n)
-        vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-/* Split of each parameter tensor over the tensor-parallel axis. */
-static xmp_sbp_t tp_sbp(int id)
-{
-    switch (id) {
-    case XMP_GPT2_WTE:
-    case XMP_GPT2_FCW:
-    case XMP_GPT2_FCB:
-        return xmp_sbp_s(0);
-    case XMP_GPT2_QKVW: /* viewed (3, C, C) */
-    case XMP_GPT2_QKVB: /* viewed (3, C) */
-    case XMP_GPT2_ATTPROJW:
-    case XMP_GPT2_FCPROJW:
-        return xmp_sbp_s(1);
-    default:
-        return xmp_sbp_b();
-    }
-}
-
-/* Global shape of one layer's slice of tensor id (views for QKV). */
+/* Global shape of one layer's slice of parameter id (views for QKV). */
 static int param_shape(const xmp_gpt2_config_t *c, int id, int64_t *s)
 {
-    int64_t C = c->channels;
+    int64_t C = c->channels, NH = c->num_heads;
     switch (id) {
     case XMP_GPT2_WTE:
         s[0] = c->padded_vocab_size, s[1] = C;
@@ -111,11 +37,11 @@ static int param_shape(const xmp_gpt2_config_t *c, int id, int64_t *s)
         s[0] = c->max_seq_len, s[1] = C;
         return 2;
     case XMP_GPT2_QKVW:
-        s[0] = 3, s[1] = C, s[2] = C;
-        return 3;
+        s[0] = 3, s[1] = NH, s[2] = C / NH, s[3] = C;
+        return 4;
     case XMP_GPT2_QKVB:
-        s[0] = 3, s[1] = C;
-        return 2;
+        s[0] = 3, s[1] = NH, s[2] = C / NH;
+        return 3;
     case XMP_GPT2_ATTPROJW:
         s[0] = C, s[1] = C;
         return 2;
@@ -134,26 +60,422 @@ static int param_shape(const xmp_gpt2_config_t *c, int id, int64_t *s)
     }
 }
 
-static int is_per_layer(int id)
+/* Global shape of activation class a for microbatches of Bm rows. */
+static int act_shape(const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int a, int64_t *s)
 {
-    return id != XMP_GPT2_WTE && id != XMP_GPT2_WPE && id != XMP_GPT2_LNFW && id != XMP_GPT2_LNFB;
+    int64_t C = c->channels;
+    s[0] = Bm, s[1] = T, s[2] = C;
+    switch (a) {
+    case A_QKV:
+        s[2] = 3, s[3] = c->num_heads, s[4] = C / c->num_heads;
+        return 5;
+    case A_FCH:
+    case A_GELU:
+        s[2] = 4 * C;
+        return 3;
+    case A_LOGITS:
+        s[2] = c->padded_vocab_size;
+        return 3;
+    default:
+        return 3;
+    }
 }
+
+/* ------------------------------------------------------------ built-ins */
+
+/* Per-axis role in a built-in: data (batch split, parameters B), tensor
+ * (Megatron's tensor-parallel axis), and the three roles of AutoDDL's 3-D
+ * matmul (paper 000, section 4.3): rows R, output columns A, contracted K. */
+enum { R_DATA, R_TP, R_3R, R_3A, R_3K };
+
+/* SBP text of class name on an axis of role r. */
+static const char *role_sbp(int r, const char *cls)
+{
+    static const struct {
+        const char *cls, *tp, *a, *k;
+    } t[] = {
+        /*  class        megatron tp  3d A     3d K */
+        {"wte", "S(0)", "S(0)", "S(1)"},
+        {"wpe", "B", "B", "B"},
+        {"ln1.w", "B", "B", "B"},
+        {"ln1.b", "B", "B", "B"},
+        {"qkv.w", "S(1)", "S(1)", "S(3)"},
+        {"qkv.b", "S(1)", "S(1)", "B"},
+        {"attproj.w", "S(1)", "S(0)", "S(1)"},
+        {"attproj.b", "B", "S(0)", "B"},
+        {"ln2.w", "B", "B", "B"},
+        {"ln2.b", "B", "B", "B"},
+        {"fc.w", "S(0)", "S(0)", "S(1)"},
+        {"fc.b", "S(0)", "S(0)", "B"},
+        {"fcproj.w", "S(1)", "S(0)", "S(1)"},
+        {"fcproj.b", "B", "S(0)", "B"},
+        {"lnf.w", "B", "B", "B"},
+        {"lnf.b", "B", "B", "B"},
+        {"act.x", "B", "S(1)", "S(1)"},
+        {"act.ln1", "B", "B", "S(2)"},
+        {"act.qkv", "S(3)", "S(3)", "S(3)"},
+        {"act.att", "S(2)", "B", "S(2)"},
+        {"act.ln2", "B", "B", "S(2)"},
+        {"act.fch", "S(2)", "S(2)", "S(2)"},
+        {"act.gelu", "S(2)", "B", "S(2)"},
+        {"act.lnf", "B", "B", "S(2)"},
+        {"act.logits", "S(2)", "S(2)", "S(2)"},
+    };
+    int is_act = !strncmp(cls, "act.", 4);
+    if (r == R_DATA || r == R_3R)
+        return is_act ? "S(0)" : "B";
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(t[i].cls, cls))
+            return r == R_TP ? t[i].tp : r == R_3A ? t[i].a : t[i].k;
+    return "B";
+}
+
+int xmp_gpt2_strategy_builtin(const char *name, int naxes, char *text, size_t n, char *err,
+                              size_t errlen)
+{
+    int role[NAX], depth = -1; /* axonn: the axis the weights are stored split over */
+    if (naxes < 1 || naxes > NAX) {
+        snprintf(err, errlen, "built-in strategy '%s': mesh of %d axes (must be 1..%d)", name,
+                 naxes, NAX);
+        return -1;
+    }
+    if (!strcmp(name, "dp")) {
+        for (int a = 0; a < naxes; a++)
+            role[a] = R_DATA;
+    } else if (!strcmp(name, "megatron")) {
+        for (int a = 0; a < naxes; a++)
+            role[a] = a == naxes - 1 ? R_TP : R_DATA;
+    } else if (!strcmp(name, "3d")) {
+        /* The last three axes are AutoDDL's (R, A, K); a 4th (leading) axis is
+         * data parallel; on fewer axes the last roles are kept (A, K / K). */
+        static const int r3[3] = {R_3R, R_3A, R_3K};
+        for (int a = 0; a < naxes; a++) {
+            int k = 3 - (naxes - a);
+            role[a] = k < 0 ? R_DATA : r3[k];
+        }
+    } else if (!strcmp(name, "axonn")) {
+        if (naxes < 3) {
+            snprintf(err, errlen,
+                     "built-in strategy 'axonn' needs a mesh of 3 or 4 axes (3d's rows axis is "
+                     "the depth axis its weights are stored split over); this mesh has %d",
+                     naxes);
+            return -1;
+        }
+        static const int r3[3] = {R_3R, R_3A, R_3K};
+        for (int a = 0; a < naxes; a++) {
+            int k = 3 - (naxes - a);
+            role[a] = k < 0 ? R_DATA : r3[k];
+        }
+        depth = naxes - 3;
+    } else {
+        return 1;
+    }
+    size_t at = 0;
+    int w = snprintf(text, n, "# GPT-2 built-in '%s' for %d mesh axes (roles:", name, naxes);
+    at += w > 0 ? (size_t)w : 0;
+    static const char *rn[] = {"data", "tensor", "3d-rows/depth", "3d-cols", "3d-contracted"};
+    for (int a = 0; a < naxes && at < n; a++) {
+        w = snprintf(text + at, n - at, " %s", rn[role[a]]);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    if (at < n) {
+        w = snprintf(text + at, n - at, ")\nstrategy %s axes=%d\n", name, naxes);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    for (int i = 0; i < NPT + NACT && at < n; i++) {
+        const char *cls = i < NPT ? pclass[i] : aclass[i - NPT];
+        w = snprintf(text + at, n - at, "%s =", cls);
+        at += w > 0 ? (size_t)w : 0;
+        for (int a = 0; a < naxes && at < n; a++) {
+            w = snprintf(text + at, n - at, "%s%s", a ? "," : " ", role_sbp(role[a], cls));
+            at += w > 0 ? (size_t)w : 0;
+        }
+        /* AxoNN (paper 001, section III-B): the weight matrices, replicated
+         * over the depth axis by 3d, are stored split over it once more
+         * (dim 0); gathered before use, gradients reduce-scattered. */
+        int weight = i == XMP_GPT2_WTE || i == XMP_GPT2_QKVW || i == XMP_GPT2_ATTPROJW ||
+                     i == XMP_GPT2_FCW || i == XMP_GPT2_FCPROJW;
+        for (int a = 0; depth >= 0 && weight && a < naxes && at < n; a++) {
+            const char *v = a == depth ? "S(0)" : role_sbp(role[a], cls);
+            w = snprintf(text + at, n - at, "%s%s", a ? "," : " store ", v);
+            at += w > 0 ? (size_t)w : 0;
+        }
+        if (at < n) {
+            w = snprintf(text + at, n - at, "\n");
+            at += w > 0 ? (size_t)w : 0;
+        }
+    }
+    if (at >= n) {
+        snprintf(err, errlen, "built-in strategy '%s': text longer than %zu bytes", name, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------- validation */
+
+static int set_err(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_err(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && n)
+        vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* One op of the stage through the pure SBP deduction (nn/sbp_layers.h). */
+static int deduce(int stage, const char *what, const char *op, int naxes, int nin, const int *nd,
+                  const xmp_sbp_t *const *in, xmp_sbp_t *out, char *err, size_t errlen)
+{
+    char msg[400];
+    if (xmp_sbp_deduce(op, naxes, nin, nd, in, out, msg, sizeof msg))
+        return set_err(err, errlen, "stage %d: %s: %s", stage, what, msg);
+    return 0;
+}
+
+int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c, int stage,
+                            int ndim, const int *shape, char *err, size_t errlen)
+{
+    const char *known[NPT + NACT];
+    for (int i = 0; i < NPT; i++)
+        known[i] = pclass[i];
+    for (int i = 0; i < NACT; i++)
+        known[NPT + i] = aclass[i];
+    char sub[512];
+    if (s->naxes != ndim)
+        return set_err(err, errlen,
+                       "stage %d: strategy '%s' (%s) has axes=%d, the stage mesh has %d axes",
+                       stage, s->name, s->source, s->naxes, ndim);
+    if (xmp_strategy_check_classes(s, known, NPT + NACT, known, NPT + NACT, sub, sizeof sub))
+        return set_err(err, errlen, "stage %d: %s", stage, sub);
+    /* Every S(d) within the class' dims; parameters S or B. */
+    for (int i = 0; i < NPT + NACT; i++) {
+        const xmp_strategy_entry_t *e = xmp_strategy_get(s, known[i]);
+        int64_t sh[8];
+        int nd = i < NPT ? param_shape(c, i, sh) : act_shape(c, 1, 1, i - NPT, sh);
+        for (int a = 0; a < ndim; a++) {
+            xmp_sbp_t v = e->sbp[a];
+            if (v.kind == XMP_S && v.dim >= nd)
+                return set_err(err, errlen,
+                               "stage %d: class %s (%s line %d): mesh axis %d: S(%d) but %s has "
+                               "%d dims",
+                               stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
+            if (i < NPT && v.kind == XMP_P)
+                return set_err(err, errlen,
+                               "stage %d: class %s: mesh axis %d: P: missing SBP rule 'partial "
+                               "parameter' (a parameter is computed with S or B; its gradient "
+                               "is the P)",
+                               stage, e->cls, a);
+        }
+        for (int a = 0; e->has_store && a < ndim; a++) {
+            xmp_sbp_t v = e->store[a];
+            if (i >= NPT)
+                return set_err(err, errlen,
+                               "stage %d: class %s (%s line %d): a storage SBP is for parameters "
+                               "only",
+                               stage, e->cls, s->source, e->line);
+            if (v.kind == XMP_P)
+                return set_err(err, errlen,
+                               "stage %d: class %s: mesh axis %d: storage P: missing SBP rule "
+                               "'partial storage' (store S or B)",
+                               stage, e->cls, a);
+            if (v.kind == XMP_S && v.dim >= nd)
+                return set_err(err, errlen,
+                               "stage %d: class %s (%s line %d): mesh axis %d: storage S(%d) but "
+                               "%s has %d dims",
+                               stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
+        }
+    }
+    /* The tensor between stages: S or B (a partial sum would cross as P). */
+    const xmp_strategy_entry_t *x = xmp_strategy_get(s, "act.x");
+    for (int a = 0; a < ndim; a++)
+        if (x->sbp[a].kind == XMP_P)
+            return set_err(err, errlen,
+                           "stage %d: class act.x: mesh axis %d: P: missing SBP rule 'partial "
+                           "residual stream' (the tensor between stages must be S or B)",
+                           stage, a);
+            /* Every op of a stage holding every layer kind, through the deduction
+             * rules: the first op that no rule covers is named with its classes. */
+#define SB(cls) (xmp_strategy_get(s, cls)->sbp)
+    xmp_sbp_t out[NAX], tok[NAX];
+    for (int a = 0; a < NAX; a++) {
+        xmp_sbp_t v = a < ndim ? x->sbp[a] : xmp_sbp_b();
+        tok[a] = v.kind == XMP_S && v.dim < 2 ? v : xmp_sbp_b();
+    }
+    const struct {
+        const char *what, *op;
+        int nin;
+        int nd[3];
+        const xmp_sbp_t *in[3];
+    } ops[] = {
+        {"embedding of the tokens (act.x's batch/sequence split) x wte",
+         "embedding",
+         2,
+         {2, 2},
+         {tok, SB("wte")}},
+        {"layernorm of act.x (ln1.w, ln1.b)",
+         "layernorm",
+         3,
+         {3, 1, 1},
+         {SB("act.x"), SB("ln1.w"), SB("ln1.b")}},
+        {"linear act.ln1 x qkv.w (+ qkv.b)",
+         "linear",
+         3,
+         {3, 4, 3},
+         {SB("act.ln1"), SB("qkv.w"), SB("qkv.b")}},
+        {"class act.qkv", "attention", 1, {5}, {SB("act.qkv")}},
+        {"linear act.att x attproj.w (+ attproj.b)",
+         "linear",
+         3,
+         {3, 2, 1},
+         {SB("act.att"), SB("attproj.w"), SB("attproj.b")}},
+        {"layernorm of act.x (ln2.w, ln2.b)",
+         "layernorm",
+         3,
+         {3, 1, 1},
+         {SB("act.x"), SB("ln2.w"), SB("ln2.b")}},
+        {"linear act.ln2 x fc.w (+ fc.b)",
+         "linear",
+         3,
+         {3, 2, 1},
+         {SB("act.ln2"), SB("fc.w"), SB("fc.b")}},
+        {"gelu of act.fch", "gelu", 1, {3}, {SB("act.fch")}},
+        {"linear act.gelu x fcproj.w (+ fcproj.b)",
+         "linear",
+         3,
+         {3, 2, 1},
+         {SB("act.gelu"), SB("fcproj.w"), SB("fcproj.b")}},
+        {"layernorm of act.x (lnf.w, lnf.b)",
+         "layernorm",
+         3,
+         {3, 1, 1},
+         {SB("act.x"), SB("lnf.w"), SB("lnf.b")}},
+        {"linear act.lnf x wte (tied head)", "linear", 2, {3, 2}, {SB("act.lnf"), SB("wte")}},
+        {"cross_entropy of act.logits", "cross_entropy", 2, {3, 2}, {SB("act.logits"), tok}},
+    };
+#undef SB
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (deduce(stage, ops[i].what, ops[i].op, ndim, ops[i].nin, ops[i].nd, ops[i].in, out, err,
+                   errlen))
+            return -1;
+    /* The attention output (Bm, T, NH, hs) is used as (Bm, T, C): the heads
+     * must split evenly over the axes that split them. */
+    const xmp_strategy_entry_t *q = xmp_strategy_get(s, "act.qkv");
+    int hsplit = 1;
+    char axes[64] = "";
+    for (int a = 0; a < ndim; a++)
+        if (q->sbp[a].kind == XMP_S && q->sbp[a].dim == 3) {
+            hsplit *= shape[a];
+            size_t l = strlen(axes);
+            snprintf(axes + l, sizeof axes - l, "%s%d", l ? "," : "", a);
+        }
+    if (c->num_heads % hsplit)
+        return set_err(err, errlen,
+                       "stage %d: %d heads cannot be split over tensor-parallel degree %d (heads "
+                       "%% tp must be 0): class act.qkv splits the heads over mesh axes %s",
+                       stage, c->num_heads, hsplit, axes);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- state */
+
+/* One parameter tensor of this stage (one layer's slice of a stacked tensor). */
+typedef struct {
+    int id, layer;  /* XMP_GPT2_*, layer (-1: not per layer) */
+    xmp_tensor_t w; /* compute SBP of the strategy */
+    xmp_tensor_t g; /* gradient accumulator: w's SBP where S, P where B */
+    xmp_tensor_t r; /* reduced gradient of the step (storage SBP), made in R */
+    int sharded;    /* storage SBP differs from the compute SBP */
+    xmp_tensor_t s; /* sharded: the master copy in the storage SBP */
+    float *m, *v;   /* AdamW moments of the stored copy (local) */
+} par_t;
+
+/* The tensor AdamW updates: the stored shard, or the compute copy. */
+static xmp_tensor_t *stored(par_t *q)
+{
+    return q->sharded ? &q->s : &q->w;
+}
+
+/* Saved activations of one transformer block for one microbatch, and the
+ * SBPs each had before it was boxed to its class (for the backward). */
+typedef struct {
+    xmp_norm_cache_t c1, c2;
+    xmp_tensor_t ln1, qkv, att, res1, ln2, fch, fcg, res2;
+    xmp_attn_cache_t ac; /* attention probabilities and what its backward needs */
+    xmp_sbp_t s_qkv[NAX], s_att[NAX], s_res1[NAX], s_fch[NAX], s_fcg[NAX], s_res2[NAX];
+    xmp_sbp_t s_y1[NAX], s_y2[NAX]; /* projections' outputs (before the residual add) */
+} blk_t;
+
+/* A queued weight-gradient GEMM: dW += dy^T x (and db += sum dy). */
+typedef struct {
+    xmp_tensor_t dy;       /* owned */
+    const xmp_tensor_t *x; /* saved activation of the same microbatch */
+    int pw, pb;            /* parameter indexes (pb -1: no bias) */
+} wq_t;
+
+typedef struct {
+    int live;
+    xmp_tensor_t tok, x0, lnf, dlogits;
+    xmp_norm_cache_t cf;
+    xmp_sbp_t s_logits[NAX]; /* logits before boxing to act.logits */
+    blk_t *b;
+    wq_t *wq;
+    int nwq, capwq;
+    int64_t bytes;
+} mb_t;
+
+struct xmp_gpt2_stage {
+    MPI_Comm comm;
+    int rank, size;
+    xmesh_ctx_t ctx;
+    xmp_gpt2_config_t cfg;
+    xmp_gpt2_train_cfg_t tc;
+    xmp_stage_layout_t lay;
+    xmp_mesh_t *meshes[XMP_MAX_STAGES];
+    char xspec[XMP_MAX_STAGES][64]; /* act.x of each stage: the boundary tensor */
+    char wspec[XMP_MAX_STAGES][64]; /* wte's storage SBP of each stage (tied copies) */
+    int *ranks;                     /* all stage ranks, stage after stage */
+    int stage, Bm, nax, msize;
+    xmp_mesh_t *mesh;
+    xmp_sbp_t psbp[NPT][NAX];   /* this stage's compute SBP per parameter class */
+    xmp_sbp_t pstore[NPT][NAX]; /* storage SBP (== psbp unless the strategy says 'store') */
+    xmp_sbp_t act[NACT][NAX];   /* this stage's SBP per activation class */
+    int has_e, has_l, l0, nl;   /* blocks l0 .. l0+nl-1 */
+    par_t *p;
+    int np;
+    int *pidx; /* (id, layer+1) -> index in p, or -1 */
+    mb_t *mb;
+    const int *inputs, *targets;
+    int step;
+    xmp_gpt2_stage_times_t times;
+    double comm0;
+    /* tied wte across the first and last stage */
+    int tie_first, tie_last;
+    xmesh_plan_t tie_fl, tie_lf;
+    int64_t edge_shape[3];
+};
 
 static int pindex(const xmp_gpt2_stage_t *st, int id, int layer)
 {
     return st->pidx[id * (st->cfg.num_layers + 1) + layer + 1];
 }
-static float *PW(const xmp_gpt2_stage_t *st, int id, int layer)
-{
-    return xmp_f32(&st->p[pindex(st, id, layer)].w);
-}
-static float *PG(const xmp_gpt2_stage_t *st, int id, int layer)
-{
-    return xmp_f32(&st->p[pindex(st, id, layer)].g);
-}
 static const xmp_tensor_t *PT(const xmp_gpt2_stage_t *st, int id, int layer)
 {
     return &st->p[pindex(st, id, layer)].w;
+}
+
+static int is_per_layer(int id)
+{
+    return id != XMP_GPT2_WTE && id != XMP_GPT2_WPE && id != XMP_GPT2_LNFW && id != XMP_GPT2_LNFB;
+}
+
+/* Gradient accumulator SBP of a parameter with compute SBP s. */
+static void acc_sbp(const xmp_sbp_t *s, xmp_sbp_t *g)
+{
+    for (int a = 0; a < NAX; a++)
+        g[a] = s[a].kind == XMP_B ? xmp_sbp_p() : s[a];
 }
 
 static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int layer)
@@ -164,10 +486,11 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
     memset(q, 0, sizeof *q);
     q->id = id;
     q->layer = layer;
-    int64_t shape[3];
+    int64_t shape[4];
     int nd = param_shape(&st->cfg, id, shape);
-    xmp_sbp_t sw[2] = {xmp_sbp_b(), tp_sbp(id)}, sg[2] = {xmp_sbp_p(), tp_sbp(id)};
-    if (xmp_tensor_alloc(&q->w, st->mesh, nd, shape, XMESH_F32, sw) ||
+    xmp_sbp_t sg[NAX];
+    acc_sbp(st->psbp[id], sg);
+    if (xmp_tensor_alloc(&q->w, st->mesh, nd, shape, XMESH_F32, st->psbp[id]) ||
         xmp_tensor_alloc(&q->g, st->mesh, nd, shape, XMESH_F32, sg))
         return -1;
     const xmp_gpt2_param_info_t *pi = &full->ptab[id];
@@ -175,8 +498,13 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
     const float *src = full->params + pi->offset + (layer >= 0 ? (size_t)layer * per : 0);
     if (xmp_tensor_fill_from_full(&q->w, src))
         return -1;
-    q->m = calloc((size_t)q->w.lcount + 1, sizeof(float));
-    q->v = calloc((size_t)q->w.lcount + 1, sizeof(float));
+    for (int a = 0; a < NAX; a++)
+        q->sharded |= !xmp_sbp_eq(st->pstore[id][a], st->psbp[id][a]);
+    if (q->sharded && (xmp_tensor_alloc(&q->s, st->mesh, nd, shape, XMESH_F32, st->pstore[id]) ||
+                       xmp_tensor_fill_from_full(&q->s, src)))
+        return -1;
+    q->m = calloc((size_t)stored(q)->lcount + 1, sizeof(float));
+    q->v = calloc((size_t)stored(q)->lcount + 1, sizeof(float));
     if (!q->m || !q->v)
         return -1;
     st->pidx[id * (st->cfg.num_layers + 1) + layer + 1] = st->np++;
@@ -187,14 +515,12 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
 
 static void blk_free(blk_t *b)
 {
-    xmp_tensor_t *t[] = {&b->ln1, &b->qkv, &b->atty, &b->res1, &b->ln2, &b->fch, &b->fcg, &b->res2};
+    xmp_tensor_t *t[] = {&b->ln1, &b->qkv, &b->att, &b->res1, &b->ln2, &b->fch, &b->fcg, &b->res2};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         xmp_tensor_free(t[i]);
-    free(b->m1);
-    free(b->r1);
-    free(b->m2);
-    free(b->r2);
-    free(b->att);
+    xmp_norm_cache_free(&b->c1);
+    xmp_norm_cache_free(&b->c2);
+    xmp_attn_cache_free(&b->ac);
     memset(b, 0, sizeof *b);
 }
 
@@ -209,9 +535,7 @@ static void mb_free(xmp_gpt2_stage_t *st, mb_t *m)
     xmp_tensor_free(&m->x0);
     xmp_tensor_free(&m->lnf);
     xmp_tensor_free(&m->dlogits);
-    free(m->mf);
-    free(m->rf);
-    m->mf = m->rf = NULL;
+    xmp_norm_cache_free(&m->cf);
     m->live = 0;
     m->bytes = 0;
 }
@@ -219,12 +543,6 @@ static void mb_free(xmp_gpt2_stage_t *st, mb_t *m)
 static int64_t tbytes(const xmp_tensor_t *t)
 {
     return t->lcount * 4;
-}
-
-/* x's local rows (all dims but the last). */
-static int64_t rows_of(const xmp_tensor_t *x)
-{
-    return x->lcount / (x->lshape[x->ndim - 1] ? x->lshape[x->ndim - 1] : 1);
 }
 
 static int queue_w(mb_t *m, xmp_tensor_t *dy, const xmp_tensor_t *x, int pw, int pb)
@@ -246,19 +564,60 @@ static int queue_w(mb_t *m, xmp_tensor_t *dy, const xmp_tensor_t *x, int pw, int
     return 0;
 }
 
-static int copy_tensor(xmp_tensor_t *out, const xmp_tensor_t *t)
+/* Boxes t in place to its class SBP want, remembering the SBP it had. */
+static int to_class(xmp_tensor_t *t, const xmp_sbp_t *want, xmp_sbp_t *was)
 {
-    if (xmp_tensor_alloc_like(out, t))
-        return -1;
-    memcpy(out->data, t->data, (size_t)t->lcount * 4);
-    return 0;
+    if (was)
+        memcpy(was, t->sbp, sizeof t->sbp);
+    return xmp_box_inplace(t, want) ? -1 : 0;
 }
 
-/* Boxes t to (S(0) or keep dp axis, tp SBP want) in place. */
-static int box_tp(xmp_tensor_t *t, xmp_sbp_t dp, xmp_sbp_t want)
+/* Backward of to_class: the gradient d (any SBP) boxed in place to the
+ * gradient SBP of the pre-boxing SBP was. */
+static int from_class(const xmp_gpt2_stage_t *st, xmp_tensor_t *d, const xmp_sbp_t *was)
 {
-    xmp_sbp_t s[2] = {dp, want};
-    return xmp_box_inplace(t, s) ? -1 : 0;
+    xmp_sbp_t g[NAX];
+    for (int a = 0; a < NAX; a++)
+        g[a] = a < st->nax ? xmp_sbp_grad(was[a]) : xmp_sbp_b();
+    return xmp_box_inplace(d, g) ? -1 : 0;
+}
+
+/* d += s elementwise; s is boxed to d's SBP first (consumed). */
+static int add_into(xmp_tensor_t *d, xmp_tensor_t *s)
+{
+    int rc = xmp_box_inplace(s, d->sbp) || s->lcount != d->lcount;
+    if (!rc) {
+        float *a = xmp_f32(d), *b = xmp_f32(s);
+        for (int64_t i = 0; i < d->lcount; i++)
+            a[i] += b[i];
+    }
+    xmp_tensor_free(s);
+    return rc ? -1 : 0;
+}
+
+/* Parameter gradient accumulation: d boxed to the accumulator's SBP (no
+ * collective for P or S contributions), added (d consumed). */
+static int accumulate(par_t *q, xmp_tensor_t *d)
+{
+    return add_into(&q->g, d);
+}
+
+/* (Bm, T, NH, hs) <-> (Bm, T, C) views of the attention output: the same
+ * local data when the heads are split evenly (checked by the strategy check). */
+static void view_heads(xmp_tensor_t *t, int to4, int64_t NH, int64_t hs)
+{
+    if (to4) {
+        t->ndim = 4;
+        t->shape[2] = NH, t->shape[3] = hs;
+        t->lshape[2] = t->lshape[2] / hs, t->lshape[3] = hs;
+        t->loff[2] = t->loff[2] / hs, t->loff[3] = 0;
+    } else {
+        t->ndim = 3;
+        t->shape[2] = NH * hs;
+        t->lshape[2] *= hs;
+        t->loff[2] *= hs;
+    }
+    xmp_sbp_string(t->sbp, t->mesh->ndim, t->spec, sizeof t->spec);
 }
 
 #define CHK(x)                                                                                     \
@@ -267,125 +626,149 @@ static int box_tp(xmp_tensor_t *t, xmp_sbp_t dp, xmp_sbp_t want)
             goto fail;                                                                             \
     } while (0)
 
+/* ------------------------------------------------------------- the block */
+
 static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x, blk_t *b)
 {
     const xmp_gpt2_config_t *c = &st->cfg;
-    int C = c->channels, NH = c->num_heads, hs = C / NH, NHl = NH / st->tp, T = st->tc.T;
-    int64_t R = rows_of(x), Bl = x->lshape[0];
-    CHK(xmp_tensor_alloc_like(&b->ln1, x));
-    b->m1 = malloc(sizeof(float) * (size_t)(R + 1));
-    b->r1 = malloc(sizeof(float) * (size_t)(R + 1));
-    CHK(!b->m1 || !b->r1);
-    xmp_layernorm_fwd(xmp_f32(&b->ln1), b->m1, b->r1, xmp_f32(x), PW(st, XMP_GPT2_LN1W, layer),
-                      PW(st, XMP_GPT2_LN1B, layer), (size_t)R, C);
+    int64_t NH = c->num_heads, hs = c->channels / c->num_heads;
+    xmp_tensor_t y = {0}, y4 = {0};
+    /* attention: res1 = x + attproj(attn(qkv(ln1(x)))) */
+    CHK(xmp_layernorm_forward(x, PT(st, XMP_GPT2_LN1W, layer), PT(st, XMP_GPT2_LN1B, layer),
+                              &b->ln1, &b->c1));
+    CHK(to_class(&b->ln1, st->act[A_LN1], NULL)); /* its backward: boxed to x's SBP */
     CHK(xmp_linear_forward(&b->ln1, PT(st, XMP_GPT2_QKVW, layer), PT(st, XMP_GPT2_QKVB, layer),
                            &b->qkv));
-    int64_t as[3] = {x->shape[0], T, C};
-    xmp_sbp_t asb[2] = {xmp_sbp_s(0), xmp_sbp_s(2)};
-    CHK(xmp_tensor_alloc(&b->atty, st->mesh, 3, as, XMESH_F32, asb));
-    CHK(b->qkv.lcount != 3 * b->atty.lcount); /* heads align with the channel split */
-    b->att = malloc(sizeof(float) * (size_t)(Bl * NHl * T * T + 1));
-    CHK(!b->att);
-    xmp_attention_fwd(xmp_f32(&b->atty), NULL, b->att, xmp_f32(&b->qkv), (int)Bl, T, NHl, hs);
+    CHK(to_class(&b->qkv, st->act[A_QKV], b->s_qkv));
+    CHK(xmp_attention_forward(&b->qkv, &y4, &b->ac));
+    view_heads(&y4, 0, NH, hs);
+    b->att = y4;
+    memset(&y4, 0, sizeof y4);
+    CHK(to_class(&b->att, st->act[A_ATT], b->s_att));
     xmp_driver_progress(NULL);
-    xmp_tensor_t y;
-    CHK(xmp_linear_forward(&b->atty, PT(st, XMP_GPT2_ATTPROJW, layer),
+    CHK(xmp_linear_forward(&b->att, PT(st, XMP_GPT2_ATTPROJW, layer),
                            PT(st, XMP_GPT2_ATTPROJB, layer), &y));
-    int rc = xmp_add_forward(x, &y, &b->res1) != XMESH_SUCCESS;
+    memcpy(b->s_y1, y.sbp, sizeof y.sbp);
+    CHK(xmp_add_forward(x, &y, &b->res1));
     xmp_tensor_free(&y);
-    CHK(rc);
-    CHK(box_tp(&b->res1, xmp_sbp_s(0), xmp_sbp_b()));
-    CHK(xmp_tensor_alloc_like(&b->ln2, &b->res1));
-    b->m2 = malloc(sizeof(float) * (size_t)(R + 1));
-    b->r2 = malloc(sizeof(float) * (size_t)(R + 1));
-    CHK(!b->m2 || !b->r2);
-    xmp_layernorm_fwd(xmp_f32(&b->ln2), b->m2, b->r2, xmp_f32(&b->res1),
-                      PW(st, XMP_GPT2_LN2W, layer), PW(st, XMP_GPT2_LN2B, layer), (size_t)R, C);
+    CHK(to_class(&b->res1, st->act[A_X], b->s_res1));
+    /* MLP: res2 = res1 + fcproj(gelu(fc(ln2(res1)))) */
+    CHK(xmp_layernorm_forward(&b->res1, PT(st, XMP_GPT2_LN2W, layer), PT(st, XMP_GPT2_LN2B, layer),
+                              &b->ln2, &b->c2));
+    CHK(to_class(&b->ln2, st->act[A_LN2], NULL));
     CHK(xmp_linear_forward(&b->ln2, PT(st, XMP_GPT2_FCW, layer), PT(st, XMP_GPT2_FCB, layer),
                            &b->fch));
-    CHK(xmp_tensor_alloc_like(&b->fcg, &b->fch));
-    xmp_gelu_fwd(xmp_f32(&b->fcg), xmp_f32(&b->fch), (size_t)b->fch.lcount);
+    CHK(to_class(&b->fch, st->act[A_FCH], b->s_fch));
+    CHK(xmp_gelu_forward(&b->fch, &b->fcg));
+    CHK(to_class(&b->fcg, st->act[A_GELU], b->s_fcg));
     xmp_driver_progress(NULL);
     CHK(xmp_linear_forward(&b->fcg, PT(st, XMP_GPT2_FCPROJW, layer),
                            PT(st, XMP_GPT2_FCPROJB, layer), &y));
-    rc = xmp_add_forward(&b->res1, &y, &b->res2) != XMESH_SUCCESS;
+    memcpy(b->s_y2, y.sbp, sizeof y.sbp);
+    CHK(xmp_add_forward(&b->res1, &y, &b->res2));
     xmp_tensor_free(&y);
-    CHK(rc);
-    CHK(box_tp(&b->res2, xmp_sbp_s(0), xmp_sbp_b()));
+    CHK(to_class(&b->res2, st->act[A_X], b->s_res2));
     return 0;
 fail:
+    xmp_tensor_free(&y);
+    xmp_tensor_free(&y4);
     return -1;
 }
 
-/* Input part of a block's backward: consumes dres2 (owned, "S(0),B"), leaves
- * the block input's gradient in *dx (owned), queues the weight GEMMs. */
+/* Input part of a block's backward: consumes dres2 (owned, act.x's SBP),
+ * leaves the block input's gradient in *dx (owned, act.x's SBP), queues the
+ * weight GEMMs and accumulates the layer-norm parameter gradients. */
 static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor_t *x,
                           xmp_tensor_t *dres2, xmp_tensor_t *dx)
 {
     blk_t *b = &m->b[k];
     int layer = st->l0 + k;
     const xmp_gpt2_config_t *c = &st->cfg;
-    int C = c->channels, NH = c->num_heads, hs = C / NH, NHl = NH / st->tp, T = st->tc.T;
-    int64_t R = rows_of(x), Bl = x->lshape[0];
-    xmp_tensor_t dfcg = {0}, dfch = {0}, dln2 = {0}, datty = {0}, dqkv = {0}, dln1 = {0}, cp = {0};
-    /* MLP: res2 = res1 + fcproj(gelu(fc(ln2(res1)))) */
-    CHK(xmp_linear_backward_input(dres2, PT(st, XMP_GPT2_FCPROJW, layer), &dfcg));
-    CHK(box_tp(&dfcg, xmp_sbp_s(0), b->fcg.sbp[1]));
-    CHK(copy_tensor(&cp, dres2));
-    CHK(queue_w(m, &cp, &b->fcg, pindex(st, XMP_GPT2_FCPROJW, layer),
+    int64_t NH = c->num_heads, hs = c->channels / c->num_heads;
+    xmp_tensor_t dy = {0}, dfcg = {0}, dfch = {0}, dln = {0}, datt = {0}, dqkv = {0};
+    xmp_tensor_t dres1 = {0}, dxa = {0}, lx = {0}, lw = {0}, lb = {0};
+    xmp_sbp_t g[NAX];
+    /* res2 = box(res1 + y2) */
+    CHK(from_class(st, dres2, b->s_res2));
+    for (int a = 0; a < NAX; a++)
+        g[a] = xmp_sbp_grad(b->s_y2[a]);
+    CHK(xmp_box(dres2, g, &dy));
+    for (int a = 0; a < NAX; a++)
+        g[a] = xmp_sbp_grad(b->res1.sbp[a]);
+    CHK(xmp_box(dres2, g, &dres1));
+    xmp_tensor_free(dres2);
+    CHK(xmp_linear_backward_input(&dy, PT(st, XMP_GPT2_FCPROJW, layer), &dfcg));
+    CHK(queue_w(m, &dy, &b->fcg, pindex(st, XMP_GPT2_FCPROJW, layer),
                 pindex(st, XMP_GPT2_FCPROJB, layer)));
-    CHK(xmp_tensor_alloc_like(&dfch, &b->fch));
-    xmp_gelu_bwd(xmp_f32(&dfch), xmp_f32(&b->fch), xmp_f32(&dfcg), (size_t)dfch.lcount);
-    CHK(xmp_linear_backward_input(&dfch, PT(st, XMP_GPT2_FCW, layer), &dln2));
-    CHK(box_tp(&dln2, xmp_sbp_s(0), xmp_sbp_b()));
+    CHK(from_class(st, &dfcg, b->s_fcg));
+    CHK(xmp_gelu_backward(&dfcg, &b->fch, &dfch));
+    xmp_tensor_free(&dfcg);
+    CHK(from_class(st, &dfch, b->s_fch));
+    CHK(xmp_linear_backward_input(&dfch, PT(st, XMP_GPT2_FCW, layer), &dln));
     CHK(queue_w(m, &dfch, &b->ln2, pindex(st, XMP_GPT2_FCW, layer),
                 pindex(st, XMP_GPT2_FCB, layer)));
-    xmp_tensor_t *dres1 = dres2; /* accumulate the ln2 path into it */
-    xmp_layernorm_bwd(xmp_f32(dres1), PG(st, XMP_GPT2_LN2W, layer), PG(st, XMP_GPT2_LN2B, layer),
-                      xmp_f32(&dln2), xmp_f32(&b->res1), PW(st, XMP_GPT2_LN2W, layer), b->m2, b->r2,
-                      (size_t)R, C);
+    CHK(xmp_layernorm_backward(&dln, &b->res1, PT(st, XMP_GPT2_LN2W, layer), &b->c2, &lx, &lw,
+                               &lb));
+    xmp_tensor_free(&dln);
+    CHK(add_into(&dres1, &lx));
+    CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN2W, layer)], &lw));
+    CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN2B, layer)], &lb));
     xmp_driver_progress(NULL);
-    /* attention: res1 = x + attproj(attn(qkv(ln1(x)))) */
-    CHK(xmp_linear_backward_input(dres1, PT(st, XMP_GPT2_ATTPROJW, layer), &datty));
-    CHK(box_tp(&datty, xmp_sbp_s(0), b->atty.sbp[1]));
-    CHK(copy_tensor(&cp, dres1));
-    CHK(queue_w(m, &cp, &b->atty, pindex(st, XMP_GPT2_ATTPROJW, layer),
+    /* res1 = box(x + y1) */
+    CHK(from_class(st, &dres1, b->s_res1));
+    for (int a = 0; a < NAX; a++)
+        g[a] = xmp_sbp_grad(b->s_y1[a]);
+    CHK(xmp_box(&dres1, g, &dy));
+    for (int a = 0; a < NAX; a++)
+        g[a] = xmp_sbp_grad(x->sbp[a]);
+    CHK(xmp_box(&dres1, g, &dxa));
+    xmp_tensor_free(&dres1);
+    CHK(xmp_linear_backward_input(&dy, PT(st, XMP_GPT2_ATTPROJW, layer), &datt));
+    CHK(queue_w(m, &dy, &b->att, pindex(st, XMP_GPT2_ATTPROJW, layer),
                 pindex(st, XMP_GPT2_ATTPROJB, layer)));
-    CHK(xmp_tensor_alloc_like(&dqkv, &b->qkv));
-    xmp_attention_bwd(xmp_f32(&dqkv), xmp_f32(&datty), xmp_f32(&b->qkv), b->att, (int)Bl, T, NHl,
-                      hs, st->work);
-    CHK(xmp_linear_backward_input(&dqkv, PT(st, XMP_GPT2_QKVW, layer), &dln1));
-    CHK(box_tp(&dln1, xmp_sbp_s(0), xmp_sbp_b()));
+    CHK(from_class(st, &datt, b->s_att));
+    view_heads(&datt, 1, NH, hs);
+    CHK(xmp_attention_backward(&datt, &b->qkv, &b->ac, &dqkv));
+    xmp_tensor_free(&datt);
+    CHK(from_class(st, &dqkv, b->s_qkv));
+    CHK(xmp_linear_backward_input(&dqkv, PT(st, XMP_GPT2_QKVW, layer), &dln));
     CHK(queue_w(m, &dqkv, &b->ln1, pindex(st, XMP_GPT2_QKVW, layer),
                 pindex(st, XMP_GPT2_QKVB, layer)));
-    xmp_layernorm_bwd(xmp_f32(dres1), PG(st, XMP_GPT2_LN1W, layer), PG(st, XMP_GPT2_LN1B, layer),
-                      xmp_f32(&dln1), xmp_f32(x), PW(st, XMP_GPT2_LN1W, layer), b->m1, b->r1,
-                      (size_t)R, C);
-    *dx = *dres1;
-    memset(dres2, 0, sizeof *dres2);
-    xmp_tensor_free(&dfcg);
-    xmp_tensor_free(&dln2);
-    xmp_tensor_free(&datty);
-    xmp_tensor_free(&dln1);
+    CHK(xmp_layernorm_backward(&dln, x, PT(st, XMP_GPT2_LN1W, layer), &b->c1, &lx, &lw, &lb));
+    xmp_tensor_free(&dln);
+    CHK(add_into(&dxa, &lx));
+    CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN1W, layer)], &lw));
+    CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN1B, layer)], &lb));
+    *dx = dxa;
     return 0;
 fail:
+    xmp_tensor_free(dres2);
+    xmp_tensor_free(&dy);
     xmp_tensor_free(&dfcg);
     xmp_tensor_free(&dfch);
-    xmp_tensor_free(&dln2);
-    xmp_tensor_free(&datty);
+    xmp_tensor_free(&dln);
+    xmp_tensor_free(&datt);
     xmp_tensor_free(&dqkv);
-    xmp_tensor_free(&dln1);
-    xmp_tensor_free(&cp);
+    xmp_tensor_free(&dres1);
+    xmp_tensor_free(&dxa);
+    xmp_tensor_free(&lx);
+    xmp_tensor_free(&lw);
+    xmp_tensor_free(&lb);
     return -1;
 }
 
 /* ------------------------------------------------------------- callbacks */
 
-/* (Bm, T) i32 tensor "S(0),B" of microbatch rows of src (B*T ints). */
+/* (Bm, T) i32 tensor of microbatch rows of src (B*T ints), split like act.x
+ * over the batch and sequence dims. */
 static int token_tensor(xmp_gpt2_stage_t *st, int mb, const int *src, xmp_tensor_t *t)
 {
     int64_t s[2] = {st->Bm, st->tc.T};
-    xmp_sbp_t sb[2] = {xmp_sbp_s(0), xmp_sbp_b()};
+    xmp_sbp_t sb[NAX];
+    for (int a = 0; a < NAX; a++) {
+        xmp_sbp_t v = st->act[A_X][a];
+        sb[a] = v.kind == XMP_S && v.dim < 2 ? v : xmp_sbp_b();
+    }
     if (xmp_tensor_alloc(t, st->mesh, 2, s, XMESH_I32, sb))
         return -1;
     return xmp_tensor_fill_from_full(t, src + (size_t)mb * st->Bm * st->tc.T) ? -1 : 0;
@@ -393,13 +776,60 @@ static int token_tensor(xmp_gpt2_stage_t *st, int mb, const int *src, xmp_tensor
 
 static int resid_tensor(xmp_gpt2_stage_t *st, xmp_tensor_t *t)
 {
-    xmp_sbp_t sb[2] = {xmp_sbp_s(0), xmp_sbp_b()};
-    return xmp_tensor_alloc(t, st->mesh, 3, st->edge_shape, XMESH_F32, sb) ? -1 : 0;
+    return xmp_tensor_alloc(t, st->mesh, 3, st->edge_shape, XMESH_F32, st->act[A_X]) ? -1 : 0;
 }
 
 static const xmp_tensor_t *stage_out(const xmp_gpt2_stage_t *st, const mb_t *m)
 {
     return st->nl ? &m->b[st->nl - 1].res2 : &m->x0;
+}
+
+/* x[b, t, c] += wpe[t, c] over x's local block (wpe boxed to B first when
+ * the strategy splits it). */
+static int pos_add(xmp_tensor_t *x, const xmp_tensor_t *wpe_in)
+{
+    xmp_sbp_t allb[NAX];
+    xmp_tensor_t tmp = {0};
+    const xmp_tensor_t *wpe = wpe_in;
+    int need = 0;
+    for (int a = 0; a < NAX; a++) {
+        allb[a] = xmp_sbp_b();
+        need |= !xmp_sbp_eq(wpe_in->sbp[a], allb[a]);
+    }
+    if (need) {
+        if (xmp_box(wpe_in, allb, &tmp))
+            return -1;
+        wpe = &tmp;
+    }
+    const float *w = xmp_f32(wpe);
+    float *d = xmp_f32(x);
+    int64_t C = wpe->shape[1];
+    for (int64_t b = 0; b < x->lshape[0]; b++)
+        for (int64_t t = 0; t < x->lshape[1]; t++)
+            for (int64_t c = 0; c < x->lshape[2]; c++)
+                d[(b * x->lshape[1] + t) * x->lshape[2] + c] +=
+                    w[(x->loff[1] + t) * C + x->loff[2] + c];
+    xmp_tensor_free(&tmp);
+    return 0;
+}
+
+/* dwpe (P where the local block is a part, B where it is all) from dx. */
+static int pos_grad(const xmp_tensor_t *dx, const xmp_tensor_t *wpe, xmp_tensor_t *dw)
+{
+    xmp_sbp_t s[NAX];
+    for (int a = 0; a < NAX; a++)
+        s[a] = a < dx->mesh->ndim && dx->sbp[a].kind == XMP_S ? xmp_sbp_p() : xmp_sbp_b();
+    if (xmp_tensor_alloc(dw, dx->mesh, 2, wpe->shape, XMESH_F32, s))
+        return -1;
+    float *g = xmp_f32(dw);
+    const float *d = xmp_f32(dx);
+    int64_t C = wpe->shape[1];
+    for (int64_t b = 0; b < dx->lshape[0]; b++)
+        for (int64_t t = 0; t < dx->lshape[1]; t++)
+            for (int64_t c = 0; c < dx->lshape[2]; c++)
+                g[(dx->loff[1] + t) * C + dx->loff[2] + c] +=
+                    d[(b * dx->lshape[1] + t) * dx->lshape[2] + c];
+    return 0;
 }
 
 static int cb_forward(void *user, int mbi, const void *const *in, void *const *out, double *loss)
@@ -408,62 +838,50 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
     double t0 = MPI_Wtime();
     mb_t *m = &st->mb[mbi];
     const xmp_gpt2_config_t *c = &st->cfg;
-    int C = c->channels, T = st->tc.T;
+    xmp_tensor_t logits = {0}, tgt = {0};
     if (m->live)
         mb_free(st, m);
     m->live = 1;
     if (st->has_e) {
-        xmp_tensor_t e;
         CHK(token_tensor(st, mbi, st->inputs, &m->tok));
-        CHK(xmp_embedding_forward(&m->tok, PT(st, XMP_GPT2_WTE, -1), &e));
-        if (box_tp(&e, xmp_sbp_s(0), xmp_sbp_b())) {
-            xmp_tensor_free(&e);
-            goto fail;
-        }
-        m->x0 = e;
-        xmp_pos_add_fwd(xmp_f32(&m->x0), PW(st, XMP_GPT2_WPE, -1), (int)m->x0.lshape[0], T, C);
+        CHK(xmp_embedding_forward(&m->tok, PT(st, XMP_GPT2_WTE, -1), &m->x0));
+        CHK(to_class(&m->x0, st->act[A_X], NULL));
+        CHK(pos_add(&m->x0, PT(st, XMP_GPT2_WPE, -1)));
     } else {
         CHK(resid_tensor(st, &m->x0));
-        memcpy(m->x0.data, in[0], (size_t)m->x0.lcount * 4);
+        if (m->x0.lcount)
+            memcpy(m->x0.data, in[0], (size_t)m->x0.lcount * 4);
     }
     m->bytes = tbytes(&m->x0);
     const xmp_tensor_t *x = &m->x0;
     for (int k = 0; k < st->nl; k++) {
         blk_t *b = &m->b[k];
         CHK(block_forward(st, st->l0 + k, x, b));
-        m->bytes += tbytes(&b->ln1) + tbytes(&b->qkv) + tbytes(&b->atty) + tbytes(&b->res1) +
+        m->bytes += tbytes(&b->ln1) + tbytes(&b->qkv) + tbytes(&b->att) + tbytes(&b->res1) +
                     tbytes(&b->ln2) + tbytes(&b->fch) + tbytes(&b->fcg) + tbytes(&b->res2) +
-                    4 * (int64_t)b->atty.lshape[0] * (c->num_heads / st->tp) * T * T;
+                    tbytes(&b->ac.att);
         x = &b->res2;
     }
     if (st->has_l) {
-        int64_t R = rows_of(x);
-        xmp_tensor_t logits, tgt;
-        CHK(xmp_tensor_alloc_like(&m->lnf, x));
-        m->mf = malloc(sizeof(float) * (size_t)(R + 1));
-        m->rf = malloc(sizeof(float) * (size_t)(R + 1));
-        CHK(!m->mf || !m->rf);
-        xmp_layernorm_fwd(xmp_f32(&m->lnf), m->mf, m->rf, xmp_f32(x), PW(st, XMP_GPT2_LNFW, -1),
-                          PW(st, XMP_GPT2_LNFB, -1), (size_t)R, C);
+        CHK(xmp_layernorm_forward(x, PT(st, XMP_GPT2_LNFW, -1), PT(st, XMP_GPT2_LNFB, -1), &m->lnf,
+                                  &m->cf));
+        CHK(to_class(&m->lnf, st->act[A_LNF], NULL));
         CHK(xmp_linear_forward(&m->lnf, PT(st, XMP_GPT2_WTE, -1), NULL, &logits));
-        if (token_tensor(st, mbi, st->targets, &tgt)) {
-            xmp_tensor_free(&logits);
-            goto fail;
-        }
+        CHK(to_class(&logits, st->act[A_LOGITS], m->s_logits));
+        CHK(token_tensor(st, mbi, st->targets, &tgt));
         float lv = 0;
-        int rc = xmp_cross_entropy(&logits, &tgt, c->vocab_size, &lv, &m->dlogits) != 0;
+        CHK(xmp_cross_entropy(&logits, &tgt, c->vocab_size, &lv, &m->dlogits));
         xmp_tensor_free(&logits);
         xmp_tensor_free(&tgt);
-        CHK(rc);
         /* The microbatch mean weighs Bm/B of the batch mean (serial: mean over B*T). */
         float scale = (float)st->Bm / (float)st->tc.B;
         float *d = xmp_f32(&m->dlogits);
         for (int64_t i = 0; i < m->dlogits.lcount; i++)
             d[i] *= scale;
         /* Every rank of the stage holds the same loss: each adds its share. */
-        *loss += (double)lv * st->Bm / st->tc.B / (st->dp * st->tp);
+        *loss += (double)lv * st->Bm / st->tc.B / st->msize;
         m->bytes += tbytes(&m->lnf) + tbytes(&m->dlogits);
-    } else {
+    } else if (x->lcount) {
         memcpy(out[0], x->data, (size_t)x->lcount * 4);
     }
     st->times.f_s += MPI_Wtime() - t0;
@@ -471,6 +889,8 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
     return 0;
 fail:
     fprintf(stderr, "gpt2 stage %d forward mb %d: %s\n", st->stage, mbi, xmp_last_error());
+    xmp_tensor_free(&logits);
+    xmp_tensor_free(&tgt);
     return 1;
 }
 
@@ -479,22 +899,20 @@ static int cb_backward_input(void *user, int mbi, const void *const *gout, void 
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
     mb_t *m = &st->mb[mbi];
-    const xmp_gpt2_config_t *c = &st->cfg;
-    int C = c->channels, T = st->tc.T;
-    xmp_tensor_t d = {0}, dx = {0}, dl = {0}, dtab = {0};
+    xmp_tensor_t d = {0}, dx = {0}, dl = {0}, dtab = {0}, lw = {0}, lb = {0}, dw = {0};
     const xmp_tensor_t *xl = stage_out(st, m);
     if (st->has_l) {
+        CHK(from_class(st, &m->dlogits, m->s_logits));
         CHK(xmp_linear_backward_input(&m->dlogits, PT(st, XMP_GPT2_WTE, -1), &dl));
-        CHK(box_tp(&dl, xmp_sbp_s(0), xmp_sbp_b()));
         CHK(queue_w(m, &m->dlogits, &m->lnf, pindex(st, XMP_GPT2_WTE, -1), -1));
-        CHK(xmp_tensor_alloc_like(&d, xl));
-        xmp_layernorm_bwd(xmp_f32(&d), PG(st, XMP_GPT2_LNFW, -1), PG(st, XMP_GPT2_LNFB, -1),
-                          xmp_f32(&dl), xmp_f32(xl), PW(st, XMP_GPT2_LNFW, -1), m->mf, m->rf,
-                          (size_t)rows_of(xl), C);
+        CHK(xmp_layernorm_backward(&dl, xl, PT(st, XMP_GPT2_LNFW, -1), &m->cf, &d, &lw, &lb));
         xmp_tensor_free(&dl);
+        CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LNFW, -1)], &lw));
+        CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LNFB, -1)], &lb));
     } else {
         CHK(resid_tensor(st, &d));
-        memcpy(d.data, gout[0], (size_t)d.lcount * 4);
+        if (d.lcount)
+            memcpy(d.data, gout[0], (size_t)d.lcount * 4);
     }
     for (int k = st->nl - 1; k >= 0; k--) {
         const xmp_tensor_t *x = k ? &m->b[k - 1].res2 : &m->x0;
@@ -503,16 +921,13 @@ static int cb_backward_input(void *user, int mbi, const void *const *gout, void 
         memset(&dx, 0, sizeof dx);
     }
     if (st->has_e) {
-        xmp_pos_add_bwd(PG(st, XMP_GPT2_WPE, -1), xmp_f32(&d), (int)d.lshape[0], T, C);
+        CHK(pos_grad(&d, PT(st, XMP_GPT2_WPE, -1), &dw));
+        CHK(accumulate(&st->p[pindex(st, XMP_GPT2_WPE, -1)], &dw));
+        /* The table gradient comes P over the axes that split the tokens: it
+         * is summed locally here and reduced once per step in R. */
         CHK(xmp_embedding_backward(&d, &m->tok, PT(st, XMP_GPT2_WTE, -1), &dtab));
-        par_t *q = &st->p[pindex(st, XMP_GPT2_WTE, -1)];
-        CHK(xmp_box_inplace(&dtab, q->g.sbp));
-        CHK(dtab.lcount != q->g.lcount);
-        float *g = xmp_f32(&q->g), *s = xmp_f32(&dtab);
-        for (int64_t i = 0; i < dtab.lcount; i++)
-            g[i] += s[i];
-        xmp_tensor_free(&dtab);
-    } else {
+        CHK(accumulate(&st->p[pindex(st, XMP_GPT2_WTE, -1)], &dtab));
+    } else if (d.lcount) {
         memcpy(gin[0], d.data, (size_t)d.lcount * 4);
     }
     xmp_tensor_free(&d);
@@ -524,17 +939,10 @@ fail:
     xmp_tensor_free(&d);
     xmp_tensor_free(&dl);
     xmp_tensor_free(&dtab);
+    xmp_tensor_free(&lw);
+    xmp_tensor_free(&lb);
+    xmp_tensor_free(&dw);
     return 1;
-}
-
-static int accumulate(par_t *q, xmp_tensor_t *d)
-{
-    if (xmp_box_inplace(d, q->g.sbp) || d->lcount != q->g.lcount)
-        return -1;
-    float *g = xmp_f32(&q->g), *s = xmp_f32(d);
-    for (int64_t i = 0; i < d->lcount; i++)
-        g[i] += s[i];
-    return 0;
 }
 
 static int cb_backward_weight(void *user, int mbi)
@@ -546,7 +954,9 @@ static int cb_backward_weight(void *user, int mbi)
         wq_t *q = &m->wq[i];
         xmp_tensor_t dw = {0}, db = {0};
         CHK(xmp_linear_backward_weight(&q->dy, q->x, &dw, q->pb >= 0 ? &db : NULL));
-        int rc = accumulate(&st->p[q->pw], &dw) || (q->pb >= 0 && accumulate(&st->p[q->pb], &db));
+        int rc = accumulate(&st->p[q->pw], &dw);
+        if (q->pb >= 0)
+            rc |= accumulate(&st->p[q->pb], &db);
         xmp_tensor_free(&dw);
         xmp_tensor_free(&db);
         CHK(rc);
@@ -565,19 +975,20 @@ fail:
     return 1;
 }
 
-/* Exchanges the tied wte gradient between the first and last stage. */
+/* Exchanges the tied wte gradient (reduced, compute SBP) between the first
+ * and last stage. */
 static int tie_exchange(xmp_gpt2_stage_t *st, par_t *q)
 {
-    float *tmp = malloc(sizeof(float) * (size_t)(q->g.lcount + 1));
+    float *tmp = malloc(sizeof(float) * (size_t)(q->r.lcount + 1));
     if (!tmp)
         return -1;
     int first = st->stage == st->tie_first;
-    xmesh_result_t r = xmesh_reshard(st->tie_fl, first ? q->g.data : NULL, first ? NULL : tmp);
+    xmesh_result_t r = xmesh_reshard(st->tie_fl, first ? q->r.data : NULL, first ? NULL : tmp);
     if (!r)
-        r = xmesh_reshard(st->tie_lf, first ? NULL : q->g.data, first ? tmp : NULL);
+        r = xmesh_reshard(st->tie_lf, first ? NULL : q->r.data, first ? tmp : NULL);
     if (!r) {
-        float *g = xmp_f32(&q->g);
-        for (int64_t i = 0; i < q->g.lcount; i++)
+        float *g = xmp_f32(&q->r);
+        for (int64_t i = 0; i < q->r.lcount; i++)
             g[i] = g[i] + tmp[i];
     } else {
         fprintf(stderr, "gpt2 stage %d: tied wte exchange: %s\n", st->stage, xmesh_last_error());
@@ -590,18 +1001,17 @@ static int cb_reduce(void *user)
 {
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
-    xmp_sbp_t s[2];
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
-        xmp_tensor_t y;
-        s[0] = xmp_sbp_b(); /* P -> B over the data-parallel axis: the DP all-reduce */
-        s[1] = q->g.sbp[1];
-        if (xmp_box(&q->g, s, &y) || y.lcount != q->g.lcount) {
-            fprintf(stderr, "gpt2 stage %d: gradient reduction: %s\n", st->stage, xmp_last_error());
+        xmp_tensor_free(&q->r);
+        /* Once per step: P -> B over the axes where the parameter is
+         * replicated (the data-parallel all-reduce), or P -> S where its
+         * storage is sharded (reduce-scatter). */
+        if (xmp_box(&q->g, stored(q)->sbp, &q->r) || q->r.lcount != stored(q)->lcount) {
+            fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
+                    pclass[q->id], xmp_last_error());
             return 1;
         }
-        memcpy(q->g.data, y.data, (size_t)y.lcount * 4);
-        xmp_tensor_free(&y);
     }
     if (st->tie_fl && (st->stage == st->tie_first || st->stage == st->tie_last) &&
         tie_exchange(st, &st->p[pindex(st, XMP_GPT2_WTE, -1)]))
@@ -617,9 +1027,25 @@ static int cb_optimizer(void *user)
     const xmp_gpt2_train_cfg_t *t = &st->tc;
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
-        xmp_adamw(xmp_f32(&q->w), xmp_f32(&q->g), q->m, q->v, (size_t)q->w.lcount, t->lr, t->beta1,
-                  t->beta2, t->eps, t->wd, st->step + 1);
-        memset(q->g.data, 0, (size_t)q->g.lcount * 4);
+        xmp_tensor_t *w = stored(q), c = {0};
+        if (w->lcount && q->r.data)
+            xmp_adamw(xmp_f32(w), xmp_f32(&q->r), q->m, q->v, (size_t)w->lcount, t->lr, t->beta1,
+                      t->beta2, t->eps, t->wd, st->step + 1);
+        xmp_tensor_free(&q->r);
+        /* Sharded: the updated shards are all-gathered into the compute copy
+         * the next step uses. */
+        if (q->sharded) {
+            if (xmp_box(&q->s, q->w.sbp, &c) || c.lcount != q->w.lcount) {
+                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                        xmp_last_error());
+                xmp_tensor_free(&c);
+                return 1;
+            }
+            xmp_tensor_free(&q->w);
+            q->w = c;
+        }
+        if (q->g.lcount)
+            memset(q->g.data, 0, (size_t)q->g.lcount * 4);
     }
     for (int k = 0; k < st->tc.M; k++)
         if (st->mb[k].live)
@@ -633,6 +1059,20 @@ static int64_t cb_act_bytes(void *user)
     return xmp_gpt2_stage_activation_bytes(user);
 }
 
+void xmp_gpt2_stage_memory(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_memory_t *mem)
+{
+    memset(mem, 0, sizeof *mem);
+    for (int i = 0; st->stage >= 0 && i < st->np; i++) {
+        par_t *q = &st->p[i];
+        int64_t n = (q->sharded ? q->s.lcount : q->w.lcount) * 4;
+        mem->param_bytes += n;
+        mem->optimizer_bytes += 2 * n;
+        mem->compute_param_bytes += q->w.lcount * 4;
+        mem->grad_bytes += q->g.lcount * 4;
+        mem->sharded += q->sharded;
+    }
+}
+
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st)
 {
     int64_t b = 0;
@@ -644,6 +1084,23 @@ int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st)
 
 /* ------------------------------------------------------------- lifecycle */
 
+/* SBPs of class cls from strategy s (axes beyond naxes: B). */
+static void class_sbp(const xmp_strategy_t *s, const char *cls, xmp_sbp_t *out)
+{
+    const xmp_strategy_entry_t *e = xmp_strategy_get(s, cls);
+    for (int a = 0; a < NAX; a++)
+        out[a] = e && a < s->naxes ? e->sbp[a] : xmp_sbp_b();
+}
+
+/* Storage SBPs of class cls (its compute SBP when the strategy gives none). */
+static void class_store(const xmp_strategy_t *s, const char *cls, xmp_sbp_t *out)
+{
+    const xmp_strategy_entry_t *e = xmp_strategy_get(s, cls);
+    class_sbp(s, cls, out);
+    for (int a = 0; e && e->has_store && a < s->naxes; a++)
+        out[a] = e->store[a];
+}
+
 int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
                           const xmp_stage_layout_t *layout, const xmp_gpt2_train_cfg_t *tc,
                           xmp_gpt2_stage_t **out, char *err, size_t errlen)
@@ -652,33 +1109,69 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
+    /* Argument checks: pure, the same on every rank, before any collective. */
     if (layout->nranks != size)
         return set_err(err, errlen, "the stage meshes use %d ranks, the job has %d", layout->nranks,
                        size);
     if (tc->M < 1 || tc->B % tc->M)
         return set_err(err, errlen, "--batch %d is not a multiple of --microbatches %d", tc->B,
                        tc->M);
-    for (int s = 0; s < layout->nstages; s++)
-        if (c->num_heads % layout->tp[s])
-            return set_err(err, errlen,
-                           "stage %d: %d heads cannot be split over tensor-parallel degree %d "
-                           "(heads %% tp must be 0)",
-                           s, c->num_heads, layout->tp[s]);
-    xmp_gpt2_stage_t *st = calloc(1, sizeof *st);
-    if (!st)
+    xmp_strategy_t *strat = calloc((size_t)layout->nstages, sizeof *strat);
+    if (!strat)
         return set_err(err, errlen, "out of memory");
+    for (int s = 0; s < layout->nstages; s++) {
+        char sub[512];
+        if (tc->strategy) {
+            strat[s] = tc->strategy[s];
+        } else if (xmp_strategy_load("megatron", xmp_gpt2_strategy_builtin,
+                                     XMP_GPT2_BUILTIN_STRATEGIES, layout->ndim[s], &strat[s], sub,
+                                     sizeof sub)) {
+            free(strat);
+            return set_err(err, errlen, "stage %d: %s", s, sub);
+        }
+        if (xmp_gpt2_strategy_check(&strat[s], c, s, layout->ndim[s], layout->shape[s], err,
+                                    errlen)) {
+            free(strat);
+            return -1;
+        }
+    }
+    xmp_gpt2_stage_t *st = calloc(1, sizeof *st);
+    if (!st) {
+        free(strat);
+        return set_err(err, errlen, "out of memory");
+    }
     st->comm = comm;
     st->rank = rank;
     st->size = size;
     st->ctx = ctx;
     st->cfg = *c;
     st->tc = *tc;
+    st->tc.strategy = NULL; /* borrowed during create only */
     st->lay = *layout;
     st->Bm = tc->B / tc->M;
     st->stage = xmp_stage_layout_stage_of_rank(layout, rank);
     st->edge_shape[0] = st->Bm;
     st->edge_shape[1] = tc->T;
     st->edge_shape[2] = c->channels;
+    for (int s = 0; s < layout->nstages; s++) {
+        xmp_sbp_t v[NAX];
+        class_sbp(&strat[s], "act.x", v);
+        xmp_strategy_sbp_string(v, layout->ndim[s], st->xspec[s], sizeof st->xspec[s]);
+        class_store(&strat[s], "wte", v);
+        xmp_strategy_sbp_string(v, layout->ndim[s], st->wspec[s], sizeof st->wspec[s]);
+    }
+    if (st->stage >= 0) {
+        const xmp_strategy_t *ss = &strat[st->stage];
+        st->nax = layout->ndim[st->stage];
+        st->msize = xmp_stage_layout_size(layout, st->stage);
+        for (int id = 0; id < NPT; id++) {
+            class_sbp(ss, pclass[id], st->psbp[id]);
+            class_store(ss, pclass[id], st->pstore[id]);
+        }
+        for (int a = 0; a < NACT; a++)
+            class_sbp(ss, aclass[a], st->act[a]);
+    }
+    free(strat);
     st->ranks = malloc(sizeof(int) * (size_t)size);
     st->pidx = malloc(sizeof(int) * (size_t)NPT * (size_t)(c->num_layers + 1));
     if (!st->ranks || !st->pidx)
@@ -689,8 +1182,8 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
         st->ranks[i] = i;
     int lfail = 0;
     for (int s = 0; s < layout->nstages; s++) {
-        int shape[2] = {layout->dp[s], layout->tp[s]};
-        if (xmp_mesh_create(comm, ctx, 2, shape, st->ranks + layout->rank0[s], &st->meshes[s])) {
+        if (xmp_mesh_create(comm, ctx, layout->ndim[s], layout->shape[s],
+                            st->ranks + layout->rank0[s], &st->meshes[s])) {
             set_err(err, errlen, "stage %d mesh: %s", s, xmp_last_error());
             lfail = 1;
             break;
@@ -700,8 +1193,6 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
     if (!lfail && st->stage >= 0) {
         int s = st->stage;
         st->mesh = st->meshes[s];
-        st->dp = layout->dp[s];
-        st->tp = layout->tp[s];
         st->l0 = -1;
         for (int i = layout->first[s]; i < layout->first[s] + layout->count[s]; i++) {
             if (layout->kind[i] == 'E')
@@ -718,8 +1209,7 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
             st->l0 = 0;
         st->p = calloc((size_t)(12 * st->nl + 4), sizeof(par_t));
         st->mb = calloc((size_t)tc->M, sizeof(mb_t));
-        st->work = malloc(sizeof(float) * (size_t)(tc->T + 1));
-        if (!st->p || !st->mb || !st->work)
+        if (!st->p || !st->mb)
             lfail = 1;
         for (int k = 0; !lfail && k < tc->M; k++)
             if (!(st->mb[k].b = calloc((size_t)st->nl + 1, sizeof(blk_t))))
@@ -745,16 +1235,19 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
         xmp_gpt2_stage_destroy(st);
         return -1;
     }
-    /* Tied wte: first stage holds E, last holds L. */
+    /* Tied wte: first stage holds E, last holds L; the reduced gradients
+     * (compute SBP of each stage's strategy) are exchanged. */
     int first = layout->stage_of[0], last = layout->stage_of[layout->nitems - 1];
     st->tie_first = first;
     st->tie_last = last;
     if (first != last) {
         int64_t ws[2] = {c->padded_vocab_size, c->channels};
-        xmesh_layout_t lf = {2, ws, XMESH_F32, st->meshes[first]->xmesh, "B,S(0)"};
-        xmesh_layout_t ll = {2, ws, XMESH_F32, st->meshes[last]->xmesh, "B,S(0)"};
-        if (xmesh_plan_create(ctx, &lf, &ll, NULL, &st->tie_fl) ||
-            xmesh_plan_create(ctx, &ll, &lf, NULL, &st->tie_lf)) {
+        xmesh_layout_t lf = {2, ws, XMESH_F32, st->meshes[first]->xmesh, st->wspec[first]};
+        xmesh_layout_t ll = {2, ws, XMESH_F32, st->meshes[last]->xmesh, st->wspec[last]};
+        int pf = xmesh_plan_create(ctx, &lf, &ll, NULL, &st->tie_fl) != XMESH_SUCCESS;
+        if (!pf)
+            pf = xmesh_plan_create(ctx, &ll, &lf, NULL, &st->tie_lf) != XMESH_SUCCESS;
+        if (pf) {
             set_err(err, errlen, "tied wte plans: %s", xmesh_last_error());
             xmp_gpt2_stage_destroy(st);
             return -1;
@@ -787,13 +1280,14 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
     for (int i = 0; st->p && i < st->np; i++) {
         xmp_tensor_free(&st->p[i].w);
         xmp_tensor_free(&st->p[i].g);
+        xmp_tensor_free(&st->p[i].r);
+        xmp_tensor_free(&st->p[i].s);
         free(st->p[i].m);
         free(st->p[i].v);
     }
     free(st->p);
     for (int s = 0; s < st->lay.nstages; s++)
         xmp_mesh_destroy(st->meshes[s]);
-    free(st->work);
     free(st->ranks);
     free(st->pidx);
     free(st);
@@ -828,8 +1322,8 @@ int xmp_gpt2_stage_edges(const xmp_gpt2_stage_t *st, xmp_edge_cfg_t *edges, xmp_
         edges[e].ndim = 3;
         memcpy(edges[e].shape, st->edge_shape, sizeof st->edge_shape);
         edges[e].dtype = XMESH_F32;
-        edges[e].src_spec = "S(0),B";
-        edges[e].dst_spec = "S(0),B";
+        edges[e].src_spec = st->xspec[e];
+        edges[e].dst_spec = st->xspec[e + 1];
         sedges[e].src = e;
         sedges[e].dst = e + 1;
     }
@@ -839,9 +1333,9 @@ int xmp_gpt2_stage_edges(const xmp_gpt2_stage_t *st, xmp_edge_cfg_t *edges, xmp_
 void xmp_gpt2_stage_meshes(const xmp_gpt2_stage_t *st, xmp_stage_mesh_t *meshes)
 {
     for (int s = 0; s < st->lay.nstages; s++) {
-        meshes[s].ndim = 2;
-        meshes[s].shape[0] = st->lay.dp[s];
-        meshes[s].shape[1] = st->lay.tp[s];
+        meshes[s].ndim = st->lay.ndim[s];
+        for (int a = 0; a < st->lay.ndim[s]; a++)
+            meshes[s].shape[a] = st->lay.shape[s][a];
         meshes[s].ranks = st->ranks + st->lay.rank0[s];
     }
 }
@@ -865,8 +1359,8 @@ double xmp_gpt2_stage_edge_seconds(xmp_gpt2_stage_t *st, int s, int strategy)
 {
     if (s < 0 || s + 1 >= st->lay.nstages)
         return 0;
-    xmesh_layout_t a = {3, st->edge_shape, XMESH_F32, st->meshes[s]->xmesh, "S(0),B"};
-    xmesh_layout_t b = {3, st->edge_shape, XMESH_F32, st->meshes[s + 1]->xmesh, "S(0),B"};
+    xmesh_layout_t a = {3, st->edge_shape, XMESH_F32, st->meshes[s]->xmesh, st->xspec[s]};
+    xmesh_layout_t b = {3, st->edge_shape, XMESH_F32, st->meshes[s + 1]->xmesh, st->xspec[s + 1]};
     xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
     if (strategy >= 0)
         pp.strategy = (xmesh_strategy_t)strategy;

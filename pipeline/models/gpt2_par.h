@@ -1,28 +1,45 @@
 /*
- * GPT-2 as pipeline stages of SBP-parallel layers (issues 10 and 11).
+ * GPT-2 as pipeline stages of SBP-parallel layers (issues 10, 11 and 20).
  *
  * A stage holds a contiguous range of the model's layers ('E' embedding,
  * 't' transformer blocks, 'L' final norm + tied head + loss; see
- * models/stage_layout.h) on a dp x tp mesh (axis 0 data parallel, axis 1
- * tensor parallel). One stage on one mesh is plain DP / TP / DP x TP
- * training; several stages are a pipeline run by pipe/driver.h.
+ * models/stage_layout.h) on a mesh of 1 to 4 axes. One stage on one mesh is
+ * plain DP / TP / 3-D training; several stages are a pipeline run by
+ * pipe/driver.h.
  *
- * SBP per tensor, on (dp axis, tp axis) (OneFlow notation, nn/sbp.h):
- *   activations (Bm, T, C) residual stream        S(0), B
- *   qkvw viewed (3, C, C), qkvb (3, C)            B, S(1)   column split by heads
- *   attention output (Bm, T, C)                   S(0), S(2) local heads only
- *   attprojw (C, C)                               B, S(1)   row split -> output P,
- *                                                           residual add boxes P -> B
- *   fcw (4C, C), fcb (4C)                         B, S(0)   column split
- *   fcprojw (C, 4C)                               B, S(1)   row split -> P -> B
- *   wte (Vp, C)                                   B, S(0)   vocabulary split: the
- *        embedding gives P (boxed to B), the head gives logits S(2) for the
- *        vocabulary-parallel cross-entropy
- *   wpe, layernorm weights, attprojb, fcprojb     B, B
- *   parameter gradients                           P over dp (boxed P -> B in R)
- * Tensor parallelism needs heads % tp == 0 (refused otherwise, naming both).
- * The boundary tensor between stages is the residual stream, "S(0),B" on
- * both meshes: meshes of different shapes make it a real resharding.
+ * Strategy (nn/strategy.h, docs/STRATEGY.md). Every parameter class and
+ * every activation class takes its SBP on each mesh axis from the stage's
+ * strategy; the layers (nn/sbp_ops.h linear, add, GELU, embedding,
+ * cross-entropy; nn/sbp_layers.h layer norm, with the channel split, and
+ * attention, with heads or sequence split) deduce their outputs per axis and
+ * box inputs as needed, and the model boxes each activation to its class SBP
+ * after the op that makes it:
+ *   parameter classes  wte (Vp, C), wpe (maxT, C), ln1.w ln1.b ln2.w ln2.b
+ *                      lnf.w lnf.b attproj.b fcproj.b (C), qkv.w viewed
+ *                      (3, NH, hs, C), qkv.b (3, NH, hs), attproj.w (C, C),
+ *                      fc.w (4C, C), fc.b (4C), fcproj.w (C, 4C)
+ *   activation classes act.x (Bm, T, C) the residual stream and the tensor
+ *                      between stages; act.ln1 act.ln2 act.lnf (Bm, T, C)
+ *                      layer-norm outputs; act.qkv (Bm, T, 3, NH, hs);
+ *                      act.att (Bm, T, C) attention output (heads merged);
+ *                      act.fch act.gelu (Bm, T, 4C); act.logits (Bm, T, Vp)
+ * Every class is required. Built-ins (xmp_gpt2_strategy_builtin, generated
+ * for the mesh's axis count): dp, megatron (the issue-10 table: axis 0 data,
+ * axis 1 tensor parallel; more axes: leading axes data), 3d (AutoDDL's 3-D
+ * matmul signature for every linear), axonn (3d with the weight matrices
+ * stored split over the depth axis, 3 or 4 axes). Sharded storage: a
+ * parameter whose storage SBP ("store") differs from its compute SBP keeps
+ * its master copy and AdamW moments for the local shard only; its gradient is
+ * boxed once per step to the storage SBP (P -> S: reduce-scatter) and, after
+ * the update, the shards are gathered into the compute copy the next step
+ * uses (S -> B: all-gather). xmp_gpt2_strategy_check refuses, before anything runs, a
+ * strategy that no rule covers, naming the class, the mesh axis and the rule.
+ *
+ * Gradients: each parameter's gradient accumulates over the microbatches
+ * with its compute SBP where that is S, P where it is B (so data-parallel
+ * and embedding gradients are summed locally, no collective per
+ * microbatch); R boxes it once per step to the compute SBP (P -> B:
+ * the data-parallel all-reduce).
  *
  * Every rank of a stage reads the same batches (same loader, same seed);
  * microbatch m is rows [m*Bm, (m+1)*Bm) of the batch. Loss and gradients are
@@ -40,6 +57,7 @@
 #include "models/gpt2.h"
 #include "models/stage_layout.h"
 #include "nn/sbp.h"
+#include "nn/strategy.h"
 #include "pipe/driver.h"
 
 #ifdef __cplusplus
@@ -51,9 +69,27 @@ typedef struct xmp_gpt2_stage xmp_gpt2_stage_t;
 typedef struct {
     int B, T, M;                     /* batch, sequence, microbatches */
     float lr, beta1, beta2, eps, wd; /* AdamW (llm.c semantics) */
+    /* Strategy of each stage (layout->nstages entries, borrowed during create),
+     * or NULL: the built-in megatron for each stage's axis count. */
+    const xmp_strategy_t *strategy;
 } xmp_gpt2_train_cfg_t;
 
-/* Collective over comm (every rank, also ranks in no stage). full: the full
+/* Names of the built-in strategies, for messages. */
+#define XMP_GPT2_BUILTIN_STRATEGIES "dp, megatron, 3d, axonn"
+/* Built-in strategy text for a mesh of naxes axes (xmp_strategy_builtin_fn). */
+int xmp_gpt2_strategy_builtin(const char *name, int naxes, char *text, size_t n, char *err,
+                              size_t errlen);
+/* Checks strategy s for a stage mesh of ndim axes and the given shape, with
+ * microbatches of Bm rows: known and required classes, SBPs within each
+ * class' dims, and that an SBP rule covers every op the stage runs. Pure;
+ * the same result on every rank. Returns 0 or -1 with a message naming the
+ * stage, the class, the mesh axis and the missing rule. */
+int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c, int stage,
+                            int ndim, const int *shape, char *err, size_t errlen);
+
+/* Collective over comm (every rank, also ranks in no stage). tc->strategy
+ * (or megatron) is checked for every stage first (xmp_gpt2_strategy_check).
+ * full: the full
  * model (serial struct, params filled) every rank holds the same of; each
  * stage slices its parameters from it. Creates the stage meshes (all of
  * them, with xmesh meshes over ctx) and, when the first and last stages
@@ -97,6 +133,15 @@ int xmp_gpt2_stage_gather(xmp_gpt2_stage_t *st, xmp_gpt2_t *full);
  * predicted_s) of one boundary activation transfer stage s -> s+1, from a
  * plan created and destroyed here; 0 when there is one stage. */
 double xmp_gpt2_stage_edge_seconds(xmp_gpt2_stage_t *st, int s, int mode_strategy);
+
+/* Parameter memory of this rank: stored parameters (shards where sharded),
+ * AdamW moments (m and v of the stored part), the compute copies the layers
+ * use (gathered where sharded), gradient accumulators; zeros off-stage. */
+typedef struct {
+    int64_t param_bytes, optimizer_bytes, compute_param_bytes, grad_bytes;
+    int sharded; /* parameter tensors with sharded storage */
+} xmp_gpt2_stage_memory_t;
+void xmp_gpt2_stage_memory(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_memory_t *mem);
 
 /* Bytes of activations this rank holds now. */
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st);

@@ -2,6 +2,7 @@
 #include "models/stage_layout.h"
 
 #include <ctype.h>
+#include <stdint.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -159,8 +160,11 @@ static int parse_meshes(const char *s, xmp_stage_layout_t *l, char *err, size_t 
             p++;
             c = parse_pos(&p, 1 << 20);
         }
-        if (r < 0 || c < 0)
-            return fail(err, errlen, "--stage-mesh '%s': stage %d: expected RxC", s, k);
+        if (r < 0 || c < 0 || *p == 'x')
+            return fail(err, errlen,
+                        "--stage-mesh '%s': stage %d: expected RxC (with --stage-dp/--stage-tp a "
+                        "mesh has the 2 axes dp x tp)",
+                        s, k);
         if (r != l->dp[k] || c != l->tp[k])
             return fail(err, errlen,
                         "--stage-mesh '%s': stage %d mesh %dx%d does not match dp %d x tp %d "
@@ -175,20 +179,33 @@ static int parse_meshes(const char *s, xmp_stage_layout_t *l, char *err, size_t 
     return 0;
 }
 
-/* With meshes but no dp/tp, the mesh shape gives them. */
-static int meshes_to_degrees(const char *s, xmp_stage_layout_t *l, char *err, size_t errlen)
+/* Parses one mesh "AxBx.." (1..4 axes) at *p, advancing it; -1 if bad. */
+static int parse_shape(const char **p, int *shape)
+{
+    int n = 0;
+    for (;;) {
+        int v = parse_pos(p, 1 << 20);
+        if (v < 0 || n >= XMP_STAGE_MAX_AXES)
+            return -1;
+        shape[n++] = v;
+        if (**p != 'x')
+            return n;
+        (*p)++;
+    }
+}
+
+/* With meshes but no dp/tp, the mesh shapes are taken as given. */
+static int meshes_to_shapes(const char *s, xmp_stage_layout_t *l, char *err, size_t errlen)
 {
     const char *p = s;
     for (int k = 0; k < l->nstages; k++) {
-        int r = parse_pos(&p, 1 << 20), c = 1;
-        if (r >= 0 && *p == 'x') {
-            p++;
-            c = parse_pos(&p, 1 << 20);
-        }
-        if (r < 0 || c < 0)
-            return fail(err, errlen, "--stage-mesh '%s': stage %d: expected RxC", s, k);
-        l->dp[k] = r;
-        l->tp[k] = c;
+        int n = parse_shape(&p, l->shape[k]);
+        if (n < 0)
+            return fail(err, errlen,
+                        "--stage-mesh '%s': stage %d: expected a mesh AxB.. of 1 to %d positive "
+                        "axis sizes",
+                        s, k, XMP_STAGE_MAX_AXES);
+        l->ndim[k] = n;
         if (*p == ',')
             p++;
         else if (k + 1 < l->nstages)
@@ -220,7 +237,7 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
         return fail(err, errlen, "--stages %d but layout '%s' has %d stages", stages, layout,
                     l.nstages);
     if (meshes && !dps && !tps) {
-        if (meshes_to_degrees(meshes, &l, err, errlen))
+        if (meshes_to_shapes(meshes, &l, err, errlen))
             return -1;
     } else {
         if (parse_list("--stage-dp", dps, l.nstages, l.dp, err, errlen) ||
@@ -228,23 +245,58 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
             return -1;
         if (meshes && parse_meshes(meshes, &l, err, errlen))
             return -1;
+        for (int s = 0; s < l.nstages; s++) {
+            l.ndim[s] = 2;
+            l.shape[s][0] = l.dp[s];
+            l.shape[s][1] = l.tp[s];
+        }
     }
     int r = 0;
     for (int s = 0; s < l.nstages; s++) {
+        int64_t size = 1;
+        for (int a = 0; a < l.ndim[s] && size <= (1 << 20); a++)
+            size *= l.shape[s][a];
+        if (size > (1 << 20))
+            return fail(err, errlen, "stage %d: mesh of %lld ranks is too large", s,
+                        (long long)size);
+        int last = l.shape[s][l.ndim[s] - 1];
+        l.tp[s] = l.ndim[s] == 1 ? 1 : last;
+        l.dp[s] = (int)size / l.tp[s];
         l.rank0[s] = r;
-        r += l.dp[s] * l.tp[s];
+        r += (int)size;
     }
     l.nranks = r;
     *out = l;
     return 0;
 }
 
+int xmp_stage_layout_size(const xmp_stage_layout_t *l, int s)
+{
+    int n = 1;
+    for (int a = 0; a < l->ndim[s]; a++)
+        n *= l->shape[s][a];
+    return n;
+}
+
 int xmp_stage_layout_stage_of_rank(const xmp_stage_layout_t *l, int rank)
 {
     for (int s = 0; s < l->nstages; s++)
-        if (rank >= l->rank0[s] && rank < l->rank0[s] + l->dp[s] * l->tp[s])
+        if (rank >= l->rank0[s] && rank < l->rank0[s] + xmp_stage_layout_size(l, s))
             return s;
     return -1;
+}
+
+void xmp_stage_layout_format_meshes(const xmp_stage_layout_t *l, char *buf, size_t len)
+{
+    size_t at = 0;
+    if (!len)
+        return;
+    buf[0] = '\0';
+    for (int s = 0; s < l->nstages && at < len; s++)
+        for (int a = 0; a < l->ndim[s] && at < len; a++) {
+            int w = snprintf(buf + at, len - at, "%s%d", a ? "x" : (s ? "," : ""), l->shape[s][a]);
+            at += (size_t)(w > 0 ? w : 0);
+        }
 }
 
 void xmp_stage_layout_format(const xmp_stage_layout_t *l, char *buf, size_t len)

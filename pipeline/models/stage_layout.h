@@ -10,9 +10,15 @@
  * the remainder first, like numpy.array_split); the fixed first/last items
  * (GPT-2's E and L) stay on the first/last stage.
  *
- * Meshes: stage s runs on a dp x tp mesh (axis 0 data parallel, axis 1 tensor
- * parallel) of ranks rank0[s] .. rank0[s] + dp*tp - 1, stages in order. Pure
- * code, no MPI: every rank computes the same plan from the same flags.
+ * Meshes: stage s runs on an N-D mesh of ndim[s] (1..4) axes, shape[s][0..ndim)
+ * (row-major devices), ranks rank0[s] .. rank0[s] + size - 1, stages in
+ * order. "--stage-mesh 2x2x2,1x4" gives the shapes directly (any axis count per
+ * stage; "4" is a 1-axis mesh). The shorthands (--stage-dp / --stage-tp, and
+ * the 2-axis "RxC" forms) make 2-axis dp x tp meshes (axis 0 data parallel,
+ * axis 1 tensor parallel). dp[s] and tp[s] keep that meaning for 2-axis meshes;
+ * for other axis counts tp[s] is the last axis' size and dp[s] the product of
+ * the others (1-axis: dp = the size, tp = 1). Pure code, no MPI: every rank
+ * computes the same plan from the same flags.
  */
 #ifndef XMP_STAGE_LAYOUT_H
 #define XMP_STAGE_LAYOUT_H
@@ -21,18 +27,21 @@
 
 #define XMP_MAX_STAGES 32
 #define XMP_MAX_LAYERS 512
+#define XMP_STAGE_MAX_AXES 4
 
 typedef struct {
     int nstages;
-    int nitems;                   /* layers of the model, in model order */
-    char kind[XMP_MAX_LAYERS];    /* kind letter of each layer */
-    int stage_of[XMP_MAX_LAYERS]; /* stage of each layer */
-    int first[XMP_MAX_STAGES];    /* first layer index of each stage */
-    int count[XMP_MAX_STAGES];    /* layers of each stage */
-    int dp[XMP_MAX_STAGES];       /* data-parallel degree (mesh axis 0) */
-    int tp[XMP_MAX_STAGES];       /* tensor-parallel degree (mesh axis 1) */
-    int rank0[XMP_MAX_STAGES];    /* first global rank of each stage */
-    int nranks;                   /* ranks used by all stages */
+    int nitems;                                    /* layers of the model, in model order */
+    char kind[XMP_MAX_LAYERS];                     /* kind letter of each layer */
+    int stage_of[XMP_MAX_LAYERS];                  /* stage of each layer */
+    int first[XMP_MAX_STAGES];                     /* first layer index of each stage */
+    int count[XMP_MAX_STAGES];                     /* layers of each stage */
+    int dp[XMP_MAX_STAGES];                        /* data-parallel degree (mesh axis 0) */
+    int tp[XMP_MAX_STAGES];                        /* tensor-parallel degree (mesh axis 1) */
+    int ndim[XMP_MAX_STAGES];                      /* mesh axes of each stage (1..4) */
+    int shape[XMP_MAX_STAGES][XMP_STAGE_MAX_AXES]; /* mesh shape of each stage */
+    int rank0[XMP_MAX_STAGES];                     /* first global rank of each stage */
+    int nranks;                                    /* ranks used by all stages */
 } xmp_stage_layout_t;
 
 /* Builds a layout.
@@ -42,8 +51,10 @@ typedef struct {
  *   fixed_tail number of trailing layers that must stay on the last stage
  *   layout     a layout string or NULL (then `stages` even stages)
  *   stages     number of stages when layout is NULL (>= 1)
- *   meshes     "RxC,RxC,..." per stage or NULL (then dp x tp)
- *   dps, tps   "N,N,..." per stage or NULL (then 1), or a single "N" for all
+ *   meshes     "AxBxC,RxC,N,..." one per stage (1..4 axes each) or NULL
+ *              (then dp x tp)
+ *   dps, tps   "N,N,..." per stage or NULL (then 1), or a single "N" for all;
+ *              with meshes, each mesh must be the 2-axis dp x tp ("R" is R x 1)
  * Returns 0, or -1 with a message naming the bad value in err; *out is then
  * unchanged. */
 int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, const char *layout,
@@ -55,5 +66,11 @@ int xmp_stage_layout_stage_of_rank(const xmp_stage_layout_t *l, int rank);
 
 /* Writes the layout back as a layout string ("E,t*3|t*3,L"). */
 void xmp_stage_layout_format(const xmp_stage_layout_t *l, char *buf, size_t len);
+
+/* Writes the stage meshes as a --stage-mesh string ("2x2x2,1x4"). */
+void xmp_stage_layout_format_meshes(const xmp_stage_layout_t *l, char *buf, size_t len);
+
+/* Ranks of stage s (the product of its mesh shape). */
+int xmp_stage_layout_size(const xmp_stage_layout_t *l, int s);
 
 #endif /* XMP_STAGE_LAYOUT_H */

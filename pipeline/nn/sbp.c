@@ -26,6 +26,36 @@ void xmp_comm_seconds_add(double s)
     xmp_comm_s += s;
 }
 
+static _Thread_local int64_t xmp_mem_live, xmp_mem_peak;
+
+int64_t xmp_mem_live_bytes(void)
+{
+    return xmp_mem_live;
+}
+
+int64_t xmp_mem_peak_bytes(void)
+{
+    return xmp_mem_peak;
+}
+
+void xmp_mem_peak_reset(void)
+{
+    xmp_mem_peak = xmp_mem_live;
+}
+
+void xmp_mem_track(int64_t delta)
+{
+    xmp_mem_live += delta;
+    if (xmp_mem_live > xmp_mem_peak)
+        xmp_mem_peak = xmp_mem_live;
+}
+
+/* Bytes of a tensor's local allocation (the same figure on alloc and on free). */
+static int64_t alloc_bytes(const xmp_tensor_t *t)
+{
+    return (t->lcount ? t->lcount : 1) * 4;
+}
+
 xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
 {
     va_list ap;
@@ -33,6 +63,18 @@ xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
     vsnprintf(xmp_err_buf, sizeof xmp_err_buf, fmt, ap);
     va_end(ap);
     return r;
+}
+
+xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                             const char *what)
+{
+    int rc = XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, count, ty, op, comm));
+    if (rc == MPI_SUCCESS)
+        return XMESH_SUCCESS;
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(rc, s, &n);
+    return xmp_err(XMESH_ERR_BACKEND, "%s: MPI_Allreduce failed: %s (code %d)", what, s, rc);
 }
 
 /* ---------------------------------------------------------------- meshes */
@@ -278,6 +320,8 @@ xmesh_result_t xmp_tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim, con
             return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_tensor_alloc: %lld elements",
                            (long long)n.lcount);
     }
+    if (n.data)
+        xmp_mem_track(alloc_bytes(&n));
     *t = n;
     return XMESH_SUCCESS;
 }
@@ -291,6 +335,8 @@ void xmp_tensor_free(xmp_tensor_t *t)
 {
     if (!t)
         return;
+    if (t->data)
+        xmp_mem_track(-alloc_bytes(t));
     free(t->data);
     t->data = NULL;
     t->lcount = 0;

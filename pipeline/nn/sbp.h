@@ -94,6 +94,11 @@ void xmp_comm_seconds_add(double s);
         xmp_rc_;                                                                                   \
     })
 
+/* Collective helpers of nn/: every collective of boxing and of the SBP layers goes through
+ * them. what names the caller for error messages. Collective over comm. */
+xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                             const char *what);
+
 /* A mesh group. Public fields are read-only for callers. */
 typedef struct xmp_mesh {
     int ndim;                         /* 1..4 */
@@ -164,6 +169,19 @@ typedef struct {
     void *data;                   /* lcount elements, zero-initialised */
     char spec[64];                /* "S(0),B" */
 } xmp_tensor_t;
+
+/* Allocation accounting (contract D), per thread: every xmp_tensor_alloc adds the bytes of
+ * its local block (at least 4: an empty block still allocates one element), every
+ * xmp_tensor_free of a tensor that holds data subtracts them; model buffers that are not
+ * tensors are added with xmp_mem_track(+bytes) and removed with xmp_mem_track(-bytes).
+ * live: bytes held now; peak: the largest live value since the thread started or since the
+ * last xmp_mem_peak_reset() (which sets peak = live). Thread-local, so a pipeline with one
+ * thread per stage reads each stage's own figures; a tensor freed by another thread than the
+ * one that allocated it moves bytes between the two counters. */
+int64_t xmp_mem_live_bytes(void);
+int64_t xmp_mem_peak_bytes(void);
+void xmp_mem_peak_reset(void);
+void xmp_mem_track(int64_t delta);
 
 /* Block [lo, hi) of the device at mesh coordinates coord (own index math). */
 void xmp_block(const xmp_mesh_t *m, int ndim, const int64_t *shape, const xmp_sbp_t *sbp,

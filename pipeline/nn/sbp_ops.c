@@ -1,6 +1,8 @@
 /* SBP layers (contracts and signature tables in sbp_ops.h). */
 #include <cblas.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +36,49 @@ static xmesh_result_t same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, co
     return XMESH_SUCCESS;
 }
 
+/* ------------------------------------------------------------ rule helpers */
+
+void xmp_rule_msg(char *err, size_t n, const char *op, const char *operand, const xmp_sbp_t *sbp,
+                  int naxes, int axis, const char *fmt, ...)
+{
+    char spec[64];
+    va_list ap;
+    if (!err || !n)
+        return;
+    xmp_sbp_string(sbp, naxes, spec, sizeof spec);
+    int k = snprintf(err, n, "%s: operand %s '%s': mesh axis %d: ", op, operand, spec, axis);
+    if (k < 0 || (size_t)k >= n)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err + k, n - (size_t)k, fmt, ap);
+    va_end(ap);
+}
+
+int xmp_rule_operand(const char *op, const char *operand, int naxes, int nd, const xmp_sbp_t *sbp,
+                     char *err, size_t n)
+{
+    for (int a = 0; a < naxes; a++) {
+        xmp_sbp_t s = sbp[a];
+        if (s.kind != XMP_S && s.kind != XMP_B && s.kind != XMP_P) {
+            xmp_rule_msg(err, n, op, operand, sbp, naxes, a, "unknown SBP kind %d (no rule)",
+                         (int)s.kind);
+            return -1;
+        }
+        if (s.kind == XMP_S && (s.dim < 0 || s.dim >= nd)) {
+            xmp_rule_msg(err, n, op, operand, sbp, naxes, a,
+                         "S(%d) names no dim of a %d-dim tensor (no rule)", s.dim, nd);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void all_b(xmp_sbp_t *t)
+{
+    for (int a = 0; a < NAX; a++)
+        t[a] = xmp_sbp_b();
+}
+
 /* ------------------------------------------------------------ contraction */
 
 /* One operand of C = A . B: nfree free dims and ncon contracted dims, stored
@@ -63,13 +108,13 @@ static xmp_sbp_t con_sbp(const operand_t *o, int c)
 
 /* Per-axis deduction (sbp_ops.h table): targets ta, tb for A and B, and the
  * output SBP (output dims: A free dims, then B free dims). */
-static void deduce(const operand_t *A, const operand_t *B, int a, xmp_sbp_t *ta, xmp_sbp_t *tb,
-                   xmp_sbp_t *out)
+static void deduce(const operand_t *A, const operand_t *B, xmp_sbp_t sa, xmp_sbp_t sb,
+                   xmp_sbp_t *ta, xmp_sbp_t *tb, xmp_sbp_t *out)
 {
     int ia = 0, ib = 0;
-    int ca = classify(A, A->t->sbp[a], &ia), cb = classify(B, B->t->sbp[a], &ib);
-    *ta = A->t->sbp[a];
-    *tb = B->t->sbp[a];
+    int ca = classify(A, sa, &ia), cb = classify(B, sb, &ib);
+    *ta = sa;
+    *tb = sb;
     if (ca == CL_FREE) {
         *tb = xmp_sbp_b();
         *out = xmp_sbp_s(ia);
@@ -114,7 +159,7 @@ static xmesh_result_t contract(const operand_t *A, const operand_t *B, const cha
     for (int a = 0; a < NAX; a++)
         ta[a] = tb[a] = to[a] = xmp_sbp_b();
     for (int a = 0; a < m->ndim; a++)
-        deduce(A, B, a, &ta[a], &tb[a], &to[a]);
+        deduce(A, B, A->t->sbp[a], B->t->sbp[a], &ta[a], &tb[a], &to[a]);
     for (int f = 0; f < A->nfree; f++)
         oshape[f] = A->t->shape[fa + f];
     for (int f = 0; f < B->nfree; f++)
@@ -163,6 +208,44 @@ out_free_a:
 
 /* ----------------------------------------------------------------- linear */
 
+/* Bias SBP for an output y (nb batch dims): S(j) where y is S(nb + j), P (holder only) where
+ * y is P, B otherwise. */
+static void bias_rule(int naxes, int nb, const xmp_sbp_t *ty, xmp_sbp_t *tb)
+{
+    all_b(tb);
+    for (int a = 0; a < naxes; a++) {
+        if (ty[a].kind == XMP_P)
+            tb[a] = xmp_sbp_p();
+        else if (ty[a].kind == XMP_S && ty[a].dim >= nb)
+            tb[a] = xmp_sbp_s(ty[a].dim - nb);
+    }
+}
+
+int xmp_rule_linear(int naxes, int nx, const xmp_sbp_t *sx, int nw, const xmp_sbp_t *sw,
+                    xmp_sbp_t *tx, xmp_sbp_t *tw, xmp_sbp_t *ty, xmp_sbp_t *tb, char *err, size_t n)
+{
+    if (nx < 1 || nw < 2 || nx + nw - 2 > XMP_MAX_DIMS) {
+        if (err && n)
+            snprintf(err, n,
+                     "linear: operands x (%d dims) and w (%d dims): no rule (x needs >= 1 dim, "
+                     "w >= 2, y <= %d)",
+                     nx, nw, XMP_MAX_DIMS);
+        return -1;
+    }
+    if (xmp_rule_operand("linear", "x", naxes, nx, sx, err, n) ||
+        xmp_rule_operand("linear", "w", naxes, nw, sw, err, n))
+        return -1;
+    operand_t A = {NULL, nx - 1, 1, 0}, B = {NULL, nw - 1, 1, 0};
+    all_b(tx);
+    all_b(tw);
+    all_b(ty);
+    for (int a = 0; a < naxes; a++)
+        deduce(&A, &B, sx[a], sw[a], &tx[a], &tw[a], &ty[a]);
+    if (tb)
+        bias_rule(naxes, nx - 1, ty, tb);
+    return 0;
+}
+
 xmesh_result_t xmp_linear_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
                                   const xmp_tensor_t *b, xmp_tensor_t *y)
 {
@@ -188,14 +271,7 @@ xmesh_result_t xmp_linear_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
     if (r || !b)
         goto out;
     xmp_sbp_t tbias[NAX];
-    for (int a = 0; a < NAX; a++)
-        tbias[a] = xmp_sbp_b();
-    for (int a = 0; a < x->mesh->ndim; a++) {
-        if (o.sbp[a].kind == XMP_P)
-            tbias[a] = xmp_sbp_p();
-        else if (o.sbp[a].kind == XMP_S && o.sbp[a].dim >= nb)
-            tbias[a] = xmp_sbp_s(o.sbp[a].dim - nb);
-    }
+    bias_rule(x->mesh->ndim, nb, o.sbp, tbias);
     xmp_tensor_t bb;
     r = xmp_box(b, tbias, &bb);
     if (r) {
@@ -284,6 +360,18 @@ static xmp_sbp_t add_rule(xmp_sbp_t x, xmp_sbp_t y)
     return xmp_sbp_b(); /* B with P */
 }
 
+int xmp_rule_add(int naxes, int nd, const xmp_sbp_t *sx, const xmp_sbp_t *sy, xmp_sbp_t *tz,
+                 char *err, size_t n)
+{
+    if (xmp_rule_operand("add", "x", naxes, nd, sx, err, n) ||
+        xmp_rule_operand("add", "y", naxes, nd, sy, err, n))
+        return -1;
+    all_b(tz);
+    for (int a = 0; a < naxes; a++)
+        tz[a] = add_rule(sx[a], sy[a]);
+    return 0;
+}
+
 xmesh_result_t xmp_add_forward(const xmp_tensor_t *x, const xmp_tensor_t *y, xmp_tensor_t *z)
 {
     const char *op = "xmp_add_forward";
@@ -294,10 +382,9 @@ xmesh_result_t xmp_add_forward(const xmp_tensor_t *x, const xmp_tensor_t *y, xmp
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: shapes differ (%d vs %d dims)", op, x->ndim,
                        y->ndim);
     xmp_sbp_t t[NAX];
-    for (int a = 0; a < NAX; a++)
-        t[a] = xmp_sbp_b();
-    for (int a = 0; a < x->mesh->ndim; a++)
-        t[a] = add_rule(x->sbp[a], y->sbp[a]);
+    char msg[400];
+    if (xmp_rule_add(x->mesh->ndim, x->ndim, x->sbp, y->sbp, t, msg, sizeof msg))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", op, msg);
     xmp_tensor_t bx, by;
     r = xmp_box(x, t, &bx);
     if (r)
@@ -332,19 +419,29 @@ xmesh_result_t xmp_add_backward(const xmp_tensor_t *dz, const xmp_tensor_t *x,
 
 #define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
 
-static void no_p(const xmp_tensor_t *x, xmp_sbp_t *t)
+int xmp_rule_gelu(int naxes, int nd, const xmp_sbp_t *sx, xmp_sbp_t *ty, char *err, size_t n)
 {
+    if (xmp_rule_operand("gelu", "x", naxes, nd, sx, err, n))
+        return -1;
     for (int a = 0; a < NAX; a++)
-        t[a] = a < x->mesh->ndim && x->sbp[a].kind != XMP_P ? x->sbp[a] : xmp_sbp_b();
+        ty[a] = a < naxes && sx[a].kind != XMP_P ? sx[a] : xmp_sbp_b();
+    return 0;
+}
+
+static xmesh_result_t no_p(const xmp_tensor_t *x, xmp_sbp_t *t, const char *op)
+{
+    char msg[400];
+    if (xmp_rule_gelu(x->mesh->ndim, x->ndim, x->sbp, t, msg, sizeof msg))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", op, msg);
+    return XMESH_SUCCESS;
 }
 
 xmesh_result_t xmp_gelu_forward(const xmp_tensor_t *x, xmp_tensor_t *y)
 {
     xmesh_result_t r = check_f32(x, "xmp_gelu_forward", "x");
     xmp_sbp_t t[NAX];
-    if (r)
+    if (r || (r = no_p(x, t, "xmp_gelu_forward")))
         return r;
-    no_p(x, t);
     r = xmp_box(x, t, y);
     if (r)
         return r;
@@ -364,7 +461,8 @@ xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, 
         return r;
     xmp_sbp_t t[NAX];
     xmp_tensor_t bx;
-    no_p(x, t);
+    if ((r = no_p(x, t, "xmp_gelu_backward")))
+        return r;
     r = xmp_box(x, t, &bx);
     if (r)
         return r;
@@ -383,18 +481,30 @@ xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, 
 
 /* -------------------------------------------------------------- embedding */
 
-/* Per-axis targets for tokens and table, and the output SBP. */
-static xmesh_result_t emb_deduce(const xmp_tensor_t *tok, const xmp_tensor_t *tab, xmp_sbp_t *tt,
-                                 xmp_sbp_t *tw, xmp_sbp_t *to, const char *op)
+int xmp_rule_embedding(int naxes, int nt, const xmp_sbp_t *stok, int ntab, const xmp_sbp_t *stab,
+                       xmp_sbp_t *tt, xmp_sbp_t *tw, xmp_sbp_t *to, char *err, size_t n)
 {
-    int nt = tok->ndim;
-    for (int a = 0; a < NAX; a++)
-        tt[a] = tw[a] = to[a] = xmp_sbp_b();
-    for (int a = 0; a < tok->mesh->ndim; a++) {
-        xmp_sbp_t st = tok->sbp[a], sw = tab->sbp[a];
-        if (st.kind == XMP_P)
-            return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: token ids '%s' are P on mesh axis %d",
-                           op, tok->spec, a);
+    if (ntab != 2 || nt + 1 > XMP_MAX_DIMS) {
+        if (err && n)
+            snprintf(err, n,
+                     "embedding: operand table has %d dims, tok %d: no rule (table (V, C), out "
+                     "<= %d dims)",
+                     ntab, nt, XMP_MAX_DIMS);
+        return -1;
+    }
+    if (xmp_rule_operand("embedding", "tok", naxes, nt, stok, err, n) ||
+        xmp_rule_operand("embedding", "table", naxes, 2, stab, err, n))
+        return -1;
+    all_b(tt);
+    all_b(tw);
+    all_b(to);
+    for (int a = 0; a < naxes; a++) {
+        xmp_sbp_t st = stok[a], sw = stab[a];
+        if (st.kind == XMP_P) {
+            xmp_rule_msg(err, n, "embedding", "tok", stok, naxes, a,
+                         "token ids are P: no rule (ids are not partial sums; use B or S(d))");
+            return -1;
+        }
         tt[a] = st;
         tw[a] = sw;
         if (sw.kind == XMP_S) {
@@ -407,6 +517,17 @@ static xmesh_result_t emb_deduce(const xmp_tensor_t *tok, const xmp_tensor_t *ta
             to[a] = sw; /* B or P */
         }
     }
+    return 0;
+}
+
+/* Per-axis targets for tokens and table, and the output SBP. */
+static xmesh_result_t emb_deduce(const xmp_tensor_t *tok, const xmp_tensor_t *tab, xmp_sbp_t *tt,
+                                 xmp_sbp_t *tw, xmp_sbp_t *to, const char *op)
+{
+    char msg[400];
+    if (xmp_rule_embedding(tok->mesh->ndim, tok->ndim, tok->sbp, tab->ndim, tab->sbp, tt, tw, to,
+                           msg, sizeof msg))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", op, msg);
     return XMESH_SUCCESS;
 }
 
@@ -484,9 +605,11 @@ xmesh_result_t xmp_embedding_backward(const xmp_tensor_t *dout, const xmp_tensor
             for (int64_t c = 0; c < C; c++)
                 xmp_f32(&g)[v * C + c] += xmp_f32(&bd)[i * C + c];
     }
-    /* back through the boxing of the table (P table: gradient B) */
-    r = xmp_box_backward(&g, table->sbp, dtable);
-    xmp_tensor_free(&g);
+    /* The contract (sbp_ops.h): S where the table was split, P where the tokens were split
+     * and the table was not (each rank holds the rows its own tokens touched), B elsewhere
+     * (also where the table was P: the gradient of a partial is the full gradient). No
+     * reduction here: the caller boxes P -> B once per step, not once per microbatch. */
+    *dtable = g;
 out_free_d:
     xmp_tensor_free(&bd);
 out_free_t:
@@ -495,6 +618,32 @@ out_free_t:
 }
 
 /* ---------------------------------------------------------- cross-entropy */
+
+int xmp_rule_cross_entropy(int naxes, int nl, const xmp_sbp_t *sl, const xmp_sbp_t *st,
+                           xmp_sbp_t *tl, xmp_sbp_t *tt, char *err, size_t n)
+{
+    int nr = nl - 1;
+    if (nl < 1) {
+        if (err && n)
+            snprintf(err, n, "cross_entropy: operand logits has %d dims: no rule (rows..., V)", nl);
+        return -1;
+    }
+    if (xmp_rule_operand("cross_entropy", "logits", naxes, nl, sl, err, n) ||
+        (st && xmp_rule_operand("cross_entropy", "targets", naxes, nr, st, err, n)))
+        return -1;
+    all_b(tl);
+    all_b(tt);
+    for (int a = 0; a < naxes; a++) {
+        if (st && st[a].kind == XMP_P) {
+            xmp_rule_msg(err, n, "cross_entropy", "targets", st, naxes, a,
+                         "target ids are P: no rule (ids are not partial sums; use B or S(d))");
+            return -1;
+        }
+        tl[a] = sl[a].kind == XMP_P ? xmp_sbp_s(nr) : sl[a];
+        tt[a] = tl[a].kind == XMP_S && tl[a].dim < nr ? tl[a] : xmp_sbp_b();
+    }
+    return 0;
+}
 
 xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t *targets, int64_t V,
                                  float *loss, xmp_tensor_t *dlogits)
@@ -517,13 +666,10 @@ xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t 
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: V = %lld out of [1, %lld]", op,
                        (long long)V, (long long)logits->shape[nr]);
     xmp_sbp_t tl[NAX], tt[NAX];
-    for (int a = 0; a < NAX; a++) {
-        tl[a] = tt[a] = xmp_sbp_b();
-        if (a >= m->ndim)
-            continue;
-        tl[a] = logits->sbp[a].kind == XMP_P ? xmp_sbp_s(nr) : logits->sbp[a];
-        tt[a] = tl[a].kind == XMP_S && tl[a].dim < nr ? tl[a] : xmp_sbp_b();
-    }
+    char msg[400];
+    if (xmp_rule_cross_entropy(m->ndim, logits->ndim, logits->sbp, targets->sbp, tl, tt, msg,
+                               sizeof msg))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", op, msg);
     xmp_tensor_t L, T;
     if ((r = xmp_box(logits, tl, &L)))
         return r;

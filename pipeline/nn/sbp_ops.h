@@ -64,7 +64,8 @@ xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, 
 xmesh_result_t xmp_embedding_forward(const xmp_tensor_t *tok, const xmp_tensor_t *table,
                                      xmp_tensor_t *out);
 /* dtable (SBP of table, B where table is P; P where tok was split over an
- * axis that did not split the table). */
+ * axis that did not split the table). Never reduces: no collective on the
+ * table gradient happens here (the optimizer boxes P -> B once per step). */
 xmesh_result_t xmp_embedding_backward(const xmp_tensor_t *dout, const xmp_tensor_t *tok,
                                       const xmp_tensor_t *table, xmp_tensor_t *dtable);
 
@@ -78,6 +79,31 @@ xmesh_result_t xmp_embedding_backward(const xmp_tensor_t *dout, const xmp_tensor
  * the gradient with the SBP the logits were used in. */
 xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t *targets, int64_t V,
                                  float *loss, xmp_tensor_t *dlogits);
+
+/* ---- pure per-axis SBP rules (no MPI, no data) --------------------------------------------
+ * The deduction the ops above apply, also used by xmp_sbp_deduce (nn/sbp_layers.h) to refuse
+ * a strategy before anything runs. naxes axes of each input SBP are read; NAX (4) entries of
+ * every output array are written (B beyond naxes). t* are the SBPs the inputs are boxed to
+ * (as used), the last array is the output SBP. Return 0, or -1 with a message in err
+ * ("op: operand NAME 'SBP': mesh axis A: ... no rule ...").
+ * linear: tb (may be NULL) is the SBP the bias is boxed to. cross_entropy: st (may be NULL)
+ * the targets' SBP; tl is the SBP of the logits as used (= that of dlogits). */
+int xmp_rule_linear(int naxes, int nx, const xmp_sbp_t *sx, int nw, const xmp_sbp_t *sw,
+                    xmp_sbp_t *tx, xmp_sbp_t *tw, xmp_sbp_t *ty, xmp_sbp_t *tb, char *err,
+                    size_t n);
+int xmp_rule_add(int naxes, int nd, const xmp_sbp_t *sx, const xmp_sbp_t *sy, xmp_sbp_t *tz,
+                 char *err, size_t n);
+int xmp_rule_gelu(int naxes, int nd, const xmp_sbp_t *sx, xmp_sbp_t *ty, char *err, size_t n);
+int xmp_rule_embedding(int naxes, int nt, const xmp_sbp_t *stok, int ntab, const xmp_sbp_t *stab,
+                       xmp_sbp_t *tt, xmp_sbp_t *tw, xmp_sbp_t *to, char *err, size_t n);
+int xmp_rule_cross_entropy(int naxes, int nl, const xmp_sbp_t *sl, const xmp_sbp_t *st,
+                           xmp_sbp_t *tl, xmp_sbp_t *tt, char *err, size_t n);
+/* Checks that every S(d) of an operand of nd dims names one of its dims. */
+int xmp_rule_operand(const char *op, const char *operand, int naxes, int nd, const xmp_sbp_t *sbp,
+                     char *err, size_t n);
+/* "op: operand NAME 'SBP': mesh axis A: " + the formatted rest. */
+void xmp_rule_msg(char *err, size_t n, const char *op, const char *operand, const xmp_sbp_t *sbp,
+                  int naxes, int axis, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
 
 #ifdef __cplusplus
 }

@@ -13,3 +13,32 @@ foreach(t test_boxing test_sbp_ops)
     endforeach()
   endif()
 endforeach()
+
+# SBP layer norm and attention: every input signature on meshes of 1 (n2, n3), 2 (n4) and
+# 3 and 4 axes (n8) against the serial kernels, plus FD checks.
+add_executable(test_sbp_layers test_sbp_layers.c)
+target_link_libraries(test_sbp_layers PRIVATE xmesh_pipeline)
+foreach(np 2 3 4 8)
+  foreach(op ln attn)
+    add_test(NAME pipeline.sbp.test_sbp_layers.${op}.n${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_sbp_layers> ${MPIEXEC_POSTFLAGS} --op ${op})
+    set_tests_properties(pipeline.sbp.test_sbp_layers.${op}.n${np} PROPERTIES
+      LABELS "pipeline;mpi" TIMEOUT 120 ENVIRONMENT "${XMP_SBP_ENV}")
+  endforeach()
+endforeach()
+
+# Pure SBP deduction: accepted and refused signatures, one process.
+add_executable(test_sbp_deduce test_sbp_deduce.c)
+target_link_libraries(test_sbp_deduce PRIVATE xmesh_pipeline)
+add_test(NAME pipeline.sbp.test_sbp_deduce COMMAND test_sbp_deduce)
+set_tests_properties(pipeline.sbp.test_sbp_deduce PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
+
+# Allocation accounting (contract D), one process.
+add_executable(test_sbp_mem test_sbp_mem.c)
+target_link_libraries(test_sbp_mem PRIVATE xmesh_pipeline)
+find_package(Threads REQUIRED)
+target_link_libraries(test_sbp_mem PRIVATE Threads::Threads)
+add_test(NAME pipeline.sbp.test_sbp_mem COMMAND test_sbp_mem)
+set_tests_properties(pipeline.sbp.test_sbp_mem PROPERTIES LABELS "pipeline;unit" TIMEOUT 60
+  ENVIRONMENT "${XMP_SBP_ENV}")

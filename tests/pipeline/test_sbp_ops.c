@@ -9,6 +9,7 @@
 
 #include <cblas.h>
 
+#include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
 
 static int g_rank, g_fail;
@@ -197,6 +198,18 @@ static void test_linear(xmp_mesh_t *m, int ncases)
             c.R[e] = urand();
         xmp_tensor_t x, w, y, dy, dx, dw, db;
         lin_eval(&c, &y);
+        { /* one engine: the pure deduction gives the SBP the op produced */
+            int nd[3] = {c.nx, c.nw, c.nw - 1};
+            const xmp_sbp_t *in[3] = {c.sx, c.sw, c.sb};
+            xmp_sbp_t d[XMP_MAX_MESH_DIMS];
+            char err[400];
+            if (xmp_sbp_deduce("linear", m->ndim, 3, nd, in, d, err, sizeof err))
+                FAIL("xmp_sbp_deduce refuses a linear the op ran: %s", err);
+            for (int a = 0; a < m->ndim; a++)
+                if (!xmp_sbp_eq(d[a], y.sbp[a]))
+                    FAIL("xmp_sbp_deduce: linear axis %d differs from the op's output %s", a,
+                         y.spec);
+        }
         grad_tensor(&dy, &y, c.R);
         make(&x, m, c.nx, c.xs, c.sx, c.X);
         make(&w, m, c.nw, c.ws, c.sw, c.W);
@@ -385,6 +398,27 @@ static void test_embedding(xmp_mesh_t *m, int ncases)
         OK(xmp_embedding_backward(&d, &t, &w, &dw));
         float *g = full_of(&dw);
         fd_check(what, c.W, 35, g, emb_eval, &c);
+        /* contract: dtable S where the table is S, P where only the tokens are split, B
+         * elsewhere (no all-reduce inside the backward); values: the serial scatter-add */
+        for (int a = 0; a < m->ndim; a++) {
+            xmp_sbp_t want = c.sw[a].kind == XMP_S   ? c.sw[a]
+                             : c.st[a].kind == XMP_S ? xmp_sbp_p()
+                                                     : xmp_sbp_b();
+            if (!xmp_sbp_eq(dw.sbp[a], want))
+                FAIL("%s: dtable SBP %s, axis %d should be %s", what, dw.spec, a,
+                     want.kind == XMP_S   ? "S"
+                     : want.kind == XMP_P ? "P"
+                                          : "B");
+        }
+        float ref[35] = {0};
+        for (int i = 0; i < 12; i++)
+            for (int j = 0; j < 5; j++)
+                ref[c.tok[i] * 5 + j] += c.R[i * 5 + j];
+        for (int e = 0; e < 35; e++)
+            if (fabsf(g[e] - ref[e]) > 1e-5f * (1.0f + fabsf(ref[e]))) {
+                FAIL("%s: dtable[%d] = %g, serial %g", what, e, g[e], ref[e]);
+                break;
+            }
         free(g);
         xmp_tensor_free(&dw);
         xmp_tensor_free(&d);
