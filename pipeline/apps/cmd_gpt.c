@@ -1016,6 +1016,8 @@ out:
 
 int xmp_cmd_gpt(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "plan")) /* layout search (apps/cmd_plan.c) */
+        return xmp_cmd_gpt_plan(argc - 1, argv + 1);
     xmp_cli_set_command("gpt");
     gpt_opts_t o;
     gpt_defaults(&o);

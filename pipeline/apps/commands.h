@@ -8,6 +8,8 @@
 
 /* GPT-2 training: `xmesh-train gpt --serial ...` (apps/cmd_gpt.c). */
 int xmp_cmd_gpt(int argc, char **argv);
+/* Layout search: `xmesh-train gpt plan ...` (apps/cmd_plan.c; argv[0] is "plan"). */
+int xmp_cmd_gpt_plan(int argc, char **argv);
 /* Byte-level tokenizer to llm.c token files (apps/cmd_tokenize.c). */
 int xmp_cmd_tokenize(int argc, char **argv);
 

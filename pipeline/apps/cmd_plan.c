@@ -1,0 +1,396 @@
+/*
+ * `xmesh-train gpt plan`: the automatic layout search for GPT-2 (issue 21;
+ * pipeline/search/search.h, docs/SEARCH.md). Pure: no MPI is started; the rank
+ * count comes from --ranks or from the launcher's environment
+ * (OMPI_COMM_WORLD_SIZE, PMI_SIZE) when run under mpirun.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "models/gpt2.h"
+#include "sched/schedule.h"
+#include "search/search.h"
+#include "xm_cluster_file.h"
+#include "xm_costmodel.h"
+
+#define PLAN_MAX_TOP 64
+
+typedef struct {
+    int layers, heads, channels, max_seq, vocab, batch, seq;
+    int ranks, hosts, top, json, microbatches, max_stages, nominal, max_evals, quiet;
+    double memory_limit, flops;
+    const char *cluster, *strategies, *schedules;
+} plan_opts_t;
+
+static void plan_usage(void)
+{
+    printf("usage: xmesh-train gpt plan [model flags] [--ranks N --hosts H] [flags]\n"
+           "Searches stage count and split, stage meshes (1-4 axes), per-stage built-in strategy,\n"
+           "schedule and microbatch count for GPT-2 and prints the best configurations with the\n"
+           "command line that runs each (docs/SEARCH.md). No MPI is started.\n"
+           "model (as xmesh-train gpt): --layers N (4) --heads N (4) --channels N (128)\n"
+           "  --max-seq N (1024) --vocab N (256) --batch B (4) --seq T (64)\n"
+           "ranks:\n"
+           "  --ranks N           ranks of the run (default: the launcher's, else 1)\n"
+           "  --hosts H           hosts; ranks are placed in order, N/H per host (default: the\n"
+           "                      launcher's N / local size, else 1)\n"
+           "cost model:\n"
+           "  --cluster FILE      cluster file: [collectives] and [compute] from xmesh-calibrate,\n"
+           "                      base keys (NIC rate, latency, ...) for the boundary plans\n"
+           "  --nominal           use the nominal (uncalibrated) model even with --cluster\n"
+           "  --flops R           sgemm rate of the nominal model, flop/s (5e10)\n"
+           "search:\n"
+           "  --memory-limit B    bytes per rank (suffixes K M G = 2^10, 2^20, 2^30); 0: none\n"
+           "  --strategies LIST   built-ins to consider (dp,megatron,3d,axonn)\n"
+           "  --schedules LIST    gpipe,1f1b,eager-1f1b (all)\n"
+           "  --microbatches M    only this microbatch count (default: every divisor of B)\n"
+           "  --max-stages S      at most S stages\n"
+           "  --max-evals N       scheduler budget of each boundary plan (2000)\n"
+           "output:\n"
+           "  --top K (5)         configurations printed\n"
+           "  --json              one JSON object on stdout instead of the table\n");
+}
+
+static int parse_bytes(const char *flag, const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (end != s && *end) {
+        if (!strcmp(end, "K") || !strcmp(end, "KiB"))
+            mul = 1024.0;
+        else if (!strcmp(end, "M") || !strcmp(end, "MiB"))
+            mul = 1048576.0;
+        else if (!strcmp(end, "G") || !strcmp(end, "GiB"))
+            mul = 1073741824.0;
+        else
+            end = (char *)s;
+    }
+    if (end == s || !isfinite(v) || v < 0)
+        return xmp_cli_error("%s '%s': not a byte count (a number >= 0, suffix K, M or G)", flag,
+                             s);
+    *out = v * mul;
+    return 0;
+}
+
+/* "a,b,c" of names from table into a bit mask. */
+static int parse_list(const char *flag, const char *s, const char *const *names, int n,
+                      unsigned *mask)
+{
+    unsigned m = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+        int k = -1;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(t, names[i]))
+                k = i;
+        if (k < 0)
+            return xmp_cli_error("%s '%s': unknown name '%s'", flag, s, t);
+        m |= 1u << k;
+    }
+    if (!m)
+        return xmp_cli_error("%s '%s': empty list", flag, s);
+    *mask = m;
+    return 0;
+}
+
+static int env_int(const char *a, const char *b)
+{
+    const char *v = getenv(a);
+    if (!v && b)
+        v = getenv(b);
+    return v ? atoi(v) : 0;
+}
+
+static int parse_plan(int argc, char **argv, plan_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->layers = 4;
+    o->heads = 4;
+    o->channels = 128;
+    o->max_seq = 1024;
+    o->vocab = 256;
+    o->batch = 4;
+    o->seq = 64;
+    o->top = 5;
+    o->flops = 5e10;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            plan_usage();
+            return 1;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--nominal")) {
+            o->nominal = 1;
+            continue;
+        }
+        const struct {
+            const char *flag;
+            int *ip;
+            long lo, hi;
+        } it[] = {{"--layers", &o->layers, 1, 512},
+                  {"--heads", &o->heads, 1, 1024},
+                  {"--channels", &o->channels, 1, 1 << 16},
+                  {"--max-seq", &o->max_seq, 1, 1 << 20},
+                  {"--vocab", &o->vocab, 1, 1 << 20},
+                  {"--batch", &o->batch, 1, 1 << 20},
+                  {"--seq", &o->seq, 1, 1 << 20},
+                  {"--ranks", &o->ranks, 1, 4096},
+                  {"--hosts", &o->hosts, 1, 4096},
+                  {"--top", &o->top, 1, PLAN_MAX_TOP},
+                  {"--microbatches", &o->microbatches, 1, 1 << 20},
+                  {"--max-stages", &o->max_stages, 1, XMP_SEARCH_MAX_STAGES},
+                  {"--max-evals", &o->max_evals, 1, 1 << 30}};
+        int done = 0;
+        for (size_t k = 0; k < sizeof it / sizeof it[0] && !done; k++)
+            if (!strcmp(a, it[k].flag)) {
+                if (!(v = xmp_cli_value(argc, argv, &i)) ||
+                    xmp_cli_int(a, v, it[k].lo, it[k].hi, it[k].ip))
+                    return -1;
+                done = 1;
+            }
+        if (done)
+            continue;
+        if (!strcmp(a, "--memory-limit")) {
+            if (!(v = xmp_cli_value(argc, argv, &i)) || parse_bytes(a, v, &o->memory_limit))
+                return -1;
+        } else if (!strcmp(a, "--flops")) {
+            char *end;
+            if (!(v = xmp_cli_value(argc, argv, &i)))
+                return -1;
+            o->flops = strtod(v, &end);
+            if (end == v || *end || !(o->flops > 0) || !isfinite(o->flops))
+                return xmp_cli_error("--flops '%s': not a rate > 0 (flop/s)", v);
+        } else if (!strcmp(a, "--cluster")) {
+            if (!(o->cluster = xmp_cli_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "--strategies")) {
+            if (!(o->strategies = xmp_cli_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "--schedules")) {
+            if (!(o->schedules = xmp_cli_value(argc, argv, &i)))
+                return -1;
+        } else {
+            return xmp_cli_error("unknown flag '%s' (xmesh-train gpt plan --help)", a);
+        }
+    }
+    if (!o->ranks)
+        o->ranks = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
+    if (!o->ranks)
+        o->ranks = 1;
+    if (!o->hosts) {
+        int local = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS");
+        o->hosts = local > 0 && o->ranks % local == 0 ? o->ranks / local : 1;
+    }
+    return 0;
+}
+
+/* The cost model and boundary cluster of the flags (printed errors). */
+static int load_models(const plan_opts_t *o, xm_costmodel_t **cm, xm_cluster_t *cl, char *label,
+                       size_t n)
+{
+    int one = 0;
+    xm_hostmap_t hm = {1, 1, &one};
+    if (xm_cluster_init(cl, &hm))
+        return xmp_cli_error("cluster: %s", xmesh_last_error());
+    xm_costmodel_t *m = NULL;
+    if (o->cluster) {
+        if (xm_cluster_load(o->cluster, cl))
+            return xmp_cli_error("--cluster '%s': %s", o->cluster, xmesh_last_error());
+        if (xm_costmodel_load(o->cluster, &m))
+            return xmp_cli_error("--cluster '%s': %s", o->cluster, xmesh_last_error());
+    }
+    if (o->nominal || !m || (m->ncoll == 0 && m->ngemm == 0)) {
+        xm_costmodel_destroy(m);
+        m = NULL;
+        if (xm_costmodel_nominal(cl, o->flops, &m))
+            return xmp_cli_error("nominal cost model: %s", xmesh_last_error());
+        snprintf(label, n,
+                 "nominal (uncalibrated): NIC %.3g Gbit/s, intra-host %.3g Gbit/s, latency %.3g "
+                 "us, sgemm %.3g flop/s%s",
+                 cl->nic_send_Bps * 8 / 1e9, cl->intra_Bps * 8 / 1e9, cl->latency_s * 1e6, o->flops,
+                 o->cluster ? "" : " (no --cluster)");
+    } else {
+        snprintf(label, n, "calibrated: %s (%d collective fits, %d sgemm shapes)", o->cluster,
+                 m->ncoll, m->ngemm);
+    }
+    *cm = m;
+    return 0;
+}
+
+static void fmt_bytes(double b, char *buf, size_t n)
+{
+    if (b >= 1073741824.0)
+        snprintf(buf, n, "%.2fG", b / 1073741824.0);
+    else if (b >= 1048576.0)
+        snprintf(buf, n, "%.1fM", b / 1048576.0);
+    else if (b >= 1024.0)
+        snprintf(buf, n, "%.1fK", b / 1024.0);
+    else
+        snprintf(buf, n, "%.0f", b);
+}
+
+/* Fills the search options from plan flags (cm and cl borrowed). */
+static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, const xm_cluster_t *cl,
+                            xmp_search_opts_t *so)
+{
+    static const char *const sn[] = {"dp", "megatron", "3d", "axonn"};
+    static const char *const kn[] = {"gpipe", "1f1b", "eager-1f1b"};
+    memset(so, 0, sizeof *so);
+    so->model.num_layers = p->layers;
+    so->model.num_heads = p->heads;
+    so->model.channels = p->channels;
+    so->model.max_seq_len = p->max_seq;
+    so->model.vocab_size = p->vocab;
+    so->model.padded_vocab_size = xmp_gpt2_pad_vocab(p->vocab, 128);
+    so->vocab = p->vocab;
+    so->B = p->batch;
+    so->T = p->seq;
+    so->nranks = p->ranks;
+    so->hosts = p->hosts;
+    so->memory_limit = p->memory_limit;
+    so->cost = cm;
+    so->cluster = cl;
+    so->max_stages = p->max_stages;
+    so->fixed_M = p->microbatches;
+    so->max_evals = p->max_evals;
+    if (p->strategies && parse_list("--strategies", p->strategies, sn, 4, &so->strategies))
+        return -1;
+    if (p->schedules && parse_list("--schedules", p->schedules, kn, 3, &so->schedules))
+        return -1;
+    return 0;
+}
+
+static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const char *label,
+                       const xmp_search_cand_t *c, int n, const xmp_search_stats_t *st)
+{
+    xmp_json_t j;
+    fflush(stdout);
+    if (xmp_json_open(&j, "/dev/stdout"))
+        return;
+    xmp_json_obj_begin(&j, NULL);
+    xmp_json_str(&j, "cost_model", label);
+    xmp_json_int(&j, "ranks", p->ranks);
+    xmp_json_int(&j, "hosts", p->hosts);
+    xmp_json_num(&j, "memory_limit", p->memory_limit);
+    xmp_json_num(&j, "search_s", st->seconds);
+    xmp_json_int(&j, "dp_runs", st->dp_runs);
+    xmp_json_int(&j, "dp_transitions", st->transitions);
+    xmp_json_int(&j, "options", st->options);
+    xmp_json_int(&j, "boundary_plans", st->boundary_plans);
+    xmp_json_int(&j, "simulated", st->candidates);
+    xmp_json_num(&j, "min_memory_bytes", st->min_mem_bytes);
+    xmp_json_arr_begin(&j, "configurations");
+    for (int i = 0; i < n; i++) {
+        char lay[512], mesh[512], strat[512], cmd[2048];
+        xmp_search_gpt_flags(&c[i], lay, mesh, strat, sizeof lay);
+        xmp_search_gpt_command(so, &c[i], cmd, sizeof cmd);
+        xmp_json_obj_begin(&j, NULL);
+        xmp_json_int(&j, "rank", i + 1);
+        xmp_json_num(&j, "step_s", c[i].step_s);
+        xmp_json_num(&j, "chain_s", c[i].chain_s);
+        xmp_json_num(&j, "bubble", c[i].bubble);
+        xmp_json_num(&j, "compute_s", c[i].compute_s);
+        xmp_json_num(&j, "boxing_s", c[i].boxing_s);
+        xmp_json_num(&j, "boundary_s", c[i].boundary_s);
+        xmp_json_num(&j, "boxing_bytes_per_rank", c[i].boxing_bytes);
+        xmp_json_num(&j, "boundary_bytes_per_rank", c[i].boundary_bytes);
+        xmp_json_num(&j, "memory_bytes_per_rank", c[i].mem_bytes);
+        xmp_json_num(&j, "memory_param_bytes", c[i].mem_param_bytes);
+        xmp_json_num(&j, "memory_activation_bytes", c[i].mem_act_bytes);
+        xmp_json_int(&j, "stages", c[i].nstages);
+        xmp_json_int(&j, "microbatches", c[i].M);
+        xmp_json_str(&j, "schedule", xmp_sched_kind_name(c[i].sched));
+        xmp_json_str(&j, "layout", lay);
+        xmp_json_str(&j, "stage_mesh", mesh);
+        xmp_json_str(&j, "stage_strategy", strat);
+        xmp_json_str(&j, "command", cmd);
+        xmp_json_obj_end(&j);
+    }
+    xmp_json_arr_end(&j);
+    xmp_json_obj_end(&j);
+    xmp_json_close(&j);
+}
+
+static void print_table(const plan_opts_t *p, const xmp_search_opts_t *so, const char *label,
+                        const xmp_search_cand_t *c, int n, const xmp_search_stats_t *st)
+{
+    char mm[32];
+    fmt_bytes(st->min_mem_bytes, mm, sizeof mm);
+    printf("# GPT-2 L=%d NH=%d C=%d V=%d B=%d T=%d on %d ranks (%d hosts x %d)\n", p->layers,
+           p->heads, p->channels, p->vocab, p->batch, p->seq, p->ranks, p->hosts,
+           p->ranks / p->hosts);
+    printf("# cost model: %s\n", label);
+    printf("# search: %.3f s, %ld DP runs, %ld transitions, %ld options, %ld boundary plans, "
+           "%ld simulated; smallest memory of any configuration %s per rank\n",
+           st->seconds, st->dp_runs, st->transitions, st->options, st->boundary_plans,
+           st->candidates, mm);
+    printf("%-3s %10s %10s %6s %10s %10s %9s %9s %9s %-10s %3s  %s\n", "#", "step_s", "chain_s",
+           "bubble", "compute_s", "boxing_s", "box_B/rk", "bnd_B/rk", "mem/rk", "schedule", "M",
+           "layout | stage-mesh | strategies");
+    for (int i = 0; i < n; i++) {
+        char lay[512], mesh[512], strat[512], a[32], b[32], m[32];
+        xmp_search_gpt_flags(&c[i], lay, mesh, strat, sizeof lay);
+        fmt_bytes(c[i].boxing_bytes, a, sizeof a);
+        fmt_bytes(c[i].boundary_bytes, b, sizeof b);
+        fmt_bytes(c[i].mem_bytes, m, sizeof m);
+        printf("%-3d %10.4g %10.4g %6.3f %10.4g %10.4g %9s %9s %9s %-10s %3d  %s | %s | %s\n",
+               i + 1, c[i].step_s, c[i].chain_s, c[i].bubble, c[i].compute_s, c[i].boxing_s, a, b,
+               m, xmp_sched_kind_name(c[i].sched), c[i].M, lay, mesh, strat);
+    }
+    printf("# command lines:\n");
+    for (int i = 0; i < n; i++) {
+        char cmd[2048];
+        xmp_search_gpt_command(so, &c[i], cmd, sizeof cmd);
+        printf("%-3d %s\n", i + 1, cmd);
+    }
+}
+
+int xmp_cmd_gpt_plan(int argc, char **argv)
+{
+    xmp_cli_set_command("gpt plan");
+    plan_opts_t p;
+    int r = parse_plan(argc, argv, &p);
+    if (r)
+        return r > 0 ? 0 : 2;
+    xm_costmodel_t *cm = NULL;
+    xm_cluster_t cl;
+    memset(&cl, 0, sizeof cl);
+    char label[512];
+    if (load_models(&p, &cm, &cl, label, sizeof label)) {
+        xm_cluster_free(&cl);
+        return 2;
+    }
+    int rc = 2;
+    xmp_search_opts_t so;
+    xmp_search_cand_t *c = calloc(PLAN_MAX_TOP, sizeof *c);
+    xmp_search_stats_t st;
+    int n = 0;
+    char err[1024];
+    if (!c || fill_search_opts(&p, cm, &cl, &so))
+        goto out;
+    if (xmp_search_gpt(&so, p.top, c, &n, &st, err, sizeof err)) {
+        xmp_cli_error("%s", err);
+        rc = 1;
+        goto out;
+    }
+    if (p.json)
+        print_json(&p, &so, label, c, n, &st);
+    else
+        print_table(&p, &so, label, c, n, &st);
+    rc = 0;
+out:
+    free(c);
+    xm_costmodel_destroy(cm);
+    xm_cluster_free(&cl);
+    return rc;
+}
