@@ -191,6 +191,9 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
         int local = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS");
         o->hosts = local > 0 && o->ranks % local == 0 ? o->ranks / local : 1;
     }
+    if (o->ranks % o->hosts)
+        return xmp_cli_error("--hosts %d does not divide --ranks %d (ranks per host = N/H)",
+                             o->hosts, o->ranks);
     return 0;
 }
 

@@ -792,8 +792,7 @@ static int build_options(ctx_t *c)
                 const xmp_strategy_entry_t *e = xmp_strategy_get(&o->s, chk[q].cl);
                 if (e && !even_splits(d, chk[q].nd, e->sbp, o->shape, o->ndim))
                     ok = 0;
-                if (e && e->has_store && !even_splits(d, chk[q].nd, e->store, o->shape, o->ndim))
-                    ok = 0;
+                /* storage may split unevenly (boxing follows numpy.array_split) */
             }
             if (!ok)
                 continue;
