@@ -12,6 +12,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "models/gpt2.h"
+#include "models/stage_layout.h"
 #include "sched/schedule.h"
 #include "search/search.h"
 #include "xm_cluster_file.h"
@@ -21,7 +22,9 @@
 
 typedef struct {
     int layers, heads, channels, max_seq, vocab, batch, seq;
-    int ranks, hosts, top, json, microbatches, max_stages, nominal, max_evals, quiet;
+    int ranks, hosts, top, json, microbatches, max_stages, nominal, max_evals, eval;
+    /* --eval: one configuration, as xmesh-train gpt takes it */
+    const char *layout, *stage_mesh, *strategy, *stage_strategy, *schedule;
     double memory_limit, flops;
     const char *cluster, *strategies, *schedules;
 } plan_opts_t;
@@ -133,6 +136,26 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
             o->nominal = 1;
             continue;
         }
+        if (!strcmp(a, "--eval")) {
+            o->eval = 1;
+            continue;
+        }
+        const struct {
+            const char *flag;
+            const char **sp;
+        } st[] = {{"--layout", &o->layout},         {"--stage-mesh", &o->stage_mesh},
+                  {"--strategy", &o->strategy},     {"--stage-strategy", &o->stage_strategy},
+                  {"--schedule", &o->schedule},     {"--cluster", &o->cluster},
+                  {"--strategies", &o->strategies}, {"--schedules", &o->schedules}};
+        int sdone = 0;
+        for (size_t k = 0; k < sizeof st / sizeof st[0] && !sdone; k++)
+            if (!strcmp(a, st[k].flag)) {
+                if (!(*st[k].sp = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                sdone = 1;
+            }
+        if (sdone)
+            continue;
         const struct {
             const char *flag;
             int *ip;
@@ -170,15 +193,6 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
             o->flops = strtod(v, &end);
             if (end == v || *end || !(o->flops > 0) || !isfinite(o->flops))
                 return xmp_cli_error("--flops '%s': not a rate > 0 (flop/s)", v);
-        } else if (!strcmp(a, "--cluster")) {
-            if (!(o->cluster = xmp_cli_value(argc, argv, &i)))
-                return -1;
-        } else if (!strcmp(a, "--strategies")) {
-            if (!(o->strategies = xmp_cli_value(argc, argv, &i)))
-                return -1;
-        } else if (!strcmp(a, "--schedules")) {
-            if (!(o->schedules = xmp_cli_value(argc, argv, &i)))
-                return -1;
         } else {
             return xmp_cli_error("unknown flag '%s' (xmesh-train gpt plan --help)", a);
         }
@@ -358,6 +372,110 @@ static void print_table(const plan_opts_t *p, const xmp_search_opts_t *so, const
     }
 }
 
+/* --eval: the configuration of the flags into c (printed errors). */
+static int eval_config(const plan_opts_t *p, const xmp_search_opts_t *so, xmp_search_cand_t *c)
+{
+    memset(c, 0, sizeof *c);
+    int L = p->layers;
+    char kinds[XMP_MAX_LAYERS + 3], err[512];
+    if (L + 2 > XMP_MAX_LAYERS)
+        return xmp_cli_error("--layers %d: too many for a layout", L);
+    kinds[0] = 'E';
+    memset(kinds + 1, 't', (size_t)L);
+    kinds[L + 1] = 'L';
+    kinds[L + 2] = 0;
+    xmp_stage_layout_t sl;
+    if (!p->stage_mesh)
+        return xmp_cli_error("--eval needs --stage-mesh (one mesh per stage)");
+    int nmesh = 1;
+    for (const char *q = p->stage_mesh; *q; q++)
+        nmesh += *q == ',';
+    if (xmp_stage_layout_build(kinds, 1, 1, p->layout, nmesh, p->stage_mesh, NULL, NULL, &sl, err,
+                               sizeof err))
+        return xmp_cli_error("--eval: %s", err);
+    if (sl.nstages > XMP_SEARCH_MAX_STAGES)
+        return xmp_cli_error("--eval: %d stages (at most %d)", sl.nstages, XMP_SEARCH_MAX_STAGES);
+    if (sl.nranks != p->ranks)
+        return xmp_cli_error("--eval: the stage meshes use %d ranks, --ranks is %d", sl.nranks,
+                             p->ranks);
+    c->nstages = sl.nstages;
+    c->M = p->microbatches ? p->microbatches : 1;
+    c->sched = XMP_SCHED_1F1B;
+    if (p->schedule && (c->sched = xmp_sched_kind_parse(p->schedule)) < 0)
+        return xmp_cli_error("--schedule '%s': gpipe, 1f1b or eager-1f1b", p->schedule);
+    char names[512];
+    snprintf(names, sizeof names, "%s", p->stage_strategy ? p->stage_strategy : "");
+    char *save = NULL, *tok = p->stage_strategy ? strtok_r(names, ",", &save) : NULL;
+    for (int s = 0; s < sl.nstages; s++) {
+        int blocks = 0;
+        for (int k = sl.first[s]; k < sl.first[s] + sl.count[s]; k++)
+            blocks += sl.kind[k] == 't';
+        c->nblocks[s] = blocks;
+        c->ndim[s] = sl.ndim[s];
+        memcpy(c->shape[s], sl.shape[s], sizeof(int) * (size_t)sl.ndim[s]);
+        const char *nm = p->stage_strategy ? tok : p->strategy ? p->strategy : "megatron";
+        if (!nm)
+            return xmp_cli_error("--stage-strategy '%s': fewer names than the %d stages",
+                                 p->stage_strategy, sl.nstages);
+        c->strategy[s] = -1;
+        for (int k = 0; k < XMP_SEARCH_NSTRAT; k++)
+            if (!strcmp(nm, xmp_search_strategy_name(k)))
+                c->strategy[s] = k;
+        if (c->strategy[s] < 0)
+            return xmp_cli_error("--eval: strategy '%s': the model knows the built-ins dp, "
+                                 "megatron, 3d, axonn only",
+                                 nm);
+        if (p->stage_strategy)
+            tok = strtok_r(NULL, ",", &save);
+    }
+    if (xmp_search_gpt_eval(so, c, err, sizeof err))
+        return xmp_cli_error("--eval: %s", err);
+    return 0;
+}
+
+static void print_eval(const plan_opts_t *p, const xmp_search_opts_t *so, const char *label,
+                       const xmp_search_cand_t *c)
+{
+    xmp_json_t j;
+    fflush(stdout);
+    if (p->json) {
+        if (xmp_json_open(&j, "/dev/stdout"))
+            return;
+        xmp_json_obj_begin(&j, NULL);
+        xmp_json_str(&j, "cost_model", label);
+        xmp_json_num(&j, "step_s", c->step_s);
+        xmp_json_num(&j, "chain_s", c->chain_s);
+        xmp_json_num(&j, "bubble", c->bubble);
+        xmp_json_num(&j, "memory_bytes_per_rank", c->mem_bytes);
+        xmp_json_num(&j, "boxing_bytes_per_rank", c->boxing_bytes);
+        xmp_json_num(&j, "boundary_bytes_per_rank", c->boundary_bytes);
+        xmp_json_arr_begin(&j, "stages");
+        for (int s = 0; s < c->nstages; s++) {
+            xmp_json_obj_begin(&j, NULL);
+            xmp_json_num(&j, "param_bytes", c->stage_param_bytes[s]);
+            xmp_json_num(&j, "activation_bytes", c->stage_act_bytes[s]);
+            xmp_json_num(&j, "stored_param_bytes", c->stage_stored_bytes[s]);
+            xmp_json_num(&j, "grad_bytes", c->stage_grad_bytes[s]);
+            xmp_json_num(&j, "compute_param_bytes", c->stage_compute_bytes[s]);
+            xmp_json_obj_end(&j);
+        }
+        xmp_json_arr_end(&j);
+        xmp_json_obj_end(&j);
+        xmp_json_close(&j);
+        return;
+    }
+    char cmd[2048];
+    xmp_search_gpt_command(so, c, cmd, sizeof cmd);
+    printf("# cost model: %s\n%s\n", label, cmd);
+    printf("step %.6g s (chain %.6g s), bubble %.3f, compute %.6g s, boxing %.6g s, boundary "
+           "%.6g s per microbatch\n",
+           c->step_s, c->chain_s, c->bubble, c->compute_s, c->boxing_s, c->boundary_s);
+    for (int s = 0; s < c->nstages; s++)
+        printf("stage %d: parameters+optimizer+gradients %.0f bytes, activations %.0f bytes per "
+               "rank\n",
+               s, c->stage_param_bytes[s], c->stage_act_bytes[s]);
+}
+
 int xmp_cmd_gpt_plan(int argc, char **argv)
 {
     xmp_cli_set_command("gpt plan");
@@ -381,6 +499,13 @@ int xmp_cmd_gpt_plan(int argc, char **argv)
     char err[1024];
     if (!c || fill_search_opts(&p, cm, &cl, &so))
         goto out;
+    if (p.eval) {
+        if (eval_config(&p, &so, &c[0]))
+            goto out;
+        print_eval(&p, &so, label, &c[0]);
+        rc = 0;
+        goto out;
+    }
     if (xmp_search_gpt(&so, p.top, c, &n, &st, err, sizeof err)) {
         xmp_cli_error("%s", err);
         rc = 1;

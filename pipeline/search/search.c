@@ -42,16 +42,17 @@ static int fail(char *err, size_t n, const char *fmt, ...)
 
 /* ------------------------------------------------------------ contexts */
 
-enum { IT_E, IT_T, IT_L, NIT };
+enum { IT_E, IT_T, IT_L, IT_W, NIT }; /* IT_W: the tied wte alone (the L stage's copy) */
 
 typedef struct {
-    double f, b;       /* seconds per microbatch: forward, backward (compute + boxing) */
-    double comp;       /* of which compute (f + b) */
-    double box_bytes;  /* per-rank boxing volume per microbatch (f + b) */
-    double r, o;       /* per step: gradient reduction (+ gathers), optimizer */
-    double r_bytes;    /* per-rank volume of r */
-    double mem_static; /* parameters, optimizer, gradients (bytes) */
-    double act;        /* activation bytes per microbatch in flight */
+    double f, b;                  /* seconds per microbatch: forward, backward (compute + boxing) */
+    double comp;                  /* of which compute (f + b) */
+    double box_bytes;             /* per-rank boxing volume per microbatch (f + b) */
+    double r, o;                  /* per step: gradient reduction (+ gathers), optimizer */
+    double r_bytes;               /* per-rank volume of r */
+    double mem_static;            /* parameters, optimizer, gradients (bytes) */
+    double stored, grad, compute; /* bytes: stored parameters, gradients, compute copies */
+    double act;                   /* activation bytes per microbatch in flight */
 } icost_t;
 
 typedef struct {
@@ -379,6 +380,9 @@ static void param(ctx_t *c, walk_t *w, const opt_t *o, const char *name, const i
     for (int a = 0; a < w->nax; a++)
         sharded |= !xmp_sbp_eq(cs[a], ss[a]);
     ic->mem_static += F32 * (3 * stored + comp + (sharded ? comp : 0));
+    ic->stored += F32 * stored;
+    ic->grad += F32 * comp;
+    ic->compute += F32 * comp;
     double cur = comp * F32, v = 0;
     for (int a = 0; a < w->nax; a++) {
         if (cs[a].kind != XMP_B || w->shape[a] <= 1)
@@ -454,6 +458,8 @@ static void item_costs(ctx_t *c, int s, int oi)
             ic->act = F32 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax);
             param(c, &w, o, "wte", wte, 2, ic);
             param(c, &w, o, "wpe", wpe, 2, ic);
+        } else if (it == IT_W) {
+            param(c, &w, o, "wte", wte, 2, ic);
         } else {
             layernorm(c, &w, cls(o, "act.x"), xd, cls(o, "act.lnf"));
             linear(c, &w, cls(o, "act.lnf"), xd, 3, cls(o, "wte"), wte, 2, cls(o, "act.logits"));
@@ -468,7 +474,9 @@ static void item_costs(ctx_t *c, int s, int oi)
                 if (lg[a].kind == XMP_S && lg[a].dim == 2)
                     w.f += coll(c, w.rank0, o->shape, nax, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
             w.vol += v;
-            ic->act = F32 * (local_elems(xd, 3, cls(o, "act.lnf"), o->shape, nax) + 2 * le);
+            /* the stage input, the final norm's output and the logits */
+            ic->act = F32 * (local_elems(xd, 3, cls(o, "act.x"), o->shape, nax) +
+                             local_elems(xd, 3, cls(o, "act.lnf"), o->shape, nax) + le);
             param(c, &w, o, "lnf.w", vc, 1, ic);
             param(c, &w, o, "lnf.b", vc, 1, ic);
             /* the tied wte: the L item's own copy when E is elsewhere
@@ -874,6 +882,7 @@ static int inflight(int kind, int s, int S, int M)
 
 typedef struct {
     double f, b, comp, box, r, o, ro, mem, memp, mema, box_bytes, r_bytes;
+    double stored, grad, compute;
 } scost_t;
 
 /* Stage s with nb blocks on option oi (E on stage 0, L on the last). */
@@ -882,7 +891,7 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
     const icost_t *ic = icost(c, s, oi);
     int hasE = s == 0, hasL = s == c->S - 1;
     memset(sc, 0, sizeof *sc);
-    double w[NIT] = {hasE, nb, hasL};
+    double w[NIT] = {hasE, nb, hasL, 0};
     for (int it = 0; it < NIT; it++) {
         sc->f += w[it] * ic[it].f;
         sc->b += w[it] * ic[it].b;
@@ -893,14 +902,20 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
         sc->mema += w[it] * ic[it].act;
         sc->box_bytes += w[it] * ic[it].box_bytes;
         sc->r_bytes += w[it] * ic[it].r_bytes;
+        sc->stored += w[it] * ic[it].stored;
+        sc->grad += w[it] * ic[it].grad;
+        sc->compute += w[it] * ic[it].compute;
     }
     if (hasL && !hasE) {
         /* the L stage keeps its own copy of the tied wte: memory, reduction,
          * optimizer (the E item's wte figures), and the exchange with stage 0 */
-        sc->memp += ic[IT_E].mem_static; /* wte + wpe: wpe is small */
-        sc->r += ic[IT_E].r + tied_time(c, oi);
-        sc->r_bytes += ic[IT_E].r_bytes;
-        sc->o += ic[IT_E].o;
+        sc->memp += ic[IT_W].mem_static;
+        sc->stored += ic[IT_W].stored;
+        sc->grad += ic[IT_W].grad;
+        sc->compute += ic[IT_W].compute;
+        sc->r += ic[IT_W].r + tied_time(c, oi);
+        sc->r_bytes += ic[IT_W].r_bytes;
+        sc->o += ic[IT_W].o;
     }
     sc->box = sc->f + sc->b - sc->comp;
     sc->ro = sc->r + sc->o;
@@ -1135,6 +1150,11 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
         double xb = F32 * local_elems(d, 3, cls(o, "act.x"), o->shape, o->ndim);
         double nbnd = (s > 0) + (s + 1 < S);
         c->boundary_bytes = fmax(c->boundary_bytes, 2.0 * x->M * xb * nbnd);
+        c->stage_param_bytes[s] = sc.memp;
+        c->stage_act_bytes[s] = sc.mema;
+        c->stage_stored_bytes[s] = sc.stored;
+        c->stage_grad_bytes[s] = sc.grad;
+        c->stage_compute_bytes[s] = sc.compute;
         if (sc.mem > c->mem_bytes) {
             c->mem_bytes = sc.mem;
             c->mem_param_bytes = sc.memp;

@@ -87,6 +87,13 @@ typedef struct {
     double mem_bytes;       /* peak memory per rank (largest stage) */
     double mem_param_bytes; /* of which parameters + optimizer + gradients */
     double mem_act_bytes;   /* of which activations in flight */
+    double stage_param_bytes[XMP_SEARCH_MAX_STAGES]; /* per stage: parameters, optimizer, grads */
+    double stage_act_bytes[XMP_SEARCH_MAX_STAGES];   /* per stage: activations in flight */
+    /* per stage, bytes per rank: stored parameters (AdamW keeps 2x this), gradient
+     * accumulators, compute copies (the gathered form of sharded parameters) */
+    double stage_stored_bytes[XMP_SEARCH_MAX_STAGES];
+    double stage_grad_bytes[XMP_SEARCH_MAX_STAGES];
+    double stage_compute_bytes[XMP_SEARCH_MAX_STAGES];
 } xmp_search_cand_t;
 
 typedef struct {

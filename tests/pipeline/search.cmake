@@ -12,3 +12,13 @@ if(TARGET xmesh-train)
             ${CMAKE_CURRENT_BINARY_DIR}/search_cli)
   set_tests_properties(pipeline.search.cli PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
 endif()
+# The memory model against the allocations of real runs (mpi, <= 8 ranks, 2 steps).
+if(TARGET xmesh-train)
+  foreach(c megatron.pipe 3d.gpipe mixed.eager axonn)
+    add_test(NAME pipeline.search.memory.${c}
+             COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_search_memory.py ${c}
+                     $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(pipeline.search.memory.${c} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
+  endforeach()
+endif()
