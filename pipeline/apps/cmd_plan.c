@@ -5,6 +5,7 @@
  * (OMPI_COMM_WORLD_SIZE, PMI_SIZE) when run under mpirun.
  */
 #include <math.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -518,6 +519,72 @@ int xmp_cmd_gpt_plan(int argc, char **argv)
     rc = 0;
 out:
     free(c);
+    xm_costmodel_destroy(cm);
+    xm_cluster_free(&cl);
+    return rc;
+}
+
+/* --strategy auto of `xmesh-train gpt` (apps/cmd_gpt.c): the best configuration for the
+ * ranks of comm. Hosts are counted with MPI_Comm_split_type (shared memory); the search is
+ * pure and deterministic, so every rank picks the same. Rank 0 prints the choice. */
+int xmp_cmd_gpt_plan_auto(MPI_Comm comm, const xmp_gpt2_config_t *cfg, int batch, int seq,
+                          const char *cluster, xmp_plan_auto_t *out)
+{
+    int rank, size, lrank, nhosts = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    MPI_Comm node;
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &lrank);
+    MPI_Comm_free(&node);
+    int leader = lrank == 0;
+    MPI_Allreduce(&leader, &nhosts, 1, MPI_INT, MPI_SUM, comm);
+    plan_opts_t p;
+    memset(&p, 0, sizeof p);
+    p.layers = cfg->num_layers;
+    p.heads = cfg->num_heads;
+    p.channels = cfg->channels;
+    p.max_seq = cfg->max_seq_len;
+    p.vocab = cfg->vocab_size;
+    p.batch = batch;
+    p.seq = seq;
+    p.ranks = size;
+    p.hosts = nhosts > 0 && size % nhosts == 0 ? nhosts : 1;
+    p.top = 1;
+    p.flops = 5e10;
+    p.cluster = cluster;
+    xm_costmodel_t *cm = NULL;
+    xm_cluster_t cl;
+    memset(&cl, 0, sizeof cl);
+    char label[512], err[1024];
+    int rc = -1;
+    xmp_search_opts_t so;
+    xmp_search_cand_t c;
+    xmp_search_stats_t st;
+    int n = 0;
+    if (load_models(&p, &cm, &cl, label, sizeof label))
+        goto out;
+    if (fill_search_opts(&p, cm, &cl, &so))
+        goto out;
+    if (xmp_search_gpt(&so, 1, &c, &n, &st, err, sizeof err) || n < 1) {
+        if (rank == 0)
+            xmp_cli_error("--strategy auto: %s", err);
+        goto out;
+    }
+    memset(out, 0, sizeof *out);
+    xmp_search_gpt_flags(&c, out->layout, out->stage_mesh, out->stage_strategy, sizeof out->layout);
+    out->schedule = c.sched;
+    out->microbatches = c.M;
+    if (rank == 0) {
+        printf("--strategy auto (%s, %d hosts, search %.3f s): --layout '%s' --stage-mesh %s "
+               "--stage-strategy %s --schedule %s --microbatches %d (predicted step %.4g s, "
+               "memory %.1f MiB per rank)\n",
+               label, p.hosts, st.seconds, out->layout, out->stage_mesh, out->stage_strategy,
+               xmp_sched_kind_name(c.sched), c.M, c.step_s, c.mem_bytes / 1048576.0);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
     xm_costmodel_destroy(cm);
     xm_cluster_free(&cl);
     return rc;

@@ -12,9 +12,10 @@ if(TARGET xmesh-train)
             ${CMAKE_CURRENT_BINARY_DIR}/search_cli)
   set_tests_properties(pipeline.search.cli PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
 endif()
-# The memory model against the allocations of real runs (mpi, <= 8 ranks, 2 steps).
+# The memory model against the allocations of real runs (mpi, <= 8 ranks, 2 steps), and
+# --strategy auto (the plan's best, trained against the serial model).
 if(TARGET xmesh-train)
-  foreach(c megatron.pipe 3d.gpipe mixed.eager axonn)
+  foreach(c megatron.pipe 3d.gpipe mixed.eager axonn auto)
     add_test(NAME pipeline.search.memory.${c}
              COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_search_memory.py ${c}
                      $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})

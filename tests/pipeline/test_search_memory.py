@@ -26,6 +26,29 @@ CASES = {
                         "dp,megatron", "--microbatches", "2", "--schedule", "eager-1f1b"]),
     "axonn": (8, ["--stage-mesh", "2x2x2", "--strategy", "axonn"]),
 }
+if CASE == "auto":
+    # --strategy auto: the run takes the search's best (the same as `gpt plan --top 1` on the
+    # same ranks and hosts) and trains it equal to the serial model.
+    run = MPI + ["-n", "4", "--oversubscribe", TRAIN, "gpt"] + MODEL + [
+        "--strategy", "auto", "--steps", "5", "--check-serial", "--no-progress"]
+    r = subprocess.run(run, capture_output=True, text=True, timeout=100)
+    out = r.stdout + r.stderr
+    if r.returncode or "check-serial: OK" not in out:
+        sys.exit("auto run failed (%d): %s\n%s" % (r.returncode, " ".join(run), out[-2000:]))
+    line = [l for l in out.splitlines() if l.startswith("--strategy auto")]
+    if not line:
+        sys.exit("no '--strategy auto' line in:\n" + out[-2000:])
+    pl = subprocess.run([TRAIN, "gpt", "plan", "--json", "--top", "1", "--ranks", "4", "--hosts",
+                         "1"] + MODEL, capture_output=True, text=True, timeout=60)
+    best = json.loads(pl.stdout)["configurations"][0]
+    want = "--layout '%s' --stage-mesh %s --stage-strategy %s --schedule %s --microbatches %d" % (
+        best["layout"], best["stage_mesh"], best["stage_strategy"], best["schedule"],
+        best["microbatches"])
+    if want not in line[0]:
+        sys.exit("auto chose\n  %s\nthe plan's best is\n  %s" % (line[0], want))
+    print(line[0])
+    print("auto: the plan's best, trained equal to the serial model")
+    sys.exit(0)
 n, flags = CASES[CASE]
 with tempfile.TemporaryDirectory() as d:
     js = os.path.join(d, "run.json")
