@@ -774,10 +774,18 @@ static int run_parallel(const gpt_opts_t *oin)
             xmp_cli_error("stage layout: %s", err);
         goto out;
     }
+    /* Every rank resolves and checks the same strategies (pure, but files are read on
+     * every rank): the ranks agree on the outcome before any other collective, and the
+     * lowest failing rank prints its message, so no rank goes on alone. */
     strat = calloc((size_t)sl.nstages, sizeof *strat);
-    if (!strat || resolve_strategies(o, &m.cfg, &sl, strat, err, sizeof err) != 0) {
-        if (rank == 0)
+    int sfail = !strat || resolve_strategies(o, &m.cfg, &sl, strat, err, sizeof err) != 0;
+    int first_bad = sfail ? rank : size;
+    MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first_bad < size) {
+        if (rank == first_bad && rank == 0)
             xmp_cli_error("strategy: %s", strat ? err : "out of memory");
+        else if (rank == first_bad)
+            xmp_cli_error("strategy (rank %d): %s", rank, strat ? err : "out of memory");
         goto out;
     }
     if (o->print_strategy) {

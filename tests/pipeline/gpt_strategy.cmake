@@ -19,7 +19,7 @@ if(TARGET xmesh-train)
     refuse.heads custom.channel_layernorm custom.sequence_attention custom.pipeline_sequence
     refuse.axonn refuse.unknown_name refuse.stage_count refuse.store_partial refuse.store_activation
     axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 pipe.axonn-axonn.tied pipe.axonn-megatron custom.zero
-    memory.axonn)
+    memory.axonn long.3d.2x2x2 long.axonn-megatron)
   foreach(c ${XMP_GS_CASES})
     add_test(NAME pipeline.gpt_strategy.${c}
              COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_gpt_strategy.py ${c}

@@ -57,6 +57,13 @@ RUNS = {
                                     "--stage-strategy", "megatron,3d", "--microbatches", "2"]),
 }
 
+LONG = {
+    "long.3d.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "3d"]),
+    "long.axonn-megatron": (6, ["--stage-mesh", "2x1x2,1x2", "--stage-strategy", "axonn,megatron",
+                                "--microbatches", "2", "--schedule", "eager-1f1b",
+                                "--delay-wgrad"]),
+}
+
 # name: (ranks, flags, built-in, class lines replacing the built-in's): layers beyond the
 # built-ins: channel-split layer norm (statistics all-reduced), sequence-split attention,
 # split layer-norm weights and wpe, a vocabulary split over two axes.
@@ -129,9 +136,9 @@ def printed_strategy(n, flags, stage=0):
     return blocks[stage + 1]
 
 
-def check_run(n, flags):
-    rc, out = run(n, flags + ["--steps", "5", "--check-serial"])
-    ok = rc == 0 and "check-serial: OK (0 mismatching of 5 steps compared)" in out
+def check_run(n, flags, steps=5):
+    rc, out = run(n, flags + ["--steps", str(steps), "--check-serial"])
+    ok = rc == 0 and f"check-serial: OK (0 mismatching of {steps} steps compared)" in out
     if not ok:
         print(out[-4000:])
     return ok
@@ -140,6 +147,10 @@ def check_run(n, flags):
 if CASE in RUNS:
     n, flags = RUNS[CASE]
     ok = check_run(n, flags)
+elif CASE in LONG:
+    # 20 steps: 1e-5 relative for steps 0-4, 1e-4 up to step 19 (the --check-serial rule)
+    n, flags = LONG[CASE]
+    ok = check_run(n, flags, steps=20)
 elif CASE in CUSTOM:
     # A built-in, printed, edited and loaded back from a file.
     n, flags, base, edits = CUSTOM[CASE]
