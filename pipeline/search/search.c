@@ -125,6 +125,18 @@ static int even_splits(const int64_t *dim, int nd, const xmp_sbp_t *sbp, const i
 
 /* Geometry of the groups of mesh axis a of a stage on ranks rank0.. */
 static void axis_geom(const ctx_t *c, int rank0, const int *shape, int nax, int a,
+                      xm_coll_geom_t *g);
+
+void xmp_search_axis_geom(int nranks, int hosts, int rank0, int ndim, const int *shape, int axis,
+                          xm_coll_geom_t *g)
+{
+    ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.rph = nranks / hosts;
+    axis_geom(&c, rank0, shape, ndim, axis, g);
+}
+
+static void axis_geom(const ctx_t *c, int rank0, const int *shape, int nax, int a,
                       xm_coll_geom_t *g)
 {
     int stride = 1, size = 1;
@@ -1403,6 +1415,9 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
     st.nominal = o->cost->nominal;
     st.min_mem_bytes = INFINITY;
     int kinds[3], nk = kinds_of(o, kinds);
+    int has1f1b = 0;
+    for (int q = 0; q < nk; q++)
+        has1f1b |= kinds[q] == XMP_SCHED_1F1B;
     int L = o->model.num_layers;
     int maxS = o->max_stages > 0 ? o->max_stages : L;
     if (maxS > XMP_SEARCH_MAX_STAGES)
@@ -1429,8 +1444,8 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
                 int kind = kinds[q];
                 if (!valid_SMk(S, M, kind))
                     continue;
-                /* one stage: every schedule runs the same; keep the first kind asked */
-                if (S == 1 && q > 0)
+                /* one stage: every schedule runs the same; keep one (1f1b if asked) */
+                if (S == 1 && kind != (has1f1b ? XMP_SCHED_1F1B : kinds[0]))
                     continue;
                 double mm = min_memory(&x, kind);
                 if (mm < st.min_mem_bytes)

@@ -137,6 +137,13 @@ void xmp_search_gpt_command(const xmp_search_opts_t *o, const xmp_search_cand_t 
 void xmp_search_gpt_flags(const xmp_search_cand_t *c, char *layout, char *meshes, char *strats,
                           size_t n);
 
+/* The collective geometry the model uses for mesh axis `axis` of a stage mesh
+ * (ndim, shape) on ranks rank0.. of nranks placed in order on `hosts` hosts:
+ * the group of the stage's first rank (its ranks per host, hosts) and how many
+ * groups of that axis share its first host (share). For tests and tools. */
+void xmp_search_axis_geom(int nranks, int hosts, int rank0, int ndim, const int *shape, int axis,
+                          xm_coll_geom_t *g);
+
 #ifdef __cplusplus
 }
 #endif

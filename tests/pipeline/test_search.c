@@ -106,6 +106,12 @@ static void test_dp_exhaustive(uint64_t seed)
     static const struct {
         int L, NH, C, V;
     } models[] = {{2, 2, 32, 64}, {3, 4, 64, 100}, {4, 4, 32, 256}, {4, 2, 48, 50}};
+    {
+        /* a fixed larger space: 8 ranks on 2 hosts, every strategy, 4 blocks, B 8 */
+        xmp_search_opts_t o;
+        base_opts(&o, 4, 4, 64, 256, 8, 16, 8, 2);
+        dp_vs_exhaustive(&o, "L=4 NH=4 C=64 V=256 B=8 N=8 H=2 all strategies");
+    }
     for (int t = 0; t < 10; t++) {
         int mi = (int)(rnd() % 4), N = ranks[rnd() % 6];
         int H = 1;
@@ -257,6 +263,32 @@ static void test_search_results(void)
     }
 }
 
+/* Axis geometry by hand: 8 ranks on 2 hosts (4 per host). */
+static void test_geometry(void)
+{
+    static const struct {
+        int N, H, rank0, nd, shape[4], axis, p, rph, hosts, share;
+    } t[] = {
+        {8, 2, 0, 2, {2, 4}, 0, 2, 1, 2, 4}, /* across hosts, 4 groups share each NIC */
+        {8, 2, 0, 2, {2, 4}, 1, 4, 4, 1, 1}, /* inside a host, alone on it */
+        {8, 2, 0, 2, {4, 2}, 1, 2, 2, 1, 2}, /* inside a host, 2 groups at once */
+        {8, 2, 0, 2, {4, 2}, 0, 4, 2, 2, 2}, /* ranks 0,2,4,6: 2 per host, 2 groups */
+        {8, 2, 4, 1, {4}, 0, 4, 4, 1, 1},    /* stage 1 of 2: host 1 alone */
+        {8, 4, 2, 1, {2}, 0, 2, 2, 1, 1},    /* 2 per host: stage on host 1 */
+        {8, 2, 2, 1, {4}, 0, 4, 2, 2, 1},    /* ranks 2..5 straddle hosts 0 and 1 */
+        {8, 2, 0, 3, {2, 2, 2}, 0, 2, 1, 2, 4}, {8, 2, 0, 3, {2, 2, 2}, 1, 2, 2, 1, 2},
+        {8, 1, 0, 1, {8}, 0, 8, 8, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        xm_coll_geom_t g;
+        xmp_search_axis_geom(t[i].N, t[i].H, t[i].rank0, t[i].nd, t[i].shape, t[i].axis, &g);
+        CHECK(g.group_size == t[i].p && g.ranks_per_host == t[i].rph && g.hosts == t[i].hosts &&
+                  g.share == t[i].share,
+              "case %zu: p %d rph %d hosts %d share %d, want %d %d %d %d", i, g.group_size,
+              g.ranks_per_host, g.hosts, g.share, t[i].p, t[i].rph, t[i].hosts, t[i].share);
+    }
+}
+
 static void test_errors(void)
 {
     xmp_search_opts_t o;
@@ -312,7 +344,7 @@ static void test_errors(void)
           "message: %s", err);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     uint64_t seed = 0x5eed2111;
     const char *e = getenv("XMESH_TEST_SEED");
@@ -326,10 +358,22 @@ int main(void)
         fprintf(stderr, "setup: %s\n", xmesh_last_error());
         return 1;
     }
+    test_geometry();
     test_one_rank();
     test_errors();
     test_search_results();
     test_dp_exhaustive(seed);
+    if (argc > 1) { /* a calibrated file: its collectives and sgemm records */
+        xm_costmodel_t *cal = NULL;
+        if (xm_costmodel_load(argv[1], &cal)) {
+            fprintf(stderr, "%s: %s\n", argv[1], xmesh_last_error());
+            return 1;
+        }
+        printf("  calibrated model: %s\n", argv[1]);
+        xm_costmodel_destroy(g_cm);
+        g_cm = cal;
+        test_dp_exhaustive(seed + 1);
+    }
     xm_costmodel_destroy(g_cm);
     xm_cluster_free(&g_cl);
     if (g_fail) {
