@@ -301,6 +301,7 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
     xmp_json_int(&j, "hosts", p->hosts);
     xmp_json_num(&j, "memory_limit", p->memory_limit);
     xmp_json_num(&j, "search_s", st->seconds);
+    xmp_json_num(&j, "search_cpu_s", st->cpu_seconds);
     xmp_json_int(&j, "dp_runs", st->dp_runs);
     xmp_json_int(&j, "dp_transitions", st->transitions);
     xmp_json_int(&j, "options", st->options);
@@ -348,10 +349,11 @@ static void print_table(const plan_opts_t *p, const xmp_search_opts_t *so, const
            p->heads, p->channels, p->vocab, p->batch, p->seq, p->ranks, p->hosts,
            p->ranks / p->hosts);
     printf("# cost model: %s\n", label);
-    printf("# search: %.3f s, %ld DP runs, %ld transitions, %ld options, %ld boundary plans, "
+    printf("# search: %.3f s (%.3f s CPU), %ld DP runs, %ld transitions, %ld options, %ld boundary "
+           "plans, "
            "%ld simulated; smallest memory of any configuration %s per rank\n",
-           st->seconds, st->dp_runs, st->transitions, st->options, st->boundary_plans,
-           st->candidates, mm);
+           st->seconds, st->cpu_seconds, st->dp_runs, st->transitions, st->options,
+           st->boundary_plans, st->candidates, mm);
     printf("%-3s %10s %10s %6s %10s %10s %9s %9s %9s %-10s %3s  %s\n", "#", "step_s", "chain_s",
            "bubble", "compute_s", "boxing_s", "box_B/rk", "bnd_B/rk", "mem/rk", "schedule", "M",
            "layout | stage-mesh | strategies");

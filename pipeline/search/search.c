@@ -1395,6 +1395,13 @@ static int cand_cmp(const void *pa, const void *pb)
     return a->mem_bytes < b->mem_bytes ? -1 : a->mem_bytes > b->mem_bytes;
 }
 
+static double clock_s(clockid_t id)
+{
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 static double now_s(void)
 {
     struct timespec t;
@@ -1409,7 +1416,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
         return -1;
     if (topk < 1)
         return fail(err, errlen, "--top %d: must be >= 1", topk);
-    double t0 = now_s();
+    double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     xmp_search_stats_t st;
     memset(&st, 0, sizeof st);
     st.nominal = o->cost->nominal;
@@ -1518,6 +1525,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
     *nout = k;
     free(pool);
     st.seconds = now_s() - t0;
+    st.cpu_seconds = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
     if (stats)
         *stats = st;
     return 0;

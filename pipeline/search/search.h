@@ -98,6 +98,7 @@ typedef struct {
 
 typedef struct {
     double seconds;       /* wall time of the search */
+    double cpu_seconds;   /* CPU time of the search (this process) */
     long dp_runs;         /* DP runs (stage count x M x schedule x strategy family) */
     long transitions;     /* DP transitions evaluated */
     long options;         /* valid (mesh, strategy) options over all stage sizes */
