@@ -27,7 +27,7 @@ typedef struct {
     /* --eval: one configuration, as xmesh-train gpt takes it */
     const char *layout, *stage_mesh, *strategy, *stage_strategy, *schedule;
     double memory_limit, flops;
-    const char *cluster, *strategies, *schedules;
+    const char *cluster, *strategies, *schedules, *ablate;
 } plan_opts_t;
 
 static void plan_usage(void)
@@ -54,6 +54,8 @@ static void plan_usage(void)
            "  --microbatches M    only this microbatch count (default: every divisor of B)\n"
            "  --max-stages S      at most S stages\n"
            "  --max-evals N       scheduler budget of each boundary plan (2000)\n"
+           "  --ablate LIST       model ablations: boundary (transfers between stages free),\n"
+           "                      share (no NIC sharing between a mesh axis' groups)\n"
            "output:\n"
            "  --top K (5)         configurations printed\n"
            "  --json              one JSON object on stdout instead of the table\n");
@@ -285,6 +287,12 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
         return -1;
     if (p->schedules && parse_list("--schedules", p->schedules, kn, 3, &so->schedules))
         return -1;
+    static const char *const an[] = {"boundary", "share"};
+    unsigned ab = 0;
+    if (p->ablate && parse_list("--ablate", p->ablate, an, 2, &ab))
+        return -1;
+    so->no_boundary = !!(ab & 1u);
+    so->no_share = !!(ab & 2u);
     return 0;
 }
 
@@ -297,6 +305,7 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
         return;
     xmp_json_obj_begin(&j, NULL);
     xmp_json_str(&j, "cost_model", label);
+    xmp_json_str(&j, "ablate", p->ablate ? p->ablate : "");
     xmp_json_int(&j, "ranks", p->ranks);
     xmp_json_int(&j, "hosts", p->hosts);
     xmp_json_num(&j, "memory_limit", p->memory_limit);

@@ -171,6 +171,8 @@ static void axis_geom(const ctx_t *c, int rank0, const int *shape, int nax, int 
     g->share = on_first > 0 ? stage_on_first / on_first : 1;
     if (g->share < 1)
         g->share = 1;
+    if (c->o && c->o->no_share)
+        g->share = 1;
 }
 
 /* Adds the time of one collective over axis a (bytes = n of xm_costmodel.h). */
@@ -613,6 +615,8 @@ static void spec_of(const opt_t *o, const char *cl, int store, char *buf, size_t
 /* Boundary s -> s+1 between signatures ga and gb (options ia, ib carry them). */
 static double edge_time(ctx_t *c, int s, int ia, int ib)
 {
+    if (c->o->no_boundary)
+        return 0;
     int ga = c->opt[ia].sig, gb = c->opt[ib].sig;
     double *e = &c->edge[((size_t)s * c->nsig + ga) * c->nsig + gb];
     if (isnan(*e)) {
@@ -629,6 +633,8 @@ static double edge_time(ctx_t *c, int s, int ia, int ib)
  * the last stage's wte storage and the same layout on stage 0's ranks. */
 static double tied_time(ctx_t *c, int oi)
 {
+    if (c->o->no_boundary)
+        return 0;
     if (isnan(c->tied[oi])) {
         char sp[64];
         spec_of(&c->opt[oi], "wte", 1, sp, sizeof sp);

@@ -67,6 +67,10 @@ typedef struct {
     int max_stages;              /* 0: no bound beyond the block count */
     int fixed_M;                 /* > 0: only this microbatch count */
     int max_evals;               /* boundary plans: scheduler evaluation budget (0: 2000) */
+    /* ablations (issue 21 item 4): no_boundary prices every boundary transfer and the tied-wte
+     * exchange at 0; no_share prices every collective as if its group had the hosts' NICs to
+     * itself (share 1: the bandwidth model ignores groups sharing a NIC) */
+    int no_boundary, no_share;
 } xmp_search_opts_t;
 
 typedef struct {

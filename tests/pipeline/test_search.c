@@ -189,6 +189,35 @@ static void test_one_rank(void)
     c.strategy[0] = 3;
     CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "axonn: %s", err);
     CHECK(c.mem_param_bytes < m3d, "axonn %.0f bytes, 3d %.0f", c.mem_param_bytes, m3d);
+    /* ablations: boundaries free; NIC sharing ignored (a 2x4 stage on 2 hosts: axis 0's
+     * groups cross hosts 4 to a NIC) */
+    base_opts(&o, 2, 4, 32, 64, 16, 16, 8, 2);
+    memset(&c, 0, sizeof c);
+    c.nstages = 2;
+    c.M = 2;
+    c.sched = XMP_SCHED_1F1B;
+    c.nblocks[0] = c.nblocks[1] = 1;
+    c.ndim[0] = c.ndim[1] = 1;
+    c.shape[0][0] = c.shape[1][0] = 4;
+    c.strategy[0] = c.strategy[1] = 0;
+    CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "%s", err);
+    CHECK(c.boundary_s > 0, "boundary %g", c.boundary_s);
+    double with_b = c.step_s;
+    o.no_boundary = 1;
+    CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "%s", err);
+    CHECK(c.boundary_s == 0 && c.step_s < with_b, "no_boundary: %g s, step %g vs %g", c.boundary_s,
+          c.step_s, with_b);
+    o.no_boundary = 0;
+    c.nstages = 1;
+    c.nblocks[0] = 2;
+    c.ndim[0] = 2;
+    c.shape[0][0] = 2;
+    c.shape[0][1] = 4;
+    CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "%s", err);
+    double shared = c.boxing_s;
+    o.no_share = 1;
+    CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "%s", err);
+    CHECK(c.boxing_s < shared, "no_share: boxing %g s, with sharing %g s", c.boxing_s, shared);
     printf("  one rank: %zu params, %.0f bytes; dp x2 boxing %.0f bytes; 3d %.0f axonn %.0f\n",
            total, 16.0 * (double)total, 4.0 * (double)total, m3d, c.mem_param_bytes);
 }
