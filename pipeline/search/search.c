@@ -18,6 +18,7 @@
 #include "xm_core.h"
 
 #define NAX 4
+#define XMP_SEARCH_MAX_SIG 4096 /* act.x placements per stage size (<= options) */
 #define F32 4.0
 /* AdamW: flops per stored element priced at the sgemm rate (a rough term). */
 #define ADAMW_FLOPS 12.0
@@ -1004,6 +1005,11 @@ static double dp_run(ctx_t *c, int kind, unsigned mask, int *best_nb, int *best_
         return INFINITY;
     }
 #define SID(k, i, g) (((size_t)(k) * (size_t)(L + 1) + (size_t)(i)) * (size_t)G + (size_t)(g))
+    int rep[XMP_SEARCH_MAX_SIG];
+    for (int g = 0; g < G && g < XMP_SEARCH_MAX_SIG; g++)
+        rep[g] = -1;
+    for (int q = c->nopt - 1; q >= 0; q--)
+        rep[c->opt[q].sig] = q;
     entry_t e0 = {0, 0, 0, -1, -1, -1, -1};
     if (front_add(&fr[SID(0, L, 0)], &e0))
         goto out_oom;
@@ -1030,11 +1036,7 @@ static double dp_run(ctx_t *c, int kind, unsigned mask, int *best_nb, int *best_
                         if (k > 0) {
                             /* the right neighbour's signature is g; any option of that
                              * signature carries it */
-                            int ib = -1;
-                            for (int q = 0; q < c->nopt && ib < 0; q++)
-                                if (c->opt[q].sig == g)
-                                    ib = q;
-                            e = edge_time(c, s, oi, ib);
+                            e = edge_time(c, s, oi, rep[g]);
                             if (c->failed)
                                 goto out;
                         }
