@@ -335,13 +335,26 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
         xmp_json_num(&j, "memory_bytes_per_rank", c[i].mem_bytes);
         xmp_json_num(&j, "memory_param_bytes", c[i].mem_param_bytes);
         xmp_json_num(&j, "memory_activation_bytes", c[i].mem_act_bytes);
-        xmp_json_int(&j, "stages", c[i].nstages);
+        xmp_json_int(&j, "nstages", c[i].nstages);
         xmp_json_int(&j, "microbatches", c[i].M);
         xmp_json_str(&j, "schedule", xmp_sched_kind_name(c[i].sched));
         xmp_json_str(&j, "layout", lay);
         xmp_json_str(&j, "stage_mesh", mesh);
         xmp_json_str(&j, "stage_strategy", strat);
         xmp_json_str(&j, "command", cmd);
+        xmp_json_arr_begin(&j, "stages");
+        for (int k = 0; k < c[i].nstages; k++) {
+            xmp_json_obj_begin(&j, NULL);
+            xmp_json_num(&j, "forward_s", c[i].stage_f_s[k]);
+            xmp_json_num(&j, "backward_s", c[i].stage_b_s[k]);
+            xmp_json_num(&j, "compute_s", c[i].stage_compute_s[k]);
+            xmp_json_num(&j, "reduce_s", c[i].stage_r_s[k]);
+            xmp_json_num(&j, "optimizer_s", c[i].stage_o_s[k]);
+            xmp_json_num(&j, "param_bytes", c[i].stage_param_bytes[k]);
+            xmp_json_num(&j, "activation_bytes", c[i].stage_act_bytes[k]);
+            xmp_json_obj_end(&j);
+        }
+        xmp_json_arr_end(&j);
         xmp_json_obj_end(&j);
     }
     xmp_json_arr_end(&j);
@@ -469,6 +482,11 @@ static void print_eval(const plan_opts_t *p, const xmp_search_opts_t *so, const 
             xmp_json_num(&j, "stored_param_bytes", c->stage_stored_bytes[s]);
             xmp_json_num(&j, "grad_bytes", c->stage_grad_bytes[s]);
             xmp_json_num(&j, "compute_param_bytes", c->stage_compute_bytes[s]);
+            xmp_json_num(&j, "forward_s", c->stage_f_s[s]);
+            xmp_json_num(&j, "backward_s", c->stage_b_s[s]);
+            xmp_json_num(&j, "compute_s", c->stage_compute_s[s]);
+            xmp_json_num(&j, "reduce_s", c->stage_r_s[s]);
+            xmp_json_num(&j, "optimizer_s", c->stage_o_s[s]);
             xmp_json_obj_end(&j);
         }
         xmp_json_arr_end(&j);

@@ -1172,6 +1172,11 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
         c->boundary_bytes = fmax(c->boundary_bytes, 2.0 * x->M * xb * nbnd);
         c->stage_param_bytes[s] = sc.memp;
         c->stage_act_bytes[s] = sc.mema;
+        c->stage_f_s[s] = sc.f;
+        c->stage_b_s[s] = sc.b;
+        c->stage_compute_s[s] = sc.comp;
+        c->stage_r_s[s] = sc.r;
+        c->stage_o_s[s] = sc.o;
         c->stage_stored_bytes[s] = sc.stored;
         c->stage_grad_bytes[s] = sc.grad;
         c->stage_compute_bytes[s] = sc.compute;

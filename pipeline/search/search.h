@@ -98,6 +98,11 @@ typedef struct {
     double stage_stored_bytes[XMP_SEARCH_MAX_STAGES];
     double stage_grad_bytes[XMP_SEARCH_MAX_STAGES];
     double stage_compute_bytes[XMP_SEARCH_MAX_STAGES];
+    /* per stage, seconds: forward and backward per microbatch (compute + boxing), compute
+     * alone per microbatch (f + b), gradient reduction and optimizer per step */
+    double stage_f_s[XMP_SEARCH_MAX_STAGES], stage_b_s[XMP_SEARCH_MAX_STAGES];
+    double stage_compute_s[XMP_SEARCH_MAX_STAGES];
+    double stage_r_s[XMP_SEARCH_MAX_STAGES], stage_o_s[XMP_SEARCH_MAX_STAGES];
 } xmp_search_cand_t;
 
 typedef struct {

@@ -35,6 +35,12 @@ for k in ("command", "layout", "stage_mesh", "stage_strategy", "memory_bytes_per
     assert k in c[0], k
 assert j["cost_model"].startswith("nominal (uncalibrated)"), j["cost_model"]
 assert c[0]["command"].startswith("mpirun -np 4 xmesh-train gpt"), c[0]["command"]
+for x in c:
+    st = x["stages"]
+    assert len(st) == x["nstages"] == len(x["stage_mesh"].split(",")), x
+    for v in st:
+        assert v["forward_s"] > 0 and v["backward_s"] > 0 and v["param_bytes"] > 0, v
+        assert 0 < v["compute_s"] <= v["forward_s"] + v["backward_s"], v
 PY
 # the launcher's rank count when --ranks is absent
 OMPI_COMM_WORLD_SIZE=2 expect 0 'on 2 ranks' -- "$X" gpt plan --top 1
