@@ -117,7 +117,8 @@ static void gpt_usage(void)
         "  --stage-dp 2,1  --stage-tp 1,2   per-stage 2-axis dp x tp meshes (shorthands)\n"
         "  --strategy NAME|FILE       SBP of every parameter and activation class, all stages:\n"
         "                      built-in dp, megatron (default), 3d, axonn, or a strategy file\n"
-        "                      (docs/STRATEGY.md)\n"
+        "                      (docs/STRATEGY.md); auto: the layout search picks stages,\n"
+        "                      meshes, strategies, schedule, microbatches (gpt plan --help)\n"
         "  --stage-strategy A,B       one strategy (name or file) per stage\n"
         "  --print-strategy    print the resolved strategy of each stage and exit\n"
         "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
@@ -759,6 +760,15 @@ static int run_parallel(const gpt_opts_t *oin)
     step_log_t log;
     if (setup_model(o, &m) != 0 || setup_data(o, &ld, &desc) != 0)
         goto out;
+    static xmp_plan_auto_t autoplan; /* --strategy auto: the layout search (apps/cmd_plan.c) */
+    if (o->strategy && !strcmp(o->strategy, "auto")) {
+        if (xmp_cmd_gpt_plan_auto(MPI_COMM_WORLD, &m.cfg, o->batch, o->seq, o->cluster, &autoplan))
+            goto out;
+        o->layout = autoplan.layout, o->stage_mesh = autoplan.stage_mesh, o->strategy = NULL;
+        o->stage_strategy = autoplan.stage_strategy, o->schedule = autoplan.schedule;
+        o->microbatches = autoplan.microbatches, o->mesh = o->stage_dp = o->stage_tp = NULL;
+        o->stages = o->dp = o->tp = 0;
+    }
     if (parallel_layout(o, m.cfg.num_layers, size, &sl, err, sizeof err) != 0) {
         if (rank == 0)
             xmp_cli_error("stage layout: %s", err);
@@ -1024,6 +1034,8 @@ out:
 
 int xmp_cmd_gpt(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "plan")) /* layout search (apps/cmd_plan.c) */
+        return xmp_cmd_gpt_plan(argc - 1, argv + 1);
     xmp_cli_set_command("gpt");
     gpt_opts_t o;
     gpt_defaults(&o);
