@@ -80,3 +80,69 @@ uint16_t xm_f32_to_bf16(float f)
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
 }
+
+xmesh_dtype_t xm_dtype_acc(xmesh_dtype_t dtype)
+{
+    return dtype == XMESH_F16 || dtype == XMESH_BF16 ? XMESH_F32 : dtype;
+}
+
+static int is_float_family(xmesh_dtype_t dt)
+{
+    return dt == XMESH_F16 || dt == XMESH_BF16 || dt == XMESH_F32;
+}
+
+int xm_dtype_pair_ok(xmesh_dtype_t src, xmesh_dtype_t dst)
+{
+    return src == dst || (is_float_family(src) && is_float_family(dst));
+}
+
+xmesh_dtype_t xm_wire_dtype(xmesh_dtype_t src, xmesh_dtype_t dst, int partial, int from_dst)
+{
+    size_t s = xmesh_dtype_size(src), d = xmesh_dtype_size(dst);
+    if (partial || d < s || (from_dst && d == s))
+        return dst;
+    return src;
+}
+
+/* One element through f32: the only path of every conversion. */
+static inline float load_f32(xmesh_dtype_t dt, const void *p, int64_t i)
+{
+    uint16_t h;
+    float f;
+    if (dt == XMESH_F32) {
+        memcpy(&f, (const char *)p + 4 * i, 4);
+        return f;
+    }
+    memcpy(&h, (const char *)p + 2 * i, 2);
+    return dt == XMESH_F16 ? xm_f16_to_f32(h) : xm_bf16_to_f32(h);
+}
+
+static inline void store_f32(xmesh_dtype_t dt, void *p, int64_t i, float f)
+{
+    if (dt == XMESH_F32) {
+        memcpy((char *)p + 4 * i, &f, 4);
+        return;
+    }
+    uint16_t h = dt == XMESH_F16 ? xm_f32_to_f16(f) : xm_f32_to_bf16(f);
+    memcpy((char *)p + 2 * i, &h, 2);
+}
+
+void xm_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in, int64_t n)
+{
+    if (to == from) {
+        if (out != in)
+            memmove(out, in, (size_t)n * xmesh_dtype_size(to));
+        return;
+    }
+    if (!is_float_family(to) || !is_float_family(from))
+        return; /* not a supported pair: callers validated it */
+    /* In place: widening walks down, narrowing (or equal widths) walks up,
+     * so no element is overwritten before it is read. */
+    if (xmesh_dtype_size(to) > xmesh_dtype_size(from)) {
+        for (int64_t i = n - 1; i >= 0; i--)
+            store_f32(to, out, i, load_f32(from, in, i));
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            store_f32(to, out, i, load_f32(from, in, i));
+    }
+}
