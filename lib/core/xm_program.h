@@ -251,7 +251,7 @@ xmesh_result_t xm_program_pool(const xm_program_t *p, const int64_t *need, int64
  * receive). A chunk's staging slot is chunk % 2 of its step. */
 typedef struct xm_rop {
     int step;
-    unsigned char kind, blk, phase, slot;
+    unsigned char kind, blk, phase, slot, dt; /* kind, blk, dt: the step's xm_pop_t */
     int64_t chunk;
 } xm_rop_t;
 
