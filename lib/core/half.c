@@ -104,28 +104,27 @@ xmesh_dtype_t xm_wire_dtype(xmesh_dtype_t src, xmesh_dtype_t dst, int partial, i
     return src;
 }
 
-/* One element through f32: the only path of every conversion. */
-static inline float load_f32(xmesh_dtype_t dt, const void *p, int64_t i)
-{
-    uint16_t h;
-    float f;
-    if (dt == XMESH_F32) {
-        memcpy(&f, (const char *)p + 4 * i, 4);
-        return f;
-    }
-    memcpy(&h, (const char *)p + 2 * i, 2);
-    return dt == XMESH_F16 ? xm_f16_to_f32(h) : xm_bf16_to_f32(h);
-}
-
-static inline void store_f32(xmesh_dtype_t dt, void *p, int64_t i, float f)
-{
-    if (dt == XMESH_F32) {
-        memcpy((char *)p + 4 * i, &f, 4);
-        return;
-    }
-    uint16_t h = dt == XMESH_F16 ? xm_f32_to_f16(f) : xm_f32_to_bf16(f);
-    memcpy((char *)p + 2 * i, &h, 2);
-}
+/* One loop per pair, the dtype tests hoisted out of it. Every conversion
+ * goes through f32 (exact for f16 and bf16), so a narrowing rounds once. */
+#define XM_CONV_LOOP(LOAD, STORE, DOWN)                                                            \
+    do {                                                                                           \
+        for (int64_t k = 0; k < n; k++) {                                                          \
+            int64_t i = (DOWN) ? n - 1 - k : k;                                                    \
+            LOAD;                                                                                  \
+            STORE;                                                                                 \
+        }                                                                                          \
+    } while (0)
+#define XM_LD32                                                                                    \
+    float f;                                                                                       \
+    memcpy(&f, (const char *)in + 4 * i, 4)
+#define XM_LD16(CV)                                                                                \
+    uint16_t h;                                                                                    \
+    memcpy(&h, (const char *)in + 2 * i, 2);                                                       \
+    float f = CV(h)
+#define XM_ST32 memcpy((char *)out + 4 * i, &f, 4)
+#define XM_ST16(CV)                                                                                \
+    uint16_t o = CV(f);                                                                            \
+    memcpy((char *)out + 2 * i, &o, 2)
 
 void xm_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in, int64_t n)
 {
@@ -134,15 +133,19 @@ void xm_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in,
             memmove(out, in, (size_t)n * xmesh_dtype_size(to));
         return;
     }
-    if (!is_float_family(to) || !is_float_family(from))
-        return; /* not a supported pair: callers validated it */
     /* In place: widening walks down, narrowing (or equal widths) walks up,
      * so no element is overwritten before it is read. */
-    if (xmesh_dtype_size(to) > xmesh_dtype_size(from)) {
-        for (int64_t i = n - 1; i >= 0; i--)
-            store_f32(to, out, i, load_f32(from, in, i));
-    } else {
-        for (int64_t i = 0; i < n; i++)
-            store_f32(to, out, i, load_f32(from, in, i));
-    }
+    if (from == XMESH_F32 && to == XMESH_BF16)
+        XM_CONV_LOOP(XM_LD32, XM_ST16(xm_f32_to_bf16), 0);
+    else if (from == XMESH_F32 && to == XMESH_F16)
+        XM_CONV_LOOP(XM_LD32, XM_ST16(xm_f32_to_f16), 0);
+    else if (from == XMESH_BF16 && to == XMESH_F32)
+        XM_CONV_LOOP(XM_LD16(xm_bf16_to_f32), XM_ST32, 1);
+    else if (from == XMESH_F16 && to == XMESH_F32)
+        XM_CONV_LOOP(XM_LD16(xm_f16_to_f32), XM_ST32, 1);
+    else if (from == XMESH_F16 && to == XMESH_BF16)
+        XM_CONV_LOOP(XM_LD16(xm_f16_to_f32), XM_ST16(xm_f32_to_bf16), 0);
+    else if (from == XMESH_BF16 && to == XMESH_F16)
+        XM_CONV_LOOP(XM_LD16(xm_bf16_to_f32), XM_ST16(xm_f32_to_f16), 0);
+    /* other pairs are not supported: callers validated them */
 }
