@@ -100,7 +100,9 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     if (r)
         return r;
     int64_t ce = x->prog.chunk_elems;
-    int64_t w = XM_WINDOW_BYTES / (ce * (int64_t)x->es);
+    /* the window counts bytes on the wire (the task set's element size) */
+    int64_t wes = p->ts.elem_size ? (int64_t)p->ts.elem_size : (int64_t)x->es;
+    int64_t w = XM_WINDOW_BYTES / (ce * wes);
     x->window = (int)(w < XM_WINDOW_MIN ? XM_WINDOW_MIN : w > XM_WINDOW_MAX ? XM_WINDOW_MAX : w);
     /* Sends in flight per chain link (default 2): the wire never waits for
      * a progress round between two chunks (the progress thread may be
