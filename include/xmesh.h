@@ -76,6 +76,18 @@ const char *xmesh_dtype_name(xmesh_dtype_t dtype);
 /* Parses a dtype name (as above; also "int32", "float32", ...). */
 xmesh_result_t xmesh_dtype_parse(const char *name, xmesh_dtype_t *out);
 
+/* Converts n elements of dtype `from` at in to dtype `to` at out with the
+ * rounding converting plans use (round to nearest even; NaN stays a NaN of
+ * its sign; overflow to infinity; subnormals kept; widening exact;
+ * docs/DTYPES.md). Pairs: equal dtypes (a copy), or two of f32, f16 and
+ * bf16. out may equal in (in place); other overlaps are refused. Pure: no
+ * context needed. E.g. a pipeline stage that receives bf16 boundary
+ * activations through an f32 -> bf16 plan widens them for f32 compute.
+ * Errors (nothing written): INVALID_ARGUMENT for another pair (naming both
+ * dtypes), an unknown dtype, n < 0, a NULL buffer with n > 0, overlap. */
+xmesh_result_t xmesh_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in,
+                             int64_t n);
+
 typedef struct xmesh_ctx *xmesh_ctx_t;
 typedef struct xmesh_mesh *xmesh_mesh_t;
 typedef struct xmesh_plan *xmesh_plan_t;

@@ -149,3 +149,32 @@ void xm_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in,
         XM_CONV_LOOP(XM_LD16(xm_bf16_to_f32), XM_ST16(xm_f32_to_f16), 0);
     /* other pairs are not supported: callers validated them */
 }
+
+xmesh_result_t xmesh_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in,
+                             int64_t n)
+{
+    if (!xmesh_dtype_size(to) || !xmesh_dtype_size(from))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xmesh_convert: unknown dtype %d",
+                      !xmesh_dtype_size(to) ? (int)to : (int)from);
+    if (!xm_dtype_pair_ok(from, to))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "xmesh_convert: dtype %s -> dtype %s: converts only between f16, bf16 and "
+                      "f32",
+                      xmesh_dtype_name(from), xmesh_dtype_name(to));
+    if (n < 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xmesh_convert: n = %lld is negative",
+                      (long long)n);
+    if (n == 0)
+        return XMESH_SUCCESS;
+    if (!out || !in)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xmesh_convert: %s is NULL with n = %lld",
+                      !out ? "out" : "in", (long long)n);
+    uintptr_t o0 = (uintptr_t)out, i0 = (uintptr_t)in;
+    uintptr_t o1 = o0 + (uintptr_t)n * xmesh_dtype_size(to),
+              i1 = i0 + (uintptr_t)n * xmesh_dtype_size(from);
+    if (o0 != i0 && o0 < i1 && i0 < o1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "xmesh_convert: out and in overlap without being the same buffer");
+    xm_convert(to, out, from, in, n);
+    return XMESH_SUCCESS;
+}

@@ -234,16 +234,55 @@ static void test_pairs(void **state)
     assert_int_equal(xm_wire_dtype(XMESH_I32, XMESH_I32, 0, 0), XMESH_I32);
 }
 
+/* The public entry point: same results as xm_convert, refusals with
+ * nothing written. */
+static void test_public(void **state)
+{
+    (void)state;
+    float in[5] = {1.0f, -0.0f, 65520.0f, 3.0e-8f, 1.00390625f};
+    uint16_t h[5], want[5];
+    xm_convert(XMESH_F16, want, XMESH_F32, in, 5);
+    assert_int_equal(xmesh_convert(XMESH_F16, h, XMESH_F32, in, 5), XMESH_SUCCESS);
+    assert_memory_equal(h, want, sizeof h);
+    float back[5];
+    assert_int_equal(xmesh_convert(XMESH_F32, NULL, XMESH_BF16, NULL, 0), XMESH_SUCCESS);
+    /* in place, widening: bf16 values in the first half of back become f32 */
+    uint16_t b16[5];
+    assert_int_equal(xmesh_convert(XMESH_BF16, b16, XMESH_F32, in, 5), XMESH_SUCCESS);
+    memcpy(back, b16, sizeof b16);
+    assert_int_equal(xmesh_convert(XMESH_F32, back, XMESH_BF16, back, 5), XMESH_SUCCESS);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(fbits(back[i]), (uint32_t)b16[i] << 16);
+    /* refusals: nothing written */
+    uint16_t keep[5];
+    memset(keep, 0x5A, sizeof keep);
+    memcpy(h, keep, sizeof h);
+    int32_t iv[5] = {0};
+    assert_int_equal(xmesh_convert(XMESH_F16, h, XMESH_I32, iv, 5), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "dtype i32 -> dtype f16"));
+    assert_int_equal(xmesh_convert(XMESH_F64, h, XMESH_F32, in, 1), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "dtype f32 -> dtype f64"));
+    assert_int_equal(xmesh_convert((xmesh_dtype_t)42, h, XMESH_F32, in, 1),
+                     XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "unknown dtype 42"));
+    assert_int_equal(xmesh_convert(XMESH_F16, h, XMESH_F32, in, -1), XMESH_ERR_INVALID_ARGUMENT);
+    assert_int_equal(xmesh_convert(XMESH_F16, NULL, XMESH_F32, in, 1), XMESH_ERR_INVALID_ARGUMENT);
+    assert_int_equal(xmesh_convert(XMESH_F16, (char *)in + 2, XMESH_F32, in, 2),
+                     XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "overlap"));
+    assert_memory_equal(h, keep, sizeof h);
+    assert_true(in[0] == 1.0f && in[2] == 65520.0f);
+}
+
 /* usage: test_convert [small | bf16+ | bf16- | f16+ | f16-]: the quick
  * tests, or one exhaustive sweep over the f32 inputs of one sign (CTest
  * runs them as five tests); no argument runs everything. */
 int main(int argc, char **argv)
 {
     const struct CMUnitTest small[] = {
-        cmocka_unit_test(test_known),
-        cmocka_unit_test(test_16bit_all),
-        cmocka_unit_test(test_in_place),
-        cmocka_unit_test(test_pairs),
+        cmocka_unit_test(test_known),    cmocka_unit_test(test_16bit_all),
+        cmocka_unit_test(test_in_place), cmocka_unit_test(test_pairs),
+        cmocka_unit_test(test_public),
     };
     const struct CMUnitTest sweeps[][1] = {
         {cmocka_unit_test(test_f32_to_bf16_pos)},
