@@ -18,6 +18,11 @@
  * xmesh_plan_get_info's bytes_cross_host, which must equal the f32 -> f32
  * plan's scaled to the narrower dtype: the narrow dtype is what crosses.
  *
+ * --expect-corrupt (with XMESH_CHECK=1 XMESH_TEST_CORRUPT=1, 2 ranks): rank
+ * 1 damages the first chunk it receives in every reshard; XMESH_CHECK must
+ * report it on every converting pair (receivers that convert checksum the
+ * bytes they received, the others their written block).
+ *
  * Refusals: pairs outside f32/f16/bf16 fail plan creation with
  * INVALID_ARGUMENT and a message naming both dtypes, the plan handle
  * untouched. Deterministic (no random cases). Exit 0 iff all checks pass. */
@@ -33,6 +38,11 @@
 #include "dtype_ref.h"
 
 static int g_rank, g_size, g_fail, g_per_host = 1;
+/* --expect-corrupt (with XMESH_CHECK=1 XMESH_TEST_CORRUPT=r): a reshard may
+ * fail, only with XMESH_CHECK's corruption report; per dtype pair the
+ * failures seen on this rank. */
+static int g_expect_corrupt;
+static int64_t g_corrupt_seen[3][3];
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -227,7 +237,19 @@ static void run(xmesh_ctx_t ctx, const case_t *c, xmesh_dtype_t sdt, xmesh_dtype
     __atomic_store_n(&g_counting, 1, __ATOMIC_RELEASE);
     r = xmesh_reshard(plan, sb, db);
     __atomic_store_n(&g_counting, 0, __ATOMIC_RELEASE);
-    CHECK(r == XMESH_SUCCESS, "%s: reshard: %s", what, xmesh_last_error());
+    if (g_expect_corrupt && r) {
+        CHECK(r == XMESH_ERR_BACKEND && strstr(xmesh_last_error(), "XMESH_CHECK") &&
+                  strstr(xmesh_last_error(), "corrupt"),
+              "%s: reshard: %s", what, xmesh_last_error());
+        g_corrupt_seen[sdt == XMESH_F32   ? 0
+                       : sdt == XMESH_F16 ? 1
+                                          : 2][ddt == XMESH_F32   ? 0
+                                               : ddt == XMESH_F16 ? 1
+                                                                  : 2]++;
+        nd = 0; /* the received values are undefined */
+    } else {
+        CHECK(r == XMESH_SUCCESS, "%s: reshard: %s", what, xmesh_last_error());
+    }
     MPI_Allreduce(&g_cross_bytes, counted, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     int64_t wrong = 0;
     for (int64_t k = 0; k < nd && !r; k++) {
@@ -307,7 +329,9 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--per-host") && i + 1 < argc)
+        if (!strcmp(argv[i], "--expect-corrupt"))
+            g_expect_corrupt = 1;
+        else if (!strcmp(argv[i], "--per-host") && i + 1 < argc)
             g_per_host = atoi(argv[++i]);
     if (g_per_host < 1 || g_size < 2 || g_size > 64) {
         if (!g_rank)
@@ -315,6 +339,14 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
+#ifndef XMESH_TEST_HOOKS
+    if (g_expect_corrupt) { /* XMESH_TEST_CORRUPT exists only in test builds */
+        if (!g_rank)
+            printf("SKIP: --expect-corrupt: library built without XMESH_TEST_HOOKS\n");
+        MPI_Finalize();
+        return 0;
+    }
+#endif
     xmesh_ctx_params_t cp = XMESH_CTX_PARAMS_INITIALIZER;
     cp.host_id = g_rank / g_per_host;
     xmesh_ctx_t ctx = NULL;
@@ -379,7 +411,10 @@ int main(int argc, char **argv)
     const char *ck = getenv("XMESH_CHECK");
     int checksums = ck && *ck && strcmp(ck, "0");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < (g_expect_corrupt ? 2 : 4); k++) {
+            /* (--expect-corrupt: the point-to-point strategies; in the
+             * all-gather ones a rank that stops on corrupt data leaves the
+             * ring it feeds to the timeout) */
             xmesh_plan_info_t same, info;
             int64_t counted_same = 0, counted = 0;
             /* the f32 -> f32 plan, for the byte comparison */
@@ -416,6 +451,15 @@ int main(int argc, char **argv)
                 }
         }
     refusals(ctx);
+    if (g_expect_corrupt) { /* the checksums caught damage on every converting pair */
+        int64_t seen[3][3];
+        MPI_Allreduce(g_corrupt_seen, seen, 9, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++)
+                CHECK((a == b && a) || seen[a][b] > 0,
+                      "--expect-corrupt: no corruption reported for %s -> %s",
+                      xmesh_dtype_name(fam[a]), xmesh_dtype_name(fam[b]));
+    }
     xmesh_ctx_destroy(ctx);
     int fail = 0;
     MPI_Allreduce(&g_fail, &fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
