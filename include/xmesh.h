@@ -76,6 +76,18 @@ const char *xmesh_dtype_name(xmesh_dtype_t dtype);
 /* Parses a dtype name (as above; also "int32", "float32", ...). */
 xmesh_result_t xmesh_dtype_parse(const char *name, xmesh_dtype_t *out);
 
+/* Converts n elements of dtype `from` at in to dtype `to` at out with the
+ * rounding converting plans use (round to nearest even; NaN stays a NaN of
+ * its sign; overflow to infinity; subnormals kept; widening exact;
+ * docs/DTYPES.md). Pairs: equal dtypes (a copy), or two of f32, f16 and
+ * bf16. out may equal in (in place); other overlaps are refused. Pure: no
+ * context needed. E.g. a pipeline stage that receives bf16 boundary
+ * activations through an f32 -> bf16 plan widens them for f32 compute.
+ * Errors (nothing written): INVALID_ARGUMENT for another pair (naming both
+ * dtypes), an unknown dtype, n < 0, a NULL buffer with n > 0, overlap. */
+xmesh_result_t xmesh_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in,
+                             int64_t n);
+
 typedef struct xmesh_ctx *xmesh_ctx_t;
 typedef struct xmesh_mesh *xmesh_mesh_t;
 typedef struct xmesh_plan *xmesh_plan_t;
@@ -179,7 +191,13 @@ xmesh_result_t xmesh_layout_local_offset(const xmesh_layout_t *l, int rank, int6
                                          int *holds);
 
 /* Collective over all ranks of ctx. params may be NULL (defaults, env
- * overrides). Ranks that pass different layouts get XMESH_ERR_MISMATCH. */
+ * overrides). Ranks that pass different layouts get XMESH_ERR_MISMATCH.
+ * Dtypes: src and dst have the same dtype, or two of f32, f16 and bf16 (a
+ * converting plan: the source blocks hold src->dtype, the destination blocks
+ * get dst->dtype, every value converted once, round to nearest even, NaN and
+ * infinities kept, on the sender when dst is narrower, else on the
+ * receiver; docs/DTYPES.md). Other pairs: INVALID_ARGUMENT naming both. The
+ * NCCL backend refuses converting plans (UNSUPPORTED). */
 xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
                                  const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
                                  xmesh_plan_t *out);
@@ -228,8 +246,10 @@ xmesh_result_t xmesh_plan_destroy(xmesh_plan_t plan);
 /* Summary of a plan, the same on every rank. */
 typedef struct {
     int unit_tasks;      /* tasks of the plan: pieces when plan creation split them (XMESH_SPLIT) */
-    int64_t bytes_total; /* bytes of the tensor */
-    int64_t bytes_cross_host; /* bytes that must cross host NICs, summed over receiver hosts */
+    int64_t bytes_total; /* bytes of the tensor (in the source dtype) */
+    int64_t bytes_cross_host; /* bytes that must cross host NICs, summed over receiver hosts,
+                                 in the dtype on the wire (converting plans: the narrower one;
+                                 the destination's for partial sums) */
     double lower_bound_s;     /* model lower bound of the completion time */
     double predicted_s;       /* modelled completion time (the simulated makespan;
                                  the all-gather strategies: their own model) */

@@ -259,12 +259,15 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     if (src->mesh->ctx != ctx || dst->mesh->ctx != ctx)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s mesh belongs to another context",
                       src->mesh->ctx != ctx ? "source" : "destination");
-    if (src->dtype != dst->dtype)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "source dtype %s != destination dtype %s",
+    if (!xm_dtype_pair_ok(src->dtype, dst->dtype))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "source dtype %s != destination dtype %s: plans convert only between f16, "
+                      "bf16 and f32 (docs/DTYPES.md)",
                       xmesh_dtype_name(src->dtype), xmesh_dtype_name(dst->dtype));
     if ((r = resolve_params(params, ctx->timeout_s, &rp)))
         return r;
     p->dtype = src->dtype;
+    p->dst_dtype = dst->dtype;
     p->strategy = rp.strategy;
     p->scheduler = rp.scheduler;
     p->chunk_bytes = rp.chunk_bytes;
@@ -278,6 +281,7 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = hash_layout(h, &p->src);
     h = hash_layout(h, &p->dst);
     h = xm_hash64(h, &p->dtype, sizeof p->dtype);
+    h = xm_hash64(h, &p->dst_dtype, sizeof p->dst_dtype);
     h = xm_hash64(h, &rp.strategy, sizeof rp.strategy);
     h = xm_hash64(h, &rp.scheduler, sizeof rp.scheduler);
     h = xm_hash64(h, &rp.chunk_bytes, sizeof rp.chunk_bytes);

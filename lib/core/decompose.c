@@ -108,9 +108,6 @@ static xmesh_result_t check_pair(const xm_layout_t *src, const xm_layout_t *dst)
     if (src->ndim != dst->ndim)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "source ndim %d != destination ndim %d",
                       src->ndim, dst->ndim);
-    if (src->elem_size != dst->elem_size)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "source element size %zu != destination %zu",
-                      src->elem_size, dst->elem_size);
     for (int d = 0; d < src->ndim; d++) {
         if (src->shape[d] != dst->shape[d])
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -252,6 +249,10 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     for (int a = 0; a < src->mesh.ndim; a++)
         if (src->spec.partial_mask & (1u << a))
             ngroups *= src->mesh.shape[a];
+    /* Bytes a task puts on the wire (xm_wire_dtype): the element size the
+     * sender converts to when the destination's is smaller, partial sums in
+     * the destination's, else the source's. */
+    size_t wes = ngroups > 1 || dst->elem_size < src->elem_size ? dst->elem_size : src->elem_size;
     int64_t sprod = 1, dprod = 1, sstride[XM_MAX_DIMS], dstride[XM_MAX_DIMS];
     for (int d = nd - 1; d >= 0; d--) {
         sstride[d] = sprod;
@@ -346,7 +347,7 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
         t->recv_off = roff;
         for (int i = 0; i < k; i++)
             ts.recvs[roff++] = rv[i].dev;
-        t->bytes = xm_box_volume(&t->box, nd) * (int64_t)src->elem_size;
+        t->bytes = xm_box_volume(&t->box, nd) * (int64_t)wes;
         /* Receiver hosts that hold the whole value locally need no NIC. */
         int nhosts_remote = 0;
         const int *cv = cover + cover_off[sq];
@@ -367,7 +368,7 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
             r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                        "shape %s of %zu-byte elements: the bytes sent to all receiver hosts "
                        "exceed 64 bits",
-                       buf, src->elem_size);
+                       buf, wes);
             goto out_free_all;
         }
         nt++;
@@ -379,7 +380,7 @@ xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
     }
     ts.ntasks = nt;
     ts.ndim = nd;
-    ts.elem_size = src->elem_size;
+    ts.elem_size = wes;
     (void)xm_shape_bytes(nd, src->shape, src->elem_size, &ts.bytes_total); /* checked */
     for (int d = 0; d < nd; d++)
         ts.shape[d] = src->shape[d];

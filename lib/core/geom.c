@@ -87,23 +87,7 @@ int xm_geom_contig(const xm_geom_t *g, int64_t a, int64_t c, int64_t *off)
 
 void xm_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n)
 {
-    /* In place, ascending: element i is written at 2i after being read at
-     * 4i, so no unread element is overwritten. */
-    if (dt == XMESH_F16) {
-        for (int64_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, (char *)buf + 4 * i, 4);
-            uint16_t h = xm_f32_to_f16(f);
-            memcpy((char *)buf + 2 * i, &h, 2);
-        }
-    } else if (dt == XMESH_BF16) {
-        for (int64_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, (char *)buf + 4 * i, 4);
-            uint16_t h = xm_f32_to_bf16(f);
-            memcpy((char *)buf + 2 * i, &h, 2);
-        }
-    }
+    xm_convert(dt, buf, xm_dtype_acc(dt), buf, n);
 }
 
 /* acc[i] (+)= native[i] for n elements. Integers wrap (unsigned math). */
@@ -183,6 +167,56 @@ void xm_geom_copy(int op, const xm_geom_t *g, xmesh_dtype_t dt, void *block, voi
         }
         done += run;
         it_adv(&it, run);
+    }
+}
+
+void xm_geom_copy_cv(int op, const xm_geom_t *g, xmesh_dtype_t bdt, xmesh_dtype_t fdt, void *block,
+                     void *buf, int64_t a, int64_t c)
+{
+    if (bdt == fdt) {
+        xm_geom_copy(op, g, bdt, block, buf, a, c);
+        return;
+    }
+    size_t bs = xmesh_dtype_size(bdt), fs = xmesh_dtype_size(fdt);
+    geom_it_t it;
+    it_init(&it, g, a);
+    int64_t done = 0;
+    while (done < c) {
+        int64_t run = it_run(&it);
+        if (run > c - done)
+            run = c - done;
+        char *mem = (char *)block + it.off * bs, *b = (char *)buf + done * fs;
+        if (op == XM_COPY_PACK)
+            xm_convert(fdt, b, bdt, mem, run);
+        else
+            xm_convert(bdt, mem, fdt, b, run);
+        done += run;
+        it_adv(&it, run);
+    }
+}
+
+void xm_geom_copy2_cv(const xm_geom_t *gs, xmesh_dtype_t sdt, const void *src, const xm_geom_t *gd,
+                      xmesh_dtype_t ddt, void *dst, int64_t a, int64_t c)
+{
+    if (sdt == ddt) {
+        xm_geom_copy2(gs, src, gd, dst, xmesh_dtype_size(sdt), a, c);
+        return;
+    }
+    size_t ss = xmesh_dtype_size(sdt), ds = xmesh_dtype_size(ddt);
+    geom_it_t is, id;
+    it_init(&is, gs, a);
+    it_init(&id, gd, a);
+    int64_t done = 0;
+    while (done < c) {
+        int64_t run = it_run(&is), rd = it_run(&id);
+        if (rd < run)
+            run = rd;
+        if (run > c - done)
+            run = c - done;
+        xm_convert(ddt, (char *)dst + id.off * ds, sdt, (const char *)src + is.off * ss, run);
+        done += run;
+        it_adv(&is, run);
+        it_adv(&id, run);
     }
 }
 

@@ -11,7 +11,10 @@
 static int64_t chunk_elems_of(const xm_prog_in_t *in)
 {
     int64_t cb = in->chunk_bytes < XM_MAX_CHUNK_BYTES ? in->chunk_bytes : XM_MAX_CHUNK_BYTES;
-    int64_t es = (int64_t)xmesh_dtype_size(in->dtype);
+    /* Chunks of chunk_bytes on the wire: the task set's element size is
+     * the wire's (xm_decompose), the dtype's unless the plan converts. */
+    int64_t es =
+        in->ts->elem_size ? (int64_t)in->ts->elem_size : (int64_t)xmesh_dtype_size(in->dtype);
     return cb / es > 0 ? cb / es : 1;
 }
 
@@ -317,54 +320,65 @@ static int box_inside(int nd, const xm_box_t *b, const int64_t *lo, const int64_
     return 1;
 }
 
-static void push_op(xm_pstep_t *s, int kind, int blk)
+static void push_op(xm_pstep_t *s, int kind, int blk, xmesh_dtype_t dt)
 {
-    s->ops[s->nops++] = (xm_pop_t){(unsigned char)kind, (unsigned char)blk};
+    s->ops[s->nops++] = (xm_pop_t){(unsigned char)kind, (unsigned char)blk, (unsigned char)dt};
 }
 
-/* The ops every chunk of s goes through (see xm_popkind_t). */
-static void set_ops(xm_pstep_t *s)
+/* The ops every chunk of s goes through (see xm_popkind_t); w is the
+ * chain's wire dtype (xm_wire_dtype), acc the accumulator's, ddt the
+ * destination block's. A value is converted once on its way: by PACK on
+ * the sender when the wire is narrower than the source, by UNPACK on each
+ * receiver when the wire differs from the destination, by COPY on a rank
+ * that holds both, by TO_NATIVE once a partial sum is complete. */
+static void set_ops(xm_pstep_t *s, xmesh_dtype_t w, xmesh_dtype_t acc, xmesh_dtype_t ddt)
 {
     s->nops = 0;
+    s->in_dt = s->in_acc ? acc : w;
+    s->out_dt = s->out_acc ? acc : w;
     switch (s->mode) {
     case XM_MODE_SRC:
-        push_op(s, XM_POP_PACK, 0);
-        push_op(s, XM_POP_SEND, 0);
+        push_op(s, XM_POP_PACK, 0, w);
+        push_op(s, XM_POP_SEND, 0, w);
         break;
     case XM_MODE_RECV:
-        push_op(s, XM_POP_RECV, 0);
-        push_op(s, XM_POP_UNPACK, 1);
+        push_op(s, XM_POP_RECV, 0, w);
+        push_op(s, XM_POP_UNPACK, 1, w);
         if (s->next >= 0)
-            push_op(s, XM_POP_SEND, 0);
+            push_op(s, XM_POP_SEND, 0, w);
         break;
     case XM_MODE_FROM_DST:
-        push_op(s, XM_POP_PACK, 1);
-        push_op(s, XM_POP_SEND, 0);
+        push_op(s, XM_POP_PACK, 1, w);
+        push_op(s, XM_POP_SEND, 0, w);
         break;
     case XM_MODE_SELF:
-        push_op(s, XM_POP_COPY, 0);
+        push_op(s, XM_POP_COPY, 0, ddt);
         break;
     default: { /* partial sums: the running sum in the accumulator type */
         int converted = 0;
         if (s->prev >= 0)
-            push_op(s, XM_POP_RECV, 0);
+            push_op(s, XM_POP_RECV, 0, s->in_dt);
         for (int q = s->pos_first; q <= s->pos_last; q++) {
             if (q < s->nsrc) {
-                push_op(s, q == 0 ? XM_POP_TO_ACC : XM_POP_ADD_ACC, 0);
+                push_op(s, q == 0 ? XM_POP_TO_ACC : XM_POP_ADD_ACC, 0, acc);
             } else if (!converted) { /* the first receiver gets the final values */
-                push_op(s, XM_POP_TO_NATIVE, 0);
-                push_op(s, XM_POP_UNPACK, 1);
+                push_op(s, XM_POP_TO_NATIVE, 0, w);
+                push_op(s, XM_POP_UNPACK, 1, w);
                 converted = 1;
             }
         }
         if (s->next >= 0) {
             if (!s->out_acc && !converted)
-                push_op(s, XM_POP_TO_NATIVE, 0);
-            push_op(s, XM_POP_SEND, 0);
+                push_op(s, XM_POP_TO_NATIVE, 0, w);
+            push_op(s, XM_POP_SEND, 0, s->out_dt);
         }
         break;
     }
     }
+    size_t ws = xmesh_dtype_size(w);
+    s->stage_es = s->mode == XM_MODE_SELF      ? 0
+                  : s->mode == XM_MODE_GENERAL ? xmesh_dtype_size(acc)
+                                               : ws;
 }
 
 static xmesh_result_t push_step(pbuild_t *b, xm_pstep_t **out)
@@ -391,7 +405,8 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
     const xm_task_t *t = &ts->tasks[cn->task];
     const int *devs = ch->devs + cn->off;
     int me = b->p.rank, nseg = 0, len = cn->len, nsrc = cn->nsrc;
-    size_t es = b->p.es;
+    xmesh_dtype_t w = xm_wire_dtype(b->p.dtype, b->p.dst_dtype, t->ngroups > 1, cn->from_dst);
+    size_t es = xmesh_dtype_size(w);
     for (int i = 0; i < len;) {
         int j = i + 1;
         while (j < len && devs[j] == devs[i])
@@ -456,7 +471,7 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
                 (s->mode == XM_MODE_GENERAL && nsrc > 0 && i <= nsrc - 1 && j - 1 >= nsrc - 1);
             s->ck_verify = s->mode == XM_MODE_RECV;
             s->bytes = (cn->r1 - cn->r0) * (int64_t)es;
-            set_ops(s);
+            set_ops(s, w, xm_dtype_acc(b->p.dtype), b->p.dst_dtype);
             if (j == len)
                 b->last_step[ci] = b->p.nsteps - 1;
         }
@@ -508,8 +523,14 @@ xmesh_result_t xm_program_build(const xm_prog_in_t *in, const xm_chains_t *ch, i
     b.in = in;
     b.p.rank = rank;
     b.p.dtype = in->dtype;
+    b.p.dst_dtype = in->dst_dtype;
     b.p.es = xmesh_dtype_size(in->dtype);
+    b.p.dst_es = xmesh_dtype_size(in->dst_dtype);
     b.p.acc_es = xm_dtype_acc_size(in->dtype);
+    if (!xm_dtype_pair_ok(in->dtype, in->dst_dtype))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "program: source dtype %s != destination dtype %s: no conversion",
+                      xmesh_dtype_name(in->dtype), xmesh_dtype_name(in->dst_dtype));
     b.p.nhops = ch->nhops;
     b.p.chunk_elems = chunk_elems_of(in);
     int si = xm_mesh_find(&in->src->mesh, rank), di = xm_mesh_find(&in->dst->mesh, rank);

@@ -62,6 +62,7 @@ static void emit(xm_rounds_it_t *it, int *n, int step, const xm_pop_t *o, int ph
     it->ops[(*n)++] = (xm_rop_t){.step = step,
                                  .kind = o->kind,
                                  .blk = o->blk,
+                                 .dt = o->dt,
                                  .phase = (unsigned char)phase,
                                  .slot = (unsigned char)(c % 2),
                                  .chunk = c};

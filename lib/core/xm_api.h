@@ -60,7 +60,8 @@ struct xmesh_mesh {
 struct xmesh_plan {
     xmesh_ctx_t ctx;
     xmesh_mesh_t src_mesh, dst_mesh;
-    xmesh_dtype_t dtype;
+    xmesh_dtype_t dtype;     /* the source's */
+    xmesh_dtype_t dst_dtype; /* the destination's (may differ: xm_dtype_pair_ok) */
     xm_layout_t src, dst;
     int src_index, dst_index; /* this rank's index in each mesh, -1 if absent */
     xm_taskset_t ts;

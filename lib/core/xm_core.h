@@ -186,6 +186,30 @@ uint16_t xm_f32_to_f16(float f);
 float xm_bf16_to_f32(uint16_t h);
 uint16_t xm_f32_to_bf16(float f);
 
+/* Dtype of the running sum of partial values: f32 for f16/bf16/f32, f64 for
+ * f64, the dtype itself for the integers. */
+xmesh_dtype_t xm_dtype_acc(xmesh_dtype_t dtype);
+/* 1 if a plan may move `src`-typed values into a `dst`-typed layout: equal
+ * dtypes, or two different ones among f16, bf16 and f32 (docs/DTYPES.md). */
+int xm_dtype_pair_ok(xmesh_dtype_t src, xmesh_dtype_t dst);
+/* Converts n elements of dtype `from` at in to dtype `to` at out (equal
+ * dtypes: a copy). Widening (f16/bf16 -> f32) is exact; narrowing rounds to
+ * nearest even, keeps NaN a NaN of the same sign and signed zeros and
+ * infinities, sends what overflows to infinity and produces subnormals
+ * where the target has them; f16 <-> bf16 goes through f32 (exact), so it
+ * rounds once. Only the pairs xm_dtype_pair_ok accepts (and acc <-> native
+ * of xm_dtype_acc) are defined. out may equal in (in place, either
+ * direction); other overlaps are not allowed. The one converter of the
+ * library: accumulation, pack/unpack conversion and the tests use it. */
+void xm_convert(xmesh_dtype_t to, void *out, xmesh_dtype_t from, const void *in, int64_t n);
+/* Dtype of a chain's messages outside the partial-sum hops (which carry
+ * xm_dtype_acc(src)): every unit task converts once, on the sender when
+ * the destination dtype is narrower (fewer bytes on the wire), else on the
+ * receiver. Partial sums travel in the destination dtype (summed in the
+ * accumulator, converted once). `from_dst`: an all-gather ring, whose head
+ * reads its destination block, so equal widths travel as dst. */
+xmesh_dtype_t xm_wire_dtype(xmesh_dtype_t src, xmesh_dtype_t dst, int partial, int from_dst);
+
 /* ---------------------------------------------------------------- layout */
 
 /* A mesh as plain data: devices row-major, `devs` points to ndev ids. */
@@ -237,7 +261,7 @@ static inline int64_t xm_box_volume(const xm_box_t *b, int ndim)
 
 typedef struct xm_task {
     xm_box_t box;
-    int64_t bytes; /* volume * elem_size */
+    int64_t bytes; /* volume * the taskset's (wire) elem_size */
     /* Holders: ngroups partial groups of group_size replica devices each,
      * stored consecutively at ts->holders[holder_off ...]. Without P,
      * ngroups == 1. The destination needs the sum over groups. */
@@ -260,19 +284,21 @@ typedef struct xm_hostmap {
 typedef struct xm_taskset {
     int ndim;
     int64_t shape[XM_MAX_DIMS];
-    size_t elem_size;
+    size_t elem_size; /* bytes of one element on the wire (xm_wire_dtype) */
     int ntasks;
     xm_task_t *tasks;
     int *holders;
     int *recvs;
-    int64_t bytes_total;      /* bytes of the whole tensor */
+    int64_t bytes_total;      /* bytes of the whole tensor (source element size) */
     int64_t bytes_cross_host; /* sum over tasks of bytes x receiver hosts holding no replica */
 } xm_taskset_t;
 
 /* Decomposes a resharding (paper Appendix B.2): the cut points of both
  * specs split every dim; each non-empty box becomes one task. Boxes whose
  * receiver set is empty are dropped. Tasks are ordered row-major over the
- * box grid. src and dst must have the same ndim, shape and elem_size.
+ * box grid. src and dst must have the same ndim and shape; their
+ * elem_size may differ (a converting plan: tasks count the bytes on the
+ * wire, ts->elem_size, see xm_wire_dtype; the caller checks the dtypes).
  * hosts may be NULL (then bytes_cross_host counts every receiver device
  * that holds no replica as its own host). On error *out is untouched. */
 xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,

@@ -65,6 +65,13 @@ uint64_t xm_geom_hash(const xm_geom_t *g, const void *block, size_t es, int64_t 
 /* Copies box-linear elements [a, a + c) from one block to another. */
 void xm_geom_copy2(const xm_geom_t *gs, const void *src, const xm_geom_t *gd, void *dst, size_t es,
                    int64_t a, int64_t c);
+/* xm_geom_copy's PACK / UNPACK with a conversion (xm_convert): the block
+ * holds bdt elements, buf fdt ones. Equal dtypes: xm_geom_copy. */
+void xm_geom_copy_cv(int op, const xm_geom_t *g, xmesh_dtype_t bdt, xmesh_dtype_t fdt, void *block,
+                     void *buf, int64_t a, int64_t c);
+/* xm_geom_copy2 from an sdt block to a ddt block, converting. */
+void xm_geom_copy2_cv(const xm_geom_t *gs, xmesh_dtype_t sdt, const void *src, const xm_geom_t *gd,
+                      xmesh_dtype_t ddt, void *dst, int64_t a, int64_t c);
 /* Converts n accumulated elements to the native type in place. */
 void xm_acc_to_native(xmesh_dtype_t dt, void *buf, int64_t n);
 
@@ -98,7 +105,8 @@ typedef struct xm_prog_in {
     const xm_hostmap_t *hosts;
     const xm_layout_t *src, *dst;
     xmesh_strategy_t strategy;
-    xmesh_dtype_t dtype;
+    xmesh_dtype_t dtype;     /* the source's */
+    xmesh_dtype_t dst_dtype; /* the destination's: equal, or a pair xm_dtype_pair_ok accepts */
     int64_t chunk_bytes;
 } xm_prog_in_t;
 
@@ -111,21 +119,26 @@ void xm_chains_free(xm_chains_t *c);
 
 /* What a chunk goes through on one step, in order. `buf` is the chunk's
  * staging buffer; it holds accumulator elements (xm_dtype_acc_size) when
- * the step is a partial-sum step (XM_MODE_GENERAL), else native ones. */
+ * the step is a partial-sum step (XM_MODE_GENERAL), else native ones.
+ * Each op's `dt` names the dtype of the buffer elements it reads or
+ * writes; the src block holds the program's dtype, the dst block its
+ * dst_dtype, and an op whose dt differs from its block's converts
+ * (xm_convert). With equal dtypes every dt is the dtype (or the
+ * accumulator's), so a backend that moves one dtype may ignore dt. */
 typedef enum {
-    XM_POP_RECV,      /* buf <- message from prev (acc elements when in_acc) */
-    XM_POP_PACK,      /* buf <- chunk of the src block (blk 0) or dst block (blk 1) */
-    XM_POP_TO_ACC,    /* buf <- src chunk, converted to the accumulator type */
+    XM_POP_RECV,      /* buf <- message from prev (dt == in_dt: acc elements when in_acc) */
+    XM_POP_PACK,      /* buf (dt) <- chunk of the src block (blk 0) or dst block (blk 1) */
+    XM_POP_TO_ACC,    /* buf <- src chunk, converted to the accumulator type (dt) */
     XM_POP_ADD_ACC,   /* buf += src chunk */
-    XM_POP_TO_NATIVE, /* buf: accumulator -> native, in place */
-    XM_POP_UNPACK,    /* dst chunk <- buf */
-    XM_POP_COPY,      /* dst chunk <- src chunk (no buffer) */
-    XM_POP_SEND       /* message to next <- buf (acc elements when out_acc) */
+    XM_POP_TO_NATIVE, /* buf: accumulator -> dt, in place */
+    XM_POP_UNPACK,    /* dst chunk <- buf (dt) */
+    XM_POP_COPY,      /* dst chunk <- src chunk (no buffer), converting src -> dst dtype */
+    XM_POP_SEND       /* message to next <- buf (dt == out_dt: acc elements when out_acc) */
 } xm_popkind_t;
 #define XM_POPS_MAX 8
 
 typedef struct xm_pop {
-    unsigned char kind, blk;
+    unsigned char kind, blk, dt; /* dt: an xmesh_dtype_t */
 } xm_pop_t;
 
 /* How a step moves each chunk (what the backend may shortcut). */
@@ -145,12 +158,14 @@ typedef struct xm_pstep {
     int mode;
     int pos_first, pos_last, nsrc; /* chain positions covered; sources are < nsrc */
     int in_acc, out_acc;           /* the hop carries accumulator elements */
+    xmesh_dtype_t in_dt, out_dt;   /* element dtype of the messages from prev / to next */
+    size_t stage_es;               /* bytes of one staging element (0: no staging) */
     int after;                     /* step of this rank that must finish first, -1 */
     xm_geom_t sg, dg;              /* box in the src block / dst block */
     int has_sg, has_dg;
     /* Chunks: c -> row c / per_row, piece c % per_row of ce elements. */
     int64_t r0, row_elems, ce, per_row, nchunks;
-    int64_t bytes; /* payload bytes this step receives or sends */
+    int64_t bytes; /* payload bytes of the chain's range in its wire dtype (xm_wire_dtype) */
     /* Lockstep rounds: chunk c is received in round rin + c and sent (or,
      * without messages, copied) in round rout + c (rout = rin + 1). */
     int seg;
@@ -181,10 +196,12 @@ typedef struct xm_ptask {
 
 typedef struct xm_program {
     int rank;
-    xmesh_dtype_t dtype;
-    size_t es, acc_es;
-    int64_t chunk_elems; /* most elements of one chunk */
-    int nhops;           /* hop ids are < nhops */
+    xmesh_dtype_t dtype;     /* the source block's (same as dst_dtype unless converting) */
+    xmesh_dtype_t dst_dtype; /* the destination block's */
+    size_t es, acc_es;       /* sizes of dtype and of its accumulator */
+    size_t dst_es;           /* size of dst_dtype */
+    int64_t chunk_elems;     /* most elements of one chunk */
+    int nhops;               /* hop ids are < nhops */
     int nsteps;
     xm_pstep_t *steps;
     int ntasks;
@@ -234,7 +251,7 @@ xmesh_result_t xm_program_pool(const xm_program_t *p, const int64_t *need, int64
  * receive). A chunk's staging slot is chunk % 2 of its step. */
 typedef struct xm_rop {
     int step;
-    unsigned char kind, blk, phase, slot;
+    unsigned char kind, blk, phase, slot, dt; /* kind, blk, dt: the step's xm_pop_t */
     int64_t chunk;
 } xm_rop_t;
 

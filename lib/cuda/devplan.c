@@ -78,6 +78,13 @@ xmesh_result_t xm_devplan_build(const xm_prog_in_t *in, int rank, xm_devplan_t *
 {
     xm_devplan_t d;
     memset(&d, 0, sizeof d);
+    /* The device kernels move one dtype; converting plans run on the MPI
+     * executor only (docs/DTYPES.md). */
+    if (in->dtype != in->dst_dtype)
+        return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                      "source dtype %s != destination dtype %s: the NCCL backend does not convert "
+                      "yet (use the MPI backend for converting plans)",
+                      xmesh_dtype_name(in->dtype), xmesh_dtype_name(in->dst_dtype));
     xm_chains_t ch;
     xmesh_result_t r = xm_chains_build(in, &ch);
     if (r)

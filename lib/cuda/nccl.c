@@ -255,6 +255,7 @@ static xmesh_result_t setup_local(xmesh_plan_t plan, xm_nccl_exec_t *ex)
                        .dst = &plan->dst,
                        .strategy = plan->strategy,
                        .dtype = plan->dtype,
+                       .dst_dtype = plan->dst_dtype,
                        .chunk_bytes = plan->chunk_bytes};
     xmesh_result_t r = xm_devplan_build(&in, plan->ctx->rank, &ex->dp);
     if (r)

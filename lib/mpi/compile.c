@@ -18,20 +18,23 @@ static int geom_contiguous(const xm_geom_t *g)
 }
 
 /* Staging bytes a step needs (XMESH_ZERO_COPY sends whole contiguous boxes
- * straight from the caller's blocks). */
+ * straight from the caller's blocks, and receives into them, when the wire
+ * carries the block's own dtype). */
 static int64_t stage_need(const xm_exec_t *x, const xm_pstep_t *s)
 {
-    int64_t need = 0;
+    int64_t need = (int64_t)s->stage_es;
     switch (s->mode) {
     case XM_MODE_SRC:
-        need = x->zero_copy && geom_contiguous(&s->sg) ? 0 : (int64_t)x->es;
+        if (x->zero_copy && geom_contiguous(&s->sg) && s->out_dt == x->dtype)
+            need = 0;
         break;
     case XM_MODE_RECV:
-    case XM_MODE_FROM_DST:
-        need = x->zero_copy && geom_contiguous(&s->dg) ? 0 : (int64_t)x->es;
+        if (x->zero_copy && geom_contiguous(&s->dg) && s->in_dt == x->dst_dtype)
+            need = 0;
         break;
-    case XM_MODE_GENERAL:
-        need = (int64_t)x->acc_es;
+    case XM_MODE_FROM_DST:
+        if (x->zero_copy && geom_contiguous(&s->dg) && s->out_dt == x->dst_dtype)
+            need = 0;
         break;
     default:
         break;
@@ -86,6 +89,7 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
                        .dst = &p->dst,
                        .strategy = p->strategy,
                        .dtype = p->dtype,
+                       .dst_dtype = p->dst_dtype,
                        .chunk_bytes = p->chunk_bytes};
     xm_chains_t ch;
     xmesh_result_t r = xm_chains_build(&in, &ch);
@@ -96,7 +100,9 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     if (r)
         return r;
     int64_t ce = x->prog.chunk_elems;
-    int64_t w = XM_WINDOW_BYTES / (ce * (int64_t)x->es);
+    /* the window counts bytes on the wire (the task set's element size) */
+    int64_t wes = p->ts.elem_size ? (int64_t)p->ts.elem_size : (int64_t)x->es;
+    int64_t w = XM_WINDOW_BYTES / (ce * wes);
     x->window = (int)(w < XM_WINDOW_MIN ? XM_WINDOW_MIN : w > XM_WINDOW_MAX ? XM_WINDOW_MAX : w);
     /* Sends in flight per chain link (default 2): the wire never waits for
      * a progress round between two chunks (the progress thread may be
@@ -333,6 +339,8 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     x->dtype = p->dtype;
     x->es = xmesh_dtype_size(p->dtype);
     x->acc_es = xm_dtype_acc_size(p->dtype);
+    x->dst_dtype = p->dst_dtype;
+    x->dst_es = xmesh_dtype_size(p->dst_dtype);
     tm[3] = xm_mpi_now();
     /* 3. This rank's steps. */
     if (!local)

@@ -423,7 +423,7 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
     int64_t a, cnt, off;
     xm_pstep_chunk(s, c, &a, &cnt);
     int slot = (int)(c % x->window);
-    size_t es = x->es, bs = s->mode == XM_MODE_GENERAL ? x->acc_es : es;
+    size_t des = x->dst_es, bs = s->stage_es;
     char *dst = x->dst, *src = (char *)x->src;
     char *buf = sx->stage_off >= 0 ? x->stage + sx->stage_off + (int64_t)slot * s->ce * bs : NULL;
     const char *sbuf = buf;
@@ -432,18 +432,20 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
         const xm_pop_t *o = &s->ops[i];
         switch (o->kind) {
         case XM_POP_RECV:
-            if (s->mode == XM_MODE_RECV && x->zero_copy && xm_geom_contig(&s->dg, a, cnt, &off)) {
-                sbuf = dst + off * es; /* post_recv received into the block */
+            if (s->mode == XM_MODE_RECV && x->zero_copy && s->in_dt == x->dst_dtype &&
+                xm_geom_contig(&s->dg, a, cnt, &off)) {
+                sbuf = dst + off * des; /* post_recv received into the block */
                 in_place = 1;
             }
             break;
         case XM_POP_PACK: {
             const xm_geom_t *g = o->blk ? &s->dg : &s->sg;
             char *blk = o->blk ? dst : src;
-            if (x->zero_copy && xm_geom_contig(g, a, cnt, &off))
-                sbuf = blk + off * es;
+            xmesh_dtype_t bdt = o->blk ? x->dst_dtype : x->dtype;
+            if (x->zero_copy && o->dt == bdt && xm_geom_contig(g, a, cnt, &off))
+                sbuf = blk + off * xmesh_dtype_size(bdt);
             else
-                xm_geom_copy(XM_COPY_PACK, g, x->dtype, blk, buf, a, cnt);
+                xm_geom_copy_cv(XM_COPY_PACK, g, bdt, (xmesh_dtype_t)o->dt, blk, buf, a, cnt);
             break;
         }
         case XM_POP_TO_ACC:
@@ -452,31 +454,45 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
                          x->dtype, src, buf, a, cnt);
             break;
         case XM_POP_TO_NATIVE:
-            xm_acc_to_native(x->dtype, buf, cnt);
+            xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(x->dtype), buf, cnt);
             break;
-        case XM_POP_UNPACK:
+        case XM_POP_UNPACK: {
+            /* XMESH_CHECK sums the values as they came off the wire: the
+             * written block when the wire carries its dtype, else the
+             * received buffer before it is converted. */
+            int conv = o->dt != x->dst_dtype;
+            if (x->check && s->ck_verify && conv) {
+                if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
+                    buf[0] ^= 0x40;
+                    x->corrupted = 1;
+                }
+                x->ck[sx->ck_off + c] =
+                    xm_geom_hash(NULL, buf, 1, 0, cnt * (int64_t)xmesh_dtype_size(o->dt));
+            }
             if (!in_place)
-                xm_geom_copy(XM_COPY_UNPACK, &s->dg, x->dtype, dst, buf, a, cnt);
-            if (x->check && s->ck_verify) {
+                xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst,
+                                buf, a, cnt);
+            if (x->check && s->ck_verify && !conv) {
                 if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
                     int64_t o1;
                     xm_geom_contig(&s->dg, a, 1, &o1);
-                    dst[o1 * es] ^= 0x40;
+                    dst[o1 * des] ^= 0x40;
                     x->corrupted = 1;
                 }
-                x->ck[sx->ck_off + c] = xm_geom_hash(&s->dg, dst, es, a, cnt);
+                x->ck[sx->ck_off + c] = xm_geom_hash(&s->dg, dst, des, a, cnt);
             }
             break;
+        }
         case XM_POP_COPY: {
             double t0 = x->trace ? xm_mpi_now() - x->t0 : 0;
-            xm_geom_copy2(&s->sg, src, &s->dg, dst, es, a, cnt);
+            xm_geom_copy2_cv(&s->sg, x->dtype, src, &s->dg, x->dst_dtype, dst, a, cnt);
             if (x->trace)
-                xm_mpi_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)es, t0,
+                xm_mpi_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)des, t0,
                                  xm_mpi_now() - x->t0);
             break;
         }
         case XM_POP_SEND: {
-            int sbytes = (int)(cnt * (s->out_acc ? x->acc_es : es));
+            int sbytes = (int)(cnt * (int64_t)xmesh_dtype_size(s->out_dt));
             if (x->check && s->ck_origin)
                 x->ck[sx->ck_off + c] = xm_geom_hash(NULL, sbuf, 1, 0, sbytes);
             rt->t_send[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
@@ -497,17 +513,12 @@ static int post_recv(xm_exec_t *x, const xm_pstep_t *s, xm_step_rt_t *rt, int64_
     xm_pstep_chunk(s, c, &a, &cnt);
     int slot = (int)(c % x->window);
     void *buf;
-    int bytes;
-    if (s->mode == XM_MODE_RECV) {
-        if (x->zero_copy && xm_geom_contig(&s->dg, a, cnt, &off))
-            buf = (char *)x->dst + off * x->es;
-        else
-            buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * x->es;
-        bytes = (int)(cnt * x->es);
-    } else {
-        buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * x->acc_es;
-        bytes = (int)(cnt * (s->in_acc ? x->acc_es : x->es));
-    }
+    int bytes = (int)(cnt * (int64_t)xmesh_dtype_size(s->in_dt));
+    if (s->mode == XM_MODE_RECV && x->zero_copy && s->in_dt == x->dst_dtype &&
+        xm_geom_contig(&s->dg, a, cnt, &off))
+        buf = (char *)x->dst + off * x->dst_es;
+    else
+        buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * (int64_t)s->stage_es;
     rt->t_recv[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
     return MPI_Irecv(buf, bytes, MPI_BYTE, s->prev, sx->tag_in, x->comm, req);
 }
@@ -642,7 +653,8 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
             if (x->trace) {
                 int64_t a, cnt;
                 xm_pstep_chunk(s, c, &a, &cnt);
-                xm_mpi_trace_add(x, 2, s->task, s->prev, c, cnt * (int64_t)x->es, rt->t_recv[slot],
+                xm_mpi_trace_add(x, 2, s->task, s->prev, c,
+                                 cnt * (int64_t)xmesh_dtype_size(s->in_dt), rt->t_recv[slot],
                                  xm_mpi_now() - x->t0);
             }
         }
@@ -667,7 +679,7 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
                 int64_t a, cnt;
                 xm_pstep_chunk(s, c, &a, &cnt);
                 xm_mpi_trace_add(x, 1, s->task, s->next, c,
-                                 cnt * (int64_t)(s->out_acc ? x->acc_es : x->es), rt->t_send[slot],
+                                 cnt * (int64_t)xmesh_dtype_size(s->out_dt), rt->t_send[slot],
                                  xm_mpi_now() - x->t0);
             }
         }

@@ -65,10 +65,11 @@ struct xm_request;
 typedef struct xm_exec {
     MPI_Comm comm; /* private duplicate: tags never collide across plans */
     int rank;
-    size_t es, acc_es;
-    int window;     /* chunks in flight per step */
-    int send_ahead; /* sends in flight per step (XMESH_SEND_AHEAD, <= window) */
-    xmesh_dtype_t dtype;
+    size_t es, acc_es; /* source dtype and its accumulator */
+    size_t dst_es;     /* destination dtype (differs in converting plans) */
+    int window;        /* chunks in flight per step */
+    int send_ahead;    /* sends in flight per step (XMESH_SEND_AHEAD, <= window) */
+    xmesh_dtype_t dtype, dst_dtype;
     xm_program_t prog; /* this rank's program */
     xm_stepx_t *sx;    /* per program step */
     char *stage;       /* staging pool */

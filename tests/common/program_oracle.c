@@ -12,13 +12,20 @@
 
 void po_world_init(const po_case_t *c, po_world_t *w)
 {
+    po_world_init_to(c, c->dt, w);
+}
+
+void po_world_init_to(const po_case_t *c, xmesh_dtype_t ddt, po_world_t *w)
+{
     memset(w, 0, sizeof *w);
+    w->ddt = ddt;
     assert_int_equal(xm_hostmap_default(c->src_shape, c->src_nd, c->dst_shape, c->dst_nd,
                                         c->overlap, &w->hosts, &w->sdevs, &w->ddevs),
                      XMESH_SUCCESS);
     xm_layout_t *src = &w->src, *dst = &w->dst;
     src->ndim = dst->ndim = c->ndim;
-    src->elem_size = dst->elem_size = xmesh_dtype_size(c->dt);
+    src->elem_size = xmesh_dtype_size(c->dt);
+    dst->elem_size = xmesh_dtype_size(ddt);
     for (int d = 0; d < c->ndim; d++)
         src->shape[d] = dst->shape[d] = c->shape[d];
     src->mesh.ndim = c->src_nd;
@@ -54,6 +61,7 @@ xm_prog_in_t po_prog_in(const po_case_t *c, const po_world_t *w, const xm_schedu
                        .dst = &w->dst,
                        .strategy = c->strategy,
                        .dtype = c->dt,
+                       .dst_dtype = w->ddt,
                        .chunk_bytes = c->chunk};
     return in;
 }

@@ -34,13 +34,17 @@ typedef struct {
     int *sdevs, *ddevs;
     xm_layout_t src, dst;
     xm_taskset_t ts;
+    xmesh_dtype_t ddt; /* the destination's dtype: c->dt unless converting */
 } po_world_t;
 
 /* Builds w from c; a cmocka failure on any error. */
 void po_world_init(const po_case_t *c, po_world_t *w);
+/* The same for a converting plan: the destination holds ddt. */
+void po_world_init_to(const po_case_t *c, xmesh_dtype_t ddt, po_world_t *w);
 void po_world_free(po_world_t *w);
 
-/* The program compiler's input for case c on w with schedule s. */
+/* The program compiler's input for case c on w with schedule s (the
+ * destination dtype is w->ddt). */
 xm_prog_in_t po_prog_in(const po_case_t *c, const po_world_t *w, const xm_schedule_t *s);
 
 /* The block of a rank in a layout: bounds, element count, mesh index

@@ -700,6 +700,29 @@ static void test_emulated_random(void **state)
     }
 }
 
+/* A converting plan (f32 -> bf16) is refused by the device plan, naming
+ * both dtypes, with nothing built (docs/DTYPES.md: MPI backend only). */
+static void test_refuses_conversion(void **state)
+{
+    (void)state;
+    static const po_case_t c = {2, {8, 6}, XMESH_F32, 1, {2}, "S0R", 1, {3}, "RS0", 0, 16, 0};
+    po_world_t w;
+    po_world_init_to(&c, XMESH_BF16, &w);
+    xm_cluster_t cl;
+    assert_int_equal(xm_cluster_init(&cl, &w.hosts), XMESH_SUCCESS);
+    xm_sched_opts_t so = {.kind = XMESH_SCHEDULER_NAIVE, .strategy = XMESH_STRATEGY_SENDRECV};
+    xm_schedule_t s;
+    assert_int_equal(xm_schedule(&w.ts, &cl, &so, &s), XMESH_SUCCESS);
+    xm_prog_in_t in = po_prog_in(&c, &w, &s);
+    xm_devplan_t dp;
+    memset(&dp, 0x5A, sizeof dp);
+    assert_int_equal(xm_devplan_build(&in, 0, &dp), XMESH_ERR_UNSUPPORTED);
+    assert_non_null(strstr(xmesh_last_error(), "source dtype f32 != destination dtype bf16"));
+    xm_schedule_free(&s);
+    xm_cluster_free(&cl);
+    po_world_free(&w);
+}
+
 int main(void)
 {
     const char *e = getenv("XMESH_TEST_SEED");
@@ -713,6 +736,7 @@ int main(void)
         cmocka_unit_test(test_commkey),
         cmocka_unit_test(test_emulated_matrix),
         cmocka_unit_test(test_emulated_random),
+        cmocka_unit_test(test_refuses_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -216,12 +216,73 @@ static void test_plan_lifecycle(void **state)
     assert_int_equal(xmesh_ctx_destroy(ctx), XMESH_SUCCESS);
 }
 
+/* Converting plans: f32 <-> f16 <-> bf16 are accepted and the info counts
+ * the narrower dtype's bytes crossing hosts; other pairs are refused naming
+ * both dtypes, before the backend sees anything. */
+static void test_plan_dtypes(void **state)
+{
+    (void)state;
+    xmesh_ctx_t ctx = make_ctx(16, 4);
+    int shape[2] = {2, 4}, a[8], b[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = i;
+        b[i] = 8 + i;
+    }
+    xmesh_mesh_t ma, mb;
+    assert_int_equal(xmesh_mesh_create(ctx, 2, shape, a, &ma), XMESH_SUCCESS);
+    assert_int_equal(xmesh_mesh_create(ctx, 2, shape, b, &mb), XMESH_SUCCESS);
+    int64_t t[3] = {64, 64, 8};
+    xmesh_layout_t src = {3, t, XMESH_F32, ma, "RS01R"}, dst = {3, t, XMESH_F32, mb, "S01RR"};
+    xmesh_plan_t plan = NULL;
+    xmesh_plan_info_t same, info;
+    assert_int_equal(xmesh_plan_create(ctx, &src, &dst, NULL, &plan), XMESH_SUCCESS);
+    assert_int_equal(xmesh_plan_get_info(plan, &same), XMESH_SUCCESS);
+    assert_int_equal(xmesh_plan_destroy(plan), XMESH_SUCCESS);
+    assert_true(same.bytes_cross_host > 0);
+    static const struct {
+        xmesh_dtype_t s, d;
+        int64_t wire;
+    } ok[] = {{XMESH_F32, XMESH_BF16, 2}, {XMESH_BF16, XMESH_F32, 2}, {XMESH_F32, XMESH_F16, 2},
+              {XMESH_F16, XMESH_F32, 2},  {XMESH_F16, XMESH_BF16, 2}, {XMESH_BF16, XMESH_F16, 2}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        src.dtype = ok[i].s;
+        dst.dtype = ok[i].d;
+        plan = NULL;
+        assert_int_equal(xmesh_plan_create(ctx, &src, &dst, NULL, &plan), XMESH_SUCCESS);
+        assert_int_equal(xmesh_plan_get_info(plan, &info), XMESH_SUCCESS);
+        assert_int_equal(info.bytes_cross_host, same.bytes_cross_host / 4 * ok[i].wire);
+        assert_int_equal(info.bytes_total,
+                         same.bytes_total / 4 * (int64_t)xmesh_dtype_size(ok[i].s));
+        assert_int_equal(xmesh_plan_destroy(plan), XMESH_SUCCESS);
+    }
+    static const xmesh_dtype_t bad[][2] = {
+        {XMESH_I32, XMESH_F32}, {XMESH_F64, XMESH_F32}, {XMESH_F16, XMESH_I8}};
+    int calls = setup_calls;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        src.dtype = bad[i][0];
+        dst.dtype = bad[i][1];
+        plan = (xmesh_plan_t)0x77;
+        assert_int_equal(xmesh_plan_create(ctx, &src, &dst, NULL, &plan),
+                         XMESH_ERR_INVALID_ARGUMENT);
+        char want[64];
+        snprintf(want, sizeof want, "source dtype %s != destination dtype %s",
+                 xmesh_dtype_name(bad[i][0]), xmesh_dtype_name(bad[i][1]));
+        expect_msg(want);
+        assert_ptr_equal(plan, (xmesh_plan_t)0x77);
+    }
+    assert_int_equal(setup_calls, calls);
+    assert_int_equal(xmesh_mesh_destroy(ma), XMESH_SUCCESS);
+    assert_int_equal(xmesh_mesh_destroy(mb), XMESH_SUCCESS);
+    assert_int_equal(xmesh_ctx_destroy(ctx), XMESH_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mesh_bad_input),
         cmocka_unit_test(test_layout_local_shape),
         cmocka_unit_test(test_plan_lifecycle),
+        cmocka_unit_test(test_plan_dtypes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
  * compared with its value computed from its global index. Random cases
  * print their seed; XMESH_TEST_SEED replays.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -67,6 +68,104 @@ static int64_t load(xmesh_dtype_t dt, const void *b, int64_t i)
     }
 }
 
+/* Converting cases (source dtype != destination dtype). The values are
+ * f32 numbers put into the source dtype with xm_convert (checked bit for
+ * bit against an independent formula by tests/unit/test_convert.c); the
+ * destination must hold exactly the source value converted once to its
+ * dtype. Without partial sums: f32 bit patterns with every class (NaN,
+ * infinities, signed zeros, subnormals of f32 and f16, values that
+ * overflow f16, ties). With partial sums: parts exact in every source
+ * dtype (8 significant bits, multiples of 2^-4, below 2^8), so their sum
+ * is exact in f32 whatever the order, and it is the sum that is rounded. */
+static float cv_value(int64_t g)
+{
+    uint64_t h = (uint64_t)g * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    uint32_t u = (uint32_t)(h >> 32);
+    switch (g % 11) {
+    case 0:
+        u = (u & 0x80000000u) | 0x7f800000u | (u & 0x7fffffu) | 1u; /* NaN */
+        break;
+    case 1:
+        u = (u & 0x80000000u) | 0x7f800000u; /* +-inf */
+        break;
+    case 2:
+        u &= 0x807fffffu; /* f32 subnormal or zero */
+        break;
+    case 3:
+        u = (u & 0x80ffffffu) | (0x67u << 23); /* f16 subnormal range */
+        break;
+    case 4:
+        u = (u & 0x807fffffu) | (0x8eu << 23); /* [2^15, 2^16): f16 max and overflow */
+        break;
+    case 5:
+        u = (u & 0xffff0000u) | 0x8000u; /* a bf16 tie */
+        break;
+    case 6:
+        u = g % 2 ? 0x80000000u : 0u; /* signed zeros */
+        break;
+    default:
+        u = (u & 0x81ffffffu) | (0x7cu << 23); /* around 1 */
+        break;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float cv_part(int64_t g, int p)
+{
+    int k = (int)((g * 37 + p * 11) % 255) - 127;
+    return ldexpf((float)k, (int)((g + p) % 5) - 4);
+}
+
+/* Element g, group p of G, as the source dtype holds it. */
+static void cv_store_src(xmesh_dtype_t sdt, void *b, int64_t i, int64_t g, int p, int G)
+{
+    float f = G == 1 ? cv_value(g) : cv_part(g, p);
+    xm_convert(sdt, (char *)b + i * (int64_t)xmesh_dtype_size(sdt), XMESH_F32, &f, 1);
+}
+
+/* The destination value of element g: the source value (or the exact sum
+ * of the parts) converted once. Written as ddt into out. */
+static void cv_want(xmesh_dtype_t sdt, xmesh_dtype_t ddt, int64_t g, int G, void *out)
+{
+    if (G == 1) {
+        char sv[4];
+        float f = cv_value(g);
+        xm_convert(sdt, sv, XMESH_F32, &f, 1);
+        xm_convert(ddt, out, sdt, sv, 1);
+        return;
+    }
+    double sum = 0;
+    for (int p = 0; p < G; p++) {
+        float f = cv_part(g, p);
+        char sv[4];
+        xm_convert(sdt, sv, XMESH_F32, &f, 1); /* exact */
+        xm_convert(XMESH_F32, &f, sdt, sv, 1);
+        sum += f;
+    }
+    float fs = (float)sum; /* exact: at most 20 significant bits */
+    assert_true((double)fs == sum);
+    xm_convert(ddt, out, XMESH_F32, &fs, 1);
+}
+
+/* Bit-for-bit equality of two ddt values, any NaN equal to a NaN of the
+ * same sign. */
+static int cv_same(xmesh_dtype_t dt, const void *a, const void *b)
+{
+    float fa, fb;
+    xm_convert(XMESH_F32, &fa, dt, a, 1);
+    xm_convert(XMESH_F32, &fb, dt, b, 1);
+    if (fa != fa || fb != fb)
+        return fa != fa && fb != fb && signbit(fa) == signbit(fb);
+    return memcmp(a, b, xmesh_dtype_size(dt)) == 0;
+}
+
+/* Message element size every non-accumulator message of the running case
+ * must have (0: not checked). */
+static size_t g_wire_es;
+
 /* A message on a hop: chunk payload plus what the sender thinks it is. */
 typedef struct {
     char *data;
@@ -86,33 +185,46 @@ typedef struct {
     unsigned char *done, *tstate;
 } rank_t;
 
-/* Runs one op that moves no message on chunk [a, a + cnt) of step s. */
-static void local_op(rank_t *k, const xm_pstep_t *s, int kind, int blk, char *buf, int64_t a,
+/* Runs one op that moves no message on chunk [a, a + cnt) of step s. The
+ * op's dt is the dtype of the buffer it reads or writes; the src block holds
+ * the program's dtype, the dst block its dst_dtype. */
+static void local_op(rank_t *k, const xm_pstep_t *s, const xm_pop_t *o, char *buf, int64_t a,
                      int64_t cnt)
 {
     const xm_program_t *p = &k->prog;
-    switch (kind) {
+    xmesh_dtype_t dt = (xmesh_dtype_t)o->dt;
+    switch (o->kind) {
     case XM_POP_PACK:
-        xm_geom_copy(XM_COPY_PACK, blk ? &s->dg : &s->sg, p->dtype, blk ? k->dst : k->src, buf, a,
-                     cnt);
+        xm_geom_copy_cv(XM_COPY_PACK, o->blk ? &s->dg : &s->sg, o->blk ? p->dst_dtype : p->dtype,
+                        dt, o->blk ? k->dst : k->src, buf, a, cnt);
         break;
     case XM_POP_TO_ACC:
     case XM_POP_ADD_ACC:
-        xm_geom_copy(kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg, p->dtype,
+        assert_int_equal(dt, xm_dtype_acc(p->dtype));
+        xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg, p->dtype,
                      k->src, buf, a, cnt);
         break;
     case XM_POP_TO_NATIVE:
-        xm_acc_to_native(p->dtype, buf, cnt);
+        xm_convert(dt, buf, xm_dtype_acc(p->dtype), buf, cnt);
         break;
     case XM_POP_UNPACK:
-        xm_geom_copy(XM_COPY_UNPACK, &s->dg, p->dtype, k->dst, buf, a, cnt);
+        xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, p->dst_dtype, dt, k->dst, buf, a, cnt);
         break;
     case XM_POP_COPY:
-        xm_geom_copy2(&s->sg, k->src, &s->dg, k->dst, p->es, a, cnt);
+        xm_geom_copy2_cv(&s->sg, p->dtype, k->src, &s->dg, p->dst_dtype, k->dst, a, cnt);
         break;
     default:
-        fail_msg("op %s moves a message", xm_pop_name(kind));
+        fail_msg("op %s moves a message", xm_pop_name(o->kind));
     }
+}
+
+/* Wire element size every non-accumulator message of a case must have,
+ * from the rule in docs/DTYPES.md (not from the library): the narrower of
+ * the two dtypes, the destination's for partial sums. */
+static size_t want_wire_es(xmesh_dtype_t sdt, xmesh_dtype_t ddt, int G)
+{
+    size_t a = xmesh_dtype_size(sdt), b = xmesh_dtype_size(ddt);
+    return G > 1 ? b : a < b ? a : b;
 }
 
 /* Runs chunk c of step s of rank r through its ops. 0 on success, 1 when a
@@ -121,7 +233,6 @@ static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t
                      size_t errlen)
 {
     rank_t *k = &R[r];
-    const xm_program_t *p = &k->prog;
     int64_t a, cnt;
     xm_pstep_chunk(s, c, &a, &cnt);
     if (s->prev >= 0) {
@@ -134,7 +245,8 @@ static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t
         switch (o->kind) {
         case XM_POP_RECV: {
             msg_t *m = &hops[s->hop_in].m[c];
-            int64_t want_bytes = cnt * (int64_t)(s->in_acc ? p->acc_es : p->es);
+            int64_t want_bytes = cnt * (int64_t)xmesh_dtype_size(s->in_dt);
+            assert_int_equal(o->dt, s->in_dt);
             if (m->from != s->prev || m->a != a || m->cnt != cnt || m->bytes != want_bytes) {
                 snprintf(err, errlen,
                          "rank %d task %d hop %d chunk %lld: got [%lld, +%lld) %lld bytes from "
@@ -157,7 +269,10 @@ static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t
             }
             assert_non_null(h->m);
             assert_true(c < h->n && !h->m[c].data);
-            int64_t bytes = cnt * (int64_t)(s->out_acc ? p->acc_es : p->es);
+            int64_t bytes = cnt * (int64_t)xmesh_dtype_size(s->out_dt);
+            assert_int_equal(o->dt, s->out_dt);
+            if (g_wire_es && !s->out_acc)
+                assert_int_equal(xmesh_dtype_size(s->out_dt), g_wire_es);
             msg_t *m = &h->m[c];
             m->data = malloc((size_t)bytes + 1);
             memcpy(m->data, k->buf, (size_t)bytes);
@@ -165,7 +280,7 @@ static int run_chunk(rank_t *R, int r, hop_t *hops, const xm_pstep_t *s, int64_t
             break;
         }
         default:
-            local_op(k, s, o->kind, o->blk, k->buf, a, cnt);
+            local_op(k, s, o, k->buf, a, cnt);
             break;
         }
     }
@@ -228,10 +343,12 @@ typedef struct {
     int head, n, cap;
 } fifo_t;
 
-/* Staging element size of a step: accumulator elements in partial sums. */
+/* Staging element size of a step: accumulator elements in partial sums,
+ * else the wire's. */
 static size_t stage_es(const xm_program_t *p, const xm_pstep_t *s)
 {
-    return s->mode == XM_MODE_GENERAL ? p->acc_es : p->es;
+    (void)p;
+    return s->stage_es;
 }
 
 /* Inside a group, receives and sends run concurrently: a receive never
@@ -312,7 +429,9 @@ static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t
                                               (int64_t)o->slot * s->ce * (int64_t)stage_es(p, s);
                         if (o->kind == XM_POP_SEND && pass == 0) {
                             fifo_t *f = &q[(int64_t)r * n + s->next];
-                            int64_t bytes = cnt * (int64_t)(s->out_acc ? p->acc_es : p->es);
+                            int64_t bytes = cnt * (int64_t)xmesh_dtype_size(s->out_dt);
+                            if (g_wire_es && !s->out_acc)
+                                assert_int_equal(xmesh_dtype_size(s->out_dt), g_wire_es);
                             if (f->n == f->cap) {
                                 f->cap = 2 * f->cap + 8;
                                 f->m = realloc(f->m, sizeof *f->m * f->cap);
@@ -324,7 +443,7 @@ static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t
                             f->n++;
                         } else if (o->kind == XM_POP_RECV && pass == 1) {
                             fifo_t *f = &q[(int64_t)s->prev * n + r];
-                            int64_t bytes = cnt * (int64_t)(s->in_acc ? p->acc_es : p->es);
+                            int64_t bytes = cnt * (int64_t)xmesh_dtype_size(s->in_dt);
                             if (f->head == f->n) {
                                 snprintf(err, errlen,
                                          "round %lld: rank %d waits for rank %d (task %d chunk "
@@ -347,7 +466,7 @@ static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t
                             free(m->data);
                             m->data = NULL;
                         } else if (o->kind != XM_POP_SEND && o->kind != XM_POP_RECV) {
-                            local_op(&R[r], s, o->kind, o->blk, buf, a, cnt);
+                            local_op(&R[r], s, &(xm_pop_t){o->kind, o->blk, o->dt}, buf, a, cnt);
                         }
                     }
                 }
@@ -397,9 +516,34 @@ static int run_rounds(rank_t *R, int n, const xm_chains_t *ch, char *err, size_t
 }
 
 /* Compares every destination element with its value. */
-static int check_dst(const pcase_t *c, const xm_layout_t *dst, rank_t *R, const po_blk_t *db, int n,
+static int check_dst(const pcase_t *c, const po_world_t *w, rank_t *R, const po_blk_t *db, int n,
                      const char *how, char *err, size_t errlen)
 {
+    const xm_layout_t *dst = &w->dst;
+    if (w->ddt != c->dt) {
+        int G = 1;
+        if (w->src.mesh.ndev > 0)
+            (void)po_partial_coord(&w->src, 0, &G);
+        size_t des = xmesh_dtype_size(w->ddt);
+        for (int r = 0; r < n; r++)
+            for (int64_t e = 0; e < db[r].n; e++) {
+                int64_t g = po_global_index(dst, &db[r], e);
+                char exp[4], *got = R[r].dst + e * (int64_t)des;
+                cv_want(c->dt, w->ddt, g, G, exp);
+                if (!cv_same(w->ddt, got, exp)) {
+                    uint32_t gb = 0, eb = 0;
+                    memcpy(&gb, got, des);
+                    memcpy(&eb, exp, des);
+                    snprintf(err, errlen,
+                             "%s: %s -> %s: rank %d dst element %lld (global %lld): got bits "
+                             "0x%x, want 0x%x",
+                             how, xmesh_dtype_name(c->dt), xmesh_dtype_name(w->ddt), r,
+                             (long long)e, (long long)g, gb, eb);
+                    return 1;
+                }
+            }
+        return 0;
+    }
     for (int r = 0; r < n; r++)
         for (int64_t e = 0; e < db[r].n; e++) {
             int64_t g = po_global_index(dst, &db[r], e);
@@ -416,10 +560,16 @@ static int check_dst(const pcase_t *c, const xm_layout_t *dst, rank_t *R, const 
     return 0;
 }
 
-static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
+/* Runs case c into a destination of dtype ddt (c->dt: no conversion). */
+static int run_case_to(const pcase_t *c, xmesh_dtype_t ddt, uint64_t seed, char *err, size_t errlen)
 {
     po_world_t w;
-    po_world_init(c, &w);
+    po_world_init_to(c, ddt, &w);
+    int ngroups = 1;
+    if (w.src.mesh.ndev > 0)
+        (void)po_partial_coord(&w.src, 0, &ngroups);
+    const int conv = ddt != c->dt;
+    g_wire_es = conv ? want_wire_es(c->dt, ddt, ngroups) : 0;
     xm_cluster_t cl;
     assert_int_equal(xm_cluster_init(&cl, &w.hosts), XMESH_SUCCESS);
     cl.nics_per_host = 1 + (int)(seed % 2);
@@ -439,7 +589,8 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
     if (xm_chains_build(&in, &ch))
         fail_msg("chains: %s", xmesh_last_error());
     const int n = w.hosts.ndev;
-    const size_t es = w.src.elem_size;
+    const size_t es = w.src.elem_size, des = w.dst.elem_size;
+    const size_t wes = conv ? g_wire_es : es;
     rank_t *R = calloc(n, sizeof *R);
     hop_t *hops = calloc(ch.nhops + 1, sizeof *hops);
     po_blk_t *sb = calloc(n, sizeof *sb), *db = calloc(n, sizeof *db);
@@ -454,11 +605,16 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
         po_block_of(&w.src, r, &sb[r]);
         po_block_of(&w.dst, r, &db[r]);
         k->src = malloc(sb[r].n * es + 1);
-        k->dst = malloc(db[r].n * es + 1);
-        memset(k->dst, 0xA5, db[r].n * es); /* poison: every element must be written */
+        k->dst = malloc(db[r].n * des + 1);
+        memset(k->dst, 0xA5, db[r].n * des); /* poison: every element must be written */
         int G = 1, pc = sb[r].idx >= 0 ? po_partial_coord(&w.src, sb[r].idx, &G) : 0;
-        for (int64_t e = 0; e < sb[r].n; e++)
-            po_store(c->dt, k->src, e, part(po_global_index(&w.src, &sb[r], e), pc, G));
+        for (int64_t e = 0; e < sb[r].n; e++) {
+            int64_t g = po_global_index(&w.src, &sb[r], e);
+            if (conv)
+                cv_store_src(c->dt, k->src, e, g, pc, G);
+            else
+                po_store(c->dt, k->src, e, part(g, pc, G));
+        }
         k->buf = malloc((size_t)(k->prog.chunk_elems * (int64_t)(k->prog.acc_es + es)));
         k->next_chunk = calloc(k->prog.nsteps + 1, sizeof(int64_t));
         k->done = calloc(k->prog.nsteps + 1, 1);
@@ -479,7 +635,7 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
                 prev_end = a + cnt;
                 sum += cnt;
             }
-            assert_int_equal(sum * (int64_t)es, st->bytes);
+            assert_int_equal(sum * (int64_t)wes, st->bytes);
         }
     }
     while (!bad && sim_round(R, n, hops, err, errlen, &bad))
@@ -503,13 +659,13 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
                 bad = 1;
             }
     if (!bad)
-        bad = check_dst(c, &w.dst, R, db, n, "asynchronous", err, errlen);
+        bad = check_dst(c, &w, R, db, n, "asynchronous", err, errlen);
     if (!bad) { /* the same programs in lockstep rounds (NCCL) */
         for (int r = 0; r < n; r++)
-            memset(R[r].dst, 0xA5, db[r].n * es);
+            memset(R[r].dst, 0xA5, db[r].n * des);
         bad = run_rounds(R, n, &ch, err, errlen);
         if (!bad)
-            bad = check_dst(c, &w.dst, R, db, n, "rounds", err, errlen);
+            bad = check_dst(c, &w, R, db, n, "rounds", err, errlen);
     }
     for (int h = 0; h < ch.nhops; h++) {
         for (int64_t cc = 0; cc < hops[h].n; cc++)
@@ -533,7 +689,13 @@ static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
     xm_schedule_free(&s);
     xm_cluster_free(&cl);
     po_world_free(&w);
+    g_wire_es = 0;
     return bad;
+}
+
+static int run_case(const pcase_t *c, uint64_t seed, char *err, size_t errlen)
+{
+    return run_case_to(c, c->dt, seed, err, errlen);
 }
 
 static const xmesh_strategy_t strategies[] = {XMESH_STRATEGY_BROADCAST, XMESH_STRATEGY_SENDRECV,
@@ -563,6 +725,44 @@ static void test_fixed(void **state)
             if (run_case(&c, 7 + i, err, sizeof err))
                 fail_msg("case %zu (%s -> %s, strategy %d): %s", i, c.src_spec, c.dst_spec, k, err);
         }
+}
+
+static int is_float_family(xmesh_dtype_t dt)
+{
+    return dt == XMESH_F32 || dt == XMESH_F16 || dt == XMESH_BF16;
+}
+
+/* Every converting pair (f32, f16, bf16 both ways) on fixed cases with and
+ * without partial sums, every strategy. */
+static void test_fixed_convert(void **state)
+{
+    (void)state;
+    static const pcase_t cases[] = {
+        {2, {8, 6}, XMESH_F32, 1, {2}, "S0R", 1, {3}, "RS0", 0, 16, 0},
+        {2, {6, 4}, XMESH_F32, 2, {2, 2}, "P,S(1)", 2, {2, 2}, "B,S(0)", 0, 8, 0},
+        {2, {5, 3}, XMESH_F32, 2, {2, 2}, "P,P", 1, {3}, "S(0)", 0, 12, 1},
+        {1, {9}, XMESH_F32, 1, {3}, "P", 1, {2}, "B", 0, 8, 0},
+        {3, {4, 6, 5}, XMESH_F32, 2, {2, 2}, "S0S1R", 2, {2, 3}, "RS0S1", 0, 40, 0},
+        {2, {6, 4}, XMESH_F32, 2, {2, 2}, "S0S1", 2, {2, 2}, "S1S0", 1, 24, 0},
+        {1, {17}, XMESH_F32, 1, {1}, "R", 1, {4}, "R", 0, 12, 0},
+        {2, {7, 5}, XMESH_F32, 1, {2}, "B", 1, {2}, "B", 1, 8, 0},
+    };
+    static const xmesh_dtype_t fam[] = {XMESH_F32, XMESH_F16, XMESH_BF16};
+    char err[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int sd = 0; sd < 3; sd++)
+            for (int dd = 0; dd < 3; dd++)
+                for (int k = 0; k < 4; k++) {
+                    if (sd == dd)
+                        continue;
+                    pcase_t c = cases[i];
+                    c.dt = fam[sd];
+                    c.strategy = strategies[k];
+                    if (run_case_to(&c, fam[dd], 11 + i + (uint64_t)k, err, sizeof err))
+                        fail_msg("case %zu (%s -> %s, %s -> %s, strategy %d): %s", i, c.src_spec,
+                                 c.dst_spec, xmesh_dtype_name(c.dt), xmesh_dtype_name(fam[dd]), k,
+                                 err);
+                }
 }
 
 /* Random SBP spec of an nd-dim mesh for a tensor of ndim dims. */
@@ -613,10 +813,18 @@ static void test_random(void **state)
         c.overlap = nsrc == ndst && (xt_next(&rs) % 2);
         c.chunk = (int64_t)xmesh_dtype_size(c.dt) * (1 + (int64_t)(xt_next(&rs) % 12));
         c.strategy = strategies[xt_next(&rs) % 4];
-        if (run_case(&c, seed + (uint64_t)it, err, sizeof err))
-            fail_msg("seed %llu iteration %d (%s -> %s, strategy %d, dtype %d, chunk %lld): %s",
-                     (unsigned long long)seed, it, ss, ds, (int)c.strategy, (int)c.dt,
-                     (long long)c.chunk, err);
+        /* Converting plans: a float-family source goes to another float
+         * dtype half the time. */
+        xmesh_dtype_t ddt = c.dt;
+        if (is_float_family(c.dt) && xt_next(&rs) % 2) {
+            static const xmesh_dtype_t fam[] = {XMESH_F32, XMESH_F16, XMESH_BF16};
+            ddt = fam[xt_next(&rs) % 3];
+        }
+        if (run_case_to(&c, ddt, seed + (uint64_t)it, err, sizeof err))
+            fail_msg("seed %llu iteration %d (%s -> %s, strategy %d, dtype %s -> %s, chunk %lld): "
+                     "%s",
+                     (unsigned long long)seed, it, ss, ds, (int)c.strategy, xmesh_dtype_name(c.dt),
+                     xmesh_dtype_name(ddt), (long long)c.chunk, err);
     }
 }
 
@@ -624,6 +832,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixed),
+        cmocka_unit_test(test_fixed_convert),
         cmocka_unit_test(test_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
