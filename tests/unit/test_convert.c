@@ -274,9 +274,10 @@ static void test_public(void **state)
     assert_true(in[0] == 1.0f && in[2] == 65520.0f);
 }
 
-/* usage: test_convert [small | bf16+ | bf16- | f16+ | f16-]: the quick
+/* usage: test_convert [small | all | bf16+ | bf16- | f16+ | f16-]: the quick
  * tests, or one exhaustive sweep over the f32 inputs of one sign (CTest
- * runs them as five tests); no argument runs everything. */
+ * runs them as five tests); "all" runs everything, no argument the quick tests
+ * (valgrind and the sanitizer passes run the unit binaries without arguments). */
 int main(int argc, char **argv)
 {
     const struct CMUnitTest small[] = {
@@ -291,7 +292,7 @@ int main(int argc, char **argv)
         {cmocka_unit_test(test_f32_to_f16_neg)},
     };
     static const char *const names[] = {"bf16+", "bf16-", "f16+", "f16-"};
-    const char *what = argc > 1 ? argv[1] : "all";
+    const char *what = argc > 1 ? argv[1] : "small";
     int r = 0, all = !strcmp(what, "all"), known = all || !strcmp(what, "small");
     if (known)
         r |= cmocka_run_group_tests(small, NULL, NULL);
