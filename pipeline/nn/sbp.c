@@ -416,9 +416,10 @@ xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcoun
 
 /* All-to-all of variable blocks as MPI_Isend / MPI_Irecv pairs on comm (tag XMP_A2A_TAG; the
  * comms of nn/ carry no other point-to-point traffic, and MPI keeps the order of messages
- * between two ranks, so consecutive calls never mix). Not MPI_Ialltoallv: Open MPI 4.1's
- * libnbc version loses messages when some counts are zero (test_boxing on 2x2 meshes hangs
- * in it, then reports MPI_ERR_TRUNCATE), which the redistribution of shared splits needs. */
+ * between two ranks, so consecutive calls never mix). Not MPI_Ialltoallv: with Open MPI
+ * 4.1 (libnbc) it never completed on some ranks in test_boxing on 2x2 meshes (the mesh-wide
+ * redistribution of shared splits, where most counts are zero) and then reported
+ * MPI_ERR_TRUNCATE, while the same staged call made blocking passed. */
 #define XMP_A2A_TAG 7411
 xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sdispls, void *rbuf,
                              const int *rcounts, const int *rdispls, MPI_Datatype ty, MPI_Comm comm,

@@ -34,8 +34,8 @@
  *
  * Boxing per mesh axis, on that axis' sub-communicator (Open MPI nonblocking
  * collectives waited with a deadline, see xmp_allreduce below; the all-to-all
- * is MPI_Isend/MPI_Irecv pairs because Open MPI 4.1's MPI_Ialltoallv loses
- * zero-count messages):
+ * is MPI_Isend/MPI_Irecv pairs: Open MPI 4.1's MPI_Ialltoallv hung here, see
+ * sbp.c):
  *   P -> B      MPI_Allreduce (sum)
  *   P -> S(d)   MPI_Reduce_scatter, uneven counts (pack by destination first)
  *   S(d) -> B   MPI_Allgatherv (unpack when d is not the block's leading dim)
