@@ -1,4 +1,5 @@
 /* Boxing: SBP changes on one mesh, axis by axis (design note in sbp.h). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,15 +10,10 @@ static MPI_Datatype mpi_type(xmesh_dtype_t dt)
     return dt == XMESH_I32 ? MPI_INT : MPI_FLOAT;
 }
 
-static xmesh_result_t mpi_check(int rc, const char *what, const char *spec, int axis)
+/* "boxing 'S(0),B' -> 'B,B' axis 0" for the messages of the collectives. */
+static void box_what(char *w, size_t n, const xmp_tensor_t *x, const xmp_tensor_t *y, int a)
 {
-    if (rc == MPI_SUCCESS)
-        return XMESH_SUCCESS;
-    char s[MPI_MAX_ERROR_STRING];
-    int n = 0;
-    MPI_Error_string(rc, s, &n);
-    return xmp_err(XMESH_ERR_BACKEND, "boxing '%s' axis %d: %s failed: %s (code %d)", spec, axis,
-                   what, s, rc);
+    snprintf(w, n, "boxing '%s' -> '%s' axis %d", x->spec, y->spec, a);
 }
 
 static void split_range(int64_t n, int64_t k, int64_t i, int64_t *lo, int64_t *hi)
@@ -104,9 +100,9 @@ static xmesh_result_t redistribute(const xmp_tensor_t *x, xmp_tensor_t *y, int a
             ro += rcnt[p];
         }
     }
-    r = mpi_check(XMP_TIMED_MPI(MPI_Alltoallv(sbuf, scnt, sdis, mpi_type(x->dtype), rbuf, rcnt,
-                                              rdis, mpi_type(x->dtype), m->comm)),
-                  "MPI_Alltoallv (mesh)", x->spec, a);
+    char w[200];
+    box_what(w, sizeof w, x, y, a);
+    r = xmp_alltoallv(sbuf, scnt, sdis, rbuf, rcnt, rdis, mpi_type(x->dtype), m->comm, w);
     if (r)
         goto out_free;
     for (int p = 0; p < n; p++) {
@@ -172,11 +168,11 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
     /* G: my block with axis a unsplit (= the B local shape on axis a). */
     const int64_t *G = from.kind == XMP_S ? y->lshape : x->lshape;
     int64_t lo, hi;
+    char w[200];
+    box_what(w, sizeof w, x, y, a);
     if (from.kind == XMP_P && to.kind == XMP_B) {
         memcpy(y->data, x->data, (size_t)x->lcount * esz);
-        return mpi_check(
-            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, y->data, (int)y->lcount, ty, MPI_SUM, comm)),
-            "MPI_Allreduce", x->spec, a);
+        return xmp_allreduce(y->data, (int)y->lcount, ty, MPI_SUM, comm, w);
     }
     if (to.kind == XMP_P) { /* B -> P: holder keeps; S -> P: place into zeros */
         if (from.kind == XMP_B) {
@@ -225,8 +221,7 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
             c0[c] = (int)volume(nd, ext);
             o += c0[c];
         }
-        r = mpi_check(XMP_TIMED_MPI(MPI_Reduce_scatter(buf, y->data, c0, ty, MPI_SUM, comm)),
-                      "MPI_Reduce_scatter", x->spec, a);
+        r = xmp_reduce_scatter(buf, y->data, c0, ty, MPI_SUM, comm, w);
     } else if (to.kind == XMP_B) { /* S(d) -> B: all-gather, unpack */
         int d = from.dim;
         int64_t o = 0, outer = volume(d, G);
@@ -239,9 +234,7 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
             o += c0[c];
         }
         float *dst = outer == 1 ? (float *)y->data : buf;
-        r = mpi_check(
-            XMP_TIMED_MPI(MPI_Allgatherv(x->data, (int)x->lcount, ty, dst, c0, d0, ty, comm)),
-            "MPI_Allgatherv", x->spec, a);
+        r = xmp_allgatherv(x->data, (int)x->lcount, dst, c0, d0, ty, comm, w);
         if (!r && outer != 1) {
             memset(off, 0, sizeof off);
             for (int c = 0; c < na; c++) {
@@ -275,8 +268,7 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
             d1[c] = (int)o;
             o += c1[c];
         }
-        r = mpi_check(XMP_TIMED_MPI(MPI_Alltoallv(sb, c0, d0, ty, rb, c1, d1, ty, comm)),
-                      "MPI_Alltoallv", x->spec, a);
+        r = xmp_alltoallv(sb, c0, d0, rb, c1, d1, ty, comm, w);
         if (!r) {
             memset(off, 0, sizeof off);
             for (int c = 0; c < na; c++) {

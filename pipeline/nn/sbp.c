@@ -1,9 +1,13 @@
 /* SBP meshes and tensors: mesh communicators, local-block math, spec strings,
  * fill / gather helpers. Boxing is in boxing.c. */
+#include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "nn/sbp.h"
 
@@ -65,16 +69,401 @@ xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
     return r;
 }
 
-xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
-                             const char *what)
+/* ----------------------------------------------------------- collectives
+ * Every collective of nn/ is posted nonblocking and waited here with a deadline
+ * (XMESH_TIMEOUT_S, as lib/ reads it: default 300 s, 0 = no bound), while the
+ * wait loop probes MPI_COMM_WORLD for failure notices (xmp_fail). A collective
+ * that cannot be cancelled (MPI has no cancel for collectives) is abandoned on
+ * error: its staging buffers are deliberately leaked so that a late peer can
+ * never make MPI write into memory that was given back. */
+
+static pthread_mutex_t g_fail_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int g_failed_rank = -1; /* world rank of the first failure known here */
+static char g_failed_msg[XMP_NOTICE_BYTES];
+
+static int world_rank(void)
 {
-    int rc = XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, count, ty, op, comm));
+    int r = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+double xmp_timeout_s(void)
+{
+    const char *e = getenv("XMESH_TIMEOUT_S");
+    char *end = NULL;
+    if (!e || !*e)
+        return 300.0;
+    double v = strtod(e, &end);
+    if (!end || *end || !(v >= 0.0))
+        return 300.0;
+    return v;
+}
+
+static void record_failure(int rank, const char *msg)
+{
+    pthread_mutex_lock(&g_fail_mu);
+    if (atomic_load(&g_failed_rank) < 0) {
+        snprintf(g_failed_msg, sizeof g_failed_msg, "%s", msg);
+        atomic_store(&g_failed_rank, rank);
+    }
+    pthread_mutex_unlock(&g_fail_mu);
+}
+
+/* Consumes one pending failure notice, if any (matched probe: thread safe). */
+static int poll_notice(void)
+{
+    if (atomic_load(&g_failed_rank) >= 0)
+        return 1;
+    int flag = 0, init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (!init || fin)
+        return 0;
+    MPI_Message msg;
+    MPI_Status st;
+    if (MPI_Improbe(MPI_ANY_SOURCE, XMP_FAIL_TAG, MPI_COMM_WORLD, &flag, &msg, &st) !=
+            MPI_SUCCESS ||
+        !flag)
+        return 0;
+    char buf[XMP_NOTICE_BYTES];
+    memset(buf, 0, sizeof buf);
+    MPI_Mrecv(buf, XMP_NOTICE_BYTES, MPI_CHAR, &msg, MPI_STATUS_IGNORE);
+    buf[XMP_NOTICE_BYTES - 1] = 0;
+    record_failure(st.MPI_SOURCE, buf);
+    return 1;
+}
+
+int xmp_failed_rank(char *msg, size_t n)
+{
+    poll_notice();
+    pthread_mutex_lock(&g_fail_mu);
+    int r = atomic_load(&g_failed_rank);
+    if (msg && n)
+        snprintf(msg, n, "%s", r >= 0 ? g_failed_msg : "");
+    pthread_mutex_unlock(&g_fail_mu);
+    return r;
+}
+
+void xmp_fail_clear(void)
+{
+    pthread_mutex_lock(&g_fail_mu);
+    atomic_store(&g_failed_rank, -1);
+    g_failed_msg[0] = 0;
+    pthread_mutex_unlock(&g_fail_mu);
+}
+
+xmesh_result_t xmp_fail(MPI_Comm comm, const char *msg)
+{
+    int me = world_rank(), n = 0;
+    xmesh_result_t r = XMESH_SUCCESS;
+    MPI_Group g, wg;
+    record_failure(me, msg ? msg : "");
+    if (comm == MPI_COMM_NULL)
+        return XMESH_SUCCESS;
+    MPI_Comm_group(comm, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &wg);
+    MPI_Group_size(g, &n);
+    int *in = malloc(sizeof(int) * (size_t)(2 * n + 1));
+    /* the sends may complete after we return (or never, to a dead peer): never freed */
+    char *buf = calloc(XMP_NOTICE_BYTES, 1);
+    if (!in || !buf) {
+        free(in);
+        free(buf);
+        r = xmp_err(XMESH_ERR_NO_MEMORY, "xmp_fail: out of memory");
+        goto out_groups;
+    }
+    snprintf(buf, XMP_NOTICE_BYTES, "%s", msg ? msg : "");
+    for (int i = 0; i < n; i++)
+        in[i] = i;
+    MPI_Group_translate_ranks(g, n, in, wg, in + n);
+    for (int i = 0; i < n; i++) {
+        int w = in[n + i];
+        MPI_Request q;
+        if (w == MPI_UNDEFINED || w == me)
+            continue;
+        if (MPI_Isend(buf, XMP_NOTICE_BYTES, MPI_CHAR, w, XMP_FAIL_TAG, MPI_COMM_WORLD, &q) ==
+            MPI_SUCCESS)
+            MPI_Request_free(&q);
+    }
+    free(in);
+out_groups:
+    MPI_Group_free(&g);
+    MPI_Group_free(&wg);
+    return r;
+}
+
+/* " over world ranks 0,1,2,3" (the first 16) for messages. */
+static void comm_ranks(MPI_Comm comm, char *out, size_t len)
+{
+    MPI_Group g, wg;
+    int n = 0, in[16], w[16];
+    out[0] = 0;
+    if (comm == MPI_COMM_NULL)
+        return;
+    MPI_Comm_group(comm, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &wg);
+    MPI_Group_size(g, &n);
+    int k = n < 16 ? n : 16;
+    for (int i = 0; i < k; i++)
+        in[i] = i;
+    MPI_Group_translate_ranks(g, k, in, wg, w);
+    size_t o = (size_t)snprintf(out, len, " over world ranks ");
+    for (int i = 0; i < k && o < len; i++)
+        o += (size_t)snprintf(out + o, len - o, "%s%d", i ? "," : "", w[i]);
+    if (n > k && o < len)
+        snprintf(out + o, len - o, ",... (%d ranks)", n);
+    MPI_Group_free(&g);
+    MPI_Group_free(&wg);
+}
+
+xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what)
+{
+    return xmp_waitall(1, req, comm, what);
+}
+
+xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char *what)
+{
+    double t0 = MPI_Wtime(), T = xmp_timeout_s();
+    long it = 0, nap_ns = 0;
+    xmesh_result_t r;
+    char ranks[160], fmsg[XMP_NOTICE_BYTES];
+    for (;;) {
+        int done = 0, rc = MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char s[MPI_MAX_ERROR_STRING];
+            int n = 0;
+            MPI_Error_string(rc, s, &n);
+            r = xmp_err(XMESH_ERR_REMOTE, "rank %d: %s failed: %s (MPI code %d)", world_rank(),
+                        what, s, rc);
+            break;
+        }
+        if (done) {
+            r = XMESH_SUCCESS;
+            break;
+        }
+        if ((it & 63) == 0 && poll_notice()) {
+            int fr = xmp_failed_rank(fmsg, sizeof fmsg);
+            comm_ranks(comm, ranks, sizeof ranks);
+            if (fr == world_rank())
+                r = xmp_err(XMESH_ERR_REMOTE,
+                            "rank %d: %s%s abandoned: this rank failed earlier (%s)", fr, what,
+                            ranks, fmsg);
+            else
+                r = xmp_err(XMESH_ERR_REMOTE, "rank %d: %s%s abandoned: rank %d failed (%s)",
+                            world_rank(), what, ranks, fr, fmsg);
+            break;
+        }
+        double el = MPI_Wtime() - t0;
+        if (T > 0 && el >= T) {
+            comm_ranks(comm, ranks, sizeof ranks);
+            r = xmp_err(XMESH_ERR_TIMEOUT,
+                        "rank %d: %s%s timed out after %.3g s (XMESH_TIMEOUT_S = %g): a peer "
+                        "never arrived",
+                        world_rank(), what, ranks, el, T);
+            break;
+        }
+        /* Progress needs this rank to call MPI_Test (no progress thread): poll and yield
+         * the core for the first second (collectives of several rounds on an oversubscribed
+         * host: sleeping here doubled the time of test_sbp_layers on 8 ranks over 2 cores),
+         * then sleep with back-off up to 1 ms so a stalled job costs little CPU. */
+        it++;
+        if (el < 1.0) {
+            sched_yield();
+        } else {
+            nap_ns = nap_ns ? (nap_ns * 2 > 1000000 ? 1000000 : nap_ns * 2) : 20000;
+            struct timespec ts = {0, nap_ns};
+            nanosleep(&ts, NULL);
+        }
+    }
+    xmp_comm_seconds_add(MPI_Wtime() - t0);
+    return r;
+}
+
+static size_t type_size(MPI_Datatype ty)
+{
+    int s = 0;
+    MPI_Type_size(ty, &s);
+    return (size_t)s;
+}
+
+/* Staging of one collective: a block holding copies of the buffers and count arrays. Freed
+ * after success; leaked when the collective is abandoned (see above). */
+static void *stage(size_t bytes)
+{
+    return malloc(bytes ? bytes : 1);
+}
+
+static xmesh_result_t posted(int rc, const char *what)
+{
     if (rc == MPI_SUCCESS)
         return XMESH_SUCCESS;
     char s[MPI_MAX_ERROR_STRING];
     int n = 0;
     MPI_Error_string(rc, s, &n);
-    return xmp_err(XMESH_ERR_BACKEND, "%s: MPI_Allreduce failed: %s (code %d)", what, s, rc);
+    return xmp_err(XMESH_ERR_BACKEND, "%s: posting failed: %s (MPI code %d)", what, s, rc);
+}
+
+static xmesh_result_t known_failure(const char *what)
+{
+    char fmsg[XMP_NOTICE_BYTES];
+    int fr = xmp_failed_rank(fmsg, sizeof fmsg);
+    if (fr < 0)
+        return XMESH_SUCCESS;
+    return xmp_err(XMESH_ERR_REMOTE, "rank %d: %s not started: rank %d failed (%s)", world_rank(),
+                   what, fr, fmsg);
+}
+
+xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                             const char *what)
+{
+    size_t bytes = (size_t)count * type_size(ty);
+    MPI_Request q;
+    char w[200];
+    snprintf(w, sizeof w, "MPI_Iallreduce (%s)", what);
+    xmesh_result_t r = known_failure(w);
+    if (r)
+        return r;
+    void *s = stage(bytes);
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+    memcpy(s, buf, bytes);
+    if ((r = posted(MPI_Iallreduce(MPI_IN_PLACE, s, count, ty, op, comm, &q), w))) {
+        free(s);
+        return r;
+    }
+    if ((r = xmp_wait(&q, comm, w)))
+        return r; /* abandoned: s stays allocated */
+    memcpy(buf, s, bytes);
+    free(s);
+    return XMESH_SUCCESS;
+}
+
+static int64_t extent(int n, const int *cnt, const int *dis)
+{
+    int64_t e = 0;
+    for (int i = 0; i < n; i++)
+        if (cnt[i] && (int64_t)dis[i] + cnt[i] > e)
+            e = (int64_t)dis[i] + cnt[i];
+    return e;
+}
+
+xmesh_result_t xmp_allgatherv(const void *sbuf, int scount, void *rbuf, const int *rcounts,
+                              const int *rdispls, MPI_Datatype ty, MPI_Comm comm, const char *what)
+{
+    int n = 0;
+    MPI_Request q;
+    char w[200];
+    snprintf(w, sizeof w, "MPI_Iallgatherv (%s)", what);
+    xmesh_result_t r = known_failure(w);
+    if (r)
+        return r;
+    MPI_Comm_size(comm, &n);
+    size_t es = type_size(ty);
+    int64_t re = extent(n, rcounts, rdispls);
+    size_t ints = sizeof(int) * 2 * (size_t)n, sb = (size_t)scount * es, rb = (size_t)re * es;
+    char *s = stage(ints + sb + rb);
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+    int *c = (int *)s, *d = c + n;
+    memcpy(c, rcounts, sizeof(int) * (size_t)n);
+    memcpy(d, rdispls, sizeof(int) * (size_t)n);
+    memcpy(s + ints, sbuf, sb);
+    if ((r = posted(MPI_Iallgatherv(s + ints, scount, ty, s + ints + sb, c, d, ty, comm, &q), w))) {
+        free(s);
+        return r;
+    }
+    if ((r = xmp_wait(&q, comm, w)))
+        return r;
+    memcpy(rbuf, s + ints + sb, rb);
+    free(s);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcounts, MPI_Datatype ty,
+                                  MPI_Op op, MPI_Comm comm, const char *what)
+{
+    int n = 0, me = 0;
+    MPI_Request q;
+    char w[200];
+    snprintf(w, sizeof w, "MPI_Ireduce_scatter (%s)", what);
+    xmesh_result_t r = known_failure(w);
+    if (r)
+        return r;
+    MPI_Comm_size(comm, &n);
+    MPI_Comm_rank(comm, &me);
+    size_t es = type_size(ty);
+    int64_t tot = 0;
+    for (int i = 0; i < n; i++)
+        tot += rcounts[i];
+    size_t ints = sizeof(int) * (size_t)n, sb = (size_t)tot * es, rb = (size_t)rcounts[me] * es;
+    char *s = stage(ints + sb + rb);
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+    int *c = (int *)s;
+    memcpy(c, rcounts, ints);
+    memcpy(s + ints, sbuf, sb);
+    if ((r = posted(MPI_Ireduce_scatter(s + ints, s + ints + sb, c, ty, op, comm, &q), w))) {
+        free(s);
+        return r;
+    }
+    if ((r = xmp_wait(&q, comm, w)))
+        return r;
+    memcpy(rbuf, s + ints + sb, rb);
+    free(s);
+    return XMESH_SUCCESS;
+}
+
+/* All-to-all of variable blocks as MPI_Isend / MPI_Irecv pairs on comm (tag XMP_A2A_TAG; the
+ * comms of nn/ carry no other point-to-point traffic, and MPI keeps the order of messages
+ * between two ranks, so consecutive calls never mix). Not MPI_Ialltoallv: with Open MPI
+ * 4.1 (libnbc) it never completed on some ranks in test_boxing on 2x2 meshes (the mesh-wide
+ * redistribution of shared splits, where most counts are zero) and then reported
+ * MPI_ERR_TRUNCATE, while the same staged call made blocking passed. */
+#define XMP_A2A_TAG 7411
+xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sdispls, void *rbuf,
+                             const int *rcounts, const int *rdispls, MPI_Datatype ty, MPI_Comm comm,
+                             const char *what)
+{
+    int n = 0, me = 0, k = 0;
+    char w[200];
+    snprintf(w, sizeof w, "all-to-all by MPI_Isend/MPI_Irecv (%s)", what);
+    xmesh_result_t r = known_failure(w);
+    if (r)
+        return r;
+    MPI_Comm_size(comm, &n);
+    MPI_Comm_rank(comm, &me);
+    size_t es = type_size(ty);
+    int64_t se = extent(n, scounts, sdispls), re = extent(n, rcounts, rdispls);
+    size_t reqb = sizeof(MPI_Request) * 2 * (size_t)n, sb = (size_t)se * es, rb = (size_t)re * es;
+    char *s = stage(reqb + sb + rb);
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+    MPI_Request *q = (MPI_Request *)s;
+    char *sx = s + reqb, *rx = sx + sb;
+    memcpy(sx, sbuf, sb);
+    for (int p = 0; p < n && !r; p++)
+        if (p != me && rcounts[p])
+            r = posted(MPI_Irecv(rx + (size_t)rdispls[p] * es, rcounts[p], ty, p, XMP_A2A_TAG, comm,
+                                 &q[k++]),
+                       w);
+    for (int i = 1; i < n && !r; i++) { /* start with the next rank: no hot spot */
+        int p = (me + i) % n;
+        if (scounts[p])
+            r = posted(MPI_Isend(sx + (size_t)sdispls[p] * es, scounts[p], ty, p, XMP_A2A_TAG, comm,
+                                 &q[k++]),
+                       w);
+    }
+    if (!r && rcounts[me])
+        memcpy(rx + (size_t)rdispls[me] * es, sx + (size_t)sdispls[me] * es,
+               (size_t)rcounts[me] * es);
+    if (r) /* posted requests may still complete into s: abandon it */
+        return r;
+    if ((r = xmp_waitall(k, q, comm, w)))
+        return r;
+    memcpy(rbuf, rx, rb);
+    free(s);
+    return XMESH_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- meshes */
@@ -115,22 +504,43 @@ xmesh_result_t xmp_mesh_create(MPI_Comm parent, xmesh_ctx_t ctx, int ndim, const
         if (ranks[i] == prank)
             index = i;
     }
+    /* The checks above see the same arguments on every rank; the ones below are local
+     * (the ctx, memory), so the ranks agree on them before the first MPI_Comm_split: a rank
+     * that returned early would leave the others blocked in it. */
+    xmesh_result_t lr = XMESH_SUCCESS;
+    xmp_mesh_t *m = NULL;
     if (ctx) {
         int cr = -1, cs = -1;
         xmesh_ctx_rank(ctx, &cr);
         xmesh_ctx_size(ctx, &cs);
         if (cr != prank || cs != psize)
-            return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
-                           "ctx (rank %d of %d) is not over the parent comm (rank %d of %d)", cr,
-                           cs, prank, psize);
+            lr = xmp_err(XMESH_ERR_INVALID_ARGUMENT,
+                         "ctx (rank %d of %d) is not over the parent comm (rank %d of %d)", cr, cs,
+                         prank, psize);
     }
-    xmp_mesh_t *m = calloc(1, sizeof *m);
-    if (!m)
-        return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_mesh_create: out of memory");
-    m->ranks = malloc(sizeof(int) * (size_t)size);
-    if (!m->ranks) {
+    if (!lr) {
+        m = calloc(1, sizeof *m);
+        if (m)
+            m->ranks = malloc(sizeof(int) * (size_t)size);
+        if (!m || !m->ranks)
+            lr = xmp_err(XMESH_ERR_NO_MEMORY, "xmp_mesh_create: out of memory");
+    }
+    int agree[2] = {lr ? 1 : 0, lr ? prank : -1};
+    char keep[512];
+    snprintf(keep, sizeof keep, "%s", xmp_last_error());
+    xmesh_result_t ar = xmp_allreduce(agree, 2, MPI_INT, MPI_MAX, parent, "xmp_mesh_create");
+    if (lr || ar || agree[0]) {
+        if (m)
+            free(m->ranks);
         free(m);
-        return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_mesh_create: out of memory");
+        if (lr)
+            return xmp_err(lr, "%s", keep);
+        if (ar)
+            return ar;
+        return xmp_err(XMESH_ERR_REMOTE,
+                       "xmp_mesh_create: rank %d of the parent comm failed locally; no mesh "
+                       "created",
+                       agree[1]);
     }
     memcpy(m->ranks, ranks, sizeof(int) * (size_t)size);
     m->ndim = ndim;

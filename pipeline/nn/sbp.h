@@ -32,8 +32,10 @@
  * weights get P gradients over the data axis. Callers box those P -> B when
  * they need the value, e.g. the optimizer step.)
  *
- * Boxing per mesh axis, on that axis' sub-communicator (Open MPI collectives;
- * nothing hand-rolled):
+ * Boxing per mesh axis, on that axis' sub-communicator (Open MPI nonblocking
+ * collectives waited with a deadline, see xmp_allreduce below; the all-to-all
+ * is MPI_Isend/MPI_Irecv pairs: Open MPI 4.1's MPI_Ialltoallv hung here, see
+ * sbp.c):
  *   P -> B      MPI_Allreduce (sum)
  *   P -> S(d)   MPI_Reduce_scatter, uneven counts (pack by destination first)
  *   S(d) -> B   MPI_Allgatherv (unpack when d is not the block's leading dim)
@@ -94,10 +96,52 @@ void xmp_comm_seconds_add(double s);
         xmp_rc_;                                                                                   \
     })
 
-/* Collective helpers of nn/: every collective of boxing and of the SBP layers goes through
- * them. what names the caller for error messages. Collective over comm. */
+/* Collectives of nn/ (boxing and the SBP layers: every collective goes through these).
+ * Each is posted nonblocking (MPI_Iallreduce, MPI_Iallgatherv, MPI_Ireduce_scatter; the
+ * all-to-all as MPI_Isend/MPI_Irecv pairs, see sbp.c) on staging copies and waited by xmp_wait: the
+ * wait ends with XMESH_ERR_TIMEOUT after XMESH_TIMEOUT_S seconds (default 300, 0 = no bound; read
+ * at every call, as lib/ reads it), the message naming this rank, the collective and its caller
+ *     ("rank 1: MPI_Iallreduce (boxing 'P' axis 0) over world ranks 0,1,2,3 timed out ..."),
+ *   XMESH_ERR_REMOTE as soon as a failure notice of another rank arrives (xmp_fail), naming
+ *     the failed rank and its message; once a failure is known every later collective fails
+ *     at once without being posted;
+ * and never calls MPI_Abort. An abandoned collective (MPI cannot cancel one) keeps its
+ * staging buffers allocated forever, so the caller's buffers are never written after the
+ * call returns, and its communicator must not be used again: after such an error the
+ * process should report and end. what names the caller for the message. Collective over
+ * comm; buffers as the MPI calls (send buffers read, receive buffers written on success
+ * only). */
 xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
                              const char *what);
+xmesh_result_t xmp_allgatherv(const void *sbuf, int scount, void *rbuf, const int *rcounts,
+                              const int *rdispls, MPI_Datatype ty, MPI_Comm comm, const char *what);
+xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcounts, MPI_Datatype ty,
+                                  MPI_Op op, MPI_Comm comm, const char *what);
+xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sdispls, void *rbuf,
+                             const int *rcounts, const int *rdispls, MPI_Datatype ty, MPI_Comm comm,
+                             const char *what);
+/* Waits for one (all nreq) nonblocking requests of nn/ as above (adds the time to
+ * xmp_comm_seconds). */
+xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what);
+xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char *what);
+/* XMESH_TIMEOUT_S in seconds (300 when unset or malformed; 0 = no bound). */
+double xmp_timeout_s(void);
+
+/* Failure notices. A rank that fails (and will not join the collectives the others are in)
+ * calls xmp_fail(comm, msg): it posts a notice of msg to every other rank of comm (sent on
+ * MPI_COMM_WORLD with the reserved tag XMP_FAIL_TAG; pass MPI_COMM_WORLD to reach every
+ * stage of a pipeline), records itself as failed and returns without waiting. Ranks waiting
+ * in (or later starting) an nn/ collective end with XMESH_ERR_REMOTE naming it. Not
+ * collective. Returns NO_MEMORY only. Applications must not use XMP_FAIL_TAG on
+ * MPI_COMM_WORLD. */
+#define XMP_FAIL_TAG 32760
+#define XMP_NOTICE_BYTES 256
+xmesh_result_t xmp_fail(MPI_Comm comm, const char *msg);
+/* World rank of the first failure this process knows of (its own included), -1 if none;
+ * msg (may be NULL) receives its notice. Polls for notices. */
+int xmp_failed_rank(char *msg, size_t n);
+/* Forgets a known failure (tests, or a job that rebuilt its communicators). */
+void xmp_fail_clear(void);
 
 /* A mesh group. Public fields are read-only for callers. */
 typedef struct xmp_mesh {

@@ -692,9 +692,12 @@ xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t 
         for (int64_t j = 0; j < Vl && v0 + j < V; j++)
             mx[i] = fmaxf(mx[i], x[i * Vl + j]);
     }
-    for (int a = 0; a < m->ndim && m->member; a++)
+    for (int a = 0; a < m->ndim && m->member && !r; a++)
         if (tl[a].kind == XMP_S && tl[a].dim == nr)
-            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, mx, (int)R, MPI_FLOAT, MPI_MAX, m->axis[a]));
+            r = xmp_allreduce(mx, (int)R, MPI_FLOAT, MPI_MAX, m->axis[a],
+                              "xmp_cross_entropy row max");
+    if (r)
+        goto out_free;
     for (int64_t i = 0; i < R; i++) {
         float s = 0;
         for (int64_t j = 0; j < Vl && v0 + j < V; j++)
@@ -703,15 +706,19 @@ xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t 
         int64_t t = tg[i] - v0;
         se[2 * i + 1] = t >= 0 && t < Vl ? x[i * Vl + t] : 0.0f;
     }
-    for (int a = 0; a < m->ndim && m->member; a++)
+    for (int a = 0; a < m->ndim && m->member && !r; a++)
         if (tl[a].kind == XMP_S && tl[a].dim == nr)
-            XMP_TIMED_MPI(
-                MPI_Allreduce(MPI_IN_PLACE, se, (int)(2 * R), MPI_FLOAT, MPI_SUM, m->axis[a]));
+            r = xmp_allreduce(se, (int)(2 * R), MPI_FLOAT, MPI_SUM, m->axis[a],
+                              "xmp_cross_entropy sum-exp and target logit");
+    if (r)
+        goto out_free;
     for (int64_t i = 0; i < R; i++)
         total += logf(se[2 * i]) + mx[i] - se[2 * i + 1];
-    for (int a = 0; a < m->ndim && m->member; a++)
+    for (int a = 0; a < m->ndim && m->member && !r; a++)
         if (tl[a].kind == XMP_S && tl[a].dim < nr)
-            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, m->axis[a]));
+            r = xmp_allreduce(&total, 1, MPI_DOUBLE, MPI_SUM, m->axis[a], "xmp_cross_entropy loss");
+    if (r)
+        goto out_free;
     *loss = (float)(total / (double)(N ? N : 1));
     if (dlogits) {
         float inv = 1.0f / (float)(N ? N : 1);

@@ -42,3 +42,13 @@ target_link_libraries(test_sbp_mem PRIVATE Threads::Threads)
 add_test(NAME pipeline.sbp.test_sbp_mem COMMAND test_sbp_mem)
 set_tests_properties(pipeline.sbp.test_sbp_mem PROPERTIES LABELS "pipeline;unit" TIMEOUT 60
   ENVIRONMENT "${XMP_SBP_ENV}")
+
+# A failing rank and a rank that never arrives: the others end with an error naming it (or
+# the collective) within XMESH_TIMEOUT_S (3 s here) + margin, never hang, never abort.
+add_executable(test_sbp_fail test_sbp_fail.c)
+target_link_libraries(test_sbp_fail PRIVATE xmesh_pipeline)
+add_test(NAME pipeline.sbp.test_sbp_fail.n4
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe
+          ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_sbp_fail> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(pipeline.sbp.test_sbp_fail.n4 PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
+  ENVIRONMENT "${XMP_SBP_ENV};XMESH_TIMEOUT_S=3")
