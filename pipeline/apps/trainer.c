@@ -417,7 +417,7 @@ static int log_close(train_log_t *s, double med, double mn, double mx, int skip)
         const char *unit = !strncmp(s->m->rate_key, "tokens", 6) ? "tokens" : "images";
         if (s->m->describe)
             s->m->describe(s->m->user, desc, sizeof desc);
-        printf("%s %s: %d steps %s, loss %.4f -> %.4f, %.0f %s/s median, %.2f s\n", s->m->name,
+        printf("%s %s: %d steps %s, loss %.4f -> %.4f, %.1f %s/s median, %.2f s\n", s->m->name,
                s->mode, s->n, desc, s->first_loss, s->last_loss, med, unit, xmp_now() - s->t_start);
         if (s->o->bench)
             printf("bench: %s/s over steps %d..%d (%.0f per step):\n"
