@@ -638,7 +638,7 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
     }
     (void)S;
     xmp_replan_t rp = {o->schedule,
-                       o->microbatches,
+                       o->microbatches * o->grad_accum,
                        ts->nedges,
                        ts->sedges,
                        f,
