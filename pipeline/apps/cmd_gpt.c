@@ -31,7 +31,7 @@
 typedef struct {
     const char *init_from;
     int layers, heads, channels, max_seq, vocab;
-    const char *data, *text, *save;
+    const char *data, *text, *save, *val_data;
     int shuffle, batch, seq;
     float beta1, beta2, eps;
 } gpt_opts_t;
@@ -43,9 +43,10 @@ typedef struct {
     gpt_opts_t o;
     const char *desc; /* data description */
     xmp_gpt2_t sm;    /* serial */
-    xmp_llmc_loader_t sld;
+    xmp_llmc_loader_t sld, svld;
     xmp_gpt2_t m; /* parallel: the full model every rank slices from */
-    xmp_llmc_loader_t ld;
+    xmp_llmc_loader_t ld, vld;
+    int step;
     xmp_gpt2_stage_t *st;
     int nstages, rank, size;
     int B;    /* rows per optimizer step: --batch x --grad-accum */
@@ -91,6 +92,8 @@ static void gpt_usage(void)
            "                      (" XMP_DEFAULT_TEXT "), byte-tokenized in memory\n"
            "  --text FILE         byte-tokenize this text in memory instead\n"
            "  --no-shuffle        visit samples in file order (llm.c's training loader shuffles)\n"
+           "  --val-data FILE|GLOB  held-out token file(s) for --val-every; without it the\n"
+           "                      last 10%% of the in-memory text is held out (--val-every)\n"
            "training (defaults = llm.c train_gpt2.c):\n"
            "  --batch B (4) --seq T (64) --steps N (40) --lr (1e-4) --beta1 (0.9)\n"
            "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
@@ -139,6 +142,7 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
             {"--data", NULL, 0, 0, NULL, 0, 0, &o->data},
             {"--text", NULL, 0, 0, NULL, 0, 0, &o->text},
             {"--save", NULL, 0, 0, NULL, 0, 0, &o->save},
+            {"--val-data", NULL, 0, 0, NULL, 0, 0, &o->val_data},
         };
         size_t k, nf = sizeof f / sizeof f[0];
         for (k = 0; k < nf; k++)
@@ -159,6 +163,10 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
         return -1;
     if (o->data && o->text)
         return xmp_cli_error("--data '%s' and --text '%s' are exclusive", o->data, o->text);
+    if (t->val_every && o->data && !o->val_data)
+        return xmp_cli_error("--val-every %d with --data '%s': give the held-out split with "
+                             "--val-data",
+                             t->val_every, o->data);
     return 0;
 }
 
@@ -185,13 +193,20 @@ static int setup_model(const xmp_train_opts_t *t, const gpt_opts_t *o, xmp_gpt2_
     return 0;
 }
 
-/* The loader gives the B rows of one optimizer step (--batch x --grad-accum). */
-static int setup_data(const gpt_opts_t *o, int B, xmp_llmc_loader_t *ld, const char **desc)
+/* The loaders give the B rows of one optimizer step (--batch x --grad-accum): training, and
+ * with --val-every the held-out split (val: NULL without it): --val-data, or the last 10% of
+ * the in-memory text (then not trained on). */
+static int setup_data(const xmp_train_opts_t *t, const gpt_opts_t *o, int B, xmp_llmc_loader_t *ld,
+                      xmp_llmc_loader_t *val, const char **desc)
 {
     if (o->data) {
         *desc = o->data;
         if (xmp_llmc_loader_init(ld, o->data, B, o->seq, 0, 1, o->shuffle) != 0)
             return xmp_train_fail("--data: %s", xmp_llmc_last_error());
+        if (t->val_every && xmp_llmc_loader_init(val, o->val_data, B, o->seq, 0, 1, 0) != 0) {
+            xmp_llmc_loader_free(ld);
+            return xmp_train_fail("--val-data: %s", xmp_llmc_last_error());
+        }
         return 0;
     }
     const char *path = o->text ? o->text : XMP_DEFAULT_TEXT;
@@ -207,10 +222,17 @@ static int setup_data(const gpt_opts_t *o, int B, xmp_llmc_loader_t *ld, const c
     }
     xmp_llmc_tokenize_bytes(toks, text, n);
     free(text);
-    int rc = xmp_llmc_loader_init_tokens(ld, toks, n, B, o->seq, 0, 1, o->shuffle);
+    size_t ntrain = t->val_every ? n - n / 10 : n;
+    int rc = xmp_llmc_loader_init_tokens(ld, toks, ntrain, B, o->seq, 0, 1, o->shuffle);
+    if (rc == 0 && t->val_every &&
+        xmp_llmc_loader_init_tokens(val, toks + ntrain, n - ntrain, B, o->seq, 0, 1, 0) != 0) {
+        xmp_llmc_loader_free(ld);
+        rc = -1;
+    }
     free(toks);
     if (rc != 0)
-        return xmp_train_fail("data '%s': %s", path, xmp_llmc_last_error());
+        return xmp_train_fail("data '%s'%s: %s", path, t->val_every ? " (held-out last 10%)" : "",
+                              xmp_llmc_last_error());
     return 0;
 }
 
@@ -223,7 +245,7 @@ static int gpt_serial_open(void *u, int64_t *nparams)
     memset(&g->sld, 0, sizeof g->sld);
     if (setup_model(g->t, &g->o, &g->sm) != 0)
         return -1;
-    if (setup_data(&g->o, g->B, &g->sld, &g->desc) != 0) {
+    if (setup_data(g->t, &g->o, g->B, &g->sld, &g->svld, &g->desc) != 0) {
         xmp_gpt2_free(&g->sm);
         return -1;
     }
@@ -277,9 +299,32 @@ static int gpt_serial_finish(void *u)
     return 0;
 }
 
+/* Validation batch k: the held-out loader from its start at k = 0 (each validation sees the
+ * same batches, like llm.c's val loader reset). */
+static int next_val(const xmp_train_opts_t *t, xmp_llmc_loader_t *v, int k)
+{
+    if (!t->val_every)
+        return xmp_train_fail("no held-out split (--val-every 0)");
+    if ((k == 0 && xmp_llmc_loader_reset(v) != 0) || xmp_llmc_loader_next(v) != 0)
+        return xmp_train_fail("validation data: %s", xmp_llmc_last_error());
+    return 0;
+}
+
+static int gpt_serial_val(void *u, int k, double *loss)
+{
+    gpt_run_t *g = u;
+    if (next_val(g->t, &g->svld, k) != 0)
+        return -1;
+    if (xmp_gpt2_forward(&g->sm, g->svld.inputs, g->svld.targets, g->B, g->o.seq) != 0)
+        return xmp_train_fail("%s", xmp_llmc_last_error());
+    *loss = g->sm.mean_loss;
+    return 0;
+}
+
 static void gpt_serial_close(void *u)
 {
     gpt_run_t *g = u;
+    xmp_llmc_loader_free(&g->svld);
     xmp_llmc_loader_free(&g->sld);
     xmp_gpt2_free(&g->sm);
 }
@@ -340,7 +385,22 @@ static int gpt_par_set_step(void *u, int step)
     if (xmp_llmc_loader_next(&g->ld) != 0)
         return xmp_train_fail("%s", xmp_llmc_last_error());
     xmp_gpt2_stage_set_batch(g->st, g->ld.inputs, g->ld.targets, step);
+    g->step = step;
     return 0;
+}
+
+static int gpt_par_set_val(void *u, int k)
+{
+    gpt_run_t *g = u;
+    if (next_val(g->t, &g->vld, k) != 0)
+        return -1;
+    xmp_gpt2_stage_set_batch(g->st, g->vld.inputs, g->vld.targets, g->step);
+    return 0;
+}
+
+static void gpt_par_release(void *u)
+{
+    xmp_gpt2_stage_release(((gpt_run_t *)u)->st);
 }
 
 static void gpt_set_lr(void *u, float lr)
@@ -501,6 +561,9 @@ int xmp_cmd_gpt(int argc, char **argv)
     m.serial_finish = gpt_serial_finish;
     m.serial_close = gpt_serial_close;
     m.set_lr = gpt_set_lr;
+    m.serial_val = gpt_serial_val;
+    m.par_set_val = gpt_par_set_val;
+    m.par_release = gpt_par_release;
     m.grad_sumsq = gpt_grad_sumsq;
     m.grad_scale = gpt_grad_scale;
     m.par_open = gpt_par_open;
@@ -522,7 +585,7 @@ int xmp_cmd_gpt(int argc, char **argv)
         xmp_cli_error("%s", xmp_last_error());
         return 1;
     }
-    if (setup_data(&g.o, g.B, &g.ld, &g.desc) != 0) {
+    if (setup_data(&t, &g.o, g.B, &g.ld, &g.vld, &g.desc) != 0) {
         xmp_cli_error("%s", xmp_last_error());
         xmp_gpt2_free(&g.m);
         return 1;
@@ -539,6 +602,7 @@ int xmp_cmd_gpt(int argc, char **argv)
         m.kinds = g.kinds;
         rc = xmp_train_run(&t, &m);
     }
+    xmp_llmc_loader_free(&g.vld);
     xmp_llmc_loader_free(&g.ld);
     xmp_gpt2_free(&g.m);
     return rc;

@@ -35,6 +35,13 @@ void xmp_train_defaults(xmp_train_opts_t *o)
     o->bench_warmup = 1;
     o->blas_threads = 1;
     o->grad_accum = 1;
+    o->val_steps = 4;
+}
+
+/* 1 when a validation follows 0-based step `step`. */
+static int val_due(const xmp_train_opts_t *o, int step)
+{
+    return o->val_every > 0 && ((step + 1) % o->val_every == 0 || step == o->steps - 1);
 }
 
 float xmp_train_lr(const xmp_train_opts_t *o, int step)
@@ -62,6 +69,8 @@ void xmp_train_usage(void)
            "  --warmup N (0)      linear learning-rate warm-up over N steps\n"
            "  --lr-decay none|cosine|linear (none)  decay after the warm-up to the last step\n"
            "  --lr-min-frac F (0) the decay ends at lr x F\n"
+           "  --val-every N (0: off) --val-steps K (4)  validation loss on the held-out split\n"
+           "                      after every N-th step and the last, mean of K batches\n"
            "  --json FILE         configuration + one record per step\n"
            "  --log-steps         print 'step N: train loss L (took X ms)' lines\n"
            "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
@@ -119,6 +128,8 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
         {"--warmup", &o->warmup, 0, 1 << 30, NULL, 0, 0, NULL},
         {"--bench-warmup", &o->bench_warmup, 0, 1 << 30, NULL, 0, 0, NULL},
         {"--grad-accum", &o->grad_accum, 1, 1 << 16, NULL, 0, 0, NULL},
+        {"--val-every", &o->val_every, 0, 1 << 30, NULL, 0, 0, NULL},
+        {"--val-steps", &o->val_steps, 1, 1 << 20, NULL, 0, 0, NULL},
         {"--grad-clip", NULL, 0, 0, &o->grad_clip, 0.0, 1e30, NULL},
         {"--lr-min-frac", NULL, 0, 0, &o->lr_min_frac, 0.0, 1.0, NULL},
         {"--blas-threads", &o->blas_threads, 1, 1024, NULL, 0, 0, NULL},
@@ -359,6 +370,8 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
                      : o->lr_decay == XMP_LR_LINEAR ? "linear"
                                                     : "none");
         xmp_json_f32(j, "lr_min_frac", o->lr_min_frac);
+        xmp_json_int(j, "val_every", o->val_every);
+        xmp_json_int(j, "val_steps", o->val_steps);
         xmp_json_obj_end(j);
         if (sl) {
             char buf[512];
@@ -394,7 +407,7 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
 }
 
 static void log_record(train_log_t *s, int step, double loss, double seconds,
-                       const xmp_step_pipe_t *pipe, float lr, double grad_norm)
+                       const xmp_step_pipe_t *pipe, float lr, double grad_norm, double val)
 {
     double rate = seconds > 0 ? s->m->per_step / seconds : 0.0;
     if (s->n == 0)
@@ -413,6 +426,8 @@ static void log_record(train_log_t *s, int step, double loss, double seconds,
         xmp_json_f32(&s->json, "lr", lr);
         if (s->o->grad_clip > 0)
             xmp_json_num(&s->json, "grad_norm", grad_norm);
+        if (!isnan(val))
+            xmp_json_num(&s->json, "val_loss", val);
         if (pipe)
             xmp_json_step_pipeline(&s->json, pipe);
         xmp_json_obj_end(&s->json);
@@ -420,6 +435,8 @@ static void log_record(train_log_t *s, int step, double loss, double seconds,
     if (s->o->log_steps) {
         xmp_progress_finish(&s->bar);
         printf("step %d: train loss %f (took %f ms)\n", step, loss, seconds * 1000.0);
+        if (!isnan(val))
+            printf("val loss %f\n", val);
     }
     xmp_progress_update(&s->bar, step + 1, loss, rate);
 }
@@ -484,9 +501,25 @@ static int log_close(train_log_t *s, double med, double mn, double mx, int skip)
 
 /* ---- serial ---- */
 
-/* The serial reference's per-step losses (for --check-serial on rank 0). */
+/* Mean validation loss of the serial model over --val-steps batches. */
+static int serial_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, double *out)
+{
+    double sum = 0, l = 0;
+    if (!m->serial_val)
+        return xmp_train_fail("--val-every: the %s model has no validation split", m->name);
+    for (int k = 0; k < o->val_steps; k++) {
+        if (m->serial_val(m->user, k, &l) != 0)
+            return -1;
+        sum += l;
+    }
+    *out = sum / o->val_steps;
+    return 0;
+}
+
+/* The serial reference's per-step losses and validation losses (NAN where none) for
+ * --check-serial on rank 0. */
 static int serial_losses(const xmp_train_opts_t *o, const xmp_train_model_t *m, int steps,
-                         double *out)
+                         double *out, double *vout)
 {
     int64_t np = 0;
     if (m->serial_open(m->user, &np) != 0)
@@ -497,6 +530,9 @@ static int serial_losses(const xmp_train_opts_t *o, const xmp_train_model_t *m, 
         if (m->set_lr)
             m->set_lr(m->user, xmp_train_lr(o, step));
         rc = m->serial_step(m->user, step, &out[step], &gn);
+        vout[step] = NAN;
+        if (rc == 0 && val_due(o, step))
+            rc = serial_val(o, m, &vout[step]);
     }
     m->serial_close(m->user);
     (void)o;
@@ -525,7 +561,12 @@ static int run_serial(const xmp_train_opts_t *o, const xmp_train_model_t *m)
             xmp_cli_error("training stopped at step %d: %s", step, xmp_last_error());
             break;
         }
-        log_record(&log, step, loss, xmp_now() - t0, NULL, lr, gn);
+        double dt = xmp_now() - t0, val = NAN;
+        if (val_due(o, step) && serial_val(o, m, &val) != 0) {
+            xmp_cli_error("validation after step %d: %s", step, xmp_last_error());
+            break;
+        }
+        log_record(&log, step, loss, dt, NULL, lr, gn, val);
         if (!isfinite(loss)) {
             xmp_cli_error("training stopped: loss is %f at step %d", loss, step);
             break;
@@ -552,6 +593,7 @@ typedef struct {
     double f, i, w, r, o;
     int nf, ni, nw;
     int defer_o; /* --grad-clip: O runs after the driver step, once the global norm is known */
+    int eval;    /* validation: forwards only (the gradients sent are not used) */
 } timed_ops_t;
 
 static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
@@ -566,6 +608,8 @@ static int t_fwd(void *u, int mb, const void *const *in, void *const *out, doubl
 static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
 {
     timed_ops_t *t = u;
+    if (t->eval)
+        return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.backward_input(t->in.user, mb, go, gi);
     t->i += MPI_Wtime() - t0;
@@ -575,6 +619,8 @@ static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
 static int t_bw(void *u, int mb)
 {
     timed_ops_t *t = u;
+    if (t->eval)
+        return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.backward_weight(t->in.user, mb);
     t->w += MPI_Wtime() - t0;
@@ -584,6 +630,8 @@ static int t_bw(void *u, int mb)
 static int t_red(void *u)
 {
     timed_ops_t *t = u;
+    if (t->eval)
+        return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.reduce_grads ? t->in.reduce_grads(t->in.user) : 0;
     t->r += MPI_Wtime() - t0;
@@ -592,7 +640,7 @@ static int t_red(void *u)
 static int t_opt(void *u)
 {
     timed_ops_t *t = u;
-    if (t->defer_o)
+    if (t->defer_o || t->eval)
         return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) : 0;
@@ -637,15 +685,9 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
         x = xmp_driver_mean_act_seconds(*drv);
     }
     (void)S;
-    xmp_replan_t rp = {o->schedule,
-                       o->microbatches * o->grad_accum,
-                       ts->nedges,
-                       ts->sedges,
-                       f,
-                       fi,
-                       fw,
-                       o->comm == XMP_COMM_SIGNAL ? 0 : x,
-                       o->print_schedule};
+    xmp_replan_t rp = {
+        o->schedule, o->microbatches * o->grad_accum,    ts->nedges,       ts->sedges, f, fi,
+        fw,          o->comm == XMP_COMM_SIGNAL ? 0 : x, o->print_schedule};
     char err[640];
     if (xmp_pipe_replan(&rp, dc, sched, drv, err, sizeof err) != 0) {
         if (rank == 0)
@@ -673,6 +715,46 @@ static int clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m
         t->o += MPI_Wtime() - t0;
     }
     return any_rank(bad) ? -1 : 0;
+}
+
+/* Validation through the stages: --val-steps driver steps of forwards only on the held-out
+ * split; the mean of their losses (summed over ranks). Collective; -1 on failure (printed). */
+static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int rank, int me,
+                   xmp_driver_t *drv, timed_ops_t *t, double *out)
+{
+    double sum = 0;
+    int rc = 0;
+    if (!m->par_set_val || !m->par_release) {
+        if (rank == 0)
+            xmp_cli_error("--val-every: the %s model has no validation split", m->name);
+        return -1;
+    }
+    t->eval = 1;
+    for (int k = 0; k < o->val_steps && rc == 0; k++) {
+        int bad = m->par_set_val(m->user, k) != 0;
+        if (any_rank(bad)) {
+            if (bad)
+                xmp_cli_error("validation batch %d: %s", k, xmp_last_error());
+            rc = -1;
+            break;
+        }
+        xmp_step_stats_t ss;
+        bad = xmp_driver_step(drv, &ss) != XMESH_SUCCESS;
+        if (me >= 0)
+            m->par_release(m->user);
+        if (any_rank(bad)) {
+            if (bad)
+                xmp_cli_error("validation step %d: %s", k, xmp_driver_error(drv));
+            rc = -1;
+            break;
+        }
+        double l = 0;
+        MPI_Allreduce(&ss.loss, &l, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        sum += l;
+    }
+    t->eval = 0;
+    *out = sum / o->val_steps;
+    return rc;
 }
 
 /* Per-step figures over the world: per stage the max over its ranks of the per-microbatch F, I
@@ -723,7 +805,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     xmp_schedule_t *sched = NULL;
     xmp_driver_t *drv = NULL;
     xmp_strategy_t *strat = NULL;
-    double *ref = NULL;
+    double *ref = NULL, *vref = NULL;
     int opened = 0, have_log = 0, ok = 0, mismatch = 0, compared = 0;
     train_log_t log;
     xmp_train_stages_t ts;
@@ -766,8 +848,10 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
      * stages' measured allocation peaks do not include it; every rank learns the outcome. */
     if (o->check_serial && rank == 0) {
         ref = calloc((size_t)o->steps, sizeof(double));
-        if (!ref || serial_losses(o, m, o->steps, ref) != 0) {
-            xmp_cli_error("serial reference failed: %s", ref ? xmp_last_error() : "out of memory");
+        vref = calloc((size_t)o->steps, sizeof(double));
+        if (!ref || !vref || serial_losses(o, m, o->steps, ref, vref) != 0) {
+            xmp_cli_error("serial reference failed: %s",
+                          ref && vref ? xmp_last_error() : "out of memory");
             free(ref);
             ref = NULL;
         }
@@ -904,8 +988,21 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1 &&
             replan(o, m, rank, S, &ts, cf, ci, cw, &dc, &sched, &drv) != 0)
             break;
+        double val = NAN;
+        if (val_due(o, step) && par_val(o, m, rank, me, drv, &tops, &val) != 0)
+            break;
         if (rank == 0) {
-            log_record(&log, step, loss, ss.step_s, &sp, lr, gnorm);
+            log_record(&log, step, loss, ss.step_s, &sp, lr, gnorm, val);
+            if (ref && step < XMP_CHECK_STEPS && !isnan(val)) {
+                double vr = fabs(val - vref[step]) / fmax(fabs(vref[step]), 1e-30);
+                if (!(vr <= (step < XMP_CHECK_TIGHT_STEPS ? 1e-5 : 1e-4))) {
+                    xmp_progress_finish(&log.bar);
+                    fprintf(stderr,
+                            "MISMATCH step %d: parallel val loss %.9g serial %.9g (rel %.3g)\n",
+                            step, val, vref[step], vr);
+                    mismatch++;
+                }
+            }
             if (ref && step < XMP_CHECK_STEPS) {
                 double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
                 double tol = step < XMP_CHECK_TIGHT_STEPS ? 1e-5 : 1e-4;
@@ -970,6 +1067,7 @@ out:
     xmp_sched_destroy(sched);
     xmesh_ctx_destroy(ctx);
     free(ref);
+    free(vref);
     free(strat);
     MPI_Finalize();
     return rc;

@@ -1461,3 +1461,10 @@ void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale)
             g[k] *= scale;
     }
 }
+
+void xmp_gpt2_stage_release(xmp_gpt2_stage_t *st)
+{
+    for (int k = 0; st && st->stage >= 0 && k < st->tc.M; k++)
+        if (st->mb[k].live)
+            mb_free(st, &st->mb[k]);
+}

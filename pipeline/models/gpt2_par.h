@@ -153,6 +153,9 @@ void xmp_gpt2_stage_set_lr(xmp_gpt2_stage_t *st, float lr);
  * mesh axes counts on the rank with coordinate 0 there; the tied wte on the first stage only),
  * so an all-reduce (sum) over every rank gives the squared global gradient norm. 0 off-stage. */
 double xmp_gpt2_stage_grad_sumsq(const xmp_gpt2_stage_t *st);
+/* Frees what the forwards of this step keep for the backward (evaluation steps that run the
+ * forwards only: validation loss). */
+void xmp_gpt2_stage_release(xmp_gpt2_stage_t *st);
 /* After R, before O: multiplies the reduced gradients by scale (gradient clipping). */
 void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale);
 
