@@ -47,6 +47,7 @@ typedef struct {
     xmp_gpt2_t m; /* parallel: the full model every rank slices from */
     xmp_llmc_loader_t ld, vld;
     int step;
+    uint64_t rng; /* sampling (llm.c: xorshift64*, state 1337) */
     xmp_gpt2_stage_t *st;
     int nstages, rank, size;
     int B;    /* rows per optimizer step: --batch x --grad-accum */
@@ -242,6 +243,7 @@ static int gpt_serial_open(void *u, int64_t *nparams)
 {
     gpt_run_t *g = u;
     memset(&g->sm, 0, sizeof g->sm);
+    g->rng = 1337; /* each run samples from the same state (the reference too) */
     memset(&g->sld, 0, sizeof g->sld);
     if (setup_model(g->t, &g->o, &g->sm) != 0)
         return -1;
@@ -354,6 +356,7 @@ static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage
     const xmp_train_opts_t *t = g->t;
     char err[1024];
     MPI_Comm_rank(comm, &g->rank);
+    g->rng = 1337;
     MPI_Comm_size(comm, &g->size);
     xmp_gpt2_train_cfg_t tc = {.B = g->B,
                                .T = g->o.seq,
@@ -401,6 +404,93 @@ static int gpt_par_set_val(void *u, int k)
 static void gpt_par_release(void *u)
 {
     xmp_gpt2_stage_release(((gpt_run_t *)u)->st);
+}
+
+/* ---- sampling (llm.c's generation: start token everywhere, position t from the logits at
+ * t-1 of row 0, seeded multinomial over the real vocabulary or argmax) ---- */
+
+static uint32_t rng_u32(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return (uint32_t)((*s * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static int pick_token(const float *logits, int V, int greedy, uint64_t *rng)
+{
+    int best = 0;
+    double mx = logits[0];
+    for (int i = 1; i < V; i++)
+        if (logits[i] > mx) {
+            mx = logits[i];
+            best = i;
+        }
+    if (greedy)
+        return best;
+    double sum = 0, cdf = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    float coin = (float)(rng_u32(rng) >> 8) / 16777216.0f;
+    for (int i = 0; i < V; i++) {
+        cdf += exp((double)logits[i] - mx) / sum;
+        if (coin < cdf)
+            return i;
+    }
+    return V - 1;
+}
+
+static int gpt_sample(void *u, int (*eval)(void *ctx), void *ctx, char *out, size_t n)
+{
+    gpt_run_t *g = u;
+    const int B = g->B, T = g->o.seq, L = g->t->sample_len;
+    const xmp_gpt2_config_t *c = eval ? &g->m.cfg : &g->sm.cfg;
+    const int V = c->vocab_size, Vp = c->padded_vocab_size, start = V > 10 ? 10 : 0;
+    if (L >= T)
+        return xmp_train_fail("--sample-len %d: at most --seq - 1 = %d tokens", L, T - 1);
+    int *tok = malloc(sizeof(int) * (size_t)B * T), *tgt = calloc((size_t)B * T, sizeof(int));
+    float *lg = malloc(sizeof(float) * (size_t)Vp);
+    int rc = 0;
+    if (!tok || !tgt || !lg)
+        rc = xmp_train_fail("sampling: out of memory");
+    for (int i = 0; !rc && i < B * T; i++)
+        tok[i] = start;
+    for (int t = 1; !rc && t <= L; t++) {
+        const float *row = NULL;
+        if (!eval) {
+            if (xmp_gpt2_forward(&g->sm, tok, NULL, B, T) != 0) {
+                rc = xmp_train_fail("sampling: %s", xmp_llmc_last_error());
+                break;
+            }
+            row = xmp_gpt2_logits(&g->sm) + (size_t)(t - 1) * Vp;
+        } else {
+            xmp_gpt2_stage_set_batch(g->st, tok, tgt, g->step);
+            xmp_gpt2_stage_capture_logits(g->st, t - 1);
+            rc = eval(ctx);
+            int have = rc == 0 && xmp_gpt2_stage_captured_logits(g->st, lg);
+            xmp_gpt2_stage_capture_logits(g->st, -1);
+            if (rc)
+                break;
+            if (!have)
+                memset(lg, 0, sizeof(float) * (size_t)Vp);
+            /* exactly one rank holds them: the sum is that rank's logits, bit for bit */
+            MPI_Allreduce(MPI_IN_PLACE, lg, Vp, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            row = lg;
+        }
+        tok[t] = pick_token(row, V, g->t->sample_greedy, &g->rng);
+    }
+    if (!rc) {
+        size_t k = 0;
+        for (int t = 1; t <= L && k + 1 < n; t++) {
+            int b = tok[t];
+            out[k++] = (char)((b >= 32 && b < 127) || b == '\n' ? b : '?');
+        }
+        out[k] = '\0';
+    }
+    free(tok);
+    free(tgt);
+    free(lg);
+    return rc;
 }
 
 static void gpt_set_lr(void *u, float lr)
@@ -546,6 +636,7 @@ int xmp_cmd_gpt(int argc, char **argv)
     g.t = &t;
     g.B = g.o.batch * t.grad_accum;
     g.lr = t.lr;
+    g.rng = 1337;
     openblas_set_num_threads(t.blas_threads);
     xmp_train_model_t m;
     memset(&m, 0, sizeof m);
@@ -561,6 +652,7 @@ int xmp_cmd_gpt(int argc, char **argv)
     m.serial_finish = gpt_serial_finish;
     m.serial_close = gpt_serial_close;
     m.set_lr = gpt_set_lr;
+    m.sample = gpt_sample;
     m.serial_val = gpt_serial_val;
     m.par_set_val = gpt_par_set_val;
     m.par_release = gpt_par_release;

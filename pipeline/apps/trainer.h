@@ -53,6 +53,9 @@ typedef struct {
     float lr_min_frac; /* decay to lr * lr_min_frac at the last step */
     int val_every;     /* validation loss after every N-th step and the last (0: never) */
     int val_steps;     /* batches of the held-out split per validation */
+    int sample_every;  /* text sampled after every N-th step and the last (0: never; GPT) */
+    int sample_len;    /* tokens generated per sample */
+    int sample_greedy; /* argmax instead of llm.c's seeded multinomial sampling */
     const char *json, *trace, *cluster;
     /* stage layout and meshes */
     const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp;
@@ -149,6 +152,12 @@ struct xmp_train_model {
      * par_release (stage ranks) to free what the forwards kept for the backward. */
     int (*par_set_val)(void *user, int k);
     void (*par_release)(void *user);
+    /* Sampling (models that generate text; NULL: refused): a NUL-terminated text of
+     * o->sample_len generated tokens into out (n bytes) on every rank, forwards only. eval ==
+     * NULL: with the serial model; else through the stages, where eval(ctx) runs one
+     * forwards-only step of the driver (collective; 0 or -1) after the model has set the
+     * batch. Collective in the parallel case; 0 or -1 (xmp_err). */
+    int (*sample)(void *user, int (*eval)(void *ctx), void *ctx, char *out, size_t n);
     /* Gradient clipping (parallel, stage ranks only, after R and before O, outside the
      * driver step): this rank's sum of squares of the reduced gradients with every distinct
      * element of the model counted once over the world (replicated blocks on one replica,

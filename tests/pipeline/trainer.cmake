@@ -11,3 +11,13 @@ if(TARGET xmesh-train)
                          TIMEOUT 300)
   endforeach()
 endif()
+# Sampling is GPT's: the U-Transformer refuses it with a clear message.
+if(TARGET xmesh-train)
+  add_test(NAME pipeline.trainer.ut_sample_refused
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh
+            "--sample-every 2: the utransformer model does not generate text"
+            $<TARGET_FILE:xmesh-train> utransformer --serial --base-channels 4 --steps 2
+            --sample-every 2)
+  set_tests_properties(pipeline.trainer.ut_sample_refused PROPERTIES LABELS "pipeline;unit"
+                       TIMEOUT 30)
+endif()
