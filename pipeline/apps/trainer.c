@@ -723,10 +723,9 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
     xmp_replan_t rp = {
         o->schedule, o->microbatches * o->grad_accum,    ts->nedges,       ts->sedges, f, fi,
         fw,          o->comm == XMP_COMM_SIGNAL ? 0 : x, o->print_schedule};
-    char err[640];
-    if (xmp_pipe_replan(&rp, dc, sched, drv, err, sizeof err) != 0) {
+    if (xmp_pipe_replan(&rp, dc, sched, drv) != XMESH_SUCCESS) {
         if (rank == 0)
-            xmp_cli_error("%s", err);
+            xmp_cli_error("%s", xmp_last_error());
         return -1;
     }
     return 0;

@@ -21,3 +21,24 @@ if(TARGET xmesh-train)
   set_tests_properties(pipeline.trainer.ut_sample_refused PROPERTIES LABELS "pipeline;unit"
                        TIMEOUT 30)
 endif()
+# Strategies of both models through nn/strategy.h and the common flags: the U-Transformer with
+# one strategy per stage (--stage-strategy) equals the serial reference (exit status 0 only
+# after every step matched), and its printed built-in loads back from a file to the same run.
+if(TARGET xmesh-train)
+  set(XMP_TR_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
+  add_test(NAME pipeline.trainer.ut_stage_strategy
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:xmesh-train> utransformer --base-channels 4 --batch 4 --microbatches 2
+            --stage-mesh 1x2,2x1 --stage-strategy megatron,dp --steps 5 --check-serial
+            --no-progress ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.trainer.ut_stage_strategy PROPERTIES LABELS "pipeline;mpi"
+    TIMEOUT 60 ENVIRONMENT "${XMP_TR_ENV}" FAIL_REGULAR_EXPRESSION "MISMATCH|check-serial: FAILED")
+  add_test(NAME pipeline.trainer.ut_stage_strategy_count
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh
+            "--stage-strategy 'dp,dp,dp' has 3 entries for 2 stages"
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:xmesh-train> utransformer --base-channels 4 --batch 4 --stages 2
+            --stage-strategy dp,dp,dp --steps 1 ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.trainer.ut_stage_strategy_count PROPERTIES LABELS "pipeline;mpi"
+    TIMEOUT 30 ENVIRONMENT "${XMP_TR_ENV}")
+endif()
