@@ -637,6 +637,7 @@ static int gpt_auto_layout(void *u, MPI_Comm comm, xmp_train_opts_t *o)
     o->stage_strategy = best.stage_strategy, o->schedule = best.schedule;
     o->microbatches = best.microbatches, o->mesh = o->stage_dp = o->stage_tp = NULL;
     o->stages = o->dp = o->tp = 0;
+    g->t = o; /* the model reads the options the trainer runs with (microbatches, ...) */
     return 0;
 }
 
