@@ -55,6 +55,10 @@ typedef struct {
     const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace, *cluster;
     int dp, tp, stages, microbatches, schedule, delay_wgrad, comm, print_schedule;
     int check_serial;
+    /* virtual stages and memory (issue 23) */
+    int virtual_stages, recompute;
+    const char *stage_groups, *max_act;
+    double max_act_bytes;
     /* strategies (nn/strategy.h): one for all stages, or one per stage */
     const char *strategy, *stage_strategy;
     int print_strategy;
@@ -120,7 +124,19 @@ static void gpt_usage(void)
         "                      (docs/STRATEGY.md)\n"
         "  --stage-strategy A,B       one strategy (name or file) per stage\n"
         "  --print-strategy    print the resolved strategy of each stage and exit\n"
-        "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
+        "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b|interleaved-1f1b|\n"
+        "                      eager-interleaved-1f1b|zb-v|v-1f1b|dualpipe-v (1f1b) --delay-wgrad\n"
+        "  --virtual-stages V  model stages per rank group (--stages R groups: R*V stages; the\n"
+        "                      V shape kinds zb-v, v-1f1b, dualpipe-v need V = 2)\n"
+        "  --stage-groups interleaved|v|LIST  stage -> rank group map when --layout has more\n"
+        "                      stages than groups (default: the schedule's: v for the V kinds,\n"
+        "                      else interleaved, stage c*R + r on group r); --stage-mesh gives\n"
+        "                      one mesh per group or one per stage\n"
+        "  --recompute none|block|selective   drop a block's activations after its forward and\n"
+        "                      recompute them before its backward (selective: attention only)\n"
+        "  --max-activation-bytes N   cap per rank group: the schedule's warm-up, eager sends and\n"
+        "                      recomputation are chosen to stay under it, or refused naming\n"
+        "                      the smallest cap it can meet\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
         "  --cluster FILE      cost model of the transfers (xmesh-calibrate -o FILE; sets\n"
@@ -208,6 +224,9 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--dp", &o->dp, 1, 1 << 20, NULL, 0, 0, NULL},
             {"--tp", &o->tp, 1, 1 << 20, NULL, 0, 0, NULL},
             {"--stages", &o->stages, 1, XMP_MAX_STAGES, NULL, 0, 0, NULL},
+            {"--virtual-stages", &o->virtual_stages, 1, XMP_MAX_STAGES, NULL, 0, 0, NULL},
+            {"--stage-groups", NULL, 0, 0, NULL, 0, 0, &o->stage_groups},
+            {"--max-activation-bytes", NULL, 0, 0, NULL, 0, 0, &o->max_act},
             {"--microbatches", &o->microbatches, 1, 1 << 20, NULL, 0, 0, NULL},
             {"--mesh", NULL, 0, 0, NULL, 0, 0, &o->mesh},
             {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
@@ -233,7 +252,17 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
                 if (!(v = xmp_cli_value(argc, argv, &i)))
                     return -1;
                 if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
-                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b or eager-1f1b", v);
+                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b, eager-1f1b, "
+                                         "interleaved-1f1b, eager-interleaved-1f1b, zb-v, "
+                                         "v-1f1b or dualpipe-v",
+                                         v);
+                continue;
+            }
+            if (!strcmp(a, "--recompute")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if ((o->recompute = xmp_recompute_parse(v)) < 0)
+                    return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
                 continue;
             }
             if (!strcmp(a, "--comm")) {
@@ -269,6 +298,17 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
                              o->stage_strategy);
     if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
         return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
+    if (o->max_act) {
+        char *end = NULL;
+        o->max_act_bytes = strtod(o->max_act, &end);
+        if (!end || *end || !(o->max_act_bytes > 0))
+            return xmp_cli_error("--max-activation-bytes '%s': expected a positive number",
+                                 o->max_act);
+    }
+    if (o->serial && (o->virtual_stages > 1 || o->stage_groups))
+        return xmp_cli_error("--serial runs one process: drop --virtual-stages/--stage-groups");
+    if (o->mesh && (o->virtual_stages > 1 || o->stage_groups))
+        return xmp_cli_error("--mesh '%s' is one stage; virtual stages need --stage-mesh", o->mesh);
     if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
         return xmp_cli_error("--check-serial with --comm signal: signal moves no data");
     if (o->data && o->text)
@@ -645,9 +685,87 @@ static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layou
         snprintf(alldp, sizeof alldp, "%d", size);
         dp = alldp;
     }
+    /* Virtual stages: R rank groups (--stages, else one per --stage-mesh entry), S model
+     * stages (--layout's, else R * V), placed by --stage-groups or the schedule's map. */
+    int V = o->virtual_stages ? o->virtual_stages : 1, virt = V > 1 || o->stage_groups;
+    int R = 0, S = 0, map[XMP_MAX_STAGES];
+    char *xmesh = NULL;
+    if (virt) {
+        int nmesh = 0;
+        if (o->stage_mesh) {
+            nmesh = 1;
+            for (const char *p = o->stage_mesh; *p; p++)
+                nmesh += *p == ',';
+        }
+        R = o->stages ? o->stages : nmesh ? nmesh : 1;
+        if (o->layout) {
+            S = 1;
+            for (const char *p = o->layout; *p; p++)
+                S += *p == '|';
+        } else {
+            S = R * V;
+        }
+        if (S > XMP_MAX_STAGES || R > S) {
+            free(kinds);
+            return snprintf(err, errlen,
+                            "%d model stages on %d rank groups: expected 1..%d stages, "
+                            "at least one per group",
+                            S, R, XMP_MAX_STAGES),
+                   -1;
+        }
+        if (o->virtual_stages && S != R * V) {
+            free(kinds);
+            return snprintf(err, errlen,
+                            "--layout has %d stages, --virtual-stages %d on %d "
+                            "groups needs %d",
+                            S, V, R, R * V),
+                   -1;
+        }
+        const char *mt = o->stage_groups ? o->stage_groups
+                         : (o->schedule == XMP_SCHED_ZB_V || o->schedule == XMP_SCHED_V_1F1B ||
+                            o->schedule == XMP_SCHED_DUALPIPE_V)
+                             ? "v"
+                             : "interleaved";
+        char sub[256];
+        if (xmp_sched_parse_map(mt, S, R, map, sub, sizeof sub) != 0) {
+            free(kinds);
+            return snprintf(err, errlen, "--stage-groups: %s", sub), -1;
+        }
+        /* One mesh per group: expanded to one per stage. */
+        if (o->stage_mesh && nmesh == R && S != R) {
+            const char *ent[XMP_MAX_STAGES];
+            int len[XMP_MAX_STAGES], k = 0;
+            for (const char *p = o->stage_mesh;; k++) {
+                const char *q = strchr(p, ',');
+                ent[k] = p;
+                len[k] = q ? (int)(q - p) : (int)strlen(p);
+                if (!q)
+                    break;
+                p = q + 1;
+            }
+            size_t cap = strlen(o->stage_mesh) * (size_t)S + 1, at = 0;
+            xmesh = malloc(cap);
+            if (!xmesh) {
+                free(kinds);
+                return snprintf(err, errlen, "out of memory"), -1;
+            }
+            xmesh[0] = '\0';
+            for (int s2 = 0; s2 < S; s2++)
+                at += (size_t)snprintf(xmesh + at, cap - at, "%s%.*s", s2 ? "," : "", len[map[s2]],
+                                       ent[map[s2]]);
+            meshes = xmesh;
+        }
+        stages = S;
+    }
     int rc =
         xmp_stage_layout_build(kinds, 1, 1, o->layout, stages, meshes, dp, tp, sl, err, errlen);
     free(kinds);
+    free(xmesh);
+    if (rc == 0 && virt) {
+        char sub[256];
+        if (xmp_stage_layout_set_groups(sl, R, map, sub, sizeof sub) != 0)
+            return snprintf(err, errlen, "--stage-groups: %s", sub), -1;
+    }
     return rc;
 }
 
@@ -748,7 +866,9 @@ static int run_parallel(const gpt_opts_t *oin)
     xmp_llmc_loader_t ld;
     memset(&ld, 0, sizeof ld);
     xmesh_ctx_t ctx = NULL;
-    xmp_gpt2_stage_t *st = NULL;
+    xmp_gpt2_stage_t *st = NULL, *sts[XMP_MAX_STAGES] = {NULL};
+    int nst = 0, virt = 0;
+    xmp_stage_ops_t sops[XMP_MAX_STAGES];
     xmp_schedule_t *sched = NULL;
     xmp_driver_t *drv = NULL;
     double *ref = NULL;
@@ -797,12 +917,16 @@ static int run_parallel(const gpt_opts_t *oin)
         goto out;
     }
     xmp_gpt2_train_cfg_t tc = {o->batch, o->seq, o->microbatches, o->lr, o->beta1,
-                               o->beta2, o->eps, o->wd,           strat};
-    if (xmp_gpt2_stage_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, &st, err, sizeof err) != 0) {
+                               o->beta2, o->eps, o->wd,           strat, o->recompute};
+    /* One stage object per model stage of this rank's group (one without virtual stages). */
+    virt = sl.ngroups != sl.nstages;
+    if (xmp_gpt2_stages_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, sts, err, sizeof err) != 0) {
         if (rank == 0)
             xmp_cli_error("%s", err);
         goto out;
     }
+    nst = xmp_gpt2_stages_max(&sl);
+    st = sts[0];
     xmp_edge_cfg_t edges[XMP_MAX_STAGES];
     xmp_sedge_t sedges[XMP_MAX_STAGES];
     xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
@@ -813,12 +937,59 @@ static int run_parallel(const gpt_opts_t *oin)
     go.delay_wgrad = o->delay_wgrad;
     /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
     go.max_pending_w = sl.nstages;
-    if (xmp_sched_generate(o->schedule, sl.nstages, o->microbatches, ne, sedges, &go, &sched, err,
-                           sizeof err) != 0) {
+    go.recompute = o->recompute;
+    double act_b[XMP_MAX_STAGES] = {0}, ckpt_b[XMP_MAX_STAGES] = {0};
+    if (o->max_act_bytes > 0) {
+        /* Per-microbatch activation bytes of each stage, measured by one forward (max over
+         * the stage's ranks): the schedule's memory model. */
+        double keep = 0, lk[XMP_MAX_STAGES] = {0};
+        int pfail = 0;
+        xmp_gpt2_stage_set_batch(st, ld.inputs, ld.targets, 0);
+        for (int c = 0; c < nst; c++) {
+            int sidx = xmp_gpt2_stage_index(sts[c]);
+            double a, k, p;
+            if (sidx >= 0) {
+                pfail |= xmp_gpt2_stage_probe_bytes(sts[c], &a, &k, &p) != 0;
+                act_b[sidx] = a;
+                ckpt_b[sidx] = k;
+                lk[sidx] = p;
+            }
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &pfail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, act_b, sl.nstages, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, ckpt_b, sl.nstages, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, lk, sl.nstages, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (pfail) {
+            if (rank == 0)
+                xmp_cli_error("--max-activation-bytes: measuring the activations failed");
+            goto out;
+        }
+        for (int k = 0; k < sl.nstages; k++)
+            keep = lk[k] > keep ? lk[k] : keep;
+        go.max_act_bytes = o->max_act_bytes;
+        go.act_bytes = act_b;
+        go.ckpt_bytes = ckpt_b;
+        go.selective_keep = keep;
+    }
+    int grc =
+        virt ? xmp_sched_generate_map(o->schedule, sl.nstages, sl.ngroups, sl.group,
+                                      o->microbatches, ne, sedges, &go, &sched, err, sizeof err)
+             : xmp_sched_generate(o->schedule, sl.nstages, o->microbatches, ne, sedges, &go, &sched,
+                                  err, sizeof err);
+    if (grc != 0) {
         if (rank == 0)
             xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
         goto out;
     }
+    /* A memory cap may have chosen recomputation. */
+    for (int c = 0; c < nst; c++)
+        xmp_gpt2_stage_set_recompute(sts[c], sched->recompute);
+    if (rank == 0 && (o->max_act_bytes > 0 || o->recompute))
+        printf("schedule %s: recompute %s\n", sched->name, xmp_recompute_name(sched->recompute));
+    memset(sops, 0, sizeof sops);
+    for (int c = 0; c < nst; c++)
+        if (xmp_gpt2_stage_index(sts[c]) >= 0)
+            sops[xmp_gpt2_stage_index(sts[c])] = xmp_gpt2_stage_ops(sts[c]);
     xmp_driver_cfg_t dc;
     memset(&dc, 0, sizeof dc);
     dc.comm = MPI_COMM_WORLD;
@@ -829,6 +1000,7 @@ static int run_parallel(const gpt_opts_t *oin)
     dc.edges = edges;
     dc.sched = sched;
     dc.ops = xmp_gpt2_stage_ops(st);
+    dc.stage_ops = virt ? sops : NULL;
     dc.mode = o->comm;
     dc.trace = o->trace != NULL;
     if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
@@ -863,7 +1035,8 @@ static int run_parallel(const gpt_opts_t *oin)
             xmp_cli_error("data: %s", xmp_llmc_last_error());
             break;
         }
-        xmp_gpt2_stage_set_batch(st, ld.inputs, ld.targets, step);
+        for (int c = 0; c < nst; c++)
+            xmp_gpt2_stage_set_batch(sts[c], ld.inputs, ld.targets, step);
         xmp_step_stats_t ss;
         xmesh_result_t r = xmp_driver_step(drv, &ss);
         int bad = r != XMESH_SUCCESS, anybad = 0;
@@ -876,20 +1049,29 @@ static int run_parallel(const gpt_opts_t *oin)
         double loss = 0;
         MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         /* Per stage (max over its ranks): costs per microbatch, bubble, peaks. */
-        xmp_gpt2_stage_times_t t;
-        xmp_gpt2_stage_times(st, &t);
+        xmp_gpt2_stage_times_t t, tall;
         double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
         int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
         memset(loc, 0, sizeof loc);
         memset(lp, 0, sizeof lp);
-        if (me >= 0) {
-            loc[me] = t.nf ? t.f_s / t.nf : 0;
-            loc[S + me] = t.ni ? t.i_s / t.ni : 0;
-            loc[2 * S + me] = t.nw ? t.w_s / t.nw : 0;
-            loc[3 * S + me] = ss.bubble;
-            loc[4 * S + me] = ss.peak_act_mb;
-            lp[me] = ss.peak_act_bytes;
+        memset(&tall, 0, sizeof tall);
+        /* Virtual stages: each stage its own costs; bubble and peaks are the group's. */
+        for (int c = 0; c < nst && me >= 0; c++) {
+            int sidx = xmp_gpt2_stage_index(sts[c]);
+            if (sidx < 0)
+                continue;
+            xmp_gpt2_stage_times(sts[c], &t);
+            loc[sidx] = t.nf ? t.f_s / t.nf : 0;
+            loc[S + sidx] = t.ni ? t.i_s / t.ni : 0;
+            loc[2 * S + sidx] = t.nw ? t.w_s / t.nw : 0;
+            loc[3 * S + sidx] = ss.bubble;
+            loc[4 * S + sidx] = ss.peak_act_mb;
+            lp[sidx] = ss.peak_act_bytes;
+            tall.f_s += t.f_s, tall.i_s += t.i_s, tall.w_s += t.w_s, tall.r_s += t.r_s;
+            tall.o_s += t.o_s;
+            tall.comm_s = t.comm_s; /* process-wide counter since set_batch */
         }
+        t = tall;
         MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
         step_extra_t ex;
@@ -903,6 +1085,16 @@ static int run_parallel(const gpt_opts_t *oin)
             ex.peak_mb[k] = (int)all[4 * S + k];
             ex.peak_bytes[k] = ap[k];
         }
+        /* The cap is on the measured peak (activation_bytes summed over a group's stages). */
+        for (int k = 0; k < S && o->max_act_bytes > 0 && rank == 0; k++)
+            if ((double)ap[k] > o->max_act_bytes) {
+                fprintf(stderr,
+                        "step %d: stage %d measured peak activations %lld bytes > "
+                        "--max-activation-bytes %.0f\n",
+                        step, k, (long long)ap[k], o->max_act_bytes);
+                mismatch++;
+                break;
+            }
         /* Prediction of this step from the previous step's measured stage costs and
          * xmesh's predicted plan times (the first step has none). */
         if (have_costs) {
@@ -988,7 +1180,7 @@ static int run_parallel(const gpt_opts_t *oin)
         printf("check-serial: %s (%d mismatching of %d steps compared)\n",
                mismatch ? "FAILED" : "OK", mismatch, o->steps < 20 ? o->steps : 20);
     if (ok && o->save) {
-        if (xmp_gpt2_stage_gather(st, &m) != 0) {
+        if (xmp_gpt2_stages_gather(sts, nst, &m) != 0) {
             ok = 0;
             if (rank == 0)
                 xmp_cli_error("--save: gathering the parameters failed");
@@ -1010,7 +1202,8 @@ out:
     if (have_log)
         step_log_close(&log, 0);
     xmp_driver_destroy(drv);
-    xmp_gpt2_stage_destroy(st);
+    for (int c = 0; c < nst; c++)
+        xmp_gpt2_stage_destroy(sts[c]);
     xmp_sched_destroy(sched);
     xmesh_ctx_destroy(ctx);
     xmp_llmc_loader_free(&ld);

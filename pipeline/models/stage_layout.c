@@ -266,6 +266,9 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
         r += (int)size;
     }
     l.nranks = r;
+    l.ngroups = l.nstages;
+    for (int s = 0; s < l.nstages; s++)
+        l.group[s] = s;
     *out = l;
     return 0;
 }
@@ -321,4 +324,63 @@ void xmp_stage_layout_format(const xmp_stage_layout_t *l, char *buf, size_t len)
             buf[at] = '\0';
         }
     }
+}
+
+int xmp_stage_layout_set_groups(xmp_stage_layout_t *l, int ngroups, const int *stage_group,
+                                char *err, size_t errlen)
+{
+    int gsize[XMP_MAX_STAGES], gfirst[XMP_MAX_STAGES];
+    if (ngroups < 1 || ngroups > l->nstages) {
+        snprintf(err, errlen, "%d rank groups for %d stages: expected 1..%d", ngroups, l->nstages,
+                 l->nstages);
+        return -1;
+    }
+    for (int g = 0; g < ngroups; g++)
+        gsize[g] = 0, gfirst[g] = -1;
+    for (int s = 0; s < l->nstages; s++) {
+        int g = stage_group[s], n = xmp_stage_layout_size(l, s);
+        if (g < 0 || g >= ngroups) {
+            snprintf(err, errlen, "stage %d: group %d out of range 0..%d", s, g, ngroups - 1);
+            return -1;
+        }
+        if (gfirst[g] < 0) {
+            gfirst[g] = s;
+            gsize[g] = n;
+        } else if (gsize[g] != n) {
+            snprintf(err, errlen,
+                     "stage %d has %d ranks but stage %d on the same group %d has %d: stages of "
+                     "one group need meshes of the same size",
+                     s, n, gfirst[g], g, gsize[g]);
+            return -1;
+        }
+    }
+    for (int g = 0; g < ngroups; g++)
+        if (gfirst[g] < 0) {
+            snprintf(err, errlen, "group %d holds no stage", g);
+            return -1;
+        }
+    int r = 0, r0[XMP_MAX_STAGES];
+    for (int g = 0; g < ngroups; g++) {
+        r0[g] = r;
+        r += gsize[g];
+    }
+    for (int s = 0; s < l->nstages; s++) {
+        l->group[s] = stage_group[s];
+        l->rank0[s] = r0[stage_group[s]];
+    }
+    l->ngroups = ngroups;
+    l->nranks = r;
+    return 0;
+}
+
+int xmp_stage_layout_stages_of_rank(const xmp_stage_layout_t *l, int rank, int *out, int max)
+{
+    int n = 0;
+    for (int s = 0; s < l->nstages; s++)
+        if (rank >= l->rank0[s] && rank < l->rank0[s] + xmp_stage_layout_size(l, s)) {
+            if (n < max)
+                out[n] = s;
+            n++;
+        }
+    return n < max ? n : max;
 }
