@@ -93,9 +93,9 @@ def matrix(n, R, meshes, layers, M, recs):
 if SET == "r2":
     matrix(4, 2, "1x2,2x1", 4, 4, ["none", "block", "selective"])
 elif SET == "r3":
-    matrix(5, 3, "2,1x2,1", 5, 6, ["none", "block"])
+    matrix(5, 3, "2,1x2,1", 6, 6, ["none", "block"])
 elif SET == "r4":
-    matrix(6, 4, "2,1,1x2,1", 6, 4, ["none", "selective"])
+    matrix(6, 4, "2,1,1x2,1", 8, 4, ["none", "selective"])
 elif SET == "long":
     run(4, ["--layers", "4", "--batch", "4", "--microbatches", "4", "--schedule", "zb-v", "--stages", "2",
             "--virtual-stages", "2", "--stage-mesh", "2x1,1x2", "--recompute", "block"], steps=20)
