@@ -445,6 +445,10 @@ typedef struct {
     double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
     int64_t peak_bytes[XMP_MAX_STAGES];
     int peak_mb[XMP_MAX_STAGES];
+    /* per stage (its group's ranks, max): the step's peak of measured allocations (nn/sbp.h
+     * xmp_mem_peak_bytes) above what was live before it: activations, op temporaries,
+     * recomputed tensors; -1: not recorded */
+    int64_t alloc_bytes[XMP_MAX_STAGES];
 } step_extra_t;
 
 static void step_log_record_ex(step_log_t *s, int step, float loss, double seconds,
@@ -476,6 +480,12 @@ static void step_log_record_ex(step_log_t *s, int step, float loss, double secon
             xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
                                   ex->bubble,    ex->peak_mb,  ex->peak_bytes};
             xmp_json_step_pipeline(&s->json, &sp);
+            if (ex->alloc_bytes[0] >= 0) {
+                xmp_json_arr_begin(&s->json, "peak_alloc_bytes");
+                for (int k = 0; k < ex->nstages; k++)
+                    xmp_json_int(&s->json, NULL, (long long)ex->alloc_bytes[k]);
+                xmp_json_arr_end(&s->json);
+            }
         }
         xmp_json_obj_end(&s->json);
     }
@@ -1038,7 +1048,10 @@ static int run_parallel(const gpt_opts_t *oin)
         for (int c = 0; c < nst; c++)
             xmp_gpt2_stage_set_batch(sts[c], ld.inputs, ld.targets, step);
         xmp_step_stats_t ss;
+        int64_t live0 = xmp_mem_live_bytes();
+        xmp_mem_peak_reset();
         xmesh_result_t r = xmp_driver_step(drv, &ss);
+        int64_t alloc = xmp_mem_peak_bytes() - live0;
         int bad = r != XMESH_SUCCESS, anybad = 0;
         MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (anybad) {
@@ -1051,7 +1064,7 @@ static int run_parallel(const gpt_opts_t *oin)
         /* Per stage (max over its ranks): costs per microbatch, bubble, peaks. */
         xmp_gpt2_stage_times_t t, tall;
         double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
-        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
+        int64_t lp[2 * XMP_MAX_STAGES], ap[2 * XMP_MAX_STAGES];
         memset(loc, 0, sizeof loc);
         memset(lp, 0, sizeof lp);
         memset(&tall, 0, sizeof tall);
@@ -1067,13 +1080,14 @@ static int run_parallel(const gpt_opts_t *oin)
             loc[3 * S + sidx] = ss.bubble;
             loc[4 * S + sidx] = ss.peak_act_mb;
             lp[sidx] = ss.peak_act_bytes;
+            lp[S + sidx] = alloc;
             tall.f_s += t.f_s, tall.i_s += t.i_s, tall.w_s += t.w_s, tall.r_s += t.r_s;
             tall.o_s += t.o_s;
             tall.comm_s = t.comm_s; /* process-wide counter since set_batch */
         }
         t = tall;
         MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(lp, ap, 2 * S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
         step_extra_t ex;
         memset(&ex, 0, sizeof ex);
         ex.loss_exact = loss;
@@ -1084,6 +1098,7 @@ static int run_parallel(const gpt_opts_t *oin)
             ex.bubble[k] = all[3 * S + k];
             ex.peak_mb[k] = (int)all[4 * S + k];
             ex.peak_bytes[k] = ap[k];
+            ex.alloc_bytes[k] = ap[S + k];
         }
         /* The cap is on the measured peak (activation_bytes summed over a group's stages). */
         for (int k = 0; k < S && o->max_act_bytes > 0 && rank == 0; k++)
