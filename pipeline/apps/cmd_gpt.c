@@ -655,6 +655,12 @@ out_model:
 }
 
 /* Builds the stage layout from the flags (the same on every rank). */
+/* 1 for the V-shape kinds (their default map puts stages r and 2R-1-r on group r). */
+static int kind_vshape(int kind)
+{
+    return kind == XMP_SCHED_ZB_V || kind == XMP_SCHED_V_1F1B || kind == XMP_SCHED_DUALPIPE_V;
+}
+
 static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layout_t *sl, char *err,
                            size_t errlen)
 {
@@ -697,85 +703,23 @@ static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layou
     }
     /* Virtual stages: R rank groups (--stages, else one per --stage-mesh entry), S model
      * stages (--layout's, else R * V), placed by --stage-groups or the schedule's map. */
-    int V = o->virtual_stages ? o->virtual_stages : 1, virt = V > 1 || o->stage_groups;
-    int R = 0, S = 0, map[XMP_MAX_STAGES];
-    char *xmesh = NULL;
-    if (virt) {
+    int rc;
+    if (o->virtual_stages > 1 || o->stage_groups) {
         int nmesh = 0;
-        if (o->stage_mesh) {
-            nmesh = 1;
-            for (const char *p = o->stage_mesh; *p; p++)
-                nmesh += *p == ',';
-        }
-        R = o->stages ? o->stages : nmesh ? nmesh : 1;
-        if (o->layout) {
-            S = 1;
-            for (const char *p = o->layout; *p; p++)
-                S += *p == '|';
-        } else {
-            S = R * V;
-        }
-        if (S > XMP_MAX_STAGES || R > S) {
-            free(kinds);
-            return snprintf(err, errlen,
-                            "%d model stages on %d rank groups: expected 1..%d stages, "
-                            "at least one per group",
-                            S, R, XMP_MAX_STAGES),
-                   -1;
-        }
-        if (o->virtual_stages && S != R * V) {
-            free(kinds);
-            return snprintf(err, errlen,
-                            "--layout has %d stages, --virtual-stages %d on %d "
-                            "groups needs %d",
-                            S, V, R, R * V),
-                   -1;
-        }
-        const char *mt = o->stage_groups ? o->stage_groups
-                         : (o->schedule == XMP_SCHED_ZB_V || o->schedule == XMP_SCHED_V_1F1B ||
-                            o->schedule == XMP_SCHED_DUALPIPE_V)
-                             ? "v"
-                             : "interleaved";
-        char sub[256];
-        if (xmp_sched_parse_map(mt, S, R, map, sub, sizeof sub) != 0) {
-            free(kinds);
-            return snprintf(err, errlen, "--stage-groups: %s", sub), -1;
-        }
-        /* One mesh per group: expanded to one per stage. */
-        if (o->stage_mesh && nmesh == R && S != R) {
-            const char *ent[XMP_MAX_STAGES];
-            int len[XMP_MAX_STAGES], k = 0;
-            for (const char *p = o->stage_mesh;; k++) {
-                const char *q = strchr(p, ',');
-                ent[k] = p;
-                len[k] = q ? (int)(q - p) : (int)strlen(p);
-                if (!q)
-                    break;
-                p = q + 1;
-            }
-            size_t cap = strlen(o->stage_mesh) * (size_t)S + 1, at = 0;
-            xmesh = malloc(cap);
-            if (!xmesh) {
-                free(kinds);
-                return snprintf(err, errlen, "out of memory"), -1;
-            }
-            xmesh[0] = '\0';
-            for (int s2 = 0; s2 < S; s2++)
-                at += (size_t)snprintf(xmesh + at, cap - at, "%s%.*s", s2 ? "," : "", len[map[s2]],
-                                       ent[map[s2]]);
-            meshes = xmesh;
-        }
-        stages = S;
+        for (const char *p = o->stage_mesh; p && *p; p++)
+            nmesh += *p == ',';
+        int R = o->stages ? o->stages : o->stage_mesh ? nmesh + 1 : 1;
+        const char *mt = o->stage_groups            ? o->stage_groups
+                         : kind_vshape(o->schedule) ? "v"
+                                                    : "interleaved";
+        rc = xmp_stage_layout_build_groups(kinds, 1, 1, o->layout, R,
+                                           o->virtual_stages ? o->virtual_stages : 1, mt, meshes,
+                                           dp, tp, sl, err, errlen);
+    } else {
+        rc =
+            xmp_stage_layout_build(kinds, 1, 1, o->layout, stages, meshes, dp, tp, sl, err, errlen);
     }
-    int rc =
-        xmp_stage_layout_build(kinds, 1, 1, o->layout, stages, meshes, dp, tp, sl, err, errlen);
     free(kinds);
-    free(xmesh);
-    if (rc == 0 && virt) {
-        char sub[256];
-        if (xmp_stage_layout_set_groups(sl, R, map, sub, sizeof sub) != 0)
-            return snprintf(err, errlen, "--stage-groups: %s", sub), -1;
-    }
     return rc;
 }
 

@@ -79,6 +79,18 @@ int xmp_stage_layout_stage_of_rank(const xmp_stage_layout_t *l, int rank);
 int xmp_stage_layout_set_groups(xmp_stage_layout_t *l, int ngroups, const int *stage_group,
                                 char *err, size_t errlen);
 
+/* xmp_stage_layout_build with virtual stages (a CLI's --virtual-stages / --stage-groups):
+ * R rank groups; S model stages: the layout string's count, else R * V (V >= 1; with a layout
+ * and V > 1, S must equal R * V); stages placed on groups by map_text (sched/schedule.h
+ * xmp_sched_parse_map: "interleaved", "v" or a list of S group ids). meshes lists one mesh per
+ * group (R entries, each stage gets its group's) or one per stage (S entries); dps / tps as in
+ * xmp_stage_layout_build (per stage or one value). Then xmp_stage_layout_set_groups. 0, or -1
+ * with a message naming the bad value (*out unchanged). */
+int xmp_stage_layout_build_groups(const char *kinds, int fixed_head, int fixed_tail,
+                                  const char *layout, int R, int V, const char *map_text,
+                                  const char *meshes, const char *dps, const char *tps,
+                                  xmp_stage_layout_t *out, char *err, size_t errlen);
+
 /* Stages of a global rank's group in increasing order into out[0..max); returns how many
  * (0: the rank is in no stage). */
 int xmp_stage_layout_stages_of_rank(const xmp_stage_layout_t *l, int rank, int *out, int max);
