@@ -126,6 +126,25 @@ elif SET == "cap":
     m = re.search(r"smallest[^0-9]*([0-9.e+]+)", p.stdout)
     if not m:
         fail("the refusal does not name the smallest cap:\n" + p.stdout[-800:])
+elif SET.startswith("ut"):
+    # U-Transformer (13 layers, skip edges between stages; on the V shape down and up layers of
+    # one group exchange skips locally): --check-serial compares every step's loss (1e-5 to
+    # step 5, 1e-4 to step 10) and the command exits non-zero on a mismatch.
+    R = int(SET[2:])
+    n, meshes = {2: (4, "1x2,2x1"), 3: (5, "2x1,1x2,1x1"), 4: (6, "2x1,1x1,1x2,1x1")}[R]
+    for sch in NEW:
+        M = 2 * R if sch == "dualpipe-v" else (R if R > 2 else 4)
+        args = ["--base-channels", "4", "--steps", "10", "--check-serial", "--no-progress",
+                "--batch", str(2 * M), "--microbatches", str(M), "--schedule", sch, "--stages", str(R),
+                "--virtual-stages", "2", "--stage-mesh", meshes]
+        if sch == "zb-v":
+            args.append("--delay-wgrad")
+        cmd = MPI + ["-n", str(n), "--oversubscribe", TRAIN, "utransformer"] + args
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+        good = p.returncode == 0 and "check-serial: OK (10 steps compared" in p.stdout
+        print(("ok  " if good else "FAIL"), " ".join(args))
+        if not good:
+            fail("utransformer exit %d\n%s" % (p.returncode, p.stdout[-3000:]))
 elif SET == "bad":
     p, _ = run(4, ["--layers", "4", "--batch", "4", "--microbatches", "4", "--schedule", "interleaved-1f1b",
                    "--layout", "E,t|t|t|t,L", "--stage-groups", "0,0,0,0", "--stage-mesh", "2,2",

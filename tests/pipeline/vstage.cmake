@@ -1,7 +1,7 @@
 # Virtual stages and recomputation in GPT-2 (issue 23) against the serial reference
 # (xmesh-train gpt --check-serial, parameters after the run compared too).
 if(TARGET xmesh-train)
-  foreach(set r2 r3 r4 long cap bad)
+  foreach(set r2 r3 r4 long cap bad ut2 ut3 ut4)
     add_test(NAME pipeline.vstage.gpt_${set}
              COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_vstage.py ${set}
                      $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
