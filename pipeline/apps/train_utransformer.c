@@ -50,6 +50,7 @@ typedef struct {
     const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp, *cluster, *strategy;
     int stages, microbatches, schedule, delay_wgrad, comm, print_schedule, check_serial;
     int virtual_stages; /* issue 23: model stages per rank group */
+    int recompute;      /* xmp_recompute_t */
     const char *stage_groups;
 } ut_opts_t;
 
@@ -90,6 +91,9 @@ static void ut_usage(void)
            "  --virtual-stages V  model stages per rank group (--stages R groups)\n"
            "  --stage-groups interleaved|v|LIST  stage -> group map (--stage-mesh: one per group\n"
            "                   or one per stage)\n"
+           "  --recompute none|block|selective  drop a layer's tape after its forward (block: all\n"
+           "                   but its inputs and outputs; selective: attention probabilities)\n"
+           "                   and recompute it before its backward\n"
            "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
            "  --trace FILE  --print-schedule\n"
            "  --cluster FILE     cost model (xmesh-calibrate -o FILE; sets XMESH_CLUSTER_FILE)\n"
@@ -177,10 +181,8 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
             if (!strcmp(a, "--recompute")) {
                 if (!(v = xmp_cli_value(argc, argv, &i)))
                     return -1;
-                if (xmp_recompute_parse(v) != XMP_RECOMPUTE_NONE)
-                    return xmp_cli_error("--recompute '%s': the U-Transformer has no recomputation "
-                                         "yet (only none; gpt has block and selective)",
-                                         v);
+                if ((o->recompute = xmp_recompute_parse(v)) < 0)
+                    return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
                 continue;
             }
             if (!strcmp(a, "--comm")) {
@@ -613,6 +615,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                                       &st->tape[IX(st, l, mb)], &st->y[IX(st, l, mb)],
                                       &st->so[IX(st, l, mb)]);
         xmp_tensor_free(&skin);
+        if (r == 0) /* recomputation: keep the layer's inputs and outputs only */
+            r = xmp_ut_tape_drop(st->tape[IX(st, l, mb)], st->o->recompute);
         if (r != 0) {
             fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto out;
@@ -712,7 +716,8 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         int same_src = src >= 0 && st->sl->stage_of[src] == st->stage;
         xmp_tensor_t *pdx = l > 0 ? (l > st->first ? &st->dact[IX(st, l - 1, mb)] : &dx) : NULL;
         xmp_tensor_t *pdsi = src >= 0 ? (same_src ? &st->dskip[IX(st, src, mb)] : &dsi) : NULL;
-        if (xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
+        if (xmp_ut_tape_recompute(st->tape[IX(st, l, mb)], st->o->recompute) != 0 ||
+            xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
                                          pdsi) != 0) {
             fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto fail_quiet;
@@ -1013,6 +1018,7 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     xmp_gen_opts_t go;
     memset(&go, 0, sizeof go);
     go.delay_wgrad = o->delay_wgrad;
+    go.recompute = o->recompute;
     /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
     go.max_pending_w = sl.nstages;
     if ((virt ? xmp_sched_generate_map(o->schedule, sl.nstages, sl.ngroups, sl.group, M, st.nedges,

@@ -132,19 +132,32 @@ elif SET.startswith("ut"):
     # step 5, 1e-4 to step 10) and the command exits non-zero on a mismatch.
     R = int(SET[2:])
     n, meshes = {2: (4, "1x2,2x1"), 3: (5, "2x1,1x2,1x1"), 4: (6, "2x1,1x1,1x2,1x1")}[R]
-    for sch in NEW:
+    recs = {2: ["none", "block", "selective"], 3: ["none", "block"], 4: ["none", "selective"]}[R]
+    peaks = {}
+    for sch, rec in [(a, b) for a in NEW for b in recs]:
         M = 2 * R if sch == "dualpipe-v" else (R if R > 2 else 4)
-        args = ["--base-channels", "4", "--steps", "10", "--check-serial", "--no-progress",
+        args = ["--recompute", rec, "--base-channels", "4", "--steps", "10", "--check-serial", "--no-progress",
                 "--batch", str(2 * M), "--microbatches", str(M), "--schedule", sch, "--stages", str(R),
                 "--virtual-stages", "2", "--stage-mesh", meshes]
         if sch == "zb-v":
             args.append("--delay-wgrad")
-        cmd = MPI + ["-n", str(n), "--oversubscribe", TRAIN, "utransformer"] + args
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
-        good = p.returncode == 0 and "check-serial: OK (10 steps compared" in p.stdout
-        print(("ok  " if good else "FAIL"), " ".join(args))
-        if not good:
-            fail("utransformer exit %d\n%s" % (p.returncode, p.stdout[-3000:]))
+        with tempfile.TemporaryDirectory() as d:
+            js = os.path.join(d, "u.json")
+            cmd = MPI + ["-n", str(n), "--oversubscribe", TRAIN, "utransformer"] + args + ["--json", js]
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+            good = p.returncode == 0 and "check-serial: OK (10 steps compared" in p.stdout
+            print(("ok  " if good else "FAIL"), " ".join(args))
+            if not good:
+                fail("utransformer exit %d\n%s" % (p.returncode, p.stdout[-3000:]))
+                continue
+            peaks[(sch, rec)] = max(max(st["peak_activation_bytes"]) for st in json.load(open(js))["steps"])
+    # recomputation lowers the measured peak (measured allocations, nn/sbp.h)
+    for sch in NEW:
+        for rec in recs[1:]:
+            if (sch, rec) in peaks and (sch, "none") in peaks:
+                print("  %s %s: measured peak %d (none: %d)" % (sch, rec, peaks[(sch, rec)], peaks[(sch, "none")]))
+                if not peaks[(sch, rec)] < peaks[(sch, "none")]:
+                    fail("%s --recompute %s does not lower the measured peak" % (sch, rec))
 elif SET == "bad":
     p, _ = run(4, ["--layers", "4", "--batch", "4", "--microbatches", "4", "--schedule", "interleaved-1f1b",
                    "--layout", "E,t|t|t|t,L", "--stage-groups", "0,0,0,0", "--stage-mesh", "2,2",
