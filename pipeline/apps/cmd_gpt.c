@@ -1107,12 +1107,14 @@ static int run_parallel(const gpt_opts_t *oin)
     int64_t mine_mem[5] = {0};
     all_mem = rank == 0 ? calloc((size_t)size * 5, 8) : NULL;
     xmp_gpt2_stage_memory_t mem;
-    xmp_gpt2_stage_memory(st, &mem);
-    mine_mem[0] = xmp_gpt2_stage_index(st);
-    mine_mem[1] = mem.param_bytes;
-    mine_mem[2] = mem.optimizer_bytes;
-    mine_mem[3] = mem.compute_param_bytes;
-    mine_mem[4] = mem.grad_bytes;
+    mine_mem[0] = st ? xmp_gpt2_stage_index(st) : -1; /* virtual stages: the group's lowest */
+    for (int c = 0; c < nst; c++) {                   /* summed over this rank's stages */
+        xmp_gpt2_stage_memory(sts[c], &mem);
+        mine_mem[1] += mem.param_bytes;
+        mine_mem[2] += mem.optimizer_bytes;
+        mine_mem[3] += mem.compute_param_bytes;
+        mine_mem[4] += mem.grad_bytes;
+    }
     int64_t dummy[5];
     MPI_Gather(mine_mem, 5, MPI_INT64_T, all_mem ? all_mem : dummy, 5, MPI_INT64_T, 0,
                MPI_COMM_WORLD);
