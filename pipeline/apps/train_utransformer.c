@@ -2,9 +2,10 @@
  * `xmesh-train utransformer`: the U-Transformer (models/utransformer.h) on the synthetic shapes
  * denoising task (models/shapes_data.h), L2 loss, SGD with Nesterov momentum.
  *
- *   --serial      one process, the reference (xmp_ut_model_*)
- *   otherwise     MPI pipeline: the 13 layers split into stages (models/stage_layout.h), each
- *                 stage on its own dp x tp mesh, run by the pipeline driver (pipe/driver.h).
+ * This file is the U-Transformer side of the one trainer (apps/trainer.h): the model's own
+ * flags, the serial model (the reference, xmp_ut_model_*) and the pipeline stages behind the
+ * trainer's model interface; the loop, the common flags, statistics, JSON, --check-serial and
+ * re-planning are the trainer's.
  *
  * Stage graph: every tensor crossing a stage boundary is one edge with its own xmesh plans: the
  * main activation between consecutive layers on different stages, and each long skip
@@ -20,10 +21,12 @@
  * axis in R) and over micro-batches equal the serial gradient.
  *
  * Layers of a stage run on SBP tensors of its dp x tp mesh through nn/ only
- * (models/utransformer_sbp.h), with the per-class SBPs of --strategy (dp, megatron: channel
- * split on the tp axis, or a file); every layer input and output stays "S(0),B" (class act.x),
- * so the edges do not change. A micro-batch's activations (its tapes) are allocated when its
- * forward runs and freed after its weight gradients; the reported peak is measured.
+ * (models/utransformer_sbp.h), with the per-class SBPs of --strategy / --stage-strategy,
+ * loaded through nn/strategy.h (built-ins dp and megatron from the model, generated for the
+ * stage mesh's shape, or a file; a layer-qualified line "down1.attn.q.w" overrides the class);
+ * every layer input and output stays "S(0),B" (class act.x), so the edges do not change. A
+ * micro-batch's activations (its tapes) are allocated when its forward runs and freed after
+ * its weight gradients; the reported peak is measured.
  */
 #include <cblas.h>
 #include <math.h>
@@ -38,38 +41,30 @@
 #include "models/stage_layout.h"
 #include "models/utransformer.h"
 #include "models/utransformer_sbp.h"
-#include "nn/unet_kernels.h"
 #include "nn/sbp.h"
+#include "nn/unet_kernels.h"
 #include "pipe/driver.h"
-#include "pipe/replan.h"
+#include "trainer.h"
 
+/* The model's own flags, and the common ones its stages read (copied from the trainer's). */
 typedef struct {
-    int serial, base, groups, head_dim, batch, steps, blas_threads, no_progress;
+    int base, groups, head_dim, batch, microbatches;
+    int batch_arg; /* --batch; batch and microbatches are per optimizer step (x --grad-accum) */
     float lr, momentum, wd, sigma;
     uint64_t seed;
-    const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp, *cluster, *strategy;
-    int stages, microbatches, schedule, delay_wgrad, comm, print_schedule, check_serial;
-    int virtual_stages; /* issue 23: model stages per rank group */
-    int recompute;      /* xmp_recompute_t */
-    const char *stage_groups;
 } ut_opts_t;
 
-static void ut_defaults(ut_opts_t *o)
+static void ut_defaults(xmp_train_opts_t *t, ut_opts_t *o)
 {
+    xmp_train_defaults(t);
+    t->steps = 200;
+    t->lr = 0.05f;
+    t->seed = 1234;
     memset(o, 0, sizeof *o);
     o->base = 8;
     o->batch = 8;
-    o->steps = 200;
-    o->blas_threads = 1;
-    o->lr = 0.05f;
     o->momentum = 0.9f;
     o->sigma = 0.3f;
-    o->seed = 1234;
-    o->stages = 0; /* unset: the layout's count, else 1 */
-    o->microbatches = 1;
-    o->schedule = XMP_SCHED_1F1B;
-    o->comm = XMP_COMM_BROADCAST;
-    o->strategy = "megatron";
 }
 
 static void ut_usage(void)
@@ -81,29 +76,13 @@ static void ut_usage(void)
            "data / training:\n"
            "  --batch B (8) --steps N (200) --lr (0.05) --momentum (0.9) --weight-decay (0)\n"
            "  --noise SIGMA (0.3)\n"
-           "pipeline (same as xmesh-train gpt):\n"
-           "  --stages N (1)  --layout STR  --stage-mesh RxC,..  --stage-dp N,..  --stage-tp N,..\n"
-           "  --strategy dp|megatron|FILE (megatron)  per-class SBPs on every stage's dp x tp\n"
-           "                   mesh (docs/UTRANSFORMER.md); megatron: conv pairs channel-split,\n"
-           "                   attention heads split where tp divides them\n"
-           "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b|interleaved-1f1b|\n"
-           "                   eager-interleaved-1f1b|zb-v|v-1f1b|dualpipe-v (1f1b) --delay-wgrad\n"
-           "  --virtual-stages V  model stages per rank group (--stages R groups)\n"
-           "  --stage-groups interleaved|v|LIST  stage -> group map (--stage-mesh: one per group\n"
-           "                   or one per stage)\n"
-           "  --recompute none|block|selective  drop a layer's tape after its forward (block: all\n"
-           "                   but its inputs and outputs; selective: attention probabilities)\n"
-           "                   and recompute it before its backward\n"
-           "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
-           "  --trace FILE  --print-schedule\n"
-           "  --cluster FILE     cost model (xmesh-calibrate -o FILE; sets XMESH_CLUSTER_FILE)\n"
-           "  --check-serial     rank 0 also runs the serial reference and fails unless every\n"
-           "                     step's loss matches (1e-5 relative to step 5, 1e-4 to step 10)\n"
-           "output:\n"
-           "  --json FILE  --no-progress  --blas-threads N (1)\n");
+           "strategies: built-in dp, megatron (default: conv pairs channel-split, attention\n"
+           "  heads split where tp divides them) on 2-axis dp x tp stage meshes, or a file\n"
+           "  (docs/UTRANSFORMER.md)\n");
+    xmp_train_usage();
 }
 
-static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
+static int parse_ut_flags(int argc, char **argv, xmp_train_opts_t *t, ut_opts_t *o)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -111,298 +90,52 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
             ut_usage();
             return 1;
         }
-        const struct {
-            const char *flag;
-            int *flagp;
-        } sw[] = {{"--serial", &o->serial},
-                  {"--no-progress", &o->no_progress},
-                  {"--delay-wgrad", &o->delay_wgrad},
-                  {"--print-schedule", &o->print_schedule},
-                  {"--check-serial", &o->check_serial}};
-        size_t k;
-        for (k = 0; k < sizeof sw / sizeof sw[0]; k++)
-            if (!strcmp(a, sw[k].flag))
-                break;
-        if (k < sizeof sw / sizeof sw[0]) {
-            *sw[k].flagp = 1;
+        int c = xmp_train_parse_flag(argc, argv, &i, t);
+        if (c < 0)
+            return -1;
+        if (c > 0)
             continue;
-        }
         const struct {
             const char *flag;
             int *ip;
             long lo, hi;
             float *fp;
             double flo, fhi;
-            const char **sp;
-        } t[] = {
-            {"--base-channels", &o->base, 1, 1024, NULL, 0, 0, NULL},
-            {"--groups", &o->groups, 1, 1024, NULL, 0, 0, NULL},
-            {"--head-dim", &o->head_dim, 1, 1024, NULL, 0, 0, NULL},
-            {"--batch", &o->batch, 1, 1 << 16, NULL, 0, 0, NULL},
-            {"--steps", &o->steps, 1, 1 << 30, NULL, 0, 0, NULL},
-            {"--blas-threads", &o->blas_threads, 1, 1024, NULL, 0, 0, NULL},
-            {"--stages", &o->stages, 1, XMP_UT_LAYERS, NULL, 0, 0, NULL},
-            {"--virtual-stages", &o->virtual_stages, 1, XMP_UT_LAYERS, NULL, 0, 0, NULL},
-            {"--stage-groups", NULL, 0, 0, NULL, 0, 0, &o->stage_groups},
-            {"--microbatches", &o->microbatches, 1, 1 << 16, NULL, 0, 0, NULL},
-            {"--lr", NULL, 0, 0, &o->lr, 0.0, 10.0, NULL},
-            {"--momentum", NULL, 0, 0, &o->momentum, 0.0, 0.999999, NULL},
-            {"--weight-decay", NULL, 0, 0, &o->wd, 0.0, 10.0, NULL},
-            {"--noise", NULL, 0, 0, &o->sigma, 0.0, 100.0, NULL},
-            {"--json", NULL, 0, 0, NULL, 0, 0, &o->json},
-            {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
-            {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
-            {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
-            {"--stage-mesh", NULL, 0, 0, NULL, 0, 0, &o->stage_mesh},
-            {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
-            {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
-            {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
+        } f[] = {
+            {"--base-channels", &o->base, 1, 1024, NULL, 0, 0},
+            {"--groups", &o->groups, 1, 1024, NULL, 0, 0},
+            {"--head-dim", &o->head_dim, 1, 1024, NULL, 0, 0},
+            {"--batch", &o->batch, 1, 1 << 16, NULL, 0, 0},
+            {"--momentum", NULL, 0, 0, &o->momentum, 0.0, 0.999999},
+            {"--noise", NULL, 0, 0, &o->sigma, 0.0, 100.0},
         };
-        size_t nt = sizeof t / sizeof t[0];
-        for (k = 0; k < nt; k++)
-            if (!strcmp(a, t[k].flag))
+        size_t k, nf = sizeof f / sizeof f[0];
+        for (k = 0; k < nf; k++)
+            if (!strcmp(a, f[k].flag))
                 break;
-        if (k == nt) {
-            if (!strcmp(a, "--seed")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)) || xmp_cli_u64(a, v, &o->seed) != 0)
-                    return -1;
-                continue;
-            }
-            if (!strcmp(a, "--schedule")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
-                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b, eager-1f1b, "
-                                         "interleaved-1f1b, eager-interleaved-1f1b, zb-v, "
-                                         "v-1f1b or dualpipe-v",
-                                         v);
-                continue;
-            }
-            if (!strcmp(a, "--recompute")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                if ((o->recompute = xmp_recompute_parse(v)) < 0)
-                    return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
-                continue;
-            }
-            if (!strcmp(a, "--comm")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                if ((o->comm = xmp_comm_mode_parse(v)) < 0)
-                    return xmp_cli_error("--comm '%s': expected broadcast, sendrecv, "
-                                         "sendrecv-allgather, blocking or signal",
-                                         v);
-                continue;
-            }
+        if (k == nf)
             return xmp_cli_error("unknown flag '%s' (see --help)", a);
-        }
         if (!(v = xmp_cli_value(argc, argv, &i)))
             return -1;
-        if (t[k].ip && xmp_cli_int(a, v, t[k].lo, t[k].hi, t[k].ip) != 0)
+        if (f[k].ip && xmp_cli_int(a, v, f[k].lo, f[k].hi, f[k].ip) != 0)
             return -1;
-        if (t[k].fp && xmp_cli_float(a, v, t[k].flo, t[k].fhi, t[k].fp) != 0)
+        if (f[k].fp && xmp_cli_float(a, v, f[k].flo, f[k].fhi, f[k].fp) != 0)
             return -1;
-        if (t[k].sp)
-            *t[k].sp = v;
     }
-    if (o->cluster) /* every plan's cluster model reads it */
-        setenv("XMESH_CLUSTER_FILE", o->cluster, 1);
-    if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
-        return xmp_cli_error("--check-serial with --comm signal: signal mode moves no data, so "
-                             "its losses cannot match the serial reference");
-    if (o->stages == 0 && !o->layout)
-        o->stages = 1;
-    if (o->batch % o->microbatches != 0)
+    if (xmp_train_check_flags(t) != 0)
+        return -1;
+    if (t->stages > XMP_UT_LAYERS)
+        return xmp_cli_error("--stages %d: the model has %d layers", t->stages, XMP_UT_LAYERS);
+    if (o->batch % t->microbatches != 0)
         return xmp_cli_error("--batch %d is not a multiple of --microbatches %d", o->batch,
-                             o->microbatches);
+                             t->microbatches);
+    o->lr = t->lr;
+    o->wd = t->wd;
+    o->seed = t->seed;
+    o->batch_arg = o->batch;
+    o->batch *= t->grad_accum;
+    o->microbatches = t->microbatches * t->grad_accum;
     return 0;
-}
-
-/* ---- step records: JSON, progress bar, summary (rank 0 only in the pipeline) ---- */
-
-typedef struct {
-    const ut_opts_t *o;
-    xmp_json_t json;
-    xmp_progress_t bar;
-    double first, last, t0, *ips;
-    int n;
-} ut_log_t;
-
-static int ut_log_open(ut_log_t *s, const ut_opts_t *o, const xmp_ut_config_t *c, size_t nparams,
-                       const char *mode, const xmp_stage_layout_t *lay)
-{
-    memset(s, 0, sizeof *s);
-    s->o = o;
-    if (!(s->ips = calloc((size_t)o->steps, sizeof(double))))
-        return xmp_cli_error("out of memory");
-    if (o->json) {
-        if (xmp_json_open(&s->json, o->json) != 0)
-            return -1;
-        xmp_json_t *j = &s->json;
-        xmp_json_obj_begin(j, NULL);
-        xmp_json_str(j, "command", "utransformer");
-        xmp_json_str(j, "mode", mode);
-        xmp_json_obj_begin(j, "model");
-        xmp_json_int(j, "base_channels", c->base);
-        xmp_json_int(j, "groups", c->groups);
-        xmp_json_int(j, "head_dim", c->head_dim);
-        xmp_json_int(j, "cond_tokens", XMP_UT_TOKENS);
-        xmp_json_int(j, "cond_dim", c->cond_dim);
-        xmp_json_int(j, "layers", XMP_UT_LAYERS);
-        xmp_json_int(j, "num_parameters", (long long)nparams);
-        xmp_json_int(j, "seed", (long long)o->seed);
-        xmp_json_obj_end(j);
-        xmp_json_obj_begin(j, "train");
-        xmp_json_str(j, "data", "synthetic shapes 32x32, denoise + mask");
-        xmp_json_f32(j, "noise", o->sigma);
-        xmp_json_int(j, "batch", o->batch);
-        xmp_json_int(j, "steps", o->steps);
-        xmp_json_f32(j, "lr", o->lr);
-        xmp_json_f32(j, "momentum", o->momentum);
-        xmp_json_f32(j, "weight_decay", o->wd);
-        xmp_json_obj_end(j);
-        if (lay) {
-            char buf[512];
-            xmp_stage_layout_format(lay, buf, sizeof buf);
-            xmp_json_obj_begin(j, "pipeline");
-            xmp_json_int(j, "stages", lay->nstages);
-            xmp_json_str(j, "layout", buf);
-            xmp_json_int(j, "microbatches", o->microbatches);
-            xmp_json_str(j, "schedule", xmp_sched_kind_name(o->schedule));
-            xmp_json_bool(j, "delay_wgrad", o->delay_wgrad);
-            xmp_json_str(j, "comm", xmp_comm_mode_name(o->comm));
-            xmp_json_arr_begin(j, "stage_meshes");
-            for (int si = 0; si < lay->nstages; si++) {
-                snprintf(buf, sizeof buf, "%dx%d@%d", lay->dp[si], lay->tp[si], lay->rank0[si]);
-                xmp_json_str(j, NULL, buf);
-            }
-            xmp_json_arr_end(j);
-            xmp_json_obj_end(j);
-        }
-        xmp_json_arr_begin(j, "steps");
-    }
-    xmp_progress_init(&s->bar, o->steps, o->no_progress);
-    s->t0 = xmp_now();
-    return 0;
-}
-
-/* Pipeline figures of a step (NULL for serial runs); the same JSON fields as gpt's. */
-typedef struct {
-    double compute_s, boxing_s; /* rank 0: in stage callbacks (minus boxing); in boxing */
-    double predicted_s;         /* simulator from the previous step's stage costs (0: none) */
-    int nstages;
-    double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
-    int peak_mb[XMP_MAX_STAGES];
-    int64_t peak_bytes[XMP_MAX_STAGES];
-} ut_extra_t;
-
-static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
-                             const ut_extra_t *ex);
-static void ut_log_record(ut_log_t *s, int step, double loss, double seconds)
-{
-    ut_log_record_ex(s, step, loss, seconds, NULL);
-}
-
-static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
-                             const ut_extra_t *ex)
-{
-    double ips = seconds > 0 ? s->o->batch / seconds : 0.0;
-    if (s->n == 0)
-        s->first = loss;
-    s->last = loss;
-    s->ips[s->n++] = ips;
-    if (s->o->json) {
-        xmp_json_obj_begin(&s->json, NULL);
-        xmp_json_int(&s->json, "step", step);
-        xmp_json_num(&s->json, "loss", loss);
-        xmp_json_num(&s->json, "step_seconds", seconds);
-        xmp_json_num(&s->json, "images_per_s", ips);
-        if (ex) {
-            xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
-                                  ex->bubble,    ex->peak_mb,  ex->peak_bytes};
-            xmp_json_step_pipeline(&s->json, &sp);
-        }
-        xmp_json_obj_end(&s->json);
-    }
-    xmp_progress_update(&s->bar, step + 1, loss, ips);
-}
-
-static int ut_log_close(ut_log_t *s, int ok, const char *mode)
-{
-    double total = xmp_now() - s->t0, med = 0, mn = 0, mx = 0;
-    int rc = 0;
-    xmp_progress_finish(&s->bar);
-    if (s->n)
-        xmp_stats(s->ips, (size_t)s->n, &med, &mn, &mx);
-    if (s->o->json) {
-        xmp_json_arr_end(&s->json);
-        xmp_json_obj_begin(&s->json, "summary");
-        xmp_json_bool(&s->json, "completed", ok);
-        xmp_json_int(&s->json, "steps_done", s->n);
-        xmp_json_num(&s->json, "first_loss", s->n ? s->first : NAN);
-        xmp_json_num(&s->json, "final_loss", s->n ? s->last : NAN);
-        xmp_json_num(&s->json, "total_seconds", total);
-        xmp_json_num(&s->json, "images_per_s_median", med);
-        xmp_json_obj_end(&s->json);
-        xmp_json_obj_end(&s->json);
-        rc = xmp_json_close(&s->json);
-    }
-    if (s->n)
-        printf("utransformer %s: %d steps B=%d C=%d, loss %.5f -> %.5f, %.1f images/s median, "
-               "%.2f s\n",
-               mode, s->n, s->o->batch, s->o->base, s->first, s->last, med, total);
-    free(s->ips);
-    return rc;
-}
-
-/* ---- serial reference ---- */
-
-/* Runs `steps` serial steps; losses[] (may be NULL) receives each loss; log may be NULL. */
-static int serial_losses(const ut_opts_t *o, const xmp_ut_config_t *c, double *losses,
-                         ut_log_t *log, int open_log)
-{
-    xmp_ut_model_t m;
-    xmp_shapes_t sh;
-    int ok = 0;
-    if (xmp_ut_model_init(&m, c, o->batch, o->seed) != 0)
-        return xmp_cli_error("model: %s", xmp_ut_last_error());
-    if (xmp_shapes_init(&sh, o->seed, c->cond_dim, o->sigma) != 0) {
-        xmp_ut_model_free(&m);
-        return xmp_cli_error("data: %s", xmp_ut_last_error());
-    }
-    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
-    float *in = malloc((B * 7 * HW + B * XMP_UT_TOKENS * (size_t)c->cond_dim) * sizeof(float));
-    if (!in)
-        goto out;
-    float *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
-    if (open_log && ut_log_open(log, o, c, m.layout.total, "serial", NULL) != 0)
-        goto out_in;
-    for (int step = 0; step < o->steps; step++) {
-        double t0 = xmp_now();
-        xmp_shapes_batch(&sh, step, o->batch, 0, o->batch, in, tg, cond);
-        if (xmp_ut_model_forward(&m, in, cond, tg) != 0 || xmp_ut_model_backward(&m, tg) != 0 ||
-            xmp_ut_model_update(&m, o->lr, o->momentum, o->wd) != 0) {
-            xmp_cli_error("step %d: %s", step, xmp_ut_last_error());
-            break;
-        }
-        if (losses)
-            losses[step] = m.loss;
-        if (log)
-            ut_log_record(log, step, m.loss, xmp_now() - t0);
-        if (!isfinite(m.loss)) {
-            xmp_cli_error("loss is %g at step %d", m.loss, step);
-            break;
-        }
-        ok = step == o->steps - 1;
-    }
-    if (open_log && ut_log_close(log, ok, "serial") != 0)
-        ok = 0;
-out_in:
-    free(in);
-out:
-    xmp_shapes_free(&sh);
-    xmp_ut_model_free(&m);
-    return ok ? 0 : -1;
 }
 
 /* ---- pipeline stage ---- */
@@ -438,7 +171,6 @@ typedef struct {
     float **input, **cond, **target; /* per micro-batch, allocated with its forward */
     int *live;                       /* per micro-batch: forward done, weight part not yet */
     int64_t base_bytes;              /* allocations held after set-up (the parameters) */
-    int mem_quiet; /* virtual stages: chunk > 0 reports 0 (chunk 0 reports the rank's peak) */
 } ut_stage_t;
 
 static size_t chw_floats(const int chw[3])
@@ -615,8 +347,6 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                                       &st->tape[IX(st, l, mb)], &st->y[IX(st, l, mb)],
                                       &st->so[IX(st, l, mb)]);
         xmp_tensor_free(&skin);
-        if (r == 0) /* recomputation: keep the layer's inputs and outputs only */
-            r = xmp_ut_tape_drop(st->tape[IX(st, l, mb)], st->o->recompute);
         if (r != 0) {
             fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto out;
@@ -716,8 +446,7 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         int same_src = src >= 0 && st->sl->stage_of[src] == st->stage;
         xmp_tensor_t *pdx = l > 0 ? (l > st->first ? &st->dact[IX(st, l - 1, mb)] : &dx) : NULL;
         xmp_tensor_t *pdsi = src >= 0 ? (same_src ? &st->dskip[IX(st, src, mb)] : &dsi) : NULL;
-        if (xmp_ut_tape_recompute(st->tape[IX(st, l, mb)], st->o->recompute) != 0 ||
-            xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
+        if (xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
                                          pdsi) != 0) {
             fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto fail_quiet;
@@ -780,8 +509,6 @@ static int ut_bwd_weight(void *u, int mb)
 static int64_t ut_act_bytes(void *u)
 {
     ut_stage_t *st = u;
-    if (st->mem_quiet)
-        return 0;
     int64_t p = xmp_ut_mem_peak_bytes() - st->base_bytes;
     xmp_ut_mem_peak_reset();
     return p > 0 ? p : 0;
@@ -848,482 +575,415 @@ static int stage_init(ut_stage_t *st)
     st->live = calloc(M, sizeof(int));
     if (!st->tape || !st->y || !st->so || !st->dact || !st->dskip || !st->input || !st->cond ||
         !st->target || !st->live)
-        return xmp_cli_error("out of memory");
+        return xmp_train_fail("out of memory");
     st->edge[0] = xmp_sbp_s(0);
     for (int a = 1; a < XMP_MAX_MESH_DIMS; a++)
         st->edge[a] = xmp_sbp_b();
     /* parameters: this rank's blocks (the strategy's SBPs) of the full tensors from the seed */
     float *full = malloc(st->lay.total * sizeof(float));
     if (!full)
-        return xmp_cli_error("out of memory");
+        return xmp_train_fail("out of memory");
     xmp_ut_params_init(&st->lay, st->o->seed, full);
     int rc = 0;
     for (int l = st->first; l <= st->last && !rc; l++)
         if (!(st->SL[l] = xmp_ut_slayer_create(&st->cfg, l, st->mbs, st->mesh, &st->strat,
                                                full + st->lay.layer_offset[l])))
-            rc = xmp_cli_error("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
-                               xmp_ut_last_error());
+            rc = xmp_train_fail("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
+                                xmp_ut_last_error());
     free(full);
     st->base_bytes = xmp_ut_mem_live_bytes();
     return rc;
 }
 
-/* Times the stage callbacks (per-microbatch F/I/W costs for the simulator). */
+/* ---- the adapter: serial model and stages behind the trainer's model interface ---- */
+
 typedef struct {
-    xmp_stage_ops_t in;
-    double f, i, w, r, o;
-    int nf, ni, nw;
-} timed_ops_t;
-
-static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.forward(t->in.user, mb, in, out, loss);
-    t->f += MPI_Wtime() - t0;
-    t->nf++;
-    return rc;
-}
-static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.backward_input(t->in.user, mb, go, gi);
-    t->i += MPI_Wtime() - t0;
-    t->ni++;
-    return rc;
-}
-static int t_bw(void *u, int mb)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.backward_weight(t->in.user, mb);
-    t->w += MPI_Wtime() - t0;
-    t->nw++;
-    return rc;
-}
-static int t_red(void *u)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.reduce_grads(t->in.user);
-    t->r += MPI_Wtime() - t0;
-    return rc;
-}
-static int t_opt(void *u)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.optimizer_step(t->in.user);
-    t->o += MPI_Wtime() - t0;
-    return rc;
-}
-static int64_t t_act(void *u)
-{
-    timed_ops_t *t = u;
-    return t->in.activation_bytes(t->in.user);
-}
-
-/* The strategy of stage s (built-in name or file) for its dp x tp mesh, parsed and checked
- * against the stage's layers; stored in *out when out != NULL. 0 or -1 (xmp_ut_last_error). */
-static int stage_strategy(const ut_opts_t *o, const xmp_ut_config_t *c,
-                          const xmp_stage_layout_t *sl, int s, xmp_ut_strategy_t *out)
-{
-    int shape[2] = {sl->dp[s], sl->tp[s]};
-    xmp_ut_strategy_t st;
-    int rc = xmp_ut_strategy_load(o->strategy, c, 2, shape, &st);
-    if (rc == 0)
-        rc = xmp_ut_strategy_check(&st, c, sl->first[s], sl->first[s] + sl->count[s] - 1, shape);
-    if (rc == 0 && out)
-        *out = st;
-    return rc;
-}
-
-static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
-{
-    int rank, size, prov, ok = 0, rc = 1;
-    char err[512];
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (rank != 0)
-        ((ut_opts_t *)o)->no_progress = 1;
-    xmp_stage_layout_t sl;
-    char kinds[XMP_UT_LAYERS + 1];
-    memset(kinds, 'u', XMP_UT_LAYERS);
-    kinds[XMP_UT_LAYERS] = '\0';
-    ut_stage_t st, *xs = NULL;
-    timed_ops_t *xt = NULL;
-    int nxs = 0;
-    memset(&st, 0, sizeof st);
-    xmp_mesh_t *smesh[XMP_MAX_STAGES] = {NULL};
-    int *allranks = NULL, *mranks = NULL; /* sized from the run: the job's ranks */
-    xmp_schedule_t *sched = NULL;
-    xmesh_ctx_t ctx = NULL;
-    xmp_driver_t *drv = NULL;
-    double *ref = NULL;
-    const int M = o->microbatches, mbs = o->batch / M;
-    const int virt = o->virtual_stages > 1 || o->stage_groups;
-    int R = o->stages;
-    if (virt && o->stage_mesh && !o->layout && R == 1) { /* one group per --stage-mesh entry */
-        R = 1;
-        for (const char *p = o->stage_mesh; *p; p++)
-            R += *p == ',';
-    }
-    const char *mt = o->stage_groups ? o->stage_groups
-                     : (o->schedule == XMP_SCHED_ZB_V || o->schedule == XMP_SCHED_V_1F1B ||
-                        o->schedule == XMP_SCHED_DUALPIPE_V)
-                         ? "v"
-                         : "interleaved";
-    if (virt ? xmp_stage_layout_build_groups(
-                   kinds, 0, 0, o->layout, R, o->virtual_stages ? o->virtual_stages : 1, mt,
-                   o->stage_mesh, o->stage_dp, o->stage_tp, &sl, err, sizeof err) != 0
-             : xmp_stage_layout_build(kinds, 0, 0, o->layout, o->stages, o->stage_mesh, o->stage_dp,
-                                      o->stage_tp, &sl, err, sizeof err) != 0) {
-        if (rank == 0)
-            xmp_cli_error("stage layout: %s", err);
-        goto out_mpi;
-    }
-    if (sl.nranks > size) {
-        if (rank == 0)
-            xmp_cli_error("the stage meshes need %d ranks, the job has %d", sl.nranks, size);
-        goto out_mpi;
-    }
-    for (int s = 0; s < sl.nstages; s++) {
-        /* every stage's strategy, refused here (on every rank alike) before anything runs */
-        if (stage_strategy(o, c, &sl, s,
-                           s == xmp_stage_layout_stage_of_rank(&sl, rank) ? &st.strat : NULL) !=
-            0) {
-            if (rank == 0)
-                xmp_cli_error("stage %d: %s", s, xmp_ut_last_error());
-            goto out_mpi;
-        }
-        if (mbs % sl.dp[s] != 0) {
-            if (rank == 0)
-                xmp_cli_error("stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
-                              "multiple of its data-parallel degree %d",
-                              s, mbs, o->batch, M, sl.dp[s]);
-            goto out_mpi;
-        }
-    }
-    st.o = o;
-    st.cfg = *c;
-    st.sl = &sl;
-    st.M = M;
-    st.mbs = mbs;
-    xmp_ut_params_layout(c, &st.lay);
+    const xmp_train_opts_t *t;
+    ut_opts_t o;
+    xmp_ut_config_t cfg;
+    /* serial */
+    xmp_ut_model_t sm;
+    xmp_shapes_t ssh;
+    float *sbuf;
+    /* parallel */
+    ut_stage_t st;
+    const xmp_stage_layout_t *sl;
+    xmp_ut_strategy_t ustrat[XMP_MAX_STAGES]; /* each stage's table, from nn/strategy.h */
+    xmp_mesh_t *smesh[XMP_MAX_STAGES];
+    int *mranks;
     xmp_edge_cfg_t ec[2 * XMP_UT_LAYERS];
     xmp_sedge_t se[2 * XMP_UT_LAYERS];
-    st.nedges = build_edges(c, &sl, mbs, st.e, ec, se);
-    xmp_gen_opts_t go;
-    memset(&go, 0, sizeof go);
-    go.delay_wgrad = o->delay_wgrad;
-    go.recompute = o->recompute;
-    /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
-    go.max_pending_w = sl.nstages;
-    if ((virt ? xmp_sched_generate_map(o->schedule, sl.nstages, sl.ngroups, sl.group, M, st.nedges,
-                                       se, &go, &sched, err, sizeof err)
-              : xmp_sched_generate(o->schedule, sl.nstages, M, st.nedges, se, &go, &sched, err,
-                                   sizeof err)) != 0) {
-        if (rank == 0)
-            xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
-        goto out_mpi;
+    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
+    char names[2 * XMP_UT_LAYERS][48];
+    const char *name_ptr[2 * XMP_UT_LAYERS];
+    char kinds[XMP_UT_LAYERS + 1];
+} ut_run_t;
+
+static int ut_serial_open(void *u, int64_t *nparams)
+{
+    ut_run_t *g = u;
+    const ut_opts_t *o = &g->o;
+    const xmp_ut_config_t *c = &g->cfg;
+    if (xmp_ut_model_init(&g->sm, c, o->batch, o->seed) != 0)
+        return xmp_train_fail("model: %s", xmp_ut_last_error());
+    if (xmp_shapes_init(&g->ssh, o->seed, c->cond_dim, o->sigma) != 0) {
+        xmp_ut_model_free(&g->sm);
+        return xmp_train_fail("data: %s", xmp_ut_last_error());
     }
-    if (o->print_schedule && rank == 0) {
-        for (int k = 0; k < st.nedges; k++)
-            printf("# edge %d: %s %s (stage %d -> %d)\n", k, xmp_ut_layer_name(st.e[k].layer),
-                   st.e[k].what == T_MAIN ? "main" : "skip", se[k].src, se[k].dst);
-        xmp_sched_fprint(sched, stdout);
+    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
+    g->sbuf = malloc((B * 7 * HW + B * XMP_UT_TOKENS * (size_t)c->cond_dim) * sizeof(float));
+    if (!g->sbuf) {
+        xmp_shapes_free(&g->ssh);
+        xmp_ut_model_free(&g->sm);
+        return xmp_train_fail("out of memory for a batch of %d", o->batch);
     }
-    if (o->check_serial && rank == 0) {
-        if (!(ref = calloc((size_t)o->steps, sizeof(double))) ||
-            serial_losses(o, c, ref, NULL, 0) != 0) {
-            xmp_cli_error("serial reference failed");
-            MPI_Abort(MPI_COMM_WORLD, 1);
+    *nparams = (int64_t)g->sm.layout.total;
+    return 0;
+}
+
+/* One optimizer step over the step's batch (--batch x --grad-accum images): the mean loss over
+ * all of them, as accumulation over grad_accum batches gives it. */
+static int ut_serial_step(void *u, int step, double *loss, double *grad_norm)
+{
+    ut_run_t *g = u;
+    const ut_opts_t *o = &g->o;
+    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
+    float *in = g->sbuf, *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
+    xmp_shapes_batch(&g->ssh, step, o->batch, 0, o->batch, in, tg, cond);
+    if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0 || xmp_ut_model_backward(&g->sm, tg) != 0)
+        return xmp_train_fail("%s", xmp_ut_last_error());
+    if (g->t->grad_clip > 0) {
+        double s = 0;
+        const size_t n = g->sm.layout.total;
+        for (size_t k = 0; k < n; k++)
+            s += (double)g->sm.grads[k] * g->sm.grads[k];
+        *grad_norm = sqrt(s);
+        if (*grad_norm > g->t->grad_clip) {
+            float sc = (float)(g->t->grad_clip / *grad_norm);
+            for (size_t k = 0; k < n; k++)
+                g->sm.grads[k] *= sc;
         }
     }
-    st.stage = xmp_stage_layout_stage_of_rank(&sl, rank);
-    /* every stage's dp x tp SBP mesh (collective over the job) */
-    int local_fail = 0;
-    if (!(allranks = malloc((size_t)size * sizeof *allranks)) ||
-        !(mranks = malloc((size_t)size * sizeof *mranks))) {
-        xmp_cli_error("out of memory for %d ranks", size);
+    if (xmp_ut_model_update(&g->sm, o->lr, o->momentum, o->wd) != 0)
+        return xmp_train_fail("%s", xmp_ut_last_error());
+    *loss = g->sm.loss;
+    return 0;
+}
+
+/* Validation batch k: held-out images (negative steps: global image indexes training never
+ * reaches), the same at every validation. */
+static long val_step(int k)
+{
+    return -1L - k;
+}
+
+static int ut_serial_val(void *u, int k, double *loss)
+{
+    ut_run_t *g = u;
+    const ut_opts_t *o = &g->o;
+    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
+    float *in = g->sbuf, *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
+    xmp_shapes_batch(&g->ssh, val_step(k), o->batch, 0, o->batch, in, tg, cond);
+    if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0)
+        return xmp_train_fail("%s", xmp_ut_last_error());
+    *loss = g->sm.loss;
+    return 0;
+}
+
+static void ut_serial_close(void *u)
+{
+    ut_run_t *g = u;
+    free(g->sbuf);
+    g->sbuf = NULL;
+    xmp_shapes_free(&g->ssh);
+    xmp_ut_model_free(&g->sm);
+}
+
+/* Built-in strategies (nn/strategy.h callback): dp and megatron, generated for the config
+ * and the stage mesh's shape (megatron replicates attention whose heads tp does not divide). */
+static int ut_builtins(void *u, const char *name, int naxes, const int *shape, char *text, size_t n,
+                       char *err, size_t errlen)
+{
+    ut_run_t *g = u;
+    if (strcmp(name, "dp") != 0 && strcmp(name, "megatron") != 0)
+        return 1;
+    int two[2] = {1, 1};
+    if (xmp_ut_strategy_builtin(name, &g->cfg, naxes, shape ? shape : two, text, n) != 0) {
+        snprintf(err, errlen, "built-in strategy '%s': %s", name, xmp_ut_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* The stage's nn/strategy.h table as the layers' per-class table, checked against the layers
+ * of the stage (classes, groups and heads divisible by the channel pieces). */
+static int ut_strategy_check(void *u, const xmp_strategy_t *s, const xmp_stage_layout_t *sl,
+                             int stage, char *err, size_t errlen)
+{
+    ut_run_t *g = u;
+    xmp_ut_strategy_t *t = &g->ustrat[stage];
+    memset(t, 0, sizeof *t);
+    if (s->n > XMP_UT_MAX_CLASSES)
+        return snprintf(err, errlen, "stage %d: strategy %s: %d classes, at most %d", stage,
+                        s->name, s->n, XMP_UT_MAX_CLASSES),
+               -1;
+    size_t nl = strnlen(s->name, sizeof t->name - 1);
+    memcpy(t->name, s->name, nl);
+    t->name[nl] = '\0';
+    t->naxes = s->naxes;
+    t->n = s->n;
+    for (int k = 0; k < s->n; k++) {
+        if (s->e[k].has_store)
+            return snprintf(err, errlen,
+                            "stage %d: strategy %s, class %s: sharded storage ('store') is not "
+                            "supported by the U-Transformer",
+                            stage, s->name, s->e[k].cls),
+                   -1;
+        snprintf(t->c[k].name, sizeof t->c[k].name, "%s", s->e[k].cls);
+        memcpy(t->c[k].sbp, s->e[k].sbp, sizeof t->c[k].sbp);
+    }
+    int shape[2] = {sl->dp[stage], sl->tp[stage]};
+    if (xmp_ut_strategy_check(t, &g->cfg, sl->first[stage], sl->first[stage] + sl->count[stage] - 1,
+                              shape) != 0)
+        return snprintf(err, errlen, "stage %d: %s", stage, xmp_ut_last_error()), -1;
+    return 0;
+}
+
+static int ut_layout_check(void *u, const xmp_stage_layout_t *sl, char *err, size_t errlen)
+{
+    ut_run_t *g = u;
+    const int mbs = g->o.batch / g->o.microbatches;
+    for (int s = 0; s < sl->nstages; s++) {
+        if (sl->ndim[s] != 2)
+            return snprintf(err, errlen,
+                            "stage %d: a mesh of %d axes; the U-Transformer's stages run on "
+                            "2-axis dp x tp meshes",
+                            s, sl->ndim[s]),
+                   -1;
+        if (mbs % sl->dp[s] != 0)
+            return snprintf(err, errlen,
+                            "stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
+                            "multiple of its data-parallel degree %d",
+                            s, mbs, g->o.batch, g->o.microbatches, sl->dp[s]),
+                   -1;
+    }
+    return 0;
+}
+
+static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_layout_t *sl,
+                       const xmp_strategy_t *strat, xmp_train_stages_t *out)
+{
+    ut_run_t *g = u;
+    ut_stage_t *st = &g->st;
+    int rank, size, local_fail = 0;
+    (void)ctx;
+    (void)strat; /* converted by ut_strategy_check into g->ustrat */
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    g->sl = sl;
+    st->o = &g->o;
+    st->cfg = g->cfg;
+    st->sl = sl;
+    st->M = g->o.microbatches;
+    st->mbs = g->o.batch / st->M;
+    xmp_ut_params_layout(&g->cfg, &st->lay);
+    st->nedges = build_edges(&g->cfg, sl, st->mbs, st->e, g->ec, g->se);
+    for (int k = 0; k < st->nedges; k++) {
+        snprintf(g->names[k], sizeof g->names[k], "%s %s", xmp_ut_layer_name(st->e[k].layer),
+                 st->e[k].what == T_MAIN ? "main" : "skip");
+        g->name_ptr[k] = g->names[k];
+    }
+    st->stage = xmp_stage_layout_stage_of_rank(sl, rank);
+    /* every stage's dp x tp SBP mesh (collective over the job); a stage's ranks are
+     * rank0[s] .. rank0[s] + dp*tp - 1 */
+    if (!(g->mranks = malloc((size_t)size * sizeof *g->mranks))) {
+        xmp_train_fail("out of memory for %d ranks", size);
         local_fail = 1;
     }
     for (int k = 0; !local_fail && k < size; k++)
-        allranks[k] = k;
-    for (int s = 0; s < sl.nstages && !local_fail; s++) {
-        int shape[2] = {sl.dp[s], sl.tp[s]};
-        if (xmp_mesh_create(MPI_COMM_WORLD, NULL, 2, shape, allranks + sl.rank0[s], &smesh[s]) !=
+        g->mranks[k] = k;
+    for (int s = 0; s < sl->nstages && !local_fail; s++) {
+        int shape[2] = {sl->dp[s], sl->tp[s]};
+        if (xmp_mesh_create(comm, NULL, 2, shape, g->mranks + sl->rank0[s], &g->smesh[s]) !=
             XMESH_SUCCESS) {
-            xmp_cli_error("stage %d mesh: %s", s, xmp_last_error());
+            xmp_train_fail("stage %d mesh: %s", s, xmp_last_error());
             local_fail = 1;
         }
+        g->meshes[s].ndim = 2;
+        g->meshes[s].shape[0] = sl->dp[s];
+        g->meshes[s].shape[1] = sl->tp[s];
+        g->meshes[s].ranks = g->mranks + sl->rank0[s];
     }
-    /* Virtual stages: one stage state per model stage of this rank's group (chunk 0 in st,
-     * the others in xs), each with its own timed callbacks. */
-    int mystages[XMP_MAX_STAGES],
-        nmine = xmp_stage_layout_stages_of_rank(&sl, rank, mystages, XMP_MAX_STAGES);
-    nxs = nmine > 1 ? nmine - 1 : 0;
-    if (nxs &&
-        (!(xs = calloc((size_t)nxs, sizeof *xs)) || !(xt = calloc((size_t)nxs, sizeof *xt)))) {
-        xmp_cli_error("out of memory");
-        local_fail = 1;
-        nxs = 0;
-    }
-    ut_stage_t tmpl = st;
-    for (int k = 0; k < nmine && !local_fail; k++) {
-        ut_stage_t *p = k ? &xs[k - 1] : &st;
-        *p = tmpl;
-        p->stage = mystages[k];
-        p->mem_quiet = k > 0;
-        if (stage_strategy(o, c, &sl, p->stage, &p->strat) != 0) {
-            xmp_cli_error("stage %d: %s", p->stage, xmp_ut_last_error());
-            local_fail = 1;
-            break;
-        }
-        p->first = sl.first[p->stage];
-        p->last = p->first + sl.count[p->stage] - 1;
-        p->dp = sl.dp[p->stage];
-        p->tp = sl.tp[p->stage];
-        p->dpi = (rank - sl.rank0[p->stage]) / p->tp;
-        p->tpi = (rank - sl.rank0[p->stage]) % p->tp;
-        p->mesh = smesh[p->stage];
-        p->nloc = mbs / p->dp;
-        if (xmp_shapes_init(&p->sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(p) != 0)
+    if (st->stage >= 0 && !local_fail) {
+        st->strat = g->ustrat[st->stage];
+        st->first = sl->first[st->stage];
+        st->last = st->first + sl->count[st->stage] - 1;
+        st->dp = sl->dp[st->stage];
+        st->tp = sl->tp[st->stage];
+        st->dpi = (rank - sl->rank0[st->stage]) / st->tp;
+        st->tpi = (rank - sl->rank0[st->stage]) % st->tp;
+        st->mesh = g->smesh[st->stage];
+        st->nloc = st->mbs / st->dp;
+        if (xmp_shapes_init(&st->sh, g->o.seed, g->cfg.cond_dim, g->o.sigma) != 0)
+            local_fail = xmp_train_fail("data: %s", xmp_ut_last_error()) != 0;
+        else if (stage_init(st) != 0)
             local_fail = 1;
     }
-    /* every chunk measures above the parameters of all of them */
-    for (int k = 0; k < nxs; k++)
-        xs[k].base_bytes = xmp_ut_mem_live_bytes();
-    st.base_bytes = xmp_ut_mem_live_bytes();
-    int any_fail = 0;
-    MPI_Allreduce(&local_fail, &any_fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any_fail)
-        goto out_stage;
-    if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {
-        xmp_cli_error("xmesh_ctx_create_mpi failed: %s", xmesh_last_error());
-        goto out_stage;
+    out->stage = st->stage;
+    out->ops.user = st;
+    out->ops.forward = ut_fwd;
+    out->ops.backward_input = ut_bwd_input;
+    out->ops.backward_weight = ut_bwd_weight;
+    out->ops.reduce_grads = ut_reduce;
+    out->ops.optimizer_step = ut_opt;
+    out->ops.activation_bytes = ut_act_bytes;
+    out->nedges = st->nedges;
+    out->edges = g->ec;
+    out->sedges = g->se;
+    out->meshes = g->meshes;
+    out->edge_names = g->name_ptr;
+    out->nparams = (int64_t)st->lay.total;
+    return local_fail ? -1 : 0;
+}
+
+static void ut_set_lr(void *u, float lr)
+{
+    ((ut_run_t *)u)->o.lr = lr; /* the serial model and the stages read it */
+}
+
+static double ut_grad_sumsq(void *u)
+{
+    ut_stage_t *st = &((ut_run_t *)u)->st;
+    double s = 0;
+    for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
+        s += xmp_ut_slayer_grad_sumsq(st->SL[l]);
+    return s;
+}
+
+static void ut_grad_scale(void *u, float scale)
+{
+    ut_stage_t *st = &((ut_run_t *)u)->st;
+    for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
+        xmp_ut_slayer_scale_grads(st->SL[l], scale);
+}
+
+static int ut_par_set_step(void *u, int step)
+{
+    ut_run_t *g = u;
+    g->st.step = step;
+    return 0;
+}
+
+static int ut_par_set_val(void *u, int k)
+{
+    ((ut_run_t *)u)->st.step = val_step(k);
+    return 0;
+}
+
+/* After forwards-only steps: frees every micro-batch's tapes and data. */
+static void ut_par_release(void *u)
+{
+    ut_stage_t *st = &((ut_run_t *)u)->st;
+    for (int mb = 0; st->stage >= 0 && mb < st->M; mb++) {
+        for (int l = st->first; l <= st->last; l++) {
+            xmp_ut_tape_free(st->tape[IX(st, l, mb)]);
+            st->tape[IX(st, l, mb)] = NULL;
+            st->y[IX(st, l, mb)] = st->so[IX(st, l, mb)] = NULL;
+            xmp_tensor_free(&st->dact[IX(st, l, mb)]);
+            xmp_tensor_free(&st->dskip[IX(st, l, mb)]);
+            memset(&st->dact[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
+            memset(&st->dskip[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
+        }
+        mb_free_data(st, mb);
+        st->live[mb] = 0;
     }
-    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
-    for (int k = 0; k < size; k++) /* a stage's ranks are rank0[s] .. rank0[s] + dp*tp - 1 */
-        mranks[k] = k;
-    for (int s = 0; s < sl.nstages; s++) {
-        meshes[s].ndim = 2;
-        meshes[s].shape[0] = sl.dp[s];
-        meshes[s].shape[1] = sl.tp[s];
-        meshes[s].ranks = mranks + sl.rank0[s];
+}
+
+static void ut_par_close(void *u)
+{
+    ut_run_t *g = u;
+    stage_free(&g->st);
+    for (int s = 0; s < XMP_MAX_STAGES; s++) {
+        xmp_mesh_destroy(g->smesh[s]);
+        g->smesh[s] = NULL;
     }
-    xmp_driver_cfg_t dc;
-    memset(&dc, 0, sizeof dc);
-    dc.comm = MPI_COMM_WORLD;
-    dc.ctx = ctx;
-    dc.nstages = sl.nstages;
-    dc.meshes = meshes;
-    dc.nedges = st.nedges;
-    dc.edges = ec;
-    dc.sched = sched;
-    dc.mode = o->comm;
-    dc.trace = o->trace != NULL;
-    timed_ops_t tops;
-    memset(&tops, 0, sizeof tops);
-    tops.in.user = &st;
-    tops.in.forward = ut_fwd;
-    tops.in.backward_input = ut_bwd_input;
-    tops.in.backward_weight = ut_bwd_weight;
-    tops.in.reduce_grads = ut_reduce;
-    tops.in.optimizer_step = ut_opt;
-    tops.in.activation_bytes = ut_act_bytes;
-    dc.ops.user = &tops;
-    dc.ops.forward = t_fwd;
-    dc.ops.backward_input = t_bin;
-    dc.ops.backward_weight = t_bw;
-    dc.ops.reduce_grads = t_red;
-    dc.ops.optimizer_step = t_opt;
-    dc.ops.activation_bytes = t_act;
-    xmp_stage_ops_t sops[XMP_MAX_STAGES];
-    memset(sops, 0, sizeof sops);
-    if (virt && st.stage >= 0) {
-        sops[st.stage] = dc.ops;
-        for (int k = 0; k < nxs; k++) {
-            xt[k] = tops;
-            xt[k].in.user = &xs[k];
-            sops[xs[k].stage] = dc.ops;
-            sops[xs[k].stage].user = &xt[k];
-        }
-    }
-    dc.stage_ops = virt ? sops : NULL;
-    if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("pipeline driver: %s", err);
-        goto out_ctx;
-    }
-    ut_log_t log;
-    int log_ok = rank != 0 || ut_log_open(&log, o, c, st.lay.total, "pipeline", &sl) == 0;
-    int mismatch = 0, compared = 0, have_costs = 0;
-    double cf[XMP_MAX_STAGES], ci[XMP_MAX_STAGES], cw[XMP_MAX_STAGES];
-    for (int step = 0; step < o->steps && log_ok; step++) {
-        xmp_step_stats_t ss;
-        st.step = step;
-        tops.f = tops.i = tops.w = tops.r = tops.o = 0;
-        tops.nf = tops.ni = tops.nw = 0;
-        for (int k = 0; k < nxs; k++) {
-            xs[k].step = step;
-            xt[k].f = xt[k].i = xt[k].w = xt[k].r = xt[k].o = 0;
-            xt[k].nf = xt[k].ni = xt[k].nw = 0;
-        }
-        double comm0 = xmp_comm_seconds();
-        xmesh_result_t r = xmp_driver_step(drv, &ss);
-        int bad = r != XMESH_SUCCESS, anybad = 0;
-        MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (anybad) {
-            if (bad)
-                xmp_cli_error("step %d: %s", step, xmp_driver_error(drv));
-            break;
-        }
-        double loss = 0;
-        MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        /* Per stage, max over its ranks: costs per microbatch, bubble, peak. */
-        const int S = sl.nstages;
-        double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
-        memset(loc, 0, sizeof loc);
-        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
-        memset(lp, 0, sizeof lp);
-        double cs = tops.f + tops.i + tops.w + tops.r + tops.o;
-        for (int k = -1; k < nxs && st.stage >= 0; k++) {
-            const ut_stage_t *p = k < 0 ? &st : &xs[k];
-            const timed_ops_t *q = k < 0 ? &tops : &xt[k];
-            loc[p->stage] = q->nf ? q->f / q->nf : 0;
-            loc[S + p->stage] = q->ni ? q->i / q->ni : 0;
-            loc[2 * S + p->stage] = q->nw ? q->w / q->nw : 0;
-            loc[3 * S + p->stage] = ss.bubble; /* bubble and peaks: the group's */
-            loc[4 * S + p->stage] = ss.peak_act_mb;
-            lp[p->stage] = ss.peak_act_bytes;
-            if (k >= 0)
-                cs += q->f + q->i + q->w + q->r + q->o;
-        }
-        MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-        ut_extra_t ex;
-        memset(&ex, 0, sizeof ex);
-        ex.nstages = S;
-        ex.boxing_s = xmp_comm_seconds() - comm0;
-        ex.compute_s = cs - ex.boxing_s;
-        for (int k = 0; k < S; k++) {
-            ex.bubble[k] = all[3 * S + k];
-            ex.peak_mb[k] = (int)all[4 * S + k];
-            ex.peak_bytes[k] = ap[k];
-        }
-        if (have_costs) {
-            xmp_sim_result_t res;
-            memset(&res, 0, sizeof res);
-            if (xmp_driver_predict(drv, cf, ci, cw, &res) == XMESH_SUCCESS && res.ok)
-                ex.predicted_s = res.step_s;
-            if (o->print_schedule && rank == 0 && step == 1) {
-                printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
-                xmp_sim_render(sched, &res, 100, stdout);
-            }
-            xmp_sim_result_free(&res);
-        }
-        for (int k = 0; k < S; k++) {
-            cf[k] = all[k];
-            ci[k] = all[S + k];
-            cw[k] = all[2 * S + k];
-        }
-        have_costs = 1;
-        /* After the first step, place the deferred W work with the measured stage costs and
-         * xmesh's predicted transfer times instead of unit costs (pipe/replan.h). */
-        if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1) {
-            xmp_replan_t rp = {
-                o->schedule,      M, st.nedges, se, cf, ci, cw, xmp_driver_mean_act_seconds(drv),
-                o->print_schedule};
-            char rerr[640];
-            if (xmp_pipe_replan(&rp, &dc, &sched, &drv, rerr, sizeof rerr) != 0) {
-                if (rank == 0)
-                    xmp_cli_error("%s", rerr);
-                break;
-            }
-        }
-        if (rank == 0) {
-            ut_log_record_ex(&log, step, loss, ss.step_s, &ex);
-            if (ref) {
-                double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
-                double tol = step < 5 ? 1e-5 : 1e-4;
-                compared += step < 10;
-                if (step < 10 && !(rel <= tol)) {
-                    xmp_progress_finish(&log.bar);
-                    fprintf(stderr,
-                            "MISMATCH step %d: pipeline loss %.9g serial %.9g (rel %.3g > "
-                            "%g)\n",
-                            step, loss, ref[step], rel, tol);
-                    mismatch++;
-                } else if (step < 10 && !o->no_progress) {
-                    /* nothing: the bar shows progress */
-                } else if (step < 10) {
-                    printf("step %d: pipeline loss %.9g serial %.9g rel %.2e\n", step, loss,
-                           ref[step], rel);
-                }
-            }
-        }
-        ok = step == o->steps - 1;
-    }
-    if (rank == 0 && log_ok && ut_log_close(&log, ok, "pipeline") != 0)
-        ok = 0;
-    /* OK only after a full comparison of a complete run: every step ran, every compared step
-     * matched, and as many steps were compared as asked for (a failed step, a failed re-plan or
-     * a short run is FAILED, and the exit status is non-zero in every such case). */
-    const int want = o->steps < 10 ? o->steps : 10;
-    if (rank == 0 && ref) {
-        if (ok && !mismatch && compared == want)
-            printf("check-serial: OK (%d steps compared, all within tolerance)\n", compared);
-        else
-            printf("check-serial: FAILED (%d mismatching, %d of %d steps compared, run %s)\n",
-                   mismatch, compared, want, ok ? "complete" : "incomplete");
-    }
-    if (ref && compared != want)
-        mismatch++;
-    if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
-        xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
-    int mine = ok && !mismatch, all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    rc = all ? 0 : 1;
-    xmp_driver_destroy(drv);
-out_ctx:
-    xmesh_ctx_destroy(ctx);
-out_stage:
-    stage_free(&st);
-    for (int k = 0; k < nxs; k++)
-        stage_free(&xs[k]);
-    free(xs);
-    free(xt);
-    for (int s = 0; s < XMP_MAX_STAGES; s++)
-        xmp_mesh_destroy(smesh[s]);
-out_mpi:
-    free(allranks);
-    free(mranks);
-    free(ref);
-    xmp_sched_destroy(sched);
-    MPI_Finalize();
-    return rc;
+    free(g->mranks);
+    g->mranks = NULL;
+}
+
+static void ut_json_model(void *u, xmp_json_t *j)
+{
+    ut_run_t *g = u;
+    xmp_json_int(j, "base_channels", g->cfg.base);
+    xmp_json_int(j, "groups", g->cfg.groups);
+    xmp_json_int(j, "head_dim", g->cfg.head_dim);
+    xmp_json_int(j, "cond_tokens", XMP_UT_TOKENS);
+    xmp_json_int(j, "cond_dim", g->cfg.cond_dim);
+    xmp_json_int(j, "layers", XMP_UT_LAYERS);
+    xmp_json_int(j, "seed", (long long)g->o.seed);
+}
+
+static void ut_json_train(void *u, xmp_json_t *j)
+{
+    ut_run_t *g = u;
+    xmp_json_str(j, "data", "synthetic shapes 32x32, denoise + mask");
+    xmp_json_f32(j, "noise", g->o.sigma);
+    xmp_json_int(j, "batch", g->o.batch_arg);
+    xmp_json_f32(j, "momentum", g->o.momentum);
+}
+
+static void ut_describe(void *u, char *buf, size_t n)
+{
+    ut_run_t *g = u;
+    if (g->t->grad_accum > 1)
+        snprintf(buf, n, "B=%dx%d C=%d", g->o.batch_arg, g->t->grad_accum, g->o.base);
+    else
+        snprintf(buf, n, "B=%d C=%d", g->o.batch, g->o.base);
 }
 
 int xmp_train_utransformer_main(int argc, char **argv)
 {
     xmp_cli_set_command("utransformer");
-    ut_opts_t o;
-    ut_defaults(&o);
-    int p = parse_ut_flags(argc, argv, &o);
+    static ut_run_t g; /* large (tables per layer and stage); one per process */
+    xmp_train_opts_t t;
+    memset(&g, 0, sizeof g);
+    ut_defaults(&t, &g.o);
+    int p = parse_ut_flags(argc, argv, &t, &g.o);
     if (p != 0)
         return p > 0 ? 0 : 2;
-    xmp_ut_config_t c;
-    if (xmp_ut_config_init(&c, o.base, o.groups, o.head_dim) != 0) {
+    if (xmp_ut_config_init(&g.cfg, g.o.base, g.o.groups, g.o.head_dim) != 0) {
         xmp_cli_error("model flags: %s", xmp_ut_last_error());
         return 2;
     }
-    openblas_set_num_threads(o.blas_threads);
-    if (o.serial) {
-        ut_log_t log;
-        return serial_losses(&o, &c, NULL, &log, 1) == 0 ? 0 : 1;
-    }
-    return run_pipeline(&o, &c);
+    g.t = &t;
+    openblas_set_num_threads(t.blas_threads);
+    memset(g.kinds, 'u', XMP_UT_LAYERS);
+    g.kinds[XMP_UT_LAYERS] = '\0';
+    xmp_train_model_t m;
+    memset(&m, 0, sizeof m);
+    m.name = "utransformer";
+    m.rate_key = "images_per_s";
+    m.per_step = g.o.batch;
+    m.user = &g;
+    m.kinds = g.kinds;
+    m.builtins = ut_builtins;
+    m.builtin_names = "dp, megatron";
+    m.strategy_check = ut_strategy_check;
+    m.layout_check = ut_layout_check;
+    m.serial_open = ut_serial_open;
+    m.serial_step = ut_serial_step;
+    m.serial_close = ut_serial_close;
+    m.set_lr = ut_set_lr;
+    m.serial_val = ut_serial_val;
+    m.par_set_val = ut_par_set_val;
+    m.par_release = ut_par_release;
+    m.grad_sumsq = ut_grad_sumsq;
+    m.grad_scale = ut_grad_scale;
+    m.par_open = ut_par_open;
+    m.par_set_step = ut_par_set_step;
+    m.par_close = ut_par_close;
+    m.json_model = ut_json_model;
+    m.json_train = ut_json_train;
+    m.describe = ut_describe;
+    return xmp_train_run(&t, &m);
 }

@@ -462,6 +462,9 @@ struct xmp_gpt2_stage {
     /* The object whose tied-wte plans this one uses: itself, or with several objects per rank
      * the first (every rank's first create made the same plans, matching across groups). */
     xmp_gpt2_stage_t *tie_plans;
+    /* sampling: logits of row 0 at position cap_pos of microbatch 0 (-1: off) */
+    int cap_pos, cap_ok;
+    float *cap;
 };
 
 static int pindex(const xmp_gpt2_stage_t *st, int id, int layer)
@@ -883,6 +886,30 @@ static int recompute_block(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tenso
     return 0;
 }
 
+/* Sampling: every rank of the last stage gathers the logits (collective over its mesh); the
+ * rank with mesh index 0 keeps row 0 at position cap_pos. */
+static int capture_logits(xmp_gpt2_stage_t *st, const xmp_tensor_t *logits)
+{
+    xmp_sbp_t allb[XMP_MAX_MESH_DIMS];
+    xmp_tensor_t full = {0};
+    for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
+        allb[a] = xmp_sbp_b();
+    if (xmp_box(logits, allb, &full) != XMESH_SUCCESS)
+        return -1;
+    const int Vp = st->cfg.padded_vocab_size;
+    if (st->mesh->index == 0) {
+        if (!st->cap && !(st->cap = malloc(sizeof(float) * (size_t)Vp))) {
+            xmp_tensor_free(&full);
+            return xmp_err(XMESH_ERR_NO_MEMORY, "sampling: out of memory"), -1;
+        }
+        memcpy(st->cap, xmp_f32(&full) + (size_t)st->cap_pos * (size_t)Vp,
+               sizeof(float) * (size_t)Vp);
+        st->cap_ok = 1;
+    }
+    xmp_tensor_free(&full);
+    return 0;
+}
+
 static int cb_forward(void *user, int mbi, const void *const *in, void *const *out, double *loss)
 {
     xmp_gpt2_stage_t *st = user;
@@ -920,6 +947,8 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
         CHK(to_class(&m->lnf, st->act[A_LNF], NULL));
         CHK(xmp_linear_forward(&m->lnf, PT(st, XMP_GPT2_WTE, -1), NULL, &logits));
         CHK(to_class(&logits, st->act[A_LOGITS], m->s_logits));
+        if (st->cap_pos >= 0 && mbi == 0)
+            CHK(capture_logits(st, &logits));
         CHK(token_tensor(st, mbi, st->targets, &tgt));
         float lv = 0;
         CHK(xmp_cross_entropy(&logits, &tgt, c->vocab_size, &lv, &m->dlogits));
@@ -1231,6 +1260,8 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
         }
     }
     xmp_gpt2_stage_t *st = calloc(1, sizeof *st);
+    if (st)
+        st->cap_pos = -1;
     if (!st) {
         free(strat);
         return set_err(err, errlen, "out of memory");
@@ -1417,6 +1448,7 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
         return;
     xmesh_plan_destroy(st->tie_fl);
     xmesh_plan_destroy(st->tie_lf);
+    free(st->cap);
     if (st->mb) {
         for (int k = 0; k < st->tc.M; k++) {
             if (st->mb[k].b)
@@ -1617,4 +1649,74 @@ int xmp_gpt2_stages_gather(xmp_gpt2_stage_t *const *sts, int n, xmp_gpt2_t *full
     int all = 0;
     MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MIN, st->comm);
     return all;
+}
+
+void xmp_gpt2_stage_set_lr(xmp_gpt2_stage_t *st, float lr)
+{
+    if (st)
+        st->tc.lr = lr;
+}
+
+/* 1 when this rank holds the representative copy of a block in SBP sbp: coordinate 0 on
+ * every mesh axis where the tensor is replicated. */
+static int representative(const xmp_gpt2_stage_t *st, const xmp_sbp_t *sbp)
+{
+    for (int a = 0; a < st->nax; a++)
+        if (sbp[a].kind != XMP_S && st->mesh->coord[a] != 0)
+            return 0;
+    return 1;
+}
+
+double xmp_gpt2_stage_grad_sumsq(const xmp_gpt2_stage_t *st)
+{
+    double s = 0;
+    if (!st || st->stage < 0)
+        return 0;
+    for (int i = 0; i < st->np; i++) {
+        const par_t *q = &st->p[i];
+        /* the tied wte's summed gradient is held by the first and the last stage alike */
+        if (q->id == XMP_GPT2_WTE && st->tie_fl && st->stage != st->tie_first)
+            continue;
+        if (!q->r.data || !representative(st, q->r.sbp))
+            continue;
+        const float *g = xmp_f32(&q->r);
+        for (int64_t k = 0; k < q->r.lcount; k++)
+            s += (double)g[k] * g[k];
+    }
+    return s;
+}
+
+void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale)
+{
+    if (!st || st->stage < 0)
+        return;
+    for (int i = 0; i < st->np; i++) {
+        par_t *q = &st->p[i];
+        float *g = q->r.data ? xmp_f32(&q->r) : NULL;
+        for (int64_t k = 0; g && k < q->r.lcount; k++)
+            g[k] *= scale;
+    }
+}
+
+void xmp_gpt2_stage_release(xmp_gpt2_stage_t *st)
+{
+    for (int k = 0; st && st->stage >= 0 && k < st->tc.M; k++)
+        if (st->mb[k].live)
+            mb_free(st, &st->mb[k]);
+}
+
+void xmp_gpt2_stage_capture_logits(xmp_gpt2_stage_t *st, int pos)
+{
+    if (st) {
+        st->cap_pos = pos;
+        st->cap_ok = 0;
+    }
+}
+
+int xmp_gpt2_stage_captured_logits(const xmp_gpt2_stage_t *st, float *out)
+{
+    if (!st || !st->cap_ok)
+        return 0;
+    memcpy(out, st->cap, sizeof(float) * (size_t)st->cfg.padded_vocab_size);
+    return 1;
 }

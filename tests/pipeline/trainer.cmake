@@ -1,0 +1,44 @@
+# The one trainer (apps/trainer.h): --grad-accum, --grad-clip and the learning-rate schedule
+# in parallel layouts of both models against the serial reference (test_train_loop.py: exit
+# status, per-step losses, learning rates and global gradient norms of both runs' JSON).
+if(TARGET xmesh-train)
+  foreach(case gpt.pipe_dp_tp gpt.megatron_2x2 gpt.axonn_1x2x2 gpt.pipe3_20 ut.pipe_tp_dp
+               ut.s3dp_20)
+    add_test(NAME pipeline.trainer.loop.${case}
+             COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_train_loop.py ${case}
+                     $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(pipeline.trainer.loop.${case} PROPERTIES LABELS "pipeline;mpi"
+                         TIMEOUT 300)
+  endforeach()
+endif()
+# Sampling is GPT's: the U-Transformer refuses it with a clear message.
+if(TARGET xmesh-train)
+  add_test(NAME pipeline.trainer.ut_sample_refused
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh
+            "--sample-every 2: the utransformer model does not generate text"
+            $<TARGET_FILE:xmesh-train> utransformer --serial --base-channels 4 --steps 2
+            --sample-every 2)
+  set_tests_properties(pipeline.trainer.ut_sample_refused PROPERTIES LABELS "pipeline;unit"
+                       TIMEOUT 30)
+endif()
+# Strategies of both models through nn/strategy.h and the common flags: the U-Transformer with
+# one strategy per stage (--stage-strategy) equals the serial reference (exit status 0 only
+# after every step matched), and its printed built-in loads back from a file to the same run.
+if(TARGET xmesh-train)
+  set(XMP_TR_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")
+  add_test(NAME pipeline.trainer.ut_stage_strategy
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:xmesh-train> utransformer --base-channels 4 --batch 4 --microbatches 2
+            --stage-mesh 1x2,2x1 --stage-strategy megatron,dp --steps 5 --check-serial
+            --no-progress ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.trainer.ut_stage_strategy PROPERTIES LABELS "pipeline;mpi"
+    TIMEOUT 60 ENVIRONMENT "${XMP_TR_ENV}" FAIL_REGULAR_EXPRESSION "MISMATCH|check-serial: FAILED")
+  add_test(NAME pipeline.trainer.ut_stage_strategy_count
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh
+            "--stage-strategy 'dp,dp,dp' has 3 entries for 2 stages"
+            ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:xmesh-train> utransformer --base-channels 4 --batch 4 --stages 2
+            --stage-strategy dp,dp,dp --steps 1 ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.trainer.ut_stage_strategy_count PROPERTIES LABELS "pipeline;mpi"
+    TIMEOUT 30 ENVIRONMENT "${XMP_TR_ENV}")
+endif()
