@@ -116,7 +116,9 @@ void xmp_train_usage(void)
         "                      XMESH_CLUSTER_FILE): plans, predictions, the simulator\n"
         "  --print-schedule    print the schedule and its simulated timeline\n"
         "  --check-serial      rank 0 also trains the serial reference and fails unless the\n"
-        "                      losses agree (1e-5 relative for steps 0-4, 1e-4 to step 19)\n");
+        "                      losses, validation losses, gradient norms (--grad-clip) agree\n"
+        "                      (1e-5 relative for steps 0-4, 1e-4 to step 19) and the samples\n"
+        "                      are equal\n");
 }
 
 int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
@@ -596,7 +598,7 @@ static int serial_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, dou
 /* The serial reference's per-step losses and validation losses (NAN where none) for
  * --check-serial on rank 0. */
 static int serial_losses(const xmp_train_opts_t *o, const xmp_train_model_t *m, int steps,
-                         double *out, double *vout, char *sout)
+                         double *out, double *vout, double *gout, char *sout)
 {
     int64_t np = 0;
     if (m->serial_open(m->user, &np) != 0)
@@ -607,6 +609,7 @@ static int serial_losses(const xmp_train_opts_t *o, const xmp_train_model_t *m, 
         if (m->set_lr)
             m->set_lr(m->user, xmp_train_lr(o, step));
         rc = m->serial_step(m->user, step, &out[step], &gn);
+        gout[step] = gn;
         vout[step] = NAN;
         if (rc == 0 && val_due(o, step))
             rc = serial_val(o, m, &vout[step]);
@@ -920,7 +923,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     xmp_schedule_t *sched = NULL;
     xmp_driver_t *drv = NULL;
     xmp_strategy_t *strat = NULL;
-    double *ref = NULL, *vref = NULL;
+    double *ref = NULL, *vref = NULL, *gref = NULL;
     char *sref = NULL, *text = NULL;
     int opened = 0, have_log = 0, ok = 0, mismatch = 0, compared = 0;
     train_log_t log;
@@ -965,10 +968,12 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     if (o->check_serial && rank == 0) {
         ref = calloc((size_t)o->steps, sizeof(double));
         vref = calloc((size_t)o->steps, sizeof(double));
+        gref = calloc((size_t)o->steps, sizeof(double));
         sref = calloc((size_t)o->steps, (size_t)o->sample_len + 1);
-        if (!ref || !vref || !sref || serial_losses(o, m, o->steps, ref, vref, sref) != 0) {
+        if (!ref || !vref || !gref || !sref ||
+            serial_losses(o, m, o->steps, ref, vref, gref, sref) != 0) {
             xmp_cli_error("serial reference failed: %s",
-                          ref && vref && sref ? xmp_last_error() : "out of memory");
+                          ref && vref && gref && sref ? xmp_last_error() : "out of memory");
             free(ref);
             ref = NULL;
         }
@@ -1169,6 +1174,19 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         }
         if (rank == 0) {
             log_record(&log, step, loss, ss.step_s, &sp, lr, gnorm, val, sampled ? text : NULL);
+            /* the global gradient norm (Adam hardly reacts to a wrongly scaled gradient, so a
+             * wrong norm would hide behind matching losses) */
+            if (ref && step < XMP_CHECK_STEPS && o->grad_clip > 0) {
+                double gr = fabs(gnorm - gref[step]) / fmax(fabs(gref[step]), 1e-30);
+                if (!(gr <= (step < XMP_CHECK_TIGHT_STEPS ? 1e-5 : 1e-4))) {
+                    xmp_progress_finish(&log.bar);
+                    fprintf(stderr,
+                            "MISMATCH step %d: parallel gradient norm %.9g serial %.9g (rel "
+                            "%.3g)\n",
+                            step, gnorm, gref[step], gr);
+                    mismatch++;
+                }
+            }
             if (ref && step < XMP_CHECK_STEPS && !isnan(val)) {
                 double vr = fabs(val - vref[step]) / fmax(fabs(vref[step]), 1e-30);
                 if (!(vr <= (step < XMP_CHECK_TIGHT_STEPS ? 1e-5 : 1e-4))) {
@@ -1244,6 +1262,7 @@ out:
     xmesh_ctx_destroy(ctx);
     free(ref);
     free(vref);
+    free(gref);
     free(sref);
     free(text);
     free(strat);
