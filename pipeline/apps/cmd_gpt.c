@@ -47,8 +47,13 @@ typedef struct {
     xmp_gpt2_t m; /* parallel: the full model every rank slices from */
     xmp_llmc_loader_t ld, vld;
     int step;
-    uint64_t rng; /* sampling (llm.c: xorshift64*, state 1337) */
-    xmp_gpt2_stage_t *st;
+    uint64_t rng;         /* sampling (llm.c: xorshift64*, state 1337) */
+    xmp_gpt2_stage_t *st; /* this rank's first stage (sts[0]) */
+    /* virtual stages: one object per model stage of the rank's group (nst of them) */
+    xmp_gpt2_stage_t *sts[XMP_MAX_STAGES];
+    int nst;
+    xmp_stage_ops_t sops[XMP_MAX_STAGES];
+    double act_b[XMP_MAX_STAGES], ckpt_b[XMP_MAX_STAGES];
     int nstages, rank, size;
     int B;    /* rows per optimizer step: --batch x --grad-accum */
     float lr; /* the scheduled learning rate of the step */
@@ -368,12 +373,44 @@ static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage
                                .beta2 = g->o.beta2,
                                .eps = g->o.eps,
                                .wd = t->wd,
-                               .strategy = strat};
-    if (xmp_gpt2_stage_create(comm, ctx, &g->m, sl, &tc, &g->st, err, sizeof err) != 0)
+                               .strategy = strat,
+                               .recompute = t->recompute};
+    if (xmp_gpt2_stages_create(comm, ctx, &g->m, sl, &tc, g->sts, err, sizeof err) != 0)
         return xmp_train_fail("%s", err);
+    g->nst = xmp_gpt2_stages_max(sl);
+    g->st = g->sts[0];
     g->nstages = sl->nstages;
     out->stage = xmp_gpt2_stage_index(g->st);
     out->ops = xmp_gpt2_stage_ops(g->st);
+    memset(g->sops, 0, sizeof g->sops);
+    for (int c = 0; c < g->nst; c++)
+        if (xmp_gpt2_stage_index(g->sts[c]) >= 0)
+            g->sops[xmp_gpt2_stage_index(g->sts[c])] = xmp_gpt2_stage_ops(g->sts[c]);
+    out->stage_ops = sl->ngroups != sl->nstages ? g->sops : NULL;
+    if (t->max_act_bytes > 0) {
+        /* per-microbatch activation bytes of each stage, measured by one forward (max over the
+         * stage's ranks): the schedule's memory model */
+        double keep[XMP_MAX_STAGES] = {0};
+        int pfail = 0;
+        memset(g->act_b, 0, sizeof g->act_b);
+        memset(g->ckpt_b, 0, sizeof g->ckpt_b);
+        for (int c = 0; c < g->nst; c++) {
+            int s = xmp_gpt2_stage_index(g->sts[c]);
+            if (s >= 0)
+                pfail |= xmp_gpt2_stage_probe_bytes(g->sts[c], &g->act_b[s], &g->ckpt_b[s],
+                                                    &keep[s]) != 0;
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &pfail, 1, MPI_INT, MPI_MAX, comm);
+        MPI_Allreduce(MPI_IN_PLACE, g->act_b, sl->nstages, MPI_DOUBLE, MPI_MAX, comm);
+        MPI_Allreduce(MPI_IN_PLACE, g->ckpt_b, sl->nstages, MPI_DOUBLE, MPI_MAX, comm);
+        MPI_Allreduce(MPI_IN_PLACE, keep, sl->nstages, MPI_DOUBLE, MPI_MAX, comm);
+        if (pfail)
+            return xmp_train_fail("--max-activation-bytes: measuring the activations failed");
+        out->act_bytes = g->act_b;
+        out->ckpt_bytes = g->ckpt_b;
+        for (int k = 0; k < sl->nstages; k++)
+            out->selective_keep = keep[k] > out->selective_keep ? keep[k] : out->selective_keep;
+    }
     out->nedges = xmp_gpt2_stage_edges(g->st, g->edges, g->sedges);
     xmp_gpt2_stage_meshes(g->st, g->meshes);
     out->edges = g->edges;
@@ -389,7 +426,8 @@ static int gpt_par_set_step(void *u, int step)
     gpt_run_t *g = u;
     if (xmp_llmc_loader_next(&g->ld) != 0)
         return xmp_train_fail("%s", xmp_llmc_last_error());
-    xmp_gpt2_stage_set_batch(g->st, g->ld.inputs, g->ld.targets, step);
+    for (int c = 0; c < g->nst; c++)
+        xmp_gpt2_stage_set_batch(g->sts[c], g->ld.inputs, g->ld.targets, step);
     g->step = step;
     return 0;
 }
@@ -399,13 +437,23 @@ static int gpt_par_set_val(void *u, int k)
     gpt_run_t *g = u;
     if (next_val(g->t, &g->vld, k) != 0)
         return -1;
-    xmp_gpt2_stage_set_batch(g->st, g->vld.inputs, g->vld.targets, g->step);
+    for (int c = 0; c < g->nst; c++)
+        xmp_gpt2_stage_set_batch(g->sts[c], g->vld.inputs, g->vld.targets, g->step);
     return 0;
 }
 
 static void gpt_par_release(void *u)
 {
-    xmp_gpt2_stage_release(((gpt_run_t *)u)->st);
+    gpt_run_t *g = u;
+    for (int c = 0; c < g->nst; c++)
+        xmp_gpt2_stage_release(g->sts[c]);
+}
+
+static void gpt_par_set_recompute(void *u, int mode)
+{
+    gpt_run_t *g = u;
+    for (int c = 0; c < g->nst; c++)
+        xmp_gpt2_stage_set_recompute(g->sts[c], mode);
 }
 
 /* ---- sampling (llm.c's generation: start token everywhere, position t from the logits at
@@ -499,8 +547,8 @@ static void gpt_set_lr(void *u, float lr)
 {
     gpt_run_t *g = u;
     g->lr = lr;
-    if (g->st)
-        xmp_gpt2_stage_set_lr(g->st, lr);
+    for (int c = 0; c < g->nst; c++)
+        xmp_gpt2_stage_set_lr(g->sts[c], lr);
 }
 
 static double gpt_grad_sumsq(void *u)
@@ -529,12 +577,14 @@ static int gpt_par_finish(void *u, int ok, xmp_json_t *j)
     int64_t mine[5] = {0}, dummy[5];
     int64_t *all = g->rank == 0 ? calloc((size_t)g->size * 5, sizeof(int64_t)) : NULL;
     xmp_gpt2_stage_memory_t mem;
-    xmp_gpt2_stage_memory(g->st, &mem);
-    mine[0] = xmp_gpt2_stage_index(g->st);
-    mine[1] = mem.param_bytes;
-    mine[2] = mem.optimizer_bytes;
-    mine[3] = mem.compute_param_bytes;
-    mine[4] = mem.grad_bytes;
+    mine[0] = xmp_gpt2_stage_index(g->st); /* virtual stages: the group's lowest */
+    for (int c = 0; c < g->nst; c++) {     /* summed over the rank's stages */
+        xmp_gpt2_stage_memory(g->sts[c], &mem);
+        mine[1] += mem.param_bytes;
+        mine[2] += mem.optimizer_bytes;
+        mine[3] += mem.compute_param_bytes;
+        mine[4] += mem.grad_bytes;
+    }
     MPI_Gather(mine, 5, MPI_INT64_T, all ? all : dummy, 5, MPI_INT64_T, 0, MPI_COMM_WORLD);
     if (all) {
         printf("memory per rank (bytes): stored parameters + AdamW moments (compute copies, "
@@ -564,7 +614,7 @@ static int gpt_par_finish(void *u, int ok, xmp_json_t *j)
     }
     int rc = 0;
     if (ok && g->o.save) {
-        if (xmp_gpt2_stage_gather(g->st, &g->m) != 0) {
+        if (xmp_gpt2_stages_gather(g->sts, g->nst, &g->m) != 0) {
             rc = -1;
             if (g->rank == 0)
                 xmp_cli_error("--save: gathering the parameters failed");
@@ -583,7 +633,11 @@ static int gpt_par_finish(void *u, int ok, xmp_json_t *j)
 static void gpt_par_close(void *u)
 {
     gpt_run_t *g = u;
-    xmp_gpt2_stage_destroy(g->st);
+    for (int c = 0; c < g->nst; c++) {
+        xmp_gpt2_stage_destroy(g->sts[c]);
+        g->sts[c] = NULL;
+    }
+    g->nst = 0;
     g->st = NULL;
 }
 
@@ -680,6 +734,7 @@ int xmp_cmd_gpt(int argc, char **argv)
     m.grad_scale = gpt_grad_scale;
     m.par_open = gpt_par_open;
     m.auto_layout = gpt_auto_layout;
+    m.par_set_recompute = gpt_par_set_recompute;
     m.par_set_step = gpt_par_set_step;
     m.par_edge_seconds = gpt_par_edge_seconds;
     m.par_finish = gpt_par_finish;

@@ -171,6 +171,8 @@ typedef struct {
     float **input, **cond, **target; /* per micro-batch, allocated with its forward */
     int *live;                       /* per micro-batch: forward done, weight part not yet */
     int64_t base_bytes;              /* allocations held after set-up (the parameters) */
+    int recompute;                   /* xmp_recompute_t (models/utransformer_sbp.h tape drop) */
+    int mem_quiet; /* virtual stages: chunks > 0 report 0 (chunk 0 reports the rank's peak) */
 } ut_stage_t;
 
 static size_t chw_floats(const int chw[3])
@@ -347,6 +349,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                                       &st->tape[IX(st, l, mb)], &st->y[IX(st, l, mb)],
                                       &st->so[IX(st, l, mb)]);
         xmp_tensor_free(&skin);
+        if (r == 0) /* recomputation: keep the layer's inputs and outputs only */
+            r = xmp_ut_tape_drop(st->tape[IX(st, l, mb)], st->recompute);
         if (r != 0) {
             fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto out;
@@ -446,7 +450,8 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         int same_src = src >= 0 && st->sl->stage_of[src] == st->stage;
         xmp_tensor_t *pdx = l > 0 ? (l > st->first ? &st->dact[IX(st, l - 1, mb)] : &dx) : NULL;
         xmp_tensor_t *pdsi = src >= 0 ? (same_src ? &st->dskip[IX(st, src, mb)] : &dsi) : NULL;
-        if (xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
+        if (xmp_ut_tape_recompute(st->tape[IX(st, l, mb)], st->recompute) != 0 ||
+            xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
                                          pdsi) != 0) {
             fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto fail_quiet;
@@ -509,6 +514,8 @@ static int ut_bwd_weight(void *u, int mb)
 static int64_t ut_act_bytes(void *u)
 {
     ut_stage_t *st = u;
+    if (st->mem_quiet)
+        return 0;
     int64_t p = xmp_ut_mem_peak_bytes() - st->base_bytes;
     xmp_ut_mem_peak_reset();
     return p > 0 ? p : 0;
@@ -607,6 +614,9 @@ typedef struct {
     float *sbuf;
     /* parallel */
     ut_stage_t st;
+    ut_stage_t *xs; /* virtual stages: the rank's further stages (nxs) */
+    int nxs;
+    xmp_stage_ops_t sops[XMP_MAX_STAGES];
     const xmp_stage_layout_t *sl;
     xmp_ut_strategy_t ustrat[XMP_MAX_STAGES]; /* each stage's table, from nn/strategy.h */
     xmp_mesh_t *smesh[XMP_MAX_STAGES];
@@ -814,21 +824,55 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         g->meshes[s].shape[1] = sl->tp[s];
         g->meshes[s].ranks = g->mranks + sl->rank0[s];
     }
-    if (st->stage >= 0 && !local_fail) {
-        st->strat = g->ustrat[st->stage];
-        st->first = sl->first[st->stage];
-        st->last = st->first + sl->count[st->stage] - 1;
-        st->dp = sl->dp[st->stage];
-        st->tp = sl->tp[st->stage];
-        st->dpi = (rank - sl->rank0[st->stage]) / st->tp;
-        st->tpi = (rank - sl->rank0[st->stage]) % st->tp;
-        st->mesh = g->smesh[st->stage];
-        st->nloc = st->mbs / st->dp;
-        if (xmp_shapes_init(&st->sh, g->o.seed, g->cfg.cond_dim, g->o.sigma) != 0)
+    /* Virtual stages: one stage state per model stage of this rank's group (chunk 0 in st,
+     * the others in xs). */
+    int mystages[XMP_MAX_STAGES];
+    int nmine = xmp_stage_layout_stages_of_rank(sl, rank, mystages, XMP_MAX_STAGES);
+    g->nxs = 0;
+    if (nmine > 1 && !local_fail) {
+        if (!(g->xs = calloc((size_t)(nmine - 1), sizeof *g->xs)))
+            local_fail = xmp_train_fail("out of memory") != 0;
+        else
+            g->nxs = nmine - 1;
+    }
+    ut_stage_t tmpl = *st;
+    for (int k = 0; k < nmine && !local_fail; k++) {
+        ut_stage_t *p = k ? &g->xs[k - 1] : st;
+        *p = tmpl;
+        p->stage = mystages[k];
+        p->mem_quiet = k > 0;
+        p->strat = g->ustrat[p->stage];
+        p->first = sl->first[p->stage];
+        p->last = p->first + sl->count[p->stage] - 1;
+        p->dp = sl->dp[p->stage];
+        p->tp = sl->tp[p->stage];
+        p->dpi = (rank - sl->rank0[p->stage]) / p->tp;
+        p->tpi = (rank - sl->rank0[p->stage]) % p->tp;
+        p->mesh = g->smesh[p->stage];
+        p->nloc = p->mbs / p->dp;
+        if (xmp_shapes_init(&p->sh, g->o.seed, g->cfg.cond_dim, g->o.sigma) != 0)
             local_fail = xmp_train_fail("data: %s", xmp_ut_last_error()) != 0;
-        else if (stage_init(st) != 0)
+        else if (stage_init(p) != 0)
             local_fail = 1;
     }
+    /* every chunk measures above the parameters of all of them */
+    for (int k = 0; k < g->nxs; k++)
+        g->xs[k].base_bytes = xmp_ut_mem_live_bytes();
+    if (nmine > 1)
+        st->base_bytes = xmp_ut_mem_live_bytes();
+    memset(g->sops, 0, sizeof g->sops);
+    for (int k = 0; k < nmine && !local_fail; k++) {
+        ut_stage_t *p = k ? &g->xs[k - 1] : st;
+        xmp_stage_ops_t *q = &g->sops[p->stage];
+        q->user = p;
+        q->forward = ut_fwd;
+        q->backward_input = ut_bwd_input;
+        q->backward_weight = ut_bwd_weight;
+        q->reduce_grads = ut_reduce;
+        q->optimizer_step = ut_opt;
+        q->activation_bytes = ut_act_bytes;
+    }
+    out->stage_ops = sl->ngroups != sl->nstages ? g->sops : NULL;
     out->stage = st->stage;
     out->ops.user = st;
     out->ops.forward = ut_fwd;
@@ -871,19 +915,23 @@ static int ut_par_set_step(void *u, int step)
 {
     ut_run_t *g = u;
     g->st.step = step;
+    for (int k = 0; k < g->nxs; k++)
+        g->xs[k].step = step;
     return 0;
 }
 
 static int ut_par_set_val(void *u, int k)
 {
-    ((ut_run_t *)u)->st.step = val_step(k);
+    ut_run_t *g = u;
+    g->st.step = val_step(k);
+    for (int c = 0; c < g->nxs; c++)
+        g->xs[c].step = val_step(k);
     return 0;
 }
 
-/* After forwards-only steps: frees every micro-batch's tapes and data. */
-static void ut_par_release(void *u)
+/* After forwards-only steps: frees every micro-batch's tapes and data of one stage. */
+static void stage_release(ut_stage_t *st)
 {
-    ut_stage_t *st = &((ut_run_t *)u)->st;
     for (int mb = 0; st->stage >= 0 && mb < st->M; mb++) {
         for (int l = st->first; l <= st->last; l++) {
             xmp_ut_tape_free(st->tape[IX(st, l, mb)]);
@@ -899,10 +947,31 @@ static void ut_par_release(void *u)
     }
 }
 
+static void ut_par_release(void *u)
+{
+    ut_run_t *g = u;
+    stage_release(&g->st);
+    for (int k = 0; k < g->nxs; k++)
+        stage_release(&g->xs[k]);
+}
+
+static void ut_par_set_recompute(void *u, int mode)
+{
+    ut_run_t *g = u;
+    g->st.recompute = mode;
+    for (int k = 0; k < g->nxs; k++)
+        g->xs[k].recompute = mode;
+}
+
 static void ut_par_close(void *u)
 {
     ut_run_t *g = u;
     stage_free(&g->st);
+    for (int k = 0; k < g->nxs; k++)
+        stage_free(&g->xs[k]);
+    free(g->xs);
+    g->xs = NULL;
+    g->nxs = 0;
     for (int s = 0; s < XMP_MAX_STAGES; s++) {
         xmp_mesh_destroy(g->smesh[s]);
         g->smesh[s] = NULL;
@@ -980,6 +1049,7 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.grad_sumsq = ut_grad_sumsq;
     m.grad_scale = ut_grad_scale;
     m.par_open = ut_par_open;
+    m.par_set_recompute = ut_par_set_recompute;
     m.par_set_step = ut_par_set_step;
     m.par_close = ut_par_close;
     m.json_model = ut_json_model;

@@ -63,6 +63,12 @@ typedef struct {
     /* strategies (nn/strategy.h): one for every stage, or one per stage */
     const char *strategy, *stage_strategy;
     int print_strategy;
+    /* virtual stages and memory (issue 23) */
+    int virtual_stages;       /* model stages per rank group (0/1: none) */
+    const char *stage_groups; /* stage -> group map text (sched/schedule.h parse_map) */
+    int recompute;            /* xmp_recompute_t */
+    const char *max_act;      /* --max-activation-bytes text */
+    double max_act_bytes;     /* > 0: memory cap per rank group */
 } xmp_train_opts_t;
 
 enum { XMP_LR_NONE = 0, XMP_LR_COSINE = 1, XMP_LR_LINEAR = 2 };
@@ -99,6 +105,14 @@ typedef struct {
     const xmp_stage_mesh_t *meshes; /* layout->nstages */
     const char *const *edge_names;  /* nedges or NULL: names for --print-schedule */
     int64_t nparams;                /* parameters of the whole model (JSON) */
+    /* Virtual stages (layout->ngroups < nstages): per MODEL stage the callbacks of this rank's
+     * stages (others zero), NULL otherwise; `stage` is then the group's lowest, `ops` its. */
+    const xmp_stage_ops_t *stage_ops;
+    /* Memory cap (--max-activation-bytes): per model stage the bytes one microbatch's
+     * activations hold (act), under block recomputation (ckpt), the fraction selective keeps;
+     * NULL: the model cannot measure them (the cap is refused). */
+    const double *act_bytes, *ckpt_bytes;
+    double selective_keep;
 } xmp_train_stages_t;
 
 struct xmp_train_model {
@@ -149,6 +163,9 @@ struct xmp_train_model {
     int (*auto_layout)(void *user, MPI_Comm comm, xmp_train_opts_t *o);
     int (*par_open)(void *user, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_layout_t *sl,
                     const xmp_strategy_t *strat, xmp_train_stages_t *out);
+    /* The recomputation mode the schedule uses (xmp_recompute_t; a memory cap may have raised
+     * --recompute), every rank after par_open. May be NULL (then --recompute must be none). */
+    void (*par_set_recompute)(void *user, int mode);
     /* Before each step, every rank: the step's data (batch) for step. 0 or -1 (xmp_err). */
     int (*par_set_step)(void *user, int step);
     /* Validation (parallel): before an evaluation step, every rank: batch k of the held-out
