@@ -24,6 +24,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "models/gpt2.h"
+#include "models/gpt2_ckpt.h"
 #include "models/gpt2_par.h"
 #include "models/llmc_io.h"
 #include "models/stage_layout.h"
@@ -58,6 +59,9 @@ typedef struct {
     /* strategies (nn/strategy.h): one for all stages, or one per stage */
     const char *strategy, *stage_strategy;
     int print_strategy;
+    /* distributed checkpoints (models/gpt2_ckpt.h) */
+    const char *save_dir, *resume;
+    int save_every, keep, start_step;
 } gpt_opts_t;
 
 static void gpt_defaults(gpt_opts_t *o)
@@ -104,6 +108,14 @@ static void gpt_usage(void)
         "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
         "output:\n"
         "  --save FILE         write an llm.c v3 checkpoint at the end\n"
+        "checkpoints (parallel mode; under mpirun, also -np 1; docs/CHECKPOINT.md):\n"
+        "  --save-dir DIR      distributed checkpoint DIR/step-N after every --save-every\n"
+        "                      steps and after the last step\n"
+        "  --save-every N      steps between saves (0: only after the last step)\n"
+        "  --keep K            keep the K newest step directories (0: all; default 0)\n"
+        "  --resume DIR        start from DIR's latest step (or a step directory), in any\n"
+        "                      layout; model, AdamW, batch and seq come from the checkpoint;\n"
+        "                      --steps is the total (resumed at 3 with --steps 6: 3, 4, 5)\n"
         "  --json FILE         configuration + one record per step\n"
         "  --log-steps         print llm.c-style 'step N: train loss L (took X ms)' lines\n"
         "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
@@ -218,6 +230,10 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
             {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
             {"--stage-strategy", NULL, 0, 0, NULL, 0, 0, &o->stage_strategy},
+            {"--save-dir", NULL, 0, 0, NULL, 0, 0, &o->save_dir},
+            {"--save-every", &o->save_every, 0, 1 << 30, NULL, 0, 0, NULL},
+            {"--keep", &o->keep, 0, 1 << 20, NULL, 0, 0, NULL},
+            {"--resume", NULL, 0, 0, NULL, 0, 0, &o->resume},
         };
         size_t k, nt = sizeof t / sizeof t[0];
         for (k = 0; k < nt; k++)
@@ -264,6 +280,18 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
         (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh || o->stage_dp ||
          o->stage_tp || o->strategy || o->stage_strategy || o->print_strategy))
         return xmp_cli_error("--serial runs one process: drop the mesh, stage and strategy flags");
+    if (o->serial && (o->save_dir || o->resume))
+        return xmp_cli_error("--save-dir / --resume are distributed checkpoints: run under "
+                             "mpirun (-np 1 with --mesh 1x1 for one process) without --serial");
+    if (o->save_every && !o->save_dir)
+        return xmp_cli_error("--save-every %d needs --save-dir", o->save_every);
+    if (o->resume && o->init_from)
+        return xmp_cli_error("--resume '%s' and --init-from '%s' are exclusive (the model comes "
+                             "from the checkpoint)",
+                             o->resume, o->init_from);
+    if (o->resume && o->check_serial)
+        return xmp_cli_error("--check-serial trains the serial model from its initialisation: "
+                             "not with --resume");
     if (o->strategy && o->stage_strategy)
         return xmp_cli_error("--strategy '%s' and --stage-strategy '%s' are exclusive", o->strategy,
                              o->stage_strategy);
@@ -382,6 +410,10 @@ static int step_log_open(step_log_t *s, const gpt_opts_t *o, const xmp_gpt2_t *m
         xmp_json_int(j, "batch", o->batch);
         xmp_json_int(j, "seq", o->seq);
         xmp_json_int(j, "steps", o->steps);
+        if (o->resume) {
+            xmp_json_str(j, "resumed_from", o->resume);
+            xmp_json_int(j, "start_step", o->start_step);
+        }
         xmp_json_f32(j, "lr", o->lr);
         xmp_json_f32(j, "beta1", o->beta1);
         xmp_json_f32(j, "beta2", o->beta2);
@@ -729,6 +761,114 @@ static int resolve_strategies(const gpt_opts_t *o, const xmp_gpt2_config_t *cfg,
     return 0;
 }
 
+/* ---- distributed checkpoints: the calls a trainer makes (models/gpt2_ckpt.h) ---- */
+
+/* Collective. Opens --resume, takes the model configuration, AdamW settings, batch and
+ * sequence length from the manifest into *o, builds the full model *m from that
+ * configuration (its values are replaced by the load) and sets o->start_step. Errors are
+ * printed by rank 0 (the same on every rank). */
+static int ckpt_resume_open(gpt_opts_t *o, xmp_ckpt_t **ck, xmp_gpt2_t *m)
+{
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    xmp_gpt2_ckpt_settings_t s;
+    if (xmp_gpt2_ckpt_open(MPI_COMM_WORLD, o->resume, ck, &s) != XMESH_SUCCESS) {
+        if (rank == 0)
+            xmp_cli_error("--resume: %s", xmp_last_error());
+        return -1;
+    }
+    const char *err = NULL;
+    char buf[512];
+    if (s.step >= o->steps) {
+        snprintf(buf, sizeof buf,
+                 "--resume: %s is at step %lld, --steps %d (the total) leaves nothing to train",
+                 xmp_ckpt_dir(*ck), (long long)s.step, o->steps);
+        err = buf;
+    } else if (s.seq > s.cfg.max_seq_len) {
+        err = "--resume: the checkpoint's train.seq exceeds its config.max_seq_len";
+    } else if (xmp_gpt2_init_random(m, &s.cfg, o->seed) != 0) {
+        snprintf(buf, sizeof buf, "--resume: %s", xmp_llmc_last_error());
+        err = buf;
+    }
+    if (err) {
+        if (rank == 0)
+            xmp_cli_error("%s", err);
+        xmp_ckpt_close(*ck);
+        *ck = NULL;
+        return -1;
+    }
+    o->lr = s.lr;
+    o->beta1 = s.beta1;
+    o->beta2 = s.beta2;
+    o->eps = s.eps;
+    o->wd = s.wd;
+    o->batch = s.batch;
+    o->seq = s.seq;
+    o->start_step = (int)s.step;
+    return 0;
+}
+
+/* Local (the same on every rank): the data must be the checkpoint's; the loader is moved
+ * to the saved position by replaying data.batches batches (its shuffle RNG included). */
+static int ckpt_resume_data(const gpt_opts_t *o, const xmp_ckpt_t *ck, const char *desc,
+                            xmp_llmc_loader_t *ld)
+{
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const char *d = xmp_ckpt_meta(ck, "data"), *sh = xmp_ckpt_meta(ck, "data.shuffle");
+    int64_t nb = 0;
+    char buf[1024] = "";
+    if (!d || strcmp(d, desc) != 0)
+        snprintf(buf, sizeof buf,
+                 "--resume: %s/MANIFEST: metadata 'data' is '%s', this run reads '%s'",
+                 xmp_ckpt_dir(ck), d ? d : "(missing)", desc);
+    else if (!sh || atoi(sh) != o->shuffle)
+        snprintf(buf, sizeof buf,
+                 "--resume: %s/MANIFEST: metadata 'data.shuffle' is '%s', this run has %d",
+                 xmp_ckpt_dir(ck), sh ? sh : "(missing)", o->shuffle);
+    else if (xmp_ckpt_meta_i64(ck, "data.batches", &nb) != XMESH_SUCCESS)
+        snprintf(buf, sizeof buf, "--resume: %s", xmp_last_error());
+    for (int64_t i = 0; !*buf && i < nb; i++)
+        if (xmp_llmc_loader_next(ld) != 0)
+            snprintf(buf, sizeof buf, "--resume: data position %lld: %s", (long long)nb,
+                     xmp_llmc_last_error());
+    int bad = *buf != 0, any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any && rank == 0)
+        xmp_cli_error("%s", *buf ? buf : "--resume: another rank failed");
+    return any ? -1 : 0;
+}
+
+/* Collective: after the optimizer update of step `step`, saves step + 1 when it is a
+ * multiple of --save-every or the last step. */
+static int ckpt_save_maybe(const gpt_opts_t *o, xmp_gpt2_stage_t *st, int step, const char *desc)
+{
+    int done = step + 1;
+    if (!(done == o->steps || (o->save_every > 0 && done % o->save_every == 0)))
+        return 0;
+    char nb[32], sh[8], seed[32];
+    snprintf(nb, sizeof nb, "%d", done);
+    snprintf(sh, sizeof sh, "%d", o->shuffle);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+    /* data.batches batches consumed; the loader's RNG (MT19937 seeded 42 + rank, the same
+     * on every rank) is restored by replaying them. */
+    xmp_ckpt_kv_t extra[] = {{"data", desc},
+                             {"data.shuffle", sh},
+                             {"data.batches", nb},
+                             {"rng.loader", "mt19937 seed 42, replayed over data.batches"},
+                             {"seed", seed}};
+    xmesh_result_t r = xmp_gpt2_ckpt_save(st, MPI_COMM_WORLD, o->save_dir, done, o->keep, extra,
+                                          (int)(sizeof extra / sizeof extra[0]));
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (r != XMESH_SUCCESS) {
+        if (rank == 0)
+            xmp_cli_error("--save-dir: step %d: %s", done, xmp_last_error());
+        return -1;
+    }
+    return 0;
+}
+
 static int run_parallel(const gpt_opts_t *oin)
 {
     int prov, rank, size, rc = 1;
@@ -757,7 +897,14 @@ static int run_parallel(const gpt_opts_t *oin)
     const char *desc = NULL;
     int have_log = 0, ok = 0, mismatch = 0;
     step_log_t log;
-    if (setup_model(o, &m) != 0 || setup_data(o, &ld, &desc) != 0)
+    xmp_ckpt_t *ck = NULL;
+    /* --resume: the model configuration, AdamW settings, batch and sequence length come
+     * from the checkpoint's manifest; the run starts at its step. */
+    if (o->resume && ckpt_resume_open(o, &ck, &m) != 0)
+        goto out;
+    if ((!ck && setup_model(o, &m) != 0) || setup_data(o, &ld, &desc) != 0)
+        goto out;
+    if (ck && ckpt_resume_data(o, ck, desc, &ld) != 0)
         goto out;
     if (parallel_layout(o, m.cfg.num_layers, size, &sl, err, sizeof err) != 0) {
         if (rank == 0)
@@ -802,6 +949,18 @@ static int run_parallel(const gpt_opts_t *oin)
         if (rank == 0)
             xmp_cli_error("%s", err);
         goto out;
+    }
+    if (ck) {
+        xmesh_result_t lr = xmp_gpt2_ckpt_load(st, MPI_COMM_WORLD, ctx, ck);
+        if (lr != XMESH_SUCCESS) {
+            if (rank == 0)
+                xmp_cli_error("--resume: %s", xmp_last_error());
+            goto out;
+        }
+        if (rank == 0)
+            printf("resumed from %s at step %d\n", xmp_ckpt_dir(ck), o->start_step);
+        xmp_ckpt_close(ck);
+        ck = NULL;
     }
     xmp_edge_cfg_t edges[XMP_MAX_STAGES];
     xmp_sedge_t sedges[XMP_MAX_STAGES];
@@ -858,7 +1017,7 @@ static int run_parallel(const gpt_opts_t *oin)
     const int S = sl.nstages, me = xmp_gpt2_stage_index(st);
     double f[XMP_MAX_STAGES], fi[XMP_MAX_STAGES], fw[XMP_MAX_STAGES];
     int have_costs = 0;
-    for (int step = 0; step < o->steps; step++) {
+    for (int step = o->start_step; step < o->steps; step++) {
         if (xmp_llmc_loader_next(&ld) != 0) {
             xmp_cli_error("data: %s", xmp_llmc_last_error());
             break;
@@ -924,7 +1083,7 @@ static int run_parallel(const gpt_opts_t *oin)
         have_costs = 1;
         /* After the first step, place the deferred W work with the measured
          * costs instead of unit costs: regenerate the schedule and the driver. */
-        if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1) {
+        if (step == o->start_step && o->delay_wgrad && o->steps > step + 1 && S > 1) {
             if (replan(o, st, &sl, sedges, ne, f, fi, fw, &dc, &sched, &drv) != 0)
                 break;
         }
@@ -950,6 +1109,9 @@ static int run_parallel(const gpt_opts_t *oin)
                 xmp_cli_error("loss is %f at step %d", loss, step);
             break;
         }
+        /* --save-dir: after the optimizer update of step `step` (step + 1 done). */
+        if (o->save_dir && ckpt_save_maybe(o, st, step, desc) != 0)
+            break;
         ok = step == o->steps - 1;
     }
     /* Parameter + optimizer bytes per rank (sharded storage shows here). */
@@ -1009,6 +1171,7 @@ static int run_parallel(const gpt_opts_t *oin)
 out:
     if (have_log)
         step_log_close(&log, 0);
+    xmp_ckpt_close(ck);
     xmp_driver_destroy(drv);
     xmp_gpt2_stage_destroy(st);
     xmp_sched_destroy(sched);
