@@ -950,18 +950,6 @@ static int run_parallel(const gpt_opts_t *oin)
             xmp_cli_error("%s", err);
         goto out;
     }
-    if (ck) {
-        xmesh_result_t lr = xmp_gpt2_ckpt_load(st, MPI_COMM_WORLD, ctx, ck);
-        if (lr != XMESH_SUCCESS) {
-            if (rank == 0)
-                xmp_cli_error("--resume: %s", xmp_last_error());
-            goto out;
-        }
-        if (rank == 0)
-            printf("resumed from %s at step %d\n", xmp_ckpt_dir(ck), o->start_step);
-        xmp_ckpt_close(ck);
-        ck = NULL;
-    }
     xmp_edge_cfg_t edges[XMP_MAX_STAGES];
     xmp_sedge_t sedges[XMP_MAX_STAGES];
     xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
@@ -1008,6 +996,20 @@ static int run_parallel(const gpt_opts_t *oin)
             xmp_cli_error("serial reference failed: %s", xmp_llmc_last_error());
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
+    }
+    /* --resume: every other setting was checked above; now the saved tensors move into
+     * this run's layout (xmesh plans from the saved layout). */
+    if (ck) {
+        xmesh_result_t lr = xmp_gpt2_ckpt_load(st, MPI_COMM_WORLD, ctx, ck);
+        if (lr != XMESH_SUCCESS) {
+            if (rank == 0)
+                xmp_cli_error("--resume: %s", xmp_last_error());
+            goto out;
+        }
+        if (rank == 0)
+            printf("resumed from %s at step %d\n", xmp_ckpt_dir(ck), o->start_step);
+        xmp_ckpt_close(ck);
+        ck = NULL;
     }
     if (rank == 0) {
         if (step_log_open(&log, o, &m, desc, "parallel") != 0)
