@@ -818,6 +818,10 @@ static int ckpt_resume_data(const gpt_opts_t *o, const xmp_ckpt_t *ck, const cha
     const char *d = xmp_ckpt_meta(ck, "data"), *sh = xmp_ckpt_meta(ck, "data.shuffle");
     int64_t nb = 0;
     char buf[1024] = "";
+    /* A checkpoint without a data position (xmesh-ckpt convert --from-llmc) starts the data
+     * from the beginning, like --init-from. */
+    if (!xmp_ckpt_meta(ck, "data.batches"))
+        return 0;
     if (!d || strcmp(d, desc) != 0)
         snprintf(buf, sizeof buf,
                  "--resume: %s/MANIFEST: metadata 'data' is '%s', this run reads '%s'",
