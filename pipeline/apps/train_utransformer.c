@@ -36,6 +36,7 @@
 #include "commands.h"
 #include "models/shapes_data.h"
 #include "models/stage_layout.h"
+#include "models/utrans_ckpt.h"
 #include "models/utransformer.h"
 #include "models/utransformer_sbp.h"
 #include "nn/unet_kernels.h"
@@ -49,6 +50,9 @@ typedef struct {
     uint64_t seed;
     const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp, *cluster, *strategy;
     int stages, microbatches, schedule, delay_wgrad, comm, print_schedule, check_serial;
+    /* distributed checkpoints (models/utrans_ckpt.h) */
+    const char *save_dir, *resume;
+    int save_every, keep, start_step;
 } ut_opts_t;
 
 static void ut_defaults(ut_opts_t *o)
@@ -89,6 +93,10 @@ static void ut_usage(void)
            "  --cluster FILE     cost model (xmesh-calibrate -o FILE; sets XMESH_CLUSTER_FILE)\n"
            "  --check-serial     rank 0 also runs the serial reference and fails unless every\n"
            "                     step's loss matches (1e-5 relative to step 5, 1e-4 to step 10)\n"
+           "checkpoints (pipeline mode; docs/CHECKPOINT.md):\n"
+           "  --save-dir DIR  --save-every N (0: after the last step only)  --keep K (0: all)\n"
+           "  --resume DIR    start from DIR's latest step in any layout; model, SGD, batch,\n"
+           "                  noise and seed come from the checkpoint; --steps is the total\n"
            "output:\n"
            "  --json FILE  --no-progress  --blas-threads N (1)\n");
 }
@@ -145,6 +153,10 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
             {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
             {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
             {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
+            {"--save-dir", NULL, 0, 0, NULL, 0, 0, &o->save_dir},
+            {"--save-every", &o->save_every, 0, 1 << 30, NULL, 0, 0, NULL},
+            {"--keep", &o->keep, 0, 1 << 20, NULL, 0, 0, NULL},
+            {"--resume", NULL, 0, 0, NULL, 0, 0, &o->resume},
         };
         size_t nt = sizeof t / sizeof t[0];
         for (k = 0; k < nt; k++)
@@ -188,6 +200,14 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
     if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
         return xmp_cli_error("--check-serial with --comm signal: signal mode moves no data, so "
                              "its losses cannot match the serial reference");
+    if (o->serial && (o->save_dir || o->resume))
+        return xmp_cli_error("--save-dir / --resume are distributed checkpoints: run under "
+                             "mpirun (-np 1 for one process) without --serial");
+    if (o->save_every && !o->save_dir)
+        return xmp_cli_error("--save-every %d needs --save-dir", o->save_every);
+    if (o->resume && o->check_serial)
+        return xmp_cli_error("--check-serial trains the serial model from its initialisation: "
+                             "not with --resume");
     if (o->stages == 0 && !o->layout)
         o->stages = 1;
     if (o->batch % o->microbatches != 0)
@@ -235,6 +255,10 @@ static int ut_log_open(ut_log_t *s, const ut_opts_t *o, const xmp_ut_config_t *c
         xmp_json_f32(j, "noise", o->sigma);
         xmp_json_int(j, "batch", o->batch);
         xmp_json_int(j, "steps", o->steps);
+        if (o->resume) {
+            xmp_json_str(j, "resumed_from", o->resume);
+            xmp_json_int(j, "start_step", o->start_step);
+        }
         xmp_json_f32(j, "lr", o->lr);
         xmp_json_f32(j, "momentum", o->momentum);
         xmp_json_f32(j, "weight_decay", o->wd);
@@ -911,15 +935,82 @@ static int stage_strategy(const ut_opts_t *o, const xmp_ut_config_t *c,
     return rc;
 }
 
-static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
+/* ---- distributed checkpoints: the calls a trainer makes (models/utrans_ckpt.h) ---- */
+
+/* Collective. Opens --resume and takes the model configuration, SGD settings, batch, noise and
+ * seed from its manifest into *o and *c; o->start_step = its step. Rank 0 prints errors. */
+static int ut_resume_open(ut_opts_t *o, xmp_ut_config_t *c, xmp_ckpt_t **ck)
+{
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    xmp_ut_ckpt_settings_t s;
+    if (xmp_ut_ckpt_open(MPI_COMM_WORLD, o->resume, ck, &s) != XMESH_SUCCESS) {
+        if (rank == 0)
+            xmp_cli_error("--resume: %s", xmp_last_error());
+        return -1;
+    }
+    if (s.step >= o->steps || s.batch % o->microbatches) {
+        if (rank == 0 && s.step >= o->steps)
+            xmp_cli_error("--resume: %s is at step %lld, --steps %d (the total) leaves nothing to "
+                          "train",
+                          xmp_ckpt_dir(*ck), (long long)s.step, o->steps);
+        else if (rank == 0)
+            xmp_cli_error("--resume: the checkpoint's batch %d is not a multiple of "
+                          "--microbatches %d",
+                          s.batch, o->microbatches);
+        xmp_ckpt_close(*ck);
+        *ck = NULL;
+        return -1;
+    }
+    *c = s.cfg;
+    o->lr = s.lr;
+    o->momentum = s.momentum;
+    o->wd = s.wd;
+    o->sigma = s.sigma;
+    o->batch = s.batch;
+    o->seed = s.seed;
+    o->start_step = (int)s.step;
+    return 0;
+}
+
+/* Collective: after the optimizer update of step `step`, saves step + 1 when it is a multiple
+ * of --save-every or the last step. */
+static int ut_save_maybe(const ut_opts_t *o, const xmp_ut_config_t *c, xmp_ut_slayer_t *const *SL,
+                         const xmp_stage_layout_t *sl, int step)
+{
+    int done = step + 1, rank;
+    if (!(done == o->steps || (o->save_every > 0 && done % o->save_every == 0)))
+        return 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    xmp_ut_ckpt_settings_t s = {*c, o->lr, o->momentum, o->wd, o->sigma, o->batch, o->seed, done};
+    char lay[256] = "", meshes[256] = "", data[64];
+    xmp_stage_layout_format(sl, lay, sizeof lay);
+    xmp_stage_layout_format_meshes(sl, meshes, sizeof meshes);
+    snprintf(data, sizeof data, "%d", done);
+    /* The synthetic data is a function of (seed, step, image): the step is its position. */
+    xmp_ckpt_kv_t extra[] = {
+        {"data.step", data}, {"layout", lay}, {"layout.meshes", meshes}, {"strategy", o->strategy}};
+    if (xmp_ut_ckpt_save(SL, MPI_COMM_WORLD, o->save_dir, done, o->keep, &s, extra, 4) !=
+        XMESH_SUCCESS) {
+        if (rank == 0)
+            xmp_cli_error("--save-dir: step %d: %s", done, xmp_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int run_pipeline(const ut_opts_t *oin, const xmp_ut_config_t *cin)
 {
     int rank, size, prov, ok = 0, rc = 1;
     char err[512];
     MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ut_opts_t o1 = *oin, *o = &o1;
+    xmp_ut_config_t c1 = *cin, *c = &c1;
+    xmp_ckpt_t *ck = NULL;
     if (rank != 0)
-        ((ut_opts_t *)o)->no_progress = 1;
+        o->no_progress = 1;
     xmp_stage_layout_t sl;
     char kinds[XMP_UT_LAYERS + 1];
     memset(kinds, 'u', XMP_UT_LAYERS);
@@ -932,6 +1023,9 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     xmesh_ctx_t ctx = NULL;
     xmp_driver_t *drv = NULL;
     double *ref = NULL;
+    /* --resume: configuration, SGD settings, batch, noise and seed from the checkpoint */
+    if (o->resume && ut_resume_open(o, c, &ck) != 0)
+        goto out_mpi;
     const int M = o->microbatches, mbs = o->batch / M;
     if (xmp_stage_layout_build(kinds, 0, 0, o->layout, o->stages, o->stage_mesh, o->stage_dp,
                                o->stage_tp, &sl, err, sizeof err) != 0) {
@@ -1073,11 +1167,25 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
             xmp_cli_error("pipeline driver: %s", err);
         goto out_ctx;
     }
+    /* --resume: every setting was checked above; the saved tensors are read into this run's
+     * layout (direct reads: the stage meshes have no xmesh context). */
+    if (ck) {
+        if (xmp_ut_ckpt_load(st.SL, MPI_COMM_WORLD, NULL, ck, c) != XMESH_SUCCESS) {
+            if (rank == 0)
+                xmp_cli_error("--resume: %s", xmp_last_error());
+            xmp_driver_destroy(drv);
+            goto out_ctx;
+        }
+        if (rank == 0)
+            printf("resumed from %s at step %d\n", xmp_ckpt_dir(ck), o->start_step);
+        xmp_ckpt_close(ck);
+        ck = NULL;
+    }
     ut_log_t log;
     int log_ok = rank != 0 || ut_log_open(&log, o, c, st.lay.total, "pipeline", &sl) == 0;
     int mismatch = 0, compared = 0, have_costs = 0;
     double cf[XMP_MAX_STAGES], ci[XMP_MAX_STAGES], cw[XMP_MAX_STAGES];
-    for (int step = 0; step < o->steps && log_ok; step++) {
+    for (int step = o->start_step; step < o->steps && log_ok; step++) {
         xmp_step_stats_t ss;
         st.step = step;
         tops.f = tops.i = tops.w = tops.r = tops.o = 0;
@@ -1139,7 +1247,7 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         have_costs = 1;
         /* After the first step, place the deferred W work with the measured stage costs and
          * xmesh's predicted transfer times instead of unit costs (pipe/replan.h). */
-        if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1) {
+        if (step == o->start_step && o->delay_wgrad && o->steps > step + 1 && S > 1) {
             xmp_replan_t rp = {
                 o->schedule,      M, st.nedges, se, cf, ci, cw, xmp_driver_mean_act_seconds(drv),
                 o->print_schedule};
@@ -1171,6 +1279,9 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
                 }
             }
         }
+        /* --save-dir: after the optimizer update of this step */
+        if (o->save_dir && ut_save_maybe(o, c, st.SL, &sl, step) != 0)
+            break;
         ok = step == o->steps - 1;
     }
     if (rank == 0 && log_ok && ut_log_close(&log, ok, "pipeline") != 0)
@@ -1201,6 +1312,7 @@ out_stage:
     for (int s = 0; s < XMP_MAX_STAGES; s++)
         xmp_mesh_destroy(smesh[s]);
 out_mpi:
+    xmp_ckpt_close(ck);
     free(allranks);
     free(mranks);
     free(ref);
