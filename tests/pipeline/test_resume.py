@@ -228,8 +228,101 @@ def gpt_convert():
     check(p.returncode != 0 and "nonexistent.bin" in p.stdout, "missing llm.c file named")
 
 
+UT = ["--base-channels", "8", "--batch", "4", "--no-progress"]
+
+
+def ut(n, args, expect_ok=True):
+    return run(n, TRAIN, ["utransformer"] + UT + args, expect_ok)
+
+
+def ut_same():
+    for tag, lay in (("s1", ["--stage-mesh", "2x1"]),
+                     ("s2", ["--stages", "2", "--stage-mesh", "1x1,1x2", "--microbatches", "2"])):
+        n = 2 if tag == "s1" else 3
+        ut(n, lay + ["--steps", "6", "--json", tag + "full.json"])
+        ut(n, lay + ["--steps", "3", "--save-dir", tag + "ck", "--json", tag + "a.json"])
+        ut(n, lay + ["--steps", "6", "--resume", tag + "ck", "--json", tag + "b.json"])
+        full, a, b = steps(tag + "full.json"), steps(tag + "a.json"), steps(tag + "b.json")
+        check([s for s, _ in b] == [3, 4, 5], "ut %s: resumed JSON records carry steps 3, 4, 5 "
+              "(%s)" % (tag, [s for s, _ in b]))
+        check(a + b == full, "ut %s: losses of 3 + resumed 3 steps bitwise equal the 6-step run"
+              % tag)
+        with open(path(tag + "ck/step-00000003/MANIFEST")) as f:
+            man = f.read()
+        for key in ("meta model utransformer", "meta config.base 8", "meta data.step 3",
+                    "tensor down1.conv1.w ", "tensor down1.conv1.w.momentum "):
+            check(key in man, "ut %s: manifest has '%s'" % (tag, key.strip()))
+
+
+def ut_other():
+    ut(2, ["--stage-mesh", "2x1", "--steps", "8", "--json", "full.json"])
+    full = [l for _, l in steps("full.json")]
+    ut(2, ["--stage-mesh", "2x1", "--strategy", "dp", "--steps", "3", "--save-dir", "ck1"])
+    ut(4, ["--stage-mesh", "2x2", "--steps", "3", "--save-dir", "ck4"])
+    cases = [
+        ("1 stage 2x1 dp -> 2 stages 1x2,2x1 megatron", 4, "ck1",
+         ["--stages", "2", "--stage-mesh", "1x2,2x1", "--microbatches", "2"]),
+        ("4 ranks 2x2 -> 2 ranks 2 stages 1x1", 2, "ck4",
+         ["--stages", "2", "--stage-mesh", "1x1,1x1", "--microbatches", "2"]),
+        ("4 ranks 2x2 -> 8 ranks 2 stages 2x2", 8, "ck4",
+         ["--stages", "2", "--stage-mesh", "2x2,2x2", "--microbatches", "2"]),
+    ]
+    for i, (what, n, ck, args) in enumerate(cases):
+        j = "o%d.json" % i
+        ut(n, args + ["--steps", "8", "--resume", ck, "--json", j])
+        if os.path.exists(path(j)):
+            close(full, steps(j), 1e-5, "ut " + what)
+        else:
+            check(False, "ut " + what + ": no JSON")
+
+
+def ut_bad():
+    ut(2, ["--stage-mesh", "2x1", "--steps", "3", "--save-dir", "ck"])
+    lay = ["--stage-mesh", "2x1", "--steps", "6"]
+
+    def corrupt(d):
+        with open(d + "/step-00000003/rank-00000.bin", "r+b") as f:
+            f.seek(64)
+            b = f.read(1)
+            f.seek(64)
+            f.write(bytes([b[0] ^ 0x55]))
+
+    def missing(d):
+        os.remove(d + "/step-00000003/rank-00000.bin")
+
+    def other_model(d):
+        write_manifest(d + "/step-00000003/MANIFEST",
+                       lambda t: t.replace("meta model utransformer", "meta model gpt2"))
+
+    def bad_field(d):
+        write_manifest(d + "/step-00000003/MANIFEST",
+                       lambda t: t.replace("meta sgd.momentum 0.", "meta sgd.momentum x0."))
+
+    for what, mut, needles in (
+            ("corrupted shard", corrupt, ["rank-00000.bin", "CRC32"]),
+            ("missing shard", missing, ["rank-00000.bin", "No such file"]),
+            ("another model", other_model, ["MANIFEST", "'model'", "gpt2", "utransformer"]),
+            ("malformed field", bad_field, ["sgd.momentum", "x0."])):
+        d = path("ubad_" + what.replace(" ", "_"))
+        shutil.copytree(path("ck"), d)
+        mut(d)
+        j = path("bad.json")
+        p = ut(2, lay + ["--resume", d, "--json", j], expect_ok=False)
+        ok = p.returncode != 0 and all(s in p.stdout for s in needles) and not os.path.exists(j)
+        check(ok, "ut %s: exit %d, message names %s, no step run" % (what, p.returncode, needles))
+        if not ok:
+            print(p.stdout[-1500:])
+    # a layout that does not fit the model: the U-Transformer refuses a micro-batch
+    # not divisible by the data-parallel degree (batch 4 from the checkpoint, dp 8)
+    j = path("bad.json")
+    p = ut(8, ["--stage-mesh", "8x1", "--steps", "6", "--resume", path("ck"), "--json", j],
+           expect_ok=False)
+    check(p.returncode != 0 and "data-parallel degree 8" in p.stdout and not os.path.exists(j),
+          "ut layout not fitting: exit %d, message names the data-parallel degree" % p.returncode)
+
+
 SETS = {"gpt_same": gpt_same, "gpt_other": gpt_other, "gpt_bad": gpt_bad,
-        "gpt_convert": gpt_convert}
+        "gpt_convert": gpt_convert, "ut_same": ut_same, "ut_other": ut_other, "ut_bad": ut_bad}
 if __name__ == "__main__":
     try:
         SETS[SET]()
