@@ -3,17 +3,10 @@
  * B=4, T=64, AdamW lr 1e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0, t = step+1,
  * shuffled training loader (MT19937 seeded 42+rank).
  *
- * Modes: --serial (one process, the reference), or under mpirun one or more pipeline stages,
- * each a mesh of 1 to 4 axes of SBP-parallel layers (models/gpt2_par.h) run by the pipeline
- * driver (pipe/driver.h): --mesh RxC --dp N --tp N for one 2-axis stage, --stages / --layout /
- * --stage-mesh (2x2x2,1x4) / --stage-dp / --stage-tp for several; --strategy or
- * --stage-strategy give the SBP of every parameter and activation class (nn/strategy.h,
- * docs/STRATEGY.md). Every rank reads the same batches.
- *
- * Structure for later work: gpt_opts_t holds every flag; parse_gpt_flags() fills it (add
- * --mesh RxC / --dp / --tp / pipeline flags there), setup_model() and setup_data() build the
- * pieces, and run_serial() is the serial loop. A parallel mode adds its own run_*() next to
- * run_serial() and reuses the step recorder (step_log_*) for JSON, progress and summary.
+ * This file is the GPT-2 side of the one trainer (apps/trainer.h): the model's own flags,
+ * the serial model (models/gpt2.h) and the stages (models/gpt2_par.h) behind the trainer's
+ * model interface. The loop, the common flags, statistics, JSON, --check-serial and the
+ * re-planning are the trainer's. Every rank reads the same batches.
  */
 #include <cblas.h>
 #include <math.h>
@@ -28,122 +21,86 @@
 #include "models/gpt2_par.h"
 #include "models/llmc_io.h"
 #include "models/stage_layout.h"
-#include "pipe/driver.h"
-#include "pipe/replan.h"
-#include "sched/schedule.h"
+#include "trainer.h"
 
 #ifndef XMP_DATA_DIR
 #define XMP_DATA_DIR "pipeline/data"
 #endif
 #define XMP_DEFAULT_TEXT XMP_DATA_DIR "/kjv_genesis.txt"
 
+/* The model's own flags (the common ones are in xmp_train_opts_t). */
 typedef struct {
-    int serial;
-    /* model */
     const char *init_from;
     int layers, heads, channels, max_seq, vocab;
-    uint64_t seed;
-    /* data */
-    const char *data, *text;
-    int shuffle;
-    /* training (llm.c CPU trainer defaults) */
-    int batch, seq, steps;
-    float lr, beta1, beta2, eps, wd;
-    /* output */
-    const char *save, *json;
-    int bench, warmup, blas_threads, log_steps, no_progress;
-    /* parallel: one stage (--mesh/--dp/--tp) or a pipeline */
-    const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace, *cluster;
-    int dp, tp, stages, microbatches, schedule, delay_wgrad, comm, print_schedule;
-    int check_serial;
-    /* strategies (nn/strategy.h): one for all stages, or one per stage */
-    const char *strategy, *stage_strategy;
-    int print_strategy;
-    /* distributed checkpoints (models/gpt2_ckpt.h) */
-    const char *save_dir, *resume;
-    int save_every, keep, start_step;
+    const char *data, *text, *save;
+    int shuffle, batch, seq;
+    float beta1, beta2, eps;
 } gpt_opts_t;
 
-static void gpt_defaults(gpt_opts_t *o)
+/* The adapter's state: options, the serial model (serial runs and the --check-serial
+ * reference), and the parallel run's full model, loader and stages. */
+typedef struct {
+    const xmp_train_opts_t *t;
+    gpt_opts_t o;
+    const char *desc; /* data description */
+    xmp_gpt2_t sm;    /* serial */
+    xmp_llmc_loader_t sld;
+    xmp_gpt2_t m; /* parallel: the full model every rank slices from */
+    xmp_llmc_loader_t ld;
+    xmp_gpt2_stage_t *st;
+    int nstages, rank, size;
+    xmp_edge_cfg_t edges[XMP_MAX_STAGES];
+    xmp_sedge_t sedges[XMP_MAX_STAGES];
+    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
+    char kinds[XMP_MAX_LAYERS + 1];
+    xmp_ckpt_t *ck; /* --resume: opened by gpt_ckpt_open, loaded and closed by gpt_ckpt_load */
+} gpt_run_t;
+
+static void gpt_defaults(xmp_train_opts_t *t, gpt_opts_t *o)
 {
+    xmp_train_defaults(t);
+    t->steps = 40;
+    t->seed = 1337;
+    t->lr = 1e-4f;
+    t->wd = 0.0f;
     memset(o, 0, sizeof *o);
     o->layers = 4;
     o->heads = 4;
     o->channels = 128;
     o->max_seq = 1024;
     o->vocab = 256;
-    o->seed = 1337;
     o->shuffle = 1;
     o->batch = 4;
     o->seq = 64;
-    o->steps = 40;
-    o->lr = 1e-4f;
     o->beta1 = 0.9f;
     o->beta2 = 0.999f;
     o->eps = 1e-8f;
-    o->wd = 0.0f;
-    o->warmup = 1;
-    o->blas_threads = 1;
-    o->microbatches = 1;
-    o->schedule = XMP_SCHED_1F1B;
-    o->comm = XMP_COMM_BROADCAST;
 }
 
 static void gpt_usage(void)
 {
-    printf(
-        "usage: xmesh-train gpt --serial [flags]\n"
-        "       mpirun -np N xmesh-train gpt [--mesh RxC --dp N --tp N | pipeline flags] [flags]\n"
-        "model (fresh GPT-2 init unless --init-from):\n"
-        "  --init-from FILE    llm.c checkpoint (v3 f32; v1 read too)\n"
-        "  --layers N (4) --heads N (4) --channels N (128) --max-seq N (1024)\n"
-        "  --vocab N (256, byte level; padded to a multiple of 128) --seed N (1337)\n"
-        "data:\n"
-        "  --data FILE|GLOB    llm.c token file(s); default: the shipped text\n"
-        "                      (" XMP_DEFAULT_TEXT "), byte-tokenized in memory\n"
-        "  --text FILE         byte-tokenize this text in memory instead\n"
-        "  --no-shuffle        visit samples in file order (llm.c's training loader shuffles)\n"
-        "training (defaults = llm.c train_gpt2.c):\n"
-        "  --batch B (4) --seq T (64) --steps N (40) --lr (1e-4) --beta1 (0.9)\n"
-        "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
-        "output:\n"
-        "  --save FILE         write an llm.c v3 checkpoint at the end\n"
-        "checkpoints (parallel mode; under mpirun, also -np 1; docs/CHECKPOINT.md):\n"
-        "  --save-dir DIR      distributed checkpoint DIR/step-N after every --save-every\n"
-        "                      steps and after the last step\n"
-        "  --save-every N      steps between saves (0: only after the last step)\n"
-        "  --keep K            keep the K newest step directories (0: all; default 0)\n"
-        "  --resume DIR        start from DIR's latest step (or a step directory), in any\n"
-        "                      layout; model, AdamW, batch and seq come from the checkpoint;\n"
-        "                      --steps is the total (resumed at 3 with --steps 6: 3, 4, 5)\n"
-        "  --json FILE         configuration + one record per step\n"
-        "  --log-steps         print llm.c-style 'step N: train loss L (took X ms)' lines\n"
-        "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
-        "  --bench             print tokens/s median/min/max over steps after --warmup (1)\n"
-        "  --blas-threads N    OpenBLAS threads (1)\n"
-        "parallel (under mpirun; with --mesh/--dp/--tp a stage mesh is dp x tp):\n"
-        "  --mesh RxC --dp N --tp N   one stage on all ranks (R = dp, C = tp)\n"
-        "  --stages N          pipeline stages; blocks split evenly, E first, L last\n"
-        "  --layout 'E,t*3|t*3,L'     explicit layers per stage (Megatron style)\n"
-        "  --stage-mesh 2x2x2,1x4    per-stage meshes of 1 to 4 axes each (2x1,1x2: dp x tp)\n"
-        "  --stage-dp 2,1  --stage-tp 1,2   per-stage 2-axis dp x tp meshes (shorthands)\n"
-        "  --strategy NAME|FILE       SBP of every parameter and activation class, all stages:\n"
-        "                      built-in dp, megatron (default), 3d, axonn, or a strategy file\n"
-        "                      (docs/STRATEGY.md)\n"
-        "  --stage-strategy A,B       one strategy (name or file) per stage\n"
-        "  --print-strategy    print the resolved strategy of each stage and exit\n"
-        "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
-        "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
-        "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
-        "  --cluster FILE      cost model of the transfers (xmesh-calibrate -o FILE; sets\n"
-        "                      XMESH_CLUSTER_FILE): plans, predictions, the simulator\n"
-        "  --print-schedule    print the schedule and its simulated timeline\n"
-        "  --check-serial      rank 0 also trains the serial reference and fails unless the\n"
-        "                      losses agree (1e-5 relative for steps 0-4, 1e-4 to step 19)\n");
+    printf("usage: xmesh-train gpt --serial [flags]\n"
+           "       mpirun -np N xmesh-train gpt [--mesh RxC --dp N --tp N | pipeline flags] "
+           "[flags]\n"
+           "model (fresh GPT-2 init unless --init-from):\n"
+           "  --init-from FILE    llm.c checkpoint (v3 f32; v1 read too)\n"
+           "  --layers N (4) --heads N (4) --channels N (128) --max-seq N (1024)\n"
+           "  --vocab N (256, byte level; padded to a multiple of 128) --seed N (1337)\n"
+           "data:\n"
+           "  --data FILE|GLOB    llm.c token file(s); default: the shipped text\n"
+           "                      (" XMP_DEFAULT_TEXT "), byte-tokenized in memory\n"
+           "  --text FILE         byte-tokenize this text in memory instead\n"
+           "  --no-shuffle        visit samples in file order (llm.c's training loader shuffles)\n"
+           "training (defaults = llm.c train_gpt2.c):\n"
+           "  --batch B (4) --seq T (64) --steps N (40) --lr (1e-4) --beta1 (0.9)\n"
+           "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
+           "  --save FILE         write an llm.c v3 checkpoint at the end\n"
+           "strategies: built-in dp, megatron (default), 3d, axonn (docs/STRATEGY.md)\n");
+    xmp_train_usage();
 }
 
 /* Returns 0 ok, 1 help printed, -1 error (message printed). */
-static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
+static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_t *o)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -151,44 +108,15 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             gpt_usage();
             return 1;
         }
-        /* flags without a value */
-        if (!strcmp(a, "--serial")) {
-            o->serial = 1;
+        int c = xmp_train_parse_flag(argc, argv, &i, t);
+        if (c < 0)
+            return -1;
+        if (c > 0)
             continue;
-        }
         if (!strcmp(a, "--no-shuffle")) {
             o->shuffle = 0;
             continue;
         }
-        if (!strcmp(a, "--bench")) {
-            o->bench = 1;
-            continue;
-        }
-        if (!strcmp(a, "--log-steps")) {
-            o->log_steps = 1;
-            continue;
-        }
-        if (!strcmp(a, "--no-progress")) {
-            o->no_progress = 1;
-            continue;
-        }
-        if (!strcmp(a, "--delay-wgrad")) {
-            o->delay_wgrad = 1;
-            continue;
-        }
-        if (!strcmp(a, "--print-schedule")) {
-            o->print_schedule = 1;
-            continue;
-        }
-        if (!strcmp(a, "--print-strategy")) {
-            o->print_strategy = 1;
-            continue;
-        }
-        if (!strcmp(a, "--check-serial")) {
-            o->check_serial = 1;
-            continue;
-        }
-        /* flags with a value */
         const struct {
             const char *flag;
             int *ip;
@@ -196,7 +124,7 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             float *fp;
             double flo, fhi;
             const char **sp;
-        } t[] = {
+        } f[] = {
             {"--layers", &o->layers, 1, 1024, NULL, 0, 0, NULL},
             {"--heads", &o->heads, 1, 1024, NULL, 0, 0, NULL},
             {"--channels", &o->channels, 1, 1 << 16, NULL, 0, 0, NULL},
@@ -204,114 +132,45 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--vocab", &o->vocab, 1, 65536, NULL, 0, 0, NULL},
             {"--batch", &o->batch, 1, 1 << 20, NULL, 0, 0, NULL},
             {"--seq", &o->seq, 1, 1 << 20, NULL, 0, 0, NULL},
-            {"--steps", &o->steps, 1, 1 << 30, NULL, 0, 0, NULL},
-            {"--warmup", &o->warmup, 0, 1 << 30, NULL, 0, 0, NULL},
-            {"--blas-threads", &o->blas_threads, 1, 1024, NULL, 0, 0, NULL},
-            {"--lr", NULL, 0, 0, &o->lr, 0.0, 10.0, NULL},
             {"--beta1", NULL, 0, 0, &o->beta1, 0.0, 0.999999, NULL},
             {"--beta2", NULL, 0, 0, &o->beta2, 0.0, 0.999999999, NULL},
             {"--eps", NULL, 0, 0, &o->eps, 0.0, 1.0, NULL},
-            {"--weight-decay", NULL, 0, 0, &o->wd, 0.0, 10.0, NULL},
             {"--init-from", NULL, 0, 0, NULL, 0, 0, &o->init_from},
             {"--data", NULL, 0, 0, NULL, 0, 0, &o->data},
             {"--text", NULL, 0, 0, NULL, 0, 0, &o->text},
             {"--save", NULL, 0, 0, NULL, 0, 0, &o->save},
-            {"--json", NULL, 0, 0, NULL, 0, 0, &o->json},
-            {"--dp", &o->dp, 1, 1 << 20, NULL, 0, 0, NULL},
-            {"--tp", &o->tp, 1, 1 << 20, NULL, 0, 0, NULL},
-            {"--stages", &o->stages, 1, XMP_MAX_STAGES, NULL, 0, 0, NULL},
-            {"--microbatches", &o->microbatches, 1, 1 << 20, NULL, 0, 0, NULL},
-            {"--mesh", NULL, 0, 0, NULL, 0, 0, &o->mesh},
-            {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
-            {"--stage-mesh", NULL, 0, 0, NULL, 0, 0, &o->stage_mesh},
-            {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
-            {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
-            {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
-            {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
-            {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
-            {"--stage-strategy", NULL, 0, 0, NULL, 0, 0, &o->stage_strategy},
-            {"--save-dir", NULL, 0, 0, NULL, 0, 0, &o->save_dir},
-            {"--save-every", &o->save_every, 0, 1 << 30, NULL, 0, 0, NULL},
-            {"--keep", &o->keep, 0, 1 << 20, NULL, 0, 0, NULL},
-            {"--resume", NULL, 0, 0, NULL, 0, 0, &o->resume},
         };
-        size_t k, nt = sizeof t / sizeof t[0];
-        for (k = 0; k < nt; k++)
-            if (!strcmp(a, t[k].flag))
+        size_t k, nf = sizeof f / sizeof f[0];
+        for (k = 0; k < nf; k++)
+            if (!strcmp(a, f[k].flag))
                 break;
-        if (k == nt) {
-            if (!strcmp(a, "--seed")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)) || xmp_cli_u64(a, v, &o->seed) != 0)
-                    return -1;
-                continue;
-            }
-            if (!strcmp(a, "--schedule")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
-                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b or eager-1f1b", v);
-                continue;
-            }
-            if (!strcmp(a, "--comm")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                if ((o->comm = xmp_comm_mode_parse(v)) < 0)
-                    return xmp_cli_error("--comm '%s': expected broadcast, sendrecv, "
-                                         "sendrecv-allgather, blocking or signal",
-                                         v);
-                continue;
-            }
+        if (k == nf)
             return xmp_cli_error("unknown flag '%s' (see --help)", a);
-        }
         if (!(v = xmp_cli_value(argc, argv, &i)))
             return -1;
-        if (t[k].ip && xmp_cli_int(a, v, t[k].lo, t[k].hi, t[k].ip) != 0)
+        if (f[k].ip && xmp_cli_int(a, v, f[k].lo, f[k].hi, f[k].ip) != 0)
             return -1;
-        if (t[k].fp && xmp_cli_float(a, v, t[k].flo, t[k].fhi, t[k].fp) != 0)
+        if (f[k].fp && xmp_cli_float(a, v, f[k].flo, f[k].fhi, f[k].fp) != 0)
             return -1;
-        if (t[k].sp)
-            *t[k].sp = v;
+        if (f[k].sp)
+            *f[k].sp = v;
     }
-    /* Every plan's cluster model reads it (the library applies the file on
-     * top of XMESH_*), so the schedule's predicted transfers use it too. */
-    if (o->cluster)
-        setenv("XMESH_CLUSTER_FILE", o->cluster, 1);
-    if (o->serial &&
-        (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh || o->stage_dp ||
-         o->stage_tp || o->strategy || o->stage_strategy || o->print_strategy))
-        return xmp_cli_error("--serial runs one process: drop the mesh, stage and strategy flags");
-    if (o->serial && (o->save_dir || o->resume))
-        return xmp_cli_error("--save-dir / --resume are distributed checkpoints: run under "
-                             "mpirun (-np 1 with --mesh 1x1 for one process) without --serial");
-    if (o->save_every && !o->save_dir)
-        return xmp_cli_error("--save-every %d needs --save-dir", o->save_every);
-    if (o->resume && o->init_from)
-        return xmp_cli_error("--resume '%s' and --init-from '%s' are exclusive (the model comes "
-                             "from the checkpoint)",
-                             o->resume, o->init_from);
-    if (o->resume && o->check_serial)
-        return xmp_cli_error("--check-serial trains the serial model from its initialisation: "
-                             "not with --resume");
-    if (o->strategy && o->stage_strategy)
-        return xmp_cli_error("--strategy '%s' and --stage-strategy '%s' are exclusive", o->strategy,
-                             o->stage_strategy);
-    if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
-        return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
-    if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
-        return xmp_cli_error("--check-serial with --comm signal: signal moves no data");
+    if (xmp_train_check_flags(t) != 0)
+        return -1;
     if (o->data && o->text)
         return xmp_cli_error("--data '%s' and --text '%s' are exclusive", o->data, o->text);
-    if (o->bench && o->warmup >= o->steps)
-        return xmp_cli_error("--warmup %d leaves no measured step of --steps %d", o->warmup,
-                             o->steps);
+    if (t->resume && o->init_from)
+        return xmp_cli_error("--resume '%s' and --init-from '%s' are exclusive (the model comes "
+                             "from the checkpoint)",
+                             t->resume, o->init_from);
     return 0;
 }
 
-static int setup_model(const gpt_opts_t *o, xmp_gpt2_t *m)
+static int setup_model(const xmp_train_opts_t *t, const gpt_opts_t *o, xmp_gpt2_t *m)
 {
     if (o->init_from) {
         if (xmp_gpt2_load(m, o->init_from) != 0)
-            return xmp_cli_error("--init-from: %s", xmp_llmc_last_error());
+            return xmp_train_fail("--init-from: %s", xmp_llmc_last_error());
     } else {
         xmp_gpt2_config_t c = {.max_seq_len = o->max_seq,
                                .vocab_size = o->vocab,
@@ -319,13 +178,13 @@ static int setup_model(const gpt_opts_t *o, xmp_gpt2_t *m)
                                .num_layers = o->layers,
                                .num_heads = o->heads,
                                .channels = o->channels};
-        if (xmp_gpt2_init_random(m, &c, o->seed) != 0)
-            return xmp_cli_error("model flags: %s", xmp_llmc_last_error());
+        if (xmp_gpt2_init_random(m, &c, t->seed) != 0)
+            return xmp_train_fail("model flags: %s", xmp_llmc_last_error());
     }
     if (o->seq > m->cfg.max_seq_len) {
-        xmp_cli_error("--seq %d exceeds the model's max_seq_len %d", o->seq, m->cfg.max_seq_len);
+        int ms = m->cfg.max_seq_len;
         xmp_gpt2_free(m);
-        return -1;
+        return xmp_train_fail("--seq %d exceeds the model's max_seq_len %d", o->seq, ms);
     }
     return 0;
 }
@@ -335,7 +194,7 @@ static int setup_data(const gpt_opts_t *o, xmp_llmc_loader_t *ld, const char **d
     if (o->data) {
         *desc = o->data;
         if (xmp_llmc_loader_init(ld, o->data, o->batch, o->seq, 0, 1, o->shuffle) != 0)
-            return xmp_cli_error("--data: %s", xmp_llmc_last_error());
+            return xmp_train_fail("--data: %s", xmp_llmc_last_error());
         return 0;
     }
     const char *path = o->text ? o->text : XMP_DEFAULT_TEXT;
@@ -343,862 +202,390 @@ static int setup_data(const gpt_opts_t *o, xmp_llmc_loader_t *ld, const char **d
     char *text;
     size_t n;
     if (xmp_llmc_read_file(path, &text, &n) != 0)
-        return xmp_cli_error("%s: %s", o->text ? "--text" : "default data", xmp_llmc_last_error());
+        return xmp_train_fail("%s: %s", o->text ? "--text" : "default data", xmp_llmc_last_error());
     uint16_t *toks = malloc((n ? n : 1) * sizeof(uint16_t));
     if (!toks) {
         free(text);
-        return xmp_cli_error("out of memory for %zu tokens", n);
+        return xmp_train_fail("out of memory for %zu tokens", n);
     }
     xmp_llmc_tokenize_bytes(toks, text, n);
     free(text);
     int rc = xmp_llmc_loader_init_tokens(ld, toks, n, o->batch, o->seq, 0, 1, o->shuffle);
     free(toks);
     if (rc != 0)
-        return xmp_cli_error("data '%s': %s", path, xmp_llmc_last_error());
+        return xmp_train_fail("data '%s': %s", path, xmp_llmc_last_error());
     return 0;
 }
 
-/* ---- step recording: JSON records, progress bar, per-step log, timing stats ---- */
+/* ---- serial model ---- */
 
-typedef struct {
-    const gpt_opts_t *o;
-    xmp_json_t json;
-    xmp_progress_t bar;
-    double *tps; /* tokens/s per step */
-    float first_loss, last_loss;
-    double t_start;
-    int n;
-    /* parallel runs, rank 0: per rank {stage, param, optimizer, compute param, grad bytes} */
-    const int64_t *mem;
-    int mem_ranks;
-    const xmp_stage_layout_t *sl; /* parallel runs: stage meshes and strategies */
-    const xmp_strategy_t *strat;
-} step_log_t;
-
-static int step_log_open(step_log_t *s, const gpt_opts_t *o, const xmp_gpt2_t *m,
-                         const char *data_desc, const char *mode)
+static int gpt_serial_open(void *u, int64_t *nparams)
 {
-    memset(s, 0, sizeof *s);
-    s->o = o;
-    s->tps = calloc((size_t)o->steps, sizeof(double));
-    if (!s->tps)
-        return xmp_cli_error("out of memory");
-    if (o->json) {
-        if (xmp_json_open(&s->json, o->json) != 0) {
-            free(s->tps);
-            return -1;
-        }
-        xmp_json_t *j = &s->json;
-        xmp_json_obj_begin(j, NULL);
-        xmp_json_str(j, "command", "gpt");
-        xmp_json_str(j, "mode", mode);
-        xmp_json_obj_begin(j, "model");
-        xmp_json_str(j, "init", o->init_from ? o->init_from : "random");
-        if (!o->init_from)
-            xmp_json_int(j, "seed", (long long)o->seed);
-        xmp_json_int(j, "max_seq_len", m->cfg.max_seq_len);
-        xmp_json_int(j, "vocab_size", m->cfg.vocab_size);
-        xmp_json_int(j, "padded_vocab_size", m->cfg.padded_vocab_size);
-        xmp_json_int(j, "num_layers", m->cfg.num_layers);
-        xmp_json_int(j, "num_heads", m->cfg.num_heads);
-        xmp_json_int(j, "channels", m->cfg.channels);
-        xmp_json_int(j, "num_parameters", (long long)m->num_params);
-        xmp_json_obj_end(j);
-        xmp_json_obj_begin(j, "train");
-        xmp_json_str(j, "data", data_desc);
-        xmp_json_bool(j, "shuffle", o->shuffle);
-        xmp_json_int(j, "batch", o->batch);
-        xmp_json_int(j, "seq", o->seq);
-        xmp_json_int(j, "steps", o->steps);
-        if (o->resume) {
-            xmp_json_str(j, "resumed_from", o->resume);
-            xmp_json_int(j, "start_step", o->start_step);
-        }
-        xmp_json_f32(j, "lr", o->lr);
-        xmp_json_f32(j, "beta1", o->beta1);
-        xmp_json_f32(j, "beta2", o->beta2);
-        xmp_json_f32(j, "eps", o->eps);
-        xmp_json_f32(j, "weight_decay", o->wd);
-        xmp_json_int(j, "blas_threads", o->blas_threads);
-        xmp_json_obj_end(j);
-        xmp_json_arr_begin(j, "steps");
-    }
-    xmp_progress_init(&s->bar, o->steps, o->no_progress);
-    s->t_start = xmp_now();
-    return 0;
-}
-
-/* Extra per-step figures of the parallel modes (NULL for serial). */
-typedef struct {
-    double loss_exact;          /* loss as a double (the JSON "loss" of parallel runs) */
-    double compute_s, boxing_s; /* rank 0: in stage callbacks; in boxing collectives */
-    double predicted_s;         /* pipeline simulator (0: none) */
-    int nstages;
-    double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
-    int64_t peak_bytes[XMP_MAX_STAGES];
-    int peak_mb[XMP_MAX_STAGES];
-} step_extra_t;
-
-static void step_log_record_ex(step_log_t *s, int step, float loss, double seconds,
-                               const step_extra_t *ex);
-static void step_log_record(step_log_t *s, int step, float loss, double seconds)
-{
-    step_log_record_ex(s, step, loss, seconds, NULL);
-}
-
-static void step_log_record_ex(step_log_t *s, int step, float loss, double seconds,
-                               const step_extra_t *ex)
-{
-    size_t tokens = (size_t)s->o->batch * (size_t)s->o->seq;
-    double tps = seconds > 0 ? (double)tokens / seconds : 0.0;
-    if (s->n == 0)
-        s->first_loss = loss;
-    s->last_loss = loss;
-    s->tps[s->n++] = tps;
-    if (s->o->json) {
-        xmp_json_obj_begin(&s->json, NULL);
-        xmp_json_int(&s->json, "step", step);
-        if (ex)
-            xmp_json_num(&s->json, "loss", ex->loss_exact);
-        else
-            xmp_json_f32(&s->json, "loss", loss);
-        xmp_json_num(&s->json, "step_seconds", seconds);
-        xmp_json_num(&s->json, "tokens_per_s", tps);
-        if (ex) {
-            xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
-                                  ex->bubble,    ex->peak_mb,  ex->peak_bytes};
-            xmp_json_step_pipeline(&s->json, &sp);
-        }
-        xmp_json_obj_end(&s->json);
-    }
-    if (s->o->log_steps) {
-        xmp_progress_finish(&s->bar);
-        printf("step %d: train loss %f (took %f ms)\n", step, loss, seconds * 1000.0);
-    }
-    xmp_progress_update(&s->bar, step + 1, loss, tps);
-}
-
-/* Closes the JSON (with a summary), prints the summary and, with --bench, the statistics. */
-static int step_log_close(step_log_t *s, int ok)
-{
-    const gpt_opts_t *o = s->o;
-    double total = xmp_now() - s->t_start;
-    xmp_progress_finish(&s->bar);
-    int skip = o->bench ? o->warmup : 0;
-    if (skip >= s->n)
-        skip = 0;
-    double med = 0, mn = 0, mx = 0;
-    if (s->n > 0)
-        xmp_stats(s->tps + skip, (size_t)(s->n - skip), &med, &mn, &mx);
-    int rc = 0;
-    if (o->json) {
-        xmp_json_arr_end(&s->json);
-        xmp_json_obj_begin(&s->json, "summary");
-        xmp_json_bool(&s->json, "completed", ok);
-        xmp_json_int(&s->json, "steps_done", s->n);
-        xmp_json_num(&s->json, "first_loss", s->n ? s->first_loss : NAN);
-        xmp_json_num(&s->json, "final_loss", s->n ? s->last_loss : NAN);
-        xmp_json_num(&s->json, "total_seconds", total);
-        xmp_json_int(&s->json, "stats_skipped_steps", skip);
-        xmp_json_num(&s->json, "tokens_per_s_median", med);
-        xmp_json_num(&s->json, "tokens_per_s_min", mn);
-        xmp_json_num(&s->json, "tokens_per_s_max", mx);
-        if (s->sl && s->strat) {
-            xmp_json_arr_begin(&s->json, "stages");
-            for (int k = 0; k < s->sl->nstages; k++) {
-                char mesh[64] = "";
-                for (int a = 0, at = 0; a < s->sl->ndim[k] && at < (int)sizeof mesh; a++)
-                    at += snprintf(mesh + at, sizeof mesh - (size_t)at, "%s%d", a ? "x" : "",
-                                   s->sl->shape[k][a]);
-                xmp_json_obj_begin(&s->json, NULL);
-                xmp_json_str(&s->json, "mesh", mesh);
-                xmp_json_str(&s->json, "strategy", s->strat[k].name);
-                xmp_json_str(&s->json, "strategy_source", s->strat[k].source);
-                xmp_json_obj_end(&s->json);
-            }
-            xmp_json_arr_end(&s->json);
-        }
-        if (s->mem) {
-            xmp_json_arr_begin(&s->json, "memory_per_rank");
-            for (int r = 0; r < s->mem_ranks; r++) {
-                const int64_t *v = s->mem + 5 * r;
-                xmp_json_obj_begin(&s->json, NULL);
-                xmp_json_int(&s->json, "rank", r);
-                xmp_json_int(&s->json, "stage", (long long)v[0]);
-                xmp_json_int(&s->json, "param_bytes", (long long)v[1]);
-                xmp_json_int(&s->json, "optimizer_bytes", (long long)v[2]);
-                xmp_json_int(&s->json, "compute_param_bytes", (long long)v[3]);
-                xmp_json_int(&s->json, "grad_bytes", (long long)v[4]);
-                xmp_json_obj_end(&s->json);
-            }
-            xmp_json_arr_end(&s->json);
-        }
-        xmp_json_obj_end(&s->json);
-        xmp_json_obj_end(&s->json);
-        rc = xmp_json_close(&s->json);
-    }
-    if (s->n > 0) {
-        printf("gpt %s: %d steps B=%d T=%d, loss %.4f -> %.4f, %.0f tokens/s median, %.2f s\n",
-               o->serial ? "serial" : "parallel", s->n, o->batch, o->seq, s->first_loss,
-               s->last_loss, med, total);
-        if (o->bench)
-            printf("bench: tokens/s over steps %d..%d (B*T=%d per step; step = next_batch + "
-                   "forward + zero_grad + backward + update):\n"
-                   "  median %.1f  min %.1f  max %.1f   (median %.3f ms/step)\n",
-                   skip, s->n - 1, o->batch * o->seq, med, mn, mx,
-                   med > 0 ? 1000.0 * o->batch * o->seq / med : 0.0);
-    }
-    free(s->tps);
-    return rc;
-}
-
-/* ---- the serial training loop (llm.c train_gpt2.c main loop, minus eval/sampling) ---- */
-
-static int run_serial(const gpt_opts_t *o)
-{
-    xmp_gpt2_t m;
-    xmp_llmc_loader_t ld;
-    step_log_t log;
-    const char *desc = NULL;
-    int rc = 1, ok = 0;
-    if (setup_model(o, &m) != 0)
-        return 1;
-    if (setup_data(o, &ld, &desc) != 0)
-        goto out_model;
-    if (step_log_open(&log, o, &m, desc, "serial") != 0)
-        goto out_data;
-    const int B = o->batch, T = o->seq;
-    for (int step = 0; step < o->steps; step++) {
-        double t0 = xmp_now();
-        if (xmp_llmc_loader_next(&ld) != 0 ||
-            xmp_gpt2_forward(&m, ld.inputs, ld.targets, B, T) != 0)
-            break;
-        xmp_gpt2_zero_grad(&m);
-        if (xmp_gpt2_backward(&m) != 0 ||
-            xmp_gpt2_update(&m, o->lr, o->beta1, o->beta2, o->eps, o->wd, step + 1) != 0)
-            break;
-        double dt = xmp_now() - t0;
-        step_log_record(&log, step, m.mean_loss, dt);
-        if (!isfinite(m.mean_loss)) {
-            xmp_llmc_fail("loss is %f at step %d", (double)m.mean_loss, step);
-            break;
-        }
-        ok = step == o->steps - 1;
-    }
-    if (!ok)
-        xmp_cli_error("training stopped: %s", xmp_llmc_last_error());
-    if (step_log_close(&log, ok) != 0)
-        ok = 0;
-    if (ok && o->save) {
-        if (xmp_gpt2_save(&m, o->save) != 0) {
-            xmp_cli_error("--save: %s", xmp_llmc_last_error());
-            ok = 0;
-        } else {
-            printf("saved checkpoint '%s'\n", o->save);
-        }
-    }
-    rc = ok ? 0 : 1;
-out_data:
-    xmp_llmc_loader_free(&ld);
-out_model:
-    xmp_gpt2_free(&m);
-    return rc;
-}
-
-/* ---- parallel: stages of SBP layers under the pipeline driver ---- */
-
-/* The serial reference's per-step losses (for --check-serial, on rank 0). */
-static int serial_losses(const gpt_opts_t *o, double *out)
-{
-    xmp_gpt2_t m;
-    xmp_llmc_loader_t ld;
-    const char *desc;
-    int rc = -1;
-    if (setup_model(o, &m) != 0)
+    gpt_run_t *g = u;
+    memset(&g->sm, 0, sizeof g->sm);
+    memset(&g->sld, 0, sizeof g->sld);
+    if (setup_model(g->t, &g->o, &g->sm) != 0)
         return -1;
-    if (setup_data(o, &ld, &desc) != 0)
-        goto out_model;
-    for (int step = 0; step < o->steps; step++) {
-        if (xmp_llmc_loader_next(&ld) != 0 ||
-            xmp_gpt2_forward(&m, ld.inputs, ld.targets, o->batch, o->seq) != 0)
-            goto out_data;
-        xmp_gpt2_zero_grad(&m);
-        if (xmp_gpt2_backward(&m) != 0 ||
-            xmp_gpt2_update(&m, o->lr, o->beta1, o->beta2, o->eps, o->wd, step + 1) != 0)
-            goto out_data;
-        out[step] = m.mean_loss;
+    if (setup_data(&g->o, &g->sld, &g->desc) != 0) {
+        xmp_gpt2_free(&g->sm);
+        return -1;
     }
-    rc = 0;
-out_data:
-    xmp_llmc_loader_free(&ld);
-out_model:
-    xmp_gpt2_free(&m);
-    return rc;
+    *nparams = (int64_t)g->sm.num_params;
+    return 0;
 }
 
-/* Builds the stage layout from the flags (the same on every rank). */
-static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layout_t *sl, char *err,
-                           size_t errlen)
+static int gpt_serial_step(void *u, int step, double *loss)
 {
-    char *kinds = malloc((size_t)L + 3);
-    if (!kinds)
-        return snprintf(err, errlen, "out of memory"), -1;
-    kinds[0] = 'E';
-    memset(kinds + 1, 't', (size_t)L);
-    kinds[L + 1] = 'L';
-    kinds[L + 2] = '\0';
-    char dps[32], tps[32];
-    const char *meshes = o->mesh ? o->mesh : o->stage_mesh, *dp = o->stage_dp, *tp = o->stage_tp;
-    if (o->dp) {
-        snprintf(dps, sizeof dps, "%d", o->dp);
-        dp = dps;
-    }
-    if (o->tp) {
-        snprintf(tps, sizeof tps, "%d", o->tp);
-        tp = tps;
-    }
-    if (o->mesh && !dp && !tp) {
-        dp = NULL; /* the mesh gives both */
-    } else if (o->mesh) {
-        if (!dp)
-            dp = "1";
-        if (!tp)
-            tp = "1";
-    }
-    int stages = o->stages ? o->stages : (o->layout ? 0 : 1);
-    if (!o->stages && !o->layout && o->stage_mesh) { /* one stage per mesh */
-        stages = 1;
-        for (const char *p = o->stage_mesh; *p; p++)
-            stages += *p == ',';
-    }
-    /* Without any mesh flag: one stage, dp = ranks (pure data parallel). */
-    char alldp[32];
-    if (!meshes && !dp && !tp && stages == 1 && !o->layout) {
-        snprintf(alldp, sizeof alldp, "%d", size);
-        dp = alldp;
-    }
-    int rc =
-        xmp_stage_layout_build(kinds, 1, 1, o->layout, stages, meshes, dp, tp, sl, err, errlen);
-    free(kinds);
-    return rc;
+    gpt_run_t *g = u;
+    const gpt_opts_t *o = &g->o;
+    if (xmp_llmc_loader_next(&g->sld) != 0 ||
+        xmp_gpt2_forward(&g->sm, g->sld.inputs, g->sld.targets, o->batch, o->seq) != 0)
+        return xmp_train_fail("%s", xmp_llmc_last_error());
+    xmp_gpt2_zero_grad(&g->sm);
+    if (xmp_gpt2_backward(&g->sm) != 0 ||
+        xmp_gpt2_update(&g->sm, g->t->lr, o->beta1, o->beta2, o->eps, g->t->wd, step + 1) != 0)
+        return xmp_train_fail("%s", xmp_llmc_last_error());
+    *loss = g->sm.mean_loss;
+    return 0;
 }
 
-/* Re-plans (pipe/replan.h) with the measured per-microbatch costs and the mean of xmesh's
- * predicted boundary transfer times (plans with the comm mode's strategy), so that the W
- * actions fill the waits the transfers cause. Collective. -1 (message on rank 0) on failure. */
-static int replan(const gpt_opts_t *o, xmp_gpt2_stage_t *st, const xmp_stage_layout_t *sl,
-                  const xmp_sedge_t *sedges, int ne, const double *f, const double *fi,
-                  const double *fw, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
-                  xmp_driver_t **drv)
+static int gpt_serial_finish(void *u)
 {
-    int rank, S = sl->nstages;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    int strategy = o->comm == XMP_COMM_SENDRECV             ? XMESH_STRATEGY_SENDRECV
-                   : o->comm == XMP_COMM_SENDRECV_ALLGATHER ? XMESH_STRATEGY_SENDRECV_ALLGATHER
-                                                            : XMESH_STRATEGY_BROADCAST;
+    gpt_run_t *g = u;
+    if (!g->o.save)
+        return 0;
+    if (xmp_gpt2_save(&g->sm, g->o.save) != 0)
+        return xmp_cli_error("--save: %s", xmp_llmc_last_error());
+    printf("saved checkpoint '%s'\n", g->o.save);
+    return 0;
+}
+
+static void gpt_serial_close(void *u)
+{
+    gpt_run_t *g = u;
+    xmp_llmc_loader_free(&g->sld);
+    xmp_gpt2_free(&g->sm);
+}
+
+/* ---- stages ---- */
+
+static int gpt_builtins(void *u, const char *name, int naxes, const int *shape, char *text,
+                        size_t n, char *err, size_t errlen)
+{
+    (void)u;
+    (void)shape;
+    return xmp_gpt2_strategy_builtin(name, naxes, text, n, err, errlen);
+}
+
+static int gpt_strategy_check(void *u, const xmp_strategy_t *s, const xmp_stage_layout_t *sl,
+                              int stage, char *err, size_t errlen)
+{
+    gpt_run_t *g = u;
+    return xmp_gpt2_strategy_check(s, &g->m.cfg, stage, sl->ndim[stage], sl->shape[stage], err,
+                                   errlen);
+}
+
+static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_layout_t *sl,
+                        const xmp_strategy_t *strat, xmp_train_stages_t *out)
+{
+    gpt_run_t *g = u;
+    const xmp_train_opts_t *t = g->t;
+    char err[1024];
+    MPI_Comm_rank(comm, &g->rank);
+    MPI_Comm_size(comm, &g->size);
+    xmp_gpt2_train_cfg_t tc = {g->o.batch, g->o.seq, t->microbatches, t->lr, g->o.beta1,
+                               g->o.beta2, g->o.eps, t->wd,           strat};
+    if (xmp_gpt2_stage_create(comm, ctx, &g->m, sl, &tc, &g->st, err, sizeof err) != 0)
+        return xmp_train_fail("%s", err);
+    g->nstages = sl->nstages;
+    out->stage = xmp_gpt2_stage_index(g->st);
+    out->ops = xmp_gpt2_stage_ops(g->st);
+    out->nedges = xmp_gpt2_stage_edges(g->st, g->edges, g->sedges);
+    xmp_gpt2_stage_meshes(g->st, g->meshes);
+    out->edges = g->edges;
+    out->sedges = g->sedges;
+    out->meshes = g->meshes;
+    out->edge_names = NULL;
+    out->nparams = (int64_t)g->m.num_params;
+    return 0;
+}
+
+static int gpt_par_set_step(void *u, int step)
+{
+    gpt_run_t *g = u;
+    if (xmp_llmc_loader_next(&g->ld) != 0)
+        return xmp_train_fail("%s", xmp_llmc_last_error());
+    xmp_gpt2_stage_set_batch(g->st, g->ld.inputs, g->ld.targets, step);
+    return 0;
+}
+
+static double gpt_par_edge_seconds(void *u, int xmesh_strategy)
+{
+    gpt_run_t *g = u;
     double x = 0;
-    for (int k = 0; k + 1 < S; k++)
-        x += xmp_gpt2_stage_edge_seconds(st, k, strategy) / (S - 1);
-    xmp_replan_t rp = {o->schedule,
-                       o->microbatches,
-                       ne,
-                       sedges,
-                       f,
-                       fi,
-                       fw,
-                       o->comm == XMP_COMM_SIGNAL ? 0 : x,
-                       o->print_schedule};
-    char err[640];
-    if (xmp_pipe_replan(&rp, dc, sched, drv, err, sizeof err) != 0) {
-        if (rank == 0)
-            xmp_cli_error("%s", err);
-        return -1;
-    }
-    return 0;
+    for (int k = 0; k + 1 < g->nstages; k++)
+        x += xmp_gpt2_stage_edge_seconds(g->st, k, xmesh_strategy) / (g->nstages - 1);
+    return x;
 }
 
-/* Resolves the strategy of every stage (the same on every rank): --strategy for
- * all, --stage-strategy per stage (one entry: all), else megatron; each loaded
- * for its stage's axis count and checked against the model. */
-static int resolve_strategies(const gpt_opts_t *o, const xmp_gpt2_config_t *cfg,
-                              const xmp_stage_layout_t *sl, xmp_strategy_t *out, char *err,
-                              size_t errlen)
+/* Parameter + optimizer bytes per rank (sharded storage shows here), and --save. */
+static int gpt_par_finish(void *u, int ok, xmp_json_t *j)
 {
-    char names[XMP_MAX_STAGES][256];
-    int n = 0;
-    const char *flag = o->stage_strategy ? "--stage-strategy" : "--strategy";
-    const char *list = o->stage_strategy ? o->stage_strategy : o->strategy;
-    if (!list)
-        list = "megatron";
-    for (const char *p = list;; n++) {
-        const char *q = strchr(p, ',');
-        size_t len = q ? (size_t)(q - p) : strlen(p);
-        if (n >= XMP_MAX_STAGES || len == 0 || len >= sizeof names[0] || (!o->stage_strategy && q))
-            return snprintf(err, errlen, "%s '%s': expected %s", flag, list,
-                            o->stage_strategy ? "one name or file per stage, separated by ','"
-                                              : "one name or file (per stage: --stage-strategy)"),
-                   -1;
-        memcpy(names[n], p, len);
-        names[n][len] = '\0';
-        if (!q) {
-            n++;
-            break;
-        }
-        p = q + 1;
-    }
-    if (n != 1 && n != sl->nstages)
-        return snprintf(err, errlen, "%s '%s' has %d entries for %d stages", flag, list, n,
-                        sl->nstages),
-               -1;
-    for (int s = 0; s < sl->nstages; s++) {
-        char sub[640];
-        if (xmp_strategy_load(names[n == 1 ? 0 : s], xmp_gpt2_strategy_builtin,
-                              XMP_GPT2_BUILTIN_STRATEGIES, sl->ndim[s], &out[s], sub, sizeof sub))
-            return snprintf(err, errlen, "stage %d: %.400s", s, sub), -1;
-        if (xmp_gpt2_strategy_check(&out[s], cfg, s, sl->ndim[s], sl->shape[s], err, errlen))
-            return -1;
-    }
-    return 0;
-}
-
-/* ---- distributed checkpoints: the calls a trainer makes (models/gpt2_ckpt.h) ---- */
-
-/* Collective. Opens --resume, takes the model configuration, AdamW settings, batch and
- * sequence length from the manifest into *o, builds the full model *m from that
- * configuration (its values are replaced by the load) and sets o->start_step. Errors are
- * printed by rank 0 (the same on every rank). */
-static int ckpt_resume_open(gpt_opts_t *o, xmp_ckpt_t **ck, xmp_gpt2_t *m)
-{
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    xmp_gpt2_ckpt_settings_t s;
-    if (xmp_gpt2_ckpt_open(MPI_COMM_WORLD, o->resume, ck, &s) != XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("--resume: %s", xmp_last_error());
-        return -1;
-    }
-    const char *err = NULL;
-    char buf[512];
-    if (s.step >= o->steps) {
-        snprintf(buf, sizeof buf,
-                 "--resume: %s is at step %lld, --steps %d (the total) leaves nothing to train",
-                 xmp_ckpt_dir(*ck), (long long)s.step, o->steps);
-        err = buf;
-    } else if (s.seq > s.cfg.max_seq_len) {
-        err = "--resume: the checkpoint's train.seq exceeds its config.max_seq_len";
-    } else if (xmp_gpt2_init_random(m, &s.cfg, o->seed) != 0) {
-        snprintf(buf, sizeof buf, "--resume: %s", xmp_llmc_last_error());
-        err = buf;
-    }
-    if (err) {
-        if (rank == 0)
-            xmp_cli_error("%s", err);
-        xmp_ckpt_close(*ck);
-        *ck = NULL;
-        return -1;
-    }
-    o->lr = s.lr;
-    o->beta1 = s.beta1;
-    o->beta2 = s.beta2;
-    o->eps = s.eps;
-    o->wd = s.wd;
-    o->batch = s.batch;
-    o->seq = s.seq;
-    o->start_step = (int)s.step;
-    return 0;
-}
-
-/* Local (the same on every rank): the data must be the checkpoint's; the loader is moved
- * to the saved position by replaying data.batches batches (its shuffle RNG included). */
-static int ckpt_resume_data(const gpt_opts_t *o, const xmp_ckpt_t *ck, const char *desc,
-                            xmp_llmc_loader_t *ld)
-{
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    const char *d = xmp_ckpt_meta(ck, "data"), *sh = xmp_ckpt_meta(ck, "data.shuffle");
-    int64_t nb = 0;
-    char buf[1024] = "";
-    /* A checkpoint without a data position (xmesh-ckpt convert --from-llmc) starts the data
-     * from the beginning, like --init-from. */
-    if (!xmp_ckpt_meta(ck, "data.batches"))
-        return 0;
-    if (!d || strcmp(d, desc) != 0)
-        snprintf(buf, sizeof buf,
-                 "--resume: %s/MANIFEST: metadata 'data' is '%s', this run reads '%s'",
-                 xmp_ckpt_dir(ck), d ? d : "(missing)", desc);
-    else if (!sh || atoi(sh) != o->shuffle)
-        snprintf(buf, sizeof buf,
-                 "--resume: %s/MANIFEST: metadata 'data.shuffle' is '%s', this run has %d",
-                 xmp_ckpt_dir(ck), sh ? sh : "(missing)", o->shuffle);
-    else if (xmp_ckpt_meta_i64(ck, "data.batches", &nb) != XMESH_SUCCESS)
-        snprintf(buf, sizeof buf, "--resume: %s", xmp_last_error());
-    for (int64_t i = 0; !*buf && i < nb; i++)
-        if (xmp_llmc_loader_next(ld) != 0)
-            snprintf(buf, sizeof buf, "--resume: data position %lld: %s", (long long)nb,
-                     xmp_llmc_last_error());
-    int bad = *buf != 0, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any && rank == 0)
-        xmp_cli_error("%s", *buf ? buf : "--resume: another rank failed");
-    return any ? -1 : 0;
-}
-
-/* Collective: after the optimizer update of step `step`, saves step + 1 when it is a
- * multiple of --save-every or the last step. */
-static int ckpt_save_maybe(const gpt_opts_t *o, xmp_gpt2_stage_t *st, int step, const char *desc)
-{
-    int done = step + 1;
-    if (!(done == o->steps || (o->save_every > 0 && done % o->save_every == 0)))
-        return 0;
-    char nb[32], sh[8], seed[32];
-    snprintf(nb, sizeof nb, "%d", done);
-    snprintf(sh, sizeof sh, "%d", o->shuffle);
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
-    /* data.batches batches consumed; the loader's RNG (MT19937 seeded 42 + rank, the same
-     * on every rank) is restored by replaying them. */
-    xmp_ckpt_kv_t extra[] = {{"data", desc},
-                             {"data.shuffle", sh},
-                             {"data.batches", nb},
-                             {"rng.loader", "mt19937 seed 42, replayed over data.batches"},
-                             {"seed", seed}};
-    xmesh_result_t r = xmp_gpt2_ckpt_save(st, MPI_COMM_WORLD, o->save_dir, done, o->keep, extra,
-                                          (int)(sizeof extra / sizeof extra[0]));
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (r != XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("--save-dir: step %d: %s", done, xmp_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int run_parallel(const gpt_opts_t *oin)
-{
-    int prov, rank, size, rc = 1;
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    gpt_opts_t o1 = *oin, *o = &o1;
-    if (rank != 0) {
-        o->no_progress = 1;
-        o->json = NULL;
-        o->log_steps = 0;
-    }
-    char err[512] = "";
-    xmp_stage_layout_t sl;
-    xmp_gpt2_t m;
-    memset(&m, 0, sizeof m);
-    xmp_llmc_loader_t ld;
-    memset(&ld, 0, sizeof ld);
-    xmesh_ctx_t ctx = NULL;
-    xmp_gpt2_stage_t *st = NULL;
-    xmp_schedule_t *sched = NULL;
-    xmp_driver_t *drv = NULL;
-    double *ref = NULL;
-    int64_t *all_mem = NULL;
-    xmp_strategy_t *strat = NULL;
-    const char *desc = NULL;
-    int have_log = 0, ok = 0, mismatch = 0;
-    step_log_t log;
-    xmp_ckpt_t *ck = NULL;
-    /* --resume: the model configuration, AdamW settings, batch and sequence length come
-     * from the checkpoint's manifest; the run starts at its step. */
-    if (o->resume && ckpt_resume_open(o, &ck, &m) != 0)
-        goto out;
-    if ((!ck && setup_model(o, &m) != 0) || setup_data(o, &ld, &desc) != 0)
-        goto out;
-    if (ck && ckpt_resume_data(o, ck, desc, &ld) != 0)
-        goto out;
-    if (parallel_layout(o, m.cfg.num_layers, size, &sl, err, sizeof err) != 0) {
-        if (rank == 0)
-            xmp_cli_error("stage layout: %s", err);
-        goto out;
-    }
-    /* Every rank resolves and checks the same strategies (pure, but files are read on
-     * every rank): the ranks agree on the outcome before any other collective, and the
-     * lowest failing rank prints its message, so no rank goes on alone. */
-    strat = calloc((size_t)sl.nstages, sizeof *strat);
-    int sfail = !strat || resolve_strategies(o, &m.cfg, &sl, strat, err, sizeof err) != 0;
-    int first_bad = sfail ? rank : size;
-    MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (first_bad < size) {
-        if (rank == first_bad && rank == 0)
-            xmp_cli_error("strategy: %s", strat ? err : "out of memory");
-        else if (rank == first_bad)
-            xmp_cli_error("strategy (rank %d): %s", rank, strat ? err : "out of memory");
-        goto out;
-    }
-    if (o->print_strategy) {
-        if (rank == 0) {
-            char *buf = malloc(1 << 16), meshes[256];
-            xmp_stage_layout_format_meshes(&sl, meshes, sizeof meshes);
-            printf("# %d stage(s), meshes %s\n", sl.nstages, meshes);
-            for (int s = 0; buf && s < sl.nstages; s++) {
-                xmp_strategy_format(&strat[s], buf, 1 << 16);
-                printf("# stage %d: %s (%s)\n%s", s, strat[s].name, strat[s].source, buf);
-            }
-            free(buf);
-        }
-        rc = 0;
-        goto out;
-    }
-    if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {
-        xmp_cli_error("xmesh_ctx_create_mpi: %s", xmesh_last_error());
-        goto out;
-    }
-    xmp_gpt2_train_cfg_t tc = {o->batch, o->seq, o->microbatches, o->lr, o->beta1,
-                               o->beta2, o->eps, o->wd,           strat};
-    if (xmp_gpt2_stage_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, &st, err, sizeof err) != 0) {
-        if (rank == 0)
-            xmp_cli_error("%s", err);
-        goto out;
-    }
-    xmp_edge_cfg_t edges[XMP_MAX_STAGES];
-    xmp_sedge_t sedges[XMP_MAX_STAGES];
-    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
-    int ne = xmp_gpt2_stage_edges(st, edges, sedges);
-    xmp_gpt2_stage_meshes(st, meshes);
-    xmp_gen_opts_t go;
-    memset(&go, 0, sizeof go);
-    go.delay_wgrad = o->delay_wgrad;
-    /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
-    go.max_pending_w = sl.nstages;
-    if (xmp_sched_generate(o->schedule, sl.nstages, o->microbatches, ne, sedges, &go, &sched, err,
-                           sizeof err) != 0) {
-        if (rank == 0)
-            xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
-        goto out;
-    }
-    xmp_driver_cfg_t dc;
-    memset(&dc, 0, sizeof dc);
-    dc.comm = MPI_COMM_WORLD;
-    dc.ctx = ctx;
-    dc.nstages = sl.nstages;
-    dc.meshes = meshes;
-    dc.nedges = ne;
-    dc.edges = edges;
-    dc.sched = sched;
-    dc.ops = xmp_gpt2_stage_ops(st);
-    dc.mode = o->comm;
-    dc.trace = o->trace != NULL;
-    if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("pipeline driver: %s", err);
-        goto out;
-    }
-    if (o->print_schedule && rank == 0) {
-        char buf[256];
-        xmp_stage_layout_format(&sl, buf, sizeof buf);
-        printf("# layout %s, %d microbatches of %d\n", buf, o->microbatches,
-               o->batch / o->microbatches);
-        xmp_sched_fprint(sched, stdout);
-    }
-    if (o->check_serial && rank == 0) {
-        ref = calloc((size_t)o->steps, sizeof(double));
-        if (!ref || serial_losses(o, ref) != 0) {
-            xmp_cli_error("serial reference failed: %s", xmp_llmc_last_error());
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        }
-    }
-    /* --resume: every other setting was checked above; now the saved tensors move into
-     * this run's layout (xmesh plans from the saved layout). */
-    if (ck) {
-        xmesh_result_t lr = xmp_gpt2_ckpt_load(st, MPI_COMM_WORLD, ctx, ck);
-        if (lr != XMESH_SUCCESS) {
-            if (rank == 0)
-                xmp_cli_error("--resume: %s", xmp_last_error());
-            goto out;
-        }
-        if (rank == 0)
-            printf("resumed from %s at step %d\n", xmp_ckpt_dir(ck), o->start_step);
-        xmp_ckpt_close(ck);
-        ck = NULL;
-    }
-    if (rank == 0) {
-        if (step_log_open(&log, o, &m, desc, "parallel") != 0)
-            goto out;
-        have_log = 1;
-    }
-    const int S = sl.nstages, me = xmp_gpt2_stage_index(st);
-    double f[XMP_MAX_STAGES], fi[XMP_MAX_STAGES], fw[XMP_MAX_STAGES];
-    int have_costs = 0;
-    for (int step = o->start_step; step < o->steps; step++) {
-        if (xmp_llmc_loader_next(&ld) != 0) {
-            xmp_cli_error("data: %s", xmp_llmc_last_error());
-            break;
-        }
-        xmp_gpt2_stage_set_batch(st, ld.inputs, ld.targets, step);
-        xmp_step_stats_t ss;
-        xmesh_result_t r = xmp_driver_step(drv, &ss);
-        int bad = r != XMESH_SUCCESS, anybad = 0;
-        MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (anybad) {
-            if (bad)
-                xmp_cli_error("step %d: %s", step, xmp_driver_error(drv));
-            break;
-        }
-        double loss = 0;
-        MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        /* Per stage (max over its ranks): costs per microbatch, bubble, peaks. */
-        xmp_gpt2_stage_times_t t;
-        xmp_gpt2_stage_times(st, &t);
-        double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
-        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
-        memset(loc, 0, sizeof loc);
-        memset(lp, 0, sizeof lp);
-        if (me >= 0) {
-            loc[me] = t.nf ? t.f_s / t.nf : 0;
-            loc[S + me] = t.ni ? t.i_s / t.ni : 0;
-            loc[2 * S + me] = t.nw ? t.w_s / t.nw : 0;
-            loc[3 * S + me] = ss.bubble;
-            loc[4 * S + me] = ss.peak_act_mb;
-            lp[me] = ss.peak_act_bytes;
-        }
-        MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-        step_extra_t ex;
-        memset(&ex, 0, sizeof ex);
-        ex.loss_exact = loss;
-        ex.compute_s = t.f_s + t.i_s + t.w_s + t.r_s + t.o_s - t.comm_s;
-        ex.boxing_s = t.comm_s;
-        ex.nstages = S;
-        for (int k = 0; k < S; k++) {
-            ex.bubble[k] = all[3 * S + k];
-            ex.peak_mb[k] = (int)all[4 * S + k];
-            ex.peak_bytes[k] = ap[k];
-        }
-        /* Prediction of this step from the previous step's measured stage costs and
-         * xmesh's predicted plan times (the first step has none). */
-        if (have_costs) {
-            xmp_sim_result_t res;
-            memset(&res, 0, sizeof res);
-            if (xmp_driver_predict(drv, f, fi, fw, &res) == XMESH_SUCCESS && res.ok)
-                ex.predicted_s = res.step_s;
-            if (o->print_schedule && rank == 0 && step == 1) {
-                printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
-                xmp_sim_render(sched, &res, 100, stdout);
-            }
-            xmp_sim_result_free(&res);
-        }
-        for (int k = 0; k < S; k++) {
-            f[k] = all[k];
-            fi[k] = all[S + k];
-            fw[k] = all[2 * S + k];
-        }
-        have_costs = 1;
-        /* After the first step, place the deferred W work with the measured
-         * costs instead of unit costs: regenerate the schedule and the driver. */
-        if (step == o->start_step && o->delay_wgrad && o->steps > step + 1 && S > 1) {
-            if (replan(o, st, &sl, sedges, ne, f, fi, fw, &dc, &sched, &drv) != 0)
-                break;
-        }
-        if (rank == 0) {
-            step_log_record_ex(&log, step, (float)loss, ss.step_s, &ex);
-            if (ref && step < 20) {
-                double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
-                double tol = step < 5 ? 1e-5 : 1e-4;
-                if (!(rel <= tol)) {
-                    xmp_progress_finish(&log.bar);
-                    fprintf(stderr,
-                            "MISMATCH step %d: parallel loss %.9g serial %.9g (rel %.3g > %g)\n",
-                            step, loss, ref[step], rel, tol);
-                    mismatch++;
-                } else if (o->no_progress) {
-                    printf("step %d: parallel loss %.9g serial %.9g rel %.2e\n", step, loss,
-                           ref[step], rel);
-                }
-            }
-        }
-        if (!isfinite(loss)) {
-            if (rank == 0)
-                xmp_cli_error("loss is %f at step %d", loss, step);
-            break;
-        }
-        /* --save-dir: after the optimizer update of step `step` (step + 1 done). */
-        if (o->save_dir && ckpt_save_maybe(o, st, step, desc) != 0)
-            break;
-        ok = step == o->steps - 1;
-    }
-    /* Parameter + optimizer bytes per rank (sharded storage shows here). */
-    int64_t mine_mem[5] = {0};
-    all_mem = rank == 0 ? calloc((size_t)size * 5, 8) : NULL;
+    gpt_run_t *g = u;
+    int64_t mine[5] = {0}, dummy[5];
+    int64_t *all = g->rank == 0 ? calloc((size_t)g->size * 5, sizeof(int64_t)) : NULL;
     xmp_gpt2_stage_memory_t mem;
-    xmp_gpt2_stage_memory(st, &mem);
-    mine_mem[0] = xmp_gpt2_stage_index(st);
-    mine_mem[1] = mem.param_bytes;
-    mine_mem[2] = mem.optimizer_bytes;
-    mine_mem[3] = mem.compute_param_bytes;
-    mine_mem[4] = mem.grad_bytes;
-    int64_t dummy[5];
-    MPI_Gather(mine_mem, 5, MPI_INT64_T, all_mem ? all_mem : dummy, 5, MPI_INT64_T, 0,
-               MPI_COMM_WORLD);
-    if (all_mem) {
+    xmp_gpt2_stage_memory(g->st, &mem);
+    mine[0] = xmp_gpt2_stage_index(g->st);
+    mine[1] = mem.param_bytes;
+    mine[2] = mem.optimizer_bytes;
+    mine[3] = mem.compute_param_bytes;
+    mine[4] = mem.grad_bytes;
+    MPI_Gather(mine, 5, MPI_INT64_T, all ? all : dummy, 5, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (all) {
         printf("memory per rank (bytes): stored parameters + AdamW moments (compute copies, "
                "gradient accumulators)\n");
-        for (int r = 0; r < size; r++) {
-            const int64_t *v = all_mem + 5 * r;
+        for (int r = 0; r < g->size; r++) {
+            const int64_t *v = all + 5 * r;
             printf("  rank %d stage %lld: %lld + %lld = %lld (%lld, %lld)\n", r, (long long)v[0],
                    (long long)v[1], (long long)v[2], (long long)(v[1] + v[2]), (long long)v[3],
                    (long long)v[4]);
         }
-        if (have_log) {
-            log.mem = all_mem;
-            log.mem_ranks = size;
-            log.sl = &sl;
-            log.strat = strat;
+        if (j) {
+            xmp_json_arr_begin(j, "memory_per_rank");
+            for (int r = 0; r < g->size; r++) {
+                const int64_t *v = all + 5 * r;
+                xmp_json_obj_begin(j, NULL);
+                xmp_json_int(j, "rank", r);
+                xmp_json_int(j, "stage", (long long)v[0]);
+                xmp_json_int(j, "param_bytes", (long long)v[1]);
+                xmp_json_int(j, "optimizer_bytes", (long long)v[2]);
+                xmp_json_int(j, "compute_param_bytes", (long long)v[3]);
+                xmp_json_int(j, "grad_bytes", (long long)v[4]);
+                xmp_json_obj_end(j);
+            }
+            xmp_json_arr_end(j);
         }
+        free(all);
     }
-    if (have_log && step_log_close(&log, ok) != 0)
-        ok = 0;
-    have_log = 0;
-    if (rank == 0 && ref)
-        printf("check-serial: %s (%d mismatching of %d steps compared)\n",
-               mismatch ? "FAILED" : "OK", mismatch, o->steps < 20 ? o->steps : 20);
-    if (ok && o->save) {
-        if (xmp_gpt2_stage_gather(st, &m) != 0) {
-            ok = 0;
-            if (rank == 0)
+    int rc = 0;
+    if (ok && g->o.save) {
+        if (xmp_gpt2_stage_gather(g->st, &g->m) != 0) {
+            rc = -1;
+            if (g->rank == 0)
                 xmp_cli_error("--save: gathering the parameters failed");
-        } else if (rank == 0) {
-            if (xmp_gpt2_save(&m, o->save) != 0) {
+        } else if (g->rank == 0) {
+            if (xmp_gpt2_save(&g->m, g->o.save) != 0) {
                 xmp_cli_error("--save: %s", xmp_llmc_last_error());
-                ok = 0;
+                rc = -1;
             } else {
-                printf("saved checkpoint '%s'\n", o->save);
+                printf("saved checkpoint '%s'\n", g->o.save);
             }
         }
     }
-    if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
-        xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
-    int mine = ok && !mismatch, every = 0;
-    MPI_Allreduce(&mine, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    rc = every ? 0 : 1;
-out:
-    if (have_log)
-        step_log_close(&log, 0);
-    xmp_ckpt_close(ck);
-    xmp_driver_destroy(drv);
-    xmp_gpt2_stage_destroy(st);
-    xmp_sched_destroy(sched);
-    xmesh_ctx_destroy(ctx);
-    xmp_llmc_loader_free(&ld);
-    xmp_gpt2_free(&m);
-    free(ref);
-    free(strat);
-    free(all_mem);
-    MPI_Finalize();
     return rc;
+}
+
+static void gpt_par_close(void *u)
+{
+    gpt_run_t *g = u;
+    xmp_gpt2_stage_destroy(g->st);
+    g->st = NULL;
+}
+
+/* ---- JSON and summary ---- */
+
+/* ---- distributed checkpoints (models/gpt2_ckpt.h) ---- */
+
+/* --resume: the model configuration, AdamW settings, batch and sequence length come from the
+ * manifest; the full model is rebuilt from that configuration (its values are replaced by the
+ * load), the layer kinds rewritten, and the loader re-made and moved to the saved position by
+ * replaying data.batches batches (its shuffle RNG included). The same on every rank. */
+static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_t *o,
+                         int64_t *step)
+{
+    gpt_run_t *g = u;
+    xmp_gpt2_ckpt_settings_t s;
+    if (xmp_gpt2_ckpt_open(comm, dir, &g->ck, &s) != XMESH_SUCCESS)
+        return -1;
+    const xmp_ckpt_t *ck = g->ck;
+    const char *d = xmp_ckpt_meta(ck, "data"), *sh = xmp_ckpt_meta(ck, "data.shuffle");
+    int64_t nb = 0;
+    int L = s.cfg.num_layers;
+    if (L + 2 > XMP_MAX_LAYERS)
+        return xmp_train_fail("%s: %d layers: more than the %d a stage layout holds",
+                              xmp_ckpt_dir(ck), L, XMP_MAX_LAYERS - 2);
+    if (s.seq > s.cfg.max_seq_len)
+        return xmp_train_fail("%s: train.seq %d exceeds config.max_seq_len %d", xmp_ckpt_dir(ck),
+                              s.seq, s.cfg.max_seq_len);
+    /* A checkpoint without a data position (xmesh-ckpt convert --from-llmc) starts the data
+     * from the beginning, like --init-from. */
+    if (xmp_ckpt_meta(ck, "data.batches")) {
+        if (!d || strcmp(d, g->desc) != 0)
+            return xmp_train_fail("%s/MANIFEST: metadata 'data' is '%s', this run reads '%s'",
+                                  xmp_ckpt_dir(ck), d ? d : "(missing)", g->desc);
+        if (!sh || atoi(sh) != g->o.shuffle)
+            return xmp_train_fail("%s/MANIFEST: metadata 'data.shuffle' is '%s', this run has %d",
+                                  xmp_ckpt_dir(ck), sh ? sh : "(missing)", g->o.shuffle);
+        if (xmp_ckpt_meta_i64(ck, "data.batches", &nb) != XMESH_SUCCESS)
+            return -1;
+    }
+    xmp_gpt2_free(&g->m);
+    memset(&g->m, 0, sizeof g->m);
+    if (xmp_gpt2_init_random(&g->m, &s.cfg, o->seed) != 0)
+        return xmp_train_fail("%s: %s", xmp_ckpt_dir(ck), xmp_llmc_last_error());
+    g->o.batch = s.batch;
+    g->o.seq = s.seq;
+    g->o.beta1 = s.beta1;
+    g->o.beta2 = s.beta2;
+    g->o.eps = s.eps;
+    o->lr = s.lr;
+    o->wd = s.wd;
+    g->t = o; /* the trainer's options, with the checkpoint's lr and weight decay */
+    xmp_llmc_loader_free(&g->ld);
+    memset(&g->ld, 0, sizeof g->ld);
+    if (setup_data(&g->o, &g->ld, &g->desc) != 0)
+        return -1;
+    for (int64_t i = 0; i < nb; i++)
+        if (xmp_llmc_loader_next(&g->ld) != 0)
+            return xmp_train_fail("data position %lld: %s", (long long)nb, xmp_llmc_last_error());
+    g->kinds[0] = 'E';
+    memset(g->kinds + 1, 't', (size_t)L);
+    g->kinds[L + 1] = 'L';
+    g->kinds[L + 2] = '\0';
+    *step = s.step;
+    return 0;
+}
+
+static int gpt_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
+{
+    gpt_run_t *g = u;
+    xmesh_result_t r = xmp_gpt2_ckpt_load(g->st, comm, ctx, g->ck);
+    xmp_ckpt_close(g->ck);
+    g->ck = NULL;
+    return r == XMESH_SUCCESS ? 0 : -1;
+}
+
+/* Saves `step` steps done: one batch per step, so data.batches = step. */
+static int gpt_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, int keep)
+{
+    gpt_run_t *g = u;
+    char nb[32], sh[8], seed[32];
+    snprintf(nb, sizeof nb, "%lld", (long long)step);
+    snprintf(sh, sizeof sh, "%d", g->o.shuffle);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)g->t->seed);
+    /* data.batches batches consumed; the loader's RNG (MT19937, the same on every rank) is
+     * restored by replaying them. */
+    xmp_ckpt_kv_t extra[] = {{"data", g->desc ? g->desc : ""},
+                             {"data.shuffle", sh},
+                             {"data.batches", nb},
+                             {"rng.loader", "mt19937 seed 42, replayed over data.batches"},
+                             {"seed", seed}};
+    return xmp_gpt2_ckpt_save(g->st, comm, dir, step, keep, extra,
+                              (int)(sizeof extra / sizeof extra[0])) == XMESH_SUCCESS
+               ? 0
+               : -1;
+}
+
+static void gpt_json_model(void *u, xmp_json_t *j)
+{
+    gpt_run_t *g = u;
+    const xmp_gpt2_config_t *c = g->t->serial ? &g->sm.cfg : &g->m.cfg;
+    xmp_json_str(j, "init", g->o.init_from ? g->o.init_from : "random");
+    if (!g->o.init_from)
+        xmp_json_int(j, "seed", (long long)g->t->seed);
+    xmp_json_int(j, "max_seq_len", c->max_seq_len);
+    xmp_json_int(j, "vocab_size", c->vocab_size);
+    xmp_json_int(j, "padded_vocab_size", c->padded_vocab_size);
+    xmp_json_int(j, "num_layers", c->num_layers);
+    xmp_json_int(j, "num_heads", c->num_heads);
+    xmp_json_int(j, "channels", c->channels);
+}
+
+static void gpt_json_train(void *u, xmp_json_t *j)
+{
+    gpt_run_t *g = u;
+    xmp_json_str(j, "data", g->desc ? g->desc : "");
+    xmp_json_bool(j, "shuffle", g->o.shuffle);
+    xmp_json_int(j, "batch", g->o.batch);
+    xmp_json_int(j, "seq", g->o.seq);
+    xmp_json_f32(j, "beta1", g->o.beta1);
+    xmp_json_f32(j, "beta2", g->o.beta2);
+    xmp_json_f32(j, "eps", g->o.eps);
+}
+
+static void gpt_describe(void *u, char *buf, size_t n)
+{
+    gpt_run_t *g = u;
+    snprintf(buf, n, "B=%d T=%d", g->o.batch, g->o.seq);
 }
 
 int xmp_cmd_gpt(int argc, char **argv)
 {
     xmp_cli_set_command("gpt");
-    gpt_opts_t o;
-    gpt_defaults(&o);
-    int p = parse_gpt_flags(argc, argv, &o);
+    static gpt_run_t g; /* large (stage tables); one per process */
+    xmp_train_opts_t t;
+    memset(&g, 0, sizeof g);
+    gpt_defaults(&t, &g.o);
+    int p = parse_gpt_flags(argc, argv, &t, &g.o);
     if (p != 0)
         return p > 0 ? 0 : 2;
-    openblas_set_num_threads(o.blas_threads);
-    return o.serial ? run_serial(&o) : run_parallel(&o);
+    g.t = &t;
+    openblas_set_num_threads(t.blas_threads);
+    xmp_train_model_t m;
+    memset(&m, 0, sizeof m);
+    m.name = "gpt";
+    m.rate_key = "tokens_per_s";
+    m.per_step = (double)g.o.batch * g.o.seq;
+    m.user = &g;
+    m.builtins = gpt_builtins;
+    m.builtin_names = XMP_GPT2_BUILTIN_STRATEGIES;
+    m.strategy_check = gpt_strategy_check;
+    m.serial_open = gpt_serial_open;
+    m.serial_step = gpt_serial_step;
+    m.serial_finish = gpt_serial_finish;
+    m.serial_close = gpt_serial_close;
+    m.par_open = gpt_par_open;
+    m.par_set_step = gpt_par_set_step;
+    m.par_edge_seconds = gpt_par_edge_seconds;
+    m.par_finish = gpt_par_finish;
+    m.par_close = gpt_par_close;
+    m.json_model = gpt_json_model;
+    m.json_train = gpt_json_train;
+    m.describe = gpt_describe;
+    m.ckpt_open = gpt_ckpt_open;
+    m.ckpt_load = gpt_ckpt_load;
+    m.ckpt_save = gpt_ckpt_save;
+    m.fixed_head = 1;
+    m.fixed_tail = 1;
+    int rc;
+    if (t.serial)
+        return xmp_train_run(&t, &m);
+    /* Parallel: every rank holds the full model (the stages slice it) and the same loader;
+     * the layer kinds need the model's layer count (--init-from gives it). */
+    if (setup_model(&t, &g.o, &g.m) != 0) {
+        xmp_cli_error("%s", xmp_last_error());
+        return 1;
+    }
+    if (setup_data(&g.o, &g.ld, &g.desc) != 0) {
+        xmp_cli_error("%s", xmp_last_error());
+        xmp_gpt2_free(&g.m);
+        return 1;
+    }
+    int L = g.m.cfg.num_layers;
+    if (L + 2 > XMP_MAX_LAYERS) {
+        xmp_cli_error("%d layers: more than the %d a stage layout holds", L, XMP_MAX_LAYERS - 2);
+        rc = 1;
+    } else {
+        g.kinds[0] = 'E';
+        memset(g.kinds + 1, 't', (size_t)L);
+        g.kinds[L + 1] = 'L';
+        g.kinds[L + 2] = '\0';
+        m.kinds = g.kinds;
+        rc = xmp_train_run(&t, &m);
+    }
+    xmp_ckpt_close(g.ck);
+    xmp_llmc_loader_free(&g.ld);
+    xmp_gpt2_free(&g.m);
+    return rc;
 }

@@ -2,9 +2,10 @@
  * `xmesh-train utransformer`: the U-Transformer (models/utransformer.h) on the synthetic shapes
  * denoising task (models/shapes_data.h), L2 loss, SGD with Nesterov momentum.
  *
- *   --serial      one process, the reference (xmp_ut_model_*)
- *   otherwise     MPI pipeline: the 13 layers split into stages (models/stage_layout.h), each
- *                 stage on its own dp x tp mesh, run by the pipeline driver (pipe/driver.h).
+ * This file is the U-Transformer side of the one trainer (apps/trainer.h): the model's own
+ * flags, the serial model (the reference, xmp_ut_model_*) and the pipeline stages behind the
+ * trainer's model interface; the loop, the common flags, statistics, JSON, --check-serial and
+ * re-planning are the trainer's.
  *
  * Stage graph: every tensor crossing a stage boundary is one edge with its own xmesh plans: the
  * main activation between consecutive layers on different stages, and each long skip
@@ -20,10 +21,12 @@
  * axis in R) and over micro-batches equal the serial gradient.
  *
  * Layers of a stage run on SBP tensors of its dp x tp mesh through nn/ only
- * (models/utransformer_sbp.h), with the per-class SBPs of --strategy (dp, megatron: channel
- * split on the tp axis, or a file); every layer input and output stays "S(0),B" (class act.x),
- * so the edges do not change. A micro-batch's activations (its tapes) are allocated when its
- * forward runs and freed after its weight gradients; the reported peak is measured.
+ * (models/utransformer_sbp.h), with the per-class SBPs of --strategy / --stage-strategy,
+ * loaded through nn/strategy.h (built-ins dp and megatron from the model, generated for the
+ * stage mesh's shape, or a file; a layer-qualified line "down1.attn.q.w" overrides the class);
+ * every layer input and output stays "S(0),B" (class act.x), so the edges do not change. A
+ * micro-batch's activations (its tapes) are allocated when its forward runs and freed after
+ * its weight gradients; the reported peak is measured.
  */
 #include <cblas.h>
 #include <math.h>
@@ -39,38 +42,29 @@
 #include "models/utrans_ckpt.h"
 #include "models/utransformer.h"
 #include "models/utransformer_sbp.h"
-#include "nn/unet_kernels.h"
 #include "nn/sbp.h"
+#include "nn/unet_kernels.h"
 #include "pipe/driver.h"
-#include "pipe/replan.h"
+#include "trainer.h"
 
+/* The model's own flags, and the common ones its stages read (copied from the trainer's). */
 typedef struct {
-    int serial, base, groups, head_dim, batch, steps, blas_threads, no_progress;
+    int base, groups, head_dim, batch, microbatches;
     float lr, momentum, wd, sigma;
     uint64_t seed;
-    const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp, *cluster, *strategy;
-    int stages, microbatches, schedule, delay_wgrad, comm, print_schedule, check_serial;
-    /* distributed checkpoints (models/utrans_ckpt.h) */
-    const char *save_dir, *resume;
-    int save_every, keep, start_step;
 } ut_opts_t;
 
-static void ut_defaults(ut_opts_t *o)
+static void ut_defaults(xmp_train_opts_t *t, ut_opts_t *o)
 {
+    xmp_train_defaults(t);
+    t->steps = 200;
+    t->lr = 0.05f;
+    t->seed = 1234;
     memset(o, 0, sizeof *o);
     o->base = 8;
     o->batch = 8;
-    o->steps = 200;
-    o->blas_threads = 1;
-    o->lr = 0.05f;
     o->momentum = 0.9f;
     o->sigma = 0.3f;
-    o->seed = 1234;
-    o->stages = 0; /* unset: the layout's count, else 1 */
-    o->microbatches = 1;
-    o->schedule = XMP_SCHED_1F1B;
-    o->comm = XMP_COMM_BROADCAST;
-    o->strategy = "megatron";
 }
 
 static void ut_usage(void)
@@ -82,26 +76,13 @@ static void ut_usage(void)
            "data / training:\n"
            "  --batch B (8) --steps N (200) --lr (0.05) --momentum (0.9) --weight-decay (0)\n"
            "  --noise SIGMA (0.3)\n"
-           "pipeline (same as xmesh-train gpt):\n"
-           "  --stages N (1)  --layout STR  --stage-mesh RxC,..  --stage-dp N,..  --stage-tp N,..\n"
-           "  --strategy dp|megatron|FILE (megatron)  per-class SBPs on every stage's dp x tp\n"
-           "                   mesh (docs/UTRANSFORMER.md); megatron: conv pairs channel-split,\n"
-           "                   attention heads split where tp divides them\n"
-           "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b (1f1b)  --delay-wgrad\n"
-           "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
-           "  --trace FILE  --print-schedule\n"
-           "  --cluster FILE     cost model (xmesh-calibrate -o FILE; sets XMESH_CLUSTER_FILE)\n"
-           "  --check-serial     rank 0 also runs the serial reference and fails unless every\n"
-           "                     step's loss matches (1e-5 relative to step 5, 1e-4 to step 10)\n"
-           "checkpoints (pipeline mode; docs/CHECKPOINT.md):\n"
-           "  --save-dir DIR  --save-every N (0: after the last step only)  --keep K (0: all)\n"
-           "  --resume DIR    start from DIR's latest step in any layout; model, SGD, batch,\n"
-           "                  noise and seed come from the checkpoint; --steps is the total\n"
-           "output:\n"
-           "  --json FILE  --no-progress  --blas-threads N (1)\n");
+           "strategies: built-in dp, megatron (default: conv pairs channel-split, attention\n"
+           "  heads split where tp divides them) on 2-axis dp x tp stage meshes, or a file\n"
+           "  (docs/UTRANSFORMER.md)\n");
+    xmp_train_usage();
 }
 
-static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
+static int parse_ut_flags(int argc, char **argv, xmp_train_opts_t *t, ut_opts_t *o)
 {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -109,302 +90,50 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
             ut_usage();
             return 1;
         }
-        const struct {
-            const char *flag;
-            int *flagp;
-        } sw[] = {{"--serial", &o->serial},
-                  {"--no-progress", &o->no_progress},
-                  {"--delay-wgrad", &o->delay_wgrad},
-                  {"--print-schedule", &o->print_schedule},
-                  {"--check-serial", &o->check_serial}};
-        size_t k;
-        for (k = 0; k < sizeof sw / sizeof sw[0]; k++)
-            if (!strcmp(a, sw[k].flag))
-                break;
-        if (k < sizeof sw / sizeof sw[0]) {
-            *sw[k].flagp = 1;
+        int c = xmp_train_parse_flag(argc, argv, &i, t);
+        if (c < 0)
+            return -1;
+        if (c > 0)
             continue;
-        }
         const struct {
             const char *flag;
             int *ip;
             long lo, hi;
             float *fp;
             double flo, fhi;
-            const char **sp;
-        } t[] = {
-            {"--base-channels", &o->base, 1, 1024, NULL, 0, 0, NULL},
-            {"--groups", &o->groups, 1, 1024, NULL, 0, 0, NULL},
-            {"--head-dim", &o->head_dim, 1, 1024, NULL, 0, 0, NULL},
-            {"--batch", &o->batch, 1, 1 << 16, NULL, 0, 0, NULL},
-            {"--steps", &o->steps, 1, 1 << 30, NULL, 0, 0, NULL},
-            {"--blas-threads", &o->blas_threads, 1, 1024, NULL, 0, 0, NULL},
-            {"--stages", &o->stages, 1, XMP_UT_LAYERS, NULL, 0, 0, NULL},
-            {"--microbatches", &o->microbatches, 1, 1 << 16, NULL, 0, 0, NULL},
-            {"--lr", NULL, 0, 0, &o->lr, 0.0, 10.0, NULL},
-            {"--momentum", NULL, 0, 0, &o->momentum, 0.0, 0.999999, NULL},
-            {"--weight-decay", NULL, 0, 0, &o->wd, 0.0, 10.0, NULL},
-            {"--noise", NULL, 0, 0, &o->sigma, 0.0, 100.0, NULL},
-            {"--json", NULL, 0, 0, NULL, 0, 0, &o->json},
-            {"--trace", NULL, 0, 0, NULL, 0, 0, &o->trace},
-            {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
-            {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
-            {"--stage-mesh", NULL, 0, 0, NULL, 0, 0, &o->stage_mesh},
-            {"--stage-dp", NULL, 0, 0, NULL, 0, 0, &o->stage_dp},
-            {"--stage-tp", NULL, 0, 0, NULL, 0, 0, &o->stage_tp},
-            {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
-            {"--save-dir", NULL, 0, 0, NULL, 0, 0, &o->save_dir},
-            {"--save-every", &o->save_every, 0, 1 << 30, NULL, 0, 0, NULL},
-            {"--keep", &o->keep, 0, 1 << 20, NULL, 0, 0, NULL},
-            {"--resume", NULL, 0, 0, NULL, 0, 0, &o->resume},
+        } f[] = {
+            {"--base-channels", &o->base, 1, 1024, NULL, 0, 0},
+            {"--groups", &o->groups, 1, 1024, NULL, 0, 0},
+            {"--head-dim", &o->head_dim, 1, 1024, NULL, 0, 0},
+            {"--batch", &o->batch, 1, 1 << 16, NULL, 0, 0},
+            {"--momentum", NULL, 0, 0, &o->momentum, 0.0, 0.999999},
+            {"--noise", NULL, 0, 0, &o->sigma, 0.0, 100.0},
         };
-        size_t nt = sizeof t / sizeof t[0];
-        for (k = 0; k < nt; k++)
-            if (!strcmp(a, t[k].flag))
+        size_t k, nf = sizeof f / sizeof f[0];
+        for (k = 0; k < nf; k++)
+            if (!strcmp(a, f[k].flag))
                 break;
-        if (k == nt) {
-            if (!strcmp(a, "--seed")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)) || xmp_cli_u64(a, v, &o->seed) != 0)
-                    return -1;
-                continue;
-            }
-            if (!strcmp(a, "--schedule")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
-                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b or eager-1f1b", v);
-                continue;
-            }
-            if (!strcmp(a, "--comm")) {
-                if (!(v = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                if ((o->comm = xmp_comm_mode_parse(v)) < 0)
-                    return xmp_cli_error("--comm '%s': expected broadcast, sendrecv, "
-                                         "sendrecv-allgather, blocking or signal",
-                                         v);
-                continue;
-            }
+        if (k == nf)
             return xmp_cli_error("unknown flag '%s' (see --help)", a);
-        }
         if (!(v = xmp_cli_value(argc, argv, &i)))
             return -1;
-        if (t[k].ip && xmp_cli_int(a, v, t[k].lo, t[k].hi, t[k].ip) != 0)
+        if (f[k].ip && xmp_cli_int(a, v, f[k].lo, f[k].hi, f[k].ip) != 0)
             return -1;
-        if (t[k].fp && xmp_cli_float(a, v, t[k].flo, t[k].fhi, t[k].fp) != 0)
+        if (f[k].fp && xmp_cli_float(a, v, f[k].flo, f[k].fhi, f[k].fp) != 0)
             return -1;
-        if (t[k].sp)
-            *t[k].sp = v;
     }
-    if (o->cluster) /* every plan's cluster model reads it */
-        setenv("XMESH_CLUSTER_FILE", o->cluster, 1);
-    if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
-        return xmp_cli_error("--check-serial with --comm signal: signal mode moves no data, so "
-                             "its losses cannot match the serial reference");
-    if (o->serial && (o->save_dir || o->resume))
-        return xmp_cli_error("--save-dir / --resume are distributed checkpoints: run under "
-                             "mpirun (-np 1 for one process) without --serial");
-    if (o->save_every && !o->save_dir)
-        return xmp_cli_error("--save-every %d needs --save-dir", o->save_every);
-    if (o->resume && o->check_serial)
-        return xmp_cli_error("--check-serial trains the serial model from its initialisation: "
-                             "not with --resume");
-    if (o->stages == 0 && !o->layout)
-        o->stages = 1;
-    if (o->batch % o->microbatches != 0)
+    if (xmp_train_check_flags(t) != 0)
+        return -1;
+    if (t->stages > XMP_UT_LAYERS)
+        return xmp_cli_error("--stages %d: the model has %d layers", t->stages, XMP_UT_LAYERS);
+    if (o->batch % t->microbatches != 0)
         return xmp_cli_error("--batch %d is not a multiple of --microbatches %d", o->batch,
-                             o->microbatches);
+                             t->microbatches);
+    o->lr = t->lr;
+    o->wd = t->wd;
+    o->seed = t->seed;
+    o->microbatches = t->microbatches;
     return 0;
-}
-
-/* ---- step records: JSON, progress bar, summary (rank 0 only in the pipeline) ---- */
-
-typedef struct {
-    const ut_opts_t *o;
-    xmp_json_t json;
-    xmp_progress_t bar;
-    double first, last, t0, *ips;
-    int n;
-} ut_log_t;
-
-static int ut_log_open(ut_log_t *s, const ut_opts_t *o, const xmp_ut_config_t *c, size_t nparams,
-                       const char *mode, const xmp_stage_layout_t *lay)
-{
-    memset(s, 0, sizeof *s);
-    s->o = o;
-    if (!(s->ips = calloc((size_t)o->steps, sizeof(double))))
-        return xmp_cli_error("out of memory");
-    if (o->json) {
-        if (xmp_json_open(&s->json, o->json) != 0)
-            return -1;
-        xmp_json_t *j = &s->json;
-        xmp_json_obj_begin(j, NULL);
-        xmp_json_str(j, "command", "utransformer");
-        xmp_json_str(j, "mode", mode);
-        xmp_json_obj_begin(j, "model");
-        xmp_json_int(j, "base_channels", c->base);
-        xmp_json_int(j, "groups", c->groups);
-        xmp_json_int(j, "head_dim", c->head_dim);
-        xmp_json_int(j, "cond_tokens", XMP_UT_TOKENS);
-        xmp_json_int(j, "cond_dim", c->cond_dim);
-        xmp_json_int(j, "layers", XMP_UT_LAYERS);
-        xmp_json_int(j, "num_parameters", (long long)nparams);
-        xmp_json_int(j, "seed", (long long)o->seed);
-        xmp_json_obj_end(j);
-        xmp_json_obj_begin(j, "train");
-        xmp_json_str(j, "data", "synthetic shapes 32x32, denoise + mask");
-        xmp_json_f32(j, "noise", o->sigma);
-        xmp_json_int(j, "batch", o->batch);
-        xmp_json_int(j, "steps", o->steps);
-        if (o->resume) {
-            xmp_json_str(j, "resumed_from", o->resume);
-            xmp_json_int(j, "start_step", o->start_step);
-        }
-        xmp_json_f32(j, "lr", o->lr);
-        xmp_json_f32(j, "momentum", o->momentum);
-        xmp_json_f32(j, "weight_decay", o->wd);
-        xmp_json_obj_end(j);
-        if (lay) {
-            char buf[512];
-            xmp_stage_layout_format(lay, buf, sizeof buf);
-            xmp_json_obj_begin(j, "pipeline");
-            xmp_json_int(j, "stages", lay->nstages);
-            xmp_json_str(j, "layout", buf);
-            xmp_json_int(j, "microbatches", o->microbatches);
-            xmp_json_str(j, "schedule", xmp_sched_kind_name(o->schedule));
-            xmp_json_bool(j, "delay_wgrad", o->delay_wgrad);
-            xmp_json_str(j, "comm", xmp_comm_mode_name(o->comm));
-            xmp_json_arr_begin(j, "stage_meshes");
-            for (int si = 0; si < lay->nstages; si++) {
-                snprintf(buf, sizeof buf, "%dx%d@%d", lay->dp[si], lay->tp[si], lay->rank0[si]);
-                xmp_json_str(j, NULL, buf);
-            }
-            xmp_json_arr_end(j);
-            xmp_json_obj_end(j);
-        }
-        xmp_json_arr_begin(j, "steps");
-    }
-    xmp_progress_init(&s->bar, o->steps, o->no_progress);
-    s->t0 = xmp_now();
-    return 0;
-}
-
-/* Pipeline figures of a step (NULL for serial runs); the same JSON fields as gpt's. */
-typedef struct {
-    double compute_s, boxing_s; /* rank 0: in stage callbacks (minus boxing); in boxing */
-    double predicted_s;         /* simulator from the previous step's stage costs (0: none) */
-    int nstages;
-    double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
-    int peak_mb[XMP_MAX_STAGES];
-    int64_t peak_bytes[XMP_MAX_STAGES];
-} ut_extra_t;
-
-static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
-                             const ut_extra_t *ex);
-static void ut_log_record(ut_log_t *s, int step, double loss, double seconds)
-{
-    ut_log_record_ex(s, step, loss, seconds, NULL);
-}
-
-static void ut_log_record_ex(ut_log_t *s, int step, double loss, double seconds,
-                             const ut_extra_t *ex)
-{
-    double ips = seconds > 0 ? s->o->batch / seconds : 0.0;
-    if (s->n == 0)
-        s->first = loss;
-    s->last = loss;
-    s->ips[s->n++] = ips;
-    if (s->o->json) {
-        xmp_json_obj_begin(&s->json, NULL);
-        xmp_json_int(&s->json, "step", step);
-        xmp_json_num(&s->json, "loss", loss);
-        xmp_json_num(&s->json, "step_seconds", seconds);
-        xmp_json_num(&s->json, "images_per_s", ips);
-        if (ex) {
-            xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
-                                  ex->bubble,    ex->peak_mb,  ex->peak_bytes};
-            xmp_json_step_pipeline(&s->json, &sp);
-        }
-        xmp_json_obj_end(&s->json);
-    }
-    xmp_progress_update(&s->bar, step + 1, loss, ips);
-}
-
-static int ut_log_close(ut_log_t *s, int ok, const char *mode)
-{
-    double total = xmp_now() - s->t0, med = 0, mn = 0, mx = 0;
-    int rc = 0;
-    xmp_progress_finish(&s->bar);
-    if (s->n)
-        xmp_stats(s->ips, (size_t)s->n, &med, &mn, &mx);
-    if (s->o->json) {
-        xmp_json_arr_end(&s->json);
-        xmp_json_obj_begin(&s->json, "summary");
-        xmp_json_bool(&s->json, "completed", ok);
-        xmp_json_int(&s->json, "steps_done", s->n);
-        xmp_json_num(&s->json, "first_loss", s->n ? s->first : NAN);
-        xmp_json_num(&s->json, "final_loss", s->n ? s->last : NAN);
-        xmp_json_num(&s->json, "total_seconds", total);
-        xmp_json_num(&s->json, "images_per_s_median", med);
-        xmp_json_obj_end(&s->json);
-        xmp_json_obj_end(&s->json);
-        rc = xmp_json_close(&s->json);
-    }
-    if (s->n)
-        printf("utransformer %s: %d steps B=%d C=%d, loss %.5f -> %.5f, %.1f images/s median, "
-               "%.2f s\n",
-               mode, s->n, s->o->batch, s->o->base, s->first, s->last, med, total);
-    free(s->ips);
-    return rc;
-}
-
-/* ---- serial reference ---- */
-
-/* Runs `steps` serial steps; losses[] (may be NULL) receives each loss; log may be NULL. */
-static int serial_losses(const ut_opts_t *o, const xmp_ut_config_t *c, double *losses,
-                         ut_log_t *log, int open_log)
-{
-    xmp_ut_model_t m;
-    xmp_shapes_t sh;
-    int ok = 0;
-    if (xmp_ut_model_init(&m, c, o->batch, o->seed) != 0)
-        return xmp_cli_error("model: %s", xmp_ut_last_error());
-    if (xmp_shapes_init(&sh, o->seed, c->cond_dim, o->sigma) != 0) {
-        xmp_ut_model_free(&m);
-        return xmp_cli_error("data: %s", xmp_ut_last_error());
-    }
-    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
-    float *in = malloc((B * 7 * HW + B * XMP_UT_TOKENS * (size_t)c->cond_dim) * sizeof(float));
-    if (!in)
-        goto out;
-    float *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
-    if (open_log && ut_log_open(log, o, c, m.layout.total, "serial", NULL) != 0)
-        goto out_in;
-    for (int step = 0; step < o->steps; step++) {
-        double t0 = xmp_now();
-        xmp_shapes_batch(&sh, step, o->batch, 0, o->batch, in, tg, cond);
-        if (xmp_ut_model_forward(&m, in, cond, tg) != 0 || xmp_ut_model_backward(&m, tg) != 0 ||
-            xmp_ut_model_update(&m, o->lr, o->momentum, o->wd) != 0) {
-            xmp_cli_error("step %d: %s", step, xmp_ut_last_error());
-            break;
-        }
-        if (losses)
-            losses[step] = m.loss;
-        if (log)
-            ut_log_record(log, step, m.loss, xmp_now() - t0);
-        if (!isfinite(m.loss)) {
-            xmp_cli_error("loss is %g at step %d", m.loss, step);
-            break;
-        }
-        ok = step == o->steps - 1;
-    }
-    if (open_log && ut_log_close(log, ok, "serial") != 0)
-        ok = 0;
-out_in:
-    free(in);
-out:
-    xmp_shapes_free(&sh);
-    xmp_ut_model_free(&m);
-    return ok ? 0 : -1;
 }
 
 /* ---- pipeline stage ---- */
@@ -844,500 +573,389 @@ static int stage_init(ut_stage_t *st)
     st->live = calloc(M, sizeof(int));
     if (!st->tape || !st->y || !st->so || !st->dact || !st->dskip || !st->input || !st->cond ||
         !st->target || !st->live)
-        return xmp_cli_error("out of memory");
+        return xmp_train_fail("out of memory");
     st->edge[0] = xmp_sbp_s(0);
     for (int a = 1; a < XMP_MAX_MESH_DIMS; a++)
         st->edge[a] = xmp_sbp_b();
     /* parameters: this rank's blocks (the strategy's SBPs) of the full tensors from the seed */
     float *full = malloc(st->lay.total * sizeof(float));
     if (!full)
-        return xmp_cli_error("out of memory");
+        return xmp_train_fail("out of memory");
     xmp_ut_params_init(&st->lay, st->o->seed, full);
     int rc = 0;
     for (int l = st->first; l <= st->last && !rc; l++)
         if (!(st->SL[l] = xmp_ut_slayer_create(&st->cfg, l, st->mbs, st->mesh, &st->strat,
                                                full + st->lay.layer_offset[l])))
-            rc = xmp_cli_error("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
-                               xmp_ut_last_error());
+            rc = xmp_train_fail("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
+                                xmp_ut_last_error());
     free(full);
     st->base_bytes = xmp_ut_mem_live_bytes();
     return rc;
 }
 
-/* Times the stage callbacks (per-microbatch F/I/W costs for the simulator). */
+/* ---- the adapter: serial model and stages behind the trainer's model interface ---- */
+
 typedef struct {
-    xmp_stage_ops_t in;
-    double f, i, w, r, o;
-    int nf, ni, nw;
-} timed_ops_t;
-
-static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.forward(t->in.user, mb, in, out, loss);
-    t->f += MPI_Wtime() - t0;
-    t->nf++;
-    return rc;
-}
-static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.backward_input(t->in.user, mb, go, gi);
-    t->i += MPI_Wtime() - t0;
-    t->ni++;
-    return rc;
-}
-static int t_bw(void *u, int mb)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.backward_weight(t->in.user, mb);
-    t->w += MPI_Wtime() - t0;
-    t->nw++;
-    return rc;
-}
-static int t_red(void *u)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.reduce_grads(t->in.user);
-    t->r += MPI_Wtime() - t0;
-    return rc;
-}
-static int t_opt(void *u)
-{
-    timed_ops_t *t = u;
-    double t0 = MPI_Wtime();
-    int rc = t->in.optimizer_step(t->in.user);
-    t->o += MPI_Wtime() - t0;
-    return rc;
-}
-static int64_t t_act(void *u)
-{
-    timed_ops_t *t = u;
-    return t->in.activation_bytes(t->in.user);
-}
-
-/* The strategy of stage s (built-in name or file) for its dp x tp mesh, parsed and checked
- * against the stage's layers; stored in *out when out != NULL. 0 or -1 (xmp_ut_last_error). */
-static int stage_strategy(const ut_opts_t *o, const xmp_ut_config_t *c,
-                          const xmp_stage_layout_t *sl, int s, xmp_ut_strategy_t *out)
-{
-    int shape[2] = {sl->dp[s], sl->tp[s]};
-    xmp_ut_strategy_t st;
-    int rc = xmp_ut_strategy_load(o->strategy, c, 2, shape, &st);
-    if (rc == 0)
-        rc = xmp_ut_strategy_check(&st, c, sl->first[s], sl->first[s] + sl->count[s] - 1, shape);
-    if (rc == 0 && out)
-        *out = st;
-    return rc;
-}
-
-/* ---- distributed checkpoints: the calls a trainer makes (models/utrans_ckpt.h) ---- */
-
-/* Collective. Opens --resume and takes the model configuration, SGD settings, batch, noise and
- * seed from its manifest into *o and *c; o->start_step = its step. Rank 0 prints errors. */
-static int ut_resume_open(ut_opts_t *o, xmp_ut_config_t *c, xmp_ckpt_t **ck)
-{
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    xmp_ut_ckpt_settings_t s;
-    if (xmp_ut_ckpt_open(MPI_COMM_WORLD, o->resume, ck, &s) != XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("--resume: %s", xmp_last_error());
-        return -1;
-    }
-    if (s.step >= o->steps || s.batch % o->microbatches) {
-        if (rank == 0 && s.step >= o->steps)
-            xmp_cli_error("--resume: %s is at step %lld, --steps %d (the total) leaves nothing to "
-                          "train",
-                          xmp_ckpt_dir(*ck), (long long)s.step, o->steps);
-        else if (rank == 0)
-            xmp_cli_error("--resume: the checkpoint's batch %d is not a multiple of "
-                          "--microbatches %d",
-                          s.batch, o->microbatches);
-        xmp_ckpt_close(*ck);
-        *ck = NULL;
-        return -1;
-    }
-    *c = s.cfg;
-    o->lr = s.lr;
-    o->momentum = s.momentum;
-    o->wd = s.wd;
-    o->sigma = s.sigma;
-    o->batch = s.batch;
-    o->seed = s.seed;
-    o->start_step = (int)s.step;
-    return 0;
-}
-
-/* Collective: after the optimizer update of step `step`, saves step + 1 when it is a multiple
- * of --save-every or the last step. */
-static int ut_save_maybe(const ut_opts_t *o, const xmp_ut_config_t *c, xmp_ut_slayer_t *const *SL,
-                         const xmp_stage_layout_t *sl, int step)
-{
-    int done = step + 1, rank;
-    if (!(done == o->steps || (o->save_every > 0 && done % o->save_every == 0)))
-        return 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    xmp_ut_ckpt_settings_t s = {*c, o->lr, o->momentum, o->wd, o->sigma, o->batch, o->seed, done};
-    char lay[256] = "", meshes[256] = "", data[64];
-    xmp_stage_layout_format(sl, lay, sizeof lay);
-    xmp_stage_layout_format_meshes(sl, meshes, sizeof meshes);
-    snprintf(data, sizeof data, "%d", done);
-    /* The synthetic data is a function of (seed, step, image): the step is its position. */
-    xmp_ckpt_kv_t extra[] = {
-        {"data.step", data}, {"layout", lay}, {"layout.meshes", meshes}, {"strategy", o->strategy}};
-    if (xmp_ut_ckpt_save(SL, MPI_COMM_WORLD, o->save_dir, done, o->keep, &s, extra, 4) !=
-        XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("--save-dir: step %d: %s", done, xmp_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int run_pipeline(const ut_opts_t *oin, const xmp_ut_config_t *cin)
-{
-    int rank, size, prov, ok = 0, rc = 1;
-    char err[512];
-    MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    ut_opts_t o1 = *oin, *o = &o1;
-    xmp_ut_config_t c1 = *cin, *c = &c1;
-    xmp_ckpt_t *ck = NULL;
-    if (rank != 0)
-        o->no_progress = 1;
-    xmp_stage_layout_t sl;
-    char kinds[XMP_UT_LAYERS + 1];
-    memset(kinds, 'u', XMP_UT_LAYERS);
-    kinds[XMP_UT_LAYERS] = '\0';
+    const xmp_train_opts_t *t;
+    ut_opts_t o;
+    xmp_ut_config_t cfg;
+    /* serial */
+    xmp_ut_model_t sm;
+    xmp_shapes_t ssh;
+    float *sbuf;
+    /* parallel */
     ut_stage_t st;
-    memset(&st, 0, sizeof st);
-    xmp_mesh_t *smesh[XMP_MAX_STAGES] = {NULL};
-    int *allranks = NULL, *mranks = NULL; /* sized from the run: the job's ranks */
-    xmp_schedule_t *sched = NULL;
-    xmesh_ctx_t ctx = NULL;
-    xmp_driver_t *drv = NULL;
-    double *ref = NULL;
-    /* --resume: configuration, SGD settings, batch, noise and seed from the checkpoint */
-    if (o->resume && ut_resume_open(o, c, &ck) != 0)
-        goto out_mpi;
-    const int M = o->microbatches, mbs = o->batch / M;
-    if (xmp_stage_layout_build(kinds, 0, 0, o->layout, o->stages, o->stage_mesh, o->stage_dp,
-                               o->stage_tp, &sl, err, sizeof err) != 0) {
-        if (rank == 0)
-            xmp_cli_error("stage layout: %s", err);
-        goto out_mpi;
-    }
-    if (sl.nranks > size) {
-        if (rank == 0)
-            xmp_cli_error("the stage meshes need %d ranks, the job has %d", sl.nranks, size);
-        goto out_mpi;
-    }
-    for (int s = 0; s < sl.nstages; s++) {
-        /* every stage's strategy, refused here (on every rank alike) before anything runs */
-        if (stage_strategy(o, c, &sl, s,
-                           s == xmp_stage_layout_stage_of_rank(&sl, rank) ? &st.strat : NULL) !=
-            0) {
-            if (rank == 0)
-                xmp_cli_error("stage %d: %s", s, xmp_ut_last_error());
-            goto out_mpi;
-        }
-        if (mbs % sl.dp[s] != 0) {
-            if (rank == 0)
-                xmp_cli_error("stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
-                              "multiple of its data-parallel degree %d",
-                              s, mbs, o->batch, M, sl.dp[s]);
-            goto out_mpi;
-        }
-    }
-    st.o = o;
-    st.cfg = *c;
-    st.sl = &sl;
-    st.M = M;
-    st.mbs = mbs;
-    xmp_ut_params_layout(c, &st.lay);
+    const xmp_stage_layout_t *sl;
+    xmp_ut_strategy_t ustrat[XMP_MAX_STAGES]; /* each stage's table, from nn/strategy.h */
+    xmp_mesh_t *smesh[XMP_MAX_STAGES];
+    int *mranks;
     xmp_edge_cfg_t ec[2 * XMP_UT_LAYERS];
     xmp_sedge_t se[2 * XMP_UT_LAYERS];
-    st.nedges = build_edges(c, &sl, mbs, st.e, ec, se);
-    xmp_gen_opts_t go;
-    memset(&go, 0, sizeof go);
-    go.delay_wgrad = o->delay_wgrad;
-    /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
-    go.max_pending_w = sl.nstages;
-    if (xmp_sched_generate(o->schedule, sl.nstages, M, st.nedges, se, &go, &sched, err,
-                           sizeof err) != 0) {
-        if (rank == 0)
-            xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
-        goto out_mpi;
+    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
+    char names[2 * XMP_UT_LAYERS][48];
+    const char *name_ptr[2 * XMP_UT_LAYERS];
+    char kinds[XMP_UT_LAYERS + 1];
+    xmp_ckpt_t *ck; /* --resume: opened by ut_ckpt_open, loaded and closed by ut_ckpt_load */
+} ut_run_t;
+
+static int ut_serial_open(void *u, int64_t *nparams)
+{
+    ut_run_t *g = u;
+    const ut_opts_t *o = &g->o;
+    const xmp_ut_config_t *c = &g->cfg;
+    if (xmp_ut_model_init(&g->sm, c, o->batch, o->seed) != 0)
+        return xmp_train_fail("model: %s", xmp_ut_last_error());
+    if (xmp_shapes_init(&g->ssh, o->seed, c->cond_dim, o->sigma) != 0) {
+        xmp_ut_model_free(&g->sm);
+        return xmp_train_fail("data: %s", xmp_ut_last_error());
     }
-    if (o->print_schedule && rank == 0) {
-        for (int k = 0; k < st.nedges; k++)
-            printf("# edge %d: %s %s (stage %d -> %d)\n", k, xmp_ut_layer_name(st.e[k].layer),
-                   st.e[k].what == T_MAIN ? "main" : "skip", se[k].src, se[k].dst);
-        xmp_sched_fprint(sched, stdout);
+    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
+    g->sbuf = malloc((B * 7 * HW + B * XMP_UT_TOKENS * (size_t)c->cond_dim) * sizeof(float));
+    if (!g->sbuf) {
+        xmp_shapes_free(&g->ssh);
+        xmp_ut_model_free(&g->sm);
+        return xmp_train_fail("out of memory for a batch of %d", o->batch);
     }
-    if (o->check_serial && rank == 0) {
-        if (!(ref = calloc((size_t)o->steps, sizeof(double))) ||
-            serial_losses(o, c, ref, NULL, 0) != 0) {
-            xmp_cli_error("serial reference failed");
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        }
+    *nparams = (int64_t)g->sm.layout.total;
+    return 0;
+}
+
+static int ut_serial_step(void *u, int step, double *loss)
+{
+    ut_run_t *g = u;
+    const ut_opts_t *o = &g->o;
+    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
+    float *in = g->sbuf, *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
+    xmp_shapes_batch(&g->ssh, step, o->batch, 0, o->batch, in, tg, cond);
+    if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0 || xmp_ut_model_backward(&g->sm, tg) != 0 ||
+        xmp_ut_model_update(&g->sm, o->lr, o->momentum, o->wd) != 0)
+        return xmp_train_fail("%s", xmp_ut_last_error());
+    *loss = g->sm.loss;
+    return 0;
+}
+
+static void ut_serial_close(void *u)
+{
+    ut_run_t *g = u;
+    free(g->sbuf);
+    g->sbuf = NULL;
+    xmp_shapes_free(&g->ssh);
+    xmp_ut_model_free(&g->sm);
+}
+
+/* Built-in strategies (nn/strategy.h callback): dp and megatron, generated for the config
+ * and the stage mesh's shape (megatron replicates attention whose heads tp does not divide). */
+static int ut_builtins(void *u, const char *name, int naxes, const int *shape, char *text, size_t n,
+                       char *err, size_t errlen)
+{
+    ut_run_t *g = u;
+    if (strcmp(name, "dp") != 0 && strcmp(name, "megatron") != 0)
+        return 1;
+    int two[2] = {1, 1};
+    if (xmp_ut_strategy_builtin(name, &g->cfg, naxes, shape ? shape : two, text, n) != 0) {
+        snprintf(err, errlen, "built-in strategy '%s': %s", name, xmp_ut_last_error());
+        return -1;
     }
-    st.stage = xmp_stage_layout_stage_of_rank(&sl, rank);
-    /* every stage's dp x tp SBP mesh (collective over the job) */
-    int local_fail = 0;
-    if (!(allranks = malloc((size_t)size * sizeof *allranks)) ||
-        !(mranks = malloc((size_t)size * sizeof *mranks))) {
-        xmp_cli_error("out of memory for %d ranks", size);
+    return 0;
+}
+
+/* The stage's nn/strategy.h table as the layers' per-class table, checked against the layers
+ * of the stage (classes, groups and heads divisible by the channel pieces). */
+static int ut_strategy_check(void *u, const xmp_strategy_t *s, const xmp_stage_layout_t *sl,
+                             int stage, char *err, size_t errlen)
+{
+    ut_run_t *g = u;
+    xmp_ut_strategy_t *t = &g->ustrat[stage];
+    memset(t, 0, sizeof *t);
+    if (s->n > XMP_UT_MAX_CLASSES)
+        return snprintf(err, errlen, "stage %d: strategy %s: %d classes, at most %d", stage,
+                        s->name, s->n, XMP_UT_MAX_CLASSES),
+               -1;
+    size_t nl = strnlen(s->name, sizeof t->name - 1);
+    memcpy(t->name, s->name, nl);
+    t->name[nl] = '\0';
+    t->naxes = s->naxes;
+    t->n = s->n;
+    for (int k = 0; k < s->n; k++) {
+        if (s->e[k].has_store)
+            return snprintf(err, errlen,
+                            "stage %d: strategy %s, class %s: sharded storage ('store') is not "
+                            "supported by the U-Transformer",
+                            stage, s->name, s->e[k].cls),
+                   -1;
+        snprintf(t->c[k].name, sizeof t->c[k].name, "%s", s->e[k].cls);
+        memcpy(t->c[k].sbp, s->e[k].sbp, sizeof t->c[k].sbp);
+    }
+    int shape[2] = {sl->dp[stage], sl->tp[stage]};
+    if (xmp_ut_strategy_check(t, &g->cfg, sl->first[stage], sl->first[stage] + sl->count[stage] - 1,
+                              shape) != 0)
+        return snprintf(err, errlen, "stage %d: %s", stage, xmp_ut_last_error()), -1;
+    return 0;
+}
+
+static int ut_layout_check(void *u, const xmp_stage_layout_t *sl, char *err, size_t errlen)
+{
+    ut_run_t *g = u;
+    const int mbs = g->o.batch / g->o.microbatches;
+    for (int s = 0; s < sl->nstages; s++) {
+        if (sl->ndim[s] != 2)
+            return snprintf(err, errlen,
+                            "stage %d: a mesh of %d axes; the U-Transformer's stages run on "
+                            "2-axis dp x tp meshes",
+                            s, sl->ndim[s]),
+                   -1;
+        if (mbs % sl->dp[s] != 0)
+            return snprintf(err, errlen,
+                            "stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
+                            "multiple of its data-parallel degree %d",
+                            s, mbs, g->o.batch, g->o.microbatches, sl->dp[s]),
+                   -1;
+    }
+    return 0;
+}
+
+static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_layout_t *sl,
+                       const xmp_strategy_t *strat, xmp_train_stages_t *out)
+{
+    ut_run_t *g = u;
+    ut_stage_t *st = &g->st;
+    int rank, size, local_fail = 0;
+    (void)ctx;
+    (void)strat; /* converted by ut_strategy_check into g->ustrat */
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    g->sl = sl;
+    st->o = &g->o;
+    st->cfg = g->cfg;
+    st->sl = sl;
+    st->M = g->o.microbatches;
+    st->mbs = g->o.batch / st->M;
+    xmp_ut_params_layout(&g->cfg, &st->lay);
+    st->nedges = build_edges(&g->cfg, sl, st->mbs, st->e, g->ec, g->se);
+    for (int k = 0; k < st->nedges; k++) {
+        snprintf(g->names[k], sizeof g->names[k], "%s %s", xmp_ut_layer_name(st->e[k].layer),
+                 st->e[k].what == T_MAIN ? "main" : "skip");
+        g->name_ptr[k] = g->names[k];
+    }
+    st->stage = xmp_stage_layout_stage_of_rank(sl, rank);
+    /* every stage's dp x tp SBP mesh (collective over the job); a stage's ranks are
+     * rank0[s] .. rank0[s] + dp*tp - 1 */
+    if (!(g->mranks = malloc((size_t)size * sizeof *g->mranks))) {
+        xmp_train_fail("out of memory for %d ranks", size);
         local_fail = 1;
     }
     for (int k = 0; !local_fail && k < size; k++)
-        allranks[k] = k;
-    for (int s = 0; s < sl.nstages && !local_fail; s++) {
-        int shape[2] = {sl.dp[s], sl.tp[s]};
-        if (xmp_mesh_create(MPI_COMM_WORLD, NULL, 2, shape, allranks + sl.rank0[s], &smesh[s]) !=
+        g->mranks[k] = k;
+    for (int s = 0; s < sl->nstages && !local_fail; s++) {
+        int shape[2] = {sl->dp[s], sl->tp[s]};
+        if (xmp_mesh_create(comm, NULL, 2, shape, g->mranks + sl->rank0[s], &g->smesh[s]) !=
             XMESH_SUCCESS) {
-            xmp_cli_error("stage %d mesh: %s", s, xmp_last_error());
+            xmp_train_fail("stage %d mesh: %s", s, xmp_last_error());
             local_fail = 1;
         }
+        g->meshes[s].ndim = 2;
+        g->meshes[s].shape[0] = sl->dp[s];
+        g->meshes[s].shape[1] = sl->tp[s];
+        g->meshes[s].ranks = g->mranks + sl->rank0[s];
     }
-    if (st.stage >= 0 && !local_fail) {
-        st.first = sl.first[st.stage];
-        st.last = st.first + sl.count[st.stage] - 1;
-        st.dp = sl.dp[st.stage];
-        st.tp = sl.tp[st.stage];
-        st.dpi = (rank - sl.rank0[st.stage]) / st.tp;
-        st.tpi = (rank - sl.rank0[st.stage]) % st.tp;
-        st.mesh = smesh[st.stage];
-        st.nloc = mbs / st.dp;
-        if (xmp_shapes_init(&st.sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(&st) != 0)
+    if (st->stage >= 0 && !local_fail) {
+        st->strat = g->ustrat[st->stage];
+        st->first = sl->first[st->stage];
+        st->last = st->first + sl->count[st->stage] - 1;
+        st->dp = sl->dp[st->stage];
+        st->tp = sl->tp[st->stage];
+        st->dpi = (rank - sl->rank0[st->stage]) / st->tp;
+        st->tpi = (rank - sl->rank0[st->stage]) % st->tp;
+        st->mesh = g->smesh[st->stage];
+        st->nloc = st->mbs / st->dp;
+        if (xmp_shapes_init(&st->sh, g->o.seed, g->cfg.cond_dim, g->o.sigma) != 0)
+            local_fail = xmp_train_fail("data: %s", xmp_ut_last_error()) != 0;
+        else if (stage_init(st) != 0)
             local_fail = 1;
     }
-    int any_fail = 0;
-    MPI_Allreduce(&local_fail, &any_fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (any_fail)
-        goto out_stage;
-    if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {
-        xmp_cli_error("xmesh_ctx_create_mpi failed: %s", xmesh_last_error());
-        goto out_stage;
+    out->stage = st->stage;
+    out->ops.user = st;
+    out->ops.forward = ut_fwd;
+    out->ops.backward_input = ut_bwd_input;
+    out->ops.backward_weight = ut_bwd_weight;
+    out->ops.reduce_grads = ut_reduce;
+    out->ops.optimizer_step = ut_opt;
+    out->ops.activation_bytes = ut_act_bytes;
+    out->nedges = st->nedges;
+    out->edges = g->ec;
+    out->sedges = g->se;
+    out->meshes = g->meshes;
+    out->edge_names = g->name_ptr;
+    out->nparams = (int64_t)st->lay.total;
+    return local_fail ? -1 : 0;
+}
+
+static int ut_par_set_step(void *u, int step)
+{
+    ut_run_t *g = u;
+    g->st.step = step;
+    return 0;
+}
+
+static void ut_par_close(void *u)
+{
+    ut_run_t *g = u;
+    stage_free(&g->st);
+    for (int s = 0; s < XMP_MAX_STAGES; s++) {
+        xmp_mesh_destroy(g->smesh[s]);
+        g->smesh[s] = NULL;
     }
-    xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
-    for (int k = 0; k < size; k++) /* a stage's ranks are rank0[s] .. rank0[s] + dp*tp - 1 */
-        mranks[k] = k;
-    for (int s = 0; s < sl.nstages; s++) {
-        meshes[s].ndim = 2;
-        meshes[s].shape[0] = sl.dp[s];
-        meshes[s].shape[1] = sl.tp[s];
-        meshes[s].ranks = mranks + sl.rank0[s];
-    }
-    xmp_driver_cfg_t dc;
-    memset(&dc, 0, sizeof dc);
-    dc.comm = MPI_COMM_WORLD;
-    dc.ctx = ctx;
-    dc.nstages = sl.nstages;
-    dc.meshes = meshes;
-    dc.nedges = st.nedges;
-    dc.edges = ec;
-    dc.sched = sched;
-    dc.mode = o->comm;
-    dc.trace = o->trace != NULL;
-    timed_ops_t tops;
-    memset(&tops, 0, sizeof tops);
-    tops.in.user = &st;
-    tops.in.forward = ut_fwd;
-    tops.in.backward_input = ut_bwd_input;
-    tops.in.backward_weight = ut_bwd_weight;
-    tops.in.reduce_grads = ut_reduce;
-    tops.in.optimizer_step = ut_opt;
-    tops.in.activation_bytes = ut_act_bytes;
-    dc.ops.user = &tops;
-    dc.ops.forward = t_fwd;
-    dc.ops.backward_input = t_bin;
-    dc.ops.backward_weight = t_bw;
-    dc.ops.reduce_grads = t_red;
-    dc.ops.optimizer_step = t_opt;
-    dc.ops.activation_bytes = t_act;
-    if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
-        if (rank == 0)
-            xmp_cli_error("pipeline driver: %s", err);
-        goto out_ctx;
-    }
-    /* --resume: every setting was checked above; the saved tensors are read into this run's
-     * layout (direct reads: the stage meshes have no xmesh context). */
-    if (ck) {
-        if (xmp_ut_ckpt_load(st.SL, MPI_COMM_WORLD, NULL, ck, c) != XMESH_SUCCESS) {
-            if (rank == 0)
-                xmp_cli_error("--resume: %s", xmp_last_error());
-            xmp_driver_destroy(drv);
-            goto out_ctx;
-        }
-        if (rank == 0)
-            printf("resumed from %s at step %d\n", xmp_ckpt_dir(ck), o->start_step);
-        xmp_ckpt_close(ck);
-        ck = NULL;
-    }
-    ut_log_t log;
-    int log_ok = rank != 0 || ut_log_open(&log, o, c, st.lay.total, "pipeline", &sl) == 0;
-    int mismatch = 0, compared = 0, have_costs = 0;
-    double cf[XMP_MAX_STAGES], ci[XMP_MAX_STAGES], cw[XMP_MAX_STAGES];
-    for (int step = o->start_step; step < o->steps && log_ok; step++) {
-        xmp_step_stats_t ss;
-        st.step = step;
-        tops.f = tops.i = tops.w = tops.r = tops.o = 0;
-        tops.nf = tops.ni = tops.nw = 0;
-        double comm0 = xmp_comm_seconds();
-        xmesh_result_t r = xmp_driver_step(drv, &ss);
-        int bad = r != XMESH_SUCCESS, anybad = 0;
-        MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (anybad) {
-            if (bad)
-                xmp_cli_error("step %d: %s", step, xmp_driver_error(drv));
-            break;
-        }
-        double loss = 0;
-        MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        /* Per stage, max over its ranks: costs per microbatch, bubble, peak. */
-        const int S = sl.nstages;
-        double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
-        memset(loc, 0, sizeof loc);
-        if (st.stage >= 0) {
-            loc[st.stage] = tops.nf ? tops.f / tops.nf : 0;
-            loc[S + st.stage] = tops.ni ? tops.i / tops.ni : 0;
-            loc[2 * S + st.stage] = tops.nw ? tops.w / tops.nw : 0;
-            loc[3 * S + st.stage] = ss.bubble;
-            loc[4 * S + st.stage] = ss.peak_act_mb;
-        }
-        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
-        memset(lp, 0, sizeof lp);
-        if (st.stage >= 0)
-            lp[st.stage] = ss.peak_act_bytes;
-        MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-        ut_extra_t ex;
-        memset(&ex, 0, sizeof ex);
-        ex.nstages = S;
-        ex.boxing_s = xmp_comm_seconds() - comm0;
-        ex.compute_s = tops.f + tops.i + tops.w + tops.r + tops.o - ex.boxing_s;
-        for (int k = 0; k < S; k++) {
-            ex.bubble[k] = all[3 * S + k];
-            ex.peak_mb[k] = (int)all[4 * S + k];
-            ex.peak_bytes[k] = ap[k];
-        }
-        if (have_costs) {
-            xmp_sim_result_t res;
-            memset(&res, 0, sizeof res);
-            if (xmp_driver_predict(drv, cf, ci, cw, &res) == XMESH_SUCCESS && res.ok)
-                ex.predicted_s = res.step_s;
-            if (o->print_schedule && rank == 0 && step == 1) {
-                printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
-                xmp_sim_render(sched, &res, 100, stdout);
-            }
-            xmp_sim_result_free(&res);
-        }
-        for (int k = 0; k < S; k++) {
-            cf[k] = all[k];
-            ci[k] = all[S + k];
-            cw[k] = all[2 * S + k];
-        }
-        have_costs = 1;
-        /* After the first step, place the deferred W work with the measured stage costs and
-         * xmesh's predicted transfer times instead of unit costs (pipe/replan.h). */
-        if (step == o->start_step && o->delay_wgrad && o->steps > step + 1 && S > 1) {
-            xmp_replan_t rp = {
-                o->schedule,      M, st.nedges, se, cf, ci, cw, xmp_driver_mean_act_seconds(drv),
-                o->print_schedule};
-            char rerr[640];
-            if (xmp_pipe_replan(&rp, &dc, &sched, &drv, rerr, sizeof rerr) != 0) {
-                if (rank == 0)
-                    xmp_cli_error("%s", rerr);
-                break;
-            }
-        }
-        if (rank == 0) {
-            ut_log_record_ex(&log, step, loss, ss.step_s, &ex);
-            if (ref) {
-                double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
-                double tol = step < 5 ? 1e-5 : 1e-4;
-                compared += step < 10;
-                if (step < 10 && !(rel <= tol)) {
-                    xmp_progress_finish(&log.bar);
-                    fprintf(stderr,
-                            "MISMATCH step %d: pipeline loss %.9g serial %.9g (rel %.3g > "
-                            "%g)\n",
-                            step, loss, ref[step], rel, tol);
-                    mismatch++;
-                } else if (step < 10 && !o->no_progress) {
-                    /* nothing: the bar shows progress */
-                } else if (step < 10) {
-                    printf("step %d: pipeline loss %.9g serial %.9g rel %.2e\n", step, loss,
-                           ref[step], rel);
-                }
-            }
-        }
-        /* --save-dir: after the optimizer update of this step */
-        if (o->save_dir && ut_save_maybe(o, c, st.SL, &sl, step) != 0)
-            break;
-        ok = step == o->steps - 1;
-    }
-    if (rank == 0 && log_ok && ut_log_close(&log, ok, "pipeline") != 0)
-        ok = 0;
-    /* OK only after a full comparison of a complete run: every step ran, every compared step
-     * matched, and as many steps were compared as asked for (a failed step, a failed re-plan or
-     * a short run is FAILED, and the exit status is non-zero in every such case). */
-    const int want = o->steps < 10 ? o->steps : 10;
-    if (rank == 0 && ref) {
-        if (ok && !mismatch && compared == want)
-            printf("check-serial: OK (%d steps compared, all within tolerance)\n", compared);
-        else
-            printf("check-serial: FAILED (%d mismatching, %d of %d steps compared, run %s)\n",
-                   mismatch, compared, want, ok ? "complete" : "incomplete");
-    }
-    if (ref && compared != want)
-        mismatch++;
-    if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
-        xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
-    int mine = ok && !mismatch, all = 0;
-    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    rc = all ? 0 : 1;
-    xmp_driver_destroy(drv);
-out_ctx:
-    xmesh_ctx_destroy(ctx);
-out_stage:
-    stage_free(&st);
-    for (int s = 0; s < XMP_MAX_STAGES; s++)
-        xmp_mesh_destroy(smesh[s]);
-out_mpi:
-    xmp_ckpt_close(ck);
-    free(allranks);
-    free(mranks);
-    free(ref);
-    xmp_sched_destroy(sched);
-    MPI_Finalize();
-    return rc;
+    free(g->mranks);
+    g->mranks = NULL;
+}
+
+/* ---- distributed checkpoints (models/utrans_ckpt.h) ---- */
+
+/* --resume: configuration, SGD settings, batch, noise and seed from the manifest (the data is a
+ * function of (seed, step, image): the step is its position). The same on every rank. */
+static int ut_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_t *o, int64_t *step)
+{
+    ut_run_t *g = u;
+    xmp_ut_ckpt_settings_t s;
+    if (xmp_ut_ckpt_open(comm, dir, &g->ck, &s) != XMESH_SUCCESS)
+        return -1;
+    if (s.batch % o->microbatches)
+        return xmp_train_fail("%s: the checkpoint's batch %d is not a multiple of --microbatches "
+                              "%d",
+                              xmp_ckpt_dir(g->ck), s.batch, o->microbatches);
+    g->cfg = s.cfg;
+    g->o.base = s.cfg.base;
+    g->o.groups = s.cfg.groups;
+    g->o.head_dim = s.cfg.head_dim;
+    g->o.lr = o->lr = s.lr;
+    g->o.wd = o->wd = s.wd;
+    g->o.seed = o->seed = s.seed;
+    g->o.momentum = s.momentum;
+    g->o.sigma = s.sigma;
+    g->o.batch = s.batch;
+    g->t = o;
+    *step = s.step;
+    return 0;
+}
+
+static int ut_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
+{
+    ut_run_t *g = u;
+    (void)ctx; /* the stage meshes have no xmesh context: direct reads */
+    xmesh_result_t r = xmp_ut_ckpt_load(g->st.SL, comm, NULL, g->ck, &g->cfg);
+    xmp_ckpt_close(g->ck);
+    g->ck = NULL;
+    return r == XMESH_SUCCESS ? 0 : -1;
+}
+
+static int ut_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, int keep)
+{
+    ut_run_t *g = u;
+    xmp_ut_ckpt_settings_t s = {g->cfg,     g->o.lr,    g->o.momentum, g->o.wd,
+                                g->o.sigma, g->o.batch, g->o.seed,     step};
+    char lay[256] = "", meshes[256] = "", data[32];
+    xmp_stage_layout_format(g->sl, lay, sizeof lay);
+    xmp_stage_layout_format_meshes(g->sl, meshes, sizeof meshes);
+    snprintf(data, sizeof data, "%lld", (long long)step);
+    const char *strategy = g->t->stage_strategy ? g->t->stage_strategy
+                           : g->t->strategy     ? g->t->strategy
+                                                : "megatron";
+    /* The synthetic data is a function of (seed, step, image): the step is its position. */
+    xmp_ckpt_kv_t extra[] = {
+        {"data.step", data}, {"layout", lay}, {"layout.meshes", meshes}, {"strategy", strategy}};
+    return xmp_ut_ckpt_save(g->st.SL, comm, dir, step, keep, &s, extra, 4) == XMESH_SUCCESS ? 0
+                                                                                            : -1;
+}
+
+static void ut_json_model(void *u, xmp_json_t *j)
+{
+    ut_run_t *g = u;
+    xmp_json_int(j, "base_channels", g->cfg.base);
+    xmp_json_int(j, "groups", g->cfg.groups);
+    xmp_json_int(j, "head_dim", g->cfg.head_dim);
+    xmp_json_int(j, "cond_tokens", XMP_UT_TOKENS);
+    xmp_json_int(j, "cond_dim", g->cfg.cond_dim);
+    xmp_json_int(j, "layers", XMP_UT_LAYERS);
+    xmp_json_int(j, "seed", (long long)g->o.seed);
+}
+
+static void ut_json_train(void *u, xmp_json_t *j)
+{
+    ut_run_t *g = u;
+    xmp_json_str(j, "data", "synthetic shapes 32x32, denoise + mask");
+    xmp_json_f32(j, "noise", g->o.sigma);
+    xmp_json_int(j, "batch", g->o.batch);
+    xmp_json_f32(j, "momentum", g->o.momentum);
+}
+
+static void ut_describe(void *u, char *buf, size_t n)
+{
+    ut_run_t *g = u;
+    snprintf(buf, n, "B=%d C=%d", g->o.batch, g->o.base);
 }
 
 int xmp_train_utransformer_main(int argc, char **argv)
 {
     xmp_cli_set_command("utransformer");
-    ut_opts_t o;
-    ut_defaults(&o);
-    int p = parse_ut_flags(argc, argv, &o);
+    static ut_run_t g; /* large (tables per layer and stage); one per process */
+    xmp_train_opts_t t;
+    memset(&g, 0, sizeof g);
+    ut_defaults(&t, &g.o);
+    int p = parse_ut_flags(argc, argv, &t, &g.o);
     if (p != 0)
         return p > 0 ? 0 : 2;
-    xmp_ut_config_t c;
-    if (xmp_ut_config_init(&c, o.base, o.groups, o.head_dim) != 0) {
+    if (xmp_ut_config_init(&g.cfg, g.o.base, g.o.groups, g.o.head_dim) != 0) {
         xmp_cli_error("model flags: %s", xmp_ut_last_error());
         return 2;
     }
-    openblas_set_num_threads(o.blas_threads);
-    if (o.serial) {
-        ut_log_t log;
-        return serial_losses(&o, &c, NULL, &log, 1) == 0 ? 0 : 1;
-    }
-    return run_pipeline(&o, &c);
+    g.t = &t;
+    openblas_set_num_threads(t.blas_threads);
+    memset(g.kinds, 'u', XMP_UT_LAYERS);
+    g.kinds[XMP_UT_LAYERS] = '\0';
+    xmp_train_model_t m;
+    memset(&m, 0, sizeof m);
+    m.name = "utransformer";
+    m.rate_key = "images_per_s";
+    m.per_step = g.o.batch;
+    m.user = &g;
+    m.kinds = g.kinds;
+    m.builtins = ut_builtins;
+    m.builtin_names = "dp, megatron";
+    m.strategy_check = ut_strategy_check;
+    m.layout_check = ut_layout_check;
+    m.serial_open = ut_serial_open;
+    m.serial_step = ut_serial_step;
+    m.serial_close = ut_serial_close;
+    m.par_open = ut_par_open;
+    m.par_set_step = ut_par_set_step;
+    m.par_close = ut_par_close;
+    m.json_model = ut_json_model;
+    m.json_train = ut_json_train;
+    m.describe = ut_describe;
+    m.ckpt_open = ut_ckpt_open;
+    m.ckpt_load = ut_ckpt_load;
+    m.ckpt_save = ut_ckpt_save;
+    int rc = xmp_train_run(&t, &m);
+    xmp_ckpt_close(g.ck);
+    return rc;
 }

@@ -318,9 +318,29 @@ out:
     return buf;
 }
 
+/* Adapts a plain built-in callback to the mesh form (user is the plain callback). */
+typedef struct {
+    xmp_strategy_builtin_fn fn;
+} plain_builtins_t;
+static int plain_builtins(void *user, const char *name, int naxes, const int *shape, char *text,
+                          size_t n, char *err, size_t errlen)
+{
+    (void)shape;
+    return ((const plain_builtins_t *)user)->fn(name, naxes, text, n, err, errlen);
+}
+
 int xmp_strategy_load(const char *name_or_path, xmp_strategy_builtin_fn builtins,
                       const char *builtin_names, int naxes, xmp_strategy_t *out, char *err,
                       size_t errlen)
+{
+    plain_builtins_t pb = {builtins};
+    return xmp_strategy_load_mesh(name_or_path, builtins ? plain_builtins : NULL, &pb,
+                                  builtin_names, naxes, NULL, out, err, errlen);
+}
+
+int xmp_strategy_load_mesh(const char *name_or_path, xmp_strategy_mesh_builtin_fn builtins,
+                           void *user, const char *builtin_names, int naxes, const int *shape,
+                           xmp_strategy_t *out, char *err, size_t errlen)
 {
     if (!name_or_path || !*name_or_path)
         return fail(err, errlen, "strategy: empty name");
@@ -345,7 +365,7 @@ int xmp_strategy_load(const char *name_or_path, xmp_strategy_builtin_fn builtins
         size_t cap = 1 << 16;
         text = malloc(cap);
         rc = !text      ? fail(err, errlen, "strategy '%s': out of memory", name_or_path)
-             : builtins ? builtins(name_or_path, naxes, text, cap, err, errlen)
+             : builtins ? builtins(user, name_or_path, naxes, shape, text, cap, err, errlen)
                         : 1;
         if (rc == 1)
             fail(err, errlen,

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define XMP_STRATEGY_MAX_CLASSES 64
+#define XMP_STRATEGY_MAX_CLASSES 128
 #define XMP_STRATEGY_MAX_NAME 48
 
 typedef struct {
@@ -92,6 +92,19 @@ typedef int (*xmp_strategy_builtin_fn)(const char *name, int naxes, char *text, 
 int xmp_strategy_load(const char *name_or_path, xmp_strategy_builtin_fn builtins,
                       const char *builtin_names, int naxes, xmp_strategy_t *out, char *err,
                       size_t errlen);
+
+/* Built-ins that depend on the model's configuration and the mesh's shape (an addition to
+ * xmp_strategy_builtin_fn): user is the model's pointer, shape the naxes axis sizes of the stage
+ * mesh (NULL when unknown). Same returns as xmp_strategy_builtin_fn. */
+typedef int (*xmp_strategy_mesh_builtin_fn)(void *user, const char *name, int naxes,
+                                            const int *shape, char *text, size_t n, char *err,
+                                            size_t errlen);
+
+/* xmp_strategy_load for a mesh of the given shape (naxes sizes, may be NULL) with built-ins
+ * that may use it and the model's user pointer. */
+int xmp_strategy_load_mesh(const char *name_or_path, xmp_strategy_mesh_builtin_fn builtins,
+                           void *user, const char *builtin_names, int naxes, const int *shape,
+                           xmp_strategy_t *out, char *err, size_t errlen);
 
 /* Checks class names: every entry must be one of known[0..nknown) (else
  * "SOURCE:LINE: unknown class 'x'"), every required[0..nreq) must be

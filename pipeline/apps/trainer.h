@@ -1,0 +1,163 @@
+/*
+ * The one training loop of xmesh-train (issue 20 item 5, issue 22 item 4): every model
+ * (`gpt`, `utransformer`) is run by the same code through a model interface
+ * (xmp_train_model_t); the model files and the model adapters (apps/cmd_gpt.c,
+ * apps/train_utransformer.c) hold only the model.
+ *
+ * What the trainer owns, the same for every model:
+ *   - the flags common to every model (xmp_train_opts_t, one table: xmp_train_parse_flag):
+ *     --serial --steps --seed --schedule --comm --microbatches --delay-wgrad --print-schedule
+ *     --check-serial --json --no-progress --log-steps --trace --cluster --blas-threads
+ *     --mesh --dp --tp --stages --layout --stage-mesh --stage-dp --stage-tp
+ *     --strategy --stage-strategy --print-strategy --lr --weight-decay --bench --warmup;
+ *   - the stage layout built from those flags (xmp_train_layout) with the model's layer kinds;
+ *   - the serial loop (also the --check-serial reference on rank 0), the parallel loop over the
+ *     pipeline driver (pipe/driver.h): schedule generation, per-step statistics (loss summed
+ *     over ranks, per-stage F/I/W seconds timed around the stage callbacks, boxing seconds,
+ *     bubble, peak activations, the simulator's prediction), --delay-wgrad re-planning after
+ *     step 0 (pipe/replan.h), --check-serial (1e-5 relative over steps 0-4, 1e-4 to step 19),
+ *     the JSON step records, the progress bar, the Chrome trace;
+ *   - one outcome rule: exit 0 only after every step ran on every rank and (with
+ *     --check-serial) every compared step matched.
+ *
+ * Error convention: the model callbacks return 0 on success and -1 (or another nonzero value)
+ * on failure after setting the detailed message with xmp_err() (nn/sbp.h; read back with
+ * xmp_last_error()), as nn/ does; the trainer prints "xmesh-train <cmd>: <context>: <message>".
+ * Collective callbacks must fail on every rank alike or leave the decision to the trainer,
+ * which agrees over the world (MPI_Allreduce) before going on.
+ */
+#ifndef XMP_APPS_TRAINER_H
+#define XMP_APPS_TRAINER_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli_util.h"
+#include "models/stage_layout.h"
+#include "nn/strategy.h"
+#include "pipe/driver.h"
+#include "sched/schedule.h"
+
+/* Flags common to every model. */
+typedef struct {
+    int serial, steps, microbatches, schedule, comm, delay_wgrad, print_schedule, check_serial;
+    int no_progress, log_steps, bench, warmup, blas_threads;
+    uint64_t seed;
+    float lr, wd;
+    const char *json, *trace, *cluster;
+    /* stage layout and meshes */
+    const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp;
+    int dp, tp, stages;
+    /* strategies (nn/strategy.h): one for every stage, or one per stage */
+    const char *strategy, *stage_strategy;
+    int print_strategy;
+    /* distributed checkpoints (docs/CHECKPOINT.md): --save-dir --save-every --keep --resume;
+     * start_step is set by the trainer from the resumed checkpoint */
+    const char *save_dir, *resume;
+    int save_every, keep, start_step;
+} xmp_train_opts_t;
+
+/* Defaults: 1 microbatch, 1f1b, broadcast, warmup 1, 1 BLAS thread; steps, seed and lr are the
+ * model's (set them after this). */
+void xmp_train_defaults(xmp_train_opts_t *o);
+
+/* Parses the common flag at argv[*i] (advancing *i past its value). Returns 1 when the flag is
+ * a common one and was parsed, 0 when it is not a common flag (the model parses it), -1 on a bad
+ * value (message printed). */
+int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o);
+/* Checks the combination of the common flags after parsing (and sets XMESH_CLUSTER_FILE for
+ * --cluster). -1 with a message printed. */
+int xmp_train_check_flags(xmp_train_opts_t *o);
+/* The usage lines of the common flags. */
+void xmp_train_usage(void);
+
+typedef struct xmp_train_model xmp_train_model_t;
+
+/* What a model's parallel set-up hands to the trainer (all of it borrowed from the model's
+ * state until par_close). */
+typedef struct {
+    int stage;                      /* this rank's stage, -1: none */
+    xmp_stage_ops_t ops;            /* this rank's stage callbacks */
+    int nedges;                     /* stage-graph edges */
+    const xmp_edge_cfg_t *edges;    /* nedges */
+    const xmp_sedge_t *sedges;      /* nedges */
+    const xmp_stage_mesh_t *meshes; /* layout->nstages */
+    const char *const *edge_names;  /* nedges or NULL: names for --print-schedule */
+    int64_t nparams;                /* parameters of the whole model (JSON) */
+} xmp_train_stages_t;
+
+struct xmp_train_model {
+    const char *name;     /* subcommand: "gpt", "utransformer" */
+    const char *rate_key; /* JSON key of the throughput: "tokens_per_s", "images_per_s" */
+    double per_step;      /* samples (tokens, images) per step, for the rate */
+    void *user;
+
+    /* Stage layout: the model's layer kinds (stage_layout.h) and fixed head/tail items. */
+    const char *kinds;
+    int fixed_head, fixed_tail;
+    /* Built-in strategies (nn/strategy.h; user is passed, with the stage mesh's shape) and
+     * their names for messages, and the check of a resolved strategy against the layers of
+     * stage s (0, or -1 with err). */
+    xmp_strategy_mesh_builtin_fn builtins;
+    const char *builtin_names;
+    int (*strategy_check)(void *user, const xmp_strategy_t *s, const xmp_stage_layout_t *sl,
+                          int stage, char *err, size_t errlen);
+    /* Model-specific checks of the layout (e.g. microbatch rows divisible by dp); 0 or -1
+     * with err. Pure, the same on every rank. May be NULL. */
+    int (*layout_check)(void *user, const xmp_stage_layout_t *sl, char *err, size_t errlen);
+
+    /* Serial model: open (once per run; nparams for the JSON), one training step (loss),
+     * close. Used by --serial and by --check-serial on rank 0. */
+    int (*serial_open)(void *user, int64_t *nparams);
+    int (*serial_step)(void *user, int step, double *loss);
+    /* After a complete serial run: --save and the like (may be NULL). */
+    int (*serial_finish)(void *user);
+    void (*serial_close)(void *user);
+
+    /* Parallel (collective over comm, every rank, also ranks in no stage): creates the stages
+     * of layout sl with strategies strat[nstages] over ctx and fills *out. 0, or -1 (every
+     * rank; a rank that failed locally has set xmp_err; the trainer agrees over the world
+     * first only when the callback returns the same everywhere, so callbacks agree themselves
+     * where their failure may be local). */
+    int (*par_open)(void *user, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_layout_t *sl,
+                    const xmp_strategy_t *strat, xmp_train_stages_t *out);
+    /* Before each step, every rank: the step's data (batch) for step. 0 or -1 (xmp_err). */
+    int (*par_set_step)(void *user, int step);
+    /* xmesh's predicted seconds of a boundary activation transfer for re-planning with the
+     * given xmesh strategy (collective); NULL: the driver's mean over its activation plans. */
+    double (*par_edge_seconds)(void *user, int xmesh_strategy);
+    /* After the loop, every rank (collective): ok says the run completed; --save, memory
+     * report. Writes summary JSON into j on rank 0 (j NULL elsewhere or without --json).
+     * Returns 0 or -1 (message printed). May be NULL. */
+    int (*par_finish)(void *user, int ok, xmp_json_t *json);
+    void (*par_close)(void *user); /* collective */
+
+    /* Distributed checkpoints (parallel runs; NULL: --save-dir / --resume are refused).
+     * ckpt_open (--resume), collective, first thing after MPI_Init: opens the checkpoint dir,
+     * applies its model configuration and optimizer settings to the model (the layer kinds
+     * included) and to *o (lr, weight decay), and returns its step (steps done) in *step. 0 or
+     * -1 (xmp_err; the trainer agrees over the world). ckpt_load, collective, after par_open and
+     * every other check: loads the opened checkpoint into the stages (any layout) and closes
+     * it. ckpt_save, collective, after the optimizer update of step - 1: saves `step` steps
+     * done into dir, keeping the keep newest (0: all). */
+    int (*ckpt_open)(void *user, MPI_Comm comm, const char *dir, xmp_train_opts_t *o,
+                     int64_t *step);
+    int (*ckpt_load)(void *user, MPI_Comm comm, xmesh_ctx_t ctx);
+    int (*ckpt_save)(void *user, MPI_Comm comm, const char *dir, int64_t step, int keep);
+
+    /* JSON: the "model" and "train" objects of the header (keys inside the open object). */
+    void (*json_model)(void *user, xmp_json_t *json);
+    void (*json_train)(void *user, xmp_json_t *json);
+    /* One line summary after the run, e.g. "B=4 T=64" (written into buf). */
+    void (*describe)(void *user, char *buf, size_t n);
+};
+
+/* Sets the trainer's last error (xmp_err, nn/sbp.h) and returns -1: `return xmp_train_fail(..)`
+ * in model callbacks. */
+int xmp_train_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Runs the command: --serial (one process) or the MPI pipeline. Returns the exit code. */
+int xmp_train_run(const xmp_train_opts_t *o, const xmp_train_model_t *m);
+
+#endif /* XMP_APPS_TRAINER_H */
