@@ -56,14 +56,37 @@ xmesh_result_t xmp_gpt2_ckpt_meta(const xmp_gpt2_stage_t *st, int64_t step, xmp_
     return r;
 }
 
+/* Storage SBP of a checkpoint entry: every B axis of t becomes S(d) on its largest
+ * dim, so the replicas each write a slice of a replicated tensor (a local slice, no
+ * communication) instead of the first replica writing all of it. NULL: t has no B axis (or
+ * this rank holds no block of it). */
+static const xmp_sbp_t *store_sbp(const xmp_tensor_t *t, xmp_sbp_t *store)
+{
+    if (!t->mesh || t->ndim < 1)
+        return NULL;
+    int d = 0, any = 0;
+    for (int i = 1; i < t->ndim; i++)
+        if (t->shape[i] > t->shape[d])
+            d = i;
+    for (int a = 0; a < t->mesh->ndim; a++) {
+        store[a] = t->sbp[a];
+        if (t->sbp[a].kind == XMP_B && t->mesh->shape[a] > 1) {
+            store[a] = xmp_sbp_s(d);
+            any = 1;
+        }
+    }
+    return any ? store : NULL;
+}
+
 /* The checkpoint entries of this rank: param, .adam_m, .adam_v of every named tensor
  * (tied: 0 the primary copies, 1 only the tied wte copy). Names are stored in *names. */
 static int entries(xmp_gpt2_named_t *nt, int n, int tied, xmp_ckpt_tensor_t **out,
-                   char (**names)[XMP_CKPT_NAME_MAX])
+                   char (**names)[XMP_CKPT_NAME_MAX], xmp_sbp_t (**store)[XMP_MAX_MESH_DIMS])
 {
     *out = calloc((size_t)(3 * n + 1), sizeof **out);
     *names = calloc((size_t)(3 * n + 1), sizeof **names);
-    if (!*out || !*names)
+    *store = calloc((size_t)(3 * n + 1), sizeof **store);
+    if (!*out || !*names || !*store)
         return -1;
     int k = 0;
     for (int i = 0; i < n; i++) {
@@ -75,6 +98,7 @@ static int entries(xmp_gpt2_named_t *nt, int n, int tied, xmp_ckpt_tensor_t **ou
             snprintf((*names)[k], XMP_CKPT_NAME_MAX, "%s%s", nt[i].name, suf[j]);
             (*out)[k].name = (*names)[k];
             (*out)[k].t = t[j];
+            (*out)[k].store = store_sbp(t[j], (*store)[k]);
         }
     }
     return k;
@@ -87,11 +111,12 @@ xmesh_result_t xmp_gpt2_ckpt_save(xmp_gpt2_stage_t *st, MPI_Comm comm, const cha
     xmp_gpt2_named_t *nt = NULL;
     xmp_ckpt_tensor_t *ts = NULL;
     char(*names)[XMP_CKPT_NAME_MAX] = NULL;
+    xmp_sbp_t(*store)[XMP_MAX_MESH_DIMS] = NULL;
     xmesh_result_t r = xmp_gpt2_ckpt_meta(st, step, &m);
     for (int i = 0; !r && i < nextra; i++)
         r = xmp_ckpt_metalist_setf(&m, extra[i].key, "%s", extra[i].value);
     int n = xmp_gpt2_stage_named(st, &nt), k = 0;
-    int bad = r || n < 0 || (k = entries(nt, n < 0 ? 0 : n, 0, &ts, &names)) < 0, any = 0;
+    int bad = r || n < 0 || (k = entries(nt, n < 0 ? 0 : n, 0, &ts, &names, &store)) < 0, any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
     if (any)
         r = xmp_err(XMESH_ERR_NO_MEMORY, "gpt2 checkpoint save: out of memory");
@@ -99,6 +124,7 @@ xmesh_result_t xmp_gpt2_ckpt_save(xmp_gpt2_stage_t *st, MPI_Comm comm, const cha
         r = xmp_ckpt_save(comm, root, step, ts, k, m.kv, m.n, keep);
     free(ts);
     free(names);
+    free(store);
     free(nt);
     xmp_ckpt_metalist_free(&m);
     return r;
@@ -190,10 +216,11 @@ xmesh_result_t xmp_gpt2_ckpt_load(xmp_gpt2_stage_t *st, MPI_Comm comm, xmesh_ctx
     xmp_gpt2_named_t *nt = NULL;
     xmp_ckpt_tensor_t *ts = NULL, *tt = NULL;
     char(*names)[XMP_CKPT_NAME_MAX] = NULL, (*tnames)[XMP_CKPT_NAME_MAX] = NULL;
+    xmp_sbp_t(*store)[XMP_MAX_MESH_DIMS] = NULL, (*tstore)[XMP_MAX_MESH_DIMS] = NULL;
     xmesh_result_t r = cfg_meta(xmp_gpt2_stage_config(st), &m);
     int n = xmp_gpt2_stage_named(st, &nt), k = 0, kt = 0;
-    int bad = r || n < 0 || (k = entries(nt, n < 0 ? 0 : n, 0, &ts, &names)) < 0 ||
-              (kt = entries(nt, n < 0 ? 0 : n, 1, &tt, &tnames)) < 0,
+    int bad = r || n < 0 || (k = entries(nt, n < 0 ? 0 : n, 0, &ts, &names, &store)) < 0 ||
+              (kt = entries(nt, n < 0 ? 0 : n, 1, &tt, &tnames, &tstore)) < 0,
         any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
     if (any) {
@@ -213,6 +240,8 @@ out:
     free(tt);
     free(names);
     free(tnames);
+    free(store);
+    free(tstore);
     free(nt);
     xmp_ckpt_metalist_free(&m);
     return r;

@@ -22,15 +22,38 @@ static xmesh_result_t cfg_meta(const xmp_ut_config_t *c, xmp_ckpt_metalist_t *m)
     return r;
 }
 
+/* Storage SBP of a checkpoint entry: every B axis of t becomes S(d) on its largest
+ * dim, so the replicas each write a slice of a replicated tensor (a local slice, no
+ * communication) instead of the first replica writing all of it. NULL: t has no B axis (or
+ * this rank holds no block of it). */
+static const xmp_sbp_t *store_sbp(const xmp_tensor_t *t, xmp_sbp_t *store)
+{
+    if (!t->mesh || t->ndim < 1)
+        return NULL;
+    int d = 0, any = 0;
+    for (int i = 1; i < t->ndim; i++)
+        if (t->shape[i] > t->shape[d])
+            d = i;
+    for (int a = 0; a < t->mesh->ndim; a++) {
+        store[a] = t->sbp[a];
+        if (t->sbp[a].kind == XMP_B && t->mesh->shape[a] > 1) {
+            store[a] = xmp_sbp_s(d);
+            any = 1;
+        }
+    }
+    return any ? store : NULL;
+}
+
 /* param and .momentum entries of this rank's layers; names kept in *nt. */
 static int entries(xmp_ut_slayer_t *const *layers, xmp_ut_named_t **nt, xmp_ckpt_tensor_t **ts,
-                   char (**names)[XMP_CKPT_NAME_MAX])
+                   char (**names)[XMP_CKPT_NAME_MAX], xmp_sbp_t (**store)[XMP_MAX_MESH_DIMS])
 {
     int cap = XMP_UT_LAYERS * XMP_UT_MAX_PT;
     *nt = calloc((size_t)cap, sizeof **nt);
     *ts = calloc((size_t)(2 * cap), sizeof **ts);
     *names = calloc((size_t)(2 * cap), sizeof **names);
-    if (!*nt || !*ts || !*names)
+    *store = calloc((size_t)(2 * cap), sizeof **store);
+    if (!*nt || !*ts || !*names || !*store)
         return -1;
     int n = 0, k = 0;
     for (int l = 0; l < XMP_UT_LAYERS; l++)
@@ -39,7 +62,9 @@ static int entries(xmp_ut_slayer_t *const *layers, xmp_ut_named_t **nt, xmp_ckpt
     for (int i = 0; i < n; i++) {
         snprintf((*names)[k], XMP_CKPT_NAME_MAX, "%s", (*nt)[i].name);
         (*ts)[k].name = (*names)[k];
-        (*ts)[k++].t = (*nt)[i].param;
+        (*ts)[k].t = (*nt)[i].param;
+        (*ts)[k].store = store_sbp((*nt)[i].param, (*store)[k]);
+        k++;
         snprintf((*names)[k], XMP_CKPT_NAME_MAX, "%s.momentum", (*nt)[i].name);
         (*ts)[k].name = (*names)[k];
         (*ts)[k++].t = &(*nt)[i].vel;
@@ -55,6 +80,7 @@ xmesh_result_t xmp_ut_ckpt_save(xmp_ut_slayer_t *const *layers, MPI_Comm comm, c
     xmp_ut_named_t *nt = NULL;
     xmp_ckpt_tensor_t *ts = NULL;
     char(*names)[XMP_CKPT_NAME_MAX] = NULL;
+    xmp_sbp_t(*store)[XMP_MAX_MESH_DIMS] = NULL;
     xmesh_result_t r = cfg_meta(&s->cfg, &m);
     if (!r)
         r = xmp_ckpt_metalist_setf(&m, "sgd.lr", "%.17g", (double)s->lr);
@@ -71,7 +97,7 @@ xmesh_result_t xmp_ut_ckpt_save(xmp_ut_slayer_t *const *layers, MPI_Comm comm, c
     for (int i = 0; !r && i < nextra; i++)
         r = xmp_ckpt_metalist_setf(&m, extra[i].key, "%s", extra[i].value);
     int k = 0;
-    int bad = r || (k = entries(layers, &nt, &ts, &names)) < 0, any = 0;
+    int bad = r || (k = entries(layers, &nt, &ts, &names, &store)) < 0, any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
     if (any)
         r = xmp_err(XMESH_ERR_NO_MEMORY, "utransformer checkpoint save: out of memory");
@@ -79,6 +105,7 @@ xmesh_result_t xmp_ut_ckpt_save(xmp_ut_slayer_t *const *layers, MPI_Comm comm, c
         r = xmp_ckpt_save(comm, root, step, ts, k, m.kv, m.n, keep);
     free(ts);
     free(names);
+    free(store);
     free(nt);
     xmp_ckpt_metalist_free(&m);
     return r;
@@ -173,9 +200,10 @@ xmesh_result_t xmp_ut_ckpt_load(xmp_ut_slayer_t *const *layers, MPI_Comm comm, x
     xmp_ut_named_t *nt = NULL;
     xmp_ckpt_tensor_t *ts = NULL;
     char(*names)[XMP_CKPT_NAME_MAX] = NULL;
+    xmp_sbp_t(*store)[XMP_MAX_MESH_DIMS] = NULL;
     xmesh_result_t r = cfg_meta(cfg, &m);
     int k = 0;
-    int bad = r || (k = entries(layers, &nt, &ts, &names)) < 0, any = 0;
+    int bad = r || (k = entries(layers, &nt, &ts, &names, &store)) < 0, any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
     if (any)
         r = xmp_err(XMESH_ERR_NO_MEMORY, "utransformer checkpoint load: out of memory");
@@ -183,6 +211,7 @@ xmesh_result_t xmp_ut_ckpt_load(xmp_ut_slayer_t *const *layers, MPI_Comm comm, x
         r = xmp_ckpt_load(comm, ctx, ck, ts, k, m.kv, m.n, XMP_CKPT_STRICT);
     free(ts);
     free(names);
+    free(store);
     free(nt);
     xmp_ckpt_metalist_free(&m);
     return r;

@@ -96,6 +96,10 @@ def gpt_same():
               "%s: final parameters byte-equal" % tag)
         with open(path(tag + "ck/step-00000003/MANIFEST")) as f:
             man = f.read()
+        sizes = [int(l.split()[3]) for l in man.splitlines() if l.startswith("file ")]
+        if tag == "s1":  # 2 data-parallel replicas: each writes half of every tensor
+            check(len(sizes) == 2 and sizes[0] == sizes[1] > 0,
+                  "s1: both replicas write half of the unique data (shards %s)" % sizes)
         for key in ("meta model gpt2", "meta config.num_layers 3", "meta adamw.t 3",
                     "meta data.batches 3", "tensor h.2.fc.w.adam_v ", "tensor wte.adam_m "):
             check(key in man, "%s: manifest has '%s'" % (tag, key.strip()))
