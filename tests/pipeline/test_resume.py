@@ -11,7 +11,8 @@ Sets (each one ctest test):
               (sharded storage); saved on 4 ranks (2x2 megatron) resumed on 2 and on 8 ranks:
               losses of steps 3..7 within 1e-5 relative of the uninterrupted run
   gpt_bad     corrupted shard, truncated shard, missing shard, manifest of another model,
-              manifest of another configuration, layout that does not fit the model: non-zero
+              another format version, manifest of another configuration, other training data,
+              a layout that does not fit the model, nothing left to train: non-zero
               exit, a message naming the file or field, no step trained (no JSON written)
   gpt_convert xmesh-ckpt convert: llm.c file of `--serial --save` -> checkpoint (4 ranks,
               2 stages) -> llm.c file is byte-equal; a parallel run's checkpoint converted to
@@ -201,6 +202,10 @@ def gpt_bad():
     bad_case("another format version", 2, lay, "ck", version, ["MANIFEST", "format version 2"])
     bad_case("layout not fitting", 4, ["--mesh", "1x4", "--steps", "6"], "ck", lambda d: None,
              ["heads", "tensor-parallel degree 4"])
+    with open(path("other.txt"), "w") as f:
+        f.write("another text to train on. " * 200)
+    bad_case("other data", 2, lay + ["--text", path("other.txt")], "ck", lambda d: None,
+             ["'data'", "other.txt"])
     bad_case("nothing left to train", 2, ["--mesh", "2x1", "--steps", "3"], "ck", lambda d: None,
              ["step 3", "--steps 3"])
 
