@@ -49,6 +49,8 @@ typedef struct {
     xmp_llmc_loader_t ld;
     xmp_gpt2_stage_t *st;
     int nstages, rank, size;
+    int B;    /* rows per optimizer step: --batch x --grad-accum */
+    float lr; /* the scheduled learning rate of the step */
     xmp_edge_cfg_t edges[XMP_MAX_STAGES];
     xmp_sedge_t sedges[XMP_MAX_STAGES];
     xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
@@ -189,11 +191,12 @@ static int setup_model(const xmp_train_opts_t *t, const gpt_opts_t *o, xmp_gpt2_
     return 0;
 }
 
-static int setup_data(const gpt_opts_t *o, xmp_llmc_loader_t *ld, const char **desc)
+/* The loader gives the B rows of one optimizer step (--batch x --grad-accum). */
+static int setup_data(const gpt_opts_t *o, int B, xmp_llmc_loader_t *ld, const char **desc)
 {
     if (o->data) {
         *desc = o->data;
-        if (xmp_llmc_loader_init(ld, o->data, o->batch, o->seq, 0, 1, o->shuffle) != 0)
+        if (xmp_llmc_loader_init(ld, o->data, B, o->seq, 0, 1, o->shuffle) != 0)
             return xmp_train_fail("--data: %s", xmp_llmc_last_error());
         return 0;
     }
@@ -210,7 +213,7 @@ static int setup_data(const gpt_opts_t *o, xmp_llmc_loader_t *ld, const char **d
     }
     xmp_llmc_tokenize_bytes(toks, text, n);
     free(text);
-    int rc = xmp_llmc_loader_init_tokens(ld, toks, n, o->batch, o->seq, 0, 1, o->shuffle);
+    int rc = xmp_llmc_loader_init_tokens(ld, toks, n, B, o->seq, 0, 1, o->shuffle);
     free(toks);
     if (rc != 0)
         return xmp_train_fail("data '%s': %s", path, xmp_llmc_last_error());
@@ -226,7 +229,7 @@ static int gpt_serial_open(void *u, int64_t *nparams)
     memset(&g->sld, 0, sizeof g->sld);
     if (setup_model(g->t, &g->o, &g->sm) != 0)
         return -1;
-    if (setup_data(&g->o, &g->sld, &g->desc) != 0) {
+    if (setup_data(&g->o, g->B, &g->sld, &g->desc) != 0) {
         xmp_gpt2_free(&g->sm);
         return -1;
     }
@@ -234,16 +237,36 @@ static int gpt_serial_open(void *u, int64_t *nparams)
     return 0;
 }
 
-static int gpt_serial_step(void *u, int step, double *loss)
+/* Sum of squares of n floats (double accumulation). */
+static double sumsq(const float *g, size_t n)
+{
+    double s = 0;
+    for (size_t k = 0; k < n; k++)
+        s += (double)g[k] * g[k];
+    return s;
+}
+
+/* One optimizer step over the step's B = --batch x --grad-accum rows: the mean loss over all
+ * B*T tokens, as llm.c's accumulation over grad_accum batches gives it. */
+static int gpt_serial_step(void *u, int step, double *loss, double *grad_norm)
 {
     gpt_run_t *g = u;
     const gpt_opts_t *o = &g->o;
     if (xmp_llmc_loader_next(&g->sld) != 0 ||
-        xmp_gpt2_forward(&g->sm, g->sld.inputs, g->sld.targets, o->batch, o->seq) != 0)
+        xmp_gpt2_forward(&g->sm, g->sld.inputs, g->sld.targets, g->B, o->seq) != 0)
         return xmp_train_fail("%s", xmp_llmc_last_error());
     xmp_gpt2_zero_grad(&g->sm);
-    if (xmp_gpt2_backward(&g->sm) != 0 ||
-        xmp_gpt2_update(&g->sm, g->t->lr, o->beta1, o->beta2, o->eps, g->t->wd, step + 1) != 0)
+    if (xmp_gpt2_backward(&g->sm) != 0)
+        return xmp_train_fail("%s", xmp_llmc_last_error());
+    if (g->t->grad_clip > 0) {
+        *grad_norm = sqrt(sumsq(g->sm.grads, g->sm.num_params));
+        if (*grad_norm > g->t->grad_clip) {
+            float sc = (float)(g->t->grad_clip / *grad_norm);
+            for (size_t k = 0; k < g->sm.num_params; k++)
+                g->sm.grads[k] *= sc;
+        }
+    }
+    if (xmp_gpt2_update(&g->sm, g->lr, o->beta1, o->beta2, o->eps, g->t->wd, step + 1) != 0)
         return xmp_train_fail("%s", xmp_llmc_last_error());
     *loss = g->sm.mean_loss;
     return 0;
@@ -293,8 +316,15 @@ static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage
     char err[1024];
     MPI_Comm_rank(comm, &g->rank);
     MPI_Comm_size(comm, &g->size);
-    xmp_gpt2_train_cfg_t tc = {g->o.batch, g->o.seq, t->microbatches, t->lr, g->o.beta1,
-                               g->o.beta2, g->o.eps, t->wd,           strat};
+    xmp_gpt2_train_cfg_t tc = {.B = g->B,
+                               .T = g->o.seq,
+                               .M = t->microbatches * t->grad_accum,
+                               .lr = g->lr,
+                               .beta1 = g->o.beta1,
+                               .beta2 = g->o.beta2,
+                               .eps = g->o.eps,
+                               .wd = t->wd,
+                               .strategy = strat};
     if (xmp_gpt2_stage_create(comm, ctx, &g->m, sl, &tc, &g->st, err, sizeof err) != 0)
         return xmp_train_fail("%s", err);
     g->nstages = sl->nstages;
@@ -317,6 +347,24 @@ static int gpt_par_set_step(void *u, int step)
         return xmp_train_fail("%s", xmp_llmc_last_error());
     xmp_gpt2_stage_set_batch(g->st, g->ld.inputs, g->ld.targets, step);
     return 0;
+}
+
+static void gpt_set_lr(void *u, float lr)
+{
+    gpt_run_t *g = u;
+    g->lr = lr;
+    if (g->st)
+        xmp_gpt2_stage_set_lr(g->st, lr);
+}
+
+static double gpt_grad_sumsq(void *u)
+{
+    return xmp_gpt2_stage_grad_sumsq(((gpt_run_t *)u)->st);
+}
+
+static void gpt_grad_scale(void *u, float scale)
+{
+    xmp_gpt2_stage_scale_grads(((gpt_run_t *)u)->st, scale);
 }
 
 static double gpt_par_edge_seconds(void *u, int xmesh_strategy)
@@ -415,6 +463,10 @@ static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts
     if (L + 2 > XMP_MAX_LAYERS)
         return xmp_train_fail("%s: %d layers: more than the %d a stage layout holds",
                               xmp_ckpt_dir(ck), L, XMP_MAX_LAYERS - 2);
+    if (s.batch % o->grad_accum)
+        return xmp_train_fail("%s: the checkpoint's batch of %d rows per step is not a multiple "
+                              "of --grad-accum %d",
+                              xmp_ckpt_dir(ck), s.batch, o->grad_accum);
     if (s.seq > s.cfg.max_seq_len)
         return xmp_train_fail("%s: train.seq %d exceeds config.max_seq_len %d", xmp_ckpt_dir(ck),
                               s.seq, s.cfg.max_seq_len);
@@ -434,17 +486,19 @@ static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts
     memset(&g->m, 0, sizeof g->m);
     if (xmp_gpt2_init_random(&g->m, &s.cfg, o->seed) != 0)
         return xmp_train_fail("%s: %s", xmp_ckpt_dir(ck), xmp_llmc_last_error());
-    g->o.batch = s.batch;
+    g->B = s.batch; /* rows per optimizer step (--batch x --grad-accum when saved) */
+    g->o.batch = s.batch / o->grad_accum;
     g->o.seq = s.seq;
     g->o.beta1 = s.beta1;
     g->o.beta2 = s.beta2;
     g->o.eps = s.eps;
-    o->lr = s.lr;
+    o->lr = s.lr; /* the base learning rate (the trainer's schedule starts from it) */
     o->wd = s.wd;
+    g->lr = s.lr;
     g->t = o; /* the trainer's options, with the checkpoint's lr and weight decay */
     xmp_llmc_loader_free(&g->ld);
     memset(&g->ld, 0, sizeof g->ld);
-    if (setup_data(&g->o, &g->ld, &g->desc) != 0)
+    if (setup_data(&g->o, g->B, &g->ld, &g->desc) != 0)
         return -1;
     for (int64_t i = 0; i < nb; i++)
         if (xmp_llmc_loader_next(&g->ld) != 0)
@@ -470,8 +524,10 @@ static int gpt_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
 static int gpt_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, int keep)
 {
     gpt_run_t *g = u;
-    char nb[32], sh[8], seed[32];
+    char nb[32], sh[8], seed[32], lr[40];
     snprintf(nb, sizeof nb, "%lld", (long long)step);
+    /* the base learning rate, not this step's scheduled one */
+    snprintf(lr, sizeof lr, "%.17g", (double)g->t->lr);
     snprintf(sh, sizeof sh, "%d", g->o.shuffle);
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)g->t->seed);
     /* data.batches batches consumed; the loader's RNG (MT19937, the same on every rank) is
@@ -480,7 +536,8 @@ static int gpt_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, 
                              {"data.shuffle", sh},
                              {"data.batches", nb},
                              {"rng.loader", "mt19937 seed 42, replayed over data.batches"},
-                             {"seed", seed}};
+                             {"seed", seed},
+                             {"adamw.lr", lr}};
     return xmp_gpt2_ckpt_save(g->st, comm, dir, step, keep, extra,
                               (int)(sizeof extra / sizeof extra[0])) == XMESH_SUCCESS
                ? 0
@@ -517,7 +574,10 @@ static void gpt_json_train(void *u, xmp_json_t *j)
 static void gpt_describe(void *u, char *buf, size_t n)
 {
     gpt_run_t *g = u;
-    snprintf(buf, n, "B=%d T=%d", g->o.batch, g->o.seq);
+    if (g->t->grad_accum > 1)
+        snprintf(buf, n, "B=%dx%d T=%d", g->o.batch, g->t->grad_accum, g->o.seq);
+    else
+        snprintf(buf, n, "B=%d T=%d", g->o.batch, g->o.seq);
 }
 
 int xmp_cmd_gpt(int argc, char **argv)
@@ -531,12 +591,14 @@ int xmp_cmd_gpt(int argc, char **argv)
     if (p != 0)
         return p > 0 ? 0 : 2;
     g.t = &t;
+    g.B = g.o.batch * t.grad_accum;
+    g.lr = t.lr;
     openblas_set_num_threads(t.blas_threads);
     xmp_train_model_t m;
     memset(&m, 0, sizeof m);
     m.name = "gpt";
     m.rate_key = "tokens_per_s";
-    m.per_step = (double)g.o.batch * g.o.seq;
+    m.per_step = (double)g.B * g.o.seq;
     m.user = &g;
     m.builtins = gpt_builtins;
     m.builtin_names = XMP_GPT2_BUILTIN_STRATEGIES;
@@ -545,6 +607,9 @@ int xmp_cmd_gpt(int argc, char **argv)
     m.serial_step = gpt_serial_step;
     m.serial_finish = gpt_serial_finish;
     m.serial_close = gpt_serial_close;
+    m.set_lr = gpt_set_lr;
+    m.grad_sumsq = gpt_grad_sumsq;
+    m.grad_scale = gpt_grad_scale;
     m.par_open = gpt_par_open;
     m.par_set_step = gpt_par_set_step;
     m.par_edge_seconds = gpt_par_edge_seconds;
@@ -567,7 +632,7 @@ int xmp_cmd_gpt(int argc, char **argv)
         xmp_cli_error("%s", xmp_last_error());
         return 1;
     }
-    if (setup_data(&g.o, &g.ld, &g.desc) != 0) {
+    if (setup_data(&g.o, g.B, &g.ld, &g.desc) != 0) {
         xmp_cli_error("%s", xmp_last_error());
         xmp_gpt2_free(&g.m);
         return 1;

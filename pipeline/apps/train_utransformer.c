@@ -50,6 +50,7 @@
 /* The model's own flags, and the common ones its stages read (copied from the trainer's). */
 typedef struct {
     int base, groups, head_dim, batch, microbatches;
+    int batch_arg; /* --batch; batch and microbatches are per optimizer step (x --grad-accum) */
     float lr, momentum, wd, sigma;
     uint64_t seed;
 } ut_opts_t;
@@ -132,7 +133,9 @@ static int parse_ut_flags(int argc, char **argv, xmp_train_opts_t *t, ut_opts_t 
     o->lr = t->lr;
     o->wd = t->wd;
     o->seed = t->seed;
-    o->microbatches = t->microbatches;
+    o->batch_arg = o->batch;
+    o->batch *= t->grad_accum;
+    o->microbatches = t->microbatches * t->grad_accum;
     return 0;
 }
 
@@ -640,15 +643,30 @@ static int ut_serial_open(void *u, int64_t *nparams)
     return 0;
 }
 
-static int ut_serial_step(void *u, int step, double *loss)
+/* One optimizer step over the step's batch (--batch x --grad-accum images): the mean loss over
+ * all of them, as accumulation over grad_accum batches gives it. */
+static int ut_serial_step(void *u, int step, double *loss, double *grad_norm)
 {
     ut_run_t *g = u;
     const ut_opts_t *o = &g->o;
     size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
     float *in = g->sbuf, *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
     xmp_shapes_batch(&g->ssh, step, o->batch, 0, o->batch, in, tg, cond);
-    if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0 || xmp_ut_model_backward(&g->sm, tg) != 0 ||
-        xmp_ut_model_update(&g->sm, o->lr, o->momentum, o->wd) != 0)
+    if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0 || xmp_ut_model_backward(&g->sm, tg) != 0)
+        return xmp_train_fail("%s", xmp_ut_last_error());
+    if (g->t->grad_clip > 0) {
+        double s = 0;
+        const size_t n = g->sm.layout.total;
+        for (size_t k = 0; k < n; k++)
+            s += (double)g->sm.grads[k] * g->sm.grads[k];
+        *grad_norm = sqrt(s);
+        if (*grad_norm > g->t->grad_clip) {
+            float sc = (float)(g->t->grad_clip / *grad_norm);
+            for (size_t k = 0; k < n; k++)
+                g->sm.grads[k] *= sc;
+        }
+    }
+    if (xmp_ut_model_update(&g->sm, o->lr, o->momentum, o->wd) != 0)
         return xmp_train_fail("%s", xmp_ut_last_error());
     *loss = g->sm.loss;
     return 0;
@@ -810,6 +828,27 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     return local_fail ? -1 : 0;
 }
 
+static void ut_set_lr(void *u, float lr)
+{
+    ((ut_run_t *)u)->o.lr = lr; /* the serial model and the stages read it */
+}
+
+static double ut_grad_sumsq(void *u)
+{
+    ut_stage_t *st = &((ut_run_t *)u)->st;
+    double s = 0;
+    for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
+        s += xmp_ut_slayer_grad_sumsq(st->SL[l]);
+    return s;
+}
+
+static void ut_grad_scale(void *u, float scale)
+{
+    ut_stage_t *st = &((ut_run_t *)u)->st;
+    for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
+        xmp_ut_slayer_scale_grads(st->SL[l], scale);
+}
+
 static int ut_par_set_step(void *u, int step)
 {
     ut_run_t *g = u;
@@ -839,10 +878,10 @@ static int ut_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_
     xmp_ut_ckpt_settings_t s;
     if (xmp_ut_ckpt_open(comm, dir, &g->ck, &s) != XMESH_SUCCESS)
         return -1;
-    if (s.batch % o->microbatches)
-        return xmp_train_fail("%s: the checkpoint's batch %d is not a multiple of --microbatches "
-                              "%d",
-                              xmp_ckpt_dir(g->ck), s.batch, o->microbatches);
+    if (s.batch % g->o.microbatches)
+        return xmp_train_fail("%s: the checkpoint's batch of %d images per step is not a multiple "
+                              "of --microbatches x --grad-accum = %d",
+                              xmp_ckpt_dir(g->ck), s.batch, g->o.microbatches);
     g->cfg = s.cfg;
     g->o.base = s.cfg.base;
     g->o.groups = s.cfg.groups;
@@ -852,7 +891,8 @@ static int ut_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_
     g->o.seed = o->seed = s.seed;
     g->o.momentum = s.momentum;
     g->o.sigma = s.sigma;
-    g->o.batch = s.batch;
+    g->o.batch = s.batch; /* images per optimizer step (x --grad-accum when saved) */
+    g->o.batch_arg = s.batch / o->grad_accum;
     g->t = o;
     *step = s.step;
     return 0;
@@ -871,7 +911,8 @@ static int ut_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
 static int ut_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, int keep)
 {
     ut_run_t *g = u;
-    xmp_ut_ckpt_settings_t s = {g->cfg,     g->o.lr,    g->o.momentum, g->o.wd,
+    /* the base learning rate (g->o.lr is this step's scheduled one) */
+    xmp_ut_ckpt_settings_t s = {g->cfg,     g->t->lr,   g->o.momentum, g->o.wd,
                                 g->o.sigma, g->o.batch, g->o.seed,     step};
     char lay[256] = "", meshes[256] = "", data[32];
     xmp_stage_layout_format(g->sl, lay, sizeof lay);
@@ -904,14 +945,17 @@ static void ut_json_train(void *u, xmp_json_t *j)
     ut_run_t *g = u;
     xmp_json_str(j, "data", "synthetic shapes 32x32, denoise + mask");
     xmp_json_f32(j, "noise", g->o.sigma);
-    xmp_json_int(j, "batch", g->o.batch);
+    xmp_json_int(j, "batch", g->o.batch_arg);
     xmp_json_f32(j, "momentum", g->o.momentum);
 }
 
 static void ut_describe(void *u, char *buf, size_t n)
 {
     ut_run_t *g = u;
-    snprintf(buf, n, "B=%d C=%d", g->o.batch, g->o.base);
+    if (g->t->grad_accum > 1)
+        snprintf(buf, n, "B=%dx%d C=%d", g->o.batch_arg, g->t->grad_accum, g->o.base);
+    else
+        snprintf(buf, n, "B=%d C=%d", g->o.batch, g->o.base);
 }
 
 int xmp_train_utransformer_main(int argc, char **argv)
@@ -946,6 +990,9 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.serial_open = ut_serial_open;
     m.serial_step = ut_serial_step;
     m.serial_close = ut_serial_close;
+    m.set_lr = ut_set_lr;
+    m.grad_sumsq = ut_grad_sumsq;
+    m.grad_scale = ut_grad_scale;
     m.par_open = ut_par_open;
     m.par_set_step = ut_par_set_step;
     m.par_close = ut_par_close;

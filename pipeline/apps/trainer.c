@@ -32,8 +32,24 @@ void xmp_train_defaults(xmp_train_opts_t *o)
     o->microbatches = 1;
     o->schedule = XMP_SCHED_1F1B;
     o->comm = XMP_COMM_BROADCAST;
-    o->warmup = 1;
+    o->bench_warmup = 1;
     o->blas_threads = 1;
+    o->grad_accum = 1;
+}
+
+float xmp_train_lr(const xmp_train_opts_t *o, int step)
+{
+    double lr = o->lr;
+    if (step < o->warmup)
+        return (float)(lr * (step + 1) / o->warmup);
+    if (o->lr_decay == XMP_LR_NONE || o->steps - o->warmup <= 1)
+        return (float)lr;
+    /* 0 at the first step after the warm-up, 1 at the last step */
+    double ratio = (double)(step - o->warmup) / (double)(o->steps - o->warmup - 1);
+    double lo = lr * o->lr_min_frac;
+    if (o->lr_decay == XMP_LR_COSINE)
+        return (float)(lo + 0.5 * (1.0 + cos(3.14159265358979323846 * ratio)) * (lr - lo));
+    return (float)(lr - (lr - lo) * ratio);
 }
 
 void xmp_train_usage(void)
@@ -41,10 +57,16 @@ void xmp_train_usage(void)
     printf("common to every model:\n"
            "  --serial            one process, the reference (no mesh, stage or strategy flags)\n"
            "  --steps N  --seed N  --lr X  --weight-decay X\n"
+           "  --grad-accum N (1)  batches per optimizer step (N x --microbatches per step)\n"
+           "  --grad-clip X (0: off)  clip the global gradient norm (every stage and rank) to X\n"
+           "  --warmup N (0)      linear learning-rate warm-up over N steps\n"
+           "  --lr-decay none|cosine|linear (none)  decay after the warm-up to the last step\n"
+           "  --lr-min-frac F (0) the decay ends at lr x F\n"
            "  --json FILE         configuration + one record per step\n"
            "  --log-steps         print 'step N: train loss L (took X ms)' lines\n"
            "  --no-progress       no progress bar (it is only drawn on a terminal anyway)\n"
-           "  --bench             print the rate median/min/max over steps after --warmup (1)\n"
+           "  --bench             print the rate median/min/max over steps after --bench-warmup\n"
+           "  --bench-warmup N (1) steps left out of the --bench statistics\n"
            "  --blas-threads N    OpenBLAS threads (1)\n"
            "parallel (under mpirun):\n"
            "  --mesh RxC --dp N --tp N   one stage on all ranks (R = dp, C = tp)\n"
@@ -100,6 +122,10 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
     } t[] = {
         {"--steps", &o->steps, 1, 1 << 30, NULL, 0, 0, NULL},
         {"--warmup", &o->warmup, 0, 1 << 30, NULL, 0, 0, NULL},
+        {"--bench-warmup", &o->bench_warmup, 0, 1 << 30, NULL, 0, 0, NULL},
+        {"--grad-accum", &o->grad_accum, 1, 1 << 16, NULL, 0, 0, NULL},
+        {"--grad-clip", NULL, 0, 0, &o->grad_clip, 0.0, 1e30, NULL},
+        {"--lr-min-frac", NULL, 0, 0, &o->lr_min_frac, 0.0, 1.0, NULL},
         {"--blas-threads", &o->blas_threads, 1, 1024, NULL, 0, 0, NULL},
         {"--dp", &o->dp, 1, 1 << 20, NULL, 0, 0, NULL},
         {"--tp", &o->tp, 1, 1 << 20, NULL, 0, 0, NULL},
@@ -130,6 +156,19 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
         if (!strcmp(a, "--seed")) {
             if (!(v = xmp_cli_value(argc, argv, i)) || xmp_cli_u64(a, v, &o->seed) != 0)
                 return -1;
+            return 1;
+        }
+        if (!strcmp(a, "--lr-decay")) {
+            if (!(v = xmp_cli_value(argc, argv, i)))
+                return -1;
+            if (!strcmp(v, "none"))
+                o->lr_decay = XMP_LR_NONE;
+            else if (!strcmp(v, "cosine"))
+                o->lr_decay = XMP_LR_COSINE;
+            else if (!strcmp(v, "linear"))
+                o->lr_decay = XMP_LR_LINEAR;
+            else
+                return xmp_cli_error("--lr-decay '%s': expected none, cosine or linear", v);
             return 1;
         }
         if (!strcmp(a, "--schedule")) {
@@ -187,9 +226,11 @@ int xmp_train_check_flags(xmp_train_opts_t *o)
     if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
         return xmp_cli_error("--check-serial with --comm signal: signal moves no data, so its "
                              "losses cannot match the serial reference");
-    if (o->bench && o->warmup >= o->steps)
-        return xmp_cli_error("--warmup %d leaves no measured step of --steps %d", o->warmup,
-                             o->steps);
+    if (o->bench && o->bench_warmup >= o->steps)
+        return xmp_cli_error("--bench-warmup %d leaves no measured step of --steps %d",
+                             o->bench_warmup, o->steps);
+    if (o->warmup > o->steps)
+        return xmp_cli_error("--warmup %d is longer than --steps %d", o->warmup, o->steps);
     return 0;
 }
 
@@ -331,6 +372,14 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
         xmp_json_f32(j, "lr", o->lr);
         xmp_json_f32(j, "weight_decay", o->wd);
         xmp_json_int(j, "blas_threads", o->blas_threads);
+        xmp_json_int(j, "grad_accum", o->grad_accum);
+        xmp_json_f32(j, "grad_clip", o->grad_clip);
+        xmp_json_int(j, "warmup", o->warmup);
+        xmp_json_str(j, "lr_decay",
+                     o->lr_decay == XMP_LR_COSINE   ? "cosine"
+                     : o->lr_decay == XMP_LR_LINEAR ? "linear"
+                                                    : "none");
+        xmp_json_f32(j, "lr_min_frac", o->lr_min_frac);
         xmp_json_obj_end(j);
         if (sl) {
             char buf[512];
@@ -338,7 +387,7 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
             xmp_json_obj_begin(j, "pipeline");
             xmp_json_int(j, "stages", sl->nstages);
             xmp_json_str(j, "layout", buf);
-            xmp_json_int(j, "microbatches", o->microbatches);
+            xmp_json_int(j, "microbatches", o->microbatches * o->grad_accum);
             xmp_json_str(j, "schedule", xmp_sched_kind_name(o->schedule));
             xmp_json_bool(j, "delay_wgrad", o->delay_wgrad);
             xmp_json_str(j, "comm", xmp_comm_mode_name(o->comm));
@@ -366,7 +415,7 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
 }
 
 static void log_record(train_log_t *s, int step, double loss, double seconds,
-                       const xmp_step_pipe_t *pipe)
+                       const xmp_step_pipe_t *pipe, float lr, double grad_norm)
 {
     double rate = seconds > 0 ? s->m->per_step / seconds : 0.0;
     if (s->n == 0)
@@ -382,6 +431,9 @@ static void log_record(train_log_t *s, int step, double loss, double seconds,
             xmp_json_f32(&s->json, "loss", (float)loss);
         xmp_json_num(&s->json, "step_seconds", seconds);
         xmp_json_num(&s->json, s->m->rate_key, rate);
+        xmp_json_f32(&s->json, "lr", lr);
+        if (s->o->grad_clip > 0)
+            xmp_json_num(&s->json, "grad_norm", grad_norm);
         if (pipe)
             xmp_json_step_pipeline(&s->json, pipe);
         xmp_json_obj_end(&s->json);
@@ -398,7 +450,7 @@ static void log_summary(train_log_t *s, int ok, double *med, double *mn, double 
 {
     const xmp_train_opts_t *o = s->o;
     xmp_progress_finish(&s->bar);
-    *skip = o->bench ? o->warmup : 0;
+    *skip = o->bench ? o->bench_warmup : 0;
     if (*skip >= s->n)
         *skip = 0;
     *med = *mn = *mx = 0;
@@ -461,8 +513,12 @@ static int serial_losses(const xmp_train_opts_t *o, const xmp_train_model_t *m, 
     if (m->serial_open(m->user, &np) != 0)
         return -1;
     int rc = 0;
-    for (int step = 0; step < steps && rc == 0; step++)
-        rc = m->serial_step(m->user, step, &out[step]);
+    for (int step = 0; step < steps && rc == 0; step++) {
+        double gn = 0;
+        if (m->set_lr)
+            m->set_lr(m->user, xmp_train_lr(o, step));
+        rc = m->serial_step(m->user, step, &out[step], &gn);
+    }
     m->serial_close(m->user);
     (void)o;
     return rc;
@@ -482,12 +538,15 @@ static int run_serial(const xmp_train_opts_t *o, const xmp_train_model_t *m)
         return 1;
     }
     for (int step = 0; step < o->steps; step++) {
-        double t0 = xmp_now(), loss = 0;
-        if (m->serial_step(m->user, step, &loss) != 0) {
+        double t0 = xmp_now(), loss = 0, gn = 0;
+        float lr = xmp_train_lr(o, step);
+        if (m->set_lr)
+            m->set_lr(m->user, lr);
+        if (m->serial_step(m->user, step, &loss, &gn) != 0) {
             xmp_cli_error("training stopped at step %d: %s", step, xmp_last_error());
             break;
         }
-        log_record(&log, step, loss, xmp_now() - t0, NULL);
+        log_record(&log, step, loss, xmp_now() - t0, NULL, lr, gn);
         if (!isfinite(loss)) {
             xmp_cli_error("training stopped: loss is %f at step %d", loss, step);
             break;
@@ -513,6 +572,7 @@ typedef struct {
     xmp_stage_ops_t in;
     double f, i, w, r, o;
     int nf, ni, nw;
+    int defer_o; /* --grad-clip: O runs after the driver step, once the global norm is known */
 } timed_ops_t;
 
 static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
@@ -553,6 +613,8 @@ static int t_red(void *u)
 static int t_opt(void *u)
 {
     timed_ops_t *t = u;
+    if (t->defer_o)
+        return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) : 0;
     t->o += MPI_Wtime() - t0;
@@ -596,15 +658,9 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
         x = xmp_driver_mean_act_seconds(*drv);
     }
     (void)S;
-    xmp_replan_t rp = {o->schedule,
-                       o->microbatches,
-                       ts->nedges,
-                       ts->sedges,
-                       f,
-                       fi,
-                       fw,
-                       o->comm == XMP_COMM_SIGNAL ? 0 : x,
-                       o->print_schedule};
+    xmp_replan_t rp = {
+        o->schedule, o->microbatches * o->grad_accum,    ts->nedges,       ts->sedges, f, fi,
+        fw,          o->comm == XMP_COMM_SIGNAL ? 0 : x, o->print_schedule};
     char err[640];
     if (xmp_pipe_replan(&rp, dc, sched, drv, err, sizeof err) != 0) {
         if (rank == 0)
@@ -612,6 +668,26 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
         return -1;
     }
     return 0;
+}
+
+/* --grad-clip, after the driver step (R done, O deferred): the global gradient norm over every
+ * stage and rank (each distinct element once: one all-reduce over the world), the reduced
+ * gradients scaled by clip/norm when the norm exceeds clip, then the stage's O. Collective. */
+static int clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m, int me,
+                           timed_ops_t *t, double *norm)
+{
+    double ss = me >= 0 && m->grad_sumsq ? m->grad_sumsq(m->user) : 0, all = 0;
+    MPI_Allreduce(&ss, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    *norm = sqrt(all);
+    int bad = 0;
+    if (me >= 0) {
+        if (*norm > o->grad_clip && m->grad_scale)
+            m->grad_scale(m->user, (float)(o->grad_clip / *norm));
+        double t0 = MPI_Wtime();
+        bad = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) != 0 : 0;
+        t->o += MPI_Wtime() - t0;
+    }
+    return any_rank(bad) ? -1 : 0;
 }
 
 /* Per-step figures over the world: per stage the max over its ranks of the per-microbatch F, I
@@ -756,8 +832,8 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     go.delay_wgrad = o->delay_wgrad;
     /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
     go.max_pending_w = S;
-    if (xmp_sched_generate(o->schedule, S, o->microbatches, ts.nedges, ts.sedges, &go, &sched, err,
-                           sizeof err) != 0) {
+    if (xmp_sched_generate(o->schedule, S, o->microbatches * o->grad_accum, ts.nedges, ts.sedges,
+                           &go, &sched, err, sizeof err) != 0) {
         if (rank == 0)
             xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
         goto out;
@@ -765,6 +841,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     timed_ops_t tops;
     memset(&tops, 0, sizeof tops);
     tops.in = ts.ops;
+    tops.defer_o = o->grad_clip > 0;
     xmp_driver_cfg_t dc;
     memset(&dc, 0, sizeof dc);
     dc.comm = MPI_COMM_WORLD;
@@ -791,7 +868,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     if (o->print_schedule && rank == 0) {
         char buf[256];
         xmp_stage_layout_format(&sl, buf, sizeof buf);
-        printf("# layout %s, %d microbatches\n", buf, o->microbatches);
+        printf("# layout %s, %d microbatches\n", buf, o->microbatches * o->grad_accum);
         for (int k = 0; ts.edge_names && k < ts.nedges; k++)
             printf("# edge %d: %s (stage %d -> %d)\n", k, ts.edge_names[k], ts.sedges[k].src,
                    ts.sedges[k].dst);
@@ -816,6 +893,9 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     double cf[XMP_MAX_STAGES], ci[XMP_MAX_STAGES], cw[XMP_MAX_STAGES];
     int have_costs = 0;
     for (int step = o->start_step; step < o->steps; step++) {
+        float lr = xmp_train_lr(o, step);
+        if (m->set_lr)
+            m->set_lr(m->user, lr);
         int sbad = m->par_set_step && m->par_set_step(m->user, step) != 0;
         if (any_rank(sbad)) {
             if (sbad)
@@ -833,8 +913,13 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
                 xmp_cli_error("step %d: %s", step, xmp_driver_error(drv));
             break;
         }
-        double loss = 0;
+        double loss = 0, gnorm = 0;
         MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        if (tops.defer_o && clip_and_update(o, m, me, &tops, &gnorm) != 0) {
+            if (rank == 0)
+                xmp_cli_error("step %d: gradient clipping / optimizer failed", step);
+            break;
+        }
         double bubble[XMP_MAX_STAGES];
         int peak_mb[XMP_MAX_STAGES];
         int64_t peak_bytes[XMP_MAX_STAGES];
@@ -871,7 +956,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             replan(o, m, rank, S, &ts, cf, ci, cw, &dc, &sched, &drv) != 0)
             break;
         if (rank == 0) {
-            log_record(&log, step, loss, ss.step_s, &sp);
+            log_record(&log, step, loss, ss.step_s, &sp, lr, gnorm);
             if (ref && step < XMP_CHECK_STEPS) {
                 double rel = fabs(loss - ref[step]) / fmax(fabs(ref[step]), 1e-30);
                 double tol = step < XMP_CHECK_TIGHT_STEPS ? 1e-5 : 1e-4;

@@ -42,9 +42,15 @@
 /* Flags common to every model. */
 typedef struct {
     int serial, steps, microbatches, schedule, comm, delay_wgrad, print_schedule, check_serial;
-    int no_progress, log_steps, bench, warmup, blas_threads;
+    int no_progress, log_steps, bench, bench_warmup, blas_threads;
     uint64_t seed;
     float lr, wd;
+    /* the loop (issue 22 item 4) */
+    int grad_accum;    /* batches per optimizer step (microbatches x grad_accum per step) */
+    float grad_clip;   /* global gradient-norm clip (0: none) */
+    int warmup;        /* linear learning-rate warm-up steps */
+    int lr_decay;      /* XMP_LR_NONE, XMP_LR_COSINE, XMP_LR_LINEAR after the warm-up */
+    float lr_min_frac; /* decay to lr * lr_min_frac at the last step */
     const char *json, *trace, *cluster;
     /* stage layout and meshes */
     const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp;
@@ -57,6 +63,13 @@ typedef struct {
     const char *save_dir, *resume;
     int save_every, keep, start_step;
 } xmp_train_opts_t;
+
+enum { XMP_LR_NONE = 0, XMP_LR_COSINE = 1, XMP_LR_LINEAR = 2 };
+
+/* The learning rate of 0-based step (llm.c's schedule): (step+1)/warmup of lr during the
+ * warm-up, then constant (none) or decayed to lr*lr_min_frac at the last step by a half cosine
+ * or linearly. */
+float xmp_train_lr(const xmp_train_opts_t *o, int step);
 
 /* Defaults: 1 microbatch, 1f1b, broadcast, warmup 1, 1 BLAS thread; steps, seed and lr are the
  * model's (set them after this). */
@@ -107,10 +120,16 @@ struct xmp_train_model {
      * with err. Pure, the same on every rank. May be NULL. */
     int (*layout_check)(void *user, const xmp_stage_layout_t *sl, char *err, size_t errlen);
 
-    /* Serial model: open (once per run; nparams for the JSON), one training step (loss),
-     * close. Used by --serial and by --check-serial on rank 0. */
+    /* The learning rate of the coming step (serial and parallel), before each step. */
+    void (*set_lr)(void *user, float lr);
+
+    /* Serial model: open (once per run; nparams for the JSON), one training step, close. Used
+     * by --serial and by --check-serial on rank 0. One step: the step's batches (grad_accum of
+     * them), forward, backward, with --grad-clip X the global gradient norm (written to
+     * *grad_norm) and the gradients scaled by X/norm when norm > X, the update at the lr of
+     * set_lr; *loss the mean loss. */
     int (*serial_open)(void *user, int64_t *nparams);
-    int (*serial_step)(void *user, int step, double *loss);
+    int (*serial_step)(void *user, int step, double *loss, double *grad_norm);
     /* After a complete serial run: --save and the like (may be NULL). */
     int (*serial_finish)(void *user);
     void (*serial_close)(void *user);
@@ -124,6 +143,12 @@ struct xmp_train_model {
                     const xmp_strategy_t *strat, xmp_train_stages_t *out);
     /* Before each step, every rank: the step's data (batch) for step. 0 or -1 (xmp_err). */
     int (*par_set_step)(void *user, int step);
+    /* Gradient clipping (parallel, stage ranks only, after R and before O, outside the
+     * driver step): this rank's sum of squares of the reduced gradients with every distinct
+     * element of the model counted once over the world (replicated blocks on one replica,
+     * sharded ones by shard), and the scaling of the reduced gradients. */
+    double (*grad_sumsq)(void *user);
+    void (*grad_scale)(void *user, float scale);
     /* xmesh's predicted seconds of a boundary activation transfer for re-planning with the
      * given xmesh strategy (collective); NULL: the driver's mean over its activation plans. */
     double (*par_edge_seconds)(void *user, int xmesh_strategy);

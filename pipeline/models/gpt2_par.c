@@ -1485,3 +1485,50 @@ const xmp_stage_layout_t *xmp_gpt2_stage_layout(const xmp_gpt2_stage_t *st)
 {
     return &st->lay;
 }
+
+void xmp_gpt2_stage_set_lr(xmp_gpt2_stage_t *st, float lr)
+{
+    if (st)
+        st->tc.lr = lr;
+}
+
+/* 1 when this rank holds the representative copy of a block in SBP sbp: coordinate 0 on
+ * every mesh axis where the tensor is replicated. */
+static int representative(const xmp_gpt2_stage_t *st, const xmp_sbp_t *sbp)
+{
+    for (int a = 0; a < st->nax; a++)
+        if (sbp[a].kind != XMP_S && st->mesh->coord[a] != 0)
+            return 0;
+    return 1;
+}
+
+double xmp_gpt2_stage_grad_sumsq(const xmp_gpt2_stage_t *st)
+{
+    double s = 0;
+    if (!st || st->stage < 0)
+        return 0;
+    for (int i = 0; i < st->np; i++) {
+        const par_t *q = &st->p[i];
+        /* the tied wte's summed gradient is held by the first and the last stage alike */
+        if (q->id == XMP_GPT2_WTE && st->tie_fl && st->stage != st->tie_first)
+            continue;
+        if (!q->r.data || !representative(st, q->r.sbp))
+            continue;
+        const float *g = xmp_f32(&q->r);
+        for (int64_t k = 0; k < q->r.lcount; k++)
+            s += (double)g[k] * g[k];
+    }
+    return s;
+}
+
+void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale)
+{
+    if (!st || st->stage < 0)
+        return;
+    for (int i = 0; i < st->np; i++) {
+        par_t *q = &st->p[i];
+        float *g = q->r.data ? xmp_f32(&q->r) : NULL;
+        for (int64_t k = 0; g && k < q->r.lcount; k++)
+            g[k] *= scale;
+    }
+}

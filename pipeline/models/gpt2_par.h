@@ -170,6 +170,16 @@ const xmp_stage_layout_t *xmp_gpt2_stage_layout(const xmp_gpt2_stage_t *st);
 /* Bytes of activations this rank holds now. */
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st);
 
+/* The learning rate of the next optimizer steps (schedules: apps/trainer.h). */
+void xmp_gpt2_stage_set_lr(xmp_gpt2_stage_t *st, float lr);
+/* After R (the step's reduced gradients): the sum of squares of this rank's gradient elements,
+ * each distinct element of the model counted once over the world (a block replicated over
+ * mesh axes counts on the rank with coordinate 0 there; the tied wte on the first stage only),
+ * so an all-reduce (sum) over every rank gives the squared global gradient norm. 0 off-stage. */
+double xmp_gpt2_stage_grad_sumsq(const xmp_gpt2_stage_t *st);
+/* After R, before O: multiplies the reduced gradients by scale (gradient clipping). */
+void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale);
+
 #ifdef __cplusplus
 }
 #endif

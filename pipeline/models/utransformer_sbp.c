@@ -783,3 +783,35 @@ int xmp_ut_slayer_named(xmp_ut_slayer_t *l, xmp_ut_named_t *out, int max)
     }
     return l->pl.npt;
 }
+
+double xmp_ut_slayer_grad_sumsq(const xmp_ut_slayer_t *l)
+{
+    double s = 0;
+    if (!l)
+        return 0;
+    for (int k = 0; k < l->pl.npt; k++) {
+        const xmp_tensor_t *g = &l->g[k];
+        if (!g->mesh || !g->lcount)
+            continue;
+        int rep = 1;
+        for (int a = 0; a < l->mesh->ndim; a++)
+            if (g->sbp[a].kind != XMP_S && l->mesh->coord[a] != 0)
+                rep = 0;
+        if (!rep)
+            continue;
+        const float *v = xmp_f32(g);
+        for (int64_t i = 0; i < g->lcount; i++)
+            s += (double)v[i] * v[i];
+    }
+    return s;
+}
+
+void xmp_ut_slayer_scale_grads(xmp_ut_slayer_t *l, float scale)
+{
+    for (int k = 0; l && k < l->pl.npt; k++) {
+        xmp_tensor_t *g = &l->g[k];
+        float *v = g->mesh && g->lcount ? xmp_f32(g) : NULL;
+        for (int64_t i = 0; v && i < g->lcount; i++)
+            v[i] *= scale;
+    }
+}

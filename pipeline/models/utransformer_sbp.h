@@ -124,6 +124,12 @@ void xmp_ut_tape_free(xmp_ut_tape_t *tape);
 /* Collective: boxes the accumulated gradients to the parameters' SBP (P -> B: the data-parallel
  * sum). */
 int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l);
+/* After xmp_ut_slayer_reduce: the sum of squares of this rank's gradient elements, each
+ * distinct element counted once over the mesh (a block replicated over an axis counts on the
+ * rank with coordinate 0 there), for the global gradient norm. */
+double xmp_ut_slayer_grad_sumsq(const xmp_ut_slayer_t *l);
+/* After xmp_ut_slayer_reduce: multiplies the gradients by scale (gradient clipping). */
+void xmp_ut_slayer_scale_grads(xmp_ut_slayer_t *l, float scale);
 /* SGD-Nesterov on this rank's blocks (xmp_unet_sgd_nesterov), then zeroes the gradients. */
 int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd);
 

@@ -5,7 +5,9 @@ Sets (each one ctest test):
   gpt_same    same layout (1 stage 2x1, and 2 stages 1x1,1x2): the per-step losses of
               "3 steps + save, then --resume to 6" are bitwise equal to one 6-step run, the
               JSON records carry the global steps 3, 4, 5, and the final parameters (--save,
-              llm.c file) are byte-equal
+              llm.c file) are byte-equal; with --grad-accum, --grad-clip and a cosine LR
+              schedule, a run resumed from the step-3 directory of a 6-step run repeats its
+              steps 3..5 bitwise
   gpt_other   saved on 1 stage 2x1 (dp), resumed on 2 stages 1x2,2x1 (--stage-strategy
               megatron,dp), on 3 stages (tied wte on stages 0 and 2), on an axonn 2x1x2 mesh
               (sharded storage); saved on 4 ranks (2x2 megatron) resumed on 2 and on 8 ranks:
@@ -104,6 +106,22 @@ def gpt_same():
         for key in ("meta model gpt2", "meta config.num_layers 3", "meta adamw.t 3",
                     "meta data.batches 3", "tensor h.2.fc.w.adam_v ", "tensor wte.adam_m "):
             check(key in man, "%s: manifest has '%s'" % (tag, key.strip()))
+    loop_features(gpt, 3, ["--stage-mesh", "1x1,1x2", "--microbatches", "2"], "gpt")
+
+
+def loop_features(cmd, n, lay, tag):
+    """--grad-accum, --grad-clip and an LR schedule (which depends on --steps, the total): one
+    6-step run saving every 3 steps, then a run resumed from its step-3 directory to 6 gives
+    bitwise the same losses for steps 3, 4, 5."""
+    feats = ["--grad-accum", "2", "--grad-clip", "0.5", "--warmup", "1", "--lr-decay", "cosine",
+             "--lr-min-frac", "0.1"]
+    cmd(n, lay + feats + ["--steps", "6", "--save-dir", tag + "lk", "--save-every", "3",
+                          "--json", tag + "lfull.json"])
+    cmd(n, lay + feats + ["--steps", "6", "--resume", path(tag + "lk/step-00000003"),
+                          "--json", tag + "lb.json"])
+    full, b = steps(tag + "lfull.json"), steps(tag + "lb.json")
+    check(b == full[3:], "%s: --grad-accum 2 --grad-clip --warmup --lr-decay cosine: resumed "
+          "steps 3..5 bitwise equal (%s)" % (tag, [s for s, _ in b]))
 
 
 def gpt_other():
@@ -261,6 +279,8 @@ def ut_same():
         for key in ("meta model utransformer", "meta config.base 8", "meta data.step 3",
                     "tensor down1.conv1.w ", "tensor down1.conv1.w.momentum "):
             check(key in man, "ut %s: manifest has '%s'" % (tag, key.strip()))
+    loop_features(ut, 3, ["--stages", "2", "--stage-mesh", "1x1,1x2", "--microbatches", "2"],
+                  "ut")
 
 
 def ut_other():
