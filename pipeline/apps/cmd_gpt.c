@@ -32,7 +32,7 @@
 typedef struct {
     const char *init_from;
     int layers, heads, channels, max_seq, vocab;
-    const char *data, *text, *save;
+    const char *data, *text, *save, *val_data;
     int shuffle, batch, seq;
     float beta1, beta2, eps;
 } gpt_opts_t;
@@ -44,9 +44,11 @@ typedef struct {
     gpt_opts_t o;
     const char *desc; /* data description */
     xmp_gpt2_t sm;    /* serial */
-    xmp_llmc_loader_t sld;
+    xmp_llmc_loader_t sld, svld;
     xmp_gpt2_t m; /* parallel: the full model every rank slices from */
-    xmp_llmc_loader_t ld;
+    xmp_llmc_loader_t ld, vld;
+    int step;
+    uint64_t rng; /* sampling (llm.c: xorshift64*, state 1337) */
     xmp_gpt2_stage_t *st;
     int nstages, rank, size;
     int B;    /* rows per optimizer step: --batch x --grad-accum */
@@ -93,6 +95,8 @@ static void gpt_usage(void)
            "                      (" XMP_DEFAULT_TEXT "), byte-tokenized in memory\n"
            "  --text FILE         byte-tokenize this text in memory instead\n"
            "  --no-shuffle        visit samples in file order (llm.c's training loader shuffles)\n"
+           "  --val-data FILE|GLOB  held-out token file(s) for --val-every; without it the\n"
+           "                      last 10%% of the in-memory text is held out (--val-every)\n"
            "training (defaults = llm.c train_gpt2.c):\n"
            "  --batch B (4) --seq T (64) --steps N (40) --lr (1e-4) --beta1 (0.9)\n"
            "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
@@ -141,6 +145,7 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
             {"--data", NULL, 0, 0, NULL, 0, 0, &o->data},
             {"--text", NULL, 0, 0, NULL, 0, 0, &o->text},
             {"--save", NULL, 0, 0, NULL, 0, 0, &o->save},
+            {"--val-data", NULL, 0, 0, NULL, 0, 0, &o->val_data},
         };
         size_t k, nf = sizeof f / sizeof f[0];
         for (k = 0; k < nf; k++)
@@ -165,6 +170,10 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
         return xmp_cli_error("--resume '%s' and --init-from '%s' are exclusive (the model comes "
                              "from the checkpoint)",
                              t->resume, o->init_from);
+    if (t->val_every && o->data && !o->val_data)
+        return xmp_cli_error("--val-every %d with --data '%s': give the held-out split with "
+                             "--val-data",
+                             t->val_every, o->data);
     return 0;
 }
 
@@ -191,13 +200,20 @@ static int setup_model(const xmp_train_opts_t *t, const gpt_opts_t *o, xmp_gpt2_
     return 0;
 }
 
-/* The loader gives the B rows of one optimizer step (--batch x --grad-accum). */
-static int setup_data(const gpt_opts_t *o, int B, xmp_llmc_loader_t *ld, const char **desc)
+/* The loaders give the B rows of one optimizer step (--batch x --grad-accum): training, and
+ * with --val-every the held-out split (val: NULL without it): --val-data, or the last 10% of
+ * the in-memory text (then not trained on). */
+static int setup_data(const xmp_train_opts_t *t, const gpt_opts_t *o, int B, xmp_llmc_loader_t *ld,
+                      xmp_llmc_loader_t *val, const char **desc)
 {
     if (o->data) {
         *desc = o->data;
         if (xmp_llmc_loader_init(ld, o->data, B, o->seq, 0, 1, o->shuffle) != 0)
             return xmp_train_fail("--data: %s", xmp_llmc_last_error());
+        if (t->val_every && xmp_llmc_loader_init(val, o->val_data, B, o->seq, 0, 1, 0) != 0) {
+            xmp_llmc_loader_free(ld);
+            return xmp_train_fail("--val-data: %s", xmp_llmc_last_error());
+        }
         return 0;
     }
     const char *path = o->text ? o->text : XMP_DEFAULT_TEXT;
@@ -213,10 +229,17 @@ static int setup_data(const gpt_opts_t *o, int B, xmp_llmc_loader_t *ld, const c
     }
     xmp_llmc_tokenize_bytes(toks, text, n);
     free(text);
-    int rc = xmp_llmc_loader_init_tokens(ld, toks, n, B, o->seq, 0, 1, o->shuffle);
+    size_t ntrain = t->val_every ? n - n / 10 : n;
+    int rc = xmp_llmc_loader_init_tokens(ld, toks, ntrain, B, o->seq, 0, 1, o->shuffle);
+    if (rc == 0 && t->val_every &&
+        xmp_llmc_loader_init_tokens(val, toks + ntrain, n - ntrain, B, o->seq, 0, 1, 0) != 0) {
+        xmp_llmc_loader_free(ld);
+        rc = -1;
+    }
     free(toks);
     if (rc != 0)
-        return xmp_train_fail("data '%s': %s", path, xmp_llmc_last_error());
+        return xmp_train_fail("data '%s'%s: %s", path, t->val_every ? " (held-out last 10%)" : "",
+                              xmp_llmc_last_error());
     return 0;
 }
 
@@ -226,10 +249,11 @@ static int gpt_serial_open(void *u, int64_t *nparams)
 {
     gpt_run_t *g = u;
     memset(&g->sm, 0, sizeof g->sm);
+    g->rng = 1337; /* each run samples from the same state (the reference too) */
     memset(&g->sld, 0, sizeof g->sld);
     if (setup_model(g->t, &g->o, &g->sm) != 0)
         return -1;
-    if (setup_data(&g->o, g->B, &g->sld, &g->desc) != 0) {
+    if (setup_data(g->t, &g->o, g->B, &g->sld, &g->svld, &g->desc) != 0) {
         xmp_gpt2_free(&g->sm);
         return -1;
     }
@@ -283,9 +307,32 @@ static int gpt_serial_finish(void *u)
     return 0;
 }
 
+/* Validation batch k: the held-out loader from its start at k = 0 (each validation sees the
+ * same batches, like llm.c's val loader reset). */
+static int next_val(const xmp_train_opts_t *t, xmp_llmc_loader_t *v, int k)
+{
+    if (!t->val_every)
+        return xmp_train_fail("no held-out split (--val-every 0)");
+    if ((k == 0 && xmp_llmc_loader_reset(v) != 0) || xmp_llmc_loader_next(v) != 0)
+        return xmp_train_fail("validation data: %s", xmp_llmc_last_error());
+    return 0;
+}
+
+static int gpt_serial_val(void *u, int k, double *loss)
+{
+    gpt_run_t *g = u;
+    if (next_val(g->t, &g->svld, k) != 0)
+        return -1;
+    if (xmp_gpt2_forward(&g->sm, g->svld.inputs, g->svld.targets, g->B, g->o.seq) != 0)
+        return xmp_train_fail("%s", xmp_llmc_last_error());
+    *loss = g->sm.mean_loss;
+    return 0;
+}
+
 static void gpt_serial_close(void *u)
 {
     gpt_run_t *g = u;
+    xmp_llmc_loader_free(&g->svld);
     xmp_llmc_loader_free(&g->sld);
     xmp_gpt2_free(&g->sm);
 }
@@ -315,6 +362,7 @@ static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage
     const xmp_train_opts_t *t = g->t;
     char err[1024];
     MPI_Comm_rank(comm, &g->rank);
+    g->rng = 1337;
     MPI_Comm_size(comm, &g->size);
     xmp_gpt2_train_cfg_t tc = {.B = g->B,
                                .T = g->o.seq,
@@ -346,7 +394,109 @@ static int gpt_par_set_step(void *u, int step)
     if (xmp_llmc_loader_next(&g->ld) != 0)
         return xmp_train_fail("%s", xmp_llmc_last_error());
     xmp_gpt2_stage_set_batch(g->st, g->ld.inputs, g->ld.targets, step);
+    g->step = step;
     return 0;
+}
+
+static int gpt_par_set_val(void *u, int k)
+{
+    gpt_run_t *g = u;
+    if (next_val(g->t, &g->vld, k) != 0)
+        return -1;
+    xmp_gpt2_stage_set_batch(g->st, g->vld.inputs, g->vld.targets, g->step);
+    return 0;
+}
+
+static void gpt_par_release(void *u)
+{
+    xmp_gpt2_stage_release(((gpt_run_t *)u)->st);
+}
+
+/* ---- sampling (llm.c's generation: start token everywhere, position t from the logits at
+ * t-1 of row 0, seeded multinomial over the real vocabulary or argmax) ---- */
+
+static uint32_t rng_u32(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return (uint32_t)((*s * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static int pick_token(const float *logits, int V, int greedy, uint64_t *rng)
+{
+    int best = 0;
+    double mx = logits[0];
+    for (int i = 1; i < V; i++)
+        if (logits[i] > mx) {
+            mx = logits[i];
+            best = i;
+        }
+    if (greedy)
+        return best;
+    double sum = 0, cdf = 0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    float coin = (float)(rng_u32(rng) >> 8) / 16777216.0f;
+    for (int i = 0; i < V; i++) {
+        cdf += exp((double)logits[i] - mx) / sum;
+        if (coin < cdf)
+            return i;
+    }
+    return V - 1;
+}
+
+static int gpt_sample(void *u, int (*eval)(void *ctx), void *ctx, char *out, size_t n)
+{
+    gpt_run_t *g = u;
+    const int B = g->B, T = g->o.seq, L = g->t->sample_len;
+    const xmp_gpt2_config_t *c = eval ? &g->m.cfg : &g->sm.cfg;
+    const int V = c->vocab_size, Vp = c->padded_vocab_size, start = V > 10 ? 10 : 0;
+    if (L >= T)
+        return xmp_train_fail("--sample-len %d: at most --seq - 1 = %d tokens", L, T - 1);
+    int *tok = malloc(sizeof(int) * (size_t)B * T), *tgt = calloc((size_t)B * T, sizeof(int));
+    float *lg = malloc(sizeof(float) * (size_t)Vp);
+    int rc = 0;
+    if (!tok || !tgt || !lg)
+        rc = xmp_train_fail("sampling: out of memory");
+    for (int i = 0; !rc && i < B * T; i++)
+        tok[i] = start;
+    for (int t = 1; !rc && t <= L; t++) {
+        const float *row = NULL;
+        if (!eval) {
+            if (xmp_gpt2_forward(&g->sm, tok, NULL, B, T) != 0) {
+                rc = xmp_train_fail("sampling: %s", xmp_llmc_last_error());
+                break;
+            }
+            row = xmp_gpt2_logits(&g->sm) + (size_t)(t - 1) * Vp;
+        } else {
+            xmp_gpt2_stage_set_batch(g->st, tok, tgt, g->step);
+            xmp_gpt2_stage_capture_logits(g->st, t - 1);
+            rc = eval(ctx);
+            int have = rc == 0 && xmp_gpt2_stage_captured_logits(g->st, lg);
+            xmp_gpt2_stage_capture_logits(g->st, -1);
+            if (rc)
+                break;
+            if (!have)
+                memset(lg, 0, sizeof(float) * (size_t)Vp);
+            /* exactly one rank holds them: the sum is that rank's logits, bit for bit */
+            MPI_Allreduce(MPI_IN_PLACE, lg, Vp, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            row = lg;
+        }
+        tok[t] = pick_token(row, V, g->t->sample_greedy, &g->rng);
+    }
+    if (!rc) {
+        size_t k = 0;
+        for (int t = 1; t <= L && k + 1 < n; t++) {
+            int b = tok[t];
+            out[k++] = (char)((b >= 32 && b < 127) || b == '\n' ? b : '?');
+        }
+        out[k] = '\0';
+    }
+    free(tok);
+    free(tgt);
+    free(lg);
+    return rc;
 }
 
 static void gpt_set_lr(void *u, float lr)
@@ -479,6 +629,15 @@ static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts
         if (!sh || atoi(sh) != g->o.shuffle)
             return xmp_train_fail("%s/MANIFEST: metadata 'data.shuffle' is '%s', this run has %d",
                                   xmp_ckpt_dir(ck), sh ? sh : "(missing)", g->o.shuffle);
+        /* the in-memory text without its held-out last 10% (--val-every) is other data */
+        const char *ho = xmp_ckpt_meta(ck, "data.heldout");
+        int heldout = o->val_every && !g->o.data;
+        if (ho && atoi(ho) != heldout)
+            return xmp_train_fail("%s/MANIFEST: metadata 'data.heldout' is '%s' (the text's last "
+                                  "10%% %s held out for validation), this run has %d (--val-every "
+                                  "%d)",
+                                  xmp_ckpt_dir(ck), ho, atoi(ho) ? "was" : "was not", heldout,
+                                  o->val_every);
         if (xmp_ckpt_meta_i64(ck, "data.batches", &nb) != XMESH_SUCCESS)
             return -1;
     }
@@ -497,8 +656,10 @@ static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts
     g->lr = s.lr;
     g->t = o; /* the trainer's options, with the checkpoint's lr and weight decay */
     xmp_llmc_loader_free(&g->ld);
+    xmp_llmc_loader_free(&g->vld);
     memset(&g->ld, 0, sizeof g->ld);
-    if (setup_data(&g->o, g->B, &g->ld, &g->desc) != 0)
+    memset(&g->vld, 0, sizeof g->vld);
+    if (setup_data(o, &g->o, g->B, &g->ld, &g->vld, &g->desc) != 0)
         return -1;
     for (int64_t i = 0; i < nb; i++)
         if (xmp_llmc_loader_next(&g->ld) != 0)
@@ -524,7 +685,8 @@ static int gpt_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
 static int gpt_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, int keep)
 {
     gpt_run_t *g = u;
-    char nb[32], sh[8], seed[32], lr[40];
+    char nb[32], sh[8], seed[32], lr[40], ho[8];
+    snprintf(ho, sizeof ho, "%d", g->t->val_every && !g->o.data);
     snprintf(nb, sizeof nb, "%lld", (long long)step);
     /* the base learning rate, not this step's scheduled one */
     snprintf(lr, sizeof lr, "%.17g", (double)g->t->lr);
@@ -535,6 +697,7 @@ static int gpt_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, 
     xmp_ckpt_kv_t extra[] = {{"data", g->desc ? g->desc : ""},
                              {"data.shuffle", sh},
                              {"data.batches", nb},
+                             {"data.heldout", ho},
                              {"rng.loader", "mt19937 seed 42, replayed over data.batches"},
                              {"seed", seed},
                              {"adamw.lr", lr}};
@@ -593,6 +756,7 @@ int xmp_cmd_gpt(int argc, char **argv)
     g.t = &t;
     g.B = g.o.batch * t.grad_accum;
     g.lr = t.lr;
+    g.rng = 1337;
     openblas_set_num_threads(t.blas_threads);
     xmp_train_model_t m;
     memset(&m, 0, sizeof m);
@@ -608,6 +772,10 @@ int xmp_cmd_gpt(int argc, char **argv)
     m.serial_finish = gpt_serial_finish;
     m.serial_close = gpt_serial_close;
     m.set_lr = gpt_set_lr;
+    m.sample = gpt_sample;
+    m.serial_val = gpt_serial_val;
+    m.par_set_val = gpt_par_set_val;
+    m.par_release = gpt_par_release;
     m.grad_sumsq = gpt_grad_sumsq;
     m.grad_scale = gpt_grad_scale;
     m.par_open = gpt_par_open;
@@ -632,7 +800,7 @@ int xmp_cmd_gpt(int argc, char **argv)
         xmp_cli_error("%s", xmp_last_error());
         return 1;
     }
-    if (setup_data(&g.o, g.B, &g.ld, &g.desc) != 0) {
+    if (setup_data(&t, &g.o, g.B, &g.ld, &g.vld, &g.desc) != 0) {
         xmp_cli_error("%s", xmp_last_error());
         xmp_gpt2_free(&g.m);
         return 1;
@@ -650,6 +818,7 @@ int xmp_cmd_gpt(int argc, char **argv)
         rc = xmp_train_run(&t, &m);
     }
     xmp_ckpt_close(g.ck);
+    xmp_llmc_loader_free(&g.vld);
     xmp_llmc_loader_free(&g.ld);
     xmp_gpt2_free(&g.m);
     return rc;

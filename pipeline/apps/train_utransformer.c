@@ -672,6 +672,26 @@ static int ut_serial_step(void *u, int step, double *loss, double *grad_norm)
     return 0;
 }
 
+/* Validation batch k: held-out images (negative steps: global image indexes training never
+ * reaches), the same at every validation. */
+static long val_step(int k)
+{
+    return -1L - k;
+}
+
+static int ut_serial_val(void *u, int k, double *loss)
+{
+    ut_run_t *g = u;
+    const ut_opts_t *o = &g->o;
+    size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
+    float *in = g->sbuf, *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
+    xmp_shapes_batch(&g->ssh, val_step(k), o->batch, 0, o->batch, in, tg, cond);
+    if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0)
+        return xmp_train_fail("%s", xmp_ut_last_error());
+    *loss = g->sm.loss;
+    return 0;
+}
+
 static void ut_serial_close(void *u)
 {
     ut_run_t *g = u;
@@ -856,6 +876,31 @@ static int ut_par_set_step(void *u, int step)
     return 0;
 }
 
+static int ut_par_set_val(void *u, int k)
+{
+    ((ut_run_t *)u)->st.step = val_step(k);
+    return 0;
+}
+
+/* After forwards-only steps: frees every micro-batch's tapes and data. */
+static void ut_par_release(void *u)
+{
+    ut_stage_t *st = &((ut_run_t *)u)->st;
+    for (int mb = 0; st->stage >= 0 && mb < st->M; mb++) {
+        for (int l = st->first; l <= st->last; l++) {
+            xmp_ut_tape_free(st->tape[IX(st, l, mb)]);
+            st->tape[IX(st, l, mb)] = NULL;
+            st->y[IX(st, l, mb)] = st->so[IX(st, l, mb)] = NULL;
+            xmp_tensor_free(&st->dact[IX(st, l, mb)]);
+            xmp_tensor_free(&st->dskip[IX(st, l, mb)]);
+            memset(&st->dact[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
+            memset(&st->dskip[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
+        }
+        mb_free_data(st, mb);
+        st->live[mb] = 0;
+    }
+}
+
 static void ut_par_close(void *u)
 {
     ut_run_t *g = u;
@@ -991,6 +1036,9 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.serial_step = ut_serial_step;
     m.serial_close = ut_serial_close;
     m.set_lr = ut_set_lr;
+    m.serial_val = ut_serial_val;
+    m.par_set_val = ut_par_set_val;
+    m.par_release = ut_par_release;
     m.grad_sumsq = ut_grad_sumsq;
     m.grad_scale = ut_grad_scale;
     m.par_open = ut_par_open;

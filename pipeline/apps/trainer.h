@@ -51,6 +51,11 @@ typedef struct {
     int warmup;        /* linear learning-rate warm-up steps */
     int lr_decay;      /* XMP_LR_NONE, XMP_LR_COSINE, XMP_LR_LINEAR after the warm-up */
     float lr_min_frac; /* decay to lr * lr_min_frac at the last step */
+    int val_every;     /* validation loss after every N-th step and the last (0: never) */
+    int val_steps;     /* batches of the held-out split per validation */
+    int sample_every;  /* text sampled after every N-th step and the last (0: never; GPT) */
+    int sample_len;    /* tokens generated per sample */
+    int sample_greedy; /* argmax instead of llm.c's seeded multinomial sampling */
     const char *json, *trace, *cluster;
     /* stage layout and meshes */
     const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp;
@@ -130,6 +135,8 @@ struct xmp_train_model {
      * set_lr; *loss the mean loss. */
     int (*serial_open)(void *user, int64_t *nparams);
     int (*serial_step)(void *user, int step, double *loss, double *grad_norm);
+    /* Validation: the mean loss of batch k of the held-out split, forward only. */
+    int (*serial_val)(void *user, int k, double *loss);
     /* After a complete serial run: --save and the like (may be NULL). */
     int (*serial_finish)(void *user);
     void (*serial_close)(void *user);
@@ -143,6 +150,18 @@ struct xmp_train_model {
                     const xmp_strategy_t *strat, xmp_train_stages_t *out);
     /* Before each step, every rank: the step's data (batch) for step. 0 or -1 (xmp_err). */
     int (*par_set_step)(void *user, int step);
+    /* Validation (parallel): before an evaluation step, every rank: batch k of the held-out
+     * split (0 or -1 with xmp_err). The trainer then runs the driver's schedule with the
+     * forwards only (backward, R and O skipped: no gradient, no update) and afterwards calls
+     * par_release (stage ranks) to free what the forwards kept for the backward. */
+    int (*par_set_val)(void *user, int k);
+    void (*par_release)(void *user);
+    /* Sampling (models that generate text; NULL: refused): a NUL-terminated text of
+     * o->sample_len generated tokens into out (n bytes) on every rank, forwards only. eval ==
+     * NULL: with the serial model; else through the stages, where eval(ctx) runs one
+     * forwards-only step of the driver (collective; 0 or -1) after the model has set the
+     * batch. Collective in the parallel case; 0 or -1 (xmp_err). */
+    int (*sample)(void *user, int (*eval)(void *ctx), void *ctx, char *out, size_t n);
     /* Gradient clipping (parallel, stage ranks only, after R and before O, outside the
      * driver step): this rank's sum of squares of the reduced gradients with every distinct
      * element of the model counted once over the world (replicated blocks on one replica,

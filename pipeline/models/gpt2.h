@@ -108,6 +108,8 @@ void xmp_gpt2_free(xmp_gpt2_t *m);
  * allocated on the first call; later calls must use the same B and T. Tokens must be in
  * [0, V) and T <= maxT. Loss = mean over B*T of -log softmax(logits[:V])[target]. */
 int xmp_gpt2_forward(xmp_gpt2_t *m, const int *inputs, const int *targets, int B, int T);
+/* The logits (B*T rows of Vp) of the last forward, or NULL before any forward (sampling). */
+const float *xmp_gpt2_logits(const xmp_gpt2_t *m);
 /* grads = 0 and activation gradients = 0. */
 void xmp_gpt2_zero_grad(xmp_gpt2_t *m);
 /* Accumulates d(mean loss)/d(params) into grads; needs a forward with targets first. */

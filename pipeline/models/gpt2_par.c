@@ -455,6 +455,9 @@ struct xmp_gpt2_stage {
     int tie_first, tie_last;
     xmesh_plan_t tie_fl, tie_lf;
     int64_t edge_shape[3];
+    /* sampling: logits of row 0 at position cap_pos of microbatch 0 (-1: off) */
+    int cap_pos, cap_ok;
+    float *cap;
 };
 
 static int pindex(const xmp_gpt2_stage_t *st, int id, int layer)
@@ -832,6 +835,30 @@ static int pos_grad(const xmp_tensor_t *dx, const xmp_tensor_t *wpe, xmp_tensor_
     return 0;
 }
 
+/* Sampling: every rank of the last stage gathers the logits (collective over its mesh); the
+ * rank with mesh index 0 keeps row 0 at position cap_pos. */
+static int capture_logits(xmp_gpt2_stage_t *st, const xmp_tensor_t *logits)
+{
+    xmp_sbp_t allb[XMP_MAX_MESH_DIMS];
+    xmp_tensor_t full = {0};
+    for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
+        allb[a] = xmp_sbp_b();
+    if (xmp_box(logits, allb, &full) != XMESH_SUCCESS)
+        return -1;
+    const int Vp = st->cfg.padded_vocab_size;
+    if (st->mesh->index == 0) {
+        if (!st->cap && !(st->cap = malloc(sizeof(float) * (size_t)Vp))) {
+            xmp_tensor_free(&full);
+            return xmp_err(XMESH_ERR_NO_MEMORY, "sampling: out of memory"), -1;
+        }
+        memcpy(st->cap, xmp_f32(&full) + (size_t)st->cap_pos * (size_t)Vp,
+               sizeof(float) * (size_t)Vp);
+        st->cap_ok = 1;
+    }
+    xmp_tensor_free(&full);
+    return 0;
+}
+
 static int cb_forward(void *user, int mbi, const void *const *in, void *const *out, double *loss)
 {
     xmp_gpt2_stage_t *st = user;
@@ -868,6 +895,8 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
         CHK(to_class(&m->lnf, st->act[A_LNF], NULL));
         CHK(xmp_linear_forward(&m->lnf, PT(st, XMP_GPT2_WTE, -1), NULL, &logits));
         CHK(to_class(&logits, st->act[A_LOGITS], m->s_logits));
+        if (st->cap_pos >= 0 && mbi == 0)
+            CHK(capture_logits(st, &logits));
         CHK(token_tensor(st, mbi, st->targets, &tgt));
         float lv = 0;
         CHK(xmp_cross_entropy(&logits, &tgt, c->vocab_size, &lv, &m->dlogits));
@@ -1136,6 +1165,8 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
         }
     }
     xmp_gpt2_stage_t *st = calloc(1, sizeof *st);
+    if (st)
+        st->cap_pos = -1;
     if (!st) {
         free(strat);
         return set_err(err, errlen, "out of memory");
@@ -1268,6 +1299,7 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
         return;
     xmesh_plan_destroy(st->tie_fl);
     xmesh_plan_destroy(st->tie_lf);
+    free(st->cap);
     if (st->mb) {
         for (int k = 0; k < st->tc.M; k++) {
             if (st->mb[k].b)
@@ -1531,4 +1563,27 @@ void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale)
         for (int64_t k = 0; g && k < q->r.lcount; k++)
             g[k] *= scale;
     }
+}
+
+void xmp_gpt2_stage_release(xmp_gpt2_stage_t *st)
+{
+    for (int k = 0; st && st->stage >= 0 && k < st->tc.M; k++)
+        if (st->mb[k].live)
+            mb_free(st, &st->mb[k]);
+}
+
+void xmp_gpt2_stage_capture_logits(xmp_gpt2_stage_t *st, int pos)
+{
+    if (st) {
+        st->cap_pos = pos;
+        st->cap_ok = 0;
+    }
+}
+
+int xmp_gpt2_stage_captured_logits(const xmp_gpt2_stage_t *st, float *out)
+{
+    if (!st || !st->cap_ok)
+        return 0;
+    memcpy(out, st->cap, sizeof(float) * (size_t)st->cfg.padded_vocab_size);
+    return 1;
 }

@@ -177,6 +177,15 @@ void xmp_gpt2_stage_set_lr(xmp_gpt2_stage_t *st, float lr);
  * mesh axes counts on the rank with coordinate 0 there; the tied wte on the first stage only),
  * so an all-reduce (sum) over every rank gives the squared global gradient norm. 0 off-stage. */
 double xmp_gpt2_stage_grad_sumsq(const xmp_gpt2_stage_t *st);
+/* Sampling: pos >= 0 makes the next forwards of microbatch 0 keep the logits (Vp) of its row 0
+ * at position pos (the last stage gathers them over its mesh: collective there); -1 stops.
+ * captured_logits copies them into out and returns 1 on the rank that holds them (the last
+ * stage's mesh index 0), else 0. */
+void xmp_gpt2_stage_capture_logits(xmp_gpt2_stage_t *st, int pos);
+int xmp_gpt2_stage_captured_logits(const xmp_gpt2_stage_t *st, float *out);
+/* Frees what the forwards of this step keep for the backward (evaluation steps that run the
+ * forwards only: validation loss). */
+void xmp_gpt2_stage_release(xmp_gpt2_stage_t *st);
 /* After R, before O: multiplies the reduced gradients by scale (gradient clipping). */
 void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale);
 

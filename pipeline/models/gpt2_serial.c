@@ -461,3 +461,12 @@ int xmp_gpt2_update(xmp_gpt2_t *m, float lr, float beta1, float beta2, float eps
               t);
     return 0;
 }
+
+const float *xmp_gpt2_logits(const xmp_gpt2_t *m)
+{
+    if (!m->acts)
+        return NULL;
+    acts_t a;
+    point_acts(m, m->acts, &a);
+    return a.logits;
+}

@@ -2,10 +2,12 @@
 #include "pipe/replan.h"
 
 #include <stdio.h>
+
+#include "nn/sbp.h"
 #include <string.h>
 
-int xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
-                    xmp_driver_t **drv, char *err, size_t errlen)
+xmesh_result_t xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
+                               xmp_driver_t **drv)
 {
     const int S = dc->nstages;
     int rank = 0;
@@ -25,17 +27,16 @@ int xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t
     xmp_driver_t *nd = NULL;
     if (xmp_sched_generate(rp->kind, S, rp->nmb, rp->nedges, rp->sedges, &go, &ns, msg,
                            sizeof msg) != 0) {
-        snprintf(err, errlen, "re-planning the schedule: %s", msg);
-        return -1;
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "re-planning the schedule: %s", msg);
     }
     xmp_driver_destroy(*drv);
     *drv = NULL;
     dc->sched = ns;
-    if (xmp_driver_create(dc, &nd, msg, sizeof msg) != XMESH_SUCCESS) {
-        snprintf(err, errlen, "pipeline driver (re-planned): %s", msg);
+    xmesh_result_t r = xmp_driver_create(dc, &nd, msg, sizeof msg);
+    if (r != XMESH_SUCCESS) {
         dc->sched = *sched;
         xmp_sched_destroy(ns);
-        return -1;
+        return xmp_err(r, "pipeline driver (re-planned): %s", msg);
     }
     xmp_sched_destroy(*sched);
     *sched = ns;
@@ -45,5 +46,5 @@ int xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t
                go.i, go.w, go.xfer);
         xmp_sched_fprint(ns, stdout);
     }
-    return 0;
+    return XMESH_SUCCESS;
 }

@@ -32,12 +32,13 @@ typedef struct {
 } xmp_replan_t;
 
 /* Collective over dc->comm. Generates the new schedule; on success destroys *drv and *sched,
- * creates the driver from dc with the new schedule (dc->sched is set to it) and returns 0 with
- * *sched and *drv replaced. Returns -1 with a message in err ("re-planning the schedule: ..." or
- * "pipeline driver (re-planned): ...") when generation fails (nothing changed) or when the new
- * driver cannot be created (then *drv is NULL, the old schedule is kept in *sched). */
-int xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
-                    xmp_driver_t **drv, char *err, size_t errlen);
+ * creates the driver from dc with the new schedule (dc->sched is set to it) and returns
+ * XMESH_SUCCESS with *sched and *drv replaced. Errors (nn/'s convention: xmp_err, message in
+ * xmp_last_error(), "re-planning the schedule: ..." or "pipeline driver (re-planned): ..."):
+ * generation fails (nothing changed), or the new driver cannot be created (then *drv is NULL,
+ * the old schedule is kept in *sched). */
+xmesh_result_t xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
+                               xmp_driver_t **drv);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,11 @@ alone with --json. It passes only when the parallel run exits 0 with the check, 
   - the global gradient norm of the parallel run (all-reduced over every stage and rank, each
     distinct element once) equals the serial norm (same tolerances), and clipping was active
     (some norm above --grad-clip, so a wrong norm changes the update and the losses);
-  - the losses of both JSON files agree (same tolerances).
+  - the losses of both JSON files agree (same tolerances);
+  - GPT: the text sampled through the stages (forwards only, llm.c's seeded sampling or
+    --sample-greedy) after every --sample-every-th step and the last equals the serial text;
+  - the validation losses (forwards only on the held-out split, after every --val-every-th step
+    and the last) are on exactly those steps in both runs and agree (same tolerances).
 """
 import json
 import math
@@ -23,11 +27,14 @@ import tempfile
 
 CASE, TRAIN, MPIEXEC = sys.argv[1], sys.argv[2], sys.argv[3]
 
-GPT = ["gpt", "--layers", "2", "--channels", "64", "--lr", "1e-3"]
-GPT3 = ["gpt", "--layers", "3", "--channels", "64", "--lr", "1e-3"]
+SAMPLE = ["--sample-every", "3", "--sample-len", "10"]
+GPT = ["gpt", "--layers", "2", "--channels", "64", "--lr", "1e-3"] + SAMPLE
+GPT3 = ["gpt", "--layers", "3", "--channels", "64", "--lr", "1e-3", "--sample-greedy"] + SAMPLE
 UT = ["utransformer", "--base-channels", "4", "--batch", "4"]
-LOOP_COS = ["--grad-accum", "2", "--warmup", "2", "--lr-decay", "cosine", "--lr-min-frac", "0.1"]
-LOOP_LIN = ["--grad-accum", "3", "--warmup", "1", "--lr-decay", "linear", "--lr-min-frac", "0.2"]
+LOOP_COS = ["--grad-accum", "2", "--warmup", "2", "--lr-decay", "cosine", "--lr-min-frac", "0.1",
+            "--val-every", "2", "--val-steps", "2"]
+LOOP_LIN = ["--grad-accum", "3", "--warmup", "1", "--lr-decay", "linear", "--lr-min-frac", "0.2",
+            "--val-every", "3", "--val-steps", "1"]
 
 # name: (ranks, model flags, clip, loop flags, parallel layout flags, steps)
 CASES = {
@@ -109,6 +116,21 @@ def main():
                 if rel(b["loss"], a["loss"]) > tol:
                     fails.append(f"step {k}: loss parallel {b['loss']:.9g} serial {a['loss']:.9g}")
                 clipped += a["grad_norm"] > clip
+                ve = int(flag(loop, "--val-every", 0))
+                due = ve > 0 and ((k + 1) % ve == 0 or k == steps - 1)
+                if due != ("val_loss" in a) or due != ("val_loss" in b):
+                    fails.append(f"step {k}: val_loss present serial {'val_loss' in a} "
+                                 f"parallel {'val_loss' in b}, due {due}")
+                se = int(flag(model, "--sample-every", 0))
+                sdue = se > 0 and ((k + 1) % se == 0 or k == steps - 1)
+                if sdue != ("sample" in a) or sdue != ("sample" in b):
+                    fails.append(f"step {k}: sample present serial {'sample' in a} parallel "
+                                 f"{'sample' in b}, due {sdue}")
+                elif sdue and (a["sample"] != b["sample"] or len(a["sample"]) != 10):
+                    fails.append(f"step {k}: sample parallel {b['sample']!r} serial {a['sample']!r}")
+                if due and "val_loss" in a and "val_loss" in b and rel(b["val_loss"], a["val_loss"]) > tol:
+                    fails.append(f"step {k}: val_loss parallel {b['val_loss']:.9g} serial "
+                                 f"{a['val_loss']:.9g}")
             if clipped == 0:
                 fails.append(f"no step had a gradient norm above --grad-clip {clip}: the clip "
                              "is not exercised")
