@@ -114,14 +114,22 @@ def loop_features(cmd, n, lay, tag):
     6-step run saving every 3 steps, then a run resumed from its step-3 directory to 6 gives
     bitwise the same losses for steps 3, 4, 5."""
     feats = ["--grad-accum", "2", "--grad-clip", "0.5", "--warmup", "1", "--lr-decay", "cosine",
-             "--lr-min-frac", "0.1"]
+             "--lr-min-frac", "0.1", "--val-every", "2", "--val-steps", "1"]
     cmd(n, lay + feats + ["--steps", "6", "--save-dir", tag + "lk", "--save-every", "3",
                           "--json", tag + "lfull.json"])
     cmd(n, lay + feats + ["--steps", "6", "--resume", path(tag + "lk/step-00000003"),
                           "--json", tag + "lb.json"])
     full, b = steps(tag + "lfull.json"), steps(tag + "lb.json")
-    check(b == full[3:], "%s: --grad-accum 2 --grad-clip --warmup --lr-decay cosine: resumed "
-          "steps 3..5 bitwise equal (%s)" % (tag, [s for s, _ in b]))
+    check(b == full[3:], "%s: --grad-accum 2 --grad-clip --warmup --lr-decay cosine --val-every "
+          "2: resumed steps 3..5 bitwise equal (%s)" % (tag, [s for s, _ in b]))
+
+    def extra(p):  # per step: the scheduled lr and the validation loss where there is one
+        with open(path(p)) as f:
+            return [(r["step"], r.get("lr"), r.get("val_loss")) for r in json.load(f)["steps"]]
+    fe, be = extra(tag + "lfull.json"), extra(tag + "lb.json")
+    check(be == fe[3:] and any(v is not None for _, _, v in be) and be[0][1] is not None,
+          "%s: resumed steps' lr and validation losses equal the uninterrupted run's (%s)"
+          % (tag, be))
 
 
 def gpt_other():
