@@ -17,6 +17,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "models/gpt2.h"
+#include "models/gpt2_ckpt.h"
 #include "models/gpt2_par.h"
 #include "models/llmc_io.h"
 #include "models/stage_layout.h"
@@ -61,6 +62,7 @@ typedef struct {
     xmp_sedge_t sedges[XMP_MAX_STAGES];
     xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
     char kinds[XMP_MAX_LAYERS + 1];
+    xmp_ckpt_t *ck; /* --resume: opened by gpt_ckpt_open, loaded and closed by gpt_ckpt_load */
 } gpt_run_t;
 
 static void gpt_defaults(xmp_train_opts_t *t, gpt_opts_t *o)
@@ -171,6 +173,10 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
         return -1;
     if (o->data && o->text)
         return xmp_cli_error("--data '%s' and --text '%s' are exclusive", o->data, o->text);
+    if (t->resume && o->init_from)
+        return xmp_cli_error("--resume '%s' and --init-from '%s' are exclusive (the model comes "
+                             "from the checkpoint)",
+                             t->resume, o->init_from);
     if (t->val_every && o->data && !o->val_data)
         return xmp_cli_error("--val-every %d with --data '%s': give the held-out split with "
                              "--val-data",
@@ -643,6 +649,120 @@ static void gpt_par_close(void *u)
 
 /* ---- JSON and summary ---- */
 
+/* ---- distributed checkpoints (models/gpt2_ckpt.h) ---- */
+
+/* --resume: the model configuration, AdamW settings, batch and sequence length come from the
+ * manifest; the full model is rebuilt from that configuration (its values are replaced by the
+ * load), the layer kinds rewritten, and the loader re-made and moved to the saved position by
+ * replaying data.batches batches (its shuffle RNG included). The same on every rank. */
+static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_t *o,
+                         int64_t *step)
+{
+    gpt_run_t *g = u;
+    xmp_gpt2_ckpt_settings_t s;
+    if (xmp_gpt2_ckpt_open(comm, dir, &g->ck, &s) != XMESH_SUCCESS)
+        return -1;
+    const xmp_ckpt_t *ck = g->ck;
+    const char *d = xmp_ckpt_meta(ck, "data"), *sh = xmp_ckpt_meta(ck, "data.shuffle");
+    int64_t nb = 0;
+    int L = s.cfg.num_layers;
+    if (L + 2 > XMP_MAX_LAYERS)
+        return xmp_train_fail("%s: %d layers: more than the %d a stage layout holds",
+                              xmp_ckpt_dir(ck), L, XMP_MAX_LAYERS - 2);
+    if (s.batch % o->grad_accum)
+        return xmp_train_fail("%s: the checkpoint's batch of %d rows per step is not a multiple "
+                              "of --grad-accum %d",
+                              xmp_ckpt_dir(ck), s.batch, o->grad_accum);
+    if (s.seq > s.cfg.max_seq_len)
+        return xmp_train_fail("%s: train.seq %d exceeds config.max_seq_len %d", xmp_ckpt_dir(ck),
+                              s.seq, s.cfg.max_seq_len);
+    /* A checkpoint without a data position (xmesh-ckpt convert --from-llmc) starts the data
+     * from the beginning, like --init-from. */
+    if (xmp_ckpt_meta(ck, "data.batches")) {
+        if (!d || strcmp(d, g->desc) != 0)
+            return xmp_train_fail("%s/MANIFEST: metadata 'data' is '%s', this run reads '%s'",
+                                  xmp_ckpt_dir(ck), d ? d : "(missing)", g->desc);
+        if (!sh || atoi(sh) != g->o.shuffle)
+            return xmp_train_fail("%s/MANIFEST: metadata 'data.shuffle' is '%s', this run has %d",
+                                  xmp_ckpt_dir(ck), sh ? sh : "(missing)", g->o.shuffle);
+        /* the in-memory text without its held-out last 10% (--val-every) is other data */
+        const char *ho = xmp_ckpt_meta(ck, "data.heldout");
+        int heldout = o->val_every && !g->o.data;
+        if (ho && atoi(ho) != heldout)
+            return xmp_train_fail("%s/MANIFEST: metadata 'data.heldout' is '%s' (the text's last "
+                                  "10%% %s held out for validation), this run has %d (--val-every "
+                                  "%d)",
+                                  xmp_ckpt_dir(ck), ho, atoi(ho) ? "was" : "was not", heldout,
+                                  o->val_every);
+        if (xmp_ckpt_meta_i64(ck, "data.batches", &nb) != XMESH_SUCCESS)
+            return -1;
+    }
+    xmp_gpt2_free(&g->m);
+    memset(&g->m, 0, sizeof g->m);
+    if (xmp_gpt2_init_random(&g->m, &s.cfg, o->seed) != 0)
+        return xmp_train_fail("%s: %s", xmp_ckpt_dir(ck), xmp_llmc_last_error());
+    g->B = s.batch; /* rows per optimizer step (--batch x --grad-accum when saved) */
+    g->o.batch = s.batch / o->grad_accum;
+    g->o.seq = s.seq;
+    g->o.beta1 = s.beta1;
+    g->o.beta2 = s.beta2;
+    g->o.eps = s.eps;
+    o->lr = s.lr; /* the base learning rate (the trainer's schedule starts from it) */
+    o->wd = s.wd;
+    g->lr = s.lr;
+    g->t = o; /* the trainer's options, with the checkpoint's lr and weight decay */
+    xmp_llmc_loader_free(&g->ld);
+    xmp_llmc_loader_free(&g->vld);
+    memset(&g->ld, 0, sizeof g->ld);
+    memset(&g->vld, 0, sizeof g->vld);
+    if (setup_data(o, &g->o, g->B, &g->ld, &g->vld, &g->desc) != 0)
+        return -1;
+    for (int64_t i = 0; i < nb; i++)
+        if (xmp_llmc_loader_next(&g->ld) != 0)
+            return xmp_train_fail("data position %lld: %s", (long long)nb, xmp_llmc_last_error());
+    g->kinds[0] = 'E';
+    memset(g->kinds + 1, 't', (size_t)L);
+    g->kinds[L + 1] = 'L';
+    g->kinds[L + 2] = '\0';
+    *step = s.step;
+    return 0;
+}
+
+static int gpt_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
+{
+    gpt_run_t *g = u;
+    xmesh_result_t r = xmp_gpt2_ckpt_load(g->st, comm, ctx, g->ck);
+    xmp_ckpt_close(g->ck);
+    g->ck = NULL;
+    return r == XMESH_SUCCESS ? 0 : -1;
+}
+
+/* Saves `step` steps done: one batch per step, so data.batches = step. */
+static int gpt_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, int keep)
+{
+    gpt_run_t *g = u;
+    char nb[32], sh[8], seed[32], lr[40], ho[8];
+    snprintf(ho, sizeof ho, "%d", g->t->val_every && !g->o.data);
+    snprintf(nb, sizeof nb, "%lld", (long long)step);
+    /* the base learning rate, not this step's scheduled one */
+    snprintf(lr, sizeof lr, "%.17g", (double)g->t->lr);
+    snprintf(sh, sizeof sh, "%d", g->o.shuffle);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)g->t->seed);
+    /* data.batches batches consumed; the loader's RNG (MT19937, the same on every rank) is
+     * restored by replaying them. */
+    xmp_ckpt_kv_t extra[] = {{"data", g->desc ? g->desc : ""},
+                             {"data.shuffle", sh},
+                             {"data.batches", nb},
+                             {"data.heldout", ho},
+                             {"rng.loader", "mt19937 seed 42, replayed over data.batches"},
+                             {"seed", seed},
+                             {"adamw.lr", lr}};
+    return xmp_gpt2_ckpt_save(g->st, comm, dir, step, keep, extra,
+                              (int)(sizeof extra / sizeof extra[0])) == XMESH_SUCCESS
+               ? 0
+               : -1;
+}
+
 static void gpt_json_model(void *u, xmp_json_t *j)
 {
     gpt_run_t *g = u;
@@ -742,6 +862,9 @@ int xmp_cmd_gpt(int argc, char **argv)
     m.json_model = gpt_json_model;
     m.json_train = gpt_json_train;
     m.describe = gpt_describe;
+    m.ckpt_open = gpt_ckpt_open;
+    m.ckpt_load = gpt_ckpt_load;
+    m.ckpt_save = gpt_ckpt_save;
     m.fixed_head = 1;
     m.fixed_tail = 1;
     int rc;
@@ -770,6 +893,7 @@ int xmp_cmd_gpt(int argc, char **argv)
         m.kinds = g.kinds;
         rc = xmp_train_run(&t, &m);
     }
+    xmp_ckpt_close(g.ck);
     xmp_llmc_loader_free(&g.vld);
     xmp_llmc_loader_free(&g.ld);
     xmp_gpt2_free(&g.m);

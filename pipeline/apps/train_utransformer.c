@@ -39,6 +39,7 @@
 #include "commands.h"
 #include "models/shapes_data.h"
 #include "models/stage_layout.h"
+#include "models/utrans_ckpt.h"
 #include "models/utransformer.h"
 #include "models/utransformer_sbp.h"
 #include "nn/sbp.h"
@@ -627,6 +628,7 @@ typedef struct {
     char names[2 * XMP_UT_LAYERS][48];
     const char *name_ptr[2 * XMP_UT_LAYERS];
     char kinds[XMP_UT_LAYERS + 1];
+    xmp_ckpt_t *ck; /* --resume: opened by ut_ckpt_open, loaded and closed by ut_ckpt_load */
 } ut_run_t;
 
 static int ut_serial_open(void *u, int64_t *nparams)
@@ -980,6 +982,66 @@ static void ut_par_close(void *u)
     g->mranks = NULL;
 }
 
+/* ---- distributed checkpoints (models/utrans_ckpt.h) ---- */
+
+/* --resume: configuration, SGD settings, batch, noise and seed from the manifest (the data is a
+ * function of (seed, step, image): the step is its position). The same on every rank. */
+static int ut_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_t *o, int64_t *step)
+{
+    ut_run_t *g = u;
+    xmp_ut_ckpt_settings_t s;
+    if (xmp_ut_ckpt_open(comm, dir, &g->ck, &s) != XMESH_SUCCESS)
+        return -1;
+    if (s.batch % g->o.microbatches)
+        return xmp_train_fail("%s: the checkpoint's batch of %d images per step is not a multiple "
+                              "of --microbatches x --grad-accum = %d",
+                              xmp_ckpt_dir(g->ck), s.batch, g->o.microbatches);
+    g->cfg = s.cfg;
+    g->o.base = s.cfg.base;
+    g->o.groups = s.cfg.groups;
+    g->o.head_dim = s.cfg.head_dim;
+    g->o.lr = o->lr = s.lr;
+    g->o.wd = o->wd = s.wd;
+    g->o.seed = o->seed = s.seed;
+    g->o.momentum = s.momentum;
+    g->o.sigma = s.sigma;
+    g->o.batch = s.batch; /* images per optimizer step (x --grad-accum when saved) */
+    g->o.batch_arg = s.batch / o->grad_accum;
+    g->t = o;
+    *step = s.step;
+    return 0;
+}
+
+static int ut_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
+{
+    ut_run_t *g = u;
+    (void)ctx; /* the stage meshes have no xmesh context: direct reads */
+    xmesh_result_t r = xmp_ut_ckpt_load(g->st.SL, comm, NULL, g->ck, &g->cfg);
+    xmp_ckpt_close(g->ck);
+    g->ck = NULL;
+    return r == XMESH_SUCCESS ? 0 : -1;
+}
+
+static int ut_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, int keep)
+{
+    ut_run_t *g = u;
+    /* the base learning rate (g->o.lr is this step's scheduled one) */
+    xmp_ut_ckpt_settings_t s = {g->cfg,     g->t->lr,   g->o.momentum, g->o.wd,
+                                g->o.sigma, g->o.batch, g->o.seed,     step};
+    char lay[256] = "", meshes[256] = "", data[32];
+    xmp_stage_layout_format(g->sl, lay, sizeof lay);
+    xmp_stage_layout_format_meshes(g->sl, meshes, sizeof meshes);
+    snprintf(data, sizeof data, "%lld", (long long)step);
+    const char *strategy = g->t->stage_strategy ? g->t->stage_strategy
+                           : g->t->strategy     ? g->t->strategy
+                                                : "megatron";
+    /* The synthetic data is a function of (seed, step, image): the step is its position. */
+    xmp_ckpt_kv_t extra[] = {
+        {"data.step", data}, {"layout", lay}, {"layout.meshes", meshes}, {"strategy", strategy}};
+    return xmp_ut_ckpt_save(g->st.SL, comm, dir, step, keep, &s, extra, 4) == XMESH_SUCCESS ? 0
+                                                                                            : -1;
+}
+
 static void ut_json_model(void *u, xmp_json_t *j)
 {
     ut_run_t *g = u;
@@ -1055,5 +1117,10 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.json_model = ut_json_model;
     m.json_train = ut_json_train;
     m.describe = ut_describe;
-    return xmp_train_run(&t, &m);
+    m.ckpt_open = ut_ckpt_open;
+    m.ckpt_load = ut_ckpt_load;
+    m.ckpt_save = ut_ckpt_save;
+    int rc = xmp_train_run(&t, &m);
+    xmp_ckpt_close(g.ck);
+    return rc;
 }

@@ -111,6 +111,11 @@ void xmp_train_usage(void)
         "                      and recomputation are chosen to stay under it, or refused\n"
         "                      naming the smallest cap it can meet\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
+        "checkpoints (parallel runs; docs/CHECKPOINT.md):\n"
+        "  --save-dir DIR      distributed checkpoint DIR/step-N after every --save-every N\n"
+        "                      steps (0: only after the last step) --keep K newest (0: all)\n"
+        "  --resume DIR        start from DIR's latest step in any layout; the model and\n"
+        "                      optimizer settings come from it; --steps is the total\n"
         "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
         "  --cluster FILE      cost model of the transfers (xmesh-calibrate -o FILE; sets\n"
         "                      XMESH_CLUSTER_FILE): plans, predictions, the simulator\n"
@@ -179,6 +184,10 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
         {"--cluster", NULL, 0, 0, NULL, 0, 0, &o->cluster},
         {"--strategy", NULL, 0, 0, NULL, 0, 0, &o->strategy},
         {"--stage-strategy", NULL, 0, 0, NULL, 0, 0, &o->stage_strategy},
+        {"--save-dir", NULL, 0, 0, NULL, 0, 0, &o->save_dir},
+        {"--save-every", &o->save_every, 0, 1 << 30, NULL, 0, 0, NULL},
+        {"--keep", &o->keep, 0, 1 << 20, NULL, 0, 0, NULL},
+        {"--resume", NULL, 0, 0, NULL, 0, 0, &o->resume},
     };
     size_t k, nt = sizeof t / sizeof t[0];
     for (k = 0; k < nt; k++)
@@ -252,6 +261,14 @@ int xmp_train_check_flags(xmp_train_opts_t *o)
         (o->mesh || o->dp || o->tp || o->stages || o->layout || o->stage_mesh || o->stage_dp ||
          o->stage_tp || o->strategy || o->stage_strategy || o->print_strategy))
         return xmp_cli_error("--serial runs one process: drop the mesh, stage and strategy flags");
+    if (o->serial && (o->save_dir || o->resume))
+        return xmp_cli_error("--save-dir / --resume are distributed checkpoints: run under "
+                             "mpirun (-np 1 for one process) without --serial");
+    if (o->save_every && !o->save_dir)
+        return xmp_cli_error("--save-every %d needs --save-dir", o->save_every);
+    if (o->resume && o->check_serial)
+        return xmp_cli_error("--check-serial trains the serial model from its initialisation: "
+                             "not with --resume");
     if (o->strategy && o->stage_strategy)
         return xmp_cli_error("--strategy '%s' and --stage-strategy '%s' are exclusive", o->strategy,
                              o->stage_strategy);
@@ -431,6 +448,10 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
         if (m->json_train)
             m->json_train(m->user, j);
         xmp_json_int(j, "steps", o->steps);
+        if (o->resume) {
+            xmp_json_str(j, "resumed_from", o->resume);
+            xmp_json_int(j, "start_step", o->start_step);
+        }
         xmp_json_f32(j, "lr", o->lr);
         xmp_json_f32(j, "weight_decay", o->wd);
         xmp_json_int(j, "blas_threads", o->blas_threads);
@@ -938,6 +959,31 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         if (m->auto_layout(m->user, MPI_COMM_WORLD, o) != 0)
             goto out;
     }
+    /* --resume: the model configuration and optimizer settings come from the checkpoint,
+     * before the layout (the layer kinds depend on the configuration) */
+    if ((o->resume || o->save_dir) && !(m->ckpt_open && m->ckpt_load && m->ckpt_save)) {
+        if (rank == 0)
+            xmp_cli_error("--save-dir / --resume: the %s model has no checkpoints", m->name);
+        goto out;
+    }
+    if (o->resume) {
+        int64_t start = 0;
+        int cbad = lowest_failing(m->ckpt_open(m->user, MPI_COMM_WORLD, o->resume, o, &start) != 0,
+                                  rank, size);
+        if (cbad < size) {
+            if (rank == cbad)
+                xmp_cli_error("--resume: %s", xmp_last_error());
+            goto out;
+        }
+        if (start >= o->steps) {
+            if (rank == 0)
+                xmp_cli_error("--resume '%s' is at step %lld: --steps %d (the total) leaves "
+                              "nothing to train",
+                              o->resume, (long long)start, o->steps);
+            goto out;
+        }
+        o->start_step = (int)start;
+    }
     if (train_layout(o, m, size, &sl, err, sizeof err) != 0 ||
         (m->layout_check && m->layout_check(m->user, &sl, err, sizeof err) != 0)) {
         if (rank == 0)
@@ -1088,6 +1134,17 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
                    ts.sedges[k].dst);
         xmp_sched_fprint(sched, stdout);
     }
+    /* --resume: every other setting was checked; the saved blocks move into this layout */
+    if (o->resume) {
+        int lbad = lowest_failing(m->ckpt_load(m->user, MPI_COMM_WORLD, ctx) != 0, rank, size);
+        if (lbad < size) {
+            if (rank == lbad)
+                xmp_cli_error("--resume: %s", xmp_last_error());
+            goto out;
+        }
+        if (rank == 0)
+            printf("resumed from '%s' at step %d\n", o->resume, o->start_step);
+    }
     if (rank == 0) {
         if (log_open(&log, o, m, "parallel", ts.nparams, &sl, strat) != 0)
             goto out;
@@ -1095,7 +1152,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     }
     double cf[XMP_MAX_STAGES], ci[XMP_MAX_STAGES], cw[XMP_MAX_STAGES];
     int have_costs = 0;
-    for (int step = 0; step < o->steps; step++) {
+    for (int step = o->start_step; step < o->steps; step++) {
         float lr = xmp_train_lr(o, step);
         if (m->set_lr)
             m->set_lr(m->user, lr);
@@ -1156,7 +1213,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         have_costs = 1;
         /* After the first step, place the deferred W work with the measured costs instead of
          * unit costs: regenerate the schedule and the driver. */
-        if (step == 0 && o->delay_wgrad && o->steps > 1 && S > 1 &&
+        if (step == o->start_step && o->delay_wgrad && o->steps > step + 1 && S > 1 &&
             replan(o, m, rank, S, &ts, cf, ci, cw, &dc, &sched, &drv) != 0)
             break;
         double val = NAN;
@@ -1226,6 +1283,17 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             if (rank == 0)
                 xmp_cli_error("loss is %f at step %d", loss, step);
             break;
+        }
+        /* --save-dir: after the optimizer update of this step (step + 1 done) */
+        int done = step + 1;
+        if (o->save_dir && (done == o->steps || (o->save_every > 0 && done % o->save_every == 0))) {
+            int vbad = lowest_failing(
+                m->ckpt_save(m->user, MPI_COMM_WORLD, o->save_dir, done, o->keep) != 0, rank, size);
+            if (vbad < size) {
+                if (rank == vbad)
+                    xmp_cli_error("--save-dir: step %d: %s", done, xmp_last_error());
+                break;
+            }
         }
         ok = step == o->steps - 1;
     }

@@ -69,6 +69,10 @@ typedef struct {
     int recompute;            /* xmp_recompute_t */
     const char *max_act;      /* --max-activation-bytes text */
     double max_act_bytes;     /* > 0: memory cap per rank group */
+    /* distributed checkpoints (docs/CHECKPOINT.md): --save-dir --save-every --keep --resume;
+     * start_step is set by the trainer from the resumed checkpoint */
+    const char *save_dir, *resume;
+    int save_every, keep, start_step;
 } xmp_train_opts_t;
 
 enum { XMP_LR_NONE = 0, XMP_LR_COSINE = 1, XMP_LR_LINEAR = 2 };
@@ -194,6 +198,19 @@ struct xmp_train_model {
      * Returns 0 or -1 (message printed). May be NULL. */
     int (*par_finish)(void *user, int ok, xmp_json_t *json);
     void (*par_close)(void *user); /* collective */
+
+    /* Distributed checkpoints (parallel runs; NULL: --save-dir / --resume are refused).
+     * ckpt_open (--resume), collective, first thing after MPI_Init: opens the checkpoint dir,
+     * applies its model configuration and optimizer settings to the model (the layer kinds
+     * included) and to *o (lr, weight decay), and returns its step (steps done) in *step. 0 or
+     * -1 (xmp_err; the trainer agrees over the world). ckpt_load, collective, after par_open and
+     * every other check: loads the opened checkpoint into the stages (any layout) and closes
+     * it. ckpt_save, collective, after the optimizer update of step - 1: saves `step` steps
+     * done into dir, keeping the keep newest (0: all). */
+    int (*ckpt_open)(void *user, MPI_Comm comm, const char *dir, xmp_train_opts_t *o,
+                     int64_t *step);
+    int (*ckpt_load)(void *user, MPI_Comm comm, xmesh_ctx_t ctx);
+    int (*ckpt_save)(void *user, MPI_Comm comm, const char *dir, int64_t step, int keep);
 
     /* JSON: the "model" and "train" objects of the header (keys inside the open object). */
     void (*json_model)(void *user, xmp_json_t *json);

@@ -1651,6 +1651,77 @@ int xmp_gpt2_stages_gather(xmp_gpt2_stage_t *const *sts, int n, xmp_gpt2_t *full
     return all;
 }
 
+/* ------------------------------------------------------------ checkpoints */
+
+static const char *const ckname[NPT] = {
+    "wte",   "wpe",   "ln1.w", "ln1.b", "qkv.w",    "qkv.b",    "attproj.w", "attproj.b",
+    "ln2.w", "ln2.b", "fc.w",  "fc.b",  "fcproj.w", "fcproj.b", "lnf.w",     "lnf.b"};
+
+int xmp_gpt2_stage_named(xmp_gpt2_stage_t *st, xmp_gpt2_named_t **out)
+{
+    *out = NULL;
+    if (st->stage < 0 || st->np == 0)
+        return 0;
+    xmp_gpt2_named_t *a = calloc((size_t)st->np, sizeof *a);
+    if (!a)
+        return -1;
+    for (int i = 0; i < st->np; i++) {
+        par_t *q = &st->p[i];
+        xmp_gpt2_named_t *e = &a[i];
+        if (q->layer >= 0)
+            snprintf(e->name, sizeof e->name, "h.%d.%s", q->layer, ckname[q->id]);
+        else
+            snprintf(e->name, sizeof e->name, "%s", ckname[q->id]);
+        e->param = stored(q);
+        e->m = *e->param;
+        e->m.data = q->m;
+        e->v = *e->param;
+        e->v.data = q->v;
+        e->tied_copy =
+            q->id == XMP_GPT2_WTE && st->tie_first != st->tie_last && st->stage == st->tie_last;
+    }
+    *out = a;
+    return st->np;
+}
+
+int xmp_gpt2_stage_params_changed(xmp_gpt2_stage_t *st)
+{
+    int rc = 0;
+    for (int i = 0; st->stage >= 0 && i < st->np; i++) {
+        par_t *q = &st->p[i];
+        if (q->sharded) {
+            xmp_tensor_t c = {0};
+            if (xmp_box(&q->s, q->w.sbp, &c) || c.lcount != q->w.lcount) {
+                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                        xmp_last_error());
+                xmp_tensor_free(&c);
+                rc = -1;
+                continue;
+            }
+            xmp_tensor_free(&q->w);
+            q->w = c;
+        }
+        if (q->g.lcount)
+            memset(q->g.data, 0, (size_t)q->g.lcount * 4);
+    }
+    int all = 0;
+    MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MIN, st->comm);
+    return all;
+}
+
+const xmp_gpt2_config_t *xmp_gpt2_stage_config(const xmp_gpt2_stage_t *st)
+{
+    return &st->cfg;
+}
+const xmp_gpt2_train_cfg_t *xmp_gpt2_stage_train_cfg(const xmp_gpt2_stage_t *st)
+{
+    return &st->tc;
+}
+const xmp_stage_layout_t *xmp_gpt2_stage_layout(const xmp_gpt2_stage_t *st)
+{
+    return &st->lay;
+}
+
 void xmp_gpt2_stage_set_lr(xmp_gpt2_stage_t *st, float lr)
 {
     if (st)

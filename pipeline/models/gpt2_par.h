@@ -171,6 +171,29 @@ void xmp_gpt2_stage_set_recompute(xmp_gpt2_stage_t *st, int mode);
  * recomputation keeps (the blocks' outputs, the embedding output, the head's tensors), keep
  * the fraction of act that selective recomputation keeps. Zeros on stage -1. 0 or -1. */
 int xmp_gpt2_stage_probe_bytes(xmp_gpt2_stage_t *st, double *act, double *ckpt, double *keep);
+/* Named state of this rank's stage, for checkpoints (models/gpt2_ckpt.h). Names do not
+ * depend on the layout: "wte", "wpe", "lnf.w", "lnf.b", and "h.<global layer>.<class>"
+ * ("h.3.qkv.w"); shapes are the class shapes (qkv.w viewed (3, NH, hs, C), qkv.b (3, NH, hs)).
+ * param: the stored copy AdamW updates (storage SBP; the compute copy where not sharded).
+ * m, v: views of its AdamW moments in param's layout (data borrowed: never free them).
+ * tied_copy: wte of the last stage when the first and last stages differ (the first stage's
+ * wte is the primary copy). Returns the count and a malloc'ed array in *out (NULL when 0). */
+typedef struct {
+    char name[64];
+    xmp_tensor_t *param;
+    xmp_tensor_t m, v;
+    int tied_copy;
+} xmp_gpt2_named_t;
+int xmp_gpt2_stage_named(xmp_gpt2_stage_t *st, xmp_gpt2_named_t **out);
+/* Collective over comm, after the stored copies were overwritten (a checkpoint load):
+ * parameters with sharded storage gather their compute copies again; gradient accumulators
+ * are zeroed. 0 or -1 (message on stderr). */
+int xmp_gpt2_stage_params_changed(xmp_gpt2_stage_t *st);
+/* The model configuration and the training settings the stage was created with. */
+const xmp_gpt2_config_t *xmp_gpt2_stage_config(const xmp_gpt2_stage_t *st);
+const xmp_gpt2_train_cfg_t *xmp_gpt2_stage_train_cfg(const xmp_gpt2_stage_t *st);
+/* The stage layout the stage was created with. */
+const xmp_stage_layout_t *xmp_gpt2_stage_layout(const xmp_gpt2_stage_t *st);
 
 /* Bytes of activations this rank holds now. */
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st);

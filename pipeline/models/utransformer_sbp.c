@@ -829,6 +829,18 @@ int xmp_ut_tape_recompute(xmp_ut_tape_t *t, int mode)
     return 0;
 }
 
+int xmp_ut_slayer_named(xmp_ut_slayer_t *l, xmp_ut_named_t *out, int max)
+{
+    for (int k = 0; k < l->pl.npt && k < max; k++) {
+        snprintf(out[k].name, sizeof out[k].name, "%s.%s", xmp_ut_layer_name(l->layer),
+                 l->pl.pt[k].name);
+        out[k].param = &l->p[k];
+        out[k].vel = l->p[k];
+        out[k].vel.data = l->vel[k];
+    }
+    return l->pl.npt;
+}
+
 double xmp_ut_slayer_grad_sumsq(const xmp_ut_slayer_t *l)
 {
     double s = 0;

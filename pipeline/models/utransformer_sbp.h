@@ -143,6 +143,17 @@ void xmp_ut_slayer_scale_grads(xmp_ut_slayer_t *l, float scale);
 /* SGD-Nesterov on this rank's blocks (xmp_unet_sgd_nesterov), then zeroes the gradients. */
 int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd);
 
+/* Named state of a layer for checkpoints (models/utrans_ckpt.h): name "<layer>.<param>"
+ * ("down1.conv1.w", layout-independent), the parameter tensor (the strategy's SBP) and a view
+ * of its SGD-Nesterov velocity in the parameter's layout (data borrowed: never free it). Fills
+ * at most max entries of out; returns the layer's parameter count. */
+typedef struct {
+    char name[96];
+    xmp_tensor_t *param;
+    xmp_tensor_t vel;
+} xmp_ut_named_t;
+int xmp_ut_slayer_named(xmp_ut_slayer_t *l, xmp_ut_named_t *out, int max);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # xmesh-ckpt info: a checkpoint saved by test_ckpt on 4 ranks is summarised
 # and verified (exit 0, its tensors and files listed); after one byte of a
-# shard is flipped it reports that file BAD and exits 1; convert is refused
-# with exit 2. Usage: ckpt_info_test.sh MPIEXEC TEST_CKPT XMESH_CKPT
+# shard is flipped it reports that file BAD and exits 1; convert --to-llmc of
+# this checkpoint (not a GPT-2 one) exits 1 naming the 'model' field, no file. Usage: ckpt_info_test.sh MPIEXEC TEST_CKPT XMESH_CKPT
 set -u
 mpiexec=$1 test_ckpt=$2 tool=$3
 dir=$(mktemp -d "${TMPDIR:-/tmp}/xmesh-ckpt-info-XXXXXX")
@@ -26,6 +26,9 @@ echo "$out"
 [ $rc -eq 1 ] || fail "info on a corrupted shard exited $rc, want 1"
 grep -Eq 'rank-00001.bin .* BAD$' <<<"$out" || fail "rank-00001.bin not reported BAD"
 grep -q 'CRC32' <<<"$out" || fail "no CRC32 message"
-"$tool" convert "$dir" --to-llmc x.bin >/dev/null 2>&1; rc=$?
-[ $rc -eq 2 ] || fail "convert exited $rc, want 2 (not implemented)"
+out=$("$tool" convert "$dir" --to-llmc "$dir/x.bin" 2>&1); rc=$?
+echo "$out"
+[ $rc -eq 1 ] || fail "convert of a non-GPT-2 checkpoint exited $rc, want 1"
+grep -q "metadata 'model'" <<<"$out" || fail "convert: no message naming the 'model' field"
+[ ! -e "$dir/x.bin" ] || fail "convert wrote $dir/x.bin after an error"
 echo "ckpt_info_test: OK"
