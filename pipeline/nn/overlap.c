@@ -16,7 +16,7 @@ xmesh_result_t xmp_overlap_parse(const char *s, xmp_overlap_t *ov)
         return XMESH_SUCCESS;
     }
     if (!strcmp(s, "all")) {
-        o.bwd_input = o.defer_grad = o.prefetch = 1;
+        o.bwd_input = o.defer_grad = o.prefetch = o.coll_matmul = 1;
         *ov = o;
         return XMESH_SUCCESS;
     }
@@ -31,8 +31,7 @@ xmesh_result_t xmp_overlap_parse(const char *s, xmp_overlap_t *ov)
         else if (n == 8 && !strncmp(p, "prefetch", n))
             o.prefetch = 1;
         else if (n == 11 && !strncmp(p, "coll-matmul", n))
-            return xmp_err(XMESH_ERR_UNSUPPORTED,
-                           "overlap '%s': coll-matmul (collective matmul) is not built yet", s);
+            o.coll_matmul = 1;
         else
             return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
                            "overlap '%s': unknown switch '%.*s' (none, all, or a comma list of "
@@ -258,5 +257,136 @@ xmesh_result_t xmp_prefetch_get(xmp_prefetch_t *p, xmp_tensor_t *w_used)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_prefetch_get: NULL argument");
     xmesh_result_t r = p->req ? xmp_box_wait(p->req, w_used) : xmp_box(p->w, p->use, w_used);
     free(p);
+    return r;
+}
+
+/* ---------------------------------------------------- (d) collective matmul */
+
+/* Plain path: gather w to its used SBP, then one GEMM. */
+static xmesh_result_t cm_plain(const xmp_tensor_t *x, const xmp_tensor_t *ws, const xmp_sbp_t *use,
+                               const xmp_tensor_t *b, xmp_tensor_t *y)
+{
+    xmp_tensor_t wu;
+    xmesh_result_t r = xmp_box(ws, use, &wu);
+    if (r)
+        return r;
+    r = xmp_linear_forward(x, &wu, b, y);
+    xmp_tensor_free(&wu);
+    return r;
+}
+
+xmesh_result_t xmp_linear_forward_cm(const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                                     const xmp_tensor_t *ws, int axis, const xmp_tensor_t *b,
+                                     xmp_tensor_t *y)
+{
+    if (!ov || !x || !ws || !y)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_linear_forward_cm: NULL argument");
+    const xmp_mesh_t *m = ws->mesh;
+    if (axis < 0 || axis >= m->ndim || ws->ndim != 2 || ws->sbp[axis].kind != XMP_S ||
+        ws->sbp[axis].dim != 0)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
+                       "xmp_linear_forward_cm: w '%s' (%d dims) is not S(0) on mesh axis %d",
+                       ws->spec, ws->ndim, axis);
+    xmp_sbp_t use[XMP_MAX_MESH_DIMS];
+    memcpy(use, ws->sbp, sizeof use);
+    use[axis] = xmp_sbp_b();
+    int fits = ov->coll_matmul && m->member;
+    for (int a = 0; a < m->ndim; a++)
+        if (a != axis && ((ws->sbp[a].kind == XMP_S && ws->sbp[a].dim == 0) ||
+                          ws->sbp[a].kind == XMP_P || (b && b->sbp[a].kind != XMP_B)))
+            fits = 0;
+    if (b && b->sbp[axis].kind != XMP_B)
+        fits = 0;
+    if (!fits) /* same on every member: depends on SBPs and the switch only */
+        return cm_plain(x, ws, use, b, y);
+    int na = m->shape[axis], me = m->coord[axis];
+    int64_t O = ws->shape[0], K = ws->lshape[1];
+    float *wfull = malloc(sizeof(float) * (size_t)(O * K > 0 ? O * K : 1));
+    MPI_Request *q = malloc(sizeof(MPI_Request) * (size_t)na);
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (!wfull || !q) {
+        free(wfull);
+        free(q);
+        return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_linear_forward_cm: out of memory");
+    }
+    int64_t lo[64] = {0}, hi[64] = {0};
+    if (na > 64) {
+        free(wfull);
+        free(q);
+        return cm_plain(x, ws, use, b, y);
+    }
+    for (int c = 0; c < na; c++) {
+        int64_t qn = O / na, rm = O % na;
+        lo[c] = c * qn + (c < rm ? c : rm);
+        hi[c] = lo[c] + qn + (c < rm ? 1 : 0);
+    }
+    memcpy(wfull + lo[me] * K, ws->data, sizeof(float) * (size_t)ws->lcount);
+    char what[200];
+    snprintf(what, sizeof what, "collective matmul '%s' axis %d", ws->spec, axis);
+    int fr = xmp_failed_rank(NULL, 0);
+    if (fr >= 0) {
+        free(wfull);
+        free(q);
+        return xmp_err(XMESH_ERR_REMOTE, "%s not started: rank %d failed", what, fr);
+    }
+    for (int c = 0; c < na; c++) { /* every piece broadcast by its owner, posted at once */
+        int rc = MPI_Ibcast(wfull + lo[c] * K, (int)((hi[c] - lo[c]) * K), MPI_FLOAT, c,
+                            m->axis[axis], &q[c]);
+        if (rc != MPI_SUCCESS) {
+            /* earlier pieces stay posted: keep their buffer (abandoned) */
+            free(q);
+            return xmp_err(XMESH_ERR_BACKEND, "%s: MPI_Ibcast failed (%d)", what, rc);
+        }
+    }
+    int have_y = 0;
+    for (int c = 0; c < na && !r; c++) { /* pieces in index order on every rank */
+        if ((r = xmp_wait(&q[c], m->axis[axis], what))) {
+            if (have_y)
+                xmp_tensor_free(y);
+            return r; /* abandoned: wfull and q stay allocated */
+        }
+        if (hi[c] == lo[c])
+            continue;
+        int64_t ps[2] = {hi[c] - lo[c], ws->shape[1]}, bs[1] = {hi[c] - lo[c]};
+        xmp_tensor_t wc, bc, yc;
+        memset(&bc, 0, sizeof bc);
+        r = xmp_tensor_alloc(&wc, (xmp_mesh_t *)m, 2, ps, XMESH_F32, use);
+        if (r)
+            break;
+        memcpy(wc.data, wfull + lo[c] * K, sizeof(float) * (size_t)wc.lcount);
+        if (b && !(r = xmp_tensor_alloc(&bc, (xmp_mesh_t *)m, 1, bs, XMESH_F32, b->sbp)))
+            memcpy(bc.data, xmp_f32(b) + lo[c], sizeof(float) * (size_t)bs[0]);
+        if (!r)
+            r = xmp_linear_forward(x, &wc, b ? &bc : NULL, &yc);
+        xmp_tensor_free(&wc);
+        xmp_tensor_free(&bc);
+        if (r)
+            break;
+        if (!have_y) {
+            int64_t s[XMP_MAX_DIMS];
+            memcpy(s, yc.shape, sizeof s);
+            s[yc.ndim - 1] = O;
+            r = xmp_tensor_alloc(y, (xmp_mesh_t *)m, yc.ndim, s, XMESH_F32, yc.sbp);
+            have_y = !r;
+        }
+        if (!r) { /* columns [lo, hi) of every row */
+            int64_t oc = hi[c] - lo[c], M = yc.lcount / oc;
+            for (int64_t i = 0; i < M; i++)
+                memcpy(xmp_f32(y) + i * O + lo[c], xmp_f32(&yc) + i * oc,
+                       sizeof(float) * (size_t)oc);
+        }
+        xmp_tensor_free(&yc);
+    }
+    if (r) {
+        for (int c = 0; c < na; c++) /* finish the posted broadcasts before freeing */
+            if (q[c] != MPI_REQUEST_NULL)
+                MPI_Wait(&q[c], MPI_STATUS_IGNORE);
+        if (have_y)
+            xmp_tensor_free(y);
+    } else if (!have_y) { /* O == 0 */
+        r = cm_plain(x, ws, use, b, y);
+    }
+    free(wfull);
+    free(q);
     return r;
 }

@@ -42,13 +42,11 @@ typedef struct {
     int bwd_input;   /* linear backward: dX boxing posted before, waited after the dW GEMM */
     int defer_grad;  /* weight-gradient reductions queued, completed at xmp_gradq_finish */
     int prefetch;    /* the next layer's weight gather started one layer ahead */
-    int coll_matmul; /* forward gather overlapped by splitting the GEMM (not built: refused) */
+    int coll_matmul; /* forward weight gather overlapped by splitting the GEMM into pieces */
 } xmp_overlap_t;
 
 /* Parses "none", "all" or a comma list of bwd-input, defer-grad, prefetch, coll-matmul into
- * *ov. Unknown names are an error naming the token (*ov untouched). coll-matmul is accepted
- * by name but refused (XMESH_ERR_UNSUPPORTED) since it is not built yet; "all" sets the
- * other three. */
+ * *ov. Unknown names are an error naming the token (*ov untouched). */
 xmesh_result_t xmp_overlap_parse(const char *s, xmp_overlap_t *ov);
 /* Reads XMP_OVERLAP (unset = none) through xmp_overlap_parse. */
 xmesh_result_t xmp_overlap_from_env(xmp_overlap_t *ov);
@@ -87,6 +85,21 @@ typedef struct xmp_prefetch xmp_prefetch_t;
 xmesh_result_t xmp_prefetch_start(const xmp_overlap_t *ov, const xmp_tensor_t *w,
                                   const xmp_sbp_t *use_sbp, xmp_prefetch_t **p);
 xmesh_result_t xmp_prefetch_get(xmp_prefetch_t *p, xmp_tensor_t *w_used);
+
+/* (d) Collective matmul. y = x ws_used^T (+ b) where the weight ws (out, K) is stored S(0) on
+ * mesh axis `axis` (sharded rows, e.g. AxoNN's depth sharding) and used B there (other axes
+ * as stored). Without ov->coll_matmul: ws is gathered (xmp_box) and one xmp_linear_forward
+ * runs. With it: every owner's row piece is posted at once (one MPI_Ibcast per piece on the
+ * axis communicator) and the GEMM runs piece by piece in piece order, each piece as soon as
+ * it has arrived, writing columns [lo, hi) of y; so the gather of later pieces overlaps the
+ * GEMM of earlier ones. Each output element is the same K-long dot product either way; the
+ * BLAS may block a narrower GEMM differently, so bitwise equality is not promised (the test
+ * checks it and, with OpenBLAS on one thread, sees it). Falls back to the plain path (same on
+ * every member, decided by SBPs only) when another axis splits or sums the rows (S(0)/P), or
+ * b is not B on every axis. Errors: ws not 2-D or not S(0) on axis. Collective over the mesh. */
+xmesh_result_t xmp_linear_forward_cm(const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                                     const xmp_tensor_t *ws, int axis, const xmp_tensor_t *b,
+                                     xmp_tensor_t *y);
 
 #ifdef __cplusplus
 }

@@ -217,12 +217,60 @@ static void test_linear(xmp_mesh_t *m, int trials)
     }
 }
 
+/* (d) collective matmul on vs off, every mesh axis as the sharding axis. */
+static void test_cm(xmp_mesh_t *m, int trials)
+{
+    for (int t = 0; t < trials; t++) {
+        int axis = irand(m->ndim);
+        int64_t xs[3] = {1 + irand(4), 1 + irand(5), 1 + irand(7)};
+        int64_t ws[2] = {irand(9), xs[2]}, bs[1] = {ws[0]};
+        xmp_sbp_t sx[XMP_MAX_MESH_DIMS], sw[XMP_MAX_MESH_DIMS], sb[XMP_MAX_MESH_DIMS];
+        rand_sbp(m, 3, 0, sx);
+        for (int a = 0; a < XMP_MAX_MESH_DIMS; a++) {
+            sw[a] = a == axis ? xmp_sbp_s(0) : irand(2) ? xmp_sbp_s(1) : xmp_sbp_b();
+            sb[a] = xmp_sbp_b();
+        }
+        xmp_tensor_t x, w, b, y0, y1;
+        rand_tensor(&x, m, 3, xs, sx);
+        rand_tensor(&w, m, 2, ws, sw);
+        rand_tensor(&b, m, 1, bs, sb);
+        xmp_overlap_t off = {0, 0, 0, 0}, on = {0, 0, 0, 1};
+        int bias = irand(2);
+        OK(xmp_linear_forward_cm(&off, &x, &w, axis, bias ? &b : NULL, &y0));
+        OK(xmp_linear_forward_cm(&on, &x, &w, axis, bias ? &b : NULL, &y1));
+        static int broken;
+        if (g_break && !broken && y1.lcount) {
+            xmp_f32(&y1)[y1.lcount - 1] += 1.f;
+            broken = 1;
+        }
+        same(&y1, &y0, "coll-matmul y", t);
+        xmp_tensor_free(&x);
+        xmp_tensor_free(&w);
+        xmp_tensor_free(&b);
+        xmp_tensor_free(&y0);
+        xmp_tensor_free(&y1);
+    }
+    /* a weight not S(0) on the axis is refused by name */
+    int64_t ws[2] = {4, 3};
+    xmp_sbp_t sb[XMP_MAX_MESH_DIMS];
+    for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
+        sb[a] = xmp_sbp_b();
+    xmp_tensor_t w, y;
+    xmp_overlap_t on = {0, 0, 0, 1};
+    rand_tensor(&w, m, 2, ws, sb);
+    memset(&y, 0x5a, sizeof y);
+    if (xmp_linear_forward_cm(&on, &w, &w, 0, NULL, &y) != XMESH_ERR_INVALID_ARGUMENT ||
+        !strstr(xmp_last_error(), "not S(0) on mesh axis 0") || y.ndim != 0x5a5a5a5a)
+        FAIL("coll-matmul with a B weight not refused: %s", xmp_last_error());
+    xmp_tensor_free(&w);
+}
+
 static void test_parse(void)
 {
     xmp_overlap_t o = {9, 9, 9, 9};
     char s[80];
     OK(xmp_overlap_parse("all", &o));
-    if (!o.bwd_input || !o.defer_grad || !o.prefetch || o.coll_matmul)
+    if (!o.bwd_input || !o.defer_grad || !o.prefetch || !o.coll_matmul)
         FAIL("parse all");
     OK(xmp_overlap_parse("bwd-input,prefetch", &o));
     xmp_overlap_string(&o, s, sizeof s);
@@ -236,8 +284,9 @@ static void test_parse(void)
     if (xmp_overlap_parse("defer-grad,bogus", &o) != XMESH_ERR_INVALID_ARGUMENT ||
         !strstr(xmp_last_error(), "'bogus'") || o.prefetch != 5)
         FAIL("bad switch not refused by name / output changed: %s", xmp_last_error());
-    if (xmp_overlap_parse("coll-matmul", &o) != XMESH_ERR_UNSUPPORTED || o.prefetch != 5)
-        FAIL("coll-matmul not refused");
+    OK(xmp_overlap_parse("coll-matmul", &o));
+    if (!o.coll_matmul || o.prefetch)
+        FAIL("coll-matmul alone");
 }
 
 int main(int argc, char **argv)
@@ -280,6 +329,7 @@ int main(int argc, char **argv)
             break;
         test_box(m, 40);
         test_linear(m, 10);
+        test_cm(m, 10);
         xmp_mesh_destroy(m);
     }
     free(ranks);
