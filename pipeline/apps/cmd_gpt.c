@@ -55,6 +55,10 @@ typedef struct {
     const char *mesh, *layout, *stage_mesh, *stage_dp, *stage_tp, *trace, *cluster;
     int dp, tp, stages, microbatches, schedule, delay_wgrad, comm, print_schedule;
     int check_serial;
+    /* virtual stages and memory (issue 23) */
+    int virtual_stages, recompute;
+    const char *stage_groups, *max_act;
+    double max_act_bytes;
     /* strategies (nn/strategy.h): one for all stages, or one per stage */
     const char *strategy, *stage_strategy;
     int print_strategy;
@@ -121,7 +125,19 @@ static void gpt_usage(void)
         "                      meshes, strategies, schedule, microbatches (gpt plan --help)\n"
         "  --stage-strategy A,B       one strategy (name or file) per stage\n"
         "  --print-strategy    print the resolved strategy of each stage and exit\n"
-        "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b (1f1b) --delay-wgrad\n"
+        "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b|interleaved-1f1b|\n"
+        "                      eager-interleaved-1f1b|zb-v|v-1f1b|dualpipe-v (1f1b) --delay-wgrad\n"
+        "  --virtual-stages V  model stages per rank group (--stages R groups: R*V stages; the\n"
+        "                      V shape kinds zb-v, v-1f1b, dualpipe-v need V = 2)\n"
+        "  --stage-groups interleaved|v|LIST  stage -> rank group map when --layout has more\n"
+        "                      stages than groups (default: the schedule's: v for the V kinds,\n"
+        "                      else interleaved, stage c*R + r on group r); --stage-mesh gives\n"
+        "                      one mesh per group or one per stage\n"
+        "  --recompute none|block|selective   drop a block's activations after its forward and\n"
+        "                      recompute them before its backward (selective: attention only)\n"
+        "  --max-activation-bytes N   cap per rank group: the schedule's warm-up, eager sends and\n"
+        "                      recomputation are chosen to stay under it, or refused naming\n"
+        "                      the smallest cap it can meet\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --trace FILE        Chrome trace of compute, transfers and waits per rank\n"
         "  --cluster FILE      cost model of the transfers (xmesh-calibrate -o FILE; sets\n"
@@ -209,6 +225,9 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
             {"--dp", &o->dp, 1, 1 << 20, NULL, 0, 0, NULL},
             {"--tp", &o->tp, 1, 1 << 20, NULL, 0, 0, NULL},
             {"--stages", &o->stages, 1, XMP_MAX_STAGES, NULL, 0, 0, NULL},
+            {"--virtual-stages", &o->virtual_stages, 1, XMP_MAX_STAGES, NULL, 0, 0, NULL},
+            {"--stage-groups", NULL, 0, 0, NULL, 0, 0, &o->stage_groups},
+            {"--max-activation-bytes", NULL, 0, 0, NULL, 0, 0, &o->max_act},
             {"--microbatches", &o->microbatches, 1, 1 << 20, NULL, 0, 0, NULL},
             {"--mesh", NULL, 0, 0, NULL, 0, 0, &o->mesh},
             {"--layout", NULL, 0, 0, NULL, 0, 0, &o->layout},
@@ -234,7 +253,17 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
                 if (!(v = xmp_cli_value(argc, argv, &i)))
                     return -1;
                 if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
-                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b or eager-1f1b", v);
+                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b, eager-1f1b, "
+                                         "interleaved-1f1b, eager-interleaved-1f1b, zb-v, "
+                                         "v-1f1b or dualpipe-v",
+                                         v);
+                continue;
+            }
+            if (!strcmp(a, "--recompute")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if ((o->recompute = xmp_recompute_parse(v)) < 0)
+                    return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
                 continue;
             }
             if (!strcmp(a, "--comm")) {
@@ -270,6 +299,17 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
                              o->stage_strategy);
     if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
         return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
+    if (o->max_act) {
+        char *end = NULL;
+        o->max_act_bytes = strtod(o->max_act, &end);
+        if (!end || *end || !(o->max_act_bytes > 0))
+            return xmp_cli_error("--max-activation-bytes '%s': expected a positive number",
+                                 o->max_act);
+    }
+    if (o->serial && (o->virtual_stages > 1 || o->stage_groups))
+        return xmp_cli_error("--serial runs one process: drop --virtual-stages/--stage-groups");
+    if (o->mesh && (o->virtual_stages > 1 || o->stage_groups))
+        return xmp_cli_error("--mesh '%s' is one stage; virtual stages need --stage-mesh", o->mesh);
     if (o->check_serial && o->comm == XMP_COMM_SIGNAL)
         return xmp_cli_error("--check-serial with --comm signal: signal moves no data");
     if (o->data && o->text)
@@ -406,6 +446,10 @@ typedef struct {
     double bubble[XMP_MAX_STAGES]; /* per stage: max over its ranks of the idle fraction */
     int64_t peak_bytes[XMP_MAX_STAGES];
     int peak_mb[XMP_MAX_STAGES];
+    /* per stage (its group's ranks, max): the step's peak of measured allocations (nn/sbp.h
+     * xmp_mem_peak_bytes) above what was live before it: activations, op temporaries,
+     * recomputed tensors; -1: not recorded */
+    int64_t alloc_bytes[XMP_MAX_STAGES];
 } step_extra_t;
 
 static void step_log_record_ex(step_log_t *s, int step, float loss, double seconds,
@@ -437,6 +481,12 @@ static void step_log_record_ex(step_log_t *s, int step, float loss, double secon
             xmp_step_pipe_t sp = {ex->compute_s, ex->boxing_s, ex->predicted_s, ex->nstages,
                                   ex->bubble,    ex->peak_mb,  ex->peak_bytes};
             xmp_json_step_pipeline(&s->json, &sp);
+            if (ex->alloc_bytes[0] >= 0) {
+                xmp_json_arr_begin(&s->json, "peak_alloc_bytes");
+                for (int k = 0; k < ex->nstages; k++)
+                    xmp_json_int(&s->json, NULL, (long long)ex->alloc_bytes[k]);
+                xmp_json_arr_end(&s->json);
+            }
         }
         xmp_json_obj_end(&s->json);
     }
@@ -606,6 +656,12 @@ out_model:
 }
 
 /* Builds the stage layout from the flags (the same on every rank). */
+/* 1 for the V-shape kinds (their default map puts stages r and 2R-1-r on group r). */
+static int kind_vshape(int kind)
+{
+    return kind == XMP_SCHED_ZB_V || kind == XMP_SCHED_V_1F1B || kind == XMP_SCHED_DUALPIPE_V;
+}
+
 static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layout_t *sl, char *err,
                            size_t errlen)
 {
@@ -646,8 +702,24 @@ static int parallel_layout(const gpt_opts_t *o, int L, int size, xmp_stage_layou
         snprintf(alldp, sizeof alldp, "%d", size);
         dp = alldp;
     }
-    int rc =
-        xmp_stage_layout_build(kinds, 1, 1, o->layout, stages, meshes, dp, tp, sl, err, errlen);
+    /* Virtual stages: R rank groups (--stages, else one per --stage-mesh entry), S model
+     * stages (--layout's, else R * V), placed by --stage-groups or the schedule's map. */
+    int rc;
+    if (o->virtual_stages > 1 || o->stage_groups) {
+        int nmesh = 0;
+        for (const char *p = o->stage_mesh; p && *p; p++)
+            nmesh += *p == ',';
+        int R = o->stages ? o->stages : o->stage_mesh ? nmesh + 1 : 1;
+        const char *mt = o->stage_groups            ? o->stage_groups
+                         : kind_vshape(o->schedule) ? "v"
+                                                    : "interleaved";
+        rc = xmp_stage_layout_build_groups(kinds, 1, 1, o->layout, R,
+                                           o->virtual_stages ? o->virtual_stages : 1, mt, meshes,
+                                           dp, tp, sl, err, errlen);
+    } else {
+        rc =
+            xmp_stage_layout_build(kinds, 1, 1, o->layout, stages, meshes, dp, tp, sl, err, errlen);
+    }
     free(kinds);
     return rc;
 }
@@ -749,7 +821,9 @@ static int run_parallel(const gpt_opts_t *oin)
     xmp_llmc_loader_t ld;
     memset(&ld, 0, sizeof ld);
     xmesh_ctx_t ctx = NULL;
-    xmp_gpt2_stage_t *st = NULL;
+    xmp_gpt2_stage_t *st = NULL, *sts[XMP_MAX_STAGES] = {NULL};
+    int nst = 0, virt = 0;
+    xmp_stage_ops_t sops[XMP_MAX_STAGES];
     xmp_schedule_t *sched = NULL;
     xmp_driver_t *drv = NULL;
     double *ref = NULL;
@@ -807,12 +881,16 @@ static int run_parallel(const gpt_opts_t *oin)
         goto out;
     }
     xmp_gpt2_train_cfg_t tc = {o->batch, o->seq, o->microbatches, o->lr, o->beta1,
-                               o->beta2, o->eps, o->wd,           strat};
-    if (xmp_gpt2_stage_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, &st, err, sizeof err) != 0) {
+                               o->beta2, o->eps, o->wd,           strat, o->recompute};
+    /* One stage object per model stage of this rank's group (one without virtual stages). */
+    virt = sl.ngroups != sl.nstages;
+    if (xmp_gpt2_stages_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, sts, err, sizeof err) != 0) {
         if (rank == 0)
             xmp_cli_error("%s", err);
         goto out;
     }
+    nst = xmp_gpt2_stages_max(&sl);
+    st = sts[0];
     xmp_edge_cfg_t edges[XMP_MAX_STAGES];
     xmp_sedge_t sedges[XMP_MAX_STAGES];
     xmp_stage_mesh_t meshes[XMP_MAX_STAGES];
@@ -823,12 +901,59 @@ static int run_parallel(const gpt_opts_t *oin)
     go.delay_wgrad = o->delay_wgrad;
     /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
     go.max_pending_w = sl.nstages;
-    if (xmp_sched_generate(o->schedule, sl.nstages, o->microbatches, ne, sedges, &go, &sched, err,
-                           sizeof err) != 0) {
+    go.recompute = o->recompute;
+    double act_b[XMP_MAX_STAGES] = {0}, ckpt_b[XMP_MAX_STAGES] = {0};
+    if (o->max_act_bytes > 0) {
+        /* Per-microbatch activation bytes of each stage, measured by one forward (max over
+         * the stage's ranks): the schedule's memory model. */
+        double keep = 0, lk[XMP_MAX_STAGES] = {0};
+        int pfail = 0;
+        xmp_gpt2_stage_set_batch(st, ld.inputs, ld.targets, 0);
+        for (int c = 0; c < nst; c++) {
+            int sidx = xmp_gpt2_stage_index(sts[c]);
+            double a, k, p;
+            if (sidx >= 0) {
+                pfail |= xmp_gpt2_stage_probe_bytes(sts[c], &a, &k, &p) != 0;
+                act_b[sidx] = a;
+                ckpt_b[sidx] = k;
+                lk[sidx] = p;
+            }
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &pfail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, act_b, sl.nstages, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, ckpt_b, sl.nstages, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, lk, sl.nstages, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (pfail) {
+            if (rank == 0)
+                xmp_cli_error("--max-activation-bytes: measuring the activations failed");
+            goto out;
+        }
+        for (int k = 0; k < sl.nstages; k++)
+            keep = lk[k] > keep ? lk[k] : keep;
+        go.max_act_bytes = o->max_act_bytes;
+        go.act_bytes = act_b;
+        go.ckpt_bytes = ckpt_b;
+        go.selective_keep = keep;
+    }
+    int grc =
+        virt ? xmp_sched_generate_map(o->schedule, sl.nstages, sl.ngroups, sl.group,
+                                      o->microbatches, ne, sedges, &go, &sched, err, sizeof err)
+             : xmp_sched_generate(o->schedule, sl.nstages, o->microbatches, ne, sedges, &go, &sched,
+                                  err, sizeof err);
+    if (grc != 0) {
         if (rank == 0)
             xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
         goto out;
     }
+    /* A memory cap may have chosen recomputation. */
+    for (int c = 0; c < nst; c++)
+        xmp_gpt2_stage_set_recompute(sts[c], sched->recompute);
+    if (rank == 0 && (o->max_act_bytes > 0 || o->recompute))
+        printf("schedule %s: recompute %s\n", sched->name, xmp_recompute_name(sched->recompute));
+    memset(sops, 0, sizeof sops);
+    for (int c = 0; c < nst; c++)
+        if (xmp_gpt2_stage_index(sts[c]) >= 0)
+            sops[xmp_gpt2_stage_index(sts[c])] = xmp_gpt2_stage_ops(sts[c]);
     xmp_driver_cfg_t dc;
     memset(&dc, 0, sizeof dc);
     dc.comm = MPI_COMM_WORLD;
@@ -839,6 +964,7 @@ static int run_parallel(const gpt_opts_t *oin)
     dc.edges = edges;
     dc.sched = sched;
     dc.ops = xmp_gpt2_stage_ops(st);
+    dc.stage_ops = virt ? sops : NULL;
     dc.mode = o->comm;
     dc.trace = o->trace != NULL;
     if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
@@ -873,9 +999,13 @@ static int run_parallel(const gpt_opts_t *oin)
             xmp_cli_error("data: %s", xmp_llmc_last_error());
             break;
         }
-        xmp_gpt2_stage_set_batch(st, ld.inputs, ld.targets, step);
+        for (int c = 0; c < nst; c++)
+            xmp_gpt2_stage_set_batch(sts[c], ld.inputs, ld.targets, step);
         xmp_step_stats_t ss;
+        int64_t live0 = xmp_mem_live_bytes();
+        xmp_mem_peak_reset();
         xmesh_result_t r = xmp_driver_step(drv, &ss);
+        int64_t alloc = xmp_mem_peak_bytes() - live0;
         int bad = r != XMESH_SUCCESS, anybad = 0;
         MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (anybad) {
@@ -886,22 +1016,32 @@ static int run_parallel(const gpt_opts_t *oin)
         double loss = 0;
         MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         /* Per stage (max over its ranks): costs per microbatch, bubble, peaks. */
-        xmp_gpt2_stage_times_t t;
-        xmp_gpt2_stage_times(st, &t);
+        xmp_gpt2_stage_times_t t, tall;
         double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
-        int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
+        int64_t lp[2 * XMP_MAX_STAGES], ap[2 * XMP_MAX_STAGES];
         memset(loc, 0, sizeof loc);
         memset(lp, 0, sizeof lp);
-        if (me >= 0) {
-            loc[me] = t.nf ? t.f_s / t.nf : 0;
-            loc[S + me] = t.ni ? t.i_s / t.ni : 0;
-            loc[2 * S + me] = t.nw ? t.w_s / t.nw : 0;
-            loc[3 * S + me] = ss.bubble;
-            loc[4 * S + me] = ss.peak_act_mb;
-            lp[me] = ss.peak_act_bytes;
+        memset(&tall, 0, sizeof tall);
+        /* Virtual stages: each stage its own costs; bubble and peaks are the group's. */
+        for (int c = 0; c < nst && me >= 0; c++) {
+            int sidx = xmp_gpt2_stage_index(sts[c]);
+            if (sidx < 0)
+                continue;
+            xmp_gpt2_stage_times(sts[c], &t);
+            loc[sidx] = t.nf ? t.f_s / t.nf : 0;
+            loc[S + sidx] = t.ni ? t.i_s / t.ni : 0;
+            loc[2 * S + sidx] = t.nw ? t.w_s / t.nw : 0;
+            loc[3 * S + sidx] = ss.bubble;
+            loc[4 * S + sidx] = ss.peak_act_mb;
+            lp[sidx] = ss.peak_act_bytes;
+            lp[S + sidx] = alloc;
+            tall.f_s += t.f_s, tall.i_s += t.i_s, tall.w_s += t.w_s, tall.r_s += t.r_s;
+            tall.o_s += t.o_s;
+            tall.comm_s = t.comm_s; /* process-wide counter since set_batch */
         }
+        t = tall;
         MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(lp, ap, 2 * S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
         step_extra_t ex;
         memset(&ex, 0, sizeof ex);
         ex.loss_exact = loss;
@@ -912,7 +1052,18 @@ static int run_parallel(const gpt_opts_t *oin)
             ex.bubble[k] = all[3 * S + k];
             ex.peak_mb[k] = (int)all[4 * S + k];
             ex.peak_bytes[k] = ap[k];
+            ex.alloc_bytes[k] = ap[S + k];
         }
+        /* The cap is on the measured peak (activation_bytes summed over a group's stages). */
+        for (int k = 0; k < S && o->max_act_bytes > 0 && rank == 0; k++)
+            if ((double)ap[k] > o->max_act_bytes) {
+                fprintf(stderr,
+                        "step %d: stage %d measured peak activations %lld bytes > "
+                        "--max-activation-bytes %.0f\n",
+                        step, k, (long long)ap[k], o->max_act_bytes);
+                mismatch++;
+                break;
+            }
         /* Prediction of this step from the previous step's measured stage costs and
          * xmesh's predicted plan times (the first step has none). */
         if (have_costs) {
@@ -966,12 +1117,14 @@ static int run_parallel(const gpt_opts_t *oin)
     int64_t mine_mem[5] = {0};
     all_mem = rank == 0 ? calloc((size_t)size * 5, 8) : NULL;
     xmp_gpt2_stage_memory_t mem;
-    xmp_gpt2_stage_memory(st, &mem);
-    mine_mem[0] = xmp_gpt2_stage_index(st);
-    mine_mem[1] = mem.param_bytes;
-    mine_mem[2] = mem.optimizer_bytes;
-    mine_mem[3] = mem.compute_param_bytes;
-    mine_mem[4] = mem.grad_bytes;
+    mine_mem[0] = st ? xmp_gpt2_stage_index(st) : -1; /* virtual stages: the group's lowest */
+    for (int c = 0; c < nst; c++) {                   /* summed over this rank's stages */
+        xmp_gpt2_stage_memory(sts[c], &mem);
+        mine_mem[1] += mem.param_bytes;
+        mine_mem[2] += mem.optimizer_bytes;
+        mine_mem[3] += mem.compute_param_bytes;
+        mine_mem[4] += mem.grad_bytes;
+    }
     int64_t dummy[5];
     MPI_Gather(mine_mem, 5, MPI_INT64_T, all_mem ? all_mem : dummy, 5, MPI_INT64_T, 0,
                MPI_COMM_WORLD);
@@ -998,7 +1151,7 @@ static int run_parallel(const gpt_opts_t *oin)
         printf("check-serial: %s (%d mismatching of %d steps compared)\n",
                mismatch ? "FAILED" : "OK", mismatch, o->steps < 20 ? o->steps : 20);
     if (ok && o->save) {
-        if (xmp_gpt2_stage_gather(st, &m) != 0) {
+        if (xmp_gpt2_stages_gather(sts, nst, &m) != 0) {
             ok = 0;
             if (rank == 0)
                 xmp_cli_error("--save: gathering the parameters failed");
@@ -1020,7 +1173,8 @@ out:
     if (have_log)
         step_log_close(&log, 0);
     xmp_driver_destroy(drv);
-    xmp_gpt2_stage_destroy(st);
+    for (int c = 0; c < nst; c++)
+        xmp_gpt2_stage_destroy(sts[c]);
     xmp_sched_destroy(sched);
     xmesh_ctx_destroy(ctx);
     xmp_llmc_loader_free(&ld);

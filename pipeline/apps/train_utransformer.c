@@ -49,6 +49,9 @@ typedef struct {
     uint64_t seed;
     const char *json, *trace, *layout, *stage_mesh, *stage_dp, *stage_tp, *cluster, *strategy;
     int stages, microbatches, schedule, delay_wgrad, comm, print_schedule, check_serial;
+    int virtual_stages; /* issue 23: model stages per rank group */
+    int recompute;      /* xmp_recompute_t */
+    const char *stage_groups;
 } ut_opts_t;
 
 static void ut_defaults(ut_opts_t *o)
@@ -83,7 +86,14 @@ static void ut_usage(void)
            "  --strategy dp|megatron|FILE (megatron)  per-class SBPs on every stage's dp x tp\n"
            "                   mesh (docs/UTRANSFORMER.md); megatron: conv pairs channel-split,\n"
            "                   attention heads split where tp divides them\n"
-           "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b (1f1b)  --delay-wgrad\n"
+           "  --microbatches M (1)  --schedule gpipe|1f1b|eager-1f1b|interleaved-1f1b|\n"
+           "                   eager-interleaved-1f1b|zb-v|v-1f1b|dualpipe-v (1f1b) --delay-wgrad\n"
+           "  --virtual-stages V  model stages per rank group (--stages R groups)\n"
+           "  --stage-groups interleaved|v|LIST  stage -> group map (--stage-mesh: one per group\n"
+           "                   or one per stage)\n"
+           "  --recompute none|block|selective  drop a layer's tape after its forward (block: all\n"
+           "                   but its inputs and outputs; selective: attention probabilities)\n"
+           "                   and recompute it before its backward\n"
            "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
            "  --trace FILE  --print-schedule\n"
            "  --cluster FILE     cost model (xmesh-calibrate -o FILE; sets XMESH_CLUSTER_FILE)\n"
@@ -132,6 +142,8 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
             {"--steps", &o->steps, 1, 1 << 30, NULL, 0, 0, NULL},
             {"--blas-threads", &o->blas_threads, 1, 1024, NULL, 0, 0, NULL},
             {"--stages", &o->stages, 1, XMP_UT_LAYERS, NULL, 0, 0, NULL},
+            {"--virtual-stages", &o->virtual_stages, 1, XMP_UT_LAYERS, NULL, 0, 0, NULL},
+            {"--stage-groups", NULL, 0, 0, NULL, 0, 0, &o->stage_groups},
             {"--microbatches", &o->microbatches, 1, 1 << 16, NULL, 0, 0, NULL},
             {"--lr", NULL, 0, 0, &o->lr, 0.0, 10.0, NULL},
             {"--momentum", NULL, 0, 0, &o->momentum, 0.0, 0.999999, NULL},
@@ -160,7 +172,17 @@ static int parse_ut_flags(int argc, char **argv, ut_opts_t *o)
                 if (!(v = xmp_cli_value(argc, argv, &i)))
                     return -1;
                 if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
-                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b or eager-1f1b", v);
+                    return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b, eager-1f1b, "
+                                         "interleaved-1f1b, eager-interleaved-1f1b, zb-v, "
+                                         "v-1f1b or dualpipe-v",
+                                         v);
+                continue;
+            }
+            if (!strcmp(a, "--recompute")) {
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if ((o->recompute = xmp_recompute_parse(v)) < 0)
+                    return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
                 continue;
             }
             if (!strcmp(a, "--comm")) {
@@ -416,6 +438,7 @@ typedef struct {
     float **input, **cond, **target; /* per micro-batch, allocated with its forward */
     int *live;                       /* per micro-batch: forward done, weight part not yet */
     int64_t base_bytes;              /* allocations held after set-up (the parameters) */
+    int mem_quiet; /* virtual stages: chunk > 0 reports 0 (chunk 0 reports the rank's peak) */
 } ut_stage_t;
 
 static size_t chw_floats(const int chw[3])
@@ -592,6 +615,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                                       &st->tape[IX(st, l, mb)], &st->y[IX(st, l, mb)],
                                       &st->so[IX(st, l, mb)]);
         xmp_tensor_free(&skin);
+        if (r == 0) /* recomputation: keep the layer's inputs and outputs only */
+            r = xmp_ut_tape_drop(st->tape[IX(st, l, mb)], st->o->recompute);
         if (r != 0) {
             fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto out;
@@ -691,7 +716,8 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         int same_src = src >= 0 && st->sl->stage_of[src] == st->stage;
         xmp_tensor_t *pdx = l > 0 ? (l > st->first ? &st->dact[IX(st, l - 1, mb)] : &dx) : NULL;
         xmp_tensor_t *pdsi = src >= 0 ? (same_src ? &st->dskip[IX(st, src, mb)] : &dsi) : NULL;
-        if (xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
+        if (xmp_ut_tape_recompute(st->tape[IX(st, l, mb)], st->o->recompute) != 0 ||
+            xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
                                          pdsi) != 0) {
             fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
             goto fail_quiet;
@@ -754,6 +780,8 @@ static int ut_bwd_weight(void *u, int mb)
 static int64_t ut_act_bytes(void *u)
 {
     ut_stage_t *st = u;
+    if (st->mem_quiet)
+        return 0;
     int64_t p = xmp_ut_mem_peak_bytes() - st->base_bytes;
     xmp_ut_mem_peak_reset();
     return p > 0 ? p : 0;
@@ -924,7 +952,9 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     char kinds[XMP_UT_LAYERS + 1];
     memset(kinds, 'u', XMP_UT_LAYERS);
     kinds[XMP_UT_LAYERS] = '\0';
-    ut_stage_t st;
+    ut_stage_t st, *xs = NULL;
+    timed_ops_t *xt = NULL;
+    int nxs = 0;
     memset(&st, 0, sizeof st);
     xmp_mesh_t *smesh[XMP_MAX_STAGES] = {NULL};
     int *allranks = NULL, *mranks = NULL; /* sized from the run: the job's ranks */
@@ -933,8 +963,23 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     xmp_driver_t *drv = NULL;
     double *ref = NULL;
     const int M = o->microbatches, mbs = o->batch / M;
-    if (xmp_stage_layout_build(kinds, 0, 0, o->layout, o->stages, o->stage_mesh, o->stage_dp,
-                               o->stage_tp, &sl, err, sizeof err) != 0) {
+    const int virt = o->virtual_stages > 1 || o->stage_groups;
+    int R = o->stages;
+    if (virt && o->stage_mesh && !o->layout && R == 1) { /* one group per --stage-mesh entry */
+        R = 1;
+        for (const char *p = o->stage_mesh; *p; p++)
+            R += *p == ',';
+    }
+    const char *mt = o->stage_groups ? o->stage_groups
+                     : (o->schedule == XMP_SCHED_ZB_V || o->schedule == XMP_SCHED_V_1F1B ||
+                        o->schedule == XMP_SCHED_DUALPIPE_V)
+                         ? "v"
+                         : "interleaved";
+    if (virt ? xmp_stage_layout_build_groups(
+                   kinds, 0, 0, o->layout, R, o->virtual_stages ? o->virtual_stages : 1, mt,
+                   o->stage_mesh, o->stage_dp, o->stage_tp, &sl, err, sizeof err) != 0
+             : xmp_stage_layout_build(kinds, 0, 0, o->layout, o->stages, o->stage_mesh, o->stage_dp,
+                                      o->stage_tp, &sl, err, sizeof err) != 0) {
         if (rank == 0)
             xmp_cli_error("stage layout: %s", err);
         goto out_mpi;
@@ -973,10 +1018,13 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     xmp_gen_opts_t go;
     memset(&go, 0, sizeof go);
     go.delay_wgrad = o->delay_wgrad;
+    go.recompute = o->recompute;
     /* ZB-H1's memory rule: deferred weight-gradient work of at most S microbatches. */
     go.max_pending_w = sl.nstages;
-    if (xmp_sched_generate(o->schedule, sl.nstages, M, st.nedges, se, &go, &sched, err,
-                           sizeof err) != 0) {
+    if ((virt ? xmp_sched_generate_map(o->schedule, sl.nstages, sl.ngroups, sl.group, M, st.nedges,
+                                       se, &go, &sched, err, sizeof err)
+              : xmp_sched_generate(o->schedule, sl.nstages, M, st.nedges, se, &go, &sched, err,
+                                   sizeof err)) != 0) {
         if (rank == 0)
             xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
         goto out_mpi;
@@ -1012,18 +1060,43 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
             local_fail = 1;
         }
     }
-    if (st.stage >= 0 && !local_fail) {
-        st.first = sl.first[st.stage];
-        st.last = st.first + sl.count[st.stage] - 1;
-        st.dp = sl.dp[st.stage];
-        st.tp = sl.tp[st.stage];
-        st.dpi = (rank - sl.rank0[st.stage]) / st.tp;
-        st.tpi = (rank - sl.rank0[st.stage]) % st.tp;
-        st.mesh = smesh[st.stage];
-        st.nloc = mbs / st.dp;
-        if (xmp_shapes_init(&st.sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(&st) != 0)
+    /* Virtual stages: one stage state per model stage of this rank's group (chunk 0 in st,
+     * the others in xs), each with its own timed callbacks. */
+    int mystages[XMP_MAX_STAGES],
+        nmine = xmp_stage_layout_stages_of_rank(&sl, rank, mystages, XMP_MAX_STAGES);
+    nxs = nmine > 1 ? nmine - 1 : 0;
+    if (nxs &&
+        (!(xs = calloc((size_t)nxs, sizeof *xs)) || !(xt = calloc((size_t)nxs, sizeof *xt)))) {
+        xmp_cli_error("out of memory");
+        local_fail = 1;
+        nxs = 0;
+    }
+    ut_stage_t tmpl = st;
+    for (int k = 0; k < nmine && !local_fail; k++) {
+        ut_stage_t *p = k ? &xs[k - 1] : &st;
+        *p = tmpl;
+        p->stage = mystages[k];
+        p->mem_quiet = k > 0;
+        if (stage_strategy(o, c, &sl, p->stage, &p->strat) != 0) {
+            xmp_cli_error("stage %d: %s", p->stage, xmp_ut_last_error());
+            local_fail = 1;
+            break;
+        }
+        p->first = sl.first[p->stage];
+        p->last = p->first + sl.count[p->stage] - 1;
+        p->dp = sl.dp[p->stage];
+        p->tp = sl.tp[p->stage];
+        p->dpi = (rank - sl.rank0[p->stage]) / p->tp;
+        p->tpi = (rank - sl.rank0[p->stage]) % p->tp;
+        p->mesh = smesh[p->stage];
+        p->nloc = mbs / p->dp;
+        if (xmp_shapes_init(&p->sh, o->seed, c->cond_dim, o->sigma) != 0 || stage_init(p) != 0)
             local_fail = 1;
     }
+    /* every chunk measures above the parameters of all of them */
+    for (int k = 0; k < nxs; k++)
+        xs[k].base_bytes = xmp_ut_mem_live_bytes();
+    st.base_bytes = xmp_ut_mem_live_bytes();
     int any_fail = 0;
     MPI_Allreduce(&local_fail, &any_fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (any_fail)
@@ -1068,6 +1141,18 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
     dc.ops.reduce_grads = t_red;
     dc.ops.optimizer_step = t_opt;
     dc.ops.activation_bytes = t_act;
+    xmp_stage_ops_t sops[XMP_MAX_STAGES];
+    memset(sops, 0, sizeof sops);
+    if (virt && st.stage >= 0) {
+        sops[st.stage] = dc.ops;
+        for (int k = 0; k < nxs; k++) {
+            xt[k] = tops;
+            xt[k].in.user = &xs[k];
+            sops[xs[k].stage] = dc.ops;
+            sops[xs[k].stage].user = &xt[k];
+        }
+    }
+    dc.stage_ops = virt ? sops : NULL;
     if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
         if (rank == 0)
             xmp_cli_error("pipeline driver: %s", err);
@@ -1082,6 +1167,11 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         st.step = step;
         tops.f = tops.i = tops.w = tops.r = tops.o = 0;
         tops.nf = tops.ni = tops.nw = 0;
+        for (int k = 0; k < nxs; k++) {
+            xs[k].step = step;
+            xt[k].f = xt[k].i = xt[k].w = xt[k].r = xt[k].o = 0;
+            xt[k].nf = xt[k].ni = xt[k].nw = 0;
+        }
         double comm0 = xmp_comm_seconds();
         xmesh_result_t r = xmp_driver_step(drv, &ss);
         int bad = r != XMESH_SUCCESS, anybad = 0;
@@ -1097,24 +1187,28 @@ static int run_pipeline(const ut_opts_t *o, const xmp_ut_config_t *c)
         const int S = sl.nstages;
         double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
         memset(loc, 0, sizeof loc);
-        if (st.stage >= 0) {
-            loc[st.stage] = tops.nf ? tops.f / tops.nf : 0;
-            loc[S + st.stage] = tops.ni ? tops.i / tops.ni : 0;
-            loc[2 * S + st.stage] = tops.nw ? tops.w / tops.nw : 0;
-            loc[3 * S + st.stage] = ss.bubble;
-            loc[4 * S + st.stage] = ss.peak_act_mb;
-        }
         int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
         memset(lp, 0, sizeof lp);
-        if (st.stage >= 0)
-            lp[st.stage] = ss.peak_act_bytes;
+        double cs = tops.f + tops.i + tops.w + tops.r + tops.o;
+        for (int k = -1; k < nxs && st.stage >= 0; k++) {
+            const ut_stage_t *p = k < 0 ? &st : &xs[k];
+            const timed_ops_t *q = k < 0 ? &tops : &xt[k];
+            loc[p->stage] = q->nf ? q->f / q->nf : 0;
+            loc[S + p->stage] = q->ni ? q->i / q->ni : 0;
+            loc[2 * S + p->stage] = q->nw ? q->w / q->nw : 0;
+            loc[3 * S + p->stage] = ss.bubble; /* bubble and peaks: the group's */
+            loc[4 * S + p->stage] = ss.peak_act_mb;
+            lp[p->stage] = ss.peak_act_bytes;
+            if (k >= 0)
+                cs += q->f + q->i + q->w + q->r + q->o;
+        }
         MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
         ut_extra_t ex;
         memset(&ex, 0, sizeof ex);
         ex.nstages = S;
         ex.boxing_s = xmp_comm_seconds() - comm0;
-        ex.compute_s = tops.f + tops.i + tops.w + tops.r + tops.o - ex.boxing_s;
+        ex.compute_s = cs - ex.boxing_s;
         for (int k = 0; k < S; k++) {
             ex.bubble[k] = all[3 * S + k];
             ex.peak_mb[k] = (int)all[4 * S + k];
@@ -1198,6 +1292,10 @@ out_ctx:
     xmesh_ctx_destroy(ctx);
 out_stage:
     stage_free(&st);
+    for (int k = 0; k < nxs; k++)
+        stage_free(&xs[k]);
+    free(xs);
+    free(xt);
     for (int s = 0; s < XMP_MAX_STAGES; s++)
         xmp_mesh_destroy(smesh[s]);
 out_mpi:

@@ -455,6 +455,13 @@ struct xmp_gpt2_stage {
     int tie_first, tie_last;
     xmesh_plan_t tie_fl, tie_lf;
     int64_t edge_shape[3];
+    /* Virtual stages: the other tied stage when this rank also holds it (V shape), and
+     * whether this stage's gradients of the step are reduced (the exchange runs after both). */
+    xmp_gpt2_stage_t *tie_peer;
+    int reduced;
+    /* The object whose tied-wte plans this one uses: itself, or with several objects per rank
+     * the first (every rank's first create made the same plans, matching across groups). */
+    xmp_gpt2_stage_t *tie_plans;
 };
 
 static int pindex(const xmp_gpt2_stage_t *st, int id, int layer)
@@ -832,6 +839,50 @@ static int pos_grad(const xmp_tensor_t *dx, const xmp_tensor_t *wpe, xmp_tensor_
     return 0;
 }
 
+/* Recomputation (tc.recompute): after a block's forward, block drops everything but its
+ * output (the next block's input, kept), selective the attention probabilities. */
+static void drop_for_recompute(const xmp_gpt2_stage_t *st, blk_t *b)
+{
+    if (st->tc.recompute == XMP_RECOMPUTE_BLOCK) {
+        xmp_tensor_t keep = b->res2;
+        xmp_sbp_t s2[NAX];
+        memcpy(s2, b->s_res2, sizeof s2);
+        memset(&b->res2, 0, sizeof b->res2);
+        blk_free(b);
+        b->res2 = keep;
+        memcpy(b->s_res2, s2, sizeof s2);
+    } else if (st->tc.recompute == XMP_RECOMPUTE_SELECTIVE) {
+        xmp_attn_cache_free(&b->ac);
+    }
+}
+
+/* Rebuilds what drop_for_recompute dropped of block k (input x) before its backward; the
+ * forward is deterministic, so the rebuilt tensors equal the dropped ones bitwise. */
+static int recompute_block(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor_t *x)
+{
+    blk_t *b = &m->b[k];
+    if (st->tc.recompute == XMP_RECOMPUTE_BLOCK) {
+        xmp_tensor_t keep = b->res2;
+        memset(&b->res2, 0, sizeof b->res2);
+        int rc = block_forward(st, st->l0 + k, x, b);
+        xmp_tensor_free(&b->res2);
+        b->res2 = keep;
+        /* Held from here to W (the weight GEMMs read them). */
+        m->bytes += tbytes(&b->ln1) + tbytes(&b->qkv) + tbytes(&b->att) + tbytes(&b->res1) +
+                    tbytes(&b->ln2) + tbytes(&b->fch) + tbytes(&b->fcg) + tbytes(&b->ac.att);
+        return rc;
+    }
+    if (st->tc.recompute == XMP_RECOMPUTE_SELECTIVE) {
+        xmp_tensor_t y = {0};
+        xmp_attn_cache_free(&b->ac);
+        int rc = xmp_attention_forward(&b->qkv, &y, &b->ac) != XMESH_SUCCESS;
+        xmp_tensor_free(&y);
+        m->bytes += tbytes(&b->ac.att);
+        return rc ? -1 : 0;
+    }
+    return 0;
+}
+
 static int cb_forward(void *user, int mbi, const void *const *in, void *const *out, double *loss)
 {
     xmp_gpt2_stage_t *st = user;
@@ -857,6 +908,7 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
     for (int k = 0; k < st->nl; k++) {
         blk_t *b = &m->b[k];
         CHK(block_forward(st, st->l0 + k, x, b));
+        drop_for_recompute(st, b);
         m->bytes += tbytes(&b->ln1) + tbytes(&b->qkv) + tbytes(&b->att) + tbytes(&b->res1) +
                     tbytes(&b->ln2) + tbytes(&b->fch) + tbytes(&b->fcg) + tbytes(&b->res2) +
                     tbytes(&b->ac.att);
@@ -916,6 +968,7 @@ static int cb_backward_input(void *user, int mbi, const void *const *gout, void 
     }
     for (int k = st->nl - 1; k >= 0; k--) {
         const xmp_tensor_t *x = k ? &m->b[k - 1].res2 : &m->x0;
+        CHK(recompute_block(st, m, k, x));
         CHK(block_backward(st, m, k, x, &d, &dx));
         d = dx;
         memset(&dx, 0, sizeof dx);
@@ -983,9 +1036,10 @@ static int tie_exchange(xmp_gpt2_stage_t *st, par_t *q)
     if (!tmp)
         return -1;
     int first = st->stage == st->tie_first;
-    xmesh_result_t r = xmesh_reshard(st->tie_fl, first ? q->r.data : NULL, first ? NULL : tmp);
+    xmesh_plan_t fl = st->tie_plans->tie_fl, lf = st->tie_plans->tie_lf;
+    xmesh_result_t r = xmesh_reshard(fl, first ? q->r.data : NULL, first ? NULL : tmp);
     if (!r)
-        r = xmesh_reshard(st->tie_lf, first ? NULL : q->r.data, first ? tmp : NULL);
+        r = xmesh_reshard(lf, first ? NULL : q->r.data, first ? tmp : NULL);
     if (!r) {
         float *g = xmp_f32(&q->r);
         for (int64_t i = 0; i < q->r.lcount; i++)
@@ -994,6 +1048,37 @@ static int tie_exchange(xmp_gpt2_stage_t *st, par_t *q)
         fprintf(stderr, "gpt2 stage %d: tied wte exchange: %s\n", st->stage, xmesh_last_error());
     }
     free(tmp);
+    return r ? -1 : 0;
+}
+
+/* Both tied stages on this rank (V shape: stage 0 and the last on one group): each copy's
+ * reduced gradient is resharded into the other's layout (local plans of overlapping meshes)
+ * and both add the other's, a + b == b + a bitwise, so the copies stay equal. */
+static int tie_exchange_local(xmp_gpt2_stage_t *st)
+{
+    xmp_gpt2_stage_t *f = st->stage == st->tie_first ? st : st->tie_peer;
+    xmp_gpt2_stage_t *l = f == st ? st->tie_peer : st;
+    par_t *qf = &f->p[pindex(f, XMP_GPT2_WTE, -1)], *ql = &l->p[pindex(l, XMP_GPT2_WTE, -1)];
+    float *tf = malloc(sizeof(float) * (size_t)(qf->r.lcount + 1));
+    float *tl = malloc(sizeof(float) * (size_t)(ql->r.lcount + 1));
+    xmesh_result_t r = tf && tl ? XMESH_SUCCESS : XMESH_ERR_NO_MEMORY;
+    if (!r)
+        r = xmesh_reshard(f->tie_plans->tie_fl, qf->r.data, tl);
+    if (!r)
+        r = xmesh_reshard(f->tie_plans->tie_lf, ql->r.data, tf);
+    if (!r) {
+        float *g = xmp_f32(&qf->r);
+        for (int64_t i = 0; i < qf->r.lcount; i++)
+            g[i] = g[i] + tf[i];
+        g = xmp_f32(&ql->r);
+        for (int64_t i = 0; i < ql->r.lcount; i++)
+            g[i] = g[i] + tl[i];
+    } else {
+        fprintf(stderr, "gpt2 stages %d and %d: tied wte exchange: %s\n", f->stage, l->stage,
+                xmesh_last_error());
+    }
+    free(tf);
+    free(tl);
     return r ? -1 : 0;
 }
 
@@ -1013,9 +1098,14 @@ static int cb_reduce(void *user)
             return 1;
         }
     }
-    if (st->tie_fl && (st->stage == st->tie_first || st->stage == st->tie_last) &&
-        tie_exchange(st, &st->p[pindex(st, XMP_GPT2_WTE, -1)]))
+    st->reduced = 1;
+    if (st->tie_peer) {
+        if (st->tie_peer->reduced && tie_exchange_local(st))
+            return 1;
+    } else if (st->tie_fl && (st->stage == st->tie_first || st->stage == st->tie_last) &&
+               tie_exchange(st, &st->p[pindex(st, XMP_GPT2_WTE, -1)])) {
         return 1;
+    }
     st->times.r_s += MPI_Wtime() - t0;
     return 0;
 }
@@ -1025,6 +1115,7 @@ static int cb_optimizer(void *user)
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
     const xmp_gpt2_train_cfg_t *t = &st->tc;
+    st->reduced = 0;
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
         xmp_tensor_t *w = stored(q), c = {0};
@@ -1101,9 +1192,10 @@ static void class_store(const xmp_strategy_t *s, const char *cls, xmp_sbp_t *out
         out[a] = e->store[a];
 }
 
-int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
-                          const xmp_stage_layout_t *layout, const xmp_gpt2_train_cfg_t *tc,
-                          xmp_gpt2_stage_t **out, char *err, size_t errlen)
+/* force: -2: the stage of this rank; else this rank's stage (-1: none). */
+static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
+                        const xmp_stage_layout_t *layout, const xmp_gpt2_train_cfg_t *tc, int force,
+                        xmp_gpt2_stage_t **out, char *err, size_t errlen)
 {
     const xmp_gpt2_config_t *c = &full->cfg;
     int rank, size;
@@ -1113,6 +1205,9 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
     if (layout->nranks != size)
         return set_err(err, errlen, "the stage meshes use %d ranks, the job has %d", layout->nranks,
                        size);
+    if (tc->recompute < XMP_RECOMPUTE_NONE || tc->recompute > XMP_RECOMPUTE_SELECTIVE)
+        return set_err(err, errlen, "recompute mode %d: expected none, block or selective",
+                       tc->recompute);
     if (tc->M < 1 || tc->B % tc->M)
         return set_err(err, errlen, "--batch %d is not a multiple of --microbatches %d", tc->B,
                        tc->M);
@@ -1147,9 +1242,10 @@ int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full
     st->cfg = *c;
     st->tc = *tc;
     st->tc.strategy = NULL; /* borrowed during create only */
+    st->tie_plans = st;
     st->lay = *layout;
     st->Bm = tc->B / tc->M;
-    st->stage = xmp_stage_layout_stage_of_rank(layout, rank);
+    st->stage = force == -2 ? xmp_stage_layout_stage_of_rank(layout, rank) : force;
     st->edge_shape[0] = st->Bm;
     st->edge_shape[1] = tc->T;
     st->edge_shape[2] = c->channels;
@@ -1260,6 +1356,59 @@ fail_mem:
     free(st->pidx);
     free(st);
     return set_err(err, errlen, "out of memory");
+}
+
+int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
+                          const xmp_stage_layout_t *layout, const xmp_gpt2_train_cfg_t *tc,
+                          xmp_gpt2_stage_t **out, char *err, size_t errlen)
+{
+    return stage_create(comm, ctx, full, layout, tc, -2, out, err, errlen);
+}
+
+int xmp_gpt2_stages_max(const xmp_stage_layout_t *layout)
+{
+    int n[XMP_MAX_STAGES] = {0}, mx = 0;
+    for (int s = 0; s < layout->nstages; s++)
+        if (++n[layout->group[s]] > mx)
+            mx = n[layout->group[s]];
+    return mx;
+}
+
+int xmp_gpt2_stages_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
+                           const xmp_stage_layout_t *layout, const xmp_gpt2_train_cfg_t *tc,
+                           xmp_gpt2_stage_t **out, char *err, size_t errlen)
+{
+    int rank, mine[XMP_MAX_STAGES];
+    MPI_Comm_rank(comm, &rank);
+    int nmax = xmp_gpt2_stages_max(layout);
+    int n = xmp_stage_layout_stages_of_rank(layout, rank, mine, XMP_MAX_STAGES);
+    for (int c = 0; c < nmax; c++)
+        out[c] = NULL;
+    for (int c = 0; c < nmax; c++) {
+        if (stage_create(comm, ctx, full, layout, tc, c < n ? mine[c] : -1, &out[c], err, errlen) !=
+            0) {
+            for (int k = 0; k < c; k++) {
+                xmp_gpt2_stage_destroy(out[k]);
+                out[k] = NULL;
+            }
+            return -1;
+        }
+    }
+    for (int c = 1; c < nmax; c++)
+        out[c]->tie_plans = out[0];
+    /* Both tied stages here: they exchange their wte gradients locally in R. */
+    xmp_gpt2_stage_t *f = NULL, *l = NULL;
+    for (int c = 0; c < n; c++) {
+        if (out[c]->stage == out[c]->tie_first)
+            f = out[c];
+        if (out[c]->stage == out[c]->tie_last)
+            l = out[c];
+    }
+    if (f && l && f != l) {
+        f->tie_peer = l;
+        l->tie_peer = f;
+    }
+    return 0;
 }
 
 void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
@@ -1374,8 +1523,60 @@ double xmp_gpt2_stage_edge_seconds(xmp_gpt2_stage_t *st, int s, int strategy)
     return t;
 }
 
+void xmp_gpt2_stage_set_recompute(xmp_gpt2_stage_t *st, int mode)
+{
+    st->tc.recompute = mode;
+}
+
+int xmp_gpt2_stage_probe_bytes(xmp_gpt2_stage_t *st, double *act, double *ckpt, double *keep)
+{
+    *act = *ckpt = *keep = 0;
+    if (st->stage < 0)
+        return 0;
+    size_t ntok = (size_t)st->tc.B * (size_t)st->tc.T;
+    int *tok = calloc(ntok, sizeof(int));
+    float *buf =
+        calloc((size_t)(st->edge_shape[0] * st->edge_shape[1] * st->edge_shape[2]), sizeof(float));
+    const int *in0 = st->inputs, *tg0 = st->targets;
+    int rc = -1, rec = st->tc.recompute;
+    if (tok && buf) {
+        const void *in[1] = {buf};
+        void *out[1] = {buf};
+        double loss = 0;
+        st->inputs = st->targets = tok;
+        st->tc.recompute = XMP_RECOMPUTE_NONE;
+        rc = cb_forward(st, 0, in, out, &loss) ? -1 : 0;
+        mb_t *m = &st->mb[0];
+        if (!rc) {
+            double a = (double)m->bytes,
+                   c = (double)(tbytes(&m->x0) + tbytes(&m->lnf) + tbytes(&m->dlogits)), p = 0;
+            for (int k = 0; k < st->nl; k++) {
+                c += (double)tbytes(&m->b[k].res2);
+                p += (double)tbytes(&m->b[k].ac.att);
+            }
+            *act = a;
+            *ckpt = c;
+            *keep = a > 0 ? (a - p) / a : 1;
+        }
+        mb_free(st, m);
+        st->tc.recompute = rec;
+        st->inputs = in0;
+        st->targets = tg0;
+        memset(&st->times, 0, sizeof st->times);
+    }
+    free(tok);
+    free(buf);
+    return rc;
+}
+
 int xmp_gpt2_stage_gather(xmp_gpt2_stage_t *st, xmp_gpt2_t *full)
 {
+    return xmp_gpt2_stages_gather(&st, 1, full);
+}
+
+int xmp_gpt2_stages_gather(xmp_gpt2_stage_t *const *sts, int n, xmp_gpt2_t *full)
+{
+    xmp_gpt2_stage_t *st = sts[0];
     /* Every tensor (id, layer) once, in llm.c order: its stage's mesh
      * gathers it, the stage's first rank sends it to rank 0. wte comes from
      * the first stage. */
@@ -1390,13 +1591,16 @@ int xmp_gpt2_stage_gather(xmp_gpt2_stage_t *st, xmp_gpt2_t *full)
                        : is_per_layer(id)                       ? l + 1
                                                                 : st->lay.nitems - 1;
             int s = st->lay.stage_of[item], src = st->lay.rank0[s];
+            xmp_gpt2_stage_t *h = NULL; /* this rank's object of stage s */
+            for (int k = 0; k < n; k++)
+                if (sts[k]->stage == s)
+                    h = sts[k];
             float *buf = NULL;
-            if (st->stage == s || st->rank == 0)
+            if (h || st->rank == 0)
                 buf = malloc(sizeof(float) * per);
-            if ((st->stage == s || st->rank == 0) && !buf)
+            if ((h || st->rank == 0) && !buf)
                 rc = -1;
-            if (st->stage == s && buf &&
-                xmp_tensor_gather_full(&st->p[pindex(st, id, layer)].w, buf))
+            if (h && buf && xmp_tensor_gather_full(&h->p[pindex(h, id, layer)].w, buf))
                 rc = -1;
             if (src != 0) {
                 if (st->rank == src && buf)

@@ -72,6 +72,11 @@ typedef struct {
     /* Strategy of each stage (layout->nstages entries, borrowed during create),
      * or NULL: the built-in megatron for each stage's axis count. */
     const xmp_strategy_t *strategy;
+    /* xmp_recompute_t (sched/schedule.h): none; block: a transformer block keeps only its
+     * output (the next block's input) after the forward and recomputes the rest before its
+     * backward; selective: the attention probabilities are dropped and recomputed. Exact:
+     * the numbers do not change. */
+    int recompute;
 } xmp_gpt2_train_cfg_t;
 
 /* Names of the built-in strategies, for messages. */
@@ -98,6 +103,18 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
 int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
                           const xmp_stage_layout_t *layout, const xmp_gpt2_train_cfg_t *tc,
                           xmp_gpt2_stage_t **out, char *err, size_t errlen);
+/* Virtual stages (layout->group, xmp_stage_layout_set_groups): one stage object per model
+ * stage of this rank's group, out[c] for chunk c (stages in increasing order), each with its
+ * own callbacks (xmp_gpt2_stage_ops) for the driver's stage_ops. Collective: every rank creates
+ * xmp_gpt2_stages_max(layout) objects (ranks of groups with fewer stages get padding objects of
+ * stage -1, which take no part in the driver but must be destroyed too). When the embedding
+ * and the head stage are on the same group (V shape), the two wte copies exchange their
+ * reduced gradients locally in R (both stages' R run before either's O), so they stay
+ * bitwise equal. */
+int xmp_gpt2_stages_max(const xmp_stage_layout_t *layout);
+int xmp_gpt2_stages_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
+                           const xmp_stage_layout_t *layout, const xmp_gpt2_train_cfg_t *tc,
+                           xmp_gpt2_stage_t **out, char *err, size_t errlen);
 /* Collective; NULL is a no-op. */
 void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st);
 
@@ -128,6 +145,8 @@ void xmp_gpt2_stage_times(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_times_t *t)
 /* Collective: gathers every parameter to global rank 0 of comm, which
  * writes the parameters into full->params (others: full untouched). */
 int xmp_gpt2_stage_gather(xmp_gpt2_stage_t *st, xmp_gpt2_t *full);
+/* The same over this rank's n stage objects (xmp_gpt2_stages_create). */
+int xmp_gpt2_stages_gather(xmp_gpt2_stage_t *const *sts, int n, xmp_gpt2_t *full);
 
 /* Collective over comm: xmesh's predicted time (xmesh_plan_get_info's
  * predicted_s) of one boundary activation transfer stage s -> s+1, from a
@@ -142,6 +161,16 @@ typedef struct {
     int sharded; /* parameter tensors with sharded storage */
 } xmp_gpt2_stage_memory_t;
 void xmp_gpt2_stage_memory(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_memory_t *mem);
+
+/* Sets the recomputation mode (xmp_recompute_t; the schedule's, when a memory cap chose it).
+ * Between steps only. */
+void xmp_gpt2_stage_set_recompute(xmp_gpt2_stage_t *st, int mode);
+/* Measures, by running one forward of microbatch 0 (zero tokens and input; collective over the
+ * stage's mesh, before the driver runs), the bytes one microbatch's activations hold on this
+ * rank (what activation_bytes reports): act without recomputation, ckpt what block
+ * recomputation keeps (the blocks' outputs, the embedding output, the head's tensors), keep
+ * the fraction of act that selective recomputation keeps. Zeros on stage -1. 0 or -1. */
+int xmp_gpt2_stage_probe_bytes(xmp_gpt2_stage_t *st, double *act, double *ckpt, double *keep);
 
 /* Bytes of activations this rank holds now. */
 int64_t xmp_gpt2_stage_activation_bytes(const xmp_gpt2_stage_t *st);

@@ -1,5 +1,6 @@
 /* Stage layouts: parsing "E,t*3|t*3,L", even splits and per-stage meshes. */
 #include "models/stage_layout.h"
+#include "sched/schedule.h"
 
 #include <ctype.h>
 #include <stdint.h>
@@ -266,6 +267,9 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
         r += (int)size;
     }
     l.nranks = r;
+    l.ngroups = l.nstages;
+    for (int s = 0; s < l.nstages; s++)
+        l.group[s] = s;
     *out = l;
     return 0;
 }
@@ -321,4 +325,138 @@ void xmp_stage_layout_format(const xmp_stage_layout_t *l, char *buf, size_t len)
             buf[at] = '\0';
         }
     }
+}
+
+int xmp_stage_layout_set_groups(xmp_stage_layout_t *l, int ngroups, const int *stage_group,
+                                char *err, size_t errlen)
+{
+    int gsize[XMP_MAX_STAGES], gfirst[XMP_MAX_STAGES];
+    if (ngroups < 1 || ngroups > l->nstages) {
+        snprintf(err, errlen, "%d rank groups for %d stages: expected 1..%d", ngroups, l->nstages,
+                 l->nstages);
+        return -1;
+    }
+    for (int g = 0; g < ngroups; g++)
+        gsize[g] = 0, gfirst[g] = -1;
+    for (int s = 0; s < l->nstages; s++) {
+        int g = stage_group[s], n = xmp_stage_layout_size(l, s);
+        if (g < 0 || g >= ngroups) {
+            snprintf(err, errlen, "stage %d: group %d out of range 0..%d", s, g, ngroups - 1);
+            return -1;
+        }
+        if (gfirst[g] < 0) {
+            gfirst[g] = s;
+            gsize[g] = n;
+        } else if (gsize[g] != n) {
+            snprintf(err, errlen,
+                     "stage %d has %d ranks but stage %d on the same group %d has %d: stages of "
+                     "one group need meshes of the same size",
+                     s, n, gfirst[g], g, gsize[g]);
+            return -1;
+        }
+    }
+    for (int g = 0; g < ngroups; g++)
+        if (gfirst[g] < 0) {
+            snprintf(err, errlen, "group %d holds no stage", g);
+            return -1;
+        }
+    int r = 0, r0[XMP_MAX_STAGES];
+    for (int g = 0; g < ngroups; g++) {
+        r0[g] = r;
+        r += gsize[g];
+    }
+    for (int s = 0; s < l->nstages; s++) {
+        l->group[s] = stage_group[s];
+        l->rank0[s] = r0[stage_group[s]];
+    }
+    l->ngroups = ngroups;
+    l->nranks = r;
+    return 0;
+}
+
+int xmp_stage_layout_stages_of_rank(const xmp_stage_layout_t *l, int rank, int *out, int max)
+{
+    int n = 0;
+    for (int s = 0; s < l->nstages; s++)
+        if (rank >= l->rank0[s] && rank < l->rank0[s] + xmp_stage_layout_size(l, s)) {
+            if (n < max)
+                out[n] = s;
+            n++;
+        }
+    return n < max ? n : max;
+}
+
+int xmp_stage_layout_build_groups(const char *kinds, int fixed_head, int fixed_tail,
+                                  const char *layout, int R, int V, const char *map_text,
+                                  const char *meshes, const char *dps, const char *tps,
+                                  xmp_stage_layout_t *out, char *err, size_t errlen)
+{
+    int S = R * V, map[XMP_MAX_STAGES];
+    if (R < 1 || V < 1 || R > XMP_MAX_STAGES || V > XMP_MAX_STAGES) {
+        snprintf(err, errlen, "%d rank groups x %d virtual stages: expected at least 1 each", R, V);
+        return -1;
+    }
+    if (layout) {
+        int n = 1;
+        for (const char *p = layout; *p; p++)
+            n += *p == '|';
+        if (V > 1 && n != S) {
+            snprintf(err, errlen, "--layout has %d stages, %d virtual stages on %d groups need %d",
+                     n, V, R, S);
+            return -1;
+        }
+        S = n;
+    }
+    if (S > XMP_MAX_STAGES || R > S) {
+        snprintf(err, errlen,
+                 "%d model stages on %d rank groups: expected 1..%d stages, at least one per "
+                 "group",
+                 S, R, XMP_MAX_STAGES);
+        return -1;
+    }
+    char sub[256];
+    if (xmp_sched_parse_map(map_text, S, R, map, sub, sizeof sub) != 0) {
+        snprintf(err, errlen, "--stage-groups: %s", sub);
+        return -1;
+    }
+    int nmesh = 0;
+    if (meshes) {
+        nmesh = 1;
+        for (const char *p = meshes; *p; p++)
+            nmesh += *p == ',';
+    }
+    char *xm = NULL;
+    if (meshes && nmesh == R && S != R) { /* one mesh per group: each stage gets its group's */
+        const char *ent[XMP_MAX_STAGES];
+        int len[XMP_MAX_STAGES], k = 0;
+        for (const char *p = meshes;; k++) {
+            const char *q = strchr(p, ',');
+            ent[k] = p;
+            len[k] = q ? (int)(q - p) : (int)strlen(p);
+            if (!q)
+                break;
+            p = q + 1;
+        }
+        size_t cap = strlen(meshes) * (size_t)S + 1, at = 0;
+        if (!(xm = malloc(cap))) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        xm[0] = '\0';
+        for (int s = 0; s < S; s++)
+            at += (size_t)snprintf(xm + at, cap - at, "%s%.*s", s ? "," : "", len[map[s]],
+                                   ent[map[s]]);
+        meshes = xm;
+    }
+    xmp_stage_layout_t l;
+    int rc = xmp_stage_layout_build(kinds, fixed_head, fixed_tail, layout, S, meshes, dps, tps, &l,
+                                    err, errlen);
+    free(xm);
+    if (rc == 0 && xmp_stage_layout_set_groups(&l, R, map, sub, sizeof sub) != 0) {
+        snprintf(err, errlen, "--stage-groups: %s", sub);
+        rc = -1;
+    }
+    if (rc == 0)
+        *out = l;
+    return rc;
 }

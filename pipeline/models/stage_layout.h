@@ -42,6 +42,11 @@ typedef struct {
     int shape[XMP_MAX_STAGES][XMP_STAGE_MAX_AXES]; /* mesh shape of each stage */
     int rank0[XMP_MAX_STAGES];                     /* first global rank of each stage */
     int nranks;                                    /* ranks used by all stages */
+    /* Virtual stages (issue 23): rank group of each stage; stages of one group run on the same
+     * ranks (rank0 of the group, the same number of ranks; the mesh shapes may differ).
+     * xmp_stage_layout_build sets the identity (ngroups == nstages). */
+    int ngroups;
+    int group[XMP_MAX_STAGES];
 } xmp_stage_layout_t;
 
 /* Builds a layout.
@@ -61,8 +66,34 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
                            int stages, const char *meshes, const char *dps, const char *tps,
                            xmp_stage_layout_t *out, char *err, size_t errlen);
 
-/* Stage of a global rank, or -1 if the rank is in no stage. */
+/* Stage of a global rank, or -1 if the rank is in no stage (with virtual stages: the lowest
+ * stage of its group). */
 int xmp_stage_layout_stage_of_rank(const xmp_stage_layout_t *l, int rank);
+
+/* Places the stages on ngroups rank groups: stage s runs on group stage_group[s] (every group
+ * 0..ngroups-1 used; sched/schedule.h xmp_sched_interleaved_map / xmp_sched_vshape_map /
+ * xmp_sched_parse_map make such maps). The stages of one group must have meshes of the same
+ * size; groups get consecutive ranks in group order (rank0[s] = the group's first rank) and
+ * nranks becomes the sum of the group sizes. 0, or -1 with a message naming the bad stage or
+ * group (l untouched). */
+int xmp_stage_layout_set_groups(xmp_stage_layout_t *l, int ngroups, const int *stage_group,
+                                char *err, size_t errlen);
+
+/* xmp_stage_layout_build with virtual stages (a CLI's --virtual-stages / --stage-groups):
+ * R rank groups; S model stages: the layout string's count, else R * V (V >= 1; with a layout
+ * and V > 1, S must equal R * V); stages placed on groups by map_text (sched/schedule.h
+ * xmp_sched_parse_map: "interleaved", "v" or a list of S group ids). meshes lists one mesh per
+ * group (R entries, each stage gets its group's) or one per stage (S entries); dps / tps as in
+ * xmp_stage_layout_build (per stage or one value). Then xmp_stage_layout_set_groups. 0, or -1
+ * with a message naming the bad value (*out unchanged). */
+int xmp_stage_layout_build_groups(const char *kinds, int fixed_head, int fixed_tail,
+                                  const char *layout, int R, int V, const char *map_text,
+                                  const char *meshes, const char *dps, const char *tps,
+                                  xmp_stage_layout_t *out, char *err, size_t errlen);
+
+/* Stages of a global rank's group in increasing order into out[0..max); returns how many
+ * (0: the rank is in no stage). */
+int xmp_stage_layout_stages_of_rank(const xmp_stage_layout_t *l, int rank, int *out, int max);
 
 /* Writes the layout back as a layout string ("E,t*3|t*3,L"). */
 void xmp_stage_layout_format(const xmp_stage_layout_t *l, char *buf, size_t len);

@@ -475,6 +475,55 @@ static int op_fail(const xmp_ut_slayer_t *l, int i, const char *what)
     return fail("layer %s op %d (%s): %s", xmp_ut_layer_name(l->layer), i, what, xmp_last_error());
 }
 
+/* Forward of op i of layer l's plan on tape t into *o (caches into t). */
+static xmesh_result_t run_op(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, int i, xmp_tensor_t *o_)
+{
+    const xmp_ut_op_t *op = &l->pl.ops[i];
+    xmp_tensor_t *v = t->v, o;
+    memset(&o, 0, sizeof o);
+    const xmp_tensor_t *w = op->wi >= 0 ? &l->p[op->wi] : NULL;
+    const xmp_tensor_t *b = op->bi >= 0 ? &l->p[op->bi] : NULL;
+    xmesh_result_t r = XMESH_SUCCESS;
+    switch (op->kind) {
+    case XMP_UT_OP_CONV:
+        r = xmp_conv2d_forward(&v[op->in0], w, b, op->conv.stride, op->conv.pad, &o);
+        break;
+    case XMP_UT_OP_GN:
+        r = xmp_groupnorm_forward(&v[op->in0], w, b, op->g, &o, &t->gn[i]);
+        break;
+    case XMP_UT_OP_SILU:
+        r = xmp_silu_forward(&v[op->in0], &o);
+        break;
+    case XMP_UT_OP_UP:
+        r = xmp_upsample2x_forward(&v[op->in0], &o);
+        break;
+    case XMP_UT_OP_CONCAT:
+        r = xmp_concat_forward(&v[op->in0], &v[op->in1], &o);
+        break;
+    case XMP_UT_OP_TOK:
+        r = xmp_to_tokens_forward(&v[op->in0], &o);
+        break;
+    case XMP_UT_OP_UNTOK:
+        r = xmp_from_tokens_forward(&v[op->in0], op->h, op->wd, &o);
+        break;
+    case XMP_UT_OP_LIN:
+        r = xmp_linear_forward(&v[op->in0], w, b, &o);
+        break;
+    case XMP_UT_OP_ATTN:
+        r = xmp_mha_forward(&v[op->in0], &v[op->in1], &v[op->in2], op->attn.head_dim, &o,
+                            &t->mha[i]);
+        break;
+    case XMP_UT_OP_ADD:
+        r = xmp_add_forward(&v[op->in0], &v[op->in1], &o);
+        break;
+    case XMP_UT_OP_BOX:
+        r = xmp_box(&v[op->in0], l->box[i], &o);
+        break;
+    }
+    *o_ = o;
+    return r;
+}
+
 int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_tensor_t *skip_in,
                           const xmp_tensor_t *cond, xmp_ut_tape_t **tape, const xmp_tensor_t **y,
                           const xmp_tensor_t **skip_out)
@@ -506,45 +555,7 @@ int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_t
     for (int i = 0; i < pl->nops; i++) {
         const xmp_ut_op_t *op = &pl->ops[i];
         xmp_tensor_t *v = t->v;
-        const xmp_tensor_t *w = op->wi >= 0 ? &l->p[op->wi] : NULL;
-        const xmp_tensor_t *b = op->bi >= 0 ? &l->p[op->bi] : NULL;
-        xmesh_result_t r = XMESH_SUCCESS;
-        switch (op->kind) {
-        case XMP_UT_OP_CONV:
-            r = xmp_conv2d_forward(&v[op->in0], w, b, op->conv.stride, op->conv.pad, &o);
-            break;
-        case XMP_UT_OP_GN:
-            r = xmp_groupnorm_forward(&v[op->in0], w, b, op->g, &o, &t->gn[i]);
-            break;
-        case XMP_UT_OP_SILU:
-            r = xmp_silu_forward(&v[op->in0], &o);
-            break;
-        case XMP_UT_OP_UP:
-            r = xmp_upsample2x_forward(&v[op->in0], &o);
-            break;
-        case XMP_UT_OP_CONCAT:
-            r = xmp_concat_forward(&v[op->in0], &v[op->in1], &o);
-            break;
-        case XMP_UT_OP_TOK:
-            r = xmp_to_tokens_forward(&v[op->in0], &o);
-            break;
-        case XMP_UT_OP_UNTOK:
-            r = xmp_from_tokens_forward(&v[op->in0], op->h, op->wd, &o);
-            break;
-        case XMP_UT_OP_LIN:
-            r = xmp_linear_forward(&v[op->in0], w, b, &o);
-            break;
-        case XMP_UT_OP_ATTN:
-            r = xmp_mha_forward(&v[op->in0], &v[op->in1], &v[op->in2], op->attn.head_dim, &o,
-                                &t->mha[i]);
-            break;
-        case XMP_UT_OP_ADD:
-            r = xmp_add_forward(&v[op->in0], &v[op->in1], &o);
-            break;
-        case XMP_UT_OP_BOX:
-            r = xmp_box(&v[op->in0], l->box[i], &o);
-            break;
-        }
+        xmesh_result_t r = run_op(l, t, i, &o);
         if (r != XMESH_SUCCESS) {
             op_fail(l, i, "forward");
             xmp_ut_tape_free(t);
@@ -768,6 +779,52 @@ int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd)
         memset(g, 0, sizeof *g);
         if (rc != 0)
             return fail("optimizer: %s", xmp_unet_last_error());
+    }
+    return 0;
+}
+
+/* Whether buffer b is one the tape must keep under block recomputation: the layer's inputs
+ * (the recomputation starts from them) and outputs (the next layer's inputs). */
+static int kept_buf(const xmp_ut_plan_t *pl, int b)
+{
+    return b == pl->in || b == pl->skip_in || b == pl->cond || b == pl->out || b == pl->skip_out;
+}
+
+int xmp_ut_tape_drop(xmp_ut_tape_t *t, int mode)
+{
+    const xmp_ut_plan_t *pl = &t->l->pl;
+    for (int i = 0; i < pl->nops; i++) {
+        const xmp_ut_op_t *op = &pl->ops[i];
+        if (mode == XMP_UT_RECOMPUTE_BLOCK) {
+            if (!kept_buf(pl, op->out))
+                drop(&t->v[op->out]);
+            drop(&t->gn[i].mean);
+            drop(&t->gn[i].rstd);
+            drop(&t->mha[i].probs);
+        } else if (mode == XMP_UT_RECOMPUTE_SELECTIVE && op->kind == XMP_UT_OP_ATTN) {
+            drop(&t->mha[i].probs);
+        }
+    }
+    return 0;
+}
+
+int xmp_ut_tape_recompute(xmp_ut_tape_t *t, int mode)
+{
+    xmp_ut_slayer_t *l = t->l;
+    const xmp_ut_plan_t *pl = &l->pl;
+    if (mode != XMP_UT_RECOMPUTE_BLOCK && mode != XMP_UT_RECOMPUTE_SELECTIVE)
+        return 0;
+    for (int i = 0; i < pl->nops; i++) {
+        const xmp_ut_op_t *op = &pl->ops[i];
+        if (mode == XMP_UT_RECOMPUTE_SELECTIVE && op->kind != XMP_UT_OP_ATTN)
+            continue;
+        xmp_tensor_t o;
+        if (run_op(l, t, i, &o) != XMESH_SUCCESS)
+            return op_fail(l, i, "recomputation");
+        if (t->v[op->out].data) /* kept: the same values (the forward is deterministic) */
+            drop(&o);
+        else
+            own(&t->v[op->out], &o);
     }
     return 0;
 }

@@ -121,6 +121,16 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *tape, const 
 int xmp_ut_slayer_backward_weight(xmp_ut_slayer_t *l, xmp_ut_tape_t *tape);
 /* Frees a tape (NULL-safe), e.g. after an error. */
 void xmp_ut_tape_free(xmp_ut_tape_t *tape);
+
+/* Recomputation (issue 23; the values match sched/schedule.h xmp_recompute_t). After a
+ * forward, xmp_ut_tape_drop frees what the mode recomputes: BLOCK every value and cache of the
+ * tape but the layer's inputs and outputs; SELECTIVE the attention probabilities only.
+ * xmp_ut_tape_recompute, before the backward, runs the dropped ops again from the kept
+ * inputs (collective over the layer's mesh, like the forward); the forward is deterministic,
+ * so the backward sees the same numbers. NONE: both do nothing. 0 or -1 (message set). */
+enum { XMP_UT_RECOMPUTE_NONE = 0, XMP_UT_RECOMPUTE_BLOCK = 1, XMP_UT_RECOMPUTE_SELECTIVE = 2 };
+int xmp_ut_tape_drop(xmp_ut_tape_t *tape, int mode);
+int xmp_ut_tape_recompute(xmp_ut_tape_t *tape, int mode);
 /* Collective: boxes the accumulated gradients to the parameters' SBP (P -> B: the data-parallel
  * sum). */
 int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l);
