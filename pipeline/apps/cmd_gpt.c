@@ -27,6 +27,7 @@
 #include "models/gpt2_par.h"
 #include "models/llmc_io.h"
 #include "models/stage_layout.h"
+#include "nn/overlap.h"
 #include "pipe/driver.h"
 #include "pipe/replan.h"
 #include "sched/schedule.h"
@@ -119,6 +120,8 @@ static void gpt_usage(void)
         "  --layout 'E,t*3|t*3,L'     explicit layers per stage (Megatron style)\n"
         "  --stage-mesh 2x2x2,1x4    per-stage meshes of 1 to 4 axes each (2x1,1x2: dp x tp)\n"
         "  --stage-dp 2,1  --stage-tp 1,2   per-stage 2-axis dp x tp meshes (shorthands)\n"
+        "  --overlap none|all|bwd-input,defer-grad,prefetch,coll-matmul   communication overlap\n"
+        "                      inside a stage (sets XMP_OVERLAP; numbers unchanged)\n"
         "  --strategy NAME|FILE       SBP of every parameter and activation class, all stages:\n"
         "                      built-in dp, megatron (default), 3d, axonn, or a strategy file\n"
         "                      (docs/STRATEGY.md); auto: the layout search picks stages,\n"
@@ -257,6 +260,15 @@ static int parse_gpt_flags(int argc, char **argv, gpt_opts_t *o)
                                          "interleaved-1f1b, eager-interleaved-1f1b, zb-v, "
                                          "v-1f1b or dualpipe-v",
                                          v);
+                continue;
+            }
+            if (!strcmp(a, "--overlap")) {
+                xmp_overlap_t ov;
+                if (!(v = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                if (xmp_overlap_parse(v, &ov))
+                    return xmp_cli_error("--overlap: %s", xmp_last_error());
+                setenv("XMP_OVERLAP", v, 1); /* read by every stage at creation */
                 continue;
             }
             if (!strcmp(a, "--recompute")) {

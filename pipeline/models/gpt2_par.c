@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "nn/kernels.h"
+#include "nn/overlap.h"
 #include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
 
@@ -383,13 +384,14 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
 
 /* One parameter tensor of this stage (one layer's slice of a stacked tensor). */
 typedef struct {
-    int id, layer;  /* XMP_GPT2_*, layer (-1: not per layer) */
-    xmp_tensor_t w; /* compute SBP of the strategy */
-    xmp_tensor_t g; /* gradient accumulator: w's SBP where S, P where B */
-    xmp_tensor_t r; /* reduced gradient of the step (storage SBP), made in R */
-    int sharded;    /* storage SBP differs from the compute SBP */
-    xmp_tensor_t s; /* sharded: the master copy in the storage SBP */
-    float *m, *v;   /* AdamW moments of the stored copy (local) */
+    int id, layer;      /* XMP_GPT2_*, layer (-1: not per layer) */
+    xmp_tensor_t w;     /* compute SBP of the strategy */
+    xmp_tensor_t g;     /* gradient accumulator: w's SBP where S, P where B */
+    xmp_tensor_t r;     /* reduced gradient of the step (storage SBP), made in R */
+    int sharded;        /* storage SBP differs from the compute SBP */
+    xmp_tensor_t s;     /* sharded: the master copy in the storage SBP */
+    float *m, *v;       /* AdamW moments of the stored copy (local) */
+    xmp_box_req_t *pre; /* prefetch: the gather of s in flight (cb_optimizer only) */
 } par_t;
 
 /* The tensor AdamW updates: the stored shard, or the compute copy. */
@@ -459,6 +461,7 @@ struct xmp_gpt2_stage {
      * whether this stage's gradients of the step are reduced (the exchange runs after both). */
     xmp_gpt2_stage_t *tie_peer;
     int reduced;
+    xmp_overlap_t ov; /* overlap switches (XMP_OVERLAP, nn/overlap.h) */
     /* The object whose tied-wte plans this one uses: itself, or with several objects per rank
      * the first (every rank's first create made the same plans, matching across groups). */
     xmp_gpt2_stage_t *tie_plans;
@@ -1086,18 +1089,29 @@ static int cb_reduce(void *user)
 {
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
+    /* defer-grad: every reduction posted first (nonblocking), then waited in the same order;
+     * the same collectives on the same data as the blocking loop. */
+    xmp_box_req_t **rq = st->ov.defer_grad ? calloc((size_t)st->np + 1, sizeof *rq) : NULL;
+    for (int i = 0; rq && i < st->np; i++)
+        if (xmp_box_start(&st->p[i].g, stored(&st->p[i])->sbp, &rq[i])) {
+            fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
+                    pclass[st->p[i].id], xmp_last_error());
+            return 1;
+        }
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
         xmp_tensor_free(&q->r);
         /* Once per step: P -> B over the axes where the parameter is
          * replicated (the data-parallel all-reduce), or P -> S where its
          * storage is sharded (reduce-scatter). */
-        if (xmp_box(&q->g, stored(q)->sbp, &q->r) || q->r.lcount != stored(q)->lcount) {
+        if ((rq ? xmp_box_wait(rq[i], &q->r) : xmp_box(&q->g, stored(q)->sbp, &q->r)) ||
+            q->r.lcount != stored(q)->lcount) {
             fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
                     pclass[q->id], xmp_last_error());
             return 1;
         }
     }
+    free(rq);
     st->reduced = 1;
     if (st->tie_peer) {
         if (st->tie_peer->reduced && tie_exchange_local(st))
@@ -1124,8 +1138,15 @@ static int cb_optimizer(void *user)
                       t->beta2, t->eps, t->wd, st->step + 1);
         xmp_tensor_free(&q->r);
         /* Sharded: the updated shards are all-gathered into the compute copy
-         * the next step uses. */
-        if (q->sharded) {
+         * the next step uses (prefetch: started here, waited after the updates of the
+         * parameters that follow, in the same order). */
+        if (q->sharded && st->ov.prefetch) {
+            if (xmp_box_start(&q->s, q->w.sbp, &q->pre)) {
+                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                        xmp_last_error());
+                return 1;
+            }
+        } else if (q->sharded) {
             if (xmp_box(&q->s, q->w.sbp, &c) || c.lcount != q->w.lcount) {
                 fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
                         xmp_last_error());
@@ -1137,6 +1158,22 @@ static int cb_optimizer(void *user)
         }
         if (q->g.lcount)
             memset(q->g.data, 0, (size_t)q->g.lcount * 4);
+    }
+    for (int i = 0; i < st->np; i++) {
+        par_t *q = &st->p[i];
+        xmp_tensor_t c = {0};
+        if (!q->pre)
+            continue;
+        xmesh_result_t r = xmp_box_wait(q->pre, &c);
+        q->pre = NULL;
+        if (r || c.lcount != q->w.lcount) {
+            fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                    xmp_last_error());
+            xmp_tensor_free(&c);
+            return 1;
+        }
+        xmp_tensor_free(&q->w);
+        q->w = c;
     }
     for (int k = 0; k < st->tc.M; k++)
         if (st->mb[k].live)
@@ -1211,6 +1248,9 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
     if (tc->M < 1 || tc->B % tc->M)
         return set_err(err, errlen, "--batch %d is not a multiple of --microbatches %d", tc->B,
                        tc->M);
+    xmp_overlap_t ov;
+    if (xmp_overlap_from_env(&ov))
+        return set_err(err, errlen, "XMP_OVERLAP: %s", xmp_last_error());
     xmp_strategy_t *strat = calloc((size_t)layout->nstages, sizeof *strat);
     if (!strat)
         return set_err(err, errlen, "out of memory");
@@ -1242,6 +1282,7 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
     st->cfg = *c;
     st->tc = *tc;
     st->tc.strategy = NULL; /* borrowed during create only */
+    st->ov = ov;
     st->tie_plans = st;
     st->lay = *layout;
     st->Bm = tc->B / tc->M;

@@ -18,3 +18,19 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_overlap.c)
   set_tests_properties(pipeline.overlap.break PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
     WILL_FAIL TRUE ENVIRONMENT "${XMP_OVERLAP_ENV}")
 endif()
+
+# GPT-2 trained with every overlap switch on vs off: per-step losses within 1e-6 relative.
+if(TARGET xmesh-train)
+  set(XMP_OVERLAP_GPT ${CMAKE_CURRENT_SOURCE_DIR}/test_overlap_gpt.py)
+  foreach(c megatron.2x2 3d.1x2x2 axonn.2x1x2 pipe.3d-megatron)
+    add_test(NAME pipeline.overlap.gpt.${c}
+      COMMAND python3 ${XMP_OVERLAP_GPT} ${c} $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(pipeline.overlap.gpt.${c} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+      ENVIRONMENT "${XMP_OVERLAP_ENV}")
+  endforeach()
+  add_test(NAME pipeline.overlap.gpt.break
+    COMMAND python3 ${XMP_OVERLAP_GPT} megatron.2x2 $<TARGET_FILE:xmesh-train>
+            ${MPIEXEC_EXECUTABLE} --break)
+  set_tests_properties(pipeline.overlap.gpt.break PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+    WILL_FAIL TRUE ENVIRONMENT "${XMP_OVERLAP_ENV}")
+endif()
