@@ -612,6 +612,50 @@ static int accumulate(par_t *q, xmp_tensor_t *d)
     return add_into(&q->g, d);
 }
 
+/* One linear of the block, backward: dx = dy w, boxed to `to` (NULL: left as produced), and
+ * the weight part dW += dy^T x (db += sum dy): queued for the W slot, or with the bwd-input
+ * overlap switch computed here while the boxing of dx (the input-gradient reduction) is in
+ * flight (AxoNN, paper 001 IV). dy is consumed. Same collectives and sums either way. */
+static int lin_bwd(xmp_gpt2_stage_t *st, mb_t *m, xmp_tensor_t *dy, int id, int bid, int layer,
+                   const xmp_tensor_t *x, const xmp_sbp_t *to, xmp_tensor_t *dx)
+{
+    int pw = pindex(st, id, layer), pb = pindex(st, bid, layer);
+    if (xmp_linear_backward_input(dy, PT(st, id, layer), dx))
+        return -1;
+    if (!st->ov.bwd_input || !to) {
+        if (queue_w(m, dy, x, pw, pb))
+            return -1;
+        return to && xmp_box_inplace(dx, to) ? -1 : 0;
+    }
+    xmp_box_req_t *req;
+    xmp_tensor_t dw = {0}, db = {0};
+    if (xmp_box_start(dx, to, &req))
+        return -1;
+    xmp_tensor_free(dx);
+    int rc = xmp_linear_backward_weight(dy, x, &dw, pb >= 0 ? &db : NULL) ? -1 : 0;
+    if (!rc)
+        rc = accumulate(&st->p[pw], &dw);
+    if (!rc && pb >= 0)
+        rc = accumulate(&st->p[pb], &db);
+    xmp_tensor_free(&dw);
+    xmp_tensor_free(&db);
+    xmp_tensor_free(dy);
+    if (xmp_box_wait(req, dx)) /* waited even after an error: the collective order holds */
+        return -1;
+    return rc;
+}
+
+/* The SBP layer norm boxes its dy to (so dx of the linear before it can be boxed there early). */
+static const xmp_sbp_t *ln_dy_sbp(const xmp_gpt2_stage_t *st, const xmp_tensor_t *x, xmp_sbp_t *ty)
+{
+    xmp_sbp_t tx[NAX], tw[NAX], ts[NAX];
+    char msg[400];
+    if (!st->ov.bwd_input ||
+        xmp_rule_layernorm(x->mesh->ndim, x->ndim, x->sbp, tx, tw, ty, ts, msg, sizeof msg))
+        return NULL; /* off, or refused (layernorm_backward will say why) */
+    return ty;
+}
+
 /* (Bm, T, NH, hs) <-> (Bm, T, C) views of the attention output: the same
  * local data when the heads are split evenly (checked by the strategy check). */
 static void view_heads(xmp_tensor_t *t, int to4, int64_t NH, int64_t hs)
@@ -707,16 +751,14 @@ static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor
         g[a] = xmp_sbp_grad(b->res1.sbp[a]);
     CHK(xmp_box(dres2, g, &dres1));
     xmp_tensor_free(dres2);
-    CHK(xmp_linear_backward_input(&dy, PT(st, XMP_GPT2_FCPROJW, layer), &dfcg));
-    CHK(queue_w(m, &dy, &b->fcg, pindex(st, XMP_GPT2_FCPROJW, layer),
-                pindex(st, XMP_GPT2_FCPROJB, layer)));
-    CHK(from_class(st, &dfcg, b->s_fcg));
+    for (int a = 0; a < NAX; a++)
+        g[a] = a < st->nax ? xmp_sbp_grad(b->s_fcg[a]) : xmp_sbp_b();
+    CHK(lin_bwd(st, m, &dy, XMP_GPT2_FCPROJW, XMP_GPT2_FCPROJB, layer, &b->fcg, g, &dfcg));
     CHK(xmp_gelu_backward(&dfcg, &b->fch, &dfch));
     xmp_tensor_free(&dfcg);
     CHK(from_class(st, &dfch, b->s_fch));
-    CHK(xmp_linear_backward_input(&dfch, PT(st, XMP_GPT2_FCW, layer), &dln));
-    CHK(queue_w(m, &dfch, &b->ln2, pindex(st, XMP_GPT2_FCW, layer),
-                pindex(st, XMP_GPT2_FCB, layer)));
+    CHK(lin_bwd(st, m, &dfch, XMP_GPT2_FCW, XMP_GPT2_FCB, layer, &b->ln2,
+                ln_dy_sbp(st, &b->res1, g), &dln));
     CHK(xmp_layernorm_backward(&dln, &b->res1, PT(st, XMP_GPT2_LN2W, layer), &b->c2, &lx, &lw,
                                &lb));
     xmp_tensor_free(&dln);
@@ -733,17 +775,15 @@ static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor
         g[a] = xmp_sbp_grad(x->sbp[a]);
     CHK(xmp_box(&dres1, g, &dxa));
     xmp_tensor_free(&dres1);
-    CHK(xmp_linear_backward_input(&dy, PT(st, XMP_GPT2_ATTPROJW, layer), &datt));
-    CHK(queue_w(m, &dy, &b->att, pindex(st, XMP_GPT2_ATTPROJW, layer),
-                pindex(st, XMP_GPT2_ATTPROJB, layer)));
-    CHK(from_class(st, &datt, b->s_att));
+    for (int a = 0; a < NAX; a++)
+        g[a] = a < st->nax ? xmp_sbp_grad(b->s_att[a]) : xmp_sbp_b();
+    CHK(lin_bwd(st, m, &dy, XMP_GPT2_ATTPROJW, XMP_GPT2_ATTPROJB, layer, &b->att, g, &datt));
     view_heads(&datt, 1, NH, hs);
     CHK(xmp_attention_backward(&datt, &b->qkv, &b->ac, &dqkv));
     xmp_tensor_free(&datt);
     CHK(from_class(st, &dqkv, b->s_qkv));
-    CHK(xmp_linear_backward_input(&dqkv, PT(st, XMP_GPT2_QKVW, layer), &dln));
-    CHK(queue_w(m, &dqkv, &b->ln1, pindex(st, XMP_GPT2_QKVW, layer),
-                pindex(st, XMP_GPT2_QKVB, layer)));
+    CHK(lin_bwd(st, m, &dqkv, XMP_GPT2_QKVW, XMP_GPT2_QKVB, layer, &b->ln1, ln_dy_sbp(st, x, g),
+                &dln));
     CHK(xmp_layernorm_backward(&dln, x, PT(st, XMP_GPT2_LN1W, layer), &b->c1, &lx, &lw, &lb));
     xmp_tensor_free(&dln);
     CHK(add_into(&dxa, &lx));

@@ -22,7 +22,7 @@ endif()
 # GPT-2 trained with every overlap switch on vs off: per-step losses within 1e-6 relative.
 if(TARGET xmesh-train)
   set(XMP_OVERLAP_GPT ${CMAKE_CURRENT_SOURCE_DIR}/test_overlap_gpt.py)
-  foreach(c megatron.2x2 3d.1x2x2 axonn.2x1x2 pipe.3d-megatron)
+  foreach(c megatron.2x2 3d.1x2x2 axonn.2x1x2 pipe.3d-megatron pipe.megatron-axonn.delay)
     add_test(NAME pipeline.overlap.gpt.${c}
       COMMAND python3 ${XMP_OVERLAP_GPT} ${c} $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
     set_tests_properties(pipeline.overlap.gpt.${c} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
