@@ -419,7 +419,12 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
     MPI_Datatype ty = mpi_type(x->dtype);
     int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS], lo, hi;
     const int64_t *G = from.kind == XMP_S ? y->lshape : x->lshape;
-    box_what(h->what, sizeof h->what, x, y, a);
+    char bw[160];
+    box_what(bw, sizeof bw, x, y, a);
+    snprintf(h->what, sizeof h->what, "%s (%s)",
+             from.kind == XMP_P ? (to.kind == XMP_B ? "MPI_Iallreduce" : "MPI_Ireduce_scatter")
+                                : "MPI_Iallgatherv",
+             bw);
     int fr = xmp_failed_rank(NULL, 0);
     if (fr >= 0)
         return xmp_err(XMESH_ERR_REMOTE, "%s not started: rank %d failed", h->what, fr);

@@ -34,3 +34,14 @@ if(TARGET xmesh-train)
   set_tests_properties(pipeline.overlap.gpt.break PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
     WILL_FAIL TRUE ENVIRONMENT "${XMP_OVERLAP_ENV}")
 endif()
+
+# Nonblocking boxing under a remote failure and a timeout (4 ranks, XMESH_TIMEOUT_S=3).
+if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_overlap_fail.c)
+  add_executable(test_overlap_fail test_overlap_fail.c)
+  target_link_libraries(test_overlap_fail PRIVATE xmesh_pipeline)
+  add_test(NAME pipeline.overlap.fail.n4
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_overlap_fail> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(pipeline.overlap.fail.n4 PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
+    ENVIRONMENT "${XMP_OVERLAP_ENV};XMESH_TIMEOUT_S=3")
+endif()
