@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "nn/kernels.h"
+#include "nn/overlap.h"
 #include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
 
@@ -383,13 +384,14 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
 
 /* One parameter tensor of this stage (one layer's slice of a stacked tensor). */
 typedef struct {
-    int id, layer;  /* XMP_GPT2_*, layer (-1: not per layer) */
-    xmp_tensor_t w; /* compute SBP of the strategy */
-    xmp_tensor_t g; /* gradient accumulator: w's SBP where S, P where B */
-    xmp_tensor_t r; /* reduced gradient of the step (storage SBP), made in R */
-    int sharded;    /* storage SBP differs from the compute SBP */
-    xmp_tensor_t s; /* sharded: the master copy in the storage SBP */
-    float *m, *v;   /* AdamW moments of the stored copy (local) */
+    int id, layer;      /* XMP_GPT2_*, layer (-1: not per layer) */
+    xmp_tensor_t w;     /* compute SBP of the strategy */
+    xmp_tensor_t g;     /* gradient accumulator: w's SBP where S, P where B */
+    xmp_tensor_t r;     /* reduced gradient of the step (storage SBP), made in R */
+    int sharded;        /* storage SBP differs from the compute SBP */
+    xmp_tensor_t s;     /* sharded: the master copy in the storage SBP */
+    float *m, *v;       /* AdamW moments of the stored copy (local) */
+    xmp_box_req_t *pre; /* prefetch: the gather of s in flight (cb_optimizer only) */
 } par_t;
 
 /* The tensor AdamW updates: the stored shard, or the compute copy. */
@@ -459,6 +461,7 @@ struct xmp_gpt2_stage {
      * whether this stage's gradients of the step are reduced (the exchange runs after both). */
     xmp_gpt2_stage_t *tie_peer;
     int reduced;
+    xmp_overlap_t ov; /* overlap switches (XMP_OVERLAP, nn/overlap.h) */
     /* The object whose tied-wte plans this one uses: itself, or with several objects per rank
      * the first (every rank's first create made the same plans, matching across groups). */
     xmp_gpt2_stage_t *tie_plans;
@@ -612,6 +615,50 @@ static int accumulate(par_t *q, xmp_tensor_t *d)
     return add_into(&q->g, d);
 }
 
+/* One linear of the block, backward: dx = dy w, boxed to `to` (NULL: left as produced), and
+ * the weight part dW += dy^T x (db += sum dy): queued for the W slot, or with the bwd-input
+ * overlap switch computed here while the boxing of dx (the input-gradient reduction) is in
+ * flight (AxoNN, paper 001 IV). dy is consumed. Same collectives and sums either way. */
+static int lin_bwd(xmp_gpt2_stage_t *st, mb_t *m, xmp_tensor_t *dy, int id, int bid, int layer,
+                   const xmp_tensor_t *x, const xmp_sbp_t *to, xmp_tensor_t *dx)
+{
+    int pw = pindex(st, id, layer), pb = pindex(st, bid, layer);
+    if (xmp_linear_backward_input(dy, PT(st, id, layer), dx))
+        return -1;
+    if (!st->ov.bwd_input || !to) {
+        if (queue_w(m, dy, x, pw, pb))
+            return -1;
+        return to && xmp_box_inplace(dx, to) ? -1 : 0;
+    }
+    xmp_box_req_t *req;
+    xmp_tensor_t dw = {0}, db = {0};
+    if (xmp_box_start(dx, to, &req))
+        return -1;
+    xmp_tensor_free(dx);
+    int rc = xmp_linear_backward_weight(dy, x, &dw, pb >= 0 ? &db : NULL) ? -1 : 0;
+    if (!rc)
+        rc = accumulate(&st->p[pw], &dw);
+    if (!rc && pb >= 0)
+        rc = accumulate(&st->p[pb], &db);
+    xmp_tensor_free(&dw);
+    xmp_tensor_free(&db);
+    xmp_tensor_free(dy);
+    if (xmp_box_wait(req, dx)) /* waited even after an error: the collective order holds */
+        return -1;
+    return rc;
+}
+
+/* The SBP layer norm boxes its dy to (so dx of the linear before it can be boxed there early). */
+static const xmp_sbp_t *ln_dy_sbp(const xmp_gpt2_stage_t *st, const xmp_tensor_t *x, xmp_sbp_t *ty)
+{
+    xmp_sbp_t tx[NAX], tw[NAX], ts[NAX];
+    char msg[400];
+    if (!st->ov.bwd_input ||
+        xmp_rule_layernorm(x->mesh->ndim, x->ndim, x->sbp, tx, tw, ty, ts, msg, sizeof msg))
+        return NULL; /* off, or refused (layernorm_backward will say why) */
+    return ty;
+}
+
 /* (Bm, T, NH, hs) <-> (Bm, T, C) views of the attention output: the same
  * local data when the heads are split evenly (checked by the strategy check). */
 static void view_heads(xmp_tensor_t *t, int to4, int64_t NH, int64_t hs)
@@ -707,16 +754,14 @@ static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor
         g[a] = xmp_sbp_grad(b->res1.sbp[a]);
     CHK(xmp_box(dres2, g, &dres1));
     xmp_tensor_free(dres2);
-    CHK(xmp_linear_backward_input(&dy, PT(st, XMP_GPT2_FCPROJW, layer), &dfcg));
-    CHK(queue_w(m, &dy, &b->fcg, pindex(st, XMP_GPT2_FCPROJW, layer),
-                pindex(st, XMP_GPT2_FCPROJB, layer)));
-    CHK(from_class(st, &dfcg, b->s_fcg));
+    for (int a = 0; a < NAX; a++)
+        g[a] = a < st->nax ? xmp_sbp_grad(b->s_fcg[a]) : xmp_sbp_b();
+    CHK(lin_bwd(st, m, &dy, XMP_GPT2_FCPROJW, XMP_GPT2_FCPROJB, layer, &b->fcg, g, &dfcg));
     CHK(xmp_gelu_backward(&dfcg, &b->fch, &dfch));
     xmp_tensor_free(&dfcg);
     CHK(from_class(st, &dfch, b->s_fch));
-    CHK(xmp_linear_backward_input(&dfch, PT(st, XMP_GPT2_FCW, layer), &dln));
-    CHK(queue_w(m, &dfch, &b->ln2, pindex(st, XMP_GPT2_FCW, layer),
-                pindex(st, XMP_GPT2_FCB, layer)));
+    CHK(lin_bwd(st, m, &dfch, XMP_GPT2_FCW, XMP_GPT2_FCB, layer, &b->ln2,
+                ln_dy_sbp(st, &b->res1, g), &dln));
     CHK(xmp_layernorm_backward(&dln, &b->res1, PT(st, XMP_GPT2_LN2W, layer), &b->c2, &lx, &lw,
                                &lb));
     xmp_tensor_free(&dln);
@@ -733,17 +778,15 @@ static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor
         g[a] = xmp_sbp_grad(x->sbp[a]);
     CHK(xmp_box(&dres1, g, &dxa));
     xmp_tensor_free(&dres1);
-    CHK(xmp_linear_backward_input(&dy, PT(st, XMP_GPT2_ATTPROJW, layer), &datt));
-    CHK(queue_w(m, &dy, &b->att, pindex(st, XMP_GPT2_ATTPROJW, layer),
-                pindex(st, XMP_GPT2_ATTPROJB, layer)));
-    CHK(from_class(st, &datt, b->s_att));
+    for (int a = 0; a < NAX; a++)
+        g[a] = a < st->nax ? xmp_sbp_grad(b->s_att[a]) : xmp_sbp_b();
+    CHK(lin_bwd(st, m, &dy, XMP_GPT2_ATTPROJW, XMP_GPT2_ATTPROJB, layer, &b->att, g, &datt));
     view_heads(&datt, 1, NH, hs);
     CHK(xmp_attention_backward(&datt, &b->qkv, &b->ac, &dqkv));
     xmp_tensor_free(&datt);
     CHK(from_class(st, &dqkv, b->s_qkv));
-    CHK(xmp_linear_backward_input(&dqkv, PT(st, XMP_GPT2_QKVW, layer), &dln));
-    CHK(queue_w(m, &dqkv, &b->ln1, pindex(st, XMP_GPT2_QKVW, layer),
-                pindex(st, XMP_GPT2_QKVB, layer)));
+    CHK(lin_bwd(st, m, &dqkv, XMP_GPT2_QKVW, XMP_GPT2_QKVB, layer, &b->ln1, ln_dy_sbp(st, x, g),
+                &dln));
     CHK(xmp_layernorm_backward(&dln, x, PT(st, XMP_GPT2_LN1W, layer), &b->c1, &lx, &lw, &lb));
     xmp_tensor_free(&dln);
     CHK(add_into(&dxa, &lx));
@@ -1115,18 +1158,29 @@ static int cb_reduce(void *user)
 {
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
+    /* defer-grad: every reduction posted first (nonblocking), then waited in the same order;
+     * the same collectives on the same data as the blocking loop. */
+    xmp_box_req_t **rq = st->ov.defer_grad ? calloc((size_t)st->np + 1, sizeof *rq) : NULL;
+    for (int i = 0; rq && i < st->np; i++)
+        if (xmp_box_start(&st->p[i].g, stored(&st->p[i])->sbp, &rq[i])) {
+            fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
+                    pclass[st->p[i].id], xmp_last_error());
+            return 1;
+        }
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
         xmp_tensor_free(&q->r);
         /* Once per step: P -> B over the axes where the parameter is
          * replicated (the data-parallel all-reduce), or P -> S where its
          * storage is sharded (reduce-scatter). */
-        if (xmp_box(&q->g, stored(q)->sbp, &q->r) || q->r.lcount != stored(q)->lcount) {
+        if ((rq ? xmp_box_wait(rq[i], &q->r) : xmp_box(&q->g, stored(q)->sbp, &q->r)) ||
+            q->r.lcount != stored(q)->lcount) {
             fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
                     pclass[q->id], xmp_last_error());
             return 1;
         }
     }
+    free(rq);
     st->reduced = 1;
     if (st->tie_peer) {
         if (st->tie_peer->reduced && tie_exchange_local(st))
@@ -1153,8 +1207,15 @@ static int cb_optimizer(void *user)
                       t->beta2, t->eps, t->wd, st->step + 1);
         xmp_tensor_free(&q->r);
         /* Sharded: the updated shards are all-gathered into the compute copy
-         * the next step uses. */
-        if (q->sharded) {
+         * the next step uses (prefetch: started here, waited after the updates of the
+         * parameters that follow, in the same order). */
+        if (q->sharded && st->ov.prefetch) {
+            if (xmp_box_start(&q->s, q->w.sbp, &q->pre)) {
+                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                        xmp_last_error());
+                return 1;
+            }
+        } else if (q->sharded) {
             if (xmp_box(&q->s, q->w.sbp, &c) || c.lcount != q->w.lcount) {
                 fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
                         xmp_last_error());
@@ -1166,6 +1227,22 @@ static int cb_optimizer(void *user)
         }
         if (q->g.lcount)
             memset(q->g.data, 0, (size_t)q->g.lcount * 4);
+    }
+    for (int i = 0; i < st->np; i++) {
+        par_t *q = &st->p[i];
+        xmp_tensor_t c = {0};
+        if (!q->pre)
+            continue;
+        xmesh_result_t r = xmp_box_wait(q->pre, &c);
+        q->pre = NULL;
+        if (r || c.lcount != q->w.lcount) {
+            fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                    xmp_last_error());
+            xmp_tensor_free(&c);
+            return 1;
+        }
+        xmp_tensor_free(&q->w);
+        q->w = c;
     }
     for (int k = 0; k < st->tc.M; k++)
         if (st->mb[k].live)
@@ -1240,6 +1317,9 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
     if (tc->M < 1 || tc->B % tc->M)
         return set_err(err, errlen, "--batch %d is not a multiple of --microbatches %d", tc->B,
                        tc->M);
+    xmp_overlap_t ov;
+    if (xmp_overlap_from_env(&ov))
+        return set_err(err, errlen, "XMP_OVERLAP: %s", xmp_last_error());
     xmp_strategy_t *strat = calloc((size_t)layout->nstages, sizeof *strat);
     if (!strat)
         return set_err(err, errlen, "out of memory");
@@ -1273,6 +1353,7 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
     st->cfg = *c;
     st->tc = *tc;
     st->tc.strategy = NULL; /* borrowed during create only */
+    st->ov = ov;
     st->tie_plans = st;
     st->lay = *layout;
     st->Bm = tc->B / tc->M;

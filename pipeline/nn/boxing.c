@@ -367,3 +367,264 @@ xmesh_result_t xmp_box_inplace(xmp_tensor_t *t, const xmp_sbp_t *dst)
     *t = y;
     return XMESH_SUCCESS;
 }
+
+/* ------------------------------------------------------- nonblocking boxing */
+
+#include "nn/overlap.h"
+
+/* What an in-flight step still has to do when its request completes. */
+enum { FIN_NONE = 0, FIN_UNPACK = 1 };
+
+struct xmp_box_req {
+    xmp_tensor_t cur; /* value after the steps done so far (owned) */
+    xmp_tensor_t nxt; /* target of the step in flight (owned) */
+    xmp_sbp_t dst[XMP_MAX_MESH_DIMS];
+    int inflight, fin, a; /* step in flight, its finishing work, its axis */
+    MPI_Request q;
+    MPI_Comm comm;
+    float *buf; /* staging of the step in flight */
+    int *cnt;
+    int member;
+    char what[200];
+};
+
+/* Next (pass, axis) that still differs from dst, or -1. */
+static int next_axis(const xmp_box_req_t *h)
+{
+    for (int pass = 0; pass < 4; pass++)
+        for (int a = 0; a < h->cur.mesh->ndim; a++)
+            if (!xmp_sbp_eq(h->cur.sbp[a], h->dst[a]) && in_pass(pass, h->cur.sbp[a], h->dst[a]))
+                return a;
+    return -1;
+}
+
+/* Can the step on axis a be posted as one nonblocking collective (same MPI call as step())? */
+static int async_kind(const xmp_tensor_t *x, int a, xmp_sbp_t to)
+{
+    xmp_sbp_t from = x->sbp[a];
+    if ((from.kind == XMP_S && shared_split(x->mesh, x->sbp, a, from.dim)) ||
+        (to.kind == XMP_S && shared_split(x->mesh, x->sbp, a, to.dim)))
+        return 0;
+    return (from.kind == XMP_P && to.kind != XMP_P) || (from.kind == XMP_S && to.kind == XMP_B);
+}
+
+/* Posts the step of axis a (async_kind) from h->cur into h->nxt (allocated). Packs exactly as
+ * step() does, so the data and the MPI call are the same as the blocking path's. */
+static xmesh_result_t post_step(xmp_box_req_t *h, int a)
+{
+    xmp_tensor_t *x = &h->cur, *y = &h->nxt;
+    const xmp_mesh_t *m = x->mesh;
+    xmp_sbp_t from = x->sbp[a], to = y->sbp[a];
+    int na = m->shape[a], nd = x->ndim, rc;
+    MPI_Datatype ty = mpi_type(x->dtype);
+    int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS], lo, hi;
+    const int64_t *G = from.kind == XMP_S ? y->lshape : x->lshape;
+    char bw[160];
+    box_what(bw, sizeof bw, x, y, a);
+    snprintf(h->what, sizeof h->what, "%s (%s)",
+             from.kind == XMP_P ? (to.kind == XMP_B ? "MPI_Iallreduce" : "MPI_Ireduce_scatter")
+                                : "MPI_Iallgatherv",
+             bw);
+    int fr = xmp_failed_rank(NULL, 0);
+    if (fr >= 0)
+        return xmp_err(XMESH_ERR_REMOTE, "%s not started: rank %d failed", h->what, fr);
+    h->comm = m->axis[a];
+    h->a = a;
+    h->fin = FIN_NONE;
+    if (from.kind == XMP_P && to.kind == XMP_B) {
+        memcpy(y->data, x->data, (size_t)x->lcount * 4);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, y->data, (int)y->lcount, ty, MPI_SUM, h->comm, &h->q);
+    } else {
+        h->cnt = calloc((size_t)na * 2, sizeof(int));
+        int64_t be = from.kind == XMP_P ? x->lcount : y->lcount;
+        h->buf = calloc((size_t)(be ? be : 1), 4);
+        if (!h->cnt || !h->buf)
+            return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", h->what);
+        int *c0 = h->cnt, *d0 = h->cnt + na;
+        if (from.kind == XMP_P) { /* P -> S(d) */
+            int d = to.dim;
+            int64_t o = 0;
+            memcpy(ext, G, sizeof(int64_t) * (size_t)nd);
+            memset(off, 0, sizeof off);
+            for (int c = 0; c < na; c++) {
+                split_range(G[d], na, c, &lo, &hi);
+                ext[d] = hi - lo;
+                off[d] = lo;
+                xmp_copy_box(nd, ext, x->data, G, off, h->buf + o, ext, zero, 4);
+                c0[c] = (int)volume(nd, ext);
+                o += c0[c];
+            }
+            rc = MPI_Ireduce_scatter(h->buf, y->data, c0, ty, MPI_SUM, h->comm, &h->q);
+        } else { /* S(d) -> B */
+            int d = from.dim;
+            int64_t o = 0, outer = volume(d, G);
+            memcpy(ext, G, sizeof(int64_t) * (size_t)nd);
+            for (int c = 0; c < na; c++) {
+                split_range(G[d], na, c, &lo, &hi);
+                ext[d] = hi - lo;
+                c0[c] = (int)volume(nd, ext);
+                d0[c] = (int)o;
+                o += c0[c];
+            }
+            h->fin = outer == 1 ? FIN_NONE : FIN_UNPACK;
+            void *dst = outer == 1 ? y->data : (void *)h->buf;
+            rc = MPI_Iallgatherv(x->data, (int)x->lcount, ty, dst, c0, d0, ty, h->comm, &h->q);
+        }
+    }
+    if (rc != MPI_SUCCESS)
+        return xmp_err(XMESH_ERR_BACKEND, "%s: MPI error %d when posting", h->what, rc);
+    h->inflight = 1;
+    return XMESH_SUCCESS;
+}
+
+/* The step in flight has completed: unpack, advance cur. */
+static void finish_step(xmp_box_req_t *h)
+{
+    xmp_tensor_t *y = &h->nxt;
+    if (h->fin == FIN_UNPACK) {
+        int a = h->a, na = y->mesh->shape[a], nd = y->ndim, d = h->cur.sbp[a].dim;
+        int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;
+        const int64_t *G = y->lshape;
+        memcpy(ext, G, sizeof(int64_t) * (size_t)nd);
+        for (int c = 0; c < na; c++) {
+            split_range(G[d], na, c, &lo, &hi);
+            ext[d] = hi - lo;
+            off[d] = lo;
+            xmp_copy_box(nd, ext, h->buf + h->cnt[na + c], ext, zero, y->data, G, off, 4);
+        }
+    }
+    free(h->buf);
+    free(h->cnt);
+    h->buf = NULL;
+    h->cnt = NULL;
+    h->inflight = 0;
+    xmp_tensor_free(&h->cur);
+    h->cur = h->nxt;
+    memset(&h->nxt, 0, sizeof h->nxt);
+}
+
+/* Runs steps until one is posted nonblocking (post_async) or none is left. Steps that are
+ * local or not postable run blocking through step(). */
+static xmesh_result_t run_steps(xmp_box_req_t *h, int post_async)
+{
+    int a;
+    while (!h->inflight && (a = next_axis(h)) >= 0) {
+        xmp_sbp_t s[XMP_MAX_MESH_DIMS];
+        memcpy(s, h->cur.sbp, sizeof s);
+        s[a] = h->dst[a];
+        xmesh_result_t r =
+            xmp_tensor_alloc(&h->nxt, h->cur.mesh, h->cur.ndim, h->cur.shape, h->cur.dtype, s);
+        if (r)
+            return r;
+        if (post_async && async_kind(&h->cur, a, h->dst[a])) {
+            r = post_step(h, a);
+            if (r) {
+                free(h->buf);
+                free(h->cnt);
+                h->buf = NULL;
+                h->cnt = NULL;
+                xmp_tensor_free(&h->nxt);
+            }
+            return r;
+        }
+        r = step(&h->cur, a, &h->nxt);
+        if (r) {
+            xmp_tensor_free(&h->nxt);
+            return r;
+        }
+        xmp_tensor_free(&h->cur);
+        h->cur = h->nxt;
+        memset(&h->nxt, 0, sizeof h->nxt);
+    }
+    return XMESH_SUCCESS;
+}
+
+static void req_free(xmp_box_req_t *h)
+{
+    xmp_tensor_free(&h->cur);
+    xmp_tensor_free(&h->nxt);
+    free(h->buf);
+    free(h->cnt);
+    free(h);
+}
+
+xmesh_result_t xmp_box_start(const xmp_tensor_t *x, const xmp_sbp_t *dst, xmp_box_req_t **req)
+{
+    if (!x || !dst || !req)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_box_start: NULL argument");
+    xmesh_result_t r = xmp_sbp_check(x->mesh, x->ndim, dst, "xmp_box_start destination");
+    if (r)
+        return r;
+    xmp_box_req_t *h = calloc(1, sizeof *h);
+    if (!h)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_box_start: out of memory");
+    memcpy(h->dst, dst, sizeof(xmp_sbp_t) * (size_t)x->mesh->ndim);
+    for (int a = x->mesh->ndim; a < XMP_MAX_MESH_DIMS; a++)
+        h->dst[a] = xmp_sbp_b();
+    h->member = x->mesh->member;
+    r = xmp_tensor_alloc_like(&h->cur, x);
+    if (r) {
+        free(h);
+        return r;
+    }
+    if (h->member) {
+        memcpy(h->cur.data, x->data, (size_t)x->lcount * 4);
+        r = run_steps(h, 1);
+    }
+    if (r) {
+        req_free(h);
+        return r;
+    }
+    *req = h;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_box_test(xmp_box_req_t *req, int *done)
+{
+    if (!req || !done)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_box_test: NULL argument");
+    *done = 0;
+    if (req->inflight) {
+        int flag = 0;
+        double t0 = MPI_Wtime();
+        int rc = MPI_Test(&req->q, &flag, MPI_STATUS_IGNORE);
+        xmp_comm_seconds_add(MPI_Wtime() - t0);
+        if (rc != MPI_SUCCESS)
+            return xmp_err(XMESH_ERR_BACKEND, "%s: MPI_Test failed (%d)", req->what, rc);
+        if (!flag)
+            return XMESH_SUCCESS;
+        finish_step(req);
+    }
+    *done = !req->member || next_axis(req) < 0;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_box_wait(xmp_box_req_t *req, xmp_tensor_t *y)
+{
+    if (!req || !y)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_box_wait: NULL argument");
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (req->inflight) {
+        r = xmp_wait(&req->q, req->comm, req->what);
+        if (r) { /* abandoned: MPI may still write the buffers, keep them allocated */
+            return r;
+        }
+        finish_step(req);
+    }
+    if (req->member)
+        r = run_steps(req, 0);
+    if (r) {
+        req_free(req);
+        return r;
+    }
+    if (!req->member) {
+        r = xmp_tensor_alloc(y, req->cur.mesh, req->cur.ndim, req->cur.shape, req->cur.dtype,
+                             req->dst);
+        req_free(req);
+        return r;
+    }
+    *y = req->cur;
+    memset(&req->cur, 0, sizeof req->cur);
+    req_free(req);
+    return XMESH_SUCCESS;
+}
