@@ -13,3 +13,31 @@ foreach(np 2 4)
   set_tests_properties(pipeline.driver.bdtype.n${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
     ENVIRONMENT "${XMP_BD_ENV}")
 endforeach()
+# xmesh-train --boundary-dtype on 2 stages of both models against the f32 run
+# (test_bdtype_train.py: exit status, losses within 1e-2 relative and not all equal, boundary
+# bytes in the JSON summary halved), and the flag's refusals.
+if(TARGET xmesh-train)
+  foreach(case "gpt;bf16" "ut;bf16" "gpt;f16")
+    list(GET case 0 model)
+    list(GET case 1 dt)
+    add_test(NAME pipeline.trainer.bdtype.${model}_${dt}
+             COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_bdtype_train.py ${model} ${dt}
+                     $<TARGET_FILE:xmesh-train> ${MPIEXEC_EXECUTABLE})
+    set_tests_properties(pipeline.trainer.bdtype.${model}_${dt} PROPERTIES LABELS "pipeline;mpi"
+                         TIMEOUT 120)
+  endforeach()
+  foreach(c
+      "bad|--boundary-dtype 'i32': expected f32, bf16 or f16|gpt;--serial;--boundary-dtype;i32"
+      "serial|--boundary-dtype bf16: --serial has no stage boundaries|gpt;--serial;--boundary-dtype;bf16"
+      "check_serial|--boundary-dtype f16 rounds the boundaries|gpt;--stages;2;--check-serial;--boundary-dtype;f16")
+    string(REPLACE "|" ";" parts "${c}")
+    list(GET parts 0 name)
+    list(GET parts 1 want)
+    list(SUBLIST parts 2 -1 args)
+    add_test(NAME pipeline.trainer.bdtype.refused_${name}
+             COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh "${want}"
+                     $<TARGET_FILE:xmesh-train> ${args})
+    set_tests_properties(pipeline.trainer.bdtype.refused_${name} PROPERTIES
+                         LABELS "pipeline;unit" TIMEOUT 30)
+  endforeach()
+endif()
