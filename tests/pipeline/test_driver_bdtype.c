@@ -8,7 +8,8 @@
  * widened to f32; with no boundary dtype (and an explicit f32 one) the values must arrive
  * unchanged. Also: the driver's boundary bytes halve against the f32 run, a per-edge
  * wire_dtype overrides the driver's, and a wire dtype that is not f32/f16/bf16 is refused
- * naming it. Graphs: 2 ranks (two 1-rank stages), 4 ranks (two 2-rank stages, S(0) -> S(1),
+ * naming it. Graphs: 2 ranks (two 1-rank stages; zb-v with 4 stages on 2 groups, the edge 1>2
+ * inside a group), 4 ranks (two 2-rank stages, S(0) -> S(1), the same zb-v on 2-rank groups,
  * and a 4-stage chain). Usage: test_driver_bdtype [--seed N]
  */
 #include "pipe/driver.h"
@@ -30,6 +31,7 @@ typedef struct {
     int mesh_n[MAXS];
     int mesh_r[MAXS][4];
     const char *spec[MAXS]; /* layout of the tensors on stage s's mesh (in and out edges) */
+    int ngroups;            /* 0: one stage per group (1f1b); else the V map (zb-v, 2 groups) */
 } graph_t;
 
 /* ------------------------------------------------------------ reference rounding */
@@ -202,30 +204,37 @@ static int64_t run_case(xmesh_ctx_t ctx, const graph_t *g, xmesh_dtype_t bd, int
     xmp_gen_opts_t o = {0};
     xmp_schedule_t *s = NULL;
     int64_t wire = -1;
-    if (xmp_sched_generate(XMP_SCHED_1F1B, S, M, E, se, &o, &s, err, sizeof err) != 0) {
+    int gen = g->ngroups ? xmp_sched_generate_map(XMP_SCHED_ZB_V, S, g->ngroups, NULL, M, E, se, &o,
+                                                  &s, err, sizeof err)
+                         : xmp_sched_generate(XMP_SCHED_1F1B, S, M, E, se, &o, &s, err, sizeof err);
+    if (gen != 0) {
         fprintf(stderr, "FAIL generate: %s\n", err);
         failures++;
         return -1;
     }
-    toy_t t;
-    memset(&t, 0, sizeof t);
-    t.g = g;
-    t.s = -1;
+    toy_t toys[MAXS]; /* one per model stage; toys[st].s == st when this rank runs st */
+    xmp_stage_ops_t ops[MAXS];
+    memset(toys, 0, sizeof toys);
+    memset(ops, 0, sizeof ops);
+    xmesh_dtype_t bdw = bd == XMESH_U8 ? XMESH_F32 : bd;
     for (int st = 0; st < S; st++) {
+        toy_t *t = &toys[st];
         meshes[st].ndim = 1;
         meshes[st].shape[0] = g->mesh_n[st];
         meshes[st].ranks = g->mesh_r[st];
+        t->g = g;
+        t->s = -1;
         for (int k = 0; k < g->mesh_n[st]; k++)
             if (g->mesh_r[st][k] == rank) {
-                t.s = st;
-                t.idx = k;
-                t.k = g->mesh_n[st];
+                t->s = st;
+                t->idx = k;
+                t->k = g->mesh_n[st];
             }
-    }
-    xmesh_dtype_t bdw = bd == XMESH_U8 ? XMESH_F32 : bd;
-    if (t.s >= 0) {
-        t.wire_in = t.s > 0 ? (per_edge && t.s - 1 == 0 ? XMESH_F16 : bdw) : XMESH_F32;
-        t.wire_out = t.s < S - 1 ? (per_edge && t.s == 0 ? XMESH_F16 : bdw) : XMESH_F32;
+        t->wire_in = st > 0 ? (per_edge && st - 1 == 0 ? XMESH_F16 : bdw) : XMESH_F32;
+        t->wire_out = st < S - 1 ? (per_edge && st == 0 ? XMESH_F16 : bdw) : XMESH_F32;
+        ops[st].user = t;
+        ops[st].forward = toy_forward;
+        ops[st].backward_input = toy_bwd_input;
     }
     xmp_driver_cfg_t cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -238,17 +247,17 @@ static int64_t run_case(xmesh_ctx_t ctx, const graph_t *g, xmesh_dtype_t bd, int
     cfg.sched = s;
     cfg.mode = mode;
     cfg.boundary_dtype = bd;
-    cfg.ops.user = &t;
-    cfg.ops.forward = toy_forward;
-    cfg.ops.backward_input = toy_bwd_input;
+    cfg.stage_ops = ops; /* also for one stage per group: the driver reads its own stages' */
     xmp_driver_t *d = NULL;
     if (xmp_driver_create(&cfg, &d, err, sizeof err) != XMESH_SUCCESS) {
         fprintf(stderr, "FAIL rank %d create: %s\n", rank, err);
         failures++;
         goto out;
     }
-    for (t.step = 0; t.step < 2; t.step++) {
+    for (int step = 0; step < 2; step++) {
         xmp_step_stats_t st;
+        for (int k = 0; k < S; k++)
+            toys[k].step = step;
         if (xmp_driver_step(d, &st) != XMESH_SUCCESS) {
             fprintf(stderr, "FAIL rank %d step: %s\n", rank, xmp_driver_error(d));
             failures++;
@@ -256,19 +265,22 @@ static int64_t run_case(xmesh_ctx_t ctx, const graph_t *g, xmesh_dtype_t bd, int
         }
     }
     /* every element of every received block of both steps was checked */
-    if (t.s >= 0) {
-        long want = 0;
+    for (int k = 0; k < S; k++) {
+        toy_t *t = &toys[k];
+        if (t->s < 0)
+            continue;
         int r0, nr, c0, nc;
-        block(g->spec[t.s], t.k, t.idx, &r0, &nr, &c0, &nc);
-        want = 2L * M * nr * nc * ((t.s > 0) + (t.s < S - 1));
-        if (t.checked != want) {
-            fprintf(stderr, "FAIL rank %d stage %d: %ld elements checked, want %ld\n", rank, t.s,
-                    t.checked, want);
+        block(g->spec[t->s], t->k, t->idx, &r0, &nr, &c0, &nc);
+        long want = 2L * M * nr * nc * ((t->s > 0) + (t->s < S - 1));
+        if (t->checked != want) {
+            fprintf(stderr, "FAIL rank %d stage %d: %ld elements checked, want %ld\n", rank, t->s,
+                    t->checked, want);
             failures++;
         }
-        if (t.bad) {
-            fprintf(stderr, "FAIL rank %d: %ld of %ld elements differ (boundary %s, mode %s)\n",
-                    rank, t.bad, t.checked, bd == XMESH_U8 ? "unset" : xmesh_dtype_name(bd),
+        if (t->bad) {
+            fprintf(stderr,
+                    "FAIL rank %d stage %d: %ld of %ld elements differ (boundary %s, mode %s)\n",
+                    rank, t->s, t->bad, t->checked, bd == XMESH_U8 ? "unset" : xmesh_dtype_name(bd),
                     xmp_comm_mode_name(mode));
             failures++;
         }
@@ -397,14 +409,20 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (nranks == 2) {
-        graph_t g = {2, {1, 1}, {{0}, {1}}, {"S(0)", "B"}};
+        graph_t g = {2, {1, 1}, {{0}, {1}}, {"S(0)", "B"}, 0};
         run_graph(ctx, &g, "2x1-rank");
+        /* V shape: stages 0,3 on rank 0 and 1,2 on rank 1; edge 1>2 stays on rank 1 */
+        graph_t v = {4, {1, 1, 1, 1}, {{0}, {1}, {1}, {0}}, {"B", "B", "B", "B"}, 2};
+        run_graph(ctx, &v, "zb-v 4 stages on 2 ranks");
         refusal(ctx, &g);
     } else if (nranks == 4) {
-        graph_t a = {2, {2, 2}, {{0, 1}, {2, 3}}, {"S(0)", "S(1)"}};
+        graph_t a = {2, {2, 2}, {{0, 1}, {2, 3}}, {"S(0)", "S(1)"}, 0};
         run_graph(ctx, &a, "2x2-rank S(0)->S(1)");
-        graph_t b = {4, {1, 1, 1, 1}, {{0}, {1}, {2}, {3}}, {"B", "B", "B", "B"}};
+        graph_t b = {4, {1, 1, 1, 1}, {{0}, {1}, {2}, {3}}, {"B", "B", "B", "B"}, 0};
         run_graph(ctx, &b, "4-stage chain");
+        graph_t v = {
+            4, {2, 2, 2, 2}, {{0, 1}, {2, 3}, {3, 2}, {1, 0}}, {"S(0)", "S(1)", "S(0)", "B"}, 2};
+        run_graph(ctx, &v, "zb-v 4 stages on 2x2 ranks");
         refusal(ctx, &a);
     } else {
         if (rank == 0)
