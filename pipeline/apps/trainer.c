@@ -37,6 +37,7 @@ void xmp_train_defaults(xmp_train_opts_t *o)
     o->grad_accum = 1;
     o->val_steps = 4;
     o->sample_len = 32;
+    o->boundary_dtype = XMESH_F32;
 }
 
 static int sample_due(const xmp_train_opts_t *o, int step)
@@ -111,6 +112,9 @@ void xmp_train_usage(void)
         "                      and recomputation are chosen to stay under it, or refused\n"
         "                      naming the smallest cap it can meet\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
+        "  --boundary-dtype f32|bf16|f16 (f32)  dtype of the stage-boundary activations and\n"
+        "                      gradients on the wire (converted once by the sender, widened\n"
+        "                      by the receiver; compute and weights stay f32)\n"
         "checkpoints (parallel runs; docs/CHECKPOINT.md):\n"
         "  --save-dir DIR      distributed checkpoint DIR/step-N after every --save-every N\n"
         "                      steps (0: only after the last step) --keep K newest (0: all)\n"
@@ -229,6 +233,16 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
                 return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
             return 1;
         }
+        if (!strcmp(a, "--boundary-dtype")) {
+            xmesh_dtype_t bt;
+            if (!(v = xmp_cli_value(argc, argv, i)))
+                return -1;
+            if (xmesh_dtype_parse(v, &bt) != XMESH_SUCCESS ||
+                (bt != XMESH_F32 && bt != XMESH_BF16 && bt != XMESH_F16))
+                return xmp_cli_error("--boundary-dtype '%s': expected f32, bf16 or f16", v);
+            o->boundary_dtype = (int)bt;
+            return 1;
+        }
         if (!strcmp(a, "--comm")) {
             if (!(v = xmp_cli_value(argc, argv, i)))
                 return -1;
@@ -264,6 +278,13 @@ int xmp_train_check_flags(xmp_train_opts_t *o)
     if (o->serial && (o->save_dir || o->resume))
         return xmp_cli_error("--save-dir / --resume are distributed checkpoints: run under "
                              "mpirun (-np 1 for one process) without --serial");
+    if (o->boundary_dtype != XMESH_F32 && o->serial)
+        return xmp_cli_error("--boundary-dtype %s: --serial has no stage boundaries",
+                             xmesh_dtype_name((xmesh_dtype_t)o->boundary_dtype));
+    if (o->boundary_dtype != XMESH_F32 && o->check_serial)
+        return xmp_cli_error("--boundary-dtype %s rounds the boundaries: --check-serial compares "
+                             "with f32 ones to 1e-5",
+                             xmesh_dtype_name((xmesh_dtype_t)o->boundary_dtype));
     if (o->save_every && !o->save_dir)
         return xmp_cli_error("--save-every %d needs --save-dir", o->save_every);
     if (o->resume && o->check_serial)
@@ -417,6 +438,8 @@ typedef struct {
     double *rate;
     double first_loss, last_loss, t_start;
     int n;
+    int have_bbytes; /* parallel: the driver's boundary bytes per step */
+    int64_t bbytes_wire, bbytes_xhost;
 } train_log_t;
 
 static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_model_t *m,
@@ -476,6 +499,7 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
             xmp_json_str(j, "schedule", xmp_sched_kind_name(o->schedule));
             xmp_json_bool(j, "delay_wgrad", o->delay_wgrad);
             xmp_json_str(j, "comm", xmp_comm_mode_name(o->comm));
+            xmp_json_str(j, "boundary_dtype", xmesh_dtype_name((xmesh_dtype_t)o->boundary_dtype));
             xmp_json_arr_begin(j, "stage_meshes");
             for (int k = 0; k < sl->nstages; k++) {
                 char mesh[64] = "";
@@ -569,6 +593,10 @@ static void log_summary(train_log_t *s, int ok, double *med, double *mn, double 
     xmp_json_num(&s->json, key, *mn);
     snprintf(key, sizeof key, "%s_max", s->m->rate_key);
     xmp_json_num(&s->json, key, *mx);
+    if (s->have_bbytes) {
+        xmp_json_int(&s->json, "boundary_bytes_per_step", (long long)s->bbytes_wire);
+        xmp_json_int(&s->json, "boundary_cross_host_bytes_per_step", (long long)s->bbytes_xhost);
+    }
 }
 
 /* Closes the JSON summary and the file, prints the summary line (and --bench statistics). */
@@ -1120,6 +1148,8 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     dc.stage_ops = virt ? vops : NULL;
     dc.mode = o->comm;
     dc.trace = o->trace != NULL;
+    if (o->boundary_dtype != XMESH_F32)
+        dc.boundary_dtype = (xmesh_dtype_t)o->boundary_dtype;
     if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
         if (rank == 0)
             xmp_cli_error("pipeline driver: %s", err);
@@ -1149,6 +1179,8 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         if (log_open(&log, o, m, "parallel", ts.nparams, &sl, strat) != 0)
             goto out;
         have_log = 1;
+        log.have_bbytes =
+            xmp_driver_boundary_bytes(drv, &log.bbytes_wire, &log.bbytes_xhost) == XMESH_SUCCESS;
     }
     double cf[XMP_MAX_STAGES], ci[XMP_MAX_STAGES], cw[XMP_MAX_STAGES];
     int have_costs = 0;

@@ -73,6 +73,9 @@ typedef struct {
      * start_step is set by the trainer from the resumed checkpoint */
     const char *save_dir, *resume;
     int save_every, keep, start_step;
+    /* --boundary-dtype f32|bf16|f16: the dtype stage-boundary activations and gradients travel
+     * in (xmesh_dtype_t; XMESH_F32, the default, leaves the driver's default path) */
+    int boundary_dtype;
 } xmp_train_opts_t;
 
 enum { XMP_LR_NONE = 0, XMP_LR_COSINE = 1, XMP_LR_LINEAR = 2 };

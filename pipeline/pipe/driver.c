@@ -31,7 +31,11 @@ typedef struct {
     double req_t0;
     int *queue, qhead, qtail;
     char *done;
-    unsigned char sig[2]; /* signal mode: 1-byte send and receive blocks */
+    unsigned char sig[2];      /* signal mode: 1-byte send and receive blocks */
+    xmesh_dtype_t dtype, wire; /* the edge's dtype and the dtype on the wire */
+    int64_t relems;            /* receiver: elements of this rank's block */
+    void **wbuf;               /* per mb (receiver, wire != dtype): the received wire block,
+                                * widened into rbuf at the wait; NULL otherwise */
 } plan_t;
 
 struct xmp_driver {
@@ -151,7 +155,7 @@ static xmesh_result_t issue(xmp_driver_t *d, int p)
         dst = rcv ? &pl->sig[1] : NULL;
     } else {
         src = snd ? pl->sbuf[mb] : NULL;
-        dst = rcv ? pl->rbuf[mb] : NULL;
+        dst = rcv ? (pl->wbuf ? pl->wbuf[mb] : pl->rbuf[mb]) : NULL;
     }
     xmesh_result_t r = xmesh_reshard_start(pl->plan, src, dst, &pl->req);
     if (r != XMESH_SUCCESS) {
@@ -281,6 +285,22 @@ static char *dupstr(const char *s)
     return r;
 }
 
+static int is_float_conv(xmesh_dtype_t t)
+{
+    return t == XMESH_F32 || t == XMESH_F16 || t == XMESH_BF16;
+}
+
+/* The edge's dtype on the wire: its wire_dtype, else the driver's boundary_dtype, else its
+ * dtype (XMESH_U8, the zero default, means unset). */
+static xmesh_dtype_t edge_wire(const xmp_driver_cfg_t *c, const xmp_edge_cfg_t *ec)
+{
+    if (ec->wire_dtype != XMESH_U8)
+        return ec->wire_dtype;
+    if (c->boundary_dtype != XMESH_U8)
+        return c->boundary_dtype;
+    return ec->dtype;
+}
+
 static xmesh_result_t check_cfg(const xmp_driver_cfg_t *c, char *err, size_t errlen)
 {
     const xmp_schedule_t *s = c->sched;
@@ -301,6 +321,13 @@ static xmesh_result_t check_cfg(const xmp_driver_cfg_t *c, char *err, size_t err
                         ec->src, ec->dst, s->edges[e].src, s->edges[e].dst);
         if (ec->src_spec == NULL || ec->dst_spec == NULL)
             return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT, "driver: edge %d has no spec", e);
+        xmesh_dtype_t w = edge_wire(c, ec);
+        if (w != ec->dtype && !(is_float_conv(w) && is_float_conv(ec->dtype)))
+            return fail(err, errlen, XMESH_ERR_INVALID_ARGUMENT,
+                        "driver: edge %d: wire dtype %s (%d) for dtype %s: the boundary dtype "
+                        "must be f32, f16 or bf16 and the edge's dtype one of them too",
+                        e, xmesh_dtype_name(w) ? xmesh_dtype_name(w) : "unknown", (int)w,
+                        xmesh_dtype_name(ec->dtype) ? xmesh_dtype_name(ec->dtype) : "unknown");
     }
     /* stages of one group run on the same ranks (in any order and mesh shape) */
     for (int st = 0; st < c->nstages; st++) {
@@ -484,6 +511,8 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
         int dst_st = dir == XMP_DIR_ACT ? ec->dst : ec->src;
         xmesh_layout_t ls = {ec->ndim, ec->shape, ec->dtype, d->mesh[sst],
                              dir == XMP_DIR_ACT ? ec->src_spec : ec->grad_src_spec};
+        pl->dtype = ec->dtype;
+        pl->wire = cfg->mode == XMP_COMM_SIGNAL ? ec->dtype : edge_wire(cfg, ec);
         xmesh_layout_t ld = {ec->ndim, ec->shape, ec->dtype, d->mesh[dst_st],
                              dir == XMP_DIR_ACT ? ec->dst_spec : ec->grad_dst_spec};
         int snd = d->group >= 0 && sc->stage_group[sst] == d->group;
@@ -503,7 +532,10 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
                 r = XMESH_ERR_INVALID_ARGUMENT;
                 goto out_destroy;
             }
+            pl->relems = (int64_t)(pl->rbytes / xmesh_dtype_size(ec->dtype));
         }
+        if (pl->wire != pl->dtype)
+            ld.dtype = pl->wire; /* converting plan: the receiver gets wire blocks */
         if (cfg->mode == XMP_COMM_SIGNAL) {
             xmesh_layout_t ss = {1, &one, XMESH_U8, d->mesh[sst], "R"};
             xmesh_layout_t sd = {1, &one, XMESH_U8, d->mesh[dst_st], "R"};
@@ -520,6 +552,11 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
         pl->rbuf = calloc((size_t)M, sizeof(void *));
         pl->queue = calloc((size_t)M, sizeof(int));
         pl->done = calloc((size_t)M, 1);
+        if (rcv && pl->wire != pl->dtype &&
+            (pl->wbuf = calloc((size_t)M, sizeof(void *))) == NULL) {
+            r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+            goto out_destroy;
+        }
         if (!pl->sbuf || !pl->rbuf || !pl->queue || !pl->done) {
             r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
             goto out_destroy;
@@ -533,6 +570,11 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
             if (rcv && (pl->rbuf[m] = calloc(pl->rbytes ? pl->rbytes : 1, 1)) == NULL) {
                 r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory (%zu B)",
                          pl->rbytes);
+                goto out_destroy;
+            }
+            size_t wb = (size_t)pl->relems * xmesh_dtype_size(pl->wire);
+            if (pl->wbuf && (pl->wbuf[m] = calloc(wb ? wb : 1, 1)) == NULL) {
+                r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory (%zu B)", wb);
                 goto out_destroy;
             }
         }
@@ -565,7 +607,10 @@ xmesh_result_t xmp_driver_destroy(xmp_driver_t *d)
                 free(pl->sbuf[m]);
             if (pl->rbuf)
                 free(pl->rbuf[m]);
+            if (pl->wbuf)
+                free(pl->wbuf[m]);
         }
+        free(pl->wbuf);
         free(pl->sbuf);
         free(pl->rbuf);
         free(pl->queue);
@@ -731,6 +776,13 @@ static xmesh_result_t run_action(xmp_driver_t *d, xmp_action_t a)
                            ? flow_id(d, p, a.mb)
                            : 0;
         record(d, TR_WAIT, a, t0, t1, flow);
+        if (r == XMESH_SUCCESS && pl->wbuf != NULL && pl->rbuf[a.mb] != NULL) {
+            /* boundary dtype: widen the received wire block for the callbacks */
+            r = xmesh_convert(pl->dtype, pl->rbuf[a.mb], pl->wire, pl->wbuf[a.mb], pl->relems);
+            if (r != XMESH_SUCCESS)
+                derr(d, "converting %c%d.e%d from %s on rank %d: %s", a.dir ? 'G' : 'A', a.mb,
+                     a.edge, xmesh_dtype_name(pl->wire), d->rank, xmesh_last_error());
+        }
         return r;
     }
     double t0 = MPI_Wtime();
@@ -839,6 +891,31 @@ double xmp_driver_mean_act_seconds(xmp_driver_t *d)
             sum += info.predicted_s;
     }
     return sum / d->cfg.nedges;
+}
+
+xmesh_result_t xmp_driver_boundary_bytes(xmp_driver_t *d, int64_t *wire, int64_t *cross_host)
+{
+    int64_t w = 0, x = 0;
+    for (int p = 0; p < d->P; p++) {
+        xmesh_plan_info_t info;
+        if (xmesh_plan_get_info(d->plans[p].plan, &info) != XMESH_SUCCESS) {
+            derr(d, "xmesh_plan_get_info: %s", xmesh_last_error());
+            return XMESH_ERR_INTERNAL;
+        }
+        const xmp_edge_cfg_t *ec = &d->edges[p / 2];
+        int64_t n = 1;
+        if (d->cfg.mode != XMP_COMM_SIGNAL)
+            for (int k = 0; k < ec->ndim; k++)
+                n *= ec->shape[k];
+        w += n * (int64_t)xmesh_dtype_size(d->cfg.mode == XMP_COMM_SIGNAL ? XMESH_U8
+                                                                          : d->plans[p].wire);
+        x += info.bytes_cross_host;
+    }
+    if (wire)
+        *wire = w * d->M;
+    if (cross_host)
+        *cross_host = x * d->M;
+    return XMESH_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- trace */

@@ -104,6 +104,16 @@
  *                                 both meshes) with the same dependencies; the
  *                                 consumers' in/grad_out buffers hold zeros.
  *
+ * Boundary dtype (mixed precision at the boundaries): an edge whose wire dtype W
+ * (edge.wire_dtype, else cfg.boundary_dtype) is set and differs from its dtype D moves
+ * in W: both plans of the edge are D -> W plans (xmesh converts once, on the sender
+ * when W is narrower, so W's bytes cross the wire; docs/DTYPES.md), the receiver gets
+ * W blocks into driver buffers and the driver widens them with xmesh_convert into the
+ * D buffers the callbacks read, at the wait action. Callbacks see D on both sides, as
+ * without the option. D and W must be two of f32, f16 and bf16 (else xmp_driver_create
+ * refuses, naming both). Unset (XMESH_U8 / W == D): the path is the one without the
+ * option. Signal mode ignores it.
+ *
  * Chrome trace (xmp_driver_write_trace): one JSON array, written by rank 0
  * with every rank's events (gathered over cfg.comm): pid = rank, tid 0
  * "compute" (F/B/I/W/R/O), tid 1 "transfers" (issue -> completion seen), tid 2
@@ -156,6 +166,9 @@ typedef struct {
     const char *dst_spec;      /* activation on the consumer mesh */
     const char *grad_src_spec; /* gradient on the consumer mesh (NULL: dst_spec) */
     const char *grad_dst_spec; /* gradient on the producer mesh (NULL: src_spec) */
+    /* Dtype on the wire (both directions), or XMESH_U8 (0, the memset default) / dtype: none
+     * (then cfg.boundary_dtype applies). See "Boundary dtype" above. */
+    xmesh_dtype_t wire_dtype;
 } xmp_edge_cfg_t;
 
 typedef enum {
@@ -186,6 +199,9 @@ typedef struct {
      * may be zero). Required when the schedule puts several stages on a group; when set,
      * `ops` is ignored. */
     const xmp_stage_ops_t *stage_ops;
+    /* Wire dtype of every edge whose own wire_dtype is unset; XMESH_U8 (0, the default) or
+     * the edge's dtype: none (the edge moves in its dtype, as without the option). */
+    xmesh_dtype_t boundary_dtype;
 } xmp_driver_cfg_t;
 
 typedef struct xmp_driver xmp_driver_t;
@@ -235,6 +251,11 @@ xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *
 /* Mean over the activation plans (every edge, producer -> consumer) of xmesh's predicted
  * seconds (xmesh_plan_get_info); 0 without edges and in signal mode (no data moves). Local. */
 double xmp_driver_mean_act_seconds(xmp_driver_t *d);
+/* Boundary bytes of one step (the same on every rank), summed over the 2*nedges plans, each
+ * counted once per microbatch: *wire the tensors' bytes in their wire dtype (elements x size;
+ * replication not counted), *cross_host xmesh_plan_get_info's bytes_cross_host (0 when every
+ * rank is on one host). Either may be NULL. Signal mode: the 1-byte signals. */
+xmesh_result_t xmp_driver_boundary_bytes(xmp_driver_t *d, int64_t *wire, int64_t *cross_host);
 /* Collective: gathers every rank's recorded events to rank 0 of cfg.comm,
  * which writes the Chrome trace JSON to path (see above). */
 xmesh_result_t xmp_driver_write_trace(xmp_driver_t *d, const char *path);
