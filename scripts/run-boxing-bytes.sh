@@ -22,7 +22,7 @@ set style fill solid 0.8 border -1
 set boxwidth 0.7
 set ylabel "MiB sent per rank (ring-equivalent)"
 set xtics rotate by -30
-set key top left
+set key at graph 0.62, graph 0.97
 set grid ytics
 plot "$OUT/boxing-bytes.dat" using 2:xtic(1) title "forward activations", \
      '' using 3 title "backward activations", '' using 4 title "gradient reductions", \
