@@ -15,6 +15,7 @@ model (xmesh-train gpt plan --eval: boxing_bytes_per_rank of the real 12-layer c
 import argparse, json, math, os, subprocess, sys
 
 PHASES = ["forward", "backward", "grad_reduce", "storage_gather", "other"]
+KINDS = ["allreduce", "allgather", "reduce_scatter", "alltoall"]
 CONFIGS = [  # (ranks, strategy, mesh)
     (8, "dp", "8"), (8, "megatron", "2x4"), (8, "3d", "2x2x2"), (8, "axonn", "2x2x2"),
     (16, "dp", "16"), (16, "megatron", "4x4"), (16, "3d", "4x2x2"), (16, "axonn", "4x2x2"),
@@ -123,14 +124,18 @@ def main():
         tot = [sum(sum(ph) for ph in rk) for rk in step]
         top = max(range(nr), key=lambda r: tot[r])
         ph_step = {PHASES[i]: sum(step[top][i]) for i in range(len(PHASES))}
-        ph_blk = {PHASES[i]: max(sum(blk[r][i]) for r in range(nr)) for i in range(len(PHASES))}
+        btot = [sum(sum(ph) for ph in rk) for rk in blk]
+        btop = max(range(nr), key=lambda r: btot[r])
+        ph_blk = {PHASES[i]: sum(blk[btop][i]) for i in range(len(PHASES))}
+        blk_kinds = {PHASES[i]: dict(zip(KINDS, blk[btop][i])) for i in range(len(PHASES))}
         kinds = {k: sum(step[top][i][j] for i in range(len(PHASES)))
                  for j, k in enumerate(["allreduce", "allgather", "reduce_scatter", "alltoall"])}
         an = analytic_block(strat, mesh, args.channels, m)
         model = None
         row = dict(ranks=n, strategy=strat, mesh=mesh, step_bytes_max_rank=max(tot),
                    step_bytes_min_rank=min(tot), step_phases=ph_step, step_kinds=kinds,
-                   block_phases_max_rank=ph_blk,
+                   block_phases_max_rank=ph_blk, block_rank=btop, step_rank=top,
+                   block_phase_kinds=blk_kinds, per_rank_step=step, per_rank_block=blk,
                    analytic_block=dict(zip(PHASES[:4], an)), search_model_step=model,
                    ratio_search=max(tot) / model if model else None,
                    ratio_analytic_block={PHASES[i]: (ph_blk[PHASES[i]] / an[i] if an[i] else None)
@@ -169,7 +174,7 @@ def write(args, rows, Vp):
         json.dump(res, f, indent=1)
     mb = lambda x: "%.2f" % (x / 2**20) if x is not None else "-"
     rt = lambda x: "%.3f" % x if x is not None else "-"
-    lines = ["Per step, %d layers (MiB per rank, max over ranks):\n" % args.layers,
+    lines = ["Per step, %d layers (MiB per rank, the rank that sends most):\n" % args.layers,
              "| ranks | strategy | mesh | step | fwd act | bwd act | grad reduce | storage gather "
              "| search model | measured / model |", "|" + "---|" * 10]
     for r in rows:
@@ -178,7 +183,7 @@ def write(args, rows, Vp):
                      % (r["ranks"], r["strategy"], r["mesh"], mb(r["step_bytes_max_rank"]),
                         mb(p["forward"]), mb(p["backward"]), mb(p["grad_reduce"]),
                         mb(p["storage_gather"]), mb(r["search_model_step"]), rt(r["ratio_search"])))
-    lines += ["", "Per transformer block (MiB per rank; analytic = docs/STRATEGY.md with ring "
+    lines += ["", "Per transformer block (MiB, the rank that sends most per block; analytic = docs/STRATEGY.md with ring "
               "factors; model = search, L=2 minus L=1) and the fixed part (embedding, head, loss):\n",
               "| ranks | strategy | mesh | fwd (analytic) | bwd (analytic) | grad+gather (analytic) "
               "| block | block model | measured / model | fixed | fixed model |", "|" + "---|" * 11]
