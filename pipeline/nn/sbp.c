@@ -30,6 +30,42 @@ void xmp_comm_seconds_add(double s)
     xmp_comm_s += s;
 }
 
+static _Thread_local xmp_comm_counts_t xmp_counts;
+
+double xmp_comm_bytes(void)
+{
+    double t = 0;
+    for (int k = 0; k < XMP_COLL_NKINDS; k++)
+        t += xmp_counts.bytes[k];
+    return t;
+}
+
+void xmp_comm_counts(xmp_comm_counts_t *out)
+{
+    if (out)
+        *out = xmp_counts;
+}
+
+void xmp_comm_counts_reset(void)
+{
+    memset(&xmp_counts, 0, sizeof xmp_counts);
+}
+
+const char *xmp_coll_kind_name(int kind)
+{
+    static const char *const names[XMP_COLL_NKINDS] = {"allreduce", "allgather", "reduce_scatter",
+                                                       "alltoall"};
+    return kind >= 0 && kind < XMP_COLL_NKINDS ? names[kind] : NULL;
+}
+
+/* Adds one completed collective of kind on p ranks: payload raw bytes, bytes ring-equivalent. */
+static void count_coll(int kind, int p, int64_t payload, double bytes)
+{
+    xmp_counts.calls[kind]++;
+    xmp_counts.payload[kind] += payload;
+    xmp_counts.bytes[kind] += p > 1 ? bytes : 0;
+}
+
 static _Thread_local int64_t xmp_mem_live, xmp_mem_peak;
 
 int64_t xmp_mem_live_bytes(void)
@@ -336,6 +372,9 @@ xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, M
         return r; /* abandoned: s stays allocated */
     memcpy(buf, s, bytes);
     free(s);
+    int p = 1;
+    MPI_Comm_size(comm, &p);
+    count_coll(XMP_COLL_ALLREDUCE, p, (int64_t)bytes, 2.0 * (p - 1) / p * (double)bytes);
     return XMESH_SUCCESS;
 }
 
@@ -377,6 +416,10 @@ xmesh_result_t xmp_allgatherv(const void *sbuf, int scount, void *rbuf, const in
         return r;
     memcpy(rbuf, s + ints + sb, rb);
     free(s);
+    int64_t tot = 0;
+    for (int i = 0; i < n; i++)
+        tot += rcounts[i];
+    count_coll(XMP_COLL_ALLGATHER, n, (int64_t)sb, (double)(n - 1) / n * (double)tot * (double)es);
     return XMESH_SUCCESS;
 }
 
@@ -411,6 +454,7 @@ xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcoun
         return r;
     memcpy(rbuf, s + ints + sb, rb);
     free(s);
+    count_coll(XMP_COLL_REDUCE_SCATTER, n, (int64_t)sb, (double)(n - 1) / n * (double)sb);
     return XMESH_SUCCESS;
 }
 
@@ -463,6 +507,11 @@ xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sd
         return r;
     memcpy(rbuf, rx, rb);
     free(s);
+    int64_t off = 0;
+    for (int p = 0; p < n; p++)
+        if (p != me)
+            off += (int64_t)scounts[p] * (int64_t)es;
+    count_coll(XMP_COLL_ALLTOALL, n, off, (double)off);
     return XMESH_SUCCESS;
 }
 

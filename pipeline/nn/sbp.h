@@ -96,6 +96,40 @@ void xmp_comm_seconds_add(double s);
         xmp_rc_;                                                                                   \
     })
 
+/* Boxing byte counter, per thread (docs/BOXING_BYTES.md). Every call of xmp_allreduce,
+ * xmp_allgatherv, xmp_reduce_scatter and xmp_alltoallv that completes adds, for its kind:
+ *   calls    1;
+ *   payload  the raw bytes this rank hands to the collective: all-reduce its buffer (count),
+ *            all-gather its own block (scount), reduce-scatter its whole input (sum rcounts),
+ *            all-to-all the blocks it sends to OTHER ranks (sum of scounts[p], p != me);
+ *   bytes    the bytes this rank sends under the ring-equivalent convention, independent of
+ *            the algorithm MPI picks, with n the full buffer and p the communicator size:
+ *            all-reduce 2 (p-1)/p n (n = count), all-gather (p-1)/p n (n = sum rcounts),
+ *            reduce-scatter (p-1)/p n (n = sum rcounts), all-to-all exactly the off-rank
+ *            payload (= (p-1)/p n for an even split of an n-byte local buffer); 0 when p = 1.
+ *            This is xm_coll_volume of scheduler/xm_costmodel.h, the layout search's volume.
+ * Counts start at 0 when the thread starts; callers difference two snapshots (or reset). */
+typedef enum {
+    XMP_COLL_ALLREDUCE = 0,
+    XMP_COLL_ALLGATHER = 1,
+    XMP_COLL_REDUCE_SCATTER = 2,
+    XMP_COLL_ALLTOALL = 3,
+    XMP_COLL_NKINDS = 4
+} xmp_coll_kind_t;
+typedef struct {
+    double bytes[XMP_COLL_NKINDS]; /* ring-equivalent bytes sent, per kind */
+    int64_t payload[XMP_COLL_NKINDS];
+    int64_t calls[XMP_COLL_NKINDS];
+} xmp_comm_counts_t;
+/* Total ring-equivalent bytes this thread sent in nn/ collectives (sum over kinds). */
+double xmp_comm_bytes(void);
+/* Snapshot of every count (out not NULL). */
+void xmp_comm_counts(xmp_comm_counts_t *out);
+/* Zeroes the counts of this thread. */
+void xmp_comm_counts_reset(void);
+/* "allreduce", "allgather", "reduce_scatter", "alltoall"; NULL out of range. */
+const char *xmp_coll_kind_name(int kind);
+
 /* Collectives of nn/ (boxing and the SBP layers: every collective goes through these).
  * Each is posted nonblocking (MPI_Iallreduce, MPI_Iallgatherv, MPI_Ireduce_scatter; the
  * all-to-all as MPI_Isend/MPI_Irecv pairs, see sbp.c) on staging copies and waited by xmp_wait: the
