@@ -336,7 +336,8 @@ xmesh_result_t ck_keep(const char *root, int keep, int64_t current)
         }
         steps[ns++] = s;
     }
-    qsort(steps, (size_t)ns, sizeof *steps, cmp_i64_desc);
+    if (ns > 1) /* steps is NULL when nothing was listed */
+        qsort(steps, (size_t)ns, sizeof *steps, cmp_i64_desc);
     for (int i = keep - 1; i < ns && !r; i++) { /* the current one counts as one */
         char p[CK_PATH_MAX];
         snprintf(p, sizeof p, "%s/" CK_STEP_FMT, root, steps[i]);

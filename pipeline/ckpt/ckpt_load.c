@@ -254,6 +254,13 @@ typedef struct {
     int local;            /* index into this rank's tensors[], -1 if not passed here */
 } dst_t;
 
+/* Bytes of a record's rank list, padded so that the next record's header stays 8-byte
+ * aligned in the gathered buffer. */
+static size_t rank_bytes(int32_t msize)
+{
+    return ((size_t)msize * sizeof(int32_t) + 7) & ~(size_t)7;
+}
+
 static int cmp_dst(const void *a, const void *b)
 {
     const dst_t *x = a, *y = b;
@@ -328,7 +335,7 @@ static xmesh_result_t gather_dsts(MPI_Comm comm, const xmp_ckpt_t *c, const xmp_
     xmesh_result_t r = XMESH_SUCCESS;
     size_t mybytes = 0;
     for (int i = 0; i < n; i++)
-        mybytes += sizeof(dhdr_t) + sizeof(int32_t) * (size_t)ts[i].t->mesh->size;
+        mybytes += sizeof(dhdr_t) + rank_bytes(ts[i].t->mesh->size);
     char *mine = calloc(mybytes ? mybytes : 1, 1);
     int *counts = calloc((size_t)size, sizeof(int)), *displs = calloc((size_t)size, sizeof(int));
     char *all = NULL, *seen = NULL;
@@ -360,11 +367,13 @@ static xmesh_result_t gather_dsts(MPI_Comm comm, const xmp_ckpt_t *c, const xmp_
         }
         memcpy(mine + o, &h, sizeof h);
         o += sizeof h;
+        size_t next = o + rank_bytes(h.msize); /* padding stays zero (calloc) */
         for (int k = 0; k < h.msize; k++) {
             int32_t rk = t->mesh->ranks[k];
             memcpy(mine + o, &rk, sizeof rk);
             o += sizeof rk;
         }
+        o = next;
     }
     int mb = (int)mybytes;
     MPI_Allgather(&mb, 1, MPI_INT, counts, 1, MPI_INT, comm);
@@ -387,7 +396,7 @@ static xmesh_result_t gather_dsts(MPI_Comm comm, const xmp_ckpt_t *c, const xmp_
     for (int64_t q = 0; q < total; nrec++) {
         dhdr_t h;
         memcpy(&h, all + q, sizeof h);
-        q += (int64_t)sizeof h + (int64_t)sizeof(int32_t) * h.msize;
+        q += (int64_t)(sizeof h + rank_bytes(h.msize));
     }
     v = calloc((size_t)(nrec ? nrec : 1), sizeof *v);
     seen = calloc((size_t)size, 1);
@@ -399,7 +408,7 @@ static xmesh_result_t gather_dsts(MPI_Comm comm, const xmp_ckpt_t *c, const xmp_
         v[i].h = (const dhdr_t *)(void *)(all + q);
         v[i].ranks = (const int32_t *)(void *)(all + q + (int64_t)sizeof(dhdr_t));
         v[i].local = -1;
-        q += (int64_t)sizeof(dhdr_t) + (int64_t)sizeof(int32_t) * v[i].h->msize;
+        q += (int64_t)(sizeof(dhdr_t) + rank_bytes(v[i].h->msize));
     }
     qsort(v, (size_t)nrec, sizeof *v, cmp_dst);
     for (int i = 0, j; i < nrec && !r; i = j) {
