@@ -176,7 +176,15 @@ int main(int argc, char **argv)
     }
     if (xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS)
         goto out;
-    xmp_gpt2_train_cfg_t tc = {B, T, M, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, &strat};
+    xmp_gpt2_train_cfg_t tc = {.B = B,
+                               .T = T,
+                               .M = M,
+                               .lr = 1e-4f,
+                               .beta1 = 0.9f,
+                               .beta2 = 0.95f,
+                               .eps = 1e-8f,
+                               .wd = 0.0f,
+                               .strategy = &strat};
     if (xmp_gpt2_stage_create(MPI_COMM_WORLD, ctx, &m, &sl, &tc, &st, err, sizeof err)) {
         usage(rank, err, "");
         goto out;
