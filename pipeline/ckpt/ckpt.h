@@ -136,6 +136,9 @@ void xmp_ckpt_meta_at(const xmp_ckpt_t *c, int i, const char **key, const char *
  * *out is untouched on error. */
 xmesh_result_t xmp_ckpt_meta_i64(const xmp_ckpt_t *c, const char *key, int64_t *out);
 xmesh_result_t xmp_ckpt_meta_f64(const xmp_ckpt_t *c, const char *key, double *out);
+/* An integer in [lo, hi] (the range is named in the error), and an f32. */
+xmesh_result_t xmp_ckpt_meta_int(const xmp_ckpt_t *c, const char *key, int lo, int hi, int *out);
+xmesh_result_t xmp_ckpt_meta_f32(const xmp_ckpt_t *c, const char *key, float *out);
 
 /* A growable metadata list that owns its strings, for building the meta
  * argument of xmp_ckpt_save: start from {0}; setf replaces the value of a

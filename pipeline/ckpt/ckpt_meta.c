@@ -51,6 +51,29 @@ xmesh_result_t xmp_ckpt_meta_f64(const xmp_ckpt_t *c, const char *key, double *o
     return XMESH_SUCCESS;
 }
 
+xmesh_result_t xmp_ckpt_meta_int(const xmp_ckpt_t *c, const char *key, int lo, int hi, int *out)
+{
+    int64_t v;
+    xmesh_result_t r = xmp_ckpt_meta_i64(c, key, &v);
+    if (r)
+        return r;
+    if (v < lo || v > hi)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
+                       "%s/" CK_MANIFEST ": metadata '%s' = %lld is outside [%d, %d]", c->dir, key,
+                       (long long)v, lo, hi);
+    *out = (int)v;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_ckpt_meta_f32(const xmp_ckpt_t *c, const char *key, float *out)
+{
+    double v;
+    xmesh_result_t r = xmp_ckpt_meta_f64(c, key, &v);
+    if (!r)
+        *out = (float)v;
+    return r;
+}
+
 xmesh_result_t xmp_ckpt_metalist_setf(xmp_ckpt_metalist_t *m, const char *key, const char *fmt, ...)
 {
     if (!m || !fmt || !ck_name_ok(key))

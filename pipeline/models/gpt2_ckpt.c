@@ -130,29 +130,6 @@ xmesh_result_t xmp_gpt2_ckpt_save(xmp_gpt2_stage_t *st, MPI_Comm comm, const cha
     return r;
 }
 
-static xmesh_result_t get_int(const xmp_ckpt_t *c, const char *key, int lo, int hi, int *out)
-{
-    int64_t v;
-    xmesh_result_t r = xmp_ckpt_meta_i64(c, key, &v);
-    if (r)
-        return r;
-    if (v < lo || v > hi)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
-                       "%s/MANIFEST: metadata '%s' = %lld is outside [%d, %d]", xmp_ckpt_dir(c),
-                       key, (long long)v, lo, hi);
-    *out = (int)v;
-    return XMESH_SUCCESS;
-}
-
-static xmesh_result_t get_f32(const xmp_ckpt_t *c, const char *key, float *out)
-{
-    double v;
-    xmesh_result_t r = xmp_ckpt_meta_f64(c, key, &v);
-    if (!r)
-        *out = (float)v;
-    return r;
-}
-
 xmesh_result_t xmp_gpt2_ckpt_open(MPI_Comm comm, const char *path, xmp_ckpt_t **out,
                                   xmp_gpt2_ckpt_settings_t *s)
 {
@@ -171,31 +148,31 @@ xmesh_result_t xmp_gpt2_ckpt_open(MPI_Comm comm, const char *path, xmp_ckpt_t **
                     "another model?)",
                     xmp_ckpt_dir(c), model ? model : "(missing)", XMP_GPT2_CKPT_MODEL);
     if (!r)
-        r = get_int(c, "config.max_seq_len", 1, 1 << 24, &t.cfg.max_seq_len);
+        r = xmp_ckpt_meta_int(c, "config.max_seq_len", 1, 1 << 24, &t.cfg.max_seq_len);
     if (!r)
-        r = get_int(c, "config.vocab_size", 1, 1 << 24, &t.cfg.vocab_size);
+        r = xmp_ckpt_meta_int(c, "config.vocab_size", 1, 1 << 24, &t.cfg.vocab_size);
     if (!r)
-        r = get_int(c, "config.padded_vocab_size", 1, 1 << 24, &t.cfg.padded_vocab_size);
+        r = xmp_ckpt_meta_int(c, "config.padded_vocab_size", 1, 1 << 24, &t.cfg.padded_vocab_size);
     if (!r)
-        r = get_int(c, "config.num_layers", 1, 1 << 16, &t.cfg.num_layers);
+        r = xmp_ckpt_meta_int(c, "config.num_layers", 1, 1 << 16, &t.cfg.num_layers);
     if (!r)
-        r = get_int(c, "config.num_heads", 1, 1 << 16, &t.cfg.num_heads);
+        r = xmp_ckpt_meta_int(c, "config.num_heads", 1, 1 << 16, &t.cfg.num_heads);
     if (!r)
-        r = get_int(c, "config.channels", 1, 1 << 20, &t.cfg.channels);
+        r = xmp_ckpt_meta_int(c, "config.channels", 1, 1 << 20, &t.cfg.channels);
     if (!r)
-        r = get_f32(c, "adamw.lr", &t.lr);
+        r = xmp_ckpt_meta_f32(c, "adamw.lr", &t.lr);
     if (!r)
-        r = get_f32(c, "adamw.beta1", &t.beta1);
+        r = xmp_ckpt_meta_f32(c, "adamw.beta1", &t.beta1);
     if (!r)
-        r = get_f32(c, "adamw.beta2", &t.beta2);
+        r = xmp_ckpt_meta_f32(c, "adamw.beta2", &t.beta2);
     if (!r)
-        r = get_f32(c, "adamw.eps", &t.eps);
+        r = xmp_ckpt_meta_f32(c, "adamw.eps", &t.eps);
     if (!r)
-        r = get_f32(c, "adamw.weight_decay", &t.wd);
+        r = xmp_ckpt_meta_f32(c, "adamw.weight_decay", &t.wd);
     if (!r)
-        r = get_int(c, "train.batch", 1, 1 << 30, &t.batch);
+        r = xmp_ckpt_meta_int(c, "train.batch", 1, 1 << 30, &t.batch);
     if (!r)
-        r = get_int(c, "train.seq", 1, 1 << 30, &t.seq);
+        r = xmp_ckpt_meta_int(c, "train.seq", 1, 1 << 30, &t.seq);
     if (!r && xmp_gpt2_config_check(&t.cfg) != 0)
         r = xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s/MANIFEST: invalid model configuration: %s",
                     xmp_ckpt_dir(c), xmp_llmc_last_error());
@@ -259,17 +236,17 @@ xmesh_result_t xmp_gpt2_ckpt_to_llmc(MPI_Comm comm, const xmp_ckpt_t *ck, const 
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
                        "%s/MANIFEST: metadata 'model' is '%s', expected '%s'", xmp_ckpt_dir(ck),
                        model ? model : "(missing)", XMP_GPT2_CKPT_MODEL);
-    xmesh_result_t r = get_int(ck, "config.max_seq_len", 1, 1 << 24, &s.cfg.max_seq_len);
+    xmesh_result_t r = xmp_ckpt_meta_int(ck, "config.max_seq_len", 1, 1 << 24, &s.cfg.max_seq_len);
     if (!r)
-        r = get_int(ck, "config.vocab_size", 1, 1 << 24, &s.cfg.vocab_size);
+        r = xmp_ckpt_meta_int(ck, "config.vocab_size", 1, 1 << 24, &s.cfg.vocab_size);
     if (!r)
-        r = get_int(ck, "config.padded_vocab_size", 1, 1 << 24, &s.cfg.padded_vocab_size);
+        r = xmp_ckpt_meta_int(ck, "config.padded_vocab_size", 1, 1 << 24, &s.cfg.padded_vocab_size);
     if (!r)
-        r = get_int(ck, "config.num_layers", 1, 1 << 16, &s.cfg.num_layers);
+        r = xmp_ckpt_meta_int(ck, "config.num_layers", 1, 1 << 16, &s.cfg.num_layers);
     if (!r)
-        r = get_int(ck, "config.num_heads", 1, 1 << 16, &s.cfg.num_heads);
+        r = xmp_ckpt_meta_int(ck, "config.num_heads", 1, 1 << 16, &s.cfg.num_heads);
     if (!r)
-        r = get_int(ck, "config.channels", 1, 1 << 20, &s.cfg.channels);
+        r = xmp_ckpt_meta_int(ck, "config.channels", 1, 1 << 20, &s.cfg.channels);
     if (r)
         return r;
     xmp_gpt2_t m;

@@ -111,29 +111,6 @@ xmesh_result_t xmp_ut_ckpt_save(xmp_ut_slayer_t *const *layers, MPI_Comm comm, c
     return r;
 }
 
-static xmesh_result_t get_int(const xmp_ckpt_t *c, const char *key, int lo, int hi, int *out)
-{
-    int64_t v;
-    xmesh_result_t r = xmp_ckpt_meta_i64(c, key, &v);
-    if (r)
-        return r;
-    if (v < lo || v > hi)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
-                       "%s/MANIFEST: metadata '%s' = %lld is outside [%d, %d]", xmp_ckpt_dir(c),
-                       key, (long long)v, lo, hi);
-    *out = (int)v;
-    return XMESH_SUCCESS;
-}
-
-static xmesh_result_t get_f32(const xmp_ckpt_t *c, const char *key, float *out)
-{
-    double v;
-    xmesh_result_t r = xmp_ckpt_meta_f64(c, key, &v);
-    if (!r)
-        *out = (float)v;
-    return r;
-}
-
 xmesh_result_t xmp_ut_ckpt_open(MPI_Comm comm, const char *path, xmp_ckpt_t **out,
                                 xmp_ut_ckpt_settings_t *s)
 {
@@ -152,23 +129,23 @@ xmesh_result_t xmp_ut_ckpt_open(MPI_Comm comm, const char *path, xmp_ckpt_t **ou
                     "another model?)",
                     xmp_ckpt_dir(c), model ? model : "(missing)", XMP_UT_CKPT_MODEL);
     if (!r)
-        r = get_int(c, "config.base", 1, 1 << 16, &base);
+        r = xmp_ckpt_meta_int(c, "config.base", 1, 1 << 16, &base);
     if (!r)
-        r = get_int(c, "config.groups", 1, 1 << 16, &groups);
+        r = xmp_ckpt_meta_int(c, "config.groups", 1, 1 << 16, &groups);
     if (!r)
-        r = get_int(c, "config.head_dim", 1, 1 << 16, &hd);
+        r = xmp_ckpt_meta_int(c, "config.head_dim", 1, 1 << 16, &hd);
     if (!r)
-        r = get_int(c, "config.cond_dim", 1, 1 << 20, &cond);
+        r = xmp_ckpt_meta_int(c, "config.cond_dim", 1, 1 << 20, &cond);
     if (!r)
-        r = get_f32(c, "sgd.lr", &t.lr);
+        r = xmp_ckpt_meta_f32(c, "sgd.lr", &t.lr);
     if (!r)
-        r = get_f32(c, "sgd.momentum", &t.momentum);
+        r = xmp_ckpt_meta_f32(c, "sgd.momentum", &t.momentum);
     if (!r)
-        r = get_f32(c, "sgd.weight_decay", &t.wd);
+        r = xmp_ckpt_meta_f32(c, "sgd.weight_decay", &t.wd);
     if (!r)
-        r = get_f32(c, "data.noise", &t.sigma);
+        r = xmp_ckpt_meta_f32(c, "data.noise", &t.sigma);
     if (!r)
-        r = get_int(c, "train.batch", 1, 1 << 30, &t.batch);
+        r = xmp_ckpt_meta_int(c, "train.batch", 1, 1 << 30, &t.batch);
     if (!r) {
         char *end = NULL;
         errno = 0;
