@@ -33,6 +33,7 @@ xmesh_result_t xm_cluster_init(xm_cluster_t *c, const xm_hostmap_t *hosts)
     c->latency_s = 5e-6;
     c->chunk_bytes = 1 << 20;
     c->send_ahead = 1;
+    c->forward_ahead = 1;
     return XMESH_SUCCESS;
 }
 

@@ -942,9 +942,11 @@ static inline void use_dir(xm_troutes_t *r, int dir)
 
 /* Alpha-beta pipelined chain (paper 3.1, T^bc = t + A t / K): the bytes go
  * in K chunks of c = B / K; every hop costs latency + a c / bw for its first
- * window, where a = min(send_ahead, K) chunks share the hop's wire and arrive
- * together (the executor keeps send_ahead sends in flight per hop), then the
- * slowest hop paces the remaining K - a chunks. (Pacing K - 1 after a window
+ * window, where a = xm_hop_fill() chunks share the hop's wire and arrive
+ * together (the executor keeps send_ahead sends in flight per hop, and
+ * forward_ahead on a hop between hosts with one upstream: such a forwarder
+ * gets its chunks one wire time apart, so a = 1 by default), then the slowest hop
+ * paces the remaining K - a0 chunks (a0: the first hop's window). (Pacing K - 1 after a window
  * of a counted a - 1 chunks twice: with send-ahead 2, a task of 2 chunks was
  * modelled 1.5x its wire time, above the measured time, so the "lower bound"
  * of n-to-m case 4 read 0.671 s against 0.468 s measured.) */
@@ -958,10 +960,6 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
     if (K < 1)
         K = 1;
     double ch = B / (double)K, inter = hop_bw(c), dur = 0;
-    double fill = c->send_ahead > 1 ? (c->send_ahead < K ? c->send_ahead : (double)K) : 1.0;
-    /* first-window cost of an intra-host and of an inter-host hop */
-    double win_intra = c->latency_s + fill * ch / c->intra_Bps;
-    double win_inter = c->latency_s + fill * ch / inter;
     r->nuse = 0;
     for (int q = 0; q < r->nroutes; q++) {
         const xm_route_t *rt = &r->routes[q];
@@ -970,20 +968,25 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
         if (rt->len <= 1) {
             T = c->latency_s + B / c->intra_Bps; /* self copy: a local memcpy */
         } else {
-            double sum = 0, bmin = INFINITY;
+            double sum = 0, bmin = INFINITY, fill0 = 1;
+            int prev_x = 0;
             for (int h = 0; h + 1 < rt->len; h++) {
-                double bw = c->intra_Bps, win = win_intra;
-                if (p->dev_host[d[h]] != p->dev_host[d[h + 1]]) {
+                double bw = c->intra_Bps;
+                int x = p->dev_host[d[h]] != p->dev_host[d[h + 1]];
+                if (x) {
                     bw = inter;
-                    win = win_inter;
                     use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
                     use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
                 }
-                sum += win;
+                double fill = xm_hop_fill(c, K, prev_x, x);
+                if (h == 0)
+                    fill0 = fill;
+                sum += c->latency_s + fill * ch / bw;
                 if (bw < bmin)
                     bmin = bw;
+                prev_x |= x; /* a hop between hosts upstream paces the rest */
             }
-            T = sum + ((double)K - fill) * ch / bmin;
+            T = sum + ((double)K - fill0) * ch / bmin;
         }
         if (T > dur)
             dur = T;

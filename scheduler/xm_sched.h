@@ -27,7 +27,30 @@ typedef struct xm_cluster {
     double latency_s;    /* per message (alpha) */
     int64_t chunk_bytes; /* pipelining chunk of the broadcast chains */
     int send_ahead;      /* chunk sends in flight per hop (>= 1): a hop's pipeline fill */
+    int forward_ahead;   /* the same on a NIC hop whose input is a NIC hop (>= 1) */
 } xm_cluster_t;
+
+/* Chunks a hop of a pipelined chain of K chunks puts on its wire before the
+ * next hop gets its first one (the MPI executor's sends in flight on that
+ * link, at most K): send_ahead, or forward_ahead on a hop between hosts with a
+ * hop between hosts upstream in its chain (inter and prev_inter nonzero): its
+ * chunks arrive paced by that NIC. */
+int xm_hop_fill(const xm_cluster_t *c, int64_t K, int prev_inter, int inter);
+
+/* Smallest and largest chunk xm_chunk_auto chooses. */
+#define XM_CHUNK_AUTO_MIN ((int64_t)64 << 10)
+#define XM_CHUNK_AUTO_MAX ((int64_t)256 << 10)
+
+/* The pipelining chunk for a task set (plans whose chunk size nobody set):
+ * a broadcast chain over H receiver hosts pays (H - 1) * forward_ahead chunk
+ * wire times of fill beyond its wire time, and every chunk costs about the
+ * latency alpha, so a task of B bytes is fastest at
+ *     c* = sqrt(B * alpha * bw / ((H - 1) * forward_ahead)).
+ * Returns the smallest c* over the tasks whose chains cross two or more
+ * receiver hosts, clamped to [XM_CHUNK_AUTO_MIN, XM_CHUNK_AUTO_MAX] and
+ * rounded down to a multiple of 4 KiB; XM_CHUNK_AUTO_MAX when no chain
+ * forwards between hosts. Pure; the same on every rank. */
+int64_t xm_chunk_auto(const xm_taskset_t *ts, const xm_cluster_t *c);
 
 /* Paper cluster defaults: 10 Gb/s, 1 NIC/host, 100 GB/s intra, 5 us, 1 MiB
  * chunks. Takes ownership of nothing: copies the host map. */

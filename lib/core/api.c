@@ -245,6 +245,11 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static int params_chunk_unset(const xmesh_plan_params_t *p)
+{
+    return !p || p->chunk_bytes == XMESH_UNSET_I64;
+}
+
 /* Local half of plan creation: everything a rank can check and compute on
  * its own. On error p is left for plan_free_local. */
 static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *src,
@@ -293,6 +298,14 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     double t1 = now_s();
     if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
         return r;
+    /* Nobody chose the chunk (plan params, XMESH_CHUNK_BYTES, the cluster
+     * file): pick it from the chains' host counts and the model's alpha and
+     * bandwidth (xm_chunk_auto), the same on every rank. */
+    if (params_chunk_unset(params) && !xm_param_is_set("XMESH_CHUNK_BYTES") &&
+        p->cluster.chunk_bytes == p->chunk_bytes) {
+        p->chunk_bytes = p->cluster.chunk_bytes = xm_chunk_auto(&p->ts, &p->cluster);
+        p->chunk_auto = 1;
+    }
     /* Every rank rebuilds the routes from its own cluster model (rank 0
      * only broadcasts order and senders), so everything that shapes the
      * model is agreed: the values after XMESH_NIC_GBPS, XMESH_INTRA_GBPS,
@@ -306,6 +319,7 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = xm_hash64(h, &cm->latency_s, sizeof cm->latency_s);
     h = xm_hash64(h, &cm->chunk_bytes, sizeof cm->chunk_bytes);
     h = xm_hash64(h, &cm->send_ahead, sizeof cm->send_ahead);
+    h = xm_hash64(h, &cm->forward_ahead, sizeof cm->forward_ahead);
     h = xm_hash64(h, &cm->hosts.nhosts, sizeof cm->hosts.nhosts);
     h = xm_hash64(h, cm->hosts.host_of, sizeof(int) * cm->hosts.ndev);
     int64_t split = xm_param_i64("XMESH_SPLIT") != 0;
@@ -536,6 +550,8 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     x.chunk_bytes = chunk_bytes;
     int64_t ahead = xm_param_send_ahead(); /* the MPI executor's pipeline fill */
     x.send_ahead = ahead < 1 ? 1 : ahead > 16 ? 16 : (int)ahead;
+    int64_t fwd = xm_param_forward_ahead(); /* the same on a chain's forwarders */
+    x.forward_ahead = fwd < 1 ? 1 : fwd > 16 ? 16 : (int)fwd;
     const char *file = xm_param_cluster_file();
     if (*file && (r = xm_cluster_load(file, &x))) {
         xm_cluster_free(&x);

@@ -17,6 +17,9 @@ static const xm_param_desc_t params[] = {
     {"XMESH_CHUNK_BYTES", "262144", "pipelining chunk of broadcast chains, bytes"},
     {"XMESH_SEND_AHEAD", "2",
      "MPI executor: chunk sends in flight per chain link (receives run a window ahead)"},
+    {"XMESH_FORWARD_AHEAD", "1",
+     "MPI executor: the same on a link between hosts fed by a link between hosts (a chain's "
+     "forwarders, paced by their input)"},
     {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},
     {"XMESH_SEED", "1", "scheduler random seed"},
     {"XMESH_SPLIT", "1",
@@ -68,6 +71,7 @@ typedef struct {
 static const ptype_t types[] = {
     {"XMESH_CHUNK_BYTES", KIND_BYTES, 1, INT64_MAX, 0, 0},
     {"XMESH_SEND_AHEAD", KIND_INT, 1, 1 << 20, 0, 0},
+    {"XMESH_FORWARD_AHEAD", KIND_INT, 1, 1 << 20, 0, 0},
     {"XMESH_BUDGET_US", KIND_INT, 0, INT64_MAX, 0, 0},
     {"XMESH_SEED", KIND_INT, INT64_MIN, INT64_MAX, 0, 0},
     {"XMESH_SPLIT", KIND_INT, 0, 1, 0, 0},
@@ -383,6 +387,7 @@ XM_PARAM_DEFINE(strategy, const char *, str, "XMESH_STRATEGY")
 XM_PARAM_DEFINE(scheduler, const char *, str, "XMESH_SCHEDULER")
 XM_PARAM_DEFINE(chunk_bytes, int64_t, i, "XMESH_CHUNK_BYTES")
 XM_PARAM_DEFINE(send_ahead, int64_t, i, "XMESH_SEND_AHEAD")
+XM_PARAM_DEFINE(forward_ahead, int64_t, i, "XMESH_FORWARD_AHEAD")
 XM_PARAM_DEFINE(budget_us, int64_t, i, "XMESH_BUDGET_US")
 XM_PARAM_DEFINE(seed, int64_t, i, "XMESH_SEED")
 XM_PARAM_DEFINE(timeout_s, double, r, "XMESH_TIMEOUT_S")

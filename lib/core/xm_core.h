@@ -111,6 +111,7 @@ const char *xm_param_strategy(void);     /* XMESH_STRATEGY */
 const char *xm_param_scheduler(void);    /* XMESH_SCHEDULER */
 int64_t xm_param_chunk_bytes(void);      /* XMESH_CHUNK_BYTES, >= 1 */
 int64_t xm_param_send_ahead(void);       /* XMESH_SEND_AHEAD, >= 1 */
+int64_t xm_param_forward_ahead(void);    /* XMESH_FORWARD_AHEAD, >= 1 */
 int64_t xm_param_budget_us(void);        /* XMESH_BUDGET_US, >= 0 */
 int64_t xm_param_seed(void);             /* XMESH_SEED */
 double xm_param_timeout_s(void);         /* XMESH_TIMEOUT_S, >= 0 */

@@ -96,9 +96,10 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     if (r)
         return r;
     r = xm_program_build(&in, &ch, x->rank, &x->prog);
-    xm_chains_free(&ch);
-    if (r)
+    if (r) {
+        xm_chains_free(&ch);
         return r;
+    }
     int64_t ce = x->prog.chunk_elems;
     /* the window counts bytes on the wire (the task set's element size) */
     int64_t wes = p->ts.elem_size ? (int64_t)p->ts.elem_size : (int64_t)x->es;
@@ -113,9 +114,13 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     int64_t ahead = p->cluster.send_ahead; /* XMESH_SEND_AHEAD, agreed and modelled */
     x->zero_copy = xm_param_i64("XMESH_ZERO_COPY") != 0;
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
-    if (!(x->sx = calloc(x->prog.nsteps + 1, sizeof *x->sx)))
+    int64_t fwd = p->cluster.forward_ahead; /* XMESH_FORWARD_AHEAD, agreed and modelled */
+    x->forward_ahead = (int)(fwd < 1 ? 1 : fwd > x->window ? x->window : fwd);
+    if (!(x->sx = calloc(x->prog.nsteps + 1, sizeof *x->sx))) {
+        xm_chains_free(&ch);
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps",
                       x->prog.nsteps);
+    }
     for (int i = 0; i < x->prog.nsteps; i++) {
         const xm_pstep_t *s = &x->prog.steps[i];
         x->sx[i].tag_in = s->hop_in >= 0 ? tag_of(tag_ub, s->hop_in) : -1;
@@ -128,9 +133,28 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
          * model needs no change: in-order completion means no shared-wire
          * fill on such a hop. */
         const xm_hostmap_t *hm = &p->ctx->hosts;
-        int local = s->next >= 0 && hm->host_of[s->next] == hm->host_of[x->rank];
-        x->sx[i].ahead = local ? x->window : x->send_ahead;
+        int me = hm->host_of[x->rank];
+        int local = s->next >= 0 && hm->host_of[s->next] == me;
+        /* A NIC hop with a NIC hop upstream in its chain (a forwarder in
+         * the middle of a chain across hosts) is paced by its input: chunks
+         * arrive one wire time apart, so forward_ahead (1) sends in flight
+         * keep its wire as busy as the input allows. More would only put
+         * chunks that arrived together on the wire together, so the next
+         * host would get each of them after send_ahead wire times instead
+         * of one, and the chain's fill would grow by send_ahead - 1 chunks
+         * per host (docs/EXECUTOR.md). The head of a chain (its data
+         * already on this host) keeps send_ahead. The model charges the
+         * same (xm_hop_fill). */
+        int fed_by_nic = 0;
+        if (s->chain >= 0 && s->chain < ch.n) {
+            const xm_chain_t *cc = &ch.c[s->chain];
+            const int *d = ch.devs + cc->off;
+            for (int k = 0; k < s->pos_first && k + 1 < cc->len; k++)
+                fed_by_nic |= hm->host_of[d[k]] != hm->host_of[d[k + 1]];
+        }
+        x->sx[i].ahead = local ? x->window : fed_by_nic ? x->forward_ahead : x->send_ahead;
     }
+    xm_chains_free(&ch);
     for (int i = 0; i < x->prog.nsteps; i++)
         x->sx[i].ck_off = -1;
     if ((r = pools(x)))

@@ -69,6 +69,7 @@ typedef struct xm_exec {
     size_t dst_es;     /* destination dtype (differs in converting plans) */
     int window;        /* chunks in flight per step */
     int send_ahead;    /* sends in flight per step (XMESH_SEND_AHEAD, <= window) */
+    int forward_ahead; /* the same on a NIC hop fed by a NIC hop (XMESH_FORWARD_AHEAD) */
     xmesh_dtype_t dtype, dst_dtype;
     xm_program_t prog; /* this rank's program */
     xm_stepx_t *sx;    /* per program step */

@@ -180,12 +180,101 @@ static void test_allgather_model(void **state)
     xm_cluster_free(&in.c);
 }
 
+/* The chain model's fill (xm_hop_fill, xm_cost_chain): chain 0 -> 2 -> 4 ->
+ * 6 over hosts 0..3 (three NIC hops), K = 8 chunks of c = 125000 bytes at
+ * 1e9 B/s (c / bw = 125 us), no latency. The head keeps send_ahead = 2
+ * chunks on its wire; the two forwarders are paced by their input and keep
+ * forward_ahead = 1: 2 + 1 + 1 chunk times of fill, then K - 2 more at the
+ * slowest hop: (4 + 6) * 125 us. With forward_ahead 2 (every hop 2):
+ * (6 + 6) * 125 us. */
+static void test_chain_fill(void **state)
+{
+    (void)state;
+    inst_t in;
+    const int hosts[6] = {0, 0, 1, 1, 2, 2};
+    inst_make(&in, 6, hosts, 2, 4);
+    int host8[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+    free(in.c.hosts.host_of);
+    in.c.hosts.host_of = malloc(sizeof host8);
+    memcpy(in.c.hosts.host_of, host8, sizeof host8);
+    in.c.hosts.ndev = 8;
+    in.c.hosts.nhosts = 4;
+    in.c.chunk_bytes = 125000;
+    in.c.send_ahead = 2;
+    in.c.forward_ahead = 1;
+    assert_int_equal(xm_hop_fill(&in.c, 8, 0, 1), 2);
+    assert_int_equal(xm_hop_fill(&in.c, 8, 1, 1), 1);
+    assert_int_equal(xm_hop_fill(&in.c, 8, 1, 0), 2); /* intra hop: send_ahead */
+    assert_int_equal(xm_hop_fill(&in.c, 1, 0, 1), 1); /* at most K */
+    const int chain[4] = {0, 2, 4, 6};
+    double t = xm_cost_chain(&in.c, chain, 4, 1000000);
+    assert_true(fabs(t - 10 * 125e-6) < 1e-12);
+    in.c.forward_ahead = 2;
+    t = xm_cost_chain(&in.c, chain, 4, 1000000);
+    assert_true(fabs(t - 12 * 125e-6) < 1e-12);
+    /* an intra hop in the middle (2 -> 3 inside host 1) does not reset the
+     * pacing: 4 -> 6 is still a forwarder (fill 1); the intra hop costs
+     * 2 chunks at the intra rate (1e10 B/s: 25 us) */
+    in.c.forward_ahead = 1;
+    in.c.intra_Bps = 1e10;
+    const int chain2[5] = {0, 2, 3, 4, 6};
+    t = xm_cost_chain(&in.c, chain2, 5, 1000000);
+    assert_true(fabs(t - (10 * 125e-6 + 25e-6)) < 1e-12);
+    xm_cluster_free(&in.c);
+}
+
+/* xm_chunk_auto: one task of B = 16 MiB from host 0 to one device on each
+ * of H receiver hosts, NIC 37.5e6 B/s (300 Mbit/s), alpha 50 us, forward
+ * ahead 1: c* = sqrt(B alpha bw / (H - 1)). */
+static void test_chunk_auto(void **state)
+{
+    (void)state;
+    int host_of[5] = {0, 1, 2, 3, 4}, holders[1] = {0}, recvs[4] = {1, 2, 3, 4};
+    xm_hostmap_t hm = {5, 5, host_of};
+    xm_cluster_t c;
+    assert_int_equal(xm_cluster_init(&c, &hm), XMESH_SUCCESS);
+    c.nic_send_Bps = c.nic_recv_Bps = 37.5e6;
+    c.latency_s = 50e-6;
+    c.forward_ahead = 1;
+    xm_task_t task;
+    memset(&task, 0, sizeof task);
+    task.bytes = 16 << 20;
+    task.ngroups = task.group_size = 1;
+    task.nrecv = 4;
+    xm_taskset_t ts;
+    memset(&ts, 0, sizeof ts);
+    ts.ntasks = 1;
+    ts.tasks = &task;
+    ts.holders = holders;
+    ts.recvs = recvs;
+    /* H = 4: sqrt(16777216 * 50e-6 * 37.5e6 / 3) = 102400 -> 102400 (4 KiB multiple) */
+    assert_int_equal(xm_chunk_auto(&ts, &c), 102400);
+    /* H = 1: no forwarder, the largest chunk */
+    task.nrecv = 1;
+    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MAX);
+    /* a receiver host that holds a replica needs no chain into it: H = 1 */
+    task.nrecv = 2;
+    recvs[0] = 0;
+    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MAX);
+    recvs[0] = 1;
+    /* H = 2 on a 10 Gbit/s NIC: c* = 1.6 MB, clamped to the largest */
+    c.nic_send_Bps = c.nic_recv_Bps = 1.25e9;
+    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MAX);
+    /* a tiny alpha clamps to the smallest */
+    c.nic_send_Bps = c.nic_recv_Bps = 37.5e6;
+    c.latency_s = 1e-6;
+    task.nrecv = 4;
+    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MIN);
+    xm_cluster_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_exact),  cmocka_unit_test(test_fit_hand),
         cmocka_unit_test(test_fit_noisy),  cmocka_unit_test(test_fit_errors),
         cmocka_unit_test(test_mpi_models), cmocka_unit_test(test_allgather_model),
+        cmocka_unit_test(test_chain_fill), cmocka_unit_test(test_chunk_auto),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
