@@ -37,8 +37,13 @@ typedef struct xm_cluster {
  * chunks arrive paced by that NIC. */
 int xm_hop_fill(const xm_cluster_t *c, int64_t K, int prev_inter, int inter);
 
-/* Smallest and largest chunk xm_chunk_auto chooses. */
-#define XM_CHUNK_AUTO_MIN ((int64_t)64 << 10)
+/* Smallest and largest chunk xm_chunk_auto chooses. The smallest stays above
+ * MPI's eager limits (Open MPI's TCP transport: 64 KiB with its header): an
+ * eager chunk leaves its sender before the receiver has posted for it, so
+ * every source of a plan pushes at once and the NIC-exclusive order the
+ * scheduler chose is lost (2d 2x2-RR at 16 MiB with 62 KiB chunks: 0.61 s
+ * against 0.36 s, docs/EXECUTOR.md). A larger chunk waits for the receive. */
+#define XM_CHUNK_AUTO_MIN ((int64_t)128 << 10)
 #define XM_CHUNK_AUTO_MAX ((int64_t)256 << 10)
 
 /* The pipelining chunk for a task set (plans whose chunk size nobody set):

@@ -224,7 +224,7 @@ static void test_chain_fill(void **state)
 }
 
 /* xm_chunk_auto: one task of B = 16 MiB from host 0 to one device on each
- * of H receiver hosts, NIC 37.5e6 B/s (300 Mbit/s), alpha 50 us, forward
+ * of H receiver hosts, NIC 37.5e6 B/s (300 Mbit/s), alpha 100 us, forward
  * ahead 1: c* = sqrt(B alpha bw / (H - 1)). */
 static void test_chunk_auto(void **state)
 {
@@ -234,7 +234,7 @@ static void test_chunk_auto(void **state)
     xm_cluster_t c;
     assert_int_equal(xm_cluster_init(&c, &hm), XMESH_SUCCESS);
     c.nic_send_Bps = c.nic_recv_Bps = 37.5e6;
-    c.latency_s = 50e-6;
+    c.latency_s = 100e-6;
     c.forward_ahead = 1;
     xm_task_t task;
     memset(&task, 0, sizeof task);
@@ -247,8 +247,8 @@ static void test_chunk_auto(void **state)
     ts.tasks = &task;
     ts.holders = holders;
     ts.recvs = recvs;
-    /* H = 4: sqrt(16777216 * 50e-6 * 37.5e6 / 3) = 102400 -> 102400 (4 KiB multiple) */
-    assert_int_equal(xm_chunk_auto(&ts, &c), 102400);
+    /* H = 4: sqrt(16777216 * 100e-6 * 37.5e6 / 3) = 144815 -> 143360 (4 KiB multiple) */
+    assert_int_equal(xm_chunk_auto(&ts, &c), 143360);
     /* H = 1: no forwarder, the largest chunk */
     task.nrecv = 1;
     assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MAX);
