@@ -82,6 +82,17 @@ static const case_def_t one_to_m_cases[] = {
     {"4x2", {1, 1}, {4, 2}, "R", "R", 2},
 };
 
+/* Chains of 1..8 hops: one sender, a replicated vector on H hosts of one
+ * rank each (the chain crosses H NICs); with -b/-e and XMESH_CHUNK_BYTES it
+ * sweeps the chunk count, for the chain model against the executor
+ * (scripts/run-chain-model.sh). */
+static const case_def_t chain_cases[] = {
+    {"h1", {1, 1}, {1, 1}, "R", "R", 2}, {"h2", {1, 1}, {2, 1}, "R", "R", 2},
+    {"h3", {1, 1}, {3, 1}, "R", "R", 2}, {"h4", {1, 1}, {4, 1}, "R", "R", 2},
+    {"h5", {1, 1}, {5, 1}, "R", "R", 2}, {"h6", {1, 1}, {6, 1}, "R", "R", 2},
+    {"h7", {1, 1}, {7, 1}, "R", "R", 2}, {"h8", {1, 1}, {8, 1}, "R", "R", 2},
+};
+
 /* 2-D block layouts of a square f64 matrix (4096^2 by default, -b scales
  * it) between process grids: reshaped grids, transposed roles (dim 0
  * moves from grid rows to grid columns), uneven sizes (4095: pdgemr2d's
@@ -118,6 +129,7 @@ static const suite_t suites[] = {
      "xmesh,sendrecv,sendrecv-allgather,mpi-bcast,mpi-sendrecv-allgather,mpi-alltoallv",
      16LL << 20},
     {"loadbalance", n_to_m_cases, 9, "naive,lb,xmesh", 64LL << 20},
+    {"chain", chain_cases, 8, "xmesh", 16LL << 20},
     {"2d", grid_cases, (int)(sizeof grid_cases / sizeof grid_cases[0]),
      "xmesh,mpi-alltoallv,scalapack-pdgemr2d", 128LL << 20},
 };
@@ -186,7 +198,7 @@ static opts_t O;
 static void usage(void)
 {
     printf("usage: mpirun ... xmesh-bench [options]\n"
-           "  -s suite     n-to-m | 1-to-m | loadbalance | 2d (default n-to-m)\n"
+           "  -s suite     n-to-m | 1-to-m | loadbalance | 2d | chain (default n-to-m)\n"
            "  -m methods   comma list (default: the suite's); known:\n");
     for (int i = 0; i < NMETHODS; i++)
         printf("                 %-20s %s\n", methods[i].name, methods[i].help);
