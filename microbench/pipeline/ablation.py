@@ -72,6 +72,15 @@ def summarize(doc, warmup, per_step_units):
     bub = [b for b in bub if isinstance(b, (int, float))]
     if bub:
         out["bubble"] = statistics.median(bub)
+    # per stage: busy (compute) and idle seconds of the step, from its bubble
+    # fraction (idle share of the stage's local step time)
+    bps = [s.get("bubble_per_stage") for s in use]
+    if bps and all(isinstance(b, list) and b for b in bps):
+        ns = len(bps[0])
+        busy = [statistics.median((1 - s["bubble_per_stage"][k]) * s["step_seconds"] for s in use)
+                for k in range(ns)]
+        out["stage_busy_s"] = busy
+        out["busiest_stage"] = max(range(ns), key=lambda k: busy[k])
     mem = [first_key(s, ["peak_activation_bytes", "peak_act_bytes", "peak_activations_bytes"])
            for s in use]
     mem = [m for m in mem if m is not None]
@@ -165,6 +174,26 @@ def main():
         for r in results:
             if r["microbatches"] == mb and sig and "throughput" in r:
                 r["of_signal"] = r["throughput"] / sig[0]["throughput"]
+    # Distance to signal, split (issue 25 item 5): at the busiest stage of the
+    # signal row, compute slowed down = its busy seconds in this row minus in
+    # the signal row (CPU taken by progress threads, staging copies, polling
+    # and the kernel's network work); the rest of the distance is idle time
+    # at that stage: for eager+wdelay (the signal row's own schedule) exposed
+    # transfer, for the other rows schedule bubble plus exposed transfer.
+    for mb in mbs:
+        sig = [r for r in results if r["microbatches"] == mb and r["row"] == "signal"
+               and "stage_busy_s" in r]
+        if not sig:
+            continue
+        k = sig[0]["busiest_stage"]
+        for r in results:
+            if r["microbatches"] != mb or "stage_busy_s" not in r or r["row"] == "signal":
+                continue
+            dist = r["step_s_median"] - sig[0]["step_s_median"]
+            slow = r["stage_busy_s"][k] - sig[0]["stage_busy_s"][k]
+            r["distance_s"] = dist
+            r["compute_slowdown_s"] = slow
+            r["idle_excess_s"] = dist - slow
     doc = {"label": a.label, "model": a.model, "model_args": a.model_args, "stage_args": a.stage_args,
            "units": a.units, "units_per_step": a.units_per_step, "steps": a.steps,
            "warmup": a.warmup, "np": np_, "results": results}
@@ -203,6 +232,15 @@ def main():
                      f"eager+wdelay {w:.2f} ({'met' if ok_w else 'missed'} >= 0.90), "
                      f"1f1b {o:.2f}, eager {e:.2f}; eager+wdelay above both with non-overlapping "
                      f"[min, max]: {'yes' if above else 'no'}")
+    brk = [r for r in results if "distance_s" in r]
+    if brk:
+        lines += ["", "Distance to signal per row (step seconds): compute slowed down at the signal "
+                  "row's busiest stage, and the rest (idle there: exposed transfer, plus schedule "
+                  "bubble for rows whose schedule differs from signal's)", "",
+                  "| M | row | distance s | compute slowed s | idle excess s |", "|---|---|---|---|---|"]
+        for r in brk:
+            lines.append(f"| {r['microbatches']} | {r['row']} | {r['distance_s']:.3f} | "
+                         f"{r['compute_slowdown_s']:.3f} | {r['idle_excess_s']:.3f} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "ablation.md"), "w") as f:
         f.write(table)
