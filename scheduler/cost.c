@@ -102,7 +102,9 @@ int64_t xm_chunk_auto(const xm_taskset_t *ts, const xm_cluster_t *c)
             best = cs;
     }
     int64_t v = (int64_t)best & ~(int64_t)4095;
-    return v < XM_CHUNK_AUTO_MIN ? XM_CHUNK_AUTO_MIN : v > XM_CHUNK_AUTO_MAX ? XM_CHUNK_AUTO_MAX : v;
+    return v < XM_CHUNK_AUTO_MIN   ? XM_CHUNK_AUTO_MIN
+           : v > XM_CHUNK_AUTO_MAX ? XM_CHUNK_AUTO_MAX
+                                   : v;
 }
 
 double xm_cost_chain(const xm_cluster_t *c, const int *devs, int len, int64_t bytes)

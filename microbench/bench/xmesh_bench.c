@@ -43,7 +43,7 @@ typedef struct {
     int real_hosts; /* -R: xmesh sees the real hosts, -V only places the meshes */
     int poll_us;
     int64_t calib_bytes;
-    int barrier; /* end every timed iteration with MPI_Barrier (included) */
+    int barrier; /* end every timed iteration with MPI_Barrier (1) or a spinning one (2) */
     int plans;   /* xmesh plans created (and timed) per row */
 } opts_t;
 
@@ -224,6 +224,8 @@ static void usage(void)
            "  -p n         xmesh plans created and timed per row (default 3; the last runs)\n"
            "  -B, --barrier  end every timed iteration with MPI_Barrier on all ranks, as an\n"
            "               application step would; the reported times include it\n"
+           "  --spin-barrier  the same with a spinning barrier (MPI_Ibarrier, then MPI_Test in\n"
+           "               a tight loop: the waiting ranks keep their cores busy)\n"
            "  -K, --cluster FILE  cost model from a cluster file (xmesh-calibrate -o FILE;\n"
            "               same as XMESH_CLUSTER_FILE): predictions and plans use it\n");
 }
@@ -817,8 +819,15 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, vo
         }
         /* Application-style: the step ends when every rank has passed a
          * plain MPI_Barrier (not the bench's polling one). */
-        if (O.barrier)
+        if (O.barrier == 1)
             MPI_Barrier(MPI_COMM_WORLD);
+        else if (O.barrier == 2) { /* spinning: MPI_Test in a tight loop, no sleep */
+            MPI_Request br;
+            int done = 0;
+            MPI_Ibarrier(MPI_COMM_WORLD, &br);
+            while (!done)
+                MPI_Test(&br, &done, MPI_STATUS_IGNORE);
+        }
         double t = MPI_Wtime() - t0, tmax = 0;
         int anyerr = 0;
         MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -947,8 +956,11 @@ static void write_json(const char *path, const bench_calib_t *cal)
             "             \"timing\": \"%s\"},\n",
             W.size, W.nhosts, W.virtual_hosts, O.iters, O.warmup, O.check, O.barrier, O.plans,
             bench_scalapack_built(),
-            O.barrier ? "common barrier to the end of a closing MPI_Barrier on all ranks (included)"
-                      : "common barrier to the last rank done");
+            O.barrier == 2 ? "common barrier to the end of a closing spinning barrier on all ranks "
+                             "(included)"
+            : O.barrier
+                ? "common barrier to the end of a closing MPI_Barrier on all ranks (included)"
+                : "common barrier to the last rank done");
     fprintf(f, "  \"calibration\": {");
     json_num(f, "nominal_mbit", cal->nominal_mbit, 1);
     json_num(f, "one_mbit", cal->one_mbit, 1);
@@ -1110,6 +1122,7 @@ int main(int argc, char **argv)
     O.calib_bytes = 8 << 20;
     O.plans = 3;
     static const struct option longopts[] = {{"barrier", no_argument, NULL, 'B'},
+                                             {"spin-barrier", no_argument, NULL, 'S'},
                                              {"help", no_argument, NULL, 'h'},
                                              {"cluster", required_argument, NULL, 'K'},
                                              {NULL, 0, NULL, 0}};
@@ -1120,6 +1133,9 @@ int main(int argc, char **argv)
         switch (opt) {
         case 'B':
             O.barrier = 1;
+            break;
+        case 'S':
+            O.barrier = 2;
             break;
         case 'K':
             /* the library reads it when it builds a plan's cluster model */
@@ -1281,9 +1297,11 @@ int main(int argc, char **argv)
             printf("# cluster file %s: %s\n", cf, xmesh_last_error());
         }
         if (O.barrier)
-            printf("# time: seconds from a common barrier to the end of a closing MPI_Barrier on "
-                   "all ranks, INCLUDED\n#   (application-style -B; median, min, max over "
-                   "iterations)\n");
+            printf("# time: seconds from a common barrier to the end of a closing %s on "
+                   "all ranks, INCLUDED\n#   (application-style %s; median, min, max over "
+                   "iterations)\n",
+                   O.barrier == 2 ? "spinning barrier" : "MPI_Barrier",
+                   O.barrier == 2 ? "--spin-barrier" : "-B");
         else
             printf("# time: seconds from a common barrier to the last rank done (median, min, max "
                    "over iterations)\n");
