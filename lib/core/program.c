@@ -425,6 +425,9 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
             s->hop_out = j < len ? cn->hop0 + nseg : -1;
             s->pos_first = i;
             s->pos_last = j - 1;
+            s->nic_paced = 0;
+            for (int k = 0; k < i && !s->nic_paced; k++)
+                s->nic_paced = b->in->hosts->host_of[devs[k]] != b->in->hosts->host_of[devs[k + 1]];
             s->nsrc = nsrc;
             s->in_acc = i > 0 && i < nsrc;
             s->out_acc = j < len && j < nsrc;

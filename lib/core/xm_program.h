@@ -157,11 +157,13 @@ typedef struct xm_pstep {
     int hop_in, hop_out; /* hop ids from prev / to next, -1 for none */
     int mode;
     int pos_first, pos_last, nsrc; /* chain positions covered; sources are < nsrc */
-    int in_acc, out_acc;           /* the hop carries accumulator elements */
-    xmesh_dtype_t in_dt, out_dt;   /* element dtype of the messages from prev / to next */
-    size_t stage_es;               /* bytes of one staging element (0: no staging) */
-    int after;                     /* step of this rank that must finish first, -1 */
-    xm_geom_t sg, dg;              /* box in the src block / dst block */
+    int nic_paced;       /* a hop between hosts comes before pos_first in the chain: the step's
+                            chunks arrive paced by a NIC (the MPI executor's forward window) */
+    int in_acc, out_acc; /* the hop carries accumulator elements */
+    xmesh_dtype_t in_dt, out_dt; /* element dtype of the messages from prev / to next */
+    size_t stage_es;             /* bytes of one staging element (0: no staging) */
+    int after;                   /* step of this rank that must finish first, -1 */
+    xm_geom_t sg, dg;            /* box in the src block / dst block */
     int has_sg, has_dg;
     /* Chunks: c -> row c / per_row, piece c % per_row of ce elements. */
     int64_t r0, row_elems, ce, per_row, nchunks;

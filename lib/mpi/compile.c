@@ -96,10 +96,9 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     if (r)
         return r;
     r = xm_program_build(&in, &ch, x->rank, &x->prog);
-    if (r) {
-        xm_chains_free(&ch);
+    xm_chains_free(&ch);
+    if (r)
         return r;
-    }
     int64_t ce = x->prog.chunk_elems;
     /* the window counts bytes on the wire (the task set's element size) */
     int64_t wes = p->ts.elem_size ? (int64_t)p->ts.elem_size : (int64_t)x->es;
@@ -116,11 +115,9 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     int64_t fwd = p->cluster.forward_ahead; /* XMESH_FORWARD_AHEAD, agreed and modelled */
     x->forward_ahead = (int)(fwd < 1 ? 1 : fwd > x->window ? x->window : fwd);
-    if (!(x->sx = calloc(x->prog.nsteps + 1, sizeof *x->sx))) {
-        xm_chains_free(&ch);
+    if (!(x->sx = calloc(x->prog.nsteps + 1, sizeof *x->sx)))
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps",
                       x->prog.nsteps);
-    }
     for (int i = 0; i < x->prog.nsteps; i++) {
         const xm_pstep_t *s = &x->prog.steps[i];
         x->sx[i].tag_in = s->hop_in >= 0 ? tag_of(tag_ub, s->hop_in) : -1;
@@ -145,16 +142,8 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
          * per host (docs/EXECUTOR.md). The head of a chain (its data
          * already on this host) keeps send_ahead. The model charges the
          * same (xm_hop_fill). */
-        int fed_by_nic = 0;
-        if (s->chain >= 0 && s->chain < ch.n) {
-            const xm_chain_t *cc = &ch.c[s->chain];
-            const int *d = ch.devs + cc->off;
-            for (int k = 0; k < s->pos_first && k + 1 < cc->len; k++)
-                fed_by_nic |= hm->host_of[d[k]] != hm->host_of[d[k + 1]];
-        }
-        x->sx[i].ahead = local ? x->window : fed_by_nic ? x->forward_ahead : x->send_ahead;
+        x->sx[i].ahead = local ? x->window : s->nic_paced ? x->forward_ahead : x->send_ahead;
     }
-    xm_chains_free(&ch);
     for (int i = 0; i < x->prog.nsteps; i++)
         x->sx[i].ck_off = -1;
     if ((r = pools(x)))

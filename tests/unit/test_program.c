@@ -626,6 +626,14 @@ static int run_case_to(const pcase_t *c, xmesh_dtype_t ddt, uint64_t seed, char 
             assert_int_equal(st->ops[0].kind == XM_POP_RECV, st->prev >= 0);
             assert_int_equal(st->ops[st->nops - 1].kind == XM_POP_SEND, st->next >= 0);
             assert_true(st->after < q);
+            { /* nic_paced: a hop between hosts before the step's first position */
+                const xm_chain_t *cc = &ch.c[st->chain];
+                const int *cd = ch.devs + cc->off;
+                int paced = 0;
+                for (int p = 0; p < st->pos_first; p++)
+                    paced |= w.hosts.host_of[cd[p]] != w.hosts.host_of[cd[p + 1]];
+                assert_int_equal(st->nic_paced, paced);
+            }
             assert_true(st->ce >= 1 && st->ce <= k->prog.chunk_elems);
             int64_t sum = 0, a, cnt, prev_end = st->r0;
             for (int64_t cc = 0; cc < st->nchunks; cc++) {
