@@ -1,0 +1,7 @@
+# U-Transformer layout search (pipeline/search/search_ut.h, issue 21): coordinate descent +
+# Metropolis-Hastings against exhaustive enumeration on small spaces, the memory refusal's
+# exact smallest need, evaluation round trips, strategy names as data, errors (unit).
+add_executable(test_pipeline_search_ut ${CMAKE_CURRENT_LIST_DIR}/test_search_ut.c)
+target_link_libraries(test_pipeline_search_ut PRIVATE xmesh_pipeline)
+add_test(NAME pipeline.search.ut COMMAND test_pipeline_search_ut)
+set_tests_properties(pipeline.search.ut PROPERTIES LABELS "pipeline;unit" TIMEOUT 120)
