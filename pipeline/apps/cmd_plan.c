@@ -15,6 +15,7 @@
 #include "models/gpt2.h"
 #include "models/stage_layout.h"
 #include "sched/schedule.h"
+#include "search/estimate.h"
 #include "search/search.h"
 #include "search/search_ut.h"
 #include "models/utransformer.h"
@@ -298,6 +299,45 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
     return 0;
 }
 
+/* Rank placement advice of one configuration (search/estimate.h, xmesh_suggest_order): the
+ * order into buf ("" when in-order is already best); returns the bound gain in seconds. */
+static double placement_of(const plan_opts_t *p, const xmp_utrans_desc_t *ut, const char *lay,
+                           const char *mesh, const char *strat, int sched, int M, char *buf,
+                           size_t n)
+{
+    buf[0] = 0;
+    xmp_estimator_opts_t eo;
+    memset(&eo, 0, sizeof eo);
+    eo.cluster_file = p->cluster;
+    eo.nominal = p->nominal;
+    eo.flops = p->flops;
+    eo.max_evals = p->max_evals;
+    xmp_estimator_t *e = NULL;
+    char err[512];
+    if (xmp_estimator_create(&eo, &e, err, sizeof err))
+        return 0;
+    xmp_layout_desc_t l = {p->ranks, p->hosts, lay, mesh, strat, xmp_sched_kind_name(sched), M};
+    xmp_estimate_t *est = calloc(1, sizeof *est);
+    int r = -1;
+    if (est && ut) {
+        r = xmp_estimate_utransformer(e, ut, &l, est, err, sizeof err);
+    } else if (est) {
+        xmp_gpt_desc_t m = {p->layers, p->heads, p->channels, p->vocab,
+                            p->seq,    p->batch, p->max_seq};
+        r = xmp_estimate_gpt(e, &m, &l, est, err, sizeof err);
+    }
+    double gain = 0;
+    if (r == 0 && est->order_gain_s > 0) {
+        gain = est->order_gain_s;
+        size_t k = 0;
+        for (int i = 0; i < p->ranks && k < n; i++)
+            k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? "," : "", est->rank_order[i]);
+    }
+    free(est);
+    xmp_estimator_destroy(e);
+    return gain;
+}
+
 static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const char *label,
                        const xmp_search_cand_t *c, int n, const xmp_search_stats_t *st)
 {
@@ -344,6 +384,12 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
         xmp_json_str(&j, "stage_mesh", mesh);
         xmp_json_str(&j, "stage_strategy", strat);
         xmp_json_str(&j, "command", cmd);
+        {
+            char ord[8192];
+            double g = placement_of(p, NULL, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+            xmp_json_str(&j, "rank_order", ord);
+            xmp_json_num(&j, "rank_order_gain_s", g);
+        }
         xmp_json_arr_begin(&j, "stages");
         for (int k = 0; k < c[i].nstages; k++) {
             xmp_json_obj_begin(&j, NULL);
@@ -396,6 +442,13 @@ static void print_table(const plan_opts_t *p, const xmp_search_opts_t *so, const
         char cmd[2048];
         xmp_search_gpt_command(so, &c[i], cmd, sizeof cmd);
         printf("%-3d %s\n", i + 1, cmd);
+        char lay[512], mesh[512], strat[512], ord[8192];
+        xmp_search_gpt_flags(&c[i], lay, mesh, strat, sizeof lay);
+        double g = placement_of(p, NULL, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+        if (g > 0)
+            printf("    # rank order (xmesh_suggest_order: boundary bounds %.3g s lower): %s "
+                   "(launch rank order[i] on slot i, e.g. with a rankfile)\n",
+                   g, ord);
     }
 }
 
@@ -649,7 +702,10 @@ static void ut_plan_usage(void)
            "  --restarts N (3)    coordinate-descent starts per stage count\n"
            "  --mh-steps N (400)  Metropolis-Hastings proposals per stage count\n"
            "  --exhaustive        enumerate every configuration (small spaces; the oracle)\n"
-           "  --ablate boundary   edges between stages cost 0\n");
+           "  --ablate boundary   edges between stages cost 0\n"
+           "  --eval              model one configuration (--layout --stage-mesh --strategy or\n"
+           "                      --stage-strategy --schedule --microbatches) through the\n"
+           "                      offline estimate (search/estimate.h)\n");
 }
 
 static int parse_ut_plan(int argc, char **argv, ut_plan_opts_t *u)
@@ -667,14 +723,23 @@ static int parse_ut_plan(int argc, char **argv, ut_plan_opts_t *u)
             ut_plan_usage();
             return 1;
         }
-        if (!strcmp(a, "--json") || !strcmp(a, "--nominal") || !strcmp(a, "--exhaustive")) {
-            *(a[2] == 'j' ? &o->json : a[2] == 'n' ? &o->nominal : &u->exhaustive) = 1;
+        if (!strcmp(a, "--json") || !strcmp(a, "--nominal") || !strcmp(a, "--exhaustive") ||
+            !strcmp(a, "--eval")) {
+            *(a[2] == 'j'   ? &o->json
+              : a[2] == 'n' ? &o->nominal
+              : a[3] == 'x' ? &u->exhaustive
+                            : &o->eval) = 1;
             continue;
         }
         const struct {
             const char *flag;
             const char **sp;
         } st[] = {{"--cluster", &o->cluster},
+                  {"--layout", &o->layout},
+                  {"--stage-mesh", &o->stage_mesh},
+                  {"--strategy", &o->strategy},
+                  {"--stage-strategy", &o->stage_strategy},
+                  {"--schedule", &o->schedule},
                   {"--strategies", &o->strategies},
                   {"--schedules", &o->schedules},
                   {"--ablate", &o->ablate}};
@@ -794,6 +859,68 @@ static int fill_ut_opts(ut_plan_opts_t *u, const xm_costmodel_t *cm, const xm_cl
     return 0;
 }
 
+/* --eval of utransformer plan: one configuration through the public estimate. */
+static int ut_eval(const ut_plan_opts_t *u, const xmp_utrans_desc_t *md)
+{
+    const plan_opts_t *p = &u->p;
+    xmp_estimator_opts_t eo;
+    memset(&eo, 0, sizeof eo);
+    eo.cluster_file = p->cluster;
+    eo.nominal = p->nominal;
+    eo.flops = p->flops;
+    eo.max_evals = p->max_evals;
+    eo.no_boundary = p->ablate && !strcmp(p->ablate, "boundary");
+    xmp_estimator_t *e = NULL;
+    char err[1024];
+    if (xmp_estimator_create(&eo, &e, err, sizeof err))
+        return xmp_cli_error("%s", err), 2;
+    xmp_layout_desc_t l = {p->ranks,
+                           p->hosts,
+                           p->layout,
+                           p->stage_mesh,
+                           p->stage_strategy ? p->stage_strategy : p->strategy,
+                           p->schedule,
+                           p->microbatches};
+    xmp_estimate_t *est = calloc(1, sizeof *est);
+    int rc = 2;
+    if (!est || xmp_estimate_utransformer(e, md, &l, est, err, sizeof err)) {
+        xmp_cli_error("--eval: %s", est ? err : "out of memory");
+        goto out;
+    }
+    if (p->json) {
+        xmp_json_t j;
+        fflush(stdout);
+        if (xmp_json_open(&j, "/dev/stdout"))
+            goto out;
+        xmp_json_obj_begin(&j, NULL);
+        xmp_json_str(&j, "cost_model", xmp_estimator_label(e));
+        xmp_json_num(&j, "step_s", est->step_s);
+        xmp_json_num(&j, "bubble", est->bubble);
+        xmp_json_num(&j, "compute_s", est->compute_s);
+        xmp_json_num(&j, "boxing_s", est->boxing_s);
+        xmp_json_num(&j, "boundary_s", est->boundary_s);
+        xmp_json_num(&j, "memory_bytes_per_rank", est->mem_bytes);
+        xmp_json_num(&j, "boxing_bytes_per_rank", est->boxing_bytes);
+        xmp_json_num(&j, "boundary_bytes_per_rank", est->boundary_bytes);
+        xmp_json_arr_begin(&j, "rank_memory_bytes");
+        for (int r = 0; r < p->ranks; r++)
+            xmp_json_num(&j, NULL, xmp_estimate_rank_memory(est, r));
+        xmp_json_arr_end(&j);
+        xmp_json_obj_end(&j);
+        xmp_json_close(&j);
+    } else {
+        printf("# cost model: %s\nstep %.6g s, bubble %.3f, compute %.6g s, boxing %.6g s, "
+               "boundary %.6g s per microbatch, memory %.0f bytes per rank (largest)\n",
+               xmp_estimator_label(e), est->step_s, est->bubble, est->compute_s, est->boxing_s,
+               est->boundary_s, est->mem_bytes);
+    }
+    rc = 0;
+out:
+    free(est);
+    xmp_estimator_destroy(e);
+    return rc;
+}
+
 int xmp_cmd_ut_plan(int argc, char **argv)
 {
     xmp_cli_set_command("utransformer plan");
@@ -815,6 +942,11 @@ int xmp_cmd_ut_plan(int argc, char **argv)
     xmp_uts_cand_t *c = calloc(PLAN_MAX_TOP, sizeof *c);
     if (!c || fill_ut_opts(&u, cm, &cl, &so))
         goto out;
+    xmp_utrans_desc_t md = {u.base, u.groups, u.head_dim, u.p.batch};
+    if (u.p.eval) {
+        rc = ut_eval(&u, &md);
+        goto out;
+    }
     if ((u.exhaustive ? xmp_uts_exhaustive(&so, 1e7, u.p.top, c, &n, &st, err, sizeof err)
                       : xmp_uts_search(&so, u.p.top, c, &n, &st, err, sizeof err))) {
         xmp_cli_error("%s", err);
@@ -891,6 +1023,13 @@ int xmp_cmd_ut_plan(int argc, char **argv)
             char cmd[2048];
             xmp_uts_command(&so, &c[i], cmd, sizeof cmd);
             printf("%-3d %s\n", i + 1, cmd);
+            char lay[256], mesh[256], strat[256], ord[8192];
+            xmp_uts_flags(&so, &c[i], lay, mesh, strat, sizeof lay);
+            double g =
+                placement_of(&u.p, &md, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+            if (g > 0)
+                printf("    # rank order (xmesh_suggest_order: boundary bounds %.3g s lower): %s\n",
+                       g, ord);
         }
     }
     rc = 0;

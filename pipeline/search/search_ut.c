@@ -331,8 +331,8 @@ static int same_splits(const uopt_t *a, const uopt_t *b)
 }
 
 /* Options for stages of n = N/S ranks. */
-static int uctx_init(uctx_t *c, const xmp_uts_opts_t *o, int S, xmp_uts_stats_t *st, char *err,
-                     size_t errlen)
+static int uctx_init(uctx_t *c, const xmp_uts_opts_t *o, int S, int dedupe, xmp_uts_stats_t *st,
+                     char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
     c->o = o;
@@ -379,7 +379,7 @@ static int uctx_init(uctx_t *c, const xmp_uts_opts_t *o, int S, xmp_uts_stats_t 
                 if (xmp_ut_strategy_check(&u->s, &o->model, l, l, shape) == 0)
                     u->valid |= 1u << l;
             int dup = 0;
-            for (int j = 0; j < c->nopt && !dup; j++)
+            for (int j = 0; j < c->nopt && !dup && dedupe; j++)
                 dup = c->opt[j].dp == dp && same_splits(&c->opt[j], u);
             if (u->valid && !dup)
                 c->nopt++;
@@ -934,7 +934,7 @@ static int run(const xmp_uts_opts_t *o, int ex, double max_space, int topk, xmp_
         double total = 0;
         for (int i = 0; i < nS; i++) {
             uctx_t c;
-            if (uctx_init(&c, o, Ss[i], NULL, err, errlen)) {
+            if (uctx_init(&c, o, Ss[i], 1, NULL, err, errlen)) {
                 uctx_free(&c);
                 goto out;
             }
@@ -953,7 +953,7 @@ static int run(const xmp_uts_opts_t *o, int ex, double max_space, int topk, xmp_
     for (int i = 0; i < nS; i++) {
         uctx_t c;
         double sp = 0;
-        if (uctx_init(&c, o, Ss[i], &st, err, errlen) || search_S(&c, ex, &rs, &p, &sp) != 0) {
+        if (uctx_init(&c, o, Ss[i], 1, &st, err, errlen) || search_S(&c, ex, &rs, &p, &sp) != 0) {
             uctx_free(&c);
             goto out;
         }
@@ -1012,7 +1012,7 @@ int xmp_uts_eval(const xmp_uts_opts_t *o, xmp_uts_cand_t *cand, char *err, size_
         return fail(err, errlen, "%d stages: between 1 and %d, dividing --ranks %d", S,
                     XMP_UTS_MAX_STAGES, o->nranks);
     uctx_t c;
-    if (uctx_init(&c, o, S, NULL, err, errlen)) {
+    if (uctx_init(&c, o, S, 0, NULL, err, errlen)) {
         uctx_free(&c);
         return -1;
     }
