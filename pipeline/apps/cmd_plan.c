@@ -152,7 +152,8 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
         } st[] = {{"--layout", &o->layout},         {"--stage-mesh", &o->stage_mesh},
                   {"--strategy", &o->strategy},     {"--stage-strategy", &o->stage_strategy},
                   {"--schedule", &o->schedule},     {"--cluster", &o->cluster},
-                  {"--strategies", &o->strategies}, {"--schedules", &o->schedules}};
+                  {"--strategies", &o->strategies}, {"--schedules", &o->schedules},
+                  {"--ablate", &o->ablate}};
         int sdone = 0;
         for (size_t k = 0; k < sizeof st / sizeof st[0] && !sdone; k++)
             if (!strcmp(a, st[k].flag)) {
@@ -699,8 +700,8 @@ static void ut_plan_usage(void)
            "  --strategies LIST   strategy names tried per stage (dp,megatron,3d,axonn; names the\n"
            "                      model does not build are skipped)\n"
            "  --seed N (1)        Metropolis-Hastings / restart seed (printed)\n"
-           "  --restarts N (3)    coordinate-descent starts per stage count\n"
-           "  --mh-steps N (400)  Metropolis-Hastings proposals per stage count\n"
+           "  --restarts N (4)    coordinate-descent starts per stage count\n"
+           "  --mh-steps N (2000) Metropolis-Hastings proposals per stage count\n"
            "  --exhaustive        enumerate every configuration (small spaces; the oracle)\n"
            "  --ablate boundary   edges between stages cost 0\n"
            "  --eval              model one configuration (--layout --stage-mesh --strategy or\n"

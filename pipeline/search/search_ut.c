@@ -79,6 +79,7 @@ typedef struct {
     lcost_t *lc;        /* [s][l][oi][mi] */
     char *lcdone;       /* same */
     ehent_t *eh;        /* edge memo (open addressing; key 0: empty) */
+    struct vmemo *vm;   /* visited configurations (search only) */
     double act_img[L_]; /* saved activation floats per image */
     xmp_ut_params_t par;
     double gemm_rate;
@@ -303,6 +304,7 @@ static void uctx_free(uctx_t *c)
     free(c->lc);
     free(c->lcdone);
     free(c->eh);
+    free(c->vm);
     memset(c, 0, sizeof *c);
 }
 
@@ -613,11 +615,63 @@ static void pool_add(pool_t *p, const xmp_uts_cand_t *x)
         p->n++;
 }
 
+static double visit_eval(uctx_t *c, const ucfg_t *g, pool_t *p);
+
+/* Visited configurations: a revisit (descent sweeps, Metropolis-Hastings going back) costs a
+ * lookup, not a simulation. */
+#define VMEMO (1 << 15)
+struct vmemo {
+    int used;
+    ucfg_t g;
+    double t;
+};
+
+static uint64_t cfg_hash(const uctx_t *c, const ucfg_t *g)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int s = 0; s <= c->S; s++)
+        h = (h ^ (uint64_t)g->first[s]) * 1099511628211ull;
+    for (int s = 0; s < c->S; s++)
+        h = (h ^ (uint64_t)g->oi[s]) * 1099511628211ull;
+    h = (h ^ (uint64_t)g->ki) * 1099511628211ull;
+    return (h ^ (uint64_t)g->mi) * 1099511628211ull;
+}
+
+static int cfg_eq(const uctx_t *c, const ucfg_t *a, const ucfg_t *b)
+{
+    return !memcmp(a->first, b->first, sizeof(int) * (size_t)(c->S + 1)) &&
+           !memcmp(a->oi, b->oi, sizeof(int) * (size_t)c->S) && a->ki == b->ki && a->mi == b->mi;
+}
+
 /* Evaluates g and adds it to the pool when feasible. */
 static double visit(uctx_t *c, const ucfg_t *g, pool_t *p)
 {
     if (!cfg_valid(c, g))
         return INFINITY;
+    struct vmemo *slot = NULL;
+    if (c->vm) {
+        size_t h = (size_t)(cfg_hash(c, g) & (VMEMO - 1));
+        for (int k = 0; k < 64; k++) {
+            struct vmemo *m = &c->vm[(h + (size_t)k) & (VMEMO - 1)];
+            if (m->used && cfg_eq(c, &m->g, g))
+                return m->t;
+            if (!m->used) {
+                slot = m;
+                break;
+            }
+        }
+    }
+    double t = visit_eval(c, g, p);
+    if (slot && !isnan(t)) {
+        slot->used = 1;
+        slot->g = *g;
+        slot->t = t;
+    }
+    return t;
+}
+
+static double visit_eval(uctx_t *c, const ucfg_t *g, pool_t *p)
+{
     xmp_uts_cand_t x;
     double t = cfg_eval(c, g, p ? &x : NULL);
     if (t < OVER && p)
@@ -771,28 +825,40 @@ static double descend(uctx_t *c, ucfg_t *g, pool_t *p)
             }
             g->oi[s] = keep;
         }
-        int kk = g->ki;
-        for (int ki = 0; ki < c->nk; ki++) {
-            g->ki = ki;
-            double t = visit(c, g, p);
-            if (t < cur) {
-                cur = t;
-                kk = ki;
-                improved = 1;
+        /* schedule and M jointly (the 1F1B kinds need M >= S: one alone can be stuck) */
+        int kk = g->ki, km = g->mi;
+        for (int ki = 0; ki < c->nk; ki++)
+            for (int mi = 0; mi < c->nM; mi++) {
+                g->ki = ki;
+                g->mi = mi;
+                double t = visit(c, g, p);
+                if (t < cur) {
+                    cur = t;
+                    kk = ki;
+                    km = mi;
+                    improved = 1;
+                }
             }
-        }
         g->ki = kk;
-        int km = g->mi;
-        for (int mi = 0; mi < c->nM; mi++) {
-            g->mi = mi;
-            double t = visit(c, g, p);
-            if (t < cur) {
-                cur = t;
-                km = mi;
-                improved = 1;
-            }
-        }
         g->mi = km;
+        /* a stage's window shifted: both of its cuts by the same amount */
+        for (int s = 1; s + 1 < c->S; s++) {
+            int a0 = g->first[s], b0 = g->first[s + 1], best = 0;
+            for (int d = -(a0 - g->first[s - 1] - 1); b0 + d < g->first[s + 2]; d++) {
+                if (d == 0)
+                    continue;
+                g->first[s] = a0 + d;
+                g->first[s + 1] = b0 + d;
+                double t = visit(c, g, p);
+                if (t < cur) {
+                    cur = t;
+                    best = d;
+                    improved = 1;
+                }
+            }
+            g->first[s] = a0 + best;
+            g->first[s + 1] = b0 + best;
+        }
         if (!improved)
             break;
     }
@@ -803,10 +869,15 @@ static double descend(uctx_t *c, ucfg_t *g, pool_t *p)
 static void propose(uctx_t *c, uint64_t *rs, ucfg_t *g)
 {
     int what = rnd(rs, 4);
-    if (what == 0 && c->S > 1) {
+    if (what == 0 && c->S > 1) { /* a cut anywhere between its neighbours, or one step */
         int s = 1 + rnd(rs, c->S - 1);
         int lo = g->first[s - 1] + 1, hi = g->first[s + 1] - 1;
-        g->first[s] = lo + rnd(rs, hi - lo + 1);
+        if (rnd(rs, 2))
+            g->first[s] = lo + rnd(rs, hi - lo + 1);
+        else if (g->first[s] + 1 <= hi && (rnd(rs, 2) || g->first[s] - 1 < lo))
+            g->first[s]++;
+        else if (g->first[s] - 1 >= lo)
+            g->first[s]--;
     } else if (what <= 1) {
         g->oi[rnd(rs, c->S)] = rnd(rs, c->nopt);
     } else if (what == 2) {
@@ -875,7 +946,8 @@ static int search_S(uctx_t *c, int ex, uint64_t *rs, pool_t *p, double *space)
         return 0;
     }
     int restarts = c->o->restarts > 0 ? c->o->restarts : 4;
-    int steps = c->o->mh_steps > 0 ? c->o->mh_steps : 400;
+    int steps = c->o->mh_steps > 0 ? c->o->mh_steps : 2000;
+    c->vm = calloc(VMEMO, sizeof *c->vm); /* NULL: no memo, the same result slower */
     double bt = INFINITY;
     for (int r = 0; r < restarts && !c->failed; r++) {
         ucfg_t g;

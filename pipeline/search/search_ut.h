@@ -65,8 +65,8 @@ typedef struct {
     int fixed_M;        /* > 0: only this microbatch count */
     int max_evals;      /* edge plans: scheduler evaluation budget (0: 2000) */
     uint64_t seed;      /* Metropolis-Hastings and restarts */
-    int restarts;       /* coordinate-descent starts per stage count (0: 3) */
-    int mh_steps;       /* Metropolis-Hastings proposals per stage count (0: 400) */
+    int restarts;       /* coordinate-descent starts per stage count (0: 4) */
+    int mh_steps;       /* Metropolis-Hastings proposals per stage count (0: 2000) */
     int no_boundary;    /* ablation: edges cost 0 */
 } xmp_uts_opts_t;
 

@@ -13,3 +13,11 @@ add_test(NAME pipeline.search.estimate COMMAND test_pipeline_estimate
          ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/cluster_file/calibrate_sections.txt)
 set_tests_properties(pipeline.search.estimate PROPERTIES LABELS "pipeline;unit" TIMEOUT 60
   WORKING_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+# `xmesh-train utransformer plan` and `gpt plan --ablate`: table, JSON, exhaustive = search,
+# --eval, the memory refusal's number, errors with their exit codes (unit).
+if(TARGET xmesh-train)
+  add_test(NAME pipeline.search.ut.cli
+    COMMAND ${CMAKE_CURRENT_LIST_DIR}/search21_cli_test.sh $<TARGET_FILE:xmesh-train>
+            ${CMAKE_CURRENT_BINARY_DIR}/search21_cli)
+  set_tests_properties(pipeline.search.ut.cli PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
+endif()
