@@ -9,9 +9,10 @@
 # Writes build/search-validation/<time>/{validation.md,validation.json,validation.png,runs/}.
 #
 #   scripts/run-search-validation.sh
-# Environment (defaults in brackets; the default run takes about 12-15 minutes on a 2-core
-# machine: ~36 configurations x 3 repeats x (launch + 4 steps)):
-#   XMESH_SV_STEPS [4]  XMESH_SV_WARMUP [1]  XMESH_SV_REPEATS [3]
+# Environment (defaults in brackets; the default run is planned for about 15 minutes on a 2-core
+# quiet machine: calibration ~40 s + 38 configurations x 3 repeats x (launch ~5 s + 3 steps);
+# the tiny check below took 80 s on a loaded one):
+#   XMESH_SV_STEPS [3]  XMESH_SV_WARMUP [1]  XMESH_SV_REPEATS [3]
 #   XMESH_SV_MAX_CONFIGS [0 = all]  XMESH_SV_RATE [200mbit]  XMESH_SV_BURST [64kb]
 #   XMESH_SV_MODEL ["--layers 4 --heads 4 --channels 128 --seq 64 --batch 16"]
 #   XMESH_SV_CALIBRATE [1] (0: no calibration; the full model is then the nominal one)
@@ -34,7 +35,7 @@ cmake --build build -j "${XMESH_JOBS:-2}" --target xmesh-train xmesh-calibrate >
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 mkdir -p "$out"
 args=(python3 "$root/microbench/search/validate.py" --train "$root/build/pipeline/xmesh-train"
-      --hosts 4 --model-args "$model" --steps "${XMESH_SV_STEPS:-4}"
+      --hosts 4 --model-args "$model" --steps "${XMESH_SV_STEPS:-3}"
       --warmup "${XMESH_SV_WARMUP:-1}" --repeats "${XMESH_SV_REPEATS:-3}"
       --max-configs "${XMESH_SV_MAX_CONFIGS:-0}" --out "$out")
 if [ -n "${XMESH_SV_CLUSTER:-}" ]; then

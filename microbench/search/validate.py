@@ -172,7 +172,7 @@ def main():
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--model-args", default="--layers 4 --heads 4 --channels 128 --seq 64 "
                     "--batch 16")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-configs", type=int, default=0, help="first N configurations (0: all)")
@@ -225,6 +225,7 @@ def main():
             d, err = predict(a, c, extra, f)
             preds[name].append(d["step_s"] if d else None)
     meas, lo, hi, runs = [], [], [], []
+    t_runs = time.time()
     for i, c in enumerate(keep):
         r = [run_one(a, launch, c, k, a.out, i) for k in range(a.repeats)]
         ok = [x for x in r if x is not None]
@@ -232,9 +233,10 @@ def main():
         meas.append(statistics.median(ok) if ok else None)
         lo.append(min(ok) if ok else None)
         hi.append(max(ok) if ok else None)
-        print("validate: %2d %-70s measured %s predicted %.4g" %
-              (i, cfg_name(c), "%.4g" % meas[-1] if ok else "FAILED", preds["full"][i] or -1),
-              file=sys.stderr)
+        el = time.time() - t_runs
+        print("validate: %2d %-60s measured %s predicted %.4g (%.0f s, about %.0f s left)" %
+              (i, cfg_name(c), "%.4g" % meas[-1] if ok else "FAILED", preds["full"][i] or -1,
+               el, el / (i + 1) * (len(keep) - i - 1)), file=sys.stderr)
     res = {name: metrics(preds[name], meas) for name, _ in MODELS}
     valid = [i for i in range(len(keep)) if meas[i] is not None]
     best = min(valid, key=lambda i: meas[i]) if valid else None
