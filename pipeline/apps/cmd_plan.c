@@ -994,6 +994,11 @@ int xmp_cmd_ut_plan(int argc, char **argv)
             xmp_json_str(&j, "stage_mesh", mesh);
             xmp_json_str(&j, "stage_strategy", strat);
             xmp_json_str(&j, "command", cmd);
+            char ord[8192];
+            double g =
+                placement_of(&u.p, &md, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+            xmp_json_str(&j, "rank_order", ord);
+            xmp_json_num(&j, "rank_order_gain_s", g);
             xmp_json_obj_end(&j);
         }
         xmp_json_arr_end(&j);

@@ -179,7 +179,7 @@ static int sched_of(const xmp_layout_desc_t *l, int *kind, char *err, size_t err
 
 /* Rank placement: for each boundary s -> s+1 (tensor dims, act.x specs), the destination order
  * xmesh_suggest_order proposes; kept when it lowers the boundary's lower bound. */
-static void placement(const xmp_stage_layout_t *sl, int hosts, int nd, const int64_t *dims,
+static void placement(const xmp_stage_layout_t *sl, int hosts, int nd, const int64_t (*bdims)[4],
                       char (*spec)[64], xmp_estimate_t *out)
 {
     int N = sl->nranks, rph = N / hosts;
@@ -204,19 +204,10 @@ static void placement(const xmp_stage_layout_t *sl, int hosts, int nd, const int
                 src[i] = out->rank_order[sl->rank0[s] + i];
             for (int i = 0; i < nb; i++)
                 dst[i] = sl->rank0[s + 1] + i;
-            xmesh_placement_problem_t pb = {nd,
-                                            dims,
-                                            XMESH_F32,
-                                            sl->ndim[s],
-                                            sl->shape[s],
-                                            src,
-                                            spec[s],
-                                            sl->ndim[s + 1],
-                                            sl->shape[s + 1],
-                                            dst,
-                                            spec[s + 1],
-                                            N,
-                                            host};
+            xmesh_placement_problem_t pb = {
+                nd,      bdims[s],        XMESH_F32,        sl->ndim[s], sl->shape[s], src,
+                spec[s], sl->ndim[s + 1], sl->shape[s + 1], dst,         spec[s + 1],  N,
+                host};
             xmesh_placement_info_t info;
             if (xmesh_suggest_order(&pb, sug, &info) == XMESH_SUCCESS &&
                 info.suggested_lower_bound_s < info.lower_bound_s * (1 - 1e-9)) {
@@ -322,7 +313,13 @@ int xmp_estimate_gpt(const xmp_estimator_t *e, const xmp_gpt_desc_t *m, const xm
         r.stage_ranks[s] = stage_size(&sl, s);
         r.stage_mem_bytes[s] = c.stage_param_bytes[s] + c.stage_act_bytes[s];
     }
-    int64_t dims[3] = {m->batch / c.M, m->seq, m->channels};
+    int64_t dims[XMP_ESTIMATE_MAX_STAGES][4];
+    for (int s = 0; s < sl.nstages; s++) {
+        dims[s][0] = m->batch / c.M;
+        dims[s][1] = m->seq;
+        dims[s][2] = m->channels;
+        dims[s][3] = 1;
+    }
     placement(&sl, l->hosts, 3, dims, spec, &r);
     memcpy(out, &r, sizeof r);
     return 0;
@@ -409,10 +406,17 @@ int xmp_estimate_utransformer(const xmp_estimator_t *e, const xmp_utrans_desc_t 
         r.stage_ranks[s] = stage_size(&sl, s);
         r.stage_mem_bytes[s] = c.stage_mem[s];
     }
-    /* the main activation between consecutive stages (skips have other shapes) */
-    int chw[3];
-    xmp_ut_layer_out_shape(&so.model, sl.first[0] + sl.count[0] - 1, chw);
-    int64_t dims[4] = {so.B / c.M, chw[0], chw[1], chw[2]};
+    /* each boundary's main activation (the last layer's output of stage s; the skips that
+     * cross have other shapes and are not placed) */
+    int64_t dims[XMP_ESTIMATE_MAX_STAGES][4];
+    for (int s = 0; s < sl.nstages; s++) {
+        int chw[3];
+        xmp_ut_layer_out_shape(&so.model, sl.first[s] + sl.count[s] - 1, chw);
+        dims[s][0] = so.B / c.M;
+        dims[s][1] = chw[0];
+        dims[s][2] = chw[1];
+        dims[s][3] = chw[2];
+    }
     placement(&sl, l->hosts, 4, dims, spec, &r);
     memcpy(out, &r, sizeof r);
     return 0;
