@@ -15,7 +15,10 @@
 #include "models/gpt2.h"
 #include "models/stage_layout.h"
 #include "sched/schedule.h"
+#include "search/estimate.h"
 #include "search/search.h"
+#include "search/search_ut.h"
+#include "models/utransformer.h"
 #include "xm_cluster_file.h"
 #include "xm_costmodel.h"
 
@@ -149,7 +152,8 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
         } st[] = {{"--layout", &o->layout},         {"--stage-mesh", &o->stage_mesh},
                   {"--strategy", &o->strategy},     {"--stage-strategy", &o->stage_strategy},
                   {"--schedule", &o->schedule},     {"--cluster", &o->cluster},
-                  {"--strategies", &o->strategies}, {"--schedules", &o->schedules}};
+                  {"--strategies", &o->strategies}, {"--schedules", &o->schedules},
+                  {"--ablate", &o->ablate}};
         int sdone = 0;
         for (size_t k = 0; k < sizeof st / sizeof st[0] && !sdone; k++)
             if (!strcmp(a, st[k].flag)) {
@@ -296,6 +300,45 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
     return 0;
 }
 
+/* Rank placement advice of one configuration (search/estimate.h, xmesh_suggest_order): the
+ * order into buf ("" when in-order is already best); returns the bound gain in seconds. */
+static double placement_of(const plan_opts_t *p, const xmp_utrans_desc_t *ut, const char *lay,
+                           const char *mesh, const char *strat, int sched, int M, char *buf,
+                           size_t n)
+{
+    buf[0] = 0;
+    xmp_estimator_opts_t eo;
+    memset(&eo, 0, sizeof eo);
+    eo.cluster_file = p->cluster;
+    eo.nominal = p->nominal;
+    eo.flops = p->flops;
+    eo.max_evals = p->max_evals;
+    xmp_estimator_t *e = NULL;
+    char err[512];
+    if (xmp_estimator_create(&eo, &e, err, sizeof err))
+        return 0;
+    xmp_layout_desc_t l = {p->ranks, p->hosts, lay, mesh, strat, xmp_sched_kind_name(sched), M};
+    xmp_estimate_t *est = calloc(1, sizeof *est);
+    int r = -1;
+    if (est && ut) {
+        r = xmp_estimate_utransformer(e, ut, &l, est, err, sizeof err);
+    } else if (est) {
+        xmp_gpt_desc_t m = {p->layers, p->heads, p->channels, p->vocab,
+                            p->seq,    p->batch, p->max_seq};
+        r = xmp_estimate_gpt(e, &m, &l, est, err, sizeof err);
+    }
+    double gain = 0;
+    if (r == 0 && est->order_gain_s > 0) {
+        gain = est->order_gain_s;
+        size_t k = 0;
+        for (int i = 0; i < p->ranks && k < n; i++)
+            k += (size_t)snprintf(buf + k, n - k, "%s%d", i ? "," : "", est->rank_order[i]);
+    }
+    free(est);
+    xmp_estimator_destroy(e);
+    return gain;
+}
+
 static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const char *label,
                        const xmp_search_cand_t *c, int n, const xmp_search_stats_t *st)
 {
@@ -342,6 +385,12 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
         xmp_json_str(&j, "stage_mesh", mesh);
         xmp_json_str(&j, "stage_strategy", strat);
         xmp_json_str(&j, "command", cmd);
+        {
+            char ord[8192];
+            double g = placement_of(p, NULL, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+            xmp_json_str(&j, "rank_order", ord);
+            xmp_json_num(&j, "rank_order_gain_s", g);
+        }
         xmp_json_arr_begin(&j, "stages");
         for (int k = 0; k < c[i].nstages; k++) {
             xmp_json_obj_begin(&j, NULL);
@@ -394,6 +443,13 @@ static void print_table(const plan_opts_t *p, const xmp_search_opts_t *so, const
         char cmd[2048];
         xmp_search_gpt_command(so, &c[i], cmd, sizeof cmd);
         printf("%-3d %s\n", i + 1, cmd);
+        char lay[512], mesh[512], strat[512], ord[8192];
+        xmp_search_gpt_flags(&c[i], lay, mesh, strat, sizeof lay);
+        double g = placement_of(p, NULL, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+        if (g > 0)
+            printf("    # rank order (xmesh_suggest_order: boundary bounds %.3g s lower): %s "
+                   "(launch rank order[i] on slot i, e.g. with a rankfile)\n",
+                   g, ord);
     }
 }
 
@@ -614,6 +670,377 @@ int xmp_cmd_gpt_plan_auto(MPI_Comm comm, const xmp_gpt2_config_t *cfg, int batch
     }
     rc = 0;
 out:
+    xm_costmodel_destroy(cm);
+    xm_cluster_free(&cl);
+    return rc;
+}
+
+/* ------------------------------------------------ `xmesh-train utransformer plan` */
+
+typedef struct {
+    int base, groups, head_dim, exhaustive, restarts, mh_steps;
+    long long seed;
+    plan_opts_t p; /* the common flags: ranks, hosts, batch, top, json, cluster, ... */
+    char strat_buf[256];
+} ut_plan_opts_t;
+
+static void ut_plan_usage(void)
+{
+    printf("usage: xmesh-train utransformer plan [model flags] [--ranks N --hosts H] [flags]\n"
+           "Searches stage count and split of the 13 layers, dp x tp stage meshes, per-stage\n"
+           "strategy, schedule and microbatch count for the U-Transformer by coordinate descent\n"
+           "and Metropolis-Hastings (seeded) and prints the best configurations with the command\n"
+           "line that runs each (docs/SEARCH.md). No MPI is started.\n"
+           "model (as xmesh-train utransformer): --base-channels C (8) --groups G --head-dim D\n"
+           "  --batch B (8)\n"
+           "ranks, cost model, output: as xmesh-train gpt plan (--ranks --hosts --cluster\n"
+           "  --nominal --flops --memory-limit --top --json --schedules --microbatches\n"
+           "  --max-stages --max-evals)\n"
+           "search:\n"
+           "  --strategies LIST   strategy names tried per stage (dp,megatron,3d,axonn; names the\n"
+           "                      model does not build are skipped)\n"
+           "  --seed N (1)        Metropolis-Hastings / restart seed (printed)\n"
+           "  --restarts N (4)    coordinate-descent starts per stage count\n"
+           "  --mh-steps N (2000) Metropolis-Hastings proposals per stage count\n"
+           "  --exhaustive        enumerate every configuration (small spaces; the oracle)\n"
+           "  --ablate boundary   edges between stages cost 0\n"
+           "  --eval              model one configuration (--layout --stage-mesh --strategy or\n"
+           "                      --stage-strategy --schedule --microbatches) through the\n"
+           "                      offline estimate (search/estimate.h)\n");
+}
+
+static int parse_ut_plan(int argc, char **argv, ut_plan_opts_t *u)
+{
+    memset(u, 0, sizeof *u);
+    plan_opts_t *o = &u->p;
+    u->base = 8;
+    u->seed = 1;
+    o->batch = 8;
+    o->top = 5;
+    o->flops = 5e10;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            ut_plan_usage();
+            return 1;
+        }
+        if (!strcmp(a, "--json") || !strcmp(a, "--nominal") || !strcmp(a, "--exhaustive") ||
+            !strcmp(a, "--eval")) {
+            *(a[2] == 'j'   ? &o->json
+              : a[2] == 'n' ? &o->nominal
+              : a[3] == 'x' ? &u->exhaustive
+                            : &o->eval) = 1;
+            continue;
+        }
+        const struct {
+            const char *flag;
+            const char **sp;
+        } st[] = {{"--cluster", &o->cluster},
+                  {"--layout", &o->layout},
+                  {"--stage-mesh", &o->stage_mesh},
+                  {"--strategy", &o->strategy},
+                  {"--stage-strategy", &o->stage_strategy},
+                  {"--schedule", &o->schedule},
+                  {"--strategies", &o->strategies},
+                  {"--schedules", &o->schedules},
+                  {"--ablate", &o->ablate}};
+        int sdone = 0;
+        for (size_t k = 0; k < sizeof st / sizeof st[0] && !sdone; k++)
+            if (!strcmp(a, st[k].flag)) {
+                if (!(*st[k].sp = xmp_cli_value(argc, argv, &i)))
+                    return -1;
+                sdone = 1;
+            }
+        if (sdone)
+            continue;
+        const struct {
+            const char *flag;
+            int *ip;
+            long lo, hi;
+        } it[] = {{"--base-channels", &u->base, 1, 1024},
+                  {"--groups", &u->groups, 1, 1024},
+                  {"--head-dim", &u->head_dim, 1, 1024},
+                  {"--batch", &o->batch, 1, 1 << 16},
+                  {"--ranks", &o->ranks, 1, 4096},
+                  {"--hosts", &o->hosts, 1, 4096},
+                  {"--top", &o->top, 1, PLAN_MAX_TOP},
+                  {"--microbatches", &o->microbatches, 1, 1 << 16},
+                  {"--max-stages", &o->max_stages, 1, XMP_UTS_MAX_STAGES},
+                  {"--max-evals", &o->max_evals, 1, 1 << 30},
+                  {"--restarts", &u->restarts, 1, 1000},
+                  {"--mh-steps", &u->mh_steps, 1, 10000000}};
+        int done = 0;
+        for (size_t k = 0; k < sizeof it / sizeof it[0] && !done; k++)
+            if (!strcmp(a, it[k].flag)) {
+                if (!(v = xmp_cli_value(argc, argv, &i)) ||
+                    xmp_cli_int(a, v, it[k].lo, it[k].hi, it[k].ip))
+                    return -1;
+                done = 1;
+            }
+        if (done)
+            continue;
+        if (!strcmp(a, "--memory-limit")) {
+            if (!(v = xmp_cli_value(argc, argv, &i)) || parse_bytes(a, v, &o->memory_limit))
+                return -1;
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            if (!(v = xmp_cli_value(argc, argv, &i)))
+                return -1;
+            u->seed = strtoll(v, &end, 10);
+            if (end == v || *end || u->seed < 0)
+                return xmp_cli_error("--seed '%s': not an integer >= 0", v);
+        } else if (!strcmp(a, "--flops")) {
+            char *end;
+            if (!(v = xmp_cli_value(argc, argv, &i)))
+                return -1;
+            o->flops = strtod(v, &end);
+            if (end == v || *end || !(o->flops > 0) || !isfinite(o->flops))
+                return xmp_cli_error("--flops '%s': not a rate > 0 (flop/s)", v);
+        } else {
+            return xmp_cli_error("unknown flag '%s' (xmesh-train utransformer plan --help)", a);
+        }
+    }
+    if (!o->ranks)
+        o->ranks = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
+    if (!o->ranks)
+        o->ranks = 1;
+    if (!o->hosts) {
+        int local = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS");
+        o->hosts = local > 0 && o->ranks % local == 0 ? o->ranks / local : 1;
+    }
+    if (o->ranks % o->hosts)
+        return xmp_cli_error("--hosts %d does not divide --ranks %d (ranks per host = N/H)",
+                             o->hosts, o->ranks);
+    return 0;
+}
+
+static int fill_ut_opts(ut_plan_opts_t *u, const xm_costmodel_t *cm, const xm_cluster_t *cl,
+                        xmp_uts_opts_t *so)
+{
+    const plan_opts_t *p = &u->p;
+    memset(so, 0, sizeof *so);
+    if (xmp_ut_config_init(&so->model, u->base, u->groups, u->head_dim))
+        return xmp_cli_error("model: %s", xmp_ut_last_error());
+    so->B = p->batch;
+    so->nranks = p->ranks;
+    so->hosts = p->hosts;
+    so->memory_limit = p->memory_limit;
+    so->cost = cm;
+    so->cluster = cl;
+    so->fixed_M = p->microbatches;
+    so->max_stages = p->max_stages;
+    so->max_evals = p->max_evals;
+    so->seed = (uint64_t)u->seed;
+    so->restarts = u->restarts;
+    so->mh_steps = u->mh_steps;
+    if (p->microbatches && p->batch % p->microbatches)
+        return xmp_cli_error("--microbatches %d does not divide --batch %d", p->microbatches,
+                             p->batch);
+    static const char *const kn[] = {"gpipe", "1f1b", "eager-1f1b"};
+    if (p->schedules && parse_list("--schedules", p->schedules, kn, 3, &so->schedules))
+        return -1;
+    if (p->strategies) { /* names are data: any name, checked by the model per mesh */
+        snprintf(u->strat_buf, sizeof u->strat_buf, "%s", p->strategies);
+        char *save = NULL;
+        for (char *t = strtok_r(u->strat_buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (so->nstrat == XMP_UTS_MAX_STRAT)
+                return xmp_cli_error("--strategies '%s': at most %d names", p->strategies,
+                                     XMP_UTS_MAX_STRAT);
+            so->strategies[so->nstrat++] = t;
+        }
+        if (!so->nstrat)
+            return xmp_cli_error("--strategies '%s': empty list", p->strategies);
+    }
+    if (p->ablate) {
+        if (strcmp(p->ablate, "boundary") != 0)
+            return xmp_cli_error("--ablate '%s': the U-Transformer model knows 'boundary' only",
+                                 p->ablate);
+        so->no_boundary = 1;
+    }
+    return 0;
+}
+
+/* --eval of utransformer plan: one configuration through the public estimate. */
+static int ut_eval(const ut_plan_opts_t *u, const xmp_utrans_desc_t *md)
+{
+    const plan_opts_t *p = &u->p;
+    xmp_estimator_opts_t eo;
+    memset(&eo, 0, sizeof eo);
+    eo.cluster_file = p->cluster;
+    eo.nominal = p->nominal;
+    eo.flops = p->flops;
+    eo.max_evals = p->max_evals;
+    eo.no_boundary = p->ablate && !strcmp(p->ablate, "boundary");
+    xmp_estimator_t *e = NULL;
+    char err[1024];
+    if (xmp_estimator_create(&eo, &e, err, sizeof err))
+        return xmp_cli_error("%s", err), 2;
+    xmp_layout_desc_t l = {p->ranks,
+                           p->hosts,
+                           p->layout,
+                           p->stage_mesh,
+                           p->stage_strategy ? p->stage_strategy : p->strategy,
+                           p->schedule,
+                           p->microbatches};
+    xmp_estimate_t *est = calloc(1, sizeof *est);
+    int rc = 2;
+    if (!est || xmp_estimate_utransformer(e, md, &l, est, err, sizeof err)) {
+        xmp_cli_error("--eval: %s", est ? err : "out of memory");
+        goto out;
+    }
+    if (p->json) {
+        xmp_json_t j;
+        fflush(stdout);
+        if (xmp_json_open(&j, "/dev/stdout"))
+            goto out;
+        xmp_json_obj_begin(&j, NULL);
+        xmp_json_str(&j, "cost_model", xmp_estimator_label(e));
+        xmp_json_num(&j, "step_s", est->step_s);
+        xmp_json_num(&j, "bubble", est->bubble);
+        xmp_json_num(&j, "compute_s", est->compute_s);
+        xmp_json_num(&j, "boxing_s", est->boxing_s);
+        xmp_json_num(&j, "boundary_s", est->boundary_s);
+        xmp_json_num(&j, "memory_bytes_per_rank", est->mem_bytes);
+        xmp_json_num(&j, "boxing_bytes_per_rank", est->boxing_bytes);
+        xmp_json_num(&j, "boundary_bytes_per_rank", est->boundary_bytes);
+        xmp_json_arr_begin(&j, "rank_memory_bytes");
+        for (int r = 0; r < p->ranks; r++)
+            xmp_json_num(&j, NULL, xmp_estimate_rank_memory(est, r));
+        xmp_json_arr_end(&j);
+        xmp_json_obj_end(&j);
+        xmp_json_close(&j);
+    } else {
+        printf("# cost model: %s\nstep %.6g s, bubble %.3f, compute %.6g s, boxing %.6g s, "
+               "boundary %.6g s per microbatch, memory %.0f bytes per rank (largest)\n",
+               xmp_estimator_label(e), est->step_s, est->bubble, est->compute_s, est->boxing_s,
+               est->boundary_s, est->mem_bytes);
+    }
+    rc = 0;
+out:
+    free(est);
+    xmp_estimator_destroy(e);
+    return rc;
+}
+
+int xmp_cmd_ut_plan(int argc, char **argv)
+{
+    xmp_cli_set_command("utransformer plan");
+    ut_plan_opts_t u;
+    int r = parse_ut_plan(argc, argv, &u);
+    if (r)
+        return r > 0 ? 0 : 2;
+    xm_costmodel_t *cm = NULL;
+    xm_cluster_t cl;
+    memset(&cl, 0, sizeof cl);
+    char label[512], err[1024];
+    if (load_models(&u.p, &cm, &cl, label, sizeof label)) {
+        xm_cluster_free(&cl);
+        return 2;
+    }
+    int rc = 2, n = 0;
+    xmp_uts_opts_t so;
+    xmp_uts_stats_t st;
+    xmp_uts_cand_t *c = calloc(PLAN_MAX_TOP, sizeof *c);
+    if (!c || fill_ut_opts(&u, cm, &cl, &so))
+        goto out;
+    xmp_utrans_desc_t md = {u.base, u.groups, u.head_dim, u.p.batch};
+    if (u.p.eval) {
+        rc = ut_eval(&u, &md);
+        goto out;
+    }
+    if ((u.exhaustive ? xmp_uts_exhaustive(&so, 1e7, u.p.top, c, &n, &st, err, sizeof err)
+                      : xmp_uts_search(&so, u.p.top, c, &n, &st, err, sizeof err))) {
+        xmp_cli_error("%s", err);
+        rc = 1;
+        goto out;
+    }
+    if (u.p.json) {
+        xmp_json_t j;
+        fflush(stdout);
+        if (xmp_json_open(&j, "/dev/stdout"))
+            goto out;
+        xmp_json_obj_begin(&j, NULL);
+        xmp_json_str(&j, "model", "utransformer");
+        xmp_json_str(&j, "cost_model", label);
+        xmp_json_str(&j, "method", u.exhaustive ? "exhaustive" : "coordinate descent + MH");
+        xmp_json_int(&j, "seed", (long long)u.seed);
+        xmp_json_int(&j, "ranks", u.p.ranks);
+        xmp_json_int(&j, "hosts", u.p.hosts);
+        xmp_json_num(&j, "memory_limit", u.p.memory_limit);
+        xmp_json_num(&j, "search_s", st.seconds);
+        xmp_json_int(&j, "evaluated", st.evals);
+        xmp_json_num(&j, "space", st.space);
+        xmp_json_int(&j, "edge_plans", st.edge_plans);
+        xmp_json_num(&j, "min_memory_bytes", st.min_mem_bytes);
+        xmp_json_arr_begin(&j, "configurations");
+        for (int i = 0; i < n; i++) {
+            char lay[256], mesh[256], strat[256], cmd[2048];
+            xmp_uts_flags(&so, &c[i], lay, mesh, strat, sizeof lay);
+            xmp_uts_command(&so, &c[i], cmd, sizeof cmd);
+            xmp_json_obj_begin(&j, NULL);
+            xmp_json_int(&j, "rank", i + 1);
+            xmp_json_num(&j, "step_s", c[i].step_s);
+            xmp_json_num(&j, "bubble", c[i].bubble);
+            xmp_json_num(&j, "compute_s", c[i].compute_s);
+            xmp_json_num(&j, "boxing_s", c[i].boxing_s);
+            xmp_json_num(&j, "boundary_s", c[i].boundary_s);
+            xmp_json_num(&j, "boxing_bytes_per_rank", c[i].boxing_bytes);
+            xmp_json_num(&j, "boundary_bytes_per_rank", c[i].boundary_bytes);
+            xmp_json_num(&j, "memory_bytes_per_rank", c[i].mem_bytes);
+            xmp_json_int(&j, "nstages", c[i].nstages);
+            xmp_json_int(&j, "microbatches", c[i].M);
+            xmp_json_str(&j, "schedule", xmp_sched_kind_name(c[i].sched));
+            xmp_json_str(&j, "layout", lay);
+            xmp_json_str(&j, "stage_mesh", mesh);
+            xmp_json_str(&j, "stage_strategy", strat);
+            xmp_json_str(&j, "command", cmd);
+            char ord[8192];
+            double g =
+                placement_of(&u.p, &md, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+            xmp_json_str(&j, "rank_order", ord);
+            xmp_json_num(&j, "rank_order_gain_s", g);
+            xmp_json_obj_end(&j);
+        }
+        xmp_json_arr_end(&j);
+        xmp_json_obj_end(&j);
+        xmp_json_close(&j);
+    } else {
+        printf("# U-Transformer layout search: %d ranks on %d hosts, batch %d, base %d; cost "
+               "model %s\n# %s, seed %lld: %ld configurations evaluated of %.0f, %ld edge plans, "
+               "%.3f s; smallest memory any configuration needs: %.1f MiB per rank\n",
+               u.p.ranks, u.p.hosts, u.p.batch, u.base, label,
+               u.exhaustive ? "exhaustive" : "coordinate descent + Metropolis-Hastings", u.seed,
+               st.evals, st.space, st.edge_plans, st.seconds, st.min_mem_bytes / 1048576.0);
+        printf("%-3s %10s %6s %10s %10s %9s %9s %9s %-10s %3s  %s\n", "#", "step_s", "bubble",
+               "compute_s", "boxing_s", "box_B/rk", "bnd_B/rk", "mem/rk", "schedule", "M",
+               "layout | stage-mesh | strategies");
+        for (int i = 0; i < n; i++) {
+            char lay[256], mesh[256], strat[256], a[32], b[32], m[32];
+            xmp_uts_flags(&so, &c[i], lay, mesh, strat, sizeof lay);
+            fmt_bytes(c[i].boxing_bytes, a, sizeof a);
+            fmt_bytes(c[i].boundary_bytes, b, sizeof b);
+            fmt_bytes(c[i].mem_bytes, m, sizeof m);
+            printf("%-3d %10.4g %6.3f %10.4g %10.4g %9s %9s %9s %-10s %3d  %s | %s | %s\n", i + 1,
+                   c[i].step_s, c[i].bubble, c[i].compute_s, c[i].boxing_s, a, b, m,
+                   xmp_sched_kind_name(c[i].sched), c[i].M, lay, mesh, strat);
+        }
+        printf("# command lines:\n");
+        for (int i = 0; i < n; i++) {
+            char cmd[2048];
+            xmp_uts_command(&so, &c[i], cmd, sizeof cmd);
+            printf("%-3d %s\n", i + 1, cmd);
+            char lay[256], mesh[256], strat[256], ord[8192];
+            xmp_uts_flags(&so, &c[i], lay, mesh, strat, sizeof lay);
+            double g =
+                placement_of(&u.p, &md, lay, mesh, strat, c[i].sched, c[i].M, ord, sizeof ord);
+            if (g > 0)
+                printf("    # rank order (xmesh_suggest_order: boundary bounds %.3g s lower): %s\n",
+                       g, ord);
+        }
+    }
+    rc = 0;
+out:
+    free(c);
     xm_costmodel_destroy(cm);
     xm_cluster_free(&cl);
     return rc;

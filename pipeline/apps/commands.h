@@ -14,6 +14,8 @@
 int xmp_cmd_gpt(int argc, char **argv);
 /* Layout search: `xmesh-train gpt plan ...` (apps/cmd_plan.c; argv[0] is "plan"). */
 int xmp_cmd_gpt_plan(int argc, char **argv);
+/* Layout search: `xmesh-train utransformer plan ...` (apps/cmd_plan.c; argv[0] is "plan"). */
+int xmp_cmd_ut_plan(int argc, char **argv);
 /* `xmesh-train gpt --strategy auto` (apps/cmd_plan.c): the searched best configuration for
  * the ranks of comm, as flags (0, or -1 with the message printed on rank 0). */
 typedef struct {

@@ -4,13 +4,21 @@
 
 #include "commands.h"
 
+/* `xmesh-train utransformer plan` is the layout search (apps/cmd_plan.c); the rest trains. */
+static int utransformer(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "plan"))
+        return xmp_cmd_ut_plan(argc - 1, argv + 1);
+    return xmp_train_utransformer_main(argc, argv);
+}
+
 static const struct {
     const char *name;
     int (*fn)(int argc, char **argv);
     const char *help;
 } g_commands[] = {
     {"gpt", xmp_cmd_gpt, "train GPT-2 (llm.c semantics); --serial for one process"},
-    {"utransformer", xmp_train_utransformer_main,
+    {"utransformer", utransformer,
      "train the U-Transformer on synthetic shapes; --serial or MPI pipeline"},
     {"tokenize", xmp_cmd_tokenize, "byte-level tokenizer writing llm.c token files"},
 };

@@ -4,6 +4,7 @@
  * See search.h for the contract and docs/SEARCH.md for the formulas.
  */
 #include "search/search.h"
+#include "search/search_priv.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -605,6 +606,38 @@ out_free:
     free(devs);
     free(hid);
     return t;
+}
+
+/* For search_ut.c (search/search_priv.h): plan_time on raw meshes. */
+int xmp_search__plan_seconds(int nranks, int hosts, const xm_cluster_t *cluster, int max_evals,
+                             int nd, const int64_t *dims, int nda, const int *sha, int ra,
+                             const char *sa, int ndb, const int *shb, int rb, const char *sb,
+                             double *out, char *err, size_t errlen)
+{
+    xmp_search_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.nranks = nranks;
+    o.hosts = hosts;
+    o.cluster = cluster;
+    o.max_evals = max_evals;
+    ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.o = &o;
+    c.rph = nranks / hosts;
+    c.err = err;
+    c.errlen = errlen;
+    opt_t a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    a.ndim = nda;
+    b.ndim = ndb;
+    memcpy(a.shape, sha, sizeof(int) * (size_t)nda);
+    memcpy(b.shape, shb, sizeof(int) * (size_t)ndb);
+    double t = plan_time(&c, nd, dims, &a, ra, sa, &b, rb, sb);
+    if (c.failed)
+        return -1;
+    *out = t;
+    return 0;
 }
 
 static void spec_of(const opt_t *o, const char *cl, int store, char *buf, size_t n)

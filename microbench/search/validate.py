@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Validation of the layout search's model on the emulated cluster (issue 21 item 4).
+
+Runs every configuration of a space of GPT-2 layouts (pipeline splits, dp, megatron, 3d,
+axonn (sharded storage), schedules, microbatch counts) with `xmesh-train gpt`, REPEATS times,
+and compares the measured step times with the model's predictions (`xmesh-train gpt plan
+--eval --json`) for the full model and its ablations:
+
+  full            the model as the search uses it (calibrated cluster file when given)
+  bandwidth       bandwidth-agnostic: collectives priced as if no other group shared the NIC
+                  (--ablate share)
+  no-overlap      without the overlap term: the model has no overlap term (nothing is assumed
+                  hidden), so this row equals `full` (kept so the table has AxoNN's rows)
+  no-boundary     boundary transfers between stages cost 0 (--ablate boundary; Alpa-style)
+  uncalibrated    the nominal model from the NIC rate alone (--nominal)
+
+Metrics (per model): precision@5 (AxoNN, paper 001 section V: of the 5 configurations the
+model ranks best, the fraction whose measured time is within 10% of the measured best or
+among the measured top 5), Kendall tau-b between predicted and measured times, top-1 regret
+(measured time of the predicted best over the measured best, minus 1), median relative
+prediction error |pred - meas| / meas. Ties: configurations whose measured interval (min..max
+over repeats of the per-run median step) overlaps the best's.
+
+Outputs under OUT: validation.md (table), validation.json, validation.png (gnuplot: predicted vs
+measured, log-log), runs/*.json and *.log.
+
+Launch: $XMH_MPIRUN (inside microbench/cluster/cluster.sh) or mpirun --oversubscribe.
+"""
+import argparse
+import itertools
+import json
+import math
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+MODELS = [
+    ("full", []),
+    ("bandwidth", ["--ablate", "share"]),
+    ("no-overlap", []),
+    ("no-boundary", ["--ablate", "boundary"]),
+    ("uncalibrated", ["--nominal"]),
+]
+
+
+def space(layers):
+    """The configurations: (layout, stage_mesh, stage_strategy, schedule, M), 8 ranks."""
+    L = layers
+    one = "E,t*%d,L" % L
+    two = ["E,t*%d|t*%d,L" % (L // 2, L - L // 2), "E,t|t*%d,L" % (L - 1)]
+    four = "E," + "|".join(["t"] * L) + ",L" if L == 4 else None
+    cfgs = []
+    # one stage of 8 ranks
+    for mesh, strat in [("8", "dp"), ("4x2", "megatron"), ("2x4", "megatron"), ("2x4", "dp"),
+                        ("2x2x2", "3d"), ("2x2x2", "axonn"), ("2x2x2", "megatron")]:
+        cfgs.append((one, mesh, strat, "1f1b", 1))
+        cfgs.append((one, mesh, strat, "1f1b", 2))
+    # two stages of 4 ranks
+    for lay, meshes in [(two[0], [("4,4", "dp,dp"), ("2x2,2x2", "megatron,megatron"),
+                                  ("4,2x2", "dp,megatron"), ("2x2,4", "megatron,dp")]),
+                        (two[1], [("4,4", "dp,dp"), ("2x2,2x2", "megatron,megatron")])]:
+        for mesh, strat in meshes:
+            for sched, M in [("1f1b", 2), ("gpipe", 4), ("eager-1f1b", 4)]:
+                cfgs.append((lay, mesh, strat, sched, M))
+    # four stages of 2 ranks
+    if four:
+        for mesh, strat in [("2,2,2,2", "dp,dp,dp,dp"), ("2,2,2,2", "megatron,megatron,megatron,megatron")]:
+            for sched, M in [("1f1b", 4), ("gpipe", 4), ("eager-1f1b", 8)]:
+                cfgs.append((four, mesh, strat, sched, M))
+    return cfgs
+
+
+def cfg_flags(c):
+    lay, mesh, strat, sched, M = c
+    return ["--layout", lay, "--stage-mesh", mesh, "--stage-strategy", strat, "--schedule", sched,
+            "--microbatches", str(M)]
+
+
+def cfg_name(c):
+    lay, mesh, strat, sched, M = c
+    return "%s / %s / %s / %s M%d" % (lay, mesh, strat, sched, M)
+
+
+def md(s):
+    return s.replace("|", "\\|")
+
+
+def predict(a, c, extra, cluster):
+    cmd = [a.train, "gpt", "plan", "--eval", "--json", "--ranks", "8", "--hosts", str(a.hosts)]
+    cmd += shlex.split(a.model_args) + cfg_flags(c) + extra
+    if cluster:
+        cmd += ["--cluster", cluster]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return None, p.stderr.strip()
+    d = json.loads(p.stdout)
+    return d, None
+
+
+def run_one(a, launch, c, rep, outdir, idx):
+    name = "c%02d-r%d" % (idx, rep)
+    jpath = os.path.join(outdir, "runs", name + ".json")
+    cmd = launch + [a.train, "gpt"] + shlex.split(a.model_args) + cfg_flags(c) + [
+        "--steps", str(a.steps), "--blas-threads", "1", "--no-progress", "--json", jpath]
+    with open(os.path.join(outdir, "runs", name + ".log"), "w") as log:
+        log.write("$ " + " ".join(shlex.quote(x) for x in cmd) + "\n")
+        log.flush()
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if rc != 0:
+        return None
+    with open(jpath) as f:
+        d = json.load(f)
+    t = [s["step_seconds"] for s in d.get("steps", [])][a.warmup:]
+    return statistics.median(t) if t else None
+
+
+def kendall_tau_b(x, y):
+    n = len(x)
+    conc = disc = tx = ty = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx = (x[i] > x[j]) - (x[i] < x[j])
+            dy = (y[i] > y[j]) - (y[i] < y[j])
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                tx += 1
+            elif dy == 0:
+                ty += 1
+            elif dx == dy:
+                conc += 1
+            else:
+                disc += 1
+    den = math.sqrt((conc + disc + tx) * (conc + disc + ty))
+    return (conc - disc) / den if den > 0 else float("nan")
+
+
+def metrics(pred, meas, k=5):
+    idx = [i for i in range(len(meas)) if meas[i] is not None and pred[i] is not None]
+    if len(idx) < 2:
+        return {"configs": len(idx)}
+    p = [pred[i] for i in idx]
+    m = [meas[i] for i in idx]
+    best = min(m)
+    order_m = sorted(range(len(m)), key=lambda i: m[i])
+    top_m = set(order_m[:k])
+    order_p = sorted(range(len(p)), key=lambda i: p[i])
+    kk = min(k, len(p))
+    good = [i for i in order_p[:kk] if m[i] <= 1.1 * best or i in top_m]
+    err = [abs(p[i] - m[i]) / m[i] for i in range(len(m))]
+    return {
+        "configs": len(idx),
+        "precision_at_5": len(good) / kk,
+        "kendall_tau": kendall_tau_b(p, m),
+        "top1_regret": m[order_p[0]] / best - 1,
+        "median_error": statistics.median(err),
+        "predicted_best": idx[order_p[0]],
+        "measured_best": idx[order_m[0]],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--calibrate", default="", help="path of xmesh-calibrate (run it first)")
+    ap.add_argument("--cluster", default="", help="a calibrated cluster file to use instead")
+    ap.add_argument("--rate-mbit", type=float, default=0, help="NIC rate (uncalibrated model)")
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--model-args", default="--layers 4 --heads 4 --channels 128 --seq 64 "
+                    "--batch 16")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-configs", type=int, default=0, help="first N configurations (0: all)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
+    np_ = 8
+    if os.environ.get("XMH_MPIRUN"):
+        launch = shlex.split(os.environ["XMH_MPIRUN"]) + ["-np", str(np_)]
+    else:
+        launch = ["mpirun", "--oversubscribe", "-np", str(np_)]
+    t0 = time.time()
+    # cluster files: calibrated (full model) and the NIC rate alone (uncalibrated)
+    rate = a.rate_mbit or float(os.environ.get("XMH_RATE_MBIT", "0") or 0)
+    nominal_file = os.path.join(a.out, "cluster-nominal.txt")
+    with open(nominal_file, "w") as f:
+        f.write("# the NIC rate alone (uncalibrated model)\n")
+        if rate > 0:
+            f.write("nic_gbps = %g\n" % (rate / 1000.0))
+    cal = a.cluster
+    if not cal and a.calibrate:
+        cal = os.path.join(a.out, "cluster-calibrated.txt")
+        cmd = launch + [a.calibrate, "-o", cal, "--min", "16K", "--max", "1M", "--steps", "4",
+                        "--reps", "2", "--gemm-hidden", "128", "--gemm-vocab", "256",
+                        "--gemm-tokens", "256"]
+        print("validate: calibrating: " + " ".join(cmd), file=sys.stderr)
+        with open(os.path.join(a.out, "calibrate.log"), "w") as log:
+            if subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT) != 0:
+                print("validate: calibration failed (calibrate.log); full model = nominal",
+                      file=sys.stderr)
+                cal = ""
+    full_file = cal or nominal_file
+    cfgs = space(4)
+    # keep the configurations the model accepts (the trainer runs the same checks)
+    keep = []
+    for c in cfgs:
+        d, err = predict(a, c, [], full_file)
+        if d is None:
+            print("validate: skipped %s: %s" % (cfg_name(c), err), file=sys.stderr)
+            continue
+        keep.append(c)
+    if a.max_configs:
+        keep = keep[:a.max_configs]
+    print("validate: %d configurations x %d repeats, %d steps (%d warm-up)" %
+          (len(keep), a.repeats, a.steps, a.warmup), file=sys.stderr)
+    preds = {name: [] for name, _ in MODELS}
+    for c in keep:
+        for name, extra in MODELS:
+            f = nominal_file if name == "uncalibrated" else full_file
+            d, err = predict(a, c, extra, f)
+            preds[name].append(d["step_s"] if d else None)
+    meas, lo, hi, runs = [], [], [], []
+    t_runs = time.time()
+    for i, c in enumerate(keep):
+        r = [run_one(a, launch, c, k, a.out, i) for k in range(a.repeats)]
+        ok = [x for x in r if x is not None]
+        runs.append(r)
+        meas.append(statistics.median(ok) if ok else None)
+        lo.append(min(ok) if ok else None)
+        hi.append(max(ok) if ok else None)
+        el = time.time() - t_runs
+        print("validate: %2d %-60s measured %s predicted %.4g (%.0f s, about %.0f s left)" %
+              (i, cfg_name(c), "%.4g" % meas[-1] if ok else "FAILED", preds["full"][i] or -1,
+               el, el / (i + 1) * (len(keep) - i - 1)), file=sys.stderr)
+    res = {name: metrics(preds[name], meas) for name, _ in MODELS}
+    valid = [i for i in range(len(keep)) if meas[i] is not None]
+    best = min(valid, key=lambda i: meas[i]) if valid else None
+    ties = [i for i in valid if best is not None and lo[i] <= hi[best] and i != best]
+    doc = {"model_args": a.model_args, "hosts": a.hosts, "ranks": np_, "rate_mbit": rate,
+           "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,
+           "cluster_file": full_file, "calibrated": bool(cal), "seconds": time.time() - t0,
+           "configurations": [{"index": i, "name": cfg_name(c), "flags": cfg_flags(c),
+                               "measured_s": meas[i], "measured_min_s": lo[i],
+                               "measured_max_s": hi[i], "repeats_s": runs[i],
+                               "predicted_s": {n: preds[n][i] for n, _ in MODELS},
+                               "tie_with_best": i in ties}
+                              for i, c in enumerate(keep)],
+           "metrics": res, "ties_with_best": ties,
+           "targets": {"top1_regret": 0.05, "precision_at_5": 0.9, "kendall_tau": 0.8,
+                       "median_error": 0.10}}
+    with open(os.path.join(a.out, "validation.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    lines = ["# Layout search validation (%s)" % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+             "",
+             "%d GPT-2 configurations (%s) on %d hosts x %d ranks, NIC %s Mbit/s; %d repeats of %d "
+             "steps (first %d dropped); model: %s%s." %
+             (len(keep), a.model_args, a.hosts, np_ // a.hosts, rate or "?", a.repeats, a.steps,
+              a.warmup, full_file, "" if cal else " (not calibrated: full = uncalibrated)"),
+             "", "| model | precision@5 | Kendall tau | top-1 regret | median error |",
+             "|---|---|---|---|---|"]
+    for name, _ in MODELS:
+        m = res[name]
+        if "precision_at_5" in m:
+            lines.append("| %s | %.2f | %.3f | %.1f%% | %.1f%% |" %
+                         (name, m["precision_at_5"], m["kendall_tau"], 100 * m["top1_regret"],
+                          100 * m["median_error"]))
+        else:
+            lines.append("| %s | - | - | - | - |" % name)
+    lines += ["", "Targets: regret <= 5%, precision@5 >= 0.9, tau >= 0.8, median error <= 10%.",
+              "", "| # | configuration | measured s [min, max] | predicted s | pred/meas | tie |",
+              "|---|---|---|---|---|---|"]
+    for i, c in enumerate(keep):
+        p = preds["full"][i]
+        if meas[i] is None:
+            lines.append("| %d | %s | failed | %s | - | |" % (i, md(cfg_name(c)), p))
+            continue
+        lines.append("| %d | %s | %.4g [%.4g, %.4g] | %.4g | %.2f | %s |" %
+                     (i, md(cfg_name(c)), meas[i], lo[i], hi[i], p or float("nan"),
+                      (p / meas[i]) if p else float("nan"),
+                      "best" if i == best else ("tie" if i in ties else "")))
+    with open(os.path.join(a.out, "validation.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    # chart
+    dat = os.path.join(a.out, "validation.dat")
+    with open(dat, "w") as f:
+        for i in valid:
+            f.write("%g %g %g %g\n" % (meas[i], preds["full"][i] or float("nan"),
+                                       preds["uncalibrated"][i] or float("nan"), i))
+    gp = os.path.join(a.out, "validation.gp")
+    with open(gp, "w") as f:
+        f.write('set terminal png size 900,700\nset output "%s"\n' %
+                os.path.join(a.out, "validation.png"))
+        f.write('set logscale xy\nset xlabel "measured step (s)"\nset ylabel "predicted step (s)"\n'
+                'set key top left\nset grid\n'
+                'plot "%s" u 1:2 w p pt 7 t "full model", "%s" u 1:3 w p pt 6 t "uncalibrated", '
+                'x t "predicted = measured" lc rgb "gray"\n' % (dat, dat))
+    if subprocess.call(["gnuplot", gp], stderr=subprocess.DEVNULL) != 0:
+        print("validate: gnuplot failed or missing (validation.gp kept)", file=sys.stderr)
+    return 0 if valid else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
