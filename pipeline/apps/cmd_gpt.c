@@ -405,7 +405,7 @@ static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage
         if (xmp_gpt2_stage_index(g->sts[c]) >= 0)
             g->sops[xmp_gpt2_stage_index(g->sts[c])] = xmp_gpt2_stage_ops(g->sts[c]);
     out->stage_ops = sl->ngroups != sl->nstages ? g->sops : NULL;
-    if (t->max_act_bytes > 0) {
+    if (t->max_act_bytes > 0 || t->predict_memory) {
         /* per-microbatch activation bytes of each stage, measured by one forward (max over the
          * stage's ranks): the schedule's memory model */
         double keep[XMP_MAX_STAGES] = {0};

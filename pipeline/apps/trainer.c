@@ -111,6 +111,9 @@ void xmp_train_usage(void)
         "  --max-activation-bytes N   cap per rank group: the schedule's warm-up, eager sends\n"
         "                      and recomputation are chosen to stay under it, or refused\n"
         "                      naming the smallest cap it can meet\n"
+        "  --predict-memory    measure each stage's activation bytes per microbatch (one\n"
+        "                      probe forward) so the JSON step records carry the simulator's\n"
+        "                      predicted bubble and peak activation bytes per rank group\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --boundary-dtype f32|bf16|f16 (f32)  dtype of the stage-boundary activations and\n"
         "                      gradients on the wire (converted once by the sender, widened\n"
@@ -144,7 +147,8 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
               {"--print-schedule", &o->print_schedule},
               {"--print-strategy", &o->print_strategy},
               {"--check-serial", &o->check_serial},
-              {"--sample-greedy", &o->sample_greedy}};
+              {"--sample-greedy", &o->sample_greedy},
+              {"--predict-memory", &o->predict_memory}};
     for (size_t k = 0; k < sizeof sw / sizeof sw[0]; k++)
         if (!strcmp(a, sw[k].flag)) {
             *sw[k].p = 1;
@@ -440,6 +444,10 @@ typedef struct {
     int n;
     int have_bbytes; /* parallel: the driver's boundary bytes per step */
     int64_t bbytes_wire, bbytes_xhost;
+    /* parallel: the simulator's prediction of the step being logged (npred == 0: none):
+     * mean bubble over rank groups, modelled peak activation bytes per rank group */
+    int npred, pred_have_mem;
+    double pred_bubble, pred_peak[XMP_MAX_STAGES];
 } train_log_t;
 
 static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_model_t *m,
@@ -550,6 +558,15 @@ static void log_record(train_log_t *s, int step, double loss, double seconds,
             xmp_json_str(&s->json, "sample", sample);
         if (pipe)
             xmp_json_step_pipeline(&s->json, pipe);
+        if (pipe && s->npred > 0) {
+            xmp_json_num(&s->json, "predicted_bubble", s->pred_bubble);
+            if (s->pred_have_mem) {
+                xmp_json_arr_begin(&s->json, "predicted_peak_activation_bytes_per_group");
+                for (int g = 0; g < s->npred; g++)
+                    xmp_json_num(&s->json, NULL, s->pred_peak[g]);
+                xmp_json_arr_end(&s->json);
+            }
+        }
         xmp_json_obj_end(&s->json);
     }
     if (s->o->log_steps) {
@@ -1228,11 +1245,33 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         xmp_step_pipe_t sp = {busy - boxing, boxing, 0, S, bubble, peak_mb, peak_bytes};
         /* Prediction of this step from the previous step's measured stage costs and xmesh's
          * predicted plan times (the first step has none). */
+        if (have_log)
+            log.npred = 0;
         if (have_costs) {
             xmp_sim_result_t res;
+            xmp_sim_costs_t sc;
             memset(&res, 0, sizeof res);
-            if (xmp_driver_predict(drv, cf, ci, cw, &res) == XMESH_SUCCESS && res.ok)
+            memset(&sc, 0, sizeof sc);
+            sc.f = cf;
+            sc.i = ci;
+            sc.w = cw;
+            /* the memory model when the model measured its activations (cap, --predict-memory) */
+            sc.act_bytes = ts.act_bytes;
+            sc.ckpt_bytes = ts.ckpt_bytes;
+            sc.selective_keep = ts.selective_keep;
+            if (xmp_driver_predict_costs(drv, &sc, &res) == XMESH_SUCCESS && res.ok) {
                 sp.predicted_s = res.step_s;
+                if (have_log && res.nstages > 0 && res.nstages <= XMP_MAX_STAGES) {
+                    double b = 0;
+                    for (int g = 0; g < res.nstages; g++) {
+                        b += res.bubble[g];
+                        log.pred_peak[g] = res.peak_bytes ? res.peak_bytes[g] : 0;
+                    }
+                    log.pred_bubble = b / res.nstages;
+                    log.pred_have_mem = ts.act_bytes != NULL;
+                    log.npred = res.nstages;
+                }
+            }
             if (o->print_schedule && rank == 0 && step == 1) {
                 printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
                 xmp_sim_render(sched, &res, 100, stdout);

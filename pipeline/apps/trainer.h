@@ -69,6 +69,9 @@ typedef struct {
     int recompute;            /* xmp_recompute_t */
     const char *max_act;      /* --max-activation-bytes text */
     double max_act_bytes;     /* > 0: memory cap per rank group */
+    int predict_memory;       /* --predict-memory: the model measures its per-microbatch
+                               * activation bytes (as for a cap) so the simulator's per-step
+                               * prediction includes the modelled peak per rank group */
     /* distributed checkpoints (docs/CHECKPOINT.md): --save-dir --save-every --keep --resume;
      * start_step is set by the trainer from the resumed checkpoint */
     const char *save_dir, *resume;
