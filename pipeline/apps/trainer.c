@@ -308,9 +308,6 @@ int xmp_train_check_flags(xmp_train_opts_t *o)
         if (o->serial || o->mesh)
             return xmp_cli_error("--virtual-stages/--stage-groups need a pipeline (--stages, "
                                  "--stage-mesh or --layout), not --serial or --mesh");
-        if (o->grad_clip > 0 || o->val_every || o->sample_every)
-            return xmp_cli_error("--virtual-stages/--stage-groups: --grad-clip, --val-every and "
-                                 "--sample-every do not run with virtual stages yet");
     }
     if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
         return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
@@ -860,7 +857,7 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
  * stage and rank (each distinct element once: one all-reduce over the world), the reduced
  * gradients scaled by clip/norm when the norm exceeds clip, then the stage's O. Collective. */
 static int clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m, int me,
-                           timed_ops_t *t, double *norm)
+                           timed_ops_t *t, timed_ops_t *vt, int nv, double *norm)
 {
     double ss = me >= 0 && m->grad_sumsq ? m->grad_sumsq(m->user) : 0, all = 0;
     MPI_Allreduce(&ss, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -869,28 +866,41 @@ static int clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m
     if (me >= 0) {
         if (*norm > o->grad_clip && m->grad_scale)
             m->grad_scale(m->user, (float)(o->grad_clip / *norm));
-        double t0 = MPI_Wtime();
-        bad = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) != 0 : 0;
-        t->o += MPI_Wtime() - t0;
+        /* virtual stages: every chunk of the rank its own update (each chunk's O) */
+        for (int k = nv ? 0 : -1; k < nv; k++) {
+            timed_ops_t *q = k < 0 ? t : &vt[k];
+            double t0 = MPI_Wtime();
+            bad |= q->in.optimizer_step ? q->in.optimizer_step(q->in.user) != 0 : 0;
+            q->o += MPI_Wtime() - t0;
+        }
     }
     return any_rank(bad) ? -1 : 0;
+}
+
+/* Forwards only (validation, sampling) on the rank's stage wrapper and, with virtual stages,
+ * on each chunk's. */
+static void set_eval(timed_ops_t *t, timed_ops_t *vt, int nv, int on)
+{
+    t->eval = on;
+    for (int k = 0; k < nv; k++)
+        vt[k].eval = on;
 }
 
 /* One forwards-only driver step (sampling): the batch is the model's. Collective. */
 typedef struct {
     const xmp_train_model_t *m;
     xmp_driver_t *drv;
-    timed_ops_t *t;
-    int me;
+    timed_ops_t *t, *vt;
+    int me, nv;
 } eval_ctx_t;
 
 static int eval_step(void *u)
 {
     eval_ctx_t *e = u;
     xmp_step_stats_t ss;
-    e->t->eval = 1;
+    set_eval(e->t, e->vt, e->nv, 1);
     int bad = xmp_driver_step(e->drv, &ss) != XMESH_SUCCESS;
-    e->t->eval = 0;
+    set_eval(e->t, e->vt, e->nv, 0);
     if (e->me >= 0)
         e->m->par_release(e->m->user);
     if (bad)
@@ -901,7 +911,7 @@ static int eval_step(void *u)
 /* Validation through the stages: --val-steps driver steps of forwards only on the held-out
  * split; the mean of their losses (summed over ranks). Collective; -1 on failure (printed). */
 static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int rank, int me,
-                   xmp_driver_t *drv, timed_ops_t *t, double *out)
+                   xmp_driver_t *drv, timed_ops_t *t, timed_ops_t *vt, int nv, double *out)
 {
     double sum = 0;
     int rc = 0;
@@ -910,7 +920,7 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
             xmp_cli_error("--val-every: the %s model has no validation split", m->name);
         return -1;
     }
-    t->eval = 1;
+    set_eval(t, vt, nv, 1);
     for (int k = 0; k < o->val_steps && rc == 0; k++) {
         int bad = m->par_set_val(m->user, k) != 0;
         if (any_rank(bad)) {
@@ -933,7 +943,7 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
         MPI_Allreduce(&ss.loss, &l, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         sum += l;
     }
-    t->eval = 0;
+    set_eval(t, vt, nv, 0);
     *out = sum / o->val_steps;
     return rc;
 }
@@ -1157,6 +1167,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             continue;
         memset(&vt[nv], 0, sizeof vt[nv]);
         vt[nv].in = ts.stage_ops[s];
+        vt[nv].defer_o = tops.defer_o;
         vops[s] = dc.ops;
         vops[s].user = &vt[nv];
         vops[s].activation_bytes = ts.stage_ops[s].activation_bytes ? t_act : NULL;
@@ -1228,7 +1239,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         }
         double loss = 0, gnorm = 0;
         MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        if (tops.defer_o && clip_and_update(o, m, me, &tops, &gnorm) != 0) {
+        if (tops.defer_o && clip_and_update(o, m, me, &tops, vt, nv, &gnorm) != 0) {
             if (rank == 0)
                 xmp_cli_error("step %d: gradient clipping / optimizer failed", step);
             break;
@@ -1288,11 +1299,11 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             replan(o, m, rank, S, &ts, cf, ci, cw, &dc, &sched, &drv) != 0)
             break;
         double val = NAN;
-        if (val_due(o, step) && par_val(o, m, rank, me, drv, &tops, &val) != 0)
+        if (val_due(o, step) && par_val(o, m, rank, me, drv, &tops, vt, nv, &val) != 0)
             break;
         int sampled = 0;
         if (sample_due(o, step)) {
-            eval_ctx_t ec = {m, drv, &tops, me};
+            eval_ctx_t ec = {m, drv, &tops, vt, me, nv};
             free(text);
             text = malloc((size_t)o->sample_len + 1);
             int sbad2 = !text || !m->par_release ||
