@@ -123,7 +123,7 @@ def cmd_run(a):
             jpath = os.path.join(a.out, name + ".json")
             lpath = os.path.join(a.out, name + ".log")
             cmd = (launch + [a.train, a.model] + shlex.split(a.model_args) +
-                   ["--stages", str(a.groups), "--stage-mesh", ",".join(["1"] * a.groups),
+                   ["--stages", str(a.groups), "--stage-mesh", ",".join(["1x1"] * a.groups),
                     "--microbatches", str(mb), "--batch", str(mb * a.microbatch_size),
                     "--steps", str(a.steps), "--json", jpath, "--predict-memory", "--no-progress"] +
                    extra)

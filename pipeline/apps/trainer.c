@@ -751,15 +751,27 @@ typedef struct {
     int nf, ni, nw;
     int defer_o; /* --grad-clip: O runs after the driver step, once the global norm is known */
     int eval;    /* validation: forwards only (the gradients sent are not used) */
+    int probe;   /* activation probe: record the bytes each forward leaves held */
+    int64_t probe_max;
+    const xmp_stage_ops_t *probe_src; /* whose activation_bytes to read (NULL: in) */
+    int no_update;                    /* probe: backward without R and O */
 } timed_ops_t;
 
 static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
 {
     timed_ops_t *t = u;
+    /* virtual stages: a model whose allocation counter is per rank answers on one chunk */
+    const xmp_stage_ops_t *src = t->probe_src ? t->probe_src : &t->in;
+    int64_t a0 = t->probe && src->activation_bytes ? src->activation_bytes(src->user) : 0;
     double t0 = MPI_Wtime();
     int rc = t->in.forward(t->in.user, mb, in, out, loss);
     t->f += MPI_Wtime() - t0;
     t->nf++;
+    if (t->probe && src->activation_bytes) {
+        int64_t held = src->activation_bytes(src->user) - a0;
+        if (held > t->probe_max)
+            t->probe_max = held;
+    }
     return rc;
 }
 static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
@@ -787,7 +799,7 @@ static int t_bw(void *u, int mb)
 static int t_red(void *u)
 {
     timed_ops_t *t = u;
-    if (t->eval)
+    if (t->eval || t->no_update)
         return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.reduce_grads ? t->in.reduce_grads(t->in.user) : 0;
@@ -797,7 +809,7 @@ static int t_red(void *u)
 static int t_opt(void *u)
 {
     timed_ops_t *t = u;
-    if (t->defer_o || t->eval)
+    if (t->defer_o || t->eval || t->no_update)
         return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) : 0;
@@ -886,6 +898,15 @@ static void set_eval(timed_ops_t *t, timed_ops_t *vt, int nv, int on)
         vt[k].eval = on;
 }
 
+/* Reads (and so restarts) the model's measured activation peak after forwards-only steps, so
+ * what they held does not show in the next training step's peak. */
+static void act_reset(timed_ops_t *t, timed_ops_t *vt, int nv)
+{
+    const xmp_stage_ops_t *q = nv ? &vt[0].in : &t->in;
+    if (q->activation_bytes)
+        (void)q->activation_bytes(q->user);
+}
+
 /* One forwards-only driver step (sampling): the batch is the model's. Collective. */
 typedef struct {
     const xmp_train_model_t *m;
@@ -901,8 +922,10 @@ static int eval_step(void *u)
     set_eval(e->t, e->vt, e->nv, 1);
     int bad = xmp_driver_step(e->drv, &ss) != XMESH_SUCCESS;
     set_eval(e->t, e->vt, e->nv, 0);
-    if (e->me >= 0)
+    if (e->me >= 0) {
         e->m->par_release(e->m->user);
+        act_reset(e->t, e->vt, e->nv);
+    }
     if (bad)
         xmp_train_fail("forwards-only step: %s", xmp_driver_error(e->drv));
     return any_rank(bad) ? -1 : 0;
@@ -931,8 +954,10 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
         }
         xmp_step_stats_t ss;
         bad = xmp_driver_step(drv, &ss) != XMESH_SUCCESS;
-        if (me >= 0)
+        if (me >= 0) {
             m->par_release(m->user);
+            act_reset(t, vt, nv);
+        }
         if (any_rank(bad)) {
             if (bad)
                 xmp_cli_error("validation step %d: %s", k, xmp_driver_error(drv));
@@ -946,6 +971,145 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
     set_eval(t, vt, nv, 0);
     *out = sum / o->val_steps;
     return rc;
+}
+
+/* The memory model of a model that does not measure itself (no act_bytes from par_open):
+ * forwards-only driver steps on validation batch 0, one per recomputation mode (none, block,
+ * selective), each recording per model stage the most bytes one microbatch's forward leaves
+ * held (the stage's activation_bytes after minus before the forward; max over the stage's
+ * ranks). act[s] = bytes without recomputation, ckpt[s] under block recomputation, *keep the
+ * largest selective / none ratio. Collective; 0, or -1 (message printed on rank 0). */
+/* The rest of the measured peak: one training step of the provisional schedule on validation
+ * batch 0 with backward but without R and O (the gradients it accumulated are scaled to zero
+ * after it, so the next step's accumulation is bit for bit the same), its measured peak per
+ * group against the memory model's (act, ckpt, keep) for that schedule; base[g] = the
+ * difference (>= 0): gradient accumulators and backward temporaries the model does not count.
+ * Collective; 0 or -1 (printed on rank 0). Models without grad_scale: base stays 0. */
+static int probe_base_bytes(const xmp_train_model_t *m, int rank, int me, int S, int ngroups,
+                            const int *group, xmp_driver_t *drv, const xmp_schedule_t *sched,
+                            timed_ops_t *t, timed_ops_t *vt, int nv, const double *act,
+                            const double *ckpt, double keep, double *base)
+{
+    memset(base, 0, sizeof(double) * (size_t)ngroups);
+    if (!m->grad_scale)
+        return 0;
+    m->par_set_recompute(m->user, sched->recompute);
+    int bad = m->par_set_val(m->user, 0) != 0;
+    if (any_rank(bad)) {
+        if (rank == 0)
+            xmp_cli_error("--max-activation-bytes: probe batch: %s", xmp_last_error());
+        return -1;
+    }
+    t->no_update = 1;
+    for (int k = 0; k < nv; k++)
+        vt[k].no_update = 1;
+    act_reset(t, vt, nv);
+    xmp_step_stats_t ss;
+    memset(&ss, 0, sizeof ss);
+    bad = xmp_driver_step(drv, &ss) != XMESH_SUCCESS;
+    t->no_update = 0;
+    for (int k = 0; k < nv; k++)
+        vt[k].no_update = 0;
+    if (me >= 0) {
+        m->grad_scale(m->user, 0.0f);
+        m->par_release(m->user);
+        act_reset(t, vt, nv);
+    }
+    if (any_rank(bad)) {
+        if (bad)
+            xmp_cli_error("--max-activation-bytes: probe step: %s", xmp_driver_error(drv));
+        return -1;
+    }
+    double meas[XMP_MAX_STAGES], all[XMP_MAX_STAGES];
+    memset(meas, 0, sizeof meas);
+    if (me >= 0)
+        meas[group[me]] = (double)ss.peak_act_bytes;
+    MPI_Allreduce(meas, all, ngroups, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double one[3 * XMP_MAX_STAGES];
+    for (int k = 0; k < 3 * S; k++)
+        one[k] = 1.0;
+    xmp_sim_costs_t sc;
+    xmp_sim_result_t res;
+    memset(&sc, 0, sizeof sc);
+    memset(&res, 0, sizeof res);
+    sc.f = one;
+    sc.i = one + S;
+    sc.w = one + 2 * S;
+    sc.act_bytes = act;
+    sc.ckpt_bytes = ckpt;
+    sc.selective_keep = keep;
+    int ok = xmp_driver_predict_costs(drv, &sc, &res) == XMESH_SUCCESS && res.ok &&
+             res.nstages == ngroups;
+    for (int g = 0; ok && g < ngroups; g++)
+        base[g] = all[g] > res.peak_bytes[g] ? all[g] - res.peak_bytes[g] : 0;
+    xmp_sim_result_free(&res);
+    if (!ok && rank == 0)
+        xmp_cli_error("--max-activation-bytes: simulating the probe schedule failed");
+    return ok ? 0 : -1;
+}
+
+static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, xmp_driver_t *drv,
+                           timed_ops_t *t, timed_ops_t *vt, const int *vstage, int nv, double *act,
+                           double *ckpt, double *keep)
+{
+    static const int modes[3] = {XMP_RECOMPUTE_NONE, XMP_RECOMPUTE_BLOCK, XMP_RECOMPUTE_SELECTIVE};
+    double got[3][XMP_MAX_STAGES];
+    for (int p = 0; p < 3; p++) {
+        double loc[XMP_MAX_STAGES];
+        memset(loc, 0, sizeof loc);
+        m->par_set_recompute(m->user, modes[p]);
+        int bad = m->par_set_val(m->user, 0) != 0;
+        if (any_rank(bad)) {
+            if (rank == 0)
+                xmp_cli_error("--max-activation-bytes: probe batch: %s", xmp_last_error());
+            return -1;
+        }
+        t->probe = 1;
+        t->probe_max = 0;
+        for (int k = 0; k < nv; k++) {
+            vt[k].probe = 1;
+            vt[k].probe_max = 0;
+            vt[k].probe_src = &vt[0].in; /* the rank's first chunk (see t_fwd) */
+        }
+        set_eval(t, vt, nv, 1);
+        xmp_step_stats_t ss;
+        bad = xmp_driver_step(drv, &ss) != XMESH_SUCCESS;
+        set_eval(t, vt, nv, 0);
+        if (me >= 0) {
+            m->par_release(m->user);
+            act_reset(t, vt, nv);
+        }
+        t->probe = 0;
+        for (int k = 0; k < nv; k++) {
+            vt[k].probe = 0;
+            vt[k].probe_src = NULL;
+        }
+        if (any_rank(bad)) {
+            if (bad)
+                xmp_cli_error("--max-activation-bytes: probe step: %s", xmp_driver_error(drv));
+            return -1;
+        }
+        for (int k = nv ? 0 : -1; k < nv && me >= 0; k++)
+            loc[k < 0 ? me : vstage[k]] = (double)(k < 0 ? t : &vt[k])->probe_max;
+        MPI_Allreduce(loc, got[p], S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+    *keep = 0;
+    for (int s = 0; s < S; s++) {
+        act[s] = got[0][s];
+        ckpt[s] = got[1][s] < got[0][s] ? got[1][s] : got[0][s];
+        double f = got[0][s] > 0 ? got[2][s] / got[0][s] : 0;
+        if (f > *keep)
+            *keep = f < 1 ? f : 1;
+    }
+    for (int s = 0; s < S; s++)
+        if (!(act[s] > 0)) {
+            if (rank == 0)
+                xmp_cli_error("--max-activation-bytes: stage %d holds no measured activations "
+                              "(the model does not report them)",
+                              s);
+            return -1;
+        }
+    return 0;
 }
 
 /* Per-step figures over the world: per stage the max over its ranks of the per-microbatch F, I
@@ -1110,15 +1274,21 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     go.max_pending_w = S;
     go.recompute = o->recompute;
     const int virt = sl.ngroups != sl.nstages;
+    /* a model that does not measure its activations: the trainer probes them (below) */
+    const int probe = (o->max_act_bytes > 0 || o->predict_memory) && !ts.act_bytes &&
+                      m->par_set_recompute && m->par_set_val && m->par_release;
+    double pact[XMP_MAX_STAGES], pckpt[XMP_MAX_STAGES], pkeep = 0, pbase[XMP_MAX_STAGES];
+    int have_base = 0;
     if (o->max_act_bytes > 0 || o->recompute) {
-        if ((o->max_act_bytes > 0 && !ts.act_bytes) || !m->par_set_recompute) {
+        if ((o->max_act_bytes > 0 && !ts.act_bytes && !probe) || !m->par_set_recompute) {
             if (rank == 0)
                 xmp_cli_error("--recompute/--max-activation-bytes: the %s model does not %s",
                               m->name,
                               m->par_set_recompute ? "measure its activations" : "recompute");
             goto out;
         }
-        go.max_act_bytes = o->max_act_bytes;
+        /* with the probe: a provisional schedule without the cap first */
+        go.max_act_bytes = probe ? 0 : o->max_act_bytes;
         go.act_bytes = ts.act_bytes;
         go.ckpt_bytes = ts.ckpt_bytes;
         go.selective_keep = ts.selective_keep;
@@ -1135,7 +1305,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     /* a memory cap may have chosen recomputation */
     if (m->par_set_recompute)
         m->par_set_recompute(m->user, sched->recompute);
-    if (rank == 0 && (o->max_act_bytes > 0 || o->recompute))
+    if (rank == 0 && (o->max_act_bytes > 0 || o->recompute) && !(probe && o->max_act_bytes > 0))
         printf("schedule %s: recompute %s\n", sched->name, xmp_recompute_name(sched->recompute));
     timed_ops_t tops;
     memset(&tops, 0, sizeof tops);
@@ -1182,6 +1352,53 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         if (rank == 0)
             xmp_cli_error("pipeline driver: %s", err);
         goto out;
+    }
+    if (probe) {
+        if (probe_act_bytes(m, rank, me, S, drv, &tops, vt, vstage, nv, pact, pckpt, &pkeep) != 0)
+            goto out;
+        if (probe_base_bytes(m, rank, me, S, sl.ngroups, sl.group, drv, sched, &tops, vt, nv, pact,
+                             pckpt, pkeep, pbase) != 0)
+            goto out;
+        ts.act_bytes = pact;
+        ts.ckpt_bytes = pckpt;
+        ts.selective_keep = pkeep;
+        have_base = 1;
+        if (rank == 0 && o->no_progress)
+            printf("activation bytes per microbatch (probe): stage 0 %.0f (block recompute "
+                   "%.0f), selective keeps %.2f; group 0 holds %.0f besides them\n",
+                   pact[0], pckpt[0], pkeep, pbase[0]);
+        if (o->max_act_bytes > 0) {
+            xmp_schedule_t *capped = NULL;
+            go.max_act_bytes = o->max_act_bytes;
+            go.act_bytes = ts.act_bytes;
+            go.ckpt_bytes = ts.ckpt_bytes;
+            go.selective_keep = ts.selective_keep;
+            go.base_bytes = pbase;
+            if ((virt ? xmp_sched_generate_map(o->schedule, S, sl.ngroups, sl.group,
+                                               o->microbatches * o->grad_accum, ts.nedges,
+                                               ts.sedges, &go, &capped, err, sizeof err)
+                      : xmp_sched_generate(o->schedule, S, o->microbatches * o->grad_accum,
+                                           ts.nedges, ts.sedges, &go, &capped, err, sizeof err)) !=
+                0) {
+                if (rank == 0)
+                    xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
+                goto out;
+            }
+            xmp_driver_destroy(drv);
+            drv = NULL;
+            xmp_sched_destroy(sched);
+            sched = capped;
+            dc.sched = sched;
+            if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
+                if (rank == 0)
+                    xmp_cli_error("pipeline driver: %s", err);
+                goto out;
+            }
+            if (rank == 0)
+                printf("schedule %s: recompute %s\n", sched->name,
+                       xmp_recompute_name(sched->recompute));
+        }
+        m->par_set_recompute(m->user, sched->recompute);
     }
     if (o->print_schedule && rank == 0) {
         char buf[256];
@@ -1249,6 +1466,22 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         int64_t peak_bytes[XMP_MAX_STAGES];
         double pf[XMP_MAX_STAGES], pi[XMP_MAX_STAGES], pw[XMP_MAX_STAGES];
         step_figures(S, me, &tops, &ss, pf, pi, pw, bubble, peak_mb, peak_bytes, vt, vstage, nv);
+        /* the cap is a promise about measured allocations: a step over it ends the run (every
+         * rank sees the same reduced peaks) rather than going on over the cap */
+        int over = -1;
+        for (int k = 0; o->max_act_bytes > 0 && k < S; k++)
+            if ((double)peak_bytes[k] > o->max_act_bytes &&
+                (over < 0 || peak_bytes[k] > peak_bytes[over]))
+                over = k;
+        if (over >= 0) {
+            if (rank == 0)
+                xmp_cli_error("--max-activation-bytes %.0f: step %d measured a peak of %lld B on "
+                              "stage %d, over the cap (the memory model underestimates this "
+                              "model; use a cap of at least %lld)",
+                              o->max_act_bytes, step, (long long)peak_bytes[over], over,
+                              (long long)peak_bytes[over]);
+            break;
+        }
         double boxing = xmp_comm_seconds() - comm0,
                busy = tops.f + tops.i + tops.w + tops.r + tops.o;
         for (int k = 0; k < nv; k++)
@@ -1270,6 +1503,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             sc.act_bytes = ts.act_bytes;
             sc.ckpt_bytes = ts.ckpt_bytes;
             sc.selective_keep = ts.selective_keep;
+            sc.base_bytes = have_base ? pbase : NULL;
             if (xmp_driver_predict_costs(drv, &sc, &res) == XMESH_SUCCESS && res.ok) {
                 sp.predicted_s = res.step_s;
                 if (have_log && res.nstages > 0 && res.nstages <= XMP_MAX_STAGES) {

@@ -12,9 +12,11 @@ Sets:
          step (above the clip on some, so the clipping acts), validation losses and samples
          exactly on the due steps.
   ucap   U-Transformer --max-activation-bytes (measured by the trainer's probe): a cap below
-         the smallest reachable peak is refused naming it; a cap between the recomputing and
-         the plain peak runs with recomputation chosen and the measured peak (every step,
-         every stage) under it; both with and without virtual stages.
+         the smallest reachable peak is refused naming it (a number above the cap); a cap
+         between the block-recomputing and the plain measured peak runs with recomputation
+         chosen, the measured peak (every step, every stage) under it, and every step's loss
+         equal to the serial run's (--check-serial: the probe steps change nothing); both
+         with and without virtual stages.
 usage: test_sched23.py SET TRAIN MPIEXEC
 """
 import json
@@ -79,7 +81,7 @@ if SET == "vloop":
                 fail("step %d: sample %r, due %s" % (k, s.get("sample"), sdue))
         print("   norms", " ".join("%.4f" % x for x in norms))
 elif SET == "ucap":
-    for R, meshes, vs, sch in [(2, "1,1", [], "1f1b"), (2, "1,1", ["--virtual-stages", "2"], "interleaved-1f1b")]:
+    for R, meshes, vs, sch in [(2, "1x1,1x1", [], "1f1b"), (2, "1x1,1x1", ["--virtual-stages", "2"], "interleaved-1f1b")]:
         common = ["--base-channels", "4", "--batch", "8", "--microbatches", "4", "--stages", str(R),
                   "--stage-mesh", meshes, "--schedule", sch] + vs
         peaks = {}
@@ -96,12 +98,16 @@ elif SET == "ucap":
             fail("block recomputation does not lower the measured peak")
             continue
         cap = (peaks["block"] + peaks["none"]) // 2
-        p, rec = run(R, "utransformer", common + ["--max-activation-bytes", str(cap)], 3)
+        # --check-serial: the trainer's probe steps (forwards only, and one backward without
+        # R and O whose gradients are zeroed) leave the training unchanged
+        p, rec = run(R, "utransformer", common + ["--max-activation-bytes", str(cap), "--check-serial"], 3)
+        if rec is not None and "check-serial: OK" not in p.stdout:
+            fail("cap run: no check-serial verdict\n" + p.stdout[-1500:])
         if rec is None:
             fail("cap %d (between block and plain) refused or failed: exit %d\n%s" % (cap, p.returncode, p.stdout[-2000:]))
         else:
             worst = max(max(s["peak_activation_bytes"]) for s in rec["steps"])
-            chosen = re.search(r"recompute (\w+)", p.stdout)
+            chosen = ([None] + list(re.finditer(r"schedule \S+: recompute (\w+)", p.stdout)))[-1]
             print("   cap %d: measured peak %d, %s" % (cap, worst, chosen.group(0) if chosen else "?"))
             if not chosen or chosen.group(1) == "none":
                 fail("a cap below the plain peak did not choose recomputation:\n" + p.stdout[-1500:])
