@@ -10,7 +10,8 @@ Sets:
          with the serial run (the command exits non-zero on any mismatch); the test also
          checks exit 0, the verdict, and that the step JSON holds a gradient norm on every
          step (above the clip on some, so the clipping acts), validation losses and samples
-         exactly on the due steps.
+         exactly on the due steps. The U-Transformer likewise (--grad-clip, --val-every; it
+         generates no text).
   ucap   U-Transformer --max-activation-bytes (measured by the trainer's probe): a cap below
          the smallest reachable peak is refused naming it (a number above the cap); a cap
          between the block-recomputing and the plain measured peak runs with recomputation
@@ -80,6 +81,25 @@ if SET == "vloop":
             if sdue != ("sample" in s) or (sdue and len(s["sample"]) != 8):
                 fail("step %d: sample %r, due %s" % (k, s.get("sample"), sdue))
         print("   norms", " ".join("%.4f" % x for x in norms))
+    # the U-Transformer (no text sampling): gradient norm over every chunk, validation
+    UB = ["--base-channels", "4", "--batch", "8", "--microbatches", "4", "--stages", "2",
+          "--virtual-stages", "2", "--stage-mesh", "1x2,2x1", "--check-serial"]
+    uclip = 0.05
+    for sch in ["interleaved-1f1b", "zb-v"]:
+        p, rec = run(4, "utransformer", UB + ["--schedule", sch, "--grad-clip", str(uclip),
+                                              "--val-every", str(ve), "--val-steps", "2"], 5)
+        ok = p.returncode == 0 and "check-serial: OK" in p.stdout and rec is not None
+        print(("ok  " if ok else "FAIL"), "utransformer", sch)
+        if not ok:
+            fail("utransformer %s: exit %d\n%s" % (sch, p.returncode, p.stdout[-3000:]))
+            continue
+        st = rec["steps"]
+        norms = [s.get("grad_norm") for s in st]
+        if len(st) != 5 or not all(isinstance(x, float) and x > uclip for x in norms):
+            fail("utransformer: %d records, norms %s (all above the clip expected)" % (len(st), norms))
+        for k, s in enumerate(st):
+            if ((k + 1) % ve == 0 or k == 4) != ("val_loss" in s):
+                fail("utransformer step %d: val_loss %s" % (k, s.get("val_loss")))
 elif SET == "ucap":
     for R, meshes, vs, sch in [(2, "1x1,1x1", [], "1f1b"), (2, "1x1,1x1", ["--virtual-stages", "2"], "interleaved-1f1b")]:
         common = ["--base-channels", "4", "--batch", "8", "--microbatches", "4", "--stages", str(R),
