@@ -13,7 +13,7 @@
 #   XMESH_SCHED_GROUPS [2,4]        rank groups R
 #   XMESH_SCHED_MICROBATCHES [4,8]  microbatch counts M
 #   XMESH_SCHED_ROWS [all]          e.g. 1f1b,zb-v
-#   XMESH_SCHED_STEPS [6] XMESH_SCHED_WARMUP [2]   steps per run, dropped warm-up steps
+#   XMESH_SCHED_STEPS [8] XMESH_SCHED_WARMUP [2]   steps per run, dropped warm-up steps
 #   XMESH_SCHED_RATE [100mbit] XMESH_SCHED_BURST [64kb]   NIC of each emulated host
 #   XMESH_SCHED_GPT ["--layers 8 --heads 4 --channels 128 --seq 64"] XMESH_SCHED_GPT_MBS [4]
 #   XMESH_SCHED_UT ["--base-channels 8 --lr 0.005"] XMESH_SCHED_UT_MBS [2]
@@ -26,7 +26,7 @@ root=$PWD
 groups=${XMESH_SCHED_GROUPS:-2,4}
 mbl=${XMESH_SCHED_MICROBATCHES:-4,8}
 rows=${XMESH_SCHED_ROWS:-1f1b,eager-1f1b,eager-1f1b+wdelay,interleaved-1f1b,zb-v}
-steps=${XMESH_SCHED_STEPS:-6}
+steps=${XMESH_SCHED_STEPS:-8}
 warmup=${XMESH_SCHED_WARMUP:-2}
 rate=${XMESH_SCHED_RATE:-100mbit}
 burst=${XMESH_SCHED_BURST:-64kb}

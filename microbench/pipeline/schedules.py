@@ -198,7 +198,7 @@ def cmd_report(a):
              f"- command: `{a.command}`",
              f"- environment: {a.env}",
              f"- model: `{p0['model_args']}`, microbatches of {p0['microbatch_size']} samples "
-             f"(--batch = M x {p0['microbatch_size']}), one rank per group (mesh 1)",
+             f"(--batch = M x {p0['microbatch_size']}), one rank per group (stage meshes 1x1)",
              f"- figures: median [min, max] over {p0['steps'] - p0['warmup']} steps after "
              f"{p0['warmup']} warm-up steps; peak activation bytes per rank group (measured "
              f"allocations, median); predicted = the simulator (previous step's stage costs)", ""]
@@ -238,7 +238,7 @@ def cmd_report(a):
         f.write(table)
     print(table)
     # chart: one cluster per (R, M), one bar per schedule: units/s (NaN: refused / failed)
-    names = [r for r, _ in ROWS]
+    names = [n for n, _ in ROWS if any(r["row"] == n for part in parts for r in part["results"])]
     cases = []
     for part in parts:
         for r in part["results"]:
