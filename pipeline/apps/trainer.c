@@ -841,8 +841,9 @@ static int any_rank(int bad)
 /* Re-plans (pipe/replan.h) with the measured per-microbatch costs and xmesh's predicted boundary
  * transfer time, so that the W actions fill the waits the transfers cause. Collective. */
 static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int rank, int S,
-                  const xmp_train_stages_t *ts, const double *f, const double *fi, const double *fw,
-                  xmp_driver_cfg_t *dc, xmp_schedule_t **sched, xmp_driver_t **drv)
+                  const xmp_train_stages_t *ts, const double *base, const double *f,
+                  const double *fi, const double *fw, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
+                  xmp_driver_t **drv)
 {
     double x = 0;
     if (m->par_edge_seconds) {
@@ -854,14 +855,33 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
         x = xmp_driver_mean_act_seconds(*drv);
     }
     (void)S;
-    xmp_replan_t rp = {
-        o->schedule, o->microbatches * o->grad_accum,    ts->nedges,       ts->sedges, f, fi,
-        fw,          o->comm == XMP_COMM_SIGNAL ? 0 : x, o->print_schedule};
+    xmp_replan_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.kind = o->schedule;
+    rp.nmb = o->microbatches * o->grad_accum;
+    rp.nedges = ts->nedges;
+    rp.sedges = ts->sedges;
+    rp.f = f;
+    rp.i = fi;
+    rp.w = fw;
+    rp.xfer = o->comm == XMP_COMM_SIGNAL ? 0 : x;
+    rp.print = o->print_schedule;
+    /* the memory cap holds for the re-planned schedule too */
+    if (o->max_act_bytes > 0) {
+        rp.max_act_bytes = o->max_act_bytes;
+        rp.act_bytes = ts->act_bytes;
+        rp.ckpt_bytes = ts->ckpt_bytes;
+        rp.base_bytes = base;
+        rp.selective_keep = ts->selective_keep;
+    }
     if (xmp_pipe_replan(&rp, dc, sched, drv) != XMESH_SUCCESS) {
         if (rank == 0)
             xmp_cli_error("%s", xmp_last_error());
         return -1;
     }
+    /* a cap may have moved the recomputation mode */
+    if (m->par_set_recompute)
+        m->par_set_recompute(m->user, (*sched)->recompute);
     return 0;
 }
 
@@ -1530,7 +1550,8 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         /* After the first step, place the deferred W work with the measured costs instead of
          * unit costs: regenerate the schedule and the driver. */
         if (step == o->start_step && o->delay_wgrad && o->steps > step + 1 && S > 1 &&
-            replan(o, m, rank, S, &ts, cf, ci, cw, &dc, &sched, &drv) != 0)
+            replan(o, m, rank, S, &ts, have_base ? pbase : NULL, cf, ci, cw, &dc, &sched, &drv) !=
+                0)
             break;
         double val = NAN;
         if (val_due(o, step) && par_val(o, m, rank, me, drv, &tops, vt, nv, &val) != 0)

@@ -17,7 +17,8 @@ Sets:
          between the block-recomputing and the plain measured peak runs with recomputation
          chosen, the measured peak (every step, every stage) under it, and every step's loss
          equal to the serial run's (--check-serial: the probe steps change nothing); both
-         with and without virtual stages.
+         with and without virtual stages; and eager-1f1b --delay-wgrad (re-planned after step
+         0) under a cap of 3/4 of its plain peak stays under it on every step.
 usage: test_sched23.py SET TRAIN MPIEXEC
 """
 import json
@@ -142,6 +143,24 @@ elif SET == "ucap":
             fail("the refusal does not name the smallest cap:\n" + p.stdout[-1500:])
         elif not float(m.group(1)) > 1000:
             fail("the smallest cap named (%s) is not above the refused cap" % m.group(1))
+    # --delay-wgrad re-plans after step 0 with the measured costs: under the same cap
+    dw = ["--base-channels", "4", "--batch", "8", "--microbatches", "4", "--stages", "2",
+          "--stage-mesh", "1x1,1x1", "--schedule", "eager-1f1b", "--delay-wgrad"]
+    p, rec = run(2, "utransformer", dw, 4)
+    if rec is None:
+        fail("eager-1f1b --delay-wgrad: exit %d\n%s" % (p.returncode, p.stdout[-2000:]))
+    else:
+        plain = max(max(s["peak_activation_bytes"]) for s in rec["steps"])
+        cap = plain * 3 // 4
+        p, rec = run(2, "utransformer", dw + ["--max-activation-bytes", str(cap), "--check-serial"], 4)
+        if rec is None or "check-serial: OK" not in p.stdout:
+            fail("eager-1f1b --delay-wgrad, cap %d (3/4 of the plain peak %d): exit %d\n%s"
+                 % (cap, plain, p.returncode, p.stdout[-2000:]))
+        else:
+            per = [max(s["peak_activation_bytes"]) for s in rec["steps"]]
+            print("eager-1f1b --delay-wgrad: plain peak %d, cap %d: measured per step %s" % (plain, cap, per))
+            if not all(x <= cap for x in per):
+                fail("measured peaks %s over the cap %d (after re-planning)" % (per, cap))
 else:
     sys.exit("unknown set " + SET)
 print("%d failure(s)" % failures)
