@@ -111,9 +111,9 @@ void xmp_train_usage(void)
         "  --max-activation-bytes N   cap per rank group: the schedule's warm-up, eager sends\n"
         "                      and recomputation are chosen to stay under it, or refused\n"
         "                      naming the smallest cap it can meet\n"
-        "  --predict-memory    measure each stage's activation bytes per microbatch (one\n"
-        "                      probe forward) so the JSON step records carry the simulator's\n"
-        "                      predicted bubble and peak activation bytes per rank group\n"
+        "  --predict-memory    measure each stage's activation bytes per microbatch (probe\n"
+        "                      steps before the first) so the JSON step records carry the\n"
+        "                      simulator's predicted bubble and peak bytes per rank group\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --boundary-dtype f32|bf16|f16 (f32)  dtype of the stage-boundary activations and\n"
         "                      gradients on the wire (converted once by the sender, widened\n"
@@ -993,12 +993,6 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
     return rc;
 }
 
-/* The memory model of a model that does not measure itself (no act_bytes from par_open):
- * forwards-only driver steps on validation batch 0, one per recomputation mode (none, block,
- * selective), each recording per model stage the most bytes one microbatch's forward leaves
- * held (the stage's activation_bytes after minus before the forward; max over the stage's
- * ranks). act[s] = bytes without recomputation, ckpt[s] under block recomputation, *keep the
- * largest selective / none ratio. Collective; 0, or -1 (message printed on rank 0). */
 /* The rest of the measured peak: one training step of the provisional schedule on validation
  * batch 0 with backward but without R and O (the gradients it accumulated are scaled to zero
  * after it, so the next step's accumulation is bit for bit the same), its measured peak per
@@ -1017,7 +1011,7 @@ static int probe_base_bytes(const xmp_train_model_t *m, int rank, int me, int S,
     int bad = m->par_set_val(m->user, 0) != 0;
     if (any_rank(bad)) {
         if (rank == 0)
-            xmp_cli_error("--max-activation-bytes: probe batch: %s", xmp_last_error());
+            xmp_cli_error("memory probe: batch: %s", xmp_last_error());
         return -1;
     }
     t->no_update = 1;
@@ -1037,7 +1031,7 @@ static int probe_base_bytes(const xmp_train_model_t *m, int rank, int me, int S,
     }
     if (any_rank(bad)) {
         if (bad)
-            xmp_cli_error("--max-activation-bytes: probe step: %s", xmp_driver_error(drv));
+            xmp_cli_error("memory probe: step: %s", xmp_driver_error(drv));
         return -1;
     }
     double meas[XMP_MAX_STAGES], all[XMP_MAX_STAGES];
@@ -1064,10 +1058,16 @@ static int probe_base_bytes(const xmp_train_model_t *m, int rank, int me, int S,
         base[g] = all[g] > res.peak_bytes[g] ? all[g] - res.peak_bytes[g] : 0;
     xmp_sim_result_free(&res);
     if (!ok && rank == 0)
-        xmp_cli_error("--max-activation-bytes: simulating the probe schedule failed");
+        xmp_cli_error("memory probe: simulating the probe schedule failed");
     return ok ? 0 : -1;
 }
 
+/* The memory model of a model that does not measure itself (no act_bytes from par_open):
+ * forwards-only driver steps on validation batch 0, one per recomputation mode (none, block,
+ * selective), each recording per model stage the most bytes one microbatch's forward leaves
+ * held (the stage's activation_bytes after minus before the forward; max over the stage's
+ * ranks). act[s] = bytes without recomputation, ckpt[s] under block recomputation, *keep the
+ * largest selective / none ratio. Collective; 0, or -1 (message printed on rank 0). */
 static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, xmp_driver_t *drv,
                            timed_ops_t *t, timed_ops_t *vt, const int *vstage, int nv, double *act,
                            double *ckpt, double *keep)
@@ -1081,7 +1081,7 @@ static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, 
         int bad = m->par_set_val(m->user, 0) != 0;
         if (any_rank(bad)) {
             if (rank == 0)
-                xmp_cli_error("--max-activation-bytes: probe batch: %s", xmp_last_error());
+                xmp_cli_error("memory probe: batch: %s", xmp_last_error());
             return -1;
         }
         t->probe = 1;
@@ -1106,7 +1106,7 @@ static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, 
         }
         if (any_rank(bad)) {
             if (bad)
-                xmp_cli_error("--max-activation-bytes: probe step: %s", xmp_driver_error(drv));
+                xmp_cli_error("memory probe: step: %s", xmp_driver_error(drv));
             return -1;
         }
         for (int k = nv ? 0 : -1; k < nv && me >= 0; k++)
@@ -1124,7 +1124,7 @@ static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, 
     for (int s = 0; s < S; s++)
         if (!(act[s] > 0)) {
             if (rank == 0)
-                xmp_cli_error("--max-activation-bytes: stage %d holds no measured activations "
+                xmp_cli_error("memory probe: stage %d holds no measured activations "
                               "(the model does not report them)",
                               s);
             return -1;
