@@ -405,7 +405,7 @@ static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage
         if (xmp_gpt2_stage_index(g->sts[c]) >= 0)
             g->sops[xmp_gpt2_stage_index(g->sts[c])] = xmp_gpt2_stage_ops(g->sts[c]);
     out->stage_ops = sl->ngroups != sl->nstages ? g->sops : NULL;
-    if (t->max_act_bytes > 0) {
+    if (t->max_act_bytes > 0 || t->predict_memory) {
         /* per-microbatch activation bytes of each stage, measured by one forward (max over the
          * stage's ranks): the schedule's memory model */
         double keep[XMP_MAX_STAGES] = {0};
@@ -532,11 +532,17 @@ static int gpt_sample(void *u, int (*eval)(void *ctx), void *ctx, char *out, siz
             }
             row = xmp_gpt2_logits(&g->sm) + (size_t)(t - 1) * Vp;
         } else {
-            xmp_gpt2_stage_set_batch(g->st, tok, tgt, g->step);
-            xmp_gpt2_stage_capture_logits(g->st, t - 1);
+            /* virtual stages: every stage of the rank (the head may be any of them) */
+            int have = 0;
+            for (int k = 0; k < g->nst; k++) {
+                xmp_gpt2_stage_set_batch(g->sts[k], tok, tgt, g->step);
+                xmp_gpt2_stage_capture_logits(g->sts[k], t - 1);
+            }
             rc = eval(ctx);
-            int have = rc == 0 && xmp_gpt2_stage_captured_logits(g->st, lg);
-            xmp_gpt2_stage_capture_logits(g->st, -1);
+            for (int k = 0; k < g->nst; k++) {
+                have |= rc == 0 && xmp_gpt2_stage_captured_logits(g->sts[k], lg);
+                xmp_gpt2_stage_capture_logits(g->sts[k], -1);
+            }
             if (rc)
                 break;
             if (!have)
@@ -569,14 +575,21 @@ static void gpt_set_lr(void *u, float lr)
         xmp_gpt2_stage_set_lr(g->sts[c], lr);
 }
 
+/* virtual stages: over every stage of the rank (the tied wte counted on the first only) */
 static double gpt_grad_sumsq(void *u)
 {
-    return xmp_gpt2_stage_grad_sumsq(((gpt_run_t *)u)->st);
+    gpt_run_t *g = u;
+    double s = 0;
+    for (int c = 0; c < g->nst; c++)
+        s += xmp_gpt2_stage_grad_sumsq(g->sts[c]);
+    return s;
 }
 
 static void gpt_grad_scale(void *u, float scale)
 {
-    xmp_gpt2_stage_scale_grads(((gpt_run_t *)u)->st, scale);
+    gpt_run_t *g = u;
+    for (int c = 0; c < g->nst; c++)
+        xmp_gpt2_stage_scale_grads(g->sts[c], scale);
 }
 
 static double gpt_par_edge_seconds(void *u, int xmesh_strategy)

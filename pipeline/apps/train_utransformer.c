@@ -897,20 +897,27 @@ static void ut_set_lr(void *u, float lr)
     ((ut_run_t *)u)->o.lr = lr; /* the serial model and the stages read it */
 }
 
+/* over every chunk of the rank (virtual stages: st and xs) */
 static double ut_grad_sumsq(void *u)
 {
-    ut_stage_t *st = &((ut_run_t *)u)->st;
+    ut_run_t *g = u;
     double s = 0;
-    for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
-        s += xmp_ut_slayer_grad_sumsq(st->SL[l]);
+    for (int k = -1; k < g->nxs; k++) {
+        ut_stage_t *st = k < 0 ? &g->st : &g->xs[k];
+        for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
+            s += xmp_ut_slayer_grad_sumsq(st->SL[l]);
+    }
     return s;
 }
 
 static void ut_grad_scale(void *u, float scale)
 {
-    ut_stage_t *st = &((ut_run_t *)u)->st;
-    for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
-        xmp_ut_slayer_scale_grads(st->SL[l], scale);
+    ut_run_t *g = u;
+    for (int k = -1; k < g->nxs; k++) {
+        ut_stage_t *st = k < 0 ? &g->st : &g->xs[k];
+        for (int l = st->first; st->stage >= 0 && l <= st->last; l++)
+            xmp_ut_slayer_scale_grads(st->SL[l], scale);
+    }
 }
 
 static int ut_par_set_step(void *u, int step)

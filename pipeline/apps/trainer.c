@@ -111,6 +111,9 @@ void xmp_train_usage(void)
         "  --max-activation-bytes N   cap per rank group: the schedule's warm-up, eager sends\n"
         "                      and recomputation are chosen to stay under it, or refused\n"
         "                      naming the smallest cap it can meet\n"
+        "  --predict-memory    measure each stage's activation bytes per microbatch (probe\n"
+        "                      steps before the first) so the JSON step records carry the\n"
+        "                      simulator's predicted bubble and peak bytes per rank group\n"
         "  --comm broadcast|sendrecv|sendrecv-allgather|blocking|signal (broadcast)\n"
         "  --boundary-dtype f32|bf16|f16 (f32)  dtype of the stage-boundary activations and\n"
         "                      gradients on the wire (converted once by the sender, widened\n"
@@ -144,7 +147,8 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
               {"--print-schedule", &o->print_schedule},
               {"--print-strategy", &o->print_strategy},
               {"--check-serial", &o->check_serial},
-              {"--sample-greedy", &o->sample_greedy}};
+              {"--sample-greedy", &o->sample_greedy},
+              {"--predict-memory", &o->predict_memory}};
     for (size_t k = 0; k < sizeof sw / sizeof sw[0]; k++)
         if (!strcmp(a, sw[k].flag)) {
             *sw[k].p = 1;
@@ -304,9 +308,6 @@ int xmp_train_check_flags(xmp_train_opts_t *o)
         if (o->serial || o->mesh)
             return xmp_cli_error("--virtual-stages/--stage-groups need a pipeline (--stages, "
                                  "--stage-mesh or --layout), not --serial or --mesh");
-        if (o->grad_clip > 0 || o->val_every || o->sample_every)
-            return xmp_cli_error("--virtual-stages/--stage-groups: --grad-clip, --val-every and "
-                                 "--sample-every do not run with virtual stages yet");
     }
     if (o->mesh && (o->stages > 1 || o->layout || o->stage_mesh))
         return xmp_cli_error("--mesh '%s' is one stage; use --stage-mesh for several", o->mesh);
@@ -440,6 +441,10 @@ typedef struct {
     int n;
     int have_bbytes; /* parallel: the driver's boundary bytes per step */
     int64_t bbytes_wire, bbytes_xhost;
+    /* parallel: the simulator's prediction of the step being logged (npred == 0: none):
+     * mean bubble over rank groups, modelled peak activation bytes per rank group */
+    int npred, pred_have_mem;
+    double pred_bubble, pred_peak[XMP_MAX_STAGES];
 } train_log_t;
 
 static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_model_t *m,
@@ -550,6 +555,15 @@ static void log_record(train_log_t *s, int step, double loss, double seconds,
             xmp_json_str(&s->json, "sample", sample);
         if (pipe)
             xmp_json_step_pipeline(&s->json, pipe);
+        if (pipe && s->npred > 0) {
+            xmp_json_num(&s->json, "predicted_bubble", s->pred_bubble);
+            if (s->pred_have_mem) {
+                xmp_json_arr_begin(&s->json, "predicted_peak_activation_bytes_per_group");
+                for (int g = 0; g < s->npred; g++)
+                    xmp_json_num(&s->json, NULL, s->pred_peak[g]);
+                xmp_json_arr_end(&s->json);
+            }
+        }
         xmp_json_obj_end(&s->json);
     }
     if (s->o->log_steps) {
@@ -737,15 +751,27 @@ typedef struct {
     int nf, ni, nw;
     int defer_o; /* --grad-clip: O runs after the driver step, once the global norm is known */
     int eval;    /* validation: forwards only (the gradients sent are not used) */
+    int probe;   /* activation probe: record the bytes each forward leaves held */
+    int64_t probe_max;
+    const xmp_stage_ops_t *probe_src; /* whose activation_bytes to read (NULL: in) */
+    int no_update;                    /* probe: backward without R and O */
 } timed_ops_t;
 
 static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
 {
     timed_ops_t *t = u;
+    /* virtual stages: a model whose allocation counter is per rank answers on one chunk */
+    const xmp_stage_ops_t *src = t->probe_src ? t->probe_src : &t->in;
+    int64_t a0 = t->probe && src->activation_bytes ? src->activation_bytes(src->user) : 0;
     double t0 = MPI_Wtime();
     int rc = t->in.forward(t->in.user, mb, in, out, loss);
     t->f += MPI_Wtime() - t0;
     t->nf++;
+    if (t->probe && src->activation_bytes) {
+        int64_t held = src->activation_bytes(src->user) - a0;
+        if (held > t->probe_max)
+            t->probe_max = held;
+    }
     return rc;
 }
 static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
@@ -773,7 +799,7 @@ static int t_bw(void *u, int mb)
 static int t_red(void *u)
 {
     timed_ops_t *t = u;
-    if (t->eval)
+    if (t->eval || t->no_update)
         return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.reduce_grads ? t->in.reduce_grads(t->in.user) : 0;
@@ -783,7 +809,7 @@ static int t_red(void *u)
 static int t_opt(void *u)
 {
     timed_ops_t *t = u;
-    if (t->defer_o || t->eval)
+    if (t->defer_o || t->eval || t->no_update)
         return 0;
     double t0 = MPI_Wtime();
     int rc = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) : 0;
@@ -815,8 +841,9 @@ static int any_rank(int bad)
 /* Re-plans (pipe/replan.h) with the measured per-microbatch costs and xmesh's predicted boundary
  * transfer time, so that the W actions fill the waits the transfers cause. Collective. */
 static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int rank, int S,
-                  const xmp_train_stages_t *ts, const double *f, const double *fi, const double *fw,
-                  xmp_driver_cfg_t *dc, xmp_schedule_t **sched, xmp_driver_t **drv)
+                  const xmp_train_stages_t *ts, const double *base, const double *f,
+                  const double *fi, const double *fw, xmp_driver_cfg_t *dc, xmp_schedule_t **sched,
+                  xmp_driver_t **drv)
 {
     double x = 0;
     if (m->par_edge_seconds) {
@@ -828,14 +855,33 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
         x = xmp_driver_mean_act_seconds(*drv);
     }
     (void)S;
-    xmp_replan_t rp = {
-        o->schedule, o->microbatches * o->grad_accum,    ts->nedges,       ts->sedges, f, fi,
-        fw,          o->comm == XMP_COMM_SIGNAL ? 0 : x, o->print_schedule};
+    xmp_replan_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.kind = o->schedule;
+    rp.nmb = o->microbatches * o->grad_accum;
+    rp.nedges = ts->nedges;
+    rp.sedges = ts->sedges;
+    rp.f = f;
+    rp.i = fi;
+    rp.w = fw;
+    rp.xfer = o->comm == XMP_COMM_SIGNAL ? 0 : x;
+    rp.print = o->print_schedule;
+    /* the memory cap holds for the re-planned schedule too */
+    if (o->max_act_bytes > 0) {
+        rp.max_act_bytes = o->max_act_bytes;
+        rp.act_bytes = ts->act_bytes;
+        rp.ckpt_bytes = ts->ckpt_bytes;
+        rp.base_bytes = base;
+        rp.selective_keep = ts->selective_keep;
+    }
     if (xmp_pipe_replan(&rp, dc, sched, drv) != XMESH_SUCCESS) {
         if (rank == 0)
             xmp_cli_error("%s", xmp_last_error());
         return -1;
     }
+    /* a cap may have moved the recomputation mode */
+    if (m->par_set_recompute)
+        m->par_set_recompute(m->user, (*sched)->recompute);
     return 0;
 }
 
@@ -843,7 +889,7 @@ static int replan(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ran
  * stage and rank (each distinct element once: one all-reduce over the world), the reduced
  * gradients scaled by clip/norm when the norm exceeds clip, then the stage's O. Collective. */
 static int clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m, int me,
-                           timed_ops_t *t, double *norm)
+                           timed_ops_t *t, timed_ops_t *vt, int nv, double *norm)
 {
     double ss = me >= 0 && m->grad_sumsq ? m->grad_sumsq(m->user) : 0, all = 0;
     MPI_Allreduce(&ss, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -852,30 +898,54 @@ static int clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m
     if (me >= 0) {
         if (*norm > o->grad_clip && m->grad_scale)
             m->grad_scale(m->user, (float)(o->grad_clip / *norm));
-        double t0 = MPI_Wtime();
-        bad = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) != 0 : 0;
-        t->o += MPI_Wtime() - t0;
+        /* virtual stages: every chunk of the rank its own update (each chunk's O) */
+        for (int k = nv ? 0 : -1; k < nv; k++) {
+            timed_ops_t *q = k < 0 ? t : &vt[k];
+            double t0 = MPI_Wtime();
+            bad |= q->in.optimizer_step ? q->in.optimizer_step(q->in.user) != 0 : 0;
+            q->o += MPI_Wtime() - t0;
+        }
     }
     return any_rank(bad) ? -1 : 0;
+}
+
+/* Forwards only (validation, sampling) on the rank's stage wrapper and, with virtual stages,
+ * on each chunk's. */
+static void set_eval(timed_ops_t *t, timed_ops_t *vt, int nv, int on)
+{
+    t->eval = on;
+    for (int k = 0; k < nv; k++)
+        vt[k].eval = on;
+}
+
+/* Reads (and so restarts) the model's measured activation peak after forwards-only steps, so
+ * what they held does not show in the next training step's peak. */
+static void act_reset(timed_ops_t *t, timed_ops_t *vt, int nv)
+{
+    const xmp_stage_ops_t *q = nv ? &vt[0].in : &t->in;
+    if (q->activation_bytes)
+        (void)q->activation_bytes(q->user);
 }
 
 /* One forwards-only driver step (sampling): the batch is the model's. Collective. */
 typedef struct {
     const xmp_train_model_t *m;
     xmp_driver_t *drv;
-    timed_ops_t *t;
-    int me;
+    timed_ops_t *t, *vt;
+    int me, nv;
 } eval_ctx_t;
 
 static int eval_step(void *u)
 {
     eval_ctx_t *e = u;
     xmp_step_stats_t ss;
-    e->t->eval = 1;
+    set_eval(e->t, e->vt, e->nv, 1);
     int bad = xmp_driver_step(e->drv, &ss) != XMESH_SUCCESS;
-    e->t->eval = 0;
-    if (e->me >= 0)
+    set_eval(e->t, e->vt, e->nv, 0);
+    if (e->me >= 0) {
         e->m->par_release(e->m->user);
+        act_reset(e->t, e->vt, e->nv);
+    }
     if (bad)
         xmp_train_fail("forwards-only step: %s", xmp_driver_error(e->drv));
     return any_rank(bad) ? -1 : 0;
@@ -884,7 +954,7 @@ static int eval_step(void *u)
 /* Validation through the stages: --val-steps driver steps of forwards only on the held-out
  * split; the mean of their losses (summed over ranks). Collective; -1 on failure (printed). */
 static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int rank, int me,
-                   xmp_driver_t *drv, timed_ops_t *t, double *out)
+                   xmp_driver_t *drv, timed_ops_t *t, timed_ops_t *vt, int nv, double *out)
 {
     double sum = 0;
     int rc = 0;
@@ -893,7 +963,7 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
             xmp_cli_error("--val-every: the %s model has no validation split", m->name);
         return -1;
     }
-    t->eval = 1;
+    set_eval(t, vt, nv, 1);
     for (int k = 0; k < o->val_steps && rc == 0; k++) {
         int bad = m->par_set_val(m->user, k) != 0;
         if (any_rank(bad)) {
@@ -904,8 +974,10 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
         }
         xmp_step_stats_t ss;
         bad = xmp_driver_step(drv, &ss) != XMESH_SUCCESS;
-        if (me >= 0)
+        if (me >= 0) {
             m->par_release(m->user);
+            act_reset(t, vt, nv);
+        }
         if (any_rank(bad)) {
             if (bad)
                 xmp_cli_error("validation step %d: %s", k, xmp_driver_error(drv));
@@ -916,9 +988,148 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
         MPI_Allreduce(&ss.loss, &l, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         sum += l;
     }
-    t->eval = 0;
+    set_eval(t, vt, nv, 0);
     *out = sum / o->val_steps;
     return rc;
+}
+
+/* The rest of the measured peak: one training step of the provisional schedule on validation
+ * batch 0 with backward but without R and O (the gradients it accumulated are scaled to zero
+ * after it, so the next step's accumulation is bit for bit the same), its measured peak per
+ * group against the memory model's (act, ckpt, keep) for that schedule; base[g] = the
+ * difference (>= 0): gradient accumulators and backward temporaries the model does not count.
+ * Collective; 0 or -1 (printed on rank 0). Models without grad_scale: base stays 0. */
+static int probe_base_bytes(const xmp_train_model_t *m, int rank, int me, int S, int ngroups,
+                            const int *group, xmp_driver_t *drv, const xmp_schedule_t *sched,
+                            timed_ops_t *t, timed_ops_t *vt, int nv, const double *act,
+                            const double *ckpt, double keep, double *base)
+{
+    memset(base, 0, sizeof(double) * (size_t)ngroups);
+    if (!m->grad_scale)
+        return 0;
+    m->par_set_recompute(m->user, sched->recompute);
+    int bad = m->par_set_val(m->user, 0) != 0;
+    if (any_rank(bad)) {
+        if (rank == 0)
+            xmp_cli_error("memory probe: batch: %s", xmp_last_error());
+        return -1;
+    }
+    t->no_update = 1;
+    for (int k = 0; k < nv; k++)
+        vt[k].no_update = 1;
+    act_reset(t, vt, nv);
+    xmp_step_stats_t ss;
+    memset(&ss, 0, sizeof ss);
+    bad = xmp_driver_step(drv, &ss) != XMESH_SUCCESS;
+    t->no_update = 0;
+    for (int k = 0; k < nv; k++)
+        vt[k].no_update = 0;
+    if (me >= 0) {
+        m->grad_scale(m->user, 0.0f);
+        m->par_release(m->user);
+        act_reset(t, vt, nv);
+    }
+    if (any_rank(bad)) {
+        if (bad)
+            xmp_cli_error("memory probe: step: %s", xmp_driver_error(drv));
+        return -1;
+    }
+    double meas[XMP_MAX_STAGES], all[XMP_MAX_STAGES];
+    memset(meas, 0, sizeof meas);
+    if (me >= 0)
+        meas[group[me]] = (double)ss.peak_act_bytes;
+    MPI_Allreduce(meas, all, ngroups, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double one[3 * XMP_MAX_STAGES];
+    for (int k = 0; k < 3 * S; k++)
+        one[k] = 1.0;
+    xmp_sim_costs_t sc;
+    xmp_sim_result_t res;
+    memset(&sc, 0, sizeof sc);
+    memset(&res, 0, sizeof res);
+    sc.f = one;
+    sc.i = one + S;
+    sc.w = one + 2 * S;
+    sc.act_bytes = act;
+    sc.ckpt_bytes = ckpt;
+    sc.selective_keep = keep;
+    int ok = xmp_driver_predict_costs(drv, &sc, &res) == XMESH_SUCCESS && res.ok &&
+             res.nstages == ngroups;
+    for (int g = 0; ok && g < ngroups; g++)
+        base[g] = all[g] > res.peak_bytes[g] ? all[g] - res.peak_bytes[g] : 0;
+    xmp_sim_result_free(&res);
+    if (!ok && rank == 0)
+        xmp_cli_error("memory probe: simulating the probe schedule failed");
+    return ok ? 0 : -1;
+}
+
+/* The memory model of a model that does not measure itself (no act_bytes from par_open):
+ * forwards-only driver steps on validation batch 0, one per recomputation mode (none, block,
+ * selective), each recording per model stage the most bytes one microbatch's forward leaves
+ * held (the stage's activation_bytes after minus before the forward; max over the stage's
+ * ranks). act[s] = bytes without recomputation, ckpt[s] under block recomputation, *keep the
+ * largest selective / none ratio. Collective; 0, or -1 (message printed on rank 0). */
+static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, xmp_driver_t *drv,
+                           timed_ops_t *t, timed_ops_t *vt, const int *vstage, int nv, double *act,
+                           double *ckpt, double *keep)
+{
+    static const int modes[3] = {XMP_RECOMPUTE_NONE, XMP_RECOMPUTE_BLOCK, XMP_RECOMPUTE_SELECTIVE};
+    double got[3][XMP_MAX_STAGES];
+    for (int p = 0; p < 3; p++) {
+        double loc[XMP_MAX_STAGES];
+        memset(loc, 0, sizeof loc);
+        m->par_set_recompute(m->user, modes[p]);
+        int bad = m->par_set_val(m->user, 0) != 0;
+        if (any_rank(bad)) {
+            if (rank == 0)
+                xmp_cli_error("memory probe: batch: %s", xmp_last_error());
+            return -1;
+        }
+        t->probe = 1;
+        t->probe_max = 0;
+        for (int k = 0; k < nv; k++) {
+            vt[k].probe = 1;
+            vt[k].probe_max = 0;
+            vt[k].probe_src = &vt[0].in; /* the rank's first chunk (see t_fwd) */
+        }
+        set_eval(t, vt, nv, 1);
+        xmp_step_stats_t ss;
+        bad = xmp_driver_step(drv, &ss) != XMESH_SUCCESS;
+        set_eval(t, vt, nv, 0);
+        if (me >= 0) {
+            m->par_release(m->user);
+            act_reset(t, vt, nv);
+        }
+        t->probe = 0;
+        for (int k = 0; k < nv; k++) {
+            vt[k].probe = 0;
+            vt[k].probe_src = NULL;
+        }
+        if (any_rank(bad)) {
+            if (bad)
+                xmp_cli_error("memory probe: step: %s", xmp_driver_error(drv));
+            return -1;
+        }
+        for (int k = nv ? 0 : -1; k < nv && me >= 0; k++)
+            loc[k < 0 ? me : vstage[k]] = (double)(k < 0 ? t : &vt[k])->probe_max;
+        MPI_Allreduce(loc, got[p], S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    }
+    *keep = 0;
+    for (int s = 0; s < S; s++) {
+        act[s] = got[0][s];
+        ckpt[s] = got[1][s] < got[0][s] ? got[1][s] : got[0][s];
+        double f = got[0][s] > 0 ? got[2][s] / got[0][s] : 0;
+        if (f > *keep)
+            *keep = f < 1 ? f : 1;
+    }
+    for (int s = 0; s < S; s++)
+        if (!(act[s] > 0)) {
+            if (rank == 0)
+                xmp_cli_error("memory probe: stage %d holds no measured activations "
+                              "(the model does not report them)",
+                              s);
+            return -1;
+        }
+    return 0;
 }
 
 /* Per-step figures over the world: per stage the max over its ranks of the per-microbatch F, I
@@ -1083,15 +1294,21 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     go.max_pending_w = S;
     go.recompute = o->recompute;
     const int virt = sl.ngroups != sl.nstages;
+    /* a model that does not measure its activations: the trainer probes them (below) */
+    const int probe = (o->max_act_bytes > 0 || o->predict_memory) && !ts.act_bytes &&
+                      m->par_set_recompute && m->par_set_val && m->par_release;
+    double pact[XMP_MAX_STAGES], pckpt[XMP_MAX_STAGES], pkeep = 0, pbase[XMP_MAX_STAGES];
+    int have_base = 0;
     if (o->max_act_bytes > 0 || o->recompute) {
-        if ((o->max_act_bytes > 0 && !ts.act_bytes) || !m->par_set_recompute) {
+        if ((o->max_act_bytes > 0 && !ts.act_bytes && !probe) || !m->par_set_recompute) {
             if (rank == 0)
                 xmp_cli_error("--recompute/--max-activation-bytes: the %s model does not %s",
                               m->name,
                               m->par_set_recompute ? "measure its activations" : "recompute");
             goto out;
         }
-        go.max_act_bytes = o->max_act_bytes;
+        /* with the probe: a provisional schedule without the cap first */
+        go.max_act_bytes = probe ? 0 : o->max_act_bytes;
         go.act_bytes = ts.act_bytes;
         go.ckpt_bytes = ts.ckpt_bytes;
         go.selective_keep = ts.selective_keep;
@@ -1108,7 +1325,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     /* a memory cap may have chosen recomputation */
     if (m->par_set_recompute)
         m->par_set_recompute(m->user, sched->recompute);
-    if (rank == 0 && (o->max_act_bytes > 0 || o->recompute))
+    if (rank == 0 && (o->max_act_bytes > 0 || o->recompute) && !(probe && o->max_act_bytes > 0))
         printf("schedule %s: recompute %s\n", sched->name, xmp_recompute_name(sched->recompute));
     timed_ops_t tops;
     memset(&tops, 0, sizeof tops);
@@ -1140,6 +1357,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             continue;
         memset(&vt[nv], 0, sizeof vt[nv]);
         vt[nv].in = ts.stage_ops[s];
+        vt[nv].defer_o = tops.defer_o;
         vops[s] = dc.ops;
         vops[s].user = &vt[nv];
         vops[s].activation_bytes = ts.stage_ops[s].activation_bytes ? t_act : NULL;
@@ -1154,6 +1372,53 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         if (rank == 0)
             xmp_cli_error("pipeline driver: %s", err);
         goto out;
+    }
+    if (probe) {
+        if (probe_act_bytes(m, rank, me, S, drv, &tops, vt, vstage, nv, pact, pckpt, &pkeep) != 0)
+            goto out;
+        if (probe_base_bytes(m, rank, me, S, sl.ngroups, sl.group, drv, sched, &tops, vt, nv, pact,
+                             pckpt, pkeep, pbase) != 0)
+            goto out;
+        ts.act_bytes = pact;
+        ts.ckpt_bytes = pckpt;
+        ts.selective_keep = pkeep;
+        have_base = 1;
+        if (rank == 0 && o->no_progress)
+            printf("activation bytes per microbatch (probe): stage 0 %.0f (block recompute "
+                   "%.0f), selective keeps %.2f; group 0 holds %.0f besides them\n",
+                   pact[0], pckpt[0], pkeep, pbase[0]);
+        if (o->max_act_bytes > 0) {
+            xmp_schedule_t *capped = NULL;
+            go.max_act_bytes = o->max_act_bytes;
+            go.act_bytes = ts.act_bytes;
+            go.ckpt_bytes = ts.ckpt_bytes;
+            go.selective_keep = ts.selective_keep;
+            go.base_bytes = pbase;
+            if ((virt ? xmp_sched_generate_map(o->schedule, S, sl.ngroups, sl.group,
+                                               o->microbatches * o->grad_accum, ts.nedges,
+                                               ts.sedges, &go, &capped, err, sizeof err)
+                      : xmp_sched_generate(o->schedule, S, o->microbatches * o->grad_accum,
+                                           ts.nedges, ts.sedges, &go, &capped, err, sizeof err)) !=
+                0) {
+                if (rank == 0)
+                    xmp_cli_error("--schedule %s: %s", xmp_sched_kind_name(o->schedule), err);
+                goto out;
+            }
+            xmp_driver_destroy(drv);
+            drv = NULL;
+            xmp_sched_destroy(sched);
+            sched = capped;
+            dc.sched = sched;
+            if (xmp_driver_create(&dc, &drv, err, sizeof err) != XMESH_SUCCESS) {
+                if (rank == 0)
+                    xmp_cli_error("pipeline driver: %s", err);
+                goto out;
+            }
+            if (rank == 0)
+                printf("schedule %s: recompute %s\n", sched->name,
+                       xmp_recompute_name(sched->recompute));
+        }
+        m->par_set_recompute(m->user, sched->recompute);
     }
     if (o->print_schedule && rank == 0) {
         char buf[256];
@@ -1211,7 +1476,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         }
         double loss = 0, gnorm = 0;
         MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        if (tops.defer_o && clip_and_update(o, m, me, &tops, &gnorm) != 0) {
+        if (tops.defer_o && clip_and_update(o, m, me, &tops, vt, nv, &gnorm) != 0) {
             if (rank == 0)
                 xmp_cli_error("step %d: gradient clipping / optimizer failed", step);
             break;
@@ -1221,6 +1486,22 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         int64_t peak_bytes[XMP_MAX_STAGES];
         double pf[XMP_MAX_STAGES], pi[XMP_MAX_STAGES], pw[XMP_MAX_STAGES];
         step_figures(S, me, &tops, &ss, pf, pi, pw, bubble, peak_mb, peak_bytes, vt, vstage, nv);
+        /* the cap is a promise about measured allocations: a step over it ends the run (every
+         * rank sees the same reduced peaks) rather than going on over the cap */
+        int over = -1;
+        for (int k = 0; o->max_act_bytes > 0 && k < S; k++)
+            if ((double)peak_bytes[k] > o->max_act_bytes &&
+                (over < 0 || peak_bytes[k] > peak_bytes[over]))
+                over = k;
+        if (over >= 0) {
+            if (rank == 0)
+                xmp_cli_error("--max-activation-bytes %.0f: step %d measured a peak of %lld B on "
+                              "stage %d, over the cap (the memory model underestimates this "
+                              "model; use a cap of at least %lld)",
+                              o->max_act_bytes, step, (long long)peak_bytes[over], over,
+                              (long long)peak_bytes[over]);
+            break;
+        }
         double boxing = xmp_comm_seconds() - comm0,
                busy = tops.f + tops.i + tops.w + tops.r + tops.o;
         for (int k = 0; k < nv; k++)
@@ -1228,11 +1509,34 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         xmp_step_pipe_t sp = {busy - boxing, boxing, 0, S, bubble, peak_mb, peak_bytes};
         /* Prediction of this step from the previous step's measured stage costs and xmesh's
          * predicted plan times (the first step has none). */
+        if (have_log)
+            log.npred = 0;
         if (have_costs) {
             xmp_sim_result_t res;
+            xmp_sim_costs_t sc;
             memset(&res, 0, sizeof res);
-            if (xmp_driver_predict(drv, cf, ci, cw, &res) == XMESH_SUCCESS && res.ok)
+            memset(&sc, 0, sizeof sc);
+            sc.f = cf;
+            sc.i = ci;
+            sc.w = cw;
+            /* the memory model when the model measured its activations (cap, --predict-memory) */
+            sc.act_bytes = ts.act_bytes;
+            sc.ckpt_bytes = ts.ckpt_bytes;
+            sc.selective_keep = ts.selective_keep;
+            sc.base_bytes = have_base ? pbase : NULL;
+            if (xmp_driver_predict_costs(drv, &sc, &res) == XMESH_SUCCESS && res.ok) {
                 sp.predicted_s = res.step_s;
+                if (have_log && res.nstages > 0 && res.nstages <= XMP_MAX_STAGES) {
+                    double b = 0;
+                    for (int g = 0; g < res.nstages; g++) {
+                        b += res.bubble[g];
+                        log.pred_peak[g] = res.peak_bytes ? res.peak_bytes[g] : 0;
+                    }
+                    log.pred_bubble = b / res.nstages;
+                    log.pred_have_mem = ts.act_bytes != NULL;
+                    log.npred = res.nstages;
+                }
+            }
             if (o->print_schedule && rank == 0 && step == 1) {
                 printf("# simulated timeline (stage costs of step 0, xmesh plan predictions):\n");
                 xmp_sim_render(sched, &res, 100, stdout);
@@ -1246,14 +1550,15 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         /* After the first step, place the deferred W work with the measured costs instead of
          * unit costs: regenerate the schedule and the driver. */
         if (step == o->start_step && o->delay_wgrad && o->steps > step + 1 && S > 1 &&
-            replan(o, m, rank, S, &ts, cf, ci, cw, &dc, &sched, &drv) != 0)
+            replan(o, m, rank, S, &ts, have_base ? pbase : NULL, cf, ci, cw, &dc, &sched, &drv) !=
+                0)
             break;
         double val = NAN;
-        if (val_due(o, step) && par_val(o, m, rank, me, drv, &tops, &val) != 0)
+        if (val_due(o, step) && par_val(o, m, rank, me, drv, &tops, vt, nv, &val) != 0)
             break;
         int sampled = 0;
         if (sample_due(o, step)) {
-            eval_ctx_t ec = {m, drv, &tops, me};
+            eval_ctx_t ec = {m, drv, &tops, vt, me, nv};
             free(text);
             text = malloc((size_t)o->sample_len + 1);
             int sbad2 = !text || !m->par_release ||

@@ -69,6 +69,9 @@ typedef struct {
     int recompute;            /* xmp_recompute_t */
     const char *max_act;      /* --max-activation-bytes text */
     double max_act_bytes;     /* > 0: memory cap per rank group */
+    int predict_memory;       /* --predict-memory: the model measures its per-microbatch
+                               * activation bytes (as for a cap) so the simulator's per-step
+                               * prediction includes the modelled peak per rank group */
     /* distributed checkpoints (docs/CHECKPOINT.md): --save-dir --save-every --keep --resume;
      * start_step is set by the trainer from the resumed checkpoint */
     const char *save_dir, *resume;
@@ -115,9 +118,12 @@ typedef struct {
     /* Virtual stages (layout->ngroups < nstages): per MODEL stage the callbacks of this rank's
      * stages (others zero), NULL otherwise; `stage` is then the group's lowest, `ops` its. */
     const xmp_stage_ops_t *stage_ops;
-    /* Memory cap (--max-activation-bytes): per model stage the bytes one microbatch's
-     * activations hold (act), under block recomputation (ckpt), the fraction selective keeps;
-     * NULL: the model cannot measure them (the cap is refused). */
+    /* Memory cap (--max-activation-bytes, --predict-memory): per model stage the bytes one
+     * microbatch's activations hold (act), under block recomputation (ckpt), the fraction
+     * selective keeps; NULL: the trainer measures them itself (probe steps before the first
+     * step: needs par_set_recompute, par_set_val, par_release and the stages'
+     * activation_bytes; docs/SCHEDULES.md "Memory cap in the trainer"), else the cap is
+     * refused. */
     const double *act_bytes, *ckpt_bytes;
     double selective_keep;
 } xmp_train_stages_t;

@@ -27,6 +27,11 @@ xmesh_result_t xmp_pipe_replan(const xmp_replan_t *rp, xmp_driver_cfg_t *dc, xmp
     xmp_driver_t *nd = NULL;
     go.recompute = (*sched)->recompute; /* keep the stage -> group map and recomputation */
     go.recompute_frac = (*sched)->recompute_frac;
+    go.max_act_bytes = rp->max_act_bytes;
+    go.act_bytes = rp->act_bytes;
+    go.ckpt_bytes = rp->ckpt_bytes;
+    go.base_bytes = rp->base_bytes;
+    go.selective_keep = rp->selective_keep;
     if (xmp_sched_generate_map(rp->kind, S, (*sched)->ngroups, (*sched)->stage_group, rp->nmb,
                                rp->nedges, rp->sedges, &go, &ns, msg, sizeof msg) != 0) {
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "re-planning the schedule: %s", msg);

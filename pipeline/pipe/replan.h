@@ -29,6 +29,12 @@ typedef struct {
     const double *f, *i, *w;   /* per stage (dc->nstages): measured seconds per microbatch */
     double xfer;               /* transfer seconds used to place W */
     int print;                 /* rank 0 of dc->comm prints the costs and the new schedule */
+    /* Memory cap (xmp_gen_opts_t's fields; max_act_bytes 0: none): > 0 re-plans under the same
+     * cap with the same memory model, so the re-planned schedule keeps the modelled peak under
+     * it (recomputation from the current schedule's mode upwards). */
+    double max_act_bytes;
+    const double *act_bytes, *ckpt_bytes, *base_bytes;
+    double selective_keep;
 } xmp_replan_t;
 
 /* Collective over dc->comm. Generates the new schedule; on success destroys *drv and *sched,

@@ -1025,8 +1025,9 @@ static double kept_bytes(const engine_t *E, int st)
 
 static void mem_peak(engine_t *E, xmp_sim_result_t *res, int g, double extra)
 {
-    if (E->heldb[g] + extra > res->peak_bytes[g])
-        res->peak_bytes[g] = E->heldb[g] + extra;
+    double base = E->c->base_bytes ? E->c->base_bytes[g] : 0;
+    if (E->heldb[g] + extra + base > res->peak_bytes[g])
+        res->peak_bytes[g] = E->heldb[g] + extra + base;
 }
 
 /* Memory and in-flight bookkeeping of compute action a on group g (after it ran). */
@@ -2034,6 +2035,7 @@ static int fit_memory(int kind, int nstages, int ngroups, const int *stage_group
     c.act_bytes = opts->act_bytes;
     c.ckpt_bytes = opts->ckpt_bytes;
     c.selective_keep = opts->selective_keep;
+    c.base_bytes = opts->base_bytes;
     /* with the weight-gradient delay, also bound the queued W (each holds activations) */
     int pws[5] = {opts->max_pending_w, 0, 0, 0, 0}, npw = 1;
     if (opts->delay_wgrad) {

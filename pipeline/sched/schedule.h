@@ -230,6 +230,7 @@ typedef struct {
                                * chunk's input); NULL: 0 */
     double selective_keep;    /* fraction of act_bytes kept under selective recomputation
                                * (0: 0.5) */
+    const double *base_bytes; /* per group: as xmp_sim_costs_t.base_bytes (NULL: 0) */
 } xmp_gen_opts_t;
 
 /* Generates a schedule for `kind` over the stage graph.
@@ -324,6 +325,9 @@ typedef struct {
     const double *act_bytes;  /* per model stage */
     const double *ckpt_bytes; /* per model stage; NULL: 0 */
     double selective_keep;    /* 0: 0.5 */
+    const double *base_bytes; /* per GROUP: bytes the group holds at its peaks besides the
+                               * microbatches' activations (gradient accumulators, backward
+                               * temporaries), added to peak_bytes; NULL: 0 */
 } xmp_sim_costs_t;
 
 typedef struct {
