@@ -48,12 +48,19 @@
  * Multi-axis changes go axis by axis in four passes, ascending axis within a
  * pass: (1) axes leaving P (reduce first, data shrinks or stays), (2) axes
  * going to S from B or another S (shrink before gathering), (3) axes going
- * S -> B, (4) axes going to P. When the axis being changed splits a tensor
- * dim that another axis also splits (currently), the blocks follow the flat
- * "lower axis is major" array_split rule, which is not a nesting of per-axis
- * splits; such a step runs as one MPI_Alltoallv over the mesh communicator
- * that moves the intersections of source and destination blocks (P -> S
- * there first reduces P -> B, S -> P first gathers S -> B).
+ * S -> B, (4) axes going to P.
+ * Shared split: when the axis a being changed splits a tensor dim that another axis also
+ * splits (the 3d / axonn layouts), the blocks follow the flat "lower axis is major"
+ * array_split rule, which is not always the nesting ("natural cut") that the per-axis
+ * collective produces: axis a's pieces are the array_split of the block with axis a unsplit.
+ * Where the flat blocks are that natural cut on every rank (a is the innermost axis of the dim
+ * and the sizes divide), the step is the one collective above over axis a's sub-communicator.
+ * Otherwise it is one all-to-all over the mesh communicator (point-to-point pairs only between
+ * ranks that exchange data) that sends the fewest bytes: S/B -> S/B every element a rank lacks,
+ * once; P -> S(d) every partial straight to the rank whose block holds it, summed there in rank
+ * order (a direct reduce-scatter: p-1 partials per element, one more where the holder's source
+ * block lacks it); S(d) -> P only the elements a rank cannot place in its own destination
+ * block. test_box_shared checks these byte counts against the analytic minimum.
  *
  * Errors: functions return xmesh_result_t; on error xmp_last_error() names
  * the bad value and outputs are untouched (no allocation survives).
