@@ -1435,8 +1435,13 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
             set_err(err, errlen, "stage %d parameters: %s", s,
                     *xmp_last_error() ? xmp_last_error() : "out of memory");
     }
-    int anyfail = 0;
-    MPI_Allreduce(&lfail, &anyfail, 1, MPI_INT, MPI_MAX, comm);
+    int anyfail = lfail;
+    if (xmp_agree(&anyfail, 1, MPI_INT, MPI_MAX, comm, "gpt2 stage setup status")) {
+        if (!*err)
+            set_err(err, errlen, "stage setup: %s", xmp_last_error());
+        xmp_gpt2_stage_destroy(st);
+        return -1;
+    }
     if (anyfail) {
         if (!lfail)
             set_err(err, errlen, "another rank failed to set up its stage");
@@ -1713,22 +1718,33 @@ int xmp_gpt2_stages_gather(xmp_gpt2_stage_t *const *sts, int n, xmp_gpt2_t *full
                 buf = malloc(sizeof(float) * per);
             if ((h || st->rank == 0) && !buf)
                 rc = -1;
-            if (h && buf && xmp_tensor_gather_full(&h->p[pindex(h, id, layer)].w, buf))
+            xmesh_result_t cr = XMESH_SUCCESS; /* communication: a peer failed or timed out */
+            if (h && buf && (cr = xmp_tensor_gather_full(&h->p[pindex(h, id, layer)].w, buf)))
                 rc = -1;
-            if (src != 0) {
-                if (st->rank == src && buf)
-                    MPI_Send(buf, (int)per, MPI_FLOAT, 0, 77, st->comm);
-                else if (st->rank == 0 && buf)
-                    MPI_Recv(buf, (int)per, MPI_FLOAT, src, 77, st->comm, MPI_STATUS_IGNORE);
+            if (src != 0 && buf && !cr) {
+                if (st->rank == src)
+                    cr = xmp_send(buf, (int)per, MPI_FLOAT, 0, 77, st->comm, "gpt2 gather");
+                else if (st->rank == 0)
+                    cr = xmp_recv(buf, (int)per, MPI_FLOAT, src, 77, st->comm, "gpt2 gather");
+                if (cr)
+                    rc = -1;
             }
             if (st->rank == 0 && buf)
                 memcpy(full->params + pi->offset + (size_t)(layer >= 0 ? layer : 0) * per, buf,
                        per * sizeof(float));
             free(buf);
+            if (cr == XMESH_ERR_TIMEOUT || cr == XMESH_ERR_REMOTE) { /* no later message */
+                fprintf(stderr, "gpt2 gather: %s\n", xmp_last_error());
+                goto agree;
+            }
         }
     }
-    int all = 0;
-    MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MIN, st->comm);
+agree:;
+    int all = rc;
+    if (xmp_agree(&all, 1, MPI_INT, MPI_MIN, st->comm, "gpt2 gather status")) {
+        fprintf(stderr, "gpt2 gather: %s\n", xmp_last_error());
+        return -1;
+    }
     return all;
 }
 
@@ -1785,8 +1801,11 @@ int xmp_gpt2_stage_params_changed(xmp_gpt2_stage_t *st)
         if (q->g.lcount)
             memset(q->g.data, 0, (size_t)q->g.lcount * 4);
     }
-    int all = 0;
-    MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MIN, st->comm);
+    int all = rc;
+    if (xmp_agree(&all, 1, MPI_INT, MPI_MIN, st->comm, "gpt2 parameters-changed status")) {
+        fprintf(stderr, "gpt2 stage %d: %s\n", st->stage, xmp_last_error());
+        return -1;
+    }
     return all;
 }
 

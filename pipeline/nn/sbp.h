@@ -161,6 +161,17 @@ xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcoun
 xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sdispls, void *rbuf,
                              const int *rcounts, const int *rdispls, MPI_Datatype ty, MPI_Comm comm,
                              const char *what);
+/* Control messages of the models and trainers (status agreement, parameter gathers): the
+ * same deadline and failure-notice behaviour as the collectives above, but not boxing, so never
+ * counted in xmp_comm_counts. xmp_agree is an all-reduce of count elements in place (e.g. an
+ * int error flag with MPI_MAX); xmp_send / xmp_recv are a point-to-point message (comm ranks),
+ * waited with the deadline (the message names the peer). Buffers written on success only. */
+xmesh_result_t xmp_agree(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                         const char *what);
+xmesh_result_t xmp_send(const void *buf, int count, MPI_Datatype ty, int dest, int tag,
+                        MPI_Comm comm, const char *what);
+xmesh_result_t xmp_recv(void *buf, int count, MPI_Datatype ty, int src, int tag, MPI_Comm comm,
+                        const char *what);
 /* Waits for one (all nreq) nonblocking requests of nn/ as above (adds the time to
  * xmp_comm_seconds). */
 xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what);

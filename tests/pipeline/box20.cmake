@@ -10,3 +10,13 @@ foreach(np 4 6 8)
   set_tests_properties(pipeline.box20.test_box_shared.n${np} PROPERTIES LABELS "pipeline;mpi"
     TIMEOUT 60 ENVIRONMENT "${XMP_BOX20_ENV}")
 endforeach()
+
+# GPT-2's control messages (gather, status agreement) end with an error naming a failed rank,
+# or a timeout, never a hang (4 ranks, XMESH_TIMEOUT_S=3).
+add_executable(test_gpt_fail test_gpt_fail.c)
+target_link_libraries(test_gpt_fail PRIVATE xmesh_pipeline)
+add_test(NAME pipeline.box20.gpt_fail.n4
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe
+          ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_gpt_fail> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(pipeline.box20.gpt_fail.n4 PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
+  ENVIRONMENT "${XMP_BOX20_ENV};XMESH_TIMEOUT_S=3")
