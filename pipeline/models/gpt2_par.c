@@ -694,18 +694,19 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
     CHK(xmp_layernorm_forward(x, PT(st, XMP_GPT2_LN1W, layer), PT(st, XMP_GPT2_LN1B, layer),
                               &b->ln1, &b->c1));
     CHK(to_class(&b->ln1, st->act[A_LN1], NULL)); /* its backward: boxed to x's SBP */
-    CHK(xmp_linear_forward(&b->ln1, PT(st, XMP_GPT2_QKVW, layer), PT(st, XMP_GPT2_QKVB, layer),
-                           &b->qkv));
-    CHK(to_class(&b->qkv, st->act[A_QKV], b->s_qkv));
+    /* GEMM + its collective (--overlap coll-matmul: piecewise, nn/overlap.h (e)) */
+    CHK(xmp_linear_forward_box(&st->ov, &b->ln1, PT(st, XMP_GPT2_QKVW, layer),
+                               PT(st, XMP_GPT2_QKVB, layer), st->act[A_QKV], NULL, b->s_qkv,
+                               &b->qkv));
     CHK(xmp_attention_forward(&b->qkv, &y4, &b->ac));
     view_heads(&y4, 0, NH, hs);
     b->att = y4;
     memset(&y4, 0, sizeof y4);
     CHK(to_class(&b->att, st->act[A_ATT], b->s_att));
     xmp_driver_progress(NULL);
-    CHK(xmp_linear_forward(&b->att, PT(st, XMP_GPT2_ATTPROJW, layer),
-                           PT(st, XMP_GPT2_ATTPROJB, layer), &y));
-    memcpy(b->s_y1, y.sbp, sizeof y.sbp);
+    /* y boxed to the SBP of the sum, so the add needs no collective */
+    CHK(xmp_linear_forward_box(&st->ov, &b->att, PT(st, XMP_GPT2_ATTPROJW, layer),
+                               PT(st, XMP_GPT2_ATTPROJB, layer), NULL, x, b->s_y1, &y));
     CHK(xmp_add_forward(x, &y, &b->res1));
     xmp_tensor_free(&y);
     CHK(to_class(&b->res1, st->act[A_X], b->s_res1));
@@ -713,15 +714,14 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
     CHK(xmp_layernorm_forward(&b->res1, PT(st, XMP_GPT2_LN2W, layer), PT(st, XMP_GPT2_LN2B, layer),
                               &b->ln2, &b->c2));
     CHK(to_class(&b->ln2, st->act[A_LN2], NULL));
-    CHK(xmp_linear_forward(&b->ln2, PT(st, XMP_GPT2_FCW, layer), PT(st, XMP_GPT2_FCB, layer),
-                           &b->fch));
-    CHK(to_class(&b->fch, st->act[A_FCH], b->s_fch));
+    CHK(xmp_linear_forward_box(&st->ov, &b->ln2, PT(st, XMP_GPT2_FCW, layer),
+                               PT(st, XMP_GPT2_FCB, layer), st->act[A_FCH], NULL, b->s_fch,
+                               &b->fch));
     CHK(xmp_gelu_forward(&b->fch, &b->fcg));
     CHK(to_class(&b->fcg, st->act[A_GELU], b->s_fcg));
     xmp_driver_progress(NULL);
-    CHK(xmp_linear_forward(&b->fcg, PT(st, XMP_GPT2_FCPROJW, layer),
-                           PT(st, XMP_GPT2_FCPROJB, layer), &y));
-    memcpy(b->s_y2, y.sbp, sizeof y.sbp);
+    CHK(xmp_linear_forward_box(&st->ov, &b->fcg, PT(st, XMP_GPT2_FCPROJW, layer),
+                               PT(st, XMP_GPT2_FCPROJB, layer), NULL, &b->res1, b->s_y2, &y));
     CHK(xmp_add_forward(&b->res1, &y, &b->res2));
     xmp_tensor_free(&y);
     CHK(to_class(&b->res2, st->act[A_X], b->s_res2));

@@ -504,6 +504,9 @@ struct xmp_box_req {
     xmp_tensor_t nxt; /* target of the step in flight (owned) */
     xmp_sbp_t dst[XMP_MAX_MESH_DIMS];
     int inflight, fin, a; /* step in flight, its finishing work, its axis */
+    int ckind, cp;        /* its xmp_comm_counts kind and communicator size */
+    int64_t cpay;         /* its payload bytes; ring-equivalent bytes follow from ckind */
+    double cbytes;
     MPI_Request q;
     MPI_Comm comm;
     float *buf; /* staging of the step in flight */
@@ -555,7 +558,11 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
     h->comm = m->axis[a];
     h->a = a;
     h->fin = FIN_NONE;
+    h->cp = na;
     if (from.kind == XMP_P && to.kind == XMP_B) {
+        h->ckind = XMP_COLL_ALLREDUCE;
+        h->cpay = y->lcount * 4;
+        h->cbytes = 2.0 * (na - 1) / na * (double)h->cpay;
         memcpy(y->data, x->data, (size_t)x->lcount * 4);
         rc = MPI_Iallreduce(MPI_IN_PLACE, y->data, (int)y->lcount, ty, MPI_SUM, h->comm, &h->q);
     } else {
@@ -578,6 +585,9 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
                 c0[c] = (int)volume(nd, ext);
                 o += c0[c];
             }
+            h->ckind = XMP_COLL_REDUCE_SCATTER;
+            h->cpay = o * 4;
+            h->cbytes = (double)(na - 1) / na * (double)h->cpay;
             rc = MPI_Ireduce_scatter(h->buf, y->data, c0, ty, MPI_SUM, h->comm, &h->q);
         } else { /* S(d) -> B */
             int d = from.dim;
@@ -590,6 +600,9 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
                 d0[c] = (int)o;
                 o += c0[c];
             }
+            h->ckind = XMP_COLL_ALLGATHER;
+            h->cpay = x->lcount * 4;
+            h->cbytes = (double)(na - 1) / na * (double)(o * 4);
             h->fin = outer == 1 ? FIN_NONE : FIN_UNPACK;
             void *dst = outer == 1 ? y->data : (void *)h->buf;
             rc = MPI_Iallgatherv(x->data, (int)x->lcount, ty, dst, c0, d0, ty, h->comm, &h->q);
@@ -605,6 +618,7 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
 static void finish_step(xmp_box_req_t *h)
 {
     xmp_tensor_t *y = &h->nxt;
+    xmp_comm_count_add(h->ckind, h->cp, h->cpay, h->cbytes);
     if (h->fin == FIN_UNPACK) {
         int a = h->a, na = y->mesh->shape[a], nd = y->ndim, d = h->cur.sbp[a].dim;
         int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;

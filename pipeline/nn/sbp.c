@@ -66,6 +66,12 @@ static void count_coll(int kind, int p, int64_t payload, double bytes)
     xmp_counts.bytes[kind] += p > 1 ? bytes : 0;
 }
 
+void xmp_comm_count_add(int kind, int p, int64_t payload, double bytes)
+{
+    if (kind >= 0 && kind < XMP_COLL_NKINDS)
+        count_coll(kind, p, payload, bytes);
+}
+
 static _Thread_local int64_t xmp_mem_live, xmp_mem_peak;
 
 int64_t xmp_mem_live_bytes(void)

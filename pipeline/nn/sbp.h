@@ -132,6 +132,9 @@ typedef struct {
 double xmp_comm_bytes(void);
 /* Snapshot of every count (out not NULL). */
 void xmp_comm_counts(xmp_comm_counts_t *out);
+/* Adds one completed collective of kind (conventions above; p the communicator size) that
+ * did not go through the functions above (the nonblocking boxing of nn/overlap.h). */
+void xmp_comm_count_add(int kind, int p, int64_t payload, double bytes);
 /* Zeroes the counts of this thread. */
 void xmp_comm_counts_reset(void);
 /* "allreduce", "allgather", "reduce_scatter", "alltoall"; NULL out of range. */
