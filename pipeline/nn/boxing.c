@@ -145,58 +145,66 @@ static xmesh_result_t redistribute(const xmp_mesh_t *m, int nd, const int64_t *s
                                    const int64_t *yo, int sum_a, int match_a, const char *w)
 {
     int n = m->size;
-    int64_t xc = volume(nd, xs);
     int *sc = calloc((size_t)n * 4, sizeof(int));
-    /* upper bound: my block may go to every rank (y B on all other axes) */
-    float *sbuf = calloc((size_t)(xc ? xc : 1) * (size_t)n, 4);
-    float *rbuf = NULL; /* sized below: my block once (sum_a: once per partial) */
+    float *sbuf = NULL, *rbuf = NULL; /* sized exactly after the counts */
     xmesh_result_t r = XMESH_SUCCESS;
-    if (!sc || !sbuf) {
+    if (!sc) {
         r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
         goto out_free;
     }
     int *scnt = sc, *sdis = sc + n, *rcnt = sc + 2 * n, *rdis = sc + 3 * n;
     int64_t so = 0, ro = 0;
-    for (int p = 0; p < n; p++) {
-        int cp[XMP_MAX_MESH_DIMS];
-        coords(m, p, cp);
-        int ok = 1; /* me -> p and p -> me */
-        for (int b = 0; b < m->ndim; b++)
-            if (((!lay_cuts(xl, b) && b != sum_a) || b == match_a) && cp[b] != m->coord[b])
-                ok = 0;
-        int64_t lo[XMP_MAX_DIMS], hi[XMP_MAX_DIMS], ilo[XMP_MAX_DIMS], ext[XMP_MAX_DIMS];
-        int64_t zero[XMP_MAX_DIMS] = {0}, srel[XMP_MAX_DIMS];
-        sdis[p] = (int)so;
-        scnt[p] = 0;
-        rdis[p] = (int)ro;
-        rcnt[p] = 0;
-        if (!ok)
-            continue;
-        lay_block(m, nd, shape, yl, cp, lo, hi); /* my x block ∩ p's y block */
-        for (int d = 0; d < nd; d++) {
-            ilo[d] = lo[d] > xo[d] ? lo[d] : xo[d];
-            int64_t ih = hi[d] < xo[d] + xs[d] ? hi[d] : xo[d] + xs[d];
-            ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
-            srel[d] = ilo[d] - xo[d];
+    /* pass 1: counts; pass 2: pack (my x block ∩ p's y block) */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int p = 0; p < n; p++) {
+            if (pass == 1 && !scnt[p])
+                continue;
+            int cp[XMP_MAX_MESH_DIMS];
+            coords(m, p, cp);
+            int ok = 1; /* me -> p and p -> me */
+            for (int b = 0; b < m->ndim; b++)
+                if (((!lay_cuts(xl, b) && b != sum_a) || b == match_a) && cp[b] != m->coord[b])
+                    ok = 0;
+            int64_t lo[XMP_MAX_DIMS], hi[XMP_MAX_DIMS], ilo[XMP_MAX_DIMS], ext[XMP_MAX_DIMS];
+            int64_t zero[XMP_MAX_DIMS] = {0}, srel[XMP_MAX_DIMS];
+            if (pass == 0) {
+                sdis[p] = (int)so;
+                scnt[p] = 0;
+                rdis[p] = (int)ro;
+                rcnt[p] = 0;
+            }
+            if (!ok)
+                continue;
+            lay_block(m, nd, shape, yl, cp, lo, hi);
+            for (int d = 0; d < nd; d++) {
+                ilo[d] = lo[d] > xo[d] ? lo[d] : xo[d];
+                int64_t ih = hi[d] < xo[d] + xs[d] ? hi[d] : xo[d] + xs[d];
+                ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
+                srel[d] = ilo[d] - xo[d];
+            }
+            if (pass == 1) {
+                xmp_copy_box(nd, ext, xd, xs, srel, sbuf + sdis[p], ext, zero, 4);
+                continue;
+            }
+            scnt[p] = (int)volume(nd, ext);
+            so += scnt[p];
+            lay_block(m, nd, shape, xl, cp, lo, hi); /* p's x block ∩ my y block */
+            for (int d = 0; d < nd; d++) {
+                ilo[d] = lo[d] > yo[d] ? lo[d] : yo[d];
+                int64_t ih = hi[d] < yo[d] + ys[d] ? hi[d] : yo[d] + ys[d];
+                ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
+            }
+            rcnt[p] = (int)volume(nd, ext);
+            ro += rcnt[p];
         }
-        int64_t v = volume(nd, ext);
-        if (v)
-            xmp_copy_box(nd, ext, xd, xs, srel, sbuf + so, ext, zero, 4);
-        scnt[p] = (int)v;
-        so += v;
-        lay_block(m, nd, shape, xl, cp, lo, hi); /* p's x block ∩ my y block */
-        for (int d = 0; d < nd; d++) {
-            ilo[d] = lo[d] > yo[d] ? lo[d] : yo[d];
-            int64_t ih = hi[d] < yo[d] + ys[d] ? hi[d] : yo[d] + ys[d];
-            ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
+        if (pass == 0) { /* my block once per receiver; rbuf: once (sum_a: once per partial) */
+            sbuf = malloc((size_t)(so ? so : 1) * 4);
+            rbuf = malloc((size_t)(ro ? ro : 1) * 4);
+            if (!sbuf || !rbuf) {
+                r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+                goto out_free;
+            }
         }
-        rcnt[p] = (int)volume(nd, ext);
-        ro += rcnt[p];
-    }
-    rbuf = malloc((size_t)(ro ? ro : 1) * 4);
-    if (!rbuf) {
-        r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
-        goto out_free;
     }
     r = xmp_alltoallv(sbuf, scnt, sdis, rbuf, rcnt, rdis, mpi_type(dt), m->comm, w);
     if (r)
