@@ -6,6 +6,8 @@
 #          activations split over 2 data-parallel ranks arrive replicated on
 #          a 2-way tensor-parallel mesh)
 #   gpt4   GPT-2, 4 stages on 4 hosts x 2 ranks (the larger layout)
+#   gpt3d  GPT-2, 2 stages that are 3-D meshes (1x2x2 each, strategy 3d) on 4 hosts x 2
+#          ranks (issue 20 item 8; scripts/run-overlap-ablation.sh runs it)
 #   ut2    U-Transformer, 2 stages on 2 hosts x 2 ranks, each stage data parallel
 #          over its host's 2 ranks (long skips cross), CPUs pinned per host
 #   ut1    U-Transformer, 2 stages on 2 hosts x 1 rank, CPUs pinned per host
@@ -14,7 +16,8 @@
 # Writes build/ablation/<time>/<config>/{ablation.md,ablation.json,ablation.png}
 # and prints the tables.
 #
-#   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [ut2] [ut1]     (default: all)
+#   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [gpt3d] [ut2] [ut1]
+#   (default: gpt2 gpt4 ut2 ut1)
 # Environment: XMESH_ABL_RATE_GPT [50mbit], XMESH_ABL_RATE_UT [200mbit for ut2, 400mbit for
 #   ut1], XMESH_ABL_BURST [64kb],
 #   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT, XMESH_ABL_UT_C [16],
@@ -83,11 +86,13 @@ for c in $configs; do
         "--stages 2 --stage-mesh 2x1,1x2" "$mbl" || rc=1 ;;
     gpt4) run_cfg gpt4 4 2 "$rate_gpt" gpt $gpt_mbs tokens \
         "--stages 4 --stage-mesh 2x1,1x2,2x1,1x2" "$mbl" || rc=1 ;;
+    gpt3d) run_cfg gpt3d 4 2 "$rate_gpt" gpt $gpt_mbs tokens \
+        "--stages 2 --stage-mesh 1x2x2,1x2x2 --strategy 3d" "$mbl" || rc=1 ;;
     ut2) run_cfg ut2 2 2 "${rate_ut:-200mbit}" utransformer "$ut_mbs" images \
         "--layout u*8|u*5 --stage-mesh 2x1,2x1" "$mbl" -p || rc=1 ;;
     ut1) run_cfg ut1 2 1 "${rate_ut:-400mbit}" utransformer "$ut_mbs" images \
         "--layout u*8|u*5 --stage-mesh 1x1,1x1" "$mbl" -p || rc=1 ;;
-    *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, ut2, ut1)" >&2; rc=2 ;;
+    *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, gpt3d, ut2, ut1)" >&2; rc=2 ;;
     esac
 done
 echo "run-pipeline-ablation: results in $out" >&2

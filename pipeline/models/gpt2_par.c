@@ -694,18 +694,19 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
     CHK(xmp_layernorm_forward(x, PT(st, XMP_GPT2_LN1W, layer), PT(st, XMP_GPT2_LN1B, layer),
                               &b->ln1, &b->c1));
     CHK(to_class(&b->ln1, st->act[A_LN1], NULL)); /* its backward: boxed to x's SBP */
-    CHK(xmp_linear_forward(&b->ln1, PT(st, XMP_GPT2_QKVW, layer), PT(st, XMP_GPT2_QKVB, layer),
-                           &b->qkv));
-    CHK(to_class(&b->qkv, st->act[A_QKV], b->s_qkv));
+    /* GEMM + its collective (--overlap coll-matmul: piecewise, nn/overlap.h (e)) */
+    CHK(xmp_linear_forward_box(&st->ov, &b->ln1, PT(st, XMP_GPT2_QKVW, layer),
+                               PT(st, XMP_GPT2_QKVB, layer), st->act[A_QKV], NULL, b->s_qkv,
+                               &b->qkv));
     CHK(xmp_attention_forward(&b->qkv, &y4, &b->ac));
     view_heads(&y4, 0, NH, hs);
     b->att = y4;
     memset(&y4, 0, sizeof y4);
     CHK(to_class(&b->att, st->act[A_ATT], b->s_att));
     xmp_driver_progress(NULL);
-    CHK(xmp_linear_forward(&b->att, PT(st, XMP_GPT2_ATTPROJW, layer),
-                           PT(st, XMP_GPT2_ATTPROJB, layer), &y));
-    memcpy(b->s_y1, y.sbp, sizeof y.sbp);
+    /* y boxed to the SBP of the sum, so the add needs no collective */
+    CHK(xmp_linear_forward_box(&st->ov, &b->att, PT(st, XMP_GPT2_ATTPROJW, layer),
+                               PT(st, XMP_GPT2_ATTPROJB, layer), NULL, x, b->s_y1, &y));
     CHK(xmp_add_forward(x, &y, &b->res1));
     xmp_tensor_free(&y);
     CHK(to_class(&b->res1, st->act[A_X], b->s_res1));
@@ -713,15 +714,14 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
     CHK(xmp_layernorm_forward(&b->res1, PT(st, XMP_GPT2_LN2W, layer), PT(st, XMP_GPT2_LN2B, layer),
                               &b->ln2, &b->c2));
     CHK(to_class(&b->ln2, st->act[A_LN2], NULL));
-    CHK(xmp_linear_forward(&b->ln2, PT(st, XMP_GPT2_FCW, layer), PT(st, XMP_GPT2_FCB, layer),
-                           &b->fch));
-    CHK(to_class(&b->fch, st->act[A_FCH], b->s_fch));
+    CHK(xmp_linear_forward_box(&st->ov, &b->ln2, PT(st, XMP_GPT2_FCW, layer),
+                               PT(st, XMP_GPT2_FCB, layer), st->act[A_FCH], NULL, b->s_fch,
+                               &b->fch));
     CHK(xmp_gelu_forward(&b->fch, &b->fcg));
     CHK(to_class(&b->fcg, st->act[A_GELU], b->s_fcg));
     xmp_driver_progress(NULL);
-    CHK(xmp_linear_forward(&b->fcg, PT(st, XMP_GPT2_FCPROJW, layer),
-                           PT(st, XMP_GPT2_FCPROJB, layer), &y));
-    memcpy(b->s_y2, y.sbp, sizeof y.sbp);
+    CHK(xmp_linear_forward_box(&st->ov, &b->fcg, PT(st, XMP_GPT2_FCPROJW, layer),
+                               PT(st, XMP_GPT2_FCPROJB, layer), NULL, &b->res1, b->s_y2, &y));
     CHK(xmp_add_forward(&b->res1, &y, &b->res2));
     xmp_tensor_free(&y);
     CHK(to_class(&b->res2, st->act[A_X], b->s_res2));
@@ -1435,8 +1435,13 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
             set_err(err, errlen, "stage %d parameters: %s", s,
                     *xmp_last_error() ? xmp_last_error() : "out of memory");
     }
-    int anyfail = 0;
-    MPI_Allreduce(&lfail, &anyfail, 1, MPI_INT, MPI_MAX, comm);
+    int anyfail = lfail;
+    if (xmp_agree(&anyfail, 1, MPI_INT, MPI_MAX, comm, "gpt2 stage setup status")) {
+        if (!*err)
+            set_err(err, errlen, "stage setup: %s", xmp_last_error());
+        xmp_gpt2_stage_destroy(st);
+        return -1;
+    }
     if (anyfail) {
         if (!lfail)
             set_err(err, errlen, "another rank failed to set up its stage");
@@ -1713,22 +1718,33 @@ int xmp_gpt2_stages_gather(xmp_gpt2_stage_t *const *sts, int n, xmp_gpt2_t *full
                 buf = malloc(sizeof(float) * per);
             if ((h || st->rank == 0) && !buf)
                 rc = -1;
-            if (h && buf && xmp_tensor_gather_full(&h->p[pindex(h, id, layer)].w, buf))
+            xmesh_result_t cr = XMESH_SUCCESS; /* communication: a peer failed or timed out */
+            if (h && buf && (cr = xmp_tensor_gather_full(&h->p[pindex(h, id, layer)].w, buf)))
                 rc = -1;
-            if (src != 0) {
-                if (st->rank == src && buf)
-                    MPI_Send(buf, (int)per, MPI_FLOAT, 0, 77, st->comm);
-                else if (st->rank == 0 && buf)
-                    MPI_Recv(buf, (int)per, MPI_FLOAT, src, 77, st->comm, MPI_STATUS_IGNORE);
+            if (src != 0 && buf && !cr) {
+                if (st->rank == src)
+                    cr = xmp_send(buf, (int)per, MPI_FLOAT, 0, 77, st->comm, "gpt2 gather");
+                else if (st->rank == 0)
+                    cr = xmp_recv(buf, (int)per, MPI_FLOAT, src, 77, st->comm, "gpt2 gather");
+                if (cr)
+                    rc = -1;
             }
             if (st->rank == 0 && buf)
                 memcpy(full->params + pi->offset + (size_t)(layer >= 0 ? layer : 0) * per, buf,
                        per * sizeof(float));
             free(buf);
+            if (cr == XMESH_ERR_TIMEOUT || cr == XMESH_ERR_REMOTE) { /* no later message */
+                fprintf(stderr, "gpt2 gather: %s\n", xmp_last_error());
+                goto agree;
+            }
         }
     }
-    int all = 0;
-    MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MIN, st->comm);
+agree:;
+    int all = rc;
+    if (xmp_agree(&all, 1, MPI_INT, MPI_MIN, st->comm, "gpt2 gather status")) {
+        fprintf(stderr, "gpt2 gather: %s\n", xmp_last_error());
+        return -1;
+    }
     return all;
 }
 
@@ -1785,8 +1801,11 @@ int xmp_gpt2_stage_params_changed(xmp_gpt2_stage_t *st)
         if (q->g.lcount)
             memset(q->g.data, 0, (size_t)q->g.lcount * 4);
     }
-    int all = 0;
-    MPI_Allreduce(&rc, &all, 1, MPI_INT, MPI_MIN, st->comm);
+    int all = rc;
+    if (xmp_agree(&all, 1, MPI_INT, MPI_MIN, st->comm, "gpt2 parameters-changed status")) {
+        fprintf(stderr, "gpt2 stage %d: %s\n", st->stage, xmp_last_error());
+        return -1;
+    }
     return all;
 }
 

@@ -40,89 +40,193 @@ static int shared_split(const xmp_mesh_t *m, const xmp_sbp_t *sbp, int a, int d)
     return 0;
 }
 
-/* General redistribution between x and y whose SBPs differ on axis a only,
- * where neither is P on a: one MPI_Alltoallv over the mesh communicator.
- * Receiver r takes from each sender s that matches r's coordinates on every
- * axis where x is B or P (so the senders' blocks tile the global tensor once)
- * the intersection of s's x-block and r's y-block. */
-static xmesh_result_t redistribute(const xmp_tensor_t *x, xmp_tensor_t *y, int a)
+/* A block layout on the mesh for redistribute(): an SBP, optionally with the "natural" cut of
+ * axis nat: the block the rank would hold with axis nat unsplit (B), cut along dim nat_dim into
+ * shape[nat] consecutive pieces by array_split, piece coord[nat]. This is the layout a
+ * per-axis collective over the axis-nat sub-communicator produces (or consumes), whatever
+ * other axes split nat_dim. */
+typedef struct {
+    const xmp_sbp_t *sbp;
+    int nat, nat_dim; /* nat = -1: plain SBP blocks */
+} lay_t;
+
+static void lay_block(const xmp_mesh_t *m, int nd, const int64_t *shape, lay_t l, const int *c,
+                      int64_t *lo, int64_t *hi)
 {
-    const xmp_mesh_t *m = x->mesh;
-    int n = m->size, nd = x->ndim;
+    if (l.nat < 0) {
+        xmp_block(m, nd, shape, l.sbp, c, lo, hi);
+        return;
+    }
+    xmp_sbp_t s[XMP_MAX_MESH_DIMS];
+    memcpy(s, l.sbp, sizeof(xmp_sbp_t) * (size_t)m->ndim);
+    s[l.nat] = xmp_sbp_b();
+    xmp_block(m, nd, shape, s, c, lo, hi);
+    int64_t a, b, base = lo[l.nat_dim];
+    split_range(hi[l.nat_dim] - base, m->shape[l.nat], c[l.nat], &a, &b);
+    lo[l.nat_dim] = base + a;
+    hi[l.nat_dim] = base + b;
+}
+
+/* Does the layout cut the tensor over axis b (ranks differing on b hold different data)? */
+static int lay_cuts(lay_t l, int b)
+{
+    return l.sbp[b].kind == XMP_S || b == l.nat;
+}
+
+static void coords(const xmp_mesh_t *m, int p, int *c)
+{
+    for (int b = m->ndim - 1; b >= 0; b--) {
+        c[b] = p % m->shape[b];
+        p /= m->shape[b];
+    }
+}
+
+/* Is S(d) on axis a (in sbp) the natural cut of axis a on every rank of the mesh, i.e. does the
+ * per-axis collective over axis a produce exactly these blocks? Pure function of the geometry:
+ * every rank gets the same answer. */
+static int natural(const xmp_mesh_t *m, int nd, const int64_t *shape, const xmp_sbp_t *sbp, int a)
+{
+    lay_t pl = {sbp, -1, 0}, nl = {sbp, a, sbp[a].dim};
+    for (int p = 0; p < m->size; p++) {
+        int c[XMP_MAX_MESH_DIMS];
+        int64_t lo0[XMP_MAX_DIMS], hi0[XMP_MAX_DIMS], lo1[XMP_MAX_DIMS], hi1[XMP_MAX_DIMS];
+        coords(m, p, c);
+        lay_block(m, nd, shape, pl, c, lo0, hi0);
+        lay_block(m, nd, shape, nl, c, lo1, hi1);
+        for (int d = 0; d < nd; d++)
+            if (lo0[d] != lo1[d] || hi0[d] != hi1[d])
+                return 0;
+    }
+    return 1;
+}
+
+/* dst box += src box (the same geometry as xmp_copy_box), f32 or i32 elements. */
+static void add_box(int nd, const int64_t *ext, const float *src, xmesh_dtype_t dt, float *dst,
+                    const int64_t *ds, const int64_t *lo_d)
+{
+    int64_t n = volume(nd, ext);
+    if (!n)
+        return;
+    int64_t idx[XMP_MAX_DIMS] = {0}, row = ext[nd - 1], rows = n / row;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t o = 0;
+        for (int d = 0; d < nd; d++)
+            o = o * ds[d] + lo_d[d] + idx[d];
+        const float *s = src + r * row;
+        if (dt == XMESH_I32)
+            for (int64_t i = 0; i < row; i++)
+                ((int32_t *)dst)[o + i] += ((const int32_t *)s)[i];
+        else
+            for (int64_t i = 0; i < row; i++)
+                dst[o + i] += s[i];
+        for (int d = nd - 2; d >= 0; d--) {
+            if (++idx[d] < ext[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+}
+
+/* General redistribution of one global tensor from layout xl (my block xd, shape xs at xo) to
+ * layout yl (yd, ys, yo): one all-to-all over the mesh communicator (point-to-point pairs only
+ * between ranks that exchange data). Receiver r takes from each sender s that matches r's
+ * coordinates on every axis that xl does not cut (B or P there, so the senders' blocks tile the
+ * global tensor once and a P value keeps its P coordinate) the intersection of s's x block and
+ * r's y block. Every element a rank lacks is received once and nothing else: the fewest bytes
+ * any exchange between these two layouts can send.
+ * sum_a >= 0: x is P on axis sum_a and y is not: senders also range over axis sum_a and the
+ * receiver sums what it receives into yd (zeroed by the caller) in rank order — a reduce-scatter
+ * sent straight to the final blocks, each partial crossing the network once.
+ * match_a >= 0: senders and receivers also match on axis match_a (S -> P: y's blocks on an
+ * axis-match_a group are the same block G and the sender with my coordinate there fills it). */
+static xmesh_result_t redistribute(const xmp_mesh_t *m, int nd, const int64_t *shape,
+                                   xmesh_dtype_t dt, lay_t xl, const float *xd, const int64_t *xs,
+                                   const int64_t *xo, lay_t yl, float *yd, const int64_t *ys,
+                                   const int64_t *yo, int sum_a, int match_a, const char *w)
+{
+    int n = m->size;
     int *sc = calloc((size_t)n * 4, sizeof(int));
-    /* upper bound: my block may go to every rank (y B on all other axes) */
-    float *sbuf = calloc((size_t)(x->lcount ? x->lcount : 1) * 4 * (size_t)n, 1);
-    float *rbuf = malloc((size_t)(y->lcount ? y->lcount : 1) * 4); /* the senders tile my block */
+    float *sbuf = NULL, *rbuf = NULL; /* sized exactly after the counts */
     xmesh_result_t r = XMESH_SUCCESS;
-    if (!sc || !sbuf || !rbuf) {
-        r = xmp_err(XMESH_ERR_NO_MEMORY, "boxing '%s': out of memory", x->spec);
+    if (!sc) {
+        r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
         goto out_free;
     }
     int *scnt = sc, *sdis = sc + n, *rcnt = sc + 2 * n, *rdis = sc + 3 * n;
     int64_t so = 0, ro = 0;
-    for (int p = 0; p < n; p++) {
-        int cp[XMP_MAX_MESH_DIMS], i = p;
-        for (int b = m->ndim - 1; b >= 0; b--) {
-            cp[b] = i % m->shape[b];
-            i /= m->shape[b];
-        }
-        int send_ok = 1, recv_ok = 1; /* me -> p ; p -> me */
-        for (int b = 0; b < m->ndim; b++)
-            if (x->sbp[b].kind != XMP_S && cp[b] != m->coord[b])
-                send_ok = recv_ok = 0;
-        int64_t lo[XMP_MAX_DIMS], hi[XMP_MAX_DIMS], ilo[XMP_MAX_DIMS], ext[XMP_MAX_DIMS];
-        int64_t zero[XMP_MAX_DIMS] = {0}, srel[XMP_MAX_DIMS];
-        sdis[p] = (int)so;
-        scnt[p] = 0;
-        if (send_ok) { /* my x block ∩ p's y block */
-            xmp_block(m, nd, y->shape, y->sbp, cp, lo, hi);
-            for (int d = 0; d < nd; d++) {
-                ilo[d] = lo[d] > x->loff[d] ? lo[d] : x->loff[d];
-                int64_t ih = hi[d] < x->loff[d] + x->lshape[d] ? hi[d] : x->loff[d] + x->lshape[d];
-                ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
-                srel[d] = ilo[d] - x->loff[d];
+    /* pass 1: counts; pass 2: pack (my x block ∩ p's y block) */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int p = 0; p < n; p++) {
+            if (pass == 1 && !scnt[p])
+                continue;
+            int cp[XMP_MAX_MESH_DIMS];
+            coords(m, p, cp);
+            int ok = 1; /* me -> p and p -> me */
+            for (int b = 0; b < m->ndim; b++)
+                if (((!lay_cuts(xl, b) && b != sum_a) || b == match_a) && cp[b] != m->coord[b])
+                    ok = 0;
+            int64_t lo[XMP_MAX_DIMS], hi[XMP_MAX_DIMS], ilo[XMP_MAX_DIMS], ext[XMP_MAX_DIMS];
+            int64_t zero[XMP_MAX_DIMS] = {0}, srel[XMP_MAX_DIMS];
+            if (pass == 0) {
+                sdis[p] = (int)so;
+                scnt[p] = 0;
+                rdis[p] = (int)ro;
+                rcnt[p] = 0;
             }
-            int64_t v = volume(nd, ext);
-            xmp_copy_box(nd, ext, x->data, x->lshape, srel, sbuf + so, ext, zero, 4);
-            scnt[p] = (int)v;
-            so += v;
-        }
-        rdis[p] = (int)ro;
-        rcnt[p] = 0;
-        if (recv_ok) { /* p's x block ∩ my y block */
-            xmp_block(m, nd, x->shape, x->sbp, cp, lo, hi);
+            if (!ok)
+                continue;
+            lay_block(m, nd, shape, yl, cp, lo, hi);
             for (int d = 0; d < nd; d++) {
-                ilo[d] = lo[d] > y->loff[d] ? lo[d] : y->loff[d];
-                int64_t ih = hi[d] < y->loff[d] + y->lshape[d] ? hi[d] : y->loff[d] + y->lshape[d];
+                ilo[d] = lo[d] > xo[d] ? lo[d] : xo[d];
+                int64_t ih = hi[d] < xo[d] + xs[d] ? hi[d] : xo[d] + xs[d];
+                ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
+                srel[d] = ilo[d] - xo[d];
+            }
+            if (pass == 1) {
+                xmp_copy_box(nd, ext, xd, xs, srel, sbuf + sdis[p], ext, zero, 4);
+                continue;
+            }
+            scnt[p] = (int)volume(nd, ext);
+            so += scnt[p];
+            lay_block(m, nd, shape, xl, cp, lo, hi); /* p's x block ∩ my y block */
+            for (int d = 0; d < nd; d++) {
+                ilo[d] = lo[d] > yo[d] ? lo[d] : yo[d];
+                int64_t ih = hi[d] < yo[d] + ys[d] ? hi[d] : yo[d] + ys[d];
                 ext[d] = ih > ilo[d] ? ih - ilo[d] : 0;
             }
             rcnt[p] = (int)volume(nd, ext);
             ro += rcnt[p];
         }
+        if (pass == 0) { /* my block once per receiver; rbuf: once (sum_a: once per partial) */
+            sbuf = malloc((size_t)(so ? so : 1) * 4);
+            rbuf = malloc((size_t)(ro ? ro : 1) * 4);
+            if (!sbuf || !rbuf) {
+                r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+                goto out_free;
+            }
+        }
     }
-    char w[200];
-    box_what(w, sizeof w, x, y, a);
-    r = xmp_alltoallv(sbuf, scnt, sdis, rbuf, rcnt, rdis, mpi_type(x->dtype), m->comm, w);
+    r = xmp_alltoallv(sbuf, scnt, sdis, rbuf, rcnt, rdis, mpi_type(dt), m->comm, w);
     if (r)
         goto out_free;
     for (int p = 0; p < n; p++) {
         if (!rcnt[p])
             continue;
-        int cp[XMP_MAX_MESH_DIMS], i = p;
-        for (int b = m->ndim - 1; b >= 0; b--) {
-            cp[b] = i % m->shape[b];
-            i /= m->shape[b];
-        }
+        int cp[XMP_MAX_MESH_DIMS];
+        coords(m, p, cp);
         int64_t lo[XMP_MAX_DIMS], hi[XMP_MAX_DIMS], ext[XMP_MAX_DIMS], drel[XMP_MAX_DIMS];
         int64_t zero[XMP_MAX_DIMS] = {0};
-        xmp_block(m, nd, x->shape, x->sbp, cp, lo, hi);
+        lay_block(m, nd, shape, xl, cp, lo, hi);
         for (int d = 0; d < nd; d++) {
-            int64_t il = lo[d] > y->loff[d] ? lo[d] : y->loff[d];
-            int64_t ih = hi[d] < y->loff[d] + y->lshape[d] ? hi[d] : y->loff[d] + y->lshape[d];
+            int64_t il = lo[d] > yo[d] ? lo[d] : yo[d];
+            int64_t ih = hi[d] < yo[d] + ys[d] ? hi[d] : yo[d] + ys[d];
             ext[d] = ih - il;
-            drel[d] = il - y->loff[d];
+            drel[d] = il - yo[d];
         }
-        xmp_copy_box(nd, ext, rbuf + rdis[p], ext, zero, y->data, y->lshape, drel, 4);
+        if (sum_a >= 0)
+            add_box(nd, ext, rbuf + rdis[p], dt, yd, ys, drel);
+        else
+            xmp_copy_box(nd, ext, rbuf + rdis[p], ext, zero, yd, ys, drel, 4);
     }
 out_free:
     free(rbuf);
@@ -131,9 +235,47 @@ out_free:
     return r;
 }
 
+static xmesh_result_t step_axis(const xmp_tensor_t *x, int a, xmp_tensor_t *y, int shared);
+
+/* A step on axis a where another axis splits the dim that axis a splits before or after
+ * (design note in sbp.h, "shared split"). The per-axis collective of step() produces and
+ * consumes the natural cut of axis a (lay_t); when the flat array_split blocks are that cut on
+ * every rank, the step is that one collective over the axis-a sub-communicator. Otherwise:
+ *   P -> S(d): one redistribute() that sends every partial straight to the rank whose flat
+ *              block holds it and sums there (a direct reduce-scatter: each element needs the
+ *              p_a - 1 partials it lacks, one more when its holder's x block lacks it);
+ *   S(d) -> P: one redistribute() that keeps what lies in the rank's destination block and
+ *              sends only the rest (to the rank with the same coordinate on axis a);
+ *   otherwise: one redistribute() (it sends exactly the elements each rank lacks).
+ * The caller has checked that from != to. */
+static xmesh_result_t shared_step(const xmp_tensor_t *x, int a, xmp_tensor_t *y, const char *w)
+{
+    const xmp_mesh_t *m = x->mesh;
+    xmp_sbp_t from = x->sbp[a], to = y->sbp[a];
+    int nd = x->ndim;
+    int xnat = from.kind != XMP_S || natural(m, nd, x->shape, x->sbp, a);
+    int ynat = to.kind != XMP_S || natural(m, nd, y->shape, y->sbp, a);
+    lay_t xl = {x->sbp, -1, 0}, yl = {y->sbp, -1, 0};
+    if (xnat && ynat)
+        return step_axis(x, a, y, 0); /* one collective over axis a */
+    if (from.kind != XMP_P && to.kind != XMP_P)
+        return redistribute(m, nd, x->shape, x->dtype, xl, x->data, x->lshape, x->loff, yl, y->data,
+                            y->lshape, y->loff, -1, -1, w);
+    if (from.kind == XMP_P) /* P -> S(d), y not the natural cut: reduce straight to the blocks */
+        return redistribute(m, nd, x->shape, x->dtype, xl, x->data, x->lshape, x->loff, yl, y->data,
+                            y->lshape, y->loff, a, -1, w);
+    /* S(d) -> P, x not the natural cut: each rank places the part of its block that lies in
+     * its destination block G (the block with axis a unsplit) and sends the rest to the rank of
+     * the group that holds it in y with the same coordinate on axis a: every element is placed
+     * once per axis-a group, and only the elements a rank cannot place itself move. */
+    return redistribute(m, nd, x->shape, x->dtype, xl, x->data, x->lshape, x->loff, yl, y->data,
+                        y->lshape, y->loff, -1, a, w);
+}
+
 /* One step: y (allocated by the caller with x's SBP except `to` on axis a)
- * receives x converted on axis a. */
-static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
+ * receives x converted on axis a. shared = 0: the per-axis collective even where another axis
+ * splits the same dim (x and y may then be natural-cut views, see shared_step). */
+static xmesh_result_t step_axis(const xmp_tensor_t *x, int a, xmp_tensor_t *y, int shared)
 {
     const xmp_mesh_t *m = x->mesh;
     xmp_sbp_t from = x->sbp[a], to = y->sbp[a];
@@ -147,29 +289,14 @@ static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
         memcpy(y->data, x->data, (size_t)x->lcount * esz);
         return XMESH_SUCCESS;
     }
-    if ((from.kind == XMP_S && shared_split(m, x->sbp, a, from.dim)) ||
-        (to.kind == XMP_S && shared_split(m, x->sbp, a, to.dim))) {
-        if (from.kind != XMP_P && to.kind != XMP_P)
-            return redistribute(x, y, a);
-        /* P -> S(d): P -> B then B -> S(d); S(d) -> P: S(d) -> B then B -> P */
-        xmp_tensor_t mid;
-        xmp_sbp_t s[XMP_MAX_MESH_DIMS];
-        memcpy(s, x->sbp, sizeof s);
-        s[a] = xmp_sbp_b();
-        xmesh_result_t r = xmp_tensor_alloc(&mid, x->mesh, nd, x->shape, x->dtype, s);
-        if (r)
-            return r;
-        r = step(x, a, &mid);
-        if (!r)
-            r = step(&mid, a, y);
-        xmp_tensor_free(&mid);
-        return r;
-    }
+    char w[200];
+    box_what(w, sizeof w, x, y, a);
+    if (shared && ((from.kind == XMP_S && shared_split(m, x->sbp, a, from.dim)) ||
+                   (to.kind == XMP_S && shared_split(m, x->sbp, a, to.dim))))
+        return shared_step(x, a, y, w);
     /* G: my block with axis a unsplit (= the B local shape on axis a). */
     const int64_t *G = from.kind == XMP_S ? y->lshape : x->lshape;
     int64_t lo, hi;
-    char w[200];
-    box_what(w, sizeof w, x, y, a);
     if (from.kind == XMP_P && to.kind == XMP_B) {
         memcpy(y->data, x->data, (size_t)x->lcount * esz);
         return xmp_allreduce(y->data, (int)y->lcount, ty, MPI_SUM, comm, w);
@@ -285,6 +412,11 @@ out_free:
     return r;
 }
 
+static xmesh_result_t step(const xmp_tensor_t *x, int a, xmp_tensor_t *y)
+{
+    return step_axis(x, a, y, 1);
+}
+
 static int in_pass(int pass, xmp_sbp_t from, xmp_sbp_t to)
 {
     switch (pass) {
@@ -380,6 +512,9 @@ struct xmp_box_req {
     xmp_tensor_t nxt; /* target of the step in flight (owned) */
     xmp_sbp_t dst[XMP_MAX_MESH_DIMS];
     int inflight, fin, a; /* step in flight, its finishing work, its axis */
+    int ckind, cp;        /* its xmp_comm_counts kind and communicator size */
+    int64_t cpay;         /* its payload bytes; ring-equivalent bytes follow from ckind */
+    double cbytes;
     MPI_Request q;
     MPI_Comm comm;
     float *buf; /* staging of the step in flight */
@@ -431,7 +566,11 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
     h->comm = m->axis[a];
     h->a = a;
     h->fin = FIN_NONE;
+    h->cp = na;
     if (from.kind == XMP_P && to.kind == XMP_B) {
+        h->ckind = XMP_COLL_ALLREDUCE;
+        h->cpay = y->lcount * 4;
+        h->cbytes = 2.0 * (na - 1) / na * (double)h->cpay;
         memcpy(y->data, x->data, (size_t)x->lcount * 4);
         rc = MPI_Iallreduce(MPI_IN_PLACE, y->data, (int)y->lcount, ty, MPI_SUM, h->comm, &h->q);
     } else {
@@ -454,6 +593,9 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
                 c0[c] = (int)volume(nd, ext);
                 o += c0[c];
             }
+            h->ckind = XMP_COLL_REDUCE_SCATTER;
+            h->cpay = o * 4;
+            h->cbytes = (double)(na - 1) / na * (double)h->cpay;
             rc = MPI_Ireduce_scatter(h->buf, y->data, c0, ty, MPI_SUM, h->comm, &h->q);
         } else { /* S(d) -> B */
             int d = from.dim;
@@ -466,6 +608,9 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
                 d0[c] = (int)o;
                 o += c0[c];
             }
+            h->ckind = XMP_COLL_ALLGATHER;
+            h->cpay = x->lcount * 4;
+            h->cbytes = (double)(na - 1) / na * (double)(o * 4);
             h->fin = outer == 1 ? FIN_NONE : FIN_UNPACK;
             void *dst = outer == 1 ? y->data : (void *)h->buf;
             rc = MPI_Iallgatherv(x->data, (int)x->lcount, ty, dst, c0, d0, ty, h->comm, &h->q);
@@ -481,6 +626,7 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
 static void finish_step(xmp_box_req_t *h)
 {
     xmp_tensor_t *y = &h->nxt;
+    xmp_comm_count_add(h->ckind, h->cp, h->cpay, h->cbytes);
     if (h->fin == FIN_UNPACK) {
         int a = h->a, na = y->mesh->shape[a], nd = y->ndim, d = h->cur.sbp[a].dim;
         int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;

@@ -390,3 +390,162 @@ xmesh_result_t xmp_linear_forward_cm(const xmp_overlap_t *ov, const xmp_tensor_t
     free(q);
     return r;
 }
+
+/* ------------------------------------------- collective matmul: GEMM, then its collective */
+
+/* Number of pieces along batch dim pd of x that keep every rank's block an exact slice
+ * (global extent divisible by (ranks splitting pd) x k), largest k <= 4; 1 if none. Pure
+ * function of shapes and SBPs (the same on every member). */
+static int piece_count(const xmp_tensor_t *x, int pd)
+{
+    int64_t sp = 1;
+    for (int a = 0; a < x->mesh->ndim; a++)
+        if (x->sbp[a].kind == XMP_S && x->sbp[a].dim == pd)
+            sp *= x->mesh->shape[a];
+    for (int k = 4; k >= 2; k--)
+        if (x->shape[pd] % (sp * k) == 0)
+            return k;
+    return 1;
+}
+
+/* Do s and t split dim pd over the same axes? */
+static int same_split(int nax, const xmp_sbp_t *s, const xmp_sbp_t *t, int pd)
+{
+    for (int a = 0; a < nax; a++) {
+        int is = s[a].kind == XMP_S && s[a].dim == pd, it = t[a].kind == XMP_S && t[a].dim == pd;
+        if (is != it)
+            return 0;
+    }
+    return 1;
+}
+
+/* Piece i of k of t along dim pd: global extent shape[pd] / k, my block the i-th slice of my
+ * block (an SBP tensor of its own: xmp_block gives exactly that slice, see piece_count). */
+static xmesh_result_t piece_of(const xmp_tensor_t *t, int pd, int k, int i, xmp_tensor_t *p)
+{
+    int64_t sh[XMP_MAX_DIMS];
+    memcpy(sh, t->shape, sizeof sh);
+    sh[pd] /= k;
+    xmesh_result_t r = xmp_tensor_alloc(p, t->mesh, t->ndim, sh, t->dtype, t->sbp);
+    if (r || !t->mesh->member)
+        return r;
+    int64_t off[XMP_MAX_DIMS] = {0}, zero[XMP_MAX_DIMS] = {0};
+    off[pd] = p->lshape[pd] * i;
+    xmp_copy_box(t->ndim, p->lshape, t->data, t->lshape, off, p->data, p->lshape, zero, 4);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                                      const xmp_tensor_t *w, const xmp_tensor_t *b,
+                                      const xmp_sbp_t *dst, const xmp_tensor_t *like,
+                                      xmp_sbp_t *was, xmp_tensor_t *y)
+{
+    if (!ov || !x || !w || !y || (!dst == !like))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
+                       "xmp_linear_forward_box: NULL argument or not exactly one of dst, like");
+    const xmp_mesh_t *m = x->mesh;
+    int nax = m->ndim, pd = -1, k = 1;
+    xmp_sbp_t tgt[XMP_MAX_MESH_DIMS];
+    char msg[256];
+    /* the piece dim: the batch dim (not the contracted last dim) with the most pieces */
+    for (int d = 0; ov->coll_matmul && d + 1 < x->ndim; d++) {
+        int kd = piece_count(x, d);
+        if (kd > k) {
+            k = kd;
+            pd = d;
+        }
+    }
+    xmp_tensor_t t = {0};
+    xmesh_result_t r;
+    if (k < 2) { /* the plain path: one GEMM, one box */
+        if ((r = xmp_linear_forward(x, w, b, &t)))
+            return r;
+        if (was)
+            memcpy(was, t.sbp, sizeof t.sbp);
+        if (like && xmp_rule_add(nax, t.ndim, like->sbp, t.sbp, tgt, msg, sizeof msg)) {
+            xmp_tensor_free(&t);
+            return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_linear_forward_box: %s", msg);
+        }
+        r = xmp_box(&t, dst ? dst : tgt, y);
+        xmp_tensor_free(&t);
+        return r;
+    }
+    /* pieces: GEMM of piece i, then its box started; the GEMMs of later pieces overlap it */
+    xmp_box_req_t *q[4] = {NULL};
+    xmp_tensor_t z[4];
+    memset(z, 0, sizeof z);
+    xmp_sbp_t ysbp[XMP_MAX_MESH_DIMS];
+    int started = 0, plain = 0;
+    r = XMESH_SUCCESS;
+    for (int i = 0; i < k && !r; i++) {
+        xmp_tensor_t xp = {0}, yp = {0};
+        r = piece_of(x, pd, k, i, &xp);
+        if (!r)
+            r = xmp_linear_forward(&xp, w, b, &yp);
+        xmp_tensor_free(&xp);
+        if (r)
+            break;
+        if (i == 0) {
+            memcpy(ysbp, yp.sbp, sizeof ysbp);
+            if (like && xmp_rule_add(nax, yp.ndim, like->sbp, yp.sbp, tgt, msg, sizeof msg))
+                r = xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_linear_forward_box: %s", msg);
+            else if (!same_split(nax, x->sbp, yp.sbp, pd) ||
+                     !same_split(nax, yp.sbp, dst ? dst : tgt, pd))
+                plain = 1; /* the box would move the piece dim: pieces do not commute */
+        }
+        if (!r && plain) {
+            xmp_tensor_free(&yp);
+            break;
+        }
+        if (!r)
+            r = xmp_box_start(&yp, dst ? dst : tgt, &q[i]);
+        xmp_tensor_free(&yp);
+        if (!r)
+            started = i + 1;
+        for (int j = 0; j < started && !r; j++) { /* progress the boxes in flight */
+            int done;
+            r = xmp_box_test(q[j], &done);
+        }
+    }
+    /* wait in start order (every started request exactly once, also after an error) */
+    for (int i = 0; i < started; i++) {
+        xmesh_result_t ri = xmp_box_wait(q[i], &z[i]);
+        if (!r)
+            r = ri;
+    }
+    if (!r && plain) {
+        xmp_overlap_t off = *ov;
+        off.coll_matmul = 0;
+        return xmp_linear_forward_box(&off, x, w, b, dst, like, was, y);
+    }
+    if (!r) {
+        int64_t sh[XMP_MAX_DIMS];
+        memcpy(sh, z[0].shape, sizeof sh);
+        sh[pd] *= k;
+        r = xmp_tensor_alloc(&t, z[0].mesh, z[0].ndim, sh, z[0].dtype, z[0].sbp);
+    }
+    if (!r && m->member) {
+        int64_t zero[XMP_MAX_DIMS] = {0}, off[XMP_MAX_DIMS] = {0};
+        for (int i = 0; i < k && !r; i++) {
+            if (z[i].lshape[pd] * k != t.lshape[pd]) {
+                r = xmp_err(XMESH_ERR_INTERNAL,
+                            "xmp_linear_forward_box: piece %d holds %lld of %lld rows", i,
+                            (long long)z[i].lshape[pd], (long long)t.lshape[pd]);
+                break;
+            }
+            off[pd] = z[i].lshape[pd] * i;
+            xmp_copy_box(t.ndim, z[i].lshape, z[i].data, z[i].lshape, zero, t.data, t.lshape, off,
+                         4);
+        }
+    }
+    for (int i = 0; i < k; i++)
+        xmp_tensor_free(&z[i]);
+    if (r) {
+        xmp_tensor_free(&t);
+        return r;
+    }
+    if (was)
+        memcpy(was, ysbp, sizeof ysbp);
+    *y = t;
+    return XMESH_SUCCESS;
+}

@@ -101,6 +101,26 @@ xmesh_result_t xmp_linear_forward_cm(const xmp_overlap_t *ov, const xmp_tensor_t
                                      const xmp_tensor_t *ws, int axis, const xmp_tensor_t *b,
                                      xmp_tensor_t *y);
 
+/* (e) Collective matmul, the other direction: a GEMM followed by its forward collective
+ * (Megatron's row-parallel output P -> B, the 3-D signature's P -> S over K). y = (x w^T + b)
+ * boxed to dst, or, with like != NULL (dst NULL), to the SBP xmp_add_forward(like, .) gives
+ * the sum (xmp_rule_add), so that the add that follows needs no collective. was (may be NULL)
+ * receives the SBP the GEMM produced (for the backward). Without ov->coll_matmul: one
+ * xmp_linear_forward and one xmp_box. With it: x is cut along the batch dim that admits the
+ * most pieces (k <= 4, every rank's block an exact slice: the global extent divisible by k x
+ * the ranks splitting it), and piece i's GEMM runs, then its box is started nonblocking
+ * (xmp_box_start) while piece i+1's GEMM runs; the boxes are waited in start order and the
+ * pieces put back in place. Rows are independent, so every element has the same GEMM dot
+ * product and the same collective over the same ranks: the same values (bitwise where the
+ * all-reduce order does not depend on the message size, e.g. two ranks; OpenBLAS on one
+ * thread). Falls back to the plain path (decided from SBPs and shapes only: the same on every
+ * member) when no batch dim admits 2 pieces or the box would change the piece dim's split.
+ * Collective over the mesh. */
+xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                                      const xmp_tensor_t *w, const xmp_tensor_t *b,
+                                      const xmp_sbp_t *dst, const xmp_tensor_t *like,
+                                      xmp_sbp_t *was, xmp_tensor_t *y);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,6 +66,12 @@ static void count_coll(int kind, int p, int64_t payload, double bytes)
     xmp_counts.bytes[kind] += p > 1 ? bytes : 0;
 }
 
+void xmp_comm_count_add(int kind, int p, int64_t payload, double bytes)
+{
+    if (kind >= 0 && kind < XMP_COLL_NKINDS)
+        count_coll(kind, p, payload, bytes);
+}
+
 static _Thread_local int64_t xmp_mem_live, xmp_mem_peak;
 
 int64_t xmp_mem_live_bytes(void)
@@ -375,6 +381,81 @@ xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, M
     int p = 1;
     MPI_Comm_size(comm, &p);
     count_coll(XMP_COLL_ALLREDUCE, p, (int64_t)bytes, 2.0 * (p - 1) / p * (double)bytes);
+    return XMESH_SUCCESS;
+}
+
+/* Control messages (not boxing: never counted in xmp_comm_counts), with the deadline and the
+ * failure notices of xmp_wait. */
+xmesh_result_t xmp_agree(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                         const char *what)
+{
+    size_t bytes = (size_t)count * type_size(ty);
+    MPI_Request q;
+    char w[200];
+    snprintf(w, sizeof w, "MPI_Iallreduce (%s)", what);
+    xmesh_result_t r = known_failure(w);
+    if (r)
+        return r;
+    void *s = stage(bytes);
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+    memcpy(s, buf, bytes);
+    if ((r = posted(MPI_Iallreduce(MPI_IN_PLACE, s, count, ty, op, comm, &q), w))) {
+        free(s);
+        return r;
+    }
+    if ((r = xmp_wait(&q, comm, w)))
+        return r; /* abandoned: s stays allocated */
+    memcpy(buf, s, bytes);
+    free(s);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_send(const void *buf, int count, MPI_Datatype ty, int dest, int tag,
+                        MPI_Comm comm, const char *what)
+{
+    size_t bytes = (size_t)count * type_size(ty);
+    MPI_Request q;
+    char w[200];
+    snprintf(w, sizeof w, "MPI_Isend to rank %d (%s)", dest, what);
+    xmesh_result_t r = known_failure(w);
+    if (r)
+        return r;
+    void *s = stage(bytes);
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+    memcpy(s, buf, bytes);
+    if ((r = posted(MPI_Isend(s, count, ty, dest, tag, comm, &q), w))) {
+        free(s);
+        return r;
+    }
+    if ((r = xmp_wait(&q, comm, w)))
+        return r; /* abandoned: s stays allocated */
+    free(s);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_recv(void *buf, int count, MPI_Datatype ty, int src, int tag, MPI_Comm comm,
+                        const char *what)
+{
+    size_t bytes = (size_t)count * type_size(ty);
+    MPI_Request q;
+    char w[200];
+    snprintf(w, sizeof w, "MPI_Irecv from rank %d (%s)", src, what);
+    xmesh_result_t r = known_failure(w);
+    if (r)
+        return r;
+    void *s = stage(bytes);
+    if (!s)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
+    if ((r = posted(MPI_Irecv(s, count, ty, src, tag, comm, &q), w))) {
+        free(s);
+        return r;
+    }
+    if ((r = xmp_wait(&q, comm, w)))
+        return r; /* abandoned: MPI may still write s, which stays allocated */
+    memcpy(buf, s, bytes);
+    free(s);
     return XMESH_SUCCESS;
 }
 

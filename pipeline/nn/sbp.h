@@ -48,12 +48,19 @@
  * Multi-axis changes go axis by axis in four passes, ascending axis within a
  * pass: (1) axes leaving P (reduce first, data shrinks or stays), (2) axes
  * going to S from B or another S (shrink before gathering), (3) axes going
- * S -> B, (4) axes going to P. When the axis being changed splits a tensor
- * dim that another axis also splits (currently), the blocks follow the flat
- * "lower axis is major" array_split rule, which is not a nesting of per-axis
- * splits; such a step runs as one MPI_Alltoallv over the mesh communicator
- * that moves the intersections of source and destination blocks (P -> S
- * there first reduces P -> B, S -> P first gathers S -> B).
+ * S -> B, (4) axes going to P.
+ * Shared split: when the axis a being changed splits a tensor dim that another axis also
+ * splits (the 3d / axonn layouts), the blocks follow the flat "lower axis is major"
+ * array_split rule, which is not always the nesting ("natural cut") that the per-axis
+ * collective produces: axis a's pieces are the array_split of the block with axis a unsplit.
+ * Where the flat blocks are that natural cut on every rank (a is the innermost axis of the dim
+ * and the sizes divide), the step is the one collective above over axis a's sub-communicator.
+ * Otherwise it is one all-to-all over the mesh communicator (point-to-point pairs only between
+ * ranks that exchange data) that sends the fewest bytes: S/B -> S/B every element a rank lacks,
+ * once; P -> S(d) every partial straight to the rank whose block holds it, summed there in rank
+ * order (a direct reduce-scatter: p-1 partials per element, one more where the holder's source
+ * block lacks it); S(d) -> P only the elements a rank cannot place in its own destination
+ * block. test_box_shared checks these byte counts against the analytic minimum.
  *
  * Errors: functions return xmesh_result_t; on error xmp_last_error() names
  * the bad value and outputs are untouched (no allocation survives).
@@ -125,6 +132,9 @@ typedef struct {
 double xmp_comm_bytes(void);
 /* Snapshot of every count (out not NULL). */
 void xmp_comm_counts(xmp_comm_counts_t *out);
+/* Adds one completed collective of kind (conventions above; p the communicator size) that
+ * did not go through the functions above (the nonblocking boxing of nn/overlap.h). */
+void xmp_comm_count_add(int kind, int p, int64_t payload, double bytes);
 /* Zeroes the counts of this thread. */
 void xmp_comm_counts_reset(void);
 /* "allreduce", "allgather", "reduce_scatter", "alltoall"; NULL out of range. */
@@ -154,6 +164,17 @@ xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcoun
 xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sdispls, void *rbuf,
                              const int *rcounts, const int *rdispls, MPI_Datatype ty, MPI_Comm comm,
                              const char *what);
+/* Control messages of the models and trainers (status agreement, parameter gathers): the
+ * same deadline and failure-notice behaviour as the collectives above, but not boxing, so never
+ * counted in xmp_comm_counts. xmp_agree is an all-reduce of count elements in place (e.g. an
+ * int error flag with MPI_MAX); xmp_send / xmp_recv are a point-to-point message (comm ranks),
+ * waited with the deadline (the message names the peer). Buffers written on success only. */
+xmesh_result_t xmp_agree(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                         const char *what);
+xmesh_result_t xmp_send(const void *buf, int count, MPI_Datatype ty, int dest, int tag,
+                        MPI_Comm comm, const char *what);
+xmesh_result_t xmp_recv(void *buf, int count, MPI_Datatype ty, int src, int tag, MPI_Comm comm,
+                        const char *what);
 /* Waits for one (all nreq) nonblocking requests of nn/ as above (adds the time to
  * xmp_comm_seconds). */
 xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what);
