@@ -75,38 +75,6 @@ int xm_hop_fill(const xm_cluster_t *c, int64_t K, int prev_inter, int inter)
     return K < a ? (int)(K < 1 ? 1 : K) : a;
 }
 
-int64_t xm_chunk_auto(const xm_taskset_t *ts, const xm_cluster_t *c)
-{
-    double best = (double)XM_CHUNK_AUTO_MAX;
-    double bw = inter_bw(c), alpha = c->latency_s > 1e-6 ? c->latency_s : 1e-6;
-    double fa = c->forward_ahead > 1 ? c->forward_ahead : 1;
-    const int *host = c->hosts.host_of;
-    for (int t = 0; t < ts->ntasks; t++) {
-        const xm_task_t *k = &ts->tasks[t];
-        const int *rv = ts->recvs + k->recv_off, *hd = ts->holders + k->holder_off;
-        int nh = k->ngroups * k->group_size, H = 0;
-        /* receivers are sorted by (host, device): count the hosts that hold
-         * no replica (a chain must enter each of them) */
-        for (int i = 0; i < k->nrecv; i++) {
-            int h = host[rv[i]], held = 0;
-            if (i > 0 && host[rv[i - 1]] == h)
-                continue;
-            for (int j = 0; j < nh && !held && k->ngroups == 1; j++)
-                held = host[hd[j]] == h;
-            H += !held;
-        }
-        if (H < 2)
-            continue;
-        double cs = sqrt((double)k->bytes * alpha * bw / ((H - 1) * fa));
-        if (cs < best)
-            best = cs;
-    }
-    int64_t v = (int64_t)best & ~(int64_t)4095;
-    return v < XM_CHUNK_AUTO_MIN   ? XM_CHUNK_AUTO_MIN
-           : v > XM_CHUNK_AUTO_MAX ? XM_CHUNK_AUTO_MAX
-                                   : v;
-}
-
 double xm_cost_chain(const xm_cluster_t *c, const int *devs, int len, int64_t bytes)
 {
     if (bytes <= 0)

@@ -944,8 +944,8 @@ static inline void use_dir(xm_troutes_t *r, int dir)
  * in K chunks of c = B / K; every hop costs latency + a c / bw for its first
  * window, where a = xm_hop_fill() chunks share the hop's wire and arrive
  * together (the executor keeps send_ahead sends in flight per hop, and
- * forward_ahead on a hop between hosts with one upstream: such a forwarder
- * gets its chunks one wire time apart, so a = 1 by default), then the slowest hop
+ * forward_ahead on a hop between hosts with one upstream, whose chunks
+ * arrive paced by that NIC), then the slowest hop
  * paces the remaining K - a0 chunks (a0: the first hop's window). (Pacing K - 1 after a window
  * of a counted a - 1 chunks twice: with send-ahead 2, a task of 2 chunks was
  * modelled 1.5x its wire time, above the measured time, so the "lower bound"

@@ -37,26 +37,6 @@ typedef struct xm_cluster {
  * chunks arrive paced by that NIC. */
 int xm_hop_fill(const xm_cluster_t *c, int64_t K, int prev_inter, int inter);
 
-/* Smallest and largest chunk xm_chunk_auto chooses. The smallest stays above
- * MPI's eager limits (Open MPI's TCP transport: 64 KiB with its header): an
- * eager chunk leaves its sender before the receiver has posted for it, so
- * every source of a plan pushes at once and the NIC-exclusive order the
- * scheduler chose is lost (2d 2x2-RR at 16 MiB with 62 KiB chunks: 0.61 s
- * against 0.36 s, docs/EXECUTOR.md). A larger chunk waits for the receive. */
-#define XM_CHUNK_AUTO_MIN ((int64_t)128 << 10)
-#define XM_CHUNK_AUTO_MAX ((int64_t)256 << 10)
-
-/* The pipelining chunk for a task set (plans whose chunk size nobody set):
- * a broadcast chain over H receiver hosts pays (H - 1) * forward_ahead chunk
- * wire times of fill beyond its wire time, and every chunk costs about the
- * latency alpha, so a task of B bytes is fastest at
- *     c* = sqrt(B * alpha * bw / ((H - 1) * forward_ahead)).
- * Returns the smallest c* over the tasks whose chains cross two or more
- * receiver hosts, clamped to [XM_CHUNK_AUTO_MIN, XM_CHUNK_AUTO_MAX] and
- * rounded down to a multiple of 4 KiB; XM_CHUNK_AUTO_MAX when no chain
- * forwards between hosts. Pure; the same on every rank. */
-int64_t xm_chunk_auto(const xm_taskset_t *ts, const xm_cluster_t *c);
-
 /* Paper cluster defaults: 10 Gb/s, 1 NIC/host, 100 GB/s intra, 5 us, 1 MiB
  * chunks. Takes ownership of nothing: copies the host map. */
 xmesh_result_t xm_cluster_init(xm_cluster_t *c, const xm_hostmap_t *hosts);

@@ -41,7 +41,6 @@ typedef struct {
     int nics_per_host;
     const char *cluster_file; /* --cluster or XMESH_CLUSTER_FILE, "" if none */
     int64_t chunk_bytes, max_evals, max_tasks;
-    int chunk_set; /* --chunk-bytes, XMESH_CHUNK_BYTES or the cluster file; else xm_chunk_auto */
     double budget_ms;
     uint64_t seed;
     const char *trace;
@@ -91,8 +90,7 @@ static void usage(FILE *f)
             "  --nics-per-host N      NICs per host (default 1)\n"
             "  --intra-gbps G         intra-host device bandwidth, Gbit/s (default 800)\n"
             "  --latency-us US        per-message latency (default 5)\n"
-            "  --chunk-bytes B        pipelining chunk (default: chosen per plan as the library\n"
-            "                         does, xm_chunk_auto: 64 KiB..256 KiB)\n"
+            "  --chunk-bytes B        pipelining chunk (default 1048576)\n"
             "output:\n"
             "  --json                 one JSON object (tasks, totals, per-scheduler results)\n"
             "  --max-tasks N          list at most N tasks (default 16 as text, all in JSON)\n"
@@ -220,7 +218,6 @@ static int parse_args(int argc, char **argv, opts_t *o)
     o->latency_us = xm_param_double("XMESH_LATENCY_US");
     o->nics_per_host = (int)xm_param_i64("XMESH_NICS_PER_HOST");
     o->chunk_bytes = xm_param_i64("XMESH_CHUNK_BYTES");
-    o->chunk_set = xm_param_is_set("XMESH_CHUNK_BYTES");
     o->budget_ms = (double)xm_param_i64("XMESH_BUDGET_US") / 1000.0;
     o->seed = (uint64_t)xm_param_i64("XMESH_SEED");
     o->max_tasks = -1;
@@ -246,7 +243,6 @@ static int parse_args(int argc, char **argv, opts_t *o)
         o->intra_gbps = x.intra_Bps * 8 / 1e9;
         o->latency_us = x.latency_s * 1e6;
         o->nics_per_host = x.nics_per_host;
-        o->chunk_set |= x.chunk_bytes != o->chunk_bytes;
         o->chunk_bytes = x.chunk_bytes;
     } else {
         o->cluster_file = "";
@@ -339,7 +335,6 @@ static int parse_args(int argc, char **argv, opts_t *o)
                 return rc;
             o->nics_per_host = (int)v;
         } else if (!strcmp(a, "--chunk-bytes")) {
-            o->chunk_set = 1;
             if ((rc = parse_i64(a, val, 1, INT64_MAX, &o->chunk_bytes)))
                 return rc;
         } else if (!strcmp(a, "--max-evals")) {
@@ -559,8 +554,6 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
     p->cl.intra_Bps = o->intra_gbps * 1e9 / 8;
     p->cl.latency_s = o->latency_us * 1e-6;
     p->cl.chunk_bytes = o->chunk_bytes;
-    if (!o->chunk_set)
-        p->cl.chunk_bytes = xm_chunk_auto(&p->ts, &p->cl);
     if (o->suggest) {
         xmesh_placement_problem_t pp = {pb->ndim,      pb->shape, dt,           pb->src_ndim,
                                         pb->src_shape, p->sdevs,  pb->src_spec, pb->dst_ndim,

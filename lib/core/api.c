@@ -245,11 +245,6 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int params_chunk_unset(const xmesh_plan_params_t *p)
-{
-    return !p || p->chunk_bytes == XMESH_UNSET_I64;
-}
-
 /* Local half of plan creation: everything a rank can check and compute on
  * its own. On error p is left for plan_free_local. */
 static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *src,
@@ -298,14 +293,6 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     double t1 = now_s();
     if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
         return r;
-    /* Nobody chose the chunk (plan params, XMESH_CHUNK_BYTES, the cluster
-     * file): pick it from the chains' host counts and the model's alpha and
-     * bandwidth (xm_chunk_auto), the same on every rank. */
-    if (params_chunk_unset(params) && !xm_param_is_set("XMESH_CHUNK_BYTES") &&
-        p->cluster.chunk_bytes == p->chunk_bytes) {
-        p->chunk_bytes = p->cluster.chunk_bytes = xm_chunk_auto(&p->ts, &p->cluster);
-        p->chunk_auto = 1;
-    }
     /* Every rank rebuilds the routes from its own cluster model (rank 0
      * only broadcasts order and senders), so everything that shapes the
      * model is agreed: the values after XMESH_NIC_GBPS, XMESH_INTRA_GBPS,

@@ -70,7 +70,6 @@ struct xmesh_plan {
     xmesh_strategy_t strategy;
     xmesh_scheduler_t scheduler;
     int64_t chunk_bytes;
-    int chunk_auto; /* chunk_bytes chosen by xm_chunk_auto (nobody set it) */
     int64_t budget_us;
     uint64_t seed;
     double timeout_s;

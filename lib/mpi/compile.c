@@ -133,15 +133,13 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
         int me = hm->host_of[x->rank];
         int local = s->next >= 0 && hm->host_of[s->next] == me;
         /* A NIC hop with a NIC hop upstream in its chain (a forwarder in
-         * the middle of a chain across hosts) is paced by its input: chunks
-         * arrive one wire time apart, so forward_ahead (1) sends in flight
-         * keep its wire as busy as the input allows. More would only put
-         * chunks that arrived together on the wire together, so the next
-         * host would get each of them after send_ahead wire times instead
-         * of one, and the chain's fill would grow by send_ahead - 1 chunks
-         * per host (docs/EXECUTOR.md). The head of a chain (its data
-         * already on this host) keeps send_ahead. The model charges the
-         * same (xm_hop_fill). */
+         * the middle of a chain across hosts) gets its chunks paced by that
+         * NIC; XMESH_FORWARD_AHEAD sets its sends in flight apart from the
+         * chain's head (XMESH_SEND_AHEAD). Both default to 2: one in flight
+         * on forwarders cuts the chain's modelled fill by a chunk per host
+         * but measured slower on the emulated cluster, where a forwarder
+         * waits for a progress round between chunks (docs/EXECUTOR.md,
+         * "Where the time goes"). The model charges either (xm_hop_fill). */
         x->sx[i].ahead = local ? x->window : s->nic_paced ? x->forward_ahead : x->send_ahead;
     }
     for (int i = 0; i < x->prog.nsteps; i++)

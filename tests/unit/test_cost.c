@@ -223,58 +223,13 @@ static void test_chain_fill(void **state)
     xm_cluster_free(&in.c);
 }
 
-/* xm_chunk_auto: one task of B = 16 MiB from host 0 to one device on each
- * of H receiver hosts, NIC 37.5e6 B/s (300 Mbit/s), alpha 100 us, forward
- * ahead 1: c* = sqrt(B alpha bw / (H - 1)). */
-static void test_chunk_auto(void **state)
-{
-    (void)state;
-    int host_of[5] = {0, 1, 2, 3, 4}, holders[1] = {0}, recvs[4] = {1, 2, 3, 4};
-    xm_hostmap_t hm = {5, 5, host_of};
-    xm_cluster_t c;
-    assert_int_equal(xm_cluster_init(&c, &hm), XMESH_SUCCESS);
-    c.nic_send_Bps = c.nic_recv_Bps = 37.5e6;
-    c.latency_s = 100e-6;
-    c.forward_ahead = 1;
-    xm_task_t task;
-    memset(&task, 0, sizeof task);
-    task.bytes = 16 << 20;
-    task.ngroups = task.group_size = 1;
-    task.nrecv = 4;
-    xm_taskset_t ts;
-    memset(&ts, 0, sizeof ts);
-    ts.ntasks = 1;
-    ts.tasks = &task;
-    ts.holders = holders;
-    ts.recvs = recvs;
-    /* H = 4: sqrt(16777216 * 100e-6 * 37.5e6 / 3) = 144815 -> 143360 (4 KiB multiple) */
-    assert_int_equal(xm_chunk_auto(&ts, &c), 143360);
-    /* H = 1: no forwarder, the largest chunk */
-    task.nrecv = 1;
-    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MAX);
-    /* a receiver host that holds a replica needs no chain into it: H = 1 */
-    task.nrecv = 2;
-    recvs[0] = 0;
-    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MAX);
-    recvs[0] = 1;
-    /* H = 2 on a 10 Gbit/s NIC: c* = 1.6 MB, clamped to the largest */
-    c.nic_send_Bps = c.nic_recv_Bps = 1.25e9;
-    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MAX);
-    /* a tiny alpha clamps to the smallest */
-    c.nic_send_Bps = c.nic_recv_Bps = 37.5e6;
-    c.latency_s = 1e-6;
-    task.nrecv = 4;
-    assert_int_equal(xm_chunk_auto(&ts, &c), XM_CHUNK_AUTO_MIN);
-    xm_cluster_free(&c);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_exact),  cmocka_unit_test(test_fit_hand),
         cmocka_unit_test(test_fit_noisy),  cmocka_unit_test(test_fit_errors),
         cmocka_unit_test(test_mpi_models), cmocka_unit_test(test_allgather_model),
-        cmocka_unit_test(test_chain_fill), cmocka_unit_test(test_chunk_auto),
+        cmocka_unit_test(test_chain_fill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
