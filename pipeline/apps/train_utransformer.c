@@ -182,9 +182,24 @@ static size_t chw_floats(const int chw[3])
 }
 
 /* Stage graph edges in producer-layer order: main before skip for the same layer. */
+/* Images of a micro-batch split over stage s's mesh axis 0 (every built-in's data axis; the edge
+ * SBP is S(0) there and B on the other axes). */
+static int data_degree(const xmp_stage_layout_t *sl, int s)
+{
+    return sl->shape[s][0];
+}
+
+/* The edge SBP of each stage, "S(0),B,..." with one entry per mesh axis. */
+static char g_espec[XMP_MAX_STAGES][48];
+
 static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, int mbs,
                        ut_edge_t *e, xmp_edge_cfg_t *ec, xmp_sedge_t *se)
 {
+    for (int s = 0; s < sl->nstages; s++) {
+        snprintf(g_espec[s], sizeof g_espec[s], "S(0)");
+        for (int a = 1; a < sl->ndim[s]; a++)
+            strncat(g_espec[s], ",B", sizeof g_espec[s] - strlen(g_espec[s]) - 1);
+    }
     int n = 0, nout[XMP_MAX_STAGES] = {0}, nin[XMP_MAX_STAGES] = {0};
     for (int l = 0; l < XMP_UT_LAYERS; l++)
         for (int what = T_MAIN; what <= T_SKIP; what++) {
@@ -198,8 +213,8 @@ static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, i
                 xmp_ut_layer_skip_shape(c, l, chw);
             e[n].layer = l;
             e[n].what = what;
-            e[n].floats_src = chw_floats(chw) * (size_t)(mbs / sl->dp[s]);
-            e[n].floats_dst = chw_floats(chw) * (size_t)(mbs / sl->dp[d]);
+            e[n].floats_src = chw_floats(chw) * (size_t)(mbs / data_degree(sl, s));
+            e[n].floats_dst = chw_floats(chw) * (size_t)(mbs / data_degree(sl, d));
             memset(&ec[n], 0, sizeof ec[n]);
             ec[n].src = s;
             ec[n].dst = d;
@@ -208,7 +223,8 @@ static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, i
             for (int k = 0; k < 3; k++)
                 ec[n].shape[k + 1] = chw[k];
             ec[n].dtype = XMESH_F32;
-            ec[n].src_spec = ec[n].dst_spec = "S(0),B";
+            ec[n].src_spec = g_espec[s];
+            ec[n].dst_spec = g_espec[d];
             se[n].src = s;
             se[n].dst = d;
             n++;
@@ -371,7 +387,9 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
             goto out;
         }
     }
-    if (st->last == XMP_UT_CONV_OUT && st->tpi == 0) { /* tp ranks hold the same loss */
+    /* every rank boxes the output (a collective when act.x is split beyond axis 0); the ranks
+     * of one axis-0 slice hold the same images: one of them (tpi 0) adds the loss */
+    if (st->last == XMP_UT_CONV_OUT) {
         double l = 0;
         size_t cnt = nl * XMP_UT_OUT_CH * HW;
         float *yb = malloc(cnt * sizeof(float));
@@ -383,7 +401,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         xmp_unet_mse_forward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW, yb, st->target[mb],
                              &l);
         free(yb);
-        *loss += l;
+        if (st->tpi == 0)
+            *loss += l;
     }
     rc = 0;
 out:
@@ -711,20 +730,13 @@ static void ut_serial_close(void *u)
     xmp_ut_model_free(&g->sm);
 }
 
-/* Built-in strategies (nn/strategy.h callback): dp and megatron, generated for the config
- * and the stage mesh's shape (megatron replicates attention whose heads tp does not divide). */
+/* Built-in strategies (nn/strategy.h callback): dp, megatron, 3d and axonn
+ * (models/utransformer_sbp.h), generated for the config and the stage mesh's shape. */
 static int ut_builtins(void *u, const char *name, int naxes, const int *shape, char *text, size_t n,
                        char *err, size_t errlen)
 {
     ut_run_t *g = u;
-    if (strcmp(name, "dp") != 0 && strcmp(name, "megatron") != 0)
-        return 1;
-    int two[2] = {1, 1};
-    if (xmp_ut_strategy_builtin(name, &g->cfg, naxes, shape ? shape : two, text, n) != 0) {
-        snprintf(err, errlen, "built-in strategy '%s': %s", name, xmp_ut_last_error());
-        return -1;
-    }
-    return 0;
+    return xmp_ut_strategy_builtin(&g->cfg, name, naxes, shape, text, n, err, errlen);
 }
 
 /* The stage's nn/strategy.h table as the layers' per-class table, checked against the layers
@@ -734,27 +746,8 @@ static int ut_strategy_check(void *u, const xmp_strategy_t *s, const xmp_stage_l
 {
     ut_run_t *g = u;
     xmp_ut_strategy_t *t = &g->ustrat[stage];
-    memset(t, 0, sizeof *t);
-    if (s->n > XMP_UT_MAX_CLASSES)
-        return snprintf(err, errlen, "stage %d: strategy %s: %d classes, at most %d", stage,
-                        s->name, s->n, XMP_UT_MAX_CLASSES),
-               -1;
-    size_t nl = strnlen(s->name, sizeof t->name - 1);
-    memcpy(t->name, s->name, nl);
-    t->name[nl] = '\0';
-    t->naxes = s->naxes;
-    t->n = s->n;
-    for (int k = 0; k < s->n; k++) {
-        if (s->e[k].has_store)
-            return snprintf(err, errlen,
-                            "stage %d: strategy %s, class %s: sharded storage ('store') is not "
-                            "supported by the U-Transformer",
-                            stage, s->name, s->e[k].cls),
-                   -1;
-        snprintf(t->c[k].name, sizeof t->c[k].name, "%s", s->e[k].cls);
-        memcpy(t->c[k].sbp, s->e[k].sbp, sizeof t->c[k].sbp);
-    }
-    int shape[2] = {sl->dp[stage], sl->tp[stage]};
+    *t = *s;
+    const int *shape = sl->shape[stage];
     if (xmp_ut_strategy_check(t, &g->cfg, sl->first[stage], sl->first[stage] + sl->count[stage] - 1,
                               shape) != 0)
         return snprintf(err, errlen, "stage %d: %s", stage, xmp_ut_last_error()), -1;
@@ -766,17 +759,16 @@ static int ut_layout_check(void *u, const xmp_stage_layout_t *sl, char *err, siz
     ut_run_t *g = u;
     const int mbs = g->o.batch / g->o.microbatches;
     for (int s = 0; s < sl->nstages; s++) {
-        if (sl->ndim[s] != 2)
-            return snprintf(err, errlen,
-                            "stage %d: a mesh of %d axes; the U-Transformer's stages run on "
-                            "2-axis dp x tp meshes",
-                            s, sl->ndim[s]),
+        if (sl->ndim[s] < 1 || sl->ndim[s] > XMP_MAX_MESH_DIMS)
+            return snprintf(err, errlen, "stage %d: a mesh of %d axes (1..%d)", s, sl->ndim[s],
+                            XMP_MAX_MESH_DIMS),
                    -1;
-        if (mbs % sl->dp[s] != 0)
+        if (mbs % data_degree(sl, s) != 0)
             return snprintf(err, errlen,
                             "stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
-                            "multiple of its data-parallel degree %d",
-                            s, mbs, g->o.batch, g->o.microbatches, sl->dp[s]),
+                            "multiple of the size %d of its mesh axis 0 (the images of a "
+                            "micro-batch are split over it at the stage boundary)",
+                            s, mbs, g->o.batch, g->o.microbatches, data_degree(sl, s)),
                    -1;
     }
     return 0;
@@ -815,15 +807,14 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     for (int k = 0; !local_fail && k < size; k++)
         g->mranks[k] = k;
     for (int s = 0; s < sl->nstages && !local_fail; s++) {
-        int shape[2] = {sl->dp[s], sl->tp[s]};
-        if (xmp_mesh_create(comm, NULL, 2, shape, g->mranks + sl->rank0[s], &g->smesh[s]) !=
-            XMESH_SUCCESS) {
+        if (xmp_mesh_create(comm, NULL, sl->ndim[s], sl->shape[s], g->mranks + sl->rank0[s],
+                            &g->smesh[s]) != XMESH_SUCCESS) {
             xmp_train_fail("stage %d mesh: %s", s, xmp_last_error());
             local_fail = 1;
         }
-        g->meshes[s].ndim = 2;
-        g->meshes[s].shape[0] = sl->dp[s];
-        g->meshes[s].shape[1] = sl->tp[s];
+        g->meshes[s].ndim = sl->ndim[s];
+        for (int a = 0; a < sl->ndim[s]; a++)
+            g->meshes[s].shape[a] = sl->shape[s][a];
         g->meshes[s].ranks = g->mranks + sl->rank0[s];
     }
     /* Virtual stages: one stage state per model stage of this rank's group (chunk 0 in st,
@@ -846,8 +837,12 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         p->strat = g->ustrat[p->stage];
         p->first = sl->first[p->stage];
         p->last = p->first + sl->count[p->stage] - 1;
-        p->dp = sl->dp[p->stage];
-        p->tp = sl->tp[p->stage];
+        int msize = 1;
+        for (int a = 0; a < sl->ndim[p->stage]; a++)
+            msize *= sl->shape[p->stage][a];
+        /* images split over axis 0; the other axes (tp: their rank count) hold the same images */
+        p->dp = data_degree(sl, p->stage);
+        p->tp = msize / p->dp;
         p->dpi = (rank - sl->rank0[p->stage]) / p->tp;
         p->tpi = (rank - sl->rank0[p->stage]) % p->tp;
         p->mesh = g->smesh[p->stage];
@@ -1098,7 +1093,7 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.user = &g;
     m.kinds = g.kinds;
     m.builtins = ut_builtins;
-    m.builtin_names = "dp, megatron";
+    m.builtin_names = XMP_UT_STRATEGY_BUILTINS;
     m.strategy_check = ut_strategy_check;
     m.layout_check = ut_layout_check;
     m.serial_open = ut_serial_open;
