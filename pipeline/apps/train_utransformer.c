@@ -1037,6 +1037,52 @@ static int ut_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, i
                                                                                             : -1;
 }
 
+/* Parameter + optimizer bytes per rank (sharded storage shows here), like xmesh-train gpt:
+ * stored parameters + SGD velocity (compute copies). Collective over MPI_COMM_WORLD. */
+static int ut_par_finish(void *u, int ok, xmp_json_t *j)
+{
+    ut_run_t *g = u;
+    int rank, size;
+    (void)ok;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int64_t mine[4] = {g->st.stage, 0, 0, 0}, dummy[4];
+    for (int k = 0; k <= g->nxs; k++) { /* summed over the rank's stages */
+        const ut_stage_t *p = k ? &g->xs[k - 1] : &g->st;
+        for (int l = p->first; p->stage >= 0 && l <= p->last; l++) {
+            mine[1] += xmp_ut_slayer_param_bytes(p->SL[l]);
+            mine[2] += xmp_ut_slayer_optimizer_bytes(p->SL[l]);
+            mine[3] += xmp_ut_slayer_compute_bytes(p->SL[l]);
+        }
+    }
+    int64_t *all = rank == 0 ? calloc((size_t)size * 4, sizeof(int64_t)) : NULL;
+    MPI_Gather(mine, 4, MPI_INT64_T, all ? all : dummy, 4, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (!all)
+        return 0;
+    printf("memory per rank (bytes): stored parameters + SGD velocity (compute copies)\n");
+    for (int r = 0; r < size; r++) {
+        const int64_t *v = all + 4 * r;
+        printf("  rank %d stage %lld: %lld + %lld = %lld (%lld)\n", r, (long long)v[0],
+               (long long)v[1], (long long)v[2], (long long)(v[1] + v[2]), (long long)v[3]);
+    }
+    if (j) {
+        xmp_json_arr_begin(j, "memory_per_rank");
+        for (int r = 0; r < size; r++) {
+            const int64_t *v = all + 4 * r;
+            xmp_json_obj_begin(j, NULL);
+            xmp_json_int(j, "rank", r);
+            xmp_json_int(j, "stage", (long long)v[0]);
+            xmp_json_int(j, "param_bytes", (long long)v[1]);
+            xmp_json_int(j, "optimizer_bytes", (long long)v[2]);
+            xmp_json_int(j, "compute_param_bytes", (long long)v[3]);
+            xmp_json_obj_end(j);
+        }
+        xmp_json_arr_end(j);
+    }
+    free(all);
+    return 0;
+}
+
 static void ut_json_model(void *u, xmp_json_t *j)
 {
     ut_run_t *g = u;
@@ -1109,6 +1155,7 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.par_set_recompute = ut_par_set_recompute;
     m.par_set_step = ut_par_set_step;
     m.par_close = ut_par_close;
+    m.par_finish = ut_par_finish;
     m.json_model = ut_json_model;
     m.json_train = ut_json_train;
     m.describe = ut_describe;
