@@ -766,8 +766,9 @@ static int ut_layout_check(void *u, const xmp_stage_layout_t *sl, char *err, siz
         if (mbs % data_degree(sl, s) != 0)
             return snprintf(err, errlen,
                             "stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
-                            "multiple of the size %d of its mesh axis 0 (the images of a "
-                            "micro-batch are split over it at the stage boundary)",
+                            "multiple of its data-parallel degree %d (the size of mesh axis 0: "
+                            "the images of a micro-batch are split over it at the stage "
+                            "boundary)",
                             s, mbs, g->o.batch, g->o.microbatches, data_degree(sl, s)),
                    -1;
     }
