@@ -781,7 +781,6 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     ut_run_t *g = u;
     ut_stage_t *st = &g->st;
     int rank, size, local_fail = 0;
-    (void)ctx;
     (void)strat; /* converted by ut_strategy_check into g->ustrat */
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -808,7 +807,9 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     for (int k = 0; !local_fail && k < size; k++)
         g->mranks[k] = k;
     for (int s = 0; s < sl->nstages && !local_fail; s++) {
-        if (xmp_mesh_create(comm, NULL, sl->ndim[s], sl->shape[s], g->mranks + sl->rank0[s],
+        /* with the run's xmesh context: checkpoint loads stream blocks through xmesh plans
+         * from the saved layout to these meshes (ckpt/ckpt.h) */
+        if (xmp_mesh_create(comm, ctx, sl->ndim[s], sl->shape[s], g->mranks + sl->rank0[s],
                             &g->smesh[s]) != XMESH_SUCCESS) {
             xmp_train_fail("stage %d mesh: %s", s, xmp_last_error());
             local_fail = 1;
@@ -1011,8 +1012,8 @@ static int ut_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_
 static int ut_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
 {
     ut_run_t *g = u;
-    (void)ctx; /* the stage meshes have no xmesh context: direct reads */
-    xmesh_result_t r = xmp_ut_ckpt_load(g->st.SL, comm, NULL, g->ck, &g->cfg);
+    /* ctx: the context the stage meshes were made with (plans from the saved layout) */
+    xmesh_result_t r = xmp_ut_ckpt_load(g->st.SL, comm, ctx, g->ck, &g->cfg);
     xmp_ckpt_close(g->ck);
     g->ck = NULL;
     return r == XMESH_SUCCESS ? 0 : -1;

@@ -10,6 +10,7 @@ if(TARGET xmesh-train)
     axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 axonn.1x2x2x2
     pipe.3d-megatron pipe.axonn-dp pipe.dp-3d.4axes
     custom.zero memory.axonn print.roundtrip
+    resume.axonn-3d resume.megatron-axonn resume.pipe-axonn
     refuse.spatial refuse.concat refuse.partial refuse.store_partial refuse.store_activation
     refuse.param_dim refuse.unknown_class refuse.heads refuse.axonn_axes)
   foreach(c ${XMP_UT20_CASES})
