@@ -10,8 +10,9 @@
  * Stage graph: every tensor crossing a stage boundary is one edge with its own xmesh plans: the
  * main activation between consecutive layers on different stages, and each long skip
  * (down_i -> up_(5-i)) whose producer and consumer sit on different stages. Edge tensors are
- * (micro-batch, c, h, w) f32 in layout "S(0),B" on the producer's and the consumer's dp x tp mesh
- * (split over the data-parallel axis), so a skip can go from a dp=2 mesh to a dp=1 mesh. The
+ * (micro-batch, c, h, w) f32 in layout "S(0),B,..." on the producer's and the consumer's stage
+ * mesh of 1 to 4 axes (split over axis 0, B on the others), so a skip can go from a 2x1 mesh to
+ * a 1x2x2 mesh. The
  * conditioning sequence is NOT an edge: every rank generates the images, targets and
  * conditioning of its own slice from (seed, step, global image index).
  *
@@ -20,11 +21,12 @@
  * element count, so parameter gradients summed over the dp axis (SBP boxing P -> B over the dp
  * axis in R) and over micro-batches equal the serial gradient.
  *
- * Layers of a stage run on SBP tensors of its dp x tp mesh through nn/ only
- * (models/utransformer_sbp.h), with the per-class SBPs of --strategy / --stage-strategy,
- * loaded through nn/strategy.h (built-ins dp and megatron from the model, generated for the
- * stage mesh's shape, or a file; a layer-qualified line "down1.attn.q.w" overrides the class);
- * every layer input and output stays "S(0),B" (class act.x), so the edges do not change. A
+ * Layers of a stage run on SBP tensors of its stage mesh (--stage-mesh, 1 to 4 axes) through nn/
+ * only (models/utransformer_sbp.h), with the per-class SBPs of --strategy / --stage-strategy,
+ * loaded through nn/strategy.h (built-ins dp, megatron, 3d and axonn from the model, generated
+ * for the stage mesh's shape, or a file; a layer-qualified line "down1.attn.q.w" overrides the
+ * class; a 'store' SBP keeps a parameter sharded between steps, nn/param.h); edge tensors are
+ * boxed from and to each layer's act.x. A
  * micro-batch's activations (its tapes) are allocated when its forward runs and freed after
  * its weight gradients; the reported peak is measured.
  */
@@ -78,8 +80,9 @@ static void ut_usage(void)
            "  --batch B (8) --steps N (200) --lr (0.05) --momentum (0.9) --weight-decay (0)\n"
            "  --noise SIGMA (0.3)\n"
            "strategies: built-in dp, megatron (default: conv pairs channel-split, attention\n"
-           "  heads split where tp divides them) on 2-axis dp x tp stage meshes, or a file\n"
-           "  (docs/UTRANSFORMER.md)\n");
+           "  heads split where tp divides them), 3d (AutoDDL's (R, A, K) on the last three\n"
+           "  axes), axonn (3d + weights stored split over R) on stage meshes of 1-4 axes,\n"
+           "  or a file (docs/UTRANSFORMER.md)\n");
     xmp_train_usage();
 }
 
@@ -156,7 +159,7 @@ typedef struct {
     const xmp_stage_layout_t *sl;
     int stage, first, last, dpi, dp, tp, tpi, nloc, mbs, M;
     long step;
-    xmp_mesh_t *mesh;                  /* this stage's dp x tp mesh (NULL: no stage) */
+    xmp_mesh_t *mesh;                  /* this stage's mesh (NULL: no stage) */
     xmp_ut_strategy_t strat;           /* per-class SBPs of this stage's mesh */
     xmp_sbp_t edge[XMP_MAX_MESH_DIMS]; /* "S(0),B": the SBP of every stage-graph edge */
     xmp_ut_slayer_t *SL[XMP_UT_LAYERS];
@@ -798,7 +801,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         g->name_ptr[k] = g->names[k];
     }
     st->stage = xmp_stage_layout_stage_of_rank(sl, rank);
-    /* every stage's dp x tp SBP mesh (collective over the job); a stage's ranks are
+    /* every stage's SBP mesh (1 to 4 axes) (collective over the job); a stage's ranks are
      * rank0[s] .. rank0[s] + dp*tp - 1 */
     if (!(g->mranks = malloc((size_t)size * sizeof *g->mranks))) {
         xmp_train_fail("out of memory for %d ranks", size);
