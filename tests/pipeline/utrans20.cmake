@@ -22,3 +22,14 @@ if(TARGET xmesh-train)
       ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
   endforeach()
 endif()
+
+# The shared sharded-parameter engine (nn/param.h) on a 2x2 mesh: every element of the compute
+# copy, the stored shard, the reduced gradient and the gathered copy, the byte counts, the
+# refusals. Replay: test_nn_param --seed N
+add_executable(test_nn_param ${CMAKE_CURRENT_LIST_DIR}/test_nn_param.c)
+target_link_libraries(test_nn_param PRIVATE xmesh_pipeline m)
+add_test(NAME pipeline.param.np4
+         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe ${MPIEXEC_PREFLAGS}
+                 $<TARGET_FILE:test_nn_param> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(pipeline.param.np4 PROPERTIES LABELS "pipeline;mpi" TIMEOUT 60
+  ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
