@@ -23,6 +23,10 @@ BASE = ["--base-channels", "4", "--batch", "4", "--no-progress"]
 # name: (ranks, extra flags)
 RUNS = {
     # one stage, the 3-D built-ins on meshes of 3 and 4 axes
+    # on fewer axes the last roles are kept: K alone, A and K
+    "3d.4": (4, ["--stage-mesh", "4", "--strategy", "3d"]),
+    "3d.2x2": (4, ["--stage-mesh", "2x2", "--strategy", "3d"]),
+    "megatron.4": (4, ["--stage-mesh", "4", "--strategy", "megatron"]),
     "3d.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "3d"]),
     "3d.1x2x2": (4, ["--stage-mesh", "1x2x2", "--strategy", "3d", "--microbatches", "2"]),
     "3d.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "3d"]),

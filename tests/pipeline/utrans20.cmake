@@ -6,7 +6,7 @@
 # Pass = the script's exit status (run cases: the command's exit 0 AND 5 steps compared).
 if(TARGET xmesh-train)
   set(XMP_UT20_CASES
-    3d.2x2x2 3d.1x2x2 3d.2x1x2x2 megatron.2x2x2 dp.1x2x2x2
+    3d.4 3d.2x2 megatron.4 3d.2x2x2 3d.1x2x2 3d.2x1x2x2 megatron.2x2x2 dp.1x2x2x2
     axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 axonn.1x2x2x2
     pipe.3d-megatron pipe.axonn-dp pipe.dp-3d.4axes
     custom.zero memory.axonn print.roundtrip
