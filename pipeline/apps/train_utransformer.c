@@ -10,8 +10,9 @@
  * Stage graph: every tensor crossing a stage boundary is one edge with its own xmesh plans: the
  * main activation between consecutive layers on different stages, and each long skip
  * (down_i -> up_(5-i)) whose producer and consumer sit on different stages. Edge tensors are
- * (micro-batch, c, h, w) f32 in layout "S(0),B" on the producer's and the consumer's dp x tp mesh
- * (split over the data-parallel axis), so a skip can go from a dp=2 mesh to a dp=1 mesh. The
+ * (micro-batch, c, h, w) f32 in layout "S(0),B,..." on the producer's and the consumer's stage
+ * mesh of 1 to 4 axes (split over axis 0, B on the others), so a skip can go from a 2x1 mesh to
+ * a 1x2x2 mesh. The
  * conditioning sequence is NOT an edge: every rank generates the images, targets and
  * conditioning of its own slice from (seed, step, global image index).
  *
@@ -20,11 +21,12 @@
  * element count, so parameter gradients summed over the dp axis (SBP boxing P -> B over the dp
  * axis in R) and over micro-batches equal the serial gradient.
  *
- * Layers of a stage run on SBP tensors of its dp x tp mesh through nn/ only
- * (models/utransformer_sbp.h), with the per-class SBPs of --strategy / --stage-strategy,
- * loaded through nn/strategy.h (built-ins dp and megatron from the model, generated for the
- * stage mesh's shape, or a file; a layer-qualified line "down1.attn.q.w" overrides the class);
- * every layer input and output stays "S(0),B" (class act.x), so the edges do not change. A
+ * Layers of a stage run on SBP tensors of its stage mesh (--stage-mesh, 1 to 4 axes) through nn/
+ * only (models/utransformer_sbp.h), with the per-class SBPs of --strategy / --stage-strategy,
+ * loaded through nn/strategy.h (built-ins dp, megatron, 3d and axonn from the model, generated
+ * for the stage mesh's shape, or a file; a layer-qualified line "down1.attn.q.w" overrides the
+ * class; a 'store' SBP keeps a parameter sharded between steps, nn/param.h); edge tensors are
+ * boxed from and to each layer's act.x. A
  * micro-batch's activations (its tapes) are allocated when its forward runs and freed after
  * its weight gradients; the reported peak is measured.
  */
@@ -78,8 +80,9 @@ static void ut_usage(void)
            "  --batch B (8) --steps N (200) --lr (0.05) --momentum (0.9) --weight-decay (0)\n"
            "  --noise SIGMA (0.3)\n"
            "strategies: built-in dp, megatron (default: conv pairs channel-split, attention\n"
-           "  heads split where tp divides them) on 2-axis dp x tp stage meshes, or a file\n"
-           "  (docs/UTRANSFORMER.md)\n");
+           "  heads split where tp divides them), 3d (AutoDDL's (R, A, K) on the last three\n"
+           "  axes), axonn (3d + weights stored split over R) on stage meshes of 1-4 axes,\n"
+           "  or a file (docs/UTRANSFORMER.md)\n");
     xmp_train_usage();
 }
 
@@ -156,7 +159,7 @@ typedef struct {
     const xmp_stage_layout_t *sl;
     int stage, first, last, dpi, dp, tp, tpi, nloc, mbs, M;
     long step;
-    xmp_mesh_t *mesh;                  /* this stage's dp x tp mesh (NULL: no stage) */
+    xmp_mesh_t *mesh;                  /* this stage's mesh (NULL: no stage) */
     xmp_ut_strategy_t strat;           /* per-class SBPs of this stage's mesh */
     xmp_sbp_t edge[XMP_MAX_MESH_DIMS]; /* "S(0),B": the SBP of every stage-graph edge */
     xmp_ut_slayer_t *SL[XMP_UT_LAYERS];
@@ -182,9 +185,24 @@ static size_t chw_floats(const int chw[3])
 }
 
 /* Stage graph edges in producer-layer order: main before skip for the same layer. */
+/* Images of a micro-batch split over stage s's mesh axis 0 (every built-in's data axis; the edge
+ * SBP is S(0) there and B on the other axes). */
+static int data_degree(const xmp_stage_layout_t *sl, int s)
+{
+    return sl->shape[s][0];
+}
+
+/* The edge SBP of each stage, "S(0),B,..." with one entry per mesh axis. */
+static char g_espec[XMP_MAX_STAGES][48];
+
 static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, int mbs,
                        ut_edge_t *e, xmp_edge_cfg_t *ec, xmp_sedge_t *se)
 {
+    for (int s = 0; s < sl->nstages; s++) {
+        snprintf(g_espec[s], sizeof g_espec[s], "S(0)");
+        for (int a = 1; a < sl->ndim[s]; a++)
+            strncat(g_espec[s], ",B", sizeof g_espec[s] - strlen(g_espec[s]) - 1);
+    }
     int n = 0, nout[XMP_MAX_STAGES] = {0}, nin[XMP_MAX_STAGES] = {0};
     for (int l = 0; l < XMP_UT_LAYERS; l++)
         for (int what = T_MAIN; what <= T_SKIP; what++) {
@@ -198,8 +216,8 @@ static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, i
                 xmp_ut_layer_skip_shape(c, l, chw);
             e[n].layer = l;
             e[n].what = what;
-            e[n].floats_src = chw_floats(chw) * (size_t)(mbs / sl->dp[s]);
-            e[n].floats_dst = chw_floats(chw) * (size_t)(mbs / sl->dp[d]);
+            e[n].floats_src = chw_floats(chw) * (size_t)(mbs / data_degree(sl, s));
+            e[n].floats_dst = chw_floats(chw) * (size_t)(mbs / data_degree(sl, d));
             memset(&ec[n], 0, sizeof ec[n]);
             ec[n].src = s;
             ec[n].dst = d;
@@ -208,7 +226,8 @@ static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, i
             for (int k = 0; k < 3; k++)
                 ec[n].shape[k + 1] = chw[k];
             ec[n].dtype = XMESH_F32;
-            ec[n].src_spec = ec[n].dst_spec = "S(0),B";
+            ec[n].src_spec = g_espec[s];
+            ec[n].dst_spec = g_espec[d];
             se[n].src = s;
             se[n].dst = d;
             n++;
@@ -371,7 +390,9 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
             goto out;
         }
     }
-    if (st->last == XMP_UT_CONV_OUT && st->tpi == 0) { /* tp ranks hold the same loss */
+    /* every rank boxes the output (a collective when act.x is split beyond axis 0); the ranks
+     * of one axis-0 slice hold the same images: one of them (tpi 0) adds the loss */
+    if (st->last == XMP_UT_CONV_OUT) {
         double l = 0;
         size_t cnt = nl * XMP_UT_OUT_CH * HW;
         float *yb = malloc(cnt * sizeof(float));
@@ -383,7 +404,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         xmp_unet_mse_forward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW, yb, st->target[mb],
                              &l);
         free(yb);
-        *loss += l;
+        if (st->tpi == 0)
+            *loss += l;
     }
     rc = 0;
 out:
@@ -711,20 +733,13 @@ static void ut_serial_close(void *u)
     xmp_ut_model_free(&g->sm);
 }
 
-/* Built-in strategies (nn/strategy.h callback): dp and megatron, generated for the config
- * and the stage mesh's shape (megatron replicates attention whose heads tp does not divide). */
+/* Built-in strategies (nn/strategy.h callback): dp, megatron, 3d and axonn
+ * (models/utransformer_sbp.h), generated for the config and the stage mesh's shape. */
 static int ut_builtins(void *u, const char *name, int naxes, const int *shape, char *text, size_t n,
                        char *err, size_t errlen)
 {
     ut_run_t *g = u;
-    if (strcmp(name, "dp") != 0 && strcmp(name, "megatron") != 0)
-        return 1;
-    int two[2] = {1, 1};
-    if (xmp_ut_strategy_builtin(name, &g->cfg, naxes, shape ? shape : two, text, n) != 0) {
-        snprintf(err, errlen, "built-in strategy '%s': %s", name, xmp_ut_last_error());
-        return -1;
-    }
-    return 0;
+    return xmp_ut_strategy_builtin(&g->cfg, name, naxes, shape, text, n, err, errlen);
 }
 
 /* The stage's nn/strategy.h table as the layers' per-class table, checked against the layers
@@ -734,27 +749,8 @@ static int ut_strategy_check(void *u, const xmp_strategy_t *s, const xmp_stage_l
 {
     ut_run_t *g = u;
     xmp_ut_strategy_t *t = &g->ustrat[stage];
-    memset(t, 0, sizeof *t);
-    if (s->n > XMP_UT_MAX_CLASSES)
-        return snprintf(err, errlen, "stage %d: strategy %s: %d classes, at most %d", stage,
-                        s->name, s->n, XMP_UT_MAX_CLASSES),
-               -1;
-    size_t nl = strnlen(s->name, sizeof t->name - 1);
-    memcpy(t->name, s->name, nl);
-    t->name[nl] = '\0';
-    t->naxes = s->naxes;
-    t->n = s->n;
-    for (int k = 0; k < s->n; k++) {
-        if (s->e[k].has_store)
-            return snprintf(err, errlen,
-                            "stage %d: strategy %s, class %s: sharded storage ('store') is not "
-                            "supported by the U-Transformer",
-                            stage, s->name, s->e[k].cls),
-                   -1;
-        snprintf(t->c[k].name, sizeof t->c[k].name, "%s", s->e[k].cls);
-        memcpy(t->c[k].sbp, s->e[k].sbp, sizeof t->c[k].sbp);
-    }
-    int shape[2] = {sl->dp[stage], sl->tp[stage]};
+    *t = *s;
+    const int *shape = sl->shape[stage];
     if (xmp_ut_strategy_check(t, &g->cfg, sl->first[stage], sl->first[stage] + sl->count[stage] - 1,
                               shape) != 0)
         return snprintf(err, errlen, "stage %d: %s", stage, xmp_ut_last_error()), -1;
@@ -766,17 +762,17 @@ static int ut_layout_check(void *u, const xmp_stage_layout_t *sl, char *err, siz
     ut_run_t *g = u;
     const int mbs = g->o.batch / g->o.microbatches;
     for (int s = 0; s < sl->nstages; s++) {
-        if (sl->ndim[s] != 2)
-            return snprintf(err, errlen,
-                            "stage %d: a mesh of %d axes; the U-Transformer's stages run on "
-                            "2-axis dp x tp meshes",
-                            s, sl->ndim[s]),
+        if (sl->ndim[s] < 1 || sl->ndim[s] > XMP_MAX_MESH_DIMS)
+            return snprintf(err, errlen, "stage %d: a mesh of %d axes (1..%d)", s, sl->ndim[s],
+                            XMP_MAX_MESH_DIMS),
                    -1;
-        if (mbs % sl->dp[s] != 0)
+        if (mbs % data_degree(sl, s) != 0)
             return snprintf(err, errlen,
                             "stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
-                            "multiple of its data-parallel degree %d",
-                            s, mbs, g->o.batch, g->o.microbatches, sl->dp[s]),
+                            "multiple of its data-parallel degree %d (the size of mesh axis 0: "
+                            "the images of a micro-batch are split over it at the stage "
+                            "boundary)",
+                            s, mbs, g->o.batch, g->o.microbatches, data_degree(sl, s)),
                    -1;
     }
     return 0;
@@ -788,7 +784,6 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     ut_run_t *g = u;
     ut_stage_t *st = &g->st;
     int rank, size, local_fail = 0;
-    (void)ctx;
     (void)strat; /* converted by ut_strategy_check into g->ustrat */
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -806,7 +801,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         g->name_ptr[k] = g->names[k];
     }
     st->stage = xmp_stage_layout_stage_of_rank(sl, rank);
-    /* every stage's dp x tp SBP mesh (collective over the job); a stage's ranks are
+    /* every stage's SBP mesh (1 to 4 axes) (collective over the job); a stage's ranks are
      * rank0[s] .. rank0[s] + dp*tp - 1 */
     if (!(g->mranks = malloc((size_t)size * sizeof *g->mranks))) {
         xmp_train_fail("out of memory for %d ranks", size);
@@ -815,15 +810,16 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     for (int k = 0; !local_fail && k < size; k++)
         g->mranks[k] = k;
     for (int s = 0; s < sl->nstages && !local_fail; s++) {
-        int shape[2] = {sl->dp[s], sl->tp[s]};
-        if (xmp_mesh_create(comm, NULL, 2, shape, g->mranks + sl->rank0[s], &g->smesh[s]) !=
-            XMESH_SUCCESS) {
+        /* with the run's xmesh context: checkpoint loads stream blocks through xmesh plans
+         * from the saved layout to these meshes (ckpt/ckpt.h) */
+        if (xmp_mesh_create(comm, ctx, sl->ndim[s], sl->shape[s], g->mranks + sl->rank0[s],
+                            &g->smesh[s]) != XMESH_SUCCESS) {
             xmp_train_fail("stage %d mesh: %s", s, xmp_last_error());
             local_fail = 1;
         }
-        g->meshes[s].ndim = 2;
-        g->meshes[s].shape[0] = sl->dp[s];
-        g->meshes[s].shape[1] = sl->tp[s];
+        g->meshes[s].ndim = sl->ndim[s];
+        for (int a = 0; a < sl->ndim[s]; a++)
+            g->meshes[s].shape[a] = sl->shape[s][a];
         g->meshes[s].ranks = g->mranks + sl->rank0[s];
     }
     /* Virtual stages: one stage state per model stage of this rank's group (chunk 0 in st,
@@ -846,8 +842,12 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         p->strat = g->ustrat[p->stage];
         p->first = sl->first[p->stage];
         p->last = p->first + sl->count[p->stage] - 1;
-        p->dp = sl->dp[p->stage];
-        p->tp = sl->tp[p->stage];
+        int msize = 1;
+        for (int a = 0; a < sl->ndim[p->stage]; a++)
+            msize *= sl->shape[p->stage][a];
+        /* images split over axis 0; the other axes (tp: their rank count) hold the same images */
+        p->dp = data_degree(sl, p->stage);
+        p->tp = msize / p->dp;
         p->dpi = (rank - sl->rank0[p->stage]) / p->tp;
         p->tpi = (rank - sl->rank0[p->stage]) % p->tp;
         p->mesh = g->smesh[p->stage];
@@ -1022,8 +1022,8 @@ static int ut_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts_
 static int ut_ckpt_load(void *u, MPI_Comm comm, xmesh_ctx_t ctx)
 {
     ut_run_t *g = u;
-    (void)ctx; /* the stage meshes have no xmesh context: direct reads */
-    xmesh_result_t r = xmp_ut_ckpt_load(g->st.SL, comm, NULL, g->ck, &g->cfg);
+    /* ctx: the context the stage meshes were made with (plans from the saved layout) */
+    xmesh_result_t r = xmp_ut_ckpt_load(g->st.SL, comm, ctx, g->ck, &g->cfg);
     xmp_ckpt_close(g->ck);
     g->ck = NULL;
     return r == XMESH_SUCCESS ? 0 : -1;
@@ -1047,6 +1047,52 @@ static int ut_ckpt_save(void *u, MPI_Comm comm, const char *dir, int64_t step, i
         {"data.step", data}, {"layout", lay}, {"layout.meshes", meshes}, {"strategy", strategy}};
     return xmp_ut_ckpt_save(g->st.SL, comm, dir, step, keep, &s, extra, 4) == XMESH_SUCCESS ? 0
                                                                                             : -1;
+}
+
+/* Parameter + optimizer bytes per rank (sharded storage shows here), like xmesh-train gpt:
+ * stored parameters + SGD velocity (compute copies). Collective over MPI_COMM_WORLD. */
+static int ut_par_finish(void *u, int ok, xmp_json_t *j)
+{
+    ut_run_t *g = u;
+    int rank, size;
+    (void)ok;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int64_t mine[4] = {g->st.stage, 0, 0, 0}, dummy[4];
+    for (int k = 0; k <= g->nxs; k++) { /* summed over the rank's stages */
+        const ut_stage_t *p = k ? &g->xs[k - 1] : &g->st;
+        for (int l = p->first; p->stage >= 0 && l <= p->last; l++) {
+            mine[1] += xmp_ut_slayer_param_bytes(p->SL[l]);
+            mine[2] += xmp_ut_slayer_optimizer_bytes(p->SL[l]);
+            mine[3] += xmp_ut_slayer_compute_bytes(p->SL[l]);
+        }
+    }
+    int64_t *all = rank == 0 ? calloc((size_t)size * 4, sizeof(int64_t)) : NULL;
+    MPI_Gather(mine, 4, MPI_INT64_T, all ? all : dummy, 4, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (!all)
+        return 0;
+    printf("memory per rank (bytes): stored parameters + SGD velocity (compute copies)\n");
+    for (int r = 0; r < size; r++) {
+        const int64_t *v = all + 4 * r;
+        printf("  rank %d stage %lld: %lld + %lld = %lld (%lld)\n", r, (long long)v[0],
+               (long long)v[1], (long long)v[2], (long long)(v[1] + v[2]), (long long)v[3]);
+    }
+    if (j) {
+        xmp_json_arr_begin(j, "memory_per_rank");
+        for (int r = 0; r < size; r++) {
+            const int64_t *v = all + 4 * r;
+            xmp_json_obj_begin(j, NULL);
+            xmp_json_int(j, "rank", r);
+            xmp_json_int(j, "stage", (long long)v[0]);
+            xmp_json_int(j, "param_bytes", (long long)v[1]);
+            xmp_json_int(j, "optimizer_bytes", (long long)v[2]);
+            xmp_json_int(j, "compute_param_bytes", (long long)v[3]);
+            xmp_json_obj_end(j);
+        }
+        xmp_json_arr_end(j);
+    }
+    free(all);
+    return 0;
 }
 
 static void ut_json_model(void *u, xmp_json_t *j)
@@ -1105,7 +1151,7 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.user = &g;
     m.kinds = g.kinds;
     m.builtins = ut_builtins;
-    m.builtin_names = "dp, megatron";
+    m.builtin_names = XMP_UT_STRATEGY_BUILTINS;
     m.strategy_check = ut_strategy_check;
     m.layout_check = ut_layout_check;
     m.serial_open = ut_serial_open;
@@ -1121,6 +1167,7 @@ int xmp_train_utransformer_main(int argc, char **argv)
     m.par_set_recompute = ut_par_set_recompute;
     m.par_set_step = ut_par_set_step;
     m.par_close = ut_par_close;
+    m.par_finish = ut_par_finish;
     m.json_model = ut_json_model;
     m.json_train = ut_json_train;
     m.describe = ut_describe;

@@ -9,6 +9,7 @@
 
 #include "nn/kernels.h"
 #include "nn/overlap.h"
+#include "nn/param.h"
 #include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
 
@@ -382,22 +383,20 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
 
 /* ---------------------------------------------------------------- state */
 
-/* One parameter tensor of this stage (one layer's slice of a stacked tensor). */
+/* One parameter tensor of this stage (one layer's slice of a stacked tensor), kept by the
+ * shared engine (nn/param.h): P.w the compute copy (the strategy's compute SBP), P.g the
+ * gradient accumulator (w's SBP where S, P where B), P.r the step's reduced gradient (storage
+ * SBP, made in R), P.s the stored shard when the storage SBP differs (P.sharded), P.state[0..1]
+ * the AdamW moments of the stored copy, P.pre the prefetched gather (cb_optimizer only). */
 typedef struct {
-    int id, layer;      /* XMP_GPT2_*, layer (-1: not per layer) */
-    xmp_tensor_t w;     /* compute SBP of the strategy */
-    xmp_tensor_t g;     /* gradient accumulator: w's SBP where S, P where B */
-    xmp_tensor_t r;     /* reduced gradient of the step (storage SBP), made in R */
-    int sharded;        /* storage SBP differs from the compute SBP */
-    xmp_tensor_t s;     /* sharded: the master copy in the storage SBP */
-    float *m, *v;       /* AdamW moments of the stored copy (local) */
-    xmp_box_req_t *pre; /* prefetch: the gather of s in flight (cb_optimizer only) */
+    int id, layer; /* XMP_GPT2_*, layer (-1: not per layer) */
+    xmp_param_t P;
 } par_t;
 
 /* The tensor AdamW updates: the stored shard, or the compute copy. */
 static xmp_tensor_t *stored(par_t *q)
 {
-    return q->sharded ? &q->s : &q->w;
+    return xmp_param_stored(&q->P);
 }
 
 /* Saved activations of one transformer block for one microbatch, and the
@@ -476,7 +475,7 @@ static int pindex(const xmp_gpt2_stage_t *st, int id, int layer)
 }
 static const xmp_tensor_t *PT(const xmp_gpt2_stage_t *st, int id, int layer)
 {
-    return &st->p[pindex(st, id, layer)].w;
+    return &st->p[pindex(st, id, layer)].P.w;
 }
 
 static int is_per_layer(int id)
@@ -487,8 +486,7 @@ static int is_per_layer(int id)
 /* Gradient accumulator SBP of a parameter with compute SBP s. */
 static void acc_sbp(const xmp_sbp_t *s, xmp_sbp_t *g)
 {
-    for (int a = 0; a < NAX; a++)
-        g[a] = s[a].kind == XMP_B ? xmp_sbp_p() : s[a];
+    xmp_param_acc_sbp(s, g);
 }
 
 static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int layer)
@@ -503,22 +501,11 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
     int nd = param_shape(&st->cfg, id, shape);
     xmp_sbp_t sg[NAX];
     acc_sbp(st->psbp[id], sg);
-    if (xmp_tensor_alloc(&q->w, st->mesh, nd, shape, XMESH_F32, st->psbp[id]) ||
-        xmp_tensor_alloc(&q->g, st->mesh, nd, shape, XMESH_F32, sg))
-        return -1;
     const xmp_gpt2_param_info_t *pi = &full->ptab[id];
     size_t per = pi->numel / (is_per_layer(id) ? (size_t)st->cfg.num_layers : 1);
     const float *src = full->params + pi->offset + (layer >= 0 ? (size_t)layer * per : 0);
-    if (xmp_tensor_fill_from_full(&q->w, src))
-        return -1;
-    for (int a = 0; a < NAX; a++)
-        q->sharded |= !xmp_sbp_eq(st->pstore[id][a], st->psbp[id][a]);
-    if (q->sharded && (xmp_tensor_alloc(&q->s, st->mesh, nd, shape, XMESH_F32, st->pstore[id]) ||
-                       xmp_tensor_fill_from_full(&q->s, src)))
-        return -1;
-    q->m = calloc((size_t)stored(q)->lcount + 1, sizeof(float));
-    q->v = calloc((size_t)stored(q)->lcount + 1, sizeof(float));
-    if (!q->m || !q->v)
+    /* compute copy, stored shard where the storage SBP differs, AdamW's two moments */
+    if (xmp_param_init(&q->P, st->mesh, nd, shape, st->psbp[id], st->pstore[id], src, 2, sg))
         return -1;
     st->pidx[id * (st->cfg.num_layers + 1) + layer + 1] = st->np++;
     return 0;
@@ -612,7 +599,7 @@ static int add_into(xmp_tensor_t *d, xmp_tensor_t *s)
  * collective for P or S contributions), added (d consumed). */
 static int accumulate(par_t *q, xmp_tensor_t *d)
 {
-    return add_into(&q->g, d);
+    return add_into(&q->P.g, d);
 }
 
 /* One linear of the block, backward: dx = dy w, boxed to `to` (NULL: left as produced), and
@@ -1104,17 +1091,17 @@ fail:
  * and last stage. */
 static int tie_exchange(xmp_gpt2_stage_t *st, par_t *q)
 {
-    float *tmp = malloc(sizeof(float) * (size_t)(q->r.lcount + 1));
+    float *tmp = malloc(sizeof(float) * (size_t)(q->P.r.lcount + 1));
     if (!tmp)
         return -1;
     int first = st->stage == st->tie_first;
     xmesh_plan_t fl = st->tie_plans->tie_fl, lf = st->tie_plans->tie_lf;
-    xmesh_result_t r = xmesh_reshard(fl, first ? q->r.data : NULL, first ? NULL : tmp);
+    xmesh_result_t r = xmesh_reshard(fl, first ? q->P.r.data : NULL, first ? NULL : tmp);
     if (!r)
-        r = xmesh_reshard(lf, first ? NULL : q->r.data, first ? tmp : NULL);
+        r = xmesh_reshard(lf, first ? NULL : q->P.r.data, first ? tmp : NULL);
     if (!r) {
-        float *g = xmp_f32(&q->r);
-        for (int64_t i = 0; i < q->r.lcount; i++)
+        float *g = xmp_f32(&q->P.r);
+        for (int64_t i = 0; i < q->P.r.lcount; i++)
             g[i] = g[i] + tmp[i];
     } else {
         fprintf(stderr, "gpt2 stage %d: tied wte exchange: %s\n", st->stage, xmesh_last_error());
@@ -1131,19 +1118,19 @@ static int tie_exchange_local(xmp_gpt2_stage_t *st)
     xmp_gpt2_stage_t *f = st->stage == st->tie_first ? st : st->tie_peer;
     xmp_gpt2_stage_t *l = f == st ? st->tie_peer : st;
     par_t *qf = &f->p[pindex(f, XMP_GPT2_WTE, -1)], *ql = &l->p[pindex(l, XMP_GPT2_WTE, -1)];
-    float *tf = malloc(sizeof(float) * (size_t)(qf->r.lcount + 1));
-    float *tl = malloc(sizeof(float) * (size_t)(ql->r.lcount + 1));
+    float *tf = malloc(sizeof(float) * (size_t)(qf->P.r.lcount + 1));
+    float *tl = malloc(sizeof(float) * (size_t)(ql->P.r.lcount + 1));
     xmesh_result_t r = tf && tl ? XMESH_SUCCESS : XMESH_ERR_NO_MEMORY;
     if (!r)
-        r = xmesh_reshard(f->tie_plans->tie_fl, qf->r.data, tl);
+        r = xmesh_reshard(f->tie_plans->tie_fl, qf->P.r.data, tl);
     if (!r)
-        r = xmesh_reshard(f->tie_plans->tie_lf, ql->r.data, tf);
+        r = xmesh_reshard(f->tie_plans->tie_lf, ql->P.r.data, tf);
     if (!r) {
-        float *g = xmp_f32(&qf->r);
-        for (int64_t i = 0; i < qf->r.lcount; i++)
+        float *g = xmp_f32(&qf->P.r);
+        for (int64_t i = 0; i < qf->P.r.lcount; i++)
             g[i] = g[i] + tf[i];
-        g = xmp_f32(&ql->r);
-        for (int64_t i = 0; i < ql->r.lcount; i++)
+        g = xmp_f32(&ql->P.r);
+        for (int64_t i = 0; i < ql->P.r.lcount; i++)
             g[i] = g[i] + tl[i];
     } else {
         fprintf(stderr, "gpt2 stages %d and %d: tied wte exchange: %s\n", f->stage, l->stage,
@@ -1160,27 +1147,23 @@ static int cb_reduce(void *user)
     double t0 = MPI_Wtime();
     /* defer-grad: every reduction posted first (nonblocking), then waited in the same order;
      * the same collectives on the same data as the blocking loop. */
-    xmp_box_req_t **rq = st->ov.defer_grad ? calloc((size_t)st->np + 1, sizeof *rq) : NULL;
-    for (int i = 0; rq && i < st->np; i++)
-        if (xmp_box_start(&st->p[i].g, stored(&st->p[i])->sbp, &rq[i])) {
+    for (int i = 0; st->ov.defer_grad && i < st->np; i++)
+        if (xmp_param_reduce_start(&st->p[i].P)) {
             fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
                     pclass[st->p[i].id], xmp_last_error());
             return 1;
         }
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
-        xmp_tensor_free(&q->r);
         /* Once per step: P -> B over the axes where the parameter is
          * replicated (the data-parallel all-reduce), or P -> S where its
          * storage is sharded (reduce-scatter). */
-        if ((rq ? xmp_box_wait(rq[i], &q->r) : xmp_box(&q->g, stored(q)->sbp, &q->r)) ||
-            q->r.lcount != stored(q)->lcount) {
+        if (st->ov.defer_grad ? xmp_param_reduce_wait(&q->P) : xmp_param_reduce(&q->P)) {
             fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
                     pclass[q->id], xmp_last_error());
             return 1;
         }
     }
-    free(rq);
     st->reduced = 1;
     if (st->tie_peer) {
         if (st->tie_peer->reduced && tie_exchange_local(st))
@@ -1201,48 +1184,27 @@ static int cb_optimizer(void *user)
     st->reduced = 0;
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
-        xmp_tensor_t *w = stored(q), c = {0};
-        if (w->lcount && q->r.data)
-            xmp_adamw(xmp_f32(w), xmp_f32(&q->r), q->m, q->v, (size_t)w->lcount, t->lr, t->beta1,
-                      t->beta2, t->eps, t->wd, st->step + 1);
-        xmp_tensor_free(&q->r);
+        xmp_tensor_t *w = stored(q);
+        if (w->lcount && q->P.r.data)
+            xmp_adamw(xmp_f32(w), xmp_f32(&q->P.r), q->P.state[0], q->P.state[1], (size_t)w->lcount,
+                      t->lr, t->beta1, t->beta2, t->eps, t->wd, st->step + 1);
         /* Sharded: the updated shards are all-gathered into the compute copy
          * the next step uses (prefetch: started here, waited after the updates of the
          * parameters that follow, in the same order). */
-        if (q->sharded && st->ov.prefetch) {
-            if (xmp_box_start(&q->s, q->w.sbp, &q->pre)) {
-                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
-                        xmp_last_error());
-                return 1;
-            }
-        } else if (q->sharded) {
-            if (xmp_box(&q->s, q->w.sbp, &c) || c.lcount != q->w.lcount) {
-                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
-                        xmp_last_error());
-                xmp_tensor_free(&c);
-                return 1;
-            }
-            xmp_tensor_free(&q->w);
-            q->w = c;
-        }
-        if (q->g.lcount)
-            memset(q->g.data, 0, (size_t)q->g.lcount * 4);
-    }
-    for (int i = 0; i < st->np; i++) {
-        par_t *q = &st->p[i];
-        xmp_tensor_t c = {0};
-        if (!q->pre)
-            continue;
-        xmesh_result_t r = xmp_box_wait(q->pre, &c);
-        q->pre = NULL;
-        if (r || c.lcount != q->w.lcount) {
+        if (st->ov.prefetch ? xmp_param_gather_start(&q->P) : xmp_param_gather(&q->P)) {
             fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
                     xmp_last_error());
-            xmp_tensor_free(&c);
             return 1;
         }
-        xmp_tensor_free(&q->w);
-        q->w = c;
+        xmp_param_zero_grad(&q->P, 0);
+    }
+    for (int i = 0; st->ov.prefetch && i < st->np; i++) {
+        par_t *q = &st->p[i];
+        if (xmp_param_gather_wait(&q->P)) {
+            fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                    xmp_last_error());
+            return 1;
+        }
     }
     for (int k = 0; k < st->tc.M; k++)
         if (st->mb[k].live)
@@ -1260,13 +1222,13 @@ void xmp_gpt2_stage_memory(const xmp_gpt2_stage_t *st, xmp_gpt2_stage_memory_t *
 {
     memset(mem, 0, sizeof *mem);
     for (int i = 0; st->stage >= 0 && i < st->np; i++) {
-        par_t *q = &st->p[i];
-        int64_t n = (q->sharded ? q->s.lcount : q->w.lcount) * 4;
-        mem->param_bytes += n;
-        mem->optimizer_bytes += 2 * n;
-        mem->compute_param_bytes += q->w.lcount * 4;
-        mem->grad_bytes += q->g.lcount * 4;
-        mem->sharded += q->sharded;
+        xmp_param_bytes_t b = {0, 0, 0, 0};
+        xmp_param_bytes(&st->p[i].P, &b);
+        mem->param_bytes += b.param;
+        mem->optimizer_bytes += b.optimizer;
+        mem->compute_param_bytes += b.compute;
+        mem->grad_bytes += b.grad;
+        mem->sharded += st->p[i].P.sharded;
     }
 }
 
@@ -1544,14 +1506,8 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
         }
         free(st->mb);
     }
-    for (int i = 0; st->p && i < st->np; i++) {
-        xmp_tensor_free(&st->p[i].w);
-        xmp_tensor_free(&st->p[i].g);
-        xmp_tensor_free(&st->p[i].r);
-        xmp_tensor_free(&st->p[i].s);
-        free(st->p[i].m);
-        free(st->p[i].v);
-    }
+    for (int i = 0; st->p && i < st->np; i++)
+        xmp_param_free(&st->p[i].P);
     free(st->p);
     for (int s = 0; s < st->lay.nstages; s++)
         xmp_mesh_destroy(st->meshes[s]);
@@ -1719,7 +1675,7 @@ int xmp_gpt2_stages_gather(xmp_gpt2_stage_t *const *sts, int n, xmp_gpt2_t *full
             if ((h || st->rank == 0) && !buf)
                 rc = -1;
             xmesh_result_t cr = XMESH_SUCCESS; /* communication: a peer failed or timed out */
-            if (h && buf && (cr = xmp_tensor_gather_full(&h->p[pindex(h, id, layer)].w, buf)))
+            if (h && buf && (cr = xmp_tensor_gather_full(&h->p[pindex(h, id, layer)].P.w, buf)))
                 rc = -1;
             if (src != 0 && buf && !cr) {
                 if (st->rank == src)
@@ -1771,9 +1727,9 @@ int xmp_gpt2_stage_named(xmp_gpt2_stage_t *st, xmp_gpt2_named_t **out)
             snprintf(e->name, sizeof e->name, "%s", ckname[q->id]);
         e->param = stored(q);
         e->m = *e->param;
-        e->m.data = q->m;
+        e->m.data = q->P.state[0];
         e->v = *e->param;
-        e->v.data = q->v;
+        e->v.data = q->P.state[1];
         e->tied_copy =
             q->id == XMP_GPT2_WTE && st->tie_first != st->tie_last && st->stage == st->tie_last;
     }
@@ -1786,20 +1742,13 @@ int xmp_gpt2_stage_params_changed(xmp_gpt2_stage_t *st)
     int rc = 0;
     for (int i = 0; st->stage >= 0 && i < st->np; i++) {
         par_t *q = &st->p[i];
-        if (q->sharded) {
-            xmp_tensor_t c = {0};
-            if (xmp_box(&q->s, q->w.sbp, &c) || c.lcount != q->w.lcount) {
-                fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
-                        xmp_last_error());
-                xmp_tensor_free(&c);
-                rc = -1;
-                continue;
-            }
-            xmp_tensor_free(&q->w);
-            q->w = c;
+        if (xmp_param_gather(&q->P)) {
+            fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
+                    xmp_last_error());
+            rc = -1;
+            continue;
         }
-        if (q->g.lcount)
-            memset(q->g.data, 0, (size_t)q->g.lcount * 4);
+        xmp_param_zero_grad(&q->P, 0);
     }
     int all = rc;
     if (xmp_agree(&all, 1, MPI_INT, MPI_MIN, st->comm, "gpt2 parameters-changed status")) {
@@ -1848,10 +1797,10 @@ double xmp_gpt2_stage_grad_sumsq(const xmp_gpt2_stage_t *st)
         /* the tied wte's summed gradient is held by the first and the last stage alike */
         if (q->id == XMP_GPT2_WTE && st->tie_fl && st->stage != st->tie_first)
             continue;
-        if (!q->r.data || !representative(st, q->r.sbp))
+        if (!q->P.r.data || !representative(st, q->P.r.sbp))
             continue;
-        const float *g = xmp_f32(&q->r);
-        for (int64_t k = 0; k < q->r.lcount; k++)
+        const float *g = xmp_f32(&q->P.r);
+        for (int64_t k = 0; k < q->P.r.lcount; k++)
             s += (double)g[k] * g[k];
     }
     return s;
@@ -1863,8 +1812,8 @@ void xmp_gpt2_stage_scale_grads(xmp_gpt2_stage_t *st, float scale)
         return;
     for (int i = 0; i < st->np; i++) {
         par_t *q = &st->p[i];
-        float *g = q->r.data ? xmp_f32(&q->r) : NULL;
-        for (int64_t k = 0; g && k < q->r.lcount; k++)
+        float *g = q->P.r.data ? xmp_f32(&q->P.r) : NULL;
+        for (int64_t k = 0; g && k < q->P.r.lcount; k++)
             g[k] *= scale;
     }
 }

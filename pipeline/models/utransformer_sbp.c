@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "models/utransformer_plan.h"
+#include "nn/param.h"
 #include "nn/sbp_conv.h"
 #include "nn/sbp_ops.h"
 
@@ -56,18 +57,33 @@ static const char *const k_params[] = {"conv.w",   "conv.b",   "down.w",   "down
 static const char *const k_acts[] = {"act.x", "act.block", "act.up", "act.cond"};
 #define NPARAMS ((int)(sizeof k_params / sizeof k_params[0]))
 
-/* megatron's SBP on the tp axis per parameter class (the dp axis is always B). */
-static const char *megatron_tp(const char *cls)
+/* Roles of a mesh axis in the built-ins: data (and 3d's R), tensor (megatron), 3d's A, 3d's K. */
+enum { R_DATA, R_TP, R_A, R_K };
+
+/* SBP of class cls (no layer prefix) on an axis of role r: megatron's tensor axis and 3d's A
+ * split the same way (output channels of conv1, group norm, q/k/v heads, up conv; input
+ * channels of conv2 and the attention output); K is the transposed split (AutoDDL's third axis:
+ * input channels of conv1, q/k/v and the down / up / in / out convs; output channels of conv2
+ * and the attention output), so the layers alternate and no boxing sits inside a pair. */
+static const char *role_sbp(int r, const char *cls)
 {
     static const struct {
-        const char *cls, *tp;
-    } t[] = {{"conv1.w", "S(0)"},  {"conv1.b", "S(0)"},  {"gn.gamma", "S(0)"}, {"gn.beta", "S(0)"},
-             {"conv2.w", "S(1)"},  {"attn.q.w", "S(0)"}, {"attn.q.b", "S(0)"}, {"attn.k.w", "S(0)"},
-             {"attn.k.b", "S(0)"}, {"attn.v.w", "S(0)"}, {"attn.v.b", "S(0)"}, {"attn.o.w", "S(1)"},
-             {"up.w", "S(0)"},     {"up.b", "S(0)"}};
+        const char *cls, *tp, *k;
+    } t[] = {
+        {"conv.w", "B", "S(1)"},      {"down.w", "B", "S(1)"},      {"conv1.w", "S(0)", "S(1)"},
+        {"conv1.b", "S(0)", "B"},     {"gn.gamma", "S(0)", "B"},    {"gn.beta", "S(0)", "B"},
+        {"conv2.w", "S(1)", "S(0)"},  {"conv2.b", "B", "S(0)"},     {"attn.q.w", "S(0)", "S(1)"},
+        {"attn.q.b", "S(0)", "B"},    {"attn.k.w", "S(0)", "S(1)"}, {"attn.k.b", "S(0)", "B"},
+        {"attn.v.w", "S(0)", "S(1)"}, {"attn.v.b", "S(0)", "B"},    {"attn.o.w", "S(1)", "S(0)"},
+        {"attn.o.b", "B", "S(0)"},    {"up.w", "S(0)", "S(1)"},     {"up.b", "S(0)", "B"},
+        {"act.x", "B", "S(1)"},       {"act.block", "B", "S(1)"},   {"act.up", "B", "B"},
+        {"act.cond", "B", "S(2)"}};
+    int act = !strncmp(cls, "act.", 4);
+    if (r == R_DATA)
+        return act ? "S(0)" : "B";
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (!strcmp(t[i].cls, cls))
-            return t[i].tp;
+            return r == R_K ? t[i].k : t[i].tp;
     return "B";
 }
 
@@ -97,177 +113,216 @@ static int layer_heads(const xmp_ut_config_t *c, int l)
     return 0;
 }
 
-int xmp_ut_strategy_builtin(const char *name, const xmp_ut_config_t *c, int naxes, const int *shape,
-                            char *buf, size_t n)
+static int is_up_layer(int l)
 {
-    int mega = name && !strcmp(name, "megatron");
-    if (!name || (!mega && strcmp(name, "dp")))
-        return fail("strategy '%s': built-ins are dp and megatron", name ? name : "(null)");
-    if (naxes != 2)
-        return fail("strategy %s: defined for 2-axis (dp x tp) stage meshes, not %d axes", name,
-                    naxes);
-    size_t pos = 0;
-    int rc = appendf(buf, n, &pos, "# U-Transformer strategy %s on a %dx%d (dp x tp) mesh\n", name,
-                     shape[0], shape[1]);
-    rc |= appendf(buf, n, &pos, "strategy %s axes=2\n", name);
-    for (size_t i = 0; i < sizeof k_acts / sizeof k_acts[0]; i++)
-        rc |= appendf(buf, n, &pos, "%-22s = S(0),B\n", k_acts[i]);
-    for (int i = 0; i < NPARAMS; i++)
-        rc |= appendf(buf, n, &pos, "%-22s = B,%s\n", k_params[i],
-                      mega ? megatron_tp(k_params[i]) : "B");
-    if (mega) {
-        rc |= appendf(buf, n, &pos, "# the output norm sees replicated activations\n");
-        rc |= appendf(buf, n, &pos, "%-22s = B,B\n%-22s = B,B\n", "out.gn.gamma", "out.gn.beta");
-        for (int l = 0; l < XMP_UT_LAYERS; l++) {
-            int h = layer_heads(c, l);
-            if (!h || h % shape[1] == 0)
-                continue;
-            rc |= appendf(buf, n, &pos, "# %s: %d heads, not divisible by tp %d: replicated\n",
-                          xmp_ut_layer_name(l), h, shape[1]);
-            for (int k = 10; k < 18; k++) {
-                char nm[48];
-                snprintf(nm, sizeof nm, "%s.%s", xmp_ut_layer_name(l), k_params[k]);
-                rc |= appendf(buf, n, &pos, "%-22s = B,B\n", nm);
-            }
-        }
-    }
-    return rc ? fail("strategy %s: text buffer of %zu bytes too small", name, n) : 0;
+    return l == XMP_UT_UP1 || l == XMP_UT_UP2 || l == XMP_UT_UP3 || l == XMP_UT_UP4;
 }
 
-int xmp_ut_strategy_parse(const char *text, int naxes, xmp_ut_strategy_t *s)
+/* SBP of class cls in layer l (-1: the class line) on an axis of role r; *why explains a layer
+ * line that differs from the class line. heads_ok: the layer's heads divide the channel pieces. */
+static const char *layer_sbp(int r, int l, const char *cls, int heads_ok, const char **why)
 {
-    xmp_ut_strategy_t t;
-    memset(&t, 0, sizeof t);
-    t.naxes = naxes;
-    if (!text || naxes < 1 || naxes > NAX)
-        return fail("strategy: no text or %d axes", naxes);
-    int lineno = 0, have_head = 0;
-    for (const char *p = text; *p;) {
-        const char *e = strchr(p, '\n');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        char line[256];
-        lineno++;
-        if (len >= sizeof line)
-            return fail("strategy line %d: longer than %zu characters", lineno, sizeof line - 1);
-        memcpy(line, p, len);
-        line[len] = '\0';
-        p += len + (e ? 1 : 0);
-        char *h = strchr(line, '#');
-        if (h)
-            *h = '\0';
-        char *a = line;
-        while (*a == ' ' || *a == '\t')
-            a++;
-        size_t l = strlen(a);
-        while (l && (a[l - 1] == ' ' || a[l - 1] == '\t' || a[l - 1] == '\r'))
-            a[--l] = '\0';
-        if (!*a)
-            continue;
-        if (!strncmp(a, "strategy ", 9)) {
-            int ax = 0;
-            char nm[32];
-            if (sscanf(a + 9, "%31s axes=%d", nm, &ax) != 2)
-                return fail("strategy line %d '%s': expected 'strategy NAME axes=N'", lineno, a);
-            if (ax != naxes)
-                return fail("strategy line %d: strategy %s is for %d axes, the mesh has %d", lineno,
-                            nm, ax, naxes);
-            snprintf(t.name, sizeof t.name, "%s", nm);
-            have_head = 1;
-            continue;
-        }
-        char *eq = strchr(a, '=');
-        if (!eq)
-            return fail("strategy line %d '%s': expected 'class = SBP,...'", lineno, a);
-        *eq = '\0';
-        char *nm = a, *sb = eq + 1;
-        size_t nl = strlen(nm);
-        while (nl && (nm[nl - 1] == ' ' || nm[nl - 1] == '\t'))
-            nm[--nl] = '\0';
-        while (*sb == ' ' || *sb == '\t')
-            sb++;
-        if (strstr(sb, "store"))
-            return fail("strategy line %d, class %s: a storage SBP is not supported by the "
-                        "U-Transformer yet (parameters are stored as computed)",
-                        lineno, nm);
-        if (!nl || nl >= sizeof t.c[0].name)
-            return fail("strategy line %d: class name '%s' empty or too long", lineno, nm);
-        if (t.n >= XMP_UT_MAX_CLASSES)
-            return fail("strategy line %d: more than %d classes", lineno, XMP_UT_MAX_CLASSES);
-        xmp_ut_class_sbp_t *c = &t.c[t.n];
-        if (xmp_sbp_parse(sb, naxes, XMP_MAX_DIMS, c->sbp) != XMESH_SUCCESS)
-            return fail("strategy line %d, class %s: %s", lineno, nm, xmp_last_error());
-        for (int k = 0; k < t.n; k++)
-            if (!strcmp(t.c[k].name, nm))
-                return fail("strategy line %d: class %s given twice", lineno, nm);
-        snprintf(c->name, sizeof c->name, "%s", nm);
-        for (int ax = naxes; ax < NAX; ax++)
-            c->sbp[ax] = xmp_sbp_b();
-        t.n++;
+    const char *v = role_sbp(r, cls);
+    if (l < 0)
+        return v;
+    if ((r == R_TP || r == R_A) && !heads_ok && !strncmp(cls, "attn.", 5)) {
+        *why = "heads not divisible by the channel pieces: attention replicated on that axis";
+        return "B";
     }
-    if (!have_head)
-        return fail("strategy: missing the 'strategy NAME axes=%d' line", naxes);
-    *s = t;
+    if (l == XMP_UT_OUT && !strncmp(cls, "gn.", 3)) {
+        *why = "the output norm's gamma and beta follow its input act.x (channel split on K)";
+        return r == R_K ? "S(0)" : "B";
+    }
+    if (r == R_K && is_up_layer(l) && !strcmp(cls, "act.x")) {
+        *why = "the channel concat takes no channel split: act.x boxed to B on K";
+        return "B";
+    }
+    return v;
+}
+
+static const char *const k_layer_classes[] = {"act.x",    "gn.gamma", "gn.beta",  "attn.q.w",
+                                              "attn.q.b", "attn.k.w", "attn.k.b", "attn.v.w",
+                                              "attn.v.b", "attn.o.w", "attn.o.b"};
+#define NLAYERCLS ((int)(sizeof k_layer_classes / sizeof k_layer_classes[0]))
+
+static int is_weight(const char *cls)
+{
+    size_t n = strlen(cls);
+    return n > 2 && !strcmp(cls + n - 2, ".w");
+}
+
+/* Writes one line: cls = SBP per axis [store ...] (depth >= 0: weights stored S(0) there). */
+static int class_line(char *buf, size_t n, size_t *pos, const char *name, const char *cls,
+                      const int *role, int naxes, int l, int heads_ok, int depth)
+{
+    const char *why = NULL;
+    int rc = appendf(buf, n, pos, "%-22s =", name);
+    for (int a = 0; a < naxes; a++)
+        rc |=
+            appendf(buf, n, pos, "%s%s", a ? "," : " ", layer_sbp(role[a], l, cls, heads_ok, &why));
+    if (depth >= 0 && is_weight(cls))
+        for (int a = 0; a < naxes; a++) {
+            const char *v = layer_sbp(role[a], l, cls, heads_ok, &why);
+            rc |= appendf(buf, n, pos, "%s%s", a ? "," : " store ", a == depth ? "S(0)" : v);
+        }
+    if (why)
+        rc |= appendf(buf, n, pos, "   # %s", why);
+    return rc | appendf(buf, n, pos, "\n");
+}
+
+int xmp_ut_strategy_builtin(void *user, const char *name, int naxes, const int *shape, char *buf,
+                            size_t n, char *err, size_t errlen)
+{
+    const xmp_ut_config_t *c = user;
+    int role[NAX], depth = -1, ones[NAX] = {1, 1, 1, 1};
+    if (!name || !c)
+        return 1;
+    if (!shape)
+        shape = ones;
+    int dp = !strcmp(name, "dp"), mega = !strcmp(name, "megatron"), d3 = !strcmp(name, "3d"),
+        ax = !strcmp(name, "axonn");
+    if (!dp && !mega && !d3 && !ax)
+        return 1;
+    if (naxes < 1 || naxes > NAX) {
+        snprintf(err, errlen, "built-in strategy '%s': mesh of %d axes (must be 1..%d)", name,
+                 naxes, NAX);
+        return -1;
+    }
+    if (ax && naxes < 3) {
+        snprintf(err, errlen,
+                 "built-in strategy 'axonn' needs a mesh of 3 or 4 axes (3d's R axis is the depth "
+                 "axis its weights are stored split over); this mesh has %d",
+                 naxes);
+        return -1;
+    }
+    for (int a = 0; a < naxes; a++) {
+        int k = 3 - (naxes - a); /* 3d / axonn: the last three axes R, A, K */
+        static const int r3[3] = {R_DATA, R_A, R_K};
+        role[a] = dp ? R_DATA : mega ? (a == naxes - 1 ? R_TP : R_DATA) : k < 0 ? R_DATA : r3[k];
+    }
+    if (ax)
+        depth = naxes - 3;
+    static const char *const rn[] = {"data", "tensor", "3d-A", "3d-K"};
+    size_t pos = 0;
+    int rc =
+        appendf(buf, n, &pos, "# U-Transformer built-in '%s' on a mesh of %d axes (", name, naxes);
+    for (int a = 0; a < naxes; a++)
+        rc |= appendf(buf, n, &pos, "%s%d:%s", a ? " x " : "", shape[a],
+                      a == depth ? "3d-R/depth" : rn[role[a]]);
+    rc |= appendf(buf, n, &pos, ")\nstrategy %s axes=%d\n", name, naxes);
+    for (size_t i = 0; i < sizeof k_acts / sizeof k_acts[0]; i++)
+        rc |= class_line(buf, n, &pos, k_acts[i], k_acts[i], role, naxes, -1, 1, depth);
+    for (int i = 0; i < NPARAMS; i++)
+        rc |= class_line(buf, n, &pos, k_params[i], k_params[i], role, naxes, -1, 1, depth);
+    /* layer lines where a layer's ops cannot take the class's split */
+    for (int l = 0; l < XMP_UT_LAYERS; l++) {
+        int h = layer_heads(c, l), pieces = 1, differs = 0;
+        for (int a = 0; a < naxes; a++)
+            if (role[a] == R_TP || role[a] == R_A)
+                pieces *= shape[a];
+        int heads_ok = !h || h % pieces == 0;
+        for (int k = 0; k < NLAYERCLS; k++) {
+            const char *why = NULL;
+            int any = 0;
+            for (int a = 0; a < naxes; a++)
+                any |= strcmp(layer_sbp(role[a], l, k_layer_classes[k], heads_ok, &why),
+                              role_sbp(role[a], k_layer_classes[k])) != 0;
+            if (!any)
+                continue;
+            if (!differs++ && !heads_ok)
+                rc |= appendf(buf, n, &pos, "# %s: %d heads, not divisible by %d channel pieces\n",
+                              xmp_ut_layer_name(l), h, pieces);
+            char nm[64];
+            snprintf(nm, sizeof nm, "%s.%s", xmp_ut_layer_name(l), k_layer_classes[k]);
+            rc |= class_line(buf, n, &pos, nm, k_layer_classes[k], role, naxes, l, heads_ok, depth);
+        }
+    }
+    if (rc) {
+        snprintf(err, errlen, "built-in strategy '%s': text longer than %zu bytes", name, n);
+        return -1;
+    }
     return 0;
 }
 
 int xmp_ut_strategy_load(const char *name, const xmp_ut_config_t *c, int naxes, const int *shape,
                          xmp_ut_strategy_t *s)
 {
-    static _Thread_local char text[16384];
-    if (!name)
-        return fail("strategy: no name");
-    if (!strcmp(name, "dp") || !strcmp(name, "megatron")) {
-        if (xmp_ut_strategy_builtin(name, c, naxes, shape, text, sizeof text) != 0)
-            return -1;
-    } else {
-        FILE *f = fopen(name, "r");
-        if (!f)
-            return fail("strategy '%s': not dp, megatron or a readable file", name);
-        size_t n = fread(text, 1, sizeof text - 1, f);
-        int big = !feof(f);
-        fclose(f);
-        if (big)
-            return fail("strategy file '%s': longer than %zu bytes", name, sizeof text - 1);
-        text[n] = '\0';
-    }
-    if (xmp_ut_strategy_parse(text, naxes, s) != 0) {
-        char msg[320];
-        snprintf(msg, sizeof msg, "%s", xmp_ut_last_error());
-        return fail("strategy '%s': %s", name, msg);
-    }
+    char err[512];
+    if (xmp_strategy_load_mesh(name, xmp_ut_strategy_builtin, (void *)c, XMP_UT_STRATEGY_BUILTINS,
+                               naxes, shape, s, err, sizeof err) != 0)
+        return fail("%s", err);
     return 0;
 }
 
-int xmp_ut_strategy_format(const xmp_ut_strategy_t *s, char *buf, size_t n)
+static const xmp_strategy_entry_t *entry(const xmp_ut_strategy_t *s, const char *layer,
+                                         const char *cls)
 {
-    size_t pos = 0;
-    int rc = appendf(buf, n, &pos, "strategy %s axes=%d\n", s->name, s->naxes);
-    for (int i = 0; i < s->n; i++) {
-        char sb[64];
-        xmp_sbp_string(s->c[i].sbp, s->naxes, sb, sizeof sb);
-        rc |= appendf(buf, n, &pos, "%-22s = %s\n", s->c[i].name, sb);
+    char q[96];
+    const xmp_strategy_entry_t *e = NULL;
+    if (layer) {
+        snprintf(q, sizeof q, "%s.%s", layer, cls);
+        e = xmp_strategy_get(s, q);
     }
-    return rc ? fail("strategy %s: text buffer of %zu bytes too small", s->name, n) : 0;
+    return e ? e : xmp_strategy_get(s, cls);
 }
 
 const xmp_sbp_t *xmp_ut_strategy_get(const xmp_ut_strategy_t *s, const char *layer, const char *cls)
 {
-    char q[96];
-    if (layer) {
-        snprintf(q, sizeof q, "%s.%s", layer, cls);
-        for (int i = 0; i < s->n; i++)
-            if (!strcmp(s->c[i].name, q))
-                return s->c[i].sbp;
-    }
-    for (int i = 0; i < s->n; i++)
-        if (!strcmp(s->c[i].name, cls))
-            return s->c[i].sbp;
-    return NULL;
+    const xmp_strategy_entry_t *e = entry(s, layer, cls);
+    return e ? e->sbp : NULL;
+}
+
+const xmp_sbp_t *xmp_ut_strategy_store(const xmp_ut_strategy_t *s, const char *layer,
+                                       const char *cls)
+{
+    const xmp_strategy_entry_t *e = entry(s, layer, cls);
+    return e ? (e->has_store ? e->store : e->sbp) : NULL;
 }
 
 static int is_s(xmp_sbp_t s, int d)
 {
     return s.kind == XMP_S && s.dim == d;
+}
+
+/* Strips a layer qualifier from a class name ("down1.attn.q.w" -> "attn.q.w"). */
+static const char *base_class(const char *nm)
+{
+    const char *dot = strchr(nm, '.');
+    for (int l = 0; dot && l < XMP_UT_LAYERS; l++) {
+        size_t k = strlen(xmp_ut_layer_name(l));
+        if ((size_t)(dot - nm) == k && !strncmp(nm, xmp_ut_layer_name(l), k))
+            return dot + 1;
+    }
+    return nm;
+}
+
+/* The rules every SBP of class cls (ndim dims; act: an activation) must satisfy on each axis. */
+static int check_sbp(const xmp_ut_strategy_t *s, const char *ln, const char *cls, int ndim, int act,
+                     int up, const xmp_sbp_t *sbp, const char *what)
+{
+    for (int a = 0; a < s->naxes; a++) {
+        xmp_sbp_t v = sbp[a];
+        char sb[16];
+        xmp_strategy_sbp_string(&v, 1, sb, sizeof sb);
+        if (v.kind == XMP_P)
+            return fail("strategy %s: class %s (layer %s), mesh axis %d: %s P: no rule keeps a %s "
+                        "as a partial sum between ops (give S or B)",
+                        s->name, cls, ln, a, what, act ? "boxed activation" : "parameter");
+        if (v.kind == XMP_S && v.dim >= ndim)
+            return fail("strategy %s: class %s (layer %s), mesh axis %d: %s %s splits dim %d of a "
+                        "%d-dim tensor: no rule",
+                        s->name, cls, ln, a, what, sb, v.dim, ndim);
+        if (act && ndim == 4 && v.kind == XMP_S && v.dim >= 2)
+            return fail("strategy %s: class %s (layer %s), mesh axis %d: %s splits the image "
+                        "(height or width): no rule (a 3x3 convolution would need halo "
+                        "exchanges); split S(0) (batch) or S(1) (channels)",
+                        s->name, cls, ln, a, sb);
+        if (act && up && ndim == 4 && v.kind == XMP_S && v.dim == 1)
+            return fail("strategy %s: class %s (layer %s), mesh axis %d: S(1) (channels) feeds the "
+                        "skip concat, which has no channel-split rule; give %s.%s B or S(0) there",
+                        s->name, cls, ln, a, ln, cls);
+    }
+    return 0;
 }
 
 int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, int first, int last,
@@ -276,42 +331,54 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
     static _Thread_local xmp_ut_plan_t pl;
     /* every line names a known class, optionally qualified by a layer name */
     for (int i = 0; i < s->n; i++) {
-        const char *nm = s->c[i].name, *dot = strchr(nm, '.');
-        for (int l = 0; dot && l < XMP_UT_LAYERS; l++) { /* strip a layer qualifier */
-            size_t k = strlen(xmp_ut_layer_name(l));
-            if ((size_t)(dot - nm) == k && !strncmp(nm, xmp_ut_layer_name(l), k)) {
-                nm = dot + 1;
-                break;
-            }
-        }
-        int known = 0;
+        const char *nm = base_class(s->e[i].cls);
+        int known = 0, act = 0;
         for (int k = 0; k < NPARAMS && !known; k++)
             known = !strcmp(nm, k_params[k]);
         for (size_t k = 0; k < sizeof k_acts / sizeof k_acts[0] && !known; k++)
-            known = !strcmp(nm, k_acts[k]);
+            known = act = !strcmp(nm, k_acts[k]);
         if (!known)
-            return fail("strategy %s: unknown class '%s' (classes: act.x, act.block, act.up, "
-                        "act.cond, conv.w, conv1.w, gn.gamma, attn.q.w, ... each optionally "
-                        "prefixed by a layer name)",
-                        s->name, s->c[i].name);
+            return fail("%s:%d: strategy %s: unknown class '%s' (classes: act.x, act.block, "
+                        "act.up, act.cond, conv.w, conv1.w, gn.gamma, attn.q.w, ... each "
+                        "optionally prefixed by a layer name)",
+                        s->source, s->e[i].line, s->name, s->e[i].cls);
+        if (act && s->e[i].has_store)
+            return fail("%s:%d: strategy %s: class %s is an activation; only parameters have a "
+                        "storage SBP",
+                        s->source, s->e[i].line, s->name, s->e[i].cls);
     }
     for (int l = first; l <= last; l++) {
         const char *ln = xmp_ut_layer_name(l);
         if (xmp_ut__build(c, l, 1, 1, &pl, NULL) != 0)
             return -1;
         const xmp_sbp_t *ax = xmp_ut_strategy_get(s, ln, "act.x");
-        if (!ax || (xmp_ut_layer_uses_cond(c, l) && !xmp_ut_strategy_get(s, ln, "act.cond")))
+        const xmp_sbp_t *cd = xmp_ut_strategy_get(s, ln, "act.cond");
+        if (!ax || (xmp_ut_layer_uses_cond(c, l) && !cd))
             return fail("strategy %s: no SBP for class %s of layer %s", s->name,
                         ax ? "act.cond" : "act.x", ln);
-        for (int k = 0; k < pl.npt; k++)
-            if (!xmp_ut_strategy_get(s, ln, pl.pt[k].name))
+        if (check_sbp(s, ln, "act.x", 4, 1, is_up_layer(l), ax, "compute SBP") ||
+            (xmp_ut_layer_uses_cond(c, l) && check_sbp(s, ln, "act.cond", 3, 1, 0, cd, "SBP")))
+            return -1;
+        for (int k = 0; k < pl.npt; k++) {
+            const xmp_sbp_t *p = xmp_ut_strategy_get(s, ln, pl.pt[k].name);
+            if (!p)
                 return fail("strategy %s: no SBP for parameter class %s (layer %s)", s->name,
                             pl.pt[k].name, ln);
+            if (check_sbp(s, ln, pl.pt[k].name, pl.pt[k].ndim, 0, 0, p, "compute SBP") ||
+                check_sbp(s, ln, pl.pt[k].name, pl.pt[k].ndim, 0, 0,
+                          xmp_ut_strategy_store(s, ln, pl.pt[k].name), "storage SBP"))
+                return -1;
+        }
         for (int i = 0; i < pl.nops; i++) {
             const xmp_ut_op_t *o = &pl.ops[i];
-            if (o->kind == XMP_UT_OP_BOX && !xmp_ut_strategy_get(s, ln, o->cls))
-                return fail("strategy %s: no SBP for activation class %s (layer %s)", s->name,
-                            o->cls, ln);
+            if (o->kind == XMP_UT_OP_BOX) {
+                const xmp_sbp_t *b = xmp_ut_strategy_get(s, ln, o->cls);
+                if (!b)
+                    return fail("strategy %s: no SBP for activation class %s (layer %s)", s->name,
+                                o->cls, ln);
+                if (check_sbp(s, ln, o->cls, 4, 1, 0, b, "SBP"))
+                    return -1;
+            }
             if (o->kind == XMP_UT_OP_ATTN) {
                 const xmp_sbp_t *q = xmp_ut_strategy_get(s, ln, "attn.q.w");
                 const xmp_sbp_t *in = xmp_ut_strategy_get(s, ln, "act.block");
@@ -339,9 +406,9 @@ struct xmp_ut_slayer {
     xmp_ut_plan_t pl;
     xmp_sbp_t actx[NAX], cond[NAX];
     xmp_sbp_t box[XMP_UT_MAX_OPS][NAX];
-    xmp_tensor_t p[XMP_UT_MAX_PT], g[XMP_UT_MAX_PT];
-    int gset[XMP_UT_MAX_PT];
-    float *vel[XMP_UT_MAX_PT];
+    /* parameters through the shared engine (nn/param.h): compute copy, stored shard, gradient
+     * accumulator (P[k].g, empty until a contribution), reduced gradient (P[k].r), velocity */
+    xmp_param_t P[XMP_UT_MAX_PT];
 };
 
 struct xmp_ut_tape {
@@ -362,9 +429,7 @@ void xmp_ut_slayer_destroy(xmp_ut_slayer_t *l)
     if (!l)
         return;
     for (int k = 0; k < XMP_UT_MAX_PT; k++) {
-        xmp_tensor_free(&l->p[k]);
-        xmp_tensor_free(&l->g[k]);
-        free(l->vel[k]);
+        xmp_param_free(&l->P[k]);
     }
     free(l);
 }
@@ -408,13 +473,10 @@ xmp_ut_slayer_t *xmp_ut_slayer_create(const xmp_ut_config_t *c, int layer, int n
             fail("layer %s: no SBP for parameter class %s", ln, q->name);
             goto out_free;
         }
-        if (xmp_tensor_alloc(&l->p[k], mesh, q->ndim, q->shape, XMESH_F32, b) != XMESH_SUCCESS ||
-            xmp_tensor_fill_from_full(&l->p[k], full + q->off) != XMESH_SUCCESS) {
+        if (xmp_param_init(&l->P[k], mesh, q->ndim, q->shape, b,
+                           xmp_ut_strategy_store(s, ln, q->name), full + q->off, 1,
+                           NULL) != XMESH_SUCCESS) {
             fail("layer %s parameter %s: %s", ln, q->name, xmp_last_error());
-            goto out_free;
-        }
-        if (!(l->vel[k] = calloc((size_t)l->p[k].lcount + 1, sizeof(float)))) {
-            fail("out of memory");
             goto out_free;
         }
     }
@@ -424,18 +486,34 @@ out_free:
     return NULL;
 }
 
+static xmp_param_bytes_t slayer_bytes(const xmp_ut_slayer_t *l)
+{
+    xmp_param_bytes_t b = {0, 0, 0, 0};
+    for (int k = 0; l && k < l->pl.npt; k++)
+        xmp_param_bytes(&l->P[k], &b);
+    return b;
+}
+
 int64_t xmp_ut_slayer_param_bytes(const xmp_ut_slayer_t *l)
 {
-    int64_t n = 0;
-    for (int k = 0; k < l->pl.npt; k++)
-        n += l->p[k].lcount * (int64_t)sizeof(float);
-    return n;
+    return slayer_bytes(l).param;
+}
+
+int64_t xmp_ut_slayer_optimizer_bytes(const xmp_ut_slayer_t *l)
+{
+    return slayer_bytes(l).optimizer;
+}
+
+int64_t xmp_ut_slayer_compute_bytes(const xmp_ut_slayer_t *l)
+{
+    return slayer_bytes(l).compute;
 }
 
 int xmp_ut_slayer_gather_params(const xmp_ut_slayer_t *l, float *full)
 {
     for (int k = 0; k < l->pl.npt; k++)
-        if (xmp_tensor_gather_full(&l->p[k], full + l->pl.pt[k].off) != XMESH_SUCCESS)
+        if (xmp_tensor_gather_full(xmp_param_stored_c(&l->P[k]), full + l->pl.pt[k].off) !=
+            XMESH_SUCCESS)
             return fail("layer %s: gather %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
                         xmp_last_error());
     return 0;
@@ -445,9 +523,10 @@ int xmp_ut_slayer_gather_grads(const xmp_ut_slayer_t *l, float *full)
 {
     for (int k = 0; k < l->pl.npt; k++) {
         float *dst = full + l->pl.pt[k].off;
-        if (!l->g[k].mesh)
+        const xmp_tensor_t *g = l->P[k].r.mesh ? &l->P[k].r : &l->P[k].g;
+        if (!g->mesh)
             memset(dst, 0, l->pl.pt[k].count * sizeof(float));
-        else if (xmp_tensor_gather_full(&l->g[k], dst) != XMESH_SUCCESS)
+        else if (xmp_tensor_gather_full(g, dst) != XMESH_SUCCESS)
             return fail("layer %s: gather gradient of %s: %s", xmp_ut_layer_name(l->layer),
                         l->pl.pt[k].name, xmp_last_error());
     }
@@ -481,8 +560,8 @@ static xmesh_result_t run_op(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, int i, xmp_te
     const xmp_ut_op_t *op = &l->pl.ops[i];
     xmp_tensor_t *v = t->v, o;
     memset(&o, 0, sizeof o);
-    const xmp_tensor_t *w = op->wi >= 0 ? &l->p[op->wi] : NULL;
-    const xmp_tensor_t *b = op->bi >= 0 ? &l->p[op->bi] : NULL;
+    const xmp_tensor_t *w = op->wi >= 0 ? &l->P[op->wi].w : NULL;
+    const xmp_tensor_t *b = op->bi >= 0 ? &l->P[op->bi].w : NULL;
     xmesh_result_t r = XMESH_SUCCESS;
     switch (op->kind) {
     case XMP_UT_OP_CONV:
@@ -630,7 +709,7 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
     for (int i = pl->nops - 1; i >= 0; i--) {
         const xmp_ut_op_t *op = &pl->ops[i];
         const xmp_tensor_t *G = &t->g[op->out], *v = t->v;
-        const xmp_tensor_t *w = op->wi >= 0 ? &l->p[op->wi] : NULL;
+        const xmp_tensor_t *w = op->wi >= 0 ? &l->P[op->wi].w : NULL;
         xmesh_result_t r = XMESH_SUCCESS;
         int n0 = need(pl, op->in0), n1 = need(pl, op->in1), n2 = need(pl, op->in2);
         int got0 = 0, got1 = 0, got2 = 0;
@@ -728,17 +807,17 @@ int xmp_ut_slayer_backward_weight(xmp_ut_slayer_t *l, xmp_ut_tape_t *t)
         memset(&db, 0, sizeof db);
         xmesh_result_t r = XMESH_SUCCESS;
         if (op->kind == XMP_UT_OP_CONV)
-            r = xmp_conv2d_backward_weight(G, x, &l->p[op->wi], op->conv.stride, op->conv.pad, &dw,
-                                           &db);
+            r = xmp_conv2d_backward_weight(G, x, &l->P[op->wi].w, op->conv.stride, op->conv.pad,
+                                           &dw, &db);
         else if (op->kind == XMP_UT_OP_GN)
-            r = xmp_groupnorm_backward(G, x, &l->p[op->wi], op->g, &t->gn[i], NULL, &dw, &db);
+            r = xmp_groupnorm_backward(G, x, &l->P[op->wi].w, op->g, &t->gn[i], NULL, &dw, &db);
         else if (op->kind == XMP_UT_OP_LIN)
             r = xmp_linear_backward_weight(G, x, &dw, &db);
         if (r != XMESH_SUCCESS) {
             rc = op_fail(l, i, "weight gradient");
             break;
         }
-        if (accumulate(&l->g[op->wi], &dw) || accumulate(&l->g[op->bi], &db)) {
+        if (accumulate(&l->P[op->wi].g, &dw) || accumulate(&l->P[op->bi].g, &db)) {
             xmp_tensor_free(&dw), xmp_tensor_free(&db);
             rc = op_fail(l, i, "weight gradient accumulation");
         }
@@ -749,37 +828,46 @@ int xmp_ut_slayer_backward_weight(xmp_ut_slayer_t *l, xmp_ut_tape_t *t)
 
 int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l)
 {
-    for (int k = 0; k < l->pl.npt; k++) {
-        if (!l->g[k].mesh)
-            continue;
-        if (xmp_box_inplace(&l->g[k], l->p[k].sbp) != XMESH_SUCCESS ||
-            l->g[k].lcount != l->p[k].lcount)
+    for (int k = 0; k < l->pl.npt; k++)
+        if (xmp_param_reduce(&l->P[k]) != XMESH_SUCCESS)
             return fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
-                        l->pl.pt[k].name, l->p[k].spec, xmp_last_error());
-    }
+                        l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec, xmp_last_error());
     return 0;
 }
 
 int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd)
 {
     for (int k = 0; k < l->pl.npt; k++) {
-        xmp_tensor_t *p = &l->p[k], *g = &l->g[k];
-        if (!p->lcount)
-            continue;
-        float *gz = NULL;
-        if (!g->mesh && !(gz = calloc((size_t)p->lcount, sizeof(float))))
-            return fail("out of memory");
-        if (g->mesh && !same_sbp(g, p))
-            return fail("layer %s: gradient of %s is %s, not reduced to %s",
-                        xmp_ut_layer_name(l->layer), l->pl.pt[k].name, g->spec, p->spec);
-        int rc = xmp_unet_sgd_nesterov((size_t)p->lcount, lr, momentum, wd, xmp_f32(p), l->vel[k],
-                                       gz ? gz : xmp_f32(g));
-        free(gz);
-        xmp_tensor_free(g);
-        memset(g, 0, sizeof *g);
-        if (rc != 0)
-            return fail("optimizer: %s", xmp_unet_last_error());
+        xmp_param_t *q = &l->P[k];
+        xmp_tensor_t *p = xmp_param_stored(q);
+        if (p->lcount) {
+            float *gz = NULL;
+            if (!q->r.mesh && !(gz = calloc((size_t)p->lcount, sizeof(float))))
+                return fail("out of memory");
+            if (q->r.mesh && !same_sbp(&q->r, p))
+                return fail("layer %s: gradient of %s is %s, not reduced to %s",
+                            xmp_ut_layer_name(l->layer), l->pl.pt[k].name, q->r.spec, p->spec);
+            int rc = xmp_unet_sgd_nesterov((size_t)p->lcount, lr, momentum, wd, xmp_f32(p),
+                                           q->state[0], gz ? gz : xmp_f32(&q->r));
+            free(gz);
+            if (rc != 0)
+                return fail("optimizer: %s", xmp_unet_last_error());
+        }
+        xmp_param_zero_grad(q, 1);
+        /* sharded storage: the updated shards all-gathered into the compute copy */
+        if (xmp_param_gather(q) != XMESH_SUCCESS)
+            return fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
+                        xmp_last_error());
     }
+    return 0;
+}
+
+int xmp_ut_slayer_sync(xmp_ut_slayer_t *l)
+{
+    for (int k = 0; l && k < l->pl.npt; k++)
+        if (xmp_param_gather(&l->P[k]) != XMESH_SUCCESS)
+            return fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
+                        xmp_last_error());
     return 0;
 }
 
@@ -834,9 +922,9 @@ int xmp_ut_slayer_named(xmp_ut_slayer_t *l, xmp_ut_named_t *out, int max)
     for (int k = 0; k < l->pl.npt && k < max; k++) {
         snprintf(out[k].name, sizeof out[k].name, "%s.%s", xmp_ut_layer_name(l->layer),
                  l->pl.pt[k].name);
-        out[k].param = &l->p[k];
-        out[k].vel = l->p[k];
-        out[k].vel.data = l->vel[k];
+        out[k].param = xmp_param_stored(&l->P[k]);
+        out[k].vel = *out[k].param;
+        out[k].vel.data = l->P[k].state[0];
     }
     return l->pl.npt;
 }
@@ -847,7 +935,7 @@ double xmp_ut_slayer_grad_sumsq(const xmp_ut_slayer_t *l)
     if (!l)
         return 0;
     for (int k = 0; k < l->pl.npt; k++) {
-        const xmp_tensor_t *g = &l->g[k];
+        const xmp_tensor_t *g = &l->P[k].r;
         if (!g->mesh || !g->lcount)
             continue;
         int rep = 1;
@@ -866,7 +954,7 @@ double xmp_ut_slayer_grad_sumsq(const xmp_ut_slayer_t *l)
 void xmp_ut_slayer_scale_grads(xmp_ut_slayer_t *l, float scale)
 {
     for (int k = 0; l && k < l->pl.npt; k++) {
-        xmp_tensor_t *g = &l->g[k];
+        xmp_tensor_t *g = &l->P[k].r;
         float *v = g->mesh && g->lcount ? xmp_f32(g) : NULL;
         for (int64_t i = 0; v && i < g->lcount; i++)
             v[i] *= scale;

@@ -5,25 +5,34 @@
  * boxing); no private parallel code. Every parameter and every boxed activation has a class
  * name, and its SBP on each mesh axis comes from a strategy table (per class, per axis).
  *
- * Strategy text (one line per class, `#` comments, blank lines ignored; the same form as
- * nn/strategy.h, contract B, so that module can supply the table later):
+ * Strategies are nn/strategy.h tables (one engine for both models: the text form, parse, format,
+ * load from a file or a built-in): one line per class, `#` comments, an optional storage SBP:
  *     strategy megatron axes=2
  *     conv1.w = B,S(0)
  *     down1.attn.q.w = B,B        # a layer-qualified line overrides the class for that layer
+ *     attn.q.w = B,S(0) store S(0),S(0)   # kept sharded over both axes between steps
  * Classes: parameters by their name without the layer prefix (conv.w, conv.b (conv_in,
  * conv_out), conv1.{w,b}, gn.{gamma,beta}, conv2.{w,b}, attn.{q,k,v,o}.{w,b}, down.{w,b},
  * up.{w,b}); activations act.x (every layer input and output, skips), act.block (a conv block's
  * output), act.up (the up-sampling conv's output), act.cond (the conditioning tokens). A lookup
  * tries "<layer>.<class>" then "<class>".
  *
- * Built-ins (2-axis mesh dp x tp; xmp_ut_strategy_builtin):
- *   dp        every parameter B,B; every activation S(0),B
- *   megatron  today's channel split on the tp axis: conv1 output channels (S(0)), group norm on
- *             the local channels, conv2 input channels (S(1), output P boxed to act.block =
- *             S(0),B), attention q/k/v column split (heads), output projection row split, the
- *             up-sampling conv by output channel (output S(1), boxed to act.up = S(0),B); the
- *             rest replicated; attention whose heads the tp size does not divide is replicated by
- *             explicit per-layer lines (written into the text, never silently).
+ * Built-ins (xmp_ut_strategy_builtin, meshes of 1 to 4 axes), by the role each axis plays:
+ *   dp        every axis data: parameters B, activations S(0)
+ *   megatron  the last axis tensor-parallel (conv1 by output channel, group norm on the local
+ *             channels, conv2 by input channel, attention heads, output projection by row, the
+ *             up-sampling conv by output channel), the others data
+ *   3d        the last three axes are AutoDDL's (R, A, K) (paper 000, 4.3): every convolution and
+ *             linear takes input (S(0),B,S(1)) x weight (B,S(0)|S(1),S(1)|S(0)) -> (S(0),S(1),P)
+ *             (out-channel split on A, in-channel split on K; conv2 and the attention output
+ *             projection swap A and K so no boxing sits between a pair); a leading 4th axis is
+ *             data parallel; on fewer axes the last roles are kept (A, K / K)
+ *   axonn     3d with the weights (every .w) also stored split over the R axis (AxoNN's depth
+ *             shard, paper 001 III-B): all-gathered before use, gradients reduce-scattered
+ * Where an op cannot take a split the built-in writes an explicit layer-qualified line that
+ * boxes to what it can (the up layers' channel concat takes no channel split: their act.x is
+ * B on K; attention whose heads the splitting axes do not divide is B there; the output norm's
+ * gamma follows its input), never a silent replication.
  *
  * Errors: functions return 0 or -1 with xmp_ut_last_error() naming the class, layer, axis and
  * rule (nn/ messages are passed on with the op that raised them).
@@ -41,38 +50,35 @@
 extern "C" {
 #endif
 
-#define XMP_UT_MAX_CLASSES 128
+#include "nn/strategy.h"
 
-typedef struct {
-    char name[48];
-    xmp_sbp_t sbp[XMP_MAX_MESH_DIMS];
-} xmp_ut_class_sbp_t;
+/* The U-Transformer's strategy: an nn/strategy.h table. */
+typedef xmp_strategy_t xmp_ut_strategy_t;
 
-typedef struct {
-    char name[32];
-    int naxes;
-    int n;
-    xmp_ut_class_sbp_t c[XMP_UT_MAX_CLASSES];
-} xmp_ut_strategy_t;
+/* Built-in names, for messages. */
+#define XMP_UT_STRATEGY_BUILTINS "dp, megatron, 3d, axonn"
 
-/* Writes the text of built-in strategy `name` ("dp" or "megatron") for config c on a mesh of
- * naxes axes with sizes shape (today naxes must be 2: dp x tp). 0 or -1. */
-int xmp_ut_strategy_builtin(const char *name, const xmp_ut_config_t *c, int naxes, const int *shape,
-                            char *buf, size_t n);
-/* Parses strategy text for a naxes-axis mesh into *s. 0 or -1 (names the line). */
-int xmp_ut_strategy_parse(const char *text, int naxes, xmp_ut_strategy_t *s);
-/* Prints *s in the text form (parses back to the same table). 0 or -1 if buf is too small. */
-int xmp_ut_strategy_format(const xmp_ut_strategy_t *s, char *buf, size_t n);
-/* A built-in name (xmp_ut_strategy_builtin) or the path of a strategy text file, parsed for a
- * naxes-axis mesh of sizes shape. 0 or -1 (names the file or the line). */
+/* nn/strategy.h xmp_strategy_mesh_builtin_fn: user is the model's const xmp_ut_config_t *;
+ * writes built-in `name` (dp, megatron, 3d, axonn) for a mesh of naxes axes with sizes shape
+ * (NULL: all 1). 0, 1 (no such built-in) or -1 with err. */
+int xmp_ut_strategy_builtin(void *user, const char *name, int naxes, const int *shape, char *text,
+                            size_t n, char *err, size_t errlen);
+/* A built-in name or the path of a strategy file (nn/strategy.h xmp_strategy_load_mesh with the
+ * built-ins above), for a naxes-axis mesh of sizes shape. 0 or -1 (xmp_ut_last_error names the
+ * file or built-in, the line and the class). */
 int xmp_ut_strategy_load(const char *name_or_file, const xmp_ut_config_t *c, int naxes,
                          const int *shape, xmp_ut_strategy_t *s);
-/* The SBP of class cls in layer `layer` ("down1"; NULL: class only), or NULL if absent. */
+/* The compute SBP of class cls in layer `layer` ("down1"; NULL: class only), or NULL if absent;
+ * xmp_ut_strategy_store its storage SBP (the compute SBP when the line has no 'store'). */
 const xmp_sbp_t *xmp_ut_strategy_get(const xmp_ut_strategy_t *s, const char *layer,
                                      const char *cls);
+const xmp_sbp_t *xmp_ut_strategy_store(const xmp_ut_strategy_t *s, const char *layer,
+                                       const char *cls);
 /* Checks before anything runs that every class the layers [first, last] need is in *s and that
- * the splits fit on a mesh of that shape: group-norm groups and attention heads divisible by the
- * channel pieces. -1 names the class, layer, axis and the rule. */
+ * an SBP rule of the layers' ops covers each one on each axis of a mesh of that shape (s->naxes
+ * sizes): no spatial split or partial sum of a feature map, no channel split into the up
+ * layers' concat, parameter splits within the tensor's dims, storage SBPs that are S or B,
+ * attention heads divisible by the channel pieces. -1 names the class, layer, axis and rule. */
 int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, int first, int last,
                           const int *shape);
 
@@ -96,8 +102,11 @@ typedef struct xmp_ut_tape xmp_ut_tape_t;
 xmp_ut_slayer_t *xmp_ut_slayer_create(const xmp_ut_config_t *c, int layer, int nb, xmp_mesh_t *mesh,
                                       const xmp_ut_strategy_t *s, const float *full);
 void xmp_ut_slayer_destroy(xmp_ut_slayer_t *l);
-/* Bytes of this rank's parameter blocks (and as many for gradients, velocity). */
+/* Bytes of this rank's parameter blocks: the stored form (sharded or compute) and its optimizer
+ * state (SGD-Nesterov velocity), and the compute copies (== stored when nothing is sharded). */
 int64_t xmp_ut_slayer_param_bytes(const xmp_ut_slayer_t *l);
+int64_t xmp_ut_slayer_optimizer_bytes(const xmp_ut_slayer_t *l);
+int64_t xmp_ut_slayer_compute_bytes(const xmp_ut_slayer_t *l);
 /* Collective: writes this layer's full parameters (layer_count floats) into full. */
 int xmp_ut_slayer_gather_params(const xmp_ut_slayer_t *l, float *full);
 
@@ -131,8 +140,8 @@ void xmp_ut_tape_free(xmp_ut_tape_t *tape);
 enum { XMP_UT_RECOMPUTE_NONE = 0, XMP_UT_RECOMPUTE_BLOCK = 1, XMP_UT_RECOMPUTE_SELECTIVE = 2 };
 int xmp_ut_tape_drop(xmp_ut_tape_t *tape, int mode);
 int xmp_ut_tape_recompute(xmp_ut_tape_t *tape, int mode);
-/* Collective: boxes the accumulated gradients to the parameters' SBP (P -> B: the data-parallel
- * sum). */
+/* Collective: boxes the accumulated gradients to the parameters' storage SBP (P -> B: the
+ * data-parallel sum; P -> S: a reduce-scatter where the storage is sharded). */
 int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l);
 /* After xmp_ut_slayer_reduce: the sum of squares of this rank's gradient elements, each
  * distinct element counted once over the mesh (a block replicated over an axis counts on the
@@ -140,11 +149,16 @@ int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l);
 double xmp_ut_slayer_grad_sumsq(const xmp_ut_slayer_t *l);
 /* After xmp_ut_slayer_reduce: multiplies the gradients by scale (gradient clipping). */
 void xmp_ut_slayer_scale_grads(xmp_ut_slayer_t *l, float scale);
-/* SGD-Nesterov on this rank's blocks (xmp_unet_sgd_nesterov), then zeroes the gradients. */
+/* SGD-Nesterov on this rank's stored blocks (xmp_unet_sgd_nesterov), then zeroes the gradients;
+ * a parameter with a storage SBP is all-gathered back into its compute copy (nn/param.h). */
 int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd);
+/* Collective: the compute copies refreshed from the stored shards (after a checkpoint load into
+ * xmp_ut_slayer_named's tensors). 0 or -1. */
+int xmp_ut_slayer_sync(xmp_ut_slayer_t *l);
 
 /* Named state of a layer for checkpoints (models/utrans_ckpt.h): name "<layer>.<param>"
- * ("down1.conv1.w", layout-independent), the parameter tensor (the strategy's SBP) and a view
+ * ("down1.conv1.w", layout-independent), the stored parameter tensor (the strategy's storage SBP,
+ * the compute SBP when it gives none; after loading into it call xmp_ut_slayer_sync) and a view
  * of its SGD-Nesterov velocity in the parameter's layout (data borrowed: never free it). Fills
  * at most max entries of out; returns the layer's parameter count. */
 typedef struct {

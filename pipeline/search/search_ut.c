@@ -318,8 +318,8 @@ static int same_splits(const uopt_t *a, const uopt_t *b)
     for (int pass = 0; pass < 2; pass++) {
         const uopt_t *x = pass ? b : a, *y = pass ? a : b;
         for (int k = 0; k < x->s.n; k++) {
-            const xmp_sbp_t *sx = x->s.c[k].sbp;
-            const xmp_sbp_t *sy = xmp_ut_strategy_get(&y->s, NULL, x->s.c[k].name);
+            const xmp_sbp_t *sx = x->s.e[k].sbp;
+            const xmp_sbp_t *sy = xmp_ut_strategy_get(&y->s, NULL, x->s.e[k].cls);
             for (int ax = 0; ax < 2; ax++) {
                 if (shape[ax] <= 1)
                     continue;

@@ -172,48 +172,73 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, xm
     xmp_ut_layer_destroy(ls);
 }
 
+/* parse through nn/strategy.h, messages into the model's last error */
+static char g_perr[512];
+static int parse(const char *text, xmp_ut_strategy_t *s)
+{
+    return xmp_strategy_parse(text, "test", s, g_perr, sizeof g_perr);
+}
+
 static void check_refusals(int tp)
 {
     xmp_ut_config_t c;
-    xmp_ut_strategy_t s;
-    char text[16384];
+    static xmp_ut_strategy_t s;
+    char text[16384], err[256];
     int shape[2] = {1, tp};
     xmp_ut_config_init(&c, 8, 4, 0); /* heads 1, 2, 4 */
     /* heads split regardless of divisibility: refused, naming the heads */
-    CHECK(xmp_ut_strategy_builtin("dp", &c, 2, shape, text, sizeof text) == 0, "dp text");
+    CHECK(xmp_ut_strategy_builtin(&c, "dp", 2, shape, text, sizeof text, err, sizeof err) == 0,
+          "dp text: %s", err);
     strcat(text, "down1.attn.q.w = B,S(0)\n");
-    CHECK(xmp_ut_strategy_parse(text, 2, &s) == 0, "parse: %s", xmp_ut_last_error());
+    CHECK(parse(text, &s) == 0, "parse: %s", g_perr);
+    for (int i = 0; i < s.n; i++) /* activations whole on axis 1: q.w S(0) splits the heads */
+        if (!strcmp(s.e[i].cls, "act.block"))
+            s.e[i].sbp[1] = xmp_sbp_b();
     if (tp > 1)
         CHECK(xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
                   strstr(xmp_ut_last_error(), "heads 1 not divisible"),
               "1 head split over %d: '%s'", tp, xmp_ut_last_error());
-    CHECK(xmp_ut_strategy_parse("strategy x axes=2\nconv.w = B,B\n", 2, &s) == 0 &&
+    CHECK(parse("strategy x axes=2\nconv.w = B,B\n", &s) == 0 &&
               xmp_ut_strategy_check(&s, &c, 0, 0, shape) != 0 &&
               strstr(xmp_ut_last_error(), "act.x"),
           "missing act.x accepted: '%s'", xmp_ut_last_error());
-    CHECK(xmp_ut_strategy_builtin("dp", &c, 2, shape, text, sizeof text) == 0, "dp text");
+    CHECK(xmp_ut_strategy_builtin(&c, "dp", 2, shape, text, sizeof text, err, sizeof err) == 0,
+          "dp text: %s", err);
     strcat(text, "down1.conv1.W = B,B\n"); /* a typo must not pass silently */
-    CHECK(xmp_ut_strategy_parse(text, 2, &s) == 0 &&
-              xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
+    CHECK(parse(text, &s) == 0 && xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
               strstr(xmp_ut_last_error(), "unknown class 'down1.conv1.W'"),
           "unknown class accepted: '%s'", xmp_ut_last_error());
-    CHECK(xmp_ut_strategy_parse("strategy x axes=2\nconv.w = B,Q\n", 2, &s) != 0 &&
-              strstr(xmp_ut_last_error(), "line 2"),
-          "bad SBP token accepted: '%s'", xmp_ut_last_error());
-    CHECK(xmp_ut_strategy_parse("strategy x axes=3\n", 2, &s) != 0 &&
-              strstr(xmp_ut_last_error(), "3 axes"),
-          "3-axis strategy on 2 axes accepted: '%s'", xmp_ut_last_error());
-    CHECK(xmp_ut_strategy_parse("strategy x axes=2\nfc.w = B,S(0) store S(0),S(0)\n", 2, &s) != 0 &&
-              strstr(xmp_ut_last_error(), "storage"),
-          "storage SBP accepted: '%s'", xmp_ut_last_error());
-    /* text round trip */
-    xmp_ut_strategy_t a, b;
+    CHECK(parse("strategy x axes=2\nconv.w = B,Q\n", &s) != 0 && strstr(g_perr, ":2"),
+          "bad SBP token accepted: '%s'", g_perr);
+    CHECK(xmp_ut_strategy_load("dp", &c, 3, NULL, &s) == 0 && s.naxes == 3, "dp on 3 axes: %s",
+          xmp_ut_last_error());
+    /* rules: a spatial split of a feature map, a channel split into the up layers' concat, a
+     * storage SBP on an activation: refused naming class, axis and rule */
+    CHECK(xmp_ut_strategy_builtin(&c, "dp", 2, shape, text, sizeof text, err, sizeof err) == 0,
+          "dp text: %s", err);
+    strcat(text, "act.block = S(0),S(2)\n");
+    CHECK(parse(text, &s) != 0 ||
+              (xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
+               strstr(xmp_ut_last_error(), "act.block") &&
+               strstr(xmp_ut_last_error(), "mesh axis 1") && strstr(xmp_ut_last_error(), "halo")),
+          "spatial split accepted: '%s'", xmp_ut_last_error());
+    CHECK(xmp_ut_strategy_builtin(&c, "dp", 2, shape, text, sizeof text, err, sizeof err) == 0,
+          "dp text: %s", err);
+    strcat(text, "up2.act.x = S(0),S(1)\n");
+    CHECK(parse(text, &s) == 0 && xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
+              strstr(xmp_ut_last_error(), "concat") && strstr(xmp_ut_last_error(), "mesh axis 1"),
+          "channel split into concat accepted: '%s'", xmp_ut_last_error());
+    CHECK(parse("strategy x axes=2\nact.x = S(0),B store B,B\n", &s) == 0 &&
+              xmp_ut_strategy_check(&s, &c, 0, 0, shape) != 0 &&
+              strstr(xmp_ut_last_error(), "storage SBP"),
+          "storage SBP of an activation accepted: '%s'", xmp_ut_last_error());
+    /* text round trip through nn/strategy.h */
+    static xmp_ut_strategy_t a, b;
     char t2[16384];
-    CHECK(xmp_ut_strategy_load("megatron", &c, 2, shape, &a) == 0 &&
-              xmp_ut_strategy_format(&a, t2, sizeof t2) == 0 &&
-              xmp_ut_strategy_parse(t2, 2, &b) == 0 && a.n == b.n &&
-              memcmp(a.c, b.c, sizeof a.c[0] * (size_t)a.n) == 0,
-          "megatron text does not round-trip: %s", xmp_ut_last_error());
+    CHECK(xmp_ut_strategy_load("axonn", &c, 3, NULL, &a) == 0 &&
+              xmp_strategy_format(&a, t2, sizeof t2) < (int)sizeof t2 && parse(t2, &b) == 0 &&
+              xmp_strategy_equal(&a, &b),
+          "axonn text does not round-trip: %s %s", xmp_ut_last_error(), g_perr);
 }
 
 int main(int argc, char **argv)

@@ -89,7 +89,7 @@ if(TARGET xmesh-train)
   set_tests_properties(pipeline.utrans.bad_tp PROPERTIES LABELS "pipeline;mpi" TIMEOUT 30
     ENVIRONMENT "${XMP_UT_ENV}")
   add_test(NAME pipeline.utrans.bad_strategy
-    COMMAND ${XMP_UT_EXPECT_FAIL} "strategy 'nosuch': no such file and no built-in of that name (built-ins: dp, megatron)"
+    COMMAND ${XMP_UT_EXPECT_FAIL} "strategy 'nosuch': no such file and no built-in of that name (built-ins: dp, megatron, 3d, axonn)"
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
             $<TARGET_FILE:xmesh-train> utransformer --stages 1 --stage-tp 2 --strategy nosuch
             --batch 4 --steps 1 ${MPIEXEC_POSTFLAGS})
