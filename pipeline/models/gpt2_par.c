@@ -1279,6 +1279,19 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
     if (tc->M < 1 || tc->B % tc->M)
         return set_err(err, errlen, "--batch %d is not a multiple of --microbatches %d", tc->B,
                        tc->M);
+    /* The layout's items must be the model's: E, one t per block, L (no item may name a block
+     * the parameters do not have). */
+    int nblk = 0;
+    for (int i = 0; i < layout->nitems; i++) {
+        char k = layout->kind[i];
+        if (k != 'E' && k != 't' && k != 'L')
+            return set_err(err, errlen, "layout item %d is '%c': GPT-2's items are E, t and L", i,
+                           k);
+        nblk += k == 't';
+    }
+    if (nblk != c->num_layers)
+        return set_err(err, errlen, "the layout has %d transformer blocks, the model %d", nblk,
+                       c->num_layers);
     xmp_overlap_t ov;
     if (xmp_overlap_from_env(&ov))
         return set_err(err, errlen, "XMP_OVERLAP: %s", xmp_last_error());

@@ -953,10 +953,14 @@ double xmp_ut_slayer_grad_sumsq(const xmp_ut_slayer_t *l)
 
 void xmp_ut_slayer_scale_grads(xmp_ut_slayer_t *l, float scale)
 {
+    /* The reduced gradient, and the accumulator too: a step run without the reduction (the
+     * trainer's memory probe scales by 0 to undo it) leaves its gradient there only. */
     for (int k = 0; l && k < l->pl.npt; k++) {
-        xmp_tensor_t *g = &l->P[k].r;
-        float *v = g->mesh && g->lcount ? xmp_f32(g) : NULL;
-        for (int64_t i = 0; v && i < g->lcount; i++)
-            v[i] *= scale;
+        xmp_tensor_t *t[2] = {&l->P[k].r, &l->P[k].g};
+        for (int j = 0; j < 2; j++) {
+            float *v = t[j]->mesh && t[j]->lcount ? xmp_f32(t[j]) : NULL;
+            for (int64_t i = 0; v && i < t[j]->lcount; i++)
+                v[i] *= scale;
+        }
     }
 }

@@ -74,7 +74,7 @@ int main(int argc, char **argv)
                              .num_layers = 2,
                              .num_heads = 2,
                              .channels = 16};
-    if (xmp_stage_layout_build("Ettl", 1, 1, NULL, 2, "1x2,1x2", NULL, NULL, &sl, err,
+    if (xmp_stage_layout_build("EttL", 1, 1, NULL, 2, "1x2,1x2", NULL, NULL, &sl, err,
                                sizeof err) ||
         xmp_gpt2_init_random(&m, &cfg, 7) || xmp_gpt2_init_random(&out, &cfg, 8) ||
         xmesh_ctx_create_mpi(MPI_COMM_WORLD, NULL, &ctx) != XMESH_SUCCESS) {

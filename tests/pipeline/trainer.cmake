@@ -63,12 +63,13 @@ if(TARGET xmesh-train)
 endif()
 # The U-Transformer's stages are 2-axis dp x tp meshes: an N-D stage mesh is refused by name.
 if(TARGET xmesh-train)
+  # 1-4 axis stage meshes run (pipeline.utrans_strategy.*); a fifth axis is refused
   add_test(NAME pipeline.trainer.ut_nd_mesh_refused
     COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh
-            "stage 0: a mesh of 3 axes; the U-Transformer's stages run on 2-axis dp x tp meshes"
+            "stage 0: expected a mesh AxB.. of 1 to 4 positive axis sizes"
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe ${MPIEXEC_PREFLAGS}
             $<TARGET_FILE:xmesh-train> utransformer --base-channels 4 --batch 4
-            --stage-mesh 1x1x2 --steps 1 ${MPIEXEC_POSTFLAGS})
+            --stage-mesh 1x1x1x1x2 --steps 1 ${MPIEXEC_POSTFLAGS})
   set_tests_properties(pipeline.trainer.ut_nd_mesh_refused PROPERTIES LABELS "pipeline;mpi"
     TIMEOUT 30 ENVIRONMENT "${XMP_TR_ENV}")
 endif()
