@@ -28,7 +28,7 @@
 #   scripts/run-overlap-ablation.sh              # the real run (about 8-10 minutes)
 #   scripts/run-overlap-ablation.sh --quick      # 2 steps, no warmup, tiny part-1 model: a smoke test
 # Environment: XMESH_OVA_RATE [100mbit], XMESH_OVA_BURST [64kb], XMESH_OVA_STEPS [6],
-#   XMESH_OVA_WARMUP [2], XMESH_OVA_PIPE_MB [4], XMESH_OVA_OUT, XMESH_OVA_STRATEGIES
+#   XMESH_OVA_WARMUP [2], XMESH_OVA_PIPE_MB [4], XMESH_OVA_OUT, XMESH_OVA_PARTS ["1 2"], XMESH_OVA_STRATEGIES
 #   [megatron:2x4,3d:2x2x2,axonn:2x2x2]. Without an emulated cluster (cluster.sh check fails)
 #   both parts run on this host with mpirun and the times show no NIC bottleneck.
 set -uo pipefail
@@ -44,6 +44,7 @@ pmb=${XMESH_OVA_PIPE_MB:-4}
 if [ $quick = 1 ]; then steps=2 warmup=0; fi
 out=${XMESH_OVA_OUT:-$root/build/overlap-ablation/$(date -u +%Y%m%d-%H%M%S)}
 strategies=${XMESH_OVA_STRATEGIES:-megatron:2x4,3d:2x2x2,axonn:2x2x2}
+parts=" ${XMESH_OVA_PARTS:-1 2} "
 hosts=4 pph=2
 
 cmake --build build -j "${XMESH_JOBS:-2}" --target xmesh-train >/dev/null || {
@@ -64,16 +65,20 @@ cmd=(python3 "$root/microbench/pipeline/overlap_ablation.py" --train "$train"
     --label "GPT (4 layers, C 256, T 64, batch 8), $hosts hosts x $pph ranks, NIC $rate, CPUs pinned per host"
     --out "$out")
 rc=0
-echo "run-overlap-ablation: part 1, overlap switches ($strategies), results in $out" >&2
-if [ $incluster = 1 ]; then
-    microbench/cluster/cluster.sh -q -p -H $hosts -d $pph -r "$rate" -b "$burst" -- "${cmd[@]}" || rc=1
-else
-    "${cmd[@]}" --np $((hosts * pph)) || rc=1
+if [[ $parts == *" 1 "* ]]; then
+    echo "run-overlap-ablation: part 1, overlap switches ($strategies), results in $out" >&2
+    if [ $incluster = 1 ]; then
+        microbench/cluster/cluster.sh -q -p -H $hosts -d $pph -r "$rate" -b "$burst" -- "${cmd[@]}" || rc=1
+    else
+        "${cmd[@]}" --np $((hosts * pph)) || rc=1
+    fi
 fi
-echo "run-overlap-ablation: part 2, eager-1F1B + weight delay over 2 stages of 1x2x2 (3d)" >&2
-XMESH_ABL_OUT=$out/pipeline XMESH_ABL_RATE_GPT=$rate XMESH_ABL_BURST=$burst \
-    XMESH_ABL_STEPS=$steps XMESH_ABL_WARMUP=$warmup XMESH_ABL_MICROBATCHES=$pmb \
-    scripts/run-pipeline-ablation.sh gpt3d || rc=1
+if [[ $parts == *" 2 "* ]]; then
+    echo "run-overlap-ablation: part 2, eager-1F1B + weight delay over 2 stages of 1x2x2 (3d)" >&2
+    XMESH_ABL_OUT=$out/pipeline XMESH_ABL_RATE_GPT=$rate XMESH_ABL_BURST=$burst \
+        XMESH_ABL_STEPS=$steps XMESH_ABL_WARMUP=$warmup XMESH_ABL_MICROBATCHES=$pmb \
+        scripts/run-pipeline-ablation.sh gpt3d || rc=1
+fi
 if [ -f "$out/pipeline/gpt3d/ablation.md" ]; then
     { echo; echo "## eager-1F1B + weight delay, 2 stages of 1x2x2 (3d), against signal"; echo
       cat "$out/pipeline/gpt3d/ablation.md"; } >> "$out/overlap.md"
