@@ -15,19 +15,16 @@
 #     strategy, 4 hosts x 2 ranks) against the signal bound: scripts/run-pipeline-ablation.sh
 #     gpt3d (rows blocking, 1f1b, eager, eager+wdelay, signal; microbatches XMESH_OVA_PIPE_MB).
 #
-# NIC rate (XMESH_OVA_RATE, default 100mbit per direction, burst 64kb): with these shapes one
-# no-overlap megatron step sends about 10 MiB of boxing per rank, most of it over the tensor axis
-# of 4 ranks that spans 2 hosts (2 ranks share each NIC); at 100 Mbit/s that is about 1-2 s per
-# step, the order of the step's compute with one BLAS thread per rank, so boxing matters and
-# hiding it shows (at 1 Gbit/s it is a few percent of the step and every row looks the same;
-# much lower and every row is communication-bound, where overlap cannot hide more than the
-# compute). BLAS runs one thread per rank (--blas-threads 1).
+# NIC rate (XMESH_OVA_RATE, default 1000mbit per direction, burst 64kb): measured 2026-11-25,
+# at 100 Mbit/s a no-overlap megatron step is 2.68 s of which 0.22 s compute (every row NIC-bound,
+# nothing to hide behind); at 1 Gbit/s boxing is 0.52 s of a 0.73 s step, where hiding shows.
+# BLAS runs one thread per rank (--blas-threads 1).
 #
 # Output: build/overlap-ablation/<time>/{overlap.md,overlap.json,overlap.png,*.log} and
 # pipeline/gpt3d/{ablation.md,ablation.json,ablation.png}; the tables are printed.
 #   scripts/run-overlap-ablation.sh              # the real run (about 8-10 minutes)
 #   scripts/run-overlap-ablation.sh --quick      # 2 steps, no warmup, tiny part-1 model: a smoke test
-# Environment: XMESH_OVA_RATE [100mbit], XMESH_OVA_BURST [64kb], XMESH_OVA_STEPS [6],
+# Environment: XMESH_OVA_RATE [1000mbit], XMESH_OVA_BURST [64kb], XMESH_OVA_STEPS [6],
 #   XMESH_OVA_WARMUP [2], XMESH_OVA_PIPE_MB [4], XMESH_OVA_OUT, XMESH_OVA_PARTS ["1 2"], XMESH_OVA_STRATEGIES
 #   [megatron:2x4,3d:2x2x2,axonn:2x2x2]. Without an emulated cluster (cluster.sh check fails)
 #   both parts run on this host with mpirun and the times show no NIC bottleneck.
@@ -36,7 +33,7 @@ cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 quick=0
 [ "${1:-}" = --quick ] && quick=1
-rate=${XMESH_OVA_RATE:-100mbit}
+rate=${XMESH_OVA_RATE:-1000mbit}
 burst=${XMESH_OVA_BURST:-64kb}
 steps=${XMESH_OVA_STEPS:-6}
 warmup=${XMESH_OVA_WARMUP:-2}
