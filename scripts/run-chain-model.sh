@@ -9,13 +9,15 @@
 # measured median per (H, K), with the measured median [min, max]. A benchmark, not a test.
 #
 #   scripts/run-chain-model.sh            Environment: XMESH_CHAIN_RATE [300mbit],
-#   XMESH_CHAIN_ITERS [3], XMESH_CHAIN_MAX [16M], XMESH_CHAIN_OUT [build/chain-model/<time>]
+#   XMESH_CHAIN_ITERS [3], XMESH_CHAIN_MAX [16M], XMESH_CHAIN_BURST [64kb],
+#   XMESH_CHAIN_OUT [build/chain-model/<time>]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 rate=${XMESH_CHAIN_RATE:-300mbit}
 iters=${XMESH_CHAIN_ITERS:-3}
 max=${XMESH_CHAIN_MAX:-16M}
+burst=${XMESH_CHAIN_BURST:-64kb}
 out=${XMESH_CHAIN_OUT:-$root/build/chain-model/$(date -u +%Y%m%d-%H%M%S)}
 scripts/install-deps.sh >/dev/null || exit 1
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || exit 1
@@ -33,7 +35,7 @@ bench=$root/build/microbench/bench/xmesh-bench
 args=()
 for fa in 1 2; do
     echo "run-chain-model: XMESH_FORWARD_AHEAD=$fa, 9 hosts x 1 rank, NIC $rate" >&2
-    microbench/cluster/cluster.sh -q -H 9 -d 1 -r "$rate" -b 64kb -- \
+    microbench/cluster/cluster.sh -q -H 9 -d 1 -r "$rate" -b "$burst" -- \
         env XMESH_CHUNK_BYTES=262144 XMESH_FORWARD_AHEAD=$fa bash -c \
         '$XMH_MPIRUN -np $XMH_NP '"$bench -s chain -b 256K -e $max -f 2 -n $iters -w 1 -k 0 -J $out/fa$fa.json" \
         >"$out/fa$fa.txt" 2>&1 || { echo "run-chain-model: run failed, see $out/fa$fa.txt" >&2; exit 1; }
