@@ -17,7 +17,7 @@ static const xm_param_desc_t params[] = {
     {"XMESH_CHUNK_BYTES", "262144", "pipelining chunk of broadcast chains, bytes"},
     {"XMESH_SEND_AHEAD", "2",
      "MPI executor: chunk sends in flight per chain link (receives run a window ahead)"},
-    {"XMESH_FORWARD_AHEAD", "2",
+    {"XMESH_FORWARD_AHEAD", "1",
      "MPI executor: the same on a link between hosts fed by a link between hosts (a chain's "
      "forwarders, paced by their input)"},
     {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},

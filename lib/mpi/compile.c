@@ -133,13 +133,13 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
         int me = hm->host_of[x->rank];
         int local = s->next >= 0 && hm->host_of[s->next] == me;
         /* A NIC hop with a NIC hop upstream in its chain (a forwarder in
-         * the middle of a chain across hosts) gets its chunks paced by that
-         * NIC; XMESH_FORWARD_AHEAD sets its sends in flight apart from the
-         * chain's head (XMESH_SEND_AHEAD). Both default to 2: one in flight
-         * on forwarders cuts the chain's modelled fill by a chunk per host
-         * but measured slower on the emulated cluster, where a forwarder
-         * waits for a progress round between chunks (docs/EXECUTOR.md,
-         * "Where the time goes"). The model charges either (xm_hop_fill). */
+         * the middle of a chain across hosts) gets its chunks one wire time
+         * apart, paced by that NIC: XMESH_FORWARD_AHEAD (default 1) sends in
+         * flight keep its wire as busy as its input allows, and the next
+         * host gets each chunk one wire time after it arrived here instead
+         * of send_ahead (two chunks sharing the wire). The chain's head keeps
+         * XMESH_SEND_AHEAD. Measured (docs/EXECUTOR.md): 1-to-m 4x2 0.521 ->
+         * 0.491 s, nothing slower. The model charges the same (xm_hop_fill). */
         x->sx[i].ahead = local ? x->window : s->nic_paced ? x->forward_ahead : x->send_ahead;
     }
     for (int i = 0; i < x->prog.nsteps; i++)
