@@ -356,8 +356,9 @@ static xmesh_result_t known_failure(const char *what)
                    what, fr, fmsg);
 }
 
-xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
-                             const char *what)
+/* The deadline all-reduce both wrappers below share: staged, in place, waited by xmp_wait. */
+static xmesh_result_t allreduce_staged(void *buf, int count, MPI_Datatype ty, MPI_Op op,
+                                       MPI_Comm comm, const char *what)
 {
     size_t bytes = (size_t)count * type_size(ty);
     MPI_Request q;
@@ -378,6 +379,16 @@ xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, M
         return r; /* abandoned: s stays allocated */
     memcpy(buf, s, bytes);
     free(s);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
+                             const char *what)
+{
+    xmesh_result_t r = allreduce_staged(buf, count, ty, op, comm, what);
+    if (r)
+        return r;
+    size_t bytes = (size_t)count * type_size(ty);
     int p = 1;
     MPI_Comm_size(comm, &p);
     count_coll(XMP_COLL_ALLREDUCE, p, (int64_t)bytes, 2.0 * (p - 1) / p * (double)bytes);
@@ -389,26 +400,7 @@ xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, M
 xmesh_result_t xmp_agree(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
                          const char *what)
 {
-    size_t bytes = (size_t)count * type_size(ty);
-    MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Iallreduce (%s)", what);
-    xmesh_result_t r = known_failure(w);
-    if (r)
-        return r;
-    void *s = stage(bytes);
-    if (!s)
-        return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
-    memcpy(s, buf, bytes);
-    if ((r = posted(MPI_Iallreduce(MPI_IN_PLACE, s, count, ty, op, comm, &q), w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
-        return r; /* abandoned: s stays allocated */
-    memcpy(buf, s, bytes);
-    free(s);
-    return XMESH_SUCCESS;
+    return allreduce_staged(buf, count, ty, op, comm, what);
 }
 
 xmesh_result_t xmp_send(const void *buf, int count, MPI_Datatype ty, int dest, int tag,
