@@ -21,7 +21,6 @@
 #include "models/gpt2_par.h"
 #include "models/llmc_io.h"
 #include "models/stage_layout.h"
-#include "nn/overlap.h"
 #include "trainer.h"
 
 #ifndef XMP_DATA_DIR
@@ -107,8 +106,6 @@ static void gpt_usage(void)
            "  --batch B (4) --seq T (64) --steps N (40) --lr (1e-4) --beta1 (0.9)\n"
            "  --beta2 (0.999) --eps (1e-8) --weight-decay (0)\n"
            "  --save FILE         write an llm.c v3 checkpoint at the end\n"
-           "  --overlap none|all|bwd-input,defer-grad,prefetch,coll-matmul   communication\n"
-           "                      overlap inside a stage (sets XMP_OVERLAP; numbers unchanged)\n"
            "strategies: built-in dp, megatron (default), 3d, axonn (docs/STRATEGY.md); auto:\n"
            "  the layout search picks stages, meshes, strategies, schedule, microbatches\n"
            "  (xmesh-train gpt plan --help)\n");
@@ -131,15 +128,6 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
             continue;
         if (!strcmp(a, "--no-shuffle")) {
             o->shuffle = 0;
-            continue;
-        }
-        if (!strcmp(a, "--overlap")) { /* communication overlap inside a stage (nn/overlap.h) */
-            xmp_overlap_t ov;
-            if (!(v = xmp_cli_value(argc, argv, &i)))
-                return -1;
-            if (xmp_overlap_parse(v, &ov))
-                return xmp_cli_error("--overlap: %s", xmp_last_error());
-            setenv("XMP_OVERLAP", v, 1); /* read by every stage at creation */
             continue;
         }
         const struct {

@@ -44,6 +44,7 @@
 #include "models/utrans_ckpt.h"
 #include "models/utransformer.h"
 #include "models/utransformer_sbp.h"
+#include "nn/overlap.h"
 #include "nn/sbp.h"
 #include "nn/unet_kernels.h"
 #include "pipe/driver.h"
@@ -176,7 +177,8 @@ typedef struct {
     int *live;                       /* per micro-batch: forward done, weight part not yet */
     int64_t base_bytes;              /* allocations held after set-up (the parameters) */
     int recompute;                   /* xmp_recompute_t (models/utransformer_sbp.h tape drop) */
-    int mem_quiet; /* virtual stages: chunks > 0 report 0 (chunk 0 reports the rank's peak) */
+    int mem_quiet;    /* virtual stages: chunks > 0 report 0 (chunk 0 reports the rank's peak) */
+    xmp_overlap_t ov; /* overlap switches (--overlap / XMP_OVERLAP, nn/overlap.h) */
 } ut_stage_t;
 
 static size_t chw_floats(const int chw[3])
@@ -544,15 +546,24 @@ static int64_t ut_act_bytes(void *u)
     return p > 0 ? p : 0;
 }
 
-/* R: the parameter gradients are boxed to their parameters' SBP (P over dp -> B). */
+/* R: the parameter gradients are boxed to their parameters' storage SBP (P over dp -> B,
+ * P -> S where sharded). defer-grad: every layer's reductions posted first (nonblocking), then
+ * waited in the same order: the same collectives on the same data. */
 static int ut_reduce(void *u)
 {
     ut_stage_t *st = u;
-    for (int l = st->first; l <= st->last; l++)
-        if (xmp_ut_slayer_reduce(st->SL[l]) != 0) {
-            fprintf(stderr, "stage %d: gradient reduction: %s\n", st->stage, xmp_ut_last_error());
-            return 1;
-        }
+    int rc = 0, started = st->first;
+    for (int l = st->first; st->ov.defer_grad && l <= st->last && !rc; l++, started = l)
+        rc = xmp_ut_slayer_reduce_start(st->SL[l]);
+    for (int l = st->first; st->ov.defer_grad && l < started; l++) /* every started one */
+        if (xmp_ut_slayer_reduce_wait(st->SL[l]) != 0)
+            rc = -1;
+    for (int l = st->first; !st->ov.defer_grad && l <= st->last && !rc; l++)
+        rc = xmp_ut_slayer_reduce(st->SL[l]);
+    if (rc) {
+        fprintf(stderr, "stage %d: gradient reduction: %s\n", st->stage, xmp_ut_last_error());
+        return 1;
+    }
     return 0;
 }
 
@@ -615,11 +626,16 @@ static int stage_init(ut_stage_t *st)
         return xmp_train_fail("out of memory");
     xmp_ut_params_init(&st->lay, st->o->seed, full);
     int rc = 0;
-    for (int l = st->first; l <= st->last && !rc; l++)
+    if (xmp_overlap_from_env(&st->ov) != XMESH_SUCCESS)
+        rc = xmp_train_fail("XMP_OVERLAP: %s", xmp_last_error());
+    for (int l = st->first; l <= st->last && !rc; l++) {
         if (!(st->SL[l] = xmp_ut_slayer_create(&st->cfg, l, st->mbs, st->mesh, &st->strat,
                                                full + st->lay.layer_offset[l])))
             rc = xmp_train_fail("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
                                 xmp_ut_last_error());
+        else
+            xmp_ut_slayer_set_overlap(st->SL[l], &st->ov);
+    }
     free(full);
     st->base_bytes = xmp_ut_mem_live_bytes();
     return rc;

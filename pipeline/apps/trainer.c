@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nn/overlap.h"
 #include "nn/sbp.h"
 #include "pipe/replan.h"
 
@@ -98,6 +99,8 @@ void xmp_train_usage(void)
         "                      (the model's built-ins or a strategy file, docs/STRATEGY.md)\n"
         "  --stage-strategy A,B       one strategy (name or file) per stage\n"
         "  --print-strategy    print the resolved strategy of each stage and exit\n"
+        "  --overlap none|all|bwd-input,defer-grad,prefetch,coll-matmul   communication\n"
+        "                      overlap inside a stage (sets XMP_OVERLAP; numbers unchanged)\n"
         "  --microbatches M (1) --schedule gpipe|1f1b|eager-1f1b|interleaved-1f1b|\n"
         "                      eager-interleaved-1f1b|zb-v|v-1f1b|dualpipe-v (1f1b) --delay-wgrad\n"
         "  --virtual-stages V  model stages per rank group (--stages R groups: R*V stages; the\n"
@@ -245,6 +248,15 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
                 (bt != XMESH_F32 && bt != XMESH_BF16 && bt != XMESH_F16))
                 return xmp_cli_error("--boundary-dtype '%s': expected f32, bf16 or f16", v);
             o->boundary_dtype = (int)bt;
+            return 1;
+        }
+        if (!strcmp(a, "--overlap")) { /* communication overlap inside a stage (nn/overlap.h) */
+            xmp_overlap_t ov;
+            if (!(v = xmp_cli_value(argc, argv, i)))
+                return -1;
+            if (xmp_overlap_parse(v, &ov))
+                return xmp_cli_error("--overlap: %s", xmp_last_error());
+            setenv("XMP_OVERLAP", v, 1); /* read by every model's stages at creation */
             return 1;
         }
         if (!strcmp(a, "--comm")) {

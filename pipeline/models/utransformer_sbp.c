@@ -409,6 +409,7 @@ struct xmp_ut_slayer {
     /* parameters through the shared engine (nn/param.h): compute copy, stored shard, gradient
      * accumulator (P[k].g, empty until a contribution), reduced gradient (P[k].r), velocity */
     xmp_param_t P[XMP_UT_MAX_PT];
+    xmp_overlap_t ov; /* overlap switches (xmp_ut_slayer_set_overlap) */
 };
 
 struct xmp_ut_tape {
@@ -416,7 +417,28 @@ struct xmp_ut_tape {
     xmp_tensor_t v[XMP_UT_MAX_BUF], g[XMP_UT_MAX_BUF];
     xmp_gn_cache_t gn[XMP_UT_MAX_OPS];
     xmp_mha_cache_t mha[XMP_UT_MAX_OPS];
+    /* coll-matmul: box op i ran fused with the op before it (its input never stored; fsrc[i] is
+     * the SBP that op produced); bwd-input: op i's weight gradient already accumulated */
+    unsigned char fused[XMP_UT_MAX_OPS], wdone[XMP_UT_MAX_OPS];
+    xmp_sbp_t fsrc[XMP_UT_MAX_OPS][NAX];
 };
+
+void xmp_ut_slayer_set_overlap(xmp_ut_slayer_t *l, const xmp_overlap_t *ov)
+{
+    if (l && ov)
+        l->ov = *ov;
+}
+
+/* Waits for the prefetched gathers of the compute copies (prefetch; nothing in flight: no-op). */
+static int wait_params(xmp_ut_slayer_t *l)
+{
+    int rc = 0;
+    for (int k = 0; k < l->pl.npt; k++)
+        if (xmp_param_gather_wait(&l->P[k]) != XMESH_SUCCESS && !rc)
+            rc = fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
+                      xmp_last_error());
+    return rc;
+}
 
 static void set_sbp(xmp_sbp_t *dst, const xmp_sbp_t *src)
 {
@@ -603,6 +625,65 @@ static xmesh_result_t run_op(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, int i, xmp_te
     return r;
 }
 
+/* Readers of buffer b among the plan's ops. */
+static int readers(const xmp_ut_plan_t *pl, int b)
+{
+    int n = 0;
+    for (int i = 0; i < pl->nops; i++)
+        n += (pl->ops[i].in0 == b) + (pl->ops[i].in1 == b) + (pl->ops[i].in2 == b);
+    return n;
+}
+
+/* coll-matmul: op i (a conv or linear with weights) whose output is read only by the act.* box
+ * op i + 1 and is none of the layer's outputs runs fused with that box. */
+static int fusable(const xmp_ut_slayer_t *l, int i)
+{
+    const xmp_ut_plan_t *pl = &l->pl;
+    if (!l->ov.coll_matmul || i + 1 >= pl->nops)
+        return 0;
+    const xmp_ut_op_t *op = &pl->ops[i], *bx = &pl->ops[i + 1];
+    return (op->kind == XMP_UT_OP_CONV || op->kind == XMP_UT_OP_LIN) && op->wi >= 0 &&
+           bx->kind == XMP_UT_OP_BOX && bx->in0 == op->out && readers(pl, op->out) == 1 &&
+           op->out != pl->out && op->out != pl->skip_out;
+}
+
+/* Runs op i (and, fused, the box op i + 1) on tape t; *n: ops consumed. Outputs already held
+ * (kept under recomputation) are left as they are: the forward is deterministic. */
+static xmesh_result_t exec_op(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, int i, int *n)
+{
+    const xmp_ut_op_t *op = &l->pl.ops[i];
+    xmp_tensor_t o;
+    memset(&o, 0, sizeof o);
+    *n = 1;
+    if (fusable(l, i)) {
+        const xmp_ut_op_t *bx = &l->pl.ops[i + 1];
+        const xmp_tensor_t *w = &l->P[op->wi].w, *b = op->bi >= 0 ? &l->P[op->bi].w : NULL;
+        xmesh_result_t r =
+            op->kind == XMP_UT_OP_CONV
+                ? xmp_conv2d_forward_box(&l->ov, &t->v[op->in0], w, b, op->conv.stride,
+                                         op->conv.pad, l->box[i + 1], t->fsrc[i + 1], &o)
+                : xmp_linear_forward_box(&l->ov, &t->v[op->in0], w, b, l->box[i + 1], NULL,
+                                         t->fsrc[i + 1], &o);
+        if (r != XMESH_SUCCESS)
+            return r;
+        *n = 2;
+        t->fused[i + 1] = 1;
+        if (t->v[bx->out].data)
+            drop(&o);
+        else
+            own(&t->v[bx->out], &o);
+        return XMESH_SUCCESS;
+    }
+    xmesh_result_t r = run_op(l, t, i, &o);
+    if (r != XMESH_SUCCESS)
+        return r;
+    if (t->v[op->out].data)
+        drop(&o);
+    else
+        own(&t->v[op->out], &o);
+    return XMESH_SUCCESS;
+}
+
 int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_tensor_t *skip_in,
                           const xmp_tensor_t *cond, xmp_ut_tape_t **tape, const xmp_tensor_t **y,
                           const xmp_tensor_t **skip_out)
@@ -612,6 +693,8 @@ int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_t
     if (!x || !tape || !y || (pl->skip_in >= 0 && !skip_in) || (pl->cond >= 0 && !cond) ||
         (pl->skip_out >= 0 && !skip_out))
         return fail("layer %s forward: missing input or output", ln);
+    if (wait_params(l)) /* prefetch: this layer's gathers, started by the last update */
+        return -1;
     xmp_ut_tape_t *t = calloc(1, sizeof *t);
     if (!t)
         return fail("out of memory");
@@ -631,16 +714,12 @@ int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_t
             goto fail_box;
         own(&t->v[pl->cond], &o);
     }
-    for (int i = 0; i < pl->nops; i++) {
-        const xmp_ut_op_t *op = &pl->ops[i];
-        xmp_tensor_t *v = t->v;
-        xmesh_result_t r = run_op(l, t, i, &o);
-        if (r != XMESH_SUCCESS) {
+    for (int i = 0, n = 1; i < pl->nops; i += n) {
+        if (exec_op(l, t, i, &n) != XMESH_SUCCESS) {
             op_fail(l, i, "forward");
             xmp_ut_tape_free(t);
             return -1;
         }
-        own(&v[op->out], &o);
     }
     *tape = t;
     *y = &t->v[pl->out];
@@ -690,6 +769,62 @@ static int need(const xmp_ut_plan_t *pl, int b)
     return b >= 0 && !pl->nograd[b];
 }
 
+/* bwd-input: the SBP the gradient of op i's input buffer b is boxed to anyway by the op that made
+ * b (an act.* box: the gradient SBP of its source; the layer's input: act.x), NULL where b has
+ * another reader (the gradients would be summed first) or another producer. */
+static const xmp_sbp_t *dx_target(const xmp_ut_slayer_t *l, const xmp_ut_tape_t *t, int i,
+                                  xmp_sbp_t *buf)
+{
+    const xmp_ut_plan_t *pl = &l->pl;
+    int b = pl->ops[i].in0;
+    if (readers(pl, b) != 1 || b == pl->out || b == pl->skip_out)
+        return NULL;
+    if (b == pl->in || b == pl->skip_in)
+        return l->actx;
+    for (int k = 0; k < i; k++) {
+        const xmp_ut_op_t *p = &pl->ops[k];
+        if (p->out != b)
+            continue;
+        if (p->kind != XMP_UT_OP_BOX)
+            return NULL;
+        const xmp_sbp_t *src = t->fused[k] ? t->fsrc[k] : t->v[p->in0].sbp;
+        for (int a = 0; a < NAX; a++)
+            buf[a] = a < l->mesh->ndim ? xmp_sbp_grad(src[a]) : xmp_sbp_b();
+        return buf;
+    }
+    return NULL;
+}
+
+/* bwd-input: op i's (conv or linear) input gradient into *dx, its box to dx_target in flight
+ * during the weight-gradient GEMM, whose dW and db are accumulated here (wdone). */
+static xmesh_result_t bwd_ov(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, int i, xmp_tensor_t *dx)
+{
+    const xmp_ut_op_t *op = &l->pl.ops[i];
+    const xmp_tensor_t *G = &t->g[op->out], *x = &t->v[op->in0], *w = &l->P[op->wi].w;
+    xmp_sbp_t buf[NAX];
+    const xmp_sbp_t *to = dx_target(l, t, i, buf);
+    xmp_tensor_t dw, db;
+    memset(&dw, 0, sizeof dw);
+    memset(&db, 0, sizeof db);
+    xmesh_result_t r =
+        op->kind == XMP_UT_OP_CONV
+            ? xmp_conv2d_backward_ov(&l->ov, G, x, w, op->conv.stride, op->conv.pad, to, dx, &dw,
+                                     op->bi >= 0 ? &db : NULL)
+            : xmp_linear_backward_ov(&l->ov, G, x, w, to, dx, &dw, op->bi >= 0 ? &db : NULL);
+    if (r != XMESH_SUCCESS)
+        return r;
+    if ((r = accumulate(&l->P[op->wi].g, &dw)) == XMESH_SUCCESS && op->bi >= 0)
+        r = accumulate(&l->P[op->bi].g, &db);
+    xmp_tensor_free(&dw);
+    xmp_tensor_free(&db);
+    if (r != XMESH_SUCCESS) {
+        xmp_tensor_free(dx);
+        return r;
+    }
+    t->wdone[i] = 1;
+    return XMESH_SUCCESS;
+}
+
 int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp_tensor_t *dy,
                                  const xmp_tensor_t *dskip_out, xmp_tensor_t *dx,
                                  xmp_tensor_t *dskip_in)
@@ -720,7 +855,9 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
         memset(&o3, 0, sizeof o3);
         switch (op->kind) {
         case XMP_UT_OP_CONV:
-            if (n0)
+            if (n0 && l->ov.bwd_input && op->wi >= 0)
+                r = bwd_ov(l, t, i, &o), got0 = 1;
+            else if (n0)
                 r = xmp_conv2d_backward_input(G, &v[op->in0], w, op->conv.stride, op->conv.pad, &o),
                 got0 = 1;
             break;
@@ -746,7 +883,9 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
             r = xmp_from_tokens_backward(G, &v[op->in0], op->h, op->wd, &o), got0 = n0;
             break;
         case XMP_UT_OP_LIN:
-            if (n0)
+            if (n0 && l->ov.bwd_input && op->wi >= 0)
+                r = bwd_ov(l, t, i, &o), got0 = 1;
+            else if (n0)
                 r = xmp_linear_backward_input(G, w, &o), got0 = 1;
             break;
         case XMP_UT_OP_ATTN:
@@ -759,7 +898,7 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
             got0 = n0, got1 = n1;
             break;
         case XMP_UT_OP_BOX:
-            r = xmp_box_backward(G, v[op->in0].sbp, &o), got0 = n0;
+            r = xmp_box_backward(G, t->fused[i] ? t->fsrc[i] : v[op->in0].sbp, &o), got0 = n0;
             break;
         }
         if (r != XMESH_SUCCESS)
@@ -800,8 +939,8 @@ int xmp_ut_slayer_backward_weight(xmp_ut_slayer_t *l, xmp_ut_tape_t *t)
     for (int i = pl->nops - 1; i >= 0 && !rc; i--) {
         const xmp_ut_op_t *op = &pl->ops[i];
         const xmp_tensor_t *G = &t->g[op->out], *x = &t->v[op->in0 >= 0 ? op->in0 : 0];
-        if (op->wi < 0 || !G->mesh)
-            continue;
+        if (op->wi < 0 || !G->mesh || t->wdone[i])
+            continue; /* no gradient, or accumulated by backward_input (bwd-input) */
         xmp_tensor_t dw, db;
         memset(&dw, 0, sizeof dw);
         memset(&db, 0, sizeof db);
@@ -835,6 +974,25 @@ int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l)
     return 0;
 }
 
+int xmp_ut_slayer_reduce_start(xmp_ut_slayer_t *l)
+{
+    for (int k = 0; k < l->pl.npt; k++)
+        if (xmp_param_reduce_start(&l->P[k]) != XMESH_SUCCESS)
+            return fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
+                        l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec, xmp_last_error());
+    return 0;
+}
+
+int xmp_ut_slayer_reduce_wait(xmp_ut_slayer_t *l)
+{
+    int rc = 0;
+    for (int k = 0; k < l->pl.npt; k++) /* every request waited, also after an error */
+        if (xmp_param_reduce_wait(&l->P[k]) != XMESH_SUCCESS && !rc)
+            rc = fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
+                      l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec, xmp_last_error());
+    return rc;
+}
+
 int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd)
 {
     for (int k = 0; k < l->pl.npt; k++) {
@@ -854,8 +1012,9 @@ int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd)
                 return fail("optimizer: %s", xmp_unet_last_error());
         }
         xmp_param_zero_grad(q, 1);
-        /* sharded storage: the updated shards all-gathered into the compute copy */
-        if (xmp_param_gather(q) != XMESH_SUCCESS)
+        /* sharded storage: the updated shards all-gathered into the compute copy (prefetch:
+         * started here, waited by the layer's next forward) */
+        if ((l->ov.prefetch ? xmp_param_gather_start(q) : xmp_param_gather(q)) != XMESH_SUCCESS)
             return fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
                         xmp_last_error());
     }
@@ -864,6 +1023,8 @@ int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd)
 
 int xmp_ut_slayer_sync(xmp_ut_slayer_t *l)
 {
+    if (l && wait_params(l))
+        return -1;
     for (int k = 0; l && k < l->pl.npt; k++)
         if (xmp_param_gather(&l->P[k]) != XMESH_SUCCESS)
             return fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
@@ -902,17 +1063,14 @@ int xmp_ut_tape_recompute(xmp_ut_tape_t *t, int mode)
     const xmp_ut_plan_t *pl = &l->pl;
     if (mode != XMP_UT_RECOMPUTE_BLOCK && mode != XMP_UT_RECOMPUTE_SELECTIVE)
         return 0;
-    for (int i = 0; i < pl->nops; i++) {
+    for (int i = 0, n = 1; i < pl->nops; i += n) {
         const xmp_ut_op_t *op = &pl->ops[i];
+        n = 1;
         if (mode == XMP_UT_RECOMPUTE_SELECTIVE && op->kind != XMP_UT_OP_ATTN)
             continue;
-        xmp_tensor_t o;
-        if (run_op(l, t, i, &o) != XMESH_SUCCESS)
+        /* kept outputs are left (the same values: the forward is deterministic) */
+        if (exec_op(l, t, i, &n) != XMESH_SUCCESS)
             return op_fail(l, i, "recomputation");
-        if (t->v[op->out].data) /* kept: the same values (the forward is deterministic) */
-            drop(&o);
-        else
-            own(&t->v[op->out], &o);
     }
     return 0;
 }

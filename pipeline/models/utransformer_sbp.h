@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "models/utransformer.h"
+#include "nn/overlap.h"
 #include "nn/sbp.h"
 
 #ifdef __cplusplus
@@ -141,8 +142,26 @@ enum { XMP_UT_RECOMPUTE_NONE = 0, XMP_UT_RECOMPUTE_BLOCK = 1, XMP_UT_RECOMPUTE_S
 int xmp_ut_tape_drop(xmp_ut_tape_t *tape, int mode);
 int xmp_ut_tape_recompute(xmp_ut_tape_t *tape, int mode);
 /* Collective: boxes the accumulated gradients to the parameters' storage SBP (P -> B: the
- * data-parallel sum; P -> S: a reduce-scatter where the storage is sharded). */
+ * data-parallel sum; P -> S: a reduce-scatter where the storage is sharded). start/wait: the
+ * same reductions nonblocking (defer-grad: every layer of a stage started, then waited in the
+ * same order); xmp_ut_slayer_reduce is start then wait. */
 int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l);
+int xmp_ut_slayer_reduce_start(xmp_ut_slayer_t *l);
+int xmp_ut_slayer_reduce_wait(xmp_ut_slayer_t *l);
+
+/* Overlap switches of the layer (nn/overlap.h; default: none; numbers unchanged either way):
+ *   bwd-input    conv and linear backward: the input gradient's box (the one the op that made
+ *                the input would do: the act.* box's backward, or the edge box to act.x) is
+ *                started before and waited after the weight-gradient GEMM, which then runs in
+ *                backward_input (backward_weight skips it); only where the input has one
+ *                reader, so the gradient sum is the same
+ *   prefetch     xmp_ut_slayer_update only starts the gather of a sharded parameter's compute
+ *                copy; the layer's next forward (or sync, or destroy) waits it, so a stage's
+ *                later layers' gathers are in flight during its earlier layers' forwards
+ *   coll-matmul  a conv or linear whose output only feeds an act.* box runs with the box in
+ *                pieces along the images (xmp_conv2d_forward_box / xmp_linear_forward_box)
+ *   defer-grad   acts in the trainer's R slot (reduce_start for every layer, then the waits) */
+void xmp_ut_slayer_set_overlap(xmp_ut_slayer_t *l, const xmp_overlap_t *ov);
 /* After xmp_ut_slayer_reduce: the sum of squares of this rank's gradient elements, each
  * distinct element counted once over the mesh (a block replicated over an axis counts on the
  * rank with coordinate 0 there), for the global gradient norm. */

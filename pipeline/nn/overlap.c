@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "nn/overlap.h"
+#include "nn/sbp_conv.h"
 #include "nn/sbp_ops.h"
 
 xmesh_result_t xmp_overlap_parse(const char *s, xmp_overlap_t *ov)
@@ -69,17 +70,21 @@ void xmp_overlap_string(const xmp_overlap_t *ov, char *buf, size_t n)
 
 /* ------------------------------------------------------ (a) linear backward */
 
-xmesh_result_t xmp_linear_backward_ov(const xmp_overlap_t *ov, const xmp_tensor_t *dy,
-                                      const xmp_tensor_t *x, const xmp_tensor_t *w,
-                                      const xmp_sbp_t *dx_sbp, xmp_tensor_t *dx, xmp_tensor_t *dw,
-                                      xmp_tensor_t *db)
+/* The backward a bwd-input overlap runs: a linear's or a convolution's two parts. */
+typedef struct {
+    int conv, stride, pad;
+} bk_op_t;
+
+static xmesh_result_t bwd_ov(const bk_op_t *o, const xmp_overlap_t *ov, const xmp_tensor_t *dy,
+                             const xmp_tensor_t *x, const xmp_tensor_t *w, const xmp_sbp_t *dx_sbp,
+                             xmp_tensor_t *dx, xmp_tensor_t *dw, xmp_tensor_t *db)
 {
-    if (!ov || !dy || !x || !w || !dx || !dw)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_linear_backward_ov: NULL argument");
     xmp_tensor_t raw, bx, gw, gb;
     xmp_box_req_t *req = NULL;
     memset(&bx, 0, sizeof bx);
-    xmesh_result_t r = xmp_linear_backward_input(dy, w, &raw);
+    memset(&gb, 0, sizeof gb);
+    xmesh_result_t r = o->conv ? xmp_conv2d_backward_input(dy, x, w, o->stride, o->pad, &raw)
+                               : xmp_linear_backward_input(dy, w, &raw);
     if (r)
         return r;
     if (dx_sbp && ov->bwd_input) {
@@ -98,7 +103,8 @@ xmesh_result_t xmp_linear_backward_ov(const xmp_overlap_t *ov, const xmp_tensor_
     int done = 0;
     if (req && (r = xmp_box_test(req, &done))) /* one progress call before the GEMM */
         goto fail;
-    r = xmp_linear_backward_weight(dy, x, &gw, db ? &gb : NULL);
+    r = o->conv ? xmp_conv2d_backward_weight(dy, x, w, o->stride, o->pad, &gw, db ? &gb : NULL)
+                : xmp_linear_backward_weight(dy, x, &gw, db ? &gb : NULL);
     if (r)
         goto fail;
     if (req) {
@@ -124,6 +130,28 @@ fail:
     }
     xmp_tensor_free(&bx);
     return r;
+}
+
+xmesh_result_t xmp_linear_backward_ov(const xmp_overlap_t *ov, const xmp_tensor_t *dy,
+                                      const xmp_tensor_t *x, const xmp_tensor_t *w,
+                                      const xmp_sbp_t *dx_sbp, xmp_tensor_t *dx, xmp_tensor_t *dw,
+                                      xmp_tensor_t *db)
+{
+    if (!ov || !dy || !x || !w || !dx || !dw)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_linear_backward_ov: NULL argument");
+    bk_op_t o = {0, 1, 0};
+    return bwd_ov(&o, ov, dy, x, w, dx_sbp, dx, dw, db);
+}
+
+xmesh_result_t xmp_conv2d_backward_ov(const xmp_overlap_t *ov, const xmp_tensor_t *dy,
+                                      const xmp_tensor_t *x, const xmp_tensor_t *w, int stride,
+                                      int pad, const xmp_sbp_t *dx_sbp, xmp_tensor_t *dx,
+                                      xmp_tensor_t *dw, xmp_tensor_t *db)
+{
+    if (!ov || !dy || !x || !w || !dx || !dw)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_conv2d_backward_ov: NULL argument");
+    bk_op_t o = {1, stride, pad};
+    return bwd_ov(&o, ov, dy, x, w, dx_sbp, dx, dw, db);
 }
 
 /* ------------------------------------------------------ (b) gradient queue */
@@ -435,20 +463,32 @@ static xmesh_result_t piece_of(const xmp_tensor_t *t, int pd, int k, int i, xmp_
     return XMESH_SUCCESS;
 }
 
-xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_t *x,
-                                      const xmp_tensor_t *w, const xmp_tensor_t *b,
-                                      const xmp_sbp_t *dst, const xmp_tensor_t *like,
-                                      xmp_sbp_t *was, xmp_tensor_t *y)
+/* The op a forward-box runs on x (or on a piece of x): a linear or a convolution. */
+typedef struct {
+    const char *name;
+    const xmp_tensor_t *w, *b;
+    int conv, stride, pad;
+} fb_op_t;
+
+static xmesh_result_t fb_run(const fb_op_t *o, const xmp_tensor_t *x, xmp_tensor_t *y)
 {
-    if (!ov || !x || !w || !y || (!dst == !like))
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
-                       "xmp_linear_forward_box: NULL argument or not exactly one of dst, like");
+    return o->conv ? xmp_conv2d_forward(x, o->w, o->b, o->stride, o->pad, y)
+                   : xmp_linear_forward(x, o->w, o->b, y);
+}
+
+/* A GEMM-like op followed by its forward collective, in pieces along a batch dim (the linear:
+ * any dim but the contracted last; the convolution: the image dim 0 only). */
+static xmesh_result_t fwd_box(const fb_op_t *o, const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                              const xmp_sbp_t *dst, const xmp_tensor_t *like, xmp_sbp_t *was,
+                              xmp_tensor_t *y)
+{
     const xmp_mesh_t *m = x->mesh;
     int nax = m->ndim, pd = -1, k = 1;
     xmp_sbp_t tgt[XMP_MAX_MESH_DIMS];
     char msg[256];
+    int last_pd = o->conv ? 1 : x->ndim - 1;
     /* the piece dim: the batch dim (not the contracted last dim) with the most pieces */
-    for (int d = 0; ov->coll_matmul && d + 1 < x->ndim; d++) {
+    for (int d = 0; ov->coll_matmul && d < last_pd; d++) {
         int kd = piece_count(x, d);
         if (kd > k) {
             k = kd;
@@ -458,13 +498,13 @@ xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_
     xmp_tensor_t t = {0};
     xmesh_result_t r;
     if (k < 2) { /* the plain path: one GEMM, one box */
-        if ((r = xmp_linear_forward(x, w, b, &t)))
+        if ((r = fb_run(o, x, &t)))
             return r;
         if (was)
             memcpy(was, t.sbp, sizeof t.sbp);
         if (like && xmp_rule_add(nax, t.ndim, like->sbp, t.sbp, tgt, msg, sizeof msg)) {
             xmp_tensor_free(&t);
-            return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_linear_forward_box: %s", msg);
+            return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", o->name, msg);
         }
         r = xmp_box(&t, dst ? dst : tgt, y);
         xmp_tensor_free(&t);
@@ -481,14 +521,14 @@ xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_
         xmp_tensor_t xp = {0}, yp = {0};
         r = piece_of(x, pd, k, i, &xp);
         if (!r)
-            r = xmp_linear_forward(&xp, w, b, &yp);
+            r = fb_run(o, &xp, &yp);
         xmp_tensor_free(&xp);
         if (r)
             break;
         if (i == 0) {
             memcpy(ysbp, yp.sbp, sizeof ysbp);
             if (like && xmp_rule_add(nax, yp.ndim, like->sbp, yp.sbp, tgt, msg, sizeof msg))
-                r = xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_linear_forward_box: %s", msg);
+                r = xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", o->name, msg);
             else if (!same_split(nax, x->sbp, yp.sbp, pd) ||
                      !same_split(nax, yp.sbp, dst ? dst : tgt, pd))
                 plain = 1; /* the box would move the piece dim: pieces do not commute */
@@ -516,7 +556,7 @@ xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_
     if (!r && plain) {
         xmp_overlap_t off = *ov;
         off.coll_matmul = 0;
-        return xmp_linear_forward_box(&off, x, w, b, dst, like, was, y);
+        return fwd_box(o, &off, x, dst, like, was, y);
     }
     if (!r) {
         int64_t sh[XMP_MAX_DIMS];
@@ -528,8 +568,7 @@ xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_
         int64_t zero[XMP_MAX_DIMS] = {0}, off[XMP_MAX_DIMS] = {0};
         for (int i = 0; i < k && !r; i++) {
             if (z[i].lshape[pd] * k != t.lshape[pd]) {
-                r = xmp_err(XMESH_ERR_INTERNAL,
-                            "xmp_linear_forward_box: piece %d holds %lld of %lld rows", i,
+                r = xmp_err(XMESH_ERR_INTERNAL, "%s: piece %d holds %lld of %lld rows", o->name, i,
                             (long long)z[i].lshape[pd], (long long)t.lshape[pd]);
                 break;
             }
@@ -548,4 +587,30 @@ xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_
         memcpy(was, ysbp, sizeof ysbp);
     *y = t;
     return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                                      const xmp_tensor_t *w, const xmp_tensor_t *b,
+                                      const xmp_sbp_t *dst, const xmp_tensor_t *like,
+                                      xmp_sbp_t *was, xmp_tensor_t *y)
+{
+    if (!ov || !x || !w || !y || (!dst == !like))
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
+                       "xmp_linear_forward_box: NULL argument or not exactly one of dst, like");
+    fb_op_t o = {"xmp_linear_forward_box", w, b, 0, 1, 0};
+    return fwd_box(&o, ov, x, dst, like, was, y);
+}
+
+xmesh_result_t xmp_conv2d_forward_box(const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                                      const xmp_tensor_t *w, const xmp_tensor_t *b, int stride,
+                                      int pad, const xmp_sbp_t *dst, xmp_sbp_t *was,
+                                      xmp_tensor_t *y)
+{
+    if (!ov || !x || !w || !y || !dst)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_conv2d_forward_box: NULL argument");
+    if (x->ndim != 4)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
+                       "xmp_conv2d_forward_box: x has %d dims (must be 4: N, C, H, W)", x->ndim);
+    fb_op_t o = {"xmp_conv2d_forward_box", w, b, 1, stride, pad};
+    return fwd_box(&o, ov, x, dst, NULL, was, y);
 }

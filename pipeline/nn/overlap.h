@@ -62,6 +62,15 @@ xmesh_result_t xmp_linear_backward_ov(const xmp_overlap_t *ov, const xmp_tensor_
                                       const xmp_sbp_t *dx_sbp, xmp_tensor_t *dx, xmp_tensor_t *dw,
                                       xmp_tensor_t *db);
 
+/* (a') The same for a convolution (nn/sbp_conv.h): dx = xmp_conv2d_backward_input boxed to
+ * dx_sbp (NULL: left as produced), dw, db (NULL: none) as xmp_conv2d_backward_weight; with
+ * ov->bwd_input the box of dx is in flight during the weight-gradient GEMM (the im2col
+ * product). Same values either way (bitwise). Collective over the mesh. */
+xmesh_result_t xmp_conv2d_backward_ov(const xmp_overlap_t *ov, const xmp_tensor_t *dy,
+                                      const xmp_tensor_t *x, const xmp_tensor_t *w, int stride,
+                                      int pad, const xmp_sbp_t *dx_sbp, xmp_tensor_t *dx,
+                                      xmp_tensor_t *dw, xmp_tensor_t *db);
+
 /* (b) Deferred gradient reductions. xmp_gradq_add(q, g, dst): the tensor *g (owned by the
  * caller, must stay alive) is to be boxed to dst in place (e.g. dW P -> B or P -> S(0) for
  * sharded optimizer state). Without defer_grad it is boxed at once; with it the box is started
@@ -120,6 +129,19 @@ xmesh_result_t xmp_linear_forward_box(const xmp_overlap_t *ov, const xmp_tensor_
                                       const xmp_tensor_t *w, const xmp_tensor_t *b,
                                       const xmp_sbp_t *dst, const xmp_tensor_t *like,
                                       xmp_sbp_t *was, xmp_tensor_t *y);
+
+/* (e') The same for a convolution (nn/sbp_conv.h): y = conv2d(x, w, b, stride, pad) boxed to
+ * dst (the U-Transformer's conv followed by its act.* box: the row-parallel P -> B or P -> S of
+ * a conv whose input channels are split). With ov->coll_matmul the images (dim 0) are cut into
+ * k <= 4 pieces (every rank's block an exact slice), piece i's convolution runs while the box
+ * of piece i-1 is in flight, the pieces are put back in place. Every output element is the
+ * same convolution sum and the same collective: the same values. Falls back to one convolution
+ * and one box (decided from SBPs and shapes only) when dim 0 admits no 2 pieces or the box
+ * would change dim 0's split. Errors: x not 4-D, as xmp_conv2d_forward. Collective. */
+xmesh_result_t xmp_conv2d_forward_box(const xmp_overlap_t *ov, const xmp_tensor_t *x,
+                                      const xmp_tensor_t *w, const xmp_tensor_t *b, int stride,
+                                      int pad, const xmp_sbp_t *dst, xmp_sbp_t *was,
+                                      xmp_tensor_t *y);
 
 #ifdef __cplusplus
 }
