@@ -11,9 +11,11 @@ what it must (class, axis, rule). usage:
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_harness import Harness  # noqa: E402
 
 CASE, TRAIN = sys.argv[1], sys.argv[2]
 MPI = sys.argv[3:]
@@ -120,28 +122,8 @@ REFUSALS = {
 }
 
 
-def run(n, args):
-    cmd = MPI + ["-n", str(n), "--oversubscribe", TRAIN, "gpt"] + BASE + args
-    print("+", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    return p.returncode, p.stdout
-
-
-def printed_strategy(n, flags, stage=0):
-    """The resolved text of one stage from --print-strategy."""
-    rc, out = run(n, flags + ["--print-strategy"])
-    if rc != 0:
-        sys.exit("--print-strategy failed:\n" + out)
-    blocks = re.split(r"^# stage \d+: .*\n", out, flags=re.M)
-    return blocks[stage + 1]
-
-
-def check_run(n, flags, steps=5):
-    rc, out = run(n, flags + ["--steps", str(steps), "--check-serial"])
-    ok = rc == 0 and f"check-serial: OK (0 mismatching of {steps} steps compared)" in out
-    if not ok:
-        print(out[-4000:])
-    return ok
+H = Harness(MPI, TRAIN, "gpt", BASE)
+run, printed_strategy, check_run = H.run, H.printed_strategy, H.check_run
 
 
 if CASE in RUNS:

@@ -10,15 +10,16 @@ usage: test_overlap_utrans.py CASE TRAIN MPIEXEC [--break]
 """
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_harness import Harness, edit  # noqa: E402
 
 CASE, TRAIN, MPI = sys.argv[1], sys.argv[2], sys.argv[3]
 BREAK = "--break" in sys.argv[4:]
 STEPS = 5
-BASE = ["utransformer", "--base-channels", "4", "--batch", "4", "--no-progress",
+BASE = ["--base-channels", "4", "--batch", "4", "--no-progress",
         "--steps", str(STEPS), "--check-serial"]
 # name: (ranks, flags, single switches run besides none and all, strategy edits (dp.zero))
 CASES = {
@@ -41,22 +42,8 @@ CASES = {
 }
 
 
-def run(n, args):
-    cmd = [MPI, "-n", str(n), "--oversubscribe", TRAIN] + BASE + args
-    print("+", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=50)
-    return p.returncode, p.stdout
-
-
-def edit(text, line):
-    cls = line.split("=")[0].strip()
-    lines = text.splitlines()
-    if any(l.split("=")[0].strip() == cls for l in lines):
-        lines = [line if l.split("=")[0].strip() == cls else l for l in lines]
-    else:
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+H = Harness([MPI], TRAIN, "utransformer", BASE, timeout=50)
+run = H.run
 
 
 def losses(n, flags, ov, d):
@@ -78,10 +65,7 @@ def losses(n, flags, ov, d):
 n, flags, singles, edits = CASES[CASE]
 with tempfile.TemporaryDirectory() as d:
     if edits:
-        rc, out = run(n, flags + ["--strategy", "dp", "--print-strategy"])
-        if rc != 0:
-            sys.exit("--print-strategy failed:\n" + out)
-        text = re.split(r"^# stage \d+: .*\n", out, flags=re.M)[1]
+        text = H.printed_strategy(n, flags + ["--strategy", "dp"])
         for e in edits:
             text = edit(text, e)
         path = os.path.join(d, "s.txt")

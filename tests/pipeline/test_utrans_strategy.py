@@ -12,9 +12,11 @@ refusal case passes when the command fails (non-zero exit) and its message names
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_harness import Harness, edit  # noqa: E402
 
 CASE, TRAIN = sys.argv[1], sys.argv[2]
 MPI = sys.argv[3:]
@@ -93,38 +95,8 @@ REFUSALS = {
 }
 
 
-def run(n, args):
-    cmd = MPI + ["-n", str(n), "--oversubscribe", TRAIN, "utransformer"] + BASE + args
-    print("+", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    return p.returncode, p.stdout
-
-
-def printed_strategy(n, flags, stage=0):
-    """The resolved text of one stage from --print-strategy."""
-    rc, out = run(n, flags + ["--print-strategy"])
-    if rc != 0:
-        sys.exit("--print-strategy failed:\n" + out)
-    blocks = re.split(r"^# stage \d+: .*\n", out, flags=re.M)
-    return blocks[stage + 1]
-
-
-def check_run(n, flags, steps=5):
-    rc, out = run(n, flags + ["--steps", str(steps), "--check-serial"])
-    ok = rc == 0 and f"check-serial: OK (0 mismatching of {steps} steps compared)" in out
-    if not ok:
-        print(out[-4000:])
-    return ok
-
-
-def edit(text, line):
-    cls = line.split("=")[0].strip()
-    lines = text.splitlines()
-    if any(l.split("=")[0].strip() == cls for l in lines):
-        lines = [line if l.split("=")[0].strip() == cls else l for l in lines]
-    else:
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+H = Harness(MPI, TRAIN, "utransformer", BASE)
+run, printed_strategy, check_run = H.run, H.printed_strategy, H.check_run
 
 
 if CASE in RUNS:
