@@ -25,7 +25,9 @@ BASE = ["--base-channels", "4", "--batch", "4", "--no-progress",
 CASES = {
     "megatron.2x2": (4, ["--stage-mesh", "2x2", "--strategy", "megatron"],
                      ["bwd-input", "coll-matmul", "defer-grad"], None),
-    "megatron.1x4": (4, ["--stage-mesh", "1x4", "--strategy", "megatron"], ["bwd-input"], None),
+    # block recomputation re-runs the fused conv + box steps before the backward
+    "megatron.1x4": (4, ["--stage-mesh", "1x4", "--strategy", "megatron", "--recompute", "block",
+                         "--microbatches", "2"], ["bwd-input"], None),
     "3d.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "3d"], ["coll-matmul"], None),
     # sharded storage: weights stored split over the depth axis (prefetch gathers them)
     "axonn.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "axonn"],
