@@ -35,3 +35,15 @@ if(TARGET xmesh-train)
   set_tests_properties(pipeline.utov.break PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
     WILL_FAIL TRUE ENVIRONMENT "${XMP_UTOV_ENV}")
 endif()
+
+# A bad switch name is refused by the shared trainer parser (both models), naming the token:
+# pass = a clean non-zero exit AND the message (test_utrans_expect_fail.sh).
+if(TARGET xmesh-train)
+  foreach(m utransformer gpt)
+    add_test(NAME pipeline.utov.bad_switch.${m}
+      COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/test_utrans_expect_fail.sh
+              "--overlap: overlap 'bwd-input,prefech': unknown switch 'prefech'"
+              $<TARGET_FILE:xmesh-train> ${m} --serial --overlap bwd-input,prefech)
+    set_tests_properties(pipeline.utov.bad_switch.${m} PROPERTIES LABELS "pipeline;unit" TIMEOUT 30)
+  endforeach()
+endif()
