@@ -34,6 +34,7 @@ xmesh_result_t xm_cluster_init(xm_cluster_t *c, const xm_hostmap_t *hosts)
     c->chunk_bytes = 1 << 20;
     c->send_ahead = 1;
     c->forward_ahead = 1;
+    c->sync_send = 0;
     return XMESH_SUCCESS;
 }
 

@@ -69,6 +69,8 @@ static double inter_bw(const xm_cluster_t *c)
 
 int xm_hop_fill(const xm_cluster_t *c, int64_t K, int prev_inter, int inter)
 {
+    if (inter && c->sync_send)
+        return 1;
     int a = inter && prev_inter ? c->forward_ahead : c->send_ahead;
     if (a < 1)
         a = 1;

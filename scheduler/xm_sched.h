@@ -28,13 +28,16 @@ typedef struct xm_cluster {
     int64_t chunk_bytes; /* pipelining chunk of the broadcast chains */
     int send_ahead;      /* chunk sends in flight per hop (>= 1): a hop's pipeline fill */
     int forward_ahead;   /* the same on a NIC hop whose input is a NIC hop (>= 1) */
+    int sync_send;       /* chunks between hosts are synchronous sends (XMESH_SYNC_SEND) */
 } xm_cluster_t;
 
 /* Chunks a hop of a pipelined chain of K chunks puts on its wire before the
  * next hop gets its first one (the MPI executor's sends in flight on that
  * link, at most K): send_ahead, or forward_ahead on a hop between hosts with a
  * hop between hosts upstream in its chain (inter and prev_inter nonzero): its
- * chunks arrive paced by that NIC. */
+ * chunks arrive paced by that NIC. With sync_send a hop between hosts
+ * fills with 1: its chunks are single fragments that leave whole and in
+ * order, so the first is not slowed by the ones behind it. */
 int xm_hop_fill(const xm_cluster_t *c, int64_t K, int prev_inter, int inter);
 
 /* Paper cluster defaults: 10 Gb/s, 1 NIC/host, 100 GB/s intra, 5 us, 1 MiB

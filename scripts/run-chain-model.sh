@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # The chain model against the executor (docs/EXECUTOR.md, issue 25 item 4): one sender and
-# a replicated vector on H = 1..8 hosts of one rank each (H NIC hops), chunk counts K = 1..64
-# (tensor 256 KiB .. 16 MiB at a fixed 256 KiB chunk), on the emulated cluster (9 hosts x 1
-# rank, NICs shaped to XMESH_CHAIN_RATE, token bucket 64 KiB so that a small transfer does
-# not pass at line rate); for the executor's default forward window (1) and for
-# XMESH_FORWARD_AHEAD=2 (every hop keeps two sends in flight, the earlier executor).
+# a replicated vector on H = 1..8 hosts of one rank each (H NIC hops), chunk counts K = 1..64,
+# on the emulated cluster (9 hosts x 1 rank, NICs shaped to XMESH_CHAIN_RATE, token bucket
+# 64 KiB so that a small transfer does not pass at line rate); for the executor's default
+# (`sync`: synchronous 65408-byte chunks, 4 in flight per link; tensors 64 KiB .. 4 MiB) and
+# for XMESH_SYNC_SEND=0 (`rndv`: rendezvous 256 KiB chunks, 2 in flight at the head and 1 on
+# forwarders, the executor before; tensors 256 KiB .. 16 MiB).
 # Prints and writes build/chain-model/<time>/chain.{md,json}: the model's prediction over the
 # measured median per (H, K), with the measured median [min, max]. A benchmark, not a test.
 #
 #   scripts/run-chain-model.sh            Environment: XMESH_CHAIN_RATE [300mbit],
-#   XMESH_CHAIN_ITERS [3], XMESH_CHAIN_MAX [16M], XMESH_CHAIN_BURST [64kb],
+#   XMESH_CHAIN_ITERS [3], XMESH_CHAIN_K [64] (largest chunk count), XMESH_CHAIN_BURST [64kb],
 #   XMESH_CHAIN_OUT [build/chain-model/<time>]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 rate=${XMESH_CHAIN_RATE:-300mbit}
 iters=${XMESH_CHAIN_ITERS:-3}
-max=${XMESH_CHAIN_MAX:-16M}
 burst=${XMESH_CHAIN_BURST:-64kb}
 out=${XMESH_CHAIN_OUT:-$root/build/chain-model/$(date -u +%Y%m%d-%H%M%S)}
 scripts/install-deps.sh >/dev/null || exit 1
@@ -33,13 +33,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$out"
 bench=$root/build/microbench/bench/xmesh-bench
 args=()
-for fa in 1 2; do
-    echo "run-chain-model: XMESH_FORWARD_AHEAD=$fa, 9 hosts x 1 rank, NIC $rate" >&2
+kmax=${XMESH_CHAIN_K:-64}
+for v in sync:1:65408 rndv:0:262144; do
+    IFS=: read -r tag sync chunk <<<"$v"
+    echo "run-chain-model: $tag (XMESH_SYNC_SEND=$sync, chunk $chunk), 9 hosts x 1 rank, NIC $rate" >&2
     microbench/cluster/cluster.sh -q -H 9 -d 1 -r "$rate" -b "$burst" -- \
-        env XMESH_CHUNK_BYTES=262144 XMESH_FORWARD_AHEAD=$fa bash -c \
-        '$XMH_MPIRUN -np $XMH_NP '"$bench -s chain -b 256K -e $max -f 2 -n $iters -w 1 -k 0 -J $out/fa$fa.json" \
-        >"$out/fa$fa.txt" 2>&1 || { echo "run-chain-model: run failed, see $out/fa$fa.txt" >&2; exit 1; }
-    args+=("forward-ahead $fa=$out/fa$fa.json")
+        env XMESH_SYNC_SEND=$sync bash -c \
+        '$XMH_MPIRUN -np $XMH_NP '"$bench -s chain -b $chunk -e $((chunk * kmax)) -f 2 -n $iters -w 1 -k 0 -J $out/$tag.json" \
+        >"$out/$tag.txt" 2>&1 || { echo "run-chain-model: run failed, see $out/$tag.txt" >&2; exit 1; }
+    args+=("$tag=$out/$tag.json")
 done
 python3 microbench/chain/summarize.py "$out/chain" "${args[@]}" || exit 1
 echo "run-chain-model: results in $out" >&2

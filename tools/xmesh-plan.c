@@ -90,7 +90,7 @@ static void usage(FILE *f)
             "  --nics-per-host N      NICs per host (default 1)\n"
             "  --intra-gbps G         intra-host device bandwidth, Gbit/s (default 800)\n"
             "  --latency-us US        per-message latency (default 5)\n"
-            "  --chunk-bytes B        pipelining chunk (default 1048576)\n"
+            "  --chunk-bytes B        pipelining chunk (default XMESH_CHUNK_BYTES; auto: 65408)\n"
             "output:\n"
             "  --json                 one JSON object (tasks, totals, per-scheduler results)\n"
             "  --max-tasks N          list at most N tasks (default 16 as text, all in JSON)\n"
@@ -217,7 +217,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
     o->intra_gbps = xm_param_double("XMESH_INTRA_GBPS");
     o->latency_us = xm_param_double("XMESH_LATENCY_US");
     o->nics_per_host = (int)xm_param_i64("XMESH_NICS_PER_HOST");
-    o->chunk_bytes = xm_param_i64("XMESH_CHUNK_BYTES");
+    o->chunk_bytes = xm_param_chunk_bytes(); /* 0 = auto resolved */
     o->budget_ms = (double)xm_param_i64("XMESH_BUDGET_US") / 1000.0;
     o->seed = (uint64_t)xm_param_i64("XMESH_SEED");
     o->max_tasks = -1;

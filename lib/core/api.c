@@ -175,7 +175,7 @@ typedef struct {
 } resolved_params_t;
 
 /* Unset fields take the XMESH_* environment value or the default. */
-static xmesh_result_t resolve_params(const xmesh_plan_params_t *p, double ctx_timeout,
+static xmesh_result_t resolve_params(const xmesh_plan_params_t *p, double ctx_timeout, int mpi,
                                      resolved_params_t *out)
 {
     xmesh_plan_params_t def = XMESH_PLAN_PARAMS_INITIALIZER;
@@ -209,7 +209,8 @@ static xmesh_result_t resolve_params(const xmesh_plan_params_t *p, double ctx_ti
     } else {
         r.scheduler = p->scheduler;
     }
-    r.chunk_bytes = p->chunk_bytes != XMESH_UNSET_I64 ? p->chunk_bytes : xm_param_chunk_bytes();
+    r.chunk_bytes =
+        p->chunk_bytes != XMESH_UNSET_I64 ? p->chunk_bytes : xm_param_chunk_bytes_for(mpi);
     if (r.chunk_bytes < 1)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "chunk_bytes %lld must be >= 1",
                       (long long)r.chunk_bytes);
@@ -264,7 +265,7 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
                       "source dtype %s != destination dtype %s: plans convert only between f16, "
                       "bf16 and f32 (docs/DTYPES.md)",
                       xmesh_dtype_name(src->dtype), xmesh_dtype_name(dst->dtype));
-    if ((r = resolve_params(params, ctx->timeout_s, &rp)))
+    if ((r = resolve_params(params, ctx->timeout_s, !strcmp(ctx->ops->name, "mpi"), &rp)))
         return r;
     p->dtype = src->dtype;
     p->dst_dtype = dst->dtype;
@@ -307,6 +308,7 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
     h = xm_hash64(h, &cm->chunk_bytes, sizeof cm->chunk_bytes);
     h = xm_hash64(h, &cm->send_ahead, sizeof cm->send_ahead);
     h = xm_hash64(h, &cm->forward_ahead, sizeof cm->forward_ahead);
+    h = xm_hash64(h, &cm->sync_send, sizeof cm->sync_send);
     h = xm_hash64(h, &cm->hosts.nhosts, sizeof cm->hosts.nhosts);
     h = xm_hash64(h, cm->hosts.host_of, sizeof(int) * cm->hosts.ndev);
     int64_t split = xm_param_i64("XMESH_SPLIT") != 0;
@@ -539,6 +541,7 @@ xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, i
     x.send_ahead = ahead < 1 ? 1 : ahead > 16 ? 16 : (int)ahead;
     int64_t fwd = xm_param_forward_ahead(); /* the same on a chain's forwarders */
     x.forward_ahead = fwd < 1 ? 1 : fwd > 16 ? 16 : (int)fwd;
+    x.sync_send = xm_param_sync_send() != 0; /* synchronous chunks: no shared-wire fill */
     const char *file = xm_param_cluster_file();
     if (*file && (r = xm_cluster_load(file, &x))) {
         xm_cluster_free(&x);

@@ -14,12 +14,20 @@ static const xm_param_desc_t params[] = {
     {"XMESH_DEBUG", "", "log level: WARN, INFO or TRACE (errors are always recorded)"},
     {"XMESH_STRATEGY", "broadcast", "broadcast | sendrecv | sendrecv-allgather | global-allgather"},
     {"XMESH_SCHEDULER", "ensemble", "naive | lb | dfs | greedy | ensemble"},
-    {"XMESH_CHUNK_BYTES", "262144", "pipelining chunk of broadcast chains, bytes"},
-    {"XMESH_SEND_AHEAD", "2",
-     "MPI executor: chunk sends in flight per chain link (receives run a window ahead)"},
-    {"XMESH_FORWARD_AHEAD", "1",
+    {"XMESH_CHUNK_BYTES", "0",
+     "pipelining chunk of broadcast chains, bytes; 0 = auto: 65408 (synchronous chunks just below "
+     "Open MPI's 64 KiB TCP eager limit) for the MPI executor with XMESH_SYNC_SEND=1, else 262144"},
+    {"XMESH_SEND_AHEAD", "0",
+     "MPI executor: chunk sends in flight per chain link (receives run a window ahead); 0 = auto: "
+     "4 with XMESH_SYNC_SEND=1, else 2"},
+    {"XMESH_FORWARD_AHEAD", "0",
      "MPI executor: the same on a link between hosts fed by a link between hosts (a chain's "
-     "forwarders, paced by their input)"},
+     "forwarders, paced by their input); 0 = auto: 4 with XMESH_SYNC_SEND=1, else 1"},
+    {"XMESH_SYNC_SEND", "1",
+     "MPI executor: 1 = chunk sends between hosts are synchronous (MPI_Issend): a chunk below the "
+     "transport's eager limit leaves at once, whole and in order, and completes when the receiver "
+     "has matched it, so sends in flight bound what waits at the receiver; 0 = MPI_Isend "
+     "(rendezvous above the eager limit)"},
     {"XMESH_BUDGET_US", "20000", "scheduler time budget, microseconds"},
     {"XMESH_SEED", "1", "scheduler random seed"},
     {"XMESH_SPLIT", "1",
@@ -69,9 +77,9 @@ typedef struct {
 } ptype_t;
 
 static const ptype_t types[] = {
-    {"XMESH_CHUNK_BYTES", KIND_BYTES, 1, INT64_MAX, 0, 0},
-    {"XMESH_SEND_AHEAD", KIND_INT, 1, 1 << 20, 0, 0},
-    {"XMESH_FORWARD_AHEAD", KIND_INT, 1, 1 << 20, 0, 0},
+    {"XMESH_CHUNK_BYTES", KIND_BYTES, 0, INT64_MAX, 0, 0},
+    {"XMESH_SEND_AHEAD", KIND_INT, 0, 1 << 20, 0, 0},
+    {"XMESH_FORWARD_AHEAD", KIND_INT, 0, 1 << 20, 0, 0},
     {"XMESH_BUDGET_US", KIND_INT, 0, INT64_MAX, 0, 0},
     {"XMESH_SEED", KIND_INT, INT64_MIN, INT64_MAX, 0, 0},
     {"XMESH_SPLIT", KIND_INT, 0, 1, 0, 0},
@@ -83,6 +91,7 @@ static const ptype_t types[] = {
     {"XMESH_CHECK", KIND_INT, 0, 1, 0, 0},
     {"XMESH_NCCL_MAX_COMMS", KIND_INT, 1, 1 << 16, 0, 0},
     {"XMESH_PROGRESS_NICE", KIND_INT, -20, 19, 0, 0},
+    {"XMESH_SYNC_SEND", KIND_INT, 0, 1, 0, 0},
 };
 
 /* Names in the XMESH_ namespace that belong to scripts and tests, not to
@@ -385,9 +394,40 @@ static int must_find(const char *name)
     }
 XM_PARAM_DEFINE(strategy, const char *, str, "XMESH_STRATEGY")
 XM_PARAM_DEFINE(scheduler, const char *, str, "XMESH_SCHEDULER")
-XM_PARAM_DEFINE(chunk_bytes, int64_t, i, "XMESH_CHUNK_BYTES")
-XM_PARAM_DEFINE(send_ahead, int64_t, i, "XMESH_SEND_AHEAD")
-XM_PARAM_DEFINE(forward_ahead, int64_t, i, "XMESH_FORWARD_AHEAD")
+static int64_t xm_param_chunk_bytes_raw(void);
+static int64_t xm_param_send_ahead_raw(void);
+static int64_t xm_param_forward_ahead_raw(void);
+XM_PARAM_DEFINE(chunk_bytes_raw, int64_t, i, "XMESH_CHUNK_BYTES")
+XM_PARAM_DEFINE(send_ahead_raw, int64_t, i, "XMESH_SEND_AHEAD")
+XM_PARAM_DEFINE(forward_ahead_raw, int64_t, i, "XMESH_FORWARD_AHEAD")
+XM_PARAM_DEFINE(sync_send, int64_t, i, "XMESH_SYNC_SEND")
+
+/* The chain pipeline's settings, 0 = auto resolved by XMESH_SYNC_SEND (see the
+ * table): measured on the emulated cluster (docs/EXECUTOR.md), synchronous
+ * chunks of 65408 bytes with 4 in flight per link cut a chain's fill to one
+ * small chunk per hop; rendezvous chunks want 256 KiB to cover their
+ * handshake, 2 in flight at a head and 1 on forwarders. */
+int64_t xm_param_chunk_bytes_for(int mpi)
+{
+    int64_t v = xm_param_chunk_bytes_raw();
+    if (v > 0)
+        return v;
+    return mpi && xm_param_sync_send() ? XM_SYNC_CHUNK_BYTES : 262144;
+}
+int64_t xm_param_chunk_bytes(void)
+{
+    return xm_param_chunk_bytes_for(1);
+}
+int64_t xm_param_send_ahead(void)
+{
+    int64_t v = xm_param_send_ahead_raw();
+    return v > 0 ? v : xm_param_sync_send() ? 4 : 2;
+}
+int64_t xm_param_forward_ahead(void)
+{
+    int64_t v = xm_param_forward_ahead_raw();
+    return v > 0 ? v : xm_param_sync_send() ? 4 : 1;
+}
 XM_PARAM_DEFINE(budget_us, int64_t, i, "XMESH_BUDGET_US")
 XM_PARAM_DEFINE(seed, int64_t, i, "XMESH_SEED")
 XM_PARAM_DEFINE(timeout_s, double, r, "XMESH_TIMEOUT_S")

@@ -107,11 +107,19 @@ const char *xm_param_kind_name(const char *name);
  * life of the process (xm_param_reset forgets it, for tests); a value taken
  * from the environment is logged at XMESH_DEBUG=INFO. Strings return the
  * default when unset or empty. */
-const char *xm_param_strategy(void);     /* XMESH_STRATEGY */
-const char *xm_param_scheduler(void);    /* XMESH_SCHEDULER */
-int64_t xm_param_chunk_bytes(void);      /* XMESH_CHUNK_BYTES, >= 1 */
-int64_t xm_param_send_ahead(void);       /* XMESH_SEND_AHEAD, >= 1 */
-int64_t xm_param_forward_ahead(void);    /* XMESH_FORWARD_AHEAD, >= 1 */
+const char *xm_param_strategy(void);  /* XMESH_STRATEGY */
+const char *xm_param_scheduler(void); /* XMESH_SCHEDULER */
+/* XMESH_CHUNK_BYTES, SEND_AHEAD, FORWARD_AHEAD: >= 1, 0 (auto) resolved by
+ * XMESH_SYNC_SEND (param.c); chunk_bytes_for(0) is a backend other than the
+ * MPI executor's (256 KiB auto), chunk_bytes() = chunk_bytes_for(1). */
+int64_t xm_param_chunk_bytes(void);
+int64_t xm_param_chunk_bytes_for(int mpi);
+int64_t xm_param_send_ahead(void);
+int64_t xm_param_forward_ahead(void);
+int64_t xm_param_sync_send(void); /* XMESH_SYNC_SEND, 0 or 1 */
+/* A synchronous chunk just below Open MPI's TCP eager limit (64 KiB with
+ * the match header): it leaves whole, in one fragment. */
+#define XM_SYNC_CHUNK_BYTES 65408
 int64_t xm_param_budget_us(void);        /* XMESH_BUDGET_US, >= 0 */
 int64_t xm_param_seed(void);             /* XMESH_SEED */
 double xm_param_timeout_s(void);         /* XMESH_TIMEOUT_S, >= 0 */

@@ -112,6 +112,7 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
      * per hop (xm_task_timing). Receives still run a window ahead. */
     int64_t ahead = p->cluster.send_ahead; /* XMESH_SEND_AHEAD, agreed and modelled */
     x->zero_copy = xm_param_i64("XMESH_ZERO_COPY") != 0;
+    x->sync_send = p->cluster.sync_send; /* XMESH_SYNC_SEND, agreed and modelled */
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     int64_t fwd = p->cluster.forward_ahead; /* XMESH_FORWARD_AHEAD, agreed and modelled */
     x->forward_ahead = (int)(fwd < 1 ? 1 : fwd > x->window ? x->window : fwd);
@@ -141,6 +142,12 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
          * XMESH_SEND_AHEAD. Measured (docs/EXECUTOR.md): 1-to-m 4x2 0.521 ->
          * 0.491 s, nothing slower. The model charges the same (xm_hop_fill). */
         x->sx[i].ahead = local ? x->window : s->nic_paced ? x->forward_ahead : x->send_ahead;
+        /* Synchronous sends (XMESH_SYNC_SEND) where a chunk is big enough to
+         * matter: below XM_SYNC_MIN_BYTES a whole receive window of chunks is
+         * less than one rendezvous chunk, and a plain send of it completes
+         * on its own (a receiver that failed does not hold its sender). */
+        x->sx[i].sync = !local && s->next >= 0 && x->sync_send &&
+                        s->ce * (int64_t)xmesh_dtype_size(s->out_dt) >= XM_SYNC_MIN_BYTES;
     }
     for (int i = 0; i < x->prog.nsteps; i++)
         x->sx[i].ck_off = -1;

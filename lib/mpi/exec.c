@@ -496,6 +496,8 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
             if (x->check && s->ck_origin)
                 x->ck[sx->ck_off + c] = xm_geom_hash(NULL, sbuf, 1, 0, sbytes);
             rt->t_send[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
+            if (sx->sync)
+                return MPI_Issend(sbuf, sbytes, MPI_BYTE, s->next, sx->tag_out, x->comm, sendreq);
             return MPI_Isend(sbuf, sbytes, MPI_BYTE, s->next, sx->tag_out, x->comm, sendreq);
         }
         default:

@@ -20,6 +20,8 @@
 #define XM_WINDOW_MIN 4
 #define XM_WINDOW_MAX 16
 #define XM_WINDOW_BYTES (4ll << 20)
+/* Smallest chunk sent synchronously with XMESH_SYNC_SEND (see compile.c). */
+#define XM_SYNC_MIN_BYTES (16 << 10)
 /* Tags below XM_TAG_BASE are reserved (trace gather, future checksums). */
 #define XM_TAG_TRACE 1
 /* Request slots per step: w receives, w sends, then the
@@ -40,6 +42,7 @@ typedef struct xm_stepx {
     int64_t ck_off;      /* XMESH_CHECK: per-chunk sums in the plan's ck pool, -1 none */
     int ahead;           /* chunk sends in flight to next: send_ahead, or the window
                           * when next is on this rank's host (shared memory) */
+    int sync;            /* sends are MPI_Issend (XMESH_SYNC_SEND, hops between hosts) */
 } xm_stepx_t;
 
 /* Runtime state of a step during one reshard. */
@@ -87,6 +90,7 @@ typedef struct xm_exec {
     struct xm_request *active;
     int broken;     /* a reshard failed or timed out: the plan cannot run again */
     int leak_stage; /* requests still in flight at destroy: stage and ck are leaked */
+    int sync_send;  /* XMESH_SYNC_SEND */
     int zero_copy;  /* XMESH_ZERO_COPY: MPI reads/writes the caller's blocks directly */
     int kept;       /* after a failure: uncancellable requests the plan still owns */
     /* Trace. */

@@ -864,7 +864,7 @@ static void run_method(const char *suite, bench_case_t *c, const method_t *m, vo
 static int model_cluster(xm_cluster_t *cl)
 {
     xm_hostmap_t hm = {W.size, W.nhosts, W.host_of};
-    return xm_cluster_from_env(cl, &hm, xm_param_i64("XMESH_CHUNK_BYTES")) ? -1 : 0;
+    return xm_cluster_from_env(cl, &hm, xm_param_chunk_bytes()) ? -1 : 0;
 }
 
 /* The same bound from the library's model over the bench's own unit tasks,
@@ -972,8 +972,13 @@ static void write_json(const char *path, const bench_calib_t *cal)
                           "XMESH_LATENCY_US", "XMESH_CHUNK_BYTES"};
     for (int i = 0; i < 5; i++) {
         const char *v = getenv(envs[i]);
-        json_str(f, envs[i], v ? v : "", i < 4);
+        json_str(f, envs[i], v ? v : "", 1);
     }
+    /* what the MPI executor ran with (0 / unset = auto, resolved) */
+    json_num(f, "chunk_bytes", (double)xm_param_chunk_bytes(), 1);
+    json_num(f, "send_ahead", (double)xm_param_send_ahead(), 1);
+    json_num(f, "forward_ahead", (double)xm_param_forward_ahead(), 1);
+    json_num(f, "sync_send", (double)xm_param_sync_send(), 0);
     fprintf(f, "},\n  \"rows\": [\n");
     for (int i = 0; i < nrows; i++) {
         const row_t *r = &rows[i];

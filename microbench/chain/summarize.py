@@ -14,7 +14,9 @@ import sys
 def load(path):
     with open(path) as f:
         d = json.load(f)
-    chunk = int(d["model"].get("XMESH_CHUNK_BYTES") or 262144)
+    m = d["model"]
+    # the resolved chunk (newer files); older ones have only the variable
+    chunk = int(m.get("chunk_bytes") or m.get("XMESH_CHUNK_BYTES") or 262144)
     rows = []
     for r in d["rows"]:
         if r.get("status") != "ok" or r.get("method") != "xmesh":

@@ -59,8 +59,7 @@ static int64_t g_corrupt_seen[3][3];
 static int g_counting;
 static int64_t g_cross_bytes;
 
-int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MPI_Comm comm,
-              MPI_Request *req)
+static void count_send(int count, MPI_Datatype dt, int dest)
 {
     if (__atomic_load_n(&g_counting, __ATOMIC_ACQUIRE)) {
         int sz = 0;
@@ -69,7 +68,22 @@ int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MP
         if (dest / g_per_host != g_rank / g_per_host)
             __atomic_fetch_add(&g_cross_bytes, (int64_t)count * sz, __ATOMIC_RELAXED);
     }
+}
+
+/* The executor's chunk sends: MPI_Issend between hosts (XMESH_SYNC_SEND=1),
+ * MPI_Isend otherwise; both are counted. */
+int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MPI_Comm comm,
+              MPI_Request *req)
+{
+    count_send(count, dt, dest);
     return PMPI_Isend(buf, count, dt, dest, tag, comm, req);
+}
+
+int MPI_Issend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MPI_Comm comm,
+               MPI_Request *req)
+{
+    count_send(count, dt, dest);
+    return PMPI_Issend(buf, count, dt, dest, tag, comm, req);
 }
 
 /* ------------------------------------------------------------ values */

@@ -96,8 +96,10 @@ static void announce_signal(int sig, int peer)
         return;
 }
 
-int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MPI_Comm comm,
-              MPI_Request *req)
+/* MPI_Isend and MPI_Issend (the executor's chunk sends between hosts with
+ * XMESH_SYNC_SEND=1) count and act alike. */
+static int send_hook(int sync, const void *buf, int count, MPI_Datatype dt, int dest, int tag,
+                     MPI_Comm comm, MPI_Request *req)
 {
     int tsize = 0;
     PMPI_Type_size(dt, &tsize);
@@ -119,13 +121,27 @@ int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MP
             g_copies[g_ncopies++] = copy;
             g_st.tag = tag;
             pthread_mutex_unlock(&g_mu);
-            return PMPI_Isend(copy, count, dt, dest, tag, comm, req);
+            return sync ? PMPI_Issend(copy, count, dt, dest, tag, comm, req)
+                        : PMPI_Isend(copy, count, dt, dest, tag, comm, req);
         }
         free(copy);
         fprintf(stderr, "inject: cannot damage element %lld of a %lld-byte message\n",
                 (long long)g_cfg.elem, (long long)bytes);
     }
-    return PMPI_Isend(buf, count, dt, dest, tag, comm, req);
+    return sync ? PMPI_Issend(buf, count, dt, dest, tag, comm, req)
+                : PMPI_Isend(buf, count, dt, dest, tag, comm, req);
+}
+
+int MPI_Isend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MPI_Comm comm,
+              MPI_Request *req)
+{
+    return send_hook(0, buf, count, dt, dest, tag, comm, req);
+}
+
+int MPI_Issend(const void *buf, int count, MPI_Datatype dt, int dest, int tag, MPI_Comm comm,
+               MPI_Request *req)
+{
+    return send_hook(1, buf, count, dt, dest, tag, comm, req);
 }
 
 int MPI_Irecv(void *buf, int count, MPI_Datatype dt, int source, int tag, MPI_Comm comm,

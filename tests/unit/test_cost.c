@@ -220,6 +220,23 @@ static void test_chain_fill(void **state)
     const int chain2[5] = {0, 2, 3, 4, 6};
     t = xm_cost_chain(&in.c, chain2, 5, 1000000);
     assert_true(fabs(t - (10 * 125e-6 + 25e-6)) < 1e-12);
+    /* synchronous chunks (XMESH_SYNC_SEND): a hop between hosts fills with
+     * one chunk whatever is in flight (they leave whole and in order), so 4
+     * sends in flight cost 3 fills + 7 paced chunks = 10 chunk times on the
+     * chain 0 -> 2 -> 4 -> 6; rendezvous chunks with 4 in flight share the
+     * wire: 4 + 4 + 4 + (8 - 4) = 16 */
+    in.c.intra_Bps = 1e9;
+    in.c.send_ahead = 4;
+    in.c.forward_ahead = 4;
+    in.c.sync_send = 1;
+    assert_int_equal(xm_hop_fill(&in.c, 8, 0, 1), 1);
+    assert_int_equal(xm_hop_fill(&in.c, 8, 1, 1), 1);
+    assert_int_equal(xm_hop_fill(&in.c, 8, 1, 0), 4); /* intra hop: not synchronous */
+    t = xm_cost_chain(&in.c, chain, 4, 1000000);
+    assert_true(fabs(t - 10 * 125e-6) < 1e-12);
+    in.c.sync_send = 0;
+    t = xm_cost_chain(&in.c, chain, 4, 1000000);
+    assert_true(fabs(t - 16 * 125e-6) < 1e-12);
     xm_cluster_free(&in.c);
 }
 

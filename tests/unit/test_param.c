@@ -64,8 +64,35 @@ static void test_defaults(void **state)
     for (int i = 0; i < xm_param_count(); i++)
         unsetenv(xm_param_get(i)->name);
     xm_param_reset();
+    /* 0 = auto, resolved by XMESH_SYNC_SEND (default 1): synchronous chunks
+     * just below Open MPI's TCP eager limit, 4 in flight on every link ... */
+    assert_int_equal(xm_param_sync_send(), 1);
+    assert_int_equal(xm_param_chunk_bytes(), XM_SYNC_CHUNK_BYTES);
+    assert_int_equal(XM_SYNC_CHUNK_BYTES, 65408);
+    assert_int_equal(xm_param_send_ahead(), 4);
+    assert_int_equal(xm_param_forward_ahead(), 4);
+    assert_int_equal(xm_param_chunk_bytes_for(0), 262144); /* not the MPI executor */
+    /* ... and rendezvous chunks of 256 KiB, 2 in flight at a chain's head and
+     * 1 on its forwarders, without */
+    setenv("XMESH_SYNC_SEND", "0", 1);
+    xm_param_reset();
     assert_int_equal(xm_param_chunk_bytes(), 262144);
     assert_int_equal(xm_param_send_ahead(), 2);
+    assert_int_equal(xm_param_forward_ahead(), 1);
+    assert_int_equal(xm_param_chunk_bytes_for(0), 262144);
+    /* a value set wins over auto */
+    setenv("XMESH_SYNC_SEND", "1", 1);
+    setenv("XMESH_CHUNK_BYTES", "128K", 1);
+    setenv("XMESH_SEND_AHEAD", "3", 1);
+    xm_param_reset();
+    assert_int_equal(xm_param_chunk_bytes(), 131072);
+    assert_int_equal(xm_param_chunk_bytes_for(0), 131072);
+    assert_int_equal(xm_param_send_ahead(), 3);
+    assert_int_equal(xm_param_forward_ahead(), 4);
+    unsetenv("XMESH_SYNC_SEND");
+    unsetenv("XMESH_CHUNK_BYTES");
+    unsetenv("XMESH_SEND_AHEAD");
+    xm_param_reset();
     assert_int_equal(xm_param_budget_us(), 20000);
     assert_int_equal(xm_param_seed(), 1);
     assert_true(xm_param_timeout_s() == 300);
@@ -139,18 +166,18 @@ static void test_typed_values(void **state)
     setenv("XMESH_CHUNK_BYTES", "256X", 1);
     xm_param_reset();
     capture_stderr(read_chunk, err, sizeof err);
-    assert_int_equal(got_i, 262144);
+    assert_int_equal(got_i, XM_SYNC_CHUNK_BYTES); /* the default: 0 = auto */
     assert_non_null(strstr(err, "XMESH_CHUNK_BYTES=256X refused"));
-    assert_non_null(strstr(err, "using the default 262144"));
+    assert_non_null(strstr(err, "using the default 0"));
     /* warned once: the cached value does not warn again */
     capture_stderr(read_chunk, err, sizeof err);
     assert_null(strstr(err, "refused"));
 
-    setenv("XMESH_CHUNK_BYTES", "0", 1);
+    setenv("XMESH_CHUNK_BYTES", "-1", 1);
     xm_param_reset();
     capture_stderr(read_chunk, err, sizeof err);
-    assert_int_equal(got_i, 262144);
-    assert_non_null(strstr(err, "0 is out of range"));
+    assert_int_equal(got_i, XM_SYNC_CHUNK_BYTES);
+    assert_non_null(strstr(err, "XMESH_CHUNK_BYTES=-1 refused"));
     unsetenv("XMESH_CHUNK_BYTES");
 
     setenv("XMESH_NIC_GBPS", "fast", 1);
