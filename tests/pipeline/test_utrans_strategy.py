@@ -49,6 +49,15 @@ RUNS = {
                              "dp,3d", "--microbatches", "2", "--schedule", "gpipe"]),
 }
 
+# 20 steps (issue 20 item 7: 1e-5 relative for steps 0-4, 1e-4 up to step 19, the
+# --check-serial rule), with every overlap switch on
+LONG = {
+    "long.3d.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "3d", "--overlap", "all"]),
+    "long.axonn-megatron": (6, ["--stages", "2", "--stage-mesh", "2x1x2,1x2", "--stage-strategy",
+                                "axonn,megatron", "--microbatches", "2", "--schedule",
+                                "eager-1f1b", "--delay-wgrad", "--overlap", "all"]),
+}
+
 # name: (ranks, flags, built-in, class lines replacing or added to the built-in's)
 CUSTOM = {
     # ZeRO-style: data-parallel compute, storage split over both axes
@@ -102,6 +111,9 @@ run, printed_strategy, check_run = H.run, H.printed_strategy, H.check_run
 if CASE in RUNS:
     n, flags = RUNS[CASE]
     ok = check_run(n, flags)
+elif CASE in LONG:
+    n, flags = LONG[CASE]
+    ok = check_run(n, flags, steps=20)
 elif CASE in CUSTOM:
     n, flags, base, edits = CUSTOM[CASE]
     text = printed_strategy(n, flags + ["--strategy", base])

@@ -2,14 +2,14 @@
 # others on meshes of 3 and 4 axes, sharded storage (axonn's depth shard, a ZeRO-style custom
 # strategy) through nn/param.h, 2-stage pipelines mixing strategies and mesh shapes, each
 # against the serial reference per step over 5 steps (--check-serial, 1e-5 relative); the bytes
-# per rank; the text round trip; the refusals naming class, layer, axis and rule.
+# per rank; 20 steps with every overlap switch (1e-5 over 5 steps, 1e-4 over 20); the text round trip; the refusals naming class, layer, axis and rule.
 # Pass = the script's exit status (run cases: the command's exit 0 AND 5 steps compared).
 if(TARGET xmesh-train)
   set(XMP_UT20_CASES
     3d.4 3d.2x2 megatron.4 3d.2x2x2 3d.1x2x2 3d.2x1x2x2 megatron.2x2x2 dp.1x2x2x2
     axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 axonn.1x2x2x2
     pipe.3d-megatron pipe.axonn-dp pipe.dp-3d.4axes
-    custom.zero memory.axonn print.roundtrip
+    custom.zero memory.axonn print.roundtrip long.3d.2x2x2 long.axonn-megatron
     resume.axonn-3d resume.megatron-axonn resume.pipe-axonn
     refuse.spatial refuse.concat refuse.partial refuse.store_partial refuse.store_activation
     refuse.param_dim refuse.unknown_class refuse.heads refuse.axonn_axes)
