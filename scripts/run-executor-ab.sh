@@ -3,7 +3,7 @@
 #   part 1: the main job's n-to-m and 1-to-m suites (5 hosts x 4 ranks, 300 Mbit/s), xmesh only
 #   part 2: the 2d suite on 4 hosts x 2 ranks at 400 Mbit/s with an application-style closing
 #           MPI_Barrier (-B) and with a spinning one (--spin-barrier)
-# each under "before" (XMESH_AB_BEFORE, default XMESH_SYNC_SEND=0: the executor of 2026-11-25
+# each under "before" (XMESH_AB_BEFORE, default XMESH_SYNC_SEND=0 XMESH_WAIT_NICE=19: the executor of 2026-11-25
 # morning, rendezvous 256 KiB chunks, 2 sends in flight at a chain's head, 1 on forwarders) and "after" (XMESH_AB_AFTER, default: the library's defaults),
 # alternating before/after per suite so that both see the same machine. Writes
 # build/executor-ab/<time>/{ab.md,ab.json} and the raw bench output; 0 wrong elements checked.
@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 iters=${XMESH_AB_ITERS:-5}
-before=${XMESH_AB_BEFORE:-XMESH_SYNC_SEND=0}
+before=${XMESH_AB_BEFORE:-XMESH_SYNC_SEND=0 XMESH_WAIT_NICE=19}
 after=${XMESH_AB_AFTER:-XMESH_AB=after}
 b2d=${XMESH_AB_2D_BYTES:-128M}
 parts=${*:-1 2}

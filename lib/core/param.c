@@ -53,6 +53,11 @@ static const xm_param_desc_t params[] = {
     {"XMESH_ZERO_COPY", "0",
      "MPI executor: 1 = MPI reads/writes contiguous chunks in the caller's blocks directly (no "
      "staging copy); then after a failed reshard MPI may still touch the blocks"},
+    {"XMESH_WAIT_NICE", "-10",
+     "MPI executor: nice value a thread asks for while it drives a blocking xmesh_wait/"
+     "xmesh_reshard (restored after; only ever raises its priority, needs CAP_SYS_NICE below "
+     "the current value): forwarding ranks keep their cores against spinning or computing "
+     "neighbours; 19 = never change"},
     {"XMESH_PROGRESS_NICE", "-10",
      "MPI executor: nice value the progress thread asks for (-20..19); below 0 needs "
      "CAP_SYS_NICE, else the thread keeps the process's value (logged at INFO)"},
@@ -91,6 +96,7 @@ static const ptype_t types[] = {
     {"XMESH_CHECK", KIND_INT, 0, 1, 0, 0},
     {"XMESH_NCCL_MAX_COMMS", KIND_INT, 1, 1 << 16, 0, 0},
     {"XMESH_PROGRESS_NICE", KIND_INT, -20, 19, 0, 0},
+    {"XMESH_WAIT_NICE", KIND_INT, -20, 19, 0, 0},
     {"XMESH_SYNC_SEND", KIND_INT, 0, 1, 0, 0},
 };
 

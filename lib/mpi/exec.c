@@ -1,6 +1,7 @@
 /* Execution of a compiled plan: requests, the per-context progress thread,
  * task ordering, chunked pipelined chains, partial sums, timeouts. */
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,6 +258,36 @@ xmesh_result_t xm_mpi_test(xmesh_request_t req)
     return release(be, r);
 }
 
+/* XMESH_WAIT_NICE: a thread that drives a blocking wait asks for that nice
+ * value (only ever a higher priority than its own), so that a forwarding
+ * rank is not starved by neighbours that spin or compute on its core (2d
+ * suite with a spinning closing barrier, docs/EXECUTOR.md). It sleeps with
+ * back-off when nothing moves, so the priority costs others only the
+ * progress work itself. Returns the value to restore, or INT_MIN when
+ * nothing was changed. */
+static int wait_priority_raise(void)
+{
+#ifdef __linux__
+    int want = (int)xm_param_i64("XMESH_WAIT_NICE");
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, tid);
+    if (errno == 0 && want < cur && setpriority(PRIO_PROCESS, tid, want) == 0)
+        return cur;
+#endif
+    return INT_MIN;
+}
+
+static void wait_priority_restore(int old)
+{
+#ifdef __linux__
+    if (old != INT_MIN)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), old);
+#else
+    (void)old;
+#endif
+}
+
 /* ops->wait: the calling thread drives progress itself (token rounds) until
  * the request is done, so a blocking call never depends on the progress
  * thread getting a core; the progress thread stays away meanwhile. When
@@ -274,6 +305,7 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
     long backoff = BACKOFF_MIN_NS;
     int idle = 0;
     be->callers++;
+    int old_nice = wait_priority_raise();
     while (r->magic == XM_REQ_LIVE && r->plan == plan && !r->done) {
         if (be->busy) { /* another holder's round ends with a broadcast */
             pthread_cond_wait(&be->done_cv, &be->mu);
@@ -293,6 +325,7 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
             backoff = backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff * 2;
         }
     }
+    wait_priority_restore(old_nice);
     if (--be->callers == 0 && be->active && be->thread_started)
         pthread_cond_signal(&be->work_cv);
     if (r->magic != XM_REQ_LIVE || r->plan != plan) { /* another thread finished it */

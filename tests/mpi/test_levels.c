@@ -19,6 +19,12 @@
 
 #include <xmesh.h>
 #include <xmesh/mpi.h>
+#ifdef __linux__
+#include <errno.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static int g_rank, g_size, g_fail;
 
@@ -161,6 +167,13 @@ static void run_case(xmesh_ctx_t ctx, xmesh_mesh_t A, xmesh_mesh_t B, const char
     block_t sb, db;
     block_init(&sb, &src, 1, salt);
     block_init(&db, &dst, 0, salt);
+#ifdef __linux__
+    /* A blocking wait raises the caller's priority (XMESH_WAIT_NICE) only
+     * while it drives the transfer: the thread's nice value is the same after. */
+    errno = 0;
+    int nice_before = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    CHECK(errno == 0, "getpriority failed");
+#endif
     if (mode == MODE_BLOCKING) {
         r = xmesh_reshard(plan, sb.buf, db.buf);
     } else {
@@ -185,6 +198,11 @@ static void run_case(xmesh_ctx_t ctx, xmesh_mesh_t A, xmesh_mesh_t B, const char
     CHECK(r == XMESH_SUCCESS, "reshard %s -> %s (%s, %s, chunk %lld, mode %d): %s", ss, ds,
           xmesh_strategy_name(st), xmesh_dtype_name(dt), (long long)chunk, mode,
           xmesh_last_error());
+#ifdef __linux__
+    int nice_after = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    CHECK(nice_after == nice_before, "the thread's nice value is %d after the reshard, %d before",
+          nice_after, nice_before);
+#endif
     int64_t bad = block_wrong(&db, dt, salt);
     CHECK(bad == 0, "%lld wrong elements: %s -> %s (%s, %s, chunk %lld, mode %d)", (long long)bad,
           ss, ds, xmesh_strategy_name(st), xmesh_dtype_name(dt), (long long)chunk, mode);
