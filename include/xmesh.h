@@ -302,6 +302,19 @@ xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size);
 xmesh_result_t xmesh_ctx_host(xmesh_ctx_t ctx, int rank, int *host);
 xmesh_result_t xmesh_ctx_destroy(xmesh_ctx_t ctx);
 
+/* What moving data has cost this rank's CPU since the context was created
+ * (counters only grow; take differences around a region). MPI backend; the
+ * NCCL backend reports zeros. The kernel's network work is not in these:
+ * CPU a transfer takes beyond them is the transport's (TCP, a NIC driver). */
+typedef struct {
+    double progress_cpu_s; /* CPU time of the progress thread (MPI_THREAD_MULTIPLE) */
+    double wait_cpu_s;     /* CPU time of threads while they drive xmesh_wait / xmesh_reshard */
+    int64_t staged_bytes;  /* bytes copied through staging buffers (pack, unpack, sums, copies) */
+    int64_t rounds;        /* progress rounds run (progress thread, waits, tests) */
+    int64_t idle_rounds;   /* of them, rounds in which nothing moved */
+} xmesh_ctx_stats_t;
+xmesh_result_t xmesh_ctx_get_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -499,6 +499,18 @@ xmesh_result_t xmesh_ctx_host(xmesh_ctx_t ctx, int rank, int *host)
     return XMESH_SUCCESS;
 }
 
+xmesh_result_t xmesh_ctx_get_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *stats)
+{
+    CHECK_NULL(ctx, "ctx");
+    CHECK_NULL(stats, "stats");
+    xmesh_ctx_stats_t st;
+    memset(&st, 0, sizeof st);
+    if (ctx->ops && ctx->ops->stats)
+        ctx->ops->stats(ctx, &st);
+    *stats = st;
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xmesh_ctx_destroy(xmesh_ctx_t ctx)
 {
     if (!ctx)

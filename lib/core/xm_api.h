@@ -26,6 +26,8 @@ typedef struct xm_backend_ops {
     xmesh_result_t (*wait)(xmesh_request_t req);
     /* Frees the backend state ctx->be (not ctx itself, nor ctx->hosts). */
     void (*ctx_free)(xmesh_ctx_t ctx);
+    /* Optional: the CPU counters of xmesh_ctx_get_stats (NULL: zeros). */
+    void (*stats)(xmesh_ctx_t ctx, xmesh_ctx_stats_t *st);
 } xm_backend_ops_t;
 
 /* Ownership rules between api.c and a backend:

@@ -297,6 +297,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
     x->comm = MPI_COMM_NULL;
     x->pool_slot = -1;
+    x->staged = &be->staged_bytes;
     p->exec = x;
     double tm[6];
     tm[0] = xm_mpi_now();

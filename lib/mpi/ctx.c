@@ -19,6 +19,7 @@ static const xm_backend_ops_t mpi_ops = {
     .test = xm_mpi_test,
     .wait = xm_mpi_wait,
     .ctx_free = mpi_ctx_free,
+    .stats = xm_mpi_stats,
 };
 
 /* Monotonic seconds. */

@@ -110,6 +110,7 @@ static int progress_round(xm_mpi_ctx_t *be, int from_thread)
         moved |= xm_mpi_exec_advance(be->snap[i]);
     pthread_mutex_lock(&be->mu);
     be->busy = 0;
+    be->rounds++;
     for (xm_request_t **pp = &be->active; *pp;) {
         if ((*pp)->phase == 2) {
             xm_request_t *r = *pp;
@@ -120,6 +121,7 @@ static int progress_round(xm_mpi_ctx_t *be, int from_thread)
             pp = &(*pp)->next_active;
         }
     }
+    be->idle_rounds += !moved;
     pthread_cond_broadcast(&be->done_cv);
     if (!from_thread && be->active && be->thread_started)
         pthread_cond_signal(&be->work_cv);
@@ -258,6 +260,33 @@ xmesh_result_t xm_mpi_test(xmesh_request_t req)
     return release(be, r);
 }
 
+/* CPU seconds of the calling thread. */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ops->stats (xmesh_ctx_get_stats). */
+void xm_mpi_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *st)
+{
+    xm_mpi_ctx_t *be = ctx->be;
+    pthread_mutex_lock(&be->mu);
+    st->rounds = be->rounds;
+    st->idle_rounds = be->idle_rounds;
+    st->wait_cpu_s = be->wait_cpu_s;
+    st->staged_bytes = __atomic_load_n(&be->staged_bytes, __ATOMIC_RELAXED);
+    st->progress_cpu_s = 0;
+    clockid_t cid;
+    struct timespec ts;
+    if (be->thread_started && pthread_getcpuclockid(be->thread, &cid) == 0 &&
+        clock_gettime(cid, &ts) == 0)
+        st->progress_cpu_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    pthread_mutex_unlock(&be->mu);
+}
+
 /* XMESH_WAIT_NICE: a thread that drives a blocking wait asks for that nice
  * value (only ever a higher priority than its own), so that a forwarding
  * rank is not starved by neighbours that spin or compute on its core (2d
@@ -306,6 +335,7 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
     int idle = 0;
     be->callers++;
     int old_nice = wait_priority_raise();
+    double cpu0 = thread_cpu_s();
     while (r->magic == XM_REQ_LIVE && r->plan == plan && !r->done) {
         if (be->busy) { /* another holder's round ends with a broadcast */
             pthread_cond_wait(&be->done_cv, &be->mu);
@@ -326,6 +356,7 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
         }
     }
     wait_priority_restore(old_nice);
+    be->wait_cpu_s += thread_cpu_s() - cpu0;
     if (--be->callers == 0 && be->active && be->thread_started)
         pthread_cond_signal(&be->work_cv);
     if (r->magic != XM_REQ_LIVE || r->plan != plan) { /* another thread finished it */
@@ -450,6 +481,13 @@ static void fail(xm_request_t *r, xmesh_result_t code, const char *fmt, ...)
  * accumulator elements in partial-sum steps. With XMESH_ZERO_COPY=1 a chunk
  * that is one run of a caller block is sent from (or was received into)
  * the block itself. Returns an MPI error code (0 on success). */
+/* Counts bytes copied by the executor (xmesh_ctx_stats_t.staged_bytes). */
+static void staged(xm_exec_t *x, int64_t bytes)
+{
+    if (x->staged)
+        __atomic_fetch_add(x->staged, bytes, __ATOMIC_RELAXED);
+}
+
 static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx, xm_step_rt_t *rt,
                          int64_t c, MPI_Request *sendreq)
 {
@@ -475,16 +513,19 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
             const xm_geom_t *g = o->blk ? &s->dg : &s->sg;
             char *blk = o->blk ? dst : src;
             xmesh_dtype_t bdt = o->blk ? x->dst_dtype : x->dtype;
-            if (x->zero_copy && o->dt == bdt && xm_geom_contig(g, a, cnt, &off))
+            if (x->zero_copy && o->dt == bdt && xm_geom_contig(g, a, cnt, &off)) {
                 sbuf = blk + off * xmesh_dtype_size(bdt);
-            else
+            } else {
                 xm_geom_copy_cv(XM_COPY_PACK, g, bdt, (xmesh_dtype_t)o->dt, blk, buf, a, cnt);
+                staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
+            }
             break;
         }
         case XM_POP_TO_ACC:
         case XM_POP_ADD_ACC:
             xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg,
                          x->dtype, src, buf, a, cnt);
+            staged(x, cnt * (int64_t)xmesh_dtype_size(xm_dtype_acc(x->dtype)));
             break;
         case XM_POP_TO_NATIVE:
             xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(x->dtype), buf, cnt);
@@ -502,9 +543,11 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
                 x->ck[sx->ck_off + c] =
                     xm_geom_hash(NULL, buf, 1, 0, cnt * (int64_t)xmesh_dtype_size(o->dt));
             }
-            if (!in_place)
+            if (!in_place) {
                 xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst,
                                 buf, a, cnt);
+                staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
+            }
             if (x->check && s->ck_verify && !conv) {
                 if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
                     int64_t o1;
@@ -519,6 +562,7 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
         case XM_POP_COPY: {
             double t0 = x->trace ? xm_mpi_now() - x->t0 : 0;
             xm_geom_copy2_cv(&s->sg, x->dtype, src, &s->dg, x->dst_dtype, dst, a, cnt);
+            staged(x, cnt * (int64_t)des);
             if (x->trace)
                 xm_mpi_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)des, t0,
                                  xm_mpi_now() - x->t0);

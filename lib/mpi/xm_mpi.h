@@ -113,7 +113,8 @@ typedef struct xm_exec {
     xm_trace_ev_t **tr_bufs;
     int plan_id;
     int64_t nreshards;
-    int pool_slot; /* index of x->comm in the context's pool, -1: own duplicate */
+    int64_t *staged; /* the context's staged-bytes counter (atomic adds) */
+    int pool_slot;   /* index of x->comm in the context's pool, -1: own duplicate */
 } xm_exec_t;
 
 /* A request: starts with its plan (api.c reads it to dispatch). Requests
@@ -165,10 +166,14 @@ typedef struct xm_mpi_ctx {
     unsigned char pool_state[XM_COMM_POOL]; /* XM_POOL_FREE / _BUSY / _DEAD */
     int npool;
     int agreed_slot; /* set by mpi_agree for the next plan_setup: free everywhere, -1 none */
+    /* xmesh_ctx_get_stats: rounds under mu; staged by atomic adds (token holder). */
+    int64_t rounds, idle_rounds, staged_bytes;
+    double wait_cpu_s;
 } xm_mpi_ctx_t;
 
 /* ctx.c */
 xmesh_result_t xm_mpi_err(int mpirc, const char *what);
+void xm_mpi_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *st);
 double xm_mpi_now(void);
 /* compile.c */
 xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t plan);

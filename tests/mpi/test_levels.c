@@ -174,6 +174,8 @@ static void run_case(xmesh_ctx_t ctx, xmesh_mesh_t A, xmesh_mesh_t B, const char
     int nice_before = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
     CHECK(errno == 0, "getpriority failed");
 #endif
+    xmesh_ctx_stats_t st0, st1;
+    CHECK(xmesh_ctx_get_stats(ctx, &st0) == XMESH_SUCCESS, "stats: %s", xmesh_last_error());
     if (mode == MODE_BLOCKING) {
         r = xmesh_reshard(plan, sb.buf, db.buf);
     } else {
@@ -203,6 +205,23 @@ static void run_case(xmesh_ctx_t ctx, xmesh_mesh_t A, xmesh_mesh_t B, const char
     CHECK(nice_after == nice_before, "the thread's nice value is %d after the reshard, %d before",
           nice_after, nice_before);
 #endif
+    /* The CPU counters moved: progress rounds ran here, and over all ranks
+     * the executor copied at least every destination element once (staged
+     * unpack or local copy; XMESH_ZERO_COPY is off). */
+    CHECK(xmesh_ctx_get_stats(ctx, &st1) == XMESH_SUCCESS, "stats: %s", xmesh_last_error());
+    CHECK(st1.rounds > st0.rounds, "no progress round counted (%lld -> %lld)",
+          (long long)st0.rounds, (long long)st1.rounds);
+    CHECK(st1.idle_rounds >= st0.idle_rounds && st1.idle_rounds <= st1.rounds,
+          "idle rounds %lld of %lld", (long long)st1.idle_rounds, (long long)st1.rounds);
+    CHECK(st1.wait_cpu_s >= st0.wait_cpu_s && st1.progress_cpu_s >= st0.progress_cpu_s,
+          "CPU counters went back");
+    if (st == XMESH_STRATEGY_BROADCAST) {
+        int64_t d[2] = {st1.staged_bytes - st0.staged_bytes,
+                        db.holds ? db.vol * (int64_t)xmesh_dtype_size(dt) : 0};
+        MPI_Allreduce(MPI_IN_PLACE, d, 2, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+        CHECK(d[0] >= d[1], "staged bytes %lld over all ranks < %lld destination bytes",
+              (long long)d[0], (long long)d[1]);
+    }
     int64_t bad = block_wrong(&db, dt, salt);
     CHECK(bad == 0, "%lld wrong elements: %s -> %s (%s, %s, chunk %lld, mode %d)", (long long)bad,
           ss, ds, xmesh_strategy_name(st), xmesh_dtype_name(dt), (long long)chunk, mode);

@@ -57,8 +57,8 @@ static void t_free(xmesh_ctx_t ctx)
 {
     (void)ctx;
 }
-static const xm_backend_ops_t test_ops = {"test",  t_agree, t_setup, t_teardown,
-                                          t_start, t_wait,  t_wait,  t_free};
+static const xm_backend_ops_t test_ops = {"test", t_agree, t_setup, t_teardown, t_start,
+                                          t_wait, t_wait,  t_free,  NULL};
 
 static xmesh_ctx_t make_ctx(int size, int per_host)
 {
@@ -78,6 +78,25 @@ static void expect_msg(const char *needle)
 {
     if (!strstr(xmesh_last_error(), needle))
         fail_msg("message '%s' does not contain '%s'", xmesh_last_error(), needle);
+}
+
+/* xmesh_ctx_get_stats: a backend without counters reports zeros; NULL
+ * arguments are refused naming them. */
+static void test_ctx_stats(void **state)
+{
+    (void)state;
+    xmesh_ctx_t c = make_ctx(4, 2);
+    xmesh_ctx_stats_t st;
+    memset(&st, 0x5a, sizeof st);
+    assert_int_equal(xmesh_ctx_get_stats(c, &st), XMESH_SUCCESS);
+    assert_true(st.progress_cpu_s == 0 && st.wait_cpu_s == 0);
+    assert_int_equal(st.staged_bytes, 0);
+    assert_int_equal(st.rounds, 0);
+    assert_int_equal(st.idle_rounds, 0);
+    assert_int_equal(xmesh_ctx_get_stats(c, NULL), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "stats"));
+    assert_int_equal(xmesh_ctx_get_stats(NULL, &st), XMESH_ERR_INVALID_ARGUMENT);
+    assert_int_equal(xmesh_ctx_destroy(c), XMESH_SUCCESS);
 }
 
 static void test_mesh_bad_input(void **state)
@@ -279,9 +298,8 @@ static void test_plan_dtypes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_bad_input),
-        cmocka_unit_test(test_layout_local_shape),
-        cmocka_unit_test(test_plan_lifecycle),
+        cmocka_unit_test(test_ctx_stats),          cmocka_unit_test(test_mesh_bad_input),
+        cmocka_unit_test(test_layout_local_shape), cmocka_unit_test(test_plan_lifecycle),
         cmocka_unit_test(test_plan_dtypes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
