@@ -81,6 +81,10 @@ def summarize(doc, warmup, per_step_units):
                 for k in range(ns)]
         out["stage_busy_s"] = busy
         out["busiest_stage"] = max(range(ns), key=lambda k: busy[k])
+    # per stage: CPU seconds xmesh's progress thread and waits took (xmesh_ctx_get_stats)
+    xc = [s.get("xmesh_cpu_s_per_stage") for s in use]
+    if xc and all(isinstance(c, list) and c for c in xc):
+        out["stage_xmesh_cpu_s"] = [statistics.median(c[k] for c in xc) for k in range(len(xc[0]))]
     mem = [first_key(s, ["peak_activation_bytes", "peak_act_bytes", "peak_activations_bytes"])
            for s in use]
     mem = [m for m in mem if m is not None]
@@ -194,6 +198,10 @@ def main():
             r["distance_s"] = dist
             r["compute_slowdown_s"] = slow
             r["idle_excess_s"] = dist - slow
+            # of the slowdown, what xmesh's own threads took above signal's (the rest:
+            # the kernel's network work, caches, the other ranks sharing the core)
+            if "stage_xmesh_cpu_s" in r and "stage_xmesh_cpu_s" in sig[0]:
+                r["xmesh_cpu_excess_s"] = r["stage_xmesh_cpu_s"][k] - sig[0]["stage_xmesh_cpu_s"][k]
     doc = {"label": a.label, "model": a.model, "model_args": a.model_args, "stage_args": a.stage_args,
            "units": a.units, "units_per_step": a.units_per_step, "steps": a.steps,
            "warmup": a.warmup, "np": np_, "results": results}
@@ -237,10 +245,16 @@ def main():
         lines += ["", "Distance to signal per row (step seconds): compute slowed down at the signal "
                   "row's busiest stage, and the rest (idle there: exposed transfer, plus schedule "
                   "bubble for rows whose schedule differs from signal's)", "",
-                  "| M | row | distance s | compute slowed s | idle excess s |", "|---|---|---|---|---|"]
+                  "xmesh CPU: what xmesh's progress thread and waits took on that stage's busiest "
+                  "rank above signal's (xmesh_ctx_get_stats), CPU that competes with compute",
+                  "",
+                  "| M | row | distance s | compute slowed s | idle excess s | xmesh CPU s |",
+                  "|---|---|---|---|---|---|"]
         for r in brk:
+            xc = r.get("xmesh_cpu_excess_s")
             lines.append(f"| {r['microbatches']} | {r['row']} | {r['distance_s']:.3f} | "
-                         f"{r['compute_slowdown_s']:.3f} | {r['idle_excess_s']:.3f} |")
+                         f"{r['compute_slowdown_s']:.3f} | {r['idle_excess_s']:.3f} | "
+                         f"{'%.3f' % xc if xc is not None else '-'} |")
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "ablation.md"), "w") as f:
         f.write(table)

@@ -298,4 +298,10 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
     for (int k = 0; k < p->nstages; k++)
         xmp_json_int(j, NULL, p->peak_mb[k]);
     xmp_json_arr_end(j);
+    if (p->xmesh_cpu) {
+        xmp_json_arr_begin(j, "xmesh_cpu_s_per_stage");
+        for (int k = 0; k < p->nstages; k++)
+            xmp_json_num(j, NULL, p->xmesh_cpu[k]);
+        xmp_json_arr_end(j);
+    }
 }

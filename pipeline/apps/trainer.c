@@ -1148,9 +1148,10 @@ static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, 
  * and W seconds, the idle fraction, the peak microbatches and bytes. Collective. */
 static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_stats_t *ss,
                          double *cf, double *ci, double *cw, double *bubble, int *peak_mb,
-                         int64_t *peak_bytes, const timed_ops_t *vt, const int *vstage, int nv)
+                         int64_t *peak_bytes, double *xcpu, const timed_ops_t *vt,
+                         const int *vstage, int nv)
 {
-    double loc[5 * XMP_MAX_STAGES], all[5 * XMP_MAX_STAGES];
+    double loc[6 * XMP_MAX_STAGES], all[6 * XMP_MAX_STAGES];
     int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
     memset(loc, 0, sizeof loc);
     memset(lp, 0, sizeof lp);
@@ -1163,9 +1164,10 @@ static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_sta
         loc[2 * S + s] = q->nw ? q->w / q->nw : 0;
         loc[3 * S + s] = ss->bubble;
         loc[4 * S + s] = ss->peak_act_mb;
+        loc[5 * S + s] = ss->xmesh_cpu_s;
         lp[s] = ss->peak_act_bytes;
     }
-    MPI_Allreduce(loc, all, 5 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(loc, all, 6 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     for (int k = 0; k < S; k++) {
         cf[k] = all[k];
@@ -1173,6 +1175,7 @@ static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_sta
         cw[k] = all[2 * S + k];
         bubble[k] = all[3 * S + k];
         peak_mb[k] = (int)all[4 * S + k];
+        xcpu[k] = all[5 * S + k];
         peak_bytes[k] = ap[k];
     }
 }
@@ -1497,7 +1500,9 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         int peak_mb[XMP_MAX_STAGES];
         int64_t peak_bytes[XMP_MAX_STAGES];
         double pf[XMP_MAX_STAGES], pi[XMP_MAX_STAGES], pw[XMP_MAX_STAGES];
-        step_figures(S, me, &tops, &ss, pf, pi, pw, bubble, peak_mb, peak_bytes, vt, vstage, nv);
+        double xcpu[XMP_MAX_STAGES];
+        step_figures(S, me, &tops, &ss, pf, pi, pw, bubble, peak_mb, peak_bytes, xcpu, vt, vstage,
+                     nv);
         /* the cap is a promise about measured allocations: a step over it ends the run (every
          * rank sees the same reduced peaks) rather than going on over the cap */
         int over = -1;
@@ -1518,7 +1523,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
                busy = tops.f + tops.i + tops.w + tops.r + tops.o;
         for (int k = 0; k < nv; k++)
             busy += vt[k].f + vt[k].i + vt[k].w + vt[k].r + vt[k].o;
-        xmp_step_pipe_t sp = {busy - boxing, boxing, 0, S, bubble, peak_mb, peak_bytes};
+        xmp_step_pipe_t sp = {busy - boxing, boxing, 0, S, bubble, peak_mb, peak_bytes, xcpu};
         /* Prediction of this step from the previous step's measured stage costs and xmesh's
          * predicted plan times (the first step has none). */
         if (have_log)

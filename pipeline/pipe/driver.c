@@ -809,6 +809,11 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     d->held = d->peak_held = 0;
     d->peak_bytes = 0;
     MPI_Barrier(d->cfg.comm);
+    xmesh_ctx_stats_t x0, x1;
+    memset(&x0, 0, sizeof x0);
+    memset(&x1, 0, sizeof x1);
+    if (d->cfg.ctx)
+        xmesh_ctx_get_stats(d->cfg.ctx, &x0);
     double t_start = MPI_Wtime();
     xmp_driver_t *saved = current_driver;
     current_driver = d;
@@ -821,6 +826,8 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     }
     current_driver = saved;
     double local = MPI_Wtime() - t_start;
+    if (d->cfg.ctx)
+        xmesh_ctx_get_stats(d->cfg.ctx, &x1);
     double step = local;
     /* every request of the step has been waited for by the action list */
     MPI_Allreduce(&local, &step, 1, MPI_DOUBLE, MPI_MAX, d->cfg.comm);
@@ -837,6 +844,9 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
         stats->wait_s = d->wait_s;
         stats->peak_act_mb = d->peak_held;
         stats->peak_act_bytes = d->peak_bytes;
+        stats->xmesh_cpu_s =
+            (x1.progress_cpu_s - x0.progress_cpu_s) + (x1.wait_cpu_s - x0.wait_cpu_s);
+        stats->xmesh_staged_bytes = x1.staged_bytes - x0.staged_bytes;
     }
     if (r == XMESH_SUCCESS && anybad) {
         derr(d, "step failed on another rank");

@@ -216,6 +216,8 @@ typedef struct {
     double wait_s;          /* time blocked in transfer waits */
     int peak_act_mb;        /* max microbatches with F done and B/W not done */
     int64_t peak_act_bytes; /* max of ops.activation_bytes (0 without the callback) */
+    double xmesh_cpu_s;     /* CPU xmesh's progress thread and waits took (xmesh_ctx_get_stats) */
+    int64_t xmesh_staged_bytes; /* bytes xmesh copied through staging during the step */
 } xmp_step_stats_t;
 
 /* Collective over cfg->comm: checks the config and schedule (validator and

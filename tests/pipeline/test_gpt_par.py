@@ -104,6 +104,18 @@ elif SET == "signal":
         good = good and {"s", "f"} <= flows
         print(("ok  " if good else "FAIL"), f"signal: {len(steps)} step records with timing and prediction; trace {len(ev)} events with flow arrows")
         failures += not good
+        # the same with real transfers: every step record says what xmesh's progress and
+        # waits took of each stage's CPU (xmesh_ctx_get_stats), > 0 where data moved
+        run(4, ["--layers", "4", "--steps", "3", "--stages", "2", "--stage-mesh", "2x1,1x2",
+                "--microbatches", "4", "--schedule", "eager-1f1b", "--delay-wgrad", "--comm",
+                "broadcast", "--json", js])
+        steps = json.load(open(js))["steps"]
+        cpu = [s.get("xmesh_cpu_s_per_stage") for s in steps]
+        good = len(steps) == 3 and all(c is not None and len(c) == 2 and min(c) >= 0 and max(c) > 0
+                                       and max(c) < s["step_seconds"] * 2
+                                       for c, s in zip(cpu, steps))
+        print(("ok  " if good else "FAIL"), f"broadcast: xmesh CPU per stage and step {cpu}")
+        failures += not good
 else:
     sys.exit(f"unknown set {SET}")
 print(f"{SET}: {'FAILED' if failures else 'passed'} ({failures} failures)")
