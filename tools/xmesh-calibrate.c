@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "xm_api.h"
@@ -71,6 +72,7 @@ typedef struct {
     int64_t minb, maxb;
     int steps, reps, vhosts, json;
     int skip_p2p, skip_coll, skip_compute;
+    int blocking; /* --blocking-collectives: MPI_Allreduce etc. instead of the trainer's calls */
     int tokens, hidden, vocab, conv_base;
     int nextra;
     shape_t extra[MAX_SHAPES];
@@ -108,6 +110,10 @@ static void usage(FILE *f)
             "  --skip LIST           leave out some of p2p,collectives,compute (comma list)\n"
             "collectives (all-reduce, all-gather, reduce-scatter, all-to-all; same sweep):\n"
             "  groups inside one host, one rank per host, whole hosts; alone and sharing\n"
+            "  timed as the training stack runs them: MPI_Iallreduce, MPI_Iallgather,\n"
+            "  MPI_Ireduce_scatter_block, all-to-all as MPI_Isend/MPI_Irecv pairs, polled with\n"
+            "  MPI_Testall and sched_yield (nn/sbp.c xmp_wait)\n"
+            "  --blocking-collectives  time MPI_Allreduce, MPI_Allgather, .. instead\n"
             "compute (sgemm via OpenBLAS, every rank busy at once; OPENBLAS_NUM_THREADS):\n"
             "  --gemm-tokens T       GPT rows (batch x sequence) of the linears (default 1024)\n"
             "  --gemm-hidden C       GPT channels (default 768)\n"
@@ -152,6 +158,10 @@ static int parse(int argc, char **argv, opts_t *o, char *err, size_t errlen)
             return 1;
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--blocking-collectives")) {
+            o->blocking = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -541,21 +551,75 @@ static int build_geoms(geom_t *G)
     return ng;
 }
 
-static int run_coll(xm_coll_t kind, int p, MPI_Comm comm, void *sb, void *rb, int64_t bytes)
+/* Completes the requests the way nn/sbp.c's xmp_wait does: MPI_Testall, yielding the core
+ * between polls (no progress thread; ranks share cores on an oversubscribed host). */
+static int poll_all(int n, MPI_Request *q)
+{
+    for (;;) {
+        int done = 0, rc = MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS || done)
+            return rc;
+        sched_yield();
+    }
+}
+
+/* One collective of the sweep. Default: the calls the training stack makes (nn/sbp.c,
+ * nn/boxing.c): nonblocking collectives (Open MPI's libnbc, whose algorithms and times differ
+ * from the blocking ones: on 4 emulated hosts x 2 ranks at 200 Mbit/s the GPT-2 (L4 C128)
+ * gradient list all-reduced one tensor at a time took 0.95 s with MPI_Iallreduce against
+ * 0.27 s with MPI_Allreduce), all-to-all as MPI_Isend/MPI_Irecv pairs. blocking: the MPI_
+ * blocking calls (--blocking-collectives). */
+static int run_coll(xm_coll_t kind, int p, MPI_Comm comm, void *sb, void *rb, int64_t bytes,
+                    int blocking)
 {
     if (comm == MPI_COMM_NULL)
         return MPI_SUCCESS;
     int per = (int)(bytes / p);
+    if (blocking) {
+        switch (kind) {
+        case XM_COLL_ALLREDUCE:
+            return MPI_Allreduce(sb, rb, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, comm);
+        case XM_COLL_ALLGATHER:
+            return MPI_Allgather(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        case XM_COLL_REDUCE_SCATTER:
+            return MPI_Reduce_scatter_block(sb, rb, per / 4, MPI_FLOAT, MPI_SUM, comm);
+        default:
+            return MPI_Alltoall(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        }
+    }
+    MPI_Request q[2 * 64];
+    int nq = 1, rc, me = 0;
     switch (kind) {
     case XM_COLL_ALLREDUCE:
-        return MPI_Allreduce(sb, rb, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, comm);
+        rc = MPI_Iallreduce(sb, rb, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, comm, q);
+        break;
     case XM_COLL_ALLGATHER:
-        return MPI_Allgather(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        rc = MPI_Iallgather(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm, q);
+        break;
     case XM_COLL_REDUCE_SCATTER:
-        return MPI_Reduce_scatter_block(sb, rb, per / 4, MPI_FLOAT, MPI_SUM, comm);
+        rc = MPI_Ireduce_scatter_block(sb, rb, per / 4, MPI_FLOAT, MPI_SUM, comm, q);
+        break;
     default:
-        return MPI_Alltoall(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        if (p > 64)
+            return MPI_Alltoall(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        MPI_Comm_rank(comm, &me);
+        nq = 0;
+        rc = MPI_SUCCESS;
+        for (int k = 0; k < p && rc == MPI_SUCCESS; k++) {
+            if (k == me)
+                continue;
+            rc = MPI_Irecv((char *)rb + (size_t)k * per, per, MPI_BYTE, k, 7411, comm, &q[nq++]);
+            if (rc == MPI_SUCCESS)
+                rc =
+                    MPI_Isend((char *)sb + (size_t)k * per, per, MPI_BYTE, k, 7411, comm, &q[nq++]);
+        }
+        if (rc == MPI_SUCCESS)
+            memcpy((char *)rb + (size_t)me * per, (char *)sb + (size_t)me * per, (size_t)per);
+        break;
     }
+    if (rc != MPI_SUCCESS)
+        return rc;
+    return poll_all(nq, q);
 }
 
 /* Times every kind over every geometry; results on every rank (the times
@@ -592,7 +656,8 @@ static int measure_coll(const opts_t *o, geom_t *G, int ng, coll_res_t *res)
                 for (int rep = -1; rep < o->reps && !bad; rep++) {
                     MPI_Barrier(MPI_COMM_WORLD);
                     double t0 = MPI_Wtime();
-                    int e = run_coll((xm_coll_t)kind, p, comm, sb, rb, b) != MPI_SUCCESS;
+                    int e =
+                        run_coll((xm_coll_t)kind, p, comm, sb, rb, b, o->blocking) != MPI_SUCCESS;
                     double t = since(t0);
                     MPI_Allreduce(&e, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
                     if (rep >= 0)
@@ -853,6 +918,10 @@ static void print_table(const opts_t *o, const results_t *R)
                 printf("%11.2f %11.4f %9.4g %8.5f %9.4f  %s\n", c->fit.alpha * 1e6,
                        c->fit.beta * 1e9, c->fit.beta > 0 ? 8 / c->fit.beta / 1e9 : NAN, c->fit.r2,
                        c->fit.worst_rel, g->what);
+            printf("#   points (bytes:seconds)");
+            for (int i2 = 0; i2 < c->n; i2++)
+                printf(" %.0f:%.6f", c->x[i2], c->y[i2]);
+            printf("\n");
         }
     }
     if (o->skip_compute)
@@ -974,9 +1043,12 @@ static int write_file(const opts_t *o, const results_t *R, xm_cluster_t *cl, FIL
     fprintf(f,
             "# cluster file written by xmesh-calibrate at %s\n"
             "# %d ranks on %d hosts; sizes %lld .. %lld bytes, %d steps, median of %d\n"
+            "# collectives timed %s\n"
             "# fits: time = alpha + beta * bytes (least squares); each class below as\n"
             "# class: alpha_us beta_ns_per_byte gbps r2 worst_rel_residual points\n",
-            ts, size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps);
+            ts, size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps,
+            o->blocking ? "blocking (--blocking-collectives: MPI_Allreduce, ..)"
+                        : "as the trainer runs them (MPI_Iallreduce, .., polled)");
     for (int c = 0; c < NCLASS; c++) {
         if (K[c].ok && K[c].fit_ok)
             fprintf(f, "#   %s: %.4f %.6f %.6g %.6f %.6f %d\n", cname[c], K[c].fit.alpha * 1e6,
