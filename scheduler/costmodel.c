@@ -94,6 +94,55 @@ void xm_costmodel_destroy(xm_costmodel_t *m)
 
 /* ------------------------------------------------------------ records */
 
+static const char *const elt_names[XM_ELT_NKINDS] = {"gelu", "layernorm", "attention",
+                                                     "xent", "residual",  "adamw"};
+
+const char *xm_elt_name(xm_elt_t kind)
+{
+    return (int)kind >= 0 && kind < XM_ELT_NKINDS ? elt_names[kind] : NULL;
+}
+
+xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_elt_rec_t *r)
+{
+    if (!m || !r)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_elt: %s is NULL",
+                      !m ? "model" : "record");
+    char where[64];
+    if (r->line > 0)
+        snprintf(where, sizeof where, "cluster file line %d", r->line);
+    else
+        snprintf(where, sizeof where, "eltwise record");
+    if (!xm_elt_name(kind))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: eltwise kind %d out of range", where,
+                      (int)kind);
+    if (r->busy < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: eltwise %s field busy: %d (expected >= 1)",
+                      where, elt_names[kind], r->busy);
+    if (!(r->fwd >= 0) || !isfinite(r->fwd) || !(r->bwd >= 0) || !isfinite(r->bwd))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: eltwise %s field %s: %g (expected a finite time >= 0)", where,
+                      elt_names[kind], !(r->fwd >= 0) || !isfinite(r->fwd) ? "fwd" : "bwd",
+                      !(r->fwd >= 0) || !isfinite(r->fwd) ? r->fwd : r->bwd);
+    if (m->elt[kind].busy > 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: eltwise %s repeats line %d", where,
+                      elt_names[kind], m->elt[kind].line);
+    m->elt[kind] = *r;
+    return XMESH_SUCCESS;
+}
+
+int xm_cost_elt(const xm_costmodel_t *m, xm_elt_t kind, double units, double *fwd, double *bwd)
+{
+    if (!m || !xm_elt_name(kind) || !(units >= 0) || !isfinite(units))
+        return -1;
+    const xm_elt_rec_t *r = &m->elt[kind];
+    int have = r->busy > 0;
+    if (fwd)
+        *fwd = have ? units * r->fwd : 0;
+    if (bwd)
+        *bwd = have ? units * r->bwd : 0;
+    return have;
+}
+
 static int geom_eq(const xm_coll_geom_t *a, const xm_coll_geom_t *b)
 {
     return a->group_size == b->group_size && a->ranks_per_host == b->ranks_per_host &&
@@ -419,9 +468,38 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
         }
         return XMESH_SUCCESS;
     }
+    if (!strcmp(f[0], "eltwise")) {
+        static const char *const ef[] = {"eltwise", "kind", "busy", "fwd_ns_per_unit",
+                                         "bwd_ns_per_unit"};
+        if ((r = want(line, f[0], nf, 5, ef)))
+            return r;
+        int kind = -1;
+        for (int k = 0; k < XM_ELT_NKINDS; k++)
+            if (!strcmp(f[1], elt_names[k]))
+                kind = k;
+        if (kind < 0)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: eltwise field kind: unknown kind '%s' (expected "
+                          "gelu, layernorm, attention, xent, residual or adamw)",
+                          line, f[1]);
+        xm_elt_rec_t e;
+        memset(&e, 0, sizeof e);
+        e.line = line;
+        int64_t busy;
+        double a, b;
+        if ((r = whole(line, f[0], "busy", f[2], 1 << 20, &busy)) ||
+            (r = num(line, f[0], ef[3], f[3], &a)) || (r = num(line, f[0], ef[4], f[4], &b)))
+            return r;
+        e.busy = (int)busy;
+        e.fwd = a * 1e-9;
+        e.bwd = b * 1e-9;
+        xm_costmodel_t tmp;
+        memset(&tmp, 0, sizeof tmp);
+        return xm_costmodel_set_elt(m ? m : &tmp, (xm_elt_t)kind, &e);
+    }
     return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                  "cluster file line %d: [compute] unknown record '%s' (expected sgemm or "
-                  "sgemm_fit)",
+                  "cluster file line %d: [compute] unknown record '%s' (expected sgemm, "
+                  "sgemm_fit or eltwise)",
                   line, f[0]);
 }
 
@@ -546,7 +624,10 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
                     c->fit.n, c->min_bytes, c->max_bytes);
         }
     }
-    if (m->ngemm || m->has_gemm_fit) {
+    int nelt = 0;
+    for (int k = 0; k < XM_ELT_NKINDS; k++)
+        nelt += m->elt[k].busy > 0;
+    if (m->ngemm || m->has_gemm_fit || nelt) {
         fprintf(f, "\n[compute]\n"
                    "# sgemm m n k busy seconds label: C(m x n) = A(m x k) . B(k x n), busy "
                    "ranks per host at once\n");
@@ -563,6 +644,13 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
                     "sgemm_fit %.10g %.10g %.10g %.10g %d\n",
                     g->alpha * 1e6, g->beta * 1e12, g->r2, g->worst_rel, g->n);
         }
+        if (nelt)
+            fprintf(f, "# eltwise kind busy fwd_ns_per_unit bwd_ns_per_unit: the trainer's "
+                       "element-wise kernels (xm_costmodel.h: units)\n");
+        for (int k = 0; k < XM_ELT_NKINDS; k++)
+            if (m->elt[k].busy > 0)
+                fprintf(f, "eltwise %s %d %.10g %.10g\n", elt_names[k], m->elt[k].busy,
+                        m->elt[k].fwd * 1e9, m->elt[k].bwd * 1e9);
     }
     if (ferror(f))
         return XM_ERR(XMESH_ERR_SYSTEM, "xm_costmodel_write: write error");

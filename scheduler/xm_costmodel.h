@@ -81,8 +81,37 @@ typedef struct xm_gemm_rec {
     int line;
 } xm_gemm_rec_t;
 
+/* Element-wise compute of the training stack (nn/kernels.c), timed by xmesh-calibrate with
+ * the trainer's own kernels, every rank busy at once. Units (what the seconds are per):
+ *   gelu       one element (tanh GELU)
+ *   layernorm  one element of the normalised tensor (rows x channels)
+ *   attention  one (query, key, head-channel) triple of a full T x T square: B NH T T hs per
+ *              batch of heads (the causal kernel does about half; the rate absorbs it)
+ *   xent       one logit (softmax + cross-entropy)
+ *   residual   one element of the sum
+ *   adamw      one parameter element (backward 0: the update runs once per step) */
+typedef enum xm_elt {
+    XM_ELT_GELU,
+    XM_ELT_LAYERNORM,
+    XM_ELT_ATTENTION,
+    XM_ELT_XENT,
+    XM_ELT_RESIDUAL,
+    XM_ELT_ADAMW,
+    XM_ELT_NKINDS
+} xm_elt_t;
+
+/* "gelu", "layernorm", "attention", "xent", "residual", "adamw"; NULL if out of range. */
+const char *xm_elt_name(xm_elt_t kind);
+
+typedef struct xm_elt_rec {
+    int busy;        /* ranks per host running it at once; 0: not calibrated */
+    double fwd, bwd; /* seconds per unit, forward and backward (>= 0, finite) */
+    int line;
+} xm_elt_rec_t;
+
 typedef struct xm_costmodel {
     int ncoll, ngemm;
+    xm_elt_rec_t elt[XM_ELT_NKINDS]; /* [compute] eltwise records (busy 0: absent) */
     xm_coll_rec_t *coll;
     xm_gemm_rec_t *gemm;
     int has_gemm_fit;
@@ -108,6 +137,9 @@ void xm_costmodel_destroy(xm_costmodel_t *m);
  * naming the field, or for a duplicate kind + geometry). m unchanged on error. */
 xmesh_result_t xm_costmodel_add_coll(xm_costmodel_t *m, const xm_coll_rec_t *r);
 xmesh_result_t xm_costmodel_add_gemm(xm_costmodel_t *m, const xm_gemm_rec_t *r);
+/* Sets the element-wise record of kind (INVALID_ARGUMENT for a bad kind, busy < 1, a time
+ * < 0 or not finite, or a kind already set; m unchanged on error). */
+xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_elt_rec_t *r);
 
 /* Reads the [collectives] and [compute] sections of a cluster file (the
  * base keys are checked as xm_cluster_parse does, then ignored; other
@@ -163,6 +195,12 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
  * "not calibrated: ..." when the model has no sgemm shape. */
 xmesh_result_t xm_cost_gemm(const xm_costmodel_t *m, int64_t M, int64_t N, int64_t K,
                             xm_cost_pred_t *out);
+
+/* Seconds of `units` of element-wise kind (forward into *fwd, backward into *bwd, either may
+ * be NULL): units x the calibrated rate. Returns 1 when the model has that record, 0 when not
+ * (both 0 s: the work is not priced, as files from before these records); -1 for a bad kind or
+ * units (< 0, not finite), outputs untouched. */
+int xm_cost_elt(const xm_costmodel_t *m, xm_elt_t kind, double units, double *fwd, double *bwd);
 
 /* For the cluster-file parser (cluster_file.c). section_known: 1 for the
  * sections this model reads ("collectives", "compute"), 0 otherwise (the

@@ -48,6 +48,8 @@
 
 #ifdef XMESH_CALIBRATE_BLAS
 #include <cblas.h>
+
+#include "nn/kernels.h" /* the training stack's element-wise kernels (compiled in) */
 #endif
 
 #define MAX_SIZES 32
@@ -784,6 +786,118 @@ static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whyl
 #endif
 }
 
+/* The training stack's element-wise kernels (nn/kernels.c), every rank at once, the slowest
+ * rank's median per unit (xm_costmodel.h), forward and backward apart: rows N = --gemm-tokens,
+ * channels C = --gemm-hidden, vocabulary --gemm-vocab, attention over sequences of T =
+ * min(N, 256) with heads of 32 channels (NH = C / 32, at least 1). Without OpenBLAS nothing
+ * (the kernels use it). */
+static double elt_median_max(double *t, int n)
+{
+    double mine = median(t, n), worst = 0;
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+}
+
+static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
+{
+    memset(E, 0, sizeof(xm_elt_rec_t) * XM_ELT_NKINDS);
+#ifdef XMESH_CALIBRATE_BLAS
+    int64_t N = o->tokens, C = o->hidden, V = o->vocab, T = N < 256 ? N : 256, hs = 32;
+    int64_t NH = C / hs > 0 ? C / hs : 1, Bt = N / T > 0 ? N / T : 1, C4 = 4 * C;
+    size_t big = (size_t)(N * C4 > N * V ? N * C4 : N * V);
+    size_t att = (size_t)(Bt * NH * T * T), qkv = (size_t)(Bt * T * 3 * NH * hs);
+    big = big > att ? big : att;
+    big = big > qkv ? big : qkv;
+    float *x = malloc(big * 4), *y = malloc(big * 4), *dy = malloc(big * 4), *dx = malloc(big * 4),
+          *a = malloc(big * 4), *st = malloc((size_t)(N + T + 4 * C4 + 8) * 4 * 2);
+    int *tg = malloc((size_t)N * sizeof(int));
+    if (!x || !y || !dy || !dx || !a || !st || !tg) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory for the element-wise kernels\n",
+                rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (size_t i = 0; i < big; i++) {
+        x[i] = (float)((int)(i % 13) - 6) * 0.1f;
+        dy[i] = (float)((int)(i % 7) - 3) * 0.01f;
+        dx[i] = 0;
+    }
+    for (int64_t i = 0; i < N; i++)
+        tg[i] = (int)(i % V);
+    float *w = st, *bb = st + C4, *mu = st + 2 * C4, *rs = mu + N, *work = rs + N;
+    for (int64_t i = 0; i < C4; i++)
+        w[i] = 1, bb[i] = 0;
+    double tf[MAX_REPS], tb[MAX_REPS];
+    for (int k = 0; k < XM_ELT_NKINDS; k++) {
+        double units = 0;
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int rep = -1; rep < o->reps; rep++) {
+            double t0 = MPI_Wtime(), t1;
+            switch ((xm_elt_t)k) {
+            case XM_ELT_GELU:
+                units = (double)(N * C4);
+                xmp_gelu_fwd(y, x, (size_t)(N * C4));
+                t1 = MPI_Wtime();
+                xmp_gelu_bwd(dx, x, dy, (size_t)(N * C4));
+                break;
+            case XM_ELT_LAYERNORM:
+                units = (double)(N * C);
+                xmp_layernorm_fwd(y, mu, rs, x, w, bb, (size_t)N, (int)C);
+                t1 = MPI_Wtime();
+                xmp_layernorm_bwd(dx, a, a + C, dy, x, w, mu, rs, (size_t)N, (int)C);
+                break;
+            case XM_ELT_ATTENTION:
+                units = (double)(Bt * NH * T * T * hs);
+                xmp_attention_fwd(y, NULL, a, x, (int)Bt, (int)T, (int)NH, (int)hs);
+                t1 = MPI_Wtime();
+                xmp_attention_bwd(dx, dy, x, a, (int)Bt, (int)T, (int)NH, (int)hs, work);
+                break;
+            case XM_ELT_XENT:
+                units = (double)(N * V);
+                xmp_softmax_fwd(a, x, (size_t)N, (int)V, (int)V);
+                xmp_crossentropy_fwd(y, a, tg, (size_t)N, (int)V);
+                t1 = MPI_Wtime();
+                for (int64_t i = 0; i < N; i++)
+                    dy[i] = 1.0f / (float)N;
+                xmp_crossentropy_softmax_bwd(dx, dy, a, tg, (size_t)N, (int)V, (int)V);
+                break;
+            case XM_ELT_RESIDUAL:
+                units = (double)(N * C);
+                xmp_residual_fwd(y, x, a, (size_t)(N * C));
+                t1 = MPI_Wtime();
+                xmp_residual_bwd(dx, a, dy, (size_t)(N * C));
+                break;
+            default: /* adamw: one step over N x 4C parameters */
+                units = (double)(N * C4);
+                xmp_adamw(y, dy, a, dx, (size_t)(N * C4), 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
+                t1 = MPI_Wtime();
+                break;
+            }
+            double t2 = MPI_Wtime();
+            if (rep >= 0) {
+                tf[rep] = t1 - t0;
+                tb[rep] = t2 - t1;
+            }
+            /* keep values bounded between repetitions */
+            for (size_t i = 0; i < big; i += 64)
+                dx[i] = 0, a[i] = a[i] != a[i] ? 0 : a[i];
+        }
+        E[k].busy = busy;
+        E[k].fwd = elt_median_max(tf, o->reps) / units;
+        E[k].bwd = k == XM_ELT_ADAMW ? 0 : elt_median_max(tb, o->reps) / units;
+    }
+    free(x);
+    free(y);
+    free(dy);
+    free(dx);
+    free(a);
+    free(st);
+    free(tg);
+#else
+    (void)o;
+    (void)busy;
+#endif
+}
+
 /* Ranks per host that ran sgemm at once: the largest host's count. */
 static int busy_per_host(void)
 {
@@ -807,6 +921,7 @@ typedef struct {
     char coll_why[96];
     gemm_res_t S[MAX_SHAPES + 16];
     int ns, busy;
+    xm_elt_rec_t E[XM_ELT_NKINDS]; /* busy 0: not measured */
     char gemm_why[128];
     int gemm_fit_ok;
     xm_fit_t gemm_fit;
@@ -863,6 +978,9 @@ static xm_costmodel_t *to_model(const results_t *R)
         m->has_gemm_fit = 1;
         m->gemm_fit = R->gemm_fit;
     }
+    for (int k = 0; m && k < XM_ELT_NKINDS; k++)
+        if (R->E[k].busy > 0 && xm_costmodel_set_elt(m, (xm_elt_t)k, &R->E[k]))
+            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
     return m;
 }
 
@@ -942,6 +1060,11 @@ static void print_table(const opts_t *o, const results_t *R)
                    "%.5f, worst_rel %.4f\n",
                    R->gemm_fit.alpha * 1e6, R->gemm_fit.beta > 0 ? 1e-9 / R->gemm_fit.beta : NAN,
                    R->gemm_fit.r2, R->gemm_fit.worst_rel);
+        for (int k = 0; k < XM_ELT_NKINDS; k++)
+            if (R->E[k].busy > 0)
+                printf("# eltwise %-10s fwd %8.3f ns/unit  bwd %8.3f ns/unit (%d busy)\n",
+                       xm_elt_name((xm_elt_t)k), R->E[k].fwd * 1e9, R->E[k].bwd * 1e9,
+                       R->E[k].busy);
     }
 }
 
@@ -1160,6 +1283,7 @@ int main(int argc, char **argv)
         R->busy = busy_per_host();
         R->ns = measure_gemm(&o, R->S, R->gemm_why, sizeof R->gemm_why);
         fit_gemm(R);
+        measure_elt(&o, R->busy, R->E);
     }
     int rc = 0;
     if (rank == 0) {

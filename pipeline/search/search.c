@@ -216,6 +216,22 @@ typedef struct {
     double f, b, comp, vol;
 } walk_t;
 
+/* Element-wise work of `units` (xm_costmodel.h's units of kind) at the calibrated rate of the
+ * trainer's kernels: forward into w->f, backward into w->b, both into w->comp. Returns 1 when
+ * the cluster file has that rate, 0 when not (nothing added: files from before the eltwise
+ * records, and the nominal model). */
+static int elt(ctx_t *c, walk_t *w, xm_elt_t kind, double units)
+{
+    double f = 0, b = 0;
+    int have = xm_cost_elt(c->o->cost, kind, units, &f, &b);
+    if (have <= 0)
+        return 0;
+    w->f += f;
+    w->b += b;
+    w->comp += f + b;
+    return 1;
+}
+
 /* Boxing from -> to of a tensor whose local size under `from` is elems:
  * forward time into w->f, the dual (all-gather <-> reduce-scatter) into w->b. */
 static void box(ctx_t *c, walk_t *w, const xmp_sbp_t *from, const xmp_sbp_t *to, double elems)
@@ -330,6 +346,7 @@ static void layernorm(ctx_t *c, walk_t *w, const xmp_sbp_t *xs, const int64_t *x
             cs *= w->shape[a];
     double rl = local_elems(xd, 3, x, w->shape, w->nax) / ceil((double)xd[2] / (double)cs);
     double v = 0;
+    elt(c, w, XM_ELT_LAYERNORM, local_elems(xd, 3, x, w->shape, w->nax));
     for (int a = 0; a < w->nax; a++)
         if (x[a].kind == XMP_S && x[a].dim == 2) {
             double t = coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
@@ -373,10 +390,14 @@ static void attention(ctx_t *c, walk_t *w, const xmp_sbp_t *qs, const int64_t *q
     w->vol += 2 * v;
     double T = (double)qd[1], hs = (double)qd[4];
     double bl = ceil((double)qd[0] / bs), hl = ceil((double)qd[3] / hsplit), tq = ceil(T / ts);
-    double tf = bl * hl * (gemm(c, tq, T, hs) + gemm(c, tq, hs, T));
-    w->f += tf;
-    w->b += 2 * tf;
-    w->comp += 3 * tf;
+    /* the trainer's attention loops (scores, softmax, values) at their calibrated rate; without
+     * it, the two products as sgemm (forward; twice that backward) */
+    if (!elt(c, w, XM_ELT_ATTENTION, bl * hl * tq * T * hs)) {
+        double tf = bl * hl * (gemm(c, tq, T, hs) + gemm(c, tq, hs, T));
+        w->f += tf;
+        w->b += 2 * tf;
+        w->comp += 3 * tf;
+    }
     *probs_elems = bl * hl * tq * T;
     box(c, w, y, outc, local_elems(yd, 3, y, w->shape, w->nax));
 }
@@ -412,7 +433,11 @@ static void param(ctx_t *c, walk_t *w, const opt_t *o, const char *name, const i
         }
     }
     ic->r_bytes += v;
-    ic->o += ADAMW_FLOPS * stored / c->gemm_rate;
+    double upd = 0;
+    if (xm_cost_elt(c->o->cost, XM_ELT_ADAMW, stored, &upd, NULL) > 0)
+        ic->o += upd; /* the trainer's xmp_adamw at its calibrated rate */
+    else
+        ic->o += ADAMW_FLOPS * stored / c->gemm_rate;
 }
 
 /* The costs of one item kind (E, t, L) of option oi on stage s. */
@@ -443,7 +468,10 @@ static void item_costs(ctx_t *c, int s, int oi)
             xmp_sbp_t g[NAX];
             unpartial(c, &w, cls(o, "act.fch"),
                       local_elems(hd, 3, cls(o, "act.fch"), o->shape, nax), g);
+            elt(c, &w, XM_ELT_GELU, local_elems(hd, 3, g, o->shape, nax));
             box(c, &w, g, cls(o, "act.gelu"), local_elems(hd, 3, g, o->shape, nax));
+            /* the two residual sums of the block */
+            elt(c, &w, XM_ELT_RESIDUAL, 2 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax));
             linear(c, &w, cls(o, "act.gelu"), hd, 3, cls(o, "fcproj.w"), wfcp, 2, cls(o, "act.x"));
             ic->act = F32 * (2 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax) +
                              local_elems(xd, 3, cls(o, "act.ln1"), o->shape, nax) +
@@ -472,6 +500,8 @@ static void item_costs(ctx_t *c, int s, int oi)
                                            : xmp_sbp_b();
             box(c, &w, y, cls(o, "act.x"), local_elems(xd, 3, y, o->shape, nax));
             ic->act = F32 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax);
+            /* token + position embedding: one sum per element */
+            elt(c, &w, XM_ELT_RESIDUAL, local_elems(xd, 3, cls(o, "act.x"), o->shape, nax));
             param(c, &w, o, "wte", wte, 2, ic);
             param(c, &w, o, "wpe", wpe, 2, ic);
         } else if (it == IT_W) {
@@ -486,6 +516,7 @@ static void item_costs(ctx_t *c, int s, int oi)
                 if (lg[a].kind == XMP_S && lg[a].dim == 2)
                     vs *= o->shape[a];
             double rl = le / ceil((double)Vp / (double)vs);
+            elt(c, &w, XM_ELT_XENT, le);
             for (int a = 0; a < nax; a++)
                 if (lg[a].kind == XMP_S && lg[a].dim == 2)
                     w.f += coll(c, w.rank0, o->shape, nax, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
