@@ -9,7 +9,9 @@
  *    (GELU, layer norms, residual sums, embedding sum, cross-entropy, AdamW), and the
  *    attention products priced as sgemm without the record are priced by the attention
  *    record instead;
- *  - the chain DP still equals exhaustive enumeration with the records set (small problem).
+ *  - the chain DP still equals exhaustive enumeration with the records set (small problem);
+ *  - collective fits keep alpha >= 0: points on a line with a negative intercept give alpha 0
+ *    and the weighted slope through the origin (by hand); a positive intercept is kept.
  */
 #include <math.h>
 #include <stdio.h>
@@ -205,6 +207,34 @@ out:
     xm_costmodel_destroy(el);
 }
 
+static void test_fit_nonneg(void)
+{
+    /* all-reduce over 2 ranks: f(n) = 2 (p-1)/p n = n */
+    const double n[3] = {1000, 2000, 4000},
+                 y[3] = {1e-6 * 1000 - 5e-4, 1e-6 * 2000 - 5e-4, 1e-6 * 4000 - 5e-4};
+    xm_fit_t f;
+    CHECK(xm_coll_fit(XM_COLL_ALLREDUCE, 2, n, y, 3, &f) == XMESH_SUCCESS, "%s",
+          xmesh_last_error());
+    /* weights 1/y^2: beta = sum (x/y) / sum (x/y)^2 */
+    double a = 0, b = 0;
+    for (int i = 0; i < 3; i++) {
+        a += n[i] / y[i];
+        b += (n[i] / y[i]) * (n[i] / y[i]);
+    }
+    CHECK(f.alpha == 0 && near(f.beta, a / b),
+          "negative intercept: alpha %g beta %.12g, by hand "
+          "0 and %.12g",
+          f.alpha, f.beta, a / b);
+    double worst = 0;
+    for (int i = 0; i < 3; i++)
+        worst = fmax(worst, fabs((a / b) * n[i] - y[i]) / y[i]);
+    CHECK(near(f.worst_rel, worst), "worst_rel %g, by hand %g", f.worst_rel, worst);
+    const double y2[3] = {1e-6 * 1000 + 5e-4, 1e-6 * 2000 + 5e-4, 1e-6 * 4000 + 5e-4};
+    CHECK(xm_coll_fit(XM_COLL_ALLREDUCE, 2, n, y2, 3, &f) == XMESH_SUCCESS && near(f.alpha, 5e-4) &&
+              near(f.beta, 1e-6),
+          "positive intercept: alpha %g beta %g", f.alpha, f.beta);
+}
+
 int main(void)
 {
     int one = 0;
@@ -215,6 +245,7 @@ int main(void)
     }
     test_parse();
     test_terms();
+    test_fit_nonneg();
     xm_cluster_free(&g_cl);
     if (g_fail) {
         fprintf(stderr, "pipeline.search.eltwise: %d failures\n", g_fail);
