@@ -176,6 +176,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-configs", type=int, default=0, help="first N configurations (0: all)")
+    ap.add_argument("--only", default="", help="comma list of configuration indices to run "
+                    "(the table's #; after --max-configs)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
@@ -195,7 +197,9 @@ def main():
     cal = a.cluster
     if not cal and a.calibrate:
         cal = os.path.join(a.out, "cluster-calibrated.txt")
-        cmd = launch + [a.calibrate, "-o", cal, "--min", "16K", "--max", "1M", "--steps", "4",
+        # 1 KiB .. 4 MiB: the gradients are all-reduced one tensor at a time (512 B biases to
+        # 512 KiB wpe here), so the latency end matters as much as the bandwidth end
+        cmd = launch + [a.calibrate, "-o", cal, "--min", "1K", "--max", "4M", "--steps", "7",
                         "--reps", "2", "--gemm-hidden", "128", "--gemm-vocab", "256",
                         "--gemm-tokens", "256"]
         print("validate: calibrating: " + " ".join(cmd), file=sys.stderr)
@@ -216,6 +220,8 @@ def main():
         keep.append(c)
     if a.max_configs:
         keep = keep[:a.max_configs]
+    if a.only:
+        keep = [keep[int(i)] for i in a.only.split(",") if int(i) < len(keep)]
     print("validate: %d configurations x %d repeats, %d steps (%d warm-up)" %
           (len(keep), a.repeats, a.steps, a.warmup), file=sys.stderr)
     preds = {name: [] for name, _ in MODELS}
