@@ -64,12 +64,18 @@ typedef struct xm_coll_geom {
     int share;          /* groups of this geometry running at once on the same hosts, >= 1 */
 } xm_coll_geom_t;
 
+#define XM_COLL_MAX_POINTS 10
 typedef struct xm_coll_rec {
     xm_coll_t kind;
     xm_coll_geom_t g;
     xm_fit_t fit;                /* x = f(kind, n, p) bytes, y = seconds */
     double min_bytes, max_bytes; /* n measured */
     int line;                    /* line in the file it came from (0: not from a file) */
+    /* The measured points (n bytes, seconds), increasing n; 0: only the fit (files before the
+     * `points` records). With points, a query of this very geometry interpolates them
+     * (xm_cost_collective). */
+    int npts;
+    double px[XM_COLL_MAX_POINTS], py[XM_COLL_MAX_POINTS];
 } xm_coll_rec_t;
 
 #define XM_GEMM_LABEL 48
@@ -174,7 +180,19 @@ typedef struct xm_cost_pred {
     char basis[200]; /* which record the figure comes from and what was scaled */
 } xm_cost_pred_t;
 
+/* [collectives] `points kind p ranks_per_host hosts share n:seconds ...` (2 to
+ * XM_COLL_MAX_POINTS pairs, n increasing, seconds > 0) after the fit line of that kind and
+ * geometry: sets its measured points. INVALID_ARGUMENT naming the field; m unchanged on
+ * error. */
+xmesh_result_t xm_costmodel_set_points(xm_costmodel_t *m, xm_coll_t kind, const xm_coll_geom_t *g,
+                                       int n, const double *bytes, const double *seconds);
+
 /* Predicted time of one collective of `bytes` (n above) over geometry g.
+ * A record of this very geometry with measured points (`points` records): piecewise-linear
+ * interpolation between them; below the smallest n its time; above the largest the last
+ * segment's slope (>= 0). Why: on the emulated cluster a size sweep is flat up to the NIC's
+ * burst (64 KiB) and linear after, which no single alpha + beta fits (2026-11-25: the relative
+ * fit's beta was 4x below the slope of the large sizes for a 2-host all-reduce).
  * p = 1 is 0 s (exact). Otherwise the record of the same kind and geometry
  * is used when there is one; else, among the records of the same kind and
  * the same side (one host, or several hosts), the one nearest in

@@ -988,6 +988,9 @@ static xm_costmodel_t *to_model(const results_t *R)
         rec.max_bytes = c->x[c->n - 1];
         if (xm_costmodel_add_coll(m, &rec))
             fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+        else if (c->n >= 2 && c->n <= XM_COLL_MAX_POINTS &&
+                 xm_costmodel_set_points(m, rec.kind, &rec.g, c->n, c->x, c->y))
+            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error()); /* fit kept alone */
     }
     for (int i = 0; m && i < R->ns; i++) {
         xm_gemm_rec_t g;

@@ -47,14 +47,15 @@ static int fail(char *err, size_t n, const char *fmt, ...)
 enum { IT_E, IT_T, IT_L, IT_W, NIT }; /* IT_W: the tied wte alone (the L stage's copy) */
 
 typedef struct {
-    double f, b;                  /* seconds per microbatch: forward, backward (compute + boxing) */
-    double comp;                  /* of which compute (f + b) */
-    double box_bytes;             /* per-rank boxing volume per microbatch (f + b) */
-    double r, o;                  /* per step: gradient reduction (+ gathers), optimizer */
-    double r_bytes;               /* per-rank volume of r */
-    double mem_static;            /* parameters, optimizer, gradients (bytes) */
-    double stored, grad, compute; /* bytes: stored parameters, gradients, compute copies */
-    double act;                   /* activation bytes per microbatch in flight */
+    double f, b;      /* seconds per microbatch: forward, backward (compute + boxing) */
+    double comp;      /* of which compute (f + b) */
+    double box_bytes; /* per-rank boxing volume per microbatch (f + b) */
+    double r, o;      /* per step: gradient reduction (+ gathers), optimizer */
+    double r_bytes;   /* per-rank volume of r */
+    double r_alpha_sum, r_alpha_max; /* the latencies (alpha) of r's collectives: sum, largest */
+    double mem_static;               /* parameters, optimizer, gradients (bytes) */
+    double stored, grad, compute;    /* bytes: stored parameters, gradients, compute copies */
+    double act;                      /* activation bytes per microbatch in flight */
 } icost_t;
 
 typedef struct {
@@ -175,6 +176,18 @@ static void axis_geom(const ctx_t *c, int rank0, const int *shape, int nax, int 
         g->share = 1;
     if (c->o && c->o->no_share)
         g->share = 1;
+}
+
+/* The latency of one collective over axis a: its predicted time for 0 bytes (the fit's alpha,
+ * scaled to the group as xm_cost_collective does). */
+static double coll_alpha(ctx_t *c, int rank0, const int *shape, int nax, int a, xm_coll_t kind)
+{
+    if (shape[a] <= 1)
+        return 0;
+    xm_coll_geom_t g;
+    axis_geom(c, rank0, shape, nax, a, &g);
+    xm_cost_pred_t p;
+    return xm_cost_collective(c->o->cost, kind, &g, 0, &p) ? 0 : p.seconds;
 }
 
 /* Adds the time of one collective over axis a (bytes = n of xm_costmodel.h). */
@@ -424,13 +437,21 @@ static void param(ctx_t *c, walk_t *w, const opt_t *o, const char *name, const i
     for (int a = 0; a < w->nax; a++) {
         if (cs[a].kind != XMP_B || w->shape[a] <= 1)
             continue;
+        xm_coll_t k[2] = {XM_COLL_ALLREDUCE, XM_COLL_ALLREDUCE};
+        int nk = 1;
         if (ss[a].kind == XMP_S) {
-            ic->r += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_REDUCE_SCATTER, cur, &v);
-            ic->r += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLGATHER, cur, &v);
-            cur /= w->shape[a];
-        } else {
-            ic->r += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLREDUCE, cur, &v);
+            k[0] = XM_COLL_REDUCE_SCATTER;
+            k[1] = XM_COLL_ALLGATHER;
+            nk = 2;
         }
+        for (int j = 0; j < nk; j++) {
+            ic->r += coll(c, w->rank0, w->shape, w->nax, a, k[j], cur, &v);
+            double al = coll_alpha(c, w->rank0, w->shape, w->nax, a, k[j]);
+            ic->r_alpha_sum += al;
+            ic->r_alpha_max = fmax(ic->r_alpha_max, al);
+        }
+        if (ss[a].kind == XMP_S)
+            cur /= w->shape[a];
     }
     ic->r_bytes += v;
     double upd = 0;
@@ -966,6 +987,7 @@ static int inflight(int kind, int s, int S, int M)
 typedef struct {
     double f, b, comp, box, r, o, ro, mem, memp, mema, box_bytes, r_bytes;
     double stored, grad, compute;
+    double r_alpha_sum, r_alpha_max;
 } scost_t;
 
 /* Stage s with nb blocks on option oi (E on stage 0, L on the last). */
@@ -980,6 +1002,9 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
         sc->b += w[it] * ic[it].b;
         sc->comp += w[it] * ic[it].comp;
         sc->r += w[it] * ic[it].r;
+        sc->r_alpha_sum += w[it] * ic[it].r_alpha_sum;
+        if (w[it] > 0)
+            sc->r_alpha_max = fmax(sc->r_alpha_max, ic[it].r_alpha_max);
         sc->o += w[it] * ic[it].o;
         sc->memp += w[it] * ic[it].mem_static;
         sc->mema += w[it] * ic[it].act;
@@ -997,9 +1022,14 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
         sc->grad += ic[IT_W].grad;
         sc->compute += ic[IT_W].compute;
         sc->r += ic[IT_W].r + tied_time(c, oi);
+        sc->r_alpha_sum += ic[IT_W].r_alpha_sum;
+        sc->r_alpha_max = fmax(sc->r_alpha_max, ic[IT_W].r_alpha_max);
         sc->r_bytes += ic[IT_W].r_bytes;
         sc->o += ic[IT_W].o;
     }
+    /* --overlap defer-grad: the reductions posted at once overlap their latencies */
+    if (c->o->defer_grad && !c->o->no_overlap)
+        sc->r -= sc->r_alpha_sum - sc->r_alpha_max;
     sc->box = sc->f + sc->b - sc->comp;
     sc->ro = sc->r + sc->o;
     sc->mema *= inflight(kind, s, c->S, c->M);
@@ -1649,4 +1679,7 @@ void xmp_search_gpt_command(const xmp_search_opts_t *o, const xmp_search_cand_t 
              o->model.max_seq_len, o->B, o->T, lay, mesh, same ? "--strategy" : "--stage-strategy",
              same ? xmp_search_strategy_name(c->strategy[0]) : strat, xmp_sched_kind_name(c->sched),
              c->M);
+    size_t len = strlen(buf);
+    if (o->defer_grad && len < n)
+        snprintf(buf + len, n - len, " --overlap defer-grad");
 }

@@ -11,7 +11,10 @@
  *    record instead;
  *  - the chain DP still equals exhaustive enumeration with the records set (small problem);
  *  - collective fits keep alpha >= 0: points on a line with a negative intercept give alpha 0
- *    and the weighted slope through the origin (by hand); a positive intercept is kept.
+ *    and the weighted slope through the origin (by hand); a positive intercept is kept;
+ *  - measured collective points (`points` records): interpolated for their own geometry
+ *    (below, between, above the measured sizes, by hand), the fit for another geometry, round
+ *    trip, errors (before the fit, sizes not increasing, a malformed pair).
  */
 #include <math.h>
 #include <stdio.h>
@@ -235,6 +238,75 @@ static void test_fit_nonneg(void)
           "positive intercept: alpha %g beta %g", f.alpha, f.beta);
 }
 
+static void test_points(void)
+{
+    const char *text = "[collectives]\n"
+                       "allreduce 2 1 2 1 100 10 0.9 0.1 3 1000 100000\n"
+                       "points allreduce 2 1 2 1 1000:0.001 10000:0.002 100000:0.02\n"
+                       "allreduce 4 1 4 1 100 10 0.9 0.1 3 1000 100000\n";
+    xm_costmodel_t *m = NULL;
+    CHECK(xm_costmodel_parse(text, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
+    if (!m)
+        return;
+    xm_coll_geom_t g2 = {2, 1, 2, 1}, g4 = {4, 1, 4, 1};
+    const struct {
+        const xm_coll_geom_t *g;
+        double n, want;
+    } q[] = {
+        {&g2, 500, 0.001},                                        /* below: the smallest's time */
+        {&g2, 5500, 0.001 + 0.001 * 4500.0 / 9000.0},             /* between 1e3 and 1e4 */
+        {&g2, 55000, 0.002 + 0.018 * 45000.0 / 90000.0},          /* between 1e4 and 1e5 */
+        {&g2, 200000, 0.02 + 0.018 / 90000.0 * 100000.0},         /* above: last slope */
+        {&g4, 200000, 100e-6 + 10e-9 * (2.0 * 3 / 4 * 200000.0)}, /* other geometry: the fit */
+    };
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++) {
+        xm_cost_pred_t p;
+        CHECK(xm_cost_collective(m, XM_COLL_ALLREDUCE, q[i].g, q[i].n, &p) == XMESH_SUCCESS &&
+                  near(p.seconds, q[i].want),
+              "query %zu (p %d, %g bytes): %.12g s, by hand %.12g s (%s)", i, q[i].g->group_size,
+              q[i].n, p.seconds, q[i].want, p.basis);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&buf, &len);
+    CHECK(mf && xm_costmodel_write(m, mf) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
+    if (mf)
+        fclose(mf);
+    xm_costmodel_t *m2 = NULL;
+    CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s", xmesh_last_error());
+    if (m2) {
+        CHECK(m2->coll[0].npts == 3 && m2->coll[1].npts == 0, "points after the round trip: %d %d",
+              m2->coll[0].npts, m2->coll[1].npts);
+        for (int k = 0; k < 3 && m2->coll[0].npts == 3; k++)
+            CHECK(m2->coll[0].px[k] == m->coll[0].px[k] &&
+                      near(m2->coll[0].py[k], m->coll[0].py[k]),
+                  "point %d differs", k);
+    }
+    xm_costmodel_destroy(m2);
+    free(buf);
+    xm_costmodel_destroy(m);
+    const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"[collectives]\npoints allreduce 2 1 2 1 1000:0.001 10000:0.002\n",
+         "line 2: points: no allreduce fit for p 2"},
+        {"[collectives]\nallreduce 2 1 2 1 100 10 0.9 0.1 3 1000 100000\n"
+         "points allreduce 2 1 2 1 1000:0.001 1000:0.002\n",
+         "line 3: points: pair 2: 1000 bytes"},
+        {"[collectives]\nallreduce 2 1 2 1 100 10 0.9 0.1 3 1000 100000\n"
+         "points allreduce 2 1 2 1 1000:0.001 10000-0.002\n",
+         "line 3: points pair 2: '10000-0.002' is not bytes:seconds"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
+        xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
+        CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel, "bad points %zu: result %d", i,
+              (int)r);
+        CHECK(strstr(xmesh_last_error(), bad[i].want), "bad points %zu: '%s', expected '%s'", i,
+              xmesh_last_error(), bad[i].want);
+    }
+}
+
 int main(void)
 {
     int one = 0;
@@ -246,6 +318,7 @@ int main(void)
     test_parse();
     test_terms();
     test_fit_nonneg();
+    test_points();
     xm_cluster_free(&g_cl);
     if (g_fail) {
         fprintf(stderr, "pipeline.search.eltwise: %d failures\n", g_fail);
