@@ -14,7 +14,9 @@
  *    and the weighted slope through the origin (by hand); a positive intercept is kept;
  *  - measured collective points (`points` records): interpolated for their own geometry
  *    (below, between, above the measured sizes, by hand), the fit for another geometry, round
- *    trip, errors (before the fit, sizes not increasing, a malformed pair).
+ *    trip, errors (before the fit, sizes not increasing, a malformed pair);
+ *  - --overlap defer-grad: dp on 2 ranks, R shrinks by (parameter tensors - 1) x alpha (the
+ *    reductions' latencies overlap), --ablate overlap undoes it, the command line says it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -307,6 +309,50 @@ static void test_points(void)
     }
 }
 
+static void test_defer_grad(void)
+{
+    const char *text = "[collectives]\n"
+                       "allreduce 2 2 1 1 100 1 0.9 0.1 3 1000 100000\n"
+                       "[compute]\n"
+                       "sgemm 1 1 1 1 4e-11 unit\n";
+    xm_costmodel_t *m = NULL;
+    CHECK(xm_costmodel_parse(text, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
+    if (!m)
+        return;
+    const int L = 2;
+    xmp_search_opts_t o;
+    opts(&o, m, L, 2, 32, 64, 2, 16, 2);
+    xmp_search_cand_t c0, c1, c2;
+    memset(&c0, 0, sizeof c0);
+    c0.nstages = 1;
+    c0.M = 1;
+    c0.sched = XMP_SCHED_1F1B;
+    c0.nblocks[0] = L;
+    c0.ndim[0] = 1;
+    c0.shape[0][0] = 2;
+    c0.strategy[0] = 0; /* dp */
+    c1 = c2 = c0;
+    char err[512], cmd[2048];
+    CHECK(xmp_search_gpt_eval(&o, &c0, err, sizeof err) == 0, "%s", err);
+    xmp_search_gpt_command(&o, &c0, cmd, sizeof cmd);
+    CHECK(!strstr(cmd, "--overlap"), "no overlap requested: %s", cmd);
+    o.defer_grad = 1;
+    CHECK(xmp_search_gpt_eval(&o, &c1, err, sizeof err) == 0, "%s", err);
+    xmp_search_gpt_command(&o, &c1, cmd, sizeof cmd);
+    CHECK(strstr(cmd, " --overlap defer-grad"), "command without the switch: %s", cmd);
+    /* parameter tensors of one stage holding E and L: wte, wpe, 12 per block, lnf w and b */
+    const int ntensors = 2 + 12 * L + 2;
+    CHECK(near(c0.stage_r_s[0] - c1.stage_r_s[0], (ntensors - 1) * 100e-6),
+          "defer-grad saves %.9g s of R, by hand (%d - 1) x 100 us = %.9g s",
+          c0.stage_r_s[0] - c1.stage_r_s[0], ntensors, (ntensors - 1) * 100e-6);
+    o.no_overlap = 1;
+    CHECK(xmp_search_gpt_eval(&o, &c2, err, sizeof err) == 0, "%s", err);
+    CHECK(c2.stage_r_s[0] == c0.stage_r_s[0] && c2.step_s == c0.step_s,
+          "--ablate overlap: R %g step %g, without the switch R %g step %g", c2.stage_r_s[0],
+          c2.step_s, c0.stage_r_s[0], c0.step_s);
+    xm_costmodel_destroy(m);
+}
+
 int main(void)
 {
     int one = 0;
@@ -319,6 +365,7 @@ int main(void)
     test_terms();
     test_fit_nonneg();
     test_points();
+    test_defer_grad();
     xm_cluster_free(&g_cl);
     if (g_fail) {
         fprintf(stderr, "pipeline.search.eltwise: %d failures\n", g_fail);
