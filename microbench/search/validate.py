@@ -9,8 +9,8 @@ and compares the measured step times with the model's predictions (`xmesh-train 
   full            the model as the search uses it (calibrated cluster file when given)
   bandwidth       bandwidth-agnostic: collectives priced as if no other group shared the NIC
                   (--ablate share)
-  no-overlap      without the overlap term: the model has no overlap term (nothing is assumed
-                  hidden), so this row equals `full` (kept so the table has AxoNN's rows)
+  no-overlap      without the overlap term (--ablate overlap): the configurations run with
+                  --overlap defer-grad priced as if their reductions were waited one by one
   no-boundary     boundary transfers between stages cost 0 (--ablate boundary; Alpa-style)
   uncalibrated    the nominal model from the NIC rate alone (--nominal)
 
@@ -40,7 +40,7 @@ import time
 MODELS = [
     ("full", []),
     ("bandwidth", ["--ablate", "share"]),
-    ("no-overlap", []),
+    ("no-overlap", ["--ablate", "overlap"]),
     ("no-boundary", ["--ablate", "boundary"]),
     ("uncalibrated", ["--nominal"]),
 ]
@@ -70,18 +70,28 @@ def space(layers):
         for mesh, strat in [("2,2,2,2", "dp,dp,dp,dp"), ("2,2,2,2", "megatron,megatron,megatron,megatron")]:
             for sched, M in [("1f1b", 4), ("gpipe", 4), ("eager-1f1b", 8)]:
                 cfgs.append((four, mesh, strat, sched, M))
+    # --overlap defer-grad (the switch the model prices: a stage's gradient reductions posted
+    # at once); appended so the indices above stay
+    for mesh, strat, M in [("8", "dp", 1), ("2x4", "dp", 1), ("4x2", "megatron", 1),
+                           ("2x2x2", "3d", 2)]:
+        cfgs.append((one, mesh, strat, "1f1b", M, "defer-grad"))
+    cfgs.append((two[0], "4,4", "dp,dp", "1f1b", 2, "defer-grad"))
     return cfgs
 
 
 def cfg_flags(c):
-    lay, mesh, strat, sched, M = c
-    return ["--layout", lay, "--stage-mesh", mesh, "--stage-strategy", strat, "--schedule", sched,
-            "--microbatches", str(M)]
+    lay, mesh, strat, sched, M = c[:5]
+    f = ["--layout", lay, "--stage-mesh", mesh, "--stage-strategy", strat, "--schedule", sched,
+         "--microbatches", str(M)]
+    if len(c) > 5:
+        f += ["--overlap", c[5]]
+    return f
 
 
 def cfg_name(c):
-    lay, mesh, strat, sched, M = c
-    return "%s / %s / %s / %s M%d" % (lay, mesh, strat, sched, M)
+    lay, mesh, strat, sched, M = c[:5]
+    return "%s / %s / %s / %s M%d%s" % (lay, mesh, strat, sched, M,
+                                        " / " + c[5] if len(c) > 5 else "")
 
 
 def md(s):
