@@ -10,7 +10,7 @@
 #
 #   scripts/run-search-validation.sh
 # Environment (defaults in brackets; the default run is planned for about 15 minutes on a 2-core
-# quiet machine: calibration ~40 s + 38 configurations x 3 repeats x (launch ~5 s + 3 steps);
+# quiet machine: calibration ~90 s + 43 configurations x 3 repeats x (launch ~5 s + 3 steps);
 # the tiny check below took 80 s on a loaded one):
 #   XMESH_SV_STEPS [3]  XMESH_SV_WARMUP [1]  XMESH_SV_REPEATS [3]
 #   XMESH_SV_MAX_CONFIGS [0 = all]  XMESH_SV_RATE [200mbit]  XMESH_SV_BURST [64kb]
