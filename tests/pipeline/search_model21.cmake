@@ -5,3 +5,8 @@ add_executable(test_pipeline_search_eltwise ${CMAKE_CURRENT_LIST_DIR}/test_searc
 target_link_libraries(test_pipeline_search_eltwise PRIVATE xmesh_pipeline)
 add_test(NAME pipeline.search.eltwise COMMAND test_pipeline_search_eltwise)
 set_tests_properties(pipeline.search.eltwise PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
+# The chain DP against exhaustive enumeration with a cluster file that has measured collective
+# points and eltwise records (written by xmesh-calibrate).
+add_test(NAME pipeline.search.points COMMAND test_pipeline_search
+         ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/cluster_file/calibrate_points_eltwise.txt)
+set_tests_properties(pipeline.search.points PROPERTIES LABELS "pipeline;unit" TIMEOUT 120)
