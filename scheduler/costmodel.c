@@ -72,8 +72,34 @@ xmesh_result_t xm_coll_fit(xm_coll_t kind, int p, const double *bytes, const dou
             w[i] = 1 / (seconds[i] * seconds[i]); /* relative residuals (xm_cost.h) */
         }
     }
+    xm_fit_t f;
     if (!r)
-        r = xm_fit_weighted(x, seconds, w, npts, out);
+        r = xm_fit_weighted(x, seconds, w, npts, &f);
+    if (!r && f.alpha < 0) {
+        /* A latency below 0 means nothing physical (the large sizes dominated and the line
+         * crosses the axis): the least squares with alpha >= 0 then has alpha = 0, beta =
+         * sum w x y / sum w x^2. */
+        double sxy = 0, sxx = 0, sw = 0, sy = 0, syy = 0, sse = 0;
+        for (int i = 0; i < npts; i++) {
+            sxy += w[i] * x[i] * seconds[i];
+            sxx += w[i] * x[i] * x[i];
+            sw += w[i];
+            sy += w[i] * seconds[i];
+        }
+        f.alpha = 0;
+        f.beta = sxy / sxx;
+        f.worst_rel = 0;
+        for (int i = 0; i < npts; i++) {
+            double e = f.beta * x[i] - seconds[i];
+            sse += w[i] * e * e;
+            syy += w[i] * (seconds[i] - sy / sw) * (seconds[i] - sy / sw);
+            if (fabs(e / seconds[i]) > f.worst_rel)
+                f.worst_rel = fabs(e / seconds[i]);
+        }
+        f.r2 = syy > 0 ? 1 - sse / syy : (sse == 0 ? 1 : 0);
+    }
+    if (!r)
+        *out = f;
     free(x);
     return r;
 }
@@ -93,6 +119,55 @@ void xm_costmodel_destroy(xm_costmodel_t *m)
 }
 
 /* ------------------------------------------------------------ records */
+
+static const char *const elt_names[XM_ELT_NKINDS] = {"gelu", "layernorm", "attention",
+                                                     "xent", "residual",  "adamw"};
+
+const char *xm_elt_name(xm_elt_t kind)
+{
+    return (int)kind >= 0 && kind < XM_ELT_NKINDS ? elt_names[kind] : NULL;
+}
+
+xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_elt_rec_t *r)
+{
+    if (!m || !r)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_elt: %s is NULL",
+                      !m ? "model" : "record");
+    char where[64];
+    if (r->line > 0)
+        snprintf(where, sizeof where, "cluster file line %d", r->line);
+    else
+        snprintf(where, sizeof where, "eltwise record");
+    if (!xm_elt_name(kind))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: eltwise kind %d out of range", where,
+                      (int)kind);
+    if (r->busy < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: eltwise %s field busy: %d (expected >= 1)",
+                      where, elt_names[kind], r->busy);
+    if (!(r->fwd >= 0) || !isfinite(r->fwd) || !(r->bwd >= 0) || !isfinite(r->bwd))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: eltwise %s field %s: %g (expected a finite time >= 0)", where,
+                      elt_names[kind], !(r->fwd >= 0) || !isfinite(r->fwd) ? "fwd" : "bwd",
+                      !(r->fwd >= 0) || !isfinite(r->fwd) ? r->fwd : r->bwd);
+    if (m->elt[kind].busy > 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: eltwise %s repeats line %d", where,
+                      elt_names[kind], m->elt[kind].line);
+    m->elt[kind] = *r;
+    return XMESH_SUCCESS;
+}
+
+int xm_cost_elt(const xm_costmodel_t *m, xm_elt_t kind, double units, double *fwd, double *bwd)
+{
+    if (!m || !xm_elt_name(kind) || !(units >= 0) || !isfinite(units))
+        return -1;
+    const xm_elt_rec_t *r = &m->elt[kind];
+    int have = r->busy > 0;
+    if (fwd)
+        *fwd = have ? units * r->fwd : 0;
+    if (bwd)
+        *bwd = have ? units * r->bwd : 0;
+    return have;
+}
 
 static int geom_eq(const xm_coll_geom_t *a, const xm_coll_geom_t *b)
 {
@@ -212,6 +287,59 @@ xmesh_result_t xm_costmodel_add_coll(xm_costmodel_t *m, const xm_coll_rec_t *r)
     return XMESH_SUCCESS;
 }
 
+xmesh_result_t xm_costmodel_set_points(xm_costmodel_t *m, xm_coll_t kind, const xm_coll_geom_t *g,
+                                       int n, const double *bytes, const double *seconds)
+{
+    if (!m || !g || !bytes || !seconds)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_points: an argument is NULL");
+    if (!xm_coll_name(kind))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "points: kind %d out of range", (int)kind);
+    if (n < 2 || n > XM_COLL_MAX_POINTS)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "points: %d pairs, expected 2 .. %d", n,
+                      XM_COLL_MAX_POINTS);
+    for (int i = 0; i < n; i++) {
+        if (!(bytes[i] > 0) || !isfinite(bytes[i]) || (i > 0 && !(bytes[i] > bytes[i - 1])))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "points: pair %d: %g bytes (need > 0 and increasing)", i + 1, bytes[i]);
+        if (!(seconds[i] > 0) || !isfinite(seconds[i]))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "points: pair %d: %g seconds (need a finite time > 0)", i + 1,
+                          seconds[i]);
+    }
+    for (int i = 0; i < m->ncoll; i++) {
+        xm_coll_rec_t *c = &m->coll[i];
+        if (c->kind == kind && geom_eq(&c->g, g)) {
+            if (c->npts)
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                              "points: %s p %d ranks_per_host %d "
+                              "hosts %d share %d has points already",
+                              coll_names[kind], g->group_size, g->ranks_per_host, g->hosts,
+                              g->share);
+            c->npts = n;
+            memcpy(c->px, bytes, sizeof(double) * (size_t)n);
+            memcpy(c->py, seconds, sizeof(double) * (size_t)n);
+            return XMESH_SUCCESS;
+        }
+    }
+    return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                  "points: no %s fit for p %d ranks_per_host %d hosts %d share %d before it",
+                  coll_names[kind], g->group_size, g->ranks_per_host, g->hosts, g->share);
+}
+
+/* The measured points of c at n bytes (c->npts >= 2). */
+static double interp_points(const xm_coll_rec_t *c, double n)
+{
+    int k = c->npts;
+    if (n <= c->px[0])
+        return c->py[0];
+    for (int i = 1; i < k; i++)
+        if (n <= c->px[i])
+            return c->py[i - 1] +
+                   (c->py[i] - c->py[i - 1]) * (n - c->px[i - 1]) / (c->px[i] - c->px[i - 1]);
+    double slope = (c->py[k - 1] - c->py[k - 2]) / (c->px[k - 1] - c->px[k - 2]);
+    return c->py[k - 1] + (slope > 0 ? slope : 0) * (n - c->px[k - 1]);
+}
+
 xmesh_result_t xm_costmodel_add_gemm(xm_costmodel_t *m, const xm_gemm_rec_t *r)
 {
     if (!m || !r)
@@ -315,8 +443,61 @@ static xmesh_result_t want(int line, const char *rec, int got, int n, const char
                   list);
 }
 
+static xmesh_result_t parse_points(xm_costmodel_t *m, int line, char **f, int nf)
+{
+    if (nf < 8 || nf > 6 + XM_COLL_MAX_POINTS)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster file line %d: points record has %s%d fields, expected 8 .. %d: "
+                      "points kind p ranks_per_host hosts share n:seconds ...",
+                      line, nf > MAX_FIELDS ? "more than " : "", nf > MAX_FIELDS ? MAX_FIELDS : nf,
+                      6 + XM_COLL_MAX_POINTS);
+    int kind = xm_coll_from_name(f[1]);
+    if (kind < 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "cluster file line %d: points field kind: unknown collective '%s'", line,
+                      f[1]);
+    int64_t iv[4];
+    xmesh_result_t r;
+    for (int i = 0; i < 4; i++)
+        if ((r = whole(line, "points", coll_fields[1 + i], f[2 + i], 1 << 30, &iv[i])))
+            return r;
+    xm_coll_geom_t g = {(int)iv[0], (int)iv[1], (int)iv[2], (int)iv[3]};
+    double x[XM_COLL_MAX_POINTS], y[XM_COLL_MAX_POINTS];
+    int n = nf - 6;
+    for (int i = 0; i < n; i++) {
+        char *colon = strchr(f[6 + i], ':'), *e1, *e2;
+        if (colon) {
+            x[i] = strtod(f[6 + i], &e1);
+            y[i] = strtod(colon + 1, &e2);
+        }
+        if (!colon || e1 != colon || *e2 || colon == f[6 + i] || !colon[1])
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: points pair %d: '%s' is not bytes:seconds", line,
+                          i + 1, f[6 + i]);
+    }
+    xm_costmodel_t tmp;
+    memset(&tmp, 0, sizeof tmp);
+    xm_coll_rec_t one;
+    memset(&one, 0, sizeof one);
+    one.kind = (xm_coll_t)kind;
+    one.g = g;
+    if (!m) { /* checked alone: against a stand-in fit of that geometry */
+        tmp.coll = &one;
+        tmp.ncoll = 1;
+    }
+    r = xm_costmodel_set_points(m ? m : &tmp, (xm_coll_t)kind, &g, n, x, y);
+    if (r) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", xmesh_last_error());
+        return XM_ERR(r, "cluster file line %d: %s", line, why);
+    }
+    return XMESH_SUCCESS;
+}
+
 static xmesh_result_t parse_coll(xm_costmodel_t *m, int line, char **f, int nf)
 {
+    if (!strcmp(f[0], "points"))
+        return parse_points(m, line, f, nf);
     int kind = xm_coll_from_name(f[0]);
     if (kind < 0)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -419,9 +600,38 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
         }
         return XMESH_SUCCESS;
     }
+    if (!strcmp(f[0], "eltwise")) {
+        static const char *const ef[] = {"eltwise", "kind", "busy", "fwd_ns_per_unit",
+                                         "bwd_ns_per_unit"};
+        if ((r = want(line, f[0], nf, 5, ef)))
+            return r;
+        int kind = -1;
+        for (int k = 0; k < XM_ELT_NKINDS; k++)
+            if (!strcmp(f[1], elt_names[k]))
+                kind = k;
+        if (kind < 0)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: eltwise field kind: unknown kind '%s' (expected "
+                          "gelu, layernorm, attention, xent, residual or adamw)",
+                          line, f[1]);
+        xm_elt_rec_t e;
+        memset(&e, 0, sizeof e);
+        e.line = line;
+        int64_t busy;
+        double a, b;
+        if ((r = whole(line, f[0], "busy", f[2], 1 << 20, &busy)) ||
+            (r = num(line, f[0], ef[3], f[3], &a)) || (r = num(line, f[0], ef[4], f[4], &b)))
+            return r;
+        e.busy = (int)busy;
+        e.fwd = a * 1e-9;
+        e.bwd = b * 1e-9;
+        xm_costmodel_t tmp;
+        memset(&tmp, 0, sizeof tmp);
+        return xm_costmodel_set_elt(m ? m : &tmp, (xm_elt_t)kind, &e);
+    }
     return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                  "cluster file line %d: [compute] unknown record '%s' (expected sgemm or "
-                  "sgemm_fit)",
+                  "cluster file line %d: [compute] unknown record '%s' (expected sgemm, "
+                  "sgemm_fit or eltwise)",
                   line, f[0]);
 }
 
@@ -544,9 +754,19 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
                     coll_names[c->kind], c->g.group_size, c->g.ranks_per_host, c->g.hosts,
                     c->g.share, c->fit.alpha * 1e6, c->fit.beta * 1e9, c->fit.r2, c->fit.worst_rel,
                     c->fit.n, c->min_bytes, c->max_bytes);
+            if (c->npts >= 2) {
+                fprintf(f, "points %s %d %d %d %d", coll_names[c->kind], c->g.group_size,
+                        c->g.ranks_per_host, c->g.hosts, c->g.share);
+                for (int k = 0; k < c->npts; k++)
+                    fprintf(f, " %.17g:%.10g", c->px[k], c->py[k]);
+                fprintf(f, "\n");
+            }
         }
     }
-    if (m->ngemm || m->has_gemm_fit) {
+    int nelt = 0;
+    for (int k = 0; k < XM_ELT_NKINDS; k++)
+        nelt += m->elt[k].busy > 0;
+    if (m->ngemm || m->has_gemm_fit || nelt) {
         fprintf(f, "\n[compute]\n"
                    "# sgemm m n k busy seconds label: C(m x n) = A(m x k) . B(k x n), busy "
                    "ranks per host at once\n");
@@ -563,6 +783,13 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
                     "sgemm_fit %.10g %.10g %.10g %.10g %d\n",
                     g->alpha * 1e6, g->beta * 1e12, g->r2, g->worst_rel, g->n);
         }
+        if (nelt)
+            fprintf(f, "# eltwise kind busy fwd_ns_per_unit bwd_ns_per_unit: the trainer's "
+                       "element-wise kernels (xm_costmodel.h: units)\n");
+        for (int k = 0; k < XM_ELT_NKINDS; k++)
+            if (m->elt[k].busy > 0)
+                fprintf(f, "eltwise %s %d %.10g %.10g\n", elt_names[k], m->elt[k].busy,
+                        m->elt[k].fwd * 1e9, m->elt[k].bwd * 1e9);
     }
     if (ferror(f))
         return XM_ERR(XMESH_ERR_SYSTEM, "xm_costmodel_write: write error");
@@ -630,13 +857,17 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
         if (cross)
             beta *= (double)g->share / c->g.share;
     }
-    p.seconds = alpha + beta * xm_coll_volume(kind, bytes, g->group_size);
+    if (same && c->npts >= 2)
+        p.seconds = interp_points(c, bytes);
+    else
+        p.seconds = alpha + beta * xm_coll_volume(kind, bytes, g->group_size);
     p.exact = same && bytes >= c->min_bytes && bytes <= c->max_bytes;
     if (m->nominal)
         p.exact = 0;
-    snprintf(p.basis, sizeof p.basis, "%s%s fit p %d ranks_per_host %d hosts %d share %d%s%s%s",
-             m->nominal ? "nominal (uncalibrated) " : "", coll_names[kind], c->g.group_size,
-             c->g.ranks_per_host, c->g.hosts, c->g.share,
+    snprintf(p.basis, sizeof p.basis, "%s%s %s p %d ranks_per_host %d hosts %d share %d%s%s%s",
+             m->nominal ? "nominal (uncalibrated) " : "", coll_names[kind],
+             same && c->npts >= 2 ? "measured points" : "fit", c->g.group_size, c->g.ranks_per_host,
+             c->g.hosts, c->g.share,
              same    ? ""
              : cross ? " (nearest; alpha scaled by steps, beta by share)"
                      : " (nearest; alpha scaled by steps)",

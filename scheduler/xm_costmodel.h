@@ -64,12 +64,18 @@ typedef struct xm_coll_geom {
     int share;          /* groups of this geometry running at once on the same hosts, >= 1 */
 } xm_coll_geom_t;
 
+#define XM_COLL_MAX_POINTS 10
 typedef struct xm_coll_rec {
     xm_coll_t kind;
     xm_coll_geom_t g;
     xm_fit_t fit;                /* x = f(kind, n, p) bytes, y = seconds */
     double min_bytes, max_bytes; /* n measured */
     int line;                    /* line in the file it came from (0: not from a file) */
+    /* The measured points (n bytes, seconds), increasing n; 0: only the fit (files before the
+     * `points` records). With points, a query of this very geometry interpolates them
+     * (xm_cost_collective). */
+    int npts;
+    double px[XM_COLL_MAX_POINTS], py[XM_COLL_MAX_POINTS];
 } xm_coll_rec_t;
 
 #define XM_GEMM_LABEL 48
@@ -81,8 +87,37 @@ typedef struct xm_gemm_rec {
     int line;
 } xm_gemm_rec_t;
 
+/* Element-wise compute of the training stack (nn/kernels.c), timed by xmesh-calibrate with
+ * the trainer's own kernels, every rank busy at once. Units (what the seconds are per):
+ *   gelu       one element (tanh GELU)
+ *   layernorm  one element of the normalised tensor (rows x channels)
+ *   attention  one (query, key, head-channel) triple of a full T x T square: B NH T T hs per
+ *              batch of heads (the causal kernel does about half; the rate absorbs it)
+ *   xent       one logit (softmax + cross-entropy)
+ *   residual   one element of the sum
+ *   adamw      one parameter element (backward 0: the update runs once per step) */
+typedef enum xm_elt {
+    XM_ELT_GELU,
+    XM_ELT_LAYERNORM,
+    XM_ELT_ATTENTION,
+    XM_ELT_XENT,
+    XM_ELT_RESIDUAL,
+    XM_ELT_ADAMW,
+    XM_ELT_NKINDS
+} xm_elt_t;
+
+/* "gelu", "layernorm", "attention", "xent", "residual", "adamw"; NULL if out of range. */
+const char *xm_elt_name(xm_elt_t kind);
+
+typedef struct xm_elt_rec {
+    int busy;        /* ranks per host running it at once; 0: not calibrated */
+    double fwd, bwd; /* seconds per unit, forward and backward (>= 0, finite) */
+    int line;
+} xm_elt_rec_t;
+
 typedef struct xm_costmodel {
     int ncoll, ngemm;
+    xm_elt_rec_t elt[XM_ELT_NKINDS]; /* [compute] eltwise records (busy 0: absent) */
     xm_coll_rec_t *coll;
     xm_gemm_rec_t *gemm;
     int has_gemm_fit;
@@ -93,7 +128,9 @@ typedef struct xm_costmodel {
 
 /* Fits time = alpha + beta * f(kind, n, p) to npts points (bytes[i],
  * seconds[i]) by least squares of the relative residuals (weights
- * 1 / seconds^2, xm_fit_weighted); r2 is the weighted R^2.
+ * 1 / seconds^2, xm_fit_weighted); r2 is the weighted R^2. alpha >= 0: when the free
+ * fit's alpha is negative, the constrained optimum alpha = 0, beta = sum w x y / sum w x^2
+ * (the 16 KiB .. 1 MiB sweeps of 2026-11-25 gave alphas down to -0.9 ms).
  * INVALID_ARGUMENT (and *out untouched) on a bad kind, p < 2, a byte count
  * <= 0, a time that is not finite and > 0, or what xm_fit_linear refuses
  * (fewer than 2 points, all sizes equal). */
@@ -108,6 +145,9 @@ void xm_costmodel_destroy(xm_costmodel_t *m);
  * naming the field, or for a duplicate kind + geometry). m unchanged on error. */
 xmesh_result_t xm_costmodel_add_coll(xm_costmodel_t *m, const xm_coll_rec_t *r);
 xmesh_result_t xm_costmodel_add_gemm(xm_costmodel_t *m, const xm_gemm_rec_t *r);
+/* Sets the element-wise record of kind (INVALID_ARGUMENT for a bad kind, busy < 1, a time
+ * < 0 or not finite, or a kind already set; m unchanged on error). */
+xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_elt_rec_t *r);
 
 /* Reads the [collectives] and [compute] sections of a cluster file (the
  * base keys are checked as xm_cluster_parse does, then ignored; other
@@ -140,7 +180,19 @@ typedef struct xm_cost_pred {
     char basis[200]; /* which record the figure comes from and what was scaled */
 } xm_cost_pred_t;
 
+/* [collectives] `points kind p ranks_per_host hosts share n:seconds ...` (2 to
+ * XM_COLL_MAX_POINTS pairs, n increasing, seconds > 0) after the fit line of that kind and
+ * geometry: sets its measured points. INVALID_ARGUMENT naming the field; m unchanged on
+ * error. */
+xmesh_result_t xm_costmodel_set_points(xm_costmodel_t *m, xm_coll_t kind, const xm_coll_geom_t *g,
+                                       int n, const double *bytes, const double *seconds);
+
 /* Predicted time of one collective of `bytes` (n above) over geometry g.
+ * A record of this very geometry with measured points (`points` records): piecewise-linear
+ * interpolation between them; below the smallest n its time; above the largest the last
+ * segment's slope (>= 0). Why: on the emulated cluster a size sweep is flat up to the NIC's
+ * burst (64 KiB) and linear after, which no single alpha + beta fits (2026-11-25: the relative
+ * fit's beta was 4x below the slope of the large sizes for a 2-host all-reduce).
  * p = 1 is 0 s (exact). Otherwise the record of the same kind and geometry
  * is used when there is one; else, among the records of the same kind and
  * the same side (one host, or several hosts), the one nearest in
@@ -163,6 +215,12 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
  * "not calibrated: ..." when the model has no sgemm shape. */
 xmesh_result_t xm_cost_gemm(const xm_costmodel_t *m, int64_t M, int64_t N, int64_t K,
                             xm_cost_pred_t *out);
+
+/* Seconds of `units` of element-wise kind (forward into *fwd, backward into *bwd, either may
+ * be NULL): units x the calibrated rate. Returns 1 when the model has that record, 0 when not
+ * (both 0 s: the work is not priced, as files from before these records); -1 for a bad kind or
+ * units (< 0, not finite), outputs untouched. */
+int xm_cost_elt(const xm_costmodel_t *m, xm_elt_t kind, double units, double *fwd, double *bwd);
 
 /* For the cluster-file parser (cluster_file.c). section_known: 1 for the
  * sections this model reads ("collectives", "compute"), 0 otherwise (the

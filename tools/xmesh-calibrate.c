@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "xm_api.h"
@@ -47,6 +48,8 @@
 
 #ifdef XMESH_CALIBRATE_BLAS
 #include <cblas.h>
+
+#include "nn/kernels.h" /* the training stack's element-wise kernels (compiled in) */
 #endif
 
 #define MAX_SIZES 32
@@ -71,6 +74,7 @@ typedef struct {
     int64_t minb, maxb;
     int steps, reps, vhosts, json;
     int skip_p2p, skip_coll, skip_compute;
+    int blocking; /* --blocking-collectives: MPI_Allreduce etc. instead of the trainer's calls */
     int tokens, hidden, vocab, conv_base;
     int nextra;
     shape_t extra[MAX_SHAPES];
@@ -108,6 +112,10 @@ static void usage(FILE *f)
             "  --skip LIST           leave out some of p2p,collectives,compute (comma list)\n"
             "collectives (all-reduce, all-gather, reduce-scatter, all-to-all; same sweep):\n"
             "  groups inside one host, one rank per host, whole hosts; alone and sharing\n"
+            "  timed as the training stack runs them: MPI_Iallreduce, MPI_Iallgather,\n"
+            "  MPI_Ireduce_scatter_block, all-to-all as MPI_Isend/MPI_Irecv pairs, polled with\n"
+            "  MPI_Testall and sched_yield (nn/sbp.c xmp_wait)\n"
+            "  --blocking-collectives  time MPI_Allreduce, MPI_Allgather, .. instead\n"
             "compute (sgemm via OpenBLAS, every rank busy at once; OPENBLAS_NUM_THREADS):\n"
             "  --gemm-tokens T       GPT rows (batch x sequence) of the linears (default 1024)\n"
             "  --gemm-hidden C       GPT channels (default 768)\n"
@@ -152,6 +160,10 @@ static int parse(int argc, char **argv, opts_t *o, char *err, size_t errlen)
             return 1;
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--blocking-collectives")) {
+            o->blocking = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -541,21 +553,75 @@ static int build_geoms(geom_t *G)
     return ng;
 }
 
-static int run_coll(xm_coll_t kind, int p, MPI_Comm comm, void *sb, void *rb, int64_t bytes)
+/* Completes the requests the way nn/sbp.c's xmp_wait does: MPI_Testall, yielding the core
+ * between polls (no progress thread; ranks share cores on an oversubscribed host). */
+static int poll_all(int n, MPI_Request *q)
+{
+    for (;;) {
+        int done = 0, rc = MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS || done)
+            return rc;
+        sched_yield();
+    }
+}
+
+/* One collective of the sweep. Default: the calls the training stack makes (nn/sbp.c,
+ * nn/boxing.c): nonblocking collectives (Open MPI's libnbc, whose algorithms and times differ
+ * from the blocking ones: on 4 emulated hosts x 2 ranks at 200 Mbit/s the GPT-2 (L4 C128)
+ * gradient list all-reduced one tensor at a time took 0.95 s with MPI_Iallreduce against
+ * 0.27 s with MPI_Allreduce), all-to-all as MPI_Isend/MPI_Irecv pairs. blocking: the MPI_
+ * blocking calls (--blocking-collectives). */
+static int run_coll(xm_coll_t kind, int p, MPI_Comm comm, void *sb, void *rb, int64_t bytes,
+                    int blocking)
 {
     if (comm == MPI_COMM_NULL)
         return MPI_SUCCESS;
     int per = (int)(bytes / p);
+    if (blocking) {
+        switch (kind) {
+        case XM_COLL_ALLREDUCE:
+            return MPI_Allreduce(sb, rb, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, comm);
+        case XM_COLL_ALLGATHER:
+            return MPI_Allgather(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        case XM_COLL_REDUCE_SCATTER:
+            return MPI_Reduce_scatter_block(sb, rb, per / 4, MPI_FLOAT, MPI_SUM, comm);
+        default:
+            return MPI_Alltoall(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        }
+    }
+    MPI_Request q[2 * 64];
+    int nq = 1, rc, me = 0;
     switch (kind) {
     case XM_COLL_ALLREDUCE:
-        return MPI_Allreduce(sb, rb, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, comm);
+        rc = MPI_Iallreduce(sb, rb, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, comm, q);
+        break;
     case XM_COLL_ALLGATHER:
-        return MPI_Allgather(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        rc = MPI_Iallgather(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm, q);
+        break;
     case XM_COLL_REDUCE_SCATTER:
-        return MPI_Reduce_scatter_block(sb, rb, per / 4, MPI_FLOAT, MPI_SUM, comm);
+        rc = MPI_Ireduce_scatter_block(sb, rb, per / 4, MPI_FLOAT, MPI_SUM, comm, q);
+        break;
     default:
-        return MPI_Alltoall(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        if (p > 64)
+            return MPI_Alltoall(sb, per, MPI_BYTE, rb, per, MPI_BYTE, comm);
+        MPI_Comm_rank(comm, &me);
+        nq = 0;
+        rc = MPI_SUCCESS;
+        for (int k = 0; k < p && rc == MPI_SUCCESS; k++) {
+            if (k == me)
+                continue;
+            rc = MPI_Irecv((char *)rb + (size_t)k * per, per, MPI_BYTE, k, 7411, comm, &q[nq++]);
+            if (rc == MPI_SUCCESS)
+                rc =
+                    MPI_Isend((char *)sb + (size_t)k * per, per, MPI_BYTE, k, 7411, comm, &q[nq++]);
+        }
+        if (rc == MPI_SUCCESS)
+            memcpy((char *)rb + (size_t)me * per, (char *)sb + (size_t)me * per, (size_t)per);
+        break;
     }
+    if (rc != MPI_SUCCESS)
+        return rc;
+    return poll_all(nq, q);
 }
 
 /* Times every kind over every geometry; results on every rank (the times
@@ -592,7 +658,8 @@ static int measure_coll(const opts_t *o, geom_t *G, int ng, coll_res_t *res)
                 for (int rep = -1; rep < o->reps && !bad; rep++) {
                     MPI_Barrier(MPI_COMM_WORLD);
                     double t0 = MPI_Wtime();
-                    int e = run_coll((xm_coll_t)kind, p, comm, sb, rb, b) != MPI_SUCCESS;
+                    int e =
+                        run_coll((xm_coll_t)kind, p, comm, sb, rb, b, o->blocking) != MPI_SUCCESS;
                     double t = since(t0);
                     MPI_Allreduce(&e, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
                     if (rep >= 0)
@@ -665,6 +732,20 @@ static int build_shapes(const opts_t *o, shape_t *S)
     return m;
 }
 
+/* Calls per timed repetition so that one lasts about SUSTAIN_S (from the warm-up call's time t,
+ * the largest over ranks so every rank makes the same number): a single short call on a core
+ * shared by several ranks measures whether the scheduler happened to preempt it (the 11 sgemm
+ * shapes of 2026-11-25 ranged 0.3 to 5 ms for similar flops), while the trainer's forward and
+ * backward keep every rank busy for tens of ms at the sustained, shared rate. */
+#define SUSTAIN_S 0.05
+static int sustained_calls(double t)
+{
+    double worst = t;
+    MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double c = worst > 0 ? ceil(SUSTAIN_S / worst) : 1000;
+    return c < 1 ? 1 : c > 1000 ? 1000 : (int)c;
+}
+
 /* Every rank runs the same sgemm at once; the slowest rank's median. 0
  * shapes when built without OpenBLAS (*why says so). */
 static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whylen)
@@ -693,12 +774,17 @@ static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whyl
     for (int i = 0; i < ns; i++) {
         int m = (int)S[i].m, n = (int)S[i].n, k = (int)S[i].k;
         MPI_Barrier(MPI_COMM_WORLD);
+        int calls = 1;
         for (int rep = -1; rep < o->reps; rep++) {
             double t0 = MPI_Wtime();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, k, Bm, n, 0.0f,
-                        Cm, n);
+            for (int c = 0; c < calls; c++)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, k, Bm, n,
+                            0.0f, Cm, n);
+            double t = MPI_Wtime() - t0;
             if (rep >= 0)
-                tt[rep] = MPI_Wtime() - t0;
+                tt[rep] = t / calls;
+            else
+                calls = sustained_calls(t);
         }
         double mine = median(tt, o->reps), worst = 0;
         MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -716,6 +802,126 @@ static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whyl
     (void)res;
     snprintf(why, whylen, "built without OpenBLAS (pkg-config openblas not found)");
     return 0;
+#endif
+}
+
+/* The training stack's element-wise kernels (nn/kernels.c), every rank at once, repeated for
+ * about SUSTAIN_S per repetition (sustained_calls), the slowest rank's median per unit
+ * (xm_costmodel.h), forward and backward apart: rows N = --gemm-tokens, channels C = --gemm-hidden,
+ * vocabulary --gemm-vocab, attention over sequences of T = min(N, 256) with heads of 32 channels
+ * (NH = C / 32, at least 1). Without OpenBLAS nothing (the kernels use it). */
+static double elt_median_max(double *t, int n)
+{
+    double mine = median(t, n), worst = 0;
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+}
+
+static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
+{
+    memset(E, 0, sizeof(xm_elt_rec_t) * XM_ELT_NKINDS);
+#ifdef XMESH_CALIBRATE_BLAS
+    int64_t N = o->tokens, C = o->hidden, V = o->vocab, T = N < 256 ? N : 256, hs = 32;
+    int64_t NH = C / hs > 0 ? C / hs : 1, Bt = N / T > 0 ? N / T : 1, C4 = 4 * C;
+    size_t big = (size_t)(N * C4 > N * V ? N * C4 : N * V);
+    size_t att = (size_t)(Bt * NH * T * T), qkv = (size_t)(Bt * T * 3 * NH * hs);
+    big = big > att ? big : att;
+    big = big > qkv ? big : qkv;
+    float *x = malloc(big * 4), *y = malloc(big * 4), *dy = malloc(big * 4), *dx = malloc(big * 4),
+          *a = malloc(big * 4), *st = malloc((size_t)(N + T + 4 * C4 + 8) * 4 * 2);
+    int *tg = malloc((size_t)N * sizeof(int));
+    if (!x || !y || !dy || !dx || !a || !st || !tg) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory for the element-wise kernels\n",
+                rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (size_t i = 0; i < big; i++) {
+        x[i] = (float)((int)(i % 13) - 6) * 0.1f;
+        dy[i] = (float)((int)(i % 7) - 3) * 0.01f;
+        dx[i] = 0;
+    }
+    for (int64_t i = 0; i < N; i++)
+        tg[i] = (int)(i % V);
+    float *w = st, *bb = st + C4, *mu = st + 2 * C4, *rs = mu + N, *work = rs + N;
+    for (int64_t i = 0; i < C4; i++)
+        w[i] = 1, bb[i] = 0;
+    double tf[MAX_REPS], tb[MAX_REPS];
+    for (int k = 0; k < XM_ELT_NKINDS; k++) {
+        double units = 0;
+        int calls = 1;
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int rep = -1; rep < o->reps; rep++) {
+            double sf = 0, sb = 0, tw = MPI_Wtime();
+            for (int call = 0; call < calls; call++) {
+                double t0 = MPI_Wtime(), t1;
+                switch ((xm_elt_t)k) {
+                case XM_ELT_GELU:
+                    units = (double)(N * C4);
+                    xmp_gelu_fwd(y, x, (size_t)(N * C4));
+                    t1 = MPI_Wtime();
+                    xmp_gelu_bwd(dx, x, dy, (size_t)(N * C4));
+                    break;
+                case XM_ELT_LAYERNORM:
+                    units = (double)(N * C);
+                    xmp_layernorm_fwd(y, mu, rs, x, w, bb, (size_t)N, (int)C);
+                    t1 = MPI_Wtime();
+                    xmp_layernorm_bwd(dx, a, a + C, dy, x, w, mu, rs, (size_t)N, (int)C);
+                    break;
+                case XM_ELT_ATTENTION:
+                    units = (double)(Bt * NH * T * T * hs);
+                    xmp_attention_fwd(y, NULL, a, x, (int)Bt, (int)T, (int)NH, (int)hs);
+                    t1 = MPI_Wtime();
+                    xmp_attention_bwd(dx, dy, x, a, (int)Bt, (int)T, (int)NH, (int)hs, work);
+                    break;
+                case XM_ELT_XENT:
+                    units = (double)(N * V);
+                    xmp_softmax_fwd(a, x, (size_t)N, (int)V, (int)V);
+                    xmp_crossentropy_fwd(y, a, tg, (size_t)N, (int)V);
+                    t1 = MPI_Wtime();
+                    for (int64_t i = 0; i < N; i++)
+                        dy[i] = 1.0f / (float)N;
+                    xmp_crossentropy_softmax_bwd(dx, dy, a, tg, (size_t)N, (int)V, (int)V);
+                    break;
+                case XM_ELT_RESIDUAL:
+                    units = (double)(N * C);
+                    xmp_residual_fwd(y, x, a, (size_t)(N * C));
+                    t1 = MPI_Wtime();
+                    xmp_residual_bwd(dx, a, dy, (size_t)(N * C));
+                    break;
+                default: /* adamw: one step over N x 4C parameters */
+                    units = (double)(N * C4);
+                    xmp_adamw(y, dy, a, dx, (size_t)(N * C4), 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
+                    t1 = MPI_Wtime();
+                    break;
+                }
+                double t2 = MPI_Wtime();
+                sf += t1 - t0;
+                sb += t2 - t1;
+                /* keep values bounded between calls */
+                for (size_t i = 0; i < big; i += 64)
+                    dx[i] = 0, a[i] = a[i] != a[i] ? 0 : a[i];
+            }
+            if (rep >= 0) {
+                tf[rep] = sf / calls;
+                tb[rep] = sb / calls;
+            } else {
+                calls = sustained_calls(MPI_Wtime() - tw);
+            }
+        }
+        E[k].busy = busy;
+        E[k].fwd = elt_median_max(tf, o->reps) / units;
+        E[k].bwd = k == XM_ELT_ADAMW ? 0 : elt_median_max(tb, o->reps) / units;
+    }
+    free(x);
+    free(y);
+    free(dy);
+    free(dx);
+    free(a);
+    free(st);
+    free(tg);
+#else
+    (void)o;
+    (void)busy;
 #endif
 }
 
@@ -742,6 +948,7 @@ typedef struct {
     char coll_why[96];
     gemm_res_t S[MAX_SHAPES + 16];
     int ns, busy;
+    xm_elt_rec_t E[XM_ELT_NKINDS]; /* busy 0: not measured */
     char gemm_why[128];
     int gemm_fit_ok;
     xm_fit_t gemm_fit;
@@ -781,6 +988,9 @@ static xm_costmodel_t *to_model(const results_t *R)
         rec.max_bytes = c->x[c->n - 1];
         if (xm_costmodel_add_coll(m, &rec))
             fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+        else if (c->n >= 2 && c->n <= XM_COLL_MAX_POINTS &&
+                 xm_costmodel_set_points(m, rec.kind, &rec.g, c->n, c->x, c->y))
+            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error()); /* fit kept alone */
     }
     for (int i = 0; m && i < R->ns; i++) {
         xm_gemm_rec_t g;
@@ -798,6 +1008,9 @@ static xm_costmodel_t *to_model(const results_t *R)
         m->has_gemm_fit = 1;
         m->gemm_fit = R->gemm_fit;
     }
+    for (int k = 0; m && k < XM_ELT_NKINDS; k++)
+        if (R->E[k].busy > 0 && xm_costmodel_set_elt(m, (xm_elt_t)k, &R->E[k]))
+            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
     return m;
 }
 
@@ -853,6 +1066,10 @@ static void print_table(const opts_t *o, const results_t *R)
                 printf("%11.2f %11.4f %9.4g %8.5f %9.4f  %s\n", c->fit.alpha * 1e6,
                        c->fit.beta * 1e9, c->fit.beta > 0 ? 8 / c->fit.beta / 1e9 : NAN, c->fit.r2,
                        c->fit.worst_rel, g->what);
+            printf("#   points (bytes:seconds)");
+            for (int i2 = 0; i2 < c->n; i2++)
+                printf(" %.0f:%.6f", c->x[i2], c->y[i2]);
+            printf("\n");
         }
     }
     if (o->skip_compute)
@@ -873,6 +1090,11 @@ static void print_table(const opts_t *o, const results_t *R)
                    "%.5f, worst_rel %.4f\n",
                    R->gemm_fit.alpha * 1e6, R->gemm_fit.beta > 0 ? 1e-9 / R->gemm_fit.beta : NAN,
                    R->gemm_fit.r2, R->gemm_fit.worst_rel);
+        for (int k = 0; k < XM_ELT_NKINDS; k++)
+            if (R->E[k].busy > 0)
+                printf("# eltwise %-10s fwd %8.3f ns/unit  bwd %8.3f ns/unit (%d busy)\n",
+                       xm_elt_name((xm_elt_t)k), R->E[k].fwd * 1e9, R->E[k].bwd * 1e9,
+                       R->E[k].busy);
     }
 }
 
@@ -974,9 +1196,12 @@ static int write_file(const opts_t *o, const results_t *R, xm_cluster_t *cl, FIL
     fprintf(f,
             "# cluster file written by xmesh-calibrate at %s\n"
             "# %d ranks on %d hosts; sizes %lld .. %lld bytes, %d steps, median of %d\n"
+            "# collectives timed %s\n"
             "# fits: time = alpha + beta * bytes (least squares); each class below as\n"
             "# class: alpha_us beta_ns_per_byte gbps r2 worst_rel_residual points\n",
-            ts, size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps);
+            ts, size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps,
+            o->blocking ? "blocking (--blocking-collectives: MPI_Allreduce, ..)"
+                        : "as the trainer runs them (MPI_Iallreduce, .., polled)");
     for (int c = 0; c < NCLASS; c++) {
         if (K[c].ok && K[c].fit_ok)
             fprintf(f, "#   %s: %.4f %.6f %.6g %.6f %.6f %d\n", cname[c], K[c].fit.alpha * 1e6,
@@ -1088,6 +1313,7 @@ int main(int argc, char **argv)
         R->busy = busy_per_host();
         R->ns = measure_gemm(&o, R->S, R->gemm_why, sizeof R->gemm_why);
         fit_gemm(R);
+        measure_elt(&o, R->busy, R->E);
     }
     int rc = 0;
     if (rank == 0) {

@@ -9,8 +9,8 @@ and compares the measured step times with the model's predictions (`xmesh-train 
   full            the model as the search uses it (calibrated cluster file when given)
   bandwidth       bandwidth-agnostic: collectives priced as if no other group shared the NIC
                   (--ablate share)
-  no-overlap      without the overlap term: the model has no overlap term (nothing is assumed
-                  hidden), so this row equals `full` (kept so the table has AxoNN's rows)
+  no-overlap      without the overlap term (--ablate overlap): the configurations run with
+                  --overlap defer-grad priced as if their reductions were waited one by one
   no-boundary     boundary transfers between stages cost 0 (--ablate boundary; Alpa-style)
   uncalibrated    the nominal model from the NIC rate alone (--nominal)
 
@@ -40,7 +40,7 @@ import time
 MODELS = [
     ("full", []),
     ("bandwidth", ["--ablate", "share"]),
-    ("no-overlap", []),
+    ("no-overlap", ["--ablate", "overlap"]),
     ("no-boundary", ["--ablate", "boundary"]),
     ("uncalibrated", ["--nominal"]),
 ]
@@ -70,18 +70,28 @@ def space(layers):
         for mesh, strat in [("2,2,2,2", "dp,dp,dp,dp"), ("2,2,2,2", "megatron,megatron,megatron,megatron")]:
             for sched, M in [("1f1b", 4), ("gpipe", 4), ("eager-1f1b", 8)]:
                 cfgs.append((four, mesh, strat, sched, M))
+    # --overlap defer-grad (the switch the model prices: a stage's gradient reductions posted
+    # at once); appended so the indices above stay
+    for mesh, strat, M in [("8", "dp", 1), ("2x4", "dp", 1), ("4x2", "megatron", 1),
+                           ("2x2x2", "3d", 2)]:
+        cfgs.append((one, mesh, strat, "1f1b", M, "defer-grad"))
+    cfgs.append((two[0], "4,4", "dp,dp", "1f1b", 2, "defer-grad"))
     return cfgs
 
 
 def cfg_flags(c):
-    lay, mesh, strat, sched, M = c
-    return ["--layout", lay, "--stage-mesh", mesh, "--stage-strategy", strat, "--schedule", sched,
-            "--microbatches", str(M)]
+    lay, mesh, strat, sched, M = c[:5]
+    f = ["--layout", lay, "--stage-mesh", mesh, "--stage-strategy", strat, "--schedule", sched,
+         "--microbatches", str(M)]
+    if len(c) > 5:
+        f += ["--overlap", c[5]]
+    return f
 
 
 def cfg_name(c):
-    lay, mesh, strat, sched, M = c
-    return "%s / %s / %s / %s M%d" % (lay, mesh, strat, sched, M)
+    lay, mesh, strat, sched, M = c[:5]
+    return "%s / %s / %s / %s M%d%s" % (lay, mesh, strat, sched, M,
+                                        " / " + c[5] if len(c) > 5 else "")
 
 
 def md(s):
@@ -176,6 +186,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-configs", type=int, default=0, help="first N configurations (0: all)")
+    ap.add_argument("--only", default="", help="comma list of configuration indices to run "
+                    "(the table's #; after --max-configs)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
@@ -195,7 +207,9 @@ def main():
     cal = a.cluster
     if not cal and a.calibrate:
         cal = os.path.join(a.out, "cluster-calibrated.txt")
-        cmd = launch + [a.calibrate, "-o", cal, "--min", "16K", "--max", "1M", "--steps", "4",
+        # 1 KiB .. 4 MiB: the gradients are all-reduced one tensor at a time (512 B biases to
+        # 512 KiB wpe here), so the latency end matters as much as the bandwidth end
+        cmd = launch + [a.calibrate, "-o", cal, "--min", "1K", "--max", "4M", "--steps", "7",
                         "--reps", "2", "--gemm-hidden", "128", "--gemm-vocab", "256",
                         "--gemm-tokens", "256"]
         print("validate: calibrating: " + " ".join(cmd), file=sys.stderr)
@@ -216,6 +230,8 @@ def main():
         keep.append(c)
     if a.max_configs:
         keep = keep[:a.max_configs]
+    if a.only:
+        keep = [keep[int(i)] for i in a.only.split(",") if int(i) < len(keep)]
     print("validate: %d configurations x %d repeats, %d steps (%d warm-up)" %
           (len(keep), a.repeats, a.steps, a.warmup), file=sys.stderr)
     preds = {name: [] for name, _ in MODELS}

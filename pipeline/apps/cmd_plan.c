@@ -16,6 +16,7 @@
 #include "models/stage_layout.h"
 #include "sched/schedule.h"
 #include "search/estimate.h"
+#include "nn/overlap.h"
 #include "search/search.h"
 #include "search/search_ut.h"
 #include "models/utransformer.h"
@@ -30,7 +31,7 @@ typedef struct {
     /* --eval: one configuration, as xmesh-train gpt takes it */
     const char *layout, *stage_mesh, *strategy, *stage_strategy, *schedule;
     double memory_limit, flops;
-    const char *cluster, *strategies, *schedules, *ablate;
+    const char *cluster, *strategies, *schedules, *ablate, *overlap;
 } plan_opts_t;
 
 static void plan_usage(void)
@@ -58,7 +59,11 @@ static void plan_usage(void)
            "  --max-stages S      at most S stages\n"
            "  --max-evals N       scheduler budget of each boundary plan (2000)\n"
            "  --ablate LIST       model ablations: boundary (transfers between stages free),\n"
-           "                      share (no NIC sharing between a mesh axis' groups)\n"
+           "                      share (no NIC sharing between a mesh axis' groups),\n"
+           "                      overlap (--overlap ignored)\n"
+           "  --overlap LIST      the run's overlap switches (as xmesh-train gpt --overlap);\n"
+           "                      modelled: defer-grad (gradient reductions overlap their\n"
+           "                      latencies); the others are accepted, not modelled\n"
            "output:\n"
            "  --top K (5)         configurations printed\n"
            "  --json              one JSON object on stdout instead of the table\n");
@@ -153,7 +158,7 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
                   {"--strategy", &o->strategy},     {"--stage-strategy", &o->stage_strategy},
                   {"--schedule", &o->schedule},     {"--cluster", &o->cluster},
                   {"--strategies", &o->strategies}, {"--schedules", &o->schedules},
-                  {"--ablate", &o->ablate}};
+                  {"--ablate", &o->ablate},         {"--overlap", &o->overlap}};
         int sdone = 0;
         for (size_t k = 0; k < sizeof st / sizeof st[0] && !sdone; k++)
             if (!strcmp(a, st[k].flag)) {
@@ -291,12 +296,19 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
         return -1;
     if (p->schedules && parse_list("--schedules", p->schedules, kn, 3, &so->schedules))
         return -1;
-    static const char *const an[] = {"boundary", "share"};
+    static const char *const an[] = {"boundary", "share", "overlap"};
     unsigned ab = 0;
-    if (p->ablate && parse_list("--ablate", p->ablate, an, 2, &ab))
+    if (p->ablate && parse_list("--ablate", p->ablate, an, 3, &ab))
         return -1;
     so->no_boundary = !!(ab & 1u);
     so->no_share = !!(ab & 2u);
+    so->no_overlap = !!(ab & 4u);
+    if (p->overlap) {
+        xmp_overlap_t ov;
+        if (xmp_overlap_parse(p->overlap, &ov))
+            return xmp_cli_error("--overlap '%s': %s", p->overlap, xmp_last_error());
+        so->defer_grad = ov.defer_grad;
+    }
     return 0;
 }
 
@@ -349,6 +361,7 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
     xmp_json_obj_begin(&j, NULL);
     xmp_json_str(&j, "cost_model", label);
     xmp_json_str(&j, "ablate", p->ablate ? p->ablate : "");
+    xmp_json_str(&j, "overlap", p->overlap ? p->overlap : "none");
     xmp_json_int(&j, "ranks", p->ranks);
     xmp_json_int(&j, "hosts", p->hosts);
     xmp_json_num(&j, "memory_limit", p->memory_limit);

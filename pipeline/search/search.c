@@ -47,14 +47,15 @@ static int fail(char *err, size_t n, const char *fmt, ...)
 enum { IT_E, IT_T, IT_L, IT_W, NIT }; /* IT_W: the tied wte alone (the L stage's copy) */
 
 typedef struct {
-    double f, b;                  /* seconds per microbatch: forward, backward (compute + boxing) */
-    double comp;                  /* of which compute (f + b) */
-    double box_bytes;             /* per-rank boxing volume per microbatch (f + b) */
-    double r, o;                  /* per step: gradient reduction (+ gathers), optimizer */
-    double r_bytes;               /* per-rank volume of r */
-    double mem_static;            /* parameters, optimizer, gradients (bytes) */
-    double stored, grad, compute; /* bytes: stored parameters, gradients, compute copies */
-    double act;                   /* activation bytes per microbatch in flight */
+    double f, b;      /* seconds per microbatch: forward, backward (compute + boxing) */
+    double comp;      /* of which compute (f + b) */
+    double box_bytes; /* per-rank boxing volume per microbatch (f + b) */
+    double r, o;      /* per step: gradient reduction (+ gathers), optimizer */
+    double r_bytes;   /* per-rank volume of r */
+    double r_alpha_sum, r_alpha_max; /* the latencies (alpha) of r's collectives: sum, largest */
+    double mem_static;               /* parameters, optimizer, gradients (bytes) */
+    double stored, grad, compute;    /* bytes: stored parameters, gradients, compute copies */
+    double act;                      /* activation bytes per microbatch in flight */
 } icost_t;
 
 typedef struct {
@@ -177,6 +178,18 @@ static void axis_geom(const ctx_t *c, int rank0, const int *shape, int nax, int 
         g->share = 1;
 }
 
+/* The latency of one collective over axis a: its predicted time for 0 bytes (the fit's alpha,
+ * scaled to the group as xm_cost_collective does). */
+static double coll_alpha(ctx_t *c, int rank0, const int *shape, int nax, int a, xm_coll_t kind)
+{
+    if (shape[a] <= 1)
+        return 0;
+    xm_coll_geom_t g;
+    axis_geom(c, rank0, shape, nax, a, &g);
+    xm_cost_pred_t p;
+    return xm_cost_collective(c->o->cost, kind, &g, 0, &p) ? 0 : p.seconds;
+}
+
 /* Adds the time of one collective over axis a (bytes = n of xm_costmodel.h). */
 static double coll(ctx_t *c, int rank0, const int *shape, int nax, int a, xm_coll_t kind,
                    double bytes, double *vol)
@@ -215,6 +228,22 @@ typedef struct {
     const int *shape;
     double f, b, comp, vol;
 } walk_t;
+
+/* Element-wise work of `units` (xm_costmodel.h's units of kind) at the calibrated rate of the
+ * trainer's kernels: forward into w->f, backward into w->b, both into w->comp. Returns 1 when
+ * the cluster file has that rate, 0 when not (nothing added: files from before the eltwise
+ * records, and the nominal model). */
+static int elt(ctx_t *c, walk_t *w, xm_elt_t kind, double units)
+{
+    double f = 0, b = 0;
+    int have = xm_cost_elt(c->o->cost, kind, units, &f, &b);
+    if (have <= 0)
+        return 0;
+    w->f += f;
+    w->b += b;
+    w->comp += f + b;
+    return 1;
+}
 
 /* Boxing from -> to of a tensor whose local size under `from` is elems:
  * forward time into w->f, the dual (all-gather <-> reduce-scatter) into w->b. */
@@ -330,6 +359,7 @@ static void layernorm(ctx_t *c, walk_t *w, const xmp_sbp_t *xs, const int64_t *x
             cs *= w->shape[a];
     double rl = local_elems(xd, 3, x, w->shape, w->nax) / ceil((double)xd[2] / (double)cs);
     double v = 0;
+    elt(c, w, XM_ELT_LAYERNORM, local_elems(xd, 3, x, w->shape, w->nax));
     for (int a = 0; a < w->nax; a++)
         if (x[a].kind == XMP_S && x[a].dim == 2) {
             double t = coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
@@ -373,10 +403,14 @@ static void attention(ctx_t *c, walk_t *w, const xmp_sbp_t *qs, const int64_t *q
     w->vol += 2 * v;
     double T = (double)qd[1], hs = (double)qd[4];
     double bl = ceil((double)qd[0] / bs), hl = ceil((double)qd[3] / hsplit), tq = ceil(T / ts);
-    double tf = bl * hl * (gemm(c, tq, T, hs) + gemm(c, tq, hs, T));
-    w->f += tf;
-    w->b += 2 * tf;
-    w->comp += 3 * tf;
+    /* the trainer's attention loops (scores, softmax, values) at their calibrated rate; without
+     * it, the two products as sgemm (forward; twice that backward) */
+    if (!elt(c, w, XM_ELT_ATTENTION, bl * hl * tq * T * hs)) {
+        double tf = bl * hl * (gemm(c, tq, T, hs) + gemm(c, tq, hs, T));
+        w->f += tf;
+        w->b += 2 * tf;
+        w->comp += 3 * tf;
+    }
     *probs_elems = bl * hl * tq * T;
     box(c, w, y, outc, local_elems(yd, 3, y, w->shape, w->nax));
 }
@@ -403,16 +437,28 @@ static void param(ctx_t *c, walk_t *w, const opt_t *o, const char *name, const i
     for (int a = 0; a < w->nax; a++) {
         if (cs[a].kind != XMP_B || w->shape[a] <= 1)
             continue;
+        xm_coll_t k[2] = {XM_COLL_ALLREDUCE, XM_COLL_ALLREDUCE};
+        int nk = 1;
         if (ss[a].kind == XMP_S) {
-            ic->r += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_REDUCE_SCATTER, cur, &v);
-            ic->r += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLGATHER, cur, &v);
-            cur /= w->shape[a];
-        } else {
-            ic->r += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLREDUCE, cur, &v);
+            k[0] = XM_COLL_REDUCE_SCATTER;
+            k[1] = XM_COLL_ALLGATHER;
+            nk = 2;
         }
+        for (int j = 0; j < nk; j++) {
+            ic->r += coll(c, w->rank0, w->shape, w->nax, a, k[j], cur, &v);
+            double al = coll_alpha(c, w->rank0, w->shape, w->nax, a, k[j]);
+            ic->r_alpha_sum += al;
+            ic->r_alpha_max = fmax(ic->r_alpha_max, al);
+        }
+        if (ss[a].kind == XMP_S)
+            cur /= w->shape[a];
     }
     ic->r_bytes += v;
-    ic->o += ADAMW_FLOPS * stored / c->gemm_rate;
+    double upd = 0;
+    if (xm_cost_elt(c->o->cost, XM_ELT_ADAMW, stored, &upd, NULL) > 0)
+        ic->o += upd; /* the trainer's xmp_adamw at its calibrated rate */
+    else
+        ic->o += ADAMW_FLOPS * stored / c->gemm_rate;
 }
 
 /* The costs of one item kind (E, t, L) of option oi on stage s. */
@@ -443,7 +489,10 @@ static void item_costs(ctx_t *c, int s, int oi)
             xmp_sbp_t g[NAX];
             unpartial(c, &w, cls(o, "act.fch"),
                       local_elems(hd, 3, cls(o, "act.fch"), o->shape, nax), g);
+            elt(c, &w, XM_ELT_GELU, local_elems(hd, 3, g, o->shape, nax));
             box(c, &w, g, cls(o, "act.gelu"), local_elems(hd, 3, g, o->shape, nax));
+            /* the two residual sums of the block */
+            elt(c, &w, XM_ELT_RESIDUAL, 2 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax));
             linear(c, &w, cls(o, "act.gelu"), hd, 3, cls(o, "fcproj.w"), wfcp, 2, cls(o, "act.x"));
             ic->act = F32 * (2 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax) +
                              local_elems(xd, 3, cls(o, "act.ln1"), o->shape, nax) +
@@ -472,6 +521,8 @@ static void item_costs(ctx_t *c, int s, int oi)
                                            : xmp_sbp_b();
             box(c, &w, y, cls(o, "act.x"), local_elems(xd, 3, y, o->shape, nax));
             ic->act = F32 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax);
+            /* token + position embedding: one sum per element */
+            elt(c, &w, XM_ELT_RESIDUAL, local_elems(xd, 3, cls(o, "act.x"), o->shape, nax));
             param(c, &w, o, "wte", wte, 2, ic);
             param(c, &w, o, "wpe", wpe, 2, ic);
         } else if (it == IT_W) {
@@ -486,6 +537,7 @@ static void item_costs(ctx_t *c, int s, int oi)
                 if (lg[a].kind == XMP_S && lg[a].dim == 2)
                     vs *= o->shape[a];
             double rl = le / ceil((double)Vp / (double)vs);
+            elt(c, &w, XM_ELT_XENT, le);
             for (int a = 0; a < nax; a++)
                 if (lg[a].kind == XMP_S && lg[a].dim == 2)
                     w.f += coll(c, w.rank0, o->shape, nax, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
@@ -935,6 +987,7 @@ static int inflight(int kind, int s, int S, int M)
 typedef struct {
     double f, b, comp, box, r, o, ro, mem, memp, mema, box_bytes, r_bytes;
     double stored, grad, compute;
+    double r_alpha_sum, r_alpha_max;
 } scost_t;
 
 /* Stage s with nb blocks on option oi (E on stage 0, L on the last). */
@@ -949,6 +1002,9 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
         sc->b += w[it] * ic[it].b;
         sc->comp += w[it] * ic[it].comp;
         sc->r += w[it] * ic[it].r;
+        sc->r_alpha_sum += w[it] * ic[it].r_alpha_sum;
+        if (w[it] > 0)
+            sc->r_alpha_max = fmax(sc->r_alpha_max, ic[it].r_alpha_max);
         sc->o += w[it] * ic[it].o;
         sc->memp += w[it] * ic[it].mem_static;
         sc->mema += w[it] * ic[it].act;
@@ -966,9 +1022,14 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
         sc->grad += ic[IT_W].grad;
         sc->compute += ic[IT_W].compute;
         sc->r += ic[IT_W].r + tied_time(c, oi);
+        sc->r_alpha_sum += ic[IT_W].r_alpha_sum;
+        sc->r_alpha_max = fmax(sc->r_alpha_max, ic[IT_W].r_alpha_max);
         sc->r_bytes += ic[IT_W].r_bytes;
         sc->o += ic[IT_W].o;
     }
+    /* --overlap defer-grad: the reductions posted at once overlap their latencies */
+    if (c->o->defer_grad && !c->o->no_overlap)
+        sc->r -= sc->r_alpha_sum - sc->r_alpha_max;
     sc->box = sc->f + sc->b - sc->comp;
     sc->ro = sc->r + sc->o;
     sc->mema *= inflight(kind, s, c->S, c->M);
@@ -1618,4 +1679,7 @@ void xmp_search_gpt_command(const xmp_search_opts_t *o, const xmp_search_cand_t 
              o->model.max_seq_len, o->B, o->T, lay, mesh, same ? "--strategy" : "--stage-strategy",
              same ? xmp_search_strategy_name(c->strategy[0]) : strat, xmp_sched_kind_name(c->sched),
              c->M);
+    size_t len = strlen(buf);
+    if (o->defer_grad && len < n)
+        snprintf(buf + len, n - len, " --overlap defer-grad");
 }

@@ -71,6 +71,11 @@ typedef struct {
      * exchange at 0; no_share prices every collective as if its group had the hosts' NICs to
      * itself (share 1: the bandwidth model ignores groups sharing a NIC) */
     int no_boundary, no_share;
+    /* the trainer's --overlap defer-grad (docs/STRATEGY.md): a stage's gradient reductions are
+     * posted at once and waited in order, so their latencies overlap: R = sum of the
+     * collectives' bandwidth terms + the largest alpha (instead of every alpha). The other
+     * switches are not modelled. no_overlap: the ablation that ignores defer_grad. */
+    int defer_grad, no_overlap;
 } xmp_search_opts_t;
 
 typedef struct {

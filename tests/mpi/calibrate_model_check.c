@@ -2,11 +2,12 @@
  * through the search's API (xm_costmodel_load) and checks what the search
  * will rely on: every collective kind has a record inside one host and
  * across hosts, each with finite values and R^2 <= 1; each record predicts
- * its own geometry (alpha clamped at 0 + beta f at its largest size) or,
- * with a slope <= 0 from timing noise, is not used; every sgemm shape
- * predicts its measured time; a geometry not measured (p 8 across 8 hosts)
- * gets a figure from the nearest record, or "not calibrated" when no record
- * of that kind across hosts is usable.
+ * its own geometry (its measured time at its largest size when the file has
+ * its points, else alpha clamped at 0 + beta f there) or, with a slope <= 0
+ * from timing noise, is not used; every sgemm shape
+ * predicts its measured time, every element-wise kernel has a rate; a geometry not measured (p 8
+ * across 8 hosts) gets a figure from the nearest record, or "not calibrated" when no record of that
+ * kind across hosts is usable.
  *
  * usage: calibrate_model_check FILE [--no-compute]
  * exit 0 when every check holds, 1 otherwise (the failures printed). */
@@ -54,7 +55,14 @@ int main(int argc, char **argv)
               r->fit.alpha, r->fit.beta, r->fit.r2, r->fit.worst_rel, r->fit.n);
         xm_cost_pred_t p;
         xmesh_result_t e = xm_cost_collective(m, r->kind, &r->g, r->max_bytes, &p);
-        if (r->fit.beta > 0) {
+        if (r->npts >= 2) { /* measured points: its own largest point, exactly */
+            double want = r->py[r->npts - 1];
+            CHECK(r->px[r->npts - 1] == r->max_bytes && e == XMESH_SUCCESS && p.exact &&
+                      fabs(p.seconds - want) <= 1e-12 * want,
+                  "line %d %s p %d: predicted %g (exact %d, rc %d: %s), measured %g at %g bytes",
+                  r->line, kn, r->g.group_size, p.seconds, p.exact, e,
+                  e ? xmesh_last_error() : p.basis, want, r->px[r->npts - 1]);
+        } else if (r->fit.beta > 0) {
             double want = (r->fit.alpha > 0 ? r->fit.alpha : 0) +
                           r->fit.beta * xm_coll_volume(r->kind, r->max_bytes, r->g.group_size);
             CHECK(e == XMESH_SUCCESS && p.exact && fabs(p.seconds - want) <= 1e-12 * want,
@@ -95,6 +103,10 @@ int main(int argc, char **argv)
         }
         CHECK(m->has_gemm_fit && isfinite(m->gemm_fit.r2) && m->gemm_fit.r2 <= 1 + 1e-9,
               "sgemm fit missing or R^2 not finite");
+        for (int k = 0; k < XM_ELT_NKINDS; k++)
+            CHECK(m->elt[k].busy >= 1 && m->elt[k].fwd > 0 && isfinite(m->elt[k].bwd),
+                  "eltwise %s: busy %d fwd %g bwd %g", xm_elt_name((xm_elt_t)k), m->elt[k].busy,
+                  m->elt[k].fwd, m->elt[k].bwd);
     }
     printf("%s: %d collective records, %d sgemm shapes, %d failure(s)\n", argv[1], m->ncoll,
            m->ngemm, failures);
