@@ -8,6 +8,7 @@
 #define XMP_TEST_SBP_TEST_UTIL_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +70,44 @@ static inline void rand_tensor(xmp_tensor_t *t, xmp_mesh_t *m, int nd, const int
     OK(xmp_tensor_alloc(t, m, nd, shape, XMESH_F32, s));
     OK(xmp_tensor_fill_from_full(t, f));
     free(f);
+}
+
+/* An F32 tensor of this shape and SBP holding my block of the full array full. */
+static inline void make(xmp_tensor_t *t, xmp_mesh_t *m, int nd, const int64_t *shape,
+                        const xmp_sbp_t *s, const float *full)
+{
+    OK(xmp_tensor_alloc(t, m, nd, shape, XMESH_F32, s));
+    OK(xmp_tensor_fill_from_full(t, full));
+}
+
+/* The full array of t, gathered (calloc'd, one spare element; the caller frees it). */
+static inline float *full_of(const xmp_tensor_t *t)
+{
+    float *f = calloc((size_t)numel(t->ndim, t->shape) + 1, sizeof(float));
+    OK(xmp_tensor_gather_full(t, f));
+    return f;
+}
+
+/* MPI_Init, g_rank, the world size (returned); --seed S sets *seed and --break sets *brk
+ * (when brk is not NULL); rank 0 prints "name: seed S, N ranks" (replay with --seed S); the
+ * shared stream starts at *seed. */
+static inline int sbp_test_start(int *argc, char ***argv, const char *name, uint64_t *seed,
+                                 int *brk)
+{
+    int n;
+    MPI_Init(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    for (int i = 1; i < *argc; i++) {
+        if (!strcmp((*argv)[i], "--seed") && i + 1 < *argc)
+            *seed = strtoull((*argv)[++i], NULL, 10);
+        else if (brk && !strcmp((*argv)[i], "--break"))
+            *brk = 1;
+    }
+    if (g_rank == 0)
+        printf("%s: seed %llu, %d ranks\n", name, (unsigned long long)*seed, n);
+    g_state = *seed;
+    return n;
 }
 
 /* Same SBP, same local block, same bits: every local element compared with memcmp; FAILs at

@@ -217,19 +217,7 @@ static void test_parse(void)
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
-    int n;
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            g_seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--break"))
-            g_break = 1;
-    }
-    if (g_rank == 0)
-        printf("test_overlap: seed %llu, %d ranks\n", (unsigned long long)g_seed, n);
-    g_state = g_seed;
+    int n = sbp_test_start(&argc, &argv, "test_overlap", &g_seed, &g_break);
     test_parse();
     /* meshes of 1..4 axes whose sizes multiply to n (axes of size 1 pad to 4 axes) */
     int shapes[8][4], ns = 0, nd[8];

@@ -15,20 +15,6 @@
 
 static uint64_t g_seed = 4321;
 
-static void make(xmp_tensor_t *t, xmp_mesh_t *m, int nd, const int64_t *shape, const xmp_sbp_t *s,
-                 const float *full)
-{
-    OK(xmp_tensor_alloc(t, m, nd, shape, XMESH_F32, s));
-    xmp_tensor_fill_from_full(t, full);
-}
-
-static float *full_of(const xmp_tensor_t *t)
-{
-    float *f = calloc((size_t)numel(t->ndim, t->shape) + 1, sizeof(float));
-    OK(xmp_tensor_gather_full(t, f));
-    return f;
-}
-
 /* L = sum(out * R) in double, from the gathered output. */
 static double objective(const xmp_tensor_t *out, const float *R)
 {
