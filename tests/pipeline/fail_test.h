@@ -16,6 +16,12 @@
 #include "nn/sbp.h"
 #include "test_report.h"
 
+/* A timed-out call returned after el seconds: within [T, T + 2.5 s] (50 ms of clock slack
+ * below T). */
+#define EXPECT_TIMEOUT_WINDOW(el, T)                                                               \
+    EXPECT((el) >= (T)-0.05 && (el) <= (T) + 2.5, "returned after %.3f s, expected [%g, %g]",      \
+           (el), (T), (T) + 2.5)
+
 static inline double fail_test_init(int *argc, char ***argv, const char *name, double max_T)
 {
     int provided, size;
