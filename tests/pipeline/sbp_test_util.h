@@ -88,6 +88,17 @@ static inline float *full_of(const xmp_tensor_t *t)
     return f;
 }
 
+/* L = sum(out * R) in double, from the gathered output (the finite-difference objective). */
+static inline double objective(const xmp_tensor_t *out, const float *R)
+{
+    float *f = full_of(out);
+    double s = 0;
+    for (int64_t e = 0; e < numel(out->ndim, out->shape); e++)
+        s += (double)f[e] * R[e];
+    free(f);
+    return s;
+}
+
 /* MPI_Init, g_rank, the world size (returned); --seed S sets *seed and --break sets *brk
  * (when brk is not NULL); rank 0 prints "name: seed S, N ranks" (replay with --seed S); the
  * shared stream starts at *seed. */

@@ -113,16 +113,6 @@ static void unchanged(const char *what, const xmp_tensor_t *t, float *copy)
     free(copy);
 }
 
-static double objective(const xmp_tensor_t *out, const float *R)
-{
-    float *f = full_of(out);
-    double s = 0;
-    for (int64_t e = 0; e < numel(out->ndim, out->shape); e++)
-        s += (double)f[e] * R[e];
-    free(f);
-    return s;
-}
-
 static void check_fd(const char *what, int64_t e, double fd, float an)
 {
     if (fabs(fd - an) > 3e-3 * (1.0 + fabs(fd)))

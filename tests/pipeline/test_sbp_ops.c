@@ -15,17 +15,6 @@
 
 static uint64_t g_seed = 4321;
 
-/* L = sum(out * R) in double, from the gathered output. */
-static double objective(const xmp_tensor_t *out, const float *R)
-{
-    float *f = full_of(out);
-    double s = 0;
-    for (int64_t e = 0; e < numel(out->ndim, out->shape); e++)
-        s += (double)f[e] * R[e];
-    free(f);
-    return s;
-}
-
 static void grad_tensor(xmp_tensor_t *d, const xmp_tensor_t *out, const float *R)
 {
     xmp_sbp_t g[XMP_MAX_MESH_DIMS];
