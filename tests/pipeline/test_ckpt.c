@@ -34,17 +34,11 @@
 
 #include "ckpt/ckpt.h"
 
-static int g_rank, g_world, g_fail;
-static uint64_t g_seed = 20261125;
+#define TEST_FAIL_CAP 30
+#include "test_report.h"
 
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        if (g_fail++ < 30) {                                                                       \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
+static int g_world;
+static uint64_t g_seed = 20261125;
 
 /* ---------------------------------------------------------------- random */
 
@@ -224,6 +218,18 @@ static int g_plan_tensors, g_direct_tensors;
 
 #define NT 3
 
+/* The NT meshes and tensors of layouts L on comm (zeroed first; FAIL on a setup error). */
+static void make_set(MPI_Comm comm, const lay_t *L, xmp_mesh_t **m, xmp_tensor_t *t)
+{
+    memset(t, 0, sizeof(xmp_tensor_t) * NT);
+    for (int i = 0; i < NT; i++) {
+        m[i] = NULL;
+        if (xmp_mesh_create(comm, NULL, L[i].ndim, L[i].mshape, L[i].ranks, &m[i]) ||
+            xmp_tensor_alloc(&t[i], m[i], L[i].tnd, L[i].shape, L[i].dtype, L[i].sbp))
+            FAIL("setup: %s", xmp_last_error());
+    }
+}
+
 static void matrix_case(int nA, int nB, int trial, unsigned flags)
 {
     lay_t A[NT], B[NT];
@@ -257,11 +263,8 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
         xmp_tensor_t t[NT];
         xmp_ckpt_tensor_t ts[NT];
         int nts = 0;
-        memset(t, 0, sizeof t);
+        make_set(ca, A, m, t);
         for (int i = 0; i < NT; i++) {
-            if (xmp_mesh_create(ca, NULL, A[i].ndim, A[i].mshape, A[i].ranks, &m[i]) ||
-                xmp_tensor_alloc(&t[i], m[i], A[i].tnd, A[i].shape, A[i].dtype, A[i].sbp))
-                FAIL("setup: %s", xmp_last_error());
             fill(&t[i], tag0 * 8 + (uint64_t)i);
             if (m[i]->member) { /* non-members leave the tensor out */
                 ts[nts].name = names[i];
@@ -306,11 +309,8 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
             xmp_tensor_t t[NT];
             xmp_ckpt_tensor_t ts[NT];
             int nts = 0;
-            memset(t, 0, sizeof t);
+            make_set(cb, B, m, t);
             for (int i = 0; i < NT; i++) {
-                if (xmp_mesh_create(cb, NULL, B[i].ndim, B[i].mshape, B[i].ranks, &m[i]) ||
-                    xmp_tensor_alloc(&t[i], m[i], B[i].tnd, B[i].shape, B[i].dtype, B[i].sbp))
-                    FAIL("setup: %s", xmp_last_error());
                 fill_sentinel(&t[i]);
                 if (m[i]->member || rndi(2)) { /* non-members may pass it too */
                     ts[nts].name = names[i];
@@ -379,26 +379,21 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
 
 /* ---------------------------------------------------------------- helpers */
 
-/* one small checkpoint on the world: 2 tensors on a 2-axis mesh (or 1) */
+/* A small checkpoint's two tensors on one mesh of the world: w (6 x cols, dtype dt, SBP sw)
+ * and b (7, F32, SBP sb); the mesh has nd axes of the given shape over ranks. */
 typedef struct {
     xmp_mesh_t *m;
     xmp_tensor_t w, b;
 } small_t;
 
-static void small_make(small_t *s, int64_t cols, xmesh_dtype_t dt, int step_tag)
+static void pair_make(small_t *s, int nd, const int *shape, const int *ranks, const xmp_sbp_t *sw,
+                      const xmp_sbp_t *sb, int64_t cols, xmesh_dtype_t dt)
 {
-    int shape[2] = {g_world >= 4 ? 2 : 1, g_world >= 4 ? g_world / 2 : g_world};
-    int ranks[16];
-    for (int i = 0; i < shape[0] * shape[1]; i++)
-        ranks[i] = i;
-    xmp_sbp_t sw[2] = {xmp_sbp_b(), xmp_sbp_s(0)}, sb[2] = {xmp_sbp_s(0), xmp_sbp_b()};
     int64_t ws[2] = {6, cols}, bs[1] = {7};
-    if (xmp_mesh_create(MPI_COMM_WORLD, NULL, 2, shape, ranks, &s->m) ||
+    if (xmp_mesh_create(MPI_COMM_WORLD, NULL, nd, shape, ranks, &s->m) ||
         xmp_tensor_alloc(&s->w, s->m, 2, ws, dt, sw) ||
         xmp_tensor_alloc(&s->b, s->m, 1, bs, XMESH_F32, sb))
         FAIL("small setup: %s", xmp_last_error());
-    fill(&s->w, 900000 + (uint64_t)step_tag * 2);
-    fill(&s->b, 900001 + (uint64_t)step_tag * 2);
 }
 
 static void small_free(small_t *s)
@@ -406,6 +401,20 @@ static void small_free(small_t *s)
     xmp_tensor_free(&s->w);
     xmp_tensor_free(&s->b);
     xmp_mesh_destroy(s->m);
+}
+
+/* The saved layout: w B,S(0) and b S(0),B on a 2 x world/2 mesh (1 x world below 4 ranks),
+ * holding step step_tag's values. */
+static void small_make(small_t *s, int64_t cols, xmesh_dtype_t dt, int step_tag)
+{
+    int shape[2] = {g_world >= 4 ? 2 : 1, g_world >= 4 ? g_world / 2 : g_world};
+    int ranks[16];
+    for (int i = 0; i < shape[0] * shape[1]; i++)
+        ranks[i] = i;
+    xmp_sbp_t sw[2] = {xmp_sbp_b(), xmp_sbp_s(0)}, sb[2] = {xmp_sbp_s(0), xmp_sbp_b()};
+    pair_make(s, 2, shape, ranks, sw, sb, cols, dt);
+    fill(&s->w, 900000 + (uint64_t)step_tag * 2);
+    fill(&s->b, 900001 + (uint64_t)step_tag * 2);
 }
 
 static xmesh_result_t small_save(const char *root, int64_t step, int keep)
@@ -432,22 +441,16 @@ static xmesh_result_t small_load_check(const char *root, int64_t step)
     int shape[1] = {g_world}, ranks[16];
     for (int i = 0; i < g_world; i++)
         ranks[i] = g_world - 1 - i;
-    xmp_mesh_t *m;
-    xmp_tensor_t w, b;
+    small_t s;
     xmp_sbp_t sw[1] = {xmp_sbp_s(1)}, sb[1] = {xmp_sbp_b()};
-    int64_t ws[2] = {6, 5}, bs[1] = {7};
-    xmp_mesh_create(MPI_COMM_WORLD, NULL, 1, shape, ranks, &m);
-    xmp_tensor_alloc(&w, m, 2, ws, XMESH_F32, sw);
-    xmp_tensor_alloc(&b, m, 1, bs, XMESH_F32, sb);
-    xmp_ckpt_tensor_t ts[2] = {{"w", &w, NULL}, {"b", &b, NULL}};
+    pair_make(&s, 1, shape, ranks, sw, sb, 5, XMESH_F32);
+    xmp_ckpt_tensor_t ts[2] = {{"w", &s.w, NULL}, {"b", &s.b, NULL}};
     r = xmp_ckpt_load(MPI_COMM_WORLD, NULL, c, ts, 2, NULL, 0, XMP_CKPT_STRICT);
     if (!r) {
-        check(&w, 900000 + (uint64_t)step * 2);
-        check(&b, 900001 + (uint64_t)step * 2);
+        check(&s.w, 900000 + (uint64_t)step * 2);
+        check(&s.b, 900001 + (uint64_t)step * 2);
     }
-    xmp_tensor_free(&w);
-    xmp_tensor_free(&b);
-    xmp_mesh_destroy(m);
+    small_free(&s);
     xmp_ckpt_close(c);
     return r;
 }
@@ -613,34 +616,20 @@ static void expect_fail(const char *what, xmesh_result_t r, const char *s1, cons
         printf("  %-22s -> %s\n", what, xmp_last_error());
 }
 
-typedef struct {
-    xmp_mesh_t *m;
-    xmp_tensor_t w, b;
-} dst_small_t;
-
-static void dst_make(dst_small_t *d, int64_t cols, xmesh_dtype_t dt)
+/* The default destination: w B,S(1) and b B,S(0) on a 1 x world mesh, sentinel-filled. */
+static void dst_make(small_t *d, int64_t cols, xmesh_dtype_t dt)
 {
     int shape[2] = {1, g_world}, ranks[16];
     for (int i = 0; i < g_world; i++)
         ranks[i] = i;
     xmp_sbp_t sw[2] = {xmp_sbp_b(), xmp_sbp_s(1)}, sb[2] = {xmp_sbp_b(), xmp_sbp_s(0)};
-    int64_t ws[2] = {6, cols}, bs[1] = {7};
-    xmp_mesh_create(MPI_COMM_WORLD, NULL, 2, shape, ranks, &d->m);
-    xmp_tensor_alloc(&d->w, d->m, 2, ws, dt, sw);
-    xmp_tensor_alloc(&d->b, d->m, 1, bs, XMESH_F32, sb);
+    pair_make(d, 2, shape, ranks, sw, sb, cols, dt);
     fill_sentinel(&d->w);
     fill_sentinel(&d->b);
 }
 
-static void dst_free(dst_small_t *d)
-{
-    xmp_tensor_free(&d->w);
-    xmp_tensor_free(&d->b);
-    xmp_mesh_destroy(d->m);
-}
-
 /* loads root (step dir or root) into the default destination */
-static xmesh_result_t try_load(const char *root, dst_small_t *d, const char *wname,
+static xmesh_result_t try_load(const char *root, small_t *d, const char *wname,
                                const xmp_ckpt_kv_t *expect, int nexpect, unsigned flags,
                                xmesh_ctx_t ctx)
 {
@@ -706,7 +695,7 @@ static void rewrite_manifest(const char *path, const char *from, const char *to)
 static void test_bad(xmesh_ctx_t ctx)
 {
     char root[700], step[800], p[900];
-    dst_small_t d;
+    small_t d;
     int target = g_world > 1 ? 1 : 0;
     for (int kase = 0; kase < 10; kase++) {
         snprintf(root, sizeof root, "%s/bad%d", g_root, kase);
@@ -800,7 +789,7 @@ static void test_bad(xmesh_ctx_t ctx)
                 FAIL("bad case %d: %" PRId64 " bytes checksummed by all ranks (flags %u)", kase,
                      checked, f2);
         }
-        dst_free(&d);
+        small_free(&d);
     }
     /* destination lists that do not fit together */
     if (g_world > 1) {
@@ -829,7 +818,7 @@ static void test_bad(xmesh_ctx_t ctx)
         } else {
             FAIL("lists: open: %s", xmp_last_error());
         }
-        dst_free(&d);
+        small_free(&d);
     }
     /* bad names on save: nothing written */
     {

@@ -11,6 +11,7 @@
  * runs only). Usage: test_driver --graph a|b|c [--trace file]
  */
 #include "pipe/driver.h"
+#include "toy_chain.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -113,12 +114,7 @@ static int toy_forward(void *u, int mb, const void *const *in, void *const *out,
             }
     }
     for (int i = 0; i < nr; i++) {
-        for (int j = 0; j < NC; j++) {
-            double z = 0;
-            for (int l = 0; l < NC; l++)
-                z += x[i * NC + l] * t->W[l * NC + j];
-            y[i * NC + j] = tanh(z);
-        }
+        layer_fwd_row(NC, x + i * NC, t->W, y + i * NC);
         xmp_driver_progress(NULL); /* between "layers", as a model would */
     }
     for (int e = 0; e < g->nedges; e++)
@@ -152,15 +148,7 @@ static int toy_bwd_input(void *u, int mb, const void *const *gout, void *const *
             for (int i = 0; i < nr * NC; i++)
                 gy[i] += v[i];
         }
-    for (int i = 0; i < nr * NC; i++)
-        gz[i] = gy[i] * (1.0 - y[i] * y[i]);
-    for (int i = 0; i < nr; i++)
-        for (int l = 0; l < NC; l++) {
-            double a = 0;
-            for (int j = 0; j < NC; j++)
-                a += gz[i * NC + j] * t->W[l * NC + j];
-            gx[i * NC + l] = a;
-        }
+    layer_bwd_input(nr, NC, y, gy, t->W, gz, gx);
     k = 0;
     for (int e = 0; e < g->nedges; e++)
         if (g->e[e].dst == t->s)
@@ -171,13 +159,7 @@ static int toy_bwd_input(void *u, int mb, const void *const *gout, void *const *
 static int toy_bwd_weight(void *u, int mb)
 {
     toy_t *t = u;
-    for (int l = 0; l < NC; l++)
-        for (int j = 0; j < NC; j++) {
-            double a = 0;
-            for (int i = 0; i < t->nr; i++)
-                a += t->x[mb][i * NC + l] * t->gz[mb][i * NC + j];
-            t->gW[l * NC + j] += a;
-        }
+    layer_bwd_weight(t->nr, NC, t->x[mb], t->gz[mb], t->gW);
     t->held--;
     return 0;
 }
@@ -194,11 +176,7 @@ static int toy_reduce(void *u)
 static int toy_step(void *u)
 {
     toy_t *t = u;
-    for (int i = 0; i < NC * NC; i++) {
-        t->W[i] -= LR * t->gW[i];
-        t->last_gW[i] = t->gW[i];
-        t->gW[i] = 0;
-    }
+    sgd_step(NC * NC, LR, t->W, t->gW, t->last_gW);
     return 0;
 }
 
@@ -235,13 +213,7 @@ static void reference(const graph_t *g, ref_t *r)
                     if (g->e[e].dst == s)
                         for (int i = 0; i < NR * NC; i++)
                             x[s][i] += y[g->e[e].src][i];
-                for (int i = 0; i < NR; i++)
-                    for (int j = 0; j < NC; j++) {
-                        double z = 0;
-                        for (int l = 0; l < NC; l++)
-                            z += x[s][i * NC + l] * r->W[s][l * NC + j];
-                        y[s][i * NC + j] = tanh(z);
-                    }
+                layer_fwd(NR, NC, x[s], r->W[s], y[s]);
             }
             int L = g->stages - 1;
             for (int i = 0; i < NR * NC; i++)
@@ -254,15 +226,7 @@ static void reference(const graph_t *g, ref_t *r)
                     if (g->e[e].src == s)
                         for (int i = 0; i < NR * NC; i++)
                             gy[i] += gx[g->e[e].dst][i];
-                for (int i = 0; i < NR * NC; i++)
-                    gz[i] = gy[i] * (1 - y[s][i] * y[s][i]);
-                for (int i = 0; i < NR; i++)
-                    for (int l = 0; l < NC; l++) {
-                        double a = 0;
-                        for (int j = 0; j < NC; j++)
-                            a += gz[i * NC + j] * r->W[s][l * NC + j];
-                        gx[s][i * NC + l] = a;
-                    }
+                layer_bwd_input(NR, NC, y[s], gy, r->W[s], gz, gx[s]);
                 for (int l = 0; l < NC; l++)
                     for (int j = 0; j < NC; j++)
                         for (int i = 0; i < NR; i++)

@@ -14,6 +14,7 @@
  * Usage: test_driver_virtual (2 or 4 ranks; the layouts follow the rank count).
  */
 #include "pipe/driver.h"
+#include "toy_chain.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -90,13 +91,7 @@ static int t_fwd(void *u, int mb, const void *const *in, void *const *out, doubl
             for (int i = 0; i < NR * NC; i++)
                 x[i] += v[i];
         }
-    for (int i = 0; i < NR; i++)
-        for (int j = 0; j < NC; j++) {
-            double z = 0;
-            for (int l = 0; l < NC; l++)
-                z += x[i * NC + l] * t->W[l * NC + j];
-            y[i * NC + j] = tanh(z);
-        }
+    layer_fwd(NR, NC, x, t->W, y);
     k = 0;
     for (int e = 0; e < n->nedges; e++)
         if (n->e[e].src == t->s)
@@ -125,15 +120,7 @@ static int t_bin(void *u, int mb, const void *const *gout, void *const *gin)
             for (int i = 0; i < NR * NC; i++)
                 gy[i] += v[i];
         }
-    for (int i = 0; i < NR * NC; i++)
-        gz[i] = gy[i] * (1.0 - y[i] * y[i]);
-    for (int i = 0; i < NR; i++)
-        for (int l = 0; l < NC; l++) {
-            double a = 0;
-            for (int j = 0; j < NC; j++)
-                a += gz[i * NC + j] * t->W[l * NC + j];
-            gx[i * NC + l] = a;
-        }
+    layer_bwd_input(NR, NC, y, gy, t->W, gz, gx);
     k = 0;
     for (int e = 0; e < n->nedges; e++)
         if (n->e[e].dst == t->s)
@@ -144,13 +131,7 @@ static int t_bin(void *u, int mb, const void *const *gout, void *const *gin)
 static int t_bw(void *u, int mb)
 {
     toy_t *t = u;
-    for (int l = 0; l < NC; l++)
-        for (int j = 0; j < NC; j++) {
-            double a = 0;
-            for (int i = 0; i < NR; i++)
-                a += t->x[mb][i * NC + l] * t->gz[mb][i * NC + j];
-            t->gW[l * NC + j] += a;
-        }
+    layer_bwd_weight(NR, NC, t->x[mb], t->gz[mb], t->gW);
     t->held--;
     return 0;
 }
@@ -158,11 +139,7 @@ static int t_bw(void *u, int mb)
 static int t_opt(void *u)
 {
     toy_t *t = u;
-    for (int i = 0; i < NC * NC; i++) {
-        t->W[i] -= LR * t->gW[i];
-        t->last_gW[i] = t->gW[i];
-        t->gW[i] = 0;
-    }
+    sgd_step(NC * NC, LR, t->W, t->gW, t->last_gW);
     return 0;
 }
 
@@ -195,13 +172,7 @@ static void reference(const net_t *n, ref_t *r)
                     if (n->e[e].dst == s)
                         for (int i = 0; i < NR * NC; i++)
                             x[s][i] += y[n->e[e].src][i];
-                for (int i = 0; i < NR; i++)
-                    for (int j = 0; j < NC; j++) {
-                        double z = 0;
-                        for (int l = 0; l < NC; l++)
-                            z += x[s][i * NC + l] * W[s][l * NC + j];
-                        y[s][i * NC + j] = tanh(z);
-                    }
+                layer_fwd(NR, NC, x[s], W[s], y[s]);
             }
             int L = n->S - 1;
             double l = 0;
@@ -216,22 +187,8 @@ static void reference(const net_t *n, ref_t *r)
                     if (n->e[e].src == s)
                         for (int i = 0; i < NR * NC; i++)
                             gy[i] += gx[n->e[e].dst][i];
-                for (int i = 0; i < NR * NC; i++)
-                    gz[i] = gy[i] * (1 - y[s][i] * y[s][i]);
-                for (int i = 0; i < NR; i++)
-                    for (int l2 = 0; l2 < NC; l2++) {
-                        double a = 0;
-                        for (int j = 0; j < NC; j++)
-                            a += gz[i * NC + j] * W[s][l2 * NC + j];
-                        gx[s][i * NC + l2] = a;
-                    }
-                for (int l2 = 0; l2 < NC; l2++)
-                    for (int j = 0; j < NC; j++) {
-                        double a = 0;
-                        for (int i = 0; i < NR; i++)
-                            a += x[s][i * NC + l2] * gz[i * NC + j];
-                        gW[s][l2 * NC + j] += a;
-                    }
+                layer_bwd_input(NR, NC, y[s], gy, W[s], gz, gx[s]);
+                layer_bwd_weight(NR, NC, x[s], gz, gW[s]);
             }
         }
         for (int s = 0; s < n->S; s++)

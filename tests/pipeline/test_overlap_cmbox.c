@@ -12,19 +12,10 @@
 
 #include "nn/overlap.h"
 #include "nn/sbp_ops.h"
+#include "test_report.h"
 
-static int g_rank, g_fail, g_break;
+static int g_break;
 static uint64_t g_seed = 7;
-
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            g_fail++;                                                                              \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
 
 static float rnd(uint64_t *s)
 {

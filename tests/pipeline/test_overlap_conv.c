@@ -17,85 +17,10 @@
 #include "nn/overlap.h"
 #include "nn/sbp_conv.h"
 #include "nn/sbp_ops.h"
+#include "sbp_test_util.h"
 
-static int g_rank, g_fail, g_break;
+static int g_break;
 static uint64_t g_seed = 1357;
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        if (g_fail++ < 20) {                                                                       \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-#define OK(call)                                                                                   \
-    do {                                                                                           \
-        if ((call) != XMESH_SUCCESS)                                                               \
-            FAIL("%s: %s", #call, xmp_last_error());                                               \
-    } while (0)
-
-static uint64_t g_state;
-static uint64_t next_u64(void)
-{
-    uint64_t z = (g_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float urand(void)
-{
-    return (float)((next_u64() >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
-}
-static int irand(int n)
-{
-    return (int)(next_u64() % (uint64_t)n);
-}
-
-/* Per axis one of S(0), S(1) (dims below nsplit), B, and P when allow_p. */
-static void rand_sbp(const xmp_mesh_t *m, int nsplit, int allow_p, xmp_sbp_t *s)
-{
-    for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
-        s[a] = xmp_sbp_b();
-    for (int a = 0; a < m->ndim; a++) {
-        int k = irand(nsplit + 1 + allow_p);
-        s[a] = k < nsplit ? xmp_sbp_s(k) : k == nsplit ? xmp_sbp_b() : xmp_sbp_p();
-    }
-}
-
-/* Every rank draws the same full array from the shared stream. */
-static void rand_tensor(xmp_tensor_t *t, xmp_mesh_t *m, int nd, const int64_t *shape,
-                        const xmp_sbp_t *s)
-{
-    int64_t n = 1;
-    for (int d = 0; d < nd; d++)
-        n *= shape[d];
-    float *f = malloc(sizeof(float) * (size_t)n);
-    for (int64_t i = 0; i < n; i++)
-        f[i] = urand();
-    OK(xmp_tensor_alloc(t, m, nd, shape, XMESH_F32, s));
-    OK(xmp_tensor_fill_from_full(t, f));
-    free(f);
-}
-
-/* Same SBP, same local block, same bits. */
-static void same(const xmp_tensor_t *a, const xmp_tensor_t *b, const char *what, int trial)
-{
-    char sa[64], sb[64];
-    xmp_sbp_string(a->sbp, a->mesh->ndim, sa, sizeof sa);
-    xmp_sbp_string(b->sbp, b->mesh->ndim, sb, sizeof sb);
-    if (strcmp(sa, sb) || a->lcount != b->lcount) {
-        FAIL("%s trial %d: SBP %s vs %s, %lld vs %lld elements", what, trial, sa, sb,
-             (long long)a->lcount, (long long)b->lcount);
-        return;
-    }
-    for (int64_t e = 0; e < a->lcount; e++)
-        if (memcmp(xmp_f32(a) + e, xmp_f32(b) + e, 4)) {
-            FAIL("%s trial %d (%s): element %lld: %.9g vs %.9g", what, trial, sa, (long long)e,
-                 xmp_f32(a)[e], xmp_f32(b)[e]);
-            return;
-        }
-}
 
 static void corrupt(xmp_tensor_t *t)
 {
@@ -219,19 +144,7 @@ static int test_forward(xmp_mesh_t *m, int trials)
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
-    int n;
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            g_seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--break"))
-            g_break = 1;
-    }
-    if (g_rank == 0)
-        printf("test_overlap_conv: seed %llu, %d ranks\n", (unsigned long long)g_seed, n);
-    g_state = g_seed;
+    int n = sbp_test_start(&argc, &argv, "test_overlap_conv", &g_seed, &g_break);
     /* meshes of 1..4 axes whose sizes multiply to n */
     int shapes[6][4], ns = 0, nd[6];
     shapes[ns][0] = n, nd[ns++] = 1;

@@ -14,49 +14,10 @@
 
 #include "nn/kernels.h"
 #include "nn/sbp_layers.h"
+#include "sbp_test_util.h"
 
-static int g_rank, g_fail;
 static uint64_t g_seed = 20261125;
 static int64_t g_checked;
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        if (g_fail++ < 20) {                                                                       \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-#define OK(call)                                                                                   \
-    do {                                                                                           \
-        if ((call) != XMESH_SUCCESS)                                                               \
-            FAIL("%s: %s", #call, xmp_last_error());                                               \
-    } while (0)
-
-static uint64_t g_state;
-static uint64_t next_u64(void)
-{
-    uint64_t z = (g_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float urand(void)
-{
-    return (float)((next_u64() >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
-}
-static int irand(int n)
-{
-    return (int)(next_u64() % (uint64_t)n);
-}
-
-static int64_t numel(int nd, const int64_t *s)
-{
-    int64_t v = 1;
-    for (int d = 0; d < nd; d++)
-        v *= s[d];
-    return v;
-}
 
 static float *rand_array(int64_t n, float scale, float shift)
 {
@@ -64,20 +25,6 @@ static float *rand_array(int64_t n, float scale, float shift)
     for (int64_t e = 0; e < n; e++)
         a[e] = shift + scale * urand();
     return a;
-}
-
-static void make(xmp_tensor_t *t, xmp_mesh_t *m, int nd, const int64_t *shape, const xmp_sbp_t *s,
-                 const float *full)
-{
-    OK(xmp_tensor_alloc(t, m, nd, shape, XMESH_F32, s));
-    xmp_tensor_fill_from_full(t, full);
-}
-
-static float *full_of(const xmp_tensor_t *t)
-{
-    float *f = calloc((size_t)numel(t->ndim, t->shape) + 1, sizeof(float));
-    OK(xmp_tensor_gather_full(t, f));
-    return f;
 }
 
 /* SBP option k of {B, P, S(0), ..., S(nd-1)}. */
@@ -97,7 +44,8 @@ static void combo(int c, int naxes, int nopt, const int *opts, xmp_sbp_t *s)
     }
 }
 
-static void rand_sbp(int naxes, int nopt, const int *opts, xmp_sbp_t *s)
+/* Per axis one of opts[0..nopt-1] (option codes), uniformly; axes past naxes are B. */
+static void rand_sbp_of(int naxes, int nopt, const int *opts, xmp_sbp_t *s)
 {
     for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
         s[a] = a < naxes ? option(opts[irand(nopt)]) : xmp_sbp_b();
@@ -163,16 +111,6 @@ static void unchanged(const char *what, const xmp_tensor_t *t, float *copy)
     if (t->lcount && memcmp(copy, t->data, sizeof(float) * (size_t)t->lcount))
         FAIL("%s: an input was modified", what);
     free(copy);
-}
-
-static double objective(const xmp_tensor_t *out, const float *R)
-{
-    float *f = full_of(out);
-    double s = 0;
-    for (int64_t e = 0; e < numel(out->ndim, out->shape); e++)
-        s += (double)f[e] * R[e];
-    free(f);
-    return s;
 }
 
 static void check_fd(const char *what, int64_t e, double fd, float an)
@@ -336,17 +274,17 @@ static void test_layernorm(xmp_mesh_t *m)
     c.R = rand_array(LB * LT * LC, 1.0f, 0.0f);
     for (int k = 0; k < ncombo; k++) {
         combo(k, m->ndim, 5, xopt, c.sx);
-        rand_sbp(m->ndim, 3, wopt, c.sw);
-        rand_sbp(m->ndim, 3, wopt, c.sb);
-        rand_sbp(m->ndim, 5, xopt, c.sg);
+        rand_sbp_of(m->ndim, 3, wopt, c.sw);
+        rand_sbp_of(m->ndim, 3, wopt, c.sb);
+        rand_sbp_of(m->ndim, 5, xopt, c.sg);
         ln_case(&c, 0);
     }
     /* FD: channel split on axis 0, rows on the others, P where there is a 4th axis */
     static const xmp_sbp_t mix[4] = {{XMP_S, 2}, {XMP_S, 0}, {XMP_S, 1}, {XMP_P, 0}};
     memcpy(c.sx, mix, sizeof mix);
-    rand_sbp(m->ndim, 3, wopt, c.sw);
-    rand_sbp(m->ndim, 3, wopt, c.sb);
-    rand_sbp(m->ndim, 5, xopt, c.sg);
+    rand_sbp_of(m->ndim, 3, wopt, c.sw);
+    rand_sbp_of(m->ndim, 3, wopt, c.sb);
+    rand_sbp_of(m->ndim, 5, xopt, c.sg);
     ln_case(&c, 1);
     if (g_rank == 0)
         printf("  layernorm: %d x signatures on a %d-axis mesh checked\n", ncombo, m->ndim);
@@ -502,13 +440,13 @@ static void test_attention(xmp_mesh_t *m)
     c.R = rand_array(AB * AT * ANH * AHS, 1.0f, 0.0f);
     for (int k = 0; k < ncombo; k++) {
         combo(k, m->ndim, 5, qopt, c.sq);
-        rand_sbp(m->ndim, 6, gopt, c.sg);
+        rand_sbp_of(m->ndim, 6, gopt, c.sg);
         at_case(&c, 0);
     }
     at_refusals(m, c.Q);
     static const xmp_sbp_t mix[4] = {{XMP_S, 1}, {XMP_S, 3}, {XMP_S, 0}, {XMP_P, 0}};
     memcpy(c.sq, mix, sizeof mix);
-    rand_sbp(m->ndim, 6, gopt, c.sg);
+    rand_sbp_of(m->ndim, 6, gopt, c.sg);
     at_case(&c, 1);
     if (g_rank == 0)
         printf("  attention: %d qkv signatures on a %d-axis mesh checked, S(2)/S(4) refused\n",

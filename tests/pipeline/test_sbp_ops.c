@@ -11,84 +11,9 @@
 
 #include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
+#include "sbp_test_util.h"
 
-static int g_rank, g_fail;
 static uint64_t g_seed = 4321;
-
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        if (g_fail++ < 20) {                                                                       \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-#define OK(call)                                                                                   \
-    do {                                                                                           \
-        if ((call) != XMESH_SUCCESS)                                                               \
-            FAIL("%s: %s", #call, xmp_last_error());                                               \
-    } while (0)
-
-static uint64_t g_state;
-static uint64_t next_u64(void)
-{
-    uint64_t z = (g_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float urand(void)
-{
-    return (float)((next_u64() >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
-}
-static int irand(int n)
-{
-    return (int)(next_u64() % (uint64_t)n);
-}
-
-static int64_t numel(int nd, const int64_t *s)
-{
-    int64_t v = 1;
-    for (int d = 0; d < nd; d++)
-        v *= s[d];
-    return v;
-}
-
-/* Random SBP per axis from {B, P, S(0..nd-1)} (P only if allow_p). */
-static void rand_sbp(const xmp_mesh_t *m, int nd, int allow_p, xmp_sbp_t *s)
-{
-    for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
-        s[a] = xmp_sbp_b();
-    for (int a = 0; a < m->ndim; a++) {
-        int k = irand(nd + 1 + allow_p);
-        s[a] = k < nd ? xmp_sbp_s(k) : k == nd ? xmp_sbp_b() : xmp_sbp_p();
-    }
-}
-
-static void make(xmp_tensor_t *t, xmp_mesh_t *m, int nd, const int64_t *shape, const xmp_sbp_t *s,
-                 const float *full)
-{
-    OK(xmp_tensor_alloc(t, m, nd, shape, XMESH_F32, s));
-    xmp_tensor_fill_from_full(t, full);
-}
-
-static float *full_of(const xmp_tensor_t *t)
-{
-    float *f = calloc((size_t)numel(t->ndim, t->shape) + 1, sizeof(float));
-    OK(xmp_tensor_gather_full(t, f));
-    return f;
-}
-
-/* L = sum(out * R) in double, from the gathered output. */
-static double objective(const xmp_tensor_t *out, const float *R)
-{
-    float *f = full_of(out);
-    double s = 0;
-    for (int64_t e = 0; e < numel(out->ndim, out->shape); e++)
-        s += (double)f[e] * R[e];
-    free(f);
-    return s;
-}
 
 static void grad_tensor(xmp_tensor_t *d, const xmp_tensor_t *out, const float *R)
 {

@@ -11,26 +11,14 @@
  * base is refused naming a smallest peak that is at least the largest base.
  */
 #include "sched/schedule.h"
+#include "sched_check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures, checks;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-
 enum { S = 4, M = 8 };
-static char err[4096];
 static double one[3 * S], act[S], ckpt[S], base[S];
 
 /* The modelled peak of s per group (with or without the base) into peak[]; 0 or -1. */

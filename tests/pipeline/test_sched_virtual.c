@@ -9,52 +9,12 @@
  * recomputation (cost and memory model, exact values) and the memory cap.
  */
 #include "sched/schedule.h"
+#include "sched_check.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures, checks;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-
-static char err[4096];
-
-static void roundtrip(const xmp_schedule_t *s)
-{
-    char *t1 = xmp_sched_format(s), *t2 = NULL;
-    xmp_schedule_t *p = NULL;
-    CHECK(t1 != NULL, "format");
-    int r = xmp_sched_parse(t1, &p, err, sizeof(err));
-    CHECK(r == 0, "parse %s: %s", s->name, err);
-    if (r == 0) {
-        t2 = xmp_sched_format(p);
-        CHECK(t2 && strcmp(t1, t2) == 0, "roundtrip differs:\n%s\n---\n%s", t1, t2 ? t2 : "");
-        CHECK(p->nstages == s->nstages && p->ngroups == s->ngroups && p->nmb == s->nmb &&
-                  p->recompute == s->recompute && p->recompute_frac == s->recompute_frac,
-              "dims of %s", s->name);
-        for (int st = 0; st < s->nstages && st < p->nstages; st++)
-            CHECK(p->stage_group[st] == s->stage_group[st], "map stage %d", st);
-        for (int i = 0; i < s->ngroups && i < p->ngroups; i++) {
-            CHECK(p->len[i] == s->len[i], "group %d len", i);
-            for (int j = 0; j < s->len[i] && j < p->len[i]; j++)
-                CHECK(memcmp(&p->acts[i][j], &s->acts[i][j], sizeof(xmp_action_t)) == 0,
-                      "group %d action %d", i, j);
-        }
-    }
-    free(t1);
-    free(t2);
-    xmp_sched_destroy(p);
-}
 
 /* Every F and (B xor I+W) exactly once per (stage, microbatch), W after I, counted here. */
 static void check_once(const xmp_schedule_t *s)

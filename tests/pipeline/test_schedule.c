@@ -1,22 +1,10 @@
 /* Pipeline schedules: generators, text form, validator, dry run, simulator. */
 #include "sched/schedule.h"
+#include "sched_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
-
-static char err[2048];
 
 /* Index of the first action of `kind` (and mb if >= 0) on stage st, -1 if none. */
 static int find(const xmp_schedule_t *s, int st, int kind, int mb)
@@ -43,29 +31,6 @@ static int expected_warmup(int kind, int S, int M, int st)
 {
     int w = kind == XMP_SCHED_GPIPE ? M : kind == XMP_SCHED_1F1B ? S - st : 2 * (S - st) - 1;
     return w < M ? w : M;
-}
-
-static void roundtrip(const xmp_schedule_t *s)
-{
-    char *t1 = xmp_sched_format(s), *t2 = NULL;
-    xmp_schedule_t *p = NULL;
-    CHECK(t1 != NULL, "format");
-    int r = xmp_sched_parse(t1, &p, err, sizeof(err));
-    CHECK(r == 0, "parse: %s", err);
-    if (r == 0) {
-        t2 = xmp_sched_format(p);
-        CHECK(t2 && strcmp(t1, t2) == 0, "roundtrip differs:\n%s\n---\n%s", t1, t2 ? t2 : "");
-        CHECK(p->nstages == s->nstages && p->nmb == s->nmb && p->nedges == s->nedges, "dims");
-        for (int i = 0; i < s->nstages && i < p->nstages; i++) {
-            CHECK(p->len[i] == s->len[i], "stage %d len", i);
-            for (int j = 0; j < s->len[i] && j < p->len[i]; j++)
-                CHECK(memcmp(&p->acts[i][j], &s->acts[i][j], sizeof(xmp_action_t)) == 0,
-                      "stage %d action %d", i, j);
-        }
-    }
-    free(t1);
-    free(t2);
-    xmp_sched_destroy(p);
 }
 
 static void check_delay(const xmp_schedule_t *s)
@@ -342,9 +307,9 @@ int main(void)
         xmp_sched_destroy(s);
     }
     if (failures) {
-        fprintf(stderr, "%d failures\n", failures);
+        fprintf(stderr, "%d failures in %d checks\n", failures, checks);
         return 1;
     }
-    printf("all schedule tests passed\n");
+    printf("all schedule tests passed (%d checks)\n", checks);
     return 0;
 }

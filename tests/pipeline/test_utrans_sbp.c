@@ -111,6 +111,37 @@ static void fd(const char *what, const char *sig, eval_fn eval, void *ctx, float
     CHECK(e <= 2e-2, "%s [%s]: finite difference vs backward: relative error %.3g", what, sig, e);
 }
 
+/* fd against the analytic gradient held in the tensor grad (gathered to full here). */
+static void fd_tensor(const char *what, const char *sig, eval_fn eval, void *ctx, float *full,
+                      size_t n, const xmp_tensor_t *grad)
+{
+    float *an = malloc(n * sizeof(float));
+    if (xmp_tensor_gather_full(grad, an) != XMESH_SUCCESS) {
+        CHECK(0, "%s [%s]: gather: %s", what, sig, xmp_last_error());
+        free(an);
+        return;
+    }
+    fd(what, sig, eval, ctx, full, n, an);
+    free(an);
+}
+
+/* The output gradient of y: y's shape, the gradient SBP of y's (a P output's gradient is B),
+ * my block of full. */
+static xmp_tensor_t mk_grad(const xmp_tensor_t *y, const float *full)
+{
+    xmp_tensor_t t;
+    xmp_sbp_t gs[XMP_MAX_MESH_DIMS];
+    memset(&t, 0, sizeof t);
+    for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
+        gs[a] = xmp_sbp_grad(y->sbp[a]);
+    if (xmp_tensor_alloc(&t, g_mesh, y->ndim, y->shape, XMESH_F32, gs) != XMESH_SUCCESS ||
+        xmp_tensor_fill_from_full(&t, full) != XMESH_SUCCESS) {
+        printf("mk_grad: %s\n", xmp_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    return t;
+}
+
 static void expect_refusal(xmesh_result_t r, const char *needle, const char *what)
 {
     CHECK(r != XMESH_SUCCESS && strstr(xmp_last_error(), needle),
@@ -184,23 +215,15 @@ static void test_conv(const char *sx, const char *sw, const char *sbias, int str
     if (r == XMESH_SUCCESS) {
         cmp("conv y", sig, &y, yr);
         /* dy with y's SBP (a P output's gradient is B) */
-        xmp_sbp_t gs[XMP_MAX_MESH_DIMS];
-        for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
-            gs[a] = xmp_sbp_grad(y.sbp[a]);
-        xmp_tensor_t dy;
-        xmp_tensor_alloc(&dy, g_mesh, 4, ys, XMESH_F32, gs);
-        xmp_tensor_fill_from_full(&dy, dyf);
+        xmp_tensor_t dy = mk_grad(&y, dyf);
         r = xmp_conv2d_backward_input(&dy, &x, &w, stride, 1, &dx);
         CHECK(r == XMESH_SUCCESS, "conv backward input [%s]: %s", sig, xmp_last_error());
         if (r == XMESH_SUCCESS) {
             cmp("conv dx", sig, &dx, dxr);
             if (dofd) {
-                float *dxf = malloc(nx * 4);
-                xmp_tensor_gather_full(&dx, dxf);
                 conv_ctx_t cc = {{N, CI, H, W}, {CO, CI, 3, 3}, {CO}, sx, sw, sbias, wf, bf,
                                  dyf,           stride};
-                fd("conv dx", sig, conv_eval_x, &cc, xf, nx, dxf);
-                free(dxf);
+                fd_tensor("conv dx", sig, conv_eval_x, &cc, xf, nx, &dx);
             }
             xmp_tensor_free(&dx);
         }
@@ -210,12 +233,9 @@ static void test_conv(const char *sx, const char *sw, const char *sbias, int str
             cmp("conv dw", sig, &dw, dwr);
             cmp("conv db", sig, &db, dbr);
             if (dofd) {
-                float *dwf = malloc(nw * 4);
-                xmp_tensor_gather_full(&dw, dwf);
                 conv_ctx_t cc = {{N, CI, H, W}, {CO, CI, 3, 3}, {CO}, sx, sw, sbias, xf, bf,
                                  dyf,           stride};
-                fd("conv dw", sig, conv_eval_w, &cc, wf, nw, dwf);
-                free(dwf);
+                fd_tensor("conv dw", sig, conv_eval_w, &cc, wf, nw, &dw);
             }
             xmp_tensor_free(&dw);
             xmp_tensor_free(&db);
@@ -280,11 +300,8 @@ static void test_gn(const char *sx, const char *sg, int groups, int dofd)
         if (r == XMESH_SUCCESS) {
             cmp("gn dx", sig, &dx, dxr);
             if (dofd) {
-                float *dxf = malloc(nx * 4);
-                xmp_tensor_gather_full(&dx, dxf);
                 gn_ctx_t cc = {{N, C, H, W}, {C}, sx, sg, gf, bf, dyf, groups};
-                fd("gn dx", sig, gn_eval_x, &cc, xf, nx, dxf);
-                free(dxf);
+                fd_tensor("gn dx", sig, gn_eval_x, &cc, xf, nx, &dx);
             }
             xmp_tensor_free(&dx);
         }
@@ -374,12 +391,7 @@ static void test_ew(int op, const char *sx, int dofd)
     CHECK(r == XMESH_SUCCESS, "%s [%s]: %s", what, sig, xmp_last_error());
     if (r == XMESH_SUCCESS) {
         cmp(what, sig, &y, yr);
-        xmp_sbp_t gs[XMP_MAX_MESH_DIMS];
-        for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
-            gs[a] = xmp_sbp_grad(y.sbp[a]);
-        xmp_tensor_t dy;
-        xmp_tensor_alloc(&dy, g_mesh, y.ndim, y.shape, XMESH_F32, gs);
-        xmp_tensor_fill_from_full(&dy, dyf);
+        xmp_tensor_t dy = mk_grad(&y, dyf);
         r = ew_bwd(op, &dy, &x, &dx);
         snprintf(what, sizeof what, "%s backward", names[op]);
         CHECK(r == XMESH_SUCCESS, "%s [%s]: %s", what, sig, xmp_last_error());
@@ -400,11 +412,8 @@ static void test_ew(int op, const char *sx, int dofd)
                 xmp_tensor_free(&dt);
             }
             if (dofd) {
-                float *dxf = malloc(nx * 4);
-                xmp_tensor_gather_full(&dx, dxf);
                 ew_ctx_t cc = {op, {N, C, H, W}, sx, dyf};
-                fd(names[op], sig, ew_eval, &cc, xf, nx, dxf);
-                free(dxf);
+                fd_tensor(names[op], sig, ew_eval, &cc, xf, nx, &dx);
             }
             xmp_tensor_free(&dx);
         }
@@ -431,12 +440,7 @@ static void test_concat(const char *sa, const char *sb)
     CHECK(r == XMESH_SUCCESS, "concat [%s]: %s", sig, xmp_last_error());
     if (r == XMESH_SUCCESS) {
         cmp("concat y", sig, &y, yr);
-        xmp_sbp_t gs[XMP_MAX_MESH_DIMS];
-        for (int ax = 0; ax < XMP_MAX_MESH_DIMS; ax++)
-            gs[ax] = xmp_sbp_grad(y.sbp[ax]);
-        xmp_tensor_t dy;
-        xmp_tensor_alloc(&dy, g_mesh, 4, ys, XMESH_F32, gs);
-        xmp_tensor_fill_from_full(&dy, dyf);
+        xmp_tensor_t dy = mk_grad(&y, dyf);
         r = xmp_concat_backward(&dy, &a, &b, &da, &db);
         CHECK(r == XMESH_SUCCESS, "concat backward [%s]: %s", sig, xmp_last_error());
         if (r == XMESH_SUCCESS) {
@@ -508,11 +512,8 @@ static void test_mha(const char *sq, const char *sk, int dofd)
             cmp("mha dk", sig, &dk, dkr);
             cmp("mha dv", sig, &dv, dvr);
             if (dofd) {
-                float *dqf = malloc(nq * 4);
-                xmp_tensor_gather_full(&dq, dqf);
                 mha_ctx_t cc = {{N, TQ, C}, {N, TK, C}, sq, sk, kf, vf, dof, HD};
-                fd("mha dq", sig, mha_eval_q, &cc, qf, nq, dqf);
-                free(dqf);
+                fd_tensor("mha dq", sig, mha_eval_q, &cc, qf, nq, &dq);
             }
             xmp_tensor_free(&dq);
             xmp_tensor_free(&dk);
