@@ -115,10 +115,88 @@ void xm_costmodel_destroy(xm_costmodel_t *m)
         return;
     free(m->coll);
     free(m->gemm);
+    free(m->cpusets);
+    free(m->cpu_set_of);
     free(m);
 }
 
 /* ------------------------------------------------------------ records */
+
+xmesh_result_t xm_costmodel_add_cpuset(xm_costmodel_t *m, int cpus, const int *ranks, int nranks,
+                                       double wait)
+{
+    if (!m || !ranks)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_add_cpuset: %s is NULL",
+                      !m ? "model" : "ranks");
+    if (cpus < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: cpus %d (expected >= 1)", cpus);
+    if (nranks < 1)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: no ranks");
+    if (!(wait >= 0 && wait <= 1))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: wait %g (expected 0 .. 1)", wait);
+    int top = m->cpu_nranks;
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] < 0 || ranks[i] >= (1 << 24))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: rank %d out of range [0, %d)",
+                          ranks[i], 1 << 24);
+        if (ranks[i] < m->cpu_nranks && m->cpu_set_of[ranks[i]] >= 0)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cpuset record: rank %d is already in the cpuset of line %d", ranks[i],
+                          m->cpusets[m->cpu_set_of[ranks[i]]].line);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: rank %d repeats",
+                              ranks[i]);
+        if (ranks[i] + 1 > top)
+            top = ranks[i] + 1;
+    }
+    xm_cpuset_t *cs = realloc(m->cpusets, (size_t)(m->ncpusets + 1) * sizeof *cs);
+    if (!cs)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_add_cpuset: out of memory");
+    m->cpusets = cs;
+    int *of = realloc(m->cpu_set_of, (size_t)top * sizeof *of);
+    if (!of)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_add_cpuset: out of memory");
+    m->cpu_set_of = of;
+    for (int r = m->cpu_nranks; r < top; r++)
+        of[r] = -1;
+    m->cpu_nranks = top;
+    for (int i = 0; i < nranks; i++)
+        of[ranks[i]] = m->ncpusets;
+    cs[m->ncpusets].cpus = cpus;
+    cs[m->ncpusets].nranks = nranks;
+    cs[m->ncpusets].line = 0;
+    cs[m->ncpusets].wait = wait;
+    m->ncpusets++;
+    return XMESH_SUCCESS;
+}
+
+int xm_cost_cpu_share(const xm_costmodel_t *m, int nranks, const double *busy, int rank,
+                      double *factor)
+{
+    if (!m || !busy || !factor || nranks < 1 || rank < 0 || rank >= nranks)
+        return -1;
+    for (int r = 0; r < nranks; r++)
+        if (!(busy[r] >= 0) || busy[r] > 1)
+            return -1;
+    if (m->ncpusets == 0 || m->cpu_nranks != nranks) {
+        *factor = 1;
+        return 0;
+    }
+    for (int r = 0; r < nranks; r++)
+        if (m->cpu_set_of[r] < 0) {
+            *factor = 1;
+            return 0;
+        }
+    int set = m->cpu_set_of[rank];
+    double k = m->cpusets[set].cpus, n = m->cpusets[set].nranks, w = m->cpusets[set].wait, b = 0;
+    for (int r = 0; r < nranks; r++)
+        if (m->cpu_set_of[r] == set)
+            b += r == rank ? 1.0 : busy[r] + w * (1 - busy[r]);
+    double all = fmin(1.0, k / n), now = fmin(1.0, k / b);
+    *factor = all / now;
+    return 1;
+}
 
 static const char *const elt_names[XM_ELT_NKINDS] = {"gelu", "layernorm", "attention",
                                                      "xent", "residual",  "adamw"};
@@ -629,9 +707,80 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
         memset(&tmp, 0, sizeof tmp);
         return xm_costmodel_set_elt(m ? m : &tmp, (xm_elt_t)kind, &e);
     }
+    if (!strcmp(f[0], "cpuset")) {
+        static const char *const cf[] = {"cpuset", "cpus", "ranks", "wait"};
+        if ((r = want(line, f[0], nf, 4, cf)))
+            return r;
+        double wait;
+        if ((r = num(line, f[0], "wait", f[3], &wait)))
+            return r;
+        if (!(wait >= 0 && wait <= 1))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: cpuset field wait: %g (expected 0 .. 1)", line,
+                          wait);
+        int64_t cpus;
+        if ((r = whole(line, f[0], "cpus", f[1], 1 << 20, &cpus)))
+            return r;
+        if (cpus < 1)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: cpuset field cpus: 0 (expected >= 1)", line);
+        int *rk = NULL, n = 0, cap = 0;
+        for (char *save = NULL, *t = strtok_r(f[2], ",", &save); t;
+             t = strtok_r(NULL, ",", &save)) {
+            char *dash = strchr(t, '-');
+            int64_t a = 0, b = 0;
+            if (dash)
+                *dash = '\0';
+            if ((r = whole(line, f[0], "ranks", t, (1 << 24) - 1, &a)) ||
+                (r = whole(line, f[0], "ranks", dash ? dash + 1 : t, (1 << 24) - 1, &b))) {
+                free(rk);
+                return r;
+            }
+            if (b < a || b - a > (1 << 20) - n) {
+                free(rk);
+                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                              "cluster file line %d: cpuset field ranks: range %lld-%lld", line,
+                              (long long)a, (long long)b);
+            }
+            for (int64_t v = a; v <= b; v++) {
+                if (n == cap) {
+                    cap = cap ? 2 * cap : 16;
+                    int *t2 = realloc(rk, (size_t)cap * sizeof *rk);
+                    if (!t2) {
+                        free(rk);
+                        return XM_ERR(XMESH_ERR_NO_MEMORY, "cluster file: out of memory");
+                    }
+                    rk = t2;
+                }
+                rk[n++] = (int)v;
+            }
+        }
+        if (n == 0) {
+            free(rk);
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: cpuset field ranks: empty", line);
+        }
+        xm_costmodel_t tmp;
+        memset(&tmp, 0, sizeof tmp);
+        xm_costmodel_t *into = m ? m : &tmp;
+        r = xm_costmodel_add_cpuset(into, (int)cpus, rk, n, wait);
+        free(rk);
+        if (r) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", xmesh_last_error());
+            free(tmp.cpusets);
+            free(tmp.cpu_set_of);
+            return XM_ERR(r, "cluster file line %d: %s", line, why);
+        }
+        if (m)
+            m->cpusets[m->ncpusets - 1].line = line;
+        free(tmp.cpusets);
+        free(tmp.cpu_set_of);
+        return XMESH_SUCCESS;
+    }
     return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                   "cluster file line %d: [compute] unknown record '%s' (expected sgemm, "
-                  "sgemm_fit or eltwise)",
+                  "sgemm_fit, eltwise or cpuset)",
                   line, f[0]);
 }
 
@@ -766,7 +915,7 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
     int nelt = 0;
     for (int k = 0; k < XM_ELT_NKINDS; k++)
         nelt += m->elt[k].busy > 0;
-    if (m->ngemm || m->has_gemm_fit || nelt) {
+    if (m->ngemm || m->has_gemm_fit || nelt || m->ncpusets) {
         fprintf(f, "\n[compute]\n"
                    "# sgemm m n k busy seconds label: C(m x n) = A(m x k) . B(k x n), busy "
                    "ranks per host at once\n");
@@ -790,6 +939,28 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
             if (m->elt[k].busy > 0)
                 fprintf(f, "eltwise %s %d %.10g %.10g\n", elt_names[k], m->elt[k].busy,
                         m->elt[k].fwd * 1e9, m->elt[k].bwd * 1e9);
+        if (m->ncpusets)
+            fprintf(f, "# cpuset cpus ranks wait: ranks whose affinity masks overlap share that "
+                       "many cpus (compute above: every rank busy); a waiting rank takes `wait` "
+                       "of a computing rank's cpu\n");
+        for (int c = 0; c < m->ncpusets; c++) {
+            fprintf(f, "cpuset %d ", m->cpusets[c].cpus);
+            int first = 1;
+            for (int r = 0; r < m->cpu_nranks; r++) {
+                if (m->cpu_set_of[r] != c)
+                    continue;
+                int e = r;
+                while (e + 1 < m->cpu_nranks && m->cpu_set_of[e + 1] == c)
+                    e++;
+                if (e > r)
+                    fprintf(f, "%s%d-%d", first ? "" : ",", r, e);
+                else
+                    fprintf(f, "%s%d", first ? "" : ",", r);
+                first = 0;
+                r = e;
+            }
+            fprintf(f, " %.4g\n", m->cpusets[c].wait);
+        }
     }
     if (ferror(f))
         return XM_ERR(XMESH_ERR_SYSTEM, "xm_costmodel_write: write error");

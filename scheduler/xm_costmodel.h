@@ -115,8 +115,26 @@ typedef struct xm_elt_rec {
     int line;
 } xm_elt_rec_t;
 
+/* CPU sharing ([compute] `cpuset CPUS RANKS` records, written by xmesh-calibrate from each rank's
+ * affinity mask): ranks whose masks overlap form one set that shares CPUS cpus. The compute
+ * records are measured with every rank busy, so a rank of a set of n ranks on k < n cpus
+ * computed at k/n of a cpu; when fewer of its set compute at once (a pipeline stage idles in
+ * its bubble), it gets more (xm_cost_cpu_share). */
+typedef struct xm_cpuset {
+    int cpus;    /* cpus the set's ranks may run on (>= 1) */
+    int nranks;  /* ranks in the set */
+    double wait; /* CPU a rank waiting in the trainer's polling wait (MPI_Testall +
+                  * sched_yield) takes, as a fraction of a computing rank's; 0..1 */
+    int line;
+} xm_cpuset_t;
+
 typedef struct xm_costmodel {
     int ncoll, ngemm;
+    /* cpuset records: cpu_set_of[r] = index into cpusets of rank r (-1: none), for ranks
+     * 0 .. cpu_nranks - 1 */
+    int ncpusets, cpu_nranks;
+    xm_cpuset_t *cpusets;
+    int *cpu_set_of;
     xm_elt_rec_t elt[XM_ELT_NKINDS]; /* [compute] eltwise records (busy 0: absent) */
     xm_coll_rec_t *coll;
     xm_gemm_rec_t *gemm;
@@ -207,6 +225,24 @@ xmesh_result_t xm_costmodel_set_points(xm_costmodel_t *m, xm_coll_t kind, const 
  * when no usable record of that kind and side exists. *out untouched on error. */
 xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const xm_coll_geom_t *g,
                                   double bytes, xm_cost_pred_t *out);
+
+/* Adds a cpuset record: `nranks` distinct ranks (each >= 0) sharing `cpus` cpus, a waiting
+ * rank taking `wait` (0..1) of a computing rank's CPU. INVALID_ARGUMENT (m unchanged) for
+ * cpus < 1, no ranks, a negative rank, a rank already in a set (naming it), wait outside
+ * [0, 1]. */
+xmesh_result_t xm_costmodel_add_cpuset(xm_costmodel_t *m, int cpus, const int *ranks, int nranks,
+                                       double wait);
+
+/* CPU-sharing time factor of rank `rank`'s compute, relative to the calibrated (every rank
+ * busy) rate, when rank r' of 0 .. nranks-1 computes with probability busy[r'] (the rank
+ * itself counts as 1). With k cpus and n ranks in its set, w the set's wait weight and
+ * b = sum over the set of busy + w (1 - busy): min(1, k/n) / min(1, k/b) (<= 1: fewer busy
+ * ranks, faster). Returns 1 with *factor set when
+ * the cpuset records cover exactly the ranks 0 .. nranks-1; 0 (*factor = 1) when the model has
+ * no such records (another rank count, or none: compute is not shared, or not known to be);
+ * -1 for bad arguments (*factor untouched). */
+int xm_cost_cpu_share(const xm_costmodel_t *m, int nranks, const double *busy, int rank,
+                      double *factor);
 
 /* Predicted time of one sgemm (m x k) . (k x n): the measured time of that
  * shape (the record with the most busy ranks if several), else 2mnk at the

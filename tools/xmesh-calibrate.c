@@ -31,14 +31,20 @@
  * OpenBLAS it times sgemm for the training stack's layer shapes (GPT-2
  * linears, the U-Transformer's 3x3 convolutions as im2col GEMMs) with every
  * rank busy at once. Both go to the file's [collectives] and [compute]
- * sections.
+ * sections. It also records which ranks share CPUs (`cpuset` records: ranks
+ * whose affinity masks overlap, the cpus of their union) and, where a set
+ * has more ranks than cpus, how much CPU a rank waiting in the trainer's
+ * polling wait takes from the ranks that compute (`wait`, from sgemm timed
+ * with half of each set computing and half polling, against all computing).
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_* */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "xm_api.h"
@@ -948,11 +954,170 @@ typedef struct {
     char coll_why[96];
     gemm_res_t S[MAX_SHAPES + 16];
     int ns, busy;
+    /* CPU sharing (rank 0): set_of[r] for r < size, cpus and wait weight per set */
+    int nsets, *set_of, *set_cpus, *set_n;
+    double *set_wait;
     xm_elt_rec_t E[XM_ELT_NKINDS]; /* busy 0: not measured */
     char gemm_why[128];
     int gemm_fit_ok;
     xm_fit_t gemm_fit;
 } results_t;
+
+/* CPU sets: ranks whose affinity masks overlap are one set (union-find on rank 0), its cpus
+ * the union's count. Then, when a set has more ranks than cpus, the wait weight: every rank
+ * times a sustained sgemm (the gpt-fc shape) with all ranks computing, then with the
+ * even-positioned ranks of each set computing while the others poll an MPI_Ibarrier as
+ * xmp_wait polls (MPI_Testall + sched_yield). A computing rank's share of a cpu is
+ * s = min(1, k/n) t_all / t_half; with n_b computing and n_w polling, s = k / (n_b + w n_w)
+ * gives w (clamped to [0, 1]; 0 when s >= 1: the pollers left the computing ranks a whole
+ * cpu each). Rank 0 gets the results. */
+static void measure_cpusets(results_t *R)
+{
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) {
+        int c = (int)sysconf(_SC_NPROCESSORS_ONLN);
+        for (int i = 0; i < c && i < CPU_SETSIZE; i++)
+            CPU_SET(i, &mine);
+    }
+    cpu_set_t *all = malloc((size_t)size * sizeof *all);
+    int *set_of = malloc((size_t)size * sizeof *set_of);
+    if (!all || !set_of) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
+                  MPI_COMM_WORLD);
+    /* union-find over overlapping masks (every rank computes the same) */
+    for (int r = 0; r < size; r++)
+        set_of[r] = r;
+    for (int a = 0; a < size; a++)
+        for (int b = a + 1; b < size; b++) {
+            cpu_set_t x;
+            CPU_AND(&x, &all[a], &all[b]);
+            if (CPU_COUNT(&x) == 0)
+                continue;
+            int ra = a, rb = b;
+            while (set_of[ra] != ra)
+                ra = set_of[ra];
+            while (set_of[rb] != rb)
+                rb = set_of[rb];
+            if (ra != rb)
+                set_of[ra > rb ? ra : rb] = ra < rb ? ra : rb;
+        }
+    int nsets = 0, *root_idx = malloc((size_t)size * sizeof *root_idx);
+    int *cpus = calloc((size_t)size, sizeof *cpus), *n = calloc((size_t)size, sizeof *n);
+    double *wait = calloc((size_t)size, sizeof *wait);
+    if (!root_idx || !cpus || !n || !wait) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int r = 0; r < size; r++)
+        root_idx[r] = -1;
+    int *pos = malloc((size_t)size * sizeof *pos); /* position of a rank within its set */
+    for (int r = 0; r < size; r++) {
+        int t = r;
+        while (set_of[t] != t)
+            t = set_of[t];
+        if (root_idx[t] < 0)
+            root_idx[t] = nsets++;
+        set_of[r] = root_idx[t];
+        pos[r] = n[set_of[r]]++;
+    }
+    for (int sidx = 0; sidx < nsets; sidx++) {
+        cpu_set_t u;
+        CPU_ZERO(&u);
+        for (int r = 0; r < size; r++)
+            if (set_of[r] == sidx)
+                CPU_OR(&u, &u, &all[r]);
+        cpus[sidx] = CPU_COUNT(&u) > 0 ? CPU_COUNT(&u) : 1;
+    }
+    int over = 0;
+    for (int sidx = 0; sidx < nsets; sidx++)
+        over |= n[sidx] > cpus[sidx] && n[sidx] >= 2;
+#ifdef XMESH_CALIBRATE_BLAS
+    if (over) {
+        const int M = 256, N = 512, K = 128, reps = 5;
+        float *A = calloc((size_t)M * K, sizeof *A), *B = calloc((size_t)K * N, sizeof *B),
+              *C = calloc((size_t)M * N, sizeof *C);
+        if (!A || !B || !C) {
+            fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        double tm[2] = {0, 0};
+        int computes_half = pos[rank] % 2 == 0;
+        for (int phase = 0; phase < 2; phase++) {
+            int computing = phase == 0 || computes_half;
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, A, K, B, N, 0.0f,
+                        C, N);
+            int calls = sustained_calls(MPI_Wtime() - t0) * 4; /* ~0.2 s per repetition */
+            double tt[16];
+            for (int rep = 0; rep < reps; rep++) {
+                MPI_Barrier(MPI_COMM_WORLD);
+                if (computing) {
+                    double t1 = MPI_Wtime();
+                    for (int c = 0; c < calls; c++)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, A, K,
+                                    B, N, 0.0f, C, N);
+                    tt[rep] = (MPI_Wtime() - t1) / calls;
+                }
+                MPI_Request q;
+                MPI_Ibarrier(MPI_COMM_WORLD, &q);
+                poll_all(1, &q); /* pollers wait here while the others compute */
+            }
+            tm[phase] = computing ? median(tt, reps) : 0;
+        }
+        double *ta = rank == 0 ? malloc((size_t)size * 2 * sizeof *ta) : NULL;
+        MPI_Gather(tm, 2, MPI_DOUBLE, ta, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        if (rank == 0) {
+            for (int sidx = 0; sidx < nsets; sidx++) {
+                double k = cpus[sidx], nn = n[sidx];
+                if (nn <= k || nn < 2)
+                    continue;
+                double nb = (nn + 1) / 2 > 0 ? (double)((n[sidx] + 1) / 2) : 1, nw = nn - nb;
+                double ra[64], rh[64];
+                int m = 0;
+                for (int r = 0; r < size && m < 64; r++)
+                    if (set_of[r] == sidx && pos[r] % 2 == 0 && ta[2 * r] > 0 &&
+                        ta[2 * r + 1] > 0) {
+                        ra[m] = ta[2 * r];
+                        rh[m] = ta[2 * r + 1];
+                        m++;
+                    }
+                if (m == 0)
+                    continue;
+                double t_all = median(ra, m), t_half = median(rh, m);
+                double share = fmin(1.0, k / nn) * t_all / t_half, w = 0;
+                if (share < 1 && nw > 0)
+                    w = (k / share - nb) / nw;
+                wait[sidx] = w < 0 ? 0 : w > 1 ? 1 : w;
+            }
+            free(ta);
+        }
+        free(A);
+        free(B);
+        free(C);
+    }
+#endif
+    (void)over;
+    free(pos);
+    free(root_idx);
+    free(all);
+    if (rank == 0) {
+        R->nsets = nsets;
+        R->set_of = set_of;
+        R->set_cpus = cpus;
+        R->set_n = n;
+        R->set_wait = wait;
+    } else {
+        free(set_of);
+        free(cpus);
+        free(n);
+        free(wait);
+    }
+}
 
 static double flops(const shape_t *s)
 {
@@ -1011,6 +1176,16 @@ static xm_costmodel_t *to_model(const results_t *R)
     for (int k = 0; m && k < XM_ELT_NKINDS; k++)
         if (R->E[k].busy > 0 && xm_costmodel_set_elt(m, (xm_elt_t)k, &R->E[k]))
             fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+    int *rk = R->nsets ? malloc((size_t)size * sizeof *rk) : NULL;
+    for (int sidx = 0; m && rk && sidx < R->nsets; sidx++) {
+        int n = 0;
+        for (int r = 0; r < size; r++)
+            if (R->set_of[r] == sidx)
+                rk[n++] = r;
+        if (xm_costmodel_add_cpuset(m, R->set_cpus[sidx], rk, n, R->set_wait[sidx]))
+            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+    }
+    free(rk);
     return m;
 }
 
@@ -1095,6 +1270,10 @@ static void print_table(const opts_t *o, const results_t *R)
                 printf("# eltwise %-10s fwd %8.3f ns/unit  bwd %8.3f ns/unit (%d busy)\n",
                        xm_elt_name((xm_elt_t)k), R->E[k].fwd * 1e9, R->E[k].bwd * 1e9,
                        R->E[k].busy);
+        for (int c = 0; c < R->nsets; c++)
+            printf("# cpuset %d: %d ranks on %d cpus, a polling rank takes %.2f of a computing "
+                   "rank's cpu\n",
+                   c, R->set_n[c], R->set_cpus[c], R->set_wait[c]);
     }
 }
 
@@ -1314,6 +1493,7 @@ int main(int argc, char **argv)
         R->ns = measure_gemm(&o, R->S, R->gemm_why, sizeof R->gemm_why);
         fit_gemm(R);
         measure_elt(&o, R->busy, R->E);
+        measure_cpusets(R);
     }
     int rc = 0;
     if (rank == 0) {
@@ -1348,6 +1528,10 @@ int main(int argc, char **argv)
     }
     MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     free(R->C);
+    free(R->set_of);
+    free(R->set_cpus);
+    free(R->set_n);
+    free(R->set_wait);
     free(R);
     xmesh_ctx_destroy(ctx);
     MPI_Finalize();

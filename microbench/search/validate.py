@@ -12,7 +12,12 @@ and compares the measured step times with the model's predictions (`xmesh-train 
   no-overlap      without the overlap term (--ablate overlap): the configurations run with
                   --overlap defer-grad priced as if their reductions were waited one by one
   no-boundary     boundary transfers between stages cost 0 (--ablate boundary; Alpa-style)
+  no-cpu-share    without CPU sharing between stages (--ablate cpu): the cluster file's
+                  cpuset records ignored, every stage computes at the every-rank-busy rate
   uncalibrated    the nominal model from the NIC rate alone (--nominal)
+
+--measured PREVIOUS/validation.json re-scores the models against the measurements of an
+earlier run (configurations matched by name; nothing is run), e.g. after a model change.
 
 Metrics (per model): precision@5 (AxoNN, paper 001 section V: of the 5 configurations the
 model ranks best, the fraction whose measured time is within 10% of the measured best or
@@ -42,6 +47,7 @@ MODELS = [
     ("bandwidth", ["--ablate", "share"]),
     ("no-overlap", ["--ablate", "overlap"]),
     ("no-boundary", ["--ablate", "boundary"]),
+    ("no-cpu-share", ["--ablate", "cpu"]),
     ("uncalibrated", ["--nominal"]),
 ]
 
@@ -188,6 +194,8 @@ def main():
     ap.add_argument("--max-configs", type=int, default=0, help="first N configurations (0: all)")
     ap.add_argument("--only", default="", help="comma list of configuration indices to run "
                     "(the table's #; after --max-configs)")
+    ap.add_argument("--measured", default="", help="validation.json of an earlier run: its "
+                    "measurements instead of running (re-scores the models)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
@@ -242,8 +250,20 @@ def main():
             preds[name].append(d["step_s"] if d else None)
     meas, lo, hi, runs = [], [], [], []
     t_runs = time.time()
+    old = {}
+    if a.measured:
+        with open(a.measured) as f:
+            prev = json.load(f)
+        old = {x["name"]: x for x in prev["configurations"]}
+        for k in ("steps", "warmup", "repeats", "rate_mbit"):
+            setattr(a, k if k != "rate_mbit" else "rate_mbit", prev.get(k, getattr(a, k, 0)))
+        rate = prev.get("rate_mbit", rate)
     for i, c in enumerate(keep):
-        r = [run_one(a, launch, c, k, a.out, i) for k in range(a.repeats)]
+        if a.measured:
+            x = old.get(cfg_name(c))
+            r = x["repeats_s"] if x else [None]
+        else:
+            r = [run_one(a, launch, c, k, a.out, i) for k in range(a.repeats)]
         ok = [x for x in r if x is not None]
         runs.append(r)
         meas.append(statistics.median(ok) if ok else None)
@@ -257,7 +277,7 @@ def main():
     valid = [i for i in range(len(keep)) if meas[i] is not None]
     best = min(valid, key=lambda i: meas[i]) if valid else None
     ties = [i for i in valid if best is not None and lo[i] <= hi[best] and i != best]
-    doc = {"model_args": a.model_args, "hosts": a.hosts, "ranks": np_, "rate_mbit": rate,
+    doc = {"measured_from": a.measured or None, "model_args": a.model_args, "hosts": a.hosts, "ranks": np_, "rate_mbit": rate,
            "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,
            "cluster_file": full_file, "calibrated": bool(cal), "seconds": time.time() - t0,
            "configurations": [{"index": i, "name": cfg_name(c), "flags": cfg_flags(c),

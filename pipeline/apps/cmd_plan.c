@@ -60,7 +60,8 @@ static void plan_usage(void)
            "  --max-evals N       scheduler budget of each boundary plan (2000)\n"
            "  --ablate LIST       model ablations: boundary (transfers between stages free),\n"
            "                      share (no NIC sharing between a mesh axis' groups),\n"
-           "                      overlap (--overlap ignored)\n"
+           "                      overlap (--overlap ignored), cpu (no CPU sharing between\n"
+           "                      stages: the cluster file's cpuset records ignored)\n"
            "  --overlap LIST      the run's overlap switches (as xmesh-train gpt --overlap);\n"
            "                      modelled: defer-grad (gradient reductions overlap their\n"
            "                      latencies); the others are accepted, not modelled\n"
@@ -296,13 +297,14 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
         return -1;
     if (p->schedules && parse_list("--schedules", p->schedules, kn, 3, &so->schedules))
         return -1;
-    static const char *const an[] = {"boundary", "share", "overlap"};
+    static const char *const an[] = {"boundary", "share", "overlap", "cpu"};
     unsigned ab = 0;
-    if (p->ablate && parse_list("--ablate", p->ablate, an, 3, &ab))
+    if (p->ablate && parse_list("--ablate", p->ablate, an, 4, &ab))
         return -1;
     so->no_boundary = !!(ab & 1u);
     so->no_share = !!(ab & 2u);
     so->no_overlap = !!(ab & 4u);
+    so->no_cpu_share = !!(ab & 8u);
     if (p->overlap) {
         xmp_overlap_t ov;
         if (xmp_overlap_parse(p->overlap, &ov))
@@ -410,6 +412,7 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
             xmp_json_num(&j, "forward_s", c[i].stage_f_s[k]);
             xmp_json_num(&j, "backward_s", c[i].stage_b_s[k]);
             xmp_json_num(&j, "compute_s", c[i].stage_compute_s[k]);
+            xmp_json_num(&j, "cpu_factor", c[i].stage_cpu_factor[k]);
             xmp_json_num(&j, "reduce_s", c[i].stage_r_s[k]);
             xmp_json_num(&j, "optimizer_s", c[i].stage_o_s[k]);
             xmp_json_num(&j, "param_bytes", c[i].stage_param_bytes[k]);
@@ -554,6 +557,7 @@ static void print_eval(const plan_opts_t *p, const xmp_search_opts_t *so, const 
             xmp_json_num(&j, "forward_s", c->stage_f_s[s]);
             xmp_json_num(&j, "backward_s", c->stage_b_s[s]);
             xmp_json_num(&j, "compute_s", c->stage_compute_s[s]);
+            xmp_json_num(&j, "cpu_factor", c->stage_cpu_factor[s]);
             xmp_json_num(&j, "reduce_s", c->stage_r_s[s]);
             xmp_json_num(&j, "optimizer_s", c->stage_o_s[s]);
             xmp_json_obj_end(&j);

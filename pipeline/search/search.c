@@ -49,6 +49,7 @@ enum { IT_E, IT_T, IT_L, IT_W, NIT }; /* IT_W: the tied wte alone (the L stage's
 typedef struct {
     double f, b;      /* seconds per microbatch: forward, backward (compute + boxing) */
     double comp;      /* of which compute (f + b) */
+    double compf;     /* of comp, the forward's */
     double box_bytes; /* per-rank boxing volume per microbatch (f + b) */
     double r, o;      /* per step: gradient reduction (+ gathers), optimizer */
     double r_bytes;   /* per-rank volume of r */
@@ -226,7 +227,7 @@ static double gemm(ctx_t *c, double m, double n, double k)
 typedef struct {
     int rank0, nax;
     const int *shape;
-    double f, b, comp, vol;
+    double f, b, comp, compf, vol;
 } walk_t;
 
 /* Element-wise work of `units` (xm_costmodel.h's units of kind) at the calibrated rate of the
@@ -242,6 +243,7 @@ static int elt(ctx_t *c, walk_t *w, xm_elt_t kind, double units)
     w->f += f;
     w->b += b;
     w->comp += f + b;
+    w->compf += f;
     return 1;
 }
 
@@ -337,6 +339,7 @@ static void linear(ctx_t *c, walk_t *w, const xmp_sbp_t *xs, const int64_t *xd, 
     w->f += tf;
     w->b += tb;
     w->comp += tf + tb;
+    w->compf += tf;
     int64_t od[8];
     int ond = 0;
     for (int d = 0; d < xnd - 1; d++)
@@ -410,6 +413,7 @@ static void attention(ctx_t *c, walk_t *w, const xmp_sbp_t *qs, const int64_t *q
         w->f += tf;
         w->b += 2 * tf;
         w->comp += 3 * tf;
+        w->compf += tf;
     }
     *probs_elems = bl * hl * tq * T;
     box(c, w, y, outc, local_elems(yd, 3, y, w->shape, w->nax));
@@ -476,7 +480,7 @@ static void item_costs(ctx_t *c, int s, int oi)
     for (int it = 0; it < NIT; it++) {
         icost_t *ic = &c->ic[((size_t)s * c->nopt + oi) * NIT + it];
         memset(ic, 0, sizeof *ic);
-        walk_t w = {s * c->n, o->ndim, o->shape, 0, 0, 0, 0};
+        walk_t w = {s * c->n, o->ndim, o->shape, 0, 0, 0, 0, 0};
         const int nax = o->ndim;
         if (it == IT_T) {
             double probs = 0;
@@ -553,6 +557,7 @@ static void item_costs(ctx_t *c, int s, int oi)
         ic->f = w.f;
         ic->b = w.b;
         ic->comp = w.comp;
+        ic->compf = w.compf;
         ic->box_bytes = w.vol;
     }
     c->icdone[(size_t)s * c->nopt + oi] = 1;
@@ -985,7 +990,7 @@ static int inflight(int kind, int s, int S, int M)
 }
 
 typedef struct {
-    double f, b, comp, box, r, o, ro, mem, memp, mema, box_bytes, r_bytes;
+    double f, b, comp, compf, box, r, o, ro, mem, memp, mema, box_bytes, r_bytes;
     double stored, grad, compute;
     double r_alpha_sum, r_alpha_max;
 } scost_t;
@@ -1001,6 +1006,7 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
         sc->f += w[it] * ic[it].f;
         sc->b += w[it] * ic[it].b;
         sc->comp += w[it] * ic[it].comp;
+        sc->compf += w[it] * ic[it].compf;
         sc->r += w[it] * ic[it].r;
         sc->r_alpha_sum += w[it] * ic[it].r_alpha_sum;
         if (w[it] > 0)
@@ -1229,6 +1235,70 @@ static double min_memory(ctx_t *c, int kind)
 /* ---------------------------------------------------- evaluation */
 
 /* Fills c's predictions inside ctx (options chosen by index). */
+int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, int S,
+                           const double *compf, const double *compb, const int *rank0,
+                           const int *nr, int nranks, const xm_costmodel_t *cost, int off,
+                           double *factor, xmp_sim_result_t *res, char *err, size_t errlen)
+{
+    for (int s = 0; s < S; s++)
+        factor[s] = 1;
+    double *busy = NULL;
+    int shared = !off && S > 1 && cost && cost->ncpusets > 0 && cost->cpu_nranks == nranks;
+    if (shared && (busy = malloc((size_t)nranks * sizeof *busy)) == NULL)
+        shared = 0; /* out of memory: the plain simulation */
+    xmp_sim_costs_t k = *c;
+    double f[XMP_SEARCH_MAX_STAGES], b[XMP_SEARCH_MAX_STAGES];
+    int r = 0;
+    /* damped fixed point: at most 40 runs, stop when no factor moves by 1e-6 */
+    for (int it = 0; it < (shared ? 40 : 1); it++) {
+        for (int s = 0; s < S; s++) {
+            f[s] = c->f[s] - compf[s] * (1 - factor[s]);
+            b[s] = (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]);
+        }
+        k.f = f;
+        k.b = c->b ? b : NULL;
+        if (it > 0)
+            xmp_sim_result_free(res);
+        memset(res, 0, sizeof *res);
+        r = xmp_sim_run(sch, &k, res, err, errlen);
+        if (r != 0 || !shared || !(res->step_s > 0))
+            break;
+        for (int s = 0; s < S; s++) {
+            double u = sch->nmb * (compf[s] + compb[s]) * factor[s] / res->step_s;
+            u = u < 0 ? 0 : u > 1 ? 1 : u;
+            for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++)
+                busy[q] = u;
+        }
+        double moved = 0;
+        for (int s = 0; s < S; s++) {
+            double worst = 0;
+            for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++) {
+                double g = 1;
+                if (xm_cost_cpu_share(cost, nranks, busy, q, &g) == 1 && g > worst)
+                    worst = g;
+            }
+            if (worst <= 0)
+                worst = 1;
+            double nf = 0.5 * (factor[s] + worst);
+            moved = fmax(moved, fabs(nf - factor[s]));
+            factor[s] = nf;
+        }
+        if (moved < 1e-6) {
+            /* the last run used the previous factors: run once more with these */
+            for (int s = 0; s < S; s++) {
+                f[s] = c->f[s] - compf[s] * (1 - factor[s]);
+                b[s] = (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]);
+            }
+            xmp_sim_result_free(res);
+            memset(res, 0, sizeof *res);
+            r = xmp_sim_run(sch, &k, res, err, errlen);
+            break;
+        }
+    }
+    free(busy);
+    return r;
+}
+
 static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c, int simulate)
 {
     int S = x->S;
@@ -1269,6 +1339,8 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
         c->stage_f_s[s] = sc.f;
         c->stage_b_s[s] = sc.b;
         c->stage_compute_s[s] = sc.comp;
+        c->stage_compf_s[s] = sc.compf;
+        c->stage_cpu_factor[s] = 1;
         c->stage_r_s[s] = sc.r;
         c->stage_o_s[s] = sc.o;
         c->stage_stored_bytes[s] = sc.stored;
@@ -1301,7 +1373,16 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
     xmp_sim_costs_t sc = {.f = f, .b = b, .xfer = xfer, .r = rmax, .o = omax};
     xmp_sim_result_t res;
     memset(&res, 0, sizeof res);
-    int r = xmp_sim_run(sch, &sc, &res, msg, sizeof msg);
+    double compf[XMP_SEARCH_MAX_STAGES], compb[XMP_SEARCH_MAX_STAGES];
+    int rank0[XMP_SEARCH_MAX_STAGES], nr[XMP_SEARCH_MAX_STAGES];
+    for (int s = 0; s < S; s++) {
+        compf[s] = c->stage_compf_s[s];
+        compb[s] = c->stage_compute_s[s] - c->stage_compf_s[s];
+        rank0[s] = s * x->n;
+        nr[s] = x->n;
+    }
+    int r = xmp_search__sim_shared(sch, &sc, S, compf, compb, rank0, nr, x->o->nranks, x->o->cost,
+                                   x->o->no_cpu_share, c->stage_cpu_factor, &res, msg, sizeof msg);
     if (r == 0) {
         c->step_s = res.step_s;
         c->bubble = 0;

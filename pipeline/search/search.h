@@ -76,6 +76,9 @@ typedef struct {
      * collectives' bandwidth terms + the largest alpha (instead of every alpha). The other
      * switches are not modelled. no_overlap: the ablation that ignores defer_grad. */
     int defer_grad, no_overlap;
+    /* the ablation that ignores the cost model's cpuset records (CPU sharing between ranks:
+     * xm_cost_cpu_share; a stage idling in the bubble lends its cpus to the stages on them) */
+    int no_cpu_share;
 } xmp_search_opts_t;
 
 typedef struct {
@@ -107,6 +110,9 @@ typedef struct {
      * alone per microbatch (f + b), gradient reduction and optimizer per step */
     double stage_f_s[XMP_SEARCH_MAX_STAGES], stage_b_s[XMP_SEARCH_MAX_STAGES];
     double stage_compute_s[XMP_SEARCH_MAX_STAGES];
+    double stage_compf_s[XMP_SEARCH_MAX_STAGES]; /* of compute, the forward's */
+    /* compute time factor of CPU sharing (xmp_search__sim_shared; 1: none) */
+    double stage_cpu_factor[XMP_SEARCH_MAX_STAGES];
     double stage_r_s[XMP_SEARCH_MAX_STAGES], stage_o_s[XMP_SEARCH_MAX_STAGES];
 } xmp_search_cand_t;
 

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sched/schedule.h"
+#include "xm_costmodel.h"
 #include "xm_sched.h"
 
 /* Predicted seconds of moving a tensor (nd, dims; f32) from a mesh (nda, sha) on ranks ra..
@@ -15,5 +17,19 @@ int xmp_search__plan_seconds(int nranks, int hosts, const xm_cluster_t *cluster,
                              int nd, const int64_t *dims, int nda, const int *sha, int ra,
                              const char *sa, int ndb, const int *shb, int rb, const char *sb,
                              double *out, char *err, size_t errlen);
+
+/* The pipeline simulator with CPU sharing (xm_cost_cpu_share). c's f[s] and b[s] hold
+ * compf[s] and compb[s] seconds of compute at the calibrated every-rank-busy rate; stage s runs
+ * on ranks rank0[s] .. rank0[s] + nr[s] - 1 of nranks. When cost has cpuset records for these
+ * ranks (and !off), each stage's compute is scaled by its CPU factor: the largest over its
+ * ranks of xm_cost_cpu_share with every other stage's ranks busy with the probability that
+ * stage computes (its compute per step / the simulated step), found by a damped fixed-point
+ * iteration (mean field: a stage that idles in the bubble lends its cpus to the stages that
+ * share them). factor[s] receives the factors (1 without sharing). Returns xmp_sim_run's
+ * value on the last run; res as there (the caller frees it). */
+int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, int S,
+                           const double *compf, const double *compb, const int *rank0,
+                           const int *nr, int nranks, const xm_costmodel_t *cost, int off,
+                           double *factor, xmp_sim_result_t *res, char *err, size_t errlen);
 
 #endif

@@ -10,3 +10,9 @@ set_tests_properties(pipeline.search.eltwise PROPERTIES LABELS "pipeline;unit" T
 add_test(NAME pipeline.search.points COMMAND test_pipeline_search
          ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/cluster_file/calibrate_points_eltwise.txt)
 set_tests_properties(pipeline.search.points PROPERTIES LABELS "pipeline;unit" TIMEOUT 120)
+# CPU sharing between ranks in the search's model (cpuset records, xm_cost_cpu_share, the
+# pipeline simulation with a stage's idle cpus lent to the stages that share them).
+add_executable(test_pipeline_search_cpu ${CMAKE_CURRENT_LIST_DIR}/test_search_cpu.c)
+target_link_libraries(test_pipeline_search_cpu PRIVATE xmesh_pipeline)
+add_test(NAME pipeline.search.cpu COMMAND test_pipeline_search_cpu)
+set_tests_properties(pipeline.search.cpu PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
