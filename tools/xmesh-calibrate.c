@@ -966,8 +966,11 @@ typedef struct {
 /* CPU sets: ranks whose affinity masks overlap are one set (union-find on rank 0), its cpus
  * the union's count. Then, when a set has more ranks than cpus, the wait weight: every rank
  * times a sustained sgemm (the gpt-fc shape) with all ranks computing, then with the
- * even-positioned ranks of each set computing while the others poll an MPI_Ibarrier as
- * xmp_wait polls (MPI_Testall + sched_yield). A computing rank's share of a cpu is
+ * even-positioned ranks of each set computing while the others wait as a pipeline stage waits
+ * for its next input: in xmesh_reshard on a transfer from a computing rank, which that rank
+ * sends when its timing ends (the executor's blocking wait, XMESH_WAIT_NICE and all; ranks left
+ * without a partner poll an MPI_Ibarrier as nn/'s xmp_wait does). A computing rank's share of a
+ * cpu is
  * s = min(1, k/n) t_all / t_half; with n_b computing and n_w polling, s = k / (n_b + w n_w)
  * gives w (clamped to [0, 1]; 0 when s >= 1: the pollers left the computing ranks a whole
  * cpu each). Rank 0 gets the results. */
@@ -1015,15 +1018,24 @@ static void measure_cpusets(results_t *R)
     for (int r = 0; r < size; r++)
         root_idx[r] = -1;
     int *pos = malloc((size_t)size * sizeof *pos); /* position of a rank within its set */
-    for (int r = 0; r < size; r++) {
+    if (!pos) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int r = 0; r < size; r++) { /* roots first: set_of still holds the parents */
         int t = r;
         while (set_of[t] != t)
             t = set_of[t];
+        pos[r] = t;
+    }
+    for (int r = 0; r < size; r++) {
+        int t = pos[r];
         if (root_idx[t] < 0)
             root_idx[t] = nsets++;
         set_of[r] = root_idx[t];
-        pos[r] = n[set_of[r]]++;
     }
+    for (int r = 0; r < size; r++)
+        pos[r] = n[set_of[r]]++;
     for (int sidx = 0; sidx < nsets; sidx++) {
         cpu_set_t u;
         CPU_ZERO(&u);
@@ -1046,6 +1058,42 @@ static void measure_cpusets(results_t *R)
         }
         double tm[2] = {0, 0};
         int computes_half = pos[rank] % 2 == 0;
+        /* the transfers the waiting ranks wait on: k-th waiting rank <- k-th computing rank */
+        int nwt = 0, ncp = 0, *wr = malloc((size_t)size * sizeof *wr),
+            *cr = malloc((size_t)size * sizeof *cr);
+        if (!wr || !cr) {
+            fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        for (int r = 0; r < size; r++) {
+            if (pos[r] % 2)
+                wr[nwt++] = r;
+            else
+                cr[ncp++] = r;
+        }
+        xmesh_mesh_t wsm = NULL, wdm = NULL;
+        xmesh_plan_t wplan = NULL;
+        int64_t wn = (int64_t)nwt * 16;
+        float wbuf[16] = {0};
+        int in_src = 0, in_dst = 0;
+        for (int k = 0; k < nwt; k++) {
+            in_src |= cr[k] == rank;
+            in_dst |= wr[k] == rank;
+        }
+        if (nwt > 0 && (xmesh_mesh_create(ctx, 1, &nwt, cr, &wsm) ||
+                        xmesh_mesh_create(ctx, 1, &nwt, wr, &wdm))) {
+            fprintf(stderr, "xmesh-calibrate: rank %d: cpu wait meshes: %s\n", rank,
+                    xmesh_last_error());
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        if (nwt > 0) {
+            xmesh_layout_t sl = {1, &wn, XMESH_F32, wsm, "S0"}, dl = {1, &wn, XMESH_F32, wdm, "S0"};
+            if (xmesh_plan_create(ctx, &sl, &dl, NULL, &wplan)) {
+                fprintf(stderr, "xmesh-calibrate: rank %d: cpu wait plan: %s\n", rank,
+                        xmesh_last_error());
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+        }
         for (int phase = 0; phase < 2; phase++) {
             int computing = phase == 0 || computes_half;
             MPI_Barrier(MPI_COMM_WORLD);
@@ -1063,12 +1111,27 @@ static void measure_cpusets(results_t *R)
                                     B, N, 0.0f, C, N);
                     tt[rep] = (MPI_Wtime() - t1) / calls;
                 }
+                /* phase 1: the waiting ranks sit in xmesh_reshard until their partner is done */
+                if (phase == 1 && wplan && (in_src || in_dst) &&
+                    xmesh_reshard(wplan, in_src ? wbuf : NULL, in_dst ? wbuf : NULL)) {
+                    fprintf(stderr, "xmesh-calibrate: rank %d: cpu wait transfer: %s\n", rank,
+                            xmesh_last_error());
+                    MPI_Abort(MPI_COMM_WORLD, 1);
+                }
                 MPI_Request q;
                 MPI_Ibarrier(MPI_COMM_WORLD, &q);
-                poll_all(1, &q); /* pollers wait here while the others compute */
+                poll_all(1, &q); /* ranks without a partner wait here */
             }
             tm[phase] = computing ? median(tt, reps) : 0;
         }
+        if (wplan)
+            xmesh_plan_destroy(wplan);
+        if (wsm)
+            xmesh_mesh_destroy(wsm);
+        if (wdm)
+            xmesh_mesh_destroy(wdm);
+        free(wr);
+        free(cr);
         double *ta = rank == 0 ? malloc((size_t)size * 2 * sizeof *ta) : NULL;
         MPI_Gather(tm, 2, MPI_DOUBLE, ta, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
         if (rank == 0) {

@@ -1235,6 +1235,37 @@ static double min_memory(ctx_t *c, int kind)
 /* ---------------------------------------------------- evaluation */
 
 /* Fills c's predictions inside ctx (options chosen by index). */
+static int is_compute(const xmp_action_t *a)
+{
+    return a->kind == XMP_ACT_F || a->kind == XMP_ACT_B || a->kind == XMP_ACT_I ||
+           a->kind == XMP_ACT_W;
+}
+
+/* Seconds during which group g's and group h's compute actions (F, B, I, W) overlap in res. */
+static double overlap_s(const xmp_sim_result_t *res, int g, int h)
+{
+    double o = 0;
+    int i = 0, j = 0;
+    while (i < res->len[g] && j < res->len[h]) {
+        if (!is_compute(&res->acts[g][i])) {
+            i++;
+            continue;
+        }
+        if (!is_compute(&res->acts[h][j])) {
+            j++;
+            continue;
+        }
+        double lo = fmax(res->t0[g][i], res->t0[h][j]), hi = fmin(res->t1[g][i], res->t1[h][j]);
+        if (hi > lo)
+            o += hi - lo;
+        if (res->t1[g][i] < res->t1[h][j])
+            i++;
+        else
+            j++;
+    }
+    return o;
+}
+
 int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, int S,
                            const double *compf, const double *compb, const int *rank0,
                            const int *nr, int nranks, const xm_costmodel_t *cost, int off,
@@ -1243,7 +1274,8 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
     for (int s = 0; s < S; s++)
         factor[s] = 1;
     double *busy = NULL;
-    int shared = !off && S > 1 && cost && cost->ncpusets > 0 && cost->cpu_nranks == nranks;
+    int shared = !off && S > 1 && cost && cost->ncpusets > 0 && cost->cpu_nranks == nranks &&
+                 !xmp_sched_is_virtual(sch) && sch->ngroups == S;
     if (shared && (busy = malloc((size_t)nranks * sizeof *busy)) == NULL)
         shared = 0; /* out of memory: the plain simulation */
     xmp_sim_costs_t k = *c;
@@ -1263,22 +1295,36 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
         r = xmp_sim_run(sch, &k, res, err, errlen);
         if (r != 0 || !shared || !(res->step_s > 0))
             break;
+        /* the compute fraction of a stage's F/B actions (they also hold its boxing) */
+        double cf[XMP_SEARCH_MAX_STAGES], busy_s[XMP_SEARCH_MAX_STAGES];
         for (int s = 0; s < S; s++) {
-            double u = sch->nmb * (compf[s] + compb[s]) * factor[s] / res->step_s;
-            u = u < 0 ? 0 : u > 1 ? 1 : u;
-            for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++)
-                busy[q] = u;
+            double tot = f[s] + (c->b ? b[s] : 0);
+            cf[s] = tot > 0 ? fmin(1.0, (compf[s] + compb[s]) * factor[s] / tot) : 0;
+            busy_s[s] = overlap_s(res, s, s);
         }
         double moved = 0;
         for (int s = 0; s < S; s++) {
-            double worst = 0;
-            for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++) {
-                double g = 1;
-                if (xm_cost_cpu_share(cost, nranks, busy, q, &g) == 1 && g > worst)
-                    worst = g;
+            double worst = 1;
+            if (busy_s[s] > 0) {
+                /* conditional on s computing: each other stage computes for the part of s's
+                 * compute time their actions overlap, at its compute fraction (stages of a
+                 * pipeline compute together in the steady phase and reduce together at the
+                 * end: their busy times are correlated, not independent) */
+                for (int h = 0; h < S; h++) {
+                    double u = h == s ? 1.0 : cf[h] * overlap_s(res, s, h) / busy_s[s];
+                    u = u < 0 ? 0 : u > 1 ? 1 : u;
+                    for (int q = rank0[h]; q < rank0[h] + nr[h] && q < nranks; q++)
+                        busy[q] = u;
+                }
+                worst = 0;
+                for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++) {
+                    double g = 1;
+                    if (xm_cost_cpu_share(cost, nranks, busy, q, &g) == 1 && g > worst)
+                        worst = g;
+                }
+                if (worst <= 0)
+                    worst = 1;
             }
-            if (worst <= 0)
-                worst = 1;
             double nf = 0.5 * (factor[s] + worst);
             moved = fmax(moved, fabs(nf - factor[s]));
             factor[s] = nf;

@@ -7,9 +7,10 @@
  *  - xm_cost_cpu_share by hand: 4 ranks on 1 cpu, w 0.5, one other rank busy: 0.75; a set with
  *    a cpu per rank: 1; records for another rank count: not applied (0, factor 1); bad input;
  *  - xmp_search__sim_shared by hand: two one-rank stages on one cpu, GPipe M=1, compute only:
- *    the stages take turns, each computes half of the step, so each runs at 1/1.5 of a cpu
- *    against 1/2 calibrated: factor 0.75, step 1.5 (2 without sharing); wait weight 1 (pollers
- *    take a whole share): factor 1; no records, off, a cpu per stage: the plain simulation.
+ *    the stages take turns (F0 F1 B1 B0: never both computing), so each runs on the whole cpu
+ *    against 1/2 calibrated: factor 0.5, step 1.0 (2 without sharing); the waiting stage taking
+ *    half a computing rank's share (wait 0.5): 1/1.5 of a cpu, factor 0.75, step 1.5; wait 1:
+ *    factor 1; no records, off, a cpu per stage: the plain simulation.
  */
 #include <math.h>
 #include <stdio.h>
@@ -167,16 +168,23 @@ static void test_sim(void)
     CHECK(fac[0] == 1 && fac[1] == 1 && near(step, 2.0, 1e-12), "no records: %g %g step %g", fac[0],
           fac[1], step);
     xm_costmodel_destroy(none);
-    /* one cpu for both, pollers take nothing: 0.75 */
+    /* one cpu for both, waiting takes nothing: the stages take turns, each alone: 0.5 */
     xm_costmodel_t *m = xm_costmodel_create();
     CHECK(xm_costmodel_add_cpuset(m, 1, both, 2, 0) == XMESH_SUCCESS, "%s", xmesh_last_error());
     sim_case(m, 0, fac, &step);
-    CHECK(near(fac[0], 0.75, 1e-4) && near(fac[1], 0.75, 1e-4) && near(step, 1.5, 1e-4),
-          "shared: %g %g step %g (want 0.75 0.75 1.5)", fac[0], fac[1], step);
+    CHECK(near(fac[0], 0.5, 1e-4) && near(fac[1], 0.5, 1e-4) && near(step, 1.0, 1e-4),
+          "shared: %g %g step %g (want 0.5 0.5 1.0)", fac[0], fac[1], step);
     /* the ablation: off */
     sim_case(m, 1, fac, &step);
     CHECK(fac[0] == 1 && fac[1] == 1 && near(step, 2.0, 1e-12), "off: %g %g step %g", fac[0],
           fac[1], step);
+    xm_costmodel_destroy(m);
+    /* the waiting stage takes half a share: 1 / 1.5 of the cpu, 0.75 */
+    m = xm_costmodel_create();
+    CHECK(xm_costmodel_add_cpuset(m, 1, both, 2, 0.5) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    sim_case(m, 0, fac, &step);
+    CHECK(near(fac[0], 0.75, 1e-4) && near(fac[1], 0.75, 1e-4) && near(step, 1.5, 1e-4),
+          "wait 0.5: %g %g step %g (want 0.75 0.75 1.5)", fac[0], fac[1], step);
     xm_costmodel_destroy(m);
     /* pollers take a whole share: no gain */
     m = xm_costmodel_create();
