@@ -315,6 +315,20 @@ typedef struct {
 } xmesh_ctx_stats_t;
 xmesh_result_t xmesh_ctx_get_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *stats);
 
+/* An application's failure signal for transfers in flight (the way ncclCommAbort ends NCCL
+ * operations): while a reshard of ctx has not finished, xmesh calls check(user, msg, len) every
+ * 2 ms or so from whichever thread drives it (xmesh_wait, xmesh_test, xmesh_reshard, the
+ * progress thread at MPI_THREAD_MULTIPLE: check must be thread safe then). When check returns
+ * non-zero the reshard ends with XMESH_ERR_REMOTE, its message "rank R: reshard abandoned: "
+ * followed by what check wrote to msg (NUL-terminated, len bytes at most), exactly as after a
+ * timeout: the destination block is undefined, the plan retired, what MPI cannot cancel kept by
+ * the plan until xmesh_plan_destroy. Use it when a peer is known to have failed and will never
+ * send (an application's own failure notices), so that a rank blocked on it does not wait until
+ * XMESH_TIMEOUT_S. NULL check removes it. Not collective; set it before starting transfers.
+ * MPI backend (the NCCL backend does not call it yet). */
+typedef int (*xmesh_abort_check_t)(void *user, char *msg, size_t len);
+xmesh_result_t xmesh_ctx_set_abort_check(xmesh_ctx_t ctx, xmesh_abort_check_t check, void *user);
+
 #ifdef __cplusplus
 }
 #endif

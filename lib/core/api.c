@@ -511,6 +511,14 @@ xmesh_result_t xmesh_ctx_get_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *stats)
     return XMESH_SUCCESS;
 }
 
+xmesh_result_t xmesh_ctx_set_abort_check(xmesh_ctx_t ctx, xmesh_abort_check_t check, void *user)
+{
+    CHECK_NULL(ctx, "ctx");
+    ctx->abort_user = user;
+    __atomic_store_n(&ctx->abort_check, check, __ATOMIC_RELEASE);
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xmesh_ctx_destroy(xmesh_ctx_t ctx)
 {
     if (!ctx)

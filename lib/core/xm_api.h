@@ -50,6 +50,8 @@ struct xmesh_ctx {
     int nmeshes;        /* live meshes of this ctx */
     int nplans;         /* live plans of this ctx */
     double timeout_s;
+    xmesh_abort_check_t abort_check; /* xmesh_ctx_set_abort_check; NULL: none */
+    void *abort_user;
 };
 
 struct xmesh_mesh {

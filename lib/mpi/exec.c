@@ -189,6 +189,7 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     r->trace_stage = 0;
     r->t_start = xm_mpi_now();
     r->deadline = p->timeout_s > 0 ? r->t_start + p->timeout_s : 0;
+    r->next_abort_check = r->t_start;
     x->src = src;
     x->dst = dst;
     memset(x->srt, 0, sizeof *x->srt * x->prog.nsteps);
@@ -892,6 +893,20 @@ int xm_mpi_exec_advance(xm_request_t *r)
             x->nreshards++;
             r->phase = 2;
             return 1;
+        }
+    }
+    xmesh_abort_check_t check = __atomic_load_n(&r->plan->ctx->abort_check, __ATOMIC_ACQUIRE);
+    if (r->phase < 2 && check) {
+        double now = xm_mpi_now();
+        if (now >= r->next_abort_check) {
+            char why[256] = "";
+            r->next_abort_check = now + 0.002;
+            if (check(r->plan->ctx->abort_user, why, sizeof why)) {
+                why[sizeof why - 1] = '\0';
+                fail(r, XMESH_ERR_REMOTE, "rank %d: reshard abandoned: %s", x->rank,
+                     why[0] ? why : "the application's abort check said so");
+                return 1;
+            }
         }
     }
     if (r->phase < 2 && r->deadline > 0 && xm_mpi_now() > r->deadline) {

@@ -128,7 +128,8 @@ typedef struct xm_request {
     xmesh_result_t result;
     char msg[512];
     double t_start, deadline;
-    int phase; /* 0 tasks, 1 trace gather, 2 finished */
+    double next_abort_check; /* when the context's abort check is next asked */
+    int phase;               /* 0 tasks, 1 trace gather, 2 finished */
     int trace_stage;
     struct xm_request *next_free;
     struct xm_request *next_active;

@@ -39,6 +39,7 @@ void xmp_train_defaults(xmp_train_opts_t *o)
     o->val_steps = 4;
     o->sample_len = 32;
     o->boundary_dtype = XMESH_F32;
+    o->inject_step = o->inject_rank = -1;
 }
 
 static int sample_due(const xmp_train_opts_t *o, int step)
@@ -133,7 +134,9 @@ void xmp_train_usage(void)
         "  --check-serial      rank 0 also trains the serial reference and fails unless the\n"
         "                      losses, validation losses, gradient norms (--grad-clip) agree\n"
         "                      (1e-5 relative for steps 0-4, 1e-4 to step 19) and the samples\n"
-        "                      are equal\n");
+        "                      are equal\n"
+        "  --inject-fail S:R   test hook: rank R's first forward of step S fails (the other\n"
+        "                      ranks must end with an error naming it, within XMESH_TIMEOUT_S)\n");
 }
 
 int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
@@ -205,6 +208,22 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
         if (!strcmp(a, t[k].flag))
             break;
     if (k == nt) {
+        if (!strcmp(a, "--inject-fail")) {
+            char *e1 = NULL, *e2 = NULL;
+            if (!(v = xmp_cli_value(argc, argv, i)))
+                return -1;
+            long st = strtol(v, &e1, 10), rk = -1;
+            if (e1 != v && *e1 == ':')
+                rk = strtol(e1 + 1, &e2, 10);
+            if (e1 == v || *e1 != ':' || !e2 || e2 == e1 + 1 || *e2 || st < 0 || rk < 0 ||
+                st > (1 << 30) || rk > (1 << 30))
+                return xmp_cli_error("--inject-fail '%s': expected STEP:RANK (two whole numbers "
+                                     ">= 0)",
+                                     v);
+            o->inject_step = (int)st;
+            o->inject_rank = (int)rk;
+            return 1;
+        }
         if (!strcmp(a, "--seed")) {
             if (!(v = xmp_cli_value(argc, argv, i)) || xmp_cli_u64(a, v, &o->seed) != 0)
                 return -1;
@@ -767,7 +786,33 @@ typedef struct {
     int64_t probe_max;
     const xmp_stage_ops_t *probe_src; /* whose activation_bytes to read (NULL: in) */
     int no_update;                    /* probe: backward without R and O */
+    int fail_now;                     /* --inject-fail: the next forward fails */
 } timed_ops_t;
+
+/* xmesh's abort check (xmesh_ctx_set_abort_check): a failure notice of any rank (xmp_fail),
+ * this one's included, ends the transfers this rank waits on, which that rank will never
+ * complete, at once instead of at XMESH_TIMEOUT_S. */
+static int abort_on_notice(void *user, char *msg, size_t len)
+{
+    (void)user;
+    char notice[XMP_NOTICE_BYTES];
+    int fr = xmp_failed_rank(notice, sizeof notice);
+    if (fr < 0)
+        return 0;
+    snprintf(msg, len, "rank %d failed (%s)", fr, notice);
+    return 1;
+}
+
+/* A stage callback failed here. Unless it failed because another rank did (a failure notice
+ * arrived first), tell every rank now: the driver ends its step with collectives over every
+ * rank, so the ranks waiting for this one in a boxing collective must learn it from the
+ * notice, not at XMESH_TIMEOUT_S. Returns rc. */
+static int cb_done(int rc)
+{
+    if (rc != 0 && xmp_failed_rank(NULL, 0) < 0)
+        (void)xmp_fail(MPI_COMM_WORLD, xmp_last_error());
+    return rc;
+}
 
 static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
 {
@@ -775,6 +820,14 @@ static int t_fwd(void *u, int mb, const void *const *in, void *const *out, doubl
     /* virtual stages: a model whose allocation counter is per rank answers on one chunk */
     const xmp_stage_ops_t *src = t->probe_src ? t->probe_src : &t->in;
     int64_t a0 = t->probe && src->activation_bytes ? src->activation_bytes(src->user) : 0;
+    if (t->fail_now) {
+        t->fail_now = 0;
+        xmp_err(XMESH_ERR_INVALID_USAGE,
+                "forward of microbatch %d: failure injected by "
+                "--inject-fail",
+                mb);
+        return cb_done(-1);
+    }
     double t0 = MPI_Wtime();
     int rc = t->in.forward(t->in.user, mb, in, out, loss);
     t->f += MPI_Wtime() - t0;
@@ -784,7 +837,7 @@ static int t_fwd(void *u, int mb, const void *const *in, void *const *out, doubl
         if (held > t->probe_max)
             t->probe_max = held;
     }
-    return rc;
+    return cb_done(rc);
 }
 static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
 {
@@ -795,7 +848,7 @@ static int t_bin(void *u, int mb, const void *const *go, void *const *gi)
     int rc = t->in.backward_input(t->in.user, mb, go, gi);
     t->i += MPI_Wtime() - t0;
     t->ni++;
-    return rc;
+    return cb_done(rc);
 }
 static int t_bw(void *u, int mb)
 {
@@ -806,7 +859,7 @@ static int t_bw(void *u, int mb)
     int rc = t->in.backward_weight(t->in.user, mb);
     t->w += MPI_Wtime() - t0;
     t->nw++;
-    return rc;
+    return cb_done(rc);
 }
 static int t_red(void *u)
 {
@@ -816,7 +869,7 @@ static int t_red(void *u)
     double t0 = MPI_Wtime();
     int rc = t->in.reduce_grads ? t->in.reduce_grads(t->in.user) : 0;
     t->r += MPI_Wtime() - t0;
-    return rc;
+    return cb_done(rc);
 }
 static int t_opt(void *u)
 {
@@ -826,7 +879,7 @@ static int t_opt(void *u)
     double t0 = MPI_Wtime();
     int rc = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) : 0;
     t->o += MPI_Wtime() - t0;
-    return rc;
+    return cb_done(rc);
 }
 static int64_t t_act(void *u)
 {
@@ -848,6 +901,32 @@ static int any_rank(int bad)
     int any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     return any;
+}
+
+/* any_rank after a step that may have failed here while the other ranks still wait in its
+ * collectives and transfers. A rank that failed on its own (no failure notice arrived before)
+ * first posts a notice to every rank (xmp_fail), so their boxing waits end at once naming it;
+ * ranks blocked in a cross-stage transfer end at XMESH_TIMEOUT_S. Then every rank learns the
+ * lowest rank that failed on its own and says which one it was (collective; 1: stop). */
+static int any_rank_after_step(int bad, const char *why, int rank, int size)
+{
+    char notice[XMP_NOTICE_BYTES];
+    int origin = size;
+    if (bad) {
+        int fr = xmp_failed_rank(notice, sizeof notice);
+        if (fr < 0 || fr == rank) {
+            (void)xmp_fail(MPI_COMM_WORLD, why);
+            origin = rank;
+        }
+    }
+    int first = size;
+    MPI_Allreduce(&origin, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first < size && first != rank) {
+        int fr = xmp_failed_rank(notice, sizeof notice);
+        xmp_cli_error("rank %d: stopped: rank %d failed%s%s%s", rank, first,
+                      fr == first ? " (" : "", fr == first ? notice : "", fr == first ? ")" : "");
+    }
+    return first < size;
 }
 
 /* Re-plans (pipe/replan.h) with the measured per-microbatch costs and xmesh's predicted boundary
@@ -1200,7 +1279,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     xmp_strategy_t *strat = NULL;
     double *ref = NULL, *vref = NULL, *gref = NULL;
     char *sref = NULL, *text = NULL;
-    int opened = 0, have_log = 0, ok = 0, mismatch = 0, compared = 0;
+    int opened = 0, have_log = 0, ok = 0, mismatch = 0, compared = 0, step_failed = 0;
     train_log_t log;
     xmp_train_stages_t ts;
     memset(&ts, 0, sizeof ts);
@@ -1293,6 +1372,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         xmp_cli_error("xmesh_ctx_create_mpi: %s", xmesh_last_error());
         goto out;
     }
+    (void)xmesh_ctx_set_abort_check(ctx, abort_on_notice, NULL);
     int pfail = m->par_open(m->user, MPI_COMM_WORLD, ctx, &sl, strat, &ts) != 0;
     opened = 1;
     int pbad = lowest_failing(pfail, rank, size);
@@ -1482,11 +1562,20 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         }
         double comm0 = xmp_comm_seconds();
         xmp_step_stats_t ss;
+        tops.fail_now = step == o->inject_step && rank == o->inject_rank;
+        for (int k = 0; k < nv; k++)
+            vt[k].fail_now = tops.fail_now;
         xmesh_result_t r = xmp_driver_step(drv, &ss);
         int bad = r != XMESH_SUCCESS;
-        if (any_rank(bad)) {
+        char why[512];
+        /* a callback's own message (the model's xmp_err) follows the driver's */
+        const char *cbm = bad && strstr(xmp_driver_error(drv), "callback") ? xmp_last_error() : "";
+        snprintf(why, sizeof why, "step %d: %s%s%s%s", step, bad ? xmp_driver_error(drv) : "",
+                 *cbm ? " (" : "", cbm, *cbm ? ")" : "");
+        if (any_rank_after_step(bad, why, rank, size)) {
             if (bad)
-                xmp_cli_error("step %d: %s", step, xmp_driver_error(drv));
+                xmp_cli_error("rank %d: %s", rank, why);
+            step_failed = 1;
             break;
         }
         double loss = 0, gnorm = 0;
@@ -1679,6 +1768,17 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
         xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
     rc = any_rank(!(ok && !mismatch)) ? 1 : 0;
+    if (step_failed) {
+        /* The failed step left transfers and collectives in flight that MPI cannot cancel: the
+         * teardown would wait for each until XMESH_TIMEOUT_S. Every rank has said why and the
+         * logs are written: end the job now. */
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0)
+            fprintf(stderr, "xmesh-train: step failed: ending the job (MPI_Abort, exit 1)\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
 out:
     if (have_log) {
         double med, mn, mx;

@@ -79,6 +79,9 @@ typedef struct {
     /* --boundary-dtype f32|bf16|f16: the dtype stage-boundary activations and gradients travel
      * in (xmesh_dtype_t; XMESH_F32, the default, leaves the driver's default path) */
     int boundary_dtype;
+    /* --inject-fail STEP:RANK (a test hook): rank RANK's first forward of 0-based step STEP
+     * fails, as a model error would; -1: never */
+    int inject_step, inject_rank;
 } xmp_train_opts_t;
 
 enum { XMP_LR_NONE = 0, XMP_LR_COSINE = 1, XMP_LR_LINEAR = 2 };

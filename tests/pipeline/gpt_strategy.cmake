@@ -19,7 +19,9 @@ if(TARGET xmesh-train)
     refuse.heads custom.channel_layernorm custom.sequence_attention custom.pipeline_sequence
     refuse.axonn refuse.unknown_name refuse.stage_count refuse.store_partial refuse.store_activation
     axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 pipe.axonn-axonn.tied pipe.axonn-megatron custom.zero
-    memory.axonn long.3d.2x2x2 long.axonn-megatron)
+    memory.axonn long.3d.2x2x2 long.axonn-megatron
+    ov.megatron.2 ov.3d.2x1x2x2 ov.axonn.2x2x2 ov.pipe.3d-megatron ov.pipe.dp-megatron-3d
+    long.ov.axonn-megatron)
   foreach(c ${XMP_GS_CASES})
     add_test(NAME pipeline.gpt_strategy.${c}
              COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_gpt_strategy.py ${c}

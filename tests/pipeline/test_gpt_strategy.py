@@ -57,10 +57,23 @@ RUNS = {
                              "--microbatches", "2", "--schedule", "gpipe"]),
     "pipe.megatron-3d.layout": (5, ["--layout", "E,t|t,L", "--stage-mesh", "1x1x1x1,2x1x2",
                                     "--stage-strategy", "megatron,3d", "--microbatches", "2"]),
+    # every overlap switch (nn/overlap.h) against the serial model: 1-axis and 4-axis meshes,
+    # sharded storage, pipelines of 2 and 3 stages
+    "ov.megatron.2": (2, ["--stage-mesh", "2", "--strategy", "megatron", "--overlap", "all"]),
+    "ov.3d.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "3d", "--overlap", "all"]),
+    "ov.axonn.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "axonn", "--vocab", "250",
+                           "--overlap", "all"]),
+    "ov.pipe.3d-megatron": (8, ["--stage-mesh", "1x2x2,2x2", "--stage-strategy", "3d,megatron",
+                                "--microbatches", "2", "--overlap", "all"]),
+    "ov.pipe.dp-megatron-3d": (8, ["--stage-mesh", "2,1x2,2x1x2", "--stage-strategy",
+                                   "dp,megatron,3d", "--layers", "3", "--microbatches", "4",
+                                   "--schedule", "eager-1f1b", "--delay-wgrad", "--overlap", "all"]),
 }
 
 LONG = {
     "long.3d.2x2x2": (8, ["--stage-mesh", "2x2x2", "--strategy", "3d"]),
+    "long.ov.axonn-megatron": (6, ["--stage-mesh", "2x1x2,1x2", "--stage-strategy",
+                                   "axonn,megatron", "--microbatches", "2", "--overlap", "all"]),
     "long.axonn-megatron": (6, ["--stage-mesh", "2x1x2,1x2", "--stage-strategy", "axonn,megatron",
                                 "--microbatches", "2", "--schedule", "eager-1f1b",
                                 "--delay-wgrad"]),

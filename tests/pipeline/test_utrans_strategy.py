@@ -47,6 +47,21 @@ RUNS = {
                           "--delay-wgrad"]),
     "pipe.dp-3d.4axes": (6, ["--stages", "2", "--stage-mesh", "2,1x1x2x2", "--stage-strategy",
                              "dp,3d", "--microbatches", "2", "--schedule", "gpipe"]),
+    # the remaining strategy x axis-count cells: dp on 1 and 3 axes, megatron on 4
+    "dp.4": (4, ["--stage-mesh", "4", "--strategy", "dp"]),
+    "dp.2x1x2": (4, ["--stage-mesh", "2x1x2", "--strategy", "dp"]),
+    "megatron.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "megatron"]),
+    # three stages mixing strategies and mesh shapes
+    "pipe3.megatron-3d-dp": (8, ["--stages", "3", "--stage-mesh", "1x2,1x2x2,2",
+                                 "--stage-strategy", "megatron,3d,dp", "--batch", "8",
+                                 "--microbatches", "4"]),
+    "pipe3.axonn-megatron-3d.ov": (8, ["--stages", "3", "--stage-mesh", "2x1x2,1x2,2",
+                                       "--stage-strategy", "axonn,megatron,3d", "--batch", "8",
+                                       "--microbatches", "4", "--schedule", "eager-1f1b",
+                                       "--delay-wgrad", "--overlap", "all"]),
+    # every overlap switch on 1-axis and 4-axis meshes
+    "ov.megatron.4": (4, ["--stage-mesh", "4", "--strategy", "megatron", "--overlap", "all"]),
+    "ov.3d.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "3d", "--overlap", "all"]),
 }
 
 # 20 steps (issue 20 item 7: 1e-5 relative for steps 0-4, 1e-4 up to step 19, the

@@ -61,7 +61,7 @@ if(TARGET xmesh-train)
     set_tests_properties(pipeline.trainer.bad.${name} PROPERTIES LABELS "pipeline;unit" TIMEOUT 30)
   endforeach()
 endif()
-# The U-Transformer's stages are 2-axis dp x tp meshes: an N-D stage mesh is refused by name.
+# U-Transformer stage meshes of more than 4 axes are refused by name.
 if(TARGET xmesh-train)
   # 1-4 axis stage meshes run (pipeline.utrans_strategy.*); a fifth axis is refused
   add_test(NAME pipeline.trainer.ut_nd_mesh_refused
@@ -72,4 +72,26 @@ if(TARGET xmesh-train)
             --stage-mesh 1x1x1x1x2 --steps 1 ${MPIEXEC_POSTFLAGS})
   set_tests_properties(pipeline.trainer.ut_nd_mesh_refused PROPERTIES LABELS "pipeline;mpi"
     TIMEOUT 30 ENVIRONMENT "${XMP_TR_ENV}")
+endif()
+
+# A rank that fails mid-step (--inject-fail STEP:RANK): every rank ends with an error naming it,
+# well before XMESH_TIMEOUT_S (60 s; the job must end within 40 s: the failure notice ends the
+# boxing collectives and, through xmesh's abort check, the cross-stage transfers waiting on the
+# failed rank), and --check-serial reports FAILED for the incomplete run. GPT on 2 stages x 2 ranks (rank 3, the last stage, fails at step 1) and the U-Transformer
+# on 2 stages (rank 1, in the first stage, fails at step 2).
+if(TARGET xmesh-train)
+  set(XMP_INJ sh ${CMAKE_CURRENT_LIST_DIR}/test_inject_fail.sh)
+  add_test(NAME pipeline.trainer.inject_fail.gpt
+    COMMAND ${XMP_INJ} 4 3 60 40 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:xmesh-train> gpt --layers 2 --heads 4 --channels 32
+            --seq 16 --batch 4 --stage-mesh 2,2 --microbatches 2 --steps 4 --no-progress
+            --check-serial --inject-fail 1:3)
+  add_test(NAME pipeline.trainer.inject_fail.ut
+    COMMAND ${XMP_INJ} 4 1 60 40 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:xmesh-train> utransformer --base-channels 4
+            --batch 4 --stages 2 --stage-mesh 1x2,2 --stage-strategy megatron,dp
+            --microbatches 2 --steps 4 --no-progress --inject-fail 2:1)
+  set_tests_properties(pipeline.trainer.inject_fail.gpt pipeline.trainer.inject_fail.ut
+    PROPERTIES LABELS "pipeline;mpi" TIMEOUT 90
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
 endif()

@@ -1,6 +1,7 @@
 # U-Transformer strategies through nn/strategy.h (issue 20): the 3-D built-ins (3d, axonn) and the
 # others on meshes of 3 and 4 axes, sharded storage (axonn's depth shard, a ZeRO-style custom
-# strategy) through nn/param.h, 2-stage pipelines mixing strategies and mesh shapes, each
+# strategy) through nn/param.h, 2- and 3-stage pipelines mixing strategies and mesh shapes, every
+# overlap switch on 1- to 4-axis meshes, each
 # against the serial reference per step over 5 steps (--check-serial, 1e-5 relative); the bytes
 # per rank; 20 steps with every overlap switch (1e-5 over 5 steps, 1e-4 over 20); the text round trip; the refusals naming class, layer, axis and rule.
 # Pass = the script's exit status (run cases: the command's exit 0 AND 5 steps compared).
@@ -9,6 +10,8 @@ if(TARGET xmesh-train)
     3d.4 3d.2x2 megatron.4 3d.2x2x2 3d.1x2x2 3d.2x1x2x2 megatron.2x2x2 dp.1x2x2x2
     axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 axonn.1x2x2x2
     pipe.3d-megatron pipe.axonn-dp pipe.dp-3d.4axes
+    dp.4 dp.2x1x2 megatron.2x1x2x2 pipe3.megatron-3d-dp pipe3.axonn-megatron-3d.ov
+    ov.megatron.4 ov.3d.2x1x2x2
     custom.zero memory.axonn print.roundtrip long.3d.2x2x2 long.axonn-megatron
     resume.axonn-3d resume.megatron-axonn resume.pipe-axonn
     refuse.spatial refuse.concat refuse.partial refuse.store_partial refuse.store_activation
