@@ -761,8 +761,12 @@ static int sustained_calls(double t)
 
 /* Every rank runs the same sgemm at once; the slowest rank's median. 0
  * shapes when built without OpenBLAS (*why says so). */
+/* Compute is timed sustained (~50 ms a repetition); at least 5 repetitions: with 2, the GELU
+ * backward of two calibrations minutes apart read 74 and 97 ns per element. */
+#define COMPUTE_REPS(o) ((o)->reps < 5 ? 5 : (o)->reps)
 static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whylen)
 {
+    const int creps = COMPUTE_REPS(o);
 #ifdef XMESH_CALIBRATE_BLAS
     shape_t S[MAX_SHAPES + 16];
     int ns = build_shapes(o, S);
@@ -788,7 +792,7 @@ static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whyl
         int m = (int)S[i].m, n = (int)S[i].n, k = (int)S[i].k;
         MPI_Barrier(MPI_COMM_WORLD);
         int calls = 1;
-        for (int rep = -1; rep < o->reps; rep++) {
+        for (int rep = -1; rep < creps; rep++) {
             double t0 = MPI_Wtime();
             for (int c = 0; c < calls; c++)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, k, Bm, n,
@@ -799,7 +803,7 @@ static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whyl
             else
                 calls = sustained_calls(t);
         }
-        double mine = median(tt, o->reps), worst = 0;
+        double mine = median(tt, creps), worst = 0;
         MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         res[i].s = S[i];
         res[i].seconds = worst;
@@ -832,6 +836,7 @@ static double elt_median_max(double *t, int n)
 
 static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
 {
+    const int creps = COMPUTE_REPS(o);
     memset(E, 0, sizeof(xm_elt_rec_t) * XM_ELT_NKINDS);
 #ifdef XMESH_CALIBRATE_BLAS
     int64_t N = o->tokens, C = o->hidden, V = o->vocab, T = N < 256 ? N : 256, hs = 32;
@@ -863,7 +868,7 @@ static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
         double units = 0;
         int calls = 1;
         MPI_Barrier(MPI_COMM_WORLD);
-        for (int rep = -1; rep < o->reps; rep++) {
+        for (int rep = -1; rep < creps; rep++) {
             double sf = 0, sb = 0, tw = MPI_Wtime();
             for (int call = 0; call < calls; call++) {
                 double t0 = MPI_Wtime(), t1;
@@ -922,8 +927,8 @@ static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
             }
         }
         E[k].busy = busy;
-        E[k].fwd = elt_median_max(tf, o->reps) / units;
-        E[k].bwd = k == XM_ELT_ADAMW ? 0 : elt_median_max(tb, o->reps) / units;
+        E[k].fwd = elt_median_max(tf, creps) / units;
+        E[k].bwd = k == XM_ELT_ADAMW ? 0 : elt_median_max(tb, creps) / units;
     }
     free(x);
     free(y);

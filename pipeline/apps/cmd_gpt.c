@@ -188,7 +188,7 @@ static int setup_model(const xmp_train_opts_t *t, const gpt_opts_t *o, xmp_gpt2_
 {
     if (o->init_from) {
         if (xmp_gpt2_load(m, o->init_from) != 0)
-            return xmp_train_fail("--init-from: %s", xmp_llmc_last_error());
+            return xmp_train_fail("--init-from: %s", xmp_last_error());
     } else {
         xmp_gpt2_config_t c = {.max_seq_len = o->max_seq,
                                .vocab_size = o->vocab,
@@ -197,7 +197,7 @@ static int setup_model(const xmp_train_opts_t *t, const gpt_opts_t *o, xmp_gpt2_
                                .num_heads = o->heads,
                                .channels = o->channels};
         if (xmp_gpt2_init_random(m, &c, t->seed) != 0)
-            return xmp_train_fail("model flags: %s", xmp_llmc_last_error());
+            return xmp_train_fail("model flags: %s", xmp_last_error());
     }
     if (o->seq > m->cfg.max_seq_len) {
         int ms = m->cfg.max_seq_len;
@@ -216,10 +216,10 @@ static int setup_data(const xmp_train_opts_t *t, const gpt_opts_t *o, int B, xmp
     if (o->data) {
         *desc = o->data;
         if (xmp_llmc_loader_init(ld, o->data, B, o->seq, 0, 1, o->shuffle) != 0)
-            return xmp_train_fail("--data: %s", xmp_llmc_last_error());
+            return xmp_train_fail("--data: %s", xmp_last_error());
         if (t->val_every && xmp_llmc_loader_init(val, o->val_data, B, o->seq, 0, 1, 0) != 0) {
             xmp_llmc_loader_free(ld);
-            return xmp_train_fail("--val-data: %s", xmp_llmc_last_error());
+            return xmp_train_fail("--val-data: %s", xmp_last_error());
         }
         return 0;
     }
@@ -228,7 +228,7 @@ static int setup_data(const xmp_train_opts_t *t, const gpt_opts_t *o, int B, xmp
     char *text;
     size_t n;
     if (xmp_llmc_read_file(path, &text, &n) != 0)
-        return xmp_train_fail("%s: %s", o->text ? "--text" : "default data", xmp_llmc_last_error());
+        return xmp_train_fail("%s: %s", o->text ? "--text" : "default data", xmp_last_error());
     uint16_t *toks = malloc((n ? n : 1) * sizeof(uint16_t));
     if (!toks) {
         free(text);
@@ -246,7 +246,7 @@ static int setup_data(const xmp_train_opts_t *t, const gpt_opts_t *o, int B, xmp
     free(toks);
     if (rc != 0)
         return xmp_train_fail("data '%s'%s: %s", path, t->val_every ? " (held-out last 10%)" : "",
-                              xmp_llmc_last_error());
+                              xmp_last_error());
     return 0;
 }
 
@@ -285,10 +285,10 @@ static int gpt_serial_step(void *u, int step, double *loss, double *grad_norm)
     const gpt_opts_t *o = &g->o;
     if (xmp_llmc_loader_next(&g->sld) != 0 ||
         xmp_gpt2_forward(&g->sm, g->sld.inputs, g->sld.targets, g->B, o->seq) != 0)
-        return xmp_train_fail("%s", xmp_llmc_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     xmp_gpt2_zero_grad(&g->sm);
     if (xmp_gpt2_backward(&g->sm) != 0)
-        return xmp_train_fail("%s", xmp_llmc_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     if (g->t->grad_clip > 0) {
         *grad_norm = sqrt(sumsq(g->sm.grads, g->sm.num_params));
         if (*grad_norm > g->t->grad_clip) {
@@ -298,7 +298,7 @@ static int gpt_serial_step(void *u, int step, double *loss, double *grad_norm)
         }
     }
     if (xmp_gpt2_update(&g->sm, g->lr, o->beta1, o->beta2, o->eps, g->t->wd, step + 1) != 0)
-        return xmp_train_fail("%s", xmp_llmc_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     *loss = g->sm.mean_loss;
     return 0;
 }
@@ -309,7 +309,7 @@ static int gpt_serial_finish(void *u)
     if (!g->o.save)
         return 0;
     if (xmp_gpt2_save(&g->sm, g->o.save) != 0)
-        return xmp_cli_error("--save: %s", xmp_llmc_last_error());
+        return xmp_cli_error("--save: %s", xmp_last_error());
     printf("saved checkpoint '%s'\n", g->o.save);
     return 0;
 }
@@ -321,7 +321,7 @@ static int next_val(const xmp_train_opts_t *t, xmp_llmc_loader_t *v, int k)
     if (!t->val_every)
         return xmp_train_fail("no held-out split (--val-every 0)");
     if ((k == 0 && xmp_llmc_loader_reset(v) != 0) || xmp_llmc_loader_next(v) != 0)
-        return xmp_train_fail("validation data: %s", xmp_llmc_last_error());
+        return xmp_train_fail("validation data: %s", xmp_last_error());
     return 0;
 }
 
@@ -331,7 +331,7 @@ static int gpt_serial_val(void *u, int k, double *loss)
     if (next_val(g->t, &g->svld, k) != 0)
         return -1;
     if (xmp_gpt2_forward(&g->sm, g->svld.inputs, g->svld.targets, g->B, g->o.seq) != 0)
-        return xmp_train_fail("%s", xmp_llmc_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     *loss = g->sm.mean_loss;
     return 0;
 }
@@ -431,7 +431,7 @@ static int gpt_par_set_step(void *u, int step)
 {
     gpt_run_t *g = u;
     if (xmp_llmc_loader_next(&g->ld) != 0)
-        return xmp_train_fail("%s", xmp_llmc_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     for (int c = 0; c < g->nst; c++)
         xmp_gpt2_stage_set_batch(g->sts[c], g->ld.inputs, g->ld.targets, step);
     g->step = step;
@@ -515,7 +515,7 @@ static int gpt_sample(void *u, int (*eval)(void *ctx), void *ctx, char *out, siz
         const float *row = NULL;
         if (!eval) {
             if (xmp_gpt2_forward(&g->sm, tok, NULL, B, T) != 0) {
-                rc = xmp_train_fail("sampling: %s", xmp_llmc_last_error());
+                rc = xmp_train_fail("sampling: %s", xmp_last_error());
                 break;
             }
             row = xmp_gpt2_logits(&g->sm) + (size_t)(t - 1) * Vp;
@@ -639,7 +639,7 @@ static int gpt_par_finish(void *u, int ok, xmp_json_t *j)
                 xmp_cli_error("--save: gathering the parameters failed");
         } else if (g->rank == 0) {
             if (xmp_gpt2_save(&g->m, g->o.save) != 0) {
-                xmp_cli_error("--save: %s", xmp_llmc_last_error());
+                xmp_cli_error("--save: %s", xmp_last_error());
                 rc = -1;
             } else {
                 printf("saved checkpoint '%s'\n", g->o.save);
@@ -713,7 +713,7 @@ static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts
     xmp_gpt2_free(&g->m);
     memset(&g->m, 0, sizeof g->m);
     if (xmp_gpt2_init_random(&g->m, &s.cfg, o->seed) != 0)
-        return xmp_train_fail("%s: %s", xmp_ckpt_dir(ck), xmp_llmc_last_error());
+        return xmp_train_fail("%s: %s", xmp_ckpt_dir(ck), xmp_last_error());
     g->B = s.batch; /* rows per optimizer step (--batch x --grad-accum when saved) */
     g->o.batch = s.batch / o->grad_accum;
     g->o.seq = s.seq;
@@ -732,7 +732,7 @@ static int gpt_ckpt_open(void *u, MPI_Comm comm, const char *dir, xmp_train_opts
         return -1;
     for (int64_t i = 0; i < nb; i++)
         if (xmp_llmc_loader_next(&g->ld) != 0)
-            return xmp_train_fail("data position %lld: %s", (long long)nb, xmp_llmc_last_error());
+            return xmp_train_fail("data position %lld: %s", (long long)nb, xmp_last_error());
     g->kinds[0] = 'E';
     memset(g->kinds + 1, 't', (size_t)L);
     g->kinds[L + 1] = 'L';

@@ -837,7 +837,7 @@ static int fill_ut_opts(ut_plan_opts_t *u, const xm_costmodel_t *cm, const xm_cl
     const plan_opts_t *p = &u->p;
     memset(so, 0, sizeof *so);
     if (xmp_ut_config_init(&so->model, u->base, u->groups, u->head_dim))
-        return xmp_cli_error("model: %s", xmp_ut_last_error());
+        return xmp_cli_error("model: %s", xmp_last_error());
     so->B = p->batch;
     so->nranks = p->ranks;
     so->hosts = p->hosts;

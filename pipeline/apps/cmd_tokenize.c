@@ -56,7 +56,7 @@ int xmp_cmd_tokenize(int argc, char **argv)
     size_t n;
     int rc = 1;
     if (xmp_llmc_read_file(text, &data, &n) != 0) {
-        xmp_cli_error("%s", xmp_llmc_last_error());
+        xmp_cli_error("%s", xmp_last_error());
         goto out;
     }
     if (n < 2) {
@@ -76,11 +76,11 @@ int xmp_cmd_tokenize(int argc, char **argv)
         goto out;
     }
     if (val_out && xmp_llmc_tokens_write(val_out, toks, nval) != 0) {
-        xmp_cli_error("%s", xmp_llmc_last_error());
+        xmp_cli_error("%s", xmp_last_error());
         goto out;
     }
     if (xmp_llmc_tokens_write(out, toks + nval, n - nval) != 0) {
-        xmp_cli_error("%s", xmp_llmc_last_error());
+        xmp_cli_error("%s", xmp_last_error());
         goto out;
     }
     if (!tok_out) {
@@ -95,7 +95,7 @@ int xmp_cmd_tokenize(int argc, char **argv)
         tok_out = tokpath;
     }
     if (xmp_llmc_tokenizer_write_bytes(tok_out, 0) != 0) {
-        xmp_cli_error("%s", xmp_llmc_last_error());
+        xmp_cli_error("%s", xmp_last_error());
         goto out;
     }
     printf("tokenize: %zu bytes of '%s' -> %zu train tokens '%s'", n, text, n - nval, out);

@@ -327,7 +327,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                                (st->cond[mb] ? fl[2] : 0)));
     if ((st->first == 0 && !st->input[mb]) || (st->last == XMP_UT_CONV_OUT && !st->target[mb]) ||
         (need_cond && !st->cond[mb])) {
-        fprintf(stderr, "stage %d forward mb %d: out of memory\n", st->stage, mb);
+        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d forward mb %d: out of memory", st->stage,
+                      mb);
         return 1;
     }
     xmp_shapes_batch(&st->sh, st->step, st->o->batch, first_img, st->nloc, st->input[mb],
@@ -345,7 +346,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
             src = in[st->e[k].pos_dst];
     if (wrap_chw(st, chw, src, &x) != 0 ||
         (need_cond && wrap(st, 3, cs, st->cond[mb], ncond, &cond) != 0)) {
-        fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_last_error());
+        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d forward mb %d: %s", st->stage, mb,
+                      xmp_last_error());
         goto out;
     }
     const xmp_tensor_t *cur = &x;
@@ -361,8 +363,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
                     int sc[3];
                     xmp_ut_layer_skip_shape(&st->cfg, srcl, sc);
                     if (wrap_chw(st, sc, in[st->e[k].pos_dst], &skin) != 0) {
-                        fprintf(stderr, "stage %d skip mb %d: %s\n", st->stage, mb,
-                                xmp_last_error());
+                        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d skip mb %d: %s", st->stage,
+                                      mb, xmp_last_error());
                         goto out;
                     }
                     sk = &skin;
@@ -374,7 +376,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         if (r == 0) /* recomputation: keep the layer's inputs and outputs only */
             r = xmp_ut_tape_drop(st->tape[IX(st, l, mb)], st->recompute);
         if (r != 0) {
-            fprintf(stderr, "stage %d forward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d forward mb %d: %s", st->stage, mb,
+                          xmp_last_error());
             goto out;
         }
         cur = st->y[IX(st, l, mb)];
@@ -388,7 +391,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         const xmp_tensor_t *v =
             e->what == T_MAIN ? st->y[IX(st, e->layer, mb)] : st->so[IX(st, e->layer, mb)];
         if (copy_out(st, v, out[e->pos_src], e->floats_src) != 0) {
-            fprintf(stderr, "stage %d edge %d mb %d: %s\n", st->stage, k, mb, xmp_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d edge %d mb %d: %s", st->stage, k, mb,
+                          xmp_last_error());
             goto out;
         }
     }
@@ -400,7 +404,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         float *yb = malloc(cnt * sizeof(float));
         if (!yb || copy_out(st, st->y[IX(st, st->last, mb)], yb, cnt) != 0) {
             free(yb);
-            fprintf(stderr, "stage %d loss mb %d: output block\n", st->stage, mb);
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d loss mb %d: output block", st->stage,
+                          mb);
             goto out;
         }
         xmp_unet_mse_forward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW, yb, st->target[mb],
@@ -478,7 +483,8 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         if (xmp_ut_tape_recompute(st->tape[IX(st, l, mb)], st->recompute) != 0 ||
             xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
                                          pdsi) != 0) {
-            fprintf(stderr, "stage %d backward mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d backward mb %d: %s", st->stage, mb,
+                          xmp_last_error());
             goto fail_quiet;
         }
         for (int k = 0; k < st->nedges; k++) { /* gradients leaving the stage */
@@ -503,8 +509,8 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         xmp_driver_progress(NULL);
         continue;
     fail:
-        fprintf(stderr, "stage %d backward mb %d layer %d: %s\n", st->stage, mb, l,
-                xmp_last_error());
+        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d backward mb %d layer %d: %s", st->stage,
+                      mb, l, xmp_last_error());
     fail_quiet:
         xmp_tensor_free(&dy);
         xmp_tensor_free(&dso);
@@ -523,7 +529,8 @@ static int ut_bwd_weight(void *u, int mb)
         st->tape[IX(st, l, mb)] = NULL; /* freed by backward_weight */
         st->y[IX(st, l, mb)] = st->so[IX(st, l, mb)] = NULL;
         if (xmp_ut_slayer_backward_weight(st->SL[l], t) != 0) {
-            fprintf(stderr, "stage %d weight mb %d: %s\n", st->stage, mb, xmp_ut_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d weight mb %d: %s", st->stage, mb,
+                          xmp_last_error());
             return 1;
         }
     }
@@ -561,7 +568,8 @@ static int ut_reduce(void *u)
     for (int l = st->first; !st->ov.defer_grad && l <= st->last && !rc; l++)
         rc = xmp_ut_slayer_reduce(st->SL[l]);
     if (rc) {
-        fprintf(stderr, "stage %d: gradient reduction: %s\n", st->stage, xmp_ut_last_error());
+        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d: gradient reduction: %s", st->stage,
+                      xmp_last_error());
         return 1;
     }
     return 0;
@@ -572,7 +580,8 @@ static int ut_opt(void *u)
     ut_stage_t *st = u;
     for (int l = st->first; l <= st->last; l++)
         if (xmp_ut_slayer_update(st->SL[l], st->o->lr, st->o->momentum, st->o->wd) != 0) {
-            fprintf(stderr, "stage %d: optimizer: %s\n", st->stage, xmp_ut_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d: optimizer: %s", st->stage,
+                          xmp_last_error());
             return 1;
         }
     return 0;
@@ -632,7 +641,7 @@ static int stage_init(ut_stage_t *st)
         if (!(st->SL[l] = xmp_ut_slayer_create(&st->cfg, l, st->mbs, st->mesh, &st->strat,
                                                full + st->lay.layer_offset[l])))
             rc = xmp_train_fail("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
-                                xmp_ut_last_error());
+                                xmp_last_error());
         else
             xmp_ut_slayer_set_overlap(st->SL[l], &st->ov);
     }
@@ -675,10 +684,10 @@ static int ut_serial_open(void *u, int64_t *nparams)
     const ut_opts_t *o = &g->o;
     const xmp_ut_config_t *c = &g->cfg;
     if (xmp_ut_model_init(&g->sm, c, o->batch, o->seed) != 0)
-        return xmp_train_fail("model: %s", xmp_ut_last_error());
+        return xmp_train_fail("model: %s", xmp_last_error());
     if (xmp_shapes_init(&g->ssh, o->seed, c->cond_dim, o->sigma) != 0) {
         xmp_ut_model_free(&g->sm);
-        return xmp_train_fail("data: %s", xmp_ut_last_error());
+        return xmp_train_fail("data: %s", xmp_last_error());
     }
     size_t HW = XMP_UT_IMG * XMP_UT_IMG, B = (size_t)o->batch;
     g->sbuf = malloc((B * 7 * HW + B * XMP_UT_TOKENS * (size_t)c->cond_dim) * sizeof(float));
@@ -701,7 +710,7 @@ static int ut_serial_step(void *u, int step, double *loss, double *grad_norm)
     float *in = g->sbuf, *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
     xmp_shapes_batch(&g->ssh, step, o->batch, 0, o->batch, in, tg, cond);
     if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0 || xmp_ut_model_backward(&g->sm, tg) != 0)
-        return xmp_train_fail("%s", xmp_ut_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     if (g->t->grad_clip > 0) {
         double s = 0;
         const size_t n = g->sm.layout.total;
@@ -715,7 +724,7 @@ static int ut_serial_step(void *u, int step, double *loss, double *grad_norm)
         }
     }
     if (xmp_ut_model_update(&g->sm, o->lr, o->momentum, o->wd) != 0)
-        return xmp_train_fail("%s", xmp_ut_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     *loss = g->sm.loss;
     return 0;
 }
@@ -735,7 +744,7 @@ static int ut_serial_val(void *u, int k, double *loss)
     float *in = g->sbuf, *tg = in + B * 3 * HW, *cond = tg + B * 4 * HW;
     xmp_shapes_batch(&g->ssh, val_step(k), o->batch, 0, o->batch, in, tg, cond);
     if (xmp_ut_model_forward(&g->sm, in, cond, tg) != 0)
-        return xmp_train_fail("%s", xmp_ut_last_error());
+        return xmp_train_fail("%s", xmp_last_error());
     *loss = g->sm.loss;
     return 0;
 }
@@ -769,7 +778,7 @@ static int ut_strategy_check(void *u, const xmp_strategy_t *s, const xmp_stage_l
     const int *shape = sl->shape[stage];
     if (xmp_ut_strategy_check(t, &g->cfg, sl->first[stage], sl->first[stage] + sl->count[stage] - 1,
                               shape) != 0)
-        return snprintf(err, errlen, "stage %d: %s", stage, xmp_ut_last_error()), -1;
+        return snprintf(err, errlen, "stage %d: %s", stage, xmp_last_error()), -1;
     return 0;
 }
 
@@ -869,7 +878,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         p->mesh = g->smesh[p->stage];
         p->nloc = p->mbs / p->dp;
         if (xmp_shapes_init(&p->sh, g->o.seed, g->cfg.cond_dim, g->o.sigma) != 0)
-            local_fail = xmp_train_fail("data: %s", xmp_ut_last_error()) != 0;
+            local_fail = xmp_train_fail("data: %s", xmp_last_error()) != 0;
         else if (stage_init(p) != 0)
             local_fail = 1;
     }
@@ -1152,7 +1161,7 @@ int xmp_train_utransformer_main(int argc, char **argv)
     if (p != 0)
         return p > 0 ? 0 : 2;
     if (xmp_ut_config_init(&g.cfg, g.o.base, g.o.groups, g.o.head_dim) != 0) {
-        xmp_cli_error("model flags: %s", xmp_ut_last_error());
+        xmp_cli_error("model flags: %s", xmp_last_error());
         return 2;
     }
     g.t = &t;

@@ -7,7 +7,7 @@
  * padded vocabulary Vp >= V and is tied to the output projection (logits = lnf . wte^T).
  *
  * Errors: functions returning int give 0 on success and -1 on error; the message (naming the
- * file / field / value) is then in xmp_llmc_last_error() (models/llmc_io.h), and outputs are
+ * file / field / value) is then in xmp_last_error() (models/llmc_io.h), and outputs are
  * left untouched.
  */
 #ifndef XMP_MODELS_GPT2_H

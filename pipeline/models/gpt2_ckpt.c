@@ -175,7 +175,7 @@ xmesh_result_t xmp_gpt2_ckpt_open(MPI_Comm comm, const char *path, xmp_ckpt_t **
         r = xmp_ckpt_meta_int(c, "train.seq", 1, 1 << 30, &t.seq);
     if (!r && xmp_gpt2_config_check(&t.cfg) != 0)
         r = xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s/MANIFEST: invalid model configuration: %s",
-                    xmp_ckpt_dir(c), xmp_llmc_last_error());
+                    xmp_ckpt_dir(c), xmp_last_error());
     t.step = xmp_ckpt_step(c);
     if (r) {
         xmp_ckpt_close(c);
@@ -258,7 +258,7 @@ xmesh_result_t xmp_gpt2_ckpt_to_llmc(MPI_Comm comm, const xmp_ckpt_t *ck, const 
     MPI_Allreduce(&lbad, &any, 1, MPI_INT, MPI_MAX, comm);
     if (any)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: model configuration: %s", xmp_ckpt_dir(ck),
-                       xmp_llmc_last_error());
+                       xmp_last_error());
     int one = 1, r0 = 0;
     xmp_mesh_t *mesh = NULL;
     r = xmp_mesh_create(comm, NULL, 1, &one, &r0, &mesh);
@@ -319,7 +319,7 @@ xmesh_result_t xmp_gpt2_ckpt_to_llmc(MPI_Comm comm, const xmp_ckpt_t *ck, const 
     MPI_Allreduce(MPI_IN_PLACE, &wbad, 1, MPI_INT, MPI_MAX, comm);
     if (!r && wbad)
         r = xmp_err(XMESH_ERR_SYSTEM, "%s: %s", file,
-                    rank == 0 ? xmp_llmc_last_error() : "write failed");
+                    rank == 0 ? xmp_last_error() : "write failed");
     xmp_mesh_destroy(mesh);
     xmp_gpt2_free(&m);
     return r;

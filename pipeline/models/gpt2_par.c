@@ -999,7 +999,8 @@ static int cb_forward(void *user, int mbi, const void *const *in, void *const *o
     st->times.nf++;
     return 0;
 fail:
-    fprintf(stderr, "gpt2 stage %d forward mb %d: %s\n", st->stage, mbi, xmp_last_error());
+    (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d forward mb %d: %s", st->stage, mbi,
+                  xmp_last_error());
     xmp_tensor_free(&logits);
     xmp_tensor_free(&tgt);
     return 1;
@@ -1047,7 +1048,8 @@ static int cb_backward_input(void *user, int mbi, const void *const *gout, void 
     st->times.ni++;
     return 0;
 fail:
-    fprintf(stderr, "gpt2 stage %d backward (input) mb %d: %s\n", st->stage, mbi, xmp_last_error());
+    (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d backward (input) mb %d: %s", st->stage,
+                  mbi, xmp_last_error());
     xmp_tensor_free(&d);
     xmp_tensor_free(&dl);
     xmp_tensor_free(&dtab);
@@ -1082,8 +1084,8 @@ static int cb_backward_weight(void *user, int mbi)
     st->times.nw++;
     return 0;
 fail:
-    fprintf(stderr, "gpt2 stage %d backward (weight) mb %d: %s\n", st->stage, mbi,
-            xmp_last_error());
+    (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d backward (weight) mb %d: %s", st->stage,
+                  mbi, xmp_last_error());
     return 1;
 }
 
@@ -1104,7 +1106,8 @@ static int tie_exchange(xmp_gpt2_stage_t *st, par_t *q)
         for (int64_t i = 0; i < q->P.r.lcount; i++)
             g[i] = g[i] + tmp[i];
     } else {
-        fprintf(stderr, "gpt2 stage %d: tied wte exchange: %s\n", st->stage, xmesh_last_error());
+        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d: tied wte exchange: %s", st->stage,
+                      xmesh_last_error());
     }
     free(tmp);
     return r ? -1 : 0;
@@ -1133,8 +1136,8 @@ static int tie_exchange_local(xmp_gpt2_stage_t *st)
         for (int64_t i = 0; i < ql->P.r.lcount; i++)
             g[i] = g[i] + tl[i];
     } else {
-        fprintf(stderr, "gpt2 stages %d and %d: tied wte exchange: %s\n", f->stage, l->stage,
-                xmesh_last_error());
+        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stages %d and %d: tied wte exchange: %s",
+                      f->stage, l->stage, xmesh_last_error());
     }
     free(tf);
     free(tl);
@@ -1149,8 +1152,8 @@ static int cb_reduce(void *user)
      * the same collectives on the same data as the blocking loop. */
     for (int i = 0; st->ov.defer_grad && i < st->np; i++)
         if (xmp_param_reduce_start(&st->p[i].P)) {
-            fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
-                    pclass[st->p[i].id], xmp_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d: gradient reduction of %s: %s",
+                          st->stage, pclass[st->p[i].id], xmp_last_error());
             return 1;
         }
     for (int i = 0; i < st->np; i++) {
@@ -1159,8 +1162,8 @@ static int cb_reduce(void *user)
          * replicated (the data-parallel all-reduce), or P -> S where its
          * storage is sharded (reduce-scatter). */
         if (st->ov.defer_grad ? xmp_param_reduce_wait(&q->P) : xmp_param_reduce(&q->P)) {
-            fprintf(stderr, "gpt2 stage %d: gradient reduction of %s: %s\n", st->stage,
-                    pclass[q->id], xmp_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d: gradient reduction of %s: %s",
+                          st->stage, pclass[q->id], xmp_last_error());
             return 1;
         }
     }
@@ -1192,8 +1195,8 @@ static int cb_optimizer(void *user)
          * the next step uses (prefetch: started here, waited after the updates of the
          * parameters that follow, in the same order). */
         if (st->ov.prefetch ? xmp_param_gather_start(&q->P) : xmp_param_gather(&q->P)) {
-            fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
-                    xmp_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d: gathering %s: %s", st->stage,
+                          pclass[q->id], xmp_last_error());
             return 1;
         }
         xmp_param_zero_grad(&q->P, 0);
@@ -1201,8 +1204,8 @@ static int cb_optimizer(void *user)
     for (int i = 0; st->ov.prefetch && i < st->np; i++) {
         par_t *q = &st->p[i];
         if (xmp_param_gather_wait(&q->P)) {
-            fprintf(stderr, "gpt2 stage %d: gathering %s: %s\n", st->stage, pclass[q->id],
-                    xmp_last_error());
+            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d: gathering %s: %s", st->stage,
+                          pclass[q->id], xmp_last_error());
             return 1;
         }
     }

@@ -1,6 +1,7 @@
 /* llm.c file formats and data loader; contracts in models/llmc_io.h.
  * Files are little-endian; this code assumes a little-endian host (x86-64, aarch64). */
 #include "models/llmc_io.h"
+#include "nn/error.h"
 
 #include <errno.h>
 #include <glob.h>
@@ -10,19 +11,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static _Thread_local char g_err[512];
-
-const char *xmp_llmc_last_error(void)
-{
-    return g_err;
-}
-
 int xmp_llmc_fail(const char *fmt, ...)
 {
+    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s", msg);
     return -1;
 }
 
@@ -116,7 +112,7 @@ int xmp_llmc_checkpoint_read(const char *path, xmp_gpt2_config_t *cfg, float **p
                            .padded_vocab_size = h[1] == 1 ? h[3] : h[7]};
     if (xmp_gpt2_config_check(&c) != 0) {
         char inner[400];
-        snprintf(inner, sizeof inner, "%s", xmp_llmc_last_error());
+        snprintf(inner, sizeof inner, "%s", xmp_last_error());
         xmp_llmc_fail("checkpoint '%s': bad header: %s", path, inner);
         goto out;
     }

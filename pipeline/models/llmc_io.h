@@ -9,7 +9,7 @@
  *   tokenizer   [0]=20240328 [1]=2 [2]=vocab size n [3]=EOT id; then per token a uint8
  *               length (>= 1) and that many bytes.
  *
- * Errors: 0 on success, -1 on error with a message in xmp_llmc_last_error() naming the file
+ * Errors: 0 on success, -1 on error with a message in xmp_last_error() naming the file
  * and the bad field or value (bad magic, bad version, truncated, size mismatch, ...). On
  * error no output argument is modified and no partial output file is left behind (writers
  * write "<path>.tmp" then rename).
@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "models/gpt2.h"
+#include "nn/error.h"
 #include "nn/kernels.h"
 
 #ifdef __cplusplus
@@ -32,8 +33,7 @@ extern "C" {
 #define XMP_LLMC_TOKENIZER_MAGIC 20240328
 #define XMP_LLMC_HEADER_INTS 256
 
-/* Thread-local message of the last failed call of this module or of models/gpt2.h. */
-const char *xmp_llmc_last_error(void);
+/* Errors of this module and of models/gpt2.h: xmp_last_error() (nn/error.h). */
 /* Sets the message (printf format); returns -1 for `return xmp_llmc_fail(...)`. */
 int xmp_llmc_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -34,7 +34,7 @@ typedef struct {
 } xmp_shapes_t;
 
 /* Prepares the generator (allocates the embeddings). Returns 0, or -1 naming the bad value
- * (cond_dim < 1, sigma < 0 or not finite) or on out of memory (xmp_ut_last_error()). */
+ * (cond_dim < 1, sigma < 0 or not finite) or on out of memory (xmp_last_error()). */
 int xmp_shapes_init(xmp_shapes_t *s, uint64_t seed, int cond_dim, float sigma);
 void xmp_shapes_free(xmp_shapes_t *s);
 

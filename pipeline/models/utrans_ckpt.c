@@ -189,8 +189,7 @@ xmesh_result_t xmp_ut_ckpt_load(xmp_ut_slayer_t *const *layers, MPI_Comm comm, x
     /* sharded storage: the loaded shards into the compute copies (every rank: collective) */
     for (int l = 0; !any && l < XMP_UT_LAYERS; l++)
         if (layers[l] && xmp_ut_slayer_sync(layers[l]) != 0 && !r)
-            r = xmp_err(XMESH_ERR_INTERNAL, "utransformer checkpoint load: %s",
-                        xmp_ut_last_error());
+            r = xmp_err(XMESH_ERR_INTERNAL, "utransformer checkpoint load: %s", xmp_last_error());
     free(ts);
     free(names);
     free(store);

@@ -17,35 +17,22 @@
 #include <string.h>
 
 #include "models/utransformer_plan.h"
+#include "nn/error.h"
 #include "nn/unet_kernels.h"
 
-static _Thread_local char g_err[256];
-
-const char *xmp_ut_last_error(void)
-{
-    return g_err;
-}
-
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-/* Shared with shapes_data.c (same thread-local message). */
+/* Records the message (nn/error.h) and returns -1. */
 int xmp_ut__fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int xmp_ut__fail(const char *fmt, ...)
 {
+    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s", msg);
     return -1;
 }
+#define fail xmp_ut__fail
 
 /* Counter-based random stream: splitmix64 over (key, counter). */
 static uint64_t mix64(uint64_t z)
@@ -72,7 +59,6 @@ int xmp_ut_config_init(xmp_ut_config_t *c, int base, int groups, int head_dim)
     c->groups = groups;
     c->head_dim = head_dim;
     c->cond_dim = 4 * base;
-    g_err[0] = '\0';
     return 0;
 }
 
@@ -692,7 +678,7 @@ int xmp_ut_layer_forward(xmp_ut_layer_t *l, const float *w, const float *x, cons
             break;
         }
         if (rc != 0)
-            return fail("layer %s op %d: %s", g_names[l->layer], i, xmp_unet_last_error());
+            return fail("layer %s op %d: %s", g_names[l->layer], i, xmp_last_error());
     }
     memcpy(y, l->val[pl->out], pl->bufsz[pl->out] * sizeof(float));
     if (pl->skip_out >= 0)
@@ -768,7 +754,7 @@ int xmp_ut_layer_backward_input(xmp_ut_layer_t *l, const float *w, const float *
             break;
         }
         if (rc != 0)
-            return fail("layer %s op %d backward: %s", g_names[l->layer], i, xmp_unet_last_error());
+            return fail("layer %s op %d backward: %s", g_names[l->layer], i, xmp_last_error());
     }
     if (dx && !pl->nograd[pl->in])
         acc(dx, l->grad[pl->in], pl->bufsz[pl->in]);
@@ -805,7 +791,7 @@ int xmp_ut_layer_backward_weight(xmp_ut_layer_t *l, float *dw)
         }
         if (rc != 0)
             return fail("layer %s op %d weight backward: %s", g_names[l->layer], i,
-                        xmp_unet_last_error());
+                        xmp_last_error());
     }
     return 0;
 }
@@ -845,8 +831,10 @@ int xmp_ut_model_init(xmp_ut_model_t *m, const xmp_ut_config_t *c, int n, uint64
         goto fail_free;
     xmp_ut_params_init(&m->layout, seed, m->params);
     for (int l = 0; l < XMP_UT_LAYERS; l++) {
-        if (!(m->layers[l] = xmp_ut_layer_create(c, l, n)))
-            goto fail_free;
+        if (!(m->layers[l] = xmp_ut_layer_create(c, l, n))) {
+            xmp_ut_model_free(m); /* the layer's own message stays */
+            return -1;
+        }
         size_t o = xmp_ut_layer_out_floats(m->layers[l]);
         size_t s = xmp_ut_layer_skip_out_floats(m->layers[l]);
         m->act[l] = malloc(o * sizeof(float));
@@ -862,8 +850,7 @@ int xmp_ut_model_init(xmp_ut_model_t *m, const xmp_ut_config_t *c, int n, uint64
     }
     return 0;
 fail_free:
-    if (!g_err[0])
-        fail("model: out of memory");
+    fail("model: out of memory");
     xmp_ut_model_free(m);
     return -1;
 }
@@ -882,7 +869,7 @@ int xmp_ut_model_forward(xmp_ut_model_t *m, const float *input, const float *con
     size_t cnt = xmp_ut_layer_out_floats(m->layers[XMP_UT_CONV_OUT]);
     return xmp_unet_mse_forward(cnt, (double)cnt, x, target, &m->loss) == 0
                ? 0
-               : fail("loss: %s", xmp_unet_last_error());
+               : fail("loss: %s", xmp_last_error());
 }
 
 int xmp_ut_model_backward(xmp_ut_model_t *m, const float *target)
@@ -896,7 +883,7 @@ int xmp_ut_model_backward(xmp_ut_model_t *m, const float *target)
     const int L = XMP_UT_CONV_OUT;
     size_t cnt = xmp_ut_layer_out_floats(m->layers[L]);
     if (xmp_unet_mse_backward(cnt, (double)cnt, m->act[L], target, m->dact[L]) != 0)
-        return fail("loss backward: %s", xmp_unet_last_error());
+        return fail("loss backward: %s", xmp_last_error());
     for (int l = L; l >= 0; l--) {
         int src = xmp_ut_skip_source(l);
         if (xmp_ut_layer_backward_input(m->layers[l], m->params + m->layout.layer_offset[l],
@@ -912,6 +899,6 @@ int xmp_ut_model_update(xmp_ut_model_t *m, float lr, float momentum, float wd)
 {
     if (xmp_unet_sgd_nesterov(m->layout.total, lr, momentum, wd, m->params, m->velocity,
                               m->grads) != 0)
-        return fail("optimizer: %s", xmp_unet_last_error());
+        return fail("optimizer: %s", xmp_last_error());
     return 0;
 }

@@ -44,6 +44,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nn/error.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -71,8 +73,7 @@ enum {
     XMP_UT_CONV_OUT
 };
 
-/* Message of the last error raised by an xmp_ut_* or xmp_shapes_* function ("" if none). */
-const char *xmp_ut_last_error(void);
+/* Errors of xmp_ut_* and xmp_shapes_* functions: xmp_last_error() (nn/error.h). */
 
 typedef struct {
     int base;     /* C: channels of level 1; levels have C, 2C, 4C, 4C */

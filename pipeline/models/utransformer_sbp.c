@@ -1009,7 +1009,7 @@ int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd)
                                            q->state[0], gz ? gz : xmp_f32(&q->r));
             free(gz);
             if (rc != 0)
-                return fail("optimizer: %s", xmp_unet_last_error());
+                return fail("optimizer: %s", xmp_last_error());
         }
         xmp_param_zero_grad(q, 1);
         /* sharded storage: the updated shards all-gathered into the compute copy (prefetch:

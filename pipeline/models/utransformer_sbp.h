@@ -34,7 +34,7 @@
  * B on K; attention whose heads the splitting axes do not divide is B there; the output norm's
  * gamma follows its input), never a silent replication.
  *
- * Errors: functions return 0 or -1 with xmp_ut_last_error() naming the class, layer, axis and
+ * Errors: functions return 0 or -1 with xmp_last_error() naming the class, layer, axis and
  * rule (nn/ messages are passed on with the op that raised them).
  */
 #ifndef XMP_MODELS_UTRANSFORMER_SBP_H
@@ -65,7 +65,7 @@ typedef xmp_strategy_t xmp_ut_strategy_t;
 int xmp_ut_strategy_builtin(void *user, const char *name, int naxes, const int *shape, char *text,
                             size_t n, char *err, size_t errlen);
 /* A built-in name or the path of a strategy file (nn/strategy.h xmp_strategy_load_mesh with the
- * built-ins above), for a naxes-axis mesh of sizes shape. 0 or -1 (xmp_ut_last_error names the
+ * built-ins above), for a naxes-axis mesh of sizes shape. 0 or -1 (xmp_last_error names the
  * file or built-in, the line and the class). */
 int xmp_ut_strategy_load(const char *name_or_file, const xmp_ut_config_t *c, int naxes,
                          const int *shape, xmp_ut_strategy_t *s);

@@ -11,13 +11,6 @@
 
 #include "nn/sbp.h"
 
-static _Thread_local char xmp_err_buf[512];
-
-const char *xmp_last_error(void)
-{
-    return xmp_err_buf;
-}
-
 static _Thread_local double xmp_comm_s;
 
 double xmp_comm_seconds(void)
@@ -100,15 +93,6 @@ void xmp_mem_track(int64_t delta)
 static int64_t alloc_bytes(const xmp_tensor_t *t)
 {
     return (t->lcount ? t->lcount : 1) * 4;
-}
-
-xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(xmp_err_buf, sizeof xmp_err_buf, fmt, ap);
-    va_end(ap);
-    return r;
 }
 
 /* ----------------------------------------------------------- collectives

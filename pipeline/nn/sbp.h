@@ -78,6 +78,8 @@
 #include <xmesh.h>
 #include <xmesh/mpi.h>
 
+#include "nn/error.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -85,8 +87,7 @@ extern "C" {
 #define XMP_MAX_MESH_DIMS 4
 #define XMP_MAX_DIMS 8
 
-/* Detailed thread-local message of the last error of this module. */
-const char *xmp_last_error(void);
+/* Errors: nn/error.h (xmp_err, xmp_last_error), the one convention of pipeline/. */
 
 /* Seconds this thread spent inside the MPI collectives of boxing and of the
  * SBP layers (all-reduce, reduce-scatter, all-gather, all-to-all), summed
@@ -315,8 +316,6 @@ xmesh_result_t xmp_box_backward(const xmp_tensor_t *dy, const xmp_sbp_t *src, xm
 xmesh_result_t xmp_box_inplace(xmp_tensor_t *t, const xmp_sbp_t *dst);
 
 /* Helpers shared by the nn/ sources (not for model code). */
-xmesh_result_t xmp_err(xmesh_result_t r, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 xmesh_result_t xmp_sbp_check(const xmp_mesh_t *m, int ndim, const xmp_sbp_t *sbp, const char *what);
 void xmp_sbp_string(const xmp_sbp_t *sbp, int mesh_ndim, char *buf, size_t n);
 /* Copies a box of extent ext from src (shape ss) at lo_s to dst (shape ds)

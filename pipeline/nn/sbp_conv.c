@@ -137,7 +137,7 @@ static xmesh_result_t conv_check(const xmp_tensor_t *x, const xmp_tensor_t *w,
     if (xmp_unet_conv2d_init(g, 1, (int)x->shape[1], (int)x->shape[2], (int)x->shape[3],
                              (int)w->shape[0], (int)w->shape[2], (int)w->shape[3], stride,
                              pad) != 0)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", op, xmp_unet_last_error());
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", op, xmp_last_error());
     return XMESH_SUCCESS;
 }
 
@@ -200,7 +200,7 @@ xmesh_result_t xmp_conv2d_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
                 r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory for im2col", op);
             else if (xmp_unet_conv2d_forward(&c, xmp_f32(&bx), xmp_f32(&bw), bias, xmp_f32(&o),
                                              col) != 0)
-                r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+                r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
             free(col);
         }
     }
@@ -255,7 +255,7 @@ xmesh_result_t xmp_conv2d_backward_input(const xmp_tensor_t *dy, const xmp_tenso
             r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory for im2col", op);
         else if (xmp_unet_conv2d_backward_input(&c, xmp_f32(&bdy), xmp_f32(&bw), xmp_f32(&o),
                                                 col) != 0)
-            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
         free(col);
     }
     if (r)
@@ -315,7 +315,7 @@ xmesh_result_t xmp_conv2d_backward_weight(const xmp_tensor_t *dy, const xmp_tens
             r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory for im2col", op);
         else if (xmp_unet_conv2d_backward_weight(&c, xmp_f32(&bx), xmp_f32(&bdy), xmp_f32(&o),
                                                  db ? xmp_f32(&ob) : NULL, col) != 0)
-            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
         free(col);
     }
     if (r) {
@@ -513,7 +513,7 @@ xmesh_result_t xmp_groupnorm_forward(const xmp_tensor_t *x, const xmp_tensor_t *
                                         (int)(o.lshape[2] * o.lshape[3]), (int)mu.lshape[1],
                                         xmp_f32(&bx), xmp_f32(&bg), xmp_f32(&bb), xmp_f32(&o),
                                         xmp_f32(&mu), xmp_f32(&rs)) != 0)
-        r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+        r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
     if (!r) {
         *y = o;
         cache->mean = mu;
@@ -576,7 +576,7 @@ xmesh_result_t xmp_groupnorm_backward(const xmp_tensor_t *dy, const xmp_tensor_t
                  (int)cache->mean.lshape[1], xmp_f32(&bx), xmp_f32(&bdy), dx ? xmp_f32(&bg) : NULL,
                  xmp_f32(&cache->mean), xmp_f32(&cache->rstd), dx ? xmp_f32(&o) : NULL,
                  dgamma ? xmp_f32(&og) : NULL, dbeta ? xmp_f32(&ob) : NULL) != 0)
-        r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+        r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
     if (!r) {
         if (dx)
             *dx = o;
@@ -1007,7 +1007,7 @@ xmesh_result_t xmp_mha_forward(const xmp_tensor_t *q, const xmp_tensor_t *k, con
                                (int)(bq.lshape[2] / head_dim), head_dim) != 0 ||
             xmp_unet_attn_forward(&at, xmp_f32(&bq), xmp_f32(&bk), xmp_f32(&bv), xmp_f32(&o),
                                   xmp_f32(&pr)) != 0)
-            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
     }
     if (!r) {
         *out = o;
@@ -1062,13 +1062,13 @@ xmesh_result_t xmp_mha_backward(const xmp_tensor_t *dout, const xmp_tensor_t *q,
     if (computes(&oq)) {
         if (xmp_unet_attn_init(&at, (int)bq.lshape[0], (int)bq.lshape[1], (int)bk.lshape[1],
                                (int)(bq.lshape[2] / head_dim), head_dim) != 0)
-            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
         else if (!(scr = malloc((xmp_unet_attn_scratch_floats(&at) + 1) * sizeof(float))))
             r = xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", op);
         else if (xmp_unet_attn_backward(&at, xmp_f32(&bq), xmp_f32(&bk), xmp_f32(&bv),
                                         xmp_f32(&cache->probs), xmp_f32(&bd), xmp_f32(&oq),
                                         xmp_f32(&ok), xmp_f32(&ov), scr) != 0)
-            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_unet_last_error());
+            r = xmp_err(XMESH_ERR_INTERNAL, "%s: %s", op, xmp_last_error());
         free(scr);
     }
     if (!r) {

@@ -5,6 +5,7 @@
  * beyond f32 rounding of the inputs.
  */
 #include "nn/unet_kernels.h"
+#include "nn/error.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -17,32 +18,22 @@
 #define XMP_UNET_EINVAL (-1) /* == XMESH_ERR_INVALID_ARGUMENT */
 #define XMP_UNET_GN_EPS 1e-5
 
-static _Thread_local char unet_err[256];
-
-const char *xmp_unet_last_error(void)
-{
-    return unet_err;
-}
-
-/* Records a message naming the bad value and returns XMP_UNET_EINVAL. */
+/* Records a message naming the bad value (nn/error.h) and returns XMP_UNET_EINVAL. */
 static int unet_fail(const char *fn, const char *fmt, ...)
 {
+    char msg[448];
     va_list ap;
-    int len = snprintf(unet_err, sizeof(unet_err), "%s: ", fn);
-    if (len < 0 || (size_t)len >= sizeof(unet_err))
-        len = 0;
     va_start(ap, fmt);
-    vsnprintf(unet_err + len, sizeof(unet_err) - (size_t)len, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", fn, msg);
     return XMP_UNET_EINVAL;
 }
 
 /* Re-raises the message an inner validation just recorded, under the caller's name. */
 static int unet_fail_nested(const char *fn)
 {
-    char inner[sizeof(unet_err)];
-    memcpy(inner, unet_err, sizeof(inner));
-    return unet_fail(fn, "bad geometry (%s)", inner);
+    return unet_fail(fn, "bad geometry (%s)", xmp_last_error());
 }
 
 /* Checks that every name=value pair in dims is >= 1 and that their product fits in an int (BLAS

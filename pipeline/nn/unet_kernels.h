@@ -19,19 +19,20 @@
  *     hold no global state besides the thread-local error message, allocate nothing, and are
  *     reentrant. Outputs must not alias inputs unless the contract says so.
  *   - Each function returns 0, or -1 (the value of XMESH_ERR_INVALID_ARGUMENT) on a bad
- *     argument, in which case nothing was written and xmp_unet_last_error() names the value.
+ *     argument, in which case nothing was written and xmp_last_error() names the value.
  */
 #ifndef XMP_NN_UNET_KERNELS_H
 #define XMP_NN_UNET_KERNELS_H
 
 #include <stddef.h>
 
+#include "nn/error.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Message of the last error raised by an xmp_unet_* function on this thread ("" if none). */
-const char *xmp_unet_last_error(void);
+/* Errors: xmp_last_error() (nn/error.h) names the bad value. */
 
 /* ---------------------------------------------------------------------------------------- */
 /* 2-D convolution (im2col + sgemm)                                                          */

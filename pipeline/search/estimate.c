@@ -334,7 +334,7 @@ int xmp_estimate_utransformer(const xmp_estimator_t *e, const xmp_utrans_desc_t 
     xmp_uts_opts_t so;
     memset(&so, 0, sizeof so);
     if (xmp_ut_config_init(&so.model, m->base, m->groups, m->head_dim))
-        return fail(err, errlen, "model: %s", xmp_ut_last_error());
+        return fail(err, errlen, "model: %s", xmp_last_error());
     char kinds[XMP_UT_LAYERS + 1];
     memset(kinds, 'u', XMP_UT_LAYERS);
     kinds[XMP_UT_LAYERS] = 0;

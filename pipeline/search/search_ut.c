@@ -358,7 +358,7 @@ static int uctx_init(uctx_t *c, const xmp_uts_opts_t *o, int S, int dedupe, xmp_
     for (int l = 0; l < L_; l++) {
         xmp_ut_layer_t *ly = xmp_ut_layer_create(&o->model, l, 1);
         if (!ly)
-            return cfail(c, "layer %s: %s", xmp_ut_layer_name(l), xmp_ut_last_error());
+            return cfail(c, "layer %s: %s", xmp_ut_layer_name(l), xmp_last_error());
         c->act_img[l] = (double)xmp_ut_layer_activation_floats(ly);
         xmp_ut_layer_destroy(ly);
     }

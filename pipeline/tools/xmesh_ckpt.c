@@ -189,7 +189,7 @@ static int from_llmc(int argc, char **argv)
     char err[640] = "";
     int bad = xmp_gpt2_load(&m, file) != 0;
     if (bad)
-        snprintf(err, sizeof err, "--from-llmc: %s", xmp_llmc_last_error());
+        snprintf(err, sizeof err, "--from-llmc: %s", xmp_last_error());
     int any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (any) {

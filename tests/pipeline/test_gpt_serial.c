@@ -68,7 +68,7 @@ static void copy_file(const char *from, const char *to)
     char *d;
     size_t n;
     if (xmp_llmc_read_file(from, &d, &n) != 0) {
-        CHECK(0, "%s", xmp_llmc_last_error());
+        CHECK(0, "%s", xmp_last_error());
         return;
     }
     FILE *f = fopen(to, "wb");
@@ -96,7 +96,7 @@ static void test_table_and_init(void)
     xmp_gpt2_config_t c = tiny_config(200);
     xmp_gpt2_param_info_t t[XMP_GPT2_NUM_PARAM_TENSORS];
     size_t total;
-    CHECK(xmp_gpt2_param_table(&c, t, &total) == 0, "table: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_param_table(&c, t, &total) == 0, "table: %s", xmp_last_error());
     size_t L = 2, C = 32, Vp = 256, maxT = 16;
     size_t expect =
         Vp * C + maxT * C +
@@ -112,15 +112,14 @@ static void test_table_and_init(void)
         CHECK(t[i].offset == t[i - 1].offset + t[i - 1].numel, "offset of %s", t[i].name);
     xmp_gpt2_config_t bad = c;
     bad.num_heads = 3;
-    CHECK(xmp_gpt2_config_check(&bad) != 0 && strstr(xmp_llmc_last_error(), "num_heads 3"),
-          "NH=3 C=32 accepted or unclear: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_config_check(&bad) != 0 && strstr(xmp_last_error(), "num_heads 3"),
+          "NH=3 C=32 accepted or unclear: %s", xmp_last_error());
     bad = c;
     bad.padded_vocab_size = 100;
-    CHECK(xmp_gpt2_config_check(&bad) != 0 && strstr(xmp_llmc_last_error(), "100"),
-          "Vp < V accepted");
+    CHECK(xmp_gpt2_config_check(&bad) != 0 && strstr(xmp_last_error(), "100"), "Vp < V accepted");
 
     xmp_gpt2_t m;
-    CHECK(xmp_gpt2_init_random(&m, &c, 42) == 0, "init: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_init_random(&m, &c, 42) == 0, "init: %s", xmp_last_error());
     const float *wte = m.params + m.ptab[XMP_GPT2_WTE].offset;
     int padded_zero = 1;
     for (size_t i = (size_t)c.vocab_size * C; i < Vp * C; i++)
@@ -152,10 +151,10 @@ static void test_checkpoint(void)
     xmp_gpt2_init_random(&m, &c, 7);
     char p[640];
     snprintf(p, sizeof p, "%s", tmp_path("ckpt.bin"));
-    CHECK(xmp_gpt2_save(&m, p) == 0, "save: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_save(&m, p) == 0, "save: %s", xmp_last_error());
     CHECK(file_size(p) == 1024 + (long long)m.num_params * 4, "checkpoint size %lld", file_size(p));
     CHECK(access(tmp_path("ckpt.bin.tmp"), F_OK) != 0, "temp file left behind");
-    CHECK(xmp_gpt2_load(&r, p) == 0, "load: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_load(&r, p) == 0, "load: %s", xmp_last_error());
     CHECK(!memcmp(&r.cfg, &m.cfg, sizeof c), "config differs after roundtrip");
     CHECK(r.num_params == m.num_params && !memcmp(r.params, m.params, m.num_params * sizeof(float)),
           "parameters differ after roundtrip");
@@ -185,23 +184,23 @@ static void test_checkpoint(void)
         memset(&r, 0x5a, sizeof r);
         xmp_gpt2_t before = r;
         int rc = xmp_gpt2_load(&r, q);
-        CHECK(rc != 0 && strstr(xmp_llmc_last_error(), cases[k].expect) &&
-                  strstr(xmp_llmc_last_error(), "bad.bin"),
-              "%s: rc %d message '%s'", cases[k].name, rc, xmp_llmc_last_error());
+        CHECK(rc != 0 && strstr(xmp_last_error(), cases[k].expect) &&
+                  strstr(xmp_last_error(), "bad.bin"),
+              "%s: rc %d message '%s'", cases[k].name, rc, xmp_last_error());
         CHECK(!memcmp(&r, &before, sizeof r), "%s: output modified", cases[k].name);
     }
     /* truncated: one float short; and trailing bytes */
     const char *q = tmp_path("trunc.bin");
     copy_file(p, q);
     CHECK(truncate(q, file_size(p) - 4) == 0, "truncate");
-    CHECK(xmp_gpt2_load(&r, q) != 0 && strstr(xmp_llmc_last_error(), "truncated"),
-          "truncated: '%s'", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_load(&r, q) != 0 && strstr(xmp_last_error(), "truncated"), "truncated: '%s'",
+          xmp_last_error());
     CHECK(truncate(q, 100) == 0, "truncate");
-    CHECK(xmp_gpt2_load(&r, q) != 0 && strstr(xmp_llmc_last_error(), "truncated header"),
-          "truncated header: '%s'", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_load(&r, q) != 0 && strstr(xmp_last_error(), "truncated header"),
+          "truncated header: '%s'", xmp_last_error());
     CHECK(xmp_gpt2_load(&r, tmp_path("missing.bin")) != 0 &&
-              strstr(xmp_llmc_last_error(), "missing.bin"),
-          "missing file: '%s'", xmp_llmc_last_error());
+              strstr(xmp_last_error(), "missing.bin"),
+          "missing file: '%s'", xmp_last_error());
 
     /* version 1: no padded vocab (Vp = V), header[7] ignored */
     xmp_gpt2_config_t c1 = c;
@@ -212,7 +211,7 @@ static void test_checkpoint(void)
     xmp_gpt2_save(&m1, p1);
     poke_header(p1, 1, 1);
     poke_header(p1, 7, 0);
-    CHECK(xmp_gpt2_load(&r, p1) == 0, "v1 load: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_load(&r, p1) == 0, "v1 load: %s", xmp_last_error());
     CHECK(r.cfg.padded_vocab_size == 200 &&
               !memcmp(r.params, m1.params, m1.num_params * sizeof(float)),
           "v1 content");
@@ -231,7 +230,7 @@ static void test_token_files(void)
         toks[i] = (uint16_t)(i * 977u);
     char p[640];
     snprintf(p, sizeof p, "%s", tmp_path("toks.bin"));
-    CHECK(xmp_llmc_tokens_write(p, toks, 1000) == 0, "write: %s", xmp_llmc_last_error());
+    CHECK(xmp_llmc_tokens_write(p, toks, 1000) == 0, "write: %s", xmp_last_error());
     CHECK(file_size(p) == 1024 + 2000, "token file size %lld", file_size(p));
     uint16_t *r = NULL;
     size_t n = 0;
@@ -243,24 +242,23 @@ static void test_token_files(void)
     poke_header(q, 0, 20240326);
     r = (uint16_t *)0x1;
     n = 77;
-    CHECK(xmp_llmc_tokens_read(q, &r, &n) != 0 &&
-              strstr(xmp_llmc_last_error(), "bad magic 20240326") && r == (uint16_t *)0x1 &&
-              n == 77,
-          "token bad magic: '%s'", xmp_llmc_last_error());
+    CHECK(xmp_llmc_tokens_read(q, &r, &n) != 0 && strstr(xmp_last_error(), "bad magic 20240326") &&
+              r == (uint16_t *)0x1 && n == 77,
+          "token bad magic: '%s'", xmp_last_error());
     copy_file(p, q);
     CHECK(truncate(q, 1024 + 1998) == 0, "truncate");
-    CHECK(xmp_llmc_tokens_read(q, &r, &n) != 0 && strstr(xmp_llmc_last_error(), "truncated") &&
-              strstr(xmp_llmc_last_error(), "1000 tokens"),
-          "token truncated: '%s'", xmp_llmc_last_error());
+    CHECK(xmp_llmc_tokens_read(q, &r, &n) != 0 && strstr(xmp_last_error(), "truncated") &&
+              strstr(xmp_last_error(), "1000 tokens"),
+          "token truncated: '%s'", xmp_last_error());
     CHECK(xmp_llmc_tokens_write(tmp_path("empty.bin"), toks, 0) != 0, "empty token file written");
 
     const char *tp = tmp_path("tok.bin");
-    CHECK(xmp_llmc_tokenizer_write_bytes(tp, 0) == 0, "tokenizer write: %s", xmp_llmc_last_error());
+    CHECK(xmp_llmc_tokenizer_write_bytes(tp, 0) == 0, "tokenizer write: %s", xmp_last_error());
     CHECK(file_size(tp) == 1024 + 512, "tokenizer size %lld", file_size(tp));
     int vs = 0, eot = -1;
     char **tab = NULL;
     CHECK(xmp_llmc_tokenizer_read(tp, &vs, &eot, &tab) == 0 && vs == 256 && eot == 0,
-          "tokenizer read: %s", xmp_llmc_last_error());
+          "tokenizer read: %s", xmp_last_error());
     int ok = tab != NULL;
     for (int i = 1; ok && i < 256; i++)
         ok = (unsigned char)tab[i][0] == i && tab[i][1] == '\0';
@@ -281,7 +279,7 @@ static void test_loader(void)
     xmp_llmc_loader_t ld;
     /* sequential: sample s starts at s*B*T; wraps after S samples */
     CHECK(xmp_llmc_loader_init_tokens(&ld, toks, N, B, T, 0, 1, 0) == 0, "init: %s",
-          xmp_llmc_last_error());
+          xmp_last_error());
     for (size_t s = 0; s < S + 2; s++) {
         xmp_llmc_loader_next(&ld);
         int start = (int)((s % S) * B * T);
@@ -329,7 +327,7 @@ static void test_loader(void)
     xmp_llmc_tokens_write(tmp_path("shard_000.bin"), toks, 100);
     xmp_llmc_tokens_write(tmp_path("shard_001.bin"), toks + 500, 100);
     CHECK(xmp_llmc_loader_init(&ld, tmp_path("shard_*.bin"), 2, 8, 0, 1, 0) == 0, "glob init: %s",
-          xmp_llmc_last_error());
+          xmp_last_error());
     int firsts[14];
     for (int s = 0; s < 14; s++) { /* 6 samples per shard */
         xmp_llmc_loader_next(&ld);
@@ -341,11 +339,11 @@ static void test_loader(void)
     CHECK(ld.total_tokens == 200, "total tokens %zu", ld.total_tokens);
     xmp_llmc_loader_free(&ld);
     CHECK(xmp_llmc_loader_init(&ld, tmp_path("shard_*.bin"), 4, 32, 0, 1, 0) != 0 &&
-              strstr(xmp_llmc_last_error(), "need at least 129"),
-          "small shard: '%s'", xmp_llmc_last_error());
+              strstr(xmp_last_error(), "need at least 129"),
+          "small shard: '%s'", xmp_last_error());
     CHECK(xmp_llmc_loader_init(&ld, tmp_path("nothing_*.bin"), 2, 8, 0, 1, 0) != 0 &&
-              strstr(xmp_llmc_last_error(), "no token file matches"),
-          "no match: '%s'", xmp_llmc_last_error());
+              strstr(xmp_last_error(), "no token file matches"),
+          "no match: '%s'", xmp_last_error());
 }
 
 /* ---- model gradient check ---- */
@@ -385,9 +383,9 @@ static void test_model_gradients(void)
         in[i] = (int)(xmp_splitmix64(&s) % 200);
         tg[i] = (int)(xmp_splitmix64(&s) % 200);
     }
-    CHECK(xmp_gpt2_forward(&m, in, tg, B, T) == 0, "forward: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_forward(&m, in, tg, B, T) == 0, "forward: %s", xmp_last_error());
     xmp_gpt2_zero_grad(&m);
-    CHECK(xmp_gpt2_backward(&m) == 0, "backward: %s", xmp_llmc_last_error());
+    CHECK(xmp_gpt2_backward(&m) == 0, "backward: %s", xmp_last_error());
     float *g = malloc(m.num_params * sizeof(float));
     memcpy(g, m.grads, m.num_params * sizeof(float));
     /* padded wte rows get no gradient */
@@ -444,7 +442,7 @@ static void test_training(void)
     size_t n;
     const char *path = XMP_DATA_DIR "/kjv_genesis.txt";
     if (xmp_llmc_read_file(path, &text, &n) != 0) {
-        CHECK(0, "%s", xmp_llmc_last_error());
+        CHECK(0, "%s", xmp_last_error());
         return;
     }
     uint16_t *toks = malloc(n * sizeof(uint16_t));
@@ -455,7 +453,7 @@ static void test_training(void)
     xmp_llmc_loader_t ld;
     xmp_gpt2_init_random(&m, &c, g_seed);
     CHECK(xmp_llmc_loader_init_tokens(&ld, toks, n, 4, 16, 0, 1, 1) == 0, "loader: %s",
-          xmp_llmc_last_error());
+          xmp_last_error());
     free(toks);
     float loss[20];
     for (int step = 0; step < 20; step++) {
@@ -475,12 +473,12 @@ static void test_training(void)
     CHECK(last < first - 0.5, "loss did not fall: %.4f -> %.4f", first, last);
     /* the model refuses a different batch shape and out-of-vocabulary tokens */
     CHECK(xmp_gpt2_forward(&m, ld.inputs, ld.targets, 2, 16) != 0 &&
-              strstr(xmp_llmc_last_error(), "B=2"),
-          "shape change: '%s'", xmp_llmc_last_error());
+              strstr(xmp_last_error(), "B=2"),
+          "shape change: '%s'", xmp_last_error());
     ld.inputs[5] = 300;
     CHECK(xmp_gpt2_forward(&m, ld.inputs, ld.targets, 4, 16) != 0 &&
-              strstr(xmp_llmc_last_error(), "token 300 at position 5"),
-          "bad token: '%s'", xmp_llmc_last_error());
+              strstr(xmp_last_error(), "token 300 at position 5"),
+          "bad token: '%s'", xmp_last_error());
     xmp_llmc_loader_free(&ld);
     xmp_gpt2_free(&m);
 }

@@ -45,7 +45,7 @@ static int g_checks;
 #define OK(call)                                                                                   \
     do {                                                                                           \
         int rc_ = (call);                                                                          \
-        CHECK(rc_ == 0, "%s returned %d: %s", #call, rc_, xmp_unet_last_error());                  \
+        CHECK(rc_ == 0, "%s returned %d: %s", #call, rc_, xmp_last_error());                       \
     } while (0)
 
 /* ---- random numbers and scratch ---------------------------------------------------------- */
@@ -1012,43 +1012,43 @@ static void test_errors(void)
 {
     xmp_unet_conv2d_t c = {.n = 7};
     CHECK(xmp_unet_conv2d_init(&c, 1, 2, 4, 4, 3, 3, 3, 0, 1) == -1 &&
-              strstr(xmp_unet_last_error(), "stride = 0") != NULL && c.n == 7,
-          "conv stride 0: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "stride = 0") != NULL && c.n == 7,
+          "conv stride 0: '%s'", xmp_last_error());
     CHECK(xmp_unet_conv2d_init(&c, 1, 2, 2, 2, 3, 5, 5, 1, 0) == -1 &&
-              strstr(xmp_unet_last_error(), "5x5") != NULL,
-          "conv kernel too large: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "5x5") != NULL,
+          "conv kernel too large: '%s'", xmp_last_error());
     float x[24] = {0}, y[24], g[6] = {0}, m[4], r[4];
     for (int i = 0; i < 24; i++)
         y[i] = 42.0f;
     CHECK(xmp_unet_groupnorm_forward(1, 6, 4, 4, x, g, g, y, m, r) == -1 &&
-              strstr(xmp_unet_last_error(), "g = 4") != NULL && y[0] == 42.0f && y[23] == 42.0f,
-          "groupnorm g = 4 with c = 6: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "g = 4") != NULL && y[0] == 42.0f && y[23] == 42.0f,
+          "groupnorm g = 4 with c = 6: '%s'", xmp_last_error());
     xmp_unet_attn_t a;
     CHECK(xmp_unet_attn_init(&a, 1, 4, 4, 0, 8) == -1 &&
-              strstr(xmp_unet_last_error(), "heads = 0") != NULL,
-          "attention heads 0: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "heads = 0") != NULL,
+          "attention heads 0: '%s'", xmp_last_error());
     OK(xmp_unet_conv2d_init(&c, 1, 2, 4, 4, 3, 3, 3, 1, 1));
     CHECK(xmp_unet_conv2d_forward(&c, x, x, NULL, y, NULL) == -1 &&
-              strstr(xmp_unet_last_error(), "col") != NULL && y[0] == 42.0f,
-          "conv without col scratch: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "col") != NULL && y[0] == 42.0f,
+          "conv without col scratch: '%s'", xmp_last_error());
     c.oh = 3;
     CHECK(xmp_unet_conv2d_forward(&c, x, x, NULL, y, y) == -1 &&
-              strstr(xmp_unet_last_error(), "3x4") != NULL,
-          "conv with a stale oh: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "3x4") != NULL,
+          "conv with a stale oh: '%s'", xmp_last_error());
     c.oh = 4;
     c.stride = 0; /* a hand-edited geometry is re-validated by every kernel */
     CHECK(xmp_unet_conv2d_backward_input(&c, x, x, y, y) == -1 && y[0] == 42.0f &&
-              strstr(xmp_unet_last_error(), "xmp_unet_conv2d_backward_input") != NULL &&
-              strstr(xmp_unet_last_error(), "stride = 0") != NULL,
-          "conv backward with stride 0: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "xmp_unet_conv2d_backward_input") != NULL &&
+              strstr(xmp_last_error(), "stride = 0") != NULL,
+          "conv backward with stride 0: '%s'", xmp_last_error());
     float p = 1.0f, v = 0.0f, gr = 1.0f;
     CHECK(xmp_unet_sgd_nesterov(1, -0.1f, 0.9f, 0.0f, &p, &v, &gr) == -1 && p == 1.0f &&
-              strstr(xmp_unet_last_error(), "lr = -0.1") != NULL,
-          "sgd negative lr: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "lr = -0.1") != NULL,
+          "sgd negative lr: '%s'", xmp_last_error());
     double l = 5.0;
     CHECK(xmp_unet_mse_forward(4, 0.0, x, x, &l) == -1 && l == 5.0 &&
-              strstr(xmp_unet_last_error(), "denom = 0") != NULL,
-          "mse denom 0: '%s'", xmp_unet_last_error());
+              strstr(xmp_last_error(), "denom = 0") != NULL,
+          "mse denom 0: '%s'", xmp_last_error());
 }
 
 int main(int argc, char **argv)

@@ -24,7 +24,7 @@ typedef struct {
 static double probe_loss(probe_t *p)
 {
     if (xmp_ut_layer_forward(p->l, p->w, p->x, p->skip, p->cond, p->y, p->so) != 0) {
-        printf("forward failed: %s\n", xmp_ut_last_error());
+        printf("forward failed: %s\n", xmp_last_error());
         exit(1);
     }
     double s = 0;
@@ -61,7 +61,7 @@ static double fd_check(probe_t *p, float *v, const float *an, size_t count, int 
 static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, int layer, int n)
 {
     xmp_ut_layer_t *l = xmp_ut_layer_create(cf, layer, n);
-    CHECK(l != NULL, "create %s: %s", xmp_ut_layer_name(layer), xmp_ut_last_error());
+    CHECK(l != NULL, "create %s: %s", xmp_ut_layer_name(layer), xmp_last_error());
     if (!l)
         return;
     size_t nw = pp->layer_count[layer], nx = xmp_ut_layer_in_floats(l),
@@ -89,9 +89,9 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, in
     memset(dx, 0, (nx + nsi + nw) * sizeof(float));
     int rc =
         xmp_ut_layer_backward_input(l, w, r, nso ? rs : NULL, layer ? dx : NULL, nsi ? dsi : NULL);
-    CHECK(rc == 0, "%s backward_input: %s", xmp_ut_layer_name(layer), xmp_ut_last_error());
+    CHECK(rc == 0, "%s backward_input: %s", xmp_ut_layer_name(layer), xmp_last_error());
     rc = xmp_ut_layer_backward_weight(l, dw);
-    CHECK(rc == 0, "%s backward_weight: %s", xmp_ut_layer_name(layer), xmp_ut_last_error());
+    CHECK(rc == 0, "%s backward_weight: %s", xmp_ut_layer_name(layer), xmp_last_error());
     const double tol = 2e-2;
     if (layer > 0) {
         double e = fd_check(&p, x, dx, nx, 24);
@@ -123,7 +123,7 @@ static void check_model(const xmp_ut_config_t *cf, int n)
 {
     xmp_ut_model_t m;
     int rc = xmp_ut_model_init(&m, cf, n, 11);
-    CHECK(rc == 0, "model init: %s", xmp_ut_last_error());
+    CHECK(rc == 0, "model init: %s", xmp_last_error());
     if (rc)
         return;
     xmp_shapes_t sh;
@@ -198,10 +198,10 @@ static void check_data(void)
     CHECK(memcmp(part, full, 3 * HW * sizeof(float)) != 0, "step 4 repeats step 3");
     /* bad input */
     xmp_shapes_t c;
-    CHECK(xmp_shapes_init(&c, 1, 0, 0.3f) == -1 && strstr(xmp_ut_last_error(), "cond_dim 0"),
-          "cond_dim 0 accepted or message '%s'", xmp_ut_last_error());
-    CHECK(xmp_shapes_init(&c, 1, 4, -1.0f) == -1 && strstr(xmp_ut_last_error(), "sigma -1"),
-          "sigma -1 accepted or message '%s'", xmp_ut_last_error());
+    CHECK(xmp_shapes_init(&c, 1, 0, 0.3f) == -1 && strstr(xmp_last_error(), "cond_dim 0"),
+          "cond_dim 0 accepted or message '%s'", xmp_last_error());
+    CHECK(xmp_shapes_init(&c, 1, 4, -1.0f) == -1 && strstr(xmp_last_error(), "sigma -1"),
+          "sigma -1 accepted or message '%s'", xmp_last_error());
     free(full);
     xmp_shapes_free(&a);
     xmp_shapes_free(&b);
@@ -212,16 +212,16 @@ static void check_config_and_init(void)
     xmp_ut_config_t c;
     memset(&c, 0x5a, sizeof c);
     xmp_ut_config_t before = c;
-    CHECK(xmp_ut_config_init(&c, 8, 3, 0) == -1 && strstr(xmp_ut_last_error(), "groups 3"),
-          "groups 3 of C 8: '%s'", xmp_ut_last_error());
-    CHECK(xmp_ut_config_init(&c, 8, 0, 5) == -1 && strstr(xmp_ut_last_error(), "head_dim 5"),
-          "head_dim 5 of C 8: '%s'", xmp_ut_last_error());
+    CHECK(xmp_ut_config_init(&c, 8, 3, 0) == -1 && strstr(xmp_last_error(), "groups 3"),
+          "groups 3 of C 8: '%s'", xmp_last_error());
+    CHECK(xmp_ut_config_init(&c, 8, 0, 5) == -1 && strstr(xmp_last_error(), "head_dim 5"),
+          "head_dim 5 of C 8: '%s'", xmp_last_error());
     CHECK(!memcmp(&c, &before, sizeof c), "failed config_init changed the config");
     CHECK(xmp_ut_config_init(&c, 8, 0, 0) == 0 && c.groups == 4 && c.head_dim == 8 &&
               c.cond_dim == 32,
           "defaults for C 8");
-    CHECK(xmp_ut_layer_create(&c, 13, 1) == NULL && strstr(xmp_ut_last_error(), "layer 13"),
-          "layer 13: '%s'", xmp_ut_last_error());
+    CHECK(xmp_ut_layer_create(&c, 13, 1) == NULL && strstr(xmp_last_error(), "layer 13"),
+          "layer 13: '%s'", xmp_last_error());
     /* skip wiring: up1 <- down4 ... up4 <- down1, and shapes agree */
     for (int l = XMP_UT_UP1; l <= XMP_UT_UP4; l++) {
         int s = xmp_ut_skip_source(l), sh[3], in[3];

@@ -66,7 +66,7 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, xm
 {
     const char *nm = xmp_ut_layer_name(layer);
     xmp_ut_layer_t *ls = xmp_ut_layer_create(cf, layer, n);
-    CHECK(ls != NULL, "create %s: %s", nm, xmp_ut_last_error());
+    CHECK(ls != NULL, "create %s: %s", nm, xmp_last_error());
     if (!ls)
         return;
     size_t nw = pp->layer_count[layer], nx = xmp_ut_layer_in_floats(ls),
@@ -91,7 +91,7 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, xm
     fill(r, ny, 1.0);
     fill(rs, nso, 1.0);
     xmp_ut_slayer_t *sl = xmp_ut_slayer_create(cf, layer, n, mesh, st, w);
-    CHECK(sl != NULL, "create SBP %s: %s", nm, xmp_ut_last_error());
+    CHECK(sl != NULL, "create SBP %s: %s", nm, xmp_last_error());
     int ci[3], co[3], ck[3], cs[3];
     xmp_ut_layer_in_shape(cf, layer, ci);
     xmp_ut_layer_out_shape(cf, layer, co);
@@ -112,17 +112,17 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, xm
         tds = wrap(mesh, 4, ss, rs);
     double e = 0;
     int rc = xmp_ut_layer_forward(ls, w, x, nsi ? skip : NULL, cond, y0, nso ? so0 : NULL);
-    CHECK(rc == 0, "%s serial forward: %s", nm, xmp_ut_last_error());
+    CHECK(rc == 0, "%s serial forward: %s", nm, xmp_last_error());
     rc = xmp_ut_layer_backward_input(ls, w, r, nso ? rs : NULL, layer ? dx0 : NULL,
                                      nsi ? ds0 : NULL);
-    CHECK(rc == 0, "%s serial backward_input: %s", nm, xmp_ut_last_error());
+    CHECK(rc == 0, "%s serial backward_input: %s", nm, xmp_last_error());
     rc = xmp_ut_layer_backward_weight(ls, dw0);
-    CHECK(rc == 0, "%s serial backward_weight: %s", nm, xmp_ut_last_error());
+    CHECK(rc == 0, "%s serial backward_weight: %s", nm, xmp_last_error());
     if (sl) {
         xmp_ut_tape_t *tape = NULL;
         const xmp_tensor_t *ty = NULL, *tso = NULL;
         rc = xmp_ut_slayer_forward(sl, &tx, nsi ? &tk : NULL, &tc, &tape, &ty, &tso);
-        CHECK(rc == 0, "%s SBP forward: %s", nm, xmp_ut_last_error());
+        CHECK(rc == 0, "%s SBP forward: %s", nm, xmp_last_error());
         if (rc == 0) {
             gather(ty, y1, ny, "y");
             e = cmp("y", nm, y1, y0, ny);
@@ -132,7 +132,7 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, xm
             }
             rc = xmp_ut_slayer_backward_input(sl, tape, &tdy, nso ? &tds : NULL, layer ? &dx : NULL,
                                               nsi ? &dsi : NULL);
-            CHECK(rc == 0, "%s SBP backward_input: %s", nm, xmp_ut_last_error());
+            CHECK(rc == 0, "%s SBP backward_input: %s", nm, xmp_last_error());
             if (rc == 0 && layer) {
                 gather(&dx, dx1, nx, "dx");
                 e = fmax(e, cmp("dx", nm, dx1, dx0, nx));
@@ -142,11 +142,11 @@ static void check_layer(const xmp_ut_config_t *cf, const xmp_ut_params_t *pp, xm
                 e = fmax(e, cmp("dskip_in", nm, ds1, ds0, nsi));
             }
             rc = xmp_ut_slayer_backward_weight(sl, tape);
-            CHECK(rc == 0, "%s SBP backward_weight: %s", nm, xmp_ut_last_error());
+            CHECK(rc == 0, "%s SBP backward_weight: %s", nm, xmp_last_error());
             rc = xmp_ut_slayer_reduce(sl);
-            CHECK(rc == 0, "%s SBP reduce: %s", nm, xmp_ut_last_error());
+            CHECK(rc == 0, "%s SBP reduce: %s", nm, xmp_last_error());
             rc = xmp_ut_slayer_gather_grads(sl, dw1);
-            CHECK(rc == 0, "%s SBP gradients: %s", nm, xmp_ut_last_error());
+            CHECK(rc == 0, "%s SBP gradients: %s", nm, xmp_last_error());
             e = fmax(e, cmp("dw", nm, dw1, dw0, nw));
         } else {
             xmp_ut_tape_free(tape);
@@ -196,22 +196,21 @@ static void check_refusals(int tp)
             s.e[i].sbp[1] = xmp_sbp_b();
     if (tp > 1)
         CHECK(xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
-                  strstr(xmp_ut_last_error(), "heads 1 not divisible"),
-              "1 head split over %d: '%s'", tp, xmp_ut_last_error());
+                  strstr(xmp_last_error(), "heads 1 not divisible"),
+              "1 head split over %d: '%s'", tp, xmp_last_error());
     CHECK(parse("strategy x axes=2\nconv.w = B,B\n", &s) == 0 &&
-              xmp_ut_strategy_check(&s, &c, 0, 0, shape) != 0 &&
-              strstr(xmp_ut_last_error(), "act.x"),
-          "missing act.x accepted: '%s'", xmp_ut_last_error());
+              xmp_ut_strategy_check(&s, &c, 0, 0, shape) != 0 && strstr(xmp_last_error(), "act.x"),
+          "missing act.x accepted: '%s'", xmp_last_error());
     CHECK(xmp_ut_strategy_builtin(&c, "dp", 2, shape, text, sizeof text, err, sizeof err) == 0,
           "dp text: %s", err);
     strcat(text, "down1.conv1.W = B,B\n"); /* a typo must not pass silently */
     CHECK(parse(text, &s) == 0 && xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
-              strstr(xmp_ut_last_error(), "unknown class 'down1.conv1.W'"),
-          "unknown class accepted: '%s'", xmp_ut_last_error());
+              strstr(xmp_last_error(), "unknown class 'down1.conv1.W'"),
+          "unknown class accepted: '%s'", xmp_last_error());
     CHECK(parse("strategy x axes=2\nconv.w = B,Q\n", &s) != 0 && strstr(g_perr, ":2"),
           "bad SBP token accepted: '%s'", g_perr);
     CHECK(xmp_ut_strategy_load("dp", &c, 3, NULL, &s) == 0 && s.naxes == 3, "dp on 3 axes: %s",
-          xmp_ut_last_error());
+          xmp_last_error());
     /* rules: a spatial split of a feature map, a channel split into the up layers' concat, a
      * storage SBP on an activation: refused naming class, axis and rule */
     CHECK(xmp_ut_strategy_builtin(&c, "dp", 2, shape, text, sizeof text, err, sizeof err) == 0,
@@ -219,26 +218,26 @@ static void check_refusals(int tp)
     strcat(text, "act.block = S(0),S(2)\n");
     CHECK(parse(text, &s) != 0 ||
               (xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
-               strstr(xmp_ut_last_error(), "act.block") &&
-               strstr(xmp_ut_last_error(), "mesh axis 1") && strstr(xmp_ut_last_error(), "halo")),
-          "spatial split accepted: '%s'", xmp_ut_last_error());
+               strstr(xmp_last_error(), "act.block") && strstr(xmp_last_error(), "mesh axis 1") &&
+               strstr(xmp_last_error(), "halo")),
+          "spatial split accepted: '%s'", xmp_last_error());
     CHECK(xmp_ut_strategy_builtin(&c, "dp", 2, shape, text, sizeof text, err, sizeof err) == 0,
           "dp text: %s", err);
     strcat(text, "up2.act.x = S(0),S(1)\n");
     CHECK(parse(text, &s) == 0 && xmp_ut_strategy_check(&s, &c, 0, XMP_UT_LAYERS - 1, shape) != 0 &&
-              strstr(xmp_ut_last_error(), "concat") && strstr(xmp_ut_last_error(), "mesh axis 1"),
-          "channel split into concat accepted: '%s'", xmp_ut_last_error());
+              strstr(xmp_last_error(), "concat") && strstr(xmp_last_error(), "mesh axis 1"),
+          "channel split into concat accepted: '%s'", xmp_last_error());
     CHECK(parse("strategy x axes=2\nact.x = S(0),B store B,B\n", &s) == 0 &&
               xmp_ut_strategy_check(&s, &c, 0, 0, shape) != 0 &&
-              strstr(xmp_ut_last_error(), "storage SBP"),
-          "storage SBP of an activation accepted: '%s'", xmp_ut_last_error());
+              strstr(xmp_last_error(), "storage SBP"),
+          "storage SBP of an activation accepted: '%s'", xmp_last_error());
     /* text round trip through nn/strategy.h */
     static xmp_ut_strategy_t a, b;
     char t2[16384];
     CHECK(xmp_ut_strategy_load("axonn", &c, 3, NULL, &a) == 0 &&
               xmp_strategy_format(&a, t2, sizeof t2) < (int)sizeof t2 && parse(t2, &b) == 0 &&
               xmp_strategy_equal(&a, &b),
-          "axonn text does not round-trip: %s %s", xmp_ut_last_error(), g_perr);
+          "axonn text does not round-trip: %s %s", xmp_last_error(), g_perr);
 }
 
 int main(int argc, char **argv)
@@ -274,7 +273,7 @@ int main(int argc, char **argv)
                 if (xmp_ut_config_init(&c, 8, groups[h], head_dims[h]) != 0 ||
                     xmp_ut_strategy_load(sgi ? "megatron" : "dp", &c, 2, shape, &st) != 0 ||
                     xmp_ut_strategy_check(&st, &c, 0, XMP_UT_LAYERS - 1, shape) != 0) {
-                    printf("config/strategy: %s\n", xmp_ut_last_error());
+                    printf("config/strategy: %s\n", xmp_last_error());
                     MPI_Abort(MPI_COMM_WORLD, 1);
                 }
                 if (sgi == 0 && h >= 1)
