@@ -1508,7 +1508,10 @@ static int write_file(const opts_t *o, const results_t *R, xm_cluster_t *cl, FIL
 
 int main(int argc, char **argv)
 {
-    MPI_Init(&argc, &argv);
+    /* the trainer's thread level: with MPI_THREAD_MULTIPLE xmesh runs a progress thread per
+     * rank, which takes CPU from the ranks that compute while transfers are in flight */
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     opts_t o;
