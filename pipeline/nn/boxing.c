@@ -505,7 +505,7 @@ xmesh_result_t xmp_box_inplace(xmp_tensor_t *t, const xmp_sbp_t *dst)
 #include "nn/overlap.h"
 
 /* What an in-flight step still has to do when its request completes. */
-enum { FIN_NONE = 0, FIN_UNPACK = 1 };
+enum { FIN_NONE = 0, FIN_UNPACK = 1, FIN_A2A = 2 };
 
 struct xmp_box_req {
     xmp_tensor_t cur; /* value after the steps done so far (owned) */
@@ -516,6 +516,8 @@ struct xmp_box_req {
     int64_t cpay;         /* its payload bytes; ring-equivalent bytes follow from ckind */
     double cbytes;
     MPI_Request q;
+    MPI_Request *qs; /* an all-to-all's point-to-point requests (nq of them), else NULL */
+    int nq;
     MPI_Comm comm;
     float *buf; /* staging of the step in flight */
     int *cnt;
@@ -540,7 +542,8 @@ static int async_kind(const xmp_tensor_t *x, int a, xmp_sbp_t to)
     if ((from.kind == XMP_S && shared_split(x->mesh, x->sbp, a, from.dim)) ||
         (to.kind == XMP_S && shared_split(x->mesh, x->sbp, a, to.dim)))
         return 0;
-    return (from.kind == XMP_P && to.kind != XMP_P) || (from.kind == XMP_S && to.kind == XMP_B);
+    return (from.kind == XMP_P && to.kind != XMP_P) || (from.kind == XMP_S && to.kind == XMP_B) ||
+           (from.kind == XMP_S && to.kind == XMP_S && from.dim != to.dim);
 }
 
 /* Posts the step of axis a (async_kind) from h->cur into h->nxt (allocated). Packs exactly as
@@ -558,7 +561,8 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
     box_what(bw, sizeof bw, x, y, a);
     snprintf(h->what, sizeof h->what, "%s (%s)",
              from.kind == XMP_P ? (to.kind == XMP_B ? "MPI_Iallreduce" : "MPI_Ireduce_scatter")
-                                : "MPI_Iallgatherv",
+             : to.kind == XMP_B ? "MPI_Iallgatherv"
+                                : "all-to-all by MPI_Isend/MPI_Irecv",
              bw);
     int fr = xmp_failed_rank(NULL, 0);
     if (fr >= 0)
@@ -580,6 +584,66 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
             return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", h->what);
         memcpy(h->buf, x->data, (size_t)x->lcount * 4);
         rc = MPI_Iallreduce(h->buf, y->data, (int)y->lcount, ty, MPI_SUM, h->comm, &h->q);
+    } else if (from.kind == XMP_S && to.kind == XMP_S) {
+        /* S(i) -> S(j): the all-to-all of sub-boxes step_axis runs, posted as point-to-point
+         * pairs (sbp.c: Open MPI 4.1's MPI_Ialltoallv mishandled zero counts); packed and
+         * unpacked exactly as there */
+        int di = from.dim, dj = to.dim, me = 0;
+        MPI_Comm_rank(h->comm, &me);
+        h->cnt = calloc((size_t)na * 4, sizeof(int));
+        h->buf = calloc((size_t)(x->lcount + y->lcount ? x->lcount + y->lcount : 1), 4);
+        h->qs = malloc(sizeof(MPI_Request) * (size_t)(2 * na));
+        if (!h->cnt || !h->buf || !h->qs) {
+            free(h->qs);
+            h->qs = NULL;
+            return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", h->what);
+        }
+        int *c0 = h->cnt, *d0 = h->cnt + na, *c1 = h->cnt + 2 * na, *d1 = h->cnt + 3 * na;
+        float *sb = h->buf, *rb = h->buf + x->lcount;
+        int64_t o = 0, sent = 0;
+        memset(off, 0, sizeof off);
+        memcpy(ext, x->lshape, sizeof(int64_t) * (size_t)nd);
+        for (int c = 0; c < na; c++) { /* send: my dim-i chunk, c's dim-j chunk */
+            split_range(x->lshape[dj], na, c, &lo, &hi);
+            ext[dj] = hi - lo;
+            off[dj] = lo;
+            xmp_copy_box(nd, ext, x->data, x->lshape, off, sb + o, ext, zero, 4);
+            c0[c] = (int)volume(nd, ext);
+            d0[c] = (int)o;
+            o += c0[c];
+        }
+        o = 0;
+        memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
+        for (int c = 0; c < na; c++) { /* receive: c's dim-i chunk, my dim-j chunk */
+            split_range(y->lshape[di], na, c, &lo, &hi);
+            ext[di] = hi - lo;
+            c1[c] = (int)volume(nd, ext);
+            d1[c] = (int)o;
+            o += c1[c];
+        }
+        if (c1[me])
+            memcpy(rb + d1[me], sb + d0[me], (size_t)c1[me] * 4);
+        rc = MPI_SUCCESS;
+        for (int p = 0; p < na && rc == MPI_SUCCESS; p++)
+            if (p != me && c1[p])
+                rc = MPI_Irecv(rb + d1[p], c1[p], ty, p, XMP_A2A_TAG, h->comm, &h->qs[h->nq++]);
+        for (int i = 1; i < na && rc == MPI_SUCCESS; i++) { /* from the next rank: no hot spot */
+            int p = (me + i) % na;
+            if (c0[p]) {
+                rc = MPI_Isend(sb + d0[p], c0[p], ty, p, XMP_A2A_TAG, h->comm, &h->qs[h->nq++]);
+                sent += c0[p];
+            }
+        }
+        if (rc != MPI_SUCCESS && h->nq > 0) {
+            /* posted requests may still complete into the staging: abandon it (never freed) */
+            h->buf = NULL;
+            h->qs = NULL;
+            h->nq = 0;
+        }
+        h->ckind = XMP_COLL_ALLTOALL;
+        h->cpay = sent * 4;
+        h->cbytes = (double)h->cpay;
+        h->fin = FIN_A2A;
     } else {
         h->cnt = calloc((size_t)na * 2, sizeof(int));
         int64_t be = from.kind == XMP_P ? x->lcount : y->lcount;
@@ -634,6 +698,19 @@ static void finish_step(xmp_box_req_t *h)
 {
     xmp_tensor_t *y = &h->nxt;
     xmp_comm_count_add(h->ckind, h->cp, h->cpay, h->cbytes);
+    if (h->fin == FIN_A2A) { /* received sub-boxes into my dim-j chunk */
+        int a = h->a, na = y->mesh->shape[a], nd = y->ndim, di = h->cur.sbp[a].dim;
+        int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;
+        const float *rb = h->buf + h->cur.lcount;
+        const int *d1 = h->cnt + 3 * na;
+        memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
+        for (int c = 0; c < na; c++) {
+            split_range(y->lshape[di], na, c, &lo, &hi);
+            ext[di] = hi - lo;
+            off[di] = lo;
+            xmp_copy_box(nd, ext, rb + d1[c], ext, zero, y->data, y->lshape, off, 4);
+        }
+    }
     if (h->fin == FIN_UNPACK) {
         int a = h->a, na = y->mesh->shape[a], nd = y->ndim, d = h->cur.sbp[a].dim;
         int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;
@@ -648,8 +725,11 @@ static void finish_step(xmp_box_req_t *h)
     }
     free(h->buf);
     free(h->cnt);
+    free(h->qs);
     h->buf = NULL;
     h->cnt = NULL;
+    h->qs = NULL;
+    h->nq = 0;
     h->inflight = 0;
     xmp_tensor_free(&h->cur);
     h->cur = h->nxt;
@@ -674,8 +754,11 @@ static xmesh_result_t run_steps(xmp_box_req_t *h, int post_async)
             if (r) {
                 free(h->buf);
                 free(h->cnt);
+                free(h->qs);
                 h->buf = NULL;
                 h->cnt = NULL;
+                h->qs = NULL;
+                h->nq = 0;
                 xmp_tensor_free(&h->nxt);
             }
             return r;
@@ -698,6 +781,7 @@ static void req_free(xmp_box_req_t *h)
     xmp_tensor_free(&h->nxt);
     free(h->buf);
     free(h->cnt);
+    free(h->qs);
     free(h);
 }
 
@@ -740,7 +824,8 @@ xmesh_result_t xmp_box_test(xmp_box_req_t *req, int *done)
     if (req->inflight) {
         int flag = 0;
         double t0 = MPI_Wtime();
-        int rc = MPI_Test(&req->q, &flag, MPI_STATUS_IGNORE);
+        int rc = req->qs ? MPI_Testall(req->nq, req->qs, &flag, MPI_STATUSES_IGNORE)
+                         : MPI_Test(&req->q, &flag, MPI_STATUS_IGNORE);
         xmp_comm_seconds_add(MPI_Wtime() - t0);
         if (rc != MPI_SUCCESS)
             return xmp_err(XMESH_ERR_BACKEND, "%s: MPI_Test failed (%d)", req->what, rc);
@@ -758,7 +843,8 @@ xmesh_result_t xmp_box_wait(xmp_box_req_t *req, xmp_tensor_t *y)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_box_wait: NULL argument");
     xmesh_result_t r = XMESH_SUCCESS;
     if (req->inflight) {
-        r = xmp_wait(&req->q, req->comm, req->what);
+        r = req->qs ? xmp_waitall(req->nq, req->qs, req->comm, req->what)
+                    : xmp_wait(&req->q, req->comm, req->what);
         if (r) { /* abandoned: MPI may still write the buffers, keep them allocated */
             return r;
         }

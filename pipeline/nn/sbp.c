@@ -524,7 +524,6 @@ xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcoun
  * 4.1 (libnbc) it never completed on some ranks in test_boxing on 2x2 meshes (the mesh-wide
  * redistribution of shared splits, where most counts are zero) and then reported
  * MPI_ERR_TRUNCATE, while the same staged call made blocking passed. */
-#define XMP_A2A_TAG 7411
 xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sdispls, void *rbuf,
                              const int *rcounts, const int *rdispls, MPI_Datatype ty, MPI_Comm comm,
                              const char *what)

@@ -191,6 +191,9 @@ double xmp_timeout_s(void);
  * collective. Returns NO_MEMORY only. Applications must not use XMP_FAIL_TAG on
  * MPI_COMM_WORLD. */
 #define XMP_FAIL_TAG 32760
+/* The tag of nn/'s all-to-alls (point-to-point pairs on the axis communicator; blocking
+ * xmp_alltoallv and the nonblocking boxing step use it alike, posted in program order). */
+#define XMP_A2A_TAG 7411
 #define XMP_NOTICE_BYTES 256
 xmesh_result_t xmp_fail(MPI_Comm comm, const char *msg);
 /* World rank of the first failure this process knows of (its own included), -1 if none;
