@@ -127,6 +127,51 @@ static void add_box(int nd, const int64_t *ext, const float *src, xmesh_dtype_t 
     }
 }
 
+/* The S(di) -> S(dj) all-to-all over an axis of na ranks: packs x's sub-boxes, one per
+ * destination (my dim-di chunk, its dim-dj chunk), into sb with counts c0 and displacements d0,
+ * and sets the counts c1 and displacements d1 of the sub-boxes y receives. */
+static void a2a_pack(const xmp_tensor_t *x, const xmp_tensor_t *y, int di, int dj, int na, void *sb,
+                     int *c0, int *d0, int *c1, int *d1, size_t esz)
+{
+    int nd = x->ndim;
+    int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi, o = 0;
+    memcpy(ext, x->lshape, sizeof(int64_t) * (size_t)nd);
+    for (int c = 0; c < na; c++) {
+        split_range(x->lshape[dj], na, c, &lo, &hi);
+        ext[dj] = hi - lo;
+        off[dj] = lo;
+        xmp_copy_box(nd, ext, x->data, x->lshape, off, (char *)sb + (size_t)o * esz, ext, zero,
+                     esz);
+        c0[c] = (int)volume(nd, ext);
+        d0[c] = (int)o;
+        o += c0[c];
+    }
+    o = 0;
+    memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
+    for (int c = 0; c < na; c++) {
+        split_range(y->lshape[di], na, c, &lo, &hi);
+        ext[di] = hi - lo;
+        c1[c] = (int)volume(nd, ext);
+        d1[c] = (int)o;
+        o += c1[c];
+    }
+}
+
+/* Places the received sub-boxes (rb, displacements d1) into y's dim-di chunks. */
+static void a2a_unpack(const void *rb, const int *d1, int di, int na, xmp_tensor_t *y, size_t esz)
+{
+    int nd = y->ndim;
+    int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;
+    memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
+    for (int c = 0; c < na; c++) {
+        split_range(y->lshape[di], na, c, &lo, &hi);
+        ext[di] = hi - lo;
+        off[di] = lo;
+        xmp_copy_box(nd, ext, (const char *)rb + (size_t)d1[c] * esz, ext, zero, y->data, y->lshape,
+                     off, esz);
+    }
+}
+
 /* General redistribution of one global tensor from layout xl (my block xd, shape xs at xo) to
  * layout yl (yd, ys, yo): one all-to-all over the mesh communicator (point-to-point pairs only
  * between ranks that exchange data). Receiver r takes from each sender s that matches r's
@@ -372,39 +417,11 @@ static xmesh_result_t step_axis(const xmp_tensor_t *x, int a, xmp_tensor_t *y, i
             }
         }
     } else { /* S(i) -> S(j): all-to-all of sub-boxes */
-        int di = from.dim, dj = to.dim;
         float *sb = buf, *rb = buf + x->lcount;
-        int64_t o = 0;
-        memset(off, 0, sizeof off);
-        memcpy(ext, x->lshape, sizeof(int64_t) * (size_t)nd);
-        for (int c = 0; c < na; c++) { /* send: my dim-i chunk, c's dim-j chunk */
-            split_range(x->lshape[dj], na, c, &lo, &hi);
-            ext[dj] = hi - lo;
-            off[dj] = lo;
-            xmp_copy_box(nd, ext, x->data, x->lshape, off, sb + o, ext, zero, esz);
-            c0[c] = (int)volume(nd, ext);
-            d0[c] = (int)o;
-            o += c0[c];
-        }
-        o = 0;
-        memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
-        for (int c = 0; c < na; c++) { /* receive: c's dim-i chunk, my dim-j chunk */
-            split_range(y->lshape[di], na, c, &lo, &hi);
-            ext[di] = hi - lo;
-            c1[c] = (int)volume(nd, ext);
-            d1[c] = (int)o;
-            o += c1[c];
-        }
+        a2a_pack(x, y, from.dim, to.dim, na, sb, c0, d0, c1, d1, esz);
         r = xmp_alltoallv(sb, c0, d0, rb, c1, d1, ty, comm, w);
-        if (!r) {
-            memset(off, 0, sizeof off);
-            for (int c = 0; c < na; c++) {
-                split_range(y->lshape[di], na, c, &lo, &hi);
-                ext[di] = hi - lo;
-                off[di] = lo;
-                xmp_copy_box(nd, ext, rb + d1[c], ext, zero, y->data, y->lshape, off, esz);
-            }
-        }
+        if (!r)
+            a2a_unpack(rb, d1, from.dim, na, y, esz);
     }
 out_free:
     free(buf);
@@ -600,27 +617,8 @@ static xmesh_result_t post_step(xmp_box_req_t *h, int a)
         }
         int *c0 = h->cnt, *d0 = h->cnt + na, *c1 = h->cnt + 2 * na, *d1 = h->cnt + 3 * na;
         float *sb = h->buf, *rb = h->buf + x->lcount;
-        int64_t o = 0, sent = 0;
-        memset(off, 0, sizeof off);
-        memcpy(ext, x->lshape, sizeof(int64_t) * (size_t)nd);
-        for (int c = 0; c < na; c++) { /* send: my dim-i chunk, c's dim-j chunk */
-            split_range(x->lshape[dj], na, c, &lo, &hi);
-            ext[dj] = hi - lo;
-            off[dj] = lo;
-            xmp_copy_box(nd, ext, x->data, x->lshape, off, sb + o, ext, zero, 4);
-            c0[c] = (int)volume(nd, ext);
-            d0[c] = (int)o;
-            o += c0[c];
-        }
-        o = 0;
-        memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
-        for (int c = 0; c < na; c++) { /* receive: c's dim-i chunk, my dim-j chunk */
-            split_range(y->lshape[di], na, c, &lo, &hi);
-            ext[di] = hi - lo;
-            c1[c] = (int)volume(nd, ext);
-            d1[c] = (int)o;
-            o += c1[c];
-        }
+        int64_t sent = 0;
+        a2a_pack(x, y, di, dj, na, sb, c0, d0, c1, d1, 4);
         if (c1[me])
             memcpy(rb + d1[me], sb + d0[me], (size_t)c1[me] * 4);
         rc = MPI_SUCCESS;
@@ -698,19 +696,9 @@ static void finish_step(xmp_box_req_t *h)
 {
     xmp_tensor_t *y = &h->nxt;
     xmp_comm_count_add(h->ckind, h->cp, h->cpay, h->cbytes);
-    if (h->fin == FIN_A2A) { /* received sub-boxes into my dim-j chunk */
-        int a = h->a, na = y->mesh->shape[a], nd = y->ndim, di = h->cur.sbp[a].dim;
-        int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;
-        const float *rb = h->buf + h->cur.lcount;
-        const int *d1 = h->cnt + 3 * na;
-        memcpy(ext, y->lshape, sizeof(int64_t) * (size_t)nd);
-        for (int c = 0; c < na; c++) {
-            split_range(y->lshape[di], na, c, &lo, &hi);
-            ext[di] = hi - lo;
-            off[di] = lo;
-            xmp_copy_box(nd, ext, rb + d1[c], ext, zero, y->data, y->lshape, off, 4);
-        }
-    }
+    if (h->fin == FIN_A2A) /* received sub-boxes into my dim-j chunk */
+        a2a_unpack(h->buf + h->cur.lcount, h->cnt + 3 * y->mesh->shape[h->a], h->cur.sbp[h->a].dim,
+                   y->mesh->shape[h->a], y, 4);
     if (h->fin == FIN_UNPACK) {
         int a = h->a, na = y->mesh->shape[a], nd = y->ndim, d = h->cur.sbp[a].dim;
         int64_t zero[XMP_MAX_DIMS] = {0}, ext[XMP_MAX_DIMS], off[XMP_MAX_DIMS] = {0}, lo, hi;

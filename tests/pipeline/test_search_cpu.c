@@ -19,18 +19,8 @@
 
 #include "sched/schedule.h"
 #include "search/search_priv.h"
+#include "test_report.h"
 #include "xm_costmodel.h"
-
-static int g_fail;
-#define CHECK(c, ...)                                                                              \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);                           \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-            g_fail++;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 static int near(double a, double b, double tol)
 {
@@ -44,37 +34,37 @@ static void test_parse(void)
                      "cpuset 1 0-1,4-5 0.5\n"
                      "cpuset 2 2,3,6-7 0\n";
     xm_costmodel_t *m = NULL;
-    CHECK(xm_costmodel_parse(ok, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
+    EXPECT(xm_costmodel_parse(ok, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
     if (!m)
         return;
-    CHECK(m->ncpusets == 2 && m->cpu_nranks == 8, "%d sets over %d ranks", m->ncpusets,
-          m->cpu_nranks);
+    EXPECT(m->ncpusets == 2 && m->cpu_nranks == 8, "%d sets over %d ranks", m->ncpusets,
+           m->cpu_nranks);
     static const int want_set[8] = {0, 0, 1, 1, 0, 0, 1, 1};
     for (int r = 0; r < 8 && m->cpu_nranks == 8; r++)
-        CHECK(m->cpu_set_of[r] == want_set[r], "rank %d in set %d", r, m->cpu_set_of[r]);
-    CHECK(m->cpusets[0].cpus == 1 && m->cpusets[0].nranks == 4 && m->cpusets[0].wait == 0.5 &&
-              m->cpusets[0].line == 3,
-          "set 0: %d cpus %d ranks wait %g line %d", m->cpusets[0].cpus, m->cpusets[0].nranks,
-          m->cpusets[0].wait, m->cpusets[0].line);
-    CHECK(m->cpusets[1].cpus == 2 && m->cpusets[1].nranks == 4 && m->cpusets[1].wait == 0,
-          "set 1: %d cpus %d ranks wait %g", m->cpusets[1].cpus, m->cpusets[1].nranks,
-          m->cpusets[1].wait);
+        EXPECT(m->cpu_set_of[r] == want_set[r], "rank %d in set %d", r, m->cpu_set_of[r]);
+    EXPECT(m->cpusets[0].cpus == 1 && m->cpusets[0].nranks == 4 && m->cpusets[0].wait == 0.5 &&
+               m->cpusets[0].line == 3,
+           "set 0: %d cpus %d ranks wait %g line %d", m->cpusets[0].cpus, m->cpusets[0].nranks,
+           m->cpusets[0].wait, m->cpusets[0].line);
+    EXPECT(m->cpusets[1].cpus == 2 && m->cpusets[1].nranks == 4 && m->cpusets[1].wait == 0,
+           "set 1: %d cpus %d ranks wait %g", m->cpusets[1].cpus, m->cpusets[1].nranks,
+           m->cpusets[1].wait);
     /* round trip */
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    CHECK(f && xm_costmodel_write(m, f) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
+    EXPECT(f && xm_costmodel_write(m, f) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
     if (f)
         fclose(f);
-    CHECK(buf && strstr(buf, "cpuset 1 0-1,4-5 0.5\n") && strstr(buf, "cpuset 2 2-3,6-7 0\n"),
-          "written:\n%s", buf ? buf : "(null)");
+    EXPECT(buf && strstr(buf, "cpuset 1 0-1,4-5 0.5\n") && strstr(buf, "cpuset 2 2-3,6-7 0\n"),
+           "written:\n%s", buf ? buf : "(null)");
     xm_costmodel_t *m2 = NULL;
-    CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS && m2, "%s", xmesh_last_error());
+    EXPECT(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS && m2, "%s", xmesh_last_error());
     if (m2) {
-        CHECK(m2->ncpusets == 2 && m2->cpu_nranks == 8, "%d %d", m2->ncpusets, m2->cpu_nranks);
+        EXPECT(m2->ncpusets == 2 && m2->cpu_nranks == 8, "%d %d", m2->ncpusets, m2->cpu_nranks);
         for (int r = 0; r < 8 && m2->cpu_nranks == 8; r++)
-            CHECK(m2->cpu_set_of[r] == want_set[r], "round trip: rank %d in set %d", r,
-                  m2->cpu_set_of[r]);
+            EXPECT(m2->cpu_set_of[r] == want_set[r], "round trip: rank %d in set %d", r,
+                   m2->cpu_set_of[r]);
         xm_costmodel_destroy(m2);
     }
     free(buf);
@@ -95,10 +85,10 @@ static void test_parse(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
         xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
-        CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel &&
-                  strstr(xmesh_last_error(), bad[i].want),
-              "case %zu: result %d, message '%s' (want '%s')", i, (int)r, xmesh_last_error(),
-              bad[i].want);
+        EXPECT(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel &&
+                   strstr(xmesh_last_error(), bad[i].want),
+               "case %zu: result %d, message '%s' (want '%s')", i, (int)r, xmesh_last_error(),
+               bad[i].want);
     }
 }
 
@@ -106,31 +96,31 @@ static void test_share(void)
 {
     xm_costmodel_t *m = xm_costmodel_create();
     int a[4] = {0, 1, 2, 3}, b[2] = {4, 5};
-    CHECK(xm_costmodel_add_cpuset(m, 1, a, 4, 0.5) == XMESH_SUCCESS, "%s", xmesh_last_error());
-    CHECK(xm_costmodel_add_cpuset(m, 2, b, 2, 0) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    EXPECT(xm_costmodel_add_cpuset(m, 1, a, 4, 0.5) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    EXPECT(xm_costmodel_add_cpuset(m, 2, b, 2, 0) == XMESH_SUCCESS, "%s", xmesh_last_error());
     double busy[6] = {0, 1, 0, 0, 1, 0}, g = -1;
     /* rank 0: itself 1 + rank 1 busy 1 + ranks 2, 3 polling 0.5 each = 3 of 1 cpu:
      * 1/3 of a cpu against 1/4 calibrated */
-    CHECK(xm_cost_cpu_share(m, 6, busy, 0, &g) == 1 && near(g, 0.75, 1e-12), "rank 0: %g", g);
+    EXPECT(xm_cost_cpu_share(m, 6, busy, 0, &g) == 1 && near(g, 0.75, 1e-12), "rank 0: %g", g);
     busy[1] = 1, busy[2] = 1, busy[3] = 1;
-    CHECK(xm_cost_cpu_share(m, 6, busy, 0, &g) == 1 && near(g, 1, 1e-12), "all busy: %g", g);
+    EXPECT(xm_cost_cpu_share(m, 6, busy, 0, &g) == 1 && near(g, 1, 1e-12), "all busy: %g", g);
     /* 2 ranks on 2 cpus: a cpu each, whatever the others do */
-    CHECK(xm_cost_cpu_share(m, 6, busy, 5, &g) == 1 && near(g, 1, 1e-12), "rank 5: %g", g);
+    EXPECT(xm_cost_cpu_share(m, 6, busy, 5, &g) == 1 && near(g, 1, 1e-12), "rank 5: %g", g);
     /* other rank counts: not applied */
     g = -1;
-    CHECK(xm_cost_cpu_share(m, 8, (double[8]){0}, 0, &g) == 0 && g == 1, "8 ranks: %g", g);
+    EXPECT(xm_cost_cpu_share(m, 8, (double[8]){0}, 0, &g) == 0 && g == 1, "8 ranks: %g", g);
     g = -1;
-    CHECK(xm_cost_cpu_share(m, 6, (double[6]){0, 0, 0, 0, 0, 2}, 0, &g) == -1 && g == -1,
-          "busy 2 accepted");
-    CHECK(xm_cost_cpu_share(m, 6, busy, 6, &g) == -1, "rank 6 of 6 accepted");
+    EXPECT(xm_cost_cpu_share(m, 6, (double[6]){0, 0, 0, 0, 0, 2}, 0, &g) == -1 && g == -1,
+           "busy 2 accepted");
+    EXPECT(xm_cost_cpu_share(m, 6, busy, 6, &g) == -1, "rank 6 of 6 accepted");
     /* a rank already in a set, wait out of range: refused, model unchanged */
     int c[1] = {5};
-    CHECK(xm_costmodel_add_cpuset(m, 1, c, 1, 0) == XMESH_ERR_INVALID_ARGUMENT && m->ncpusets == 2,
-          "rank 5 twice");
+    EXPECT(xm_costmodel_add_cpuset(m, 1, c, 1, 0) == XMESH_ERR_INVALID_ARGUMENT && m->ncpusets == 2,
+           "rank 5 twice");
     int d[1] = {6};
-    CHECK(xm_costmodel_add_cpuset(m, 1, d, 1, -0.1) == XMESH_ERR_INVALID_ARGUMENT &&
-              m->ncpusets == 2 && m->cpu_nranks == 6,
-          "wait -0.1");
+    EXPECT(xm_costmodel_add_cpuset(m, 1, d, 1, -0.1) == XMESH_ERR_INVALID_ARGUMENT &&
+               m->ncpusets == 2 && m->cpu_nranks == 6,
+           "wait -0.1");
     xm_costmodel_destroy(m);
 }
 
@@ -141,8 +131,8 @@ static void sim_case(const xm_costmodel_t *cost, int off, double *factor, double
     int ne = xmp_sched_chain_edges(2, edges);
     xmp_schedule_t *sch = NULL;
     char err[256];
-    CHECK(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 1, ne, edges, NULL, &sch, err, sizeof err) == 0,
-          "%s", err);
+    EXPECT(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 1, ne, edges, NULL, &sch, err, sizeof err) == 0,
+           "%s", err);
     if (!sch)
         return;
     double f[2] = {0.3, 0.3}, b[2] = {0.7, 0.7}, xfer[2] = {0, 0};
@@ -152,7 +142,7 @@ static void sim_case(const xm_costmodel_t *cost, int off, double *factor, double
     memset(&res, 0, sizeof res);
     int r = xmp_search__sim_shared(sch, &c, 2, f, b, rank0, nr, 2, cost, off, factor, &res, err,
                                    sizeof err);
-    CHECK(r == 0, "simulation: %d %s", r, err);
+    EXPECT(r == 0, "simulation: %d %s", r, err);
     *step = res.step_s;
     xmp_sim_result_free(&res);
     xmp_sched_destroy(sch);
@@ -165,41 +155,41 @@ static void test_sim(void)
     /* no records: the plain simulation */
     xm_costmodel_t *none = xm_costmodel_create();
     sim_case(none, 0, fac, &step);
-    CHECK(fac[0] == 1 && fac[1] == 1 && near(step, 2.0, 1e-12), "no records: %g %g step %g", fac[0],
-          fac[1], step);
+    EXPECT(fac[0] == 1 && fac[1] == 1 && near(step, 2.0, 1e-12), "no records: %g %g step %g",
+           fac[0], fac[1], step);
     xm_costmodel_destroy(none);
     /* one cpu for both, waiting takes nothing: the stages take turns, each alone: 0.5 */
     xm_costmodel_t *m = xm_costmodel_create();
-    CHECK(xm_costmodel_add_cpuset(m, 1, both, 2, 0) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    EXPECT(xm_costmodel_add_cpuset(m, 1, both, 2, 0) == XMESH_SUCCESS, "%s", xmesh_last_error());
     sim_case(m, 0, fac, &step);
-    CHECK(near(fac[0], 0.5, 1e-4) && near(fac[1], 0.5, 1e-4) && near(step, 1.0, 1e-4),
-          "shared: %g %g step %g (want 0.5 0.5 1.0)", fac[0], fac[1], step);
+    EXPECT(near(fac[0], 0.5, 1e-4) && near(fac[1], 0.5, 1e-4) && near(step, 1.0, 1e-4),
+           "shared: %g %g step %g (want 0.5 0.5 1.0)", fac[0], fac[1], step);
     /* the ablation: off */
     sim_case(m, 1, fac, &step);
-    CHECK(fac[0] == 1 && fac[1] == 1 && near(step, 2.0, 1e-12), "off: %g %g step %g", fac[0],
-          fac[1], step);
+    EXPECT(fac[0] == 1 && fac[1] == 1 && near(step, 2.0, 1e-12), "off: %g %g step %g", fac[0],
+           fac[1], step);
     xm_costmodel_destroy(m);
     /* the waiting stage takes half a share: 1 / 1.5 of the cpu, 0.75 */
     m = xm_costmodel_create();
-    CHECK(xm_costmodel_add_cpuset(m, 1, both, 2, 0.5) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    EXPECT(xm_costmodel_add_cpuset(m, 1, both, 2, 0.5) == XMESH_SUCCESS, "%s", xmesh_last_error());
     sim_case(m, 0, fac, &step);
-    CHECK(near(fac[0], 0.75, 1e-4) && near(fac[1], 0.75, 1e-4) && near(step, 1.5, 1e-4),
-          "wait 0.5: %g %g step %g (want 0.75 0.75 1.5)", fac[0], fac[1], step);
+    EXPECT(near(fac[0], 0.75, 1e-4) && near(fac[1], 0.75, 1e-4) && near(step, 1.5, 1e-4),
+           "wait 0.5: %g %g step %g (want 0.75 0.75 1.5)", fac[0], fac[1], step);
     xm_costmodel_destroy(m);
     /* pollers take a whole share: no gain */
     m = xm_costmodel_create();
-    CHECK(xm_costmodel_add_cpuset(m, 1, both, 2, 1) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    EXPECT(xm_costmodel_add_cpuset(m, 1, both, 2, 1) == XMESH_SUCCESS, "%s", xmesh_last_error());
     sim_case(m, 0, fac, &step);
-    CHECK(near(fac[0], 1, 1e-9) && near(step, 2.0, 1e-9), "wait 1: %g step %g", fac[0], step);
+    EXPECT(near(fac[0], 1, 1e-9) && near(step, 2.0, 1e-9), "wait 1: %g step %g", fac[0], step);
     xm_costmodel_destroy(m);
     /* a cpu per stage: no gain */
     m = xm_costmodel_create();
-    CHECK(xm_costmodel_add_cpuset(m, 1, &both[0], 1, 0) == XMESH_SUCCESS &&
-              xm_costmodel_add_cpuset(m, 1, &both[1], 1, 0) == XMESH_SUCCESS,
-          "%s", xmesh_last_error());
+    EXPECT(xm_costmodel_add_cpuset(m, 1, &both[0], 1, 0) == XMESH_SUCCESS &&
+               xm_costmodel_add_cpuset(m, 1, &both[1], 1, 0) == XMESH_SUCCESS,
+           "%s", xmesh_last_error());
     sim_case(m, 0, fac, &step);
-    CHECK(near(fac[0], 1, 1e-9) && near(fac[1], 1, 1e-9) && near(step, 2.0, 1e-9),
-          "own cpus: %g %g step %g", fac[0], fac[1], step);
+    EXPECT(near(fac[0], 1, 1e-9) && near(fac[1], 1, 1e-9) && near(step, 2.0, 1e-9),
+           "own cpus: %g %g step %g", fac[0], fac[1], step);
     xm_costmodel_destroy(m);
 }
 
