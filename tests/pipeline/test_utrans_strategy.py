@@ -59,6 +59,9 @@ RUNS = {
                                        "--stage-strategy", "axonn,megatron,3d", "--batch", "8",
                                        "--microbatches", "4", "--schedule", "eager-1f1b",
                                        "--delay-wgrad", "--overlap", "all"]),
+    # the 2-axis shorthands of the shared trainer flags (dp x tp, megatron-style)
+    "short.mesh": (4, ["--mesh", "2x2"]),
+    "short.dp-tp": (4, ["--dp", "2", "--tp", "2"]),
     # every overlap switch on 1-axis and 4-axis meshes
     "ov.megatron.4": (4, ["--stage-mesh", "4", "--strategy", "megatron", "--overlap", "all"]),
     "ov.3d.2x1x2x2": (8, ["--stage-mesh", "2x1x2x2", "--strategy", "3d", "--overlap", "all"]),

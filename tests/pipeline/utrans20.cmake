@@ -11,7 +11,7 @@ if(TARGET xmesh-train)
     axonn.2x2x2 axonn.1x2x2 axonn.2x1x2x2 axonn.1x2x2x2
     pipe.3d-megatron pipe.axonn-dp pipe.dp-3d.4axes
     dp.4 dp.2x1x2 megatron.2x1x2x2 pipe3.megatron-3d-dp pipe3.axonn-megatron-3d.ov
-    ov.megatron.4 ov.3d.2x1x2x2
+    ov.megatron.4 ov.3d.2x1x2x2 short.mesh short.dp-tp
     custom.zero memory.axonn print.roundtrip long.3d.2x2x2 long.axonn-megatron
     resume.axonn-3d resume.megatron-axonn resume.pipe-axonn
     refuse.spatial refuse.concat refuse.partial refuse.store_partial refuse.store_activation
