@@ -53,6 +53,11 @@ static const xm_param_desc_t params[] = {
     {"XMESH_ZERO_COPY", "0",
      "MPI executor: 1 = MPI reads/writes contiguous chunks in the caller's blocks directly (no "
      "staging copy); then after a failed reshard MPI may still touch the blocks"},
+    {"XMESH_HOLD_LATE", "1",
+     "MPI executor: 1 = a chain link to a rank on another host that starts the task only after "
+     "an earlier one sends one synchronous chunk and the rest once that chunk is matched (sent "
+     "ahead, they would share a NIC the schedule gave to the earlier task); 0 = send ahead at "
+     "once"},
     {"XMESH_WAIT_NICE", "-10",
      "MPI executor: nice value a thread asks for while it drives a blocking xmesh_wait/"
      "xmesh_reshard (restored after; only ever raises its priority, needs CAP_SYS_NICE below "
@@ -98,6 +103,7 @@ static const ptype_t types[] = {
     {"XMESH_PROGRESS_NICE", KIND_INT, -20, 19, 0, 0},
     {"XMESH_WAIT_NICE", KIND_INT, -20, 19, 0, 0},
     {"XMESH_SYNC_SEND", KIND_INT, 0, 1, 0, 0},
+    {"XMESH_HOLD_LATE", KIND_INT, 0, 1, 0, 0},
 };
 
 /* Names in the XMESH_ namespace that belong to scripts and tests, not to

@@ -518,6 +518,61 @@ static xmesh_result_t finish_task(pbuild_t *b, int t, int first)
     return XMESH_SUCCESS;
 }
 
+/* Link classes rank n occupies in chain c (as hop_slot books them). */
+static unsigned chain_slots_of(const pbuild_t *b, const xm_chains_t *ch, const xm_chain_t *c, int n)
+{
+    const int *devs = ch->devs + c->off;
+    const int *host = b->in->hosts->host_of;
+    unsigned slots = 0;
+    for (int k = 0; k < c->len; k++) {
+        if (devs[k] != n)
+            continue;
+        if (k > 0 && devs[k - 1] != n)
+            slots |= host[devs[k - 1]] != host[n] ? XM_SLOT_RECV : XM_SLOT_LRECV;
+        if (k + 1 < c->len && devs[k + 1] != n)
+            slots |= host[devs[k + 1]] != host[n] ? XM_SLOT_SEND : XM_SLOT_LSEND;
+    }
+    return slots;
+}
+
+/* Sets late_next on this rank's steps whose next hop crosses hosts to a
+ * rank that takes part in an earlier task (issue order) on a link class
+ * this task uses there: that rank admits this task only after the earlier
+ * one, so its receive may be posted long after this rank could send. One
+ * pass over the chains per distinct such peer. */
+static xmesh_result_t mark_late_next(pbuild_t *b, const xm_chains_t *ch)
+{
+    xm_program_t *p = &b->p;
+    const xm_hostmap_t *hm = b->in->hosts;
+    int me = p->rank;
+    unsigned char *done = calloc((size_t)hm->ndev + 1, 1);
+    if (!done)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "program: out of memory for %d devices", hm->ndev);
+    for (int i = 0; i < p->nsteps; i++) {
+        int n = p->steps[i].next;
+        if (n < 0 || hm->host_of[n] == hm->host_of[me] || done[n])
+            continue;
+        done[n] = 1;
+        unsigned before = 0;
+        int pt = 0; /* this rank's tasks come in the chains' issue order */
+        for (int c = 0; c < ch->n;) {
+            int t = ch->c[c].task;
+            unsigned now = 0;
+            for (; c < ch->n && ch->c[c].task == t; c++)
+                now |= chain_slots_of(b, ch, &ch->c[c], n);
+            if (pt < p->ntasks && p->tasks[pt].task == t) {
+                const xm_ptask_t *pk = &p->tasks[pt++];
+                for (int q = pk->first_step; q < pk->first_step + pk->nsteps; q++)
+                    if (p->steps[q].next == n)
+                        p->steps[q].late_next = (before & now) != 0;
+            }
+            before |= now;
+        }
+    }
+    free(done);
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xm_program_build(const xm_prog_in_t *in, const xm_chains_t *ch, int rank,
                                 xm_program_t *out)
 {
@@ -561,6 +616,8 @@ xmesh_result_t xm_program_build(const xm_prog_in_t *in, const xm_chains_t *ch, i
         if (!r)
             r = finish_task(&b, t, first);
     }
+    if (!r)
+        r = mark_late_next(&b, ch);
 out_free:
     free(b.last_step);
     if (r) {

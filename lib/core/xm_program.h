@@ -159,6 +159,10 @@ typedef struct xm_pstep {
     int pos_first, pos_last, nsrc; /* chain positions covered; sources are < nsrc */
     int nic_paced;       /* a hop between hosts comes before pos_first in the chain: the step's
                             chunks arrive paced by a NIC (the MPI executor's forward window) */
+    int late_next;       /* next is on another host and takes part in an earlier task on a link
+                            class this one uses there: it admits this task only after that one,
+                            so its receive may be posted late (the MPI executor sends one chunk
+                            and waits for it to be matched before sending ahead) */
     int in_acc, out_acc; /* the hop carries accumulator elements */
     xmesh_dtype_t in_dt, out_dt; /* element dtype of the messages from prev / to next */
     size_t stage_es;             /* bytes of one staging element (0: no staging) */

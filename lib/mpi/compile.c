@@ -112,6 +112,7 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
      * per hop (xm_task_timing). Receives still run a window ahead. */
     int64_t ahead = p->cluster.send_ahead; /* XMESH_SEND_AHEAD, agreed and modelled */
     x->zero_copy = xm_param_i64("XMESH_ZERO_COPY") != 0;
+    x->hold_late = xm_param_i64("XMESH_HOLD_LATE") != 0;
     x->sync_send = p->cluster.sync_send; /* XMESH_SYNC_SEND, agreed and modelled */
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     int64_t fwd = p->cluster.forward_ahead; /* XMESH_FORWARD_AHEAD, agreed and modelled */

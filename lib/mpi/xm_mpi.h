@@ -92,6 +92,7 @@ typedef struct xm_exec {
     int leak_stage; /* requests still in flight at destroy: stage and ck are leaked */
     int sync_send;  /* XMESH_SYNC_SEND */
     int zero_copy;  /* XMESH_ZERO_COPY: MPI reads/writes the caller's blocks directly */
+    int hold_late;  /* XMESH_HOLD_LATE: one chunk to a late_next peer until it is matched */
     int kept;       /* after a failure: uncancellable requests the plan still owns */
     /* Trace. */
     int trace; /* XMESH_TRACE set (rank 0's choice) */

@@ -165,6 +165,7 @@ static int cv_same(xmesh_dtype_t dt, const void *a, const void *b)
 /* Message element size every non-accumulator message of the running case
  * must have (0: not checked). */
 static size_t g_wire_es;
+static long g_late_next; /* steps marked late_next so far (the check must see some) */
 
 /* A message on a hop: chunk payload plus what the sender thinks it is. */
 typedef struct {
@@ -646,6 +647,24 @@ static int run_case_to(const pcase_t *c, xmesh_dtype_t ddt, uint64_t seed, char 
             assert_int_equal(sum * (int64_t)wes, st->bytes);
         }
     }
+    /* late_next against the receiving rank's own program: its task comes
+     * after one of its earlier tasks on a shared link class. */
+    for (int r = 0; r < n; r++)
+        for (int q = 0; q < R[r].prog.nsteps; q++) {
+            const xm_pstep_t *st = &R[r].prog.steps[q];
+            int nx = st->next, want = 0;
+            if (nx >= 0 && w.hosts.host_of[nx] != w.hosts.host_of[r]) {
+                const xm_program_t *pn = &R[nx].prog;
+                int kt = 0;
+                while (kt < pn->ntasks && pn->tasks[kt].task != st->task)
+                    kt++;
+                assert_true(kt < pn->ntasks);
+                for (int j = 0; j < kt; j++)
+                    want |= (pn->tasks[j].slots & pn->tasks[kt].slots) != 0;
+            }
+            assert_int_equal(st->late_next, want);
+            g_late_next += want;
+        }
     while (!bad && sim_round(R, n, hops, err, errlen, &bad))
         ;
     for (int r = 0; r < n && !bad; r++)
@@ -834,6 +853,7 @@ static void test_random(void **state)
                      (unsigned long long)seed, it, ss, ds, (int)c.strategy, xmesh_dtype_name(c.dt),
                      xmesh_dtype_name(ddt), (long long)c.chunk, err);
     }
+    assert_true(g_late_next > 0);
 }
 
 int main(void)
