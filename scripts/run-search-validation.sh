@@ -10,9 +10,9 @@
 #
 #   scripts/run-search-validation.sh
 # Environment (defaults in brackets; the default run is planned for about 15 minutes on a 2-core
-# quiet machine: calibration ~90 s + 43 configurations x 3 repeats x (launch ~5 s + 3 steps);
+# quiet machine: calibration ~90 s + 43 configurations x 3 repeats x (launch ~5 s + 6 steps, the first 2 dropped: the medians of 2 kept steps varied more);
 # the tiny check below took 80 s on a loaded one):
-#   XMESH_SV_STEPS [3]  XMESH_SV_WARMUP [1]  XMESH_SV_REPEATS [3]
+#   XMESH_SV_STEPS [6]  XMESH_SV_WARMUP [2]  XMESH_SV_REPEATS [3]
 #   XMESH_SV_MAX_CONFIGS [0 = all]  XMESH_SV_RATE [200mbit]  XMESH_SV_BURST [64kb]
 #   XMESH_SV_ONLY (comma list of configuration indices, the table's #: a subset)
 #   XMESH_SV_MODEL ["--layers 4 --heads 4 --channels 128 --seq 64 --batch 16"]
@@ -36,8 +36,8 @@ cmake --build build -j "${XMESH_JOBS:-2}" --target xmesh-train xmesh-calibrate >
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 mkdir -p "$out"
 args=(python3 "$root/microbench/search/validate.py" --train "$root/build/pipeline/xmesh-train"
-      --hosts 4 --model-args "$model" --steps "${XMESH_SV_STEPS:-3}"
-      --warmup "${XMESH_SV_WARMUP:-1}" --repeats "${XMESH_SV_REPEATS:-3}"
+      --hosts 4 --model-args "$model" --steps "${XMESH_SV_STEPS:-6}"
+      --warmup "${XMESH_SV_WARMUP:-2}" --repeats "${XMESH_SV_REPEATS:-3}"
       --max-configs "${XMESH_SV_MAX_CONFIGS:-0}" --only "${XMESH_SV_ONLY:-}" --out "$out")
 if [ -n "${XMESH_SV_CLUSTER:-}" ]; then
     args+=(--cluster "$XMESH_SV_CLUSTER")

@@ -114,7 +114,7 @@ static void usage(FILE *f)
             "  --max BYTES           largest message (default 8M)\n"
             "  --steps N             sizes in the geometric sweep (default 6, 2..%d)\n"
             "  --reps N              repetitions per size, median kept (default 3, 1..%d;\n"
-            "                        collectives of <= 64 KiB at least 7)\n"
+            "                        collectives of <= 1 MiB at least 7)\n"
             "  --virtual-hosts K     hosts of K consecutive ranks (one machine; tests)\n"
             "  --skip LIST           leave out some of p2p,collectives,compute (comma list)\n"
             "collectives (all-reduce, all-gather, reduce-scatter, all-to-all; same sweep):\n"
@@ -633,7 +633,7 @@ static int run_coll(xm_coll_t kind, int p, MPI_Comm comm, void *sb, void *rb, in
 
 /* Times every kind over every geometry; results on every rank (the times
  * are world maxima). Returns the number of results. */
-#define SMALL_BYTES 65536
+#define SMALL_BYTES (1 << 20)
 #define SMALL_REPS 7
 static int measure_coll(const opts_t *o, geom_t *G, int ng, coll_res_t *res)
 {
@@ -664,9 +664,12 @@ static int measure_coll(const opts_t *o, geom_t *G, int ng, coll_res_t *res)
                 int64_t b = (int64_t)llround((double)o->minb * pow((double)o->maxb / o->minb, f));
                 int64_t unit = 4LL * p; /* whole floats per rank */
                 b = b / unit * unit > 0 ? b / unit * unit : unit;
-                /* small sizes cost little and are the most exposed to a scheduling outlier on
-                 * shared cores: at least SMALL_REPS of them (with 2, one 6 ms outlier made a
-                 * 1 KiB all-reduce of 0.2 ms read 6 ms, and every small gradient with it) */
+                /* small and middle sizes cost little and are the most exposed to a scheduling
+                 * outlier on shared cores: at least SMALL_REPS of them (with 2, one 6 ms
+                 * outlier made a 1 KiB all-reduce of 0.2 ms read 6 ms, and every small
+                 * gradient with it; two calibrations with 2 repetitions above 64 KiB read a
+                 * 256 KiB all-reduce over 8 ranks on 4 hosts as 16 and 29 ms, and the search's
+                 * dp gradient reduction as 0.24 and 0.39 s against 0.25 s measured) */
                 int reps = b <= SMALL_BYTES && o->reps < SMALL_REPS ? SMALL_REPS : o->reps;
                 for (int rep = -1; rep < reps && !bad; rep++) {
                     MPI_Barrier(MPI_COMM_WORLD);

@@ -207,6 +207,9 @@ def main():
     t0 = time.time()
     # cluster files: calibrated (full model) and the NIC rate alone (uncalibrated)
     rate = a.rate_mbit or float(os.environ.get("XMH_RATE_MBIT", "0") or 0)
+    if a.measured and not rate:  # re-scoring outside the cluster: the measured run's NIC rate
+        with open(a.measured) as f:
+            rate = float(json.load(f).get("rate_mbit", 0) or 0)
     nominal_file = os.path.join(a.out, "cluster-nominal.txt")
     with open(nominal_file, "w") as f:
         f.write("# the NIC rate alone (uncalibrated model)\n")
