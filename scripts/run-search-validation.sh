@@ -10,7 +10,8 @@
 #
 #   scripts/run-search-validation.sh
 # Environment (defaults in brackets; the default run is planned for about 15 minutes on a 2-core
-# quiet machine: calibration ~90 s + 43 configurations x 3 repeats x (launch ~5 s + 6 steps, the first 2 dropped: the medians of 2 kept steps varied more);
+# quiet machine: calibration ~60 s + 43 configurations x 3 repeats x (launch ~5 s + 6 steps,
+# the first 2 dropped: medians of 2 kept steps varied more);
 # the tiny check below took 80 s on a loaded one):
 #   XMESH_SV_STEPS [6]  XMESH_SV_WARMUP [2]  XMESH_SV_REPEATS [3]
 #   XMESH_SV_MAX_CONFIGS [0 = all]  XMESH_SV_RATE [200mbit]  XMESH_SV_BURST [64kb]

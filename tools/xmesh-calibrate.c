@@ -1154,7 +1154,7 @@ static void measure_cpusets(results_t *R)
                 double k = cpus[sidx], nn = n[sidx];
                 if (nn <= k || nn < 2)
                     continue;
-                double nb = (nn + 1) / 2 > 0 ? (double)((n[sidx] + 1) / 2) : 1, nw = nn - nb;
+                double nb = (double)((n[sidx] + 1) / 2), nw = nn - nb; /* even positions compute */
                 double ra[64], rh[64];
                 int m = 0;
                 for (int r = 0; r < size && m < 64; r++)
@@ -1179,7 +1179,7 @@ static void measure_cpusets(results_t *R)
         free(C);
     }
 #endif
-    (void)over;
+    (void)over; /* read only where the BLAS probe is built */
     free(pos);
     free(root_idx);
     free(all);

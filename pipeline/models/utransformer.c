@@ -32,7 +32,6 @@ int xmp_ut__fail(const char *fmt, ...)
     xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s", msg);
     return -1;
 }
-#define fail xmp_ut__fail
 
 /* Counter-based random stream: splitmix64 over (key, counter). */
 static uint64_t mix64(uint64_t z)
@@ -46,15 +45,15 @@ static uint64_t mix64(uint64_t z)
 int xmp_ut_config_init(xmp_ut_config_t *c, int base, int groups, int head_dim)
 {
     if (base < 1 || base > 4096)
-        return fail("base channels %d: must be in [1, 4096]", base);
+        return xmp_ut__fail("base channels %d: must be in [1, 4096]", base);
     if (groups == 0)
         groups = base % 4 == 0 ? 4 : 1;
     if (head_dim == 0)
         head_dim = base;
     if (groups < 1 || base % groups != 0)
-        return fail("groups %d: must divide the base channels %d", groups, base);
+        return xmp_ut__fail("groups %d: must divide the base channels %d", groups, base);
     if (head_dim < 1 || base % head_dim != 0)
-        return fail("head_dim %d: must divide the base channels %d", head_dim, base);
+        return xmp_ut__fail("head_dim %d: must divide the base channels %d", head_dim, base);
     c->base = base;
     c->groups = groups;
     c->head_dim = head_dim;
@@ -466,9 +465,9 @@ int xmp_ut__build(const xmp_ut_config_t *cf, int layer, int n, int sbp, plan_t *
         x = emit_box(&b, x, "act.x");
     pl->out = x;
     if (b.overflow)
-        return fail("layer %s: internal table overflow", g_names[layer]);
+        return xmp_ut__fail("layer %s: internal table overflow", g_names[layer]);
     if (pl->bufsz[pl->out] != (size_t)n * out[0] * out[1] * out[2])
-        return fail("layer %s: internal shape mismatch", g_names[layer]);
+        return xmp_ut__fail("layer %s: internal shape mismatch", g_names[layer]);
     return 0;
 }
 
@@ -530,16 +529,16 @@ struct xmp_ut_layer {
 xmp_ut_layer_t *xmp_ut_layer_create(const xmp_ut_config_t *c, int layer, int n)
 {
     if (layer < 0 || layer >= XMP_UT_LAYERS) {
-        fail("layer %d: must be in [0, %d)", layer, XMP_UT_LAYERS);
+        xmp_ut__fail("layer %d: must be in [0, %d)", layer, XMP_UT_LAYERS);
         return NULL;
     }
     if (n < 1) {
-        fail("micro-batch %d: must be >= 1", n);
+        xmp_ut__fail("micro-batch %d: must be >= 1", n);
         return NULL;
     }
     xmp_ut_layer_t *l = calloc(1, sizeof *l);
     if (!l) {
-        fail("out of memory");
+        xmp_ut__fail("out of memory");
         return NULL;
     }
     l->cf = *c;
@@ -557,7 +556,7 @@ xmp_ut_layer_t *xmp_ut_layer_create(const xmp_ut_config_t *c, int layer, int n)
     l->arena = malloc((2 * tot + col + scr) * sizeof(float));
     if (!l->arena) {
         free(l);
-        fail("layer %s: out of memory for %zu floats", g_names[layer], 2 * tot + col + scr);
+        xmp_ut__fail("layer %s: out of memory for %zu floats", g_names[layer], 2 * tot + col + scr);
         return NULL;
     }
     float *p = l->arena;
@@ -625,10 +624,11 @@ int xmp_ut_layer_forward(xmp_ut_layer_t *l, const float *w, const float *x, cons
     const plan_t *pl = &l->pl;
     if (!w || !x || !y || (pl->skip_in >= 0 && !skip_in) || (pl->cond >= 0 && !cond) ||
         (pl->skip_out >= 0 && !skip_out))
-        return fail("layer %s forward: missing input or output (w %p x %p skip_in %p cond %p y "
-                    "%p skip_out %p)",
-                    g_names[l->layer], (const void *)w, (const void *)x, (const void *)skip_in,
-                    (const void *)cond, (void *)y, (void *)skip_out);
+        return xmp_ut__fail(
+            "layer %s forward: missing input or output (w %p x %p skip_in %p cond %p y "
+            "%p skip_out %p)",
+            g_names[l->layer], (const void *)w, (const void *)x, (const void *)skip_in,
+            (const void *)cond, (void *)y, (void *)skip_out);
     memcpy(l->val[pl->in], x, pl->bufsz[pl->in] * sizeof(float));
     if (pl->skip_in >= 0)
         memcpy(l->val[pl->skip_in], skip_in, pl->bufsz[pl->skip_in] * sizeof(float));
@@ -678,7 +678,7 @@ int xmp_ut_layer_forward(xmp_ut_layer_t *l, const float *w, const float *x, cons
             break;
         }
         if (rc != 0)
-            return fail("layer %s op %d: %s", g_names[l->layer], i, xmp_last_error());
+            return xmp_ut__fail("layer %s op %d: %s", g_names[l->layer], i, xmp_last_error());
     }
     memcpy(y, l->val[pl->out], pl->bufsz[pl->out] * sizeof(float));
     if (pl->skip_out >= 0)
@@ -702,7 +702,8 @@ int xmp_ut_layer_backward_input(xmp_ut_layer_t *l, const float *w, const float *
 {
     const plan_t *pl = &l->pl;
     if (!w || !dy || (pl->skip_in >= 0 && !dskip_in))
-        return fail("layer %s backward_input: missing w, dy or dskip_in", g_names[l->layer]);
+        return xmp_ut__fail("layer %s backward_input: missing w, dy or dskip_in",
+                            g_names[l->layer]);
     memset(l->grad[0], 0, l->grad_floats * sizeof(float));
     acc(l->grad[pl->out], dy, pl->bufsz[pl->out]);
     if (pl->skip_out >= 0 && dskip_out)
@@ -754,7 +755,8 @@ int xmp_ut_layer_backward_input(xmp_ut_layer_t *l, const float *w, const float *
             break;
         }
         if (rc != 0)
-            return fail("layer %s op %d backward: %s", g_names[l->layer], i, xmp_last_error());
+            return xmp_ut__fail("layer %s op %d backward: %s", g_names[l->layer], i,
+                                xmp_last_error());
     }
     if (dx && !pl->nograd[pl->in])
         acc(dx, l->grad[pl->in], pl->bufsz[pl->in]);
@@ -767,7 +769,7 @@ int xmp_ut_layer_backward_weight(xmp_ut_layer_t *l, float *dw)
 {
     const plan_t *pl = &l->pl;
     if (!dw)
-        return fail("layer %s backward_weight: dw is NULL", g_names[l->layer]);
+        return xmp_ut__fail("layer %s backward_weight: dw is NULL", g_names[l->layer]);
     for (int i = pl->nops - 1; i >= 0; i--) {
         const op_t *o = &pl->ops[i];
         float *const *v = l->val;
@@ -790,8 +792,8 @@ int xmp_ut_layer_backward_weight(xmp_ut_layer_t *l, float *dw)
             break;
         }
         if (rc != 0)
-            return fail("layer %s op %d weight backward: %s", g_names[l->layer], i,
-                        xmp_last_error());
+            return xmp_ut__fail("layer %s op %d weight backward: %s", g_names[l->layer], i,
+                                xmp_last_error());
     }
     return 0;
 }
@@ -850,7 +852,7 @@ int xmp_ut_model_init(xmp_ut_model_t *m, const xmp_ut_config_t *c, int n, uint64
     }
     return 0;
 fail_free:
-    fail("model: out of memory");
+    xmp_ut__fail("model: out of memory");
     xmp_ut_model_free(m);
     return -1;
 }
@@ -869,7 +871,7 @@ int xmp_ut_model_forward(xmp_ut_model_t *m, const float *input, const float *con
     size_t cnt = xmp_ut_layer_out_floats(m->layers[XMP_UT_CONV_OUT]);
     return xmp_unet_mse_forward(cnt, (double)cnt, x, target, &m->loss) == 0
                ? 0
-               : fail("loss: %s", xmp_last_error());
+               : xmp_ut__fail("loss: %s", xmp_last_error());
 }
 
 int xmp_ut_model_backward(xmp_ut_model_t *m, const float *target)
@@ -883,7 +885,7 @@ int xmp_ut_model_backward(xmp_ut_model_t *m, const float *target)
     const int L = XMP_UT_CONV_OUT;
     size_t cnt = xmp_ut_layer_out_floats(m->layers[L]);
     if (xmp_unet_mse_backward(cnt, (double)cnt, m->act[L], target, m->dact[L]) != 0)
-        return fail("loss backward: %s", xmp_last_error());
+        return xmp_ut__fail("loss backward: %s", xmp_last_error());
     for (int l = L; l >= 0; l--) {
         int src = xmp_ut_skip_source(l);
         if (xmp_ut_layer_backward_input(m->layers[l], m->params + m->layout.layer_offset[l],
@@ -899,6 +901,6 @@ int xmp_ut_model_update(xmp_ut_model_t *m, float lr, float momentum, float wd)
 {
     if (xmp_unet_sgd_nesterov(m->layout.total, lr, momentum, wd, m->params, m->velocity,
                               m->grads) != 0)
-        return fail("optimizer: %s", xmp_last_error());
+        return xmp_ut__fail("optimizer: %s", xmp_last_error());
     return 0;
 }

@@ -12,7 +12,6 @@
 #include "nn/sbp_ops.h"
 
 #define NAX XMP_MAX_MESH_DIMS
-#define fail xmp_ut__fail
 
 /* ------------------------------------------------------------------ memory */
 
@@ -250,7 +249,7 @@ int xmp_ut_strategy_load(const char *name, const xmp_ut_config_t *c, int naxes, 
     char err[512];
     if (xmp_strategy_load_mesh(name, xmp_ut_strategy_builtin, (void *)c, XMP_UT_STRATEGY_BUILTINS,
                                naxes, shape, s, err, sizeof err) != 0)
-        return fail("%s", err);
+        return xmp_ut__fail("%s", err);
     return 0;
 }
 
@@ -305,22 +304,26 @@ static int check_sbp(const xmp_ut_strategy_t *s, const char *ln, const char *cls
         char sb[16];
         xmp_strategy_sbp_string(&v, 1, sb, sizeof sb);
         if (v.kind == XMP_P)
-            return fail("strategy %s: class %s (layer %s), mesh axis %d: %s P: no rule keeps a %s "
-                        "as a partial sum between ops (give S or B)",
-                        s->name, cls, ln, a, what, act ? "boxed activation" : "parameter");
+            return xmp_ut__fail(
+                "strategy %s: class %s (layer %s), mesh axis %d: %s P: no rule keeps a %s "
+                "as a partial sum between ops (give S or B)",
+                s->name, cls, ln, a, what, act ? "boxed activation" : "parameter");
         if (v.kind == XMP_S && v.dim >= ndim)
-            return fail("strategy %s: class %s (layer %s), mesh axis %d: %s %s splits dim %d of a "
-                        "%d-dim tensor: no rule",
-                        s->name, cls, ln, a, what, sb, v.dim, ndim);
+            return xmp_ut__fail(
+                "strategy %s: class %s (layer %s), mesh axis %d: %s %s splits dim %d of a "
+                "%d-dim tensor: no rule",
+                s->name, cls, ln, a, what, sb, v.dim, ndim);
         if (act && ndim == 4 && v.kind == XMP_S && v.dim >= 2)
-            return fail("strategy %s: class %s (layer %s), mesh axis %d: %s splits the image "
-                        "(height or width): no rule (a 3x3 convolution would need halo "
-                        "exchanges); split S(0) (batch) or S(1) (channels)",
-                        s->name, cls, ln, a, sb);
+            return xmp_ut__fail(
+                "strategy %s: class %s (layer %s), mesh axis %d: %s splits the image "
+                "(height or width): no rule (a 3x3 convolution would need halo "
+                "exchanges); split S(0) (batch) or S(1) (channels)",
+                s->name, cls, ln, a, sb);
         if (act && up && ndim == 4 && v.kind == XMP_S && v.dim == 1)
-            return fail("strategy %s: class %s (layer %s), mesh axis %d: S(1) (channels) feeds the "
-                        "skip concat, which has no channel-split rule; give %s.%s B or S(0) there",
-                        s->name, cls, ln, a, ln, cls);
+            return xmp_ut__fail(
+                "strategy %s: class %s (layer %s), mesh axis %d: S(1) (channels) feeds the "
+                "skip concat, which has no channel-split rule; give %s.%s B or S(0) there",
+                s->name, cls, ln, a, ln, cls);
     }
     return 0;
 }
@@ -338,14 +341,16 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
         for (size_t k = 0; k < sizeof k_acts / sizeof k_acts[0] && !known; k++)
             known = act = !strcmp(nm, k_acts[k]);
         if (!known)
-            return fail("%s:%d: strategy %s: unknown class '%s' (classes: act.x, act.block, "
-                        "act.up, act.cond, conv.w, conv1.w, gn.gamma, attn.q.w, ... each "
-                        "optionally prefixed by a layer name)",
-                        s->source, s->e[i].line, s->name, s->e[i].cls);
+            return xmp_ut__fail(
+                "%s:%d: strategy %s: unknown class '%s' (classes: act.x, act.block, "
+                "act.up, act.cond, conv.w, conv1.w, gn.gamma, attn.q.w, ... each "
+                "optionally prefixed by a layer name)",
+                s->source, s->e[i].line, s->name, s->e[i].cls);
         if (act && s->e[i].has_store)
-            return fail("%s:%d: strategy %s: class %s is an activation; only parameters have a "
-                        "storage SBP",
-                        s->source, s->e[i].line, s->name, s->e[i].cls);
+            return xmp_ut__fail(
+                "%s:%d: strategy %s: class %s is an activation; only parameters have a "
+                "storage SBP",
+                s->source, s->e[i].line, s->name, s->e[i].cls);
     }
     for (int l = first; l <= last; l++) {
         const char *ln = xmp_ut_layer_name(l);
@@ -354,16 +359,16 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
         const xmp_sbp_t *ax = xmp_ut_strategy_get(s, ln, "act.x");
         const xmp_sbp_t *cd = xmp_ut_strategy_get(s, ln, "act.cond");
         if (!ax || (xmp_ut_layer_uses_cond(c, l) && !cd))
-            return fail("strategy %s: no SBP for class %s of layer %s", s->name,
-                        ax ? "act.cond" : "act.x", ln);
+            return xmp_ut__fail("strategy %s: no SBP for class %s of layer %s", s->name,
+                                ax ? "act.cond" : "act.x", ln);
         if (check_sbp(s, ln, "act.x", 4, 1, is_up_layer(l), ax, "compute SBP") ||
             (xmp_ut_layer_uses_cond(c, l) && check_sbp(s, ln, "act.cond", 3, 1, 0, cd, "SBP")))
             return -1;
         for (int k = 0; k < pl.npt; k++) {
             const xmp_sbp_t *p = xmp_ut_strategy_get(s, ln, pl.pt[k].name);
             if (!p)
-                return fail("strategy %s: no SBP for parameter class %s (layer %s)", s->name,
-                            pl.pt[k].name, ln);
+                return xmp_ut__fail("strategy %s: no SBP for parameter class %s (layer %s)",
+                                    s->name, pl.pt[k].name, ln);
             if (check_sbp(s, ln, pl.pt[k].name, pl.pt[k].ndim, 0, 0, p, "compute SBP") ||
                 check_sbp(s, ln, pl.pt[k].name, pl.pt[k].ndim, 0, 0,
                           xmp_ut_strategy_store(s, ln, pl.pt[k].name), "storage SBP"))
@@ -374,8 +379,8 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
             if (o->kind == XMP_UT_OP_BOX) {
                 const xmp_sbp_t *b = xmp_ut_strategy_get(s, ln, o->cls);
                 if (!b)
-                    return fail("strategy %s: no SBP for activation class %s (layer %s)", s->name,
-                                o->cls, ln);
+                    return xmp_ut__fail("strategy %s: no SBP for activation class %s (layer %s)",
+                                        s->name, o->cls, ln);
                 if (check_sbp(s, ln, o->cls, 4, 1, 0, b, "SBP"))
                     return -1;
             }
@@ -387,10 +392,11 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
                     if (is_s(q[a], 0) && in[a].kind != XMP_S)
                         pieces *= shape[a], a0 = a;
                 if (o->attn.heads % pieces != 0)
-                    return fail("strategy %s, layer %s: attention heads %d not divisible by the "
-                                "%d channel pieces (mesh axis %d of size %d; class attn.q.w): "
-                                "give %s.attn.* B on that axis",
-                                s->name, ln, o->attn.heads, pieces, a0, shape[a0], ln);
+                    return xmp_ut__fail(
+                        "strategy %s, layer %s: attention heads %d not divisible by the "
+                        "%d channel pieces (mesh axis %d of size %d; class attn.q.w): "
+                        "give %s.attn.* B on that axis",
+                        s->name, ln, o->attn.heads, pieces, a0, shape[a0], ln);
             }
         }
     }
@@ -435,8 +441,8 @@ static int wait_params(xmp_ut_slayer_t *l)
     int rc = 0;
     for (int k = 0; k < l->pl.npt; k++)
         if (xmp_param_gather_wait(&l->P[k]) != XMESH_SUCCESS && !rc)
-            rc = fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
-                      xmp_last_error());
+            rc = xmp_ut__fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer),
+                              l->pl.pt[k].name, xmp_last_error());
     return rc;
 }
 
@@ -461,13 +467,13 @@ xmp_ut_slayer_t *xmp_ut_slayer_create(const xmp_ut_config_t *c, int layer, int n
 {
     if (layer < 0 || layer >= XMP_UT_LAYERS || nb < 1 || !mesh || !s || !full ||
         s->naxes != mesh->ndim) {
-        fail("SBP layer %d: bad arguments (nb %d, mesh %d axes, strategy %d axes)", layer, nb,
-             mesh ? mesh->ndim : 0, s ? s->naxes : 0);
+        xmp_ut__fail("SBP layer %d: bad arguments (nb %d, mesh %d axes, strategy %d axes)", layer,
+                     nb, mesh ? mesh->ndim : 0, s ? s->naxes : 0);
         return NULL;
     }
     xmp_ut_slayer_t *l = calloc(1, sizeof *l);
     if (!l) {
-        fail("out of memory");
+        xmp_ut__fail("out of memory");
         return NULL;
     }
     const char *ln = xmp_ut_layer_name(layer);
@@ -483,7 +489,7 @@ xmp_ut_slayer_t *xmp_ut_slayer_create(const xmp_ut_config_t *c, int layer, int n
         if (l->pl.ops[i].kind == XMP_UT_OP_BOX) {
             const xmp_sbp_t *b = xmp_ut_strategy_get(s, ln, l->pl.ops[i].cls);
             if (!b) {
-                fail("layer %s: no SBP for activation class %s", ln, l->pl.ops[i].cls);
+                xmp_ut__fail("layer %s: no SBP for activation class %s", ln, l->pl.ops[i].cls);
                 goto out_free;
             }
             set_sbp(l->box[i], b);
@@ -492,13 +498,13 @@ xmp_ut_slayer_t *xmp_ut_slayer_create(const xmp_ut_config_t *c, int layer, int n
         const xmp_ut_ptens_t *q = &l->pl.pt[k];
         const xmp_sbp_t *b = xmp_ut_strategy_get(s, ln, q->name);
         if (!b) {
-            fail("layer %s: no SBP for parameter class %s", ln, q->name);
+            xmp_ut__fail("layer %s: no SBP for parameter class %s", ln, q->name);
             goto out_free;
         }
         if (xmp_param_init(&l->P[k], mesh, q->ndim, q->shape, b,
                            xmp_ut_strategy_store(s, ln, q->name), full + q->off, 1,
                            NULL) != XMESH_SUCCESS) {
-            fail("layer %s parameter %s: %s", ln, q->name, xmp_last_error());
+            xmp_ut__fail("layer %s parameter %s: %s", ln, q->name, xmp_last_error());
             goto out_free;
         }
     }
@@ -536,8 +542,8 @@ int xmp_ut_slayer_gather_params(const xmp_ut_slayer_t *l, float *full)
     for (int k = 0; k < l->pl.npt; k++)
         if (xmp_tensor_gather_full(xmp_param_stored_c(&l->P[k]), full + l->pl.pt[k].off) !=
             XMESH_SUCCESS)
-            return fail("layer %s: gather %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
-                        xmp_last_error());
+            return xmp_ut__fail("layer %s: gather %s: %s", xmp_ut_layer_name(l->layer),
+                                l->pl.pt[k].name, xmp_last_error());
     return 0;
 }
 
@@ -549,8 +555,8 @@ int xmp_ut_slayer_gather_grads(const xmp_ut_slayer_t *l, float *full)
         if (!g->mesh)
             memset(dst, 0, l->pl.pt[k].count * sizeof(float));
         else if (xmp_tensor_gather_full(g, dst) != XMESH_SUCCESS)
-            return fail("layer %s: gather gradient of %s: %s", xmp_ut_layer_name(l->layer),
-                        l->pl.pt[k].name, xmp_last_error());
+            return xmp_ut__fail("layer %s: gather gradient of %s: %s", xmp_ut_layer_name(l->layer),
+                                l->pl.pt[k].name, xmp_last_error());
     }
     return 0;
 }
@@ -573,7 +579,8 @@ void xmp_ut_tape_free(xmp_ut_tape_t *t)
 
 static int op_fail(const xmp_ut_slayer_t *l, int i, const char *what)
 {
-    return fail("layer %s op %d (%s): %s", xmp_ut_layer_name(l->layer), i, what, xmp_last_error());
+    return xmp_ut__fail("layer %s op %d (%s): %s", xmp_ut_layer_name(l->layer), i, what,
+                        xmp_last_error());
 }
 
 /* Forward of op i of layer l's plan on tape t into *o (caches into t). */
@@ -692,12 +699,12 @@ int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_t
     const char *ln = xmp_ut_layer_name(l->layer);
     if (!x || !tape || !y || (pl->skip_in >= 0 && !skip_in) || (pl->cond >= 0 && !cond) ||
         (pl->skip_out >= 0 && !skip_out))
-        return fail("layer %s forward: missing input or output", ln);
+        return xmp_ut__fail("layer %s forward: missing input or output", ln);
     if (wait_params(l)) /* prefetch: this layer's gathers, started by the last update */
         return -1;
     xmp_ut_tape_t *t = calloc(1, sizeof *t);
     if (!t)
-        return fail("out of memory");
+        return xmp_ut__fail("out of memory");
     t->l = l;
     xmp_tensor_t o;
     memset(&o, 0, sizeof o);
@@ -727,7 +734,7 @@ int xmp_ut_slayer_forward(xmp_ut_slayer_t *l, const xmp_tensor_t *x, const xmp_t
         *skip_out = pl->skip_out >= 0 ? &t->v[pl->skip_out] : NULL;
     return 0;
 fail_box:
-    fail("layer %s forward: boxing an input: %s", ln, xmp_last_error());
+    xmp_ut__fail("layer %s forward: boxing an input: %s", ln, xmp_last_error());
     xmp_ut_tape_free(t);
     return -1;
 }
@@ -832,15 +839,15 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
     const xmp_ut_plan_t *pl = &l->pl;
     const char *ln = xmp_ut_layer_name(l->layer);
     if (!t || !dy || (pl->skip_in >= 0 && !dskip_in))
-        return fail("layer %s backward_input: missing tape, dy or dskip_in", ln);
+        return xmp_ut__fail("layer %s backward_input: missing tape, dy or dskip_in", ln);
     xmp_tensor_t o, o2, o3;
     memset(&o, 0, sizeof o);
     if (xmp_box(dy, dy->sbp, &o) != XMESH_SUCCESS || accumulate(&t->g[pl->out], &o))
-        return fail("layer %s backward: dy: %s", ln, xmp_last_error());
+        return xmp_ut__fail("layer %s backward: dy: %s", ln, xmp_last_error());
     if (pl->skip_out >= 0 && dskip_out &&
         (xmp_box(dskip_out, dskip_out->sbp, &o) != XMESH_SUCCESS ||
          accumulate(&t->g[pl->skip_out], &o)))
-        return fail("layer %s backward: dskip: %s", ln, xmp_last_error());
+        return xmp_ut__fail("layer %s backward: dskip: %s", ln, xmp_last_error());
     for (int i = pl->nops - 1; i >= 0; i--) {
         const xmp_ut_op_t *op = &pl->ops[i];
         const xmp_tensor_t *G = &t->g[op->out], *v = t->v;
@@ -925,7 +932,7 @@ int xmp_ut_slayer_backward_input(xmp_ut_slayer_t *l, xmp_ut_tape_t *t, const xmp
         else
             r = xmp_tensor_alloc_like(e[k].out, &t->v[e[k].b]);
         if (r != XMESH_SUCCESS)
-            return fail("layer %s backward: input gradient: %s", ln, xmp_last_error());
+            return xmp_ut__fail("layer %s backward: input gradient: %s", ln, xmp_last_error());
     }
     return 0;
 }
@@ -934,7 +941,7 @@ int xmp_ut_slayer_backward_weight(xmp_ut_slayer_t *l, xmp_ut_tape_t *t)
 {
     const xmp_ut_plan_t *pl = &l->pl;
     if (!t)
-        return fail("layer %s backward_weight: no tape", xmp_ut_layer_name(l->layer));
+        return xmp_ut__fail("layer %s backward_weight: no tape", xmp_ut_layer_name(l->layer));
     int rc = 0;
     for (int i = pl->nops - 1; i >= 0 && !rc; i--) {
         const xmp_ut_op_t *op = &pl->ops[i];
@@ -969,8 +976,9 @@ int xmp_ut_slayer_reduce(xmp_ut_slayer_t *l)
 {
     for (int k = 0; k < l->pl.npt; k++)
         if (xmp_param_reduce(&l->P[k]) != XMESH_SUCCESS)
-            return fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
-                        l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec, xmp_last_error());
+            return xmp_ut__fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
+                                l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec,
+                                xmp_last_error());
     return 0;
 }
 
@@ -978,8 +986,9 @@ int xmp_ut_slayer_reduce_start(xmp_ut_slayer_t *l)
 {
     for (int k = 0; k < l->pl.npt; k++)
         if (xmp_param_reduce_start(&l->P[k]) != XMESH_SUCCESS)
-            return fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
-                        l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec, xmp_last_error());
+            return xmp_ut__fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
+                                l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec,
+                                xmp_last_error());
     return 0;
 }
 
@@ -988,8 +997,8 @@ int xmp_ut_slayer_reduce_wait(xmp_ut_slayer_t *l)
     int rc = 0;
     for (int k = 0; k < l->pl.npt; k++) /* every request waited, also after an error */
         if (xmp_param_reduce_wait(&l->P[k]) != XMESH_SUCCESS && !rc)
-            rc = fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
-                      l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec, xmp_last_error());
+            rc = xmp_ut__fail("layer %s: gradient of %s to %s: %s", xmp_ut_layer_name(l->layer),
+                              l->pl.pt[k].name, xmp_param_stored(&l->P[k])->spec, xmp_last_error());
     return rc;
 }
 
@@ -1001,22 +1010,23 @@ int xmp_ut_slayer_update(xmp_ut_slayer_t *l, float lr, float momentum, float wd)
         if (p->lcount) {
             float *gz = NULL;
             if (!q->r.mesh && !(gz = calloc((size_t)p->lcount, sizeof(float))))
-                return fail("out of memory");
+                return xmp_ut__fail("out of memory");
             if (q->r.mesh && !same_sbp(&q->r, p))
-                return fail("layer %s: gradient of %s is %s, not reduced to %s",
-                            xmp_ut_layer_name(l->layer), l->pl.pt[k].name, q->r.spec, p->spec);
+                return xmp_ut__fail("layer %s: gradient of %s is %s, not reduced to %s",
+                                    xmp_ut_layer_name(l->layer), l->pl.pt[k].name, q->r.spec,
+                                    p->spec);
             int rc = xmp_unet_sgd_nesterov((size_t)p->lcount, lr, momentum, wd, xmp_f32(p),
                                            q->state[0], gz ? gz : xmp_f32(&q->r));
             free(gz);
             if (rc != 0)
-                return fail("optimizer: %s", xmp_last_error());
+                return xmp_ut__fail("optimizer: %s", xmp_last_error());
         }
         xmp_param_zero_grad(q, 1);
         /* sharded storage: the updated shards all-gathered into the compute copy (prefetch:
          * started here, waited by the layer's next forward) */
         if ((l->ov.prefetch ? xmp_param_gather_start(q) : xmp_param_gather(q)) != XMESH_SUCCESS)
-            return fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
-                        xmp_last_error());
+            return xmp_ut__fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer),
+                                l->pl.pt[k].name, xmp_last_error());
     }
     return 0;
 }
@@ -1027,8 +1037,8 @@ int xmp_ut_slayer_sync(xmp_ut_slayer_t *l)
         return -1;
     for (int k = 0; l && k < l->pl.npt; k++)
         if (xmp_param_gather(&l->P[k]) != XMESH_SUCCESS)
-            return fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer), l->pl.pt[k].name,
-                        xmp_last_error());
+            return xmp_ut__fail("layer %s: gathering %s: %s", xmp_ut_layer_name(l->layer),
+                                l->pl.pt[k].name, xmp_last_error());
     return 0;
 }
 
