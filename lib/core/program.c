@@ -484,11 +484,11 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
     return XMESH_SUCCESS;
 }
 
-/* Link class of a hop of this rank. */
-static unsigned hop_slot(const pbuild_t *b, int peer, int sending)
+/* Link class of a hop of rank self to or from peer. */
+static unsigned hop_slot(const pbuild_t *b, int self, int peer, int sending)
 {
     const xm_hostmap_t *h = b->in->hosts;
-    int remote = h->host_of[peer] != h->host_of[b->p.rank];
+    int remote = h->host_of[peer] != h->host_of[self];
     if (sending)
         return remote ? XM_SLOT_SEND : XM_SLOT_LSEND;
     return remote ? XM_SLOT_RECV : XM_SLOT_LRECV;
@@ -502,9 +502,9 @@ static xmesh_result_t finish_task(pbuild_t *b, int t, int first)
     unsigned slots = 0;
     for (int i = first; i < p->nsteps; i++) {
         if (p->steps[i].prev >= 0)
-            slots |= hop_slot(b, p->steps[i].prev, 0);
+            slots |= hop_slot(b, p->rank, p->steps[i].prev, 0);
         if (p->steps[i].next >= 0)
-            slots |= hop_slot(b, p->steps[i].next, 1);
+            slots |= hop_slot(b, p->rank, p->steps[i].next, 1);
     }
     if (p->ntasks == b->cap_t) {
         int ncap = b->cap_t ? 2 * b->cap_t : 64;
@@ -522,15 +522,14 @@ static xmesh_result_t finish_task(pbuild_t *b, int t, int first)
 static unsigned chain_slots_of(const pbuild_t *b, const xm_chains_t *ch, const xm_chain_t *c, int n)
 {
     const int *devs = ch->devs + c->off;
-    const int *host = b->in->hosts->host_of;
     unsigned slots = 0;
     for (int k = 0; k < c->len; k++) {
         if (devs[k] != n)
             continue;
         if (k > 0 && devs[k - 1] != n)
-            slots |= host[devs[k - 1]] != host[n] ? XM_SLOT_RECV : XM_SLOT_LRECV;
+            slots |= hop_slot(b, n, devs[k - 1], 0);
         if (k + 1 < c->len && devs[k + 1] != n)
-            slots |= host[devs[k + 1]] != host[n] ? XM_SLOT_SEND : XM_SLOT_LSEND;
+            slots |= hop_slot(b, n, devs[k + 1], 1);
     }
     return slots;
 }

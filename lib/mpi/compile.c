@@ -112,7 +112,7 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
      * per hop (xm_task_timing). Receives still run a window ahead. */
     int64_t ahead = p->cluster.send_ahead; /* XMESH_SEND_AHEAD, agreed and modelled */
     x->zero_copy = xm_param_i64("XMESH_ZERO_COPY") != 0;
-    x->hold_late = xm_param_i64("XMESH_HOLD_LATE") != 0;
+    int hold_late = xm_param_i64("XMESH_HOLD_LATE") != 0;
     x->sync_send = p->cluster.sync_send; /* XMESH_SYNC_SEND, agreed and modelled */
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     int64_t fwd = p->cluster.forward_ahead; /* XMESH_FORWARD_AHEAD, agreed and modelled */
@@ -149,6 +149,11 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
          * on its own (a receiver that failed does not hold its sender). */
         x->sx[i].sync = !local && s->next >= 0 && x->sync_send &&
                         s->ce * (int64_t)xmesh_dtype_size(s->out_dt) >= XM_SYNC_MIN_BYTES;
+        /* A peer that admits this task only after an earlier one (late_next)
+         * gets one synchronous chunk, and the rest once it has matched that
+         * chunk: sent ahead, they would leave at once (below the eager
+         * limit) and share a NIC the schedule gave to the earlier task. */
+        x->sx[i].hold = x->sx[i].sync && s->late_next && hold_late;
     }
     for (int i = 0; i < x->prog.nsteps; i++)
         x->sx[i].ck_off = -1;

@@ -738,11 +738,7 @@ static int step_advance(xm_request_t *r, xm_exec_t *x, int si)
                                  xm_mpi_now() - x->t0);
             }
         }
-        /* A peer that admits this task only after an earlier one (late_next)
-         * gets one synchronous chunk, and the rest once it has matched that
-         * chunk: sent ahead, they would leave at once (below the eager
-         * limit) and share a NIC the schedule gave to the earlier task. */
-        int ahead = sx->sync && s->late_next && x->hold_late && rt->completed == 0 ? 1 : sx->ahead;
+        int ahead = sx->hold && rt->completed == 0 ? 1 : sx->ahead; /* see compile.c */
         if (s->next >= 0 && c - rt->completed >= ahead)
             break;
         if ((rc = compute_chunk(x, s, sx, rt, c, rq ? &rq[x->window + slot] : NULL))) {

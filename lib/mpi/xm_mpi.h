@@ -43,6 +43,8 @@ typedef struct xm_stepx {
     int ahead;           /* chunk sends in flight to next: send_ahead, or the window
                           * when next is on this rank's host (shared memory) */
     int sync;            /* sends are MPI_Issend (XMESH_SYNC_SEND, hops between hosts) */
+    int hold;            /* one send until the first is matched (XMESH_HOLD_LATE: a synchronous
+                          * link to a late_next peer) */
 } xm_stepx_t;
 
 /* Runtime state of a step during one reshard. */
@@ -92,7 +94,6 @@ typedef struct xm_exec {
     int leak_stage; /* requests still in flight at destroy: stage and ck are leaked */
     int sync_send;  /* XMESH_SYNC_SEND */
     int zero_copy;  /* XMESH_ZERO_COPY: MPI reads/writes the caller's blocks directly */
-    int hold_late;  /* XMESH_HOLD_LATE: one chunk to a late_next peer until it is matched */
     int kept;       /* after a failure: uncancellable requests the plan still owns */
     /* Trace. */
     int trace; /* XMESH_TRACE set (rank 0's choice) */
