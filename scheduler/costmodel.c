@@ -139,17 +139,28 @@ xmesh_result_t xm_costmodel_add_cpuset(xm_costmodel_t *m, int cpus, const int *r
         if (ranks[i] < 0 || ranks[i] >= (1 << 24))
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: rank %d out of range [0, %d)",
                           ranks[i], 1 << 24);
-        if (ranks[i] < m->cpu_nranks && m->cpu_set_of[ranks[i]] >= 0)
-            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                          "cpuset record: rank %d is already in the cpuset of line %d", ranks[i],
-                          m->cpusets[m->cpu_set_of[ranks[i]]].line);
-        for (int j = 0; j < i; j++)
-            if (ranks[j] == ranks[i])
-                return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: rank %d repeats",
-                              ranks[i]);
         if (ranks[i] + 1 > top)
             top = ranks[i] + 1;
     }
+    /* repeats through a bitmap: a record may list up to 2^20 ranks */
+    unsigned char *seen = calloc((size_t)top / 8 + 1, 1);
+    if (!seen)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_add_cpuset: out of memory");
+    for (int i = 0; i < nranks; i++) {
+        int k = ranks[i];
+        if (k < m->cpu_nranks && m->cpu_set_of[k] >= 0) {
+            free(seen);
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cpuset record: rank %d is already in the cpuset of line %d", k,
+                          m->cpusets[m->cpu_set_of[k]].line);
+        }
+        if (seen[k / 8] & (1u << (k % 8))) {
+            free(seen);
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: rank %d repeats", k);
+        }
+        seen[k / 8] |= (unsigned char)(1u << (k % 8));
+    }
+    free(seen);
     xm_cpuset_t *cs = realloc(m->cpusets, (size_t)(m->ncpusets + 1) * sizeof *cs);
     if (!cs)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_add_cpuset: out of memory");
