@@ -304,4 +304,10 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
             xmp_json_num(j, NULL, p->xmesh_cpu[k]);
         xmp_json_arr_end(j);
     }
+    if (p->faults) {
+        xmp_json_arr_begin(j, "page_faults_per_stage");
+        for (int k = 0; k < p->nstages; k++)
+            xmp_json_int(j, NULL, (long long)p->faults[k]);
+        xmp_json_arr_end(j);
+    }
 }

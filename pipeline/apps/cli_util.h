@@ -78,10 +78,12 @@ typedef struct {
     const int64_t *peak_bytes; /* per stage: peak activation bytes */
     const double *xmesh_cpu;   /* per stage (NULL: omitted): CPU seconds xmesh's progress and
                                 * waits took on the stage's busiest rank in the step */
+    const double *faults;      /* per stage (NULL: omitted): page faults of the step's driver
+                                * run (getrusage ru_minflt + ru_majflt), the stage's largest */
 } xmp_step_pipe_t;
 /* Writes, into the current JSON object: compute_s, boxing_s, predicted_s (when > 0),
  * bubble_per_stage, bubble (mean over stages), peak_activation_bytes,
- * peak_activation_microbatches, xmesh_cpu_s_per_stage (when given). */
+ * peak_activation_microbatches, xmesh_cpu_s_per_stage and page_faults_per_stage (when given). */
 void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p);
 
 /* Median / min / max of n doubles (n >= 1; v is not modified). */

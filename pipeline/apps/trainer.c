@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "nn/overlap.h"
 #include "nn/sbp.h"
@@ -1223,14 +1224,23 @@ static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, 
     return 0;
 }
 
+/* Page faults of this process so far (every thread; minor and major). */
+static double page_faults(void)
+{
+    struct rusage u;
+    if (getrusage(RUSAGE_SELF, &u) != 0)
+        return 0;
+    return (double)u.ru_minflt + (double)u.ru_majflt;
+}
+
 /* Per-step figures over the world: per stage the max over its ranks of the per-microbatch F, I
  * and W seconds, the idle fraction, the peak microbatches and bytes. Collective. */
 static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_stats_t *ss,
                          double *cf, double *ci, double *cw, double *bubble, int *peak_mb,
-                         int64_t *peak_bytes, double *xcpu, const timed_ops_t *vt,
-                         const int *vstage, int nv)
+                         int64_t *peak_bytes, double *xcpu, double faults, double *xfaults,
+                         const timed_ops_t *vt, const int *vstage, int nv)
 {
-    double loc[6 * XMP_MAX_STAGES], all[6 * XMP_MAX_STAGES];
+    double loc[7 * XMP_MAX_STAGES], all[7 * XMP_MAX_STAGES];
     int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
     memset(loc, 0, sizeof loc);
     memset(lp, 0, sizeof lp);
@@ -1244,9 +1254,10 @@ static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_sta
         loc[3 * S + s] = ss->bubble;
         loc[4 * S + s] = ss->peak_act_mb;
         loc[5 * S + s] = ss->xmesh_cpu_s;
+        loc[6 * S + s] = faults;
         lp[s] = ss->peak_act_bytes;
     }
-    MPI_Allreduce(loc, all, 6 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(loc, all, 7 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     for (int k = 0; k < S; k++) {
         cf[k] = all[k];
@@ -1255,6 +1266,7 @@ static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_sta
         bubble[k] = all[3 * S + k];
         peak_mb[k] = (int)all[4 * S + k];
         xcpu[k] = all[5 * S + k];
+        xfaults[k] = all[6 * S + k];
         peak_bytes[k] = ap[k];
     }
 }
@@ -1565,7 +1577,9 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         tops.fail_now = step == o->inject_step && rank == o->inject_rank;
         for (int k = 0; k < nv; k++)
             vt[k].fail_now = tops.fail_now;
+        double faults0 = page_faults();
         xmesh_result_t r = xmp_driver_step(drv, &ss);
+        double faults = page_faults() - faults0;
         int bad = r != XMESH_SUCCESS;
         char why[512];
         /* a callback's own message (the model's xmp_err) follows the driver's */
@@ -1589,9 +1603,9 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         int peak_mb[XMP_MAX_STAGES];
         int64_t peak_bytes[XMP_MAX_STAGES];
         double pf[XMP_MAX_STAGES], pi[XMP_MAX_STAGES], pw[XMP_MAX_STAGES];
-        double xcpu[XMP_MAX_STAGES];
-        step_figures(S, me, &tops, &ss, pf, pi, pw, bubble, peak_mb, peak_bytes, xcpu, vt, vstage,
-                     nv);
+        double xcpu[XMP_MAX_STAGES], xfaults[XMP_MAX_STAGES];
+        step_figures(S, me, &tops, &ss, pf, pi, pw, bubble, peak_mb, peak_bytes, xcpu, faults,
+                     xfaults, vt, vstage, nv);
         /* the cap is a promise about measured allocations: a step over it ends the run (every
          * rank sees the same reduced peaks) rather than going on over the cap */
         int over = -1;
@@ -1612,7 +1626,8 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
                busy = tops.f + tops.i + tops.w + tops.r + tops.o;
         for (int k = 0; k < nv; k++)
             busy += vt[k].f + vt[k].i + vt[k].w + vt[k].r + vt[k].o;
-        xmp_step_pipe_t sp = {busy - boxing, boxing, 0, S, bubble, peak_mb, peak_bytes, xcpu};
+        xmp_step_pipe_t sp = {busy - boxing, boxing,     0,    S,      bubble,
+                              peak_mb,       peak_bytes, xcpu, xfaults};
         /* Prediction of this step from the previous step's measured stage costs and xmesh's
          * predicted plan times (the first step has none). */
         if (have_log)

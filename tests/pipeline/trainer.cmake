@@ -95,3 +95,15 @@ if(TARGET xmesh-train)
     PROPERTIES LABELS "pipeline;mpi" TIMEOUT 90
     ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
 endif()
+
+# xmesh-train keeps freed memory (apps/main.c): the same losses as with glibc's defaults
+# (XMESH_KEEP_FREED=0) and at most a tenth of their page faults per step after the first two;
+# a bad XMESH_KEEP_FREED is named in a warning.
+if(TARGET xmesh-train)
+  add_test(NAME pipeline.trainer.keep_freed
+    COMMAND python3 ${CMAKE_CURRENT_LIST_DIR}/test_keep_freed.py
+            ${CMAKE_CURRENT_BINARY_DIR}/keep_freed ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG}
+            $<TARGET_FILE:xmesh-train> --oversubscribe ${MPIEXEC_PREFLAGS})
+  set_tests_properties(pipeline.trainer.keep_freed PROPERTIES LABELS "pipeline;mpi" TIMEOUT 300
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OPENBLAS_NUM_THREADS=1")
+endif()
