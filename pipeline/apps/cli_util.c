@@ -280,6 +280,7 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
 {
     xmp_json_num(j, "compute_s", p->compute_s);
     xmp_json_num(j, "boxing_s", p->boxing_s);
+    xmp_json_int(j, "boxing_calls", (long long)p->boxing_calls);
     if (p->predicted_s > 0)
         xmp_json_num(j, "predicted_s", p->predicted_s);
     double bsum = 0;

@@ -80,8 +80,9 @@ typedef struct {
                                 * waits took on the stage's busiest rank in the step */
     const double *faults;      /* per stage (NULL: omitted): page faults of the step's driver
                                 * run (getrusage ru_minflt + ru_majflt), the stage's largest */
+    int64_t boxing_calls;      /* rank 0: nn/ collectives (boxing, SBP layers, reductions) */
 } xmp_step_pipe_t;
-/* Writes, into the current JSON object: compute_s, boxing_s, predicted_s (when > 0),
+/* Writes, into the current JSON object: compute_s, boxing_s, boxing_calls, predicted_s (when > 0),
  * bubble_per_stage, bubble (mean over stages), peak_activation_bytes,
  * peak_activation_microbatches, xmesh_cpu_s_per_stage and page_faults_per_stage (when given). */
 void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p);

@@ -1573,6 +1573,8 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             vt[k].nf = vt[k].ni = vt[k].nw = 0;
         }
         double comm0 = xmp_comm_seconds();
+        xmp_comm_counts_t calls0, calls1;
+        xmp_comm_counts(&calls0);
         xmp_step_stats_t ss;
         tops.fail_now = step == o->inject_step && rank == o->inject_rank;
         for (int k = 0; k < nv; k++)
@@ -1622,12 +1624,16 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
                               (long long)peak_bytes[over]);
             break;
         }
+        xmp_comm_counts(&calls1);
+        int64_t box_calls = 0;
+        for (int k = 0; k < XMP_COLL_NKINDS; k++)
+            box_calls += calls1.calls[k] - calls0.calls[k];
         double boxing = xmp_comm_seconds() - comm0,
                busy = tops.f + tops.i + tops.w + tops.r + tops.o;
         for (int k = 0; k < nv; k++)
             busy += vt[k].f + vt[k].i + vt[k].w + vt[k].r + vt[k].o;
-        xmp_step_pipe_t sp = {busy - boxing, boxing,     0,    S,      bubble,
-                              peak_mb,       peak_bytes, xcpu, xfaults};
+        xmp_step_pipe_t sp = {busy - boxing, boxing,     0,    S,       bubble,
+                              peak_mb,       peak_bytes, xcpu, xfaults, box_calls};
         /* Prediction of this step from the previous step's measured stage costs and xmesh's
          * predicted plan times (the first step has none). */
         if (have_log)
