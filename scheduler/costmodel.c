@@ -178,6 +178,7 @@ xmesh_result_t xm_costmodel_add_cpuset(xm_costmodel_t *m, int cpus, const int *r
     cs[m->ncpusets].nranks = nranks;
     cs[m->ncpusets].line = 0;
     cs[m->ncpusets].wait = wait;
+    cs[m->ncpusets].sync = 0;
     m->ncpusets++;
     return XMESH_SUCCESS;
 }
@@ -206,6 +207,45 @@ int xm_cost_cpu_share(const xm_costmodel_t *m, int nranks, const double *busy, i
             b += r == rank ? 1.0 : busy[r] + w * (1 - busy[r]);
     double all = fmin(1.0, k / n), now = fmin(1.0, k / b);
     *factor = all / now;
+    return 1;
+}
+
+xmesh_result_t xm_costmodel_set_cpuset_sync(xm_costmodel_t *m, int set, double sync)
+{
+    if (!m)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_cpuset_sync: model is NULL");
+    if (set < 0 || set >= m->ncpusets)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset sync: set %d out of range [0, %d)", set,
+                      m->ncpusets);
+    if (!(sync >= 0) || !isfinite(sync))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cpuset record: sync %g (expected >= 0 s)", sync);
+    m->cpusets[set].sync = sync;
+    return XMESH_SUCCESS;
+}
+
+int xm_cost_cpu_sync(const xm_costmodel_t *m, int nranks, const double *busy, int rank,
+                     double *seconds)
+{
+    if (!m || !busy || !seconds || nranks < 1 || rank < 0 || rank >= nranks)
+        return -1;
+    for (int r = 0; r < nranks; r++)
+        if (r != rank && (!(busy[r] >= 0) || busy[r] > 1))
+            return -1;
+    if (m->ncpusets == 0 || m->cpu_nranks != nranks) {
+        *seconds = 0;
+        return 0;
+    }
+    for (int r = 0; r < nranks; r++)
+        if (m->cpu_set_of[r] < 0) {
+            *seconds = 0;
+            return 0;
+        }
+    int set = m->cpu_set_of[rank];
+    double idle = 1;
+    for (int r = 0; r < nranks; r++)
+        if (r != rank && m->cpu_set_of[r] == set)
+            idle *= 1 - busy[r];
+    *seconds = m->cpusets[set].sync * (1 - idle);
     return 1;
 }
 
@@ -719,12 +759,19 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
         return xm_costmodel_set_elt(m ? m : &tmp, (xm_elt_t)kind, &e);
     }
     if (!strcmp(f[0], "cpuset")) {
-        static const char *const cf[] = {"cpuset", "cpus", "ranks", "wait"};
-        if ((r = want(line, f[0], nf, 4, cf)))
-            return r;
-        double wait;
+        /* a fifth field, sync seconds, since 2026-11-28 (files before it have 4) */
+        static const char *const cf[] = {"cpuset", "cpus", "ranks", "wait", "[sync]"};
+        if (nf != 4 && nf != 5)
+            return want(line, f[0], nf, 5, cf);
+        double wait, sync = 0;
         if ((r = num(line, f[0], "wait", f[3], &wait)))
             return r;
+        if (nf == 5 && (r = num(line, f[0], "sync", f[4], &sync)))
+            return r;
+        if (!(sync >= 0) || !isfinite(sync))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: cpuset field sync: %g (expected >= 0 s)", line,
+                          sync);
         if (!(wait >= 0 && wait <= 1))
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                           "cluster file line %d: cpuset field wait: %g (expected 0 .. 1)", line,
@@ -783,8 +830,10 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
             free(tmp.cpu_set_of);
             return XM_ERR(r, "cluster file line %d: %s", line, why);
         }
-        if (m)
+        if (m) {
             m->cpusets[m->ncpusets - 1].line = line;
+            m->cpusets[m->ncpusets - 1].sync = sync;
+        }
         free(tmp.cpusets);
         free(tmp.cpu_set_of);
         return XMESH_SUCCESS;
@@ -951,9 +1000,10 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
                 fprintf(f, "eltwise %s %d %.10g %.10g\n", elt_names[k], m->elt[k].busy,
                         m->elt[k].fwd * 1e9, m->elt[k].bwd * 1e9);
         if (m->ncpusets)
-            fprintf(f, "# cpuset cpus ranks wait: ranks whose affinity masks overlap share that "
-                       "many cpus (compute above: every rank busy); a waiting rank takes `wait` "
-                       "of a computing rank's cpu\n");
+            fprintf(f, "# cpuset cpus ranks wait sync: ranks whose affinity masks overlap share "
+                       "that many cpus (compute above: every rank busy); a waiting rank takes "
+                       "`wait` of a computing rank's cpu; a collective of two of them takes "
+                       "`sync` s more while others compute\n");
         for (int c = 0; c < m->ncpusets; c++) {
             fprintf(f, "cpuset %d ", m->cpusets[c].cpus);
             int first = 1;
@@ -970,7 +1020,7 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
                 first = 0;
                 r = e;
             }
-            fprintf(f, " %.4g\n", m->cpusets[c].wait);
+            fprintf(f, " %.4g %.4g\n", m->cpusets[c].wait, m->cpusets[c].sync);
         }
     }
     if (ferror(f))

@@ -125,6 +125,10 @@ typedef struct xm_cpuset {
     int nranks;  /* ranks in the set */
     double wait; /* CPU a rank waiting in the trainer's polling wait (MPI_Testall +
                   * sched_yield) takes, as a fraction of a computing rank's; 0..1 */
+    double sync; /* seconds one small collective of two ranks of the set takes beyond its
+                  * calibrated (every rank in collectives) time while other ranks of the set
+                  * compute: the partner runs only when the scheduler gives it the cpu back
+                  * (xm_cost_cpu_sync); 0: not measured */
     int line;
 } xm_cpuset_t;
 
@@ -232,6 +236,19 @@ xmesh_result_t xm_cost_collective(const xm_costmodel_t *m, xm_coll_t kind, const
  * [0, 1]. */
 xmesh_result_t xm_costmodel_add_cpuset(xm_costmodel_t *m, int cpus, const int *ranks, int nranks,
                                        double wait);
+
+/* Sets the sync seconds (xm_cpuset_t) of cpuset record `set` (0 .. ncpusets-1). INVALID_ARGUMENT
+ * (m unchanged) for a set out of range or sync < 0 or not finite. */
+xmesh_result_t xm_costmodel_set_cpuset_sync(xm_costmodel_t *m, int set, double sync);
+
+/* Extra seconds of one collective of rank `rank` while rank r' of 0 .. nranks-1 computes with
+ * probability busy[r'] (the rank itself is in the collective: its own entry is not read): the
+ * set's sync seconds times the probability that another rank of its set computes,
+ * 1 - prod (1 - busy[r']). Returns 1 with *seconds set when the cpuset records cover exactly
+ * the ranks 0 .. nranks-1 (0 s where the set has no sync figure); 0 (*seconds = 0) when the
+ * model has no such records; -1 for bad arguments (*seconds untouched). */
+int xm_cost_cpu_sync(const xm_costmodel_t *m, int nranks, const double *busy, int rank,
+                     double *seconds);
 
 /* CPU-sharing time factor of rank `rank`'s compute, relative to the calibrated (every rank
  * busy) rate, when rank r' of 0 .. nranks-1 computes with probability busy[r'] (the rank

@@ -971,7 +971,7 @@ typedef struct {
     int ns, busy;
     /* CPU sharing (rank 0): set_of[r] for r < size, cpus and wait weight per set */
     int nsets, *set_of, *set_cpus, *set_n;
-    double *set_wait;
+    double *set_wait, *set_sync;
     xm_elt_rec_t E[XM_ELT_NKINDS]; /* busy 0: not measured */
     char gemm_why[128];
     int gemm_fit_ok;
@@ -989,6 +989,93 @@ typedef struct {
  * s = min(1, k/n) t_all / t_half; with n_b computing and n_w polling, s = k / (n_b + w n_w)
  * gives w (clamped to [0, 1]; 0 when s >= 1: the pollers left the computing ranks a whole
  * cpu each). Rank 0 gets the results. */
+#ifdef XMESH_CALIBRATE_BLAS
+/* The sync seconds of each over-subscribed set of at least 3 ranks (xm_cpuset_t): its first
+ * two ranks (positions 0 and 1) run SYNC_ITERS rounds of about 1 ms of sgemm followed by a 1 KiB
+ * all-reduce between them (posted and polled as the trainer does), while the set's other ranks
+ * compute until they finish; the same rounds without the all-reduce; and the all-reduces alone
+ * while the others wait polling. sync = (with - without - alone) / SYNC_ITERS: what a small
+ * collective costs beyond its own time because its partner runs only when the scheduler hands
+ * it a cpu the computing ranks also want (medians of 3 repetitions). Collective. */
+#define SYNC_ITERS 60
+static void measure_sync(int nsets, const int *set_of, const int *pos, const int *n,
+                         const int *cpus, double *sync)
+{
+    int pair = pos[rank] < 2 && n[set_of[rank]] >= 3 && n[set_of[rank]] > cpus[set_of[rank]];
+    MPI_Comm pc = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, pair ? set_of[rank] : MPI_UNDEFINED, rank, &pc);
+    const int M = 128, N = 256, K = 128;
+    float *A = calloc((size_t)M * K, sizeof *A), *B = calloc((size_t)K * N, sizeof *B),
+          *C = calloc((size_t)M * N, sizeof *C), x[256] = {0}, y[256];
+    if (!A || !B || !C) {
+        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    for (int c = 0; c < 4; c++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, A, K, B, N, 0.0f, C,
+                    N);
+    double one = (MPI_Wtime() - t0) / 4, worst = one;
+    MPI_Allreduce(&one, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    int calls = worst > 0 ? (int)ceil(1e-3 / worst) : 8;
+    calls = calls < 1 ? 1 : calls > 1000 ? 1000 : calls;
+    double t[3][3];
+    for (int mode = 0; mode < 3; mode++) /* 0: sgemm + all-reduce, 1: sgemm, 2: all-reduce */
+        for (int rep = 0; rep < 3; rep++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            MPI_Request q;
+            if (pair) {
+                double t1 = MPI_Wtime();
+                for (int i = 0; i < SYNC_ITERS; i++) {
+                    for (int c = 0; mode < 2 && c < calls; c++)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, A, K,
+                                    B, N, 0.0f, C, N);
+                    if (mode != 1) {
+                        MPI_Request a;
+                        MPI_Iallreduce(x, y, 256, MPI_FLOAT, MPI_SUM, pc, &a);
+                        poll_all(1, &a);
+                    }
+                }
+                double mine = MPI_Wtime() - t1;
+                MPI_Allreduce(&mine, &t[mode][rep], 1, MPI_DOUBLE, MPI_MAX, pc);
+                MPI_Ibarrier(MPI_COMM_WORLD, &q);
+                poll_all(1, &q);
+            } else {
+                /* the others compute while the pairs run (mode 2: wait polling, as in a bubble) */
+                MPI_Ibarrier(MPI_COMM_WORLD, &q);
+                for (int done = 0; !done;) {
+                    if (mode < 2)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, A, K,
+                                    B, N, 0.0f, C, N);
+                    else
+                        sched_yield();
+                    MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+                }
+            }
+        }
+    double mine = 0;
+    if (pair && pos[rank] == 0) {
+        double with = median(t[0], 3), without = median(t[1], 3), alone = median(t[2], 3);
+        mine = (with - without - alone) / SYNC_ITERS;
+        mine = mine > 0 ? mine : 0;
+    }
+    double *all = rank == 0 ? calloc((size_t)size, sizeof *all) : NULL;
+    MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (rank == 0 && all)
+        for (int r = 0; r < size; r++)
+            if (pos[r] == 0 && n[set_of[r]] >= 3 && n[set_of[r]] > cpus[set_of[r]])
+                sync[set_of[r]] = all[r];
+    free(all);
+    if (pc != MPI_COMM_NULL)
+        MPI_Comm_free(&pc);
+    free(A);
+    free(B);
+    free(C);
+    (void)nsets;
+}
+#endif
+
 static void measure_cpusets(results_t *R)
 {
     cpu_set_t mine;
@@ -1025,8 +1112,8 @@ static void measure_cpusets(results_t *R)
         }
     int nsets = 0, *root_idx = malloc((size_t)size * sizeof *root_idx);
     int *cpus = calloc((size_t)size, sizeof *cpus), *n = calloc((size_t)size, sizeof *n);
-    double *wait = calloc((size_t)size, sizeof *wait);
-    if (!root_idx || !cpus || !n || !wait) {
+    double *wait = calloc((size_t)size, sizeof *wait), *sync = calloc((size_t)size, sizeof *sync);
+    if (!root_idx || !cpus || !n || !wait || !sync) {
         fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -1177,6 +1264,7 @@ static void measure_cpusets(results_t *R)
         free(A);
         free(B);
         free(C);
+        measure_sync(nsets, set_of, pos, n, cpus, sync);
     }
 #endif
     (void)over; /* read only where the BLAS probe is built */
@@ -1189,7 +1277,9 @@ static void measure_cpusets(results_t *R)
         R->set_cpus = cpus;
         R->set_n = n;
         R->set_wait = wait;
+        R->set_sync = sync;
     } else {
+        free(sync);
         free(set_of);
         free(cpus);
         free(n);
@@ -1260,7 +1350,8 @@ static xm_costmodel_t *to_model(const results_t *R)
         for (int r = 0; r < size; r++)
             if (R->set_of[r] == sidx)
                 rk[n++] = r;
-        if (xm_costmodel_add_cpuset(m, R->set_cpus[sidx], rk, n, R->set_wait[sidx]))
+        if (xm_costmodel_add_cpuset(m, R->set_cpus[sidx], rk, n, R->set_wait[sidx]) ||
+            xm_costmodel_set_cpuset_sync(m, m->ncpusets - 1, R->set_sync[sidx]))
             fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
     }
     free(rk);
@@ -1350,8 +1441,8 @@ static void print_table(const opts_t *o, const results_t *R)
                        R->E[k].busy);
         for (int c = 0; c < R->nsets; c++)
             printf("# cpuset %d: %d ranks on %d cpus, a polling rank takes %.2f of a computing "
-                   "rank's cpu\n",
-                   c, R->set_n[c], R->set_cpus[c], R->set_wait[c]);
+                   "rank's cpu; a 2-rank collective waits %.3f ms more while others compute\n",
+                   c, R->set_n[c], R->set_cpus[c], R->set_wait[c], R->set_sync[c] * 1e3);
     }
 }
 
@@ -1613,6 +1704,7 @@ int main(int argc, char **argv)
     free(R->set_cpus);
     free(R->set_n);
     free(R->set_wait);
+    free(R->set_sync);
     free(R);
     xmesh_ctx_destroy(ctx);
     MPI_Finalize();

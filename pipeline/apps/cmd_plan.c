@@ -413,6 +413,7 @@ static void print_json(const plan_opts_t *p, const xmp_search_opts_t *so, const 
             xmp_json_num(&j, "backward_s", c[i].stage_b_s[k]);
             xmp_json_num(&j, "compute_s", c[i].stage_compute_s[k]);
             xmp_json_num(&j, "cpu_factor", c[i].stage_cpu_factor[k]);
+            xmp_json_num(&j, "sync_s", c[i].stage_sync_s[k]);
             xmp_json_num(&j, "reduce_s", c[i].stage_r_s[k]);
             xmp_json_num(&j, "optimizer_s", c[i].stage_o_s[k]);
             xmp_json_num(&j, "param_bytes", c[i].stage_param_bytes[k]);
@@ -558,6 +559,7 @@ static void print_eval(const plan_opts_t *p, const xmp_search_opts_t *so, const 
             xmp_json_num(&j, "backward_s", c->stage_b_s[s]);
             xmp_json_num(&j, "compute_s", c->stage_compute_s[s]);
             xmp_json_num(&j, "cpu_factor", c->stage_cpu_factor[s]);
+            xmp_json_num(&j, "sync_s", c->stage_sync_s[s]);
             xmp_json_num(&j, "reduce_s", c->stage_r_s[s]);
             xmp_json_num(&j, "optimizer_s", c->stage_o_s[s]);
             xmp_json_obj_end(&j);

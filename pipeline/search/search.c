@@ -51,6 +51,7 @@ typedef struct {
     double comp;      /* of which compute (f + b) */
     double compf;     /* of comp, the forward's */
     double box_bytes; /* per-rank boxing volume per microbatch (f + b) */
+    double ncf, ncb;  /* collectives per microbatch in f, in b */
     double r, o;      /* per step: gradient reduction (+ gathers), optimizer */
     double r_bytes;   /* per-rank volume of r */
     double r_alpha_sum, r_alpha_max; /* the latencies (alpha) of r's collectives: sum, largest */
@@ -228,7 +229,28 @@ typedef struct {
     int rank0, nax;
     const int *shape;
     double f, b, comp, compf, vol;
+    double ncf, ncb; /* collectives added to f, to b */
 } walk_t;
+
+/* One collective over axis a in the forward (fcoll) or backward (bcoll) of the walk: its time
+ * into w->f or w->b, counted in w->ncf or w->ncb. */
+static void fcoll(ctx_t *c, walk_t *w, int a, xm_coll_t kind, double bytes, double *vol)
+{
+    double t = coll(c, w->rank0, w->shape, w->nax, a, kind, bytes, vol);
+    if (t > 0) {
+        w->f += t;
+        w->ncf++;
+    }
+}
+
+static void bcoll(ctx_t *c, walk_t *w, int a, xm_coll_t kind, double bytes, double *vol)
+{
+    double t = coll(c, w->rank0, w->shape, w->nax, a, kind, bytes, vol);
+    if (t > 0) {
+        w->b += t;
+        w->ncb++;
+    }
+}
 
 /* Element-wise work of `units` (xm_costmodel.h's units of kind) at the calibrated rate of the
  * trainer's kernels: forward into w->f, backward into w->b, both into w->comp. Returns 1 when
@@ -259,19 +281,19 @@ static void box(ctx_t *c, walk_t *w, const xmp_sbp_t *from, const xmp_sbp_t *to,
                 continue;
             int p = w->shape[a];
             if (pass == 0 && x.kind == XMP_P && y.kind == XMP_S) {
-                w->f += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_REDUCE_SCATTER, cur, &v);
-                w->b += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLGATHER, cur, NULL);
+                fcoll(c, w, a, XM_COLL_REDUCE_SCATTER, cur, &v);
+                bcoll(c, w, a, XM_COLL_ALLGATHER, cur, NULL);
                 cur /= p;
             } else if (pass == 0 && x.kind == XMP_P && y.kind == XMP_B) {
-                w->f += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLREDUCE, cur, &v);
-                w->b += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLREDUCE, cur, NULL);
+                fcoll(c, w, a, XM_COLL_ALLREDUCE, cur, &v);
+                bcoll(c, w, a, XM_COLL_ALLREDUCE, cur, NULL);
             } else if (pass == 1 && x.kind == XMP_S && y.kind == XMP_S) {
-                w->f += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLTOALL, cur, &v);
-                w->b += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLTOALL, cur, NULL);
+                fcoll(c, w, a, XM_COLL_ALLTOALL, cur, &v);
+                bcoll(c, w, a, XM_COLL_ALLTOALL, cur, NULL);
             } else if (pass == 2 && x.kind == XMP_S && y.kind == XMP_B) {
                 cur *= p;
-                w->f += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLGATHER, cur, &v);
-                w->b += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_REDUCE_SCATTER, cur, NULL);
+                fcoll(c, w, a, XM_COLL_ALLGATHER, cur, &v);
+                bcoll(c, w, a, XM_COLL_REDUCE_SCATTER, cur, NULL);
             } else if (pass == 3 && x.kind == XMP_B && y.kind == XMP_S) {
                 cur /= p; /* a local slice */
             }
@@ -365,9 +387,8 @@ static void layernorm(ctx_t *c, walk_t *w, const xmp_sbp_t *xs, const int64_t *x
     elt(c, w, XM_ELT_LAYERNORM, local_elems(xd, 3, x, w->shape, w->nax));
     for (int a = 0; a < w->nax; a++)
         if (x[a].kind == XMP_S && x[a].dim == 2) {
-            double t = coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
-            w->f += t;
-            w->b += t;
+            fcoll(c, w, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
+            bcoll(c, w, a, XM_COLL_ALLREDUCE, 2 * rl * F32, NULL);
         }
     w->vol += 2 * v;
     box(c, w, x, outc, local_elems(xd, 3, x, w->shape, w->nax));
@@ -400,8 +421,8 @@ static void attention(ctx_t *c, walk_t *w, const xmp_sbp_t *qs, const int64_t *q
     for (int a = 0; a < w->nax; a++)
         if (q[a].kind == XMP_S && q[a].dim == 1) { /* K and V gathered over the sequence */
             double n = qel * 2.0 / 3.0 * F32 * w->shape[a];
-            w->f += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_ALLGATHER, n, &v);
-            w->b += coll(c, w->rank0, w->shape, w->nax, a, XM_COLL_REDUCE_SCATTER, n, NULL);
+            fcoll(c, w, a, XM_COLL_ALLGATHER, n, &v);
+            bcoll(c, w, a, XM_COLL_REDUCE_SCATTER, n, NULL);
         }
     w->vol += 2 * v;
     double T = (double)qd[1], hs = (double)qd[4];
@@ -480,7 +501,7 @@ static void item_costs(ctx_t *c, int s, int oi)
     for (int it = 0; it < NIT; it++) {
         icost_t *ic = &c->ic[((size_t)s * c->nopt + oi) * NIT + it];
         memset(ic, 0, sizeof *ic);
-        walk_t w = {s * c->n, o->ndim, o->shape, 0, 0, 0, 0, 0};
+        walk_t w = {s * c->n, o->ndim, o->shape, 0, 0, 0, 0, 0, 0, 0};
         const int nax = o->ndim;
         if (it == IT_T) {
             double probs = 0;
@@ -544,7 +565,7 @@ static void item_costs(ctx_t *c, int s, int oi)
             elt(c, &w, XM_ELT_XENT, le);
             for (int a = 0; a < nax; a++)
                 if (lg[a].kind == XMP_S && lg[a].dim == 2)
-                    w.f += coll(c, w.rank0, o->shape, nax, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
+                    fcoll(c, &w, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
             w.vol += v;
             /* the stage input, the final norm's output and the logits */
             ic->act = F32 * (local_elems(xd, 3, cls(o, "act.x"), o->shape, nax) +
@@ -559,6 +580,8 @@ static void item_costs(ctx_t *c, int s, int oi)
         ic->comp = w.comp;
         ic->compf = w.compf;
         ic->box_bytes = w.vol;
+        ic->ncf = w.ncf;
+        ic->ncb = w.ncb;
     }
     c->icdone[(size_t)s * c->nopt + oi] = 1;
 }
@@ -990,7 +1013,7 @@ static int inflight(int kind, int s, int S, int M)
 }
 
 typedef struct {
-    double f, b, comp, compf, box, r, o, ro, mem, memp, mema, box_bytes, r_bytes;
+    double f, b, comp, compf, box, r, o, ro, mem, memp, mema, box_bytes, r_bytes, ncf, ncb;
     double stored, grad, compute;
     double r_alpha_sum, r_alpha_max;
 } scost_t;
@@ -1015,6 +1038,8 @@ static void stage_cost(ctx_t *c, int s, int oi, int nb, int kind, scost_t *sc)
         sc->memp += w[it] * ic[it].mem_static;
         sc->mema += w[it] * ic[it].act;
         sc->box_bytes += w[it] * ic[it].box_bytes;
+        sc->ncf += w[it] * ic[it].ncf;
+        sc->ncb += w[it] * ic[it].ncb;
         sc->r_bytes += w[it] * ic[it].r_bytes;
         sc->stored += w[it] * ic[it].stored;
         sc->grad += w[it] * ic[it].grad;
@@ -1267,25 +1292,37 @@ static double overlap_s(const xmp_sim_result_t *res, int g, int h)
 }
 
 int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, int S,
-                           const double *compf, const double *compb, const int *rank0,
-                           const int *nr, int nranks, const xm_costmodel_t *cost, int off,
-                           double *factor, xmp_sim_result_t *res, char *err, size_t errlen)
+                           const double *compf, const double *compb, const double *ncf,
+                           const double *ncb, const int *rank0, const int *nr, int nranks,
+                           const xm_costmodel_t *cost, int off, double *factor, double *sync_s,
+                           xmp_sim_result_t *res, char *err, size_t errlen)
 {
-    for (int s = 0; s < S; s++)
+    double pen[XMP_SEARCH_MAX_STAGES]; /* extra seconds per collective of stage s */
+    for (int s = 0; s < S; s++) {
         factor[s] = 1;
+        pen[s] = 0;
+        if (sync_s)
+            sync_s[s] = 0;
+    }
     double *busy = NULL;
-    int shared = !off && S > 1 && cost && cost->ncpusets > 0 && cost->cpu_nranks == nranks &&
+    int shared = !off && S >= 1 && cost && cost->ncpusets > 0 && cost->cpu_nranks == nranks &&
                  !xmp_sched_is_virtual(sch) && sch->ngroups == S;
+    /* one stage: nothing to lend, only the collectives' sync can apply */
+    int any_sync = 0;
+    for (int k = 0; shared && ncf && ncb && k < cost->ncpusets; k++)
+        any_sync |= cost->cpusets[k].sync > 0;
+    if (S == 1 && !any_sync)
+        shared = 0;
     if (shared && (busy = malloc((size_t)nranks * sizeof *busy)) == NULL)
         shared = 0; /* out of memory: the plain simulation */
     xmp_sim_costs_t k = *c;
     double f[XMP_SEARCH_MAX_STAGES], b[XMP_SEARCH_MAX_STAGES];
     int r = 0;
-    /* damped fixed point: at most 40 runs, stop when no factor moves by 1e-6 */
+    /* damped fixed point: at most 40 runs, stop when no factor or penalty moves by 1e-6 */
     for (int it = 0; it < (shared ? 40 : 1); it++) {
         for (int s = 0; s < S; s++) {
-            f[s] = c->f[s] - compf[s] * (1 - factor[s]);
-            b[s] = (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]);
+            f[s] = c->f[s] - compf[s] * (1 - factor[s]) + (ncf ? ncf[s] * pen[s] : 0);
+            b[s] = (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]) + (ncb ? ncb[s] * pen[s] : 0);
         }
         k.f = f;
         k.b = c->b ? b : NULL;
@@ -1304,7 +1341,7 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
         }
         double moved = 0;
         for (int s = 0; s < S; s++) {
-            double worst = 1;
+            double worst = 1, sync = 0;
             if (busy_s[s] > 0) {
                 /* conditional on s computing: each other stage computes for the part of s's
                  * compute time their actions overlap, at its compute fraction (stages of a
@@ -1324,16 +1361,26 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
                 }
                 if (worst <= 0)
                     worst = 1;
+                /* in a collective of s, s's other ranks compute at its compute fraction */
+                for (int q = rank0[s]; ncf && ncb && q < rank0[s] + nr[s] && q < nranks; q++)
+                    busy[q] = cf[s];
+                for (int q = rank0[s]; ncf && ncb && q < rank0[s] + nr[s] && q < nranks; q++) {
+                    double x = 0;
+                    if (xm_cost_cpu_sync(cost, nranks, busy, q, &x) == 1 && x > sync)
+                        sync = x;
+                }
             }
-            double nf = 0.5 * (factor[s] + worst);
-            moved = fmax(moved, fabs(nf - factor[s]));
+            double nf = S > 1 ? 0.5 * (factor[s] + worst) : 1, np = 0.5 * (pen[s] + sync);
+            moved = fmax(moved, fmax(fabs(nf - factor[s]), fabs(np - pen[s])));
             factor[s] = nf;
+            pen[s] = np;
         }
         if (moved < 1e-6) {
-            /* the last run used the previous factors: run once more with these */
+            /* the last run used the previous values: run once more with these */
             for (int s = 0; s < S; s++) {
-                f[s] = c->f[s] - compf[s] * (1 - factor[s]);
-                b[s] = (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]);
+                f[s] = c->f[s] - compf[s] * (1 - factor[s]) + (ncf ? ncf[s] * pen[s] : 0);
+                b[s] =
+                    (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]) + (ncb ? ncb[s] * pen[s] : 0);
             }
             xmp_sim_result_free(res);
             memset(res, 0, sizeof *res);
@@ -1341,6 +1388,8 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
             break;
         }
     }
+    for (int s = 0; sync_s && ncf && ncb && s < S; s++)
+        sync_s[s] = (ncf[s] + ncb[s]) * pen[s];
     free(busy);
     return r;
 }
@@ -1349,6 +1398,7 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
 {
     int S = x->S;
     double f[XMP_SEARCH_MAX_STAGES], b[XMP_SEARCH_MAX_STAGES], xfer[2 * XMP_SEARCH_MAX_STAGES];
+    double ncf[XMP_SEARCH_MAX_STAGES], ncb[XMP_SEARCH_MAX_STAGES];
     double sum = 0, mb = 0, mr = 0, rmax = 0, omax = 0;
     c->compute_s = c->boxing_s = c->boundary_s = c->boxing_bytes = c->boundary_bytes = 0;
     c->mem_bytes = c->mem_param_bytes = c->mem_act_bytes = 0;
@@ -1387,6 +1437,9 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
         c->stage_compute_s[s] = sc.comp;
         c->stage_compf_s[s] = sc.compf;
         c->stage_cpu_factor[s] = 1;
+        c->stage_sync_s[s] = 0;
+        ncf[s] = sc.ncf;
+        ncb[s] = sc.ncb;
         c->stage_r_s[s] = sc.r;
         c->stage_o_s[s] = sc.o;
         c->stage_stored_bytes[s] = sc.stored;
@@ -1427,8 +1480,9 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
         rank0[s] = s * x->n;
         nr[s] = x->n;
     }
-    int r = xmp_search__sim_shared(sch, &sc, S, compf, compb, rank0, nr, x->o->nranks, x->o->cost,
-                                   x->o->no_cpu_share, c->stage_cpu_factor, &res, msg, sizeof msg);
+    int r = xmp_search__sim_shared(sch, &sc, S, compf, compb, ncf, ncb, rank0, nr, x->o->nranks,
+                                   x->o->cost, x->o->no_cpu_share, c->stage_cpu_factor,
+                                   c->stage_sync_s, &res, msg, sizeof msg);
     if (r == 0) {
         c->step_s = res.step_s;
         c->bubble = 0;

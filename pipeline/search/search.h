@@ -113,6 +113,9 @@ typedef struct {
     double stage_compf_s[XMP_SEARCH_MAX_STAGES]; /* of compute, the forward's */
     /* compute time factor of CPU sharing (xmp_search__sim_shared; 1: none) */
     double stage_cpu_factor[XMP_SEARCH_MAX_STAGES];
+    /* seconds per microbatch the stage's collectives wait for ranks that share its cpus
+     * (xmp_search__sim_shared's sync term; 0: none) */
+    double stage_sync_s[XMP_SEARCH_MAX_STAGES];
     double stage_r_s[XMP_SEARCH_MAX_STAGES], stage_o_s[XMP_SEARCH_MAX_STAGES];
 } xmp_search_cand_t;
 

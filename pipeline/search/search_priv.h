@@ -25,11 +25,17 @@ int xmp_search__plan_seconds(int nranks, int hosts, const xm_cluster_t *cluster,
  * ranks of xm_cost_cpu_share with every other stage's ranks busy with the probability that
  * stage computes (its compute per step / the simulated step), found by a damped fixed-point
  * iteration (mean field: a stage that idles in the bubble lends its cpus to the stages that
- * share them). factor[s] receives the factors (1 without sharing). Returns xmp_sim_run's
- * value on the last run; res as there (the caller frees it). */
+ * share them). factor[s] receives the factors (1 without sharing). With ncf and ncb (the
+ * stage's collectives per microbatch in F and in B; NULL: none), each of them also costs the
+ * cpuset's sync seconds (xm_cost_cpu_sync) times the probability that another rank of the set
+ * computes meanwhile (the stage's own other ranks: its compute fraction; other stages' ranks:
+ * as for the factor), in the same fixed point; sync_s[s] (NULL: not wanted) receives those
+ * seconds per microbatch. This applies to one stage too. Returns xmp_sim_run's value on the
+ * last run; res as there (the caller frees it). */
 int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, int S,
-                           const double *compf, const double *compb, const int *rank0,
-                           const int *nr, int nranks, const xm_costmodel_t *cost, int off,
-                           double *factor, xmp_sim_result_t *res, char *err, size_t errlen);
+                           const double *compf, const double *compb, const double *ncf,
+                           const double *ncb, const int *rank0, const int *nr, int nranks,
+                           const xm_costmodel_t *cost, int off, double *factor, double *sync_s,
+                           xmp_sim_result_t *res, char *err, size_t errlen);
 
 #endif

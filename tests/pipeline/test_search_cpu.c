@@ -10,7 +10,13 @@
  *    the stages take turns (F0 F1 B1 B0: never both computing), so each runs on the whole cpu
  *    against 1/2 calibrated: factor 0.5, step 1.0 (2 without sharing); the waiting stage taking
  *    half a computing rank's share (wait 0.5): 1/1.5 of a cpu, factor 0.75, step 1.5; wait 1:
- *    factor 1; no records, off, a cpu per stage: the plain simulation.
+ *    factor 1; no records, off, a cpu per stage: the plain simulation;
+ *  - the sync term (cpuset's fifth field): parsed, written, refused when negative; by hand,
+ *    xm_cost_cpu_sync (sync x the probability another rank of the set computes) and one stage
+ *    of two ranks on one cpu with 2 + 3 collectives per microbatch and sync 10 ms: the partner
+ *    computes at the stage's compute fraction 1 / (1 + 5 p), so the penalty p per collective
+ *    solves p = 0.01 / (1 + 5 p): p = (sqrt(1.2) - 1) / 10, step 1 + 5 p; without sync or
+ *    with the records off, the plain step 1.0.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,7 +38,7 @@ static void test_parse(void)
     const char *ok = "[compute]\n"
                      "sgemm 4 4 4 2 0.001 x\n"
                      "cpuset 1 0-1,4-5 0.5\n"
-                     "cpuset 2 2,3,6-7 0\n";
+                     "cpuset 2 2,3,6-7 0 0.00025\n";
     xm_costmodel_t *m = NULL;
     EXPECT(xm_costmodel_parse(ok, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
     if (!m)
@@ -46,9 +52,10 @@ static void test_parse(void)
                m->cpusets[0].line == 3,
            "set 0: %d cpus %d ranks wait %g line %d", m->cpusets[0].cpus, m->cpusets[0].nranks,
            m->cpusets[0].wait, m->cpusets[0].line);
-    EXPECT(m->cpusets[1].cpus == 2 && m->cpusets[1].nranks == 4 && m->cpusets[1].wait == 0,
-           "set 1: %d cpus %d ranks wait %g", m->cpusets[1].cpus, m->cpusets[1].nranks,
-           m->cpusets[1].wait);
+    EXPECT(m->cpusets[1].cpus == 2 && m->cpusets[1].nranks == 4 && m->cpusets[1].wait == 0 &&
+               m->cpusets[1].sync == 0.00025 && m->cpusets[0].sync == 0,
+           "set 1: %d cpus %d ranks wait %g sync %g (set 0 sync %g)", m->cpusets[1].cpus,
+           m->cpusets[1].nranks, m->cpusets[1].wait, m->cpusets[1].sync, m->cpusets[0].sync);
     /* round trip */
     char *buf = NULL;
     size_t len = 0;
@@ -56,7 +63,8 @@ static void test_parse(void)
     EXPECT(f && xm_costmodel_write(m, f) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
     if (f)
         fclose(f);
-    EXPECT(buf && strstr(buf, "cpuset 1 0-1,4-5 0.5\n") && strstr(buf, "cpuset 2 2-3,6-7 0\n"),
+    EXPECT(buf && strstr(buf, "cpuset 1 0-1,4-5 0.5 0\n") &&
+               strstr(buf, "cpuset 2 2-3,6-7 0 0.00025\n"),
            "written:\n%s", buf ? buf : "(null)");
     xm_costmodel_t *m2 = NULL;
     EXPECT(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS && m2, "%s", xmesh_last_error());
@@ -65,6 +73,8 @@ static void test_parse(void)
         for (int r = 0; r < 8 && m2->cpu_nranks == 8; r++)
             EXPECT(m2->cpu_set_of[r] == want_set[r], "round trip: rank %d in set %d", r,
                    m2->cpu_set_of[r]);
+        EXPECT(m2->ncpusets == 2 && m2->cpusets[1].sync == 0.00025, "round trip: sync %g",
+               m2->ncpusets == 2 ? m2->cpusets[1].sync : -1);
         xm_costmodel_destroy(m2);
     }
     free(buf);
@@ -81,6 +91,9 @@ static void test_parse(void)
         {"[compute]\ncpuset 1 0-3\n", "line 2"},
         {"[compute]\ncpuset 1 0,x 0\n", "field ranks"},
         {"[compute]\ncpuset 1 0,0 0\n", "rank 0 repeats"},
+        {"[compute]\ncpuset 1 0-3 0 -0.001\n", "field sync: -0.001"},
+        {"[compute]\ncpuset 1 0-3 0 x\n", "field sync: 'x'"},
+        {"[compute]\ncpuset 1 0-3 0 0.1 7\n", "6 fields, expected 5"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
@@ -121,6 +134,23 @@ static void test_share(void)
     EXPECT(xm_costmodel_add_cpuset(m, 1, d, 1, -0.1) == XMESH_ERR_INVALID_ARGUMENT &&
                m->ncpusets == 2 && m->cpu_nranks == 6,
            "wait -0.1");
+    /* sync: rank 0's set {0..3} with 2 ms, ranks 1 and 2 computing half the time, rank 3 never:
+     * 2 ms x (1 - 0.5 x 0.5) = 1.5 ms; its own entry is not read */
+    EXPECT(xm_costmodel_set_cpuset_sync(m, 0, 0.002) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    double s = -1, bz[6] = {7, 0.5, 0.5, 0, 1, 1};
+    EXPECT(xm_cost_cpu_sync(m, 6, bz, 0, &s) == 1 && near(s, 0.0015, 1e-12), "sync: %g", s);
+    /* set 1 has none measured: 0 */
+    bz[0] = 1;
+    EXPECT(xm_cost_cpu_sync(m, 6, bz, 4, &s) == 1 && s == 0, "sync of set 1: %g", s);
+    s = -1;
+    EXPECT(xm_cost_cpu_sync(m, 8, (double[8]){0}, 0, &s) == 0 && s == 0, "8 ranks: %g", s);
+    s = -1;
+    EXPECT(xm_cost_cpu_sync(m, 6, (double[6]){0, 2, 0, 0, 0, 0}, 0, &s) == -1 && s == -1,
+           "busy 2 accepted");
+    EXPECT(xm_costmodel_set_cpuset_sync(m, 2, 0.1) == XMESH_ERR_INVALID_ARGUMENT &&
+               xm_costmodel_set_cpuset_sync(m, 0, -1) == XMESH_ERR_INVALID_ARGUMENT &&
+               m->cpusets[0].sync == 0.002,
+           "bad sync accepted");
     xm_costmodel_destroy(m);
 }
 
@@ -140,8 +170,8 @@ static void sim_case(const xm_costmodel_t *cost, int off, double *factor, double
     int rank0[2] = {0, 1}, nr[2] = {1, 1};
     xmp_sim_result_t res;
     memset(&res, 0, sizeof res);
-    int r = xmp_search__sim_shared(sch, &c, 2, f, b, rank0, nr, 2, cost, off, factor, &res, err,
-                                   sizeof err);
+    int r = xmp_search__sim_shared(sch, &c, 2, f, b, NULL, NULL, rank0, nr, 2, cost, off, factor,
+                                   NULL, &res, err, sizeof err);
     EXPECT(r == 0, "simulation: %d %s", r, err);
     *step = res.step_s;
     xmp_sim_result_free(&res);
@@ -193,11 +223,55 @@ static void test_sim(void)
     xm_costmodel_destroy(m);
 }
 
+/* One stage of two ranks on one cpu, GPipe M=1, compute only (f 0.3, b 0.7), 2 collectives in
+ * the forward and 3 in the backward. */
+static void sync_case(const xm_costmodel_t *cost, int off, double *step, double *sync_s)
+{
+    xmp_sedge_t edges[1];
+    int ne = xmp_sched_chain_edges(1, edges);
+    xmp_schedule_t *sch = NULL;
+    char err[256];
+    EXPECT(xmp_sched_generate(XMP_SCHED_GPIPE, 1, 1, ne, edges, NULL, &sch, err, sizeof err) == 0,
+           "%s", err);
+    if (!sch)
+        return;
+    double f[1] = {0.3}, b[1] = {0.7}, ncf[1] = {2}, ncb[1] = {3}, fac[1];
+    xmp_sim_costs_t c = {.f = f, .b = b};
+    int rank0[1] = {0}, nr[1] = {2};
+    xmp_sim_result_t res;
+    memset(&res, 0, sizeof res);
+    int r = xmp_search__sim_shared(sch, &c, 1, f, b, ncf, ncb, rank0, nr, 2, cost, off, fac, sync_s,
+                                   &res, err, sizeof err);
+    EXPECT(r == 0 && fac[0] == 1, "simulation: %d %s factor %g", r, err, fac[0]);
+    *step = res.step_s;
+    xmp_sim_result_free(&res);
+    xmp_sched_destroy(sch);
+}
+
+static void test_sync(void)
+{
+    int both[2] = {0, 1};
+    double step = 0, sy = -1;
+    xm_costmodel_t *m = xm_costmodel_create();
+    EXPECT(xm_costmodel_add_cpuset(m, 1, both, 2, 0) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    sync_case(m, 0, &step, &sy);
+    EXPECT(near(step, 1.0, 1e-12) && sy == 0, "no sync: step %g sync %g", step, sy);
+    EXPECT(xm_costmodel_set_cpuset_sync(m, 0, 0.01) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    sync_case(m, 0, &step, &sy);
+    double p = (sqrt(1.2) - 1) / 10;
+    EXPECT(near(step, 1 + 5 * p, 1e-5) && near(sy, 5 * p, 1e-4),
+           "sync 10 ms: step %.7g sync %.7g (want %.7g, %.7g)", step, sy, 1 + 5 * p, 5 * p);
+    sync_case(m, 1, &step, &sy);
+    EXPECT(near(step, 1.0, 1e-12) && sy == 0, "off: step %g sync %g", step, sy);
+    xm_costmodel_destroy(m);
+}
+
 int main(void)
 {
     test_parse();
     test_share();
     test_sim();
+    test_sync();
     if (g_fail) {
         fprintf(stderr, "pipeline.search.cpu: %d checks failed\n", g_fail);
         return 1;
