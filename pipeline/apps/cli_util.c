@@ -311,4 +311,10 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
             xmp_json_int(j, NULL, (long long)p->faults[k]);
         xmp_json_arr_end(j);
     }
+    if (p->cpu) {
+        xmp_json_arr_begin(j, "cpu_s_per_stage");
+        for (int k = 0; k < p->nstages; k++)
+            xmp_json_num(j, NULL, p->cpu[k]);
+        xmp_json_arr_end(j);
+    }
 }

@@ -81,10 +81,13 @@ typedef struct {
     const double *faults;      /* per stage (NULL: omitted): page faults of the step's driver
                                 * run (getrusage ru_minflt + ru_majflt), the stage's largest */
     int64_t boxing_calls;      /* rank 0: nn/ collectives (boxing, SBP layers, reductions) */
+    const double *cpu;         /* per stage (NULL: omitted): CPU seconds (user + system, every
+                                * thread) of the step's driver run, the stage's largest */
 } xmp_step_pipe_t;
 /* Writes, into the current JSON object: compute_s, boxing_s, boxing_calls, predicted_s (when > 0),
  * bubble_per_stage, bubble (mean over stages), peak_activation_bytes,
- * peak_activation_microbatches, xmesh_cpu_s_per_stage and page_faults_per_stage (when given). */
+ * peak_activation_microbatches, xmesh_cpu_s_per_stage, page_faults_per_stage and cpu_s_per_stage
+ * (when given). */
 void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p);
 
 /* Median / min / max of n doubles (n >= 1; v is not modified). */

@@ -1224,13 +1224,17 @@ static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, 
     return 0;
 }
 
-/* Page faults of this process so far (every thread; minor and major). */
-static double page_faults(void)
+/* Page faults (minor and major) and CPU seconds (user + system) of this process so far, every
+ * thread. */
+static void usage_now(double *faults, double *cpu)
 {
     struct rusage u;
+    *faults = *cpu = 0;
     if (getrusage(RUSAGE_SELF, &u) != 0)
-        return 0;
-    return (double)u.ru_minflt + (double)u.ru_majflt;
+        return;
+    *faults = (double)u.ru_minflt + (double)u.ru_majflt;
+    *cpu = (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec +
+           (double)u.ru_stime.tv_sec + 1e-6 * (double)u.ru_stime.tv_usec;
 }
 
 /* Per-step figures over the world: per stage the max over its ranks of the per-microbatch F, I
@@ -1238,9 +1242,10 @@ static double page_faults(void)
 static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_stats_t *ss,
                          double *cf, double *ci, double *cw, double *bubble, int *peak_mb,
                          int64_t *peak_bytes, double *xcpu, double faults, double *xfaults,
-                         const timed_ops_t *vt, const int *vstage, int nv)
+                         double cpu, double *xcpu_all, const timed_ops_t *vt, const int *vstage,
+                         int nv)
 {
-    double loc[7 * XMP_MAX_STAGES], all[7 * XMP_MAX_STAGES];
+    double loc[8 * XMP_MAX_STAGES], all[8 * XMP_MAX_STAGES];
     int64_t lp[XMP_MAX_STAGES], ap[XMP_MAX_STAGES];
     memset(loc, 0, sizeof loc);
     memset(lp, 0, sizeof lp);
@@ -1255,9 +1260,10 @@ static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_sta
         loc[4 * S + s] = ss->peak_act_mb;
         loc[5 * S + s] = ss->xmesh_cpu_s;
         loc[6 * S + s] = faults;
+        loc[7 * S + s] = cpu;
         lp[s] = ss->peak_act_bytes;
     }
-    MPI_Allreduce(loc, all, 7 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(loc, all, 8 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     for (int k = 0; k < S; k++) {
         cf[k] = all[k];
@@ -1267,6 +1273,7 @@ static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_sta
         peak_mb[k] = (int)all[4 * S + k];
         xcpu[k] = all[5 * S + k];
         xfaults[k] = all[6 * S + k];
+        xcpu_all[k] = all[7 * S + k];
         peak_bytes[k] = ap[k];
     }
 }
@@ -1579,9 +1586,12 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         tops.fail_now = step == o->inject_step && rank == o->inject_rank;
         for (int k = 0; k < nv; k++)
             vt[k].fail_now = tops.fail_now;
-        double faults0 = page_faults();
+        double faults0, cpu0, faults, cpu;
+        usage_now(&faults0, &cpu0);
         xmesh_result_t r = xmp_driver_step(drv, &ss);
-        double faults = page_faults() - faults0;
+        usage_now(&faults, &cpu);
+        faults -= faults0;
+        cpu -= cpu0;
         int bad = r != XMESH_SUCCESS;
         char why[512];
         /* a callback's own message (the model's xmp_err) follows the driver's */
@@ -1605,9 +1615,9 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         int peak_mb[XMP_MAX_STAGES];
         int64_t peak_bytes[XMP_MAX_STAGES];
         double pf[XMP_MAX_STAGES], pi[XMP_MAX_STAGES], pw[XMP_MAX_STAGES];
-        double xcpu[XMP_MAX_STAGES], xfaults[XMP_MAX_STAGES];
+        double xcpu[XMP_MAX_STAGES], xfaults[XMP_MAX_STAGES], xcpu_all[XMP_MAX_STAGES];
         step_figures(S, me, &tops, &ss, pf, pi, pw, bubble, peak_mb, peak_bytes, xcpu, faults,
-                     xfaults, vt, vstage, nv);
+                     xfaults, cpu, xcpu_all, vt, vstage, nv);
         /* the cap is a promise about measured allocations: a step over it ends the run (every
          * rank sees the same reduced peaks) rather than going on over the cap */
         int over = -1;
@@ -1632,8 +1642,8 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
                busy = tops.f + tops.i + tops.w + tops.r + tops.o;
         for (int k = 0; k < nv; k++)
             busy += vt[k].f + vt[k].i + vt[k].w + vt[k].r + vt[k].o;
-        xmp_step_pipe_t sp = {busy - boxing, boxing,     0,    S,       bubble,
-                              peak_mb,       peak_bytes, xcpu, xfaults, box_calls};
+        xmp_step_pipe_t sp = {busy - boxing, boxing, 0,       S,         bubble,  peak_mb,
+                              peak_bytes,    xcpu,   xfaults, box_calls, xcpu_all};
         /* Prediction of this step from the previous step's measured stage costs and xmesh's
          * predicted plan times (the first step has none). */
         if (have_log)
