@@ -14,6 +14,7 @@ and compares the measured step times with the model's predictions (`xmesh-train 
   no-boundary     boundary transfers between stages cost 0 (--ablate boundary; Alpa-style)
   no-cpu-share    without CPU sharing between stages (--ablate cpu): the cluster file's
                   cpuset records ignored, every stage computes at the every-rank-busy rate
+                  and collectives pay no sync wait
   uncalibrated    the nominal model from the NIC rate alone (--nominal)
 
 --measured PREVIOUS/validation.json re-scores the models against the measurements of an
