@@ -183,23 +183,34 @@ xmesh_result_t xm_costmodel_add_cpuset(xm_costmodel_t *m, int cpus, const int *r
     return XMESH_SUCCESS;
 }
 
+/* The common checks of xm_cost_cpu_share and xm_cost_cpu_sync: -1 for bad arguments (busy
+ * outside 0..1; the rank's own entry is not read when skip_own), 0 when the cpuset records do
+ * not cover exactly the ranks 0 .. nranks-1, 1 when they do. */
+static int cpu_records(const xm_costmodel_t *m, int nranks, const double *busy, int rank,
+                       int skip_own)
+{
+    if (!m || !busy || nranks < 1 || rank < 0 || rank >= nranks)
+        return -1;
+    for (int r = 0; r < nranks; r++)
+        if ((r != rank || !skip_own) && (!(busy[r] >= 0) || busy[r] > 1))
+            return -1;
+    if (m->ncpusets == 0 || m->cpu_nranks != nranks)
+        return 0;
+    for (int r = 0; r < nranks; r++)
+        if (m->cpu_set_of[r] < 0)
+            return 0;
+    return 1;
+}
+
 int xm_cost_cpu_share(const xm_costmodel_t *m, int nranks, const double *busy, int rank,
                       double *factor)
 {
-    if (!m || !busy || !factor || nranks < 1 || rank < 0 || rank >= nranks)
-        return -1;
-    for (int r = 0; r < nranks; r++)
-        if (!(busy[r] >= 0) || busy[r] > 1)
-            return -1;
-    if (m->ncpusets == 0 || m->cpu_nranks != nranks) {
-        *factor = 1;
-        return 0;
-    }
-    for (int r = 0; r < nranks; r++)
-        if (m->cpu_set_of[r] < 0) {
+    int c = factor ? cpu_records(m, nranks, busy, rank, 0) : -1;
+    if (c <= 0) {
+        if (c == 0)
             *factor = 1;
-            return 0;
-        }
+        return c;
+    }
     int set = m->cpu_set_of[rank];
     double k = m->cpusets[set].cpus, n = m->cpusets[set].nranks, w = m->cpusets[set].wait, b = 0;
     for (int r = 0; r < nranks; r++)
@@ -226,20 +237,12 @@ xmesh_result_t xm_costmodel_set_cpuset_sync(xm_costmodel_t *m, int set, double s
 int xm_cost_cpu_sync(const xm_costmodel_t *m, int nranks, const double *busy, int rank,
                      double *seconds)
 {
-    if (!m || !busy || !seconds || nranks < 1 || rank < 0 || rank >= nranks)
-        return -1;
-    for (int r = 0; r < nranks; r++)
-        if (r != rank && (!(busy[r] >= 0) || busy[r] > 1))
-            return -1;
-    if (m->ncpusets == 0 || m->cpu_nranks != nranks) {
-        *seconds = 0;
-        return 0;
-    }
-    for (int r = 0; r < nranks; r++)
-        if (m->cpu_set_of[r] < 0) {
+    int c = seconds ? cpu_records(m, nranks, busy, rank, 1) : -1;
+    if (c <= 0) {
+        if (c == 0)
             *seconds = 0;
-            return 0;
-        }
+        return c;
+    }
     int set = m->cpu_set_of[rank];
     double idle = 1;
     for (int r = 0; r < nranks; r++)
