@@ -94,6 +94,11 @@ float xmp_train_lr(const xmp_train_opts_t *o, int step);
 /* Defaults: 1 microbatch, 1f1b, broadcast, warmup 1, 1 BLAS thread; steps, seed and lr are the
  * model's (set them after this). */
 void xmp_train_defaults(xmp_train_opts_t *o);
+/* Keeps freed memory in this process from here on (glibc's mmap threshold up, trimming off;
+ * XMESH_KEEP_FREED=0 or a GLIBC_TUNABLES naming glibc.malloc: not), called first by main;
+ * xmp_train_keep_freed_active() says whether it took. */
+void xmp_train_keep_freed(void);
+int xmp_train_keep_freed_active(void);
 
 /* Parses the common flag at argv[*i] (advancing *i past its value). Returns 1 when the flag is
  * a common one and was parsed, 0 when it is not a common flag (the model parses it), -1 on a bad
