@@ -998,8 +998,8 @@ typedef struct {
  * collective costs beyond its own time because its partner runs only when the scheduler hands
  * it a cpu the computing ranks also want (medians of 3 repetitions). Collective. */
 #define SYNC_ITERS 60
-static void measure_sync(int nsets, const int *set_of, const int *pos, const int *n,
-                         const int *cpus, double *sync)
+static void measure_sync(const int *set_of, const int *pos, const int *n, const int *cpus,
+                         double *sync)
 {
     int pair = pos[rank] < 2 && n[set_of[rank]] >= 3 && n[set_of[rank]] > cpus[set_of[rank]];
     MPI_Comm pc = MPI_COMM_NULL;
@@ -1072,7 +1072,6 @@ static void measure_sync(int nsets, const int *set_of, const int *pos, const int
     free(A);
     free(B);
     free(C);
-    (void)nsets;
 }
 #endif
 
@@ -1264,7 +1263,7 @@ static void measure_cpusets(results_t *R)
         free(A);
         free(B);
         free(C);
-        measure_sync(nsets, set_of, pos, n, cpus, sync);
+        measure_sync(set_of, pos, n, cpus, sync);
     }
 #endif
     (void)over; /* read only where the BLAS probe is built */

@@ -276,6 +276,21 @@ void xmp_stats(const double *v, size_t n, double *median, double *min, double *m
     free(s);
 }
 
+/* An optional per-stage array (v NULL: omitted), as whole numbers when whole. */
+static void per_stage(xmp_json_t *j, const char *key, const double *v, int n, int whole)
+{
+    if (!v)
+        return;
+    xmp_json_arr_begin(j, key);
+    for (int k = 0; k < n; k++) {
+        if (whole)
+            xmp_json_int(j, NULL, (long long)v[k]);
+        else
+            xmp_json_num(j, NULL, v[k]);
+    }
+    xmp_json_arr_end(j);
+}
+
 void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
 {
     xmp_json_num(j, "compute_s", p->compute_s);
@@ -299,22 +314,7 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
     for (int k = 0; k < p->nstages; k++)
         xmp_json_int(j, NULL, p->peak_mb[k]);
     xmp_json_arr_end(j);
-    if (p->xmesh_cpu) {
-        xmp_json_arr_begin(j, "xmesh_cpu_s_per_stage");
-        for (int k = 0; k < p->nstages; k++)
-            xmp_json_num(j, NULL, p->xmesh_cpu[k]);
-        xmp_json_arr_end(j);
-    }
-    if (p->faults) {
-        xmp_json_arr_begin(j, "page_faults_per_stage");
-        for (int k = 0; k < p->nstages; k++)
-            xmp_json_int(j, NULL, (long long)p->faults[k]);
-        xmp_json_arr_end(j);
-    }
-    if (p->cpu) {
-        xmp_json_arr_begin(j, "cpu_s_per_stage");
-        for (int k = 0; k < p->nstages; k++)
-            xmp_json_num(j, NULL, p->cpu[k]);
-        xmp_json_arr_end(j);
-    }
+    per_stage(j, "xmesh_cpu_s_per_stage", p->xmesh_cpu, p->nstages, 0);
+    per_stage(j, "page_faults_per_stage", p->faults, p->nstages, 1);
+    per_stage(j, "cpu_s_per_stage", p->cpu, p->nstages, 0);
 }

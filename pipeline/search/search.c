@@ -1291,6 +1291,18 @@ static double overlap_s(const xmp_sim_result_t *res, int g, int h)
     return o;
 }
 
+/* Each stage's F and B seconds with its compute scaled by factor[s] and its collectives
+ * charged pen[s] each (ncf, ncb: NULL for none). */
+static void scaled_costs(const xmp_sim_costs_t *c, int S, const double *compf, const double *compb,
+                         const double *ncf, const double *ncb, const double *factor,
+                         const double *pen, double *f, double *b)
+{
+    for (int s = 0; s < S; s++) {
+        f[s] = c->f[s] - compf[s] * (1 - factor[s]) + (ncf ? ncf[s] * pen[s] : 0);
+        b[s] = (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]) + (ncb ? ncb[s] * pen[s] : 0);
+    }
+}
+
 int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, int S,
                            const double *compf, const double *compb, const double *ncf,
                            const double *ncb, const int *rank0, const int *nr, int nranks,
@@ -1320,10 +1332,7 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
     int r = 0;
     /* damped fixed point: at most 40 runs, stop when no factor or penalty moves by 1e-6 */
     for (int it = 0; it < (shared ? 40 : 1); it++) {
-        for (int s = 0; s < S; s++) {
-            f[s] = c->f[s] - compf[s] * (1 - factor[s]) + (ncf ? ncf[s] * pen[s] : 0);
-            b[s] = (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]) + (ncb ? ncb[s] * pen[s] : 0);
-        }
+        scaled_costs(c, S, compf, compb, ncf, ncb, factor, pen, f, b);
         k.f = f;
         k.b = c->b ? b : NULL;
         if (it > 0)
@@ -1377,11 +1386,7 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
         }
         if (moved < 1e-6) {
             /* the last run used the previous values: run once more with these */
-            for (int s = 0; s < S; s++) {
-                f[s] = c->f[s] - compf[s] * (1 - factor[s]) + (ncf ? ncf[s] * pen[s] : 0);
-                b[s] =
-                    (c->b ? c->b[s] : 0) - compb[s] * (1 - factor[s]) + (ncb ? ncb[s] * pen[s] : 0);
-            }
+            scaled_costs(c, S, compf, compb, ncf, ncb, factor, pen, f, b);
             xmp_sim_result_free(res);
             memset(res, 0, sizeof *res);
             r = xmp_sim_run(sch, &k, res, err, errlen);
