@@ -748,19 +748,14 @@ static int build_shapes(const opts_t *o, shape_t *S)
     return m;
 }
 
-/* Calls per timed repetition so that one lasts about SUSTAIN_S (from the warm-up call's time t,
- * the largest over ranks so every rank makes the same number): a single short call on a core
- * shared by several ranks measures whether the scheduler happened to preempt it (the 11 sgemm
- * shapes of 2026-11-25 ranged 0.3 to 5 ms for similar flops), while the trainer's forward and
+/* Every timed repetition of a compute kernel runs calls back to back until SUSTAIN_S has
+ * passed and divides by the calls it made: on a core shared by several ranks a repetition
+ * shorter than the scheduler's slice times whether the rank happened to run alone (a count of
+ * calls fixed beforehand from a warm-up call was such a case whenever the warm-up itself was
+ * slow: the first shape of a calibration, gpt-qkv, read 0.19, 0.66 and 0.80 ms in three
+ * calibrations, 0.18 ms being one rank alone on the core), while the trainer's forward and
  * backward keep every rank busy for tens of ms at the sustained, shared rate. */
 #define SUSTAIN_S 0.05
-static int sustained_calls(double t)
-{
-    double worst = t;
-    MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    double c = worst > 0 ? ceil(SUSTAIN_S / worst) : 1000;
-    return c < 1 ? 1 : c > 1000 ? 1000 : (int)c;
-}
 
 /* Every rank runs the same sgemm at once; the slowest rank's median. 0
  * shapes when built without OpenBLAS (*why says so). */
@@ -794,17 +789,16 @@ static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whyl
     for (int i = 0; i < ns; i++) {
         int m = (int)S[i].m, n = (int)S[i].n, k = (int)S[i].k;
         MPI_Barrier(MPI_COMM_WORLD);
-        int calls = 1;
-        for (int rep = -1; rep < creps; rep++) {
-            double t0 = MPI_Wtime();
-            for (int c = 0; c < calls; c++)
+        for (int rep = -1; rep < creps; rep++) { /* rep -1: warm-up */
+            int calls = 0;
+            double t0 = MPI_Wtime(), t;
+            do {
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, k, Bm, n,
                             0.0f, Cm, n);
-            double t = MPI_Wtime() - t0;
+                calls++;
+            } while ((t = MPI_Wtime() - t0) < SUSTAIN_S);
             if (rep >= 0)
                 tt[rep] = t / calls;
-            else
-                calls = sustained_calls(t);
         }
         double mine = median(tt, creps), worst = 0;
         MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -825,9 +819,9 @@ static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whyl
 #endif
 }
 
-/* The training stack's element-wise kernels (nn/kernels.c), every rank at once, repeated for
- * about SUSTAIN_S per repetition (sustained_calls), the slowest rank's median per unit
- * (xm_costmodel.h), forward and backward apart: rows N = --gemm-tokens, channels C = --gemm-hidden,
+/* The training stack's element-wise kernels (nn/kernels.c), every rank at once, forward and
+ * backward each repeated for SUSTAIN_S per repetition, the slowest rank's median per unit
+ * (xm_costmodel.h): rows N = --gemm-tokens, channels C = --gemm-hidden,
  * vocabulary --gemm-vocab, attention over sequences of T = min(N, 256) with heads of 32 channels
  * (NH = C / 32, at least 1). Without OpenBLAS nothing (the kernels use it). */
 static double elt_median_max(double *t, int n)
@@ -869,64 +863,68 @@ static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
     double tf[MAX_REPS], tb[MAX_REPS];
     for (int k = 0; k < XM_ELT_NKINDS; k++) {
         double units = 0;
-        int calls = 1;
         MPI_Barrier(MPI_COMM_WORLD);
-        for (int rep = -1; rep < creps; rep++) {
-            double sf = 0, sb = 0, tw = MPI_Wtime();
-            for (int call = 0; call < calls; call++) {
-                double t0 = MPI_Wtime(), t1;
-                switch ((xm_elt_t)k) {
-                case XM_ELT_GELU:
-                    units = (double)(N * C4);
-                    xmp_gelu_fwd(y, x, (size_t)(N * C4));
-                    t1 = MPI_Wtime();
-                    xmp_gelu_bwd(dx, x, dy, (size_t)(N * C4));
+        for (int rep = -1; rep < creps; rep++) {  /* rep -1: warm-up */
+            for (int ph = 0; ph < 2; ph++) {      /* forward, then backward */
+                if (ph == 1 && k == XM_ELT_ADAMW) /* no backward */
                     break;
-                case XM_ELT_LAYERNORM:
-                    units = (double)(N * C);
-                    xmp_layernorm_fwd(y, mu, rs, x, w, bb, (size_t)N, (int)C);
-                    t1 = MPI_Wtime();
-                    xmp_layernorm_bwd(dx, a, a + C, dy, x, w, mu, rs, (size_t)N, (int)C);
-                    break;
-                case XM_ELT_ATTENTION:
-                    units = (double)(Bt * NH * T * T * hs);
-                    xmp_attention_fwd(y, NULL, a, x, (int)Bt, (int)T, (int)NH, (int)hs);
-                    t1 = MPI_Wtime();
-                    xmp_attention_bwd(dx, dy, x, a, (int)Bt, (int)T, (int)NH, (int)hs, work);
-                    break;
-                case XM_ELT_XENT:
-                    units = (double)(N * V);
-                    xmp_softmax_fwd(a, x, (size_t)N, (int)V, (int)V);
-                    xmp_crossentropy_fwd(y, a, tg, (size_t)N, (int)V);
-                    t1 = MPI_Wtime();
-                    for (int64_t i = 0; i < N; i++)
-                        dy[i] = 1.0f / (float)N;
-                    xmp_crossentropy_softmax_bwd(dx, dy, a, tg, (size_t)N, (int)V, (int)V);
-                    break;
-                case XM_ELT_RESIDUAL:
-                    units = (double)(N * C);
-                    xmp_residual_fwd(y, x, a, (size_t)(N * C));
-                    t1 = MPI_Wtime();
-                    xmp_residual_bwd(dx, a, dy, (size_t)(N * C));
-                    break;
-                default: /* adamw: one step over N x 4C parameters */
-                    units = (double)(N * C4);
-                    xmp_adamw(y, dy, a, dx, (size_t)(N * C4), 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
-                    t1 = MPI_Wtime();
-                    break;
-                }
-                double t2 = MPI_Wtime();
-                sf += t1 - t0;
-                sb += t2 - t1;
-                /* keep values bounded between calls */
+                double tw = MPI_Wtime(), t;
+                int calls = 0;
+                do {
+                    switch ((xm_elt_t)k) {
+                    case XM_ELT_GELU:
+                        units = (double)(N * C4);
+                        if (!ph)
+                            xmp_gelu_fwd(y, x, (size_t)(N * C4));
+                        else
+                            xmp_gelu_bwd(dx, x, dy, (size_t)(N * C4));
+                        break;
+                    case XM_ELT_LAYERNORM:
+                        units = (double)(N * C);
+                        if (!ph)
+                            xmp_layernorm_fwd(y, mu, rs, x, w, bb, (size_t)N, (int)C);
+                        else
+                            xmp_layernorm_bwd(dx, a, a + C, dy, x, w, mu, rs, (size_t)N, (int)C);
+                        break;
+                    case XM_ELT_ATTENTION:
+                        units = (double)(Bt * NH * T * T * hs);
+                        if (!ph)
+                            xmp_attention_fwd(y, NULL, a, x, (int)Bt, (int)T, (int)NH, (int)hs);
+                        else
+                            xmp_attention_bwd(dx, dy, x, a, (int)Bt, (int)T, (int)NH, (int)hs,
+                                              work);
+                        break;
+                    case XM_ELT_XENT:
+                        units = (double)(N * V);
+                        if (!ph) {
+                            xmp_softmax_fwd(a, x, (size_t)N, (int)V, (int)V);
+                            xmp_crossentropy_fwd(y, a, tg, (size_t)N, (int)V);
+                        } else {
+                            for (int64_t i = 0; i < N; i++)
+                                dy[i] = 1.0f / (float)N;
+                            xmp_crossentropy_softmax_bwd(dx, dy, a, tg, (size_t)N, (int)V, (int)V);
+                        }
+                        break;
+                    case XM_ELT_RESIDUAL:
+                        units = (double)(N * C);
+                        if (!ph)
+                            xmp_residual_fwd(y, x, a, (size_t)(N * C));
+                        else
+                            xmp_residual_bwd(dx, a, dy, (size_t)(N * C));
+                        break;
+                    default: /* adamw: one step over N x 4C parameters */
+                        units = (double)(N * C4);
+                        xmp_adamw(y, dy, a, dx, (size_t)(N * C4), 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f,
+                                  1);
+                        break;
+                    }
+                    calls++;
+                } while ((t = MPI_Wtime() - tw) < SUSTAIN_S);
+                if (rep >= 0)
+                    (ph ? tb : tf)[rep] = t / calls;
+                /* keep values bounded (outside the timing) */
                 for (size_t i = 0; i < big; i += 64)
                     dx[i] = 0, a[i] = a[i] != a[i] ? 0 : a[i];
-            }
-            if (rep >= 0) {
-                tf[rep] = sf / calls;
-                tb[rep] = sb / calls;
-            } else {
-                calls = sustained_calls(MPI_Wtime() - tw);
             }
         }
         E[k].busy = busy;
@@ -1197,20 +1195,18 @@ static void measure_cpusets(results_t *R)
         }
         for (int phase = 0; phase < 2; phase++) {
             int computing = phase == 0 || computes_half;
-            MPI_Barrier(MPI_COMM_WORLD);
-            double t0 = MPI_Wtime();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, A, K, B, N, 0.0f,
-                        C, N);
-            int calls = sustained_calls(MPI_Wtime() - t0) * 4; /* ~0.2 s per repetition */
             double tt[16];
             for (int rep = 0; rep < reps; rep++) {
                 MPI_Barrier(MPI_COMM_WORLD);
-                if (computing) {
-                    double t1 = MPI_Wtime();
-                    for (int c = 0; c < calls; c++)
+                if (computing) { /* 4 x SUSTAIN_S a repetition */
+                    int calls = 0;
+                    double t1 = MPI_Wtime(), t;
+                    do {
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, A, K,
                                     B, N, 0.0f, C, N);
-                    tt[rep] = (MPI_Wtime() - t1) / calls;
+                        calls++;
+                    } while ((t = MPI_Wtime() - t1) < 4 * SUSTAIN_S);
+                    tt[rep] = t / calls;
                 }
                 /* phase 1: the waiting ranks sit in xmesh_reshard until their partner is done */
                 if (phase == 1 && wplan && (in_src || in_dst) &&
