@@ -456,7 +456,8 @@ xmesh_result_t xmp_box(const xmp_tensor_t *x, const xmp_sbp_t *dst, xmp_tensor_t
     if (r)
         return r;
     xmp_tensor_t cur;
-    r = xmp_tensor_alloc_like(&cur, x);
+    /* a copy of x: every element written at once */
+    r = xmp_tensor_alloc_uninit(&cur, x->mesh, x->ndim, x->shape, x->dtype, x->sbp);
     if (r)
         return r;
     if (x->mesh->member)

@@ -796,8 +796,9 @@ void xmp_sbp_string(const xmp_sbp_t *sbp, int mesh_ndim, char *buf, size_t n)
     }
 }
 
-xmesh_result_t xmp_tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim, const int64_t *shape,
-                                xmesh_dtype_t dtype, const xmp_sbp_t *sbp)
+static xmesh_result_t tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim,
+                                   const int64_t *shape, xmesh_dtype_t dtype, const xmp_sbp_t *sbp,
+                                   int zero)
 {
     if (!t || !mesh || !sbp || (ndim && !shape))
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "xmp_tensor_alloc: NULL argument");
@@ -833,7 +834,8 @@ xmesh_result_t xmp_tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim, con
             n.lshape[d] = hi[d] - lo[d];
             n.lcount *= n.lshape[d];
         }
-        n.data = calloc((size_t)(n.lcount ? n.lcount : 1), 4);
+        size_t ne = (size_t)(n.lcount ? n.lcount : 1);
+        n.data = zero ? calloc(ne, 4) : malloc(ne * 4);
         if (!n.data)
             return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_tensor_alloc: %lld elements",
                            (long long)n.lcount);
@@ -842,6 +844,19 @@ xmesh_result_t xmp_tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim, con
         xmp_mem_track(alloc_bytes(&n));
     *t = n;
     return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim, const int64_t *shape,
+                                xmesh_dtype_t dtype, const xmp_sbp_t *sbp)
+{
+    return tensor_alloc(t, mesh, ndim, shape, dtype, sbp, 1);
+}
+
+xmesh_result_t xmp_tensor_alloc_uninit(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim,
+                                       const int64_t *shape, xmesh_dtype_t dtype,
+                                       const xmp_sbp_t *sbp)
+{
+    return tensor_alloc(t, mesh, ndim, shape, dtype, sbp, 0);
 }
 
 xmesh_result_t xmp_tensor_alloc_like(xmp_tensor_t *out, const xmp_tensor_t *t)

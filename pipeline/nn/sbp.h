@@ -293,6 +293,11 @@ void xmp_block(const xmp_mesh_t *m, int ndim, const int64_t *shape, const xmp_sb
  * Local. On error *t is untouched. */
 xmesh_result_t xmp_tensor_alloc(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim, const int64_t *shape,
                                 xmesh_dtype_t dtype, const xmp_sbp_t *sbp);
+/* As xmp_tensor_alloc, the block left uninitialised: only for a caller that writes every
+ * element before anything reads it (a copy, a product with beta 0). */
+xmesh_result_t xmp_tensor_alloc_uninit(xmp_tensor_t *t, xmp_mesh_t *mesh, int ndim,
+                                       const int64_t *shape, xmesh_dtype_t dtype,
+                                       const xmp_sbp_t *sbp);
 /* Same geometry and SBP as t, zeroed. */
 xmesh_result_t xmp_tensor_alloc_like(xmp_tensor_t *out, const xmp_tensor_t *t);
 void xmp_tensor_free(xmp_tensor_t *t);

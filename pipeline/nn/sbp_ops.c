@@ -135,6 +135,14 @@ static void deduce(const operand_t *A, const operand_t *B, xmp_sbp_t sa, xmp_sbp
     }
 }
 
+static int sbp_same(const xmp_tensor_t *t, const xmp_sbp_t *s)
+{
+    for (int a = 0; a < t->mesh->ndim; a++)
+        if (!xmp_sbp_eq(t->sbp[a], s[a]))
+            return 0;
+    return 1;
+}
+
 /* out = A . B with deduced SBPs; out allocated here. */
 static xmesh_result_t contract(const operand_t *A, const operand_t *B, const char *op,
                                xmp_tensor_t *out, xmp_tensor_t *boxed_a, xmp_tensor_t *boxed_b)
@@ -165,18 +173,33 @@ static xmesh_result_t contract(const operand_t *A, const operand_t *B, const cha
     for (int f = 0; f < B->nfree; f++)
         oshape[A->nfree + f] = B->t->shape[fb + f];
     xmp_tensor_t xa, xb, o;
-    r = xmp_box(A->t, ta, &xa);
-    if (r)
-        return r;
-    r = xmp_box(B->t, tb, &xb);
-    if (r)
-        goto out_free_a;
-    r = xmp_tensor_alloc(&o, A->t->mesh, A->nfree + B->nfree, oshape, XMESH_F32, to);
+    memset(&xa, 0, sizeof xa);
+    memset(&xb, 0, sizeof xb);
+    /* an operand already in its target SBP is used as it is (no copy) unless the caller keeps
+     * the boxed operand */
+    const xmp_tensor_t *pa = A->t, *pb = B->t;
+    if (boxed_a || !sbp_same(A->t, ta)) {
+        if ((r = xmp_box(A->t, ta, &xa)))
+            return r;
+        pa = &xa;
+    }
+    if (boxed_b || !sbp_same(B->t, tb)) {
+        if ((r = xmp_box(B->t, tb, &xb)))
+            goto out_free_a;
+        pb = &xb;
+    }
+    int64_t M = 0, K = 0, N = 0, K2 = 0;
+    if (m->member) {
+        M = prod(pa->lshape, fa, fa + A->nfree), K = prod(pa->lshape, ca, ca + A->ncon);
+        N = prod(pb->lshape, fb, fb + B->nfree), K2 = prod(pb->lshape, cb, cb + B->ncon);
+    }
+    /* sgemm with beta 0 writes every element of the output; an empty product leaves zeros */
+    r = M && N && K
+            ? xmp_tensor_alloc_uninit(&o, A->t->mesh, A->nfree + B->nfree, oshape, XMESH_F32, to)
+            : xmp_tensor_alloc(&o, A->t->mesh, A->nfree + B->nfree, oshape, XMESH_F32, to);
     if (r)
         goto out_free_b;
     if (m->member) {
-        int64_t M = prod(xa.lshape, fa, fa + A->nfree), K = prod(xa.lshape, ca, ca + A->ncon);
-        int64_t N = prod(xb.lshape, fb, fb + B->nfree), K2 = prod(xb.lshape, cb, cb + B->ncon);
         if (K != K2 || M * N != o.lcount) {
             r = xmp_err(XMESH_ERR_INTERNAL, "%s: local blocks %lldx%lld . %lldx%lld -> %lld", op,
                         (long long)M, (long long)K, (long long)K2, (long long)N,
@@ -187,7 +210,7 @@ static xmesh_result_t contract(const operand_t *A, const operand_t *B, const cha
         if (M && N && K)
             cblas_sgemm(CblasRowMajor, A->con_first ? CblasTrans : CblasNoTrans,
                         B->con_first ? CblasNoTrans : CblasTrans, (int)M, (int)N, (int)K, 1.0f,
-                        xmp_f32(&xa), A->con_first ? (int)M : (int)K, xmp_f32(&xb),
+                        xmp_f32(pa), A->con_first ? (int)M : (int)K, xmp_f32(pb),
                         B->con_first ? (int)N : (int)K, 0.0f, xmp_f32(&o), (int)N);
     }
     *out = o;
