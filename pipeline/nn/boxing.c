@@ -455,13 +455,10 @@ xmesh_result_t xmp_box(const xmp_tensor_t *x, const xmp_sbp_t *dst, xmp_tensor_t
     xmesh_result_t r = xmp_sbp_check(x->mesh, x->ndim, dst, "xmp_box destination");
     if (r)
         return r;
-    xmp_tensor_t cur;
-    /* a copy of x: every element written at once */
-    r = xmp_tensor_alloc_uninit(&cur, x->mesh, x->ndim, x->shape, x->dtype, x->sbp);
-    if (r)
-        return r;
-    if (x->mesh->member)
-        memcpy(cur.data, x->data, (size_t)x->lcount * 4);
+    /* cur is x itself until the first step makes a new tensor (steps read their input and
+     * write a fresh output), so x is copied only when no step runs */
+    xmp_tensor_t cur = *x;
+    int owned = 0;
     for (int pass = 0; pass < 4 && x->mesh->member; pass++) {
         for (int a = 0; a < x->mesh->ndim; a++) {
             if (xmp_sbp_eq(cur.sbp[a], dst[a]) || !in_pass(pass, cur.sbp[a], dst[a]))
@@ -473,17 +470,22 @@ xmesh_result_t xmp_box(const xmp_tensor_t *x, const xmp_sbp_t *dst, xmp_tensor_t
             r = xmp_tensor_alloc(&nxt, x->mesh, x->ndim, x->shape, x->dtype, s);
             if (!r)
                 r = step(&cur, a, &nxt);
-            xmp_tensor_free(&cur);
+            if (owned)
+                xmp_tensor_free(&cur);
             if (r) {
                 xmp_tensor_free(&nxt);
                 return r;
             }
             cur = nxt;
+            owned = 1;
         }
     }
-    if (!x->mesh->member) {
-        xmp_tensor_free(&cur);
+    if (!x->mesh->member)
         return xmp_tensor_alloc(y, x->mesh, x->ndim, x->shape, x->dtype, dst);
+    if (!owned) { /* nothing to move: a copy (every element written at once) */
+        if ((r = xmp_tensor_alloc_uninit(&cur, x->mesh, x->ndim, x->shape, x->dtype, x->sbp)))
+            return r;
+        memcpy(cur.data, x->data, (size_t)x->lcount * 4);
     }
     *y = cur;
     return XMESH_SUCCESS;

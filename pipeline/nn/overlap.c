@@ -506,9 +506,13 @@ static xmesh_result_t fwd_box(const fb_op_t *o, const xmp_overlap_t *ov, const x
             xmp_tensor_free(&t);
             return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s", o->name, msg);
         }
-        r = xmp_box(&t, dst ? dst : tgt, y);
-        xmp_tensor_free(&t);
-        return r;
+        /* t is ours: boxed in place (no copy when it is already there) */
+        if ((r = xmp_box_inplace(&t, dst ? dst : tgt))) {
+            xmp_tensor_free(&t);
+            return r;
+        }
+        *y = t;
+        return XMESH_SUCCESS;
     }
     /* pieces: GEMM of piece i, then its box started; the GEMMs of later pieces overlap it */
     xmp_box_req_t *q[4] = {NULL};

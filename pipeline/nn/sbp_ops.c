@@ -483,20 +483,29 @@ xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, 
         (r = check_f32(x, "xmp_gelu_backward", "x")))
         return r;
     xmp_sbp_t t[NAX];
-    xmp_tensor_t bx;
+    xmp_tensor_t bx = {0};
     if ((r = no_p(x, t, "xmp_gelu_backward")))
         return r;
-    r = xmp_box(x, t, &bx);
-    if (r)
-        return r;
-    r = xmp_box(dy, t, dx);
+    /* operands already in the target SBP are read where they are (no boxed copy) */
+    const xmp_tensor_t *px = x;
+    if (!sbp_same(x, t)) {
+        if ((r = xmp_box(x, t, &bx)))
+            return r;
+        px = &bx;
+    }
+    int dy_there = sbp_same(dy, t);
+    xmp_tensor_t o; /* dx last, so dx may be dy */
+    r = dy_there ? xmp_tensor_alloc_uninit(&o, dy->mesh, dy->ndim, dy->shape, dy->dtype, dy->sbp)
+                 : xmp_box(dy, t, &o);
     if (!r) {
-        float *g = xmp_f32(dx), *p = xmp_f32(&bx);
-        for (int64_t e = 0; e < dx->lcount; e++) {
+        float *g = xmp_f32(&o), *p = xmp_f32(px);
+        const float *d = dy_there ? xmp_f32(dy) : g;
+        for (int64_t e = 0; e < o.lcount; e++) {
             float v = p[e], u = GELU_C * (v + 0.044715f * v * v * v), th = tanhf(u);
             float du = GELU_C * (1.0f + 3.0f * 0.044715f * v * v);
-            g[e] *= 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+            g[e] = d[e] * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du);
         }
+        *dx = o;
     }
     xmp_tensor_free(&bx);
     return r;
