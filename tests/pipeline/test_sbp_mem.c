@@ -1,6 +1,7 @@
 /* Allocation accounting (nn/sbp.h, contract D), one process: live and peak bytes follow every
  * xmp_tensor_alloc / free exactly, moved tensors (data handed to the caller) are not counted
- * twice, layer calls return to the same live count once their outputs are freed, peak reset,
+ * twice, layer calls return to the same live count once their outputs are freed, a linear
+ * forward and a GELU backward whose operands need no boxing allocate only their output, peak reset,
  * xmp_mem_track for other buffers, non-members count nothing, and the counters are per
  * thread. */
 #include <pthread.h>
@@ -104,6 +105,40 @@ int main(int argc, char **argv)
     xmp_norm_cache_free(&cache);
     EXPECT(xmp_mem_live_bytes() == base, "outputs freed: %lld over base",
            (long long)(xmp_mem_live_bytes() - base));
+    /* operands already in the SBP a product or an element-wise backward needs are read in
+     * place: a linear forward (x, w replicated) and a GELU backward (dy, x replicated) peak at
+     * exactly their output, and the output's values are right */
+    int64_t lw[2] = {3, 6};
+    xmp_tensor_t wl, yl, dg;
+    xmp_tensor_alloc(&wl, m, 2, lw, XMESH_F32, b);
+    for (int i = 0; i < 18; i++)
+        xmp_f32(&wl)[i] = (float)(i % 4) - 1.0f;
+    base = xmp_mem_live_bytes();
+    xmp_mem_peak_reset();
+    if (xmp_linear_forward(&x, &wl, NULL, &yl))
+        EXPECT(0, "linear forward: %s", xmp_last_error());
+    EXPECT(xmp_mem_peak_bytes() - base == 48 && xmp_mem_live_bytes() - base == 48,
+           "linear forward: peak %lld, live %lld over base (want the 48 B output only)",
+           (long long)(xmp_mem_peak_bytes() - base), (long long)(xmp_mem_live_bytes() - base));
+    int bad = 0;
+    for (int r = 0; r < 4; r++)
+        for (int o = 0; o < 3; o++) {
+            float want = 0;
+            for (int k = 0; k < 6; k++)
+                want += xmp_f32(&x)[r * 6 + k] * xmp_f32(&wl)[o * 6 + k];
+            bad += yl.data == NULL || xmp_f32(&yl)[r * 3 + o] != want;
+        }
+    EXPECT(bad == 0, "linear forward: %d of 12 elements wrong", bad);
+    xmp_tensor_free(&yl);
+    base = xmp_mem_live_bytes();
+    xmp_mem_peak_reset();
+    if (xmp_gelu_backward(&x, &x, &dg))
+        EXPECT(0, "gelu backward: %s", xmp_last_error());
+    EXPECT(xmp_mem_peak_bytes() - base == 96 && xmp_mem_live_bytes() - base == 96,
+           "gelu backward: peak %lld, live %lld over base (want the 96 B dx only)",
+           (long long)(xmp_mem_peak_bytes() - base), (long long)(xmp_mem_live_bytes() - base));
+    xmp_tensor_free(&dg);
+    xmp_tensor_free(&wl);
     /* cross-entropy hands its dlogits over (moved, not copied) */
     int64_t ts[1] = {4};
     xmp_tensor_t tg, dl;
