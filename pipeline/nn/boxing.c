@@ -506,10 +506,7 @@ xmesh_result_t xmp_box_backward(const xmp_tensor_t *dy, const xmp_sbp_t *src, xm
 
 xmesh_result_t xmp_box_inplace(xmp_tensor_t *t, const xmp_sbp_t *dst)
 {
-    int same = 1;
-    for (int a = 0; a < t->mesh->ndim; a++)
-        same &= xmp_sbp_eq(t->sbp[a], dst[a]);
-    if (same)
+    if (xmp_tensor_sbp_is(t, dst))
         return XMESH_SUCCESS;
     xmp_tensor_t y;
     xmesh_result_t r = xmp_box(t, dst, &y);

@@ -301,6 +301,14 @@ xmesh_result_t xmp_tensor_alloc_uninit(xmp_tensor_t *t, xmp_mesh_t *mesh, int nd
 /* Same geometry and SBP as t, zeroed. */
 xmesh_result_t xmp_tensor_alloc_like(xmp_tensor_t *out, const xmp_tensor_t *t);
 void xmp_tensor_free(xmp_tensor_t *t);
+/* 1 when t has SBP sbp[a] on every axis of its mesh. */
+static inline int xmp_tensor_sbp_is(const xmp_tensor_t *t, const xmp_sbp_t *sbp)
+{
+    for (int a = 0; a < t->mesh->ndim; a++)
+        if (!xmp_sbp_eq(t->sbp[a], sbp[a]))
+            return 0;
+    return 1;
+}
 static inline float *xmp_f32(const xmp_tensor_t *t)
 {
     return (float *)t->data;

@@ -287,9 +287,8 @@ static int same_geometry(const xmp_tensor_t *t, const xmp_mesh_t *m, int nd, con
     for (int d = 0; d < nd; d++)
         if (t->shape[d] != shape[d])
             return 0;
-    for (int a = 0; a < m->ndim; a++)
-        if (!xmp_sbp_eq(t->sbp[a], sbp[a]))
-            return 0;
+    if (!xmp_tensor_sbp_is(t, sbp))
+        return 0;
     return !m->member || t->data;
 }
 

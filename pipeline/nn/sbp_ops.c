@@ -135,17 +135,9 @@ static void deduce(const operand_t *A, const operand_t *B, xmp_sbp_t sa, xmp_sbp
     }
 }
 
-static int sbp_same(const xmp_tensor_t *t, const xmp_sbp_t *s)
-{
-    for (int a = 0; a < t->mesh->ndim; a++)
-        if (!xmp_sbp_eq(t->sbp[a], s[a]))
-            return 0;
-    return 1;
-}
-
 /* out = A . B with deduced SBPs; out allocated here. */
 static xmesh_result_t contract(const operand_t *A, const operand_t *B, const char *op,
-                               xmp_tensor_t *out, xmp_tensor_t *boxed_a, xmp_tensor_t *boxed_b)
+                               xmp_tensor_t *out)
 {
     const xmp_mesh_t *m = A->t->mesh;
     xmp_sbp_t ta[NAX], tb[NAX], to[NAX];
@@ -175,15 +167,14 @@ static xmesh_result_t contract(const operand_t *A, const operand_t *B, const cha
     xmp_tensor_t xa, xb, o;
     memset(&xa, 0, sizeof xa);
     memset(&xb, 0, sizeof xb);
-    /* an operand already in its target SBP is used as it is (no copy) unless the caller keeps
-     * the boxed operand */
+    /* an operand already in its target SBP is used as it is (no copy) */
     const xmp_tensor_t *pa = A->t, *pb = B->t;
-    if (boxed_a || !sbp_same(A->t, ta)) {
+    if (!xmp_tensor_sbp_is(A->t, ta)) {
         if ((r = xmp_box(A->t, ta, &xa)))
             return r;
         pa = &xa;
     }
-    if (boxed_b || !sbp_same(B->t, tb)) {
+    if (!xmp_tensor_sbp_is(B->t, tb)) {
         if ((r = xmp_box(B->t, tb, &xb)))
             goto out_free_a;
         pb = &xb;
@@ -214,14 +205,6 @@ static xmesh_result_t contract(const operand_t *A, const operand_t *B, const cha
                         B->con_first ? (int)N : (int)K, 0.0f, xmp_f32(&o), (int)N);
     }
     *out = o;
-    if (boxed_a) {
-        *boxed_a = xa;
-        xa.data = NULL;
-    }
-    if (boxed_b) {
-        *boxed_b = xb;
-        xb.data = NULL;
-    }
 out_free_b:
     xmp_tensor_free(&xb);
 out_free_a:
@@ -290,7 +273,7 @@ xmesh_result_t xmp_linear_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
     }
     operand_t A = {x, nb, 1, 0}, B = {w, no, 1, 0};
     xmp_tensor_t o;
-    r = contract(&A, &B, op, &o, NULL, NULL);
+    r = contract(&A, &B, op, &o);
     if (r || !b)
         goto out;
     xmp_sbp_t tbias[NAX];
@@ -326,7 +309,7 @@ xmesh_result_t xmp_linear_backward_input(const xmp_tensor_t *dy, const xmp_tenso
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dy has %d dims, w %d", op, dy->ndim,
                        w->ndim);
     operand_t A = {dy, nb, no, 0}, B = {w, 1, no, 1};
-    return contract(&A, &B, op, dx, NULL, NULL);
+    return contract(&A, &B, op, dx);
 }
 
 xmesh_result_t xmp_linear_backward_weight(const xmp_tensor_t *dy, const xmp_tensor_t *x,
@@ -342,7 +325,7 @@ xmesh_result_t xmp_linear_backward_weight(const xmp_tensor_t *dy, const xmp_tens
                        x->ndim);
     operand_t A = {dy, no, nb, 1}, B = {x, 1, nb, 1};
     xmp_tensor_t w;
-    r = contract(&A, &B, op, &w, NULL, NULL);
+    r = contract(&A, &B, op, &w);
     if (r || !db)
         goto out;
     /* db = sum of dy over batch dims: S(batch) -> P, S(nb+j) -> S(j), B, P */
@@ -488,12 +471,12 @@ xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, 
         return r;
     /* operands already in the target SBP are read where they are (no boxed copy) */
     const xmp_tensor_t *px = x;
-    if (!sbp_same(x, t)) {
+    if (!xmp_tensor_sbp_is(x, t)) {
         if ((r = xmp_box(x, t, &bx)))
             return r;
         px = &bx;
     }
-    int dy_there = sbp_same(dy, t);
+    int dy_there = xmp_tensor_sbp_is(dy, t);
     xmp_tensor_t o; /* dx last, so dx may be dy */
     r = dy_there ? xmp_tensor_alloc_uninit(&o, dy->mesh, dy->ndim, dy->shape, dy->dtype, dy->sbp)
                  : xmp_box(dy, t, &o);
