@@ -17,6 +17,11 @@ and compares the measured step times with the model's predictions (`xmesh-train 
                   and collectives pay no sync wait
   uncalibrated    the nominal model from the NIC rate alone (--nominal)
 
+Repeats run as passes over the whole space (every configuration once, then again), and
+with --calibrate the cluster is calibrated again after the runs: the model with that end
+calibration is scored as "full, end calibration", and the ratio of its predictions to the
+start's is reported as the calibration drift (the machine's speed can change during a run).
+
 --measured PREVIOUS/validation.json re-scores the models against the measurements of an
 earlier run (configurations matched by name; nothing is run), e.g. after a model change.
 
@@ -190,6 +195,22 @@ def metrics(pred, meas, k=5, lo=None, hi=None):
     }
 
 
+def calibrate(a, launch, name, logname):
+    """Runs xmesh-calibrate into OUT/NAME; returns its path, or "" when it failed."""
+    path = os.path.join(a.out, name)
+    # 1 KiB .. 4 MiB: the gradients are all-reduced one tensor at a time (512 B biases to
+    # 512 KiB wpe here), so the latency end matters as much as the bandwidth end
+    cmd = launch + [a.calibrate, "-o", path, "--min", "1K", "--max", "4M", "--steps", "7",
+                    "--reps", "2", "--gemm-hidden", "128", "--gemm-vocab", "256",
+                    "--gemm-tokens", "256"]
+    print("validate: calibrating: " + " ".join(cmd), file=sys.stderr)
+    with open(os.path.join(a.out, logname), "w") as log:
+        if subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT) != 0:
+            print("validate: calibration failed (%s)" % logname, file=sys.stderr)
+            return ""
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -208,6 +229,8 @@ def main():
                     "(the table's #; after --max-configs)")
     ap.add_argument("--measured", default="", help="validation.json of an earlier run: its "
                     "measurements instead of running (re-scores the models)")
+    ap.add_argument("--no-end-calibration", dest="end_calibration", action="store_false",
+                    help="do not calibrate again after the runs")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
@@ -229,18 +252,7 @@ def main():
             f.write("nic_gbps = %g\n" % (rate / 1000.0))
     cal = a.cluster
     if not cal and a.calibrate:
-        cal = os.path.join(a.out, "cluster-calibrated.txt")
-        # 1 KiB .. 4 MiB: the gradients are all-reduced one tensor at a time (512 B biases to
-        # 512 KiB wpe here), so the latency end matters as much as the bandwidth end
-        cmd = launch + [a.calibrate, "-o", cal, "--min", "1K", "--max", "4M", "--steps", "7",
-                        "--reps", "2", "--gemm-hidden", "128", "--gemm-vocab", "256",
-                        "--gemm-tokens", "256"]
-        print("validate: calibrating: " + " ".join(cmd), file=sys.stderr)
-        with open(os.path.join(a.out, "calibrate.log"), "w") as log:
-            if subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT) != 0:
-                print("validate: calibration failed (calibrate.log); full model = nominal",
-                      file=sys.stderr)
-                cal = ""
+        cal = calibrate(a, launch, "cluster-calibrated.txt", "calibrate.log")
     full_file = cal or nominal_file
     cfgs = space(4)
     # keep the configurations the model accepts (the trainer runs the same checks)
@@ -263,7 +275,7 @@ def main():
             f = nominal_file if name == "uncalibrated" else full_file
             d, err = predict(a, c, extra, f)
             preds[name].append(d["step_s"] if d else None)
-    meas, lo, hi, runs = [], [], [], []
+    meas, lo, hi = [], [], []
     t_runs = time.time()
     old = {}
     if a.measured:
@@ -273,22 +285,45 @@ def main():
         for k in ("steps", "warmup", "repeats", "rate_mbit"):
             setattr(a, k if k != "rate_mbit" else "rate_mbit", prev.get(k, getattr(a, k, 0)))
         rate = prev.get("rate_mbit", rate)
-    for i, c in enumerate(keep):
-        if a.measured:
+    # Repeats run as passes over the whole space (repeat k of every configuration, then
+    # repeat k + 1), so a slow spell of the machine lands in one repeat of many
+    # configurations, widening their intervals, rather than in every repeat of a few.
+    runs = [[] for _ in keep]
+    if a.measured:
+        for i, c in enumerate(keep):
             x = old.get(cfg_name(c))
-            r = x["repeats_s"] if x else [None]
-        else:
-            r = [run_one(a, launch, c, k, a.out, i) for k in range(a.repeats)]
+            runs[i] = x["repeats_s"] if x else [None]
+    else:
+        total = a.repeats * len(keep)
+        for k in range(a.repeats):
+            for i, c in enumerate(keep):
+                runs[i].append(run_one(a, launch, c, k, a.out, i))
+                done = k * len(keep) + i + 1
+                el = time.time() - t_runs
+                print("validate: pass %d %2d %-60s %s s predicted %.4g (%.0f s, about %.0f s "
+                      "left)" % (k, i, cfg_name(c), "%.4g" % runs[i][-1] if runs[i][-1]
+                                 else "FAILED", preds["full"][i] or -1, el,
+                                 el / done * (total - done)), file=sys.stderr)
+    # A second calibration after the runs: the machine's speed can drift over the run (a
+    # shared VM); the model with the end calibration is scored too, and the two calibrations'
+    # predictions are compared (drift = end / start, per configuration).
+    drift = None
+    if cal and not a.cluster and a.calibrate and not a.measured and a.end_calibration:
+        end_file = calibrate(a, launch, "cluster-calibrated-end.txt", "calibrate-end.log")
+        if end_file:
+            preds["full, end calibration"] = [
+                (lambda d: d[0]["step_s"] if d[0] else None)(predict(a, c, [], end_file))
+                for c in keep]
+            r = [e / s0 for e, s0 in zip(preds["full, end calibration"], preds["full"])
+                 if e and s0]
+            if r:
+                drift = {"median": statistics.median(r), "min": min(r), "max": max(r)}
+    for r in runs:
         ok = [x for x in r if x is not None]
-        runs.append(r)
         meas.append(statistics.median(ok) if ok else None)
         lo.append(min(ok) if ok else None)
         hi.append(max(ok) if ok else None)
-        el = time.time() - t_runs
-        print("validate: %2d %-60s measured %s predicted %.4g (%.0f s, about %.0f s left)" %
-              (i, cfg_name(c), "%.4g" % meas[-1] if ok else "FAILED", preds["full"][i] or -1,
-               el, el / (i + 1) * (len(keep) - i - 1)), file=sys.stderr)
-    res = {name: metrics(preds[name], meas, lo=lo, hi=hi) for name, _ in MODELS}
+    res = {name: metrics(preds[name], meas, lo=lo, hi=hi) for name in preds}
     valid = [i for i in range(len(keep)) if meas[i] is not None]
     best = min(valid, key=lambda i: meas[i]) if valid else None
     ties = [i for i in valid if best is not None and lo[i] <= hi[best] and i != best]
@@ -298,10 +333,10 @@ def main():
            "configurations": [{"index": i, "name": cfg_name(c), "flags": cfg_flags(c),
                                "measured_s": meas[i], "measured_min_s": lo[i],
                                "measured_max_s": hi[i], "repeats_s": runs[i],
-                               "predicted_s": {n: preds[n][i] for n, _ in MODELS},
+                               "predicted_s": {n: preds[n][i] for n in preds},
                                "tie_with_best": i in ties}
                               for i, c in enumerate(keep)],
-           "metrics": res, "ties_with_best": ties,
+           "metrics": res, "ties_with_best": ties, "calibration_drift": drift,
            "targets": {"top1_regret": 0.05, "precision_at_5": 0.9, "kendall_tau": 0.8,
                        "median_error": 0.10}}
     with open(os.path.join(a.out, "validation.json"), "w") as f:
@@ -314,7 +349,7 @@ def main():
               a.warmup, full_file, "" if cal else " (not calibrated: full = uncalibrated)"),
              "", "| model | precision@5 | precision@5, ties | Kendall tau | top-1 regret | "
              "median error |", "|---|---|---|---|---|---|"]
-    for name, _ in MODELS:
+    for name in preds:
         m = res[name]
         if "precision_at_5" in m:
             lines.append("| %s | %.2f | %.2f | %.3f | %.1f%% | %.1f%% |" %
@@ -322,6 +357,10 @@ def main():
                           100 * m["top1_regret"], 100 * m["median_error"]))
         else:
             lines.append("| %s | - | - | - | - | - |" % name)
+    if drift:
+        lines += ["", "Calibration drift (the end calibration's prediction / the start's, over "
+                  "the configurations): median %.3f [%.3f, %.3f]." %
+                  (drift["median"], drift["min"], drift["max"])]
     lines += ["", "Targets: regret <= 5%, precision@5 >= 0.9, tau >= 0.8, median error <= 10%. "
               "precision@5, ties: a pick whose [min, max] overlaps a measured top-5 "
               "configuration's also counts (not the target's definition).",
