@@ -288,6 +288,40 @@ xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_e
     return XMESH_SUCCESS;
 }
 
+xmesh_result_t xm_costmodel_set_gptstep(xm_costmodel_t *m, const xm_gptstep_t *r)
+{
+    if (!m || !r)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_gptstep: %s is NULL",
+                      !m ? "model" : "record");
+    char where[64];
+    if (r->line > 0)
+        snprintf(where, sizeof where, "cluster file line %d", r->line);
+    else
+        snprintf(where, sizeof where, "gptstep record");
+    const struct {
+        const char *name;
+        int v;
+    } f[] = {{"layers", r->layers}, {"channels", r->channels}, {"heads", r->heads}, {"seq", r->seq},
+             {"rows", r->rows},     {"vocab", r->vocab},       {"busy", r->busy}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v < 1)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: gptstep field %s: %d (expected >= 1)",
+                          where, f[i].name, f[i].v);
+    if (r->channels % r->heads)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: gptstep field heads: %d does not divide channels %d", where, r->heads,
+                      r->channels);
+    if (!(r->seconds > 0) || !isfinite(r->seconds))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s: gptstep field seconds: %g (expected a finite time > 0)", where,
+                      r->seconds);
+    if (m->gptstep.busy > 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: gptstep repeats line %d", where,
+                      m->gptstep.line);
+    m->gptstep = *r;
+    return XMESH_SUCCESS;
+}
+
 int xm_cost_elt(const xm_costmodel_t *m, xm_elt_t kind, double units, double *fwd, double *bwd)
 {
     if (!m || !xm_elt_name(kind) || !(units >= 0) || !isfinite(units))
@@ -761,6 +795,23 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
         memset(&tmp, 0, sizeof tmp);
         return xm_costmodel_set_elt(m ? m : &tmp, (xm_elt_t)kind, &e);
     }
+    if (!strcmp(f[0], "gptstep")) {
+        static const char *const gf[] = {"gptstep", "layers", "channels", "heads",  "seq",
+                                         "rows",    "vocab",  "busy",     "seconds"};
+        if ((r = want(line, f[0], nf, 9, gf)))
+            return r;
+        int64_t v[7];
+        for (int i = 0; i < 7; i++)
+            if ((r = whole(line, f[0], gf[i + 1], f[i + 1], 1 << 24, &v[i])))
+                return r;
+        xm_gptstep_t g = {(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4],
+                          (int)v[5], (int)v[6], 0,         line};
+        if ((r = num(line, f[0], gf[8], f[8], &g.seconds)))
+            return r;
+        xm_costmodel_t tmp;
+        memset(&tmp, 0, sizeof tmp);
+        return xm_costmodel_set_gptstep(m ? m : &tmp, &g);
+    }
     if (!strcmp(f[0], "cpuset")) {
         /* a fifth field, sync seconds, since 2026-11-28 (files before it have 4) */
         static const char *const cf[] = {"cpuset", "cpus", "ranks", "wait", "[sync]"};
@@ -843,7 +894,7 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
     }
     return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                   "cluster file line %d: [compute] unknown record '%s' (expected sgemm, "
-                  "sgemm_fit, eltwise or cpuset)",
+                  "sgemm_fit, eltwise, gptstep or cpuset)",
                   line, f[0]);
 }
 
@@ -978,7 +1029,7 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
     int nelt = 0;
     for (int k = 0; k < XM_ELT_NKINDS; k++)
         nelt += m->elt[k].busy > 0;
-    if (m->ngemm || m->has_gemm_fit || nelt || m->ncpusets) {
+    if (m->ngemm || m->has_gemm_fit || nelt || m->gptstep.busy > 0 || m->ncpusets) {
         fprintf(f, "\n[compute]\n"
                    "# sgemm m n k busy seconds label: C(m x n) = A(m x k) . B(k x n), busy "
                    "ranks per host at once\n");
@@ -1002,6 +1053,15 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
             if (m->elt[k].busy > 0)
                 fprintf(f, "eltwise %s %d %.10g %.10g\n", elt_names[k], m->elt[k].busy,
                         m->elt[k].fwd * 1e9, m->elt[k].bwd * 1e9);
+        if (m->gptstep.busy > 0) {
+            const xm_gptstep_t *g = &m->gptstep;
+            fprintf(f,
+                    "# gptstep layers channels heads seq rows vocab busy seconds: one training "
+                    "step of the serial GPT-2 (forward, backward, AdamW)\n"
+                    "gptstep %d %d %d %d %d %d %d %.10g\n",
+                    g->layers, g->channels, g->heads, g->seq, g->rows, g->vocab, g->busy,
+                    g->seconds);
+        }
         if (m->ncpusets)
             fprintf(f, "# cpuset cpus ranks wait sync: ranks whose affinity masks overlap share "
                        "that many cpus (compute above: every rank busy); a waiting rank takes "

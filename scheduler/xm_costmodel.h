@@ -115,6 +115,18 @@ typedef struct xm_elt_rec {
     int line;
 } xm_elt_rec_t;
 
+/* A whole training step of the serial GPT-2 (models/gpt2_serial.c: forward, backward, AdamW;
+ * the trainer's kernels with everything between them), timed by xmesh-calibrate every rank busy
+ * at once ([compute] `gptstep L C NH T ROWS V BUSY SECONDS`). The layout search prices the same
+ * model from the kernel records above and scales its compute by the ratio: what the kernels
+ * timed one by one in a loop miss of a real step (caches, the glue between them). */
+typedef struct xm_gptstep {
+    int layers, channels, heads, seq, rows, vocab; /* the probe model; rows = batch B */
+    int busy;                                      /* ranks per host at once; 0: absent */
+    double seconds;                                /* one step, > 0 */
+    int line;
+} xm_gptstep_t;
+
 /* CPU sharing ([compute] `cpuset CPUS RANKS` records, written by xmesh-calibrate from each rank's
  * affinity mask): ranks whose masks overlap form one set that shares CPUS cpus. The compute
  * records are measured with every rank busy, so a rank of a set of n ranks on k < n cpus
@@ -140,6 +152,7 @@ typedef struct xm_costmodel {
     xm_cpuset_t *cpusets;
     int *cpu_set_of;
     xm_elt_rec_t elt[XM_ELT_NKINDS]; /* [compute] eltwise records (busy 0: absent) */
+    xm_gptstep_t gptstep;            /* [compute] gptstep record (busy 0: absent) */
     xm_coll_rec_t *coll;
     xm_gemm_rec_t *gemm;
     int has_gemm_fit;
@@ -147,6 +160,10 @@ typedef struct xm_costmodel {
     xm_fit_t gemm_fit;
     int nominal; /* 1: made by xm_costmodel_nominal, not measured */
 } xm_costmodel_t;
+
+/* Checks and sets the model's gptstep record (one per model): INVALID_ARGUMENT naming the bad
+ * field. */
+xmesh_result_t xm_costmodel_set_gptstep(xm_costmodel_t *m, const xm_gptstep_t *r);
 
 /* Fits time = alpha + beta * f(kind, n, p) to npts points (bytes[i],
  * seconds[i]) by least squares of the relative residuals (weights

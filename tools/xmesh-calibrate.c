@@ -55,7 +55,8 @@
 #ifdef XMESH_CALIBRATE_BLAS
 #include <cblas.h>
 
-#include "nn/kernels.h" /* the training stack's element-wise kernels (compiled in) */
+#include "nn/kernels.h"  /* the training stack's element-wise kernels (compiled in) */
+#include "models/gpt2.h" /* the serial GPT-2 (compiled in): the whole-step probe */
 #endif
 
 #define MAX_SIZES 32
@@ -944,6 +945,63 @@ static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
 #endif
 }
 
+/* One training step (forward, backward, AdamW) of the serial GPT-2, every rank at once, timed
+ * like the kernels above (repetitions of steps run back to back for at least SUSTAIN_S, the
+ * slowest rank's median): 2 layers of the calibrated hidden size, heads of 32 channels,
+ * sequence min(tokens, 64), tokens / sequence rows, the calibrated vocabulary. The layout
+ * search prices this model from the kernel records and scales its compute by the ratio
+ * (xm_costmodel.h, xm_gptstep_t). G->busy stays 0 when not measured. */
+static void measure_gptstep(const opts_t *o, int busy, xm_gptstep_t *G)
+{
+    memset(G, 0, sizeof *G);
+#ifdef XMESH_CALIBRATE_BLAS
+    const int creps = COMPUTE_REPS(o);
+    int C = (int)o->hidden, T = o->tokens < 64 ? (int)o->tokens : 64;
+    int NH = C / 32 > 0 ? C / 32 : 1, B = (int)(o->tokens / T) > 0 ? (int)(o->tokens / T) : 1;
+    while (C % NH)
+        NH--;
+    xmp_gpt2_config_t cfg = {T, (int)o->vocab, xmp_gpt2_pad_vocab((int)o->vocab, 128), 2, NH, C};
+    xmp_gpt2_t m;
+    memset(&m, 0, sizeof m);
+    int *in = malloc((size_t)(B * T) * sizeof(int)), *tg = malloc((size_t)(B * T) * sizeof(int));
+    int ok = in && tg && xmp_gpt2_init_random(&m, &cfg, 1234 + (uint64_t)rank) == 0;
+    for (int i = 0; ok && i < B * T; i++) {
+        in[i] = (int)((i * 7 + rank) % o->vocab);
+        tg[i] = (int)((i * 11 + 3) % o->vocab);
+    }
+    double tt[MAX_REPS];
+    int step = 0, all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all_ok) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (int rep = -1; rep < creps; rep++) { /* rep -1: warm-up */
+            double t0 = MPI_Wtime(), t;
+            int calls = 0;
+            do {
+                xmp_gpt2_forward(&m, in, tg, B, T);
+                xmp_gpt2_zero_grad(&m);
+                xmp_gpt2_backward(&m);
+                xmp_gpt2_update(&m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, ++step);
+                calls++;
+            } while ((t = MPI_Wtime() - t0) < SUSTAIN_S);
+            if (rep >= 0)
+                tt[rep] = t / calls;
+        }
+        double sec = elt_median_max(tt, creps);
+        *G = (xm_gptstep_t){2, C, NH, T, B, (int)o->vocab, busy, sec, 0};
+    } else if (rank == 0) {
+        fprintf(stderr, "xmesh-calibrate: the GPT-2 step probe could not be set up (memory); "
+                        "no gptstep record\n");
+    }
+    xmp_gpt2_free(&m);
+    free(in);
+    free(tg);
+#else
+    (void)o;
+    (void)busy;
+#endif
+}
+
 /* Ranks per host that ran sgemm at once: the largest host's count. */
 static int busy_per_host(void)
 {
@@ -971,6 +1029,7 @@ typedef struct {
     int nsets, *set_of, *set_cpus, *set_n;
     double *set_wait, *set_sync;
     xm_elt_rec_t E[XM_ELT_NKINDS]; /* busy 0: not measured */
+    xm_gptstep_t step;             /* gptstep; busy 0: not measured */
     char gemm_why[128];
     int gemm_fit_ok;
     xm_fit_t gemm_fit;
@@ -1339,6 +1398,8 @@ static xm_costmodel_t *to_model(const results_t *R)
     for (int k = 0; m && k < XM_ELT_NKINDS; k++)
         if (R->E[k].busy > 0 && xm_costmodel_set_elt(m, (xm_elt_t)k, &R->E[k]))
             fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
+    if (m && R->step.busy > 0 && xm_costmodel_set_gptstep(m, &R->step))
+        fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
     int *rk = R->nsets ? malloc((size_t)size * sizeof *rk) : NULL;
     for (int sidx = 0; m && rk && sidx < R->nsets; sidx++) {
         int n = 0;
@@ -1434,6 +1495,11 @@ static void print_table(const opts_t *o, const results_t *R)
                 printf("# eltwise %-10s fwd %8.3f ns/unit  bwd %8.3f ns/unit (%d busy)\n",
                        xm_elt_name((xm_elt_t)k), R->E[k].fwd * 1e9, R->E[k].bwd * 1e9,
                        R->E[k].busy);
+        if (R->step.busy > 0)
+            printf("# gptstep (serial GPT-2, L %d C %d NH %d T %d B %d V %d): %.3f ms a step "
+                   "(%d busy)\n",
+                   R->step.layers, R->step.channels, R->step.heads, R->step.seq, R->step.rows,
+                   R->step.vocab, R->step.seconds * 1e3, R->step.busy);
         for (int c = 0; c < R->nsets; c++)
             printf("# cpuset %d: %d ranks on %d cpus, a polling rank takes %.2f of a computing "
                    "rank's cpu; a 2-rank collective waits %.3f ms more while others compute\n",
@@ -1660,6 +1726,7 @@ int main(int argc, char **argv)
         R->ns = measure_gemm(&o, R->S, R->gemm_why, sizeof R->gemm_why);
         fit_gemm(R);
         measure_elt(&o, R->busy, R->E);
+        measure_gptstep(&o, R->busy, &R->step);
         measure_cpusets(R);
     }
     int rc = 0;

@@ -15,6 +15,8 @@ and compares the measured step times with the model's predictions (`xmesh-train 
   no-cpu-share    without CPU sharing between stages (--ablate cpu): the cluster file's
                   cpuset records ignored, every stage computes at the every-rank-busy rate
                   and collectives pay no sync wait
+  no-step         compute from the kernel records alone (--ablate step): the cluster file's
+                  gptstep record (a measured serial GPT-2 step) ignored
   uncalibrated    the nominal model from the NIC rate alone (--nominal)
 
 Repeats run as passes over the whole space (every configuration once, then again), and
@@ -54,6 +56,7 @@ MODELS = [
     ("no-overlap", ["--ablate", "overlap"]),
     ("no-boundary", ["--ablate", "boundary"]),
     ("no-cpu-share", ["--ablate", "cpu"]),
+    ("no-step", ["--ablate", "step"]),
     ("uncalibrated", ["--nominal"]),
 ]
 

@@ -61,7 +61,9 @@ static void plan_usage(void)
            "  --ablate LIST       model ablations: boundary (transfers between stages free),\n"
            "                      share (no NIC sharing between a mesh axis' groups),\n"
            "                      overlap (--overlap ignored), cpu (no CPU sharing between\n"
-           "                      stages: the cluster file's cpuset records ignored)\n"
+           "                      stages: the cluster file's cpuset records ignored),\n"
+           "                      step (compute from the kernel records alone: the\n"
+           "                      cluster file's gptstep record ignored)\n"
            "  --overlap LIST      the run's overlap switches (as xmesh-train gpt --overlap);\n"
            "                      modelled: defer-grad (gradient reductions overlap their\n"
            "                      latencies); the others are accepted, not modelled\n"
@@ -297,14 +299,15 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
         return -1;
     if (p->schedules && parse_list("--schedules", p->schedules, kn, 3, &so->schedules))
         return -1;
-    static const char *const an[] = {"boundary", "share", "overlap", "cpu"};
+    static const char *const an[] = {"boundary", "share", "overlap", "cpu", "step"};
     unsigned ab = 0;
-    if (p->ablate && parse_list("--ablate", p->ablate, an, 4, &ab))
+    if (p->ablate && parse_list("--ablate", p->ablate, an, 5, &ab))
         return -1;
     so->no_boundary = !!(ab & 1u);
     so->no_share = !!(ab & 2u);
     so->no_overlap = !!(ab & 4u);
     so->no_cpu_share = !!(ab & 8u);
+    so->no_compose = !!(ab & 16u);
     if (p->overlap) {
         xmp_overlap_t ov;
         if (xmp_overlap_parse(p->overlap, &ov))
@@ -547,6 +550,7 @@ static void print_eval(const plan_opts_t *p, const xmp_search_opts_t *so, const 
         xmp_json_num(&j, "memory_bytes_per_rank", c->mem_bytes);
         xmp_json_num(&j, "boxing_bytes_per_rank", c->boxing_bytes);
         xmp_json_num(&j, "boundary_bytes_per_rank", c->boundary_bytes);
+        xmp_json_num(&j, "step_factor", c->step_factor);
         xmp_json_arr_begin(&j, "stages");
         for (int s = 0; s < c->nstages; s++) {
             xmp_json_obj_begin(&j, NULL);

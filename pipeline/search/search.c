@@ -77,6 +77,7 @@ typedef struct {
     double *edge;     /* [S][nsig][nsig], NAN: not computed (edge s -> s+1) */
     double *tied;     /* [nopt]: tied wte exchange of the last stage, NAN: not computed */
     double gemm_rate; /* flop/s of a 256^3 sgemm (optimizer term) */
+    double cf;        /* compute factor of the gptstep record (step_factor; 1: none) */
     char *err;
     size_t errlen;
     int failed;
@@ -221,7 +222,7 @@ static double gemm(ctx_t *c, double m, double n, double k)
         ctx_fail(c, "cost model: sgemm %.0fx%.0fx%.0f: %s", m, n, k, xmesh_last_error());
         return 0;
     }
-    return p.seconds;
+    return p.seconds * c->cf;
 }
 
 /* Accumulator of one item's walk. */
@@ -262,6 +263,8 @@ static int elt(ctx_t *c, walk_t *w, xm_elt_t kind, double units)
     int have = xm_cost_elt(c->o->cost, kind, units, &f, &b);
     if (have <= 0)
         return 0;
+    f *= c->cf;
+    b *= c->cf;
     w->f += f;
     w->b += b;
     w->comp += f + b;
@@ -481,7 +484,7 @@ static void param(ctx_t *c, walk_t *w, const opt_t *o, const char *name, const i
     ic->r_bytes += v;
     double upd = 0;
     if (xm_cost_elt(c->o->cost, XM_ELT_ADAMW, stored, &upd, NULL) > 0)
-        ic->o += upd; /* the trainer's xmp_adamw at its calibrated rate */
+        ic->o += upd * c->cf; /* the trainer's xmp_adamw at its calibrated rate */
     else
         ic->o += ADAMW_FLOPS * stored / c->gemm_rate;
 }
@@ -969,6 +972,44 @@ static void ctx_free(ctx_t *c)
     memset(c, 0, sizeof *c);
 }
 
+/* The compute factor of the cost model's gptstep record: its measured step (the serial GPT-2,
+ * every rank busy) over the same model priced here from the kernel records (one rank, one
+ * stage, one microbatch: compute + optimizer). 1 without a record, under no_compose (which the
+ * probe itself runs with), or when the probe cannot be priced. */
+static double step_factor(const xmp_search_opts_t *o)
+{
+    const xm_gptstep_t *g = o->cost ? &o->cost->gptstep : NULL;
+    if (!g || g->busy <= 0 || o->no_compose)
+        return 1;
+    xmp_search_opts_t p;
+    memset(&p, 0, sizeof p);
+    p.model = (xmp_gpt2_config_t){g->seq,    g->vocab, xmp_gpt2_pad_vocab(g->vocab, 128),
+                                  g->layers, g->heads, g->channels};
+    p.vocab = g->vocab;
+    p.B = g->rows;
+    p.T = g->seq;
+    p.nranks = p.hosts = 1;
+    p.cost = o->cost;
+    p.cluster = o->cluster;
+    p.fixed_M = 1;
+    p.max_evals = o->max_evals;
+    p.no_boundary = p.no_cpu_share = p.no_compose = 1;
+    xmp_search_cand_t c;
+    memset(&c, 0, sizeof c);
+    c.nstages = 1;
+    c.M = 1;
+    c.sched = XMP_SCHED_1F1B;
+    c.nblocks[0] = g->layers;
+    c.ndim[0] = 1;
+    c.shape[0][0] = 1;
+    c.strategy[0] = 0; /* dp */
+    char e[256];
+    if (xmp_search_gpt_eval(&p, &c, e, sizeof e))
+        return 1;
+    double composed = c.stage_compute_s[0] + c.stage_o_s[0];
+    return composed > 0 && isfinite(composed) ? g->seconds / composed : 1;
+}
+
 static int ctx_init(ctx_t *c, const xmp_search_opts_t *o, int S, int M, xmp_search_stats_t *st,
                     char *err, size_t errlen)
 {
@@ -986,6 +1027,7 @@ static int ctx_init(ctx_t *c, const xmp_search_opts_t *o, int S, int M, xmp_sear
     if (xm_cost_gemm(o->cost, 256, 256, 256, &p) || !(p.seconds > 0))
         return ctx_fail(c, "cost model: sgemm: %s", xmesh_last_error());
     c->gemm_rate = 2.0 * 256 * 256 * 256 / p.seconds;
+    c->cf = step_factor(o);
     if (build_options(c))
         return -1;
     if (c->nopt == 0)
@@ -1406,6 +1448,7 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
     double ncf[XMP_SEARCH_MAX_STAGES], ncb[XMP_SEARCH_MAX_STAGES];
     double sum = 0, mb = 0, mr = 0, rmax = 0, omax = 0;
     c->compute_s = c->boxing_s = c->boundary_s = c->boxing_bytes = c->boundary_bytes = 0;
+    c->step_factor = x->cf;
     c->mem_bytes = c->mem_param_bytes = c->mem_act_bytes = 0;
     for (int s = 0; s < S; s++) {
         scost_t sc;

@@ -79,6 +79,10 @@ typedef struct {
     /* the ablation that ignores the cost model's cpuset records (CPU sharing between ranks:
      * xm_cost_cpu_share; a stage idling in the bubble lends its cpus to the stages on them) */
     int no_cpu_share;
+    /* the ablation that ignores the cost model's gptstep record: compute priced from the
+     * kernel records alone (otherwise scaled by the record's measured step over the same
+     * model priced from the kernels; xm_costmodel.h, xm_gptstep_t) */
+    int no_compose;
 } xmp_search_opts_t;
 
 typedef struct {
@@ -117,6 +121,9 @@ typedef struct {
      * (xmp_search__sim_shared's sync term; 0: none) */
     double stage_sync_s[XMP_SEARCH_MAX_STAGES];
     double stage_r_s[XMP_SEARCH_MAX_STAGES], stage_o_s[XMP_SEARCH_MAX_STAGES];
+    /* the factor every compute time above carries: the gptstep record's measured step over
+     * the kernel records' price of it (1: no record, or no_compose) */
+    double step_factor;
 } xmp_search_cand_t;
 
 typedef struct {

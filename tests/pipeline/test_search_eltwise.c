@@ -16,7 +16,12 @@
  *    (below, between, above the measured sizes, by hand), the fit for another geometry, round
  *    trip, errors (before the fit, sizes not increasing, a malformed pair);
  *  - --overlap defer-grad: dp on 2 ranks, R shrinks by (parameter tensors - 1) x alpha (the
- *    reductions' latencies overlap), --ablate overlap undoes it, the command line says it.
+ *    reductions' latencies overlap), --ablate overlap undoes it, the command line says it;
+ *  - the gptstep record (a measured serial GPT-2 step): parsed, written and parsed back,
+ *    malformed ones refused naming the field; the search prices the probe model itself at
+ *    exactly the measured seconds (its compute + optimizer scaled by measured / composed), every
+ *    compute time of another configuration scales by the same factor while its collectives do
+ *    not, and no_compose (--ablate step) gives factor 1 and the kernel records' figures.
  */
 #include <math.h>
 #include <stdio.h>
@@ -353,6 +358,119 @@ static void test_defer_grad(void)
     xm_costmodel_destroy(m);
 }
 
+static void test_gptstep(void)
+{
+    const char *ok = "[compute]\n"
+                     "gptstep 2 32 2 16 2 64 1 0.0125\n";
+    xm_costmodel_t *m = NULL;
+    CHECK(xm_costmodel_parse(ok, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
+    if (m) {
+        const xm_gptstep_t *g = &m->gptstep;
+        CHECK(g->layers == 2 && g->channels == 32 && g->heads == 2 && g->seq == 16 &&
+                  g->rows == 2 && g->vocab == 64 && g->busy == 1 && near(g->seconds, 0.0125),
+              "parsed %d %d %d %d %d %d %d %g", g->layers, g->channels, g->heads, g->seq, g->rows,
+              g->vocab, g->busy, g->seconds);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *mf = open_memstream(&buf, &len);
+        CHECK(mf && xm_costmodel_write(m, mf) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
+        if (mf)
+            fclose(mf);
+        xm_costmodel_t *m2 = NULL;
+        CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s\n%s",
+              xmesh_last_error(), buf ? buf : "");
+        CHECK(m2 && !memcmp(&m2->gptstep.layers, &g->layers, 7 * sizeof(int)) &&
+                  near(m2->gptstep.seconds, g->seconds),
+              "gptstep differs after the round trip");
+        xm_costmodel_destroy(m2);
+        free(buf);
+        xm_costmodel_destroy(m);
+    }
+    const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"[compute]\ngptstep 2 32 2 16 2 64 1\n", "line 2: gptstep record has 8 fields"},
+        {"[compute]\ngptstep 2 32 3 16 2 64 1 0.01\n",
+         "line 2: gptstep field heads: 3 does not divide channels 32"},
+        {"[compute]\ngptstep 0 32 2 16 2 64 1 0.01\n", "line 2: gptstep field layers: 0"},
+        {"[compute]\ngptstep 2 32 2 16 2 64 1 0\n", "line 2: gptstep field seconds: 0"},
+        {"[compute]\ngptstep 2 32 2 16 2 64 1 0.01\ngptstep 2 32 2 16 2 64 1 0.01\n",
+         "line 3: gptstep repeats line 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
+        xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
+        CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel, "bad %zu: result %d", i, (int)r);
+        CHECK(strstr(xmesh_last_error(), bad[i].want), "bad %zu: message '%s', expected '%s'", i,
+              xmesh_last_error(), bad[i].want);
+    }
+
+    /* the search: kernel records (nominal sgemm rate + eltwise rates) and a gptstep record */
+    xm_costmodel_t *cm = NULL;
+    CHECK(xm_costmodel_nominal(&g_cl, 5e10, &cm) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    if (!cm)
+        return;
+    for (int k = 0; k < XM_ELT_NKINDS; k++) {
+        xm_elt_rec_t r = {1, RF[k] * 1e-9, RB[k] * 1e-9, 0};
+        CHECK(xm_costmodel_set_elt(cm, (xm_elt_t)k, &r) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    }
+    const double measured = 0.0125;
+    xm_gptstep_t rec = {2, 32, 2, 16, 2, 64, 1, measured, 0};
+    CHECK(xm_costmodel_set_gptstep(cm, &rec) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    xm_gptstep_t worse = rec;
+    worse.seconds = -1;
+    CHECK(xm_costmodel_set_gptstep(cm, &worse) == XMESH_ERR_INVALID_ARGUMENT &&
+              cm->gptstep.seconds == measured,
+          "a bad record must leave the model as it was");
+    char err[512];
+    /* the probe model itself, one rank: compute + optimizer == the measured step */
+    xmp_search_opts_t op, op0;
+    opts(&op, cm, 2, 2, 32, 64, 2, 16, 1);
+    op.model.max_seq_len = 16; /* the probe's wpe has T rows (xmesh-calibrate's probe too) */
+    op0 = op;
+    op0.no_compose = 1;
+    xmp_search_cand_t c, c0;
+    memset(&c, 0, sizeof c);
+    c.nstages = 1;
+    c.M = 1;
+    c.sched = XMP_SCHED_1F1B;
+    c.nblocks[0] = 2;
+    c.ndim[0] = 1;
+    c.shape[0][0] = 1;
+    c.strategy[0] = 0;
+    c0 = c;
+    CHECK(xmp_search_gpt_eval(&op, &c, err, sizeof err) == 0, "%s", err);
+    CHECK(xmp_search_gpt_eval(&op0, &c0, err, sizeof err) == 0, "%s", err);
+    double comp = c.stage_compute_s[0] + c.stage_o_s[0];
+    double comp0 = c0.stage_compute_s[0] + c0.stage_o_s[0];
+    CHECK(near(comp, measured), "the probe model priced at %.12g s, measured %.12g s", comp,
+          measured);
+    CHECK(c0.step_factor == 1 && near(c.step_factor, measured / comp0),
+          "factor %.12g (no_compose %.12g), expected measured / composed = %.12g", c.step_factor,
+          c0.step_factor, measured / comp0);
+    CHECK(fabs(c.step_factor - 1) > 0.01, "the test needs a factor away from 1: %g", c.step_factor);
+    /* another configuration, 2 ranks dp: compute and optimizer scale, the reduction does not */
+    xmp_search_opts_t o2, o20;
+    opts(&o2, cm, 3, 2, 32, 64, 4, 16, 2);
+    o20 = o2;
+    o20.no_compose = 1;
+    xmp_search_cand_t d = c, d0;
+    d.nblocks[0] = 3;
+    d.shape[0][0] = 2;
+    d0 = d;
+    CHECK(xmp_search_gpt_eval(&o2, &d, err, sizeof err) == 0, "%s", err);
+    CHECK(xmp_search_gpt_eval(&o20, &d0, err, sizeof err) == 0, "%s", err);
+    CHECK(near(d.stage_compute_s[0], d0.stage_compute_s[0] * c.step_factor) &&
+              near(d.stage_o_s[0], d0.stage_o_s[0] * c.step_factor),
+          "2 ranks: compute %.12g / %.12g, optimizer %.12g / %.12g, factor %.12g",
+          d.stage_compute_s[0], d0.stage_compute_s[0], d.stage_o_s[0], d0.stage_o_s[0],
+          c.step_factor);
+    CHECK(d0.stage_r_s[0] > 0 && near(d.stage_r_s[0], d0.stage_r_s[0]),
+          "2 ranks: the reduction %.12g must not scale (%.12g without)", d.stage_r_s[0],
+          d0.stage_r_s[0]);
+    xm_costmodel_destroy(cm);
+}
+
 int main(void)
 {
     int one = 0;
@@ -366,6 +484,7 @@ int main(void)
     test_fit_nonneg();
     test_points();
     test_defer_grad();
+    test_gptstep();
     xm_cluster_free(&g_cl);
     if (g_fail) {
         fprintf(stderr, "pipeline.search.eltwise: %d failures\n", g_fail);
