@@ -63,6 +63,10 @@ static const xm_param_desc_t params[] = {
      "xmesh_reshard (restored after; only ever raises its priority, needs CAP_SYS_NICE below "
      "the current value): forwarding ranks keep their cores against spinning or computing "
      "neighbours; 19 = never change"},
+    {"XMESH_WAIT_BACKOFF_US", "200",
+     "MPI executor: longest sleep, microseconds, of a thread driving a blocking xmesh_wait/"
+     "xmesh_reshard between progress rounds that moved nothing (the sleeps double from 1 us "
+     "after 16 yields): a forwarding rank notices a chunk at most this late"},
     {"XMESH_PROGRESS_NICE", "-10",
      "MPI executor: nice value the progress thread asks for (-20..19); below 0 needs "
      "CAP_SYS_NICE, else the thread keeps the process's value (logged at INFO)"},
@@ -102,6 +106,7 @@ static const ptype_t types[] = {
     {"XMESH_NCCL_MAX_COMMS", KIND_INT, 1, 1 << 16, 0, 0},
     {"XMESH_PROGRESS_NICE", KIND_INT, -20, 19, 0, 0},
     {"XMESH_WAIT_NICE", KIND_INT, -20, 19, 0, 0},
+    {"XMESH_WAIT_BACKOFF_US", KIND_INT, 1, 1000000, 0, 0},
     {"XMESH_SYNC_SEND", KIND_INT, 0, 1, 0, 0},
     {"XMESH_HOLD_LATE", KIND_INT, 0, 1, 0, 0},
 };

@@ -333,6 +333,12 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
     }
     xmesh_plan_t plan = r->plan;
     long backoff = BACKOFF_MIN_NS;
+    /* The longest sleep of a blocking wait (XMESH_WAIT_BACKOFF_US): a chain's forwarder notices
+     * an arrived chunk at most this late, and every hop of the chain's fill pays it once (1-to-m
+     * 4x2 at 300 Mbit/s, 5 hosts x 4 ranks: 0.474-0.476 s with 1 ms, 0.467-0.469 s with 200 us,
+     * 1x1 0.462 s in both; docs/EXECUTOR.md "Waking up sooner"). The progress thread keeps
+     * BACKOFF_MAX_NS: it runs beside compute. */
+    const long wait_max_ns = (long)xm_param_i64("XMESH_WAIT_BACKOFF_US") * 1000l;
     int idle = 0;
     be->callers++;
     int old_nice = wait_priority_raise();
@@ -353,7 +359,7 @@ xmesh_result_t xm_mpi_wait(xmesh_request_t req)
             pthread_mutex_lock(&be->mu);
         } else {
             timed_sleep(be, &be->done_cv, backoff);
-            backoff = backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff * 2;
+            backoff = backoff * 2 > wait_max_ns ? wait_max_ns : backoff * 2;
         }
     }
     wait_priority_restore(old_nice);

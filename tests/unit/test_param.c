@@ -58,6 +58,13 @@ static void test_parse_int(void **state)
 
 /* Every typed accessor returns its table default when unset, and the table
  * default parses (a broken default would silently be 0). */
+static void capture_stderr(void (*f)(void), char *buf, size_t len);
+static int64_t g_wait_backoff;
+static void read_wait_backoff(void)
+{
+    g_wait_backoff = xm_param_i64("XMESH_WAIT_BACKOFF_US");
+}
+
 static void test_defaults(void **state)
 {
     (void)state;
@@ -101,6 +108,18 @@ static void test_defaults(void **state)
     assert_true(xm_param_intra_gbps() == 800);
     assert_true(xm_param_latency_us() == 5);
     assert_int_equal(xm_param_nccl_max_comms(), 8);
+    assert_int_equal(xm_param_i64("XMESH_WAIT_BACKOFF_US"), 200);
+    setenv("XMESH_WAIT_BACKOFF_US", "0", 1); /* out of range [1, 1000000]: the default */
+    xm_param_reset();
+    char err[512];
+    capture_stderr(read_wait_backoff, err, sizeof err);
+    assert_non_null(strstr(err, "XMESH_WAIT_BACKOFF_US=0 refused"));
+    assert_int_equal(g_wait_backoff, 200);
+    setenv("XMESH_WAIT_BACKOFF_US", "50", 1);
+    xm_param_reset();
+    assert_int_equal(xm_param_i64("XMESH_WAIT_BACKOFF_US"), 50);
+    unsetenv("XMESH_WAIT_BACKOFF_US");
+    xm_param_reset();
     assert_string_equal(xm_param_strategy(), "broadcast");
     assert_string_equal(xm_param_scheduler(), "ensemble");
     assert_string_equal(xm_param_cluster_file(), "");
