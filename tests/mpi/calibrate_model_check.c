@@ -107,6 +107,11 @@ int main(int argc, char **argv)
             CHECK(m->elt[k].busy >= 1 && m->elt[k].fwd > 0 && isfinite(m->elt[k].bwd),
                   "eltwise %s: busy %d fwd %g bwd %g", xm_elt_name((xm_elt_t)k), m->elt[k].busy,
                   m->elt[k].fwd, m->elt[k].bwd);
+        const xm_gptstep_t *g = &m->gptstep;
+        CHECK(g->busy >= 1 && g->layers == 2 && g->channels >= 1 && g->channels % g->heads == 0 &&
+                  g->seconds > 0 && isfinite(g->seconds),
+              "gptstep: busy %d layers %d channels %d heads %d seconds %g", g->busy, g->layers,
+              g->channels, g->heads, g->seconds);
     }
     printf("%s: %d collective records, %d sgemm shapes, %d failure(s)\n", argv[1], m->ncoll,
            m->ngemm, failures);
