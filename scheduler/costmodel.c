@@ -260,16 +260,22 @@ const char *xm_elt_name(xm_elt_t kind)
     return (int)kind >= 0 && kind < XM_ELT_NKINDS ? elt_names[kind] : NULL;
 }
 
+/* Where a record came from, for messages: its cluster file line, else what it is. */
+static void record_where(char *buf, size_t n, int line, const char *what)
+{
+    if (line > 0)
+        snprintf(buf, n, "cluster file line %d", line);
+    else
+        snprintf(buf, n, "%s", what);
+}
+
 xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_elt_rec_t *r)
 {
     if (!m || !r)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_elt: %s is NULL",
                       !m ? "model" : "record");
     char where[64];
-    if (r->line > 0)
-        snprintf(where, sizeof where, "cluster file line %d", r->line);
-    else
-        snprintf(where, sizeof where, "eltwise record");
+    record_where(where, sizeof where, r->line, "eltwise record");
     if (!xm_elt_name(kind))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: eltwise kind %d out of range", where,
                       (int)kind);
@@ -294,10 +300,7 @@ xmesh_result_t xm_costmodel_set_gptstep(xm_costmodel_t *m, const xm_gptstep_t *r
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_gptstep: %s is NULL",
                       !m ? "model" : "record");
     char where[64];
-    if (r->line > 0)
-        snprintf(where, sizeof where, "cluster file line %d", r->line);
-    else
-        snprintf(where, sizeof where, "gptstep record");
+    record_where(where, sizeof where, r->line, "gptstep record");
     const struct {
         const char *name;
         int v;
@@ -432,10 +435,7 @@ xmesh_result_t xm_costmodel_add_coll(xm_costmodel_t *m, const xm_coll_rec_t *r)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_add_coll: %s is NULL",
                       !m ? "model" : "record");
     char where[64];
-    if (r->line > 0)
-        snprintf(where, sizeof where, "cluster file line %d", r->line);
-    else
-        snprintf(where, sizeof where, "collective record");
+    record_where(where, sizeof where, r->line, "collective record");
     xmesh_result_t e = check_coll(r, where);
     if (e)
         return e;
@@ -512,10 +512,7 @@ xmesh_result_t xm_costmodel_add_gemm(xm_costmodel_t *m, const xm_gemm_rec_t *r)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_add_gemm: %s is NULL",
                       !m ? "model" : "record");
     char where[64];
-    if (r->line > 0)
-        snprintf(where, sizeof where, "cluster file line %d", r->line);
-    else
-        snprintf(where, sizeof where, "sgemm record");
+    record_where(where, sizeof where, r->line, "sgemm record");
     xmesh_result_t e = check_gemm(r, where);
     if (e)
         return e;

@@ -50,6 +50,38 @@ static int near(double a, double b)
     return fabs(a - b) <= 1e-9 * fmax(fabs(a), fabs(b)) + 1e-15;
 }
 
+/* A cluster text refused with INVALID_ARGUMENT, the output untouched, the message naming want. */
+typedef struct {
+    const char *text, *want;
+} bad_t;
+
+static void check_bad(const bad_t *bad, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
+        xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
+        CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel, "bad %zu: result %d", i, (int)r);
+        CHECK(strstr(xmesh_last_error(), bad[i].want), "bad %zu: message '%s', expected '%s'", i,
+              xmesh_last_error(), bad[i].want);
+    }
+}
+
+/* m written and parsed back (NULL when either fails: a failure is recorded). */
+static xm_costmodel_t *round_trip(const xm_costmodel_t *m)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&buf, &len);
+    CHECK(mf && xm_costmodel_write(m, mf) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
+    if (mf)
+        fclose(mf);
+    xm_costmodel_t *m2 = NULL;
+    CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s\n%s",
+          xmesh_last_error(), buf ? buf : "");
+    free(buf);
+    return m2;
+}
+
 static void test_parse(void)
 {
     const char *ok = "[compute]\n"
@@ -71,27 +103,15 @@ static void test_parse(void)
               "absent record: %g %g", f, b);
         f = 7;
         CHECK(xm_cost_elt(m, XM_ELT_GELU, -1, &f, NULL) == -1 && f == 7, "negative units");
-        /* round trip */
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *mf = open_memstream(&buf, &len);
-        CHECK(mf && xm_costmodel_write(m, mf) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
-        if (mf)
-            fclose(mf);
-        xm_costmodel_t *m2 = NULL;
-        CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s\n%s",
-              xmesh_last_error(), buf ? buf : "");
+        xm_costmodel_t *m2 = round_trip(m);
         for (int k = 0; m2 && k < XM_ELT_NKINDS; k++)
             CHECK(m2->elt[k].busy == m->elt[k].busy && near(m2->elt[k].fwd, m->elt[k].fwd) &&
                       near(m2->elt[k].bwd, m->elt[k].bwd),
                   "kind %s differs after the round trip", xm_elt_name((xm_elt_t)k));
         xm_costmodel_destroy(m2);
-        free(buf);
         xm_costmodel_destroy(m);
     }
-    const struct {
-        const char *text, *want;
-    } bad[] = {
+    const bad_t bad[] = {
         {"[compute]\neltwise tanh 2 1 1\n", "line 2: eltwise field kind: unknown kind 'tanh'"},
         {"[compute]\neltwise gelu 2 1\n", "line 2: eltwise record has 4 fields, expected 5"},
         {"[compute]\neltwise gelu 2 -1 1\n", "line 2: eltwise gelu field fwd"},
@@ -99,13 +119,7 @@ static void test_parse(void)
         {"[compute]\neltwise gelu 2 1 1\neltwise gelu 2 1 1\n",
          "line 3: eltwise gelu repeats line 2"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
-        xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
-        CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel, "bad %zu: result %d", i, (int)r);
-        CHECK(strstr(xmesh_last_error(), bad[i].want), "bad %zu: message '%s', expected '%s'", i,
-              xmesh_last_error(), bad[i].want);
-    }
+    check_bad(bad, sizeof bad / sizeof *bad);
 }
 
 static xm_cluster_t g_cl;
@@ -292,9 +306,7 @@ static void test_points(void)
     xm_costmodel_destroy(m2);
     free(buf);
     xm_costmodel_destroy(m);
-    const struct {
-        const char *text, *want;
-    } bad[] = {
+    const bad_t bad[] = {
         {"[collectives]\npoints allreduce 2 1 2 1 1000:0.001 10000:0.002\n",
          "line 2: points: no allreduce fit for p 2"},
         {"[collectives]\nallreduce 2 1 2 1 100 10 0.9 0.1 3 1000 100000\n"
@@ -370,25 +382,14 @@ static void test_gptstep(void)
                   g->rows == 2 && g->vocab == 64 && g->busy == 1 && near(g->seconds, 0.0125),
               "parsed %d %d %d %d %d %d %d %g", g->layers, g->channels, g->heads, g->seq, g->rows,
               g->vocab, g->busy, g->seconds);
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *mf = open_memstream(&buf, &len);
-        CHECK(mf && xm_costmodel_write(m, mf) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
-        if (mf)
-            fclose(mf);
-        xm_costmodel_t *m2 = NULL;
-        CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s\n%s",
-              xmesh_last_error(), buf ? buf : "");
+        xm_costmodel_t *m2 = round_trip(m);
         CHECK(m2 && !memcmp(&m2->gptstep.layers, &g->layers, 7 * sizeof(int)) &&
                   near(m2->gptstep.seconds, g->seconds),
               "gptstep differs after the round trip");
         xm_costmodel_destroy(m2);
-        free(buf);
         xm_costmodel_destroy(m);
     }
-    const struct {
-        const char *text, *want;
-    } bad[] = {
+    const bad_t bad[] = {
         {"[compute]\ngptstep 2 32 2 16 2 64 1\n", "line 2: gptstep record has 8 fields"},
         {"[compute]\ngptstep 2 32 3 16 2 64 1 0.01\n",
          "line 2: gptstep field heads: 3 does not divide channels 32"},
@@ -397,13 +398,7 @@ static void test_gptstep(void)
         {"[compute]\ngptstep 2 32 2 16 2 64 1 0.01\ngptstep 2 32 2 16 2 64 1 0.01\n",
          "line 3: gptstep repeats line 2"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
-        xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
-        CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel, "bad %zu: result %d", i, (int)r);
-        CHECK(strstr(xmesh_last_error(), bad[i].want), "bad %zu: message '%s', expected '%s'", i,
-              xmesh_last_error(), bad[i].want);
-    }
+    check_bad(bad, sizeof bad / sizeof *bad);
 
     /* the search: kernel records (nominal sgemm rate + eltwise rates) and a gptstep record */
     xm_costmodel_t *cm = NULL;
