@@ -144,6 +144,21 @@ static void opts(xmp_search_opts_t *o, xm_costmodel_t *cm, int L, int NH, int C,
     o->max_evals = 300;
 }
 
+/* One stage of L blocks on a 1-axis mesh of n ranks, dp, 1F1B, M = 1. */
+static xmp_search_cand_t one_stage(int L, int n)
+{
+    xmp_search_cand_t c;
+    memset(&c, 0, sizeof c);
+    c.nstages = 1;
+    c.M = 1;
+    c.sched = XMP_SCHED_1F1B;
+    c.nblocks[0] = L;
+    c.ndim[0] = 1;
+    c.shape[0][0] = n;
+    c.strategy[0] = 0; /* dp */
+    return c;
+}
+
 /* Rates (ns per unit) distinct per kind so a misplaced count shows. */
 static const double RF[XM_ELT_NKINDS] = {3, 5, 7, 11, 13, 17},
                     RB[XM_ELT_NKINDS] = {19, 23, 29, 31, 37, 0};
@@ -164,16 +179,7 @@ static void test_terms(void)
     xmp_search_opts_t o0, o1;
     opts(&o0, base, L, NH, C, V, B, T, 1);
     opts(&o1, el, L, NH, C, V, B, T, 1);
-    xmp_search_cand_t c0, c1;
-    memset(&c0, 0, sizeof c0);
-    c0.nstages = 1;
-    c0.M = 1;
-    c0.sched = XMP_SCHED_1F1B;
-    c0.nblocks[0] = L;
-    c0.ndim[0] = 1;
-    c0.shape[0][0] = 1;
-    c0.strategy[0] = 0; /* dp */
-    c1 = c0;
+    xmp_search_cand_t c0 = one_stage(L, 1), c1 = c0;
     char err[512];
     CHECK(xmp_search_gpt_eval(&o0, &c0, err, sizeof err) == 0, "%s", err);
     CHECK(xmp_search_gpt_eval(&o1, &c1, err, sizeof err) == 0, "%s", err);
@@ -287,14 +293,7 @@ static void test_points(void)
               "query %zu (p %d, %g bytes): %.12g s, by hand %.12g s (%s)", i, q[i].g->group_size,
               q[i].n, p.seconds, q[i].want, p.basis);
     }
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *mf = open_memstream(&buf, &len);
-    CHECK(mf && xm_costmodel_write(m, mf) == XMESH_SUCCESS, "write: %s", xmesh_last_error());
-    if (mf)
-        fclose(mf);
-    xm_costmodel_t *m2 = NULL;
-    CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s", xmesh_last_error());
+    xm_costmodel_t *m2 = round_trip(m);
     if (m2) {
         CHECK(m2->coll[0].npts == 3 && m2->coll[1].npts == 0, "points after the round trip: %d %d",
               m2->coll[0].npts, m2->coll[1].npts);
@@ -304,7 +303,6 @@ static void test_points(void)
                   "point %d differs", k);
     }
     xm_costmodel_destroy(m2);
-    free(buf);
     xm_costmodel_destroy(m);
     const bad_t bad[] = {
         {"[collectives]\npoints allreduce 2 1 2 1 1000:0.001 10000:0.002\n",
@@ -424,16 +422,7 @@ static void test_gptstep(void)
     op.model.max_seq_len = 16; /* the probe's wpe has T rows (xmesh-calibrate's probe too) */
     op0 = op;
     op0.no_compose = 1;
-    xmp_search_cand_t c, c0;
-    memset(&c, 0, sizeof c);
-    c.nstages = 1;
-    c.M = 1;
-    c.sched = XMP_SCHED_1F1B;
-    c.nblocks[0] = 2;
-    c.ndim[0] = 1;
-    c.shape[0][0] = 1;
-    c.strategy[0] = 0;
-    c0 = c;
+    xmp_search_cand_t c = one_stage(2, 1), c0 = c;
     CHECK(xmp_search_gpt_eval(&op, &c, err, sizeof err) == 0, "%s", err);
     CHECK(xmp_search_gpt_eval(&op0, &c0, err, sizeof err) == 0, "%s", err);
     double comp = c.stage_compute_s[0] + c.stage_o_s[0];
@@ -449,10 +438,7 @@ static void test_gptstep(void)
     opts(&o2, cm, 3, 2, 32, 64, 4, 16, 2);
     o20 = o2;
     o20.no_compose = 1;
-    xmp_search_cand_t d = c, d0;
-    d.nblocks[0] = 3;
-    d.shape[0][0] = 2;
-    d0 = d;
+    xmp_search_cand_t d = one_stage(3, 2), d0 = d;
     CHECK(xmp_search_gpt_eval(&o2, &d, err, sizeof err) == 0, "%s", err);
     CHECK(xmp_search_gpt_eval(&o20, &d0, err, sizeof err) == 0, "%s", err);
     CHECK(near(d.stage_compute_s[0], d0.stage_compute_s[0] * c.step_factor) &&
