@@ -956,18 +956,25 @@ static void measure_gptstep(const opts_t *o, int busy, xm_gptstep_t *G)
     memset(G, 0, sizeof *G);
 #ifdef XMESH_CALIBRATE_BLAS
     const int creps = COMPUTE_REPS(o);
+    /* bounded so that the probe stays a few seconds and a few hundred MB at GPT-2 124M's
+     * defaults (C 768, V 50304): at most 256 rows and a vocabulary of at most 4C (the factor is
+     * a ratio of the same model measured and priced, so any size the search can price serves;
+     * these keep the head from dominating a 2-layer model) */
     int C = (int)o->hidden, T = o->tokens < 64 ? (int)o->tokens : 64;
-    int NH = C / 32 > 0 ? C / 32 : 1, B = (int)(o->tokens / T) > 0 ? (int)(o->tokens / T) : 1;
+    int rows = o->tokens < 256 ? (int)o->tokens : 256, V = (int)o->vocab;
+    if (V > 4 * C)
+        V = 4 * C;
+    int NH = C / 32 > 0 ? C / 32 : 1, B = rows / T > 0 ? rows / T : 1;
     while (C % NH)
         NH--;
-    xmp_gpt2_config_t cfg = {T, (int)o->vocab, xmp_gpt2_pad_vocab((int)o->vocab, 128), 2, NH, C};
+    xmp_gpt2_config_t cfg = {T, V, xmp_gpt2_pad_vocab(V, 128), 2, NH, C};
     xmp_gpt2_t m;
     memset(&m, 0, sizeof m);
     int *in = malloc((size_t)(B * T) * sizeof(int)), *tg = malloc((size_t)(B * T) * sizeof(int));
     int ok = in && tg && xmp_gpt2_init_random(&m, &cfg, 1234 + (uint64_t)rank) == 0;
     for (int i = 0; ok && i < B * T; i++) {
-        in[i] = (int)((i * 7 + rank) % o->vocab);
-        tg[i] = (int)((i * 11 + 3) % o->vocab);
+        in[i] = (i * 7 + rank) % V;
+        tg[i] = (i * 11 + 3) % V;
     }
     double tt[MAX_REPS];
     int step = 0, all_ok = 0;
@@ -978,17 +985,24 @@ static void measure_gptstep(const opts_t *o, int busy, xm_gptstep_t *G)
             double t0 = MPI_Wtime(), t;
             int calls = 0;
             do {
-                xmp_gpt2_forward(&m, in, tg, B, T);
+                if (xmp_gpt2_forward(&m, in, tg, B, T) != 0)
+                    ok = 0;
                 xmp_gpt2_zero_grad(&m);
-                xmp_gpt2_backward(&m);
-                xmp_gpt2_update(&m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, ++step);
+                if (!ok || xmp_gpt2_backward(&m) != 0 ||
+                    xmp_gpt2_update(&m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, ++step) != 0)
+                    ok = 0;
                 calls++;
-            } while ((t = MPI_Wtime() - t0) < SUSTAIN_S);
+            } while (ok && (t = MPI_Wtime() - t0) < SUSTAIN_S);
             if (rep >= 0)
-                tt[rep] = t / calls;
+                tt[rep] = ok ? t / calls : 0;
         }
-        double sec = elt_median_max(tt, creps);
-        *G = (xm_gptstep_t){2, C, NH, T, B, (int)o->vocab, busy, sec, 0};
+        double sec = elt_median_max(tt, creps); /* collective: every rank calls it */
+        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (all_ok)
+            *G = (xm_gptstep_t){2, C, NH, T, B, V, busy, sec, 0};
+        else if (rank == 0)
+            fprintf(stderr, "xmesh-calibrate: the GPT-2 step probe failed on some rank "
+                            "(memory?); no gptstep record\n");
     } else if (rank == 0) {
         fprintf(stderr, "xmesh-calibrate: the GPT-2 step probe could not be set up (memory); "
                         "no gptstep record\n");
