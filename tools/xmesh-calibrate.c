@@ -948,7 +948,7 @@ static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
 /* One training step (forward, backward, AdamW) of the serial GPT-2, every rank at once, timed
  * like the kernels above (repetitions of steps run back to back for at least SUSTAIN_S, the
  * slowest rank's median): 2 layers of the calibrated hidden size, heads of 32 channels,
- * sequence min(tokens, 64), tokens / sequence rows, the calibrated vocabulary. The layout
+ * sequence min(tokens, 64), min(tokens, 256) rows, vocabulary min(vocab, 4C). The layout
  * search prices this model from the kernel records and scales its compute by the ratio
  * (xm_costmodel.h, xm_gptstep_t). G->busy stays 0 when not measured. */
 static void measure_gptstep(const opts_t *o, int busy, xm_gptstep_t *G)

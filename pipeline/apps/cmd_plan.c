@@ -307,7 +307,7 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
     so->no_share = !!(ab & 2u);
     so->no_overlap = !!(ab & 4u);
     so->no_cpu_share = !!(ab & 8u);
-    so->no_compose = !!(ab & 16u);
+    so->no_step = !!(ab & 16u);
     if (p->overlap) {
         xmp_overlap_t ov;
         if (xmp_overlap_parse(p->overlap, &ov))

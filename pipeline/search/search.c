@@ -974,12 +974,12 @@ static void ctx_free(ctx_t *c)
 
 /* The compute factor of the cost model's gptstep record: its measured step (the serial GPT-2,
  * every rank busy) over the same model priced here from the kernel records (one rank, one
- * stage, one microbatch: compute + optimizer). 1 without a record, under no_compose (which the
+ * stage, one microbatch: compute + optimizer). 1 without a record, under no_step (which the
  * probe itself runs with), or when the probe cannot be priced. */
 static double step_factor(const xmp_search_opts_t *o)
 {
     const xm_gptstep_t *g = o->cost ? &o->cost->gptstep : NULL;
-    if (!g || g->busy <= 0 || o->no_compose)
+    if (!g || g->busy <= 0 || o->no_step)
         return 1;
     xmp_search_opts_t p;
     memset(&p, 0, sizeof p);
@@ -993,7 +993,7 @@ static double step_factor(const xmp_search_opts_t *o)
     p.cluster = o->cluster;
     p.fixed_M = 1;
     p.max_evals = o->max_evals;
-    p.no_boundary = p.no_cpu_share = p.no_compose = 1;
+    p.no_boundary = p.no_cpu_share = p.no_step = 1;
     xmp_search_cand_t c;
     memset(&c, 0, sizeof c);
     c.nstages = 1;
@@ -1010,8 +1010,9 @@ static double step_factor(const xmp_search_opts_t *o)
     return composed > 0 && isfinite(composed) ? g->seconds / composed : 1;
 }
 
-static int ctx_init(ctx_t *c, const xmp_search_opts_t *o, int S, int M, xmp_search_stats_t *st,
-                    char *err, size_t errlen)
+/* cf: step_factor(o), computed once by the caller (a search inits a context per S and M). */
+static int ctx_init(ctx_t *c, const xmp_search_opts_t *o, int S, int M, double cf,
+                    xmp_search_stats_t *st, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
     c->o = o;
@@ -1027,7 +1028,7 @@ static int ctx_init(ctx_t *c, const xmp_search_opts_t *o, int S, int M, xmp_sear
     if (xm_cost_gemm(o->cost, 256, 256, 256, &p) || !(p.seconds > 0))
         return ctx_fail(c, "cost model: sgemm: %s", xmesh_last_error());
     c->gemm_rate = 2.0 * 256 * 256 * 256 / p.seconds;
-    c->cf = step_factor(o);
+    c->cf = cf;
     if (build_options(c))
         return -1;
     if (c->nopt == 0)
@@ -1608,7 +1609,7 @@ int xmp_search_gpt_eval(const xmp_search_opts_t *o, xmp_search_cand_t *c, char *
     oo.strategies = 0;
     oo.memory_limit = 0;
     char e2[512];
-    if (ctx_init(&x, &oo, S, M, NULL, e2, sizeof e2)) {
+    if (ctx_init(&x, &oo, S, M, step_factor(&oo), NULL, e2, sizeof e2)) {
         ctx_free(&x);
         return fail(err, errlen, "%s", e2);
     }
@@ -1640,7 +1641,7 @@ int xmp_search_gpt_check(const xmp_search_opts_t *o, int S, int M, int kind, dou
     if (S < 1 || o->nranks % S || S > o->model.num_layers || o->B % M)
         return fail(err, errlen, "check: S=%d M=%d", S, M);
     ctx_t x;
-    if (ctx_init(&x, o, S, M, NULL, err, errlen)) {
+    if (ctx_init(&x, o, S, M, step_factor(o), NULL, err, errlen)) {
         ctx_free(&x);
         return -1;
     }
@@ -1768,6 +1769,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
     unsigned mask = o->strategies ? o->strategies : 0xFu;
     xmp_search_cand_t *pool = NULL;
     int npool = 0, cap = 0, any_option = 0;
+    const double cf = step_factor(o);
     for (int S = 1; S <= maxS; S++) {
         if (o->nranks % S || S > L)
             continue;
@@ -1775,7 +1777,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
             if (o->B % M || (o->fixed_M > 0 && M != o->fixed_M))
                 continue;
             ctx_t x;
-            if (ctx_init(&x, o, S, M, &st, err, errlen)) {
+            if (ctx_init(&x, o, S, M, cf, &st, err, errlen)) {
                 ctx_free(&x);
                 free(pool);
                 return -1;

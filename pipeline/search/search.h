@@ -82,7 +82,7 @@ typedef struct {
     /* the ablation that ignores the cost model's gptstep record: compute priced from the
      * kernel records alone (otherwise scaled by the record's measured step over the same
      * model priced from the kernels; xm_costmodel.h, xm_gptstep_t) */
-    int no_compose;
+    int no_step;
 } xmp_search_opts_t;
 
 typedef struct {
@@ -122,7 +122,7 @@ typedef struct {
     double stage_sync_s[XMP_SEARCH_MAX_STAGES];
     double stage_r_s[XMP_SEARCH_MAX_STAGES], stage_o_s[XMP_SEARCH_MAX_STAGES];
     /* the factor every compute time above carries: the gptstep record's measured step over
-     * the kernel records' price of it (1: no record, or no_compose) */
+     * the kernel records' price of it (1: no record, or no_step) */
     double step_factor;
 } xmp_search_cand_t;
 

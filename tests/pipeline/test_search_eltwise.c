@@ -21,7 +21,7 @@
  *    malformed ones refused naming the field; the search prices the probe model itself at
  *    exactly the measured seconds (its compute + optimizer scaled by measured / composed), every
  *    compute time of another configuration scales by the same factor while its collectives do
- *    not, and no_compose (--ablate step) gives factor 1 and the kernel records' figures.
+ *    not, and no_step (--ablate step) gives factor 1 and the kernel records' figures.
  */
 #include <math.h>
 #include <stdio.h>
@@ -421,7 +421,7 @@ static void test_gptstep(void)
     opts(&op, cm, 2, 2, 32, 64, 2, 16, 1);
     op.model.max_seq_len = 16; /* the probe's wpe has T rows (xmesh-calibrate's probe too) */
     op0 = op;
-    op0.no_compose = 1;
+    op0.no_step = 1;
     xmp_search_cand_t c = one_stage(2, 1), c0 = c;
     CHECK(xmp_search_gpt_eval(&op, &c, err, sizeof err) == 0, "%s", err);
     CHECK(xmp_search_gpt_eval(&op0, &c0, err, sizeof err) == 0, "%s", err);
@@ -430,14 +430,14 @@ static void test_gptstep(void)
     CHECK(near(comp, measured), "the probe model priced at %.12g s, measured %.12g s", comp,
           measured);
     CHECK(c0.step_factor == 1 && near(c.step_factor, measured / comp0),
-          "factor %.12g (no_compose %.12g), expected measured / composed = %.12g", c.step_factor,
+          "factor %.12g (no_step %.12g), expected measured / composed = %.12g", c.step_factor,
           c0.step_factor, measured / comp0);
     CHECK(fabs(c.step_factor - 1) > 0.01, "the test needs a factor away from 1: %g", c.step_factor);
     /* another configuration, 2 ranks dp: compute and optimizer scale, the reduction does not */
     xmp_search_opts_t o2, o20;
     opts(&o2, cm, 3, 2, 32, 64, 4, 16, 2);
     o20 = o2;
-    o20.no_compose = 1;
+    o20.no_step = 1;
     xmp_search_cand_t d = one_stage(3, 2), d0 = d;
     CHECK(xmp_search_gpt_eval(&o2, &d, err, sizeof err) == 0, "%s", err);
     CHECK(xmp_search_gpt_eval(&o20, &d0, err, sizeof err) == 0, "%s", err);
