@@ -317,4 +317,58 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
     per_stage(j, "xmesh_cpu_s_per_stage", p->xmesh_cpu, p->nstages, 0);
     per_stage(j, "page_faults_per_stage", p->faults, p->nstages, 1);
     per_stage(j, "cpu_s_per_stage", p->cpu, p->nstages, 0);
+    if (p->stage_f && p->stage_i && p->stage_w) {
+        xmp_json_obj_begin(j, "stage_costs_s");
+        per_stage(j, "f", p->stage_f, p->nstages, 0);
+        per_stage(j, "i", p->stage_i, p->nstages, 0);
+        per_stage(j, "w", p->stage_w, p->nstages, 0);
+        xmp_json_obj_end(j);
+    }
+    if (p->host_cpu) {
+        xmp_json_obj_begin(j, "host_cpu_s");
+        xmp_json_num(j, "user", p->host_cpu->user);
+        xmp_json_num(j, "system", p->host_cpu->system);
+        xmp_json_num(j, "softirq", p->host_cpu->softirq);
+        xmp_json_num(j, "idle", p->host_cpu->idle);
+        xmp_json_int(j, "cores", p->host_cpu->cores);
+        xmp_json_obj_end(j);
+    }
+}
+
+int xmp_host_cpu_now(xmp_host_cpu_t *c)
+{
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    unsigned long long v[8] = {0};
+    int got = 0, cores = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "cpu ", 4))
+            got = sscanf(line + 4, "%llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                         &v[3], &v[4], &v[5], &v[6], &v[7]) >= 7;
+        else if (!strncmp(line, "cpu", 3) && line[3] >= '0' && line[3] <= '9')
+            cores++;
+    }
+    fclose(f);
+    long hz = sysconf(_SC_CLK_TCK);
+    if (!got || cores == 0 || hz <= 0)
+        return -1;
+    /* user nice system idle iowait irq softirq steal */
+    c->user = (double)(v[0] + v[1]) / (double)hz;
+    c->system = (double)v[2] / (double)hz;
+    c->idle = (double)(v[3] + v[4]) / (double)hz;
+    c->softirq = (double)(v[5] + v[6]) / (double)hz;
+    c->cores = cores;
+    return 0;
+}
+
+void xmp_host_cpu_delta(const xmp_host_cpu_t *a, const xmp_host_cpu_t *b, xmp_host_cpu_t *d)
+{
+    d->user = b->user - a->user;
+    d->system = b->system - a->system;
+    d->softirq = b->softirq - a->softirq;
+    d->idle = b->idle - a->idle;
+    d->cores = b->cores;
 }

@@ -66,6 +66,22 @@ void xmp_json_bool(xmp_json_t *j, const char *key, int v);
 /* Flushes and closes; returns -1 (message printed) if any write failed. */
 int xmp_json_close(xmp_json_t *j);
 
+/* CPU time of the whole host (every core, every process, the kernel), core-seconds, from
+ * /proc/stat (Linux; 10 ms ticks). On the emulated cluster every emulated host shares one
+ * kernel, so this is the whole machine: what compute, transfers and the network emulation took
+ * together, and what stayed idle. */
+typedef struct {
+    double user;    /* user + nice */
+    double system;  /* system */
+    double softirq; /* softirq + irq: the kernel's packet work lands here */
+    double idle;    /* idle + iowait */
+    int cores;      /* online CPUs */
+} xmp_host_cpu_t;
+/* Reads the counters now; -1 where /proc/stat is not readable (then *c is zeroed). */
+int xmp_host_cpu_now(xmp_host_cpu_t *c);
+/* d = b - a (cores from b). */
+void xmp_host_cpu_delta(const xmp_host_cpu_t *a, const xmp_host_cpu_t *b, xmp_host_cpu_t *d);
+
 /* The pipeline figures of one step's JSON record, shared by the training commands so that
  * their step records carry the same fields. */
 typedef struct {
@@ -83,11 +99,17 @@ typedef struct {
     int64_t boxing_calls;      /* rank 0: nn/ collectives (boxing, SBP layers, reductions) */
     const double *cpu;         /* per stage (NULL: omitted): CPU seconds (user + system, every
                                 * thread) of the step's driver run, the stage's largest */
+    const double *stage_f;     /* per stage (NULL: omitted): measured seconds per microbatch of */
+    const double *stage_i;     /* F, of I (or B) and of W (the stage's slowest rank): what */
+    const double *stage_w;     /* the simulator takes as the stage costs */
+    const xmp_host_cpu_t *host_cpu; /* NULL: omitted. CPU of the host rank 0 runs on during
+                                     * the step (xmp_host_cpu_delta) */
 } xmp_step_pipe_t;
 /* Writes, into the current JSON object: compute_s, boxing_s, boxing_calls, predicted_s (when > 0),
  * bubble_per_stage, bubble (mean over stages), peak_activation_bytes,
- * peak_activation_microbatches, xmesh_cpu_s_per_stage, page_faults_per_stage and cpu_s_per_stage
- * (when given). */
+ * peak_activation_microbatches, xmesh_cpu_s_per_stage, page_faults_per_stage, cpu_s_per_stage,
+ * stage_costs_s {f, i, w: per stage} and host_cpu_s {user, system, softirq, idle, cores} (when
+ * given). */
 void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p);
 
 /* Median / min / max of n doubles (n >= 1; v is not modified). */

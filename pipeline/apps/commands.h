@@ -27,6 +27,9 @@ int xmp_cmd_gpt_plan_auto(MPI_Comm comm, const xmp_gpt2_config_t *cfg, int batch
 /* Byte-level tokenizer to llm.c token files (apps/cmd_tokenize.c). */
 int xmp_cmd_tokenize(int argc, char **argv);
 
+/* One schedule simulated with given costs: `xmesh-train schedule` (apps/cmd_schedule.c). */
+int xmp_cmd_schedule(int argc, char **argv);
+
 /* U-Transformer training: `xmesh-train utransformer` (apps/train_utransformer.c). */
 int xmp_train_utransformer_main(int argc, char **argv);
 

@@ -22,6 +22,8 @@ static const struct {
     {"utransformer", utransformer,
      "train the U-Transformer on synthetic shapes; --serial or MPI pipeline"},
     {"tokenize", xmp_cmd_tokenize, "byte-level tokenizer writing llm.c token files"},
+    {"schedule", xmp_cmd_schedule,
+     "simulate a pipeline schedule with given stage and transfer costs"},
 };
 
 static void usage(FILE *f)

@@ -519,9 +519,17 @@ typedef struct {
     double pred_bubble, pred_peak[XMP_MAX_STAGES];
 } train_log_t;
 
+/* Pipeline section only (sl != NULL): the stage graph's nedges edges and, when plan_s is not
+ * NULL, xmesh's predicted seconds of one transfer per plan (2*edge+dir). */
+typedef struct {
+    const xmp_sedge_t *sedges;
+    int nedges;
+    const double *plan_s;
+} log_graph_t;
+
 static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_model_t *m,
                     const char *mode, int64_t nparams, const xmp_stage_layout_t *sl,
-                    const xmp_strategy_t *strat)
+                    const xmp_strategy_t *strat, const log_graph_t *graph)
 {
     memset(s, 0, sizeof *s);
     s->o = o;
@@ -592,6 +600,22 @@ static int log_open(train_log_t *s, const xmp_train_opts_t *o, const xmp_train_m
                 xmp_json_obj_end(j);
             }
             xmp_json_arr_end(j);
+            if (graph) {
+                xmp_json_arr_begin(j, "edges");
+                for (int k = 0; k < graph->nedges; k++) {
+                    xmp_json_arr_begin(j, NULL);
+                    xmp_json_int(j, NULL, graph->sedges[k].src);
+                    xmp_json_int(j, NULL, graph->sedges[k].dst);
+                    xmp_json_arr_end(j);
+                }
+                xmp_json_arr_end(j);
+                if (graph->plan_s) {
+                    xmp_json_arr_begin(j, "plan_predicted_s");
+                    for (int p = 0; p < 2 * graph->nedges; p++)
+                        xmp_json_num(j, NULL, graph->plan_s[p]);
+                    xmp_json_arr_end(j);
+                }
+            }
             xmp_json_obj_end(j);
         }
         xmp_json_arr_begin(j, "steps");
@@ -767,7 +791,7 @@ static int run_serial(const xmp_train_opts_t *o, const xmp_train_model_t *m)
         xmp_cli_error("%s", xmp_last_error());
         return 1;
     }
-    if (log_open(&log, o, m, "serial", np, NULL, NULL) != 0) {
+    if (log_open(&log, o, m, "serial", np, NULL, NULL, NULL) != 0) {
         m->serial_close(m->user);
         return 1;
     }
@@ -1596,7 +1620,12 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
             printf("resumed from '%s' at step %d\n", o->resume, o->start_step);
     }
     if (rank == 0) {
-        if (log_open(&log, o, m, "parallel", ts.nparams, &sl, strat) != 0)
+        double plan_s[2 * XMP_MAX_STAGES * XMP_MAX_STAGES];
+        log_graph_t lg = {ts.sedges, ts.nedges, NULL};
+        if (2 * ts.nedges <= (int)(sizeof plan_s / sizeof plan_s[0]) &&
+            xmp_driver_plan_seconds(drv, plan_s) == XMESH_SUCCESS)
+            lg.plan_s = plan_s;
+        if (log_open(&log, o, m, "parallel", ts.nparams, &sl, strat, &lg) != 0)
             goto out;
         have_log = 1;
         log.have_bbytes =
@@ -1628,9 +1657,15 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         for (int k = 0; k < nv; k++)
             vt[k].fail_now = tops.fail_now;
         double faults0, cpu0, faults, cpu;
+        xmp_host_cpu_t hc0, hc1, hcd;
+        int have_hc = rank == 0 && xmp_host_cpu_now(&hc0) == 0;
         usage_now(&faults0, &cpu0);
         xmesh_result_t r = xmp_driver_step(drv, &ss);
         usage_now(&faults, &cpu);
+        if (have_hc && xmp_host_cpu_now(&hc1) == 0)
+            xmp_host_cpu_delta(&hc0, &hc1, &hcd);
+        else
+            have_hc = 0;
         faults -= faults0;
         cpu -= cpu0;
         int bad = r != XMESH_SUCCESS;
@@ -1683,8 +1718,9 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
                busy = tops.f + tops.i + tops.w + tops.r + tops.o;
         for (int k = 0; k < nv; k++)
             busy += vt[k].f + vt[k].i + vt[k].w + vt[k].r + vt[k].o;
-        xmp_step_pipe_t sp = {busy - boxing, boxing, 0,       S,         bubble,  peak_mb,
-                              peak_bytes,    xcpu,   xfaults, box_calls, xcpu_all};
+        xmp_step_pipe_t sp = {busy - boxing, boxing,     0,    S,       bubble,
+                              peak_mb,       peak_bytes, xcpu, xfaults, box_calls,
+                              xcpu_all,      pf,         pi,   pw,      have_hc ? &hcd : NULL};
         /* Prediction of this step from the previous step's measured stage costs and xmesh's
          * predicted plan times (the first step has none). */
         if (have_log)

@@ -866,20 +866,28 @@ xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double
     return xmp_driver_predict_costs(d, &c, res);
 }
 
+xmesh_result_t xmp_driver_plan_seconds(xmp_driver_t *d, double *x)
+{
+    for (int p = 0; p < d->P; p++) {
+        xmesh_plan_info_t info;
+        if (xmesh_plan_get_info(d->plans[p].plan, &info) != XMESH_SUCCESS) {
+            derr(d, "xmesh_plan_get_info: %s", xmesh_last_error());
+            return XMESH_ERR_INTERNAL;
+        }
+        x[p] = info.predicted_s;
+    }
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *costs,
                                         xmp_sim_result_t *res)
 {
     double *x = calloc((size_t)(d->P ? d->P : 1), sizeof(double));
     if (x == NULL)
         return XMESH_ERR_NO_MEMORY;
-    for (int p = 0; p < d->P; p++) {
-        xmesh_plan_info_t info;
-        if (xmesh_plan_get_info(d->plans[p].plan, &info) != XMESH_SUCCESS) {
-            derr(d, "xmesh_plan_get_info: %s", xmesh_last_error());
-            free(x);
-            return XMESH_ERR_INTERNAL;
-        }
-        x[p] = info.predicted_s;
+    if (xmp_driver_plan_seconds(d, x) != XMESH_SUCCESS) {
+        free(x);
+        return XMESH_ERR_INTERNAL;
     }
     xmp_sim_costs_t c = *costs;
     c.xfer = x;

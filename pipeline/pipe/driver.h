@@ -250,6 +250,9 @@ xmesh_result_t xmp_driver_predict(xmp_driver_t *d, const double *f, const double
  * can set against the measured peak_act_bytes); xfer and late_recv come from the driver. */
 xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *costs,
                                         xmp_sim_result_t *res);
+/* xmesh's predicted seconds of one transfer of each plan (xmesh_plan_get_info), at plan index
+ * 2*edge+dir, into x[0 .. 2*nedges-1] (in signal mode: the signals' own plans). Local. */
+xmesh_result_t xmp_driver_plan_seconds(xmp_driver_t *d, double *x);
 /* Mean over the activation plans (every edge, producer -> consumer) of xmesh's predicted
  * seconds (xmesh_plan_get_info); 0 without edges and in signal mode (no data moves). Local. */
 double xmp_driver_mean_act_seconds(xmp_driver_t *d);

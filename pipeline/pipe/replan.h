@@ -37,6 +37,11 @@ typedef struct {
     double selective_keep;
 } xmp_replan_t;
 
+/* The generator options a re-plan uses (pure): weight-gradient delay, the means over the
+ * nstages stages of rp's F, I and W, rp's transfer time, at most nstages pending W, and rp's
+ * memory cap. Recomputation is left off (xmp_pipe_replan keeps the current schedule's). */
+void xmp_pipe_replan_opts(const xmp_replan_t *rp, int nstages, xmp_gen_opts_t *go);
+
 /* Collective over dc->comm. Generates the new schedule; on success destroys *drv and *sched,
  * creates the driver from dc with the new schedule (dc->sched is set to it) and returns
  * XMESH_SUCCESS with *sched and *drv replaced. Errors (nn/'s convention: xmp_err, message in

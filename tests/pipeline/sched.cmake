@@ -9,3 +9,10 @@ add_executable(test_pipeline_sched_virtual ${CMAKE_CURRENT_LIST_DIR}/test_sched_
 target_link_libraries(test_pipeline_sched_virtual PRIVATE xmesh_pipeline m)
 add_test(NAME pipeline.sched.virtual COMMAND test_pipeline_sched_virtual)
 set_tests_properties(pipeline.sched.virtual PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
+# xmesh-train schedule: simulated steps against hand-computed timelines, refusals.
+if(TARGET xmesh-train)
+  add_test(NAME pipeline.schedule.cli
+    COMMAND ${CMAKE_CURRENT_LIST_DIR}/schedule_cli_test.sh $<TARGET_FILE:xmesh-train>
+            ${CMAKE_CURRENT_BINARY_DIR}/schedule_cli)
+  set_tests_properties(pipeline.schedule.cli PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
+endif()

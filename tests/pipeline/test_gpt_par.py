@@ -116,6 +116,37 @@ elif SET == "signal":
                                        for c, s in zip(cpu, steps))
         print(("ok  " if good else "FAIL"), f"broadcast: xmesh CPU per stage and step {cpu}")
         failures += not good
+        # stage costs, the stage graph, xmesh's plan predictions and the host's CPU in the
+        # records; `xmesh-train schedule` fed with step k-1's stage costs and the plan
+        # predictions gives step k's predicted_s (the same generator and simulator)
+        run(4, ["--layers", "4", "--steps", "4", "--stages", "2", "--stage-mesh", "2x1,1x2",
+                "--microbatches", "4", "--schedule", "1f1b", "--comm", "broadcast", "--json", js])
+        doc = json.load(open(js))
+        pipe, steps = doc["pipeline"], doc["steps"]
+        good = pipe.get("edges") == [[0, 1]] and len(pipe.get("plan_predicted_s", [])) == 2 \
+            and min(pipe["plan_predicted_s"]) > 0
+        for st in steps:
+            c, h = st.get("stage_costs_s") or {}, st.get("host_cpu_s") or {}
+            good = good and all(len(c.get(k, [])) == 2 and min(c[k]) > 0 for k in "fiw")
+            # every core-second of the step is user, system, softirq or idle (10 ms ticks;
+            # steal and guest time are left out)
+            tot = sum(h.get(k, 0) for k in ("user", "system", "softirq", "idle"))
+            want = h.get("cores", 0) * st["step_seconds"]
+            good = good and h.get("cores", 0) >= 1 and abs(tot - want) <= 0.02 * h["cores"] + 0.1 * want
+        sims = []
+        for prev, st in zip(steps[1:], steps[2:]):
+            c = prev["stage_costs_s"]
+            cmd = [TRAIN, "schedule", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4",
+                   "--f", ",".join(map(repr, c["f"])), "--i", ",".join(map(repr, c["i"])),
+                   "--w", ",".join(map(repr, c["w"])),
+                   "--xfer", ",".join(map(repr, pipe["plan_predicted_s"])), "--json", js + ".sim"]
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            sim = json.load(open(js + ".sim"))["step_s"] if p.returncode == 0 else None
+            sims.append((sim, st.get("predicted_s")))
+            good = good and sim is not None and abs(sim - st["predicted_s"]) <= 1e-6 * st["predicted_s"]
+        print(("ok  " if good else "FAIL"), f"stage costs, graph, plan predictions, host CPU; "
+              f"schedule CLI vs the trainer's predicted_s {sims}")
+        failures += not good
 else:
     sys.exit(f"unknown set {SET}")
 print(f"{SET}: {'FAILED' if failures else 'passed'} ({failures} failures)")
