@@ -85,6 +85,24 @@ def summarize(doc, warmup, per_step_units):
     xc = [s.get("xmesh_cpu_s_per_stage") for s in use]
     if xc and all(isinstance(c, list) and c for c in xc):
         out["stage_xmesh_cpu_s"] = [statistics.median(c[k] for c in xc) for k in range(len(xc[0]))]
+    # per stage: measured seconds per microbatch of F, I, W (the simulator's stage costs)
+    sc = [s.get("stage_costs_s") for s in use]
+    if sc and all(isinstance(c, dict) and c.get("f") for c in sc):
+        out["stage_costs_s"] = {k: [statistics.median(c[k][j] for c in sc)
+                                    for j in range(len(sc[0][k]))] for k in "fiw"}
+    # the host's CPU during the step (rank 0's host: the whole machine on the emulated cluster)
+    hc = [s.get("host_cpu_s") for s in use]
+    if hc and all(isinstance(h, dict) and h.get("cores") for h in hc):
+        out["host_cpu_s"] = {k: statistics.median(h[k] for h in hc)
+                             for k in ("user", "system", "softirq", "idle")}
+        out["host_cpu_s"]["busy"] = statistics.median(h["user"] + h["system"] + h["softirq"]
+                                                      for h in hc)
+        out["host_cores"] = hc[0]["cores"]
+    pipe = doc.get("pipeline") or {}
+    if pipe.get("edges") is not None and pipe.get("plan_predicted_s"):
+        out["edges"] = pipe["edges"]
+        out["plan_predicted_s"] = pipe["plan_predicted_s"]
+        out["stages"] = pipe.get("stages")
     mem = [first_key(s, ["peak_activation_bytes", "peak_act_bytes", "peak_activations_bytes"])
            for s in use]
     mem = [m for m in mem if m is not None]
@@ -109,6 +127,70 @@ def run(args, launch, row, extra, mb, outdir):
         return None, f"exit {rc} (see {name}.log)"
     with open(jpath) as f:
         return json.load(f), None
+
+
+def simulate(train, extra, stages, mb, edges, costs, xfer, outdir):
+    """Step seconds of the row's schedule (its --schedule, --delay-wgrad and, for --comm
+    blocking, receives posted at the wait) simulated by `xmesh-train schedule` with the given
+    stage costs and per-plan transfer seconds; None when the command fails."""
+    sch = extra[extra.index("--schedule") + 1]
+    cmd = [train, "schedule", "--schedule", sch, "--stages", str(stages), "--microbatches", str(mb),
+           "--edges", ",".join(f"{a}>{b}" for a, b in edges),
+           "--xfer", ",".join(repr(x) for x in xfer)]
+    for k in "fiw":
+        cmd += ["--" + k, ",".join(repr(x) for x in costs[k])]
+    if "--delay-wgrad" in extra:
+        cmd.append("--delay-wgrad")
+    if "blocking" in extra:
+        cmd.append("--blocking")
+    jp = os.path.join(outdir, "sim.json")
+    p = subprocess.run(cmd + ["--json", jp], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    if p.returncode != 0:
+        print(f"ablation: schedule simulation failed: {p.stdout.strip()}", file=sys.stderr)
+        return None
+    with open(jp) as f:
+        return json.load(f)["step_s"]
+
+
+def ceilings(a, rows, results, mbs):
+    """Per row, two bounds on its fraction of signal (issue 25 item 5):
+    schedule ceiling: the row's schedule simulated with the signal row's stage costs (compute
+      that nothing slowed down) and xmesh's predicted transfer times at this NIC rate, over the
+      signal schedule simulated with the same costs and no transfer time: what the schedule
+      allows when moving data costs no CPU;
+    CPU ceiling: a step cannot be shorter than the host's busy core-seconds in it over its
+      cores; signal's step over that floor bounds the fraction by what the row's compute and
+      data movement took of the host's CPU."""
+    extra_of = dict(rows)
+    for mb in mbs:
+        sig = [r for r in results if r["microbatches"] == mb and r["row"] == "signal"
+               and "stage_costs_s" in r]
+        if not sig:
+            continue
+        sig = sig[0]
+        base = None
+        if "edges" in sig:
+            base = simulate(a.train, extra_of["signal"], sig["stages"], mb, sig["edges"],
+                            sig["stage_costs_s"], [0.0] * len(sig["plan_predicted_s"]), a.out)
+        for r in results:
+            if r["microbatches"] != mb or "step_s_median" not in r:
+                continue
+            if base and "plan_predicted_s" in r and r["row"] != "signal":
+                ceil = simulate(a.train, extra_of[r["row"]], r["stages"], mb, r["edges"],
+                                sig["stage_costs_s"], r["plan_predicted_s"], a.out)
+                if ceil:
+                    r["schedule_ceiling_s"] = ceil
+                    r["schedule_ceiling_of_signal"] = base / ceil
+            if "host_cpu_s" in r:
+                floor = r["host_cpu_s"]["busy"] / r["host_cores"]
+                r["cpu_floor_s"] = floor
+                r["host_busy_fraction"] = floor / r["step_s_median"]
+                if floor > 0:
+                    r["cpu_ceiling_of_signal"] = sig["step_s_median"] / floor
+                if "host_cpu_s" in sig:
+                    r["extra_cpu_s"] = {k: r["host_cpu_s"][k] - sig["host_cpu_s"][k]
+                                        for k in ("user", "system", "softirq", "busy")}
 
 
 def fmt_bytes(b):
@@ -202,6 +284,7 @@ def main():
             # the kernel's network work, caches, the other ranks sharing the core)
             if "stage_xmesh_cpu_s" in r and "stage_xmesh_cpu_s" in sig[0]:
                 r["xmesh_cpu_excess_s"] = r["stage_xmesh_cpu_s"][k] - sig[0]["stage_xmesh_cpu_s"][k]
+    ceilings(a, rows, results, mbs)
     doc = {"label": a.label, "model": a.model, "model_args": a.model_args, "stage_args": a.stage_args,
            "units": a.units, "units_per_step": a.units_per_step, "steps": a.steps,
            "warmup": a.warmup, "np": np_, "results": results}
@@ -255,6 +338,30 @@ def main():
             lines.append(f"| {r['microbatches']} | {r['row']} | {r['distance_s']:.3f} | "
                          f"{r['compute_slowdown_s']:.3f} | {r['idle_excess_s']:.3f} | "
                          f"{'%.3f' % xc if xc is not None else '-'} |")
+    cel = [r for r in results if "cpu_floor_s" in r or "schedule_ceiling_s" in r]
+    if cel:
+        lines += ["", "Bounds on each row's fraction of signal. Schedule ceiling: the row's schedule "
+                  "simulated (`xmesh-train schedule`) with the signal row's stage costs and xmesh's "
+                  "predicted transfer times, over signal simulated with no transfer time (moving "
+                  "data costs no CPU). CPU ceiling: signal's step over the row's floor, the host's "
+                  "busy core-seconds per step over its cores (a step is never shorter). Host busy: "
+                  "that floor over the row's step. Extra CPU: the host's core-seconds per step "
+                  "above signal's (user / system / softirq): compute slowed down, xmesh, MPI and "
+                  "the kernel's work for the (emulated) NICs together.", "",
+                  "| M | row | of signal | schedule ceiling | CPU ceiling | host busy | "
+                  "extra CPU core-s: user / system / softirq |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in cel:
+            sc = r.get("schedule_ceiling_of_signal")
+            cc = r.get("cpu_ceiling_of_signal")
+            hb = r.get("host_busy_fraction")
+            ex = r.get("extra_cpu_s")
+            lines.append(f"| {r['microbatches']} | {r['row']} | {r.get('of_signal', float('nan')):.2f} | "
+                         f"{'%.2f' % sc if sc is not None else '-'} | "
+                         f"{'%.2f' % cc if cc is not None else '-'} | "
+                         f"{'%.0f%%' % (100 * hb) if hb is not None else '-'} | "
+                         + (f"{ex['busy']:.3f}: {ex['user']:.3f} / {ex['system']:.3f} / "
+                            f"{ex['softirq']:.3f} |" if ex else "- |"))
     table = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "ablation.md"), "w") as f:
         f.write(table)
