@@ -18,7 +18,7 @@
 #
 #   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [gpt3d] [ut2] [ut1]
 #   (default: gpt2 gpt4 ut2 ut1)
-# Environment: XMESH_ABL_RATE_GPT [50mbit], XMESH_ABL_RATE_UT [200mbit for ut2, 400mbit for
+# Environment: XMESH_ABL_RATE_GPT [120mbit], XMESH_ABL_RATE_UT [200mbit for ut2, 250mbit for
 #   ut1], XMESH_ABL_BURST [64kb],
 #   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT, XMESH_ABL_UT_C [16],
 #   XMESH_ABL_UT_MBS [4] (U-Transformer base channels and images per microbatch),
@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.." || exit 1
 root=$PWD
 steps=${XMESH_ABL_STEPS:-8}
 warmup=${XMESH_ABL_WARMUP:-2}
-rate_gpt=${XMESH_ABL_RATE_GPT:-50mbit}
+rate_gpt=${XMESH_ABL_RATE_GPT:-120mbit}
 rate_ut=${XMESH_ABL_RATE_UT:-}
 burst=${XMESH_ABL_BURST:-64kb}
 out=${XMESH_ABL_OUT:-$root/build/ablation/$(date -u +%Y%m%d-%H%M%S)}
@@ -53,8 +53,12 @@ why=$(microbench/cluster/cluster.sh check 2>&1) || incluster=0
 
 # gpt: 4 layers, 4 heads, 256 channels, T 64, microbatches of 8 sequences (batch = 8 M, the
 # paper's Fig. 9 keeps the microbatch size and varies the batch): one boundary tensor is
-# 8 x 64 x 256 f32 = 512 KiB, about 84 ms at 50 Mbit/s, near the forward compute of a
-# microbatch on a stage (2 ranks per host sharing 2 cores).
+# 8 x 64 x 256 f32 = 512 KiB, about 37 ms at 120 Mbit/s, near the forward compute of a
+# microbatch on the busier stage (2 ranks per host sharing 2 cores; 2026-11-29: F 0.03-0.04 s,
+# blocking 0.72-0.79 of signal). ut1: 2 MiB per microbatch and direction, about 70 ms at 250
+# Mbit/s, near its busier stage's forward (blocking 0.63-0.69). The issue-25 regime is a
+# transfer comparable to a forward (blocking <= 0.75); 50 Mbit/s (the GPT default until
+# 2026-11-29) made a transfer 2.5 forwards on today's machine, which no schedule hides.
 gpt_model="--layers 4 --heads 4 --channels 256 --seq 64 --blas-threads 1"
 gpt_mbs=8
 gpt_tokens_per_sample=64
@@ -90,7 +94,7 @@ for c in $configs; do
         "--stages 2 --stage-mesh 1x2x2,1x2x2 --strategy 3d" "$mbl" || rc=1 ;;
     ut2) run_cfg ut2 2 2 "${rate_ut:-200mbit}" utransformer "$ut_mbs" images \
         "--layout u*8|u*5 --stage-mesh 2x1,2x1" "$mbl" -p || rc=1 ;;
-    ut1) run_cfg ut1 2 1 "${rate_ut:-400mbit}" utransformer "$ut_mbs" images \
+    ut1) run_cfg ut1 2 1 "${rate_ut:-250mbit}" utransformer "$ut_mbs" images \
         "--layout u*8|u*5 --stage-mesh 1x1,1x1" "$mbl" -p || rc=1 ;;
     *) echo "run-pipeline-ablation: unknown config '$c' (gpt2, gpt4, gpt3d, ut2, ut1)" >&2; rc=2 ;;
     esac

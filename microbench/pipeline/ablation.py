@@ -98,6 +98,9 @@ def summarize(doc, warmup, per_step_units):
         out["host_cpu_s"]["busy"] = statistics.median(h["user"] + h["system"] + h["softirq"]
                                                       for h in hc)
         out["host_cores"] = hc[0]["cores"]
+        if all(len(h.get("busy_per_core", [])) == hc[0]["cores"] for h in hc):
+            out["host_core_busy_s"] = [statistics.median(h["busy_per_core"][k] for h in hc)
+                                       for k in range(hc[0]["cores"])]
     pipe = doc.get("pipeline") or {}
     if pipe.get("edges") is not None and pipe.get("plan_predicted_s"):
         out["edges"] = pipe["edges"]
@@ -159,9 +162,9 @@ def ceilings(a, rows, results, mbs):
       that nothing slowed down) and xmesh's predicted transfer times at this NIC rate, over the
       signal schedule simulated with the same costs and no transfer time: what the schedule
       allows when moving data costs no CPU;
-    CPU ceiling: a step cannot be shorter than the host's busy core-seconds in it over its
-      cores; signal's step over that floor bounds the fraction by what the row's compute and
-      data movement took of the host's CPU."""
+    CPU ceiling: a step cannot be shorter than the busy seconds of the host's busiest core in
+      it (nor than its busy core-seconds over its cores); signal's step over that floor bounds
+      the fraction by what the row's compute and data movement took of the host's CPU."""
     extra_of = dict(rows)
     for mb in mbs:
         sig = [r for r in results if r["microbatches"] == mb and r["row"] == "signal"
@@ -184,6 +187,8 @@ def ceilings(a, rows, results, mbs):
                     r["schedule_ceiling_of_signal"] = base / ceil
             if "host_cpu_s" in r:
                 floor = r["host_cpu_s"]["busy"] / r["host_cores"]
+                if r.get("host_core_busy_s"):  # the busiest core bounds the step too
+                    floor = max(floor, max(r["host_core_busy_s"]))
                 r["cpu_floor_s"] = floor
                 r["host_busy_fraction"] = floor / r["step_s_median"]
                 if floor > 0:
@@ -343,9 +348,9 @@ def main():
         lines += ["", "Bounds on each row's fraction of signal. Schedule ceiling: the row's schedule "
                   "simulated (`xmesh-train schedule`) with the signal row's stage costs and xmesh's "
                   "predicted transfer times, over signal simulated with no transfer time (moving "
-                  "data costs no CPU). CPU ceiling: signal's step over the row's floor, the host's "
-                  "busy core-seconds per step over its cores (a step is never shorter). Host busy: "
-                  "that floor over the row's step. Extra CPU: the host's core-seconds per step "
+                  "data costs no CPU). CPU ceiling: signal's step over the row's floor, the busy "
+                  "seconds per step of the host's busiest core (at least its busy core-seconds over "
+                  "its cores; a step is never shorter). Host busy: that floor over the row's step. Extra CPU: the host's core-seconds per step "
                   "above signal's (user / system / softirq): compute slowed down, xmesh, MPI and "
                   "the kernel's work for the (emulated) NICs together.", "",
                   "| M | row | of signal | schedule ceiling | CPU ceiling | host busy | "

@@ -331,6 +331,10 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
         xmp_json_num(j, "softirq", p->host_cpu->softirq);
         xmp_json_num(j, "idle", p->host_cpu->idle);
         xmp_json_int(j, "cores", p->host_cpu->cores);
+        xmp_json_arr_begin(j, "busy_per_core");
+        for (int k = 0; k < p->host_cpu->cores && k < XMP_HOST_CPU_MAX; k++)
+            xmp_json_num(j, NULL, p->host_cpu->core_busy[k]);
+        xmp_json_arr_end(j);
         xmp_json_obj_end(j);
     }
 }
@@ -348,8 +352,15 @@ int xmp_host_cpu_now(xmp_host_cpu_t *c)
         if (!strncmp(line, "cpu ", 4))
             got = sscanf(line + 4, "%llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
                          &v[3], &v[4], &v[5], &v[6], &v[7]) >= 7;
-        else if (!strncmp(line, "cpu", 3) && line[3] >= '0' && line[3] <= '9')
+        else if (!strncmp(line, "cpu", 3) && line[3] >= '0' && line[3] <= '9') {
+            unsigned long long w[7] = {0};
+            int id = -1;
+            if (sscanf(line + 3, "%d %llu %llu %llu %llu %llu %llu %llu", &id, &w[0], &w[1], &w[2],
+                       &w[3], &w[4], &w[5], &w[6]) == 8 &&
+                id >= 0 && id < XMP_HOST_CPU_MAX)
+                c->core_busy[id] = (double)(w[0] + w[1] + w[2] + w[5] + w[6]);
             cores++;
+        }
     }
     fclose(f);
     long hz = sysconf(_SC_CLK_TCK);
@@ -361,6 +372,8 @@ int xmp_host_cpu_now(xmp_host_cpu_t *c)
     c->idle = (double)(v[3] + v[4]) / (double)hz;
     c->softirq = (double)(v[5] + v[6]) / (double)hz;
     c->cores = cores;
+    for (int k = 0; k < XMP_HOST_CPU_MAX; k++)
+        c->core_busy[k] /= (double)hz;
     return 0;
 }
 
@@ -371,4 +384,6 @@ void xmp_host_cpu_delta(const xmp_host_cpu_t *a, const xmp_host_cpu_t *b, xmp_ho
     d->softirq = b->softirq - a->softirq;
     d->idle = b->idle - a->idle;
     d->cores = b->cores;
+    for (int k = 0; k < XMP_HOST_CPU_MAX; k++)
+        d->core_busy[k] = b->core_busy[k] - a->core_busy[k];
 }

@@ -70,12 +70,16 @@ int xmp_json_close(xmp_json_t *j);
  * /proc/stat (Linux; 10 ms ticks). On the emulated cluster every emulated host shares one
  * kernel, so this is the whole machine: what compute, transfers and the network emulation took
  * together, and what stayed idle. */
+#define XMP_HOST_CPU_MAX 64
 typedef struct {
     double user;    /* user + nice */
     double system;  /* system */
     double softirq; /* softirq + irq: the kernel's packet work lands here */
     double idle;    /* idle + iowait */
     int cores;      /* online CPUs */
+    /* user + nice + system + irq + softirq of each of the first XMP_HOST_CPU_MAX cores (a step is
+     * never shorter than the busiest core's busy seconds, whatever the other cores did) */
+    double core_busy[XMP_HOST_CPU_MAX];
 } xmp_host_cpu_t;
 /* Reads the counters now; -1 where /proc/stat is not readable (then *c is zeroed). */
 int xmp_host_cpu_now(xmp_host_cpu_t *c);
@@ -108,8 +112,8 @@ typedef struct {
 /* Writes, into the current JSON object: compute_s, boxing_s, boxing_calls, predicted_s (when > 0),
  * bubble_per_stage, bubble (mean over stages), peak_activation_bytes,
  * peak_activation_microbatches, xmesh_cpu_s_per_stage, page_faults_per_stage, cpu_s_per_stage,
- * stage_costs_s {f, i, w: per stage} and host_cpu_s {user, system, softirq, idle, cores} (when
- * given). */
+ * stage_costs_s {f, i, w: per stage} and host_cpu_s {user, system, softirq, idle, cores,
+ * busy_per_core} (when given). */
 void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p);
 
 /* Median / min / max of n doubles (n >= 1; v is not modified). */

@@ -133,6 +133,10 @@ elif SET == "signal":
             tot = sum(h.get(k, 0) for k in ("user", "system", "softirq", "idle"))
             want = h.get("cores", 0) * st["step_seconds"]
             good = good and h.get("cores", 0) >= 1 and abs(tot - want) <= 0.02 * h["cores"] + 0.1 * want
+            # the cores' busy seconds add up to the host's (ticks of 10 ms per core)
+            busy = h.get("user", 0) + h.get("system", 0) + h.get("softirq", 0)
+            pc = h.get("busy_per_core", [])
+            good = good and len(pc) == h.get("cores") and abs(sum(pc) - busy) <= 0.02 * len(pc) + 0.02
         sims = []
         for prev, st in zip(steps[1:], steps[2:]):
             c = prev["stage_costs_s"]
