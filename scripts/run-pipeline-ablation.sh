@@ -19,7 +19,8 @@
 #   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [gpt3d] [ut2] [ut1]
 #   (default: gpt2 gpt4 ut2 ut1)
 # Environment: XMESH_ABL_RATE_GPT [120mbit], XMESH_ABL_RATE_UT [200mbit for ut2, 250mbit for
-#   ut1], XMESH_ABL_BURST [64kb],
+#   ut1], XMESH_ABL_BURST [64kb], XMESH_ABL_MTU [1500] (the emulated NICs' MTU, cluster.sh -m:
+#   9000 = jumbo frames, a fifth of the packets and of the kernel's per-packet work),
 #   XMESH_ABL_STEPS [8], XMESH_ABL_WARMUP [2], XMESH_ABL_OUT, XMESH_ABL_UT_C [16],
 #   XMESH_ABL_UT_MBS [4] (U-Transformer base channels and images per microbatch),
 #   XMESH_ABL_MICROBATCHES [4,16].
@@ -33,6 +34,7 @@ warmup=${XMESH_ABL_WARMUP:-2}
 rate_gpt=${XMESH_ABL_RATE_GPT:-120mbit}
 rate_ut=${XMESH_ABL_RATE_UT:-}
 burst=${XMESH_ABL_BURST:-64kb}
+mtu=${XMESH_ABL_MTU:-1500}
 out=${XMESH_ABL_OUT:-$root/build/ablation/$(date -u +%Y%m%d-%H%M%S)}
 configs=${*:-gpt2 gpt4 ut2 ut1}
 mbl=${XMESH_ABL_MICROBATCHES:-4,16}
@@ -74,10 +76,10 @@ run_cfg() { # name hosts pph rate model mbsize unitname stage-args microbatches 
         --model-args "$margs --no-progress" --stage-args "$sargs" --microbatch-size "$mbsize"
         --units-per-sample "$ups"
         --units "$uname" --microbatches "$mbs" --steps "$steps" --warmup "$warmup"
-        --label "$name: $model, $hosts hosts x $pph ranks, NIC $rate${pin:+, CPUs pinned per host}" --out "$out/$name")
+        --label "$name: $model, $hosts hosts x $pph ranks, NIC $rate${pin:+, CPUs pinned per host}$([ "$mtu" = 1500 ] || echo ", MTU $mtu")" --out "$out/$name")
     echo "run-pipeline-ablation: $name ($hosts hosts x $pph ranks, $rate)" >&2
     if [ $incluster = 1 ]; then
-        microbench/cluster/cluster.sh -q $pin -H "$hosts" -d "$pph" -r "$rate" -b "$burst" -- "${cmd[@]}"
+        microbench/cluster/cluster.sh -q $pin -H "$hosts" -d "$pph" -r "$rate" -b "$burst" -m "$mtu" -- "${cmd[@]}"
     else
         "${cmd[@]}" --np $((hosts * pph))
     fi

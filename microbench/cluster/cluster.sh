@@ -9,7 +9,10 @@
 # of paper 002 section 5 (fast devices inside a host, one slow NIC each).
 #
 # Usage:
-#   cluster.sh [-H hosts] [-d ranks_per_host] [-r rate] [-b burst] [-p] [-q] -- COMMAND [ARGS...]
+#   cluster.sh [-H hosts] [-d ranks_per_host] [-r rate] [-b burst] [-m mtu] [-p] [-q] -- COMMAND [ARGS...]
+#   -m: MTU of every emulated NIC (default 1500). The kernel's work for the emulated NICs is
+#       per packet (veth, bridge, tbf, TCP: no NIC offload), so at 1500 it takes host CPU a real
+#       NIC would not; 9000 (jumbo frames) cuts it about six-fold (docs/RESULTS.md 2026-11-29)
 #   -p: give each emulated host CPUs of its own, as real hosts have: every
 #       process of host h (its Open MPI daemon, ranks and their threads) is
 #       bound to CPUs {h, h + H, ...} mod nproc, and mpirun binds nothing
@@ -37,6 +40,7 @@ PPH=4
 RATE=300mbit
 LATENCY=200ms
 BURST=256kb
+MTU=1500
 QUIET=0
 PIN=0
 
@@ -67,16 +71,17 @@ if [ "${1:-}" = check ]; then
     exit 0
 fi
 
-while getopts "H:d:r:l:b:pqh" opt; do
+while getopts "H:d:r:l:b:m:pqh" opt; do
     case "$opt" in
     H) HOSTS=$OPTARG ;;
     d) PPH=$OPTARG ;;
     r) RATE=$OPTARG ;;
     l) LATENCY=$OPTARG ;;
     b) BURST=$OPTARG ;;
+    m) MTU=$OPTARG ;;
     q) QUIET=1 ;;
     p) PIN=1 ;;
-    h) sed -n '2,32p' "$0"; exit 0 ;;
+    h) sed -n '2,36p' "$0"; exit 0 ;;
     *) exit 2 ;;
     esac
 done
@@ -164,6 +169,10 @@ for ((h = 0; h < HOSTS; h++)); do
     ip -n "$ns" addr add "$SUBNET.$((h + 1))/24" dev eth0 || die "address in $ns failed"
     ip -n "$ns" link set lo up || die "lo up in $ns failed"
     ip -n "$ns" link set eth0 up || die "eth0 up in $ns failed"
+    if [ "$MTU" != 1500 ]; then
+        ip link set "${P}v$h" mtu "$MTU" && ip -n "$ns" link set eth0 mtu "$MTU" ||
+            die "-m $MTU: the veth of host $h refused that MTU"
+    fi
     ip link set "${P}v$h" master "$BR" || die "attaching ${P}v$h to $BR failed"
     ip link set "${P}v$h" up || die "${P}v$h up failed"
     # Host send: egress of eth0 inside the namespace. Host receive: egress

@@ -724,7 +724,7 @@ static void ut_plan_usage(void)
            "                      model does not build are skipped)\n"
            "  --seed N (1)        Metropolis-Hastings / restart seed (printed)\n"
            "  --restarts N (4)    coordinate-descent starts per stage count\n"
-           "  --mh-steps N (2000) Metropolis-Hastings proposals per stage count\n"
+           "  --mh-steps N (4000) Metropolis-Hastings proposals per stage count\n"
            "  --exhaustive        enumerate every configuration (small spaces; the oracle)\n"
            "  --ablate boundary   edges between stages cost 0\n"
            "  --eval              model one configuration (--layout --stage-mesh --strategy or\n"

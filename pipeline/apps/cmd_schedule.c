@@ -16,7 +16,7 @@ static void schedule_usage(void)
     printf(
         "usage: xmesh-train schedule --schedule NAME --stages S --microbatches M\n"
         "         --f LIST --i LIST --w LIST [--xfer LIST] [--edges E] [--delay-wgrad]\n"
-        "         [--blocking] [--render] [--json FILE]\n"
+        "         [--blocking] [--own-links] [--render] [--json FILE]\n"
         "  Simulates one step of the schedule (gpipe, 1f1b, eager-1f1b; one stage per rank\n"
         "  group) with the given costs and prints the step seconds and each stage's bubble.\n"
         "  --f/--i/--w  seconds per microbatch of each stage's forward, input-gradient and\n"
@@ -30,6 +30,8 @@ static void schedule_usage(void)
         "  --delay-wgrad  W delayed and placed as xmesh-train places it after its first step\n"
         "               (the stages' mean costs, the activation transfers' mean time)\n"
         "  --blocking   receivers post each transfer at its wait (xmesh-train --comm blocking)\n"
+        "  --own-links  every plan its own link; by default the transfers out of a stage share\n"
+        "               its NICs (one at a time) and so do those into it, as in xmesh-train\n"
         "  --render     the simulated timeline as text\n"
         "  --json FILE  {schedule, stages, microbatches, step_s, bubble_per_stage,\n"
         "               busy_s_per_stage}\n");
@@ -102,7 +104,7 @@ int xmp_cmd_schedule(int argc, char **argv)
     xmp_cli_set_command("schedule");
     const char *name = NULL, *fs = NULL, *is = NULL, *ws = NULL, *xs = NULL, *es = NULL,
                *json = NULL;
-    int S = 0, M = 0, delay = 0, blocking = 0, render = 0;
+    int S = 0, M = 0, delay = 0, blocking = 0, render = 0, own_links = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -114,6 +116,8 @@ int xmp_cmd_schedule(int argc, char **argv)
             blocking = 1;
         } else if (!strcmp(a, "--render")) {
             render = 1;
+        } else if (!strcmp(a, "--own-links")) {
+            own_links = 1;
         } else if (!strcmp(a, "--schedule") || !strcmp(a, "--stages") ||
                    !strcmp(a, "--microbatches") || !strcmp(a, "--f") || !strcmp(a, "--i") ||
                    !strcmp(a, "--w") || !strcmp(a, "--xfer") || !strcmp(a, "--edges") ||
@@ -204,6 +208,7 @@ int xmp_cmd_schedule(int argc, char **argv)
     sc.w = fw;
     sc.xfer = x;
     sc.late_recv = blocking;
+    sc.share_nic = !own_links;
     xmp_sim_result_t res;
     memset(&res, 0, sizeof res);
     int rc = 1;

@@ -892,6 +892,7 @@ xmesh_result_t xmp_driver_predict_costs(xmp_driver_t *d, const xmp_sim_costs_t *
     xmp_sim_costs_t c = *costs;
     c.xfer = x;
     c.late_recv = d->cfg.mode == XMP_COMM_BLOCKING;
+    c.share_nic = 1; /* the plans of a stage's edges leave through the same NICs */
     int r = xmp_sim_run(d->cfg.sched, &c, res, d->err, sizeof(d->err));
     free(x);
     return r == 0 ? XMESH_SUCCESS : XMESH_ERR_INVALID_USAGE;

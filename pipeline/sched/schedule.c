@@ -982,6 +982,7 @@ typedef struct {
     double *heldb;             /* per group: bytes held */
     double *hb;                /* per stage and mb: bytes that microbatch holds */
     int *pend, *phead, *ptail; /* pending W FIFO per group [G][CM]: chunk*M + mb */
+    double *nic_out, *nic_in;  /* share_nic: per group, when its NICs are free again */
 } engine_t;
 
 static double cost_of(const engine_t *E, int g, xmp_action_t a)
@@ -1073,6 +1074,13 @@ static void advance_plan(engine_t *E, int p)
 {
     const int M = E->M;
     double x = E->c->xfer ? E->c->xfer[p] : 0;
+    int sg = -1, rg = -1; /* share_nic: the groups whose NICs the transfer takes */
+    if (E->nic_out) {
+        sg = E->s->stage_group[xmp_xfer_sender(E->s, p / 2, p % 2)];
+        rg = E->s->stage_group[xmp_xfer_receiver(E->s, p / 2, p % 2)];
+        if (sg == rg)
+            sg = rg = -1;
+    }
     while (E->nend[p] < M && E->nend[p] < E->cnt[2 * p] && E->nend[p] < E->cnt[2 * p + 1]) {
         int k = E->nend[p];
         double b = E->enq[(2 * p) * M + k];
@@ -1080,6 +1088,13 @@ static void advance_plan(engine_t *E, int p)
             b = E->enq[(2 * p + 1) * M + k];
         if (k > 0 && E->end[p * M + k - 1] > b)
             b = E->end[p * M + k - 1];
+        if (sg >= 0) {
+            if (E->nic_out[sg] > b)
+                b = E->nic_out[sg];
+            if (E->nic_in[rg] > b)
+                b = E->nic_in[rg];
+            E->nic_out[sg] = E->nic_in[rg] = b + x;
+        }
         E->end[p * M + k] = b + x;
         E->nend[p]++;
     }
@@ -1225,8 +1240,13 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
     E.pend = calloc((size_t)G * (size_t)E.CM, sizeof(int));
     E.phead = calloc((size_t)G, sizeof(int));
     E.ptail = calloc((size_t)G, sizeof(int));
+    if (c->share_nic) {
+        E.nic_out = calloc((size_t)G, sizeof(double));
+        E.nic_in = calloc((size_t)G, sizeof(double));
+    }
     if (!E.cnt || !E.kofmb || !E.enq || !E.nend || !E.end || !E.pc || !E.t || !E.held || !E.heldb ||
-        !E.hb || !E.pend || !E.phead || !E.ptail || result_alloc(s, res) != 0) {
+        !E.hb || !E.pend || !E.phead || !E.ptail || (c->share_nic && (!E.nic_out || !E.nic_in)) ||
+        result_alloc(s, res) != 0) {
         seterr(err, errlen, "simulator: out of memory");
         goto out_free;
     }
@@ -1369,6 +1389,8 @@ out_free:
     free(E.pend);
     free(E.phead);
     free(E.ptail);
+    free(E.nic_out);
+    free(E.nic_in);
     return rc;
 }
 

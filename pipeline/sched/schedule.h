@@ -317,6 +317,13 @@ typedef struct {
     double r, o;             /* reduction and optimizer time, every group */
     int late_recv;           /* receivers start each transfer at its wait and wait at once
                               * (driver mode "blocking"): no posting ahead */
+    int share_nic;           /* 1: a rank group's NICs carry one transfer at a time in each
+                              * direction: a transfer also waits until the previous one out of its
+                              * sender's group and the previous one into its receiver's group
+                              * ended (in the order transfers can start). Transfers between two
+                              * chunks of one group use no NIC. 0: every plan its own link (the
+                              * skip edges of a U-Transformer, or the activations and gradients
+                              * leaving a middle stage, then overlap for free) */
     /* Memory model (NULL / 0: peak_bytes stays 0). A microbatch holds on its stage from the
      * end of F to the end of B (or W): act_bytes without recomputation, act_bytes *
      * selective_keep under selective, ckpt_bytes under block recomputation. A backward

@@ -536,6 +536,7 @@ static double cfg_eval(uctx_t *c, const ucfg_t *g, xmp_uts_cand_t *cand)
     sc.xfer = xfer;
     sc.r = rmax;
     sc.o = omax;
+    sc.share_nic = 1; /* the skip edges leave through the same NICs, as in xmesh-train */
     xmp_sim_result_t res;
     memset(&res, 0, sizeof res);
     int r = xmp_sim_run(sch, &sc, &res, msg, sizeof msg);
@@ -946,7 +947,7 @@ static int search_S(uctx_t *c, int ex, uint64_t *rs, pool_t *p, double *space)
         return 0;
     }
     int restarts = c->o->restarts > 0 ? c->o->restarts : 4;
-    int steps = c->o->mh_steps > 0 ? c->o->mh_steps : 2000;
+    int steps = c->o->mh_steps > 0 ? c->o->mh_steps : 4000;
     c->vm = calloc(VMEMO, sizeof *c->vm); /* NULL: no memo, the same result slower */
     double bt = INFINITY;
     for (int r = 0; r < restarts && !c->failed; r++) {

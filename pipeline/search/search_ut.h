@@ -66,7 +66,7 @@ typedef struct {
     int max_evals;      /* edge plans: scheduler evaluation budget (0: 2000) */
     uint64_t seed;      /* Metropolis-Hastings and restarts */
     int restarts;       /* coordinate-descent starts per stage count (0: 4) */
-    int mh_steps;       /* Metropolis-Hastings proposals per stage count (0: 2000) */
+    int mh_steps;       /* Metropolis-Hastings proposals per stage count (0: 4000) */
     int no_boundary;    /* ablation: edges cost 0 */
 } xmp_uts_opts_t;
 

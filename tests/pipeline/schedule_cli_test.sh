@@ -54,6 +54,12 @@ step_is 6.25 -- --schedule gpipe --stages 2 --microbatches 1 --f 1 --i 1 --w 1 -
 # [4.5,5.5] B [5.5,7.5]; s1 B [7.5,9.5]; s0 B (both gradients in) [9.5,11.5]
 step_is 11.5 -- --schedule gpipe --stages 3 --microbatches 1 --f 1 --i 1 --w 1 \
     --edges '0>1,1>2,0>2' --xfer 0,0,0,0,3.5,0
+# two edges 0>1 share stage 0's NIC out and stage 1's NIC in (one transfer at a time): acts
+# [1,2] [2,3], F [3,4] B [4,6], grads [6,7] [7,8], B [8,10]; --own-links: each edge its own
+step_is 10 -- --schedule gpipe --stages 2 --microbatches 1 --f 1 --i 1 --w 1 --edges '0>1,0>1' \
+    --xfer 1
+step_is 8 -- --schedule gpipe --stages 2 --microbatches 1 --f 1 --i 1 --w 1 --edges '0>1,0>1' \
+    --xfer 1 --own-links
 # blocking receivers never beat posted ones; weight-gradient delay never loses here
 for sch in 1f1b eager-1f1b; do
     "$X" schedule --schedule $sch --stages 4 --microbatches 8 --f 1 --i 1 --w 1 --xfer 0.7 \

@@ -292,11 +292,113 @@ static void test_checks(void)
     CHECK(xmp_sched_kind_parse("nope") == -1, "kind");
 }
 
+/* share_nic: the transfers out of a group take its NICs one at a time, and so do those into
+ * a group; transfers between chunks of one group take none. */
+static double sim_nic(xmp_schedule_t *s, double x, int share)
+{
+    double cf[8], ci[8], cw[8], cx[16];
+    for (int i = 0; i < 8; i++) {
+        cf[i] = 1;
+        ci[i] = 1.5;
+        cw[i] = 0.5;
+    }
+    for (int i = 0; i < 16; i++)
+        cx[i] = x;
+    xmp_sim_costs_t c;
+    memset(&c, 0, sizeof(c));
+    c.f = cf;
+    c.i = ci;
+    c.w = cw;
+    c.xfer = cx;
+    c.share_nic = share;
+    xmp_sim_result_t res;
+    int r = xmp_sim_run(s, &c, &res, err, sizeof(err));
+    CHECK(r == 0, "sim: %s %s", err, r == 1 ? res.msg : "");
+    double step = res.step_s;
+    xmp_sim_result_free(&res);
+    return step;
+}
+
+static void test_share_nic(void)
+{
+    /* two edges 0>1 (a skip beside the main path), GPipe M=1, f 1, b 2, x 1: own links: F
+     * [0,1], both A [1,2], F [2,3] B [3,5], both G [5,6], B [6,8]; shared: A [1,2] [2,3], F
+     * [3,4] B [4,6], G [6,7] [7,8], B [8,10] */
+    xmp_sedge_t two[2] = {{0, 1}, {0, 1}};
+    xmp_schedule_t *s = NULL;
+    CHECK(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 1, 2, two, NULL, &s, err, sizeof(err)) == 0, "%s",
+          err);
+    double own = sim_nic(s, 1.0, 0), shared = sim_nic(s, 1.0, 1);
+    CHECK(own == 8.0 && shared == 10.0, "two edges: own links %.17g (want 8), shared %.17g (10)",
+          own, shared);
+    xmp_sched_destroy(s);
+    /* a chain: activations and gradients of one link go opposite ways (full duplex): GPipe S=2
+     * is the same either way */
+    xmp_sedge_t e1[1] = {{0, 1}};
+    CHECK(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 2, 1, e1, NULL, &s, err, sizeof(err)) == 0, "%s",
+          err);
+    own = sim_nic(s, 3.0, 0);
+    shared = sim_nic(s, 3.0, 1);
+    CHECK(own == 18.0 && shared == 18.0, "S=2 chain: %.17g %.17g (want 18)", own, shared);
+    xmp_sched_destroy(s);
+    /* eager-1F1B S=3 M=4, x = 2.5: the middle stage sends activations forward and gradients
+     * back through one NIC, so sharing costs time (32.5 against 30), and never saves any */
+    xmp_sedge_t e3[2];
+    xmp_sched_chain_edges(3, e3);
+    CHECK(xmp_sched_generate(XMP_SCHED_EAGER_1F1B, 3, 4, 2, e3, NULL, &s, err, sizeof(err)) == 0,
+          "%s", err);
+    own = sim_nic(s, 2.5, 0);
+    shared = sim_nic(s, 2.5, 1);
+    CHECK(own == 30.0 && shared == 32.5,
+          "S=3 eager-1F1B: shared %.17g (want 32.5), own links "
+          "%.17g (30)",
+          shared, own);
+    for (double x = 0.5; x <= 4; x += 0.5)
+        CHECK(sim_nic(s, x, 1) >= sim_nic(s, x, 0), "x %g: sharing saved time", x);
+    CHECK(sim_nic(s, 0.0, 1) == sim_nic(s, 0.0, 0), "no transfer time: sharing changes the step");
+    xmp_sched_destroy(s);
+    /* virtual stages: the V shape's turn (stage 1 > 2 on group 1) uses no NIC: with transfers
+     * only on that edge, sharing changes nothing */
+    int map[4];
+    xmp_sched_vshape_map(2, map);
+    xmp_sedge_t e4[3];
+    xmp_sched_chain_edges(4, e4);
+    s = NULL;
+    CHECK(xmp_sched_generate_map(XMP_SCHED_V_1F1B, 4, 2, map, 4, 3, e4, NULL, &s, err,
+                                 sizeof(err)) == 0,
+          "%s", err);
+    if (s) {
+        double cf[8], ci[8], cw[8], cx[16] = {0};
+        for (int i = 0; i < 8; i++) {
+            cf[i] = 1;
+            ci[i] = 1.5;
+            cw[i] = 0.5;
+        }
+        cx[xmp_plan_index(1, XMP_DIR_ACT)] = cx[xmp_plan_index(1, XMP_DIR_GRAD)] = 2;
+        xmp_sim_costs_t c;
+        memset(&c, 0, sizeof(c));
+        c.f = cf;
+        c.i = ci;
+        c.w = cw;
+        c.xfer = cx;
+        xmp_sim_result_t r0, r1;
+        int a = xmp_sim_run(s, &c, &r0, err, sizeof(err));
+        c.share_nic = 1;
+        int b = xmp_sim_run(s, &c, &r1, err, sizeof(err));
+        CHECK(a == 0 && b == 0 && r0.step_s == r1.step_s, "V turn: %.17g vs %.17g", r0.step_s,
+              r1.step_s);
+        xmp_sim_result_free(&r0);
+        xmp_sim_result_free(&r1);
+        xmp_sched_destroy(s);
+    }
+}
+
 int main(void)
 {
     test_generators();
     test_nonadjacent();
     test_sim();
+    test_share_nic();
     test_checks();
     xmp_sedge_t e[1] = {{0, 1}};
     xmp_schedule_t *s = NULL;
