@@ -330,6 +330,7 @@ void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p)
         xmp_json_num(j, "system", p->host_cpu->system);
         xmp_json_num(j, "softirq", p->host_cpu->softirq);
         xmp_json_num(j, "idle", p->host_cpu->idle);
+        xmp_json_num(j, "steal", p->host_cpu->steal);
         xmp_json_int(j, "cores", p->host_cpu->cores);
         xmp_json_arr_begin(j, "busy_per_core");
         for (int k = 0; k < p->host_cpu->cores && k < XMP_HOST_CPU_MAX; k++)
@@ -371,6 +372,7 @@ int xmp_host_cpu_now(xmp_host_cpu_t *c)
     c->system = (double)v[2] / (double)hz;
     c->idle = (double)(v[3] + v[4]) / (double)hz;
     c->softirq = (double)(v[5] + v[6]) / (double)hz;
+    c->steal = (double)v[7] / (double)hz;
     c->cores = cores;
     for (int k = 0; k < XMP_HOST_CPU_MAX; k++)
         c->core_busy[k] /= (double)hz;
@@ -383,6 +385,7 @@ void xmp_host_cpu_delta(const xmp_host_cpu_t *a, const xmp_host_cpu_t *b, xmp_ho
     d->system = b->system - a->system;
     d->softirq = b->softirq - a->softirq;
     d->idle = b->idle - a->idle;
+    d->steal = b->steal - a->steal;
     d->cores = b->cores;
     for (int k = 0; k < XMP_HOST_CPU_MAX; k++)
         d->core_busy[k] = b->core_busy[k] - a->core_busy[k];

@@ -76,6 +76,7 @@ typedef struct {
     double system;  /* system */
     double softirq; /* softirq + irq: the kernel's packet work lands here */
     double idle;    /* idle + iowait */
+    double steal;   /* a virtual machine's: wanted to run, the hypervisor ran something else */
     int cores;      /* online CPUs */
     /* user + nice + system + irq + softirq of each of the first XMP_HOST_CPU_MAX cores (a step is
      * never shorter than the busiest core's busy seconds, whatever the other cores did) */
@@ -112,7 +113,7 @@ typedef struct {
 /* Writes, into the current JSON object: compute_s, boxing_s, boxing_calls, predicted_s (when > 0),
  * bubble_per_stage, bubble (mean over stages), peak_activation_bytes,
  * peak_activation_microbatches, xmesh_cpu_s_per_stage, page_faults_per_stage, cpu_s_per_stage,
- * stage_costs_s {f, i, w: per stage} and host_cpu_s {user, system, softirq, idle, cores,
+ * stage_costs_s {f, i, w: per stage} and host_cpu_s {user, system, softirq, idle, steal, cores,
  * busy_per_core} (when given). */
 void xmp_json_step_pipeline(xmp_json_t *j, const xmp_step_pipe_t *p);
 

@@ -128,9 +128,9 @@ elif SET == "signal":
         for st in steps:
             c, h = st.get("stage_costs_s") or {}, st.get("host_cpu_s") or {}
             good = good and all(len(c.get(k, [])) == 2 and min(c[k]) > 0 for k in "fiw")
-            # every core-second of the step is user, system, softirq or idle (10 ms ticks;
-            # steal and guest time are left out)
-            tot = sum(h.get(k, 0) for k in ("user", "system", "softirq", "idle"))
+            # every core-second of the step is user, system, softirq, idle or stolen by the
+            # hypervisor (10 ms ticks)
+            tot = sum(h.get(k, 0) for k in ("user", "system", "softirq", "idle", "steal"))
             want = h.get("cores", 0) * st["step_seconds"]
             good = good and h.get("cores", 0) >= 1 and abs(tot - want) <= 0.02 * h["cores"] + 0.1 * want
             # the cores' busy seconds add up to the host's (ticks of 10 ms per core)
