@@ -129,26 +129,35 @@ static void test_nonadjacent(void)
           "self edge: %s", err);
 }
 
-static double run_sim(xmp_schedule_t *s, double f, double b_i, double w, double x,
-                      xmp_sim_result_t *res)
+/* Every stage f, b_i, w; cx[plan] seconds per transfer (16 plans); share: share_nic. */
+static double run_sim_x(xmp_schedule_t *s, double f, double b_i, double w, const double *cx,
+                        int share, xmp_sim_result_t *res)
 {
-    double cf[8], ci[8], cw[8], cx[16];
+    double cf[8], ci[8], cw[8];
     for (int i = 0; i < 8; i++) {
         cf[i] = f;
         ci[i] = b_i;
         cw[i] = w;
     }
-    for (int i = 0; i < 16; i++)
-        cx[i] = x;
     xmp_sim_costs_t c;
     memset(&c, 0, sizeof(c));
     c.f = cf;
     c.i = ci;
     c.w = cw;
     c.xfer = cx;
+    c.share_nic = share;
     int r = xmp_sim_run(s, &c, res, err, sizeof(err));
     CHECK(r == 0, "sim: %s %s", err, r == 1 ? res->msg : "");
     return res->step_s;
+}
+
+static double run_sim(xmp_schedule_t *s, double f, double b_i, double w, double x,
+                      xmp_sim_result_t *res)
+{
+    double cx[16];
+    for (int i = 0; i < 16; i++)
+        cx[i] = x;
+    return run_sim_x(s, f, b_i, w, cx, 0, res);
 }
 
 static void test_sim(void)
@@ -296,25 +305,11 @@ static void test_checks(void)
  * a group; transfers between chunks of one group take none. */
 static double sim_nic(xmp_schedule_t *s, double x, int share)
 {
-    double cf[8], ci[8], cw[8], cx[16];
-    for (int i = 0; i < 8; i++) {
-        cf[i] = 1;
-        ci[i] = 1.5;
-        cw[i] = 0.5;
-    }
+    double cx[16];
     for (int i = 0; i < 16; i++)
         cx[i] = x;
-    xmp_sim_costs_t c;
-    memset(&c, 0, sizeof(c));
-    c.f = cf;
-    c.i = ci;
-    c.w = cw;
-    c.xfer = cx;
-    c.share_nic = share;
     xmp_sim_result_t res;
-    int r = xmp_sim_run(s, &c, &res, err, sizeof(err));
-    CHECK(r == 0, "sim: %s %s", err, r == 1 ? res.msg : "");
-    double step = res.step_s;
+    double step = run_sim_x(s, 1, 1.5, 0.5, cx, share, &res);
     xmp_sim_result_free(&res);
     return step;
 }
@@ -368,25 +363,11 @@ static void test_share_nic(void)
                                  sizeof(err)) == 0,
           "%s", err);
     if (s) {
-        double cf[8], ci[8], cw[8], cx[16] = {0};
-        for (int i = 0; i < 8; i++) {
-            cf[i] = 1;
-            ci[i] = 1.5;
-            cw[i] = 0.5;
-        }
+        double cx[16] = {0};
         cx[xmp_plan_index(1, XMP_DIR_ACT)] = cx[xmp_plan_index(1, XMP_DIR_GRAD)] = 2;
-        xmp_sim_costs_t c;
-        memset(&c, 0, sizeof(c));
-        c.f = cf;
-        c.i = ci;
-        c.w = cw;
-        c.xfer = cx;
         xmp_sim_result_t r0, r1;
-        int a = xmp_sim_run(s, &c, &r0, err, sizeof(err));
-        c.share_nic = 1;
-        int b = xmp_sim_run(s, &c, &r1, err, sizeof(err));
-        CHECK(a == 0 && b == 0 && r0.step_s == r1.step_s, "V turn: %.17g vs %.17g", r0.step_s,
-              r1.step_s);
+        double a = run_sim_x(s, 1, 1.5, 0.5, cx, 0, &r0), b = run_sim_x(s, 1, 1.5, 0.5, cx, 1, &r1);
+        CHECK(a == b, "V turn: %.17g vs %.17g", a, b);
         xmp_sim_result_free(&r0);
         xmp_sim_result_free(&r1);
         xmp_sched_destroy(s);
