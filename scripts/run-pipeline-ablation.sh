@@ -14,7 +14,8 @@
 # U-Transformer rows: C 64, layout u*8|u*5 (the up blocks are heavier: 8 + 5
 # layers balances the two stages), microbatches of 4 images, lr 0.005.
 # Writes build/ablation/<time>/<config>/{ablation.md,ablation.json,ablation.png}
-# and prints the tables.
+# and prints the tables: throughput per row, the distance to signal split, and each row's
+# schedule ceiling and CPU ceiling (microbench/pipeline/ablation.py; docs/RESULTS.md 2026-11-29).
 #
 #   scripts/run-pipeline-ablation.sh [gpt2] [gpt4] [gpt3d] [ut2] [ut1]
 #   (default: gpt2 gpt4 ut2 ut1)

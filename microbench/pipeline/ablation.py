@@ -21,6 +21,12 @@ the median step time over the rest with min and max. Throughput = tokens (GPT)
 or images (U-Transformer) per step / median step time. "of signal" = row
 throughput / signal throughput at the same microbatch count.
 
+Two bounds per row (a third table), from the step records: the schedule ceiling (the row's
+schedule simulated by `xmesh-train schedule` with the signal row's stage costs and xmesh's
+predicted transfer times, over signal simulated without transfer time) and the CPU ceiling
+(signal's step over the busy seconds of the host's busiest core in the row's step), with the
+host's CPU per step above signal's (user / system / softirq).
+
 Launch: inside microbench/cluster/cluster.sh, $XMH_MPIRUN and $XMH_NP are used;
 otherwise `mpirun --oversubscribe -np NP`.
 """
