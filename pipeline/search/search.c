@@ -1518,7 +1518,7 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
     if (xmp_sched_generate(c->sched, S, x->M, ne, edges, NULL, &sch, msg, sizeof msg))
         return ctx_fail(x, "schedule %s S=%d M=%d: %s", xmp_sched_kind_name(c->sched), S, x->M,
                         msg);
-    xmp_sim_costs_t sc = {.f = f, .b = b, .xfer = xfer, .r = rmax, .o = omax};
+    xmp_sim_costs_t sc = {.f = f, .b = b, .xfer = xfer, .r = rmax, .o = omax, .share_nic = 1};
     xmp_sim_result_t res;
     memset(&res, 0, sizeof res);
     double compf[XMP_SEARCH_MAX_STAGES], compb[XMP_SEARCH_MAX_STAGES];
