@@ -221,13 +221,6 @@ int xmp_cmd_schedule(int argc, char **argv)
         xmp_cli_error("the schedule deadlocks in the simulator: %s", res.msg);
         goto out;
     }
-    printf("schedule %s%s%s S=%d M=%d: step %.6f s, bubble", xmp_sched_kind_name(kind),
-           delay ? "+dw" : "", blocking ? " (blocking)" : "", S, M, res.step_s);
-    for (int g = 0; g < res.nstages; g++)
-        printf(" %.3f", res.bubble[g]);
-    printf("\n");
-    if (render)
-        xmp_sim_render(sched, &res, 100, stdout);
     if (json) {
         xmp_json_t j;
         if (xmp_json_open(&j, json) != 0)
@@ -251,6 +244,13 @@ int xmp_cmd_schedule(int argc, char **argv)
         if (xmp_json_close(&j) != 0)
             goto out;
     }
+    printf("schedule %s%s%s S=%d M=%d: step %.6f s, bubble", xmp_sched_kind_name(kind),
+           delay ? "+dw" : "", blocking ? " (blocking)" : "", S, M, res.step_s);
+    for (int g = 0; g < res.nstages; g++)
+        printf(" %.3f", res.bubble[g]);
+    printf("\n");
+    if (render)
+        xmp_sim_render(sched, &res, 100, stdout);
     rc = 0;
 out:
     xmp_sim_result_free(&res);
