@@ -93,6 +93,10 @@ expect 2 "--schedule 'nope': unknown" -- --schedule nope --stages 2 --microbatch
     --i 1 --w 1
 expect 2 "M=1.*S=2|microbatch" -- --schedule 1f1b --stages 2 --microbatches 1 --f 1 --i 1 --w 1
 expect 2 "are required" -- --schedule 1f1b --stages 2
+# an unwritable --json: exit 1 naming it, and no result printed as if it had worked
+expect 1 "--json '$D/no/such/dir/s.json': cannot create" -- --schedule 1f1b --stages 2 \
+    --microbatches 2 --f 1 --i 1 --w 1 --json "$D/no/such/dir/s.json"
+grep -q '^schedule ' "$D/out" && fail "a failed --json still printed the step"
 
 [ "$fails" -eq 0 ] || { echo "$fails check(s) failed" >&2; exit 1; }
 echo "schedule CLI: all checks passed"
