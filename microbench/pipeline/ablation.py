@@ -330,8 +330,8 @@ def main():
         ok_w = w >= 0.90
         above = get["eager+wdelay"]["throughput_min"] > max(get["eager"]["throughput_max"],
                                                             get["1f1b"]["throughput_max"])
-        lines.append(f"- M={mb}: blocking {b:.2f} of signal ({'<= 0.75' if ok_b else '> 0.75'}), "
-                     f"eager+wdelay {w:.2f} ({'met' if ok_w else 'missed'} >= 0.90), "
+        lines.append(f"- M={mb}: blocking {b:.3f} of signal ({'<= 0.75' if ok_b else '> 0.75'}), "
+                     f"eager+wdelay {w:.3f} ({'met' if ok_w else 'missed'} >= 0.90), "
                      f"1f1b {o:.2f}, eager {e:.2f}; eager+wdelay above both with non-overlapping "
                      f"[min, max]: {'yes' if above else 'no'}")
     brk = [r for r in results if "distance_s" in r]
