@@ -37,6 +37,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 
 ROWS = [
     ("blocking", ["--schedule", "1f1b", "--comm", "blocking"]),
@@ -138,7 +139,7 @@ def run(args, launch, row, extra, mb, outdir):
         return json.load(f), None
 
 
-def simulate(train, extra, stages, mb, edges, costs, xfer, outdir):
+def simulate(train, extra, stages, mb, edges, costs, xfer):
     """Step seconds of the row's schedule (its --schedule, --delay-wgrad and, for --comm
     blocking, receives posted at the wait) simulated by `xmesh-train schedule` with the given
     stage costs and per-plan transfer seconds; None when the command fails."""
@@ -152,14 +153,15 @@ def simulate(train, extra, stages, mb, edges, costs, xfer, outdir):
         cmd.append("--delay-wgrad")
     if "blocking" in extra:
         cmd.append("--blocking")
-    jp = os.path.join(outdir, "sim.json")
-    p = subprocess.run(cmd + ["--json", jp], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True)
-    if p.returncode != 0:
-        print(f"ablation: schedule simulation failed: {p.stdout.strip()}", file=sys.stderr)
-        return None
-    with open(jp) as f:
-        return json.load(f)["step_s"]
+    with tempfile.TemporaryDirectory() as d:
+        jp = os.path.join(d, "sim.json")
+        p = subprocess.run(cmd + ["--json", jp], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+        if p.returncode != 0:
+            print(f"ablation: schedule simulation failed: {p.stdout.strip()}", file=sys.stderr)
+            return None
+        with open(jp) as f:
+            return json.load(f)["step_s"]
 
 
 def ceilings(a, rows, results, mbs):
@@ -181,13 +183,13 @@ def ceilings(a, rows, results, mbs):
         base = None
         if "edges" in sig:
             base = simulate(a.train, extra_of["signal"], sig["stages"], mb, sig["edges"],
-                            sig["stage_costs_s"], [0.0] * len(sig["plan_predicted_s"]), a.out)
+                            sig["stage_costs_s"], [0.0] * len(sig["plan_predicted_s"]))
         for r in results:
             if r["microbatches"] != mb or "step_s_median" not in r:
                 continue
             if base and "plan_predicted_s" in r and r["row"] != "signal":
                 ceil = simulate(a.train, extra_of[r["row"]], r["stages"], mb, r["edges"],
-                                sig["stage_costs_s"], r["plan_predicted_s"], a.out)
+                                sig["stage_costs_s"], r["plan_predicted_s"])
                 if ceil:
                     r["schedule_ceiling_s"] = ceil
                     r["schedule_ceiling_of_signal"] = base / ceil

@@ -15,23 +15,18 @@ eager + weight delay among the k where the simulated blocking row is at most --b
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ablation  # noqa: E402  (the same directory)
 
 
-def simulate(train, sched, stages, mb, edges, costs, xfer, tmp):
-    cmd = [train, "schedule"] + sched + ["--stages", str(stages), "--microbatches", str(mb),
-                                         "--edges", ",".join(f"{a}>{b}" for a, b in edges),
-                                         "--xfer", ",".join(repr(x) for x in xfer),
-                                         "--json", tmp]
-    for k in "fiw":
-        cmd += ["--" + k, ",".join(repr(x) for x in costs[k])]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        sys.exit(f"ceiling_sweep: {' '.join(cmd)}: {p.stdout.strip()}")
-    with open(tmp) as f:
-        return json.load(f)["step_s"]
+def simulate(train, row, stages, mb, edges, costs, xfer):
+    """ablation.py's simulation of a row's schedule; exits when xmesh-train refuses"""
+    t = ablation.simulate(train, row, stages, mb, edges, costs, xfer)
+    if t is None:
+        sys.exit("ceiling_sweep: the schedule simulation failed (message above)")
+    return t
 
 
 def main():
@@ -56,38 +51,36 @@ def main():
         ks.append(round(k, 6))
         k += a.kstep
     out = {"ablation": a.ablation, "blocking_max": a.blocking_max, "sweeps": []}
-    eager_wd = ["--schedule", "eager-1f1b", "--delay-wgrad"]
-    blocking = ["--schedule", "1f1b", "--blocking"]
-    with tempfile.TemporaryDirectory() as d:
-        tmp = os.path.join(d, "s.json")
-        for mb in sorted({r["microbatches"] for r in abl["results"]}):
-            rows = {r["row"]: r for r in abl["results"] if r["microbatches"] == mb}
-            sig, blk = rows.get("signal"), rows.get("blocking")
-            if not sig or not blk or "stage_costs_s" not in sig or "plan_predicted_s" not in blk:
-                print(f"M={mb}: no signal stage costs or blocking plan predictions (an ablation "
-                      f"from before 2026-11-29?)", file=sys.stderr)
-                continue
-            base = simulate(a.train, eager_wd, sig["stages"], mb, sig["edges"],
-                            sig["stage_costs_s"], [0.0] * len(blk["plan_predicted_s"]), tmp)
-            pts = []
-            for k in ks:
-                x = [k * v for v in blk["plan_predicted_s"]]
-                b = base / simulate(a.train, blocking, sig["stages"], mb, sig["edges"],
-                                    sig["stage_costs_s"], x, tmp)
-                e = base / simulate(a.train, eager_wd, sig["stages"], mb, sig["edges"],
-                                    sig["stage_costs_s"], x, tmp)
-                pts.append({"k": k, "blocking": b, "eager_wdelay": e})
-            ok = [p for p in pts if p["blocking"] <= a.blocking_max]
-            best = max(ok, key=lambda p: p["eager_wdelay"]) if ok else None
-            out["sweeps"].append({"microbatches": mb, "points": pts, "best": best})
-            print(f"M={mb}: " + " ".join(f"x{p['k']:g} {p['blocking']:.2f}/{p['eager_wdelay']:.2f}"
-                                         for p in pts))
-            if best:
-                print(f"M={mb}: best eager+wdelay where simulated blocking <= {a.blocking_max}: "
-                      f"{best['eager_wdelay']:.3f} at x{best['k']:g} of the run's transfer "
-                      f"times (blocking {best['blocking']:.3f})")
-            else:
-                print(f"M={mb}: simulated blocking above {a.blocking_max} at every k")
+    flags = dict(ablation.ROWS)  # the ablation's own rows: the same flags as its runs
+    eager_wd, blocking = flags["eager+wdelay"], flags["blocking"]
+    for mb in sorted({r["microbatches"] for r in abl["results"]}):
+        rows = {r["row"]: r for r in abl["results"] if r["microbatches"] == mb}
+        sig, blk = rows.get("signal"), rows.get("blocking")
+        if not sig or not blk or "stage_costs_s" not in sig or "plan_predicted_s" not in blk:
+            print(f"M={mb}: no signal stage costs or blocking plan predictions (an ablation "
+                  f"from before 2026-11-29?)", file=sys.stderr)
+            continue
+        base = simulate(a.train, eager_wd, sig["stages"], mb, sig["edges"],
+                        sig["stage_costs_s"], [0.0] * len(blk["plan_predicted_s"]))
+        pts = []
+        for k in ks:
+            x = [k * v for v in blk["plan_predicted_s"]]
+            b = base / simulate(a.train, blocking, sig["stages"], mb, sig["edges"],
+                                sig["stage_costs_s"], x)
+            e = base / simulate(a.train, eager_wd, sig["stages"], mb, sig["edges"],
+                                sig["stage_costs_s"], x)
+            pts.append({"k": k, "blocking": b, "eager_wdelay": e})
+        ok = [p for p in pts if p["blocking"] <= a.blocking_max]
+        best = max(ok, key=lambda p: p["eager_wdelay"]) if ok else None
+        out["sweeps"].append({"microbatches": mb, "points": pts, "best": best})
+        print(f"M={mb}: " + " ".join(f"x{p['k']:g} {p['blocking']:.2f}/{p['eager_wdelay']:.2f}"
+                                     for p in pts))
+        if best:
+            print(f"M={mb}: best eager+wdelay where simulated blocking <= {a.blocking_max}: "
+                  f"{best['eager_wdelay']:.3f} at x{best['k']:g} of the run's transfer "
+                  f"times (blocking {best['blocking']:.3f})")
+        else:
+            print(f"M={mb}: simulated blocking above {a.blocking_max} at every k")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
