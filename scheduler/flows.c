@@ -58,9 +58,10 @@ static int task_key(const xm_prep_t *p, int t, int *buf)
         n += u;
     }
     int *cnt = &buf[n++], *s = buf + n, m = 0, self = 0;
+    const unsigned char *is_holder = p->recv_is_holder + xm_pc(p, t)->recv_off;
     for (int i = 0; i < k->nrecv; i++) {
         s[m++] = p->dev_nic[p->ts->recvs[k->recv_off + i]];
-        self += p->recv_is_holder[k->recv_off + i];
+        self += is_holder[i];
     }
     qsort(s, (size_t)m, sizeof *s, cmp_int);
     int u = 0;
@@ -191,9 +192,13 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "flows: out of memory for %d flows", nf);
         goto out_free;
     }
-    /* member i (in index order) of class c goes to sub-flow i * m / cnt */
+    /* member i (in index order) of class c goes to sub-flow i * m / cnt;
+     * a sub-flow's bytes are its members' (those of their prep class) */
     int *seen = calloc((size_t)nk + 1, sizeof *seen);
-    if (!seen) {
+    int64_t *fbytes = calloc((size_t)nf + 1, sizeof *fbytes);
+    if (!seen || !fbytes) {
+        free(seen);
+        free(fbytes);
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "flows: out of memory for %d flows", nf);
         goto out_free;
     }
@@ -202,6 +207,7 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         int sub = sub_first[c] + (int)((int64_t)seen[c]++ * m / cnt[c]);
         flow_of[t] = sub;
         f.member_off[sub + 2]++;
+        fbytes[sub] += ts->tasks[p->pc[p->pt[t].klass].rep].bytes;
     }
     for (int i = 0; i < nf; i++)
         f.member_off[i + 2] += f.member_off[i + 1];
@@ -209,13 +215,11 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         f.members[f.member_off[flow_of[t] + 1]++] = t;
     free(seen);
     for (int i = 0; i < nf; i++) {
-        int first = f.members[f.member_off[i]];
-        xm_task_t k = ts->tasks[first];
-        k.bytes = 0;
-        for (int j = f.member_off[i]; j < f.member_off[i + 1]; j++)
-            k.bytes += ts->tasks[f.members[j]].bytes;
+        xm_task_t k = ts->tasks[f.members[f.member_off[i]]];
+        k.bytes = fbytes[i];
         f.ts.tasks[i] = k;
     }
+    free(fbytes);
     *out = f;
     memset(&f, 0, sizeof f);
 out_free:
