@@ -462,10 +462,12 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     for (int i = 0; i < q.nnics; i++)
         q.host_nics[i / q.nics] += q.nic_ok[i];
     q.opt_dur = malloc(sizeof(double) * ((size_t)off + 1));
+    q.opt_nroutes = malloc(sizeof(int) * ((size_t)off + 1));
+    q.opt_ndevs = malloc(sizeof(int) * ((size_t)off + 1));
     q.opt_res_off = calloc((size_t)off + 2, sizeof(int));
     /* per-NIC directions only matter with several NICs per host */
     q.opt_nres_off = calloc(q.nics > 1 ? (size_t)off + 2 : 2, sizeof(int));
-    if (!q.opt_dur || !q.opt_res_off || !q.opt_nres_off) {
+    if (!q.opt_dur || !q.opt_nroutes || !q.opt_ndevs || !q.opt_res_off || !q.opt_nres_off) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
     }
@@ -486,6 +488,8 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
             xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, &undo);
             xm_undo_to(&undo, 0);
             q.opt_dur[pt->opt_off + o] = tr.dur;
+            q.opt_nroutes[pt->opt_off + o] = tr.nroutes;
+            q.opt_ndevs[pt->opt_off + o] = tr.ndevs;
             if (add_res(&q, &tr, pt->opt_off + o)) {
                 r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
                 goto out_free_prep;
@@ -530,6 +534,8 @@ void xm_prep_free(xm_prep_t *p)
         return;
     free(p->opt_hosts);
     free(p->opt_dur);
+    free(p->opt_nroutes);
+    free(p->opt_ndevs);
     free(p->opt_res_off);
     free(p->opt_res);
     free(p->opt_nres_off);

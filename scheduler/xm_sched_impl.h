@@ -56,6 +56,10 @@ typedef struct xm_prep {
     unsigned char *nic_ok;
     int *host_nics;
     double *opt_dur; /* per option: duration on an idle cluster */
+    /* Per option: routes and route devices of a task of the class sent from
+     * that host (they depend on the sender hosts only, not on the state;
+     * with P not even on those). */
+    int *opt_nroutes, *opt_ndevs;
     /* Per option: host-level NIC directions its routes cross (host * 2 +
      * 0 send / 1 recv), at opt_res[opt_res_off[o] .. opt_res_off[o + 1]).
      * With one NIC per host these are exactly the NIC directions. */
