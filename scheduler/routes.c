@@ -462,12 +462,14 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     for (int i = 0; i < q.nnics; i++)
         q.host_nics[i / q.nics] += q.nic_ok[i];
     q.opt_dur = malloc(sizeof(double) * ((size_t)off + 1));
+    q.opt_rdur = malloc(sizeof(double) * ((size_t)off + 1));
     q.opt_nroutes = malloc(sizeof(int) * ((size_t)off + 1));
     q.opt_ndevs = malloc(sizeof(int) * ((size_t)off + 1));
     q.opt_res_off = calloc((size_t)off + 2, sizeof(int));
     /* per-NIC directions only matter with several NICs per host */
     q.opt_nres_off = calloc(q.nics > 1 ? (size_t)off + 2 : 2, sizeof(int));
-    if (!q.opt_dur || !q.opt_nroutes || !q.opt_ndevs || !q.opt_res_off || !q.opt_nres_off) {
+    if (!q.opt_dur || !q.opt_rdur || !q.opt_nroutes || !q.opt_ndevs || !q.opt_res_off ||
+        !q.opt_nres_off) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
     }
@@ -488,6 +490,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
             xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, &undo);
             xm_undo_to(&undo, 0);
             q.opt_dur[pt->opt_off + o] = tr.dur;
+            q.opt_rdur[pt->opt_off + o] = tr.route_dur;
             q.opt_nroutes[pt->opt_off + o] = tr.nroutes;
             q.opt_ndevs[pt->opt_off + o] = tr.ndevs;
             if (add_res(&q, &tr, pt->opt_off + o)) {
@@ -508,6 +511,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
          * holds; a P chain of arbitrary holders is only bounded by one hop. */
         pc->lb_dur = ts->tasks[t].ngroups == 1 ? pc->min_dur : p_chain_bound(&q, t);
     }
+    q.opt_timed = q.nics == 1;
     xm_state_free(&st);
     xm_troutes_free(&tr);
     xm_undo_free(&undo);
@@ -534,6 +538,7 @@ void xm_prep_free(xm_prep_t *p)
         return;
     free(p->opt_hosts);
     free(p->opt_dur);
+    free(p->opt_rdur);
     free(p->opt_nroutes);
     free(p->opt_ndevs);
     free(p->opt_res_off);
@@ -974,7 +979,7 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
                     use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
                     use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
                 }
-                double fill = xm_hop_fill(c, K, prev_x, x);
+                double fill = xm_hop_fill_inline(c, K, prev_x, x);
                 if (h == 0)
                     fill0 = fill;
                 sum += c->latency_s + fill * ch / bw;
@@ -1007,7 +1012,25 @@ double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fi
     else
         choose_senders(p, s, t, host, r->senders);
     build_routes(p, s, t, r->senders, r);
-    xm_task_timing(p, t, r);
+    int go = -1;
+    if (p->opt_timed && !fixed) {
+        /* With one NIC per host the routes' hosts, hence hops, NIC
+         * directions and duration, follow from the sender host (the
+         * devices inside the hosts do not matter): as timed in the prep. */
+        const xm_prep_task_t *pt = &p->pt[t];
+        for (int o = 0; o < pt->nopt && go < 0; o++)
+            if (p->opt_hosts[pt->opt_off + o] == host)
+                go = pt->opt_off + o;
+    }
+    if (go >= 0) {
+        r->dur = p->opt_dur[go];
+        r->route_dur = p->opt_rdur[go];
+        r->nuse = 0;
+        for (int i = p->opt_res_off[go]; i < p->opt_res_off[go + 1]; i++)
+            r->use_dir[r->nuse++] = p->opt_res[i];
+    } else {
+        xm_task_timing(p, t, r);
+    }
     double start = 0;
     for (int i = 0; i < r->nuse; i++)
         if (s->dir_free[r->use_dir[i]] > start)

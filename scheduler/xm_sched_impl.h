@@ -55,7 +55,12 @@ typedef struct xm_prep {
      * and their number per host: a host's other NICs never carry data. */
     unsigned char *nic_ok;
     int *host_nics;
-    double *opt_dur; /* per option: duration on an idle cluster */
+    double *opt_dur;  /* per option: duration on an idle cluster */
+    double *opt_rdur; /* per option: the same without NIC sharing (xm_troutes_t.route_dur) */
+    /* One NIC per host and every option timed: a task's timing (duration,
+     * NIC directions) depends on its sender host alone, so xm_step() takes
+     * it from the option instead of timing the routes again. */
+    int opt_timed;
     /* Per option: routes and route devices of a task of the class sent from
      * that host (they depend on the sender hosts only, not on the state;
      * with P not even on those). */
@@ -85,6 +90,17 @@ typedef struct xm_prep {
     unsigned char *recv_covered;
     int nklass;
 } xm_prep_t;
+
+/* xm_hop_fill(), inline for the step's timing. */
+static inline int xm_hop_fill_inline(const xm_cluster_t *c, int64_t K, int prev_inter, int inter)
+{
+    if (inter && c->sync_send)
+        return 1;
+    int a = inter && prev_inter ? c->forward_ahead : c->send_ahead;
+    if (a < 1)
+        a = 1;
+    return K < a ? (int)(K < 1 ? 1 : K) : a;
+}
 
 /* Class facts of task t. */
 static inline const xm_prep_class_t *xm_pc(const xm_prep_t *p, int t)
@@ -127,7 +143,7 @@ typedef struct xm_troutes {
     int *senders; /* max_groups */
     int nuse;
     int *use_dir;   /* NIC directions used (distinct) */
-    int *use_count; /* inter-host hops through that direction */
+    int *use_count; /* inter-host hops through that direction (xm_task_timing() only) */
     double dur;
     double route_dur; /* max over routes alone, without NIC sharing */
     double start, end;
