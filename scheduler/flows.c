@@ -90,9 +90,11 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
     int n = ts->ntasks;
     xm_flows_t f;
     memset(&f, 0, sizeof f);
+    /* keys are made of the first task of each prep class (xm_prep_t.pc:
+     * same NIC of every holder and receiver, so the same key) */
     int maxkey = 3;
-    for (int t = 0; t < n; t++) {
-        const xm_task_t *k = &ts->tasks[t];
+    for (int c = 0; c < p->nklass; c++) {
+        const xm_task_t *k = &ts->tasks[p->pc[c].rep];
         int len = 3 + k->ngroups * (1 + k->group_size) + k->nrecv;
         if (len > maxkey)
             maxkey = len;
@@ -121,15 +123,13 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         slot[i] = -1;
     for (int c = 0; c < p->nklass; c++)
         flow_of_class[c] = -1;
-    /* 1. classes of equal keys (hash table over canonical keys) */
+    /* 1. classes of equal keys (hash table over canonical keys), per prep
+     * class: prep classes are numbered by first appearance, so key
+     * classes are too, and the first task of a key class is the first of
+     * a prep class */
     int nk = 0;
-    for (int t = 0; t < n; t++) {
-        int kc = p->pt[t].klass;
-        if (flow_of_class[kc] >= 0) {
-            flow_of[t] = flow_of_class[kc];
-            cnt[flow_of[t]]++;
-            continue;
-        }
+    for (int kc = 0; kc < p->nklass; kc++) {
+        int t = p->pc[kc].rep;
         int len = task_key(p, t, buf);
         uint64_t h = 0x243f6a8885a308d3ull;
         for (int i = 0; i < len; i++)
@@ -165,9 +165,8 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
             rep[found] = t;
             slot[s] = found;
         }
-        flow_of[t] = found;
         flow_of_class[kc] = found;
-        cnt[found]++;
+        cnt[found] += p->pc[kc].ntasks;
     }
     /* 2. sub-flows: class c with cnt members and nopt options -> m pieces */
     int *sub_first = key_off; /* reuse: first sub-flow id of class c */
@@ -203,11 +202,12 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         goto out_free;
     }
     for (int t = 0; t < n; t++) {
-        int c = flow_of[t], m = sub_first[c + 1] - sub_first[c];
+        int kc = p->pt[t].klass;
+        int c = flow_of_class[kc], m = sub_first[c + 1] - sub_first[c];
         int sub = sub_first[c] + (int)((int64_t)seen[c]++ * m / cnt[c]);
         flow_of[t] = sub;
         f.member_off[sub + 2]++;
-        fbytes[sub] += ts->tasks[p->pc[p->pt[t].klass].rep].bytes;
+        fbytes[sub] += ts->tasks[p->pc[kc].rep].bytes;
     }
     for (int i = 0; i < nf; i++)
         f.member_off[i + 2] += f.member_off[i + 1];

@@ -389,11 +389,16 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         const xm_task_t *k = &ts->tasks[t];
         xm_prep_task_t *pt = &q.pt[t];
         task_facts(&q, t, &fx);
-        uint64_t sig;
+        uint64_t sig = 0;
         size_t slot = 0;
-        int kc = class_find(&q, &cls, t, &fx, &sig, &slot);
+        /* neighbours often share a class (receivers on one host): try the
+         * previous task's first, before hashing */
+        int kc = t > 0 && class_same(&q, q.pt[t - 1].klass, t, &fx)
+                     ? q.pt[t - 1].klass
+                     : class_find(&q, &cls, t, &fx, &sig, &slot);
         if (kc >= 0) {
             *pt = q.pt[q.pc[kc].rep];
+            q.pc[kc].ntasks++;
             continue;
         }
         /* a new class */
@@ -413,6 +418,7 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         xm_prep_class_t *pc = &q.pc[kc];
         pc->rep = t;
         pc->ngroups = k->ngroups;
+        pc->ntasks = 1;
         pc->recv_off = nflags;
         pc->needs_nic = 0;
         pt->klass = kc;

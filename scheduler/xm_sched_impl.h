@@ -29,6 +29,7 @@ typedef struct xm_prep_task {
 typedef struct xm_prep_class {
     int rep;         /* first task of the class (numbered by first appearance) */
     int ngroups;     /* partial groups of its tasks */
+    int ntasks;      /* its tasks */
     int naive_host;  /* host of the lowest holder of group 0 */
     int needs_nic;   /* some receiver host lacks a full value: an inter-host hop is unavoidable */
     int recv_off;    /* its receivers' flags at recv_is_holder / recv_covered[recv_off ..] */
