@@ -498,11 +498,16 @@ static void write_events(FILE *f, const xu_trace_ev_t *ev, int64_t n, int rank, 
     for (int64_t i = 0; i < n; i++) {
         const xu_trace_ev_t *e = &ev[i];
         int k = e->kind >= 0 && e->kind < 4 ? e->kind : 0;
+        char name[64];
+        if (k == 0)
+            snprintf(name, sizeof name, "task %d", e->task);
+        else
+            snprintf(name, sizeof name, "%s t%d c%lld", kind_name[k], e->task, (long long)e->chunk);
         fprintf(f,
-                "%s\n{\"name\":\"%s t%d c%lld\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
+                "%s\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
                 "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"task\":%d,\"chunk\":%lld,"
                 "\"peer\":%d,\"bytes\":%lld}}",
-                *first ? "" : ",", kind_name[k], e->task, (long long)e->chunk, kind_name[k], host,
+                *first ? "" : ",", name, kind_name[k], host,
                 rank, e->t0 * 1e6, (e->t1 - e->t0) * 1e6, e->task, (long long)e->chunk, e->peer,
                 (long long)e->bytes);
         *first = 0;
