@@ -146,8 +146,7 @@ typedef struct {
     char name[XM_OOB_HOSTLEN];
 } host_rec_t;
 
-xmesh_result_t xm_oob_hosts(const xmesh_oob_t *oob, int host_id, int *local_rank,
-                            xm_hostmap_t *out)
+xmesh_result_t xm_oob_hosts(const xmesh_oob_t *oob, int host_id, int *local_rank, xm_hostmap_t *out)
 {
     int rank = oob->rank, size = oob->size;
     host_rec_t me;
@@ -208,8 +207,7 @@ xmesh_result_t xm_oob_hosts(const xmesh_oob_t *oob, int host_id, int *local_rank
     return XMESH_SUCCESS;
 }
 
-xmesh_result_t xm_oob_share_schedule(const xmesh_oob_t *oob, xmesh_plan_t p, int *flags,
-                                     int nflags)
+xmesh_result_t xm_oob_share_schedule(const xmesh_oob_t *oob, xmesh_plan_t p, int *flags, int nflags)
 {
     int rank = oob->rank;
     int nt = p->ts.ntasks, mg = p->sched.max_groups;

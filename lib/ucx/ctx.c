@@ -101,9 +101,8 @@ static xmesh_result_t ucx_open(xu_ctx_t *be, int nic_index)
         st = ucp_config_modify(cfg, "NET_DEVICES", be->nic_name);
         if (st != UCS_OK) {
             ucp_config_release(cfg);
-            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                          "XMESH_UCX_NICS: UCX refused device '%s': %s", be->nic_name,
-                          ucs_status_string(st));
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "XMESH_UCX_NICS: UCX refused device '%s': %s",
+                          be->nic_name, ucs_status_string(st));
         }
         be->nic = nic_index;
     }
@@ -131,6 +130,8 @@ static xmesh_result_t ucx_open(xu_ctx_t *be, int nic_index)
     return XMESH_SUCCESS;
 }
 
+#define XU_HOSTLEN 64
+
 /* Worker addresses of every rank through the bootstrap, then endpoints. */
 static xmesh_result_t connect_all(xmesh_ctx_t ctx, xu_ctx_t *be)
 {
@@ -152,14 +153,17 @@ static xmesh_result_t connect_all(xmesh_ctx_t ctx, xu_ctx_t *be)
     uint64_t mx = 0;
     for (int q = 0; q < n; q++)
         mx = lens[q] > mx ? lens[q] : mx;
-    all = malloc(mx * n);
-    mine = calloc(1, mx);
+    /* A record: the host name (XM_UCX_HOSTLEN bytes), then the address. */
+    size_t rec = XU_HOSTLEN + mx;
+    all = malloc(rec * n);
+    mine = calloc(1, rec);
     if (!all || !mine) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory for %d addresses", n);
         goto out;
     }
-    memcpy(mine, addr, alen);
-    if ((r = xm_oob_allgather(&be->oob, mine, all, mx, "worker addresses")))
+    xm_oob_hostname(mine, XU_HOSTLEN);
+    memcpy(mine + XU_HOSTLEN, addr, alen);
+    if ((r = xm_oob_allgather(&be->oob, mine, all, rec, "worker addresses")))
         goto out;
     for (int q = 0; q < n; q++) {
         be->peers[q].be = be;
@@ -170,8 +174,14 @@ static xmesh_result_t connect_all(xmesh_ctx_t ctx, xu_ctx_t *be)
         memset(&ep, 0, sizeof ep);
         ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
-        ep.address = (const ucp_address_t *)(all + (size_t)q * mx);
-        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.address = (const ucp_address_t *)(all + (size_t)q * rec + XU_HOSTLEN);
+        /* Peer failure handling where UCX has it (TCP, RDMA): a dead peer
+         * fails the operations with it at once. UCX 1.13's shared-memory
+         * transports have none and are excluded by it, so ranks of one
+         * machine (equal host names) keep shared memory and rely on the
+         * timeout and the abort check. */
+        int same = !strcmp(all + (size_t)q * rec, all + (size_t)ctx->rank * rec);
+        ep.err_mode = same ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
         ep.err_handler.cb = peer_failed;
         ep.err_handler.arg = &be->peers[q];
         st = ucp_ep_create(be->worker, &ep, &be->peers[q].ep);

@@ -507,9 +507,8 @@ static void write_events(FILE *f, const xu_trace_ev_t *ev, int64_t n, int rank, 
                 "%s\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
                 "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"task\":%d,\"chunk\":%lld,"
                 "\"peer\":%d,\"bytes\":%lld}}",
-                *first ? "" : ",", name, kind_name[k], host,
-                rank, e->t0 * 1e6, (e->t1 - e->t0) * 1e6, e->task, (long long)e->chunk, e->peer,
-                (long long)e->bytes);
+                *first ? "" : ",", name, kind_name[k], host, rank, e->t0 * 1e6,
+                (e->t1 - e->t0) * 1e6, e->task, (long long)e->chunk, e->peer, (long long)e->bytes);
         *first = 0;
     }
 }
@@ -590,8 +589,7 @@ static int trace_progress(xu_request_t *r)
                          XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->rank), 0, &x->tr_slots[0]);
             if (st == UCS_OK)
                 st = xu_send(be, x->leader, x->ev, sizeof(xu_trace_ev_t) * (size_t)x->nev,
-                             XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->rank + 1), 0,
-                             &x->tr_slots[1]);
+                             XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->rank + 1), 0, &x->tr_slots[1]);
         }
         if (st != UCS_OK)
             goto out_ucx;
@@ -725,8 +723,8 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
             xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(x->dtype), buf, cnt);
             break;
         case XM_POP_UNPACK:
-            xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst, buf,
-                            a, cnt);
+            xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst, buf, a,
+                            cnt);
             staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
             break;
         case XM_POP_COPY: {
@@ -740,8 +738,8 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
         case XM_POP_SEND: {
             size_t sbytes = (size_t)cnt * xmesh_dtype_size(s->out_dt);
             rt->t_send[slot] = x->trace ? xu_now() - x->t0 : 0;
-            return xu_send(be, s->next, buf, sbytes,
-                           XU_TAG(x->tag, s->hop_out, c % XU_CHUNK_MOD), sx->sync, sendslot);
+            return xu_send(be, s->next, buf, sbytes, XU_TAG(x->tag, s->hop_out, c % XU_CHUNK_MOD),
+                           sx->sync, sendslot);
         }
         default:
             break;
@@ -961,8 +959,8 @@ static int exec_advance(xu_request_t *r)
             if (q >= 0) {
                 char what[256];
                 describe_wait(x, what, sizeof what);
-                fail(r, XMESH_ERR_REMOTE, "rank %d: peer rank %d failed (UCX: %s), %s", x->rank,
-                     q, ucs_status_string(be->peers[q].fail_status), what);
+                fail(r, XMESH_ERR_REMOTE, "rank %d: peer rank %d failed (UCX: %s), %s", x->rank, q,
+                     ucs_status_string(be->peers[q].fail_status), what);
                 return 1;
             }
         }
@@ -1102,8 +1100,8 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
     x->tstate = calloc(x->prog.ntasks + 1, 1);
     if (!x->srt || !x->tstate)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
-    XM_INFO("plan setup (ucx): rank %d: %d tasks, %d steps, %lld staging bytes, window %d",
-            x->rank, x->prog.ntasks, x->prog.nsteps, (long long)x->stage_bytes, x->window);
+    XM_INFO("plan setup (ucx): rank %d: %d tasks, %d steps, %lld staging bytes, window %d", x->rank,
+            x->prog.ntasks, x->prog.nsteps, (long long)x->stage_bytes, x->window);
     return XMESH_SUCCESS;
 }
 

@@ -37,7 +37,7 @@
  * 19 marks the trace gather). Chunk numbers in the tag make matching exact
  * whatever the transport's ordering. */
 #define XU_TAG(plan, hop, sub)                                                                     \
-    (((uint64_t)(plan) << 48) | ((uint64_t)((hop) & 0xfffffff) << 20) | ((uint64_t)(sub) & 0xfffff))
+    (((uint64_t)(plan) << 48) | ((uint64_t)((hop)&0xfffffff) << 20) | ((uint64_t)(sub)&0xfffff))
 #define XU_TAG_TRACE_HOP 0xfffffff
 #define XU_CHUNK_MOD (1 << 19)
 
@@ -131,8 +131,8 @@ typedef struct xu_request {
 
 typedef struct xu_peer {
     ucp_ep_h ep;
-    int failed;                /* set by the endpoint's error handler */
-    ucs_status_t fail_status;  /* UCX's reason */
+    int failed;               /* set by the endpoint's error handler */
+    ucs_status_t fail_status; /* UCX's reason */
     struct xu_ctx *be;
     int rank;
 } xu_peer_t;
@@ -143,8 +143,8 @@ typedef struct xu_ctx {
     ucp_context_h ucp;
     ucp_worker_h worker;
     xu_peer_t *peers;
-    int nic;             /* index into XMESH_UCX_NICS, -1: UCX's choice */
-    char nic_name[128];  /* the device, "" for UCX's choice */
+    int nic;            /* index into XMESH_UCX_NICS, -1: UCX's choice */
+    char nic_name[128]; /* the device, "" for UCX's choice */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     pthread_t thread;
