@@ -678,7 +678,19 @@ static void fail(xu_request_t *r, xmesh_result_t code, const char *fmt, ...)
         va_end(ap);
         r->result = code;
     }
-    cancel_all(r->plan->ctx->be, x);
+    xu_ctx_t *be = r->plan->ctx->be;
+    /* Peers of unfinished steps may never take what is queued for them:
+     * their endpoints are closed without a flush (ctx.c). */
+    for (int i = 0; i < x->prog.nsteps; i++) {
+        const xm_pstep_t *s = &x->prog.steps[i];
+        if (x->srt[i].done)
+            continue;
+        if (s->prev >= 0)
+            __atomic_store_n(&be->peers[s->prev].suspect, 1, __ATOMIC_RELAXED);
+        if (s->next >= 0)
+            __atomic_store_n(&be->peers[s->next].suspect, 1, __ATOMIC_RELAXED);
+    }
+    cancel_all(be, x);
     x->broken = 1;
     r->phase = 2;
 }

@@ -131,7 +131,8 @@ typedef struct xu_request {
 
 typedef struct xu_peer {
     ucp_ep_h ep;
-    int failed;               /* set by the endpoint's error handler */
+    int failed;  /* set by the endpoint's error handler */
+    int suspect; /* a reshard failed with operations to or from it unfinished: closed unflushed */
     ucs_status_t fail_status; /* UCX's reason */
     struct xu_ctx *be;
     int rank;
