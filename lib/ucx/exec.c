@@ -1101,7 +1101,8 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
     if ((r = pools(x)))
         return r;
     size_t stage_sz = ((size_t)x->stage_bytes + 63) & ~(size_t)63;
-    x->mem = aligned_alloc(64, stage_sz + sizeof(xu_slot_t) * ((size_t)x->nslots + 1));
+    size_t total = (stage_sz + sizeof(xu_slot_t) * ((size_t)x->nslots + 1) + 63) & ~(size_t)63;
+    x->mem = aligned_alloc(64, total); /* a multiple of the alignment, as C11 wants */
     if (!x->mem)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %lld staging bytes",
                       (long long)x->stage_bytes);
