@@ -137,8 +137,10 @@ static xmesh_result_t env_rank_size(int *rank, int *size, const char **source)
         {"XMESH_RANK", "XMESH_SIZE", "XMESH_RANK/XMESH_SIZE"},
         {"RANK", "WORLD_SIZE", "RANK/WORLD_SIZE (torchrun)"},
         {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_PROCID/SLURM_NTASKS (Slurm)"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+         "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE (mpirun as a launcher)"},
     };
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         const char *rs = i == 0 ? xm_param_str(src[i][0]) : getenv(src[i][0]);
         const char *ss = i == 0 ? xm_param_str(src[i][1]) : getenv(src[i][1]);
         if ((!rs || !*rs) && (!ss || !*ss))
