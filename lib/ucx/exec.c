@@ -287,6 +287,7 @@ xmesh_result_t xu_start(xmesh_plan_t p, const void *src, void *dst, xmesh_reques
     memset(x->srt, 0, sizeof *x->srt * x->prog.nsteps);
     memset(x->tstate, 0, x->prog.ntasks);
     x->tfirst = 0;
+    x->corrupted = 0;
     x->nev = 0;
     x->dropped_ev = 0;
     x->active = r;
@@ -734,11 +735,25 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
         case XM_POP_TO_NATIVE:
             xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(x->dtype), buf, cnt);
             break;
-        case XM_POP_UNPACK:
+        case XM_POP_UNPACK: {
+            /* XMESH_CHECK sums the values as they came off the wire (as the
+             * MPI runner): the received buffer when the unpack converts,
+             * else the written block. */
+            int conv = o->dt != x->dst_dtype, ck = x->check && s->ck_verify;
+            if (ck && x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
+                buf[0] ^= 0x40;
+                x->corrupted = 1;
+            }
+            if (ck && conv)
+                x->ck[sx->ck_off + c] =
+                    xm_geom_hash(NULL, buf, 1, 0, cnt * (int64_t)xmesh_dtype_size(o->dt));
             xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst, buf, a,
                             cnt);
             staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
+            if (ck && !conv)
+                x->ck[sx->ck_off + c] = xm_geom_hash(&s->dg, dst, des, a, cnt);
             break;
+        }
         case XM_POP_COPY: {
             double t0 = x->trace ? xu_now() - x->t0 : 0;
             xm_geom_copy2_cv(&s->sg, x->dtype, src, &s->dg, x->dst_dtype, dst, a, cnt);
@@ -749,6 +764,8 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
         }
         case XM_POP_SEND: {
             size_t sbytes = (size_t)cnt * xmesh_dtype_size(s->out_dt);
+            if (x->check && s->ck_origin)
+                x->ck[sx->ck_off + c] = xm_geom_hash(NULL, buf, 1, 0, (int64_t)sbytes);
             rt->t_send[slot] = x->trace ? xu_now() - x->t0 : 0;
             return xu_send(be, s->next, buf, sbytes, XU_TAG(x->tag, s->hop_out, c % XU_CHUNK_MOD),
                            sx->sync, sendslot);
@@ -777,6 +794,93 @@ static ucs_status_t post_recv(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *s, x
 static int peer_dead(xu_ctx_t *be, int q)
 {
     return q >= 0 && __atomic_load_n(&be->peers[q].failed, __ATOMIC_ACQUIRE);
+}
+
+/* XMESH_CHECK (as lib/mpi/exec.c): after its last chunk the origin of a
+ * chain sends the per-chunk sums of the final values; every receiver
+ * compares them with the sums of what it wrote and passes the origin's on.
+ * Returns 1 if it moved, 0 if not, -1 after failing r. */
+static int check_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *s,
+                         const xu_stepx_t *sx, xu_step_rt_t *rt, xu_slot_t *sl)
+{
+    size_t bytes = (size_t)s->nchunks * 8;
+    uint64_t *own = sx->ck_off >= 0 ? x->ck + sx->ck_off : NULL,
+             *in = own ? own + s->nchunks : NULL;
+    int verify = s->ck_verify, origin = s->ck_origin && s->next >= 0;
+    uint64_t tin = XU_TAG(x->tag, s->hop_in, XU_CHUNK_MOD),
+             tout = XU_TAG(x->tag, s->hop_out, XU_CHUNK_MOD);
+    ucs_status_t st = UCS_OK, e = UCS_OK;
+    if (!verify && !origin) {
+        rt->ck_state = 3;
+        return 0;
+    }
+    xu_slot_t *rs = &sl[2 * x->window], *ss = &sl[2 * x->window + 1];
+    if (rt->ck_state == 0) {
+        if (verify) {
+            if ((st = xu_recv(be, in, bytes, tin, rs)) != UCS_OK)
+                goto out_ucx;
+            rt->ck_state = 1;
+            return 1;
+        }
+        if (rt->computed < s->nchunks) /* after the last chunk's send */
+            return 0;
+        if ((st = xu_send(be, s->next, own, bytes, tout, 0, ss)) != UCS_OK)
+            goto out_ucx;
+        rt->ck_state = 2;
+        return 1;
+    }
+    if (rt->ck_state == 1) {
+        if (rt->computed < s->nchunks || !xu_slot_idle(be, rs, &e, NULL))
+            return 0;
+        if ((st = e) != UCS_OK)
+            goto out_ucx;
+        for (int64_t c = 0; c < s->nchunks; c++)
+            if (in[c] != own[c]) {
+                int64_t a, cnt, rem, idx[XM_MAX_DIMS];
+                xm_pstep_chunk(s, c, &a, &cnt);
+                const xm_taskset_t *ts = &r->plan->ts;
+                const xm_box_t *b = &ts->tasks[s->task].box;
+                char at[160] = "";
+                int o = 0;
+                rem = a;
+                for (int d = ts->ndim - 1; d >= 0; d--) {
+                    int64_t ext = b->hi[d] - b->lo[d];
+                    idx[d] = b->lo[d] + rem % ext;
+                    rem /= ext;
+                }
+                for (int d = 0; d < ts->ndim && o < (int)sizeof at - 24; d++)
+                    o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
+                /* The ranks downstream got the same bytes: pass the sums on
+                 * so that they report it too. */
+                if (s->next >= 0)
+                    xu_send(be, s->next, in, bytes, tout, 0, ss);
+                fail(r, XMESH_ERR_BACKEND,
+                     "rank %d: XMESH_CHECK: data of task %d received from rank %d is corrupt in "
+                     "chunk %lld of %lld: %lld elements starting at global index (%s) differ "
+                     "from what the sending chain produced",
+                     x->rank, s->task, s->prev, (long long)c, (long long)s->nchunks, (long long)cnt,
+                     at);
+                return -1;
+            }
+        if (s->next >= 0) {
+            if ((st = xu_send(be, s->next, in, bytes, tout, 0, ss)) != UCS_OK)
+                goto out_ucx;
+            rt->ck_state = 2;
+        } else {
+            rt->ck_state = 3;
+        }
+        return 1;
+    }
+    if (!xu_slot_idle(be, ss, &e, NULL))
+        return 0;
+    if ((st = e) != UCS_OK)
+        goto out_ucx;
+    rt->ck_state = 3;
+    return 1;
+out_ucx:
+    fail(r, XMESH_ERR_REMOTE, "rank %d: XMESH_CHECK: checksum message of task %d failed (UCX: %s)",
+         x->rank, s->task, ucs_status_string(st));
+    return -1;
 }
 
 static int step_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, int si)
@@ -868,7 +972,13 @@ static int step_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, int si)
         rt->completed++;
         moved = 1;
     }
-    if (rt->completed == s->nchunks) {
+    if (x->check && rt->ck_state < 3) {
+        int m = check_advance(r, be, x, s, sx, rt, sl);
+        if (m < 0)
+            return -1;
+        moved |= m;
+    }
+    if (rt->completed == s->nchunks && (!x->check || rt->ck_state == 3)) {
         rt->done = 1;
         moved = 1;
     }
@@ -886,6 +996,16 @@ static void describe_wait(xu_exec_t *x, char *buf, size_t len)
             const xu_step_rt_t *rt = &x->srt[t->first_step + k];
             if (rt->done || !rt->started)
                 continue;
+            if (rt->completed == s->nchunks && x->check && rt->ck_state != 3) {
+                if (rt->ck_state == 2)
+                    snprintf(buf, len,
+                             "waiting for rank %d to receive the XMESH_CHECK sums of task %d",
+                             s->next, s->task);
+                else
+                    snprintf(buf, len, "waiting for the XMESH_CHECK sums of task %d from rank %d",
+                             s->task, s->prev);
+                return;
+            }
             if (s->prev >= 0 && rt->computed < s->nchunks)
                 snprintf(buf, len, "waiting to receive chunk %lld of %lld of task %d from rank %d",
                          (long long)rt->computed, (long long)s->nchunks, s->task, s->prev);
@@ -1100,8 +1220,24 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
     }
     if ((r = pools(x)))
         return r;
+    int64_t nck = 0;
+    for (int i = 0; i < x->prog.nsteps; i++) {
+        const xm_pstep_t *s = &x->prog.steps[i];
+        x->sx[i].ck_off = -1;
+        if (x->check && (s->ck_origin || s->ck_verify)) {
+            if (s->nchunks > (1 << 26))
+                return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                              "XMESH_CHECK: task %d has %lld chunks (more than 2^26): raise "
+                              "chunk_bytes (now %lld)",
+                              s->task, (long long)s->nchunks, (long long)p->chunk_bytes);
+            x->sx[i].ck_off = nck;
+            nck += 2 * s->nchunks;
+        }
+    }
+    /* One block: staging, slots, sums (UCX may write all three after a failure). */
     size_t stage_sz = ((size_t)x->stage_bytes + 63) & ~(size_t)63;
-    size_t total = (stage_sz + sizeof(xu_slot_t) * ((size_t)x->nslots + 1) + 63) & ~(size_t)63;
+    size_t slots_sz = (sizeof(xu_slot_t) * ((size_t)x->nslots + 1) + 63) & ~(size_t)63;
+    size_t total = stage_sz + slots_sz + (((size_t)nck + 1) * 8 + 63) / 64 * 64;
     x->mem = aligned_alloc(64, total); /* a multiple of the alignment, as C11 wants */
     if (!x->mem)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %lld staging bytes",
@@ -1109,6 +1245,8 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
     x->stage = x->mem;
     x->slots = (xu_slot_t *)((char *)x->mem + stage_sz);
     memset(x->slots, 0, sizeof(xu_slot_t) * ((size_t)x->nslots + 1));
+    x->ck = (uint64_t *)((char *)x->mem + stage_sz + slots_sz);
+    memset(x->ck, 0, ((size_t)nck + 1) * 8);
     x->srt = calloc(x->prog.nsteps + 1, sizeof *x->srt);
     x->tstate = calloc(x->prog.ntasks + 1, 1);
     if (!x->srt || !x->tstate)
@@ -1212,16 +1350,20 @@ xmesh_result_t xu_plan_setup(xmesh_plan_t p)
     x->dst_dtype = p->dst_dtype;
     x->dst_es = xmesh_dtype_size(p->dst_dtype);
     /* Rank 0's schedule, trace choice and trace path for everyone. */
-    int flags[1] = {0};
+    int flags[2] = {0, 0}; /* XMESH_TRACE set, XMESH_CHECK */
     char tpath[512] = "";
     if (ctx->rank == 0) {
         const char *tp = xm_param_str("XMESH_TRACE");
         flags[0] = tp && *tp;
         snprintf(tpath, sizeof tpath, "%s", tp ? tp : "");
-        if (xm_param_i64("XMESH_CHECK"))
-            XM_WARN("XMESH_CHECK: the UCX runner does not check sums yet (ignored)");
+        flags[1] = xm_param_i64("XMESH_CHECK") != 0;
     }
-    xmesh_result_t local = xm_oob_share_schedule(&be->oob, p, flags, 1);
+    xmesh_result_t local = xm_oob_share_schedule(&be->oob, p, flags, 2);
+    x->check = flags[1];
+#ifdef XMESH_TEST_HOOKS /* test builds only (lib/CMakeLists.txt) */
+    const char *cr = getenv("XMESH_TEST_CORRUPT");
+    x->corrupt = x->check && cr && *cr && atoi(cr) == ctx->rank;
+#endif
     if (local == XMESH_ERR_BACKEND)
         return local; /* the all-gather itself failed: nothing more is collective */
     if (flags[0]) {

@@ -31,7 +31,8 @@
 #define XU_WINDOW_MAX 16
 #define XU_WINDOW_BYTES (4ll << 20)
 #define XU_SYNC_MIN_BYTES (16 << 10)
-#define XU_STEP_SLOTS(w) (2 * (w))
+/* Slots of a step: w receives, w sends, then XMESH_CHECK's sums (receive, send). */
+#define XU_STEP_SLOTS(w) (2 * (w) + 2)
 
 /* 64-bit tags: plan (16 bits) | hop (28) | chunk (20: chunk mod 2^19, bit
  * 19 marks the trace gather). Chunk numbers in the tag make matching exact
@@ -53,6 +54,7 @@ typedef struct xu_slot {
 typedef struct xu_stepx {
     int64_t stage_off; /* into the staging pool, -1 none */
     int slot_off;      /* into the slot pool (XU_STEP_SLOTS), -1 none */
+    int64_t ck_off;    /* XMESH_CHECK: per-chunk sums in the check pool, -1 none */
     int ahead;         /* sends in flight to next (see compile in exec.c) */
     int sync;          /* synchronous sends (XMESH_SYNC_SEND, hops between hosts) */
     int hold;          /* XMESH_HOLD_LATE */
@@ -61,6 +63,7 @@ typedef struct xu_stepx {
 typedef struct xu_step_rt {
     int64_t posted, computed, completed;
     int started, done;
+    int ck_state; /* XMESH_CHECK: 0 idle, 1 receiving sums, 2 sending sums, 3 done */
     double t_start;
     double t_recv[XU_WINDOW_MAX], t_send[XU_WINDOW_MAX];
 } xu_step_rt_t;
@@ -89,6 +92,10 @@ typedef struct xu_exec {
     int64_t stage_bytes;
     xu_slot_t *slots;
     int nslots;
+    uint64_t *ck;  /* XMESH_CHECK: 2 * nchunks per checking step (own sums, received), in mem */
+    int check;     /* XMESH_CHECK (rank 0's choice) */
+    int corrupt;   /* XMESH_TEST_CORRUPT: this rank damages a received chunk (tests) */
+    int corrupted; /* done in this reshard */
     xu_step_rt_t *srt;
     unsigned char *tstate;
     int tfirst;
