@@ -28,7 +28,8 @@ seed=${XMESH_TEST_SEED:-$(date +%s)}
     bad=0
     for ((k = 0; k < $nics; k++)); do
         sum=0
-        for ns in \$(ip netns list | awk '{print \$1}' | grep -- '-h[0-9]*\$'); do
+        # this cluster's hosts only (cluster.sh names them xmh<its pid>-h<i>)
+        for ns in \$(ip netns list | awk '{print \$1}' | grep -- \"^xmh\$PPID-h[0-9]*\$\"); do
             tx=\$(ip -n \$ns -s link show eth\$k | awk '/TX:/ { getline; print \$1 }')
             echo \"\$ns eth\$k: \$tx bytes sent\"
             sum=\$((sum + \${tx:-0}))
