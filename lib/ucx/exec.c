@@ -1058,7 +1058,8 @@ static int exec_advance(xu_request_t *r)
          * a NIC direction for NIC tasks and a local link only for tasks
          * without one, and tasks sharing a region still never overlap. */
         const unsigned nic = XM_SLOT_SEND | XM_SLOT_RECV, loc = XM_SLOT_LSEND | XM_SLOT_LRECV;
-        unsigned nic_blocked = 0, loc_blocked = 0;
+        unsigned nic_blocked = 0, loc_blocked[16] = {0};
+        int lanes_full = 0;
         for (int i = x->tfirst; i < x->prog.ntasks; i++) {
             const xm_ptask_t *t = &x->prog.tasks[i];
             int has_nic = (t->slots & nic) != 0;
@@ -1068,11 +1069,12 @@ static int exec_advance(xu_request_t *r)
                 continue;
             }
             if (x->tstate[i] == 0) {
-                if (has_nic ? t->slots & nic & nic_blocked : t->slots & loc & loc_blocked) {
+                unsigned *lb = &loc_blocked[x->lane[i]];
+                if (has_nic ? t->slots & nic & nic_blocked : t->slots & loc & *lb) {
                     nic_blocked |= t->slots & nic;
-                    if (!has_nic)
-                        loc_blocked |= t->slots & loc;
-                    if (nic_blocked == nic && loc_blocked == loc)
+                    if (!has_nic && (*lb |= t->slots & loc) == loc)
+                        lanes_full |= 1 << x->lane[i];
+                    if (nic_blocked == nic && lanes_full == (1 << x->nlanes) - 1)
                         break;
                     continue;
                 }
@@ -1098,8 +1100,8 @@ static int exec_advance(xu_request_t *r)
                 moved = 1;
             } else {
                 nic_blocked |= t->slots & nic;
-                if (!has_nic)
-                    loc_blocked |= t->slots & loc;
+                if (!has_nic && (loc_blocked[x->lane[i]] |= t->slots & loc) == loc)
+                    lanes_full |= 1 << x->lane[i];
             }
         }
         if (x->tfirst == x->prog.ntasks) {
@@ -1159,10 +1161,67 @@ static int exec_advance(xu_request_t *r)
 
 /* ----------------------------------------------------------- plan setup */
 
+/* xm_program_pool with lanes: a task is given the region of its lowest
+ * class (as there), and a task without a NIC hop the region of its lowest
+ * local link in its lane (x->lane), so that tasks of different lanes never
+ * share staging or slots. With one lane this is xm_program_pool. */
+static xmesh_result_t lane_pool(const xu_exec_t *x, const int64_t *need, int64_t align,
+                                int64_t *off, int64_t *total)
+{
+    const xm_program_t *p = &x->prog;
+    int nreg = 2 + 2 * x->nlanes;
+    int64_t *size = calloc((size_t)nreg, sizeof(int64_t)), *base = calloc((size_t)nreg, 8);
+    int *region = malloc(sizeof(int) * (p->nsteps + 1));
+    if (!size || !base || !region) {
+        free(size);
+        free(base);
+        free(region);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps", p->nsteps);
+    }
+    for (int k = 0; k < p->ntasks; k++) {
+        const xm_ptask_t *t = &p->tasks[k];
+        int reg = -1;
+        for (int b = 0; b < XM_NSLOTS && reg < 0; b++)
+            if (t->slots & (1u << b))
+                reg = b < 2 ? b : 2 + (b - 2) * x->nlanes + x->lane[k];
+        int64_t o = 0;
+        for (int i = t->first_step; i < t->first_step + t->nsteps; i++) {
+            region[i] = reg;
+            off[i] = -1;
+            if (!need[i])
+                continue;
+            if (reg < 0) {
+                free(size);
+                free(base);
+                free(region);
+                return XM_ERR(XMESH_ERR_INTERNAL, "plan setup: task %d needs staging without a hop",
+                              t->task);
+            }
+            off[i] = o;
+            o += (need[i] + align - 1) / align * align;
+        }
+        if (reg >= 0 && o > size[reg])
+            size[reg] = o;
+    }
+    *total = 0;
+    for (int b = 0; b < nreg; b++) {
+        base[b] = *total;
+        *total += size[b];
+    }
+    for (int i = 0; i < p->nsteps; i++)
+        if (off[i] >= 0)
+            off[i] += base[region[i]];
+    free(size);
+    free(base);
+    free(region);
+    return XMESH_SUCCESS;
+}
+
 static xmesh_result_t pools(xu_exec_t *x)
 {
     int n = x->prog.nsteps;
-    int64_t *need = malloc(sizeof(int64_t) * (n + 1)), *off = malloc(sizeof(int64_t) * (n + 1));
+    int64_t *need = calloc((size_t)n + 1, sizeof(int64_t)),
+            *off = calloc((size_t)n + 1, sizeof(int64_t));
     int64_t nslots = 0;
     xmesh_result_t r = XMESH_SUCCESS;
     if (!need || !off) {
@@ -1171,14 +1230,14 @@ static xmesh_result_t pools(xu_exec_t *x)
     }
     for (int i = 0; i < n; i++)
         need[i] = (int64_t)x->prog.steps[i].stage_es * x->prog.steps[i].ce * x->window;
-    if ((r = xm_program_pool(&x->prog, need, 64, off, &x->stage_bytes)))
+    if ((r = lane_pool(x, need, 64, off, &x->stage_bytes)))
         goto out_free;
     for (int i = 0; i < n; i++) {
         x->sx[i].stage_off = off[i];
         const xm_pstep_t *s = &x->prog.steps[i];
         need[i] = s->prev >= 0 || s->next >= 0 ? XU_STEP_SLOTS(x->window) : 0;
     }
-    if ((r = xm_program_pool(&x->prog, need, 1, off, &nslots)))
+    if ((r = lane_pool(x, need, 1, off, &nslots)))
         goto out_free;
     for (int i = 0; i < n; i++)
         x->sx[i].slot_off = (int)off[i];
@@ -1236,6 +1295,24 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
         x->sx[i].sync = !local && s->next >= 0 && p->cluster.sync_send &&
                         s->ce * (int64_t)xmesh_dtype_size(s->out_dt) >= XU_SYNC_MIN_BYTES;
         x->sx[i].hold = x->sx[i].sync && s->late_next && hold_late;
+    }
+    /* Lanes of the tasks without a NIC hop on this rank (admission in
+     * exec_advance): one per NIC of the plan's model, round robin by their
+     * lowest local link, so that as many chains as there are NICs can pass
+     * through a rank's local links at once. One NIC: one lane, the MPI
+     * runner's rule. */
+    x->nlanes = p->cluster.nics_per_host < 1    ? 1
+                : p->cluster.nics_per_host > 16 ? 16
+                                                : p->cluster.nics_per_host;
+    if (!(x->lane = calloc((size_t)x->prog.ntasks + 1, 1)))
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
+    int next_lane[XM_NSLOTS] = {0};
+    for (int k = 0; k < x->prog.ntasks; k++) {
+        unsigned sl = x->prog.tasks[k].slots;
+        if (sl & (XM_SLOT_SEND | XM_SLOT_RECV))
+            continue;
+        int b = sl & XM_SLOT_LSEND ? 2 : 3;
+        x->lane[k] = (unsigned char)(next_lane[b]++ % x->nlanes);
     }
     if ((r = pools(x)))
         return r;
@@ -1340,6 +1417,7 @@ static void exec_free(xu_ctx_t *be, xu_exec_t *x)
     free(x->sx);
     free(x->srt);
     free(x->tstate);
+    free(x->lane);
     free(x->parts);
     if (!tleak) {
         free(x->ev);

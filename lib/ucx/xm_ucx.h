@@ -98,6 +98,8 @@ typedef struct xu_exec {
     int corrupted; /* done in this reshard */
     xu_step_rt_t *srt;
     unsigned char *tstate;
+    unsigned char *lane; /* per task without a NIC hop: its lane (exec.c, admission) */
+    int nlanes;          /* lanes of such tasks: the plan's NICs per host (1..16) */
     int tfirst;
     const void *src;
     void *dst;
