@@ -7,7 +7,7 @@
 # ml_dtypes from PyPI); XMESH_NO_PYTHON=1 skips it.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config python3 python3-dev python3-venv python3-pip
-      libopenmpi-dev openmpi-bin libhwloc-dev hwloc libcmocka-dev
+      libopenmpi-dev openmpi-bin libucx-dev libhwloc-dev hwloc libcmocka-dev
       clang libclang-rt-14-dev clang-format valgrind
       gnuplot-nox iproute2 util-linux git procps
       libopenblas-dev libscalapack-openmpi-dev zlib1g-dev)

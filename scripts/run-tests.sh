@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds xmesh and runs every test tier: format check, unit + MPI + cluster +
 # GPU-skip + install tests (CTest), bounded fuzzing, and a sanitizer pass
-# (ASan+UBSan over the unit and MPI tiers), ThreadSanitizer over the MPI tier,
+# (ASan+UBSan over the unit, MPI and UCX tiers), ThreadSanitizer over the MPI
+# and UCX tiers,
 # plus valgrind memcheck of the unit tier, and the Python package (built
 # into build-py/venv, pytest under mpirun -np 4 and 8). Installs missing
 # Debian packages and the Python venv first. Exit status: 0 iff all passed.
@@ -63,9 +64,9 @@ if [ -z "${XMESH_QUICK:-}" ]; then
   # XMESH_TEST_TIME_SCALE stretches the fault tests' timeouts and margins
   # (tests/reliability/fault.sh) for the slower instrumented builds.
   XMESH_TEST_TIME_SCALE=2 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan -L 'unit|mpi|sched' -j "$jobs" --output-on-failure
+    ctest --test-dir build-asan -L 'unit|mpi|sched|ucx' -j "$jobs" --output-on-failure
 
-  step "ThreadSanitizer over the MPI tier"
+  step "ThreadSanitizer over the MPI and UCX tiers"
   # The executor's progress thread, the callers that drive progress in
   # xmesh_wait / xmesh_test, and every MPI thread level. Shared memory only
   # (self,vader: the TCP BTL adds nothing here and more Open MPI noise);
@@ -75,9 +76,11 @@ if [ -z "${XMESH_QUICK:-}" ]; then
   cmake -S . -B build-tsan -DXMESH_TSAN=ON -DXMESH_WITH_CUDA=OFF \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
   cmake --build build-tsan -j "$jobs"
-  OMPI_MCA_btl=self,vader XMESH_TEST_TIME_SCALE=3 \
+  # UCX_MEM_EVENTS=no: UCX's memory hooks (libucm patches mmap/madvise) crash
+  # under TSan's interceptors; the UCX tier needs no memory events on host memory.
+  OMPI_MCA_btl=self,vader XMESH_TEST_TIME_SCALE=3 UCX_MEM_EVENTS=no \
     TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$root/tests/mpi/tsan.supp" \
-    ctest --test-dir build-tsan -L mpi -LE pipeline -j "$jobs" --output-on-failure
+    ctest --test-dir build-tsan -L 'mpi|ucx' -LE pipeline -j "$jobs" --output-on-failure
 
   step "valgrind memcheck over the unit tier"
   cmake -S . -B build-vg -DXMESH_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug >/dev/null

@@ -29,6 +29,7 @@
 #include <mpi.h>
 
 #include "../xmesh.h"
+#include "ucx.h" /* xmesh_oob_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,16 +38,26 @@ extern "C" {
 /* Collective over comm. Duplicates comm (for control traffic: plan
  * agreement, schedule broadcast), selects cuda_device (-1: the rank's index
  * among the ranks of its host, modulo the visible devices), creates the
- * NCCL communicator of all ranks (rank 0 calls ncclGetUniqueId and
- * broadcasts the id with MPI_Bcast), reads the host topology with hwloc and
- * finds hosts like xmesh_ctx_create_mpi (params->host_id / XMESH_HOST_ID or
- * the MPI shared-memory split). params may be NULL.
- * Errors: UNSUPPORTED when a rank sees no CUDA device (every rank returns an
- * error: REMOTE on the others), INVALID_ARGUMENT for a bad device or params,
+ * NCCL communicator of all ranks (rank 0 calls ncclGetUniqueId and hands
+ * the id to every rank through MPI_Allgather on the duplicate), reads the host topology with hwloc
+ * and finds hosts like xmesh_ctx_create_mpi (params->host_id / XMESH_HOST_ID or the MPI
+ * shared-memory split). params may be NULL. Errors: UNSUPPORTED when a rank sees no CUDA device
+ * (every rank returns an error: REMOTE on the others), INVALID_ARGUMENT for a bad device or params,
  * BACKEND for an MPI/CUDA/NCCL failure (the original code is in the
  * message). On error *out is untouched and nothing is left allocated. */
 xmesh_result_t xmesh_ctx_create_nccl(MPI_Comm comm, int cuda_device,
                                      const xmesh_ctx_params_t *params, xmesh_ctx_t *out);
+
+/* The same without MPI: control traffic (host discovery, agreement, the
+ * ncclUniqueId of rank 0) goes through the caller's all-gather (oob), or
+ * with oob == NULL through the environment bootstrap of
+ * xmesh_ctx_create_ucx (torchrun, Slurm, XMESH_RANK/XMESH_SIZE; rendezvous
+ * at XMESH_BOOTSTRAP, see <xmesh/ucx.h>), as NCCL's own root bootstrap
+ * hands its unique id around. Hosts: as xmesh_ctx_create_ucx (host names,
+ * or params->host_id / XMESH_HOST_ID). Errors as xmesh_ctx_create_nccl,
+ * plus the bootstrap's (<xmesh/ucx.h>). */
+xmesh_result_t xmesh_ctx_create_nccl_oob(const xmesh_oob_t *oob, int cuda_device,
+                                         const xmesh_ctx_params_t *params, xmesh_ctx_t *out);
 
 /* CUDA device of an NCCL context (INVALID_USAGE for another backend). */
 xmesh_result_t xmesh_ctx_cuda_device(xmesh_ctx_t ctx, int *device);

@@ -67,6 +67,27 @@ static const xm_param_desc_t params[] = {
      "MPI executor: longest sleep, microseconds, of a thread driving a blocking xmesh_wait/"
      "xmesh_reshard between progress rounds that moved nothing (the sleeps double from 1 us "
      "after 16 yields): a forwarding rank notices a chunk at most this late"},
+    {"XMESH_TRANSPORT", "mpi",
+     "transport of programs that choose one at run time (xmesh-bench, tests): mpi | ucx"},
+    {"XMESH_RANK", "",
+     "bootstrap without MPI (xmesh_ctx_create_ucx): this process's rank; else torchrun's RANK, "
+     "else Slurm's SLURM_PROCID"},
+    {"XMESH_SIZE", "",
+     "bootstrap without MPI: the number of ranks; else torchrun's WORLD_SIZE, else Slurm's "
+     "SLURM_NTASKS"},
+    {"XMESH_BOOTSTRAP", "",
+     "bootstrap without MPI: host:port where rank 0 listens for the others; default MASTER_ADDR "
+     "and MASTER_PORT + 1 (torchrun), else the first Slurm node"},
+    {"XMESH_HOST", "",
+     "bootstrap without MPI: this process's host name (ranks with equal names share a host); "
+     "default: gethostname"},
+    {"XMESH_UCX_NICS", "",
+     "UCX runner: comma-separated network devices of every host (eth0,eth1 or mlx5_0:1,...); "
+     "rank i of a host uses device i mod count, the NIC the plan's model gives it; empty: UCX's "
+     "own choice"},
+    {"XMESH_PROGRESS_THREAD", "1",
+     "UCX runner: 1 = a progress thread moves transfers while the caller computes; 0 = they "
+     "move only inside xmesh_reshard_start / xmesh_test / xmesh_wait"},
     {"XMESH_PROGRESS_NICE", "-10",
      "MPI executor: nice value the progress thread asks for (-20..19); below 0 needs "
      "CAP_SYS_NICE, else the thread keeps the process's value (logged at INFO)"},
@@ -109,6 +130,7 @@ static const ptype_t types[] = {
     {"XMESH_WAIT_BACKOFF_US", KIND_INT, 1, 1000000, 0, 0},
     {"XMESH_SYNC_SEND", KIND_INT, 0, 1, 0, 0},
     {"XMESH_HOLD_LATE", KIND_INT, 0, 1, 0, 0},
+    {"XMESH_PROGRESS_THREAD", KIND_INT, 0, 1, 0, 0},
 };
 
 /* Names in the XMESH_ namespace that belong to scripts and tests, not to

@@ -55,6 +55,8 @@
 #include "xm_api.h"
 #include "xm_boot.h"
 #include "xm_cuda_kernels.h"
+#include "xm_envboot.h"
+#include "xm_oob.h"
 #include "xm_devplan.h"
 #include "xm_topo.h"
 #include "xmesh/cuda.h"
@@ -62,7 +64,12 @@
 #define XM_NCCL_REQ_MAGIC 0x6e63636cu /* "nccl" */
 
 typedef struct xm_nccl_ctx {
-    MPI_Comm comm; /* duplicate of the user's communicator: control traffic */
+    /* Control traffic (agreement, schedules, the NCCL id): the caller's
+     * all-gather, the environment bootstrap's, or MPI_Allgather over a
+     * duplicate of the caller's communicator (xmesh_ctx_create_nccl). */
+    xmesh_oob_t oob;
+    xm_envboot_t *boot; /* the environment bootstrap, or NULL */
+    MPI_Comm comm;      /* the duplicate, or MPI_COMM_NULL */
     int device;
     ncclComm_t world;
     xm_commcache_t cache; /* entry 0: all ranks -> world, pinned */
@@ -126,15 +133,40 @@ static xm_nccl_ctx_t *be_of(xmesh_ctx_t ctx)
 
 /* ----------------------------------------------------------- agreement */
 
-/* The shared agreement collective (lib/mpi/boot.c). */
-static xmesh_result_t agree_on(MPI_Comm comm, xmesh_result_t local, uint64_t hash)
+/* The agreement collective over the context's out-of-band all-gather
+ * (lib/core/xm_oob.h). */
+static xmesh_result_t agree_on(xm_nccl_ctx_t *be, xmesh_result_t local, uint64_t hash)
 {
-    return xm_boot_agree(comm, local, hash, NULL, NULL, 0, "agree");
+    return xm_oob_agree(&be->oob, local, hash, NULL, NULL, 0, "agree");
 }
 
 static xmesh_result_t nccl_agree(xmesh_ctx_t ctx, xmesh_result_t local, uint64_t hash)
 {
-    return agree_on(be_of(ctx)->comm, local, hash);
+    return agree_on(be_of(ctx), local, hash);
+}
+
+/* Element-wise minimum of v[0 .. n) over the ranks, in place. */
+static xmesh_result_t min_ints(xm_nccl_ctx_t *be, int *v, int n, const char *what)
+{
+    int *all = malloc(sizeof(int) * (size_t)n * (size_t)be->oob.size);
+    if (!all)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "%s: out of memory", what);
+    xmesh_result_t r = xm_oob_allgather(&be->oob, v, all, sizeof(int) * (size_t)n, what);
+    for (int q = 0; !r && q < be->oob.size; q++)
+        for (int i = 0; i < n; i++)
+            v[i] = all[(size_t)q * n + i] < v[i] ? all[(size_t)q * n + i] : v[i];
+    free(all);
+    return r;
+}
+
+/* xmesh_oob_t.allgather over an MPI communicator (user). */
+static int mpi_allgather(void *user, const void *send, void *recv, size_t bytes)
+{
+    int e =
+        MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(MPI_Comm *)user);
+    if (e != MPI_SUCCESS)
+        mpi_err(e, "MPI_Allgather");
+    return e != MPI_SUCCESS;
 }
 
 /* ------------------------------------------------------------ plan setup */
@@ -166,9 +198,9 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
             }
         }
     }
-    if ((r = agree_on(be->comm, r, 0)))
+    if ((r = agree_on(be, r, 0)))
         return r;
-    return agree_on(be->comm, xm_boot_share_schedule(be->comm, plan, NULL, 0), 0);
+    return agree_on(be, xm_oob_share_schedule(&be->oob, plan, NULL, 0), 0);
 }
 
 /* Finds or creates the communicator of the plan's ranks. Collective: the
@@ -181,7 +213,7 @@ static xmesh_result_t attach_comm(xmesh_plan_t plan, xm_nccl_exec_t *ex)
     xm_nccl_ctx_t *be = be_of(plan->ctx);
     xmesh_result_t r = xm_commkey_make(plan->src.mesh.devs, plan->src.mesh.ndev,
                                        plan->dst.mesh.devs, plan->dst.mesh.ndev, &ex->key);
-    r = agree_on(be->comm, r, 0);
+    r = agree_on(be, r, 0);
     if (r)
         return r;
     int i = xm_commcache_find(&be->cache, &ex->key);
@@ -189,17 +221,18 @@ static xmesh_result_t attach_comm(xmesh_plan_t plan, xm_nccl_exec_t *ex)
         int n = be->cache.n, v = xm_commcache_victim(&be->cache);
         if (v >= 0 && v < n) {
             /* full: evict only what no rank still uses */
-            int *ok = malloc(sizeof(int) * n), *all = malloc(sizeof(int) * n);
-            int e = ok && all ? MPI_SUCCESS : MPI_ERR_NO_MEM;
+            int *ok = malloc(sizeof(int) * n);
+            xmesh_result_t e =
+                ok ? XMESH_SUCCESS
+                   : XM_ERR(XMESH_ERR_NO_MEMORY, "communicator cache: out of memory");
             for (int k = 0; ok && k < n; k++)
                 ok[k] = be->cache.e[k].refs == 0;
-            if (e == MPI_SUCCESS)
-                e = MPI_Allreduce(ok, all, n, MPI_INT, MPI_MIN, be->comm);
-            v = e == MPI_SUCCESS ? xm_commcache_victim_masked(&be->cache, all) : -2;
+            if (!e)
+                e = min_ints(be, ok, n, "communicator cache");
+            v = !e ? xm_commcache_victim_masked(&be->cache, ok) : -2;
             free(ok);
-            free(all);
             if (v == -2)
-                return agree_on(be->comm, mpi_err(e, "communicator cache: MPI_Allreduce"), 0);
+                return agree_on(be, e, 0);
         }
         if (v < 0)
             return XM_ERR(XMESH_ERR_UNSUPPORTED,
@@ -229,7 +262,7 @@ static xmesh_result_t attach_comm(xmesh_plan_t plan, xm_nccl_exec_t *ex)
         if (r && nc)
             ncclCommDestroy(nc);
         xm_commkey_free(&copy);
-        if ((r = agree_on(be->comm, r, 0)))
+        if ((r = agree_on(be, r, 0)))
             return r;
         XM_INFO("nccl: new communicator of %d ranks (%d cached)", ex->key.n, be->cache.n);
     }
@@ -287,7 +320,7 @@ static xmesh_result_t nccl_plan_setup(xmesh_plan_t plan)
     xm_nccl_ctx_t *be = be_of(plan->ctx);
     xm_nccl_exec_t *ex = calloc(1, sizeof *ex);
     if (!ex)
-        return agree_on(be->comm, XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory"), 0);
+        return agree_on(be, XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory"), 0);
     plan->exec = ex;
     xmesh_result_t r = share_schedule(plan);
     if (r)
@@ -295,7 +328,7 @@ static xmesh_result_t nccl_plan_setup(xmesh_plan_t plan)
     if ((r = attach_comm(plan, ex)))
         return r;
     r = setup_local(plan, ex);
-    return agree_on(be->comm, r, 0);
+    return agree_on(be, r, 0);
 }
 
 static void nccl_plan_teardown(xmesh_plan_t plan)
@@ -649,8 +682,11 @@ static void nccl_ctx_free(xmesh_ctx_t ctx)
     if (be->world)
         ncclCommDestroy(be->world);
     xm_topo_free(be->topo);
-    if (be->comm != MPI_COMM_NULL)
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (be->comm != MPI_COMM_NULL && !fin)
         MPI_Comm_free(&be->comm);
+    xm_envboot_destroy(be->boot);
     free(be);
     ctx->be = NULL;
 }
@@ -743,75 +779,52 @@ static xmesh_result_t check_params(const xmesh_ctx_params_t *p)
     return XMESH_SUCCESS;
 }
 
-xmesh_result_t xmesh_ctx_create_nccl(MPI_Comm comm, int cuda_device,
-                                     const xmesh_ctx_params_t *params, xmesh_ctx_t *out)
+/* Context creation over be->oob (set by the entry points below); be is
+ * ctx->be. On error the caller frees ctx (nccl_ctx_free). */
+static xmesh_result_t nccl_create(struct xmesh_ctx *ctx, xm_nccl_ctx_t *be, int cuda_device,
+                                  const xmesh_ctx_params_t *params)
 {
     xmesh_result_t r;
-    int init = 0, rank, size, local_rank = 0, e;
-    if (!out)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: out is NULL", __func__);
-    if ((r = check_params(params)))
-        return r;
-    MPI_Initialized(&init);
-    if (!init)
-        return XM_ERR(XMESH_ERR_INVALID_USAGE, "%s: MPI is not initialised", __func__);
-    xm_nccl_ctx_t *be = calloc(1, sizeof *be);
-    struct xmesh_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!be || !ctx) {
-        free(be);
-        free(ctx);
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
-    }
-    be->comm = MPI_COMM_NULL;
-    ctx->be = be;
-    ctx->ops = &xm_nccl_ops;
-    if ((e = MPI_Comm_dup(comm, &be->comm)) != MPI_SUCCESS) {
-        r = mpi_err(e, "MPI_Comm_dup");
-        be->comm = MPI_COMM_NULL;
-        goto out_free_ctx;
-    }
-    MPI_Comm_set_errhandler(be->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(be->comm, &rank);
-    MPI_Comm_size(be->comm, &size);
+    int local_rank = 0, rank = be->oob.rank, size = be->oob.size;
     ctx->rank = rank;
     ctx->size = size;
-    if ((r = xm_boot_hosts(be->comm, params ? params->host_id : XMESH_UNSET_INT, &local_rank,
-                           &ctx->hosts)))
-        goto out_free_ctx;
+    if ((r = xm_oob_hosts(&be->oob, params ? params->host_id : XMESH_UNSET_INT, &local_rank,
+                          &ctx->hosts)))
+        return r;
     r = open_device(be, cuda_device, local_rank);
     if (cuda_device < -1)
         r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cuda_device %d: must be >= 0 or -1", cuda_device);
     /* Nobody enters NCCL's collective init unless every rank has a device. */
-    if ((r = agree_on(be->comm, r, 0)))
-        goto out_free_ctx;
+    if ((r = agree_on(be, r, 0)))
+        return r;
     int nics = be->topo ? xm_topo_nics_per_host(be->topo) : 1;
-    MPI_Allreduce(&nics, &be->nics_per_host, 1, MPI_INT, MPI_MIN, be->comm);
+    if ((r = min_ints(be, &nics, 1, "NIC count")))
+        return r;
+    be->nics_per_host = nics;
 
+    /* NCCL's root bootstrap: rank 0's unique id, handed to every rank
+     * through the out-of-band all-gather. */
     ncclUniqueId id;
+    memset(&id, 0, sizeof id);
     ncclResult_t nr = ncclSuccess;
     if (rank == 0)
         nr = ncclGetUniqueId(&id);
     r = nr == ncclSuccess ? XMESH_SUCCESS : nccl_err(nr, NULL, "ncclGetUniqueId");
-    if ((r = agree_on(be->comm, r, 0)))
-        goto out_free_ctx;
-    if ((e = MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, be->comm)) != MPI_SUCCESS) {
-        r = mpi_err(e, "MPI_Bcast(ncclUniqueId)");
-        goto out_free_ctx;
-    }
+    if ((r = agree_on(be, r, 0)))
+        return r;
+    if ((r = xm_oob_bcast(&be->oob, &id, sizeof id, 0, "ncclUniqueId")))
+        return r;
     nr = ncclCommInitRank(&be->world, size, id, rank);
     r = nr == ncclSuccess ? XMESH_SUCCESS : nccl_err(nr, NULL, "ncclCommInitRank");
     if (r)
         be->world = NULL;
-    if ((r = agree_on(be->comm, r, 0)))
-        goto out_free_ctx;
-
+    if ((r = agree_on(be, r, 0)))
+        return r;
     int cap = (int)xm_param_i64("XMESH_NCCL_MAX_COMMS");
     xm_commkey_t all = {0};
     int *ranks = malloc(sizeof(int) * size), idx;
-    if (!ranks) {
-        r = XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
-        goto out_free_ctx;
-    }
+    if (!ranks)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
     for (int i = 0; i < size; i++)
         ranks[i] = i;
     r = xm_commcache_init(&be->cache, cap < 1 ? 1 : cap + 1);
@@ -822,17 +835,104 @@ xmesh_result_t xmesh_ctx_create_nccl(MPI_Comm comm, int cuda_device,
         r = xm_commcache_insert(&be->cache, &all, be->world, &idx);
     xm_commkey_free(&all);
     if (r)
-        goto out_free_ctx;
+        return r;
     be->cache.e[idx].refs = 1; /* pinned: the world communicator */
     ctx->timeout_s =
         params && params->timeout_s >= 0 ? params->timeout_s : xm_param_double("XMESH_TIMEOUT_S");
     XM_INFO("nccl: context of %d ranks on %d host(s), device %d, %d NIC(s) per host", size,
             ctx->hosts.nhosts, be->device, be->nics_per_host);
+    return XMESH_SUCCESS;
+}
+
+/* Allocates the context shell; ctx->be is set. */
+static xmesh_result_t nccl_alloc(const xmesh_ctx_params_t *params, xmesh_ctx_t *out,
+                                 struct xmesh_ctx **ctxp, xm_nccl_ctx_t **bep)
+{
+    xmesh_result_t r;
+    if (!out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xmesh_ctx_create_nccl: out is NULL");
+    if ((r = check_params(params)))
+        return r;
+    xm_nccl_ctx_t *be = calloc(1, sizeof *be);
+    struct xmesh_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!be || !ctx) {
+        free(be);
+        free(ctx);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
+    }
+    be->comm = MPI_COMM_NULL;
+    ctx->be = be;
+    ctx->ops = &xm_nccl_ops;
+    *ctxp = ctx;
+    *bep = be;
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t nccl_finish(struct xmesh_ctx *ctx, xm_nccl_ctx_t *be, int cuda_device,
+                                  const xmesh_ctx_params_t *params, xmesh_ctx_t *out)
+{
+    xmesh_result_t r = nccl_create(ctx, be, cuda_device, params);
+    if (r) {
+        nccl_ctx_free(ctx);
+        xm_hostmap_free(&ctx->hosts);
+        free(ctx);
+        return r;
+    }
     *out = ctx;
     return XMESH_SUCCESS;
-out_free_ctx:
+}
+
+xmesh_result_t xmesh_ctx_create_nccl(MPI_Comm comm, int cuda_device,
+                                     const xmesh_ctx_params_t *params, xmesh_ctx_t *out)
+{
+    int init = 0, e;
+    struct xmesh_ctx *ctx;
+    xm_nccl_ctx_t *be;
+    xmesh_result_t r = nccl_alloc(params, out, &ctx, &be);
+    if (r)
+        return r;
+    MPI_Initialized(&init);
+    if (!init) {
+        r = XM_ERR(XMESH_ERR_INVALID_USAGE, "%s: MPI is not initialised", __func__);
+        goto out_free;
+    }
+    if ((e = MPI_Comm_dup(comm, &be->comm)) != MPI_SUCCESS) {
+        r = mpi_err(e, "MPI_Comm_dup");
+        be->comm = MPI_COMM_NULL;
+        goto out_free;
+    }
+    MPI_Comm_set_errhandler(be->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(be->comm, &be->oob.rank);
+    MPI_Comm_size(be->comm, &be->oob.size);
+    be->oob.allgather = mpi_allgather; /* an MPI communicator is one all-gather */
+    be->oob.user = &be->comm;
+    return nccl_finish(ctx, be, cuda_device, params, out);
+out_free:
     nccl_ctx_free(ctx);
-    xm_hostmap_free(&ctx->hosts);
     free(ctx);
     return r;
+}
+
+xmesh_result_t xmesh_ctx_create_nccl_oob(const xmesh_oob_t *oob, int cuda_device,
+                                         const xmesh_ctx_params_t *params, xmesh_ctx_t *out)
+{
+    struct xmesh_ctx *ctx;
+    xm_nccl_ctx_t *be;
+    xmesh_result_t r;
+    if (oob && (r = xm_oob_check(oob)))
+        return r;
+    if ((r = nccl_alloc(params, out, &ctx, &be)))
+        return r;
+    if (oob) {
+        be->oob = *oob;
+    } else {
+        double t = params && params->timeout_s >= 0 ? params->timeout_s
+                                                    : xm_param_double("XMESH_TIMEOUT_S");
+        if ((r = xm_envboot_create(t, &be->boot, &be->oob))) {
+            nccl_ctx_free(ctx);
+            free(ctx);
+            return r;
+        }
+    }
+    return nccl_finish(ctx, be, cuda_device, params, out);
 }

@@ -39,6 +39,12 @@
 #ifndef XMESH_FOUND_CUDA
 #define XMESH_FOUND_CUDA "not found"
 #endif
+#ifdef XMESH_HAVE_UCX
+#include <ucp/api/ucp.h>
+#endif
+#ifndef XMESH_FOUND_UCX
+#define XMESH_FOUND_UCX "not found"
+#endif
 #ifndef XMESH_FOUND_NCCL
 #define XMESH_FOUND_NCCL "not found"
 #endif
@@ -66,6 +72,14 @@ static void print_build(FILE *out)
     unsigned hv = hwloc_get_api_version();
     fprintf(out, "  %-22s found %s (headers: API 0x%x); loaded library: API 0x%x\n", "hwloc",
             XMESH_FOUND_HWLOC, (unsigned)HWLOC_API_VERSION, hv);
+#ifdef XMESH_HAVE_UCX
+    unsigned umaj = 0, umin = 0, urel = 0;
+    ucp_get_version(&umaj, &umin, &urel);
+    fprintf(out, "  %-22s yes: found %s (headers %d.%d); loaded %u.%u.%u (docs/UCX.md)\n",
+            "UCX transport", XMESH_FOUND_UCX, UCP_API_MAJOR, UCP_API_MINOR, umaj, umin, urel);
+#else
+    fprintf(out, "  %-22s no (UCX not found at build time: libucx-dev)\n", "UCX transport");
+#endif
 #ifdef XMESH_HAVE_CUDA
     int rt = 0, drv = 0, ndev = 0, nv = 0;
     cudaRuntimeGetVersion(&rt);

@@ -25,6 +25,7 @@
 #include "xm_api.h"
 #include "xm_cost.h"
 #include "xmesh/mpi.h"
+#include "xmesh/ucx.h"
 
 #define MAX_ROWS 4096
 #define MAX_METHODS 16
@@ -45,6 +46,7 @@ typedef struct {
     int64_t calib_bytes;
     int barrier; /* end every timed iteration with MPI_Barrier (1) or a spinning one (2) */
     int plans;   /* xmesh plans created (and timed) per row */
+    const char *transport; /* xmesh's transport: "mpi" or "ucx" (-T, XMESH_TRANSPORT) */
 } opts_t;
 
 /* --------------------------------------------------------------- cases */
@@ -195,6 +197,13 @@ static int casew = 8; /* width of the case column: the suite's longest name */
 static bench_world_t W;
 static opts_t O;
 
+/* xmesh_oob_t.allgather over an MPI communicator (user). */
+static int mpi_allgather(void *user, const void *send, void *recv, size_t bytes)
+{
+    return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE,
+                         *(MPI_Comm *)user) != MPI_SUCCESS;
+}
+
 static void usage(void)
 {
     printf("usage: mpirun ... xmesh-bench [options]\n"
@@ -227,7 +236,10 @@ static void usage(void)
            "  --spin-barrier  the same with a spinning barrier (MPI_Ibarrier, then MPI_Test in\n"
            "               a tight loop: the waiting ranks keep their cores busy)\n"
            "  -K, --cluster FILE  cost model from a cluster file (xmesh-calibrate -o FILE;\n"
-           "               same as XMESH_CLUSTER_FILE): predictions and plans use it\n");
+           "               same as XMESH_CLUSTER_FILE): predictions and plans use it\n"
+           "  -T, --transport mpi|ucx  transport of the xmesh rows (default XMESH_TRANSPORT,\n"
+           "               else mpi); ucx: a UCX context bootstrapped through MPI_Allgather\n"
+           "               (the baselines stay MPI)\n");
 }
 
 static int64_t parse_bytes(const char *s)
@@ -952,10 +964,10 @@ static void write_json(const char *path, const bench_calib_t *cal)
     fprintf(f,
             "  \"config\": {\"ranks\": %d, \"hosts\": %d, \"virtual_hosts\": %d, "
             "\"iters\": %d, \"warmup\": %d, \"check\": %d, \"closing_barrier\": %d, "
-            "\"plans_per_row\": %d, \"scalapack_built\": %d,\n"
+            "\"plans_per_row\": %d, \"scalapack_built\": %d, \"transport\": \"%s\",\n"
             "             \"timing\": \"%s\"},\n",
             W.size, W.nhosts, W.virtual_hosts, O.iters, O.warmup, O.check, O.barrier, O.plans,
-            bench_scalapack_built(),
+            bench_scalapack_built(), O.transport,
             O.barrier == 2 ? "common barrier to the end of a closing spinning barrier on all ranks "
                              "(included)"
             : O.barrier
@@ -1130,17 +1142,21 @@ int main(int argc, char **argv)
                                              {"spin-barrier", no_argument, NULL, 'S'},
                                              {"help", no_argument, NULL, 'h'},
                                              {"cluster", required_argument, NULL, 'K'},
+                                             {"transport", required_argument, NULL, 'T'},
                                              {NULL, 0, NULL, 0}};
     int opt, bad = 0, help = 0;
     char badmsg[128] = "";
-    while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:K:BRh", longopts, NULL)) !=
-           -1) {
+    while ((opt = getopt_long(argc, argv, "s:m:C:b:e:f:n:w:c:J:D:V:P:k:p:K:T:BRh", longopts,
+                              NULL)) != -1) {
         switch (opt) {
         case 'B':
             O.barrier = 1;
             break;
         case 'S':
             O.barrier = 2;
+            break;
+        case 'T':
+            O.transport = optarg;
             break;
         case 'K':
             /* the library reads it when it builds a plan's cluster model */
@@ -1204,6 +1220,12 @@ int main(int argc, char **argv)
         default:
             bad = 1;
         }
+    }
+    if (!O.transport)
+        O.transport = xm_param_str("XMESH_TRANSPORT");
+    if (strcmp(O.transport, "mpi") && strcmp(O.transport, "ucx")) {
+        snprintf(badmsg, sizeof badmsg, ": transport '%.40s' is not mpi or ucx", O.transport);
+        bad = 1;
     }
     if (O.real_hosts && O.virtual_hosts < 1) {
         snprintf(badmsg, sizeof badmsg, ": -R needs -V n (it only changes what -V does)");
@@ -1273,15 +1295,25 @@ int main(int argc, char **argv)
         xmesh_ctx_params_t cp = XMESH_CTX_PARAMS_INITIALIZER;
         if (O.virtual_hosts > 0 && !O.real_hosts)
             cp.host_id = W.rank / O.virtual_hosts;
-        xmesh_result_t r = xmesh_ctx_create_mpi(MPI_COMM_WORLD, &cp, &X.ctx);
+        xmesh_result_t r;
+        if (!strcmp(O.transport, "ucx")) {
+            /* An MPI communicator is one caller's all-gather among others. */
+            static MPI_Comm world;
+            world = MPI_COMM_WORLD;
+            xmesh_oob_t oob = {W.rank, W.size, mpi_allgather, &world};
+            r = xmesh_ctx_create_ucx(&oob, &cp, &X.ctx);
+        } else {
+            r = xmesh_ctx_create_mpi(MPI_COMM_WORLD, &cp, &X.ctx);
+        }
         X.available = r == XMESH_SUCCESS;
         if (r)
-            snprintf(X.why, sizeof X.why, "xmesh_ctx_create_mpi: %s: %s", xmesh_result_string(r),
-                     xmesh_last_error());
+            snprintf(X.why, sizeof X.why, "xmesh_ctx_create_%s: %s: %s", O.transport,
+                     xmesh_result_string(r), xmesh_last_error());
     }
 
     if (W.rank == 0) {
-        printf("# xmesh-bench  suite %s  xmesh %s\n", suite->name, xmesh_version_string());
+        printf("# xmesh-bench  suite %s  xmesh %s  transport %s\n", suite->name,
+               xmesh_version_string(), O.transport);
         if (!X.available)
             printf("# xmesh rows unsupported: %s\n", X.why);
         printf("# ranks %d  hosts %d%s  iters %d  warm-up %d  check %s\n", W.size, W.nhosts,

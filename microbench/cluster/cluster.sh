@@ -9,7 +9,12 @@
 # of paper 002 section 5 (fast devices inside a host, one slow NIC each).
 #
 # Usage:
-#   cluster.sh [-H hosts] [-d ranks_per_host] [-r rate] [-b burst] [-m mtu] [-p] [-q] -- COMMAND [ARGS...]
+#   cluster.sh [-H hosts] [-d ranks_per_host] [-n nics] [-r rate] [-b burst] [-m mtu] [-p] [-q] -- COMMAND [ARGS...]
+#   -n: NICs per emulated host (default 1, at most 8), each shaped to the rate on its own: NIC k
+#       of every host sits in subnet k (a "rail", eth<k> in the namespace), all on one bridge, and
+#       each host routes by source address (a socket bound to eth<k>'s address leaves through
+#       eth<k>, whatever subnet it talks to). MPI (btl tcp) uses eth0 only; the UCX runner gives
+#       rank i of a host NIC i mod K (XMESH_UCX_NICS, XMESH_NICS_PER_HOST exported)
 #   -m: MTU of every emulated NIC (default 1500). The kernel's work for the emulated NICs is
 #       per packet (veth, bridge, tbf, TCP: no NIC offload), so at 1500 it takes host CPU a real
 #       NIC would not; 9000 (jumbo frames) cuts it about six-fold (docs/RESULTS.md 2026-11-29)
@@ -31,6 +36,8 @@
 #   XMH_RATE_MBIT the shaped rate per NIC direction, Mbit/s
 #   XMH_SUBNET    the private /24 used
 #   XMESH_NIC_GBPS, XMESH_NICS_PER_HOST: the cost model of xmesh set to match
+#   XMESH_UCX_NICS the NICs of every host (eth0,eth1,...) for the UCX runner
+#   XMH_NICS      NICs per host
 # Every name created carries the prefix xmh<pid>- ; tear-down runs on EXIT,
 # INT and TERM and removes exactly the objects recorded as created.
 set -u
@@ -43,6 +50,7 @@ BURST=256kb
 MTU=1500
 QUIET=0
 PIN=0
+NICS=1
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 skip() { echo "cluster.sh: SKIP: $*" >&2; exit 77; }
@@ -71,17 +79,18 @@ if [ "${1:-}" = check ]; then
     exit 0
 fi
 
-while getopts "H:d:r:l:b:m:pqh" opt; do
+while getopts "H:d:n:r:l:b:m:pqh" opt; do
     case "$opt" in
     H) HOSTS=$OPTARG ;;
     d) PPH=$OPTARG ;;
+    n) NICS=$OPTARG ;;
     r) RATE=$OPTARG ;;
     l) LATENCY=$OPTARG ;;
     b) BURST=$OPTARG ;;
     m) MTU=$OPTARG ;;
     q) QUIET=1 ;;
     p) PIN=1 ;;
-    h) sed -n '2,36p' "$0"; exit 0 ;;
+    h) sed -n '2,43p' "$0"; exit 0 ;;
     *) exit 2 ;;
     esac
 done
@@ -92,6 +101,8 @@ case "$HOSTS" in '' | *[!0-9]*) die "-H '$HOSTS' is not a number" ;; esac
 case "$PPH" in '' | *[!0-9]*) die "-d '$PPH' is not a number" ;; esac
 [ "$HOSTS" -ge 1 ] && [ "$HOSTS" -le 200 ] || die "-H $HOSTS out of range [1, 200]"
 [ "$PPH" -ge 1 ] || die "-d $PPH must be >= 1"
+case "$NICS" in '' | *[!0-9]*) die "-n '$NICS' is not a number" ;; esac
+[ "$NICS" -ge 1 ] && [ "$NICS" -le 8 ] || die "-n $NICS out of range [1, 8]"
 case "$RATE" in
 *mbit) RATE_MBIT=${RATE%mbit} ;;
 *gbit) RATE_MBIT=$((${RATE%gbit} * 1000)) ;;
@@ -136,21 +147,25 @@ trap 'exit 143' TERM
 
 # A private /24 that no interface or route of this machine covers (besides
 # the default route), so traffic can only reach our namespaces.
-SUBNET=
+# With -n K, K such subnets: NIC k of every host is in SUBNETS[k].
+SUBNETS=()
 for x in $(seq 213 250) $(seq 100 212); do
     cand="10.$x.0"
     if ip -o route show to match "$cand.1" | grep -qv '^default'; then continue; fi
     if ip -o addr show | grep -q " $cand\."; then continue; fi
-    SUBNET=$cand
-    break
+    SUBNETS+=("$cand")
+    [ ${#SUBNETS[@]} -ge "$NICS" ] && break
 done
-[ -n "$SUBNET" ] || die "no free 10.x.0.0/24 subnet found"
+[ ${#SUBNETS[@]} -ge "$NICS" ] || die "no $NICS free 10.x.0.0/24 subnets found"
+SUBNET=${SUBNETS[0]}
 
 BR="${P}br"
 ip link add "$BR" type bridge || die "cannot create bridge $BR"
 CREATED_LINKS+=("$BR")
 sysctl -qw "net.ipv6.conf.$BR.disable_ipv6=1" 2>/dev/null
-ip addr add "$SUBNET.254/24" dev "$BR" || die "cannot address $BR"
+for ((k = 0; k < NICS; k++)); do
+    ip addr add "${SUBNETS[$k]}.254/24" dev "$BR" || die "cannot address $BR"
+done
 ip link set "$BR" up || die "cannot bring $BR up"
 
 MAP="$SCRATCH/hosts.map"
@@ -181,6 +196,44 @@ for ((h = 0; h < HOSTS; h++)); do
         latency "$LATENCY" || die "tc (send) in $ns failed"
     tc qdisc add dev "${P}v$h" root tbf rate "${RATE_MBIT}mbit" burst "$BURST" latency "$LATENCY" ||
         die "tc (receive) on ${P}v$h failed"
+    # NICs 1 .. K-1 (-n): the same, named eth<k>, in rail subnet k. ARP answers
+    # only for the address of the NIC asked (one bridge carries every rail), and
+    # traffic from NIC k's address leaves through NIC k (source routing).
+    if [ "$NICS" -gt 1 ]; then
+        ip netns exec "$ns" sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 ||
+            die "arp sysctls in $ns failed"
+        letters=(x a b c d e f g)
+        uppers=(X A B C D E F G)
+        for ((k = 1; k < NICS; k++)); do
+            bside="${P}${letters[$k]}$h"
+            nside="${P}${uppers[$k]}$h"
+            ip link add "$bside" type veth peer name "$nside" || die "veth $k for host $h failed"
+            CREATED_LINKS+=("$bside")
+            sysctl -qw "net.ipv6.conf.$bside.disable_ipv6=1" 2>/dev/null
+            ip link set "$nside" netns "$ns" || die "moving NIC $k into $ns failed"
+            ip -n "$ns" link set "$nside" name "eth$k" || die "renaming eth$k in $ns failed"
+            ip -n "$ns" addr add "${SUBNETS[$k]}.$((h + 1))/24" dev "eth$k" || die "address eth$k in $ns failed"
+            ip -n "$ns" link set "eth$k" up || die "eth$k up in $ns failed"
+            if [ "$MTU" != 1500 ]; then
+                ip link set "$bside" mtu "$MTU" && ip -n "$ns" link set "eth$k" mtu "$MTU" ||
+                    die "-m $MTU: NIC $k of host $h refused that MTU"
+            fi
+            ip link set "$bside" master "$BR" || die "attaching $bside to $BR failed"
+            ip link set "$bside" up || die "$bside up failed"
+            ip netns exec "$ns" tc qdisc add dev "eth$k" root tbf rate "${RATE_MBIT}mbit" burst "$BURST" \
+                latency "$LATENCY" || die "tc (send) on eth$k in $ns failed"
+            tc qdisc add dev "$bside" root tbf rate "${RATE_MBIT}mbit" burst "$BURST" latency "$LATENCY" ||
+                die "tc (receive) on $bside failed"
+        done
+        for ((k = 0; k < NICS; k++)); do
+            ip -n "$ns" rule add from "${SUBNETS[$k]}.$((h + 1))" table $((100 + k)) ||
+                die "source rule of eth$k in $ns failed"
+            for ((j = 0; j < NICS; j++)); do
+                ip -n "$ns" route add "${SUBNETS[$j]}.0/24" dev "eth$k" src "${SUBNETS[$k]}.$((h + 1))" \
+                    table $((100 + k)) || die "route of eth$k to rail $j in $ns failed"
+            done
+        done
+    fi
     mkdir -p "$SCRATCH/$ns"
     cpus=all
     if [ "$PIN" = 1 ]; then
@@ -232,8 +285,11 @@ export XMH_MPIRUN="$MPIRUN" XMH_NP=$((HOSTS * PPH)) XMH_HOSTS="$HOSTS" XMH_PPH="
 export XMH_RATE_MBIT="$RATE_MBIT" XMH_SUBNET="$SUBNET.0/24"
 export XMESH_NIC_GBPS
 XMESH_NIC_GBPS=$(awk -v r="$RATE_MBIT" 'BEGIN { printf "%g", r / 1000 }')
-export XMESH_NICS_PER_HOST=1
-log "$HOSTS hosts x $PPH ranks, NIC ${RATE_MBIT} Mbit/s each way, subnet $SUBNET.0/24, prefix $P$([ "$PIN" = 1 ] && echo ", CPUs pinned per host")"
+export XMESH_NICS_PER_HOST=$NICS XMH_NICS=$NICS
+XMESH_UCX_NICS=eth0
+for ((k = 1; k < NICS; k++)); do XMESH_UCX_NICS="$XMESH_UCX_NICS,eth$k"; done
+export XMESH_UCX_NICS
+log "$HOSTS hosts x $PPH ranks, $NICS NIC(s) of ${RATE_MBIT} Mbit/s each way, subnet $SUBNET.0/24, prefix $P$([ "$PIN" = 1 ] && echo ", CPUs pinned per host")"
 
 "$@" &
 CHILD=$!

@@ -9,7 +9,6 @@
  * Randomized cases print their seed; XMESH_TEST_SEED replays.
  */
 #include <math.h>
-#include <mpi.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,8 +19,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "xmesh.h"
+#ifdef XMESH_TEST_UCX /* the same matrix over UCX without MPI (tests/ucx) */
+#include "mpi_shim.h"
+#else
+#include <mpi.h>
+
 #include "xmesh/mpi.h"
+#endif
+#include "xmesh.h"
 
 #define GUARD 64
 #define GUARD_BYTE 0xA5
@@ -1159,8 +1164,13 @@ int main(int argc, char **argv)
         seed = strtoull(env, NULL, 0);
     MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     if (g_rank == 0)
-        printf("test_mpi: %d ranks, %d per fake host, %d random cases, seed %llu "
+        printf("test_mpi%s: %d ranks, %d per fake host, %d random cases, seed %llu "
                "(XMESH_TEST_SEED=%llu replays)\n",
+#ifdef XMESH_TEST_UCX
+               " over UCX",
+#else
+               "",
+#endif
                g_size, per_host, ncases, (unsigned long long)seed, (unsigned long long)seed);
     xmesh_ctx_params_t cp = XMESH_CTX_PARAMS_INITIALIZER;
     cp.host_id = g_rank / per_host;

@@ -1,0 +1,1515 @@
+/* The UCX runner of the per-rank program: plan setup over the bootstrap,
+ * requests, the progress token and thread, chunked pipelined chains with
+ * the MPI runner's windows, partial sums, timeouts, the abort check, trace.
+ * The structure follows lib/mpi/exec.c step for step (the same contract);
+ * only the messages differ: UCX tag sends and receives with completion
+ * callbacks instead of MPI requests. */
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "xm_ucx.h"
+
+#define BACKOFF_MIN_NS 1000l
+#define BACKOFF_MAX_NS 1000000l
+#define YIELD_POLLS 16
+
+/* ------------------------------------------------------------ slots */
+
+static void send_done(void *req, ucs_status_t st, void *user)
+{
+    (void)req;
+    xu_slot_t *s = user;
+    s->status = st;
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
+}
+
+static void recv_done(void *req, ucs_status_t st, const ucp_tag_recv_info_t *info, void *user)
+{
+    (void)req;
+    xu_slot_t *s = user;
+    s->status = st;
+    s->len = info ? info->length : 0;
+    __atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
+}
+
+ucs_status_t xu_send(xu_ctx_t *be, int peer, const void *buf, size_t n, uint64_t tag, int sync,
+                     xu_slot_t *s)
+{
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = send_done;
+    prm.user_data = s;
+    s->busy = 1;
+    s->status = UCS_OK;
+    s->req = NULL;
+    ucs_status_ptr_t p = sync ? ucp_tag_send_sync_nbx(be->peers[peer].ep, buf, n, tag, &prm)
+                              : ucp_tag_send_nbx(be->peers[peer].ep, buf, n, tag, &prm);
+    if (p == NULL) { /* completed in place: no callback */
+        s->busy = 0;
+        return UCS_OK;
+    }
+    if (UCS_PTR_IS_ERR(p)) {
+        s->busy = 0;
+        return UCS_PTR_STATUS(p);
+    }
+    s->req = p;
+    return UCS_OK;
+}
+
+ucs_status_t xu_recv(xu_ctx_t *be, void *buf, size_t n, uint64_t tag, xu_slot_t *s)
+{
+    ucp_request_param_t prm;
+    memset(&prm, 0, sizeof prm);
+    prm.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    prm.cb.recv = recv_done;
+    prm.user_data = s;
+    s->busy = 1;
+    s->status = UCS_OK;
+    s->len = 0;
+    ucs_status_ptr_t p = ucp_tag_recv_nbx(be->worker, buf, n, tag, UINT64_MAX, &prm);
+    if (UCS_PTR_IS_ERR(p)) {
+        s->busy = 0;
+        s->req = NULL;
+        return UCS_PTR_STATUS(p);
+    }
+    s->req = p;
+    return UCS_OK;
+}
+
+/* 1 when the slot holds nothing in flight (its UCX request released); *err
+ * gets a failed operation's status (UCS_OK otherwise), *len a receive's. */
+int xu_slot_idle(xu_ctx_t *be, xu_slot_t *s, ucs_status_t *err, size_t *len)
+{
+    (void)be;
+    if (__atomic_load_n(&s->busy, __ATOMIC_ACQUIRE))
+        return 0;
+    if (s->req) {
+        ucp_request_free(s->req);
+        s->req = NULL;
+    }
+    if (err)
+        *err = s->status;
+    if (len)
+        *len = s->len;
+    s->status = UCS_OK;
+    return 1;
+}
+
+/* ----------------------------------------------------------- requests */
+
+static xmesh_result_t dead_call(xmesh_request_t req)
+{
+    (void)req;
+    return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                  "request was already completed and released (each request is finished by "
+                  "exactly one successful xmesh_test or xmesh_wait)");
+}
+static const xm_backend_ops_t dead_ops = {.name = "released", .test = dead_call, .wait = dead_call};
+static struct xmesh_ctx dead_ctx = {.ops = &dead_ops};
+static struct xmesh_plan dead_plan = {.ctx = &dead_ctx};
+
+static xu_request_t *req_alloc(xu_ctx_t *be)
+{
+    if (!be->free_list) {
+        enum { N = 16 };
+        xu_request_t *blk = calloc(N, sizeof *blk);
+        xu_request_t **nb = realloc(be->blocks, sizeof *nb * (be->nblocks + 1));
+        if (!blk || !nb) {
+            free(blk);
+            if (nb)
+                be->blocks = nb;
+            return NULL;
+        }
+        be->blocks = nb;
+        be->blocks[be->nblocks++] = blk;
+        for (int i = 0; i < N; i++) {
+            blk[i].plan = &dead_plan;
+            blk[i].be = be;
+            blk[i].magic = XU_REQ_FREE;
+            blk[i].next_free = be->free_list;
+            be->free_list = &blk[i];
+        }
+    }
+    xu_request_t *r = be->free_list;
+    be->free_list = r->next_free;
+    return r;
+}
+
+void xu_ctx_free_requests(xu_ctx_t *be)
+{
+    for (int i = 0; i < be->nblocks; i++)
+        free(be->blocks[i]);
+    free(be->blocks);
+    free(be->snap);
+    be->blocks = NULL;
+    be->snap = NULL;
+}
+
+static void *progress_main(void *arg);
+
+static xmesh_result_t ensure_thread(xu_ctx_t *be)
+{
+    if (be->thread_started || !be->threaded)
+        return XMESH_SUCCESS;
+    int e = pthread_create(&be->thread, NULL, progress_main, be);
+    if (e)
+        return XM_ERR(XMESH_ERR_SYSTEM, "cannot start the progress thread: %s", strerror(e));
+    be->thread_started = 1;
+    return XMESH_SUCCESS;
+}
+
+void xu_ctx_stop_thread(xu_ctx_t *be)
+{
+    pthread_mutex_lock(&be->mu);
+    be->stop = 1;
+    pthread_cond_broadcast(&be->work_cv);
+    pthread_mutex_unlock(&be->mu);
+    if (be->thread_started)
+        pthread_join(be->thread, NULL);
+    be->thread_started = 0;
+}
+
+static int exec_advance(xu_request_t *r);
+
+/* One progress round (be->mu held, token free): UCX progress, then every
+ * active request advanced without the lock. As lib/mpi/exec.c. */
+static int progress_round(xu_ctx_t *be, int from_thread)
+{
+    int n = 0;
+    for (xu_request_t *r = be->active; r; r = r->next_active) {
+        if (n == be->snap_cap) {
+            int ncap = be->snap_cap ? 2 * be->snap_cap : 8;
+            xu_request_t **ns = realloc(be->snap, sizeof *ns * ncap);
+            if (!ns)
+                break;
+            be->snap = ns;
+            be->snap_cap = ncap;
+        }
+        be->snap[n++] = r;
+    }
+    be->busy = 1;
+    pthread_mutex_unlock(&be->mu);
+    int moved = 0;
+    for (int k = 0; k < 64 && ucp_worker_progress(be->worker); k++)
+        moved = 1;
+    for (int i = 0; i < n; i++)
+        moved |= exec_advance(be->snap[i]);
+    pthread_mutex_lock(&be->mu);
+    be->busy = 0;
+    be->rounds++;
+    for (xu_request_t **pp = &be->active; *pp;) {
+        if ((*pp)->phase == 2) {
+            xu_request_t *r = *pp;
+            *pp = r->next_active;
+            r->done = 1;
+            moved = 1;
+        } else {
+            pp = &(*pp)->next_active;
+        }
+    }
+    be->idle_rounds += !moved;
+    pthread_cond_broadcast(&be->done_cv);
+    if (!from_thread && be->active && be->thread_started)
+        pthread_cond_signal(&be->work_cv);
+    return moved;
+}
+
+static void timed_sleep(xu_ctx_t *be, pthread_cond_t *cv, long ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += ns;
+    if (ts.tv_nsec >= 1000000000l) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000l;
+    }
+    pthread_cond_timedwait(cv, &be->mu, &ts);
+}
+
+xmesh_result_t xu_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *out)
+{
+    xu_exec_t *x = p->exec;
+    xu_ctx_t *be = p->ctx->be;
+    if (!x)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE, "plan has no executor state");
+    pthread_mutex_lock(&be->mu);
+    if (x->active) {
+        pthread_mutex_unlock(&be->mu);
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "plan already has a reshard in flight: wait for it before starting another "
+                      "(use a second plan for concurrent transfers)");
+    }
+    if (x->broken) {
+        pthread_mutex_unlock(&be->mu);
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "plan is unusable: an earlier reshard failed or timed out and UCX may still "
+                      "deliver its messages; destroy it and create a new one");
+    }
+    xu_request_t *r = req_alloc(be);
+    xmesh_result_t rc = r ? XMESH_SUCCESS : XM_ERR(XMESH_ERR_NO_MEMORY, "request: out of memory");
+    int has_work = x->prog.ntasks > 0 || x->trace;
+    if (!rc && has_work)
+        rc = ensure_thread(be);
+    if (rc) {
+        if (r) {
+            r->next_free = be->free_list;
+            be->free_list = r;
+        }
+        pthread_mutex_unlock(&be->mu);
+        return rc;
+    }
+    __atomic_store_n(&r->plan, p, __ATOMIC_RELEASE);
+    r->magic = XU_REQ_LIVE;
+    r->done = 0;
+    r->result = XMESH_SUCCESS;
+    r->msg[0] = '\0';
+    r->phase = 0;
+    r->trace_stage = 0;
+    r->t_start = xu_now();
+    r->deadline = p->timeout_s > 0 ? r->t_start + p->timeout_s : 0;
+    r->next_abort_check = r->t_start;
+    x->src = src;
+    x->dst = dst;
+    memset(x->srt, 0, sizeof *x->srt * x->prog.nsteps);
+    memset(x->tstate, 0, x->prog.ntasks);
+    x->tfirst = 0;
+    x->corrupted = 0;
+    x->nev = 0;
+    x->dropped_ev = 0;
+    x->active = r;
+    p->inflight++;
+    if (!has_work) {
+        r->phase = 2;
+        r->done = 1;
+    } else {
+        r->next_active = be->active;
+        be->active = r;
+        if (be->thread_started)
+            pthread_cond_signal(&be->work_cv);
+        else if (!be->busy)
+            progress_round(be, 0);
+    }
+    pthread_mutex_unlock(&be->mu);
+    *out = (xmesh_request_t)r;
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t release(xu_ctx_t *be, xu_request_t *r)
+{
+    xmesh_plan_t p = r->plan;
+    xu_exec_t *x = p->exec;
+    xmesh_result_t res = r->result;
+    char msg[sizeof r->msg];
+    memcpy(msg, r->msg, sizeof msg);
+    p->inflight--;
+    x->active = NULL;
+    r->magic = XU_REQ_FREE;
+    __atomic_store_n(&r->plan, &dead_plan, __ATOMIC_RELEASE);
+    r->next_free = be->free_list;
+    be->free_list = r;
+    pthread_mutex_unlock(&be->mu);
+    if (res)
+        return XM_ERR(res, "%s", msg);
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xu_test(xmesh_request_t req)
+{
+    xu_request_t *r = (xu_request_t *)req;
+    xu_ctx_t *be = r->be;
+    pthread_mutex_lock(&be->mu);
+    if (r->magic != XU_REQ_LIVE) {
+        pthread_mutex_unlock(&be->mu);
+        return dead_call(req);
+    }
+    if (!r->done && !be->busy)
+        progress_round(be, 0);
+    if (r->magic != XU_REQ_LIVE) {
+        pthread_mutex_unlock(&be->mu);
+        return dead_call(req);
+    }
+    if (!r->done) {
+        pthread_mutex_unlock(&be->mu);
+        return XMESH_IN_PROGRESS;
+    }
+    return release(be, r);
+}
+
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void xu_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *st)
+{
+    xu_ctx_t *be = ctx->be;
+    pthread_mutex_lock(&be->mu);
+    st->rounds = be->rounds;
+    st->idle_rounds = be->idle_rounds;
+    st->wait_cpu_s = be->wait_cpu_s;
+    st->staged_bytes = __atomic_load_n(&be->staged_bytes, __ATOMIC_RELAXED);
+    st->progress_cpu_s = 0;
+    clockid_t cid;
+    struct timespec ts;
+    if (be->thread_started && pthread_getcpuclockid(be->thread, &cid) == 0 &&
+        clock_gettime(cid, &ts) == 0)
+        st->progress_cpu_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    pthread_mutex_unlock(&be->mu);
+}
+
+/* XMESH_WAIT_NICE, as the MPI runner. */
+static int wait_priority_raise(void)
+{
+#ifdef __linux__
+    int want = (int)xm_param_i64("XMESH_WAIT_NICE");
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int cur = getpriority(PRIO_PROCESS, tid);
+    if (errno == 0 && want < cur && setpriority(PRIO_PROCESS, tid, want) == 0)
+        return cur;
+#endif
+    return INT_MIN;
+}
+
+static void wait_priority_restore(int old)
+{
+#ifdef __linux__
+    if (old != INT_MIN)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), old);
+#else
+    (void)old;
+#endif
+}
+
+xmesh_result_t xu_wait(xmesh_request_t req)
+{
+    xu_request_t *r = (xu_request_t *)req;
+    xu_ctx_t *be = r->be;
+    pthread_mutex_lock(&be->mu);
+    if (r->magic != XU_REQ_LIVE) {
+        pthread_mutex_unlock(&be->mu);
+        return dead_call(req);
+    }
+    xmesh_plan_t plan = r->plan;
+    long backoff = BACKOFF_MIN_NS;
+    const long wait_max_ns = (long)xm_param_i64("XMESH_WAIT_BACKOFF_US") * 1000l;
+    int idle = 0;
+    be->callers++;
+    int old_nice = wait_priority_raise();
+    double cpu0 = thread_cpu_s();
+    while (r->magic == XU_REQ_LIVE && r->plan == plan && !r->done) {
+        if (be->busy) {
+            pthread_cond_wait(&be->done_cv, &be->mu);
+            continue;
+        }
+        if (progress_round(be, 1)) {
+            backoff = BACKOFF_MIN_NS;
+            idle = 0;
+        } else if (r->done || r->magic != XU_REQ_LIVE) {
+            break;
+        } else if (idle++ < YIELD_POLLS) {
+            pthread_mutex_unlock(&be->mu);
+            sched_yield();
+            pthread_mutex_lock(&be->mu);
+        } else {
+            timed_sleep(be, &be->done_cv, backoff);
+            backoff = backoff * 2 > wait_max_ns ? wait_max_ns : backoff * 2;
+        }
+    }
+    wait_priority_restore(old_nice);
+    be->wait_cpu_s += thread_cpu_s() - cpu0;
+    if (--be->callers == 0 && be->active && be->thread_started)
+        pthread_cond_signal(&be->work_cv);
+    if (r->magic != XU_REQ_LIVE || r->plan != plan) {
+        pthread_mutex_unlock(&be->mu);
+        return dead_call(req);
+    }
+    return release(be, r);
+}
+
+static void *progress_main(void *arg)
+{
+    xu_ctx_t *be = arg;
+    long backoff = BACKOFF_MIN_NS;
+    int idle = 0;
+#ifdef __linux__
+    prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0);
+    int nice_v = (int)xm_param_i64("XMESH_PROGRESS_NICE");
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice_v) != 0)
+        XM_LOG(XM_LOG_INFO, "progress thread keeps its priority (nice %d refused: %s)", nice_v,
+               strerror(errno));
+#endif
+    pthread_mutex_lock(&be->mu);
+    while (!be->stop) {
+        if (!be->active || be->callers > 0 || be->busy) {
+            pthread_cond_wait(&be->work_cv, &be->mu);
+            backoff = BACKOFF_MIN_NS;
+            continue;
+        }
+        if (progress_round(be, 1)) {
+            backoff = BACKOFF_MIN_NS;
+            idle = 0;
+        } else if (be->active && !be->stop && idle++ < YIELD_POLLS) {
+            pthread_mutex_unlock(&be->mu);
+            sched_yield();
+            pthread_mutex_lock(&be->mu);
+        } else if (be->active && !be->stop) {
+            timed_sleep(be, &be->work_cv, backoff);
+            backoff = backoff * 2 > BACKOFF_MAX_NS ? BACKOFF_MAX_NS : backoff * 2;
+        }
+    }
+    pthread_mutex_unlock(&be->mu);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- trace */
+
+static void trace_add(xu_exec_t *x, int kind, int task, int peer, int64_t chunk, int64_t bytes,
+                      double t0, double t1)
+{
+    if (x->nev >= x->cap_ev) {
+        x->dropped_ev++;
+        return;
+    }
+    x->ev[x->nev++] = (xu_trace_ev_t){t0, t1, kind, task, peer, chunk, bytes};
+}
+
+static const char *kind_name[] = {"task", "send", "recv", "copy"};
+
+static void write_events(FILE *f, const xu_trace_ev_t *ev, int64_t n, int rank, int host,
+                         int *first)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const xu_trace_ev_t *e = &ev[i];
+        int k = e->kind >= 0 && e->kind < 4 ? e->kind : 0;
+        char name[64];
+        if (k == 0)
+            snprintf(name, sizeof name, "task %d", e->task);
+        else
+            snprintf(name, sizeof name, "%s t%d c%lld", kind_name[k], e->task, (long long)e->chunk);
+        fprintf(f,
+                "%s\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,"
+                "\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"task\":%d,\"chunk\":%lld,"
+                "\"peer\":%d,\"bytes\":%lld}}",
+                *first ? "" : ",", name, kind_name[k], host, rank, e->t0 * 1e6,
+                (e->t1 - e->t0) * 1e6, e->task, (long long)e->chunk, e->peer, (long long)e->bytes);
+        *first = 0;
+    }
+}
+
+/* "%p" plan id, "%n" reshard index, "%%" a percent sign. */
+static void expand_path(const xu_exec_t *x, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const char *s = x->trace_path; *s && o + 24 < len; s++) {
+        if (s[0] == '%' && s[1] == 'p') {
+            o += (size_t)snprintf(out + o, len - o, "%d", x->plan_id);
+            s++;
+        } else if (s[0] == '%' && s[1] == 'n') {
+            o += (size_t)snprintf(out + o, len - o, "%lld", (long long)x->nreshards);
+            s++;
+        } else if (s[0] == '%' && s[1] == '%') {
+            out[o++] = '%';
+            s++;
+        } else {
+            out[o++] = *s;
+        }
+    }
+    out[o] = '\0';
+}
+
+static int trace_write(xu_request_t *r)
+{
+    xmesh_plan_t p = r->plan;
+    xu_exec_t *x = p->exec;
+    char path[600];
+    expand_path(x, path, sizeof path);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        snprintf(r->msg, sizeof r->msg, "XMESH_TRACE: cannot open '%.400s' for writing", path);
+        return -1;
+    }
+    int first = 1;
+    fprintf(f, "{\"traceEvents\":[");
+    for (int i = 0; i < x->nparts; i++) {
+        int q = x->parts[i], h = p->ctx->hosts.host_of[q];
+        const xu_trace_ev_t *ev = q == x->rank ? x->ev : x->tr_bufs[i];
+        int64_t n = q == x->rank ? x->nev : x->tr_counts[i];
+        write_events(f, ev, n, q, h, &first);
+    }
+    fprintf(f,
+            "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"source\":\"xmesh UCX runner\","
+            "\"plan\":%d,\"reshard\":%lld,\"strategy\":\"%s\",\"scheduler\":\"%s\","
+            "\"chunk_bytes\":%lld,\"leader_dropped_events\":%lld}}\n",
+            x->plan_id, (long long)x->nreshards, xmesh_strategy_name(p->strategy),
+            xmesh_scheduler_name(p->scheduler), (long long)p->chunk_bytes,
+            (long long)x->dropped_ev);
+    int bad = ferror(f);
+    if (fclose(f) || bad) {
+        snprintf(r->msg, sizeof r->msg, "XMESH_TRACE: error writing '%.400s'", path);
+        return -1;
+    }
+    return 0;
+}
+
+/* Gathers every participant's events at the leader: counts, then events.
+ * 1 done, 0 again later, -1 error (r->msg). */
+static int trace_progress(xu_request_t *r)
+{
+    xu_exec_t *x = r->plan->exec;
+    xu_ctx_t *be = r->plan->ctx->be;
+    int n = x->nparts;
+    ucs_status_t st = UCS_OK;
+    if (r->trace_stage == 0) {
+        if (x->rank == x->leader) {
+            for (int i = 0; i < n && st == UCS_OK; i++)
+                if (x->parts[i] != x->rank)
+                    st = xu_recv(be, &x->tr_counts[i], sizeof(int64_t),
+                                 XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->parts[i]),
+                                 &x->tr_slots[2 * i]);
+        } else {
+            x->tr_counts[0] = x->nev;
+            st = xu_send(be, x->leader, &x->tr_counts[0], sizeof(int64_t),
+                         XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->rank), 0, &x->tr_slots[0]);
+            if (st == UCS_OK)
+                st = xu_send(be, x->leader, x->ev, sizeof(xu_trace_ev_t) * (size_t)x->nev,
+                             XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->rank + 1), 0, &x->tr_slots[1]);
+        }
+        if (st != UCS_OK)
+            goto out_ucx;
+        r->trace_stage = 1;
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        ucs_status_t e = UCS_OK;
+        if (!xu_slot_idle(be, &x->tr_slots[i], &e, NULL))
+            return 0;
+        if (e != UCS_OK) {
+            st = e;
+            goto out_ucx;
+        }
+    }
+    if (x->rank != x->leader)
+        return 1;
+    if (r->trace_stage == 1) {
+        for (int i = 0; i < n; i++) {
+            if (x->parts[i] == x->rank)
+                continue;
+            int64_t c = x->tr_counts[i];
+            free(x->tr_bufs[i]);
+            x->tr_bufs[i] = malloc(sizeof(xu_trace_ev_t) * (size_t)(c ? c : 1));
+            if (!x->tr_bufs[i]) {
+                snprintf(r->msg, sizeof r->msg, "XMESH_TRACE: out of memory");
+                return -1;
+            }
+            if ((st = xu_recv(be, x->tr_bufs[i], sizeof(xu_trace_ev_t) * (size_t)c,
+                              XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->parts[i] + 1),
+                              &x->tr_slots[2 * i])) != UCS_OK)
+                goto out_ucx;
+        }
+        r->trace_stage = 2;
+        return 0;
+    }
+    return trace_write(r) < 0 ? -1 : 1;
+out_ucx:
+    snprintf(r->msg, sizeof r->msg, "XMESH_TRACE: gathering events failed (UCX: %s)",
+             ucs_status_string(st));
+    return -1;
+}
+
+/* ------------------------------------------------------------ execution */
+
+/* Cancels every operation in flight and gives UCX 50 ms to settle them;
+ * what is left stays with the plan (its staging and slots), which is
+ * retired. Only the plan's own memory is ever referenced. */
+static void cancel_all(xu_ctx_t *be, xu_exec_t *x)
+{
+    int total = x->nslots + (x->tr_slots ? 2 * x->nparts : 0);
+    for (int i = 0; i < total; i++) {
+        xu_slot_t *s = i < x->nslots ? &x->slots[i] : &x->tr_slots[i - x->nslots];
+        if (s->busy && s->req)
+            ucp_request_cancel(be->worker, s->req);
+    }
+    double until = xu_now() + 0.05;
+    int pending = 1;
+    while (pending && xu_now() < until) {
+        ucp_worker_progress(be->worker);
+        pending = 0;
+        for (int i = 0; i < total; i++) {
+            xu_slot_t *s = i < x->nslots ? &x->slots[i] : &x->tr_slots[i - x->nslots];
+            if (!xu_slot_idle(be, s, NULL, NULL))
+                pending = 1;
+        }
+    }
+    x->kept = 0;
+    for (int i = 0; i < total; i++) {
+        xu_slot_t *s = i < x->nslots ? &x->slots[i] : &x->tr_slots[i - x->nslots];
+        x->kept += s->busy;
+    }
+    if (x->kept)
+        XM_INFO("rank %d: plan %d keeps %d UCX operation(s) after the failure (plan memory only)",
+                x->rank, x->plan_id, x->kept);
+}
+
+static void fail(xu_request_t *r, xmesh_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(xu_request_t *r, xmesh_result_t code, const char *fmt, ...)
+{
+    xu_exec_t *x = r->plan->exec;
+    if (r->result == XMESH_SUCCESS) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+        va_end(ap);
+        r->result = code;
+    }
+    xu_ctx_t *be = r->plan->ctx->be;
+    /* Peers of unfinished steps may never take what is queued for them:
+     * their endpoints are closed without a flush (ctx.c). */
+    for (int i = 0; i < x->prog.nsteps; i++) {
+        const xm_pstep_t *s = &x->prog.steps[i];
+        if (x->srt[i].done)
+            continue;
+        if (s->prev >= 0)
+            __atomic_store_n(&be->peers[s->prev].suspect, 1, __ATOMIC_RELAXED);
+        if (s->next >= 0)
+            __atomic_store_n(&be->peers[s->next].suspect, 1, __ATOMIC_RELAXED);
+    }
+    cancel_all(be, x);
+    x->broken = 1;
+    r->phase = 2;
+}
+
+static void staged(xu_exec_t *x, int64_t bytes)
+{
+    __atomic_fetch_add(x->staged, bytes, __ATOMIC_RELAXED);
+}
+
+/* Chunk c of step s through its ops; the receive (if any) has completed.
+ * Returns a UCX status (UCS_OK). */
+static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *s,
+                                  const xu_stepx_t *sx, xu_step_rt_t *rt, int64_t c,
+                                  xu_slot_t *sendslot)
+{
+    int64_t a, cnt;
+    xm_pstep_chunk(s, c, &a, &cnt);
+    int slot = (int)(c % x->window);
+    size_t des = x->dst_es, bs = s->stage_es;
+    char *dst = x->dst, *src = (char *)x->src;
+    char *buf = sx->stage_off >= 0 ? x->stage + sx->stage_off + (int64_t)slot * s->ce * bs : NULL;
+    for (int i = 0; i < s->nops; i++) {
+        const xm_pop_t *o = &s->ops[i];
+        switch (o->kind) {
+        case XM_POP_RECV:
+            break;
+        case XM_POP_PACK: {
+            const xm_geom_t *g = o->blk ? &s->dg : &s->sg;
+            char *blk = o->blk ? dst : src;
+            xmesh_dtype_t bdt = o->blk ? x->dst_dtype : x->dtype;
+            xm_geom_copy_cv(XM_COPY_PACK, g, bdt, (xmesh_dtype_t)o->dt, blk, buf, a, cnt);
+            staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
+            break;
+        }
+        case XM_POP_TO_ACC:
+        case XM_POP_ADD_ACC:
+            xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg,
+                         x->dtype, src, buf, a, cnt);
+            staged(x, cnt * (int64_t)xmesh_dtype_size(xm_dtype_acc(x->dtype)));
+            break;
+        case XM_POP_TO_NATIVE:
+            xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(x->dtype), buf, cnt);
+            break;
+        case XM_POP_UNPACK: {
+            /* XMESH_CHECK sums the values as they came off the wire (as the
+             * MPI runner): the received buffer when the unpack converts,
+             * else the written block. */
+            int conv = o->dt != x->dst_dtype, ck = x->check && s->ck_verify;
+            if (ck && x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
+                buf[0] ^= 0x40;
+                x->corrupted = 1;
+            }
+            if (ck && conv)
+                x->ck[sx->ck_off + c] =
+                    xm_geom_hash(NULL, buf, 1, 0, cnt * (int64_t)xmesh_dtype_size(o->dt));
+            xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst, buf, a,
+                            cnt);
+            staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
+            if (ck && !conv)
+                x->ck[sx->ck_off + c] = xm_geom_hash(&s->dg, dst, des, a, cnt);
+            break;
+        }
+        case XM_POP_COPY: {
+            double t0 = x->trace ? xu_now() - x->t0 : 0;
+            xm_geom_copy2_cv(&s->sg, x->dtype, src, &s->dg, x->dst_dtype, dst, a, cnt);
+            staged(x, cnt * (int64_t)des);
+            if (x->trace)
+                trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)des, t0, xu_now() - x->t0);
+            break;
+        }
+        case XM_POP_SEND: {
+            size_t sbytes = (size_t)cnt * xmesh_dtype_size(s->out_dt);
+            if (x->check && s->ck_origin)
+                x->ck[sx->ck_off + c] = xm_geom_hash(NULL, buf, 1, 0, (int64_t)sbytes);
+            rt->t_send[slot] = x->trace ? xu_now() - x->t0 : 0;
+            return xu_send(be, s->next, buf, sbytes, XU_TAG(x->tag, s->hop_out, c % XU_CHUNK_MOD),
+                           sx->sync, sendslot);
+        }
+        default:
+            break;
+        }
+    }
+    return UCS_OK;
+}
+
+static ucs_status_t post_recv(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *s, xu_step_rt_t *rt,
+                              int64_t c, xu_slot_t *slot_p)
+{
+    const xu_stepx_t *sx = &x->sx[s - x->prog.steps];
+    int64_t a, cnt;
+    xm_pstep_chunk(s, c, &a, &cnt);
+    int slot = (int)(c % x->window);
+    void *buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * (int64_t)s->stage_es;
+    rt->t_recv[slot] = x->trace ? xu_now() - x->t0 : 0;
+    return xu_recv(be, buf, (size_t)cnt * xmesh_dtype_size(s->in_dt),
+                   XU_TAG(x->tag, s->hop_in, c % XU_CHUNK_MOD), slot_p);
+}
+
+/* The peer's endpoint broke (error handler) or an operation with it failed. */
+static int peer_dead(xu_ctx_t *be, int q)
+{
+    return q >= 0 && __atomic_load_n(&be->peers[q].failed, __ATOMIC_ACQUIRE);
+}
+
+/* XMESH_CHECK (as lib/mpi/exec.c): after its last chunk the origin of a
+ * chain sends the per-chunk sums of the final values; every receiver
+ * compares them with the sums of what it wrote and passes the origin's on.
+ * Returns 1 if it moved, 0 if not, -1 after failing r. */
+static int check_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *s,
+                         const xu_stepx_t *sx, xu_step_rt_t *rt, xu_slot_t *sl)
+{
+    size_t bytes = (size_t)s->nchunks * 8;
+    uint64_t *own = sx->ck_off >= 0 ? x->ck + sx->ck_off : NULL,
+             *in = own ? own + s->nchunks : NULL;
+    int verify = s->ck_verify, origin = s->ck_origin && s->next >= 0;
+    uint64_t tin = XU_TAG(x->tag, s->hop_in, XU_CHUNK_MOD),
+             tout = XU_TAG(x->tag, s->hop_out, XU_CHUNK_MOD);
+    ucs_status_t st = UCS_OK, e = UCS_OK;
+    if (!verify && !origin) {
+        rt->ck_state = 3;
+        return 0;
+    }
+    xu_slot_t *rs = &sl[2 * x->window], *ss = &sl[2 * x->window + 1];
+    if (rt->ck_state == 0) {
+        if (verify) {
+            if ((st = xu_recv(be, in, bytes, tin, rs)) != UCS_OK)
+                goto out_ucx;
+            rt->ck_state = 1;
+            return 1;
+        }
+        if (rt->computed < s->nchunks) /* after the last chunk's send */
+            return 0;
+        if ((st = xu_send(be, s->next, own, bytes, tout, 0, ss)) != UCS_OK)
+            goto out_ucx;
+        rt->ck_state = 2;
+        return 1;
+    }
+    if (rt->ck_state == 1) {
+        if (rt->computed < s->nchunks || !xu_slot_idle(be, rs, &e, NULL))
+            return 0;
+        if ((st = e) != UCS_OK)
+            goto out_ucx;
+        for (int64_t c = 0; c < s->nchunks; c++)
+            if (in[c] != own[c]) {
+                int64_t a, cnt, rem, idx[XM_MAX_DIMS];
+                xm_pstep_chunk(s, c, &a, &cnt);
+                const xm_taskset_t *ts = &r->plan->ts;
+                const xm_box_t *b = &ts->tasks[s->task].box;
+                char at[160] = "";
+                int o = 0;
+                rem = a;
+                for (int d = ts->ndim - 1; d >= 0; d--) {
+                    int64_t ext = b->hi[d] - b->lo[d];
+                    idx[d] = b->lo[d] + rem % ext;
+                    rem /= ext;
+                }
+                for (int d = 0; d < ts->ndim && o < (int)sizeof at - 24; d++)
+                    o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
+                /* The ranks downstream got the same bytes: pass the sums on
+                 * so that they report it too. */
+                if (s->next >= 0)
+                    xu_send(be, s->next, in, bytes, tout, 0, ss);
+                fail(r, XMESH_ERR_BACKEND,
+                     "rank %d: XMESH_CHECK: data of task %d received from rank %d is corrupt in "
+                     "chunk %lld of %lld: %lld elements starting at global index (%s) differ "
+                     "from what the sending chain produced",
+                     x->rank, s->task, s->prev, (long long)c, (long long)s->nchunks, (long long)cnt,
+                     at);
+                return -1;
+            }
+        if (s->next >= 0) {
+            if ((st = xu_send(be, s->next, in, bytes, tout, 0, ss)) != UCS_OK)
+                goto out_ucx;
+            rt->ck_state = 2;
+        } else {
+            rt->ck_state = 3;
+        }
+        return 1;
+    }
+    if (!xu_slot_idle(be, ss, &e, NULL))
+        return 0;
+    if ((st = e) != UCS_OK)
+        goto out_ucx;
+    rt->ck_state = 3;
+    return 1;
+out_ucx:
+    fail(r, XMESH_ERR_REMOTE, "rank %d: XMESH_CHECK: checksum message of task %d failed (UCX: %s)",
+         x->rank, s->task, ucs_status_string(st));
+    return -1;
+}
+
+static int step_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, int si)
+{
+    const xm_pstep_t *s = &x->prog.steps[si];
+    const xu_stepx_t *sx = &x->sx[si];
+    xu_step_rt_t *rt = &x->srt[si];
+    if (rt->done)
+        return 0;
+    int moved = 0;
+    ucs_status_t st;
+    if (!rt->started) {
+        if (s->after >= 0 && !x->srt[s->after].done)
+            return 0;
+        rt->started = 1;
+        rt->t_start = xu_now();
+        moved = 1;
+    }
+    xu_slot_t *sl = sx->slot_off >= 0 ? x->slots + sx->slot_off : NULL;
+    if (s->prev >= 0)
+        while (rt->posted < s->nchunks && rt->posted - rt->completed < x->window) {
+            int64_t c = rt->posted;
+            if ((st = post_recv(be, x, s, rt, c, &sl[c % x->window])) != UCS_OK) {
+                fail(r, XMESH_ERR_BACKEND,
+                     "rank %d: receive of chunk %lld of task %d from rank %d failed (UCX: %s)",
+                     x->rank, (long long)c, s->task, s->prev, ucs_status_string(st));
+                return -1;
+            }
+            rt->posted++;
+            moved = 1;
+        }
+    while (rt->computed < s->nchunks) {
+        int64_t c = rt->computed;
+        int slot = (int)(c % x->window);
+        if (s->prev >= 0) {
+            ucs_status_t e = UCS_OK;
+            size_t len = 0;
+            if (c >= rt->posted || !xu_slot_idle(be, &sl[slot], &e, &len))
+                break;
+            int64_t a, cnt;
+            xm_pstep_chunk(s, c, &a, &cnt);
+            size_t want = (size_t)cnt * xmesh_dtype_size(s->in_dt);
+            if (e != UCS_OK || len != want) {
+                fail(r, e != UCS_OK ? XMESH_ERR_REMOTE : XMESH_ERR_INTERNAL,
+                     "rank %d: chunk %lld of task %d from rank %d: %s%s (%zu of %zu bytes)",
+                     x->rank, (long long)c, s->task, s->prev,
+                     e != UCS_OK ? "receive failed: " : "wrong size",
+                     e != UCS_OK ? ucs_status_string(e) : "", len, want);
+                return -1;
+            }
+            if (x->trace)
+                trace_add(x, 2, s->task, s->prev, c, (int64_t)want, rt->t_recv[slot],
+                          xu_now() - x->t0);
+        }
+        int ahead = sx->hold && rt->completed == 0 ? 1 : sx->ahead;
+        if (s->next >= 0 && c - rt->completed >= ahead)
+            break;
+        if ((st = compute_chunk(be, x, s, sx, rt, c, sl ? &sl[x->window + slot] : NULL)) !=
+            UCS_OK) {
+            fail(r, XMESH_ERR_REMOTE,
+                 "rank %d: send of chunk %lld of task %d to rank %d failed (UCX: %s)", x->rank,
+                 (long long)c, s->task, s->next, ucs_status_string(st));
+            return -1;
+        }
+        rt->computed++;
+        moved = 1;
+    }
+    while (rt->completed < rt->computed) {
+        int64_t c = rt->completed;
+        int slot = (int)(c % x->window);
+        if (s->next >= 0) {
+            ucs_status_t e = UCS_OK;
+            if (!xu_slot_idle(be, &sl[x->window + slot], &e, NULL))
+                break;
+            if (e != UCS_OK) {
+                fail(r, XMESH_ERR_REMOTE,
+                     "rank %d: send of chunk %lld of task %d to rank %d failed (UCX: %s): the "
+                     "peer failed or the network broke",
+                     x->rank, (long long)c, s->task, s->next, ucs_status_string(e));
+                return -1;
+            }
+            if (x->trace) {
+                int64_t a, cnt;
+                xm_pstep_chunk(s, c, &a, &cnt);
+                trace_add(x, 1, s->task, s->next, c, cnt * (int64_t)xmesh_dtype_size(s->out_dt),
+                          rt->t_send[slot], xu_now() - x->t0);
+            }
+        }
+        rt->completed++;
+        moved = 1;
+    }
+    if (x->check && rt->ck_state < 3) {
+        int m = check_advance(r, be, x, s, sx, rt, sl);
+        if (m < 0)
+            return -1;
+        moved |= m;
+    }
+    if (rt->completed == s->nchunks && (!x->check || rt->ck_state == 3)) {
+        rt->done = 1;
+        moved = 1;
+    }
+    return moved;
+}
+
+static void describe_wait(xu_exec_t *x, char *buf, size_t len)
+{
+    for (int i = x->tfirst; i < x->prog.ntasks; i++) {
+        if (x->tstate[i] != 1)
+            continue;
+        const xm_ptask_t *t = &x->prog.tasks[i];
+        for (int k = 0; k < t->nsteps; k++) {
+            const xm_pstep_t *s = &x->prog.steps[t->first_step + k];
+            const xu_step_rt_t *rt = &x->srt[t->first_step + k];
+            if (rt->done || !rt->started)
+                continue;
+            if (rt->completed == s->nchunks && x->check && rt->ck_state != 3) {
+                if (rt->ck_state == 2)
+                    snprintf(buf, len,
+                             "waiting for rank %d to receive the XMESH_CHECK sums of task %d",
+                             s->next, s->task);
+                else
+                    snprintf(buf, len, "waiting for the XMESH_CHECK sums of task %d from rank %d",
+                             s->task, s->prev);
+                return;
+            }
+            if (s->prev >= 0 && rt->computed < s->nchunks)
+                snprintf(buf, len, "waiting to receive chunk %lld of %lld of task %d from rank %d",
+                         (long long)rt->computed, (long long)s->nchunks, s->task, s->prev);
+            else
+                snprintf(buf, len, "waiting for rank %d to receive chunk %lld of %lld of task %d",
+                         s->next, (long long)rt->completed, (long long)s->nchunks, s->task);
+            return;
+        }
+    }
+    snprintf(buf, len, "no transfer active (task %d of %d pending)", x->tfirst, x->prog.ntasks);
+}
+
+/* A peer this rank waits on whose endpoint UCX declared failed: -1 none. */
+static int dead_peer_of_active(xu_ctx_t *be, xu_exec_t *x)
+{
+    for (int i = x->tfirst; i < x->prog.ntasks; i++) {
+        if (x->tstate[i] != 1)
+            continue;
+        const xm_ptask_t *t = &x->prog.tasks[i];
+        for (int k = 0; k < t->nsteps; k++) {
+            const xm_pstep_t *s = &x->prog.steps[t->first_step + k];
+            if (x->srt[t->first_step + k].done)
+                continue;
+            if (peer_dead(be, s->prev))
+                return s->prev;
+            if (peer_dead(be, s->next))
+                return s->next;
+        }
+    }
+    return -1;
+}
+
+static int exec_advance(xu_request_t *r)
+{
+    xu_exec_t *x = r->plan->exec;
+    xu_ctx_t *be = r->plan->ctx->be;
+    int moved = 0;
+    if (r->phase == 0) {
+        /* Tasks start in global order. A task that crosses a NIC waits for
+         * every earlier unfinished task holding one of its NIC directions on
+         * this rank; a task inside the host (no NIC) waits for every earlier
+         * unfinished task inside the host holding one of its local links.
+         * Unlike the MPI runner, a NIC task does not wait for an earlier
+         * task that merely shares a local link with it: with several NICs
+         * per host the chains of different NICs meet on the receiving
+         * host's local links, and waiting there ran the NICs one after the
+         * other (5 hosts x 4 ranks, 2 NICs at 100 Mbit/s, case 1: 2.0x the
+         * two-NIC bound, 1.05x without the wait). Staging and slots stay
+         * safe: xm_program_pool gives a task the region of its lowest class,
+         * a NIC direction for NIC tasks and a local link only for tasks
+         * without one, and tasks sharing a region still never overlap. */
+        const unsigned nic = XM_SLOT_SEND | XM_SLOT_RECV, loc = XM_SLOT_LSEND | XM_SLOT_LRECV;
+        unsigned nic_blocked = 0, loc_blocked[16] = {0};
+        int lanes_full = 0;
+        for (int i = x->tfirst; i < x->prog.ntasks; i++) {
+            const xm_ptask_t *t = &x->prog.tasks[i];
+            int has_nic = (t->slots & nic) != 0;
+            if (x->tstate[i] == 2) {
+                if (i == x->tfirst)
+                    x->tfirst++;
+                continue;
+            }
+            if (x->tstate[i] == 0) {
+                unsigned *lb = &loc_blocked[x->lane[i]];
+                if (has_nic ? t->slots & nic & nic_blocked : t->slots & loc & *lb) {
+                    nic_blocked |= t->slots & nic;
+                    if (!has_nic && (*lb |= t->slots & loc) == loc)
+                        lanes_full |= 1 << x->lane[i];
+                    if (nic_blocked == nic && lanes_full == (1 << x->nlanes) - 1)
+                        break;
+                    continue;
+                }
+                x->tstate[i] = 1;
+                x->srt[t->first_step].t_start = xu_now();
+                moved = 1;
+            }
+            int all = 1;
+            for (int k = 0; k < t->nsteps; k++) {
+                int m = step_advance(r, be, x, t->first_step + k);
+                if (m < 0)
+                    return 1;
+                moved |= m;
+                all &= x->srt[t->first_step + k].done;
+            }
+            if (all) {
+                x->tstate[i] = 2;
+                if (x->trace)
+                    trace_add(x, 0, t->task, -1, -1, 0, x->srt[t->first_step].t_start - x->t0,
+                              xu_now() - x->t0);
+                if (i == x->tfirst)
+                    x->tfirst++;
+                moved = 1;
+            } else {
+                nic_blocked |= t->slots & nic;
+                if (!has_nic && (loc_blocked[x->lane[i]] |= t->slots & loc) == loc)
+                    lanes_full |= 1 << x->lane[i];
+            }
+        }
+        if (x->tfirst == x->prog.ntasks) {
+            r->phase = 1;
+            moved = 1;
+        } else {
+            int q = dead_peer_of_active(be, x);
+            if (q >= 0) {
+                char what[256];
+                describe_wait(x, what, sizeof what);
+                fail(r, XMESH_ERR_REMOTE, "rank %d: peer rank %d failed (UCX: %s), %s", x->rank, q,
+                     ucs_status_string(be->peers[q].fail_status), what);
+                return 1;
+            }
+        }
+    }
+    if (r->phase == 1) {
+        int t = x->trace ? trace_progress(r) : 1;
+        if (t < 0) {
+            XM_WARN("rank %d: %s; tracing disabled for plan %d", x->rank, r->msg, x->plan_id);
+            r->msg[0] = '\0';
+            cancel_all(be, x);
+            if (x->kept)
+                x->broken = 1;
+            x->trace = 0;
+            t = 1;
+        }
+        if (t > 0) {
+            x->nreshards++;
+            r->phase = 2;
+            return 1;
+        }
+    }
+    xmesh_abort_check_t check = __atomic_load_n(&r->plan->ctx->abort_check, __ATOMIC_ACQUIRE);
+    if (r->phase < 2 && check) {
+        double now = xu_now();
+        if (now >= r->next_abort_check) {
+            char why[256] = "";
+            r->next_abort_check = now + 0.002;
+            if (check(r->plan->ctx->abort_user, why, sizeof why)) {
+                why[sizeof why - 1] = '\0';
+                fail(r, XMESH_ERR_REMOTE, "rank %d: reshard abandoned: %s", x->rank,
+                     why[0] ? why : "the application's abort check said so");
+                return 1;
+            }
+        }
+    }
+    if (r->phase < 2 && r->deadline > 0 && xu_now() > r->deadline) {
+        char what[256];
+        describe_wait(x, what, sizeof what);
+        fail(r, XMESH_ERR_TIMEOUT, "rank %d: reshard timed out after %.3g s, %s", x->rank,
+             r->plan->timeout_s, what);
+        return 1;
+    }
+    return moved;
+}
+
+/* ----------------------------------------------------------- plan setup */
+
+/* xm_program_pool with lanes: a task is given the region of its lowest
+ * class (as there), and a task without a NIC hop the region of its lowest
+ * local link in its lane (x->lane), so that tasks of different lanes never
+ * share staging or slots. With one lane this is xm_program_pool. */
+static xmesh_result_t lane_pool(const xu_exec_t *x, const int64_t *need, int64_t align,
+                                int64_t *off, int64_t *total)
+{
+    const xm_program_t *p = &x->prog;
+    int nreg = 2 + 2 * x->nlanes;
+    int64_t *size = calloc((size_t)nreg, sizeof(int64_t)), *base = calloc((size_t)nreg, 8);
+    int *region = malloc(sizeof(int) * (p->nsteps + 1));
+    if (!size || !base || !region) {
+        free(size);
+        free(base);
+        free(region);
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps", p->nsteps);
+    }
+    for (int k = 0; k < p->ntasks; k++) {
+        const xm_ptask_t *t = &p->tasks[k];
+        int reg = -1;
+        for (int b = 0; b < XM_NSLOTS && reg < 0; b++)
+            if (t->slots & (1u << b))
+                reg = b < 2 ? b : 2 + (b - 2) * x->nlanes + x->lane[k];
+        int64_t o = 0;
+        for (int i = t->first_step; i < t->first_step + t->nsteps; i++) {
+            region[i] = reg;
+            off[i] = -1;
+            if (!need[i])
+                continue;
+            if (reg < 0) {
+                free(size);
+                free(base);
+                free(region);
+                return XM_ERR(XMESH_ERR_INTERNAL, "plan setup: task %d needs staging without a hop",
+                              t->task);
+            }
+            off[i] = o;
+            o += (need[i] + align - 1) / align * align;
+        }
+        if (reg >= 0 && o > size[reg])
+            size[reg] = o;
+    }
+    *total = 0;
+    for (int b = 0; b < nreg; b++) {
+        base[b] = *total;
+        *total += size[b];
+    }
+    for (int i = 0; i < p->nsteps; i++)
+        if (off[i] >= 0)
+            off[i] += base[region[i]];
+    free(size);
+    free(base);
+    free(region);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t pools(xu_exec_t *x)
+{
+    int n = x->prog.nsteps;
+    int64_t *need = calloc((size_t)n + 1, sizeof(int64_t)),
+            *off = calloc((size_t)n + 1, sizeof(int64_t));
+    int64_t nslots = 0;
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (!need || !off) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps", n);
+        goto out_free;
+    }
+    for (int i = 0; i < n; i++)
+        need[i] = (int64_t)x->prog.steps[i].stage_es * x->prog.steps[i].ce * x->window;
+    if ((r = lane_pool(x, need, 64, off, &x->stage_bytes)))
+        goto out_free;
+    for (int i = 0; i < n; i++) {
+        x->sx[i].stage_off = off[i];
+        const xm_pstep_t *s = &x->prog.steps[i];
+        need[i] = s->prev >= 0 || s->next >= 0 ? XU_STEP_SLOTS(x->window) : 0;
+    }
+    if ((r = lane_pool(x, need, 1, off, &nslots)))
+        goto out_free;
+    for (int i = 0; i < n; i++)
+        x->sx[i].slot_off = (int)off[i];
+    x->nslots = (int)nslots;
+out_free:
+    free(need);
+    free(off);
+    return r;
+}
+
+static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
+{
+    xm_prog_in_t in = {.ts = &p->ts,
+                       .sched = &p->sched,
+                       .hosts = &p->ctx->hosts,
+                       .src = &p->src,
+                       .dst = &p->dst,
+                       .strategy = p->strategy,
+                       .dtype = p->dtype,
+                       .dst_dtype = p->dst_dtype,
+                       .chunk_bytes = p->chunk_bytes};
+    xm_chains_t ch;
+    xmesh_result_t r = xm_chains_build(&in, &ch);
+    if (r)
+        return r;
+    r = xm_program_build(&in, &ch, x->rank, &x->prog);
+    int nhops = ch.nhops;
+    xm_chains_free(&ch);
+    if (r)
+        return r;
+    if (nhops >= XU_TAG_TRACE_HOP)
+        return XM_ERR(XMESH_ERR_UNSUPPORTED, "plan setup: %d chain links exceed the UCX tag space",
+                      nhops);
+    int64_t ce = x->prog.chunk_elems;
+    int64_t wes = p->ts.elem_size ? (int64_t)p->ts.elem_size : (int64_t)x->es;
+    int64_t w = XU_WINDOW_BYTES / (ce * wes);
+    x->window = (int)(w < XU_WINDOW_MIN ? XU_WINDOW_MIN : w > XU_WINDOW_MAX ? XU_WINDOW_MAX : w);
+    /* The MPI runner's sends in flight per link (XMESH_SEND_AHEAD /
+     * XMESH_FORWARD_AHEAD, agreed and modelled; a link inside the host keeps
+     * the whole window) and its synchronous chunks between hosts
+     * (XMESH_SYNC_SEND; XMESH_HOLD_LATE). */
+    int64_t ahead = p->cluster.send_ahead, fwd = p->cluster.forward_ahead;
+    x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
+    x->forward_ahead = (int)(fwd < 1 ? 1 : fwd > x->window ? x->window : fwd);
+    int hold_late = xm_param_i64("XMESH_HOLD_LATE") != 0;
+    if (!(x->sx = calloc(x->prog.nsteps + 1, sizeof *x->sx)))
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps",
+                      x->prog.nsteps);
+    const xm_hostmap_t *hm = &p->ctx->hosts;
+    int me = hm->host_of[x->rank];
+    for (int i = 0; i < x->prog.nsteps; i++) {
+        const xm_pstep_t *s = &x->prog.steps[i];
+        int local = s->next >= 0 && hm->host_of[s->next] == me;
+        x->sx[i].ahead = local ? x->window : s->nic_paced ? x->forward_ahead : x->send_ahead;
+        x->sx[i].sync = !local && s->next >= 0 && p->cluster.sync_send &&
+                        s->ce * (int64_t)xmesh_dtype_size(s->out_dt) >= XU_SYNC_MIN_BYTES;
+        x->sx[i].hold = x->sx[i].sync && s->late_next && hold_late;
+    }
+    /* Lanes of the tasks without a NIC hop on this rank (admission in
+     * exec_advance): one per NIC of the plan's model, round robin by their
+     * lowest local link, so that as many chains as there are NICs can pass
+     * through a rank's local links at once. One NIC: one lane, the MPI
+     * runner's rule. */
+    x->nlanes = p->cluster.nics_per_host < 1    ? 1
+                : p->cluster.nics_per_host > 16 ? 16
+                                                : p->cluster.nics_per_host;
+    if (!(x->lane = calloc((size_t)x->prog.ntasks + 1, 1)))
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
+    int next_lane[XM_NSLOTS] = {0};
+    for (int k = 0; k < x->prog.ntasks; k++) {
+        unsigned sl = x->prog.tasks[k].slots;
+        if (sl & (XM_SLOT_SEND | XM_SLOT_RECV))
+            continue;
+        int b = sl & XM_SLOT_LSEND ? 2 : 3;
+        x->lane[k] = (unsigned char)(next_lane[b]++ % x->nlanes);
+    }
+    if ((r = pools(x)))
+        return r;
+    int64_t nck = 0;
+    for (int i = 0; i < x->prog.nsteps; i++) {
+        const xm_pstep_t *s = &x->prog.steps[i];
+        x->sx[i].ck_off = -1;
+        if (x->check && (s->ck_origin || s->ck_verify)) {
+            if (s->nchunks > (1 << 26))
+                return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                              "XMESH_CHECK: task %d has %lld chunks (more than 2^26): raise "
+                              "chunk_bytes (now %lld)",
+                              s->task, (long long)s->nchunks, (long long)p->chunk_bytes);
+            x->sx[i].ck_off = nck;
+            nck += 2 * s->nchunks;
+        }
+    }
+    /* One block: staging, slots, sums (UCX may write all three after a failure). */
+    size_t stage_sz = ((size_t)x->stage_bytes + 63) & ~(size_t)63;
+    size_t slots_sz = (sizeof(xu_slot_t) * ((size_t)x->nslots + 1) + 63) & ~(size_t)63;
+    size_t total = stage_sz + slots_sz + (((size_t)nck + 1) * 8 + 63) / 64 * 64;
+    x->mem = aligned_alloc(64, total); /* a multiple of the alignment, as C11 wants */
+    if (!x->mem)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %lld staging bytes",
+                      (long long)x->stage_bytes);
+    x->stage = x->mem;
+    x->slots = (xu_slot_t *)((char *)x->mem + stage_sz);
+    memset(x->slots, 0, sizeof(xu_slot_t) * ((size_t)x->nslots + 1));
+    x->ck = (uint64_t *)((char *)x->mem + stage_sz + slots_sz);
+    memset(x->ck, 0, ((size_t)nck + 1) * 8);
+    x->srt = calloc(x->prog.nsteps + 1, sizeof *x->srt);
+    x->tstate = calloc(x->prog.ntasks + 1, 1);
+    if (!x->srt || !x->tstate)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
+    XM_INFO("plan setup (ucx): rank %d: %d tasks, %d steps, %lld staging bytes, window %d", x->rank,
+            x->prog.ntasks, x->prog.nsteps, (long long)x->stage_bytes, x->window);
+    return XMESH_SUCCESS;
+}
+
+static xmesh_result_t setup_trace(xmesh_plan_t p, xu_exec_t *x, int trace_flag, const char *path)
+{
+    int n = p->ctx->size;
+    char *in = calloc((size_t)n, 1);
+    if (!in)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
+    for (int i = 0; i < p->src.mesh.ndev; i++)
+        in[p->src.mesh.devs[i]] = 1;
+    for (int i = 0; i < p->dst.mesh.ndev; i++)
+        in[p->dst.mesh.devs[i]] = 1;
+    x->leader = -1;
+    for (int i = 0; i < n; i++)
+        if (in[i]) {
+            if (x->leader < 0)
+                x->leader = i;
+            x->nparts++;
+        }
+    x->participant = in[x->rank];
+    x->trace = trace_flag && x->participant;
+    if (x->trace) {
+        snprintf(x->trace_path, sizeof x->trace_path, "%s", path);
+        x->parts = malloc(sizeof(int) * x->nparts);
+        x->cap_ev = 1 << 16;
+        x->ev = malloc(sizeof *x->ev * x->cap_ev);
+        x->tr_slots = calloc(2 * (size_t)x->nparts, sizeof *x->tr_slots);
+        x->tr_counts = calloc((size_t)x->nparts, sizeof(int64_t));
+        x->tr_bufs = calloc((size_t)x->nparts, sizeof(xu_trace_ev_t *));
+        if (!x->parts || !x->ev || !x->tr_slots || !x->tr_counts || !x->tr_bufs) {
+            free(in);
+            return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for the trace");
+        }
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (in[i])
+                x->parts[k++] = i;
+    }
+    free(in);
+    return XMESH_SUCCESS;
+}
+
+static void exec_free(xu_ctx_t *be, xu_exec_t *x)
+{
+    if (!x)
+        return;
+    /* Operations still owned after a failure: UCX may complete them later
+     * (their callbacks write the slots, receives the staging), so that
+     * memory is leaked on purpose; the requests are released to UCX. */
+    int leak = 0;
+    for (int i = 0; x->slots && i < x->nslots; i++)
+        if (!xu_slot_idle(be, &x->slots[i], NULL, NULL)) {
+            ucp_request_free(x->slots[i].req);
+            leak = 1;
+        }
+    int tleak = 0;
+    for (int i = 0; x->tr_slots && i < 2 * x->nparts; i++)
+        if (!xu_slot_idle(be, &x->tr_slots[i], NULL, NULL)) {
+            ucp_request_free(x->tr_slots[i].req);
+            tleak = 1;
+        }
+    if (!leak)
+        free(x->mem);
+    xm_program_free(&x->prog);
+    free(x->sx);
+    free(x->srt);
+    free(x->tstate);
+    free(x->lane);
+    free(x->parts);
+    if (!tleak) {
+        free(x->ev);
+        free(x->tr_slots);
+        free(x->tr_counts);
+        for (int i = 0; x->tr_bufs && i < x->nparts; i++)
+            free(x->tr_bufs[i]);
+    }
+    free(x->tr_bufs);
+    free(x);
+}
+
+xmesh_result_t xu_plan_setup(xmesh_plan_t p)
+{
+    xmesh_ctx_t ctx = p->ctx;
+    xu_ctx_t *be = ctx->be;
+    xu_exec_t *x = calloc(1, sizeof *x);
+    if (!x)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
+    x->staged = &be->staged_bytes;
+    p->exec = x;
+    /* Every rank runs plan setups in the same order: equal tags. */
+    x->tag = be->next_tag++ & 0xffff;
+    x->rank = ctx->rank;
+    x->dtype = p->dtype;
+    x->es = xmesh_dtype_size(p->dtype);
+    x->dst_dtype = p->dst_dtype;
+    x->dst_es = xmesh_dtype_size(p->dst_dtype);
+    /* Rank 0's schedule, trace choice and trace path for everyone. */
+    int flags[2] = {0, 0}; /* XMESH_TRACE set, XMESH_CHECK */
+    char tpath[512] = "";
+    if (ctx->rank == 0) {
+        const char *tp = xm_param_str("XMESH_TRACE");
+        flags[0] = tp && *tp;
+        snprintf(tpath, sizeof tpath, "%s", tp ? tp : "");
+        flags[1] = xm_param_i64("XMESH_CHECK") != 0;
+    }
+    xmesh_result_t local = xm_oob_share_schedule(&be->oob, p, flags, 2);
+    x->check = flags[1];
+#ifdef XMESH_TEST_HOOKS /* test builds only (lib/CMakeLists.txt) */
+    const char *cr = getenv("XMESH_TEST_CORRUPT");
+    x->corrupt = x->check && cr && *cr && atoi(cr) == ctx->rank;
+#endif
+    if (local == XMESH_ERR_BACKEND)
+        return local; /* the all-gather itself failed: nothing more is collective */
+    if (flags[0]) {
+        xmesh_result_t r = xm_oob_bcast(&be->oob, tpath, sizeof tpath, 0, "trace path");
+        if (r)
+            return r;
+    }
+    if (!local)
+        local = compile(p, x);
+    if (!local)
+        local = setup_trace(p, x, flags[0], tpath);
+    char saved[512] = "";
+    if (local)
+        snprintf(saved, sizeof saved, "%s", xmesh_last_error());
+    xmesh_result_t r = xm_oob_agree(&be->oob, local, 0, NULL, NULL, 0, "plan setup");
+    if (local)
+        return XM_ERR(local, "%s", saved);
+    if (r)
+        return r;
+    /* A common time origin only for traces (one more all-gather). */
+    if (flags[0]) {
+        char b = 0, *all = malloc((size_t)ctx->size);
+        if (all)
+            xm_oob_allgather(&be->oob, &b, all, 1, "trace barrier");
+        free(all);
+    }
+    x->t0 = xu_now();
+    pthread_mutex_lock(&be->mu);
+    x->plan_id = be->nplans_created++;
+    pthread_mutex_unlock(&be->mu);
+    return XMESH_SUCCESS;
+}
+
+/* Releasing UCX requests is a UCX call: it takes the progress token, since
+ * another plan's reshard may be progressing meanwhile. */
+void xu_plan_teardown(xmesh_plan_t p)
+{
+    xu_ctx_t *be = p->ctx->be;
+    pthread_mutex_lock(&be->mu);
+    while (be->busy)
+        pthread_cond_wait(&be->done_cv, &be->mu);
+    be->busy = 1;
+    pthread_mutex_unlock(&be->mu);
+    exec_free(be, p->exec);
+    p->exec = NULL;
+    pthread_mutex_lock(&be->mu);
+    be->busy = 0;
+    pthread_cond_broadcast(&be->done_cv);
+    if (be->active && be->thread_started)
+        pthread_cond_signal(&be->work_cv);
+    pthread_mutex_unlock(&be->mu);
+}
