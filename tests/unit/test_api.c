@@ -35,7 +35,8 @@ static void t_teardown(xmesh_plan_t p)
     (void)p;
     teardown_calls++;
 }
-static xmesh_result_t t_start(xmesh_plan_t p, const void *s, void *d, xmesh_request_t *req)
+static xmesh_result_t t_start(xmesh_plan_t p, const void *const *s, void *const *d,
+                              xmesh_request_t *req)
 {
     (void)s;
     (void)d;
