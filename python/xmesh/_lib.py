@@ -64,6 +64,8 @@ class PlanInfo(ctypes.Structure):
         ("strategy", enum_t),
         ("scheduler", enum_t),
         ("chunk_bytes", ctypes.c_int64),
+        ("tensors", ctypes.c_int),
+        ("scheduled_tasks", ctypes.c_int),
     ]
 
 
