@@ -257,7 +257,8 @@ xmesh_result_t xmesh_reshard_start(xmesh_plan_t plan, const void *src_local, voi
  * a destination block that is also a source block or another tensor's
  * destination) nothing moved and the message names the tensor index; after
  * a transfer failure every destination block's received boxes are
- * undefined. xmesh_test / xmesh_wait complete the request. */
+ * undefined. xmesh_test / xmesh_wait complete the request. xmesh_reshard and
+ * xmesh_reshard_start refuse a plan of more than one tensor (INVALID_USAGE). */
 xmesh_result_t xmesh_reshard_many(xmesh_plan_t plan, const void *const *src_locals,
                                   void *const *dst_locals);
 xmesh_result_t xmesh_reshard_many_start(xmesh_plan_t plan, const void *const *src_locals,
