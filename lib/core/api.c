@@ -371,8 +371,7 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, int n, const xmesh_layou
      * chunks) needs an executor that runs packed steps: the MPI one. The
      * all-gather baselines keep one task per box. Tensors pack with tensors
      * of the same dtype pair, so a packed step has one set of ops. */
-    int mpi = !strcmp(ctx->ops->name, "mpi");
-    int64_t pack_max = mpi && p->strategy != XMESH_STRATEGY_SENDRECV_ALLGATHER &&
+    int64_t pack_max = ctx->ops->many_tensors && p->strategy != XMESH_STRATEGY_SENDRECV_ALLGATHER &&
                                p->strategy != XMESH_STRATEGY_GLOBAL_ALLGATHER
                            ? p->chunk_bytes
                            : 0;
@@ -517,11 +516,11 @@ xmesh_result_t xmesh_plan_create_many(xmesh_ctx_t ctx, int n, const xmesh_layout
         r = mismatch_explain(ctx, p, n);
     if (r)
         goto out_free_plan;
-    if (n > 1 && !strcmp(ctx->ops->name, "nccl")) {
+    if (n > 1 && !ctx->ops->many_tensors) {
         r = XM_ERR(XMESH_ERR_UNSUPPORTED,
-                   "the NCCL backend moves one tensor per plan; a plan of %d tensors needs the MPI "
+                   "the %s backend moves one tensor per plan; a plan of %d tensors needs the MPI "
                    "backend (or one plan per tensor)",
-                   n);
+                   ctx->ops->name, n);
         goto out_free_plan;
     }
     if ((r = ctx->ops->plan_setup(p))) {

@@ -32,6 +32,10 @@ typedef struct xm_backend_ops {
     void (*ctx_free)(xmesh_ctx_t ctx);
     /* Optional: the CPU counters of xmesh_ctx_get_stats (NULL: zeros). */
     void (*stats)(xmesh_ctx_t ctx, xmesh_ctx_stats_t *st);
+    /* Runs plans of many tensors: steps of any tensor and packed steps
+     * (xm_pstep_t.tensor / npieces, docs/MANY.md). 0: api.c refuses plans of
+     * more than one tensor (UNSUPPORTED) and never packs. */
+    int many_tensors;
 } xm_backend_ops_t;
 
 /* Ownership rules between api.c and a backend:

@@ -59,7 +59,7 @@ static void t_free(xmesh_ctx_t ctx)
     (void)ctx;
 }
 static const xm_backend_ops_t test_ops = {"test", t_agree, t_setup, t_teardown, t_start,
-                                          t_wait, t_wait,  t_free,  NULL};
+                                          t_wait, t_wait,  t_free,  NULL,       0};
 
 static xmesh_ctx_t make_ctx(int size, int per_host)
 {
