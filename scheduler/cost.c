@@ -69,12 +69,7 @@ static double inter_bw(const xm_cluster_t *c)
 
 int xm_hop_fill(const xm_cluster_t *c, int64_t K, int prev_inter, int inter)
 {
-    if (inter && c->sync_send)
-        return 1;
-    int a = inter && prev_inter ? c->forward_ahead : c->send_ahead;
-    if (a < 1)
-        a = 1;
-    return K < a ? (int)(K < 1 ? 1 : K) : a;
+    return xm_hop_fill_inline(c, K, prev_inter, inter);
 }
 
 double xm_cost_chain(const xm_cluster_t *c, const int *devs, int len, int64_t bytes)

@@ -58,9 +58,10 @@ static int task_key(const xm_prep_t *p, int t, int *buf)
         n += u;
     }
     int *cnt = &buf[n++], *s = buf + n, m = 0, self = 0;
+    const unsigned char *is_holder = p->recv_is_holder + xm_pc(p, t)->recv_off;
     for (int i = 0; i < k->nrecv; i++) {
         s[m++] = p->dev_nic[p->ts->recvs[k->recv_off + i]];
-        self += p->recv_is_holder[k->recv_off + i];
+        self += is_holder[i];
     }
     qsort(s, (size_t)m, sizeof *s, cmp_int);
     int u = 0;
@@ -89,9 +90,11 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
     int n = ts->ntasks;
     xm_flows_t f;
     memset(&f, 0, sizeof f);
+    /* keys are made of the first task of each prep class (xm_prep_t.pc:
+     * same NIC of every holder and receiver, so the same key) */
     int maxkey = 3;
-    for (int t = 0; t < n; t++) {
-        const xm_task_t *k = &ts->tasks[t];
+    for (int c = 0; c < p->nklass; c++) {
+        const xm_task_t *k = &ts->tasks[p->pc[c].rep];
         int len = 3 + k->ngroups * (1 + k->group_size) + k->nrecv;
         if (len > maxkey)
             maxkey = len;
@@ -120,15 +123,13 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         slot[i] = -1;
     for (int c = 0; c < p->nklass; c++)
         flow_of_class[c] = -1;
-    /* 1. classes of equal keys (hash table over canonical keys) */
+    /* 1. classes of equal keys (hash table over canonical keys), per prep
+     * class: prep classes are numbered by first appearance, so key
+     * classes are too, and the first task of a key class is the first of
+     * a prep class */
     int nk = 0;
-    for (int t = 0; t < n; t++) {
-        int kc = p->pt[t].klass;
-        if (flow_of_class[kc] >= 0) {
-            flow_of[t] = flow_of_class[kc];
-            cnt[flow_of[t]]++;
-            continue;
-        }
+    for (int kc = 0; kc < p->nklass; kc++) {
+        int t = p->pc[kc].rep;
         int len = task_key(p, t, buf);
         uint64_t h = 0x243f6a8885a308d3ull;
         for (int i = 0; i < len; i++)
@@ -164,9 +165,8 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
             rep[found] = t;
             slot[s] = found;
         }
-        flow_of[t] = found;
         flow_of_class[kc] = found;
-        cnt[found]++;
+        cnt[found] += p->pc[kc].ntasks;
     }
     /* 2. sub-flows: class c with cnt members and nopt options -> m pieces */
     int *sub_first = key_off; /* reuse: first sub-flow id of class c */
@@ -191,17 +191,23 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "flows: out of memory for %d flows", nf);
         goto out_free;
     }
-    /* member i (in index order) of class c goes to sub-flow i * m / cnt */
+    /* member i (in index order) of class c goes to sub-flow i * m / cnt;
+     * a sub-flow's bytes are its members' (those of their prep class) */
     int *seen = calloc((size_t)nk + 1, sizeof *seen);
-    if (!seen) {
+    int64_t *fbytes = calloc((size_t)nf + 1, sizeof *fbytes);
+    if (!seen || !fbytes) {
+        free(seen);
+        free(fbytes);
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "flows: out of memory for %d flows", nf);
         goto out_free;
     }
     for (int t = 0; t < n; t++) {
-        int c = flow_of[t], m = sub_first[c + 1] - sub_first[c];
+        int kc = p->pt[t].klass;
+        int c = flow_of_class[kc], m = sub_first[c + 1] - sub_first[c];
         int sub = sub_first[c] + (int)((int64_t)seen[c]++ * m / cnt[c]);
         flow_of[t] = sub;
         f.member_off[sub + 2]++;
+        fbytes[sub] += ts->tasks[p->pc[kc].rep].bytes;
     }
     for (int i = 0; i < nf; i++)
         f.member_off[i + 2] += f.member_off[i + 1];
@@ -209,13 +215,11 @@ xmesh_result_t xm_flows_build(const xm_prep_t *p, xm_flows_t *out)
         f.members[f.member_off[flow_of[t] + 1]++] = t;
     free(seen);
     for (int i = 0; i < nf; i++) {
-        int first = f.members[f.member_off[i]];
-        xm_task_t k = ts->tasks[first];
-        k.bytes = 0;
-        for (int j = f.member_off[i]; j < f.member_off[i + 1]; j++)
-            k.bytes += ts->tasks[f.members[j]].bytes;
+        xm_task_t k = ts->tasks[f.members[f.member_off[i]]];
+        k.bytes = fbytes[i];
         f.ts.tasks[i] = k;
     }
+    free(fbytes);
     *out = f;
     memset(&f, 0, sizeof f);
 out_free:

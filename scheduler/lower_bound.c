@@ -41,9 +41,17 @@ static double *subset_weights(const xm_prep_t *p, const int *bit_of, int u)
         free(g);
         return NULL;
     }
-    for (int t = 0; t < ts->ntasks; t++) {
-        const xm_task_t *k = &ts->tasks[t];
-        if (!p->pt[t].needs_nic || k->ngroups > 1)
+    /* masks per class (its tasks have the same holder and receiver hosts),
+     * sums per task in task order */
+    unsigned *cm = malloc(sizeof *cm * 2 * ((size_t)p->nklass + 1));
+    if (!cm) {
+        free(f);
+        free(g);
+        return NULL;
+    }
+    for (int c = 0; c < p->nklass; c++) {
+        const xm_task_t *k = &ts->tasks[p->pc[c].rep];
+        if (!p->pc[c].needs_nic || k->ngroups > 1)
             continue;
         unsigned hm = 0, rm = 0;
         int routside = 0;
@@ -56,10 +64,19 @@ static double *subset_weights(const xm_prep_t *p, const int *bit_of, int u)
             else
                 rm |= 1u << b;
         }
-        f[hm] += p->pt[t].lb_dur;
-        if (!routside)
-            g[hm | rm] += p->pt[t].lb_dur;
+        cm[2 * c] = hm;
+        cm[2 * c + 1] = routside ? ~0u : hm | rm;
     }
+    for (int t = 0; t < ts->ntasks; t++) {
+        int c = p->pt[t].klass;
+        const xm_prep_class_t *pc = &p->pc[c];
+        if (!pc->needs_nic || pc->ngroups > 1)
+            continue;
+        f[cm[2 * c]] += pc->lb_dur;
+        if (cm[2 * c + 1] != ~0u)
+            g[cm[2 * c + 1]] += pc->lb_dur;
+    }
+    free(cm);
     for (int b = 0; b < u; b++)
         for (size_t m = 0; m < n; m++)
             if (m & ((size_t)1 << b)) {
@@ -145,15 +162,16 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
         ent_of[c] = -1;
     uint64_t gm_buf[64];
     for (int t = 0; t < n; t++) {
-        const xm_task_t *k = &ts->tasks[t];
-        if (!p->pt[t].needs_nic)
+        const xm_prep_class_t *pc = xm_pc(p, t);
+        if (!pc->needs_nic)
             continue;
         /* tasks already in the subset weights still propose candidate sets */
-        agg_ent_t e = {0, 0, 0, k->ngroups, 0, skip_np && k->ngroups == 1 ? 0.0 : p->pt[t].lb_dur};
+        agg_ent_t e = {0, 0, 0, pc->ngroups, 0, skip_np && pc->ngroups == 1 ? 0.0 : pc->lb_dur};
         if (ent_of[p->pt[t].klass] >= 0) {
             a->ent[ent_of[p->pt[t].klass]].w += e.w;
             continue;
         }
+        const xm_task_t *k = &ts->tasks[t];
         uint64_t *gm = k->ngroups <= 64 ? gm_buf : malloc(sizeof *gm * k->ngroups);
         if (!gm) {
             free(ent_of);
@@ -234,11 +252,10 @@ static double send_bound(const xm_prep_t *p, const int *bit_of, int u)
     for (int h = 0; h < p->nhosts; h++)
         if (bit_of[h] >= 0 && bit_of[h] < 64)
             bit_host[bit_of[h]] = h;
-    const xm_taskset_t *ts = p->ts;
     int have_p = 0, have_np = 0;
-    for (int t = 0; t < ts->ntasks; t++) {
-        have_p |= p->pt[t].needs_nic && ts->tasks[t].ngroups > 1;
-        have_np |= p->pt[t].needs_nic && ts->tasks[t].ngroups == 1;
+    for (int c = 0; c < p->nklass; c++) {
+        have_p |= p->pc[c].needs_nic && p->pc[c].ngroups > 1;
+        have_np |= p->pc[c].needs_nic && p->pc[c].ngroups == 1;
     }
     double best = 0;
     double *w = u <= XM_LB_MAX_SUBSET_HOSTS && have_np ? subset_weights(p, bit_of, u) : NULL;
@@ -313,41 +330,62 @@ double xm_lower_bound_prep(const xm_prep_t *p)
     const xm_cluster_t *c = p->c;
     double lb = 0, maxbw = c->intra_Bps > hop_bw(c) ? c->intra_Bps : hop_bw(c);
     double *rin = calloc(p->nhosts + 1, sizeof *rin);
-    int *bit_of = malloc(sizeof(int) * (p->nhosts + 1));
+    int *bit_of = malloc(sizeof(int) * (p->nhosts + 1)), *rh_off = NULL, *rh = NULL;
     if (!rin || !bit_of)
         goto out_free;
     int u = 0;
     for (int h = 0; h < p->nhosts; h++)
         bit_of[h] = -1;
-    /* one pass over the tasks for (T), (R) and the holder hosts of (S) */
-    for (int t = 0; t < ts->ntasks; t++) {
-        const xm_task_t *k = &ts->tasks[t];
+    /* (T), the receive hosts of (R) and the holder hosts of (S) per class
+     * (the tasks of a class have the same bytes, hosts and bounds; classes
+     * are numbered by first appearance, so the bits of (S) come in the
+     * order the tasks give them); the sums of (R) per task, in task order. */
+    int nk = p->nklass;
+    int64_t nrh = 0;
+    for (int kc = 0; kc < nk; kc++)
+        nrh += ts->tasks[p->pc[kc].rep].nrecv;
+    rh_off = malloc(sizeof(int) * ((size_t)nk + 1));
+    rh = malloc(sizeof(int) * (nrh + 1));
+    if (!rh_off || !rh)
+        goto out_free;
+    int m = 0;
+    for (int kc = 0; kc < nk; kc++) {
+        const xm_prep_class_t *pc = &p->pc[kc];
+        const xm_task_t *k = &ts->tasks[pc->rep];
         /* (T) */
         if (k->nrecv > 0) {
             double v = c->latency_s + (double)k->bytes / maxbw;
-            if (p->pt[t].lb_dur > v)
-                v = p->pt[t].lb_dur;
+            if (pc->lb_dur > v)
+                v = pc->lb_dur;
             if (v > lb)
                 lb = v;
         }
         /* (R): a receiver host not holding the full value of a task takes
          * it in through one of its NICs; that NIC direction is busy for the
          * task's whole duration, at least nic_cost. */
+        rh_off[kc] = m;
         for (int i = 0; i < k->nrecv; i++) {
             int h = p->dev_host[ts->recvs[k->recv_off + i]];
             if (i > 0 && p->dev_host[ts->recvs[k->recv_off + i - 1]] == h)
                 continue;
-            if (!p->recv_covered[k->recv_off + i])
-                rin[h] += p->pt[t].lb_dur;
+            if (!p->recv_covered[pc->recv_off + i])
+                rh[m++] = h;
         }
         /* (S): bit per holder host of a NIC-needing task */
-        if (!p->pt[t].needs_nic)
+        if (!pc->needs_nic)
             continue;
         for (int i = 0; i < k->ngroups * k->group_size; i++) {
             int h = p->dev_host[ts->holders[k->holder_off + i]];
             if (bit_of[h] < 0)
                 bit_of[h] = u++;
         }
+    }
+    rh_off[nk] = m;
+    for (int t = 0; t < ts->ntasks; t++) {
+        int kc = p->pt[t].klass;
+        double d = p->pc[kc].lb_dur;
+        for (int i = rh_off[kc]; i < rh_off[kc + 1]; i++)
+            rin[rh[i]] += d;
     }
     for (int h = 0; h < p->nhosts; h++)
         if (p->host_nics[h] > 0 && rin[h] / p->host_nics[h] > lb)
@@ -358,6 +396,8 @@ double xm_lower_bound_prep(const xm_prep_t *p)
 out_free:
     free(rin);
     free(bit_of);
+    free(rh_off);
+    free(rh);
     return lb;
 }
 

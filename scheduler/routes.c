@@ -39,7 +39,7 @@ static double hop_bw(const xm_cluster_t *c)
  * and receiver (in order) give equal timings under any state, because the
  * device choices below break ties by NIC before device identity. With one
  * NIC per host the NIC is the host. */
-/* One word into a signature (multiply-xorshift; task_same() confirms
+/* One word into a signature (multiply-xorshift; class_same() confirms
  * every hash match, so this only needs to spread). */
 static inline uint64_t sig_mix(uint64_t h, uint64_t v)
 {
@@ -47,38 +47,58 @@ static inline uint64_t sig_mix(uint64_t h, uint64_t v)
     return h ^ (h >> 29);
 }
 
-static uint64_t task_sig(const xm_prep_t *p, int t)
+/* What the class of one task is made of: the NIC of every holder and
+ * receiver and whether each receiver holds the box (scratch of the
+ * per-task pass, sized for the largest task). */
+typedef struct {
+    int *hnic, *rnic;
+    unsigned char *rhold;
+} facts_t;
+
+static void task_facts(const xm_prep_t *p, int t, facts_t *f)
 {
     const xm_task_t *k = &p->ts->tasks[t];
+    const int *hd = p->ts->holders + k->holder_off, *rv = p->ts->recvs + k->recv_off;
+    int nh = k->ngroups * k->group_size;
+    for (int i = 0; i < nh; i++)
+        f->hnic[i] = p->dev_nic[hd[i]];
+    for (int i = 0; i < k->nrecv; i++) {
+        int d = rv[i], is_h = 0;
+        f->rnic[i] = p->dev_nic[d];
+        for (int j = 0; j < nh && !is_h; j++)
+            is_h = hd[j] == d;
+        f->rhold[i] = (unsigned char)is_h;
+    }
+}
+
+static uint64_t task_sig(const xm_task_t *k, const facts_t *f)
+{
     uint64_t h = XM_HASH_INIT;
     h = sig_mix(h, (uint64_t)k->bytes);
     h = sig_mix(h, (uint64_t)(uint32_t)k->ngroups << 32 | (uint32_t)k->group_size);
     h = sig_mix(h, (uint64_t)(uint32_t)k->nrecv);
     for (int i = 0; i < k->ngroups * k->group_size; i++)
-        h = sig_mix(h, (uint64_t)(uint32_t)p->dev_nic[p->ts->holders[k->holder_off + i]]);
-    for (int i = 0; i < k->nrecv; i++) {
-        int d = p->ts->recvs[k->recv_off + i];
-        h = sig_mix(h, (uint64_t)(uint32_t)p->dev_nic[d] << 1 | p->recv_is_holder[k->recv_off + i]);
-    }
+        h = sig_mix(h, (uint64_t)(uint32_t)f->hnic[i]);
+    for (int i = 0; i < k->nrecv; i++)
+        h = sig_mix(h, (uint64_t)(uint32_t)f->rnic[i] << 1 | f->rhold[i]);
     return h;
 }
 
-static int task_same(const xm_prep_t *p, int a, int b)
+/* Whether task t (facts f) belongs to class c. */
+static int class_same(const xm_prep_t *p, int c, int t, const facts_t *f)
 {
-    const xm_task_t *x = &p->ts->tasks[a], *y = &p->ts->tasks[b];
+    const xm_prep_class_t *pc = &p->pc[c];
+    const xm_task_t *x = &p->ts->tasks[pc->rep], *y = &p->ts->tasks[t];
     if (x->bytes != y->bytes || x->ngroups != y->ngroups || x->group_size != y->group_size ||
         x->nrecv != y->nrecv)
         return 0;
-    for (int i = 0; i < x->ngroups * x->group_size; i++) {
-        int d = p->ts->holders[x->holder_off + i], e = p->ts->holders[y->holder_off + i];
-        if (p->dev_nic[d] != p->dev_nic[e])
+    for (int i = 0; i < x->ngroups * x->group_size; i++)
+        if (p->dev_nic[p->ts->holders[x->holder_off + i]] != f->hnic[i])
             return 0;
-    }
     for (int i = 0; i < x->nrecv; i++) {
-        int d = p->ts->recvs[x->recv_off + i], e = p->ts->recvs[y->recv_off + i];
-        if (p->dev_nic[d] != p->dev_nic[e])
+        if (p->dev_nic[p->ts->recvs[x->recv_off + i]] != f->rnic[i])
             return 0;
-        if (p->recv_is_holder[x->recv_off + i] != p->recv_is_holder[y->recv_off + i])
+        if (p->recv_is_holder[pc->recv_off + i] != f->rhold[i])
             return 0;
     }
     return 1;
@@ -86,31 +106,29 @@ static int task_same(const xm_prep_t *p, int a, int b)
 
 typedef struct {
     uint64_t sig;
-    int t;
+    int c;
 } sig_t;
 
 /* Classes numbered by first appearance, found through a hash table of
- * class representatives: tasks are read in index order and each is compared
- * with one representative, so this is linear and cache friendly (sorting
+ * classes: tasks are read in index order and each is compared with one
+ * class representative, so this is linear and cache friendly (sorting
  * the signatures and comparing neighbours was not). Class numbers do not
  * change any plan: the DFS orders children by a total order over tasks. */
-/* Open-addressing table of class representatives. It grows with the
- * number of classes, not of tasks, so that it stays in cache when many
- * tasks share few classes (262,144 tasks in 4,096 classes at 1,024
- * devices). */
+/* Open-addressing table of classes. It grows with the number of classes,
+ * not of tasks, so that it stays in cache when many tasks share few
+ * classes (262,144 tasks in 4,096 classes at 1,024 devices). */
 typedef struct {
     sig_t *slot;
     size_t cap, used;
 } classes_t;
 
-static int classes_put(classes_t *c, uint64_t h, int t)
+static void classes_put(classes_t *c, uint64_t h, int k)
 {
     size_t s = (size_t)h & (c->cap - 1);
-    while (c->slot[s].t >= 0)
+    while (c->slot[s].c >= 0)
         s = (s + 1) & (c->cap - 1);
-    c->slot[s] = (sig_t){h, t};
+    c->slot[s] = (sig_t){h, k};
     c->used++;
-    return 0;
 }
 
 static int classes_grow(classes_t *c, size_t cap)
@@ -125,37 +143,29 @@ static int classes_grow(classes_t *c, size_t cap)
     c->cap = cap;
     c->used = 0;
     for (size_t i = 0; i < cap; i++)
-        c->slot[i].t = -1;
+        c->slot[i].c = -1;
     for (size_t i = 0; old && i < ocap; i++)
-        if (old[i].t >= 0)
-            classes_put(c, old[i].sig, old[i].t);
+        if (old[i].c >= 0)
+            classes_put(c, old[i].sig, old[i].c);
     free(old);
     return 0;
 }
 
-/* Class of task t (its dev_nic and recv_is_holder facts must be set),
- * numbering new classes in order of first appearance. Nonzero without
- * memory. */
-static int class_assign(xm_prep_t *p, classes_t *c, int t)
+/* Class of task t (facts f), or -1 when it starts a new one; *h gets its
+ * signature and *slot where a new class goes. */
+static int class_find(const xm_prep_t *p, const classes_t *c, int t, const facts_t *f, uint64_t *h,
+                      size_t *slot)
 {
-    uint64_t h = task_sig(p, t);
-    size_t s = (size_t)h & (c->cap - 1);
-    while (c->slot[s].t >= 0) {
-        if (c->slot[s].sig == h && task_same(p, c->slot[s].t, t)) {
-            p->pt[t].klass = p->pt[c->slot[s].t].klass;
-            return 0;
-        }
+    *h = task_sig(&p->ts->tasks[t], f);
+    size_t s = (size_t)*h & (c->cap - 1);
+    while (c->slot[s].c >= 0) {
+        if (c->slot[s].sig == *h && class_same(p, c->slot[s].c, t, f))
+            return c->slot[s].c;
         s = (s + 1) & (c->cap - 1);
     }
-    if (2 * (c->used + 1) > c->cap) {
-        if (classes_grow(c, 2 * c->cap))
-            return -1;
-    }
-    classes_put(c, h, t);
-    p->pt[t].klass = p->nklass++;
-    return 0;
+    *slot = s;
+    return -1;
 }
-
 /* Fewest distinct hosts a P chain must visit: the receiver hosts in
  * rh[0..nrh) plus, for the groups with no holder there, at least one more
  * host; when all those groups sit on single hosts, each such host. */
@@ -205,7 +215,7 @@ static double p_chain_bound(const xm_prep_t *q, int t)
     int rh_buf[64], nrh = 0;
     int *rh = k->nrecv <= 64 ? rh_buf : malloc(sizeof(int) * k->nrecv);
     if (!rh)
-        return q->pt[t].needs_nic ? q->pt[t].nic_cost : 0;
+        return xm_pc(q, t)->needs_nic ? xm_pc(q, t)->nic_cost : 0;
     for (int i = 0; i < k->nrecv; i++) {
         int h = q->dev_host[q->ts->recvs[k->recv_off + i]];
         if (nrh == 0 || rh[nrh - 1] != h)
@@ -232,7 +242,8 @@ static double p_chain_bound(const xm_prep_t *q, int t)
     }
     if (rh != rh_buf)
         free(rh);
-    return q->pt[t].needs_nic && best < q->pt[t].nic_cost ? q->pt[t].nic_cost : best;
+    const xm_prep_class_t *pc = xm_pc(q, t);
+    return pc->needs_nic && best < pc->nic_cost ? pc->nic_cost : best;
 }
 
 /* Makes int array *a (capacity *cap, doubling from 1024) hold need. */
@@ -276,29 +287,6 @@ static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
     return 0;
 }
 
-/* Entry o of a resource list (entries by offsets off) becomes a copy of
- * the earlier entry `from`. */
-static int copy_entry(int **res, int *cap, int *off, int from, int o)
-{
-    int a = off[from], na = off[from + 1] - a, base = off[o];
-    if (grow_ints(res, cap, base + na + 1))
-        return -1;
-    memcpy(*res + base, *res + a, sizeof(int) * na);
-    off[o + 1] = base + na;
-    return 0;
-}
-
-/* Option o gets the resources of an earlier option `from` of an
- * interchangeable task (appended like add_res). */
-static int copy_res(xm_prep_t *q, int from, int o)
-{
-    if (copy_entry(&q->opt_res, &q->opt_res_cap, q->opt_res_off, from, o))
-        return -1;
-    if (q->nics > 1 && copy_entry(&q->opt_nres, &q->opt_nres_cap, q->opt_nres_off, from, o))
-        return -1;
-    return 0;
-}
-
 xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_cluster_t *c,
                             xmesh_strategy_t strategy)
 {
@@ -313,15 +301,17 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     q.nnics = q.nhosts * q.nics;
     q.ndev = c->hosts.ndev;
     q.dev_host = c->hosts.host_of;
-    int n = ts->ntasks;
-    int64_t nopt_total = 0, nrecv_total = 0, nrecv_sum = 0;
+    int n = ts->ntasks, max_nh = 1, max_nrecv = 1;
+    int64_t nopt_total = 0, nrecv_sum = 0;
     for (int t = 0; t < n; t++) {
         const xm_task_t *k = &ts->tasks[t];
         int nh = k->ngroups * k->group_size;
         nopt_total += nh;
-        if (k->recv_off + k->nrecv > nrecv_total)
-            nrecv_total = k->recv_off + k->nrecv;
         nrecv_sum += k->nrecv;
+        if (nh > max_nh)
+            max_nh = nh;
+        if (k->nrecv > max_nrecv)
+            max_nrecv = k->nrecv;
         if (k->ngroups > q.max_groups)
             q.max_groups = k->ngroups;
         for (int i = 0; i < nh; i++)
@@ -350,24 +340,21 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     }
     if (q.max_groups < 1)
         q.max_groups = 1;
+    /* Per-class arrays are sized for the worst case (every task its own
+     * class) but only the classes' part is ever written: untouched pages
+     * cost nothing. Only the per-task record is written for every task. */
     q.opt_hosts = malloc(sizeof(int) * (nopt_total + 1));
-    q.opt_dur = malloc(sizeof(double) * (nopt_total + 1));
-    q.opt_res_off = calloc(nopt_total + 2, sizeof(int));
-    /* per-NIC directions only matter with several NICs per host */
-    q.opt_nres_off = calloc(q.nics > 1 ? nopt_total + 2 : 2, sizeof(int));
-    q.need_off = calloc(n + 2, sizeof(int));
-    /* every field is set by the pass below: no zeroing of 48 bytes per task */
+    q.need_off = malloc(sizeof(int) * ((size_t)n + 2));
+    q.need_hosts = malloc(sizeof(int) * (nrecv_sum + 1));
     q.pt = malloc(sizeof *q.pt * (n > 0 ? n : 1));
+    q.pc = malloc(sizeof *q.pc * (n > 0 ? n : 1));
     q.dev_nic = malloc(sizeof(int) * (q.ndev + 1));
     q.nic_ok = calloc(q.nnics + 1, 1);
     q.host_nics = calloc(q.nhosts + 1, sizeof(int));
-    q.recv_is_holder = calloc(nrecv_total + 1, 1);
-    q.recv_covered = calloc(nrecv_total + 1, 1);
-    xm_hint_huge(q.opt_hosts, sizeof(int) * (size_t)nopt_total);
-    xm_hint_huge(q.opt_dur, sizeof(double) * (size_t)nopt_total);
-    xm_hint_huge(q.opt_res_off, sizeof(int) * (size_t)nopt_total);
-    xm_hint_huge(q.need_off, sizeof(int) * (size_t)n);
+    q.recv_is_holder = malloc(nrecv_sum + 1);
+    q.recv_covered = malloc(nrecv_sum + 1);
     xm_hint_huge(q.pt, sizeof *q.pt * (size_t)n);
+    facts_t fx = {malloc(sizeof(int) * max_nh), malloc(sizeof(int) * max_nrecv), malloc(max_nrecv)};
     xm_state_t st;
     xm_troutes_t tr;
     xm_undo_t undo;
@@ -375,11 +362,10 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     memset(&tr, 0, sizeof tr);
     memset(&undo, 0, sizeof undo);
     xmesh_result_t r = XMESH_SUCCESS;
-    int *rep_of = NULL; /* per class: its first task, whose options are routed */
     classes_t cls = {NULL, 0, 0};
-    if (!q.nic_ok || !q.host_nics || !q.opt_hosts || !q.opt_dur || !q.opt_res_off ||
-        !q.opt_nres_off || !q.need_off || !q.pt || !q.dev_nic || !q.recv_is_holder ||
-        !q.recv_covered) {
+    if (!q.nic_ok || !q.host_nics || !q.opt_hosts || !q.need_off || !q.need_hosts || !q.pt ||
+        !q.pc || !q.dev_nic || !q.recv_is_holder || !q.recv_covered || !fx.hnic || !fx.rnic ||
+        !fx.rhold || classes_grow(&cls, 1024)) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
         goto out_free_prep;
     }
@@ -394,25 +380,52 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
         free(cnt);
     }
     /* One pass over the tasks (each touches a new cache line of the task
-     * array, so passes cost more than their arithmetic): options, receiver
-     * facts, usable NICs, receiver hosts lacking a full value, class. */
-    q.need_hosts = malloc(sizeof(int) * (nrecv_sum + 1));
-    xm_hint_huge(q.need_hosts, sizeof(int) * (size_t)nrecv_sum);
-    if (classes_grow(&cls, 1024) || !q.need_hosts) {
-        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
-        goto out_free_prep;
-    }
-    int off = 0, m = 0;
+     * array, so passes cost more than their arithmetic): the class of each
+     * task; the first task of a class also gives the class's options,
+     * receiver facts, usable NICs and receiver hosts lacking a full value. */
+    int off = 0, m = 0, nflags = 0;
+    q.need_off[0] = 0;
     for (int t = 0; t < n; t++) {
         const xm_task_t *k = &ts->tasks[t];
+        xm_prep_task_t *pt = &q.pt[t];
+        task_facts(&q, t, &fx);
+        uint64_t sig = 0;
+        size_t slot = 0;
+        /* neighbours often share a class (receivers on one host): try the
+         * previous task's first, before hashing */
+        int kc = t > 0 && class_same(&q, q.pt[t - 1].klass, t, &fx)
+                     ? q.pt[t - 1].klass
+                     : class_find(&q, &cls, t, &fx, &sig, &slot);
+        if (kc >= 0) {
+            *pt = q.pt[q.pc[kc].rep];
+            q.pc[kc].ntasks++;
+            continue;
+        }
+        /* a new class */
+        kc = q.nklass++;
+        if (2 * (cls.used + 1) > cls.cap) {
+            if (classes_grow(&cls, 2 * cls.cap)) {
+                r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for task classes");
+                goto out_free_prep;
+            }
+            classes_put(&cls, sig, kc);
+        } else {
+            cls.slot[slot] = (sig_t){sig, kc};
+            cls.used++;
+        }
         const int *hd = ts->holders + k->holder_off;
         int nh = k->ngroups * k->group_size;
-        xm_prep_task_t *pt = &q.pt[t];
+        xm_prep_class_t *pc = &q.pc[kc];
+        pc->rep = t;
+        pc->ngroups = k->ngroups;
+        pc->ntasks = 1;
+        pc->recv_off = nflags;
+        pc->needs_nic = 0;
+        pt->klass = kc;
         pt->opt_off = off;
-        pt->needs_nic = 0;
         for (int i = 0; i < nh; i++) {
             q.opt_hosts[off + i] = q.dev_host[hd[i]];
-            q.nic_ok[q.dev_nic[hd[i]]] = 1;
+            q.nic_ok[fx.hnic[i]] = 1;
         }
         if (nh > 16) {
             qsort(q.opt_hosts + off, nh, sizeof(int), cmp_int);
@@ -431,75 +444,61 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
                 q.opt_hosts[off + u++] = q.opt_hosts[off + i];
         pt->nopt = u;
         off += u;
-        pt->naive_host = q.dev_host[hd[0]];
-        q.need_off[t] = m;
+        pc->naive_host = q.dev_host[hd[0]];
         for (int i = 0; i < k->nrecv; i++) {
-            int rdev = ts->recvs[k->recv_off + i], h = q.dev_host[rdev];
-            q.nic_ok[q.dev_nic[rdev]] = 1;
-            int is_h = 0;
-            for (int j = 0; j < nh && !is_h; j++)
-                is_h = hd[j] == rdev;
-            q.recv_is_holder[k->recv_off + i] = (unsigned char)is_h;
+            int h = q.dev_host[ts->recvs[k->recv_off + i]];
+            q.nic_ok[fx.rnic[i]] = 1;
+            q.recv_is_holder[nflags + i] = fx.rhold[i];
             int cov = 1;
             for (int g = 0; g < k->ngroups && cov; g++)
                 cov = group_has_host(&q, k, g, h);
-            q.recv_covered[k->recv_off + i] = (unsigned char)cov;
+            q.recv_covered[nflags + i] = (unsigned char)cov;
             if (!cov) {
-                pt->needs_nic = 1;
-                if (m == q.need_off[t] || q.need_hosts[m - 1] != h)
+                pc->needs_nic = 1;
+                if (m == q.need_off[kc] || q.need_hosts[m - 1] != h)
                     q.need_hosts[m++] = h;
             }
         }
-        pt->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
-        if (class_assign(&q, &cls, t)) {
-            r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for task classes");
-            goto out_free_prep;
-        }
+        nflags += k->nrecv;
+        q.need_off[kc + 1] = m;
+        pc->nic_cost = (double)k->bytes / hop_bw(c) + c->latency_s;
     }
-    q.need_off[n] = m;
     free(cls.slot);
     cls.slot = NULL;
     for (int i = 0; i < q.nnics; i++)
         q.host_nics[i / q.nics] += q.nic_ok[i];
+    q.opt_dur = malloc(sizeof(double) * ((size_t)off + 1));
+    q.opt_rdur = malloc(sizeof(double) * ((size_t)off + 1));
+    q.opt_nroutes = malloc(sizeof(int) * ((size_t)off + 1));
+    q.opt_ndevs = malloc(sizeof(int) * ((size_t)off + 1));
+    q.opt_res_off = calloc((size_t)off + 2, sizeof(int));
+    /* per-NIC directions only matter with several NICs per host */
+    q.opt_nres_off = calloc(q.nics > 1 ? (size_t)off + 2 : 2, sizeof(int));
+    if (!q.opt_dur || !q.opt_rdur || !q.opt_nroutes || !q.opt_ndevs || !q.opt_res_off ||
+        !q.opt_nres_off) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
+        goto out_free_prep;
+    }
     if ((r = xm_state_init(&st, &q)) || (r = xm_troutes_init(&tr, &q)))
         goto out_free_prep;
     xm_state_reset(&st, &q);
-    /* Duration of every option on an idle cluster; the DFS bound uses the
-     * device-independent part (route times) via min_dur. Interchangeable
-     * tasks (same class: same bytes and NIC of every holder and receiver)
-     * have the same options, durations and directions, so only the first
-     * task of each class is routed; the others copy it. */
-    rep_of = malloc(sizeof(int) * (q.nklass + 1));
-    if (!rep_of) {
-        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
-        goto out_free_prep;
-    }
-    for (int k = 0; k < q.nklass; k++)
-        rep_of[k] = -1;
-    for (int t = 0; t < n; t++) {
-        xm_prep_task_t *pt = &q.pt[t];
+    /* Duration of every option of every class on an idle cluster, routed
+     * with the class's first task; the DFS bound uses the
+     * device-independent part (route times) via min_dur. */
+    for (int kc = 0; kc < q.nklass; kc++) {
+        xm_prep_class_t *pc = &q.pc[kc];
+        int t = pc->rep;
+        const xm_prep_task_t *pt = &q.pt[t];
         double best = INFINITY;
-        int rt = rep_of[pt->klass];
-        if (rt >= 0) {
-            const xm_prep_task_t *rp = &q.pt[rt];
-            for (int o = 0; o < pt->nopt; o++) {
-                q.opt_dur[pt->opt_off + o] = q.opt_dur[rp->opt_off + o];
-                if (copy_res(&q, rp->opt_off + o, pt->opt_off + o)) {
-                    r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
-                    goto out_free_prep;
-                }
-            }
-            pt->min_dur = rp->min_dur;
-            pt->lb_dur = rp->lb_dur;
-            continue;
-        }
-        rep_of[pt->klass] = t;
         for (int o = 0; o < pt->nopt; o++) {
             /* idle cluster: step, then take the step back (a full reset per
              * option would cost O(devices) and make this quadratic) */
             xm_step(&q, &st, t, q.opt_hosts[pt->opt_off + o], NULL, &tr, &undo);
             xm_undo_to(&undo, 0);
             q.opt_dur[pt->opt_off + o] = tr.dur;
+            q.opt_rdur[pt->opt_off + o] = tr.route_dur;
+            q.opt_nroutes[pt->opt_off + o] = tr.nroutes;
+            q.opt_ndevs[pt->opt_off + o] = tr.ndevs;
             if (add_res(&q, &tr, pt->opt_off + o)) {
                 r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
                 goto out_free_prep;
@@ -508,24 +507,29 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
              * choice; with several, NIC sharing inside the task depends on
              * the devices, but the route times do not. */
             double d = q.nics == 1 ? tr.dur : tr.route_dur;
-            if (pt->needs_nic && d < pt->nic_cost)
-                d = pt->nic_cost;
+            if (pc->needs_nic && d < pc->nic_cost)
+                d = pc->nic_cost;
             if (d < best)
                 best = d;
         }
-        pt->min_dur = isfinite(best) ? best : 0;
+        pc->min_dur = isfinite(best) ? best : 0;
         /* Any holder as sender: without P its host is an option, so min_dur
          * holds; a P chain of arbitrary holders is only bounded by one hop. */
-        pt->lb_dur = ts->tasks[t].ngroups == 1 ? pt->min_dur : p_chain_bound(&q, t);
+        pc->lb_dur = ts->tasks[t].ngroups == 1 ? pc->min_dur : p_chain_bound(&q, t);
     }
+    q.opt_timed = q.nics == 1;
     xm_state_free(&st);
     xm_troutes_free(&tr);
     xm_undo_free(&undo);
-    free(rep_of);
+    free(fx.hnic);
+    free(fx.rnic);
+    free(fx.rhold);
     *p = q;
     return XMESH_SUCCESS;
 out_free_prep:
-    free(rep_of);
+    free(fx.hnic);
+    free(fx.rnic);
+    free(fx.rhold);
     free(cls.slot);
     xm_undo_free(&undo);
     xm_state_free(&st);
@@ -540,6 +544,9 @@ void xm_prep_free(xm_prep_t *p)
         return;
     free(p->opt_hosts);
     free(p->opt_dur);
+    free(p->opt_rdur);
+    free(p->opt_nroutes);
+    free(p->opt_ndevs);
     free(p->opt_res_off);
     free(p->opt_res);
     free(p->opt_nres_off);
@@ -547,6 +554,7 @@ void xm_prep_free(xm_prep_t *p)
     free(p->need_off);
     free(p->need_hosts);
     free(p->pt);
+    free(p->pc);
     free(p->dev_nic);
     free(p->nic_ok);
     free(p->host_nics);
@@ -554,7 +562,6 @@ void xm_prep_free(xm_prep_t *p)
     free(p->recv_covered);
     memset(p, 0, sizeof *p);
 }
-
 /* ------------------------------------------------------------ state */
 
 xmesh_result_t xm_state_init(xm_state_t *s, const xm_prep_t *p)
@@ -821,8 +828,8 @@ static void build_routes(const xm_prep_t *p, const xm_state_t *s, int t, const i
 {
     const xm_task_t *k = &p->ts->tasks[t];
     const int *rv = p->ts->recvs + k->recv_off;
-    const unsigned char *isholder = p->recv_is_holder + k->recv_off;
-    const unsigned char *covered = p->recv_covered + k->recv_off;
+    const unsigned char *isholder = p->recv_is_holder + xm_pc(p, t)->recv_off;
+    const unsigned char *covered = p->recv_covered + xm_pc(p, t)->recv_off;
     int entry = p->nics > 1;
     r->nroutes = 0;
     r->ndevs = 0;
@@ -978,7 +985,7 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
                     use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
                     use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
                 }
-                double fill = xm_hop_fill(c, K, prev_x, x);
+                double fill = xm_hop_fill_inline(c, K, prev_x, x);
                 if (h == 0)
                     fill0 = fill;
                 sum += c->latency_s + fill * ch / bw;
@@ -1011,7 +1018,25 @@ double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fi
     else
         choose_senders(p, s, t, host, r->senders);
     build_routes(p, s, t, r->senders, r);
-    xm_task_timing(p, t, r);
+    int go = -1;
+    if (p->opt_timed && !fixed) {
+        /* With one NIC per host the routes' hosts, hence hops, NIC
+         * directions and duration, follow from the sender host (the
+         * devices inside the hosts do not matter): as timed in the prep. */
+        const xm_prep_task_t *pt = &p->pt[t];
+        for (int o = 0; o < pt->nopt && go < 0; o++)
+            if (p->opt_hosts[pt->opt_off + o] == host)
+                go = pt->opt_off + o;
+    }
+    if (go >= 0) {
+        r->dur = p->opt_dur[go];
+        r->route_dur = p->opt_rdur[go];
+        r->nuse = 0;
+        for (int i = p->opt_res_off[go]; i < p->opt_res_off[go + 1]; i++)
+            r->use_dir[r->nuse++] = p->opt_res[i];
+    } else {
+        xm_task_timing(p, t, r);
+    }
     double start = 0;
     for (int i = 0; i < r->nuse; i++)
         if (s->dir_free[r->use_dir[i]] > start)

@@ -20,6 +20,8 @@
 /* Above this many (flow or unit) tasks the ensemble colours before the DFS:
  * the DFS's first dive costs tasks x classes and may not fit the budget. */
 #define XM_COLOR_FIRST_TASKS 512
+/* Tasks ahead of the current step whose data materialise() prefetches. */
+#define XM_PREFETCH_AHEAD 4
 
 double xm_now_s(void)
 {
@@ -55,9 +57,11 @@ static int grow(void **buf, int64_t *cap, int64_t need, size_t sz)
 
 /* Fills out from a plan given as option hosts or fixed senders in one pass
  * of the list-scheduling step: routes are collected in issue order, then
- * copied into task-id order. */
-static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, const int *order,
-                                  const int *hosts, const int *fixed, double lb, xm_schedule_t *out)
+ * copied into task-id order. (The general path; materialise() below
+ * places every route where it belongs directly when it can.) */
+static xmesh_result_t materialise_collect(const xm_prep_t *p, xmesh_scheduler_t kind,
+                                          const int *order, const int *hosts, const int *fixed,
+                                          double lb, xm_schedule_t *out)
 {
     int n = p->ts->ntasks, G = p->max_groups;
     xm_schedule_t s;
@@ -157,6 +161,164 @@ out_free:
     free(at);
     free(rbuf);
     free(dbuf);
+    return r;
+}
+
+/* Routes and route devices task t gets from its decision (option host, or
+ * fixed senders): without P they follow from the sender's host alone, with
+ * P they are the same for any senders (xm_prep_t.opt_nroutes). Returns
+ * nonzero when the host is not one of t's options. */
+static inline int route_counts(const xm_prep_t *p, int t, int host, const int *fixed, int *nr,
+                               int *nd)
+{
+    const xm_prep_task_t *pt = &p->pt[t];
+    int o = 0;
+    if (p->pc[pt->klass].ngroups == 1) {
+        int h = fixed ? p->dev_host[fixed[0]] : host;
+        const int *oh = p->opt_hosts + pt->opt_off;
+        while (o < pt->nopt && oh[o] != h)
+            o++;
+        if (o == pt->nopt)
+            return -1;
+    }
+    *nr = p->opt_nroutes[pt->opt_off + o];
+    *nd = p->opt_ndevs[pt->opt_off + o];
+    return 0;
+}
+
+/* materialise_collect() without the collection: the routes and devices of
+ * every task are counted first (from the prepared per-option counts), so
+ * the list-scheduling pass writes each task's routes straight into their
+ * task-id-ordered place. Falls back to materialise_collect() when a count
+ * is not known in advance or does not match what the step built. */
+static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, const int *order,
+                                  const int *hosts, const int *fixed, double lb, xm_schedule_t *out)
+{
+    int n = p->ts->ntasks, G = p->max_groups;
+    xm_schedule_t s;
+    memset(&s, 0, sizeof s);
+    xm_state_t st;
+    xm_troutes_t tr;
+    memset(&st, 0, sizeof st);
+    memset(&tr, 0, sizeof tr);
+    xmesh_result_t r = XMESH_SUCCESS;
+    int fallback = 0;
+    s.scheduler = kind;
+    s.ntasks = n;
+    s.max_groups = G;
+    s.order = malloc(sizeof(int) * (n + 1));
+    s.sender = malloc(sizeof(int) * ((size_t)n * G + 1));
+    s.task_route_off = malloc(sizeof(int) * ((size_t)n + 1));
+    xm_hint_huge(s.order, sizeof(int) * (size_t)n);
+    xm_hint_huge(s.sender, sizeof(int) * (size_t)n * G);
+    xm_hint_huge(s.task_route_off, sizeof(int) * (size_t)n);
+    if (!s.order || !s.sender || !s.task_route_off) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d tasks", n);
+        goto out_free;
+    }
+    /* Route offsets in task-id order, then device offsets: until its
+     * step, the first route of a task (a task without routes has no
+     * devices) holds where its devices start, which is also the offset that
+     * route gets from the step (a task's first route starts at its first
+     * device). */
+    int64_t nr = 0, nd = 0;
+    for (int t = 0; t < n; t++) {
+        int tnr, tnd;
+        if (route_counts(p, t, hosts ? hosts[t] : -1, fixed ? fixed + (size_t)t * G : NULL, &tnr,
+                         &tnd)) {
+            fallback = 1;
+            goto out_free;
+        }
+        s.task_route_off[t] = (int)nr;
+        s.order[t] = tnd; /* for now */
+        nr += tnr;
+        nd += tnd;
+    }
+    if (nr > INT32_MAX || nd > INT32_MAX) {
+        fallback = 1;
+        goto out_free;
+    }
+    s.task_route_off[n] = (int)nr;
+    s.nroutes = (int)nr;
+    s.routes = malloc(sizeof *s.routes * (s.nroutes + 1));
+    s.route_devs = malloc(sizeof(int) * (nd + 1));
+    xm_hint_huge(s.routes, sizeof *s.routes * (size_t)s.nroutes);
+    xm_hint_huge(s.route_devs, sizeof(int) * (size_t)nd);
+    if (!s.routes || !s.route_devs) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d routes", s.nroutes);
+        goto out_free;
+    }
+    for (int t = 0, d = 0; t < n; t++) {
+        if (s.task_route_off[t + 1] > s.task_route_off[t])
+            s.routes[s.task_route_off[t]].off = d;
+        d += s.order[t];
+    }
+    if ((r = xm_state_init(&st, p)) || (r = xm_troutes_init(&tr, p)))
+        goto out_free;
+    memcpy(s.order, order, sizeof(int) * n);
+    xm_state_reset(&st, p);
+    const xm_task_t *tasks = p->ts->tasks;
+    for (int i = 0; i < n; i++) {
+        /* The issue order jumps around the task-id-ordered arrays, and a
+         * step does little arithmetic: fetch what the steps a few tasks
+         * ahead read and write while this one runs (the task record first,
+         * then what its offsets point to). */
+        if (i + 2 * XM_PREFETCH_AHEAD < n) {
+            int tf = order[i + 2 * XM_PREFETCH_AHEAD];
+            __builtin_prefetch(&tasks[tf].bytes);
+            __builtin_prefetch(&tasks[tf].recv_off);
+            __builtin_prefetch(&p->pt[tf]);
+            __builtin_prefetch(&s.task_route_off[tf]);
+            if (hosts)
+                __builtin_prefetch(&hosts[tf]);
+        }
+        if (i + XM_PREFETCH_AHEAD < n) {
+            int tf = order[i + XM_PREFETCH_AHEAD];
+            const xm_task_t *kf = &tasks[tf];
+            __builtin_prefetch(p->ts->holders + kf->holder_off);
+            __builtin_prefetch(p->ts->recvs + kf->recv_off);
+            __builtin_prefetch(&s.routes[s.task_route_off[tf]], 1);
+            __builtin_prefetch(&s.sender[(size_t)tf * G], 1);
+        }
+        if (i + 1 < n) {
+            int tf = order[i + 1], r0 = s.task_route_off[tf];
+            if (s.task_route_off[tf + 1] > r0)
+                __builtin_prefetch(&s.route_devs[s.routes[r0].off], 1);
+        }
+        int t = order[i];
+        xm_step(p, &st, t, hosts ? hosts[t] : -1, fixed ? fixed + (size_t)t * G : NULL, &tr, NULL);
+        int *snd = s.sender + (size_t)t * G;
+        int r0 = s.task_route_off[t], r1 = s.task_route_off[t + 1];
+        int d0 = r1 > r0 ? s.routes[r0].off : 0;
+        int d1 = r1 > r0 ? (r1 < s.nroutes ? s.routes[r1].off : (int)nd) : 0;
+        if (tr.nroutes != r1 - r0 || tr.ndevs != d1 - d0) {
+            fallback = 1; /* not what the counts said: cannot happen */
+            goto out_free;
+        }
+        /* a few entries per task: plain loops beat memcpy calls */
+        for (int q = 0; q < tr.nroutes; q++) {
+            xm_route_t rt = tr.routes[q];
+            rt.off += d0;
+            s.routes[r0 + q] = rt;
+        }
+        for (int q = 0; q < tr.ndevs; q++)
+            s.route_devs[d0 + q] = tr.devs[q];
+        int g = 0;
+        for (int ng = p->ts->tasks[t].ngroups; g < ng; g++)
+            snd[g] = tr.senders[g];
+        for (; g < G; g++)
+            snd[g] = -1;
+    }
+    s.makespan_s = st.makespan;
+    s.lower_bound_s = lb >= 0 ? lb : xm_lower_bound_prep(p);
+    *out = s;
+    memset(&s, 0, sizeof s);
+out_free:
+    xm_schedule_free(&s);
+    xm_state_free(&st);
+    xm_troutes_free(&tr);
+    if (fallback)
+        return materialise_collect(p, kind, order, hosts, fixed, lb, out);
     return r;
 }
 
@@ -428,7 +590,13 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
                 goto out_free;
             have_flow_plan = 1;
             ms = flow_plan.makespan_s;
-            keep_best(&p, &best, order, hosts, ms);
+            best.ms = ms;
+            if (!done(&best, &ctl)) {
+                best.ms = INFINITY;
+                keep_best(&p, &best, order, hosts, ms);
+            }
+            /* else nothing below runs and the flow plan is the result: no
+             * copy of its order and hosts is needed */
         }
         /* the constructive plans on unit tasks, unless flows met the bound */
         if (!done(&best, &ctl)) {
@@ -455,8 +623,10 @@ xmesh_result_t xm_schedule(const xm_taskset_t *ts, const xm_cluster_t *c, const 
             ms = xm_sched_improve(&p, &st, &tr, &ctl, order, hosts, best.ms);
             keep_best(&p, &best, order, hosts, ms);
         }
-        memcpy(order, best.order, sizeof(int) * n);
-        memcpy(hosts, best.hosts, sizeof(int) * n);
+        if (!(have_flow_plan && best.ms == flow_plan.makespan_s)) {
+            memcpy(order, best.order, sizeof(int) * n);
+            memcpy(hosts, best.hosts, sizeof(int) * n);
+        }
     } else {
         ensemble(&p, &st, &tr, &ctl, order, hosts, fixed, &best, 0);
     }

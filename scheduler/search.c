@@ -49,7 +49,7 @@ double xm_sched_lb(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *orde
     keyed_t *v = xmalloc(sizeof *v * n);
     double *load = xcalloc(p->nhosts, sizeof *load);
     for (int t = 0; t < n; t++)
-        v[t] = (keyed_t){p->pt[t].min_dur, t};
+        v[t] = (keyed_t){xm_pc(p, t)->min_dur, t};
     qsort(v, n, sizeof *v, cmp_keyed_desc);
     for (int i = 0; i < n; i++) {
         int t = v[i].t, bo = 0;
@@ -58,7 +58,7 @@ double xm_sched_lb(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *orde
             if (load[p->opt_hosts[pt->opt_off + o]] < load[p->opt_hosts[pt->opt_off + bo]])
                 bo = o;
         hosts[t] = p->opt_hosts[pt->opt_off + bo];
-        if (pt->needs_nic)
+        if (xm_pc(p, t)->needs_nic)
             load[hosts[t]] += p->opt_dur[pt->opt_off + bo];
     }
     for (int t = 0; t < n; t++)
@@ -183,10 +183,11 @@ static void dfs_account(dfs_t *d, int t, int sign)
 {
     const xm_prep_t *p = d->p;
     const xm_prep_task_t *pt = &p->pt[t];
-    if (!pt->needs_nic)
+    const xm_prep_class_t *pc = &p->pc[pt->klass];
+    if (!pc->needs_nic)
         return;
-    double m = pt->min_dur * sign;
-    for (int i = p->need_off[t]; i < p->need_off[t + 1]; i++)
+    double m = pc->min_dur * sign;
+    for (int i = p->need_off[pt->klass]; i < p->need_off[pt->klass + 1]; i++)
         d->rem_recv[p->need_hosts[i]] -= m;
     for (int o = 0; o < pt->nopt; o++)
         d->send_cnt[p->opt_hosts[pt->opt_off + o]] -= sign;
@@ -230,7 +231,7 @@ static double dfs_bound(dfs_t *d)
             double e = INFINITY;
             for (int o = 0; o < pt->nopt; o++) {
                 int go = pt->opt_off + o;
-                double v = opt_start(p, s, go) + (p->nics == 1 ? p->opt_dur[go] : pt->min_dur);
+                double v = opt_start(p, s, go) + (p->nics == 1 ? p->opt_dur[go] : p->pc[k].min_dur);
                 if (v < e)
                     e = v;
             }
@@ -253,7 +254,7 @@ static int gen_kids(dfs_t *d, child_t *kids)
         int t = d->cls_list[d->cls_pos[k]];
         const xm_prep_task_t *pt = &p->pt[t];
         double crit = 0;
-        for (int i = p->need_off[t]; i < p->need_off[t + 1]; i++)
+        for (int i = p->need_off[k]; i < p->need_off[k + 1]; i++)
             if (d->rem_recv[p->need_hosts[i]] > crit)
                 crit = d->rem_recv[p->need_hosts[i]];
         if (pt->nopt == 1 && d->rem_sendf[p->opt_hosts[pt->opt_off]] > crit)
@@ -515,7 +516,7 @@ static double greedy_run(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, uin
             int t = best_pick[q], go = best_h[q];
             order[pos++] = t;
             hosts[t] = p->opt_hosts[go];
-            if (p->pt[t].needs_nic)
+            if (xm_pc(p, t)->needs_nic)
                 load[hosts[t]] += p->opt_dur[go];
             for (int i = 0; i < nrem; i++)
                 if (rem[i] == t) {
@@ -783,7 +784,8 @@ double xm_sched_color(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, int *o
                 nres = roff[p->pt[t].opt_off + o + 1] - roff[p->pt[t].opt_off + o];
         /* descending key: no-NIC first, then color 0, 1, ..., then others */
         double rank = nres == 0 ? 0 : col[t] >= 0 ? 1 + col[t] : 2.0 + D;
-        v[t] = (keyed_t){-(rank * 1e6) + p->pt[t].min_dur / (p->pt[t].min_dur + 1.0), t};
+        double md = xm_pc(p, t)->min_dur;
+        v[t] = (keyed_t){-(rank * 1e6) + md / (md + 1.0), t};
     }
     qsort(v, n, sizeof *v, cmp_keyed_desc);
     for (int i = 0; i < n; i++)

@@ -19,7 +19,7 @@ static int pieces_of(const xm_prep_t *p, int t, int *dim)
     const xm_task_t *k = &p->ts->tasks[t];
     int want = p->pt[t].nopt * p->nics;
     /* P pieces would each still chain through every partial group's host */
-    if (!p->pt[t].needs_nic || want < 2 || k->ngroups > 1)
+    if (!xm_pc(p, t)->needs_nic || want < 2 || k->ngroups > 1)
         return 1;
     int64_t chunk = p->c->chunk_bytes > 0 ? p->c->chunk_bytes : 1;
     if (k->bytes / chunk < want)
@@ -67,7 +67,7 @@ xmesh_result_t xm_taskset_split(const xm_taskset_t *in, const xm_cluster_t *c, i
     int nholder_hosts = 0;
     for (int t = 0; t < n; t++) {
         const xm_task_t *tk = &in->tasks[t];
-        busy += p.pt[t].needs_nic;
+        busy += xm_pc(&p, t)->needs_nic;
         for (int i = 0; i < tk->ngroups * tk->group_size; i++) {
             int h = p.dev_host[in->holders[tk->holder_off + i]];
             nholder_hosts += !holder_host[h];

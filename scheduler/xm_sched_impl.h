@@ -16,16 +16,27 @@
 #define XM_DIR_SEND(nic) ((nic)*2)
 #define XM_DIR_RECV(nic) ((nic)*2 + 1)
 
+/* Per task: its class and the options of that class. Interchangeable
+ * tasks (same class) share one copy of every per-class fact below, so the
+ * per-task part stays small (it is written and read once per task). */
 typedef struct xm_prep_task {
-    int nopt;        /* candidate sender hosts (options) */
-    int opt_off;     /* into xm_prep_t.opt_hosts */
+    int nopt;    /* candidate sender hosts (options) */
+    int opt_off; /* into xm_prep_t.opt_hosts: the options of its class */
+    int klass;   /* symmetry class: tasks with equal klass are interchangeable */
+} xm_prep_task_t;
+
+/* Per class: facts every member task shares. */
+typedef struct xm_prep_class {
+    int rep;         /* first task of the class (numbered by first appearance) */
+    int ngroups;     /* partial groups of its tasks */
+    int ntasks;      /* its tasks */
     int naive_host;  /* host of the lowest holder of group 0 */
     int needs_nic;   /* some receiver host lacks a full value: an inter-host hop is unavoidable */
-    int klass;       /* symmetry class: tasks with equal klass are interchangeable */
+    int recv_off;    /* its receivers' flags at recv_is_holder / recv_covered[recv_off ..] */
     double min_dur;  /* lower bound of its duration over its options (the search space) */
     double lb_dur;   /* lower bound of its duration with any holders as senders */
     double nic_cost; /* bytes / min(send, recv) + latency: NIC time of one inter-host hop */
-} xm_prep_task_t;
+} xm_prep_class_t;
 
 typedef struct xm_prep {
     const xm_taskset_t *ts;
@@ -35,6 +46,9 @@ typedef struct xm_prep {
     int max_groups;
     int max_route_devs; /* upper bound of route_devs entries of one task */
     int max_routes;     /* upper bound of routes of one task */
+    /* Options (candidate sender hosts) of every class, at opt_hosts[opt_off
+     * .. opt_off + nopt) of any of its tasks; per option arrays below are
+     * indexed the same way. */
     int *opt_hosts;
     const int *dev_host; /* = c->hosts.host_of */
     int *dev_nic;        /* global NIC of each device */
@@ -42,7 +56,16 @@ typedef struct xm_prep {
      * and their number per host: a host's other NICs never carry data. */
     unsigned char *nic_ok;
     int *host_nics;
-    double *opt_dur; /* per option: duration on an idle cluster */
+    double *opt_dur;  /* per option: duration on an idle cluster */
+    double *opt_rdur; /* per option: the same without NIC sharing (xm_troutes_t.route_dur) */
+    /* One NIC per host and every option timed: a task's timing (duration,
+     * NIC directions) depends on its sender host alone, so xm_step() takes
+     * it from the option instead of timing the routes again. */
+    int opt_timed;
+    /* Per option: routes and route devices of a task of the class sent from
+     * that host (they depend on the sender hosts only, not on the state;
+     * with P not even on those). */
+    int *opt_nroutes, *opt_ndevs;
     /* Per option: host-level NIC directions its routes cross (host * 2 +
      * 0 send / 1 recv), at opt_res[opt_res_off[o] .. opt_res_off[o + 1]).
      * With one NIC per host these are exactly the NIC directions. */
@@ -55,15 +78,36 @@ typedef struct xm_prep {
     int *opt_nres_off;
     int *opt_nres;
     int opt_nres_cap;
-    /* Per task: receiver hosts that lack a full value (must be fed by NIC),
-     * at need_hosts[need_off[t] .. need_off[t + 1]). */
+    /* Per class: receiver hosts that lack a full value (must be fed by NIC),
+     * at need_hosts[need_off[c] .. need_off[c + 1]). */
     int *need_off;
     int *need_hosts;
-    xm_prep_task_t *pt;
-    unsigned char *recv_is_holder; /* per ts->recvs index */
-    unsigned char *recv_covered;   /* per ts->recvs index: its host holds a full value */
+    xm_prep_task_t *pt;  /* per task */
+    xm_prep_class_t *pc; /* per class */
+    /* Per class, per receiver (in the task's receiver order), at
+     * pc[c].recv_off + i: the receiver holds the box / its host holds a
+     * full value. */
+    unsigned char *recv_is_holder;
+    unsigned char *recv_covered;
     int nklass;
 } xm_prep_t;
+
+/* xm_hop_fill(), inline for the step's timing. */
+static inline int xm_hop_fill_inline(const xm_cluster_t *c, int64_t K, int prev_inter, int inter)
+{
+    if (inter && c->sync_send)
+        return 1;
+    int a = inter && prev_inter ? c->forward_ahead : c->send_ahead;
+    if (a < 1)
+        a = 1;
+    return K < a ? (int)(K < 1 ? 1 : K) : a;
+}
+
+/* Class facts of task t. */
+static inline const xm_prep_class_t *xm_pc(const xm_prep_t *p, int t)
+{
+    return &p->pc[p->pt[t].klass];
+}
 
 xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_cluster_t *c,
                             xmesh_strategy_t strategy);
@@ -100,7 +144,7 @@ typedef struct xm_troutes {
     int *senders; /* max_groups */
     int nuse;
     int *use_dir;   /* NIC directions used (distinct) */
-    int *use_count; /* inter-host hops through that direction */
+    int *use_count; /* inter-host hops through that direction (xm_task_timing() only) */
     double dur;
     double route_dur; /* max over routes alone, without NIC sharing */
     double start, end;
