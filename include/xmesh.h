@@ -201,6 +201,23 @@ xmesh_result_t xmesh_layout_local_offset(const xmesh_layout_t *l, int rank, int6
 xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
                                  const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
                                  xmesh_plan_t *out);
+/* A plan of n tensors (n >= 1): tensor i goes from layout src[i] to dst[i]
+ * with everything xmesh_plan_create allows for one (its own shape, dtype
+ * pair, shardings and meshes: any meshes of ctx, different pairs per
+ * tensor, overlapping or not). Collective over all ranks of ctx, like
+ * xmesh_plan_create, which is this function with n = 1. The unit tasks of
+ * all tensors are bounded and scheduled together as one task list; small
+ * ones (at most one chunk) with the same holders and receivers travel
+ * packed into shared chunks (up to XMESH_PACK_BYTES per packed task), so
+ * a thousand small tensors cost about one tensor of their total size
+ * (docs/MANY.md). Errors name the tensor index: INVALID_ARGUMENT for n <= 0,
+ * a NULL array or a bad layout ("tensor 3: source layout: ..."); ranks that
+ * pass a different n or a different layout get XMESH_ERR_MISMATCH ("tensor
+ * 3: ..."; nothing is created on any rank). The MPI backend runs any such
+ * plan; the NCCL backend refuses n > 1 (UNSUPPORTED). */
+xmesh_result_t xmesh_plan_create_many(xmesh_ctx_t ctx, int n, const xmesh_layout_t *src,
+                                      const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
+                                      xmesh_plan_t *out);
 /* Collective over the ranks of both meshes; others may call and return at
  * once. src_local / dst_local: this rank's local block, dense row-major (NULL
  * where it holds none). dst_local must not alias src_local.
@@ -231,6 +248,21 @@ xmesh_result_t xmesh_reshard(xmesh_plan_t plan, const void *src_local, void *dst
  * thread, with SERIALIZED never concurrently with another MPI call). */
 xmesh_result_t xmesh_reshard_start(xmesh_plan_t plan, const void *src_local, void *dst_local,
                                    xmesh_request_t *req);
+/* xmesh_reshard / xmesh_reshard_start for a plan of many tensors (any plan:
+ * one of one takes arrays of one). src_locals[i] / dst_locals[i]: this
+ * rank's block of tensor i, dense row-major, NULL where it holds none; the
+ * arrays themselves are non-NULL (n entries) and are only read during the
+ * call. Same buffer contract as xmesh_reshard, for every block: on an
+ * invalid argument (a NULL array; a NULL block where the rank holds one;
+ * a destination block that is also a source block or another tensor's
+ * destination) nothing moved and the message names the tensor index; after
+ * a transfer failure every destination block's received boxes are
+ * undefined. xmesh_test / xmesh_wait complete the request. xmesh_reshard and
+ * xmesh_reshard_start refuse a plan of more than one tensor (INVALID_USAGE). */
+xmesh_result_t xmesh_reshard_many(xmesh_plan_t plan, const void *const *src_locals,
+                                  void *const *dst_locals);
+xmesh_result_t xmesh_reshard_many_start(xmesh_plan_t plan, const void *const *src_locals,
+                                        void *const *dst_locals, xmesh_request_t *req);
 /* Advances the transfer once without blocking (unless another thread is
  * doing so), then: SUCCESS (request released), IN_PROGRESS, or an error
  * (request released). */
@@ -243,10 +275,12 @@ xmesh_result_t xmesh_wait(xmesh_request_t req);
 /* Fails with INVALID_USAGE while a request of the plan is in flight. */
 xmesh_result_t xmesh_plan_destroy(xmesh_plan_t plan);
 
-/* Summary of a plan, the same on every rank. */
+/* Summary of a plan, the same on every rank. Plans of many tensors: sums
+ * over the tensors, and the bound and prediction of the whole plan. */
 typedef struct {
-    int unit_tasks;      /* tasks of the plan: pieces when plan creation split them (XMESH_SPLIT) */
-    int64_t bytes_total; /* bytes of the tensor (in the source dtype) */
+    int unit_tasks;      /* tasks of the plan: pieces when plan creation split them (XMESH_SPLIT);
+                            a packed task counts as the unit tasks it carries */
+    int64_t bytes_total; /* bytes of the tensors (in the source dtypes) */
     int64_t bytes_cross_host; /* bytes that must cross host NICs, summed over receiver hosts,
                                  in the dtype on the wire (converting plans: the narrower one;
                                  the destination's for partial sums) */
@@ -256,6 +290,8 @@ typedef struct {
     xmesh_strategy_t strategy;
     xmesh_scheduler_t scheduler;
     int64_t chunk_bytes;
+    int tensors;         /* tensors of the plan (1 for xmesh_plan_create) */
+    int scheduled_tasks; /* tasks the scheduler ordered: a packed task counts once */
 } xmesh_plan_info_t;
 xmesh_result_t xmesh_plan_get_info(xmesh_plan_t plan, xmesh_plan_info_t *info);
 

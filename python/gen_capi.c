@@ -111,6 +111,8 @@ int main(int argc, char **argv)
     FIELD(f, xmesh_plan_info_t, strategy);
     FIELD(f, xmesh_plan_info_t, scheduler);
     FIELD(f, xmesh_plan_info_t, chunk_bytes);
+    FIELD(f, xmesh_plan_info_t, tensors);
+    FIELD(f, xmesh_plan_info_t, scheduled_tasks);
     fprintf(f, "    },\n}\n");
     if (fclose(f)) {
         perror(argv[1]);

@@ -25,7 +25,7 @@ static int pieces_of(const xm_prep_t *p, int t, int *dim)
     if (k->bytes / chunk < want)
         want = (int)(k->bytes / chunk);
     int d = -1;
-    for (int i = 0; i < p->ts->ndim; i++)
+    for (int i = 0; i < xm_task_ndim(p->ts, k); i++)
         if (d < 0 || k->box.hi[i] - k->box.lo[i] > k->box.hi[d] - k->box.lo[d])
             d = i;
     if (d < 0)
@@ -102,6 +102,21 @@ xmesh_result_t xm_taskset_split(const xm_taskset_t *in, const xm_cluster_t *c, i
     o.ndim = in->ndim;
     memcpy(o.shape, in->shape, sizeof o.shape);
     o.elem_size = in->elem_size;
+    /* a union's tensors and packed pieces travel along (pieces of a packed
+     * task are cut by their 1-D range, so they stay valid) */
+    if (in->ntensors) {
+        o.tmeta = malloc(sizeof *o.tmeta * in->ntensors);
+        o.pieces = malloc(sizeof *o.pieces * (in->npieces + 1));
+        if (!o.tmeta || !o.pieces) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "xm_taskset_split: out of memory");
+            goto out_free;
+        }
+        memcpy(o.tmeta, in->tmeta, sizeof *o.tmeta * in->ntensors);
+        if (in->npieces)
+            memcpy(o.pieces, in->pieces, sizeof *o.pieces * in->npieces);
+        o.ntensors = in->ntensors;
+        o.npieces = in->npieces;
+    }
     o.bytes_total = in->bytes_total;
     o.bytes_cross_host = in->bytes_cross_host;
     int m = 0, hoff = 0, roff = 0;
@@ -116,7 +131,8 @@ xmesh_result_t xm_taskset_split(const xm_taskset_t *in, const xm_cluster_t *c, i
                 xm_split(tk->box.hi[d] - tk->box.lo[d], k[t], i, &lo, &hi);
                 q->box.lo[d] = tk->box.lo[d] + lo;
                 q->box.hi[d] = tk->box.lo[d] + hi;
-                q->bytes = xm_box_volume(&q->box, in->ndim) * (int64_t)in->elem_size;
+                q->bytes =
+                    xm_box_volume(&q->box, xm_task_ndim(in, tk)) * (int64_t)xm_task_es(in, tk);
             }
             q->holder_off = hoff;
             memcpy(o.holders + hoff, in->holders + tk->holder_off, sizeof(int) * nhold);

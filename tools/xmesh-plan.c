@@ -44,59 +44,73 @@ typedef struct {
     double budget_ms;
     uint64_t seed;
     const char *trace;
+    const char *many; /* --many FILE */
 } opts_t;
 
 #define NCASES XM_TABLE2_NCASES
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: xmesh-plan --shape N,N,... --src-mesh AxB --src-spec SPEC --dst-mesh AxB\n"
-            "                  --dst-spec SPEC [options]\n"
-            "       xmesh-plan --case N [options]     (paper Table 2 case N, 1..%d)\n"
-            "       xmesh-plan --all-cases [options]  (one summary line per Table 2 case)\n"
-            "\n"
-            "Plans a cross-mesh resharding without MPI: unit tasks, sender choice, order,\n"
-            "routes, a lower bound and the simulated completion time on a modelled cluster.\n"
-            "Mesh axis 0 enumerates hosts (2x4 = 2 hosts of 4 devices); source and\n"
-            "destination meshes sit on different hosts unless --overlap.\n"
-            "\n"
-            "problem:\n"
-            "  --shape N,N,...        global tensor shape (up to %d dims)\n"
-            "  --dtype T              u8 i8 i32 i64 f16 bf16 f32 f64 (default i32)\n"
-            "  --src-mesh AxBx..      source mesh shape (up to %d dims)\n"
-            "  --src-spec SPEC        GSPMD (S0RR, RS01R, S1,R,R) or SBP (S(0),B,P)\n"
-            "  --dst-mesh, --dst-spec destination mesh and sharding\n"
-            "  --overlap              both meshes on the same devices (ids 0..)\n"
-            "  --suggest-order        also propose the destination device order that\n"
-            "                         minimises the lower bound (placement advice)\n"
-            "  --split                cut the unit tasks of small instances into pieces so\n"
-            "                         several sender hosts / NICs share a task\n"
-            "scheduling:\n"
-            "  --scheduler NAME       naive | lb | dfs | greedy | ensemble | all (default\n"
-            "                         $XMESH_SCHEDULER or ensemble)\n"
-            "  --strategy NAME        broadcast | sendrecv | sendrecv-allgather |\n"
-            "                         global-allgather (default broadcast); the all-gather\n"
-            "                         strategies take their senders and order from the\n"
-            "                         send/receive plan and are priced by their own model\n"
-            "                         (lower bound: the broadcast model's, that of any plan)\n"
-            "  --budget-ms MS         search time budget (default $XMESH_BUDGET_US/1000 = 20)\n"
-            "  --max-evals N          deterministic budget in evaluation steps instead of time\n"
-            "  --seed N               random seed (default $XMESH_SEED or 1)\n"
-            "cluster model (flags override a cluster file, which overrides XMESH_*):\n"
-            "  --cluster FILE         cluster file, e.g. from xmesh-calibrate -o FILE\n"
-            "                         (default $XMESH_CLUSTER_FILE)\n"
-            "  --nic-gbps G           NIC bandwidth per direction, Gbit/s (default 10)\n"
-            "  --nics-per-host N      NICs per host (default 1)\n"
-            "  --intra-gbps G         intra-host device bandwidth, Gbit/s (default 800)\n"
-            "  --latency-us US        per-message latency (default 5)\n"
-            "  --chunk-bytes B        pipelining chunk (default XMESH_CHUNK_BYTES; auto: 65408)\n"
-            "output:\n"
-            "  --json                 one JSON object (tasks, totals, per-scheduler results)\n"
-            "  --max-tasks N          list at most N tasks (default 16 as text, all in JSON)\n"
-            "  --trace FILE           Chrome trace-event JSON of the simulated plan (Perfetto)\n"
-            "  --help\n",
-            NCASES, XM_MAX_DIMS, XM_MAX_MESH_DIMS);
+    fprintf(
+        f,
+        "usage: xmesh-plan --shape N,N,... --src-mesh AxB --src-spec SPEC --dst-mesh AxB\n"
+        "                  --dst-spec SPEC [options]\n"
+        "       xmesh-plan --case N [options]     (paper Table 2 case N, 1..%d)\n"
+        "       xmesh-plan --all-cases [options]  (one summary line per Table 2 case)\n"
+        "       xmesh-plan --many FILE [options]  (one plan of many tensors)\n"
+        "\n"
+        "Plans a cross-mesh resharding without MPI: unit tasks, sender choice, order,\n"
+        "routes, a lower bound and the simulated completion time on a modelled cluster.\n"
+        "Mesh axis 0 enumerates hosts (2x4 = 2 hosts of 4 devices); source and\n"
+        "destination meshes sit on different hosts unless --overlap.\n"
+        "\n"
+        "problem:\n"
+        "  --shape N,N,...        global tensor shape (up to %d dims)\n"
+        "  --dtype T              u8 i8 i32 i64 f16 bf16 f32 f64 (default i32)\n"
+        "  --src-mesh AxBx..      source mesh shape (up to %d dims)\n"
+        "  --src-spec SPEC        GSPMD (S0RR, RS01R, S1,R,R) or SBP (S(0),B,P)\n"
+        "  --dst-mesh, --dst-spec destination mesh and sharding\n"
+        "  --overlap              both meshes on the same devices (ids 0..)\n"
+        "  --suggest-order        also propose the destination device order that\n"
+        "                         minimises the lower bound (placement advice)\n"
+        "  --many FILE            a plan of many tensors, one layout pair per line:\n"
+        "                           SHAPE DTYPE SRC-MESH SRC-SPEC DST-MESH DST-SPEC [DST-DTYPE]\n"
+        "                         e.g. '768,2304 bf16 2x4 S(0),B 2x4 B,S(1)'; SHAPE '-' is a\n"
+        "                         scalar; '#' starts a comment. Every mesh lies on the\n"
+        "                         devices of the first line's meshes in row-major order\n"
+        "                         (a 4x2 mesh after a 2x4 one: the same 8 devices), so\n"
+        "                         later meshes have at most as many devices. Prints the\n"
+        "                         plan of the whole (unit and packed tasks, bytes, lower\n"
+        "                         bound, prediction; --json) and, for comparison, the\n"
+        "                         model time of one plan per tensor one after another\n"
+        "                         (docs/MANY.md)\n"
+        "  --split                cut the unit tasks of small instances into pieces so\n"
+        "                         several sender hosts / NICs share a task\n"
+        "scheduling:\n"
+        "  --scheduler NAME       naive | lb | dfs | greedy | ensemble | all (default\n"
+        "                         $XMESH_SCHEDULER or ensemble)\n"
+        "  --strategy NAME        broadcast | sendrecv | sendrecv-allgather |\n"
+        "                         global-allgather (default broadcast); the all-gather\n"
+        "                         strategies take their senders and order from the\n"
+        "                         send/receive plan and are priced by their own model\n"
+        "                         (lower bound: the broadcast model's, that of any plan)\n"
+        "  --budget-ms MS         search time budget (default $XMESH_BUDGET_US/1000 = 20)\n"
+        "  --max-evals N          deterministic budget in evaluation steps instead of time\n"
+        "  --seed N               random seed (default $XMESH_SEED or 1)\n"
+        "cluster model (flags override a cluster file, which overrides XMESH_*):\n"
+        "  --cluster FILE         cluster file, e.g. from xmesh-calibrate -o FILE\n"
+        "                         (default $XMESH_CLUSTER_FILE)\n"
+        "  --nic-gbps G           NIC bandwidth per direction, Gbit/s (default 10)\n"
+        "  --nics-per-host N      NICs per host (default 1)\n"
+        "  --intra-gbps G         intra-host device bandwidth, Gbit/s (default 800)\n"
+        "  --latency-us US        per-message latency (default 5)\n"
+        "  --chunk-bytes B        pipelining chunk (default XMESH_CHUNK_BYTES; auto: 65408)\n"
+        "output:\n"
+        "  --json                 one JSON object (tasks, totals, per-scheduler results)\n"
+        "  --max-tasks N          list at most N tasks (default 16 as text, all in JSON)\n"
+        "  --trace FILE           Chrome trace-event JSON of the simulated plan (Perfetto)\n"
+        "  --help\n",
+        NCASES, XM_MAX_DIMS, XM_MAX_MESH_DIMS);
 }
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -280,7 +294,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
         if (i + 1 >= argc)
             return bad("option %s needs a value", a);
         const char *val = argv[++i];
-        if (!strcmp(a, "--shape")) {
+        if (!strcmp(a, "--many")) {
+            o->many = val;
+        } else if (!strcmp(a, "--shape")) {
             if ((rc = parse_shape(val, &o->pb.ndim, o->pb.shape)))
                 return rc;
             o->have_shape = 1;
@@ -388,7 +404,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
             o->pb.src_spec = pb.src_spec;
         if (o->have_dst_spec)
             o->pb.dst_spec = pb.dst_spec;
-    } else if (!o->all_cases) {
+    } else if (!o->all_cases && !o->many) {
         if (!o->have_shape)
             return bad("missing --shape (or --case N / --all-cases)");
         if (!o->have_src_mesh || !o->have_dst_mesh)
@@ -937,12 +953,279 @@ static int all_cases(const opts_t *o)
     return 0;
 }
 
+/* ------------------------------------------------------------ --many */
+
+typedef struct {
+    int n, cap;
+    xm_layout_t *src, *dst;
+    xmesh_dtype_t *sdt, *ddt;
+    int *line; /* line number in the file */
+} many_t;
+
+static void many_free(many_t *m)
+{
+    free(m->src);
+    free(m->dst);
+    free(m->sdt);
+    free(m->ddt);
+    free(m->line);
+    memset(m, 0, sizeof *m);
+}
+
+/* One line "SHAPE DTYPE SRC-MESH SRC-SPEC DST-MESH DST-SPEC [DST-DTYPE]"
+ * into tensor m->n (meshes' devices set later). 0 or 2 (message printed). */
+static int many_line(const char *file, int ln, char *text, many_t *m)
+{
+    char *tok[8], *save = NULL;
+    int nt = 0;
+    for (char *t = strtok_r(text, " \t\r\n", &save); t && nt < 8;
+         t = strtok_r(NULL, " \t\r\n", &save))
+        tok[nt++] = t;
+    if (nt != 6 && nt != 7)
+        return bad("--many %s line %d: %d fields, expected SHAPE DTYPE SRC-MESH SRC-SPEC DST-MESH "
+                   "DST-SPEC [DST-DTYPE]",
+                   file, ln, nt);
+    if (m->n == m->cap) {
+        int c = m->cap ? 2 * m->cap : 64;
+        xm_layout_t *s = realloc(m->src, sizeof *s * c),
+                    *d = s ? realloc(m->dst, sizeof *d * c) : 0;
+        if (s)
+            m->src = s;
+        if (d)
+            m->dst = d;
+        xmesh_dtype_t *a = realloc(m->sdt, sizeof *a * c);
+        if (a)
+            m->sdt = a;
+        xmesh_dtype_t *b = realloc(m->ddt, sizeof *b * c);
+        if (b)
+            m->ddt = b;
+        int *l = realloc(m->line, sizeof *l * c);
+        if (l)
+            m->line = l;
+        if (!s || !d || !a || !b || !l) {
+            fprintf(stderr, "xmesh-plan: out of memory\n");
+            return 1;
+        }
+        m->cap = c;
+    }
+    int k = m->n, rc, nd = 0;
+    int64_t shape[XM_MAX_DIMS];
+    if (strcmp(tok[0], "-") && (rc = parse_shape(tok[0], &nd, shape)))
+        return bad("--many %s line %d: shape '%s'", file, ln, tok[0]);
+    if (xmesh_dtype_parse(tok[1], &m->sdt[k]))
+        return bad("--many %s line %d: dtype '%s': %s", file, ln, tok[1], xmesh_last_error());
+    m->ddt[k] = m->sdt[k];
+    if (nt == 7 && xmesh_dtype_parse(tok[6], &m->ddt[k]))
+        return bad("--many %s line %d: dtype '%s': %s", file, ln, tok[6], xmesh_last_error());
+    if (!xm_dtype_pair_ok(m->sdt[k], m->ddt[k]))
+        return bad("--many %s line %d: no conversion from %s to %s (f16, bf16, f32 only)", file, ln,
+                   tok[1], tok[6]);
+    for (int s = 0; s < 2; s++) {
+        xm_layout_t *l = s ? &m->dst[k] : &m->src[k];
+        memset(l, 0, sizeof *l);
+        l->ndim = nd;
+        memcpy(l->shape, shape, sizeof(int64_t) * nd);
+        l->elem_size = xmesh_dtype_size(s ? m->ddt[k] : m->sdt[k]);
+        const char *mesh = tok[s ? 4 : 2], *spec = tok[s ? 5 : 3];
+        if ((rc = parse_mesh(s ? "--many dst mesh" : "--many src mesh", mesh, &l->mesh.ndim,
+                             l->mesh.shape)))
+            return bad("--many %s line %d: mesh '%s'", file, ln, mesh);
+        l->mesh.ndev = 1;
+        for (int a = 0; a < l->mesh.ndim; a++)
+            l->mesh.ndev *= l->mesh.shape[a];
+        if (xm_spec_parse(spec, nd, l->mesh.ndim, &l->spec))
+            return bad("--many %s line %d: spec '%s': %s", file, ln, spec, xmesh_last_error());
+    }
+    m->line[k] = ln;
+    m->n++;
+    return 0;
+}
+
+static int many_read(const char *file, many_t *m)
+{
+    memset(m, 0, sizeof *m);
+    FILE *f = strcmp(file, "-") ? fopen(file, "r") : stdin;
+    if (!f)
+        return bad("--many: cannot open '%s': %s", file, strerror(errno));
+    char buf[1024];
+    int ln = 0, rc = 0;
+    while (!rc && fgets(buf, sizeof buf, f)) {
+        ln++;
+        char *h = strchr(buf, '#');
+        if (h)
+            *h = 0;
+        char *p = buf;
+        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+            p++;
+        if (*p)
+            rc = many_line(file, ln, p, m);
+    }
+    if (f != stdin)
+        fclose(f);
+    if (!rc && m->n == 0)
+        rc = bad("--many %s: no layout pairs", file);
+    return rc;
+}
+
+static void many_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++)
+        fprintf(f, *s == '"' || *s == '\\' ? "\\%c" : "%c", *s);
+    fputc('"', f);
+}
+
+/* The plan of the whole, as plan creation makes it (lib/core/api.c): the
+ * union decomposition with packing, one schedule (task splitting as
+ * XMESH_SPLIT), its lower bound and simulated makespan; and the model time
+ * of one plan per tensor, one after another. */
+static int many_run(const opts_t *o)
+{
+    many_t m;
+    int rc = many_read(o->many, &m);
+    if (rc) {
+        many_free(&m);
+        return rc;
+    }
+    xm_hostmap_t hm;
+    int *sdevs = NULL, *ddevs = NULL, *key = NULL;
+    xm_taskset_t ts;
+    xm_cluster_t cl;
+    xm_schedule_t sc;
+    memset(&ts, 0, sizeof ts);
+    memset(&cl, 0, sizeof cl);
+    memset(&sc, 0, sizeof sc);
+    if (xm_hostmap_default(m.src[0].mesh.shape, m.src[0].mesh.ndim, m.dst[0].mesh.shape,
+                           m.dst[0].mesh.ndim, o->overlap, &hm, &sdevs, &ddevs)) {
+        fprintf(stderr, "xmesh-plan: %s\n", xmesh_last_error());
+        many_free(&m);
+        return 1;
+    }
+    for (int k = 0; k < m.n && !rc; k++) {
+        if (m.src[k].mesh.ndev > m.src[0].mesh.ndev || m.dst[k].mesh.ndev > m.dst[0].mesh.ndev)
+            rc = bad("--many %s line %d: a mesh has more devices than the first line's", o->many,
+                     m.line[k]);
+        m.src[k].mesh.devs = sdevs;
+        m.dst[k].mesh.devs = ddevs;
+    }
+    key = malloc(sizeof(int) * m.n);
+    if (!rc && !key) {
+        fprintf(stderr, "xmesh-plan: out of memory\n");
+        rc = 1;
+    }
+    for (int k = 0; !rc && k < m.n; k++)
+        key[k] = (int)m.sdt[k] * XMESH_DTYPE_COUNT_ + (int)m.ddt[k];
+    if (!rc && xm_cluster_init(&cl, &hm)) {
+        fprintf(stderr, "xmesh-plan: %s\n", xmesh_last_error());
+        rc = 1;
+    }
+    cl.nics_per_host = o->nics_per_host;
+    cl.nic_send_Bps = o->nic_gbps * 1e9 / 8;
+    cl.nic_recv_Bps = o->nic_recv_gbps * 1e9 / 8;
+    cl.intra_Bps = o->intra_gbps * 1e9 / 8;
+    cl.latency_s = o->latency_us * 1e-6;
+    cl.chunk_bytes = o->chunk_bytes;
+    int64_t pack_limit = xm_param_i64("XMESH_PACK_BYTES");
+    int64_t pack_max = pack_limit > 0 && o->strategy != XMESH_STRATEGY_SENDRECV_ALLGATHER &&
+                               o->strategy != XMESH_STRATEGY_GLOBAL_ALLGATHER
+                           ? o->chunk_bytes
+                           : 0;
+    xm_sched_opts_t so =
+        sched_opts(o, o->scheduler == ALL_SCHEDULERS ? XMESH_SCHEDULER_ENSEMBLE
+                                                     : (xmesh_scheduler_t)o->scheduler);
+    int split = o->split || xm_param_i64("XMESH_SPLIT") != 0, used = 0, units = 0, packed = 0;
+    double t0 = now_ms(CLOCK_MONOTONIC), t1 = t0, t2 = t0;
+    if (!rc) {
+        xmesh_result_t r =
+            xm_decompose_many(m.n, m.src, m.dst, key, &hm, pack_max, pack_limit, &ts);
+        t1 = now_ms(CLOCK_MONOTONIC);
+        if (r)
+            rc = r == XMESH_ERR_INVALID_ARGUMENT ? bad("%s", xmesh_last_error()) : 1;
+        else if ((r = xm_schedule_plan(&ts, &cl, &so, split, &sc, &used)))
+            rc = 1;
+        t2 = now_ms(CLOCK_MONOTONIC);
+        if (r && rc == 1)
+            fprintf(stderr, "xmesh-plan: planning failed: %s\n", xmesh_last_error());
+    }
+    /* one plan per tensor, one after another (the same model) */
+    double serial = 0;
+    int serial_ok = 1;
+    for (int k = 0; !rc && k < m.n; k++) {
+        xm_taskset_t one;
+        xm_schedule_t s1;
+        if (xm_decompose_many(1, &m.src[k], &m.dst[k], NULL, &hm, 0, 0, &one)) {
+            serial_ok = 0;
+            break;
+        }
+        if (one.ntasks == 0) {
+            xm_taskset_free(&one);
+            continue;
+        }
+        if (xm_schedule_plan(&one, &cl, &so, split, &s1, NULL)) {
+            xm_taskset_free(&one);
+            serial_ok = 0;
+            break;
+        }
+        serial += s1.makespan_s;
+        xm_schedule_free(&s1);
+        xm_taskset_free(&one);
+    }
+    if (!rc) {
+        for (int t = 0; t < ts.ntasks; t++) {
+            units += ts.tasks[t].npack ? ts.tasks[t].npack : 1;
+            packed += ts.tasks[t].npack > 0;
+        }
+        double lb = sc.lower_bound_s, pr = sc.makespan_s;
+        if (o->json) {
+            printf("{\"many\": ");
+            many_json_str(stdout, o->many);
+            printf(", \"tensors\": %d, \"unit_tasks\": %d, \"scheduled_tasks\": %d, "
+                   "\"packed_tasks\": %d, \"pieces\": %d, \"bytes_total\": %lld, "
+                   "\"bytes_cross_host\": %lld, \"lower_bound_s\": %.9g, \"predicted_s\": "
+                   "%.9g, \"ratio\": %.6g, \"per_tensor_serial_s\": %.9g, \"split\": %d, "
+                   "\"scheduler\": \"%s\", \"strategy\": \"%s\", \"chunk_bytes\": %lld, "
+                   "\"pack_bytes\": %lld, \"decompose_ms\": %.3f, \"plan_ms\": %.3f}\n",
+                   m.n, units, ts.ntasks, packed, ts.npieces, (long long)ts.bytes_total,
+                   (long long)ts.bytes_cross_host, lb, pr, lb > 0 ? pr / lb : 1.0,
+                   serial_ok ? serial : -1.0, used, xmesh_scheduler_name(so.kind),
+                   xmesh_strategy_name(o->strategy), (long long)o->chunk_bytes,
+                   (long long)pack_limit, t1 - t0, t2 - t0);
+        } else {
+            char b1[32], b2[32];
+            printf("plan of %d tensors from %s (%s, %s)\n", m.n, o->many,
+                   xmesh_scheduler_name(so.kind), xmesh_strategy_name(o->strategy));
+            printf("  unit tasks          %d (%d scheduled: %d packed tasks carry %d pieces)%s\n",
+                   units, ts.ntasks, packed, ts.npieces, used ? ", split" : "");
+            printf("  bytes               %s total, %s across host NICs\n",
+                   human_bytes((double)ts.bytes_total, b1, sizeof b1),
+                   human_bytes((double)ts.bytes_cross_host, b2, sizeof b2));
+            printf("  lower bound         %.6g s\n", lb);
+            printf("  predicted           %.6g s (%.3fx the bound)\n", pr, lb > 0 ? pr / lb : 1.0);
+            if (serial_ok)
+                printf("  per-tensor plans    %.6g s one after another (%.2fx the plan of many)\n",
+                       serial, pr > 0 ? serial / pr : 1.0);
+            printf("  planning            %.2f ms (decompose %.2f ms)\n", t2 - t0, t1 - t0);
+        }
+    }
+    xm_schedule_free(&sc);
+    xm_taskset_free(&ts);
+    xm_cluster_free(&cl);
+    xm_hostmap_free(&hm);
+    free(sdevs);
+    free(ddevs);
+    free(key);
+    many_free(&m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc;
+    if (o.many)
+        return many_run(&o);
     if (o.all_cases)
         return all_cases(&o);
     plan_t p;

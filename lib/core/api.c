@@ -246,51 +246,149 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Per-tensor arrays of a plan of n tensors (zeroed). */
+static xmesh_result_t plan_alloc_tensors(struct xmesh_plan *p, int n)
+{
+    p->ntensors = n;
+    p->srcs = calloc((size_t)n, sizeof *p->srcs);
+    p->dsts = calloc((size_t)n, sizeof *p->dsts);
+    p->dtypes = calloc((size_t)n, sizeof *p->dtypes);
+    p->dst_dtypes = calloc((size_t)n, sizeof *p->dst_dtypes);
+    p->src_meshes = calloc((size_t)n, sizeof *p->src_meshes);
+    p->dst_meshes = calloc((size_t)n, sizeof *p->dst_meshes);
+    p->src_indices = calloc((size_t)n, sizeof *p->src_indices);
+    p->dst_indices = calloc((size_t)n, sizeof *p->dst_indices);
+    if (!p->srcs || !p->dsts || !p->dtypes || !p->dst_dtypes || !p->src_meshes || !p->dst_meshes ||
+        !p->src_indices || !p->dst_indices)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan of %d tensors: out of memory", n);
+    return XMESH_SUCCESS;
+}
+
+/* Checks tensor i's pair of layouts and records it in the plan. */
+static xmesh_result_t plan_import_tensor(xmesh_ctx_t ctx, struct xmesh_plan *p, int i,
+                                         const xmesh_layout_t *src, const xmesh_layout_t *dst)
+{
+    xmesh_result_t r;
+    char msg[800];
+    if ((r = layout_import(src, "source", &p->srcs[i])) ||
+        (r = layout_import(dst, "destination", &p->dsts[i])))
+        goto out_named;
+    if (src->mesh->ctx != ctx || dst->mesh->ctx != ctx) {
+        r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s mesh belongs to another context",
+                   src->mesh->ctx != ctx ? "source" : "destination");
+        goto out_named;
+    }
+    if (!xm_dtype_pair_ok(src->dtype, dst->dtype)) {
+        r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                   "source dtype %s != destination dtype %s: plans convert only between f16, "
+                   "bf16 and f32 (docs/DTYPES.md)",
+                   xmesh_dtype_name(src->dtype), xmesh_dtype_name(dst->dtype));
+        goto out_named;
+    }
+    p->dtypes[i] = src->dtype;
+    p->dst_dtypes[i] = dst->dtype;
+    p->src_meshes[i] = src->mesh;
+    p->dst_meshes[i] = dst->mesh;
+    p->src_indices[i] = xm_mesh_find(&p->srcs[i].mesh, ctx->rank);
+    p->dst_indices[i] = xm_mesh_find(&p->dsts[i].mesh, ctx->rank);
+    return XMESH_SUCCESS;
+out_named:
+    if (p->ntensors == 1)
+        return r; /* a one-tensor plan keeps its messages as they were */
+    snprintf(msg, sizeof msg, "%s", xmesh_last_error());
+    return XM_ERR(r, "tensor %d: %s", i, msg);
+}
+
+/* Hash of tensor i's inputs (what agreement compares). */
+static uint64_t hash_tensor(const struct xmesh_plan *p, int i)
+{
+    uint64_t h = XM_HASH_INIT;
+    h = hash_layout(h, &p->srcs[i]);
+    h = hash_layout(h, &p->dsts[i]);
+    h = xm_hash64(h, &p->dtypes[i], sizeof p->dtypes[i]);
+    h = xm_hash64(h, &p->dst_dtypes[i], sizeof p->dst_dtypes[i]);
+    return h;
+}
+
 /* Local half of plan creation: everything a rank can check and compute on
- * its own. On error p is left for plan_free_local. */
-static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *src,
+ * its own. On error p is left for plan_free_local. *hash covers n, every
+ * tensor, the parameters and the cluster model (so agreement compares all
+ * of it); on a local error it is 0. */
+static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, int n, const xmesh_layout_t *src,
                                        const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
                                        struct xmesh_plan *p, uint64_t *hash)
 {
     xmesh_result_t r;
     resolved_params_t rp;
-    if ((r = layout_import(src, "source", &p->src)) ||
-        (r = layout_import(dst, "destination", &p->dst)))
+    if (n <= 0)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: n = %d tensors, must be >= 1",
+                      "xmesh_plan_create_many", n);
+    if (!src || !dst)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout%s is NULL",
+                      !src ? "source" : "destination", n > 1 ? " array" : "");
+    if ((r = plan_alloc_tensors(p, n)))
         return r;
-    if (src->mesh->ctx != ctx || dst->mesh->ctx != ctx)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s mesh belongs to another context",
-                      src->mesh->ctx != ctx ? "source" : "destination");
-    if (!xm_dtype_pair_ok(src->dtype, dst->dtype))
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                      "source dtype %s != destination dtype %s: plans convert only between f16, "
-                      "bf16 and f32 (docs/DTYPES.md)",
-                      xmesh_dtype_name(src->dtype), xmesh_dtype_name(dst->dtype));
+    for (int i = 0; i < n; i++)
+        if ((r = plan_import_tensor(ctx, p, i, &src[i], &dst[i])))
+            return r;
     if ((r = resolve_params(params, ctx->timeout_s, !strcmp(ctx->ops->name, "mpi"), &rp)))
         return r;
-    p->dtype = src->dtype;
-    p->dst_dtype = dst->dtype;
+    p->src = p->srcs[0];
+    p->dst = p->dsts[0];
+    p->dtype = p->dtypes[0];
+    p->dst_dtype = p->dst_dtypes[0];
+    p->src_index = p->src_indices[0];
+    p->dst_index = p->dst_indices[0];
     p->strategy = rp.strategy;
     p->scheduler = rp.scheduler;
     p->chunk_bytes = rp.chunk_bytes;
     p->budget_us = rp.budget_us;
     p->seed = (uint64_t)rp.seed;
     p->timeout_s = rp.timeout_s;
-    p->src_index = xm_mesh_find(&p->src.mesh, ctx->rank);
-    p->dst_index = xm_mesh_find(&p->dst.mesh, ctx->rank);
 
     uint64_t h = XM_HASH_INIT;
-    h = hash_layout(h, &p->src);
-    h = hash_layout(h, &p->dst);
-    h = xm_hash64(h, &p->dtype, sizeof p->dtype);
-    h = xm_hash64(h, &p->dst_dtype, sizeof p->dst_dtype);
+    if (n > 1) /* a one-tensor plan hashes as it always did */
+        h = xm_hash64(h, &n, sizeof n);
+    for (int i = 0; i < n; i++) {
+        h = hash_layout(h, &p->srcs[i]);
+        h = hash_layout(h, &p->dsts[i]);
+        if (n > 1) {
+            h = xm_hash64(h, &p->dtypes[i], sizeof p->dtypes[i]);
+            h = xm_hash64(h, &p->dst_dtypes[i], sizeof p->dst_dtypes[i]);
+        }
+    }
+    if (n == 1) {
+        h = xm_hash64(h, &p->dtype, sizeof p->dtype);
+        h = xm_hash64(h, &p->dst_dtype, sizeof p->dst_dtype);
+    }
     h = xm_hash64(h, &rp.strategy, sizeof rp.strategy);
     h = xm_hash64(h, &rp.scheduler, sizeof rp.scheduler);
     h = xm_hash64(h, &rp.chunk_bytes, sizeof rp.chunk_bytes);
     h = xm_hash64(h, &rp.seed, sizeof rp.seed);
 
     double t0 = now_s();
-    if ((r = xm_decompose(&p->src, &p->dst, &ctx->hosts, &p->ts)))
+    /* Packing (small unit tasks with the same holders and receivers share
+     * chunks) needs an executor that runs packed steps: the MPI one. The
+     * all-gather baselines keep one task per box. Tensors pack with tensors
+     * of the same dtype pair, so a packed step has one set of ops. */
+    int64_t pack_max = ctx->ops->many_tensors && p->strategy != XMESH_STRATEGY_SENDRECV_ALLGATHER &&
+                               p->strategy != XMESH_STRATEGY_GLOBAL_ALLGATHER
+                           ? p->chunk_bytes
+                           : 0;
+    int64_t pack_limit = xm_param_i64("XMESH_PACK_BYTES");
+    if (pack_limit <= 0)
+        pack_max = 0; /* XMESH_PACK_BYTES=0: no packing */
+    int *key = malloc(sizeof(int) * n);
+    if (!key)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan of %d tensors: out of memory", n);
+    for (int i = 0; i < n; i++)
+        key[i] = (int)p->dtypes[i] * XMESH_DTYPE_COUNT_ + (int)p->dst_dtypes[i];
+    r = xm_decompose_many(n, p->srcs, p->dsts, key, &ctx->hosts, pack_max, pack_limit, &p->ts);
+    free(key);
+    if (r)
         return r;
+    h = xm_hash64(h, &pack_max, sizeof pack_max);
+    h = xm_hash64(h, &pack_limit, sizeof pack_limit);
     double t1 = now_s();
     if ((r = xm_cluster_from_env(&p->cluster, &ctx->hosts, p->chunk_bytes)))
         return r;
@@ -328,9 +426,9 @@ static xmesh_result_t plan_build_local(xmesh_ctx_t ctx, const xmesh_layout_t *sr
      * so every rank ends with the same task set. */
     int ntasks = p->ts.ntasks, split_used = 0;
     r = xm_schedule_plan(&p->ts, &p->cluster, &so, (int)split, &p->sched, &split_used);
-    XM_INFO("plan create: rank %d: decompose %.2f ms (%d tasks), cluster model %.2f ms, "
-            "schedule %.2f ms%s (%d tasks)",
-            ctx->rank, (t1 - t0) * 1e3, ntasks, (t2 - t1) * 1e3, (now_s() - t2) * 1e3,
+    XM_INFO("plan create: rank %d: %d tensor(s), decompose %.2f ms (%d tasks), cluster model "
+            "%.2f ms, schedule %.2f ms%s (%d tasks)",
+            ctx->rank, n, (t1 - t0) * 1e3, ntasks, (t2 - t1) * 1e3, (now_s() - t2) * 1e3,
             split_used ? ", split" : "", p->ts.ntasks);
     return r;
 }
@@ -340,12 +438,58 @@ static void plan_free_local(struct xmesh_plan *p)
     xm_schedule_free(&p->sched);
     xm_cluster_free(&p->cluster);
     xm_taskset_free(&p->ts);
+    free(p->srcs);
+    free(p->dsts);
+    free(p->dtypes);
+    free(p->dst_dtypes);
+    free(p->src_meshes);
+    free(p->dst_meshes);
+    free(p->src_indices);
+    free(p->dst_indices);
     free(p);
 }
 
-xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
-                                 const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
-                                 xmesh_plan_t *out)
+/* After agreement found different inputs: which ones, through the same
+ * agreement collective (every rank gets MISMATCH from it together, so all
+ * take these steps). First n, then a binary search for the first tensor
+ * whose inputs differ (prefix hashes): O(log n) rounds, only on this error
+ * path. Returns the MISMATCH to report. */
+static xmesh_result_t mismatch_explain(xmesh_ctx_t ctx, const struct xmesh_plan *p, int n)
+{
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s", xmesh_last_error());
+    uint64_t hn = xm_hash64(XM_HASH_INIT, &n, sizeof n);
+    if (ctx->ops->agree(ctx, XMESH_SUCCESS, hn))
+        return XM_ERR(XMESH_ERR_MISMATCH,
+                      "ranks passed different numbers of tensors (this rank: n = %d); nothing "
+                      "was created",
+                      n);
+    if (n == 1 || !p->srcs)
+        return XM_ERR(XMESH_ERR_MISMATCH, "%s", saved);
+    int lo = 0, hi = n; /* the first differing tensor is in [lo, hi); hi == n: none found */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        uint64_t h = XM_HASH_INIT;
+        for (int i = 0; i <= mid; i++) {
+            uint64_t ti = hash_tensor(p, i);
+            h = xm_hash64(h, &ti, sizeof ti);
+        }
+        if (ctx->ops->agree(ctx, XMESH_SUCCESS, h))
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    if (lo < n)
+        return XM_ERR(XMESH_ERR_MISMATCH,
+                      "tensor %d: ranks passed different layouts (shape, dtype, meshes or "
+                      "sharding); nothing was created",
+                      lo);
+    return XM_ERR(XMESH_ERR_MISMATCH, "%s", saved);
+}
+
+xmesh_result_t xmesh_plan_create_many(xmesh_ctx_t ctx, int n, const xmesh_layout_t *src,
+                                      const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
+                                      xmesh_plan_t *out)
 {
     CHECK_NULL(ctx, "ctx");
     CHECK_NULL(out, "out");
@@ -355,7 +499,7 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
     p->ctx = ctx;
     uint64_t hash = 0;
     double t0 = now_s();
-    xmesh_result_t local = plan_build_local(ctx, src, dst, params, p, &hash);
+    xmesh_result_t local = plan_build_local(ctx, n, src, dst, params, p, &hash);
     double t1 = now_s();
     char saved[512] = "";
     if (local)
@@ -368,8 +512,17 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
         plan_free_local(p);
         return XM_ERR(local, "%s", saved);
     }
+    if (r == XMESH_ERR_MISMATCH)
+        r = mismatch_explain(ctx, p, n);
     if (r)
         goto out_free_plan;
+    if (n > 1 && !ctx->ops->many_tensors) {
+        r = XM_ERR(XMESH_ERR_UNSUPPORTED,
+                   "the %s backend moves one tensor per plan; a plan of %d tensors needs the MPI "
+                   "backend (or one plan per tensor)",
+                   ctx->ops->name, n);
+        goto out_free_plan;
+    }
     if ((r = ctx->ops->plan_setup(p))) {
         ctx->ops->plan_teardown(p);
         goto out_free_plan;
@@ -378,16 +531,26 @@ xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
             "total %.2f ms",
             ctx->rank, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (now_s() - t2) * 1e3,
             (now_s() - t0) * 1e3);
-    p->src_mesh = src->mesh;
-    p->dst_mesh = dst->mesh;
-    p->src_mesh->nplans++;
-    p->dst_mesh->nplans++;
+    p->src_mesh = p->src_meshes[0];
+    p->dst_mesh = p->dst_meshes[0];
+    for (int i = 0; i < n; i++) {
+        p->src_meshes[i]->nplans++;
+        p->dst_meshes[i]->nplans++;
+    }
     ctx->nplans++;
     *out = p;
     return XMESH_SUCCESS;
 out_free_plan:
     plan_free_local(p);
     return r;
+}
+
+xmesh_result_t xmesh_plan_create(xmesh_ctx_t ctx, const xmesh_layout_t *src,
+                                 const xmesh_layout_t *dst, const xmesh_plan_params_t *params,
+                                 xmesh_plan_t *out)
+{
+    /* A plan of one: the same path, the same checks and messages. */
+    return xmesh_plan_create_many(ctx, 1, src, dst, params, out);
 }
 
 xmesh_result_t xmesh_plan_destroy(xmesh_plan_t p)
@@ -399,8 +562,10 @@ xmesh_result_t xmesh_plan_destroy(xmesh_plan_t p)
                       "plan has %d reshard(s) in flight: wait for them before destroying it",
                       p->inflight);
     p->ctx->ops->plan_teardown(p);
-    p->src_mesh->nplans--;
-    p->dst_mesh->nplans--;
+    for (int i = 0; i < p->ntensors; i++) {
+        p->src_meshes[i]->nplans--;
+        p->dst_meshes[i]->nplans--;
+    }
     p->ctx->nplans--;
     plan_free_local(p);
     return XMESH_SUCCESS;
@@ -410,7 +575,10 @@ xmesh_result_t xmesh_plan_get_info(xmesh_plan_t p, xmesh_plan_info_t *info)
 {
     CHECK_NULL(p, "plan");
     CHECK_NULL(info, "info");
-    info->unit_tasks = p->ts.ntasks;
+    int64_t units = 0;
+    for (int t = 0; t < p->ts.ntasks; t++)
+        units += p->ts.tasks[t].npack ? p->ts.tasks[t].npack : 1;
+    info->unit_tasks = units > INT32_MAX ? INT32_MAX : (int)units;
     info->bytes_total = p->ts.bytes_total;
     info->bytes_cross_host = p->ts.bytes_cross_host;
     info->lower_bound_s = p->sched.lower_bound_s;
@@ -425,25 +593,121 @@ xmesh_result_t xmesh_plan_get_info(xmesh_plan_t p, xmesh_plan_info_t *info)
     info->strategy = p->strategy;
     info->scheduler = p->scheduler;
     info->chunk_bytes = p->chunk_bytes;
+    info->tensors = p->ntensors;
+    info->scheduled_tasks = p->ts.ntasks;
     return XMESH_SUCCESS;
 }
 
 /* --------------------------------------------------------------- reshards */
 
-xmesh_result_t xmesh_reshard_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *req)
+typedef struct {
+    uintptr_t ptr;
+    int idx, dst;
+} blk_ref_t;
+
+static int cmp_blk_ref(const void *a, const void *b)
+{
+    const blk_ref_t *x = a, *y = b;
+    if (x->ptr != y->ptr)
+        return x->ptr < y->ptr ? -1 : 1;
+    if (x->dst != y->dst)
+        return x->dst < y->dst ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* A destination block that is also a source block (of any tensor) or
+ * another tensor's destination block: the blocks of this rank that hold
+ * elements, sorted by address. */
+static xmesh_result_t check_aliasing(xmesh_plan_t p, const void *const *srcs, void *const *dsts)
+{
+    int n = p->ntensors, m = 0;
+    blk_ref_t stack[16], *v = 2 * n <= 16 ? stack : malloc(sizeof *v * 2 * (size_t)n);
+    if (!v)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "reshard: out of memory for %d tensors", n);
+    for (int i = 0; i < n; i++) {
+        if (srcs[i] && p->src_indices[i] >= 0 &&
+            xm_layout_block_volume(&p->srcs[i], p->src_indices[i]) > 0)
+            v[m++] = (blk_ref_t){(uintptr_t)srcs[i], i, 0};
+        if (dsts[i] && p->dst_indices[i] >= 0 &&
+            xm_layout_block_volume(&p->dsts[i], p->dst_indices[i]) > 0)
+            v[m++] = (blk_ref_t){(uintptr_t)dsts[i], i, 1};
+    }
+    qsort(v, m, sizeof *v, cmp_blk_ref);
+    xmesh_result_t r = XMESH_SUCCESS;
+    for (int k = 0; k + 1 < m && !r; k++) {
+        const blk_ref_t *x = &v[k], *y = &v[k + 1];
+        if (x->ptr != y->ptr || (!x->dst && !y->dst))
+            continue;
+        if (n == 1)
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "src_local and dst_local are the same buffer %p",
+                       (void *)x->ptr);
+        else
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                       "tensor %d: dst_locals[%d] = %p is also %s_locals[%d]: destination "
+                       "blocks must not alias other blocks",
+                       y->idx, y->idx, (void *)y->ptr, x->dst ? "dst" : "src", x->idx);
+    }
+    if (v != stack)
+        free(v);
+    return r;
+}
+
+xmesh_result_t xmesh_reshard_many_start(xmesh_plan_t p, const void *const *srcs, void *const *dsts,
+                                        xmesh_request_t *req)
 {
     CHECK_NULL(p, "plan");
     CHECK_NULL(req, "req");
-    if (p->src_index >= 0 && !src && xm_layout_block_volume(&p->src, p->src_index) > 0)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                      "src_local is NULL but rank %d holds a source block", p->ctx->rank);
-    if (p->dst_index >= 0 && !dst && xm_layout_block_volume(&p->dst, p->dst_index) > 0)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                      "dst_local is NULL but rank %d holds a destination block", p->ctx->rank);
-    if (src && src == dst)
+    CHECK_NULL(srcs, "src_locals");
+    CHECK_NULL(dsts, "dst_locals");
+    int one = p->ntensors == 1;
+    for (int i = 0; i < p->ntensors; i++) {
+        if (p->src_indices[i] >= 0 && !srcs[i] &&
+            xm_layout_block_volume(&p->srcs[i], p->src_indices[i]) > 0)
+            return one ? XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                                "src_local is NULL but rank %d holds a source block", p->ctx->rank)
+                       : XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                                "tensor %d: src_locals[%d] is NULL but rank %d holds a source "
+                                "block of it",
+                                i, i, p->ctx->rank);
+        if (p->dst_indices[i] >= 0 && !dsts[i] &&
+            xm_layout_block_volume(&p->dsts[i], p->dst_indices[i]) > 0)
+            return one ? XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                                "dst_local is NULL but rank %d holds a destination block",
+                                p->ctx->rank)
+                       : XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                                "tensor %d: dst_locals[%d] is NULL but rank %d holds a "
+                                "destination block of it",
+                                i, i, p->ctx->rank);
+    }
+    if (one && srcs[0] && srcs[0] == dsts[0])
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "src_local and dst_local are the same buffer %p",
-                      (void *)dst);
-    return p->ctx->ops->start(p, src, dst, req);
+                      (void *)dsts[0]);
+    xmesh_result_t r = check_aliasing(p, srcs, dsts);
+    if (r)
+        return r;
+    return p->ctx->ops->start(p, srcs, dsts, req);
+}
+
+xmesh_result_t xmesh_reshard_many(xmesh_plan_t p, const void *const *srcs, void *const *dsts)
+{
+    xmesh_request_t req;
+    xmesh_result_t r = xmesh_reshard_many_start(p, srcs, dsts, &req);
+    if (r)
+        return r;
+    return xmesh_wait(req);
+}
+
+xmesh_result_t xmesh_reshard_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *req)
+{
+    CHECK_NULL(p, "plan");
+    if (p->ntensors != 1)
+        return XM_ERR(XMESH_ERR_INVALID_USAGE,
+                      "xmesh_reshard_start: the plan moves %d tensors: use "
+                      "xmesh_reshard_many_start with arrays of blocks",
+                      p->ntensors);
+    const void *s[1] = {src};
+    void *d[1] = {dst};
+    return xmesh_reshard_many_start(p, s, d, req);
 }
 
 xmesh_result_t xmesh_reshard(xmesh_plan_t p, const void *src, void *dst)

@@ -415,7 +415,69 @@ void xm_taskset_free(xm_taskset_t *ts)
     free(ts->tasks);
     free(ts->holders);
     free(ts->recvs);
+    free(ts->tmeta);
+    free(ts->pieces);
     memset(ts, 0, sizeof *ts);
+}
+
+/* ------------------------------------------------------- many tensors */
+
+/* Concatenation of the tensors' task sets (tags, offsets), no packing. */
+static xmesh_result_t union_concat(int n, xm_taskset_t *sub, const xm_layout_t *src,
+                                   xm_taskset_t *u)
+{
+    int64_t nt = 0, nh = 0, nr = 0;
+    for (int i = 0; i < n; i++) {
+        nt += sub[i].ntasks;
+        for (int t = 0; t < sub[i].ntasks; t++) {
+            const xm_task_t *k = &sub[i].tasks[t];
+            nh += (int64_t)k->ngroups * k->group_size;
+            nr += k->nrecv;
+        }
+    }
+    if (nt > XM_MAX_TASKS)
+        return XM_ERR(XMESH_ERR_UNSUPPORTED,
+                      "plan of %d tensors decomposes into %lld unit tasks, more than %d", n,
+                      (long long)nt, XM_MAX_TASKS);
+    u->tasks = malloc(sizeof *u->tasks * (nt + 1));
+    u->holders = malloc(sizeof(int) * (nh + 1));
+    u->recvs = malloc(sizeof(int) * (nr + 1));
+    u->tmeta = calloc((size_t)n, sizeof *u->tmeta);
+    if (!u->tasks || !u->holders || !u->recvs || !u->tmeta)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan of %d tensors: out of memory for %lld tasks", n,
+                      (long long)nt);
+    int m = 0, hoff = 0, roff = 0;
+    u->elem_size = 0;
+    for (int i = 0; i < n; i++) {
+        u->tmeta[i].ndim = src[i].ndim;
+        u->tmeta[i].elem_size = sub[i].elem_size;
+        if (!u->elem_size || sub[i].elem_size < u->elem_size)
+            u->elem_size = sub[i].elem_size;
+        if (__builtin_add_overflow(u->bytes_total, sub[i].bytes_total, &u->bytes_total) ||
+            __builtin_add_overflow(u->bytes_cross_host, sub[i].bytes_cross_host,
+                                   &u->bytes_cross_host))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "plan of %d tensors: bytes exceed 64 bits at tensor %d", n, i);
+        for (int t = 0; t < sub[i].ntasks; t++) {
+            xm_task_t k = sub[i].tasks[t];
+            int nhold = k.ngroups * k.group_size;
+            memcpy(u->holders + hoff, sub[i].holders + k.holder_off, sizeof(int) * nhold);
+            memcpy(u->recvs + roff, sub[i].recvs + k.recv_off, sizeof(int) * k.nrecv);
+            k.holder_off = hoff;
+            k.recv_off = roff;
+            k.tensor = i;
+            k.npack = k.pack_off = 0;
+            hoff += nhold;
+            roff += k.nrecv;
+            u->tasks[m++] = k;
+        }
+    }
+    u->ntasks = m;
+    u->ntensors = n;
+    u->ndim = src[0].ndim;
+    for (int d = 0; d < src[0].ndim; d++)
+        u->shape[d] = src[0].shape[d];
+    return XMESH_SUCCESS;
 }
 
 xmesh_result_t xm_hostmap_default(const int *src_shape, int src_ndim, const int *dst_shape,
@@ -466,4 +528,274 @@ void xm_hostmap_free(xm_hostmap_t *h)
         return;
     free(h->host_of);
     memset(h, 0, sizeof *h);
+}
+
+typedef struct {
+    uint64_t h;
+    int idx;
+} pack_ent_t;
+
+static int cmp_pack_ent(const void *a, const void *b)
+{
+    const pack_ent_t *x = a, *y = b;
+    if (x->h != y->h)
+        return x->h < y->h ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Sorted copy of task t's holders (ngroups == 1) into buf. */
+static void sorted_holders(const xm_taskset_t *u, const xm_task_t *k, int *buf)
+{
+    memcpy(buf, u->holders + k->holder_off, sizeof(int) * k->group_size);
+    qsort(buf, k->group_size, sizeof(int), cmp_int);
+}
+
+/* Same packing class: key, wire size, holder set and receivers equal. */
+static int pack_equal(const xm_taskset_t *u, const int *key, int i, int j, int *bi, int *bj)
+{
+    const xm_task_t *x = &u->tasks[i], *y = &u->tasks[j];
+    if ((key ? key[x->tensor] : 0) != (key ? key[y->tensor] : 0) ||
+        u->tmeta[x->tensor].elem_size != u->tmeta[y->tensor].elem_size ||
+        x->group_size != y->group_size || x->nrecv != y->nrecv)
+        return 0;
+    if (memcmp(u->recvs + x->recv_off, u->recvs + y->recv_off, sizeof(int) * x->nrecv))
+        return 0;
+    sorted_holders(u, x, bi);
+    sorted_holders(u, y, bj);
+    return !memcmp(bi, bj, sizeof(int) * x->group_size);
+}
+
+static int packable(const xm_task_t *k, int64_t pack_max)
+{
+    return k->ngroups == 1 && k->nrecv > 0 && k->bytes <= pack_max;
+}
+
+/* Packs the candidates of u (see xm_decompose_many) into a new task set. */
+static xmesh_result_t union_pack(xm_taskset_t *u, const int *key, int64_t pack_max,
+                                 int64_t pack_limit, xm_taskset_t *out)
+{
+    int n = u->ntasks, nc = 0, maxg = 1;
+    pack_ent_t *e = malloc(sizeof *e * (n + 1));
+    int *group = malloc(sizeof(int) * (n + 1)); /* packed task of each task, -1 none */
+    int *bi = NULL, *bj = NULL;
+    xm_taskset_t o;
+    memset(&o, 0, sizeof o);
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (!e || !group) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "packing: out of memory for %d tasks", n);
+        goto out_free;
+    }
+    for (int t = 0; t < n; t++)
+        if (u->tasks[t].group_size > maxg)
+            maxg = u->tasks[t].group_size;
+    bi = malloc(sizeof(int) * maxg);
+    bj = malloc(sizeof(int) * maxg);
+    if (!bi || !bj) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "packing: out of memory");
+        goto out_free;
+    }
+    for (int t = 0; t < n; t++) {
+        const xm_task_t *k = &u->tasks[t];
+        group[t] = -1;
+        if (!packable(k, pack_max))
+            continue;
+        sorted_holders(u, k, bi);
+        uint64_t h = XM_HASH_INIT;
+        int kv = key ? key[k->tensor] : 0;
+        size_t es = u->tmeta[k->tensor].elem_size;
+        h = xm_hash64(h, &kv, sizeof kv);
+        h = xm_hash64(h, &es, sizeof es);
+        h = xm_hash64(h, bi, sizeof(int) * k->group_size);
+        h = xm_hash64(h, u->recvs + k->recv_off, sizeof(int) * k->nrecv);
+        e[nc++] = (pack_ent_t){h, t};
+    }
+    qsort(e, nc, sizeof *e, cmp_pack_ent);
+    /* Runs of equal class (hash, then checked against the run's first:
+     * a collision only starts a new run), cut at pack_limit bytes. */
+    int npacked = 0, npieces = 0;
+    int64_t *pbytes = malloc(sizeof(int64_t) * (nc + 1));
+    int *pfirst = malloc(sizeof(int) * (nc + 1)), *pcount = calloc(nc + 1, sizeof(int));
+    if (!pbytes || !pfirst || !pcount) {
+        free(pbytes);
+        free(pfirst);
+        free(pcount);
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "packing: out of memory");
+        goto out_free;
+    }
+    for (int i = 0; i < nc;) {
+        int j = i + 1;
+        while (j < nc && e[j].h == e[i].h && pack_equal(u, key, e[i].idx, e[j].idx, bi, bj))
+            j++;
+        /* e[i .. j) in task order: fill packed tasks up to pack_limit */
+        int cur = -1;
+        for (int q = i; q < j; q++) {
+            const xm_task_t *k = &u->tasks[e[q].idx];
+            if (cur < 0 || pbytes[cur] + k->bytes > pack_limit) {
+                cur = npacked++;
+                pbytes[cur] = 0;
+                pfirst[cur] = e[q].idx;
+            }
+            pbytes[cur] += k->bytes;
+            pcount[cur]++;
+            group[e[q].idx] = cur;
+        }
+        i = j;
+    }
+    /* packs of one task stay ordinary tasks */
+    int *pid = malloc(sizeof(int) * (npacked + 1));
+    if (!pid) {
+        free(pbytes);
+        free(pfirst);
+        free(pcount);
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "packing: out of memory");
+        goto out_free;
+    }
+    int nout = 0, kept = 0;
+    for (int g = 0; g < npacked; g++)
+        pid[g] = pcount[g] > 1 ? kept++ : -1;
+    for (int t = 0; t < n; t++) {
+        if (group[t] >= 0 && pid[group[t]] < 0)
+            group[t] = -1;
+        if (group[t] < 0)
+            nout++;
+        else
+            npieces++;
+    }
+    nout += kept;
+    int64_t nh = 0, nr = 0;
+    for (int t = 0; t < n; t++)
+        if (group[t] < 0 || pfirst[group[t]] == t) {
+            nh += (int64_t)u->tasks[t].ngroups * u->tasks[t].group_size;
+            nr += u->tasks[t].nrecv;
+        }
+    o = *u;
+    o.tasks = malloc(sizeof *o.tasks * (nout + 1));
+    o.holders = malloc(sizeof(int) * (nh + 1));
+    o.recvs = malloc(sizeof(int) * (nr + 1));
+    o.pieces = malloc(sizeof *o.pieces * (npieces + 1));
+    o.tmeta = malloc(sizeof *o.tmeta * (u->ntensors + 1));
+    int *slot = malloc(sizeof(int) * (kept + 1)); /* output index of each packed task */
+    if (!o.tasks || !o.holders || !o.recvs || !o.pieces || !o.tmeta || !slot) {
+        free(slot);
+        free(pid);
+        free(pbytes);
+        free(pfirst);
+        free(pcount);
+        xm_taskset_free(&o);
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "packing: out of memory for %d tasks", nout);
+        goto out_free;
+    }
+    memcpy(o.tmeta, u->tmeta, sizeof *o.tmeta * u->ntensors);
+    int m = 0, hoff = 0, roff = 0, poff = 0;
+    /* ordinary tasks first, in order; then one packed task per kept pack */
+    for (int pass = 0; pass < 2; pass++)
+        for (int t = 0; t < n; t++) {
+            const xm_task_t *k = &u->tasks[t];
+            int g = group[t];
+            if ((pass == 0) != (g < 0))
+                continue;
+            if (g < 0 || pfirst[g] == t) {
+                xm_task_t q = *k;
+                int nhold = k->ngroups * k->group_size;
+                memcpy(o.holders + hoff, u->holders + k->holder_off, sizeof(int) * nhold);
+                memcpy(o.recvs + roff, u->recvs + k->recv_off, sizeof(int) * k->nrecv);
+                q.holder_off = hoff;
+                q.recv_off = roff;
+                hoff += nhold;
+                roff += k->nrecv;
+                if (g >= 0) {
+                    memset(&q.box, 0, sizeof q.box);
+                    q.tensor = -1;
+                    q.npack = 0;
+                    q.pack_off = poff + 0;
+                    q.bytes = 0;
+                    slot[pid[g]] = m;
+                    /* pieces of this pack are contiguous: reserve them */
+                    poff += pcount[g];
+                }
+                o.tasks[m++] = q;
+            }
+            if (g >= 0) {
+                xm_task_t *q = &o.tasks[slot[pid[g]]];
+                xm_piece_t *pc = &o.pieces[q->pack_off + q->npack++];
+                int64_t v = xm_box_volume(&k->box, u->tmeta[k->tensor].ndim);
+                pc->tensor = k->tensor;
+                pc->box = k->box;
+                pc->off = q->box.hi[0];
+                pc->n = v;
+                q->box.hi[0] += v;
+                q->bytes += k->bytes;
+            }
+        }
+    o.ntasks = m;
+    o.npieces = poff;
+    free(slot);
+    free(pid);
+    free(pbytes);
+    free(pfirst);
+    free(pcount);
+    *out = o;
+out_free:
+    free(e);
+    free(group);
+    free(bi);
+    free(bj);
+    return r;
+}
+
+xmesh_result_t xm_decompose_many(int n, const xm_layout_t *src, const xm_layout_t *dst,
+                                 const int *pack_key, const xm_hostmap_t *hosts, int64_t pack_max,
+                                 int64_t pack_limit, xm_taskset_t *out)
+{
+    if (n < 1 || !src || !dst || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_decompose_many: n = %d or a NULL array", n);
+    xm_taskset_t *sub = calloc((size_t)n, sizeof *sub), u;
+    memset(&u, 0, sizeof u);
+    xmesh_result_t r = XMESH_SUCCESS;
+    if (!sub)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan of %d tensors: out of memory", n);
+    for (int i = 0; i < n; i++) {
+        if ((r = xm_decompose(&src[i], &dst[i], hosts, &sub[i]))) {
+            char msg[800];
+            snprintf(msg, sizeof msg, "%s", xmesh_last_error());
+            r = XM_ERR(r, "tensor %d: %s", i, msg);
+            goto out_free;
+        }
+    }
+    if (n == 1) {
+        /* One tensor: its own task set, tagged (tasks are zeroed, so tensor
+         * 0), without copying ~170 bytes per task (262,144 tasks at scale).
+         * Nothing to pack: two boxes of one tensor never share both holders
+         * and receivers (each box is the intersection of one source shard,
+         * held by its own devices, and one destination shard). */
+        u = sub[0];
+        memset(&sub[0], 0, sizeof sub[0]);
+        if (!(u.tmeta = malloc(sizeof *u.tmeta))) {
+            r = XM_ERR(XMESH_ERR_NO_MEMORY, "plan: out of memory");
+            goto out_free;
+        }
+        u.tmeta[0].ndim = src[0].ndim;
+        u.tmeta[0].elem_size = u.elem_size;
+        u.ntensors = 1;
+        *out = u;
+        memset(&u, 0, sizeof u);
+        goto out_free;
+    }
+    if ((r = union_concat(n, sub, src, &u)))
+        goto out_free;
+    if (pack_max > 0) {
+        xm_taskset_t p;
+        if ((r = union_pack(&u, pack_key, pack_max, pack_limit > 0 ? pack_limit : INT64_MAX, &p)))
+            goto out_free;
+        xm_taskset_free(&u);
+        u = p;
+    }
+    *out = u;
+    memset(&u, 0, sizeof u);
+out_free:
+    xm_taskset_free(&u);
+    for (int i = 0; i < n; i++)
+        xm_taskset_free(&sub[i]);
+    free(sub);
+    return r;
 }

@@ -7,15 +7,35 @@
 
 /* -------------------------------------------------------------- chains */
 
-/* Most elements of one chunk. */
-static int64_t chunk_elems_of(const xm_prog_in_t *in)
+/* Most elements of one chunk of task t (t < 0: of any task; a union's
+ * smallest wire element size). */
+static int64_t chunk_elems_of(const xm_prog_in_t *in, int t)
 {
     int64_t cb = in->chunk_bytes < XM_MAX_CHUNK_BYTES ? in->chunk_bytes : XM_MAX_CHUNK_BYTES;
     /* Chunks of chunk_bytes on the wire: the task set's element size is
      * the wire's (xm_decompose), the dtype's unless the plan converts. */
-    int64_t es =
-        in->ts->elem_size ? (int64_t)in->ts->elem_size : (int64_t)xmesh_dtype_size(in->dtype);
+    int64_t es = t >= 0 && in->ts->tmeta ? (int64_t)xm_task_es(in->ts, &in->ts->tasks[t])
+                 : in->ts->elem_size     ? (int64_t)in->ts->elem_size
+                                         : (int64_t)xmesh_dtype_size(in->dtype);
     return cb / es > 0 ? cb / es : 1;
+}
+
+/* Dtypes of tensor k (the one-tensor fields when the input has no arrays). */
+static xmesh_dtype_t in_sdt(const xm_prog_in_t *in, int k)
+{
+    return in->ntensors ? in->dtypes[k] : in->dtype;
+}
+
+static xmesh_dtype_t in_ddt(const xm_prog_in_t *in, int k)
+{
+    return in->ntensors ? in->dst_dtypes[k] : in->dst_dtype;
+}
+
+/* Tensor whose dtypes a task uses (a packed task: its pieces'). */
+static int task_tensor(const xm_taskset_t *ts, const xm_task_t *t)
+{
+    int k = t->npack ? ts->pieces[t->pack_off].tensor : t->tensor;
+    return k > 0 ? k : 0;
 }
 
 /* Chunking of the box-linear range [r0, r1): for a whole box, pieces of
@@ -135,7 +155,7 @@ static xmesh_result_t chains_allgather(cbuild_t *b, const xm_prog_in_t *in, int 
     const xm_hostmap_t *hm = in->hosts;
     int G = tk->ngroups, mg = in->sched->max_groups;
     const int *R = ts->recvs + tk->recv_off;
-    int64_t V = xm_box_volume(&tk->box, ts->ndim);
+    int64_t V = xm_box_volume(&tk->box, xm_task_ndim(ts, tk));
     for (int g0 = 0; g0 < tk->nrecv;) {
         int g1 = g0 + 1;
         while (per_host && g1 < tk->nrecv && hm->host_of[R[g1]] == hm->host_of[R[g0]])
@@ -188,14 +208,15 @@ static xmesh_result_t chains_rounds(const xm_prog_in_t *in, xm_chains_t *v)
 {
     const xm_taskset_t *ts = in->ts;
     const xm_hostmap_t *h = in->hosts;
-    int64_t ce = chunk_elems_of(in);
     int64_t *freer = calloc((size_t)h->ndev * XM_NSLOTS + 1, sizeof(int64_t));
     if (!freer)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "program: out of memory for %d devices", h->ndev);
     for (int i = 0; i < v->n; i++) {
         xm_pstep_t tmp;
         xm_chain_t *c = &v->c[i];
-        set_chunks(ts->ndim, ce, &tmp, &ts->tasks[c->task].box, c->r0, c->r1, c->whole);
+        const xm_task_t *tk = &ts->tasks[c->task];
+        set_chunks(xm_task_ndim(ts, tk), chunk_elems_of(in, c->task), &tmp, &tk->box, c->r0, c->r1,
+                   c->whole);
         c->nchunks = tmp.nchunks;
     }
     v->nrounds = 0;
@@ -263,7 +284,7 @@ xmesh_result_t xm_chains_build(const xm_prog_in_t *in, xm_chains_t *out)
                                  chain, stage0);
             continue;
         }
-        int64_t V = xm_box_volume(&ts->tasks[t].box, ts->ndim);
+        int64_t V = xm_box_volume(&ts->tasks[t].box, xm_task_ndim(ts, &ts->tasks[t]));
         for (int q = sc->task_route_off[t]; q < sc->task_route_off[t + 1] && !r; q++) {
             const xm_route_t *rt = &sc->routes[q];
             const int *devs = sc->route_devs + rt->off;
@@ -305,10 +326,11 @@ void xm_chains_free(xm_chains_t *c)
 typedef struct {
     const xm_prog_in_t *in;
     xm_program_t p;
-    int cap_s, cap_t;
-    int64_t src_lo[XM_MAX_DIMS], src_hi[XM_MAX_DIMS];
-    int64_t dst_lo[XM_MAX_DIMS], dst_hi[XM_MAX_DIMS];
-    int has_src, has_dst;
+    int cap_s, cap_t, cap_p;
+    /* this rank's blocks, per tensor */
+    int64_t (*src_lo)[XM_MAX_DIMS], (*src_hi)[XM_MAX_DIMS];
+    int64_t (*dst_lo)[XM_MAX_DIMS], (*dst_hi)[XM_MAX_DIMS];
+    unsigned char *has_src, *has_dst;
     int *last_step; /* per chain: this rank's step at the chain's last position, -1 */
 } pbuild_t;
 
@@ -397,6 +419,64 @@ static xmesh_result_t push_step(pbuild_t *b, xm_pstep_t **out)
     return XMESH_SUCCESS;
 }
 
+/* Geometry of box (of tensor k, nd dims) in this rank's source block
+ * (has_src) and destination block (has_recv); INTERNAL when the schedule
+ * names this rank where its blocks do not hold the box. */
+static xmesh_result_t step_geom(const pbuild_t *b, int k, int nd, const xm_box_t *box, int has_src,
+                                int has_recv, xm_geom_t *sg, xm_geom_t *dg)
+{
+    if (has_src) {
+        if (!b->has_src[k] || !box_inside(nd, box, b->src_lo[k], b->src_hi[k]))
+            return XM_ERR(XMESH_ERR_INTERNAL,
+                          "tensor %d lists rank %d as a source but its source block does not "
+                          "hold the box",
+                          k, b->p.rank);
+        xm_geom_init(sg, nd, b->src_lo[k], b->src_hi[k], box);
+    }
+    if (has_recv) {
+        if (!b->has_dst[k] || !box_inside(nd, box, b->dst_lo[k], b->dst_hi[k]))
+            return XM_ERR(XMESH_ERR_INTERNAL,
+                          "tensor %d lists rank %d as a receiver but its destination block "
+                          "does not hold the box",
+                          k, b->p.rank);
+        xm_geom_init(dg, nd, b->dst_lo[k], b->dst_hi[k], box);
+    }
+    return XMESH_SUCCESS;
+}
+
+/* The pieces of packed task t for step s (appended to the program's). */
+static xmesh_result_t add_pieces(pbuild_t *b, const xm_task_t *t, int has_src, int has_recv,
+                                 xm_pstep_t *s)
+{
+    const xm_taskset_t *ts = b->in->ts;
+    xm_program_t *p = &b->p;
+    if (p->npieces + t->npack > b->cap_p) {
+        int ncap = 2 * b->cap_p + t->npack + 64;
+        xm_ppiece_t *n = realloc(p->pieces, sizeof *n * ncap);
+        if (!n)
+            return XM_ERR(XMESH_ERR_NO_MEMORY, "program: out of memory for %d pieces", ncap);
+        p->pieces = n;
+        b->cap_p = ncap;
+    }
+    s->piece_off = p->npieces;
+    s->npieces = t->npack;
+    for (int q = 0; q < t->npack; q++) {
+        const xm_piece_t *pc = &ts->pieces[t->pack_off + q];
+        xm_ppiece_t *o = &p->pieces[p->npieces++];
+        memset(o, 0, sizeof *o);
+        o->tensor = pc->tensor;
+        o->off = pc->off;
+        o->n = pc->n;
+        o->has_sg = has_src;
+        o->has_dg = has_recv;
+        xmesh_result_t r = step_geom(b, pc->tensor, ts->tmeta[pc->tensor].ndim, &pc->box, has_src,
+                                     has_recv, &o->sg, &o->dg);
+        if (r)
+            return r;
+    }
+    return XMESH_SUCCESS;
+}
+
 /* Adds this rank's steps of chain ci. */
 static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
 {
@@ -405,7 +485,9 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
     const xm_task_t *t = &ts->tasks[cn->task];
     const int *devs = ch->devs + cn->off;
     int me = b->p.rank, nseg = 0, len = cn->len, nsrc = cn->nsrc;
-    xmesh_dtype_t w = xm_wire_dtype(b->p.dtype, b->p.dst_dtype, t->ngroups > 1, cn->from_dst);
+    int tk = task_tensor(ts, t), nd = xm_task_ndim(ts, t);
+    xmesh_dtype_t sdt = in_sdt(b->in, tk), ddt = in_ddt(b->in, tk);
+    xmesh_dtype_t w = xm_wire_dtype(sdt, ddt, t->ngroups > 1, cn->from_dst);
     size_t es = xmesh_dtype_size(w);
     for (int i = 0; i < len;) {
         int j = i + 1;
@@ -416,6 +498,7 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
             xmesh_result_t r = push_step(b, &s);
             if (r)
                 return r;
+            int si = b->p.nsteps - 1;
             s->task = cn->task;
             s->chain = ci;
             s->route = cn->route;
@@ -433,23 +516,18 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
             s->out_acc = j < len && j < nsrc;
             s->after = i == 0 && cn->dep >= 0 ? b->last_step[cn->dep] : -1;
             int has_src = i < nsrc, has_recv = j - 1 >= nsrc || cn->from_dst;
-            if (has_src) {
-                if (!b->has_src || !box_inside(ts->ndim, &t->box, b->src_lo, b->src_hi))
-                    return XM_ERR(XMESH_ERR_INTERNAL,
-                                  "program: task %d lists rank %d as a source but its source "
-                                  "block does not hold the box",
-                                  cn->task, me);
-                xm_geom_init(&s->sg, ts->ndim, b->src_lo, b->src_hi, &t->box);
-                s->has_sg = 1;
-            }
-            if (has_recv) {
-                if (!b->has_dst || !box_inside(ts->ndim, &t->box, b->dst_lo, b->dst_hi))
-                    return XM_ERR(XMESH_ERR_INTERNAL,
-                                  "program: task %d lists rank %d as a receiver but its "
-                                  "destination block does not hold the box",
-                                  cn->task, me);
-                xm_geom_init(&s->dg, ts->ndim, b->dst_lo, b->dst_hi, &t->box);
-                s->has_dg = 1;
+            s->tensor = t->npack ? -1 : tk;
+            s->sdt = sdt;
+            s->ddt = ddt;
+            if (t->npack) {
+                r = add_pieces(b, t, has_src, has_recv, s);
+                if (r)
+                    return r;
+            } else {
+                if ((r = step_geom(b, tk, nd, &t->box, has_src, has_recv, &s->sg, &s->dg)))
+                    return XM_ERR(r, "program: task %d: %s", cn->task, xmesh_last_error());
+                s->has_sg = has_src;
+                s->has_dg = has_recv;
             }
             if (cn->from_dst && i == 0)
                 s->mode = XM_MODE_FROM_DST;
@@ -464,7 +542,8 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
             if (s->mode == XM_MODE_RECV && s->prev < 0)
                 return XM_ERR(XMESH_ERR_INTERNAL, "program: task %d chain starts at a receiver",
                               cn->task);
-            set_chunks(ts->ndim, b->p.chunk_elems, s, &t->box, cn->r0, cn->r1, cn->whole);
+            s = &b->p.steps[si]; /* add_pieces may not move steps, but stay safe */
+            set_chunks(nd, chunk_elems_of(b->in, cn->task), s, &t->box, cn->r0, cn->r1, cn->whole);
             s->seg = nseg;
             s->rin = cn->round0 + nseg - 1;
             s->rout = cn->round0 + nseg;
@@ -474,7 +553,7 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
                 (s->mode == XM_MODE_GENERAL && nsrc > 0 && i <= nsrc - 1 && j - 1 >= nsrc - 1);
             s->ck_verify = s->mode == XM_MODE_RECV;
             s->bytes = (cn->r1 - cn->r0) * (int64_t)es;
-            set_ops(s, w, xm_dtype_acc(b->p.dtype), b->p.dst_dtype);
+            set_ops(s, w, xm_dtype_acc(sdt), ddt);
             if (j == len)
                 b->last_step[ci] = b->p.nsteps - 1;
         }
@@ -589,16 +668,36 @@ xmesh_result_t xm_program_build(const xm_prog_in_t *in, const xm_chains_t *ch, i
                       "program: source dtype %s != destination dtype %s: no conversion",
                       xmesh_dtype_name(in->dtype), xmesh_dtype_name(in->dst_dtype));
     b.p.nhops = ch->nhops;
-    b.p.chunk_elems = chunk_elems_of(in);
-    int si = xm_mesh_find(&in->src->mesh, rank), di = xm_mesh_find(&in->dst->mesh, rank);
-    if ((b.has_src = si >= 0))
-        xm_layout_block(in->src, si, b.src_lo, b.src_hi);
-    if ((b.has_dst = di >= 0))
-        xm_layout_block(in->dst, di, b.dst_lo, b.dst_hi);
+    b.p.chunk_elems = chunk_elems_of(in, -1);
+    int nt = in->ntensors > 0 ? in->ntensors : 1;
+    b.p.ntensors = nt;
     xmesh_result_t r = XMESH_SUCCESS;
-    if (!(b.last_step = malloc(sizeof(int) * (ch->n + 1)))) {
+    b.src_lo = malloc(sizeof *b.src_lo * nt);
+    b.src_hi = malloc(sizeof *b.src_hi * nt);
+    b.dst_lo = malloc(sizeof *b.dst_lo * nt);
+    b.dst_hi = malloc(sizeof *b.dst_hi * nt);
+    b.has_src = calloc(nt, 1);
+    b.has_dst = calloc(nt, 1);
+    if (!(b.last_step = malloc(sizeof(int) * (ch->n + 1))) || !b.src_lo || !b.src_hi || !b.dst_lo ||
+        !b.dst_hi || !b.has_src || !b.has_dst) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "program: out of memory for %d chains", ch->n);
         goto out_free;
+    }
+    for (int k = 0; k < nt; k++) {
+        const xm_layout_t *sl = in->ntensors ? &in->srcs[k] : in->src;
+        const xm_layout_t *dl = in->ntensors ? &in->dsts[k] : in->dst;
+        if (!xm_dtype_pair_ok(in_sdt(in, k), in_ddt(in, k))) {
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                       "program: tensor %d: source dtype %s != destination dtype %s: no "
+                       "conversion",
+                       k, xmesh_dtype_name(in_sdt(in, k)), xmesh_dtype_name(in_ddt(in, k)));
+            goto out_free;
+        }
+        int si = xm_mesh_find(&sl->mesh, rank), di = xm_mesh_find(&dl->mesh, rank);
+        if ((b.has_src[k] = si >= 0))
+            xm_layout_block(sl, si, b.src_lo[k], b.src_hi[k]);
+        if ((b.has_dst[k] = di >= 0))
+            xm_layout_block(dl, di, b.dst_lo[k], b.dst_hi[k]);
     }
     for (int i = 0; i < ch->n; i++)
         b.last_step[i] = -1;
@@ -619,6 +718,12 @@ xmesh_result_t xm_program_build(const xm_prog_in_t *in, const xm_chains_t *ch, i
         r = mark_late_next(&b, ch);
 out_free:
     free(b.last_step);
+    free(b.src_lo);
+    free(b.src_hi);
+    free(b.dst_lo);
+    free(b.dst_hi);
+    free(b.has_src);
+    free(b.has_dst);
     if (r) {
         xm_program_free(&b.p);
         return r;
@@ -633,6 +738,7 @@ void xm_program_free(xm_program_t *p)
         return;
     free(p->steps);
     free(p->tasks);
+    free(p->pieces);
     memset(p, 0, sizeof *p);
 }
 

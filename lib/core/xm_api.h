@@ -21,13 +21,21 @@ typedef struct xm_backend_ops {
      * state in plan->exec. On error the plan is left for plan_teardown. */
     xmesh_result_t (*plan_setup)(xmesh_plan_t plan);
     void (*plan_teardown)(xmesh_plan_t plan);
-    xmesh_result_t (*start)(xmesh_plan_t plan, const void *src, void *dst, xmesh_request_t *req);
+    /* srcs/dsts: plan->ntensors blocks each (NULL where the rank holds
+     * none), checked by api.c; the arrays themselves belong to the caller
+     * and may be gone once start returns (copy them). */
+    xmesh_result_t (*start)(xmesh_plan_t plan, const void *const *srcs, void *const *dsts,
+                            xmesh_request_t *req);
     xmesh_result_t (*test)(xmesh_request_t req);
     xmesh_result_t (*wait)(xmesh_request_t req);
     /* Frees the backend state ctx->be (not ctx itself, nor ctx->hosts). */
     void (*ctx_free)(xmesh_ctx_t ctx);
     /* Optional: the CPU counters of xmesh_ctx_get_stats (NULL: zeros). */
     void (*stats)(xmesh_ctx_t ctx, xmesh_ctx_stats_t *st);
+    /* Runs plans of many tensors: steps of any tensor and packed steps
+     * (xm_pstep_t.tensor / npieces, docs/MANY.md). 0: api.c refuses plans of
+     * more than one tensor (UNSUPPORTED) and never packs. */
+    int many_tensors;
 } xm_backend_ops_t;
 
 /* Ownership rules between api.c and a backend:
@@ -61,8 +69,17 @@ struct xmesh_mesh {
     int devs[];
 };
 
+/* A plan moves ntensors tensors (xmesh_plan_create_many); a one-tensor plan
+ * is a plan of one. The per-tensor arrays below have ntensors entries; the
+ * single fields (src_mesh, dtype, src, src_index, ...) are tensor 0's, for
+ * backends that move one tensor (lib/cuda refuses more). */
 struct xmesh_plan {
     xmesh_ctx_t ctx;
+    int ntensors;
+    xm_layout_t *srcs, *dsts;
+    xmesh_dtype_t *dtypes, *dst_dtypes;
+    xmesh_mesh_t *src_meshes, *dst_meshes;
+    int *src_indices, *dst_indices; /* this rank's index in each mesh, -1 if absent */
     xmesh_mesh_t src_mesh, dst_mesh;
     xmesh_dtype_t dtype;     /* the source's */
     xmesh_dtype_t dst_dtype; /* the destination's (may differ: xm_dtype_pair_ok) */

@@ -281,6 +281,14 @@ typedef struct xm_task {
      * sorted by (host, device). */
     int nrecv;
     int recv_off;
+    /* Plans of many tensors (xm_decompose_many): the tensor whose box this
+     * is (0 in a one-tensor set). A packed task (npack > 0) carries the
+     * boxes ts->pieces[pack_off .. pack_off + npack) of several small unit
+     * tasks with the same holders and receivers, laid end to end: its box is
+     * then the 1-D range [0, elements of all pieces), and tensor is -1. */
+    int tensor;
+    int npack;
+    int pack_off;
 } xm_task_t;
 
 /* Device -> host map, the only thing the decomposer knows of the cluster. */
@@ -289,6 +297,20 @@ typedef struct xm_hostmap {
     int nhosts;
     int *host_of; /* ndev entries in [0, nhosts) */
 } xm_hostmap_t;
+
+/* One box of a packed task: box of tensor `tensor`, whose box-linear
+ * elements are elements [off, off + n) of the packed task's range. */
+typedef struct xm_piece {
+    int tensor;
+    xm_box_t box;
+    int64_t off, n;
+} xm_piece_t;
+
+/* What the task set knows of each tensor of a union. */
+typedef struct xm_tmeta {
+    int ndim;
+    size_t elem_size; /* wire element size (xm_wire_dtype) */
+} xm_tmeta_t;
 
 typedef struct xm_taskset {
     int ndim;
@@ -300,7 +322,31 @@ typedef struct xm_taskset {
     int *recvs;
     int64_t bytes_total;      /* bytes of the whole tensor (source element size) */
     int64_t bytes_cross_host; /* sum over tasks of bytes x receiver hosts holding no replica */
+    /* A union of tensors (xm_decompose_many): ntensors > 0 entries in
+     * tmeta; ndim/shape above are tensor 0's and elem_size the smallest
+     * wire element size. ntensors == 0: one tensor, described above. */
+    int ntensors;
+    xm_tmeta_t *tmeta;
+    int npieces; /* pieces of the packed tasks */
+    xm_piece_t *pieces;
 } xm_taskset_t;
+
+/* Dims of task t's box: 1 for a packed task, else its tensor's. */
+static inline int xm_task_ndim(const xm_taskset_t *ts, const xm_task_t *t)
+{
+    if (t->npack)
+        return 1;
+    return ts->tmeta ? ts->tmeta[t->tensor].ndim : ts->ndim;
+}
+
+/* Wire element size of task t (a packed task's pieces share one). */
+static inline size_t xm_task_es(const xm_taskset_t *ts, const xm_task_t *t)
+{
+    if (!ts->tmeta)
+        return ts->elem_size;
+    int k = t->npack ? ts->pieces[t->pack_off].tensor : t->tensor;
+    return ts->tmeta[k].elem_size;
+}
 
 /* Decomposes a resharding (paper Appendix B.2): the cut points of both
  * specs split every dim; each non-empty box becomes one task. Boxes whose
@@ -313,6 +359,21 @@ typedef struct xm_taskset {
 xmesh_result_t xm_decompose(const xm_layout_t *src, const xm_layout_t *dst,
                             const xm_hostmap_t *hosts, xm_taskset_t *out);
 void xm_taskset_free(xm_taskset_t *ts);
+
+/* Plans of many tensors: one task set for n reshardings (paper 002
+ * Appendix B.2 applied to each pair), every task tagged with its tensor,
+ * holders and receivers in one device space (hosts). src[i]/dst[i] as for
+ * xm_decompose (tensor i's wire element size follows from their element
+ * sizes, tmeta[i].elem_size); pack_key[i] (may be NULL: all equal) a value that must be equal for
+ * two tensors' tasks to share a packed task (the plan uses the dtype pair: every piece then takes
+ * the same ops). Unit tasks of at most pack_max bytes, without partial sums, with the same holder
+ * set and the same receivers are packed, in tensor then task order, into packed tasks of at most
+ * pack_limit bytes (pack_max <= 0: no packing). Tasks are ordered tensor by tensor, each tensor's
+ * unpacked tasks as xm_decompose orders them, then the packed tasks. An error names the tensor
+ * index; *out is untouched then. */
+xmesh_result_t xm_decompose_many(int n, const xm_layout_t *src, const xm_layout_t *dst,
+                                 const int *pack_key, const xm_hostmap_t *hosts, int64_t pack_max,
+                                 int64_t pack_limit, xm_taskset_t *out);
 /* Byte size of a dense tensor (0 if a dim is 0) into *bytes (may be NULL).
  * INVALID_ARGUMENT naming the shape if a dim is negative or elem_size times
  * the product of the dims (zero dims counted as 1, so that no partial

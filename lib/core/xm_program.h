@@ -108,6 +108,12 @@ typedef struct xm_prog_in {
     xmesh_dtype_t dtype;     /* the source's */
     xmesh_dtype_t dst_dtype; /* the destination's: equal, or a pair xm_dtype_pair_ok accepts */
     int64_t chunk_bytes;
+    /* Plans of many tensors: ntensors > 0 layouts and dtypes per tensor
+     * (ts->ntensors of them; tasks name their tensor); src/dst/dtype/
+     * dst_dtype above are then ignored. ntensors == 0: one tensor, above. */
+    int ntensors;
+    const xm_layout_t *srcs, *dsts;
+    const xmesh_dtype_t *dtypes, *dst_dtypes;
 } xm_prog_in_t;
 
 /* Every chain of the plan, in global order (tasks in schedule order; empty
@@ -150,9 +156,26 @@ enum {
     XM_MODE_GENERAL   /* partial sums: accumulate, convert, unpack, send */
 };
 
+/* One box of a packed step (a packed task's piece, xm_piece_t): the
+ * step's box-linear elements [off, off + n) are this box of tensor
+ * `tensor`, at sg in its source block / dg in its destination block. */
+typedef struct xm_ppiece {
+    int tensor;
+    int has_sg, has_dg;
+    xm_geom_t sg, dg;
+    int64_t off, n;
+} xm_ppiece_t;
+
 /* One rank's segment of one chain. */
 typedef struct xm_pstep {
     int task, chain, route;
+    /* Plans of many tensors: the tensor whose blocks the step reads and
+     * writes (its geometry sg/dg), or -1 for a packed step, whose npieces
+     * pieces are p->pieces[piece_off ..] (sg/dg unused). sdt/ddt: the
+     * dtypes of its source and destination blocks (every piece's). */
+    int tensor;
+    int npieces, piece_off;
+    xmesh_dtype_t sdt, ddt;
     int prev, next;      /* peer ranks, -1 for none */
     int hop_in, hop_out; /* hop ids from prev / to next, -1 for none */
     int mode;
@@ -212,7 +235,30 @@ typedef struct xm_program {
     xm_pstep_t *steps;
     int ntasks;
     xm_ptask_t *tasks;
+    int ntensors; /* tensors of the plan (>= 1) */
+    int npieces;  /* pieces of the packed steps */
+    xm_ppiece_t *pieces;
 } xm_program_t;
+
+/* The piece of packed step s that holds the step's box-linear element a
+ * (0 <= a < the step's range end). A chunk [a, a + c) covers it and the
+ * following pieces while their off < a + c; piece q's elements
+ * [max(a, q->off), min(a + c, q->off + q->n)) are its own box-linear
+ * elements minus q->off, and chunk elements minus a. */
+static inline const xm_ppiece_t *xm_pstep_piece_first(const xm_program_t *p, const xm_pstep_t *s,
+                                                      int64_t a)
+{
+    const xm_ppiece_t *pc = p->pieces + s->piece_off;
+    int lo = 0, hi = s->npieces - 1; /* last piece with off <= a */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (pc[mid].off <= a)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return pc + lo;
+}
 
 /* Chunks of at most this many bytes keep every message count < 2^31. */
 #define XM_MAX_CHUNK_BYTES (1ll << 28)

@@ -543,10 +543,14 @@ static xmesh_result_t check_buffers(xmesh_plan_t p, const void *src, void *dst)
     return XMESH_SUCCESS;
 }
 
-static xmesh_result_t nccl_start(xmesh_plan_t plan, const void *src, void *dst,
+static xmesh_result_t nccl_start(xmesh_plan_t plan, const void *const *srcs, void *const *dsts,
                                  xmesh_request_t *out)
 {
     xm_nccl_exec_t *ex = plan->exec;
+    if (plan->ntensors != 1) /* api.c refuses such plans at creation */
+        return XM_ERR(XMESH_ERR_UNSUPPORTED, "the NCCL backend moves one tensor per plan");
+    const void *src = srcs[0];
+    void *dst = dsts[0];
     xmesh_result_t r = check_buffers(plan, src, dst);
     if (r)
         return r;

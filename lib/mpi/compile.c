@@ -23,17 +23,18 @@ static int geom_contiguous(const xm_geom_t *g)
 static int64_t stage_need(const xm_exec_t *x, const xm_pstep_t *s)
 {
     int64_t need = (int64_t)s->stage_es;
+    int zc = x->zero_copy && !s->npieces; /* a packed step always stages */
     switch (s->mode) {
     case XM_MODE_SRC:
-        if (x->zero_copy && geom_contiguous(&s->sg) && s->out_dt == x->dtype)
+        if (zc && geom_contiguous(&s->sg) && s->out_dt == s->sdt)
             need = 0;
         break;
     case XM_MODE_RECV:
-        if (x->zero_copy && geom_contiguous(&s->dg) && s->in_dt == x->dst_dtype)
+        if (zc && geom_contiguous(&s->dg) && s->in_dt == s->ddt)
             need = 0;
         break;
     case XM_MODE_FROM_DST:
-        if (x->zero_copy && geom_contiguous(&s->dg) && s->out_dt == x->dst_dtype)
+        if (zc && geom_contiguous(&s->dg) && s->out_dt == s->ddt)
             need = 0;
         break;
     default:
@@ -90,7 +91,12 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
                        .strategy = p->strategy,
                        .dtype = p->dtype,
                        .dst_dtype = p->dst_dtype,
-                       .chunk_bytes = p->chunk_bytes};
+                       .chunk_bytes = p->chunk_bytes,
+                       .ntensors = p->ntensors,
+                       .srcs = p->srcs,
+                       .dsts = p->dsts,
+                       .dtypes = p->dtypes,
+                       .dst_dtypes = p->dst_dtypes};
     xm_chains_t ch;
     xmesh_result_t r = xm_chains_build(&in, &ch);
     if (r)
@@ -117,6 +123,10 @@ static xmesh_result_t compile(xmesh_plan_t p, xm_exec_t *x)
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     int64_t fwd = p->cluster.forward_ahead; /* XMESH_FORWARD_AHEAD, agreed and modelled */
     x->forward_ahead = (int)(fwd < 1 ? 1 : fwd > x->window ? x->window : fwd);
+    x->srcs = calloc((size_t)p->ntensors, sizeof *x->srcs);
+    x->dsts = calloc((size_t)p->ntensors, sizeof *x->dsts);
+    if (!x->srcs || !x->dsts)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d tensors", p->ntensors);
     if (!(x->sx = calloc(x->prog.nsteps + 1, sizeof *x->sx)))
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps",
                       x->prog.nsteps);
@@ -234,6 +244,8 @@ static void exec_free(xm_mpi_ctx_t *be, xm_exec_t *x)
     if (!x->leak_stage)
         free(x->stage);
     xm_program_free(&x->prog);
+    free(x->srcs);
+    free(x->dsts);
     free(x->sx);
     free(x->reqs);
     free(x->req_idx);
@@ -256,10 +268,12 @@ static xmesh_result_t setup_trace(xmesh_plan_t p, xm_exec_t *x, int trace_flag, 
     char *in = calloc(n, 1);
     if (!in)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
-    for (int i = 0; i < p->src.mesh.ndev; i++)
-        in[p->src.mesh.devs[i]] = 1;
-    for (int i = 0; i < p->dst.mesh.ndev; i++)
-        in[p->dst.mesh.devs[i]] = 1;
+    for (int k = 0; k < p->ntensors; k++) {
+        for (int i = 0; i < p->srcs[k].mesh.ndev; i++)
+            in[p->srcs[k].mesh.devs[i]] = 1;
+        for (int i = 0; i < p->dsts[k].mesh.ndev; i++)
+            in[p->dsts[k].mesh.devs[i]] = 1;
+    }
     x->leader = -1;
     for (int i = 0; i < n; i++)
         if (in[i]) {

@@ -12,6 +12,7 @@ static void mpi_ctx_free(xmesh_ctx_t ctx);
 
 static const xm_backend_ops_t mpi_ops = {
     .name = "mpi",
+    .many_tensors = 1,
     .agree = mpi_agree,
     .plan_setup = xm_mpi_plan_setup,
     .plan_teardown = xm_mpi_plan_teardown,

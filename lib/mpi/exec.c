@@ -145,7 +145,8 @@ static void timed_sleep(xm_mpi_ctx_t *be, pthread_cond_t *cv, long ns)
  * makes no MPI call; without one it runs one progress round, so receives
  * are posted and the first chunks leave before the caller computes. On
  * error nothing is queued and *out is untouched. */
-xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *out)
+xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *const *srcs, void *const *dsts,
+                            xmesh_request_t *out)
 {
     xm_exec_t *x = p->exec;
     xm_mpi_ctx_t *be = p->ctx->be;
@@ -190,8 +191,10 @@ xmesh_result_t xm_mpi_start(xmesh_plan_t p, const void *src, void *dst, xmesh_re
     r->t_start = xm_mpi_now();
     r->deadline = p->timeout_s > 0 ? r->t_start + p->timeout_s : 0;
     r->next_abort_check = r->t_start;
-    x->src = src;
-    x->dst = dst;
+    for (int i = 0; i < p->ntensors; i++) { /* the caller's arrays may go once we return */
+        x->srcs[i] = srcs[i];
+        x->dsts[i] = dsts[i];
+    }
     memset(x->srt, 0, sizeof *x->srt * x->prog.nsteps);
     memset(x->tstate, 0, x->prog.ntasks);
     x->tfirst = 0;
@@ -495,14 +498,75 @@ static void staged(xm_exec_t *x, int64_t bytes)
         __atomic_fetch_add(x->staged, bytes, __ATOMIC_RELAXED);
 }
 
+/* Bytes of one buffer element of an op that touches blocks. */
+static size_t op_buf_es(const xm_pstep_t *s, const xm_pop_t *o)
+{
+    if (o->kind == XM_POP_TO_ACC || o->kind == XM_POP_ADD_ACC)
+        return xmesh_dtype_size(xm_dtype_acc(s->sdt));
+    return xmesh_dtype_size((xmesh_dtype_t)o->dt);
+}
+
+/* Op o of step s between the blocks of tensor k (geometries sg, dg) and
+ * buf, over the box-linear elements [a, a + cnt) of that box. */
+static void piece_op(xm_exec_t *x, int k, const xm_geom_t *sg, const xm_geom_t *dg,
+                     const xm_pstep_t *s, const xm_pop_t *o, char *buf, int64_t a, int64_t cnt)
+{
+    char *src = (char *)x->srcs[k], *dst = x->dsts[k];
+    switch (o->kind) {
+    case XM_POP_PACK:
+        xm_geom_copy_cv(XM_COPY_PACK, o->blk ? dg : sg, o->blk ? s->ddt : s->sdt,
+                        (xmesh_dtype_t)o->dt, o->blk ? dst : src, buf, a, cnt);
+        break;
+    case XM_POP_TO_ACC:
+    case XM_POP_ADD_ACC:
+        xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, sg, s->sdt, src,
+                     buf, a, cnt);
+        break;
+    case XM_POP_UNPACK:
+        xm_geom_copy_cv(XM_COPY_UNPACK, dg, s->ddt, (xmesh_dtype_t)o->dt, dst, buf, a, cnt);
+        break;
+    case XM_POP_COPY:
+        xm_geom_copy2_cv(sg, s->sdt, src, dg, s->ddt, dst, a, cnt);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Op o of step s over the step's box-linear elements [a, a + cnt), buf
+ * holding them in order: on the step's tensor, or piece by piece for a
+ * packed step (plans of many tensors: each piece is a box of its own
+ * tensor, at its place in the chunk). */
+static void block_op(xm_exec_t *x, const xm_pstep_t *s, const xm_pop_t *o, char *buf, int64_t a,
+                     int64_t cnt)
+{
+    if (!s->npieces) {
+        piece_op(x, s->tensor, &s->sg, &s->dg, s, o, buf, a, cnt);
+        return;
+    }
+    size_t bes = op_buf_es(s, o);
+    const xm_ppiece_t *pc = xm_pstep_piece_first(&x->prog, s, a);
+    const xm_ppiece_t *end = x->prog.pieces + s->piece_off + s->npieces;
+    for (; pc < end && pc->off < a + cnt; pc++) {
+        int64_t lo = a > pc->off ? a : pc->off;
+        int64_t hi = a + cnt < pc->off + pc->n ? a + cnt : pc->off + pc->n;
+        if (hi > lo)
+            piece_op(x, pc->tensor, &pc->sg, &pc->dg, s, o,
+                     buf ? buf + (lo - a) * (int64_t)bes : NULL, lo - pc->off, hi - lo);
+    }
+}
+
 static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx, xm_step_rt_t *rt,
                          int64_t c, MPI_Request *sendreq)
 {
     int64_t a, cnt, off;
     xm_pstep_chunk(s, c, &a, &cnt);
     int slot = (int)(c % x->window);
-    size_t des = x->dst_es, bs = s->stage_es;
-    char *dst = x->dst, *src = (char *)x->src;
+    size_t des = xmesh_dtype_size(s->ddt), bs = s->stage_es;
+    int packed = s->npieces > 0;
+    /* zero copy works on one block: never for a packed step */
+    char *dst = packed ? NULL : x->dsts[s->tensor];
+    char *src = packed ? NULL : (char *)x->srcs[s->tensor];
     char *buf = sx->stage_off >= 0 ? x->stage + sx->stage_off + (int64_t)slot * s->ce * bs : NULL;
     const char *sbuf = buf;
     int in_place = 0;
@@ -510,7 +574,7 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
         const xm_pop_t *o = &s->ops[i];
         switch (o->kind) {
         case XM_POP_RECV:
-            if (s->mode == XM_MODE_RECV && x->zero_copy && s->in_dt == x->dst_dtype &&
+            if (!packed && s->mode == XM_MODE_RECV && x->zero_copy && s->in_dt == s->ddt &&
                 xm_geom_contig(&s->dg, a, cnt, &off)) {
                 sbuf = dst + off * des; /* post_recv received into the block */
                 in_place = 1;
@@ -519,29 +583,29 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
         case XM_POP_PACK: {
             const xm_geom_t *g = o->blk ? &s->dg : &s->sg;
             char *blk = o->blk ? dst : src;
-            xmesh_dtype_t bdt = o->blk ? x->dst_dtype : x->dtype;
-            if (x->zero_copy && o->dt == bdt && xm_geom_contig(g, a, cnt, &off)) {
+            xmesh_dtype_t bdt = o->blk ? s->ddt : s->sdt;
+            if (!packed && x->zero_copy && o->dt == bdt && xm_geom_contig(g, a, cnt, &off)) {
                 sbuf = blk + off * xmesh_dtype_size(bdt);
             } else {
-                xm_geom_copy_cv(XM_COPY_PACK, g, bdt, (xmesh_dtype_t)o->dt, blk, buf, a, cnt);
+                block_op(x, s, o, buf, a, cnt);
                 staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
             }
             break;
         }
         case XM_POP_TO_ACC:
         case XM_POP_ADD_ACC:
-            xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg,
-                         x->dtype, src, buf, a, cnt);
-            staged(x, cnt * (int64_t)xmesh_dtype_size(xm_dtype_acc(x->dtype)));
+            block_op(x, s, o, buf, a, cnt);
+            staged(x, cnt * (int64_t)xmesh_dtype_size(xm_dtype_acc(s->sdt)));
             break;
         case XM_POP_TO_NATIVE:
-            xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(x->dtype), buf, cnt);
+            xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(s->sdt), buf, cnt);
             break;
         case XM_POP_UNPACK: {
             /* XMESH_CHECK sums the values as they came off the wire: the
-             * written block when the wire carries its dtype, else the
-             * received buffer before it is converted. */
-            int conv = o->dt != x->dst_dtype;
+             * written block when the wire carries its dtype, else (and for
+             * a packed step, whose chunk spans several blocks) the
+             * received buffer before it is unpacked. */
+            int conv = o->dt != s->ddt || packed;
             if (x->check && s->ck_verify && conv) {
                 if (x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
                     buf[0] ^= 0x40;
@@ -551,8 +615,7 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
                     xm_geom_hash(NULL, buf, 1, 0, cnt * (int64_t)xmesh_dtype_size(o->dt));
             }
             if (!in_place) {
-                xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst,
-                                buf, a, cnt);
+                block_op(x, s, o, buf, a, cnt);
                 staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
             }
             if (x->check && s->ck_verify && !conv) {
@@ -568,7 +631,7 @@ static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx
         }
         case XM_POP_COPY: {
             double t0 = x->trace ? xm_mpi_now() - x->t0 : 0;
-            xm_geom_copy2_cv(&s->sg, x->dtype, src, &s->dg, x->dst_dtype, dst, a, cnt);
+            block_op(x, s, o, NULL, a, cnt);
             staged(x, cnt * (int64_t)des);
             if (x->trace)
                 xm_mpi_trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)des, t0,
@@ -600,9 +663,9 @@ static int post_recv(xm_exec_t *x, const xm_pstep_t *s, xm_step_rt_t *rt, int64_
     int slot = (int)(c % x->window);
     void *buf;
     int bytes = (int)(cnt * (int64_t)xmesh_dtype_size(s->in_dt));
-    if (s->mode == XM_MODE_RECV && x->zero_copy && s->in_dt == x->dst_dtype &&
+    if (!s->npieces && s->mode == XM_MODE_RECV && x->zero_copy && s->in_dt == s->ddt &&
         xm_geom_contig(&s->dg, a, cnt, &off))
-        buf = (char *)x->dst + off * x->dst_es;
+        buf = (char *)x->dsts[s->tensor] + off * (int64_t)xmesh_dtype_size(s->ddt);
     else
         buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * (int64_t)s->stage_es;
     rt->t_recv[slot] = x->trace ? xm_mpi_now() - x->t0 : 0;
@@ -654,15 +717,27 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_pstep_t *s, xm_
                 /* Global coordinates of the chunk's first element. */
                 const xm_taskset_t *ts = &r->plan->ts;
                 const xm_box_t *b = &ts->tasks[s->task].box;
+                int nd = xm_task_ndim(ts, &ts->tasks[s->task]);
                 char at[160] = "";
                 int o = 0;
                 int64_t rem = a, idx[XM_MAX_DIMS];
-                for (int d = ts->ndim - 1; d >= 0; d--) {
+                if (s->npieces) { /* a packed step: the tensor and its own box */
+                    const xm_ppiece_t *pc = xm_pstep_piece_first(&x->prog, s, a);
+                    const xm_piece_t *tp = &ts->pieces[ts->tasks[s->task].pack_off +
+                                                       (int)(pc - x->prog.pieces - s->piece_off)];
+                    b = &tp->box;
+                    nd = ts->tmeta[tp->tensor].ndim;
+                    rem = a - pc->off;
+                    o = snprintf(at, sizeof at, "tensor %d: ", tp->tensor);
+                } else if (r->plan->ntensors > 1) {
+                    o = snprintf(at, sizeof at, "tensor %d: ", s->tensor);
+                }
+                for (int d = nd - 1; d >= 0; d--) {
                     int64_t e = b->hi[d] - b->lo[d];
                     idx[d] = b->lo[d] + rem % e;
                     rem /= e;
                 }
-                for (int d = 0; d < ts->ndim && o < (int)sizeof at - 24; d++)
+                for (int d = 0; d < nd && o < (int)sizeof at - 24; d++)
                     o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
                 /* Pass the origin's sums on, so the ranks downstream (which
                  * got the same damaged bytes) report it too instead of

@@ -87,8 +87,8 @@ typedef struct xm_exec {
     xm_step_rt_t *srt;
     unsigned char *tstate; /* per rtask: 0 pending, 1 active, 2 done */
     int tfirst;            /* lowest rtask not done */
-    const void *src;
-    void *dst;
+    const void **srcs;     /* the plan's ntensors blocks of the reshard in flight */
+    void **dsts;
     struct xm_request *active;
     int broken;     /* a reshard failed or timed out: the plan cannot run again */
     int leak_stage; /* requests still in flight at destroy: stage and ck are leaked */
@@ -182,7 +182,8 @@ double xm_mpi_now(void);
 xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t plan);
 void xm_mpi_plan_teardown(xmesh_plan_t plan);
 /* exec.c */
-xmesh_result_t xm_mpi_start(xmesh_plan_t plan, const void *src, void *dst, xmesh_request_t *req);
+xmesh_result_t xm_mpi_start(xmesh_plan_t plan, const void *const *srcs, void *const *dsts,
+                            xmesh_request_t *req);
 xmesh_result_t xm_mpi_test(xmesh_request_t req);
 xmesh_result_t xm_mpi_wait(xmesh_request_t req);
 void *xm_mpi_progress_main(void *arg);

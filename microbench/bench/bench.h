@@ -99,6 +99,21 @@ void bench_scalapack_free(bench_scalapack_t *s);
 /* Releases BLACS's own buffers (not MPI) if BLACS was used. */
 void bench_scalapack_finalize(void);
 
+/* ---- whole models (weights.c): xmesh-bench -s weights ---------------- */
+
+typedef struct bench_weights_opts {
+    int iters, warmup, check;
+    const char *json;    /* -J path or NULL */
+    const char *cases;   /* -C comma list or NULL: all */
+    const char *methods; /* -m comma list or NULL: all */
+} bench_weights_opts_t;
+
+/* Collective over the world: runs the weights suite (GPT-2's parameters
+ * between training and inference layouts, 1,000 small tensors) with every
+ * method, prints the table and the targets on rank 0, writes JSON. Returns
+ * 0, 1 (wrong elements or a failed method) or 2 (too few ranks). */
+int bench_weights(const bench_world_t *w, xmesh_ctx_t ctx, const bench_weights_opts_t *o);
+
 /* ---- calibration (calib.c) ------------------------------------------- */
 
 typedef struct bench_calib {

@@ -207,7 +207,9 @@ static int mpi_allgather(void *user, const void *send, void *recv, size_t bytes)
 static void usage(void)
 {
     printf("usage: mpirun ... xmesh-bench [options]\n"
-           "  -s suite     n-to-m | 1-to-m | loadbalance | 2d | chain (default n-to-m)\n"
+           "  -s suite     n-to-m | 1-to-m | loadbalance | 2d | chain | weights (default\n"
+           "               n-to-m); weights: GPT-2's 148 tensors and 1,000 small ones, methods\n"
+           "               many,serial,concurrent,alltoallv,ckpt-engine (docs/MANY.md)\n"
            "  -m methods   comma list (default: the suite's); known:\n");
     for (int i = 0; i < NMETHODS; i++)
         printf("                 %-20s %s\n", methods[i].name, methods[i].help);
@@ -1235,6 +1237,14 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++)
         if (!strcmp(suites[i].name, O.suite))
             suite = &suites[i];
+    /* weights (weights.c): whole models, its own cases and methods */
+    static const suite_t weights_suite = {"weights", NULL, 0, "", 0};
+    int weights = !strcmp(O.suite, "weights");
+    if (weights) {
+        suite = &weights_suite;
+        if (O.minbytes < 0)
+            O.minbytes = 0;
+    }
     int rank0 = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank0);
     if (help || bad || !suite || optind < argc) {
@@ -1247,7 +1257,7 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return help ? 0 : 2;
     }
-    if (O.methods) {
+    if (O.methods && !weights) {
         for (const char *p = O.methods; *p;) {
             const char *q = strchr(p, ',');
             size_t len = q ? (size_t)(q - p) : strlen(p);
@@ -1311,6 +1321,22 @@ int main(int argc, char **argv)
                      xmesh_result_string(r), xmesh_last_error());
     }
 
+    if (weights) {
+        int wrc = 2;
+        if (X.available) {
+            if (W.rank == 0) {
+                printf("# xmesh-bench  suite weights  xmesh %s\n", xmesh_version_string());
+                print_calib(&cal);
+            }
+            bench_weights_opts_t wo = {O.iters, O.warmup, O.check, O.json, O.cases, O.methods};
+            wrc = bench_weights(&W, X.ctx, &wo);
+            xmesh_ctx_destroy(X.ctx);
+        } else if (W.rank == 0) {
+            fprintf(stderr, "xmesh-bench: %s\n", X.why);
+        }
+        MPI_Finalize();
+        return wrc;
+    }
     if (W.rank == 0) {
         printf("# xmesh-bench  suite %s  xmesh %s  transport %s\n", suite->name,
                xmesh_version_string(), O.transport);

@@ -37,6 +37,7 @@ __all__ = [
     "Mesh",
     "Layout",
     "Plan",
+    "PlanMany",
     "Request",
     "PlanInfo",
     "Error",
@@ -366,6 +367,16 @@ class Context(_Handle):
         """
         return Plan(self, src, dst, **params)
 
+    def plan_many(self, pairs, **params):
+        """One plan of many tensors (collective): ``pairs`` is a list of
+        ``(src, dst)`` Layout pairs, or a dict of them. Every tensor has its
+        own shape, dtypes, shardings and meshes; their unit tasks are
+        scheduled together and small ones share chunks (docs/MANY.md).
+        Calling the plan takes and returns lists (or dicts with the same
+        keys) of blocks; parameters as for ``plan``.
+        """
+        return PlanMany(self, pairs, **params)
+
     def close(self):
         """Closes open plans (after their requests complete), meshes, then the context."""
         if self._h is None:
@@ -498,6 +509,8 @@ class PlanInfo:
         "strategy",
         "scheduler",
         "chunk_bytes",
+        "tensors",
+        "scheduled_tasks",
     )
 
     def __init__(self, c):
@@ -659,6 +672,153 @@ class Plan(_Handle):
         return f"<xmesh.Plan {self.src.spec!r} -> {self.dst.spec!r}{' closed' if self.closed else ''}>"
 
 
+def _plan_params(params):
+    p = _lib.plan_params_initializer()
+    for key, value in params.items():
+        if value is None:
+            continue
+        if key == "strategy":
+            p.strategy = _parse(_lib.strategy_parse, value, "strategy")
+        elif key == "scheduler":
+            p.scheduler = _parse(_lib.scheduler_parse, value, "scheduler")
+        elif key in ("chunk_bytes", "budget_us", "seed"):
+            setattr(p, key, int(value))
+        elif key == "timeout_s":
+            p.timeout_s = float(value)
+        else:
+            raise _bad(f"unknown plan parameter {key!r} (strategy, scheduler, chunk_bytes, budget_us, seed, timeout_s)")
+    return p
+
+
+class PlanMany(Plan):
+    """A plan of many tensors (``ctx.plan_many(pairs)``); call it to move them.
+
+    ``plan(srcs=None, dsts=None)`` takes a list (or, when the plan was made
+    from a dict, a dict with the same keys) of this rank's source blocks,
+    None where it holds none (``srcs=None``: none at all), and optionally
+    destination blocks alike; it returns the destination blocks in the same
+    form (new arrays where none were given, None where the rank holds
+    none). ``plan.start(...)`` returns a Request whose ``wait()`` returns
+    them. Blocks are checked before anything moves, errors naming the
+    tensor (its index or key).
+    """
+
+    def __init__(self, ctx, pairs, **params):
+        ctx._need()
+        if isinstance(pairs, dict):
+            self.keys = list(pairs.keys())
+            items = [pairs[k] for k in self.keys]
+        else:
+            self.keys = None
+            try:
+                items = list(pairs)
+            except TypeError:
+                raise _bad(f"pairs must be a list or dict of (src, dst) Layout pairs, got {type(pairs).__name__}") from None
+        if not items:
+            raise _bad("pairs is empty: a plan of many needs at least one (src, dst) pair")
+        srcs, dsts = [], []
+        for i, pair in enumerate(items):
+            name = self._name(i)
+            try:
+                src, dst = pair
+            except (TypeError, ValueError):
+                raise _bad(f"tensor {name}: expected a (src, dst) pair of Layouts, got {pair!r}") from None
+            for role, l in (("src", src), ("dst", dst)):
+                if not isinstance(l, Layout):
+                    raise _bad(f"tensor {name}: {role} must be an xmesh.Layout, got {type(l).__name__}")
+                if l.mesh.ctx is not ctx:
+                    raise _bad(f"tensor {name}: {role}'s mesh belongs to another Context")
+            srcs.append(src)
+            dsts.append(dst)
+        self.ctx, self.srcs, self.dsts = ctx, srcs, dsts
+        # Plan's single-tensor attributes: the first tensor's
+        self.src, self.dst = srcs[0], dsts[0]
+        p = _plan_params(params)
+        n = len(srcs)
+        cs = (_lib.Layout * n)(*[l._struct() for l in srcs])
+        cd = (_lib.Layout * n)(*[l._struct() for l in dsts])
+        out = _lib.handle_t()
+        _check(_lib.plan_create_many(ctx._h, n, cs, cd, ctypes.byref(p), ctypes.byref(out)), "xmesh_plan_create_many")
+        self._h = out.value
+        self._requests = weakref.WeakSet()
+        self.src_shapes = [l.local_shape(ctx.rank) for l in srcs]
+        self.dst_shapes = [l.local_shape(ctx.rank) for l in dsts]
+        self.src_shape, self.dst_shape = self.src_shapes[0], self.dst_shapes[0]
+        ctx._plans.add(self)
+
+    def __len__(self):
+        return len(self.srcs)
+
+    def _name(self, i):
+        return repr(self.keys[i]) if self.keys is not None else str(i)
+
+    def _items(self, blocks, role):
+        n = len(self.srcs)
+        if blocks is None:
+            return [None] * n
+        if self.keys is not None:
+            if not isinstance(blocks, dict):
+                raise _bad(f"{role}: the plan was made from a dict: pass a dict with its keys, got {type(blocks).__name__}")
+            extra = [k for k in blocks if k not in self.keys]
+            if extra:
+                raise _bad(f"{role}: key {extra[0]!r} is not a tensor of the plan")
+            return [blocks.get(k) for k in self.keys]
+        if isinstance(blocks, dict):
+            raise _bad(f"{role}: the plan was made from a list: pass a list of {n} blocks, got a dict")
+        blocks = list(blocks)
+        if len(blocks) != n:
+            raise _bad(f"{role}: {len(blocks)} blocks for a plan of {n} tensors")
+        return blocks
+
+    def _blocks_many(self, srcs, dsts):
+        ss, ds = self._items(srcs, "srcs"), self._items(dsts, "dsts")
+        S, D = [], []
+        for i in range(len(self.srcs)):
+            name = self._name(i)
+            try:
+                s = self._block(ss[i], self.srcs[i], self.src_shapes[i], f"srcs[{name}]", False)
+                d = self._block(ds[i], self.dsts[i], self.dst_shapes[i], f"dsts[{name}]", True)
+            except Error as e:
+                raise type(e)(f"tensor {name}: {e}") from None
+            S.append(s)
+            D.append(d)
+        # a destination must not share memory with any other block
+        live = [(f"srcs[{self._name(i)}]", b.arr) for i, b in enumerate(S) if b.arr is not None and b.arr.size]
+        live += [(f"dsts[{self._name(i)}]", b.arr) for i, b in enumerate(D) if b.arr is not None and b.arr.size]
+        for i, (na, a) in enumerate(live):
+            for nb, b in live[i + 1 :]:
+                if (na.startswith("dsts") or nb.startswith("dsts")) and np.may_share_memory(a, b):
+                    raise _bad(f"{nb} overlaps {na} in memory; pass separate blocks")
+        n = len(S)
+        cs = (ctypes.c_void_p * n)(*[b.ptr for b in S])
+        cd = (ctypes.c_void_p * n)(*[b.ptr for b in D])
+        return S, D, cs, cd
+
+    def _collect(self, D):
+        out = [_result(d) for d in D]
+        return dict(zip(self.keys, out)) if self.keys is not None else out
+
+    def __call__(self, srcs=None, dsts=None):
+        h = self._need()
+        S, D, cs, cd = self._blocks_many(srcs, dsts)
+        _check(_lib.reshard_many(h, cs, cd), "xmesh_reshard_many")
+        return self._collect(D)
+
+    def start(self, srcs=None, dsts=None):
+        """Starts moving every tensor and returns a Request; ``wait()``
+        returns the destination blocks (list or dict)."""
+        h = self._need()
+        S, D, cs, cd = self._blocks_many(srcs, dsts)
+        out = _lib.handle_t()
+        _check(_lib.reshard_many_start(h, cs, cd, ctypes.byref(out)), "xmesh_reshard_many_start")
+        req = _ManyRequest(self, out.value, S, D)
+        self._requests.add(req)
+        return req
+
+    def __repr__(self):
+        return f"<xmesh.PlanMany of {len(self.srcs)} tensors{' closed' if self.closed else ''}>"
+
+
 def _result(d):
     if d.arr is None:
         return None
@@ -728,6 +888,18 @@ class Request:
 
     def __repr__(self):
         return f"<xmesh.Request {'done' if self.done else 'in flight'}>"
+
+
+class _ManyRequest(Request):
+    """A plan of many in flight: ``wait()`` returns the list (or dict) of
+    destination blocks."""
+
+    def wait(self):
+        if self._h is not None:
+            self._finish(_lib.wait(self._h))
+        elif self._error is not None:
+            raise self._error
+        return self.plan._collect(self._dst) if self._dst is not None else None
 
 
 _atexit_registered = False

@@ -64,6 +64,8 @@ class PlanInfo(ctypes.Structure):
         ("strategy", enum_t),
         ("scheduler", enum_t),
         ("chunk_bytes", ctypes.c_int64),
+        ("tensors", ctypes.c_int),
+        ("scheduled_tasks", ctypes.c_int),
     ]
 
 
@@ -136,10 +138,29 @@ plan_create = _proto(
     ctypes.POINTER(PlanParams),
     ctypes.POINTER(handle_t),
 )
+plan_create_many = _proto(
+    "xmesh_plan_create_many",
+    result_t,
+    handle_t,
+    ctypes.c_int,
+    ctypes.POINTER(Layout),
+    ctypes.POINTER(Layout),
+    ctypes.POINTER(PlanParams),
+    ctypes.POINTER(handle_t),
+)
 plan_destroy = _proto("xmesh_plan_destroy", result_t, handle_t)
 plan_get_info = _proto("xmesh_plan_get_info", result_t, handle_t, ctypes.POINTER(PlanInfo))
 reshard = _proto("xmesh_reshard", result_t, handle_t, ctypes.c_void_p, ctypes.c_void_p)
 reshard_start = _proto("xmesh_reshard_start", result_t, handle_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(handle_t))
+reshard_many = _proto("xmesh_reshard_many", result_t, handle_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p))
+reshard_many_start = _proto(
+    "xmesh_reshard_many_start",
+    result_t,
+    handle_t,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.POINTER(handle_t),
+)
 test = _proto("xmesh_test", result_t, handle_t)
 wait = _proto("xmesh_wait", result_t, handle_t)
 

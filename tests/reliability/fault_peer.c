@@ -7,13 +7,16 @@
  *
  *   mpiexec -n N fault_peer --mode stop|kill|linkcut --role src|dst
  *           [--after K] [--resume] [--margin S] [--per-host H] [--elems E]
- *           [--out DIR] [--mark FILE] [--finalize-anyway]
+ *           [--out DIR] [--mark FILE] [--finalize-anyway] [--many K]
  *
  * Needs XMESH_TIMEOUT_S in the environment (the timeout under test). The
  * plan: rank 0 holds an i32 vector of E elements, ranks 1..N-1 each need all
  * of it (sendrecv strategy: one point-to-point route per receiver, 256 KiB
  * chunks, so each receiver waits on rank 0 directly). Ranks pretend to sit on
- * hosts of H ranks (H = 0: real hosts, e.g. the emulated cluster). One
+ * hosts of H ranks (H = 0: real hosts, e.g. the emulated cluster). With
+ * --many K (2..64) the vector is a plan of K tensors (K - 1 of 4 KiB,
+ * packed into shared chunks, then the rest), moved by xmesh_reshard_many:
+ * the same contracts hold for a plan of many. One
  * warm-up reshard is checked first, then the victim arms the PMPI injector
  * (inject.c) and the second reshard runs:
  *   --role src  victim = rank 0; it acts in its K-th MPI_Isend of >= 64 KiB:
@@ -105,6 +108,33 @@ static int32_t value(int64_t i, int iter)
 
 #define SENTINEL ((int32_t)0x7e7e7e7e)
 
+/* --many K: the vector as K tensors (blocks are slices of one buffer). */
+static int g_many = 1;
+static int64_t *g_shapes;
+
+static xmesh_result_t reshard_start(xmesh_plan_t plan, int32_t *src, int32_t *dst,
+                                    xmesh_request_t *rq)
+{
+    if (g_many <= 1)
+        return xmesh_reshard_start(plan, src, dst, rq);
+    const void *sp[64];
+    void *dp[64];
+    int64_t off = 0;
+    for (int k = 0; k < g_many; k++) {
+        sp[k] = src ? src + off : NULL;
+        dp[k] = dst ? dst + off : NULL;
+        off += g_shapes[k];
+    }
+    return xmesh_reshard_many_start(plan, sp, dp, rq);
+}
+
+static xmesh_result_t reshard(xmesh_plan_t plan, int32_t *src, int32_t *dst)
+{
+    xmesh_request_t rq;
+    xmesh_result_t r = reshard_start(plan, src, dst, &rq);
+    return r ? r : xmesh_wait(rq);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = "stop", *role = "src", *outdir = NULL, *markp = NULL;
@@ -132,6 +162,8 @@ int main(int argc, char **argv)
             outdir = argv[++i];
         else if (!strcmp(argv[i], "--elems") && i + 1 < argc)
             elems = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--many") && i + 1 < argc)
+            g_many = atoi(argv[++i]);
         else {
             fprintf(stderr, "fault_peer: unknown argument '%s'\n", argv[i]);
             return 2;
@@ -194,7 +226,27 @@ int main(int argc, char **argv)
     xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
     pp.strategy = XMESH_STRATEGY_SENDRECV;
     pp.chunk_bytes = 256 << 10;
-    if (xmesh_plan_create(ctx, &sl, &dl, &pp, &plan)) {
+    xmesh_result_t cr;
+    if (g_many > 1) { /* the vector as g_many tensors: small ones (packed), then the rest */
+        if (g_many > 64 || elems < 1024ll * g_many) {
+            fprintf(stderr, "fault: --many %d: at most 64, and --elems >= %d\n", g_many,
+                    1024 * g_many);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+        g_shapes = malloc(sizeof(int64_t) * g_many);
+        xmesh_layout_t *ms = malloc(sizeof *ms * g_many), *md = malloc(sizeof *md * g_many);
+        for (int k = 0; k < g_many; k++) {
+            g_shapes[k] = k < g_many - 1 ? 1024 : elems - 1024ll * (g_many - 1);
+            ms[k] = (xmesh_layout_t){1, &g_shapes[k], XMESH_I32, sm, "B"};
+            md[k] = (xmesh_layout_t){1, &g_shapes[k], XMESH_I32, dm, "B"};
+        }
+        cr = xmesh_plan_create_many(ctx, g_many, ms, md, &pp, &plan);
+        free(ms);
+        free(md);
+    } else {
+        cr = xmesh_plan_create(ctx, &sl, &dl, &pp, &plan);
+    }
+    if (cr) {
         fprintf(stderr, "fault: rank %d: plan_create: %s\n", g_rank, xmesh_last_error());
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
@@ -206,7 +258,7 @@ int main(int argc, char **argv)
         src[i] = value(i, 0);
     for (int64_t i = 0; dst && i < elems; i++)
         dst[i] = SENTINEL;
-    xmesh_result_t r = xmesh_reshard(plan, src, dst);
+    xmesh_result_t r = reshard(plan, src, dst);
     int64_t bad = 0;
     for (int64_t i = 0; dst && i < elems; i++)
         bad += dst[i] != value(i, 0);
@@ -245,7 +297,7 @@ int main(int argc, char **argv)
     }
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now();
-    r = xmesh_reshard(plan, src, dst);
+    r = reshard(plan, src, dst);
     double dt = now() - t0;
     char msg[600];
     snprintf(msg, sizeof msg, "%s", r ? xmesh_last_error() : "");
@@ -287,6 +339,16 @@ int main(int argc, char **argv)
             if (garbage > (linkcut ? 1 : 0))
                 failf("%lld destination elements hold neither the old nor the new value",
                       (long long)garbage);
+        } else if (g_many > 1 && (r == XMESH_ERR_TIMEOUT || r == XMESH_ERR_REMOTE)) {
+            /* One plan of many is one ordered task list: rank 0 serves the
+             * later (packed) task only after the one the victim stalls, so
+             * the other receivers may time out too, never with garbage. */
+            if (garbage)
+                failf("%lld destination elements hold neither the old nor the new value",
+                      (long long)garbage);
+            else if (dt > timeout + margin)
+                failf("%s after %.3f s, want within %g s", xmesh_result_string(r), dt,
+                      timeout + margin);
         } else if (r != XMESH_SUCCESS || written != elems) {
             failf("receiver not served by the victim: %s, %lld of %lld elements correct",
                   xmesh_result_string(r), (long long)written, (long long)elems);
@@ -294,7 +356,7 @@ int main(int argc, char **argv)
         /* After the error the plan must refuse to run again, and every
          * handle must go away. */
         xmesh_request_t rq;
-        if (r && xmesh_reshard_start(plan, src, dst, &rq) != XMESH_ERR_INVALID_USAGE)
+        if (r && reshard_start(plan, src, dst, &rq) != XMESH_ERR_INVALID_USAGE)
             failf("a failed plan accepted another reshard");
         double c0 = now();
         xmesh_result_t d1 = xmesh_plan_destroy(plan), d2 = xmesh_mesh_destroy(sm),

@@ -35,7 +35,8 @@ static void t_teardown(xmesh_plan_t p)
     (void)p;
     teardown_calls++;
 }
-static xmesh_result_t t_start(xmesh_plan_t p, const void *s, void *d, xmesh_request_t *req)
+static xmesh_result_t t_start(xmesh_plan_t p, const void *const *s, void *const *d,
+                              xmesh_request_t *req)
 {
     (void)s;
     (void)d;
@@ -58,7 +59,7 @@ static void t_free(xmesh_ctx_t ctx)
     (void)ctx;
 }
 static const xm_backend_ops_t test_ops = {"test", t_agree, t_setup, t_teardown, t_start,
-                                          t_wait, t_wait,  t_free,  NULL};
+                                          t_wait, t_wait,  t_free,  NULL,       0};
 
 static xmesh_ctx_t make_ctx(int size, int per_host)
 {
