@@ -240,8 +240,11 @@ static void timed_sleep(xu_ctx_t *be, pthread_cond_t *cv, long ns)
     pthread_cond_timedwait(cv, &be->mu, &ts);
 }
 
-xmesh_result_t xu_start(xmesh_plan_t p, const void *src, void *dst, xmesh_request_t *out)
+xmesh_result_t xu_start(xmesh_plan_t p, const void *const *srcs, void *const *dsts,
+                        xmesh_request_t *out)
 {
+    const void *src = srcs[0];
+    void *dst = dsts[0];
     xu_exec_t *x = p->exec;
     xu_ctx_t *be = p->ctx->be;
     if (!x)

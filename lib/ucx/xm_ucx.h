@@ -176,7 +176,10 @@ xmesh_result_t xu_status_err(xmesh_result_t code, ucs_status_t st, const char *w
 /* exec.c */
 xmesh_result_t xu_plan_setup(xmesh_plan_t plan);
 void xu_plan_teardown(xmesh_plan_t plan);
-xmesh_result_t xu_start(xmesh_plan_t plan, const void *src, void *dst, xmesh_request_t *req);
+/* Plans of one tensor only (the backend does not set many_tensors): srcs[0]
+ * and dsts[0] are the blocks. */
+xmesh_result_t xu_start(xmesh_plan_t plan, const void *const *srcs, void *const *dsts,
+                        xmesh_request_t *req);
 xmesh_result_t xu_test(xmesh_request_t req);
 xmesh_result_t xu_wait(xmesh_request_t req);
 void xu_stats(xmesh_ctx_t ctx, xmesh_ctx_stats_t *st);
