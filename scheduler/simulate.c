@@ -123,10 +123,13 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
     res.nnics = p.nnics;
     res.nic_send_busy_s = calloc(p.nnics + 1, sizeof(double));
     res.nic_recv_busy_s = calloc(p.nnics + 1, sizeof(double));
+    res.nic_send_bytes = calloc(p.nnics + 1, sizeof(double));
+    res.nic_recv_bytes = calloc(p.nnics + 1, sizeof(double));
     res.task_start_s = calloc(n + 1, sizeof(double));
     res.task_end_s = calloc(n + 1, sizeof(double));
     if (!dir_free || !dev_local || !cnt || !tr.use_dir || !tr.use_count || !res.nic_send_busy_s ||
-        !res.nic_recv_busy_s || !res.task_start_s || !res.task_end_s) {
+        !res.nic_recv_busy_s || !res.nic_send_bytes || !res.nic_recv_bytes || !res.task_start_s ||
+        !res.task_end_s) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "xm_simulate: out of memory for %d tasks", n);
         goto out_free;
     }
@@ -151,10 +154,13 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         for (int u = 0; u < tr.nuse; u++) {
             dir_free[tr.use_dir[u]] = end;
             int nic = tr.use_dir[u] / 2;
-            if (tr.use_dir[u] & 1)
+            if (tr.use_dir[u] & 1) {
                 res.nic_recv_busy_s[nic] += tr.dur;
-            else
+                res.nic_recv_bytes[nic] += (double)ts->tasks[t].bytes;
+            } else {
                 res.nic_send_busy_s[nic] += tr.dur;
+                res.nic_send_bytes[nic] += (double)ts->tasks[t].bytes;
+            }
         }
         res.task_start_s[t] = start;
         res.task_end_s[t] = end;
@@ -183,6 +189,8 @@ void xm_sim_result_free(xm_sim_result_t *r)
         return;
     free(r->nic_send_busy_s);
     free(r->nic_recv_busy_s);
+    free(r->nic_send_bytes);
+    free(r->nic_recv_bytes);
     free(r->task_start_s);
     free(r->task_end_s);
     memset(r, 0, sizeof *r);

@@ -196,6 +196,10 @@ typedef struct xm_sim_result {
     int nnics; /* nhosts * nics_per_host */
     double *nic_send_busy_s;
     double *nic_recv_busy_s;
+    /* Bytes through each NIC direction: a task's bytes once for every NIC
+     * direction its routes use. */
+    double *nic_send_bytes;
+    double *nic_recv_bytes;
     double *task_start_s; /* ntasks */
     double *task_end_s;   /* ntasks */
 } xm_sim_result_t;

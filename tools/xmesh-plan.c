@@ -1170,6 +1170,27 @@ static int many_run(const opts_t *o)
         xm_schedule_free(&s1);
         xm_taskset_free(&one);
     }
+    /* The busiest NIC of the plan of many (simulated busy seconds per
+     * direction) and the most bytes any NIC sends or receives. */
+    xm_sim_result_t sim = {0};
+    double send_busy = 0, recv_busy = 0, send_bytes = 0, recv_bytes = 0;
+    int send_nic = -1, recv_nic = -1;
+    if (!rc && ts.ntasks > 0) {
+        if (xm_simulate(&ts, &cl, &sc, &sim, NULL)) {
+            fprintf(stderr, "xmesh-plan: simulation failed: %s\n", xmesh_last_error());
+            rc = 1;
+        }
+        for (int n = 0; !rc && n < sim.nnics; n++) {
+            if (sim.nic_send_busy_s[n] > send_busy)
+                send_busy = sim.nic_send_busy_s[n], send_nic = n;
+            if (sim.nic_recv_busy_s[n] > recv_busy)
+                recv_busy = sim.nic_recv_busy_s[n], recv_nic = n;
+            if (sim.nic_send_bytes[n] > send_bytes)
+                send_bytes = sim.nic_send_bytes[n];
+            if (sim.nic_recv_bytes[n] > recv_bytes)
+                recv_bytes = sim.nic_recv_bytes[n];
+        }
+    }
     if (!rc) {
         for (int t = 0; t < ts.ntasks; t++) {
             units += ts.tasks[t].npack ? ts.tasks[t].npack : 1;
@@ -1184,12 +1205,16 @@ static int many_run(const opts_t *o)
                    "\"bytes_cross_host\": %lld, \"lower_bound_s\": %.9g, \"predicted_s\": "
                    "%.9g, \"ratio\": %.6g, \"per_tensor_serial_s\": %.9g, \"split\": %d, "
                    "\"scheduler\": \"%s\", \"strategy\": \"%s\", \"chunk_bytes\": %lld, "
-                   "\"pack_bytes\": %lld, \"decompose_ms\": %.3f, \"plan_ms\": %.3f}\n",
+                   "\"pack_bytes\": %lld, \"decompose_ms\": %.3f, \"plan_ms\": %.3f, "
+                   "\"nics\": %d, \"busiest_send_nic\": %d, \"busiest_send_s\": %.9g, "
+                   "\"most_send_bytes\": %.6g, \"busiest_recv_nic\": %d, "
+                   "\"busiest_recv_s\": %.9g, \"most_recv_bytes\": %.6g}\n",
                    m.n, units, ts.ntasks, packed, ts.npieces, (long long)ts.bytes_total,
                    (long long)ts.bytes_cross_host, lb, pr, lb > 0 ? pr / lb : 1.0,
                    serial_ok ? serial : -1.0, used, xmesh_scheduler_name(so.kind),
                    xmesh_strategy_name(o->strategy), (long long)o->chunk_bytes,
-                   (long long)pack_limit, t1 - t0, t2 - t0);
+                   (long long)pack_limit, t1 - t0, t2 - t0, sim.nnics, send_nic, send_busy,
+                   send_bytes, recv_nic, recv_busy, recv_bytes);
         } else {
             char b1[32], b2[32];
             printf("plan of %d tensors from %s (%s, %s)\n", m.n, o->many,
@@ -1205,8 +1230,14 @@ static int many_run(const opts_t *o)
                 printf("  per-tensor plans    %.6g s one after another (%.2fx the plan of many)\n",
                        serial, pr > 0 ? serial / pr : 1.0);
             printf("  planning            %.2f ms (decompose %.2f ms)\n", t2 - t0, t1 - t0);
+            if (sim.nnics > 0)
+                printf("  busiest NIC         send %.6g s (NIC %d; most bytes sent by a NIC %s), "
+                       "receive %.6g s (NIC %d; most received %s)\n",
+                       send_busy, send_nic, human_bytes(send_bytes, b1, sizeof b1), recv_busy,
+                       recv_nic, human_bytes(recv_bytes, b2, sizeof b2));
         }
     }
+    xm_sim_result_free(&sim);
     xm_schedule_free(&sc);
     xm_taskset_free(&ts);
     xm_cluster_free(&cl);
