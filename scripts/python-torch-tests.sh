@@ -47,7 +47,8 @@ for np in $nps; do
   if [ "$rc" -ne 0 ]; then
     cat "$log"; echo "python-torch: FAILED under $launcher -np $np, exit $rc"; exit 1
   fi
-  grep -E "passed|failed|skipped|seed" "$log" | sort | uniq -c | head -n 8
+  grep -m1 -E "seed [0-9]+" "$log" | sed 's/rank [0-9]* of/ranks:/' || true
+  echo "python-torch: every rank: $(grep -E '^[0-9]+ passed|^[0-9]+ failed' "$log" | sed 's/ in [0-9.]*s.*$//' | sort | uniq -c | tr -s ' ' | paste -sd ';')"
 done
 for ex in python/examples/torch_*.py; do
   [ -e "$ex" ] || continue

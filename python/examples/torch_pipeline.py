@@ -81,9 +81,12 @@ def main():
         h = torch.tanh(x @ w0)  # stage 0: [Shard(0), Shard(1)] on the 2x2 mesh
         h1 = xt.redistribute(h, stage1, [Shard(1)])  # -> stage 1: hidden split over 4
         y = h1 @ w1  # Partial over stage 1
-        loss = y.redistribute(stage1, [Replicate()]).to_local().pow(2).sum() if stage1.get_coordinate() else (h1.to_local().sum() * 0)
-        loss.backward()  # stage 1's backward, then xmesh moves dL/dH to stage 0
-        total = total + loss.detach()
+        if stage1.get_coordinate() is not None:
+            loss = y.redistribute(stage1, [Replicate()]).to_local().pow(2).sum()
+            loss.backward()  # stage 1's backward, then xmesh moves dL/dH to stage 0
+            total = total + loss.detach()
+        else:
+            xt.nonmember_backward(h1)  # stage 0: receives dL/dH, then runs its own backward
 
     ok = True
     if stage1.get_coordinate() is not None:

@@ -62,6 +62,7 @@ __all__ = [
     "redistribute",
     "redistribute_many",
     "redistribute_state_dict",
+    "nonmember_backward",
     "layout_of",
     "RedistributeWork",
     "PlacementError",
@@ -323,7 +324,7 @@ def _spec(placements, ndim, mesh_ndim, role, shard_order=None):
                     f"{role}: placement {i} is {p!r}: only Partial('sum') has an SBP form (P); "
                     f"reduce op {op!r} is refused"
                 )
-            if role.startswith("destination"):
+            if "destination" in role:
                 raise PlacementError(f"{role}: placement {i} is Partial: a destination holds Shard or Replicate only")
             toks.append("P")
             has_p = True
@@ -622,3 +623,17 @@ def redistribute_state_dict(state_dict, device_mesh, placements, *, async_op=Fal
         return {k: moved.get(k, v) for k, v in state_dict.items()}
 
     return _run(items, "redistribute_state_dict", async_op, finish, _many)
+
+
+def nonmember_backward(dtensor):
+    """On a rank outside ``dtensor``'s mesh: takes part in the backward of
+    the redistributions that made it (their gradient moves are collective
+    over the ranks of both meshes) with an empty gradient. Members call
+    their loss's backward as usual. (torch's own ``to_local()`` backward
+    cannot run on a non-member, whose local tensor is 1-D and empty.)"""
+    if dtensor.device_mesh.get_coordinate() is not None:
+        raise _xm._InvalidUsage("nonmember_backward on a rank inside the DTensor's mesh: call backward on the loss")
+    g = DTensor.from_local(
+        torch.empty(0, dtype=dtensor.dtype), dtensor.device_mesh, dtensor.placements, run_check=False, shape=dtensor.shape, stride=dtensor.stride()
+    )
+    dtensor.backward(g)
