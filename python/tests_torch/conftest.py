@@ -53,6 +53,11 @@ def pytest_report_header(config):
     return f"xmesh.torch: rank {RANK} of {SIZE} ({launcher}), torch {torch.__version__}, seed {SEED} (replay: XMESH_PY_SEED={SEED})"
 
 
+def pytest_sessionstart(session):
+    if RANK == 0:  # also under -q, and before a test that could hang
+        print(pytest_report_header(None), file=sys.stderr, flush=True)
+
+
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(pytest_report_header(None))
 

@@ -98,7 +98,15 @@ def make_source(G, dm, placements, seed):
     return DTensor.from_local(local, dm, placements, run_check=False, shape=torch.Size(shape), stride=G.stride())
 
 
-def check_result(out, G, dm, placements, what):
+def check_result(out, G, dm, placements, what, errors=None):
+    """Checks this rank's block; with a list `errors`, notes a failure there
+    instead of raising (so that every rank finishes the test's collectives)."""
+    if errors is not None:
+        try:
+            check_result(out, G, dm, placements, what)
+        except AssertionError as e:
+            errors.append(str(e))
+        return
     assert isinstance(out, DTensor), what
     assert tuple(out.shape) == tuple(G.shape), what
     assert out.device_mesh is dm and tuple(out.placements) == tuple(placements), what
@@ -154,12 +162,14 @@ def test_every_placement_pair(pair, seed):
     keep = 24 if max(sm.ndim, dmesh.ndim) == 2 else 16
     if len(pairs) > keep and not os.environ.get("XMESH_TORCH_ALL_PAIRS"):
         pairs = rng.sample(pairs, keep)
+    errors = []
     for i, (sp, dp) in enumerate(pairs):
         shape = (rng.choice([5, 7, 9]), rng.choice([3, 6, 10]))  # uneven over 2, 3, 4 shards
         G = global_tensor(shape, seed + i)
         src = make_source(G, sm, sp, seed + i)
         out = xt.redistribute(src, dmesh, dp)
-        check_result(out, G, dmesh, dp, f"{name} {sp} -> {dp} shape {shape} (seed {seed})")
+        check_result(out, G, dmesh, dp, f"{name} {sp} -> {dp} shape {shape} (seed {seed})", errors)
+    assert not errors, f"rank {RANK}: {len(errors)} of {len(pairs)} pairs wrong; first: {errors[0]}"
 
 
 def test_source_full_tensor_is_the_global(seed):

@@ -227,7 +227,9 @@ def init(group=None, *, bootstrap=None):
     else:
         raise _xm._bad(f"bootstrap must be None, 'oob' or 'mpi', got {bootstrap!r}")
     _S.ctx, _S.group = ctx, g
-    _S.vgroup = _cpu_group(g)
+    # a private CPU group for the agreement before each move, so that it can
+    # never pair with a collective of the caller's on the same group
+    _S.vgroup = dist.new_group(dist.get_process_group_ranks(g), backend="gloo")
     granks = dist.get_process_group_ranks(g)
     _S.ranks = {r: i for i, r in enumerate(granks)}
     return ctx
