@@ -276,7 +276,7 @@ def test_gradient_of_partial_source_is_replicated(seed):
 
 def _state_dict(seed, sm):
     sd, full = {}, {}
-    for i, (name, shape) in enumerate([("wq", (12, 8)), ("wo", (8, 12)), ("norm", (8,)), ("odd", (5, 3))]):
+    for i, (name, shape) in enumerate([("wq", (12, 8)), ("wk", (12, 8)), ("wo", (8, 12)), ("norm", (8,)), ("odd", (5, 3))]):
         G = global_tensor(shape, seed + i)
         full[name] = G
         sd[name] = make_source(G, sm, [Shard(0)], seed + i)
@@ -290,7 +290,7 @@ def test_state_dict_both_paths_equal(seed):
     h = SIZE // 2
     sm, dmesh = mesh(arange(h)), mesh(list(range(h, SIZE)))
     sd, full = _state_dict(seed, sm)
-    pl = {"wq": [Shard(0)], "wo": [Shard(1)], "norm": [Replicate()], "odd": [Shard(0)]}
+    pl = {"wq": [Shard(0)], "wk": [Shard(0)], "wo": [Shard(1)], "norm": [Replicate()], "odd": [Shard(0)]}  # wq, wk: one layout
     many = xt.redistribute_state_dict(sd, dmesh, pl, _many=True)
     single = xt.redistribute_state_dict(sd, dmesh, pl, _many=False)
     if not hasattr(xt.init(), "plan_many"):

@@ -517,9 +517,13 @@ def _start(moves, many=None):
         srcs = [None if m.src_local is None else _np_view(m.src_local) for m in moves]
         dsts = [None if m.dst_local is None else _np_view(m.dst_local) for m in moves]
         return [plan.start(srcs, dsts)]
-    reqs = []
+    reqs, seen = [], collections.Counter()
     for m in moves:
-        plan = _plan(m.plan_key, lambda m=m: ctx.plan(m.src_layout, m.dst_layout))
+        # a plan moves one tensor at a time: the n-th tensor of one layout in
+        # this batch gets the n-th plan of that layout
+        n = seen[m.plan_key]
+        seen[m.plan_key] += 1
+        plan = _plan(m.plan_key + (n,), lambda m=m: ctx.plan(m.src_layout, m.dst_layout))
         s = None if m.src_local is None else _np_view(m.src_local)
         d = None if m.dst_local is None else _np_view(m.dst_local)
         reqs.append(plan.start(s, d))
