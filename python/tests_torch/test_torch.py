@@ -396,3 +396,26 @@ def test_cuda_local_refused():  # pragma: no cover - needs a GPU
     local = torch.zeros(b[0] if b else (0,), device="cuda")
     dt = DTensor.from_local(local, sm, [Shard(0)], run_check=False, shape=torch.Size((8, 2)), stride=(2, 1))
     _refused(lambda: xt.redistribute(dt, dmesh, [Shard(0)]), "moves CPU memory|another rank refused")
+
+
+# ---------------------------------------------------------------- the MPI-free bootstrap's all-gather
+
+
+def test_oob_allgather_callback(seed):
+    """The all-gather xmesh_ctx_create_ucx would call (through ctypes, as C
+    does): every rank's bytes, in rank order. (The context itself needs a
+    libxmesh with the MPI-free bootstrap.)"""
+    import ctypes
+
+    cb = xt._OOB_FN(xt._oob_allgather(dist.group.WORLD, SIZE, lambda e: None))
+    fn = ctypes.cast(cb, ctypes.c_void_p).value
+    call = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(fn)
+    n = 5 + seed % 7
+    mine = bytes((RANK * 31 + i + seed) % 256 for i in range(n))
+    send = ctypes.create_string_buffer(mine, n)
+    recv = ctypes.create_string_buffer(n * SIZE)
+    assert call(None, ctypes.addressof(send), ctypes.addressof(recv), n) == 0
+    for r in range(SIZE):
+        assert recv.raw[r * n : (r + 1) * n] == bytes((r * 31 + i + seed) % 256 for i in range(n)), r
+    if not xt.have_oob_bootstrap():
+        print("note: libxmesh has no xmesh_ctx_create_ucx (issue 36): the OOB context itself is not run")

@@ -112,19 +112,10 @@ class _OobContext(_xm.Context):
         size = dist.get_world_size(self._group)
         rank = dist.get_rank(self._group)
 
-        def allgather(user, send, recv, nbytes):
-            try:
-                mine = torch.frombuffer(bytearray(ctypes.string_at(send, nbytes)), dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
-                parts = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(size)]
-                dist.all_gather(parts, mine, group=self._group)
-                for i, p in enumerate(parts):
-                    if nbytes:
-                        ctypes.memmove(recv + i * nbytes, p.data_ptr(), nbytes)
-                return 0
-            except Exception as e:  # reported by the C side as a bootstrap failure
-                self._error = e
-                return -1
+        def on_error(e):
+            self._error = e
 
+        allgather = _oob_allgather(self._group, size, on_error)
         self._cb = _OOB_FN(allgather)
         self._oob = _Oob(rank, size, self._cb, None)
         out = _lib.handle_t()
@@ -145,6 +136,27 @@ class _OobContext(_xm.Context):
         self.size = r.value
         _xm._LIVE_CONTEXTS.add(self)
         _xm._register_atexit()
+
+
+def _oob_allgather(group, size, on_error):
+    """The xmesh_oob_t all-gather over a torch group: `nbytes` from `send`
+    of every rank, in group-rank order, into `recv` (size * nbytes bytes);
+    0 on success, -1 (on_error(exception)) on failure."""
+
+    def allgather(user, send, recv, nbytes):
+        try:
+            mine = torch.frombuffer(bytearray(ctypes.string_at(send, nbytes)), dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+            parts = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(size)]
+            dist.all_gather(parts, mine, group=group)
+            for i, p in enumerate(parts):
+                if nbytes:
+                    ctypes.memmove(recv + i * nbytes, p.data_ptr(), nbytes)
+            return 0
+        except Exception as e:  # reported by the C side as a bootstrap failure
+            on_error(e)
+            return -1
+
+    return allgather
 
 
 def _weakset():
