@@ -523,9 +523,16 @@ def _start(moves, many=None):
     per tensor, all started before any is waited."""
     ctx = _S.ctx
     use_many = (many if many is not None else True) and len(moves) > 1 and hasattr(ctx, "plan_many")
+    if use_many and getattr(ctx, "_no_many", False):
+        use_many = False
     if use_many:
         key = ("many",) + tuple(m.plan_key for m in moves)
-        plan = _plan(key, lambda: ctx.plan_many([(m.src_layout, m.dst_layout) for m in moves]))
+        try:
+            plan = _plan(key, lambda: ctx.plan_many([(m.src_layout, m.dst_layout) for m in moves]))
+        except NotImplementedError:  # a transport without plans of many (UCX): one plan per tensor
+            # (plan creation is collective and its refusal agreed, so every rank lands here)
+            ctx._no_many = True
+            return _start(moves, False)
         srcs = [None if m.src_local is None else _np_view(m.src_local) for m in moves]
         dsts = [None if m.dst_local is None else _np_view(m.dst_local) for m in moves]
         return [plan.start(srcs, dsts)]
