@@ -174,12 +174,32 @@ xmesh_result_t xmesh_mesh_create(xmesh_ctx_t ctx, int ndim, const int *shape, co
 /* Fails with INVALID_USAGE while a plan uses the mesh. */
 xmesh_result_t xmesh_mesh_destroy(xmesh_mesh_t mesh);
 
+/* How a dim of n elements is cut into k shards (the layout's `split`):
+ *   XMESH_SPLIT_NUMPY  numpy.array_split: the first n % k shards get
+ *                      n / k + 1 elements, the others n / k. Several mesh
+ *                      axes splitting one dim cut it once into the product
+ *                      of their sizes.
+ *   XMESH_SPLIT_TORCH  torch.chunk as PyTorch's DTensor Shard(d) uses it:
+ *                      shard i is [min(i c, n), min((i + 1) c, n)) with
+ *                      c = ceil(n / k), so leading shards are full and
+ *                      trailing ones may be short or empty. Several mesh
+ *                      axes splitting one dim cut it one axis after the
+ *                      other, major axis first (each axis chunks the piece
+ *                      the previous one left), as DTensor's placements
+ *                      [Shard(d), Shard(d)] do.
+ * Both rules agree whenever every split dim divides evenly. */
+typedef enum { XMESH_SPLIT_NUMPY = 0, XMESH_SPLIT_TORCH = 1 } xmesh_split_t;
+
 typedef struct {
     int ndim;             /* tensor dims, 0..XMESH_MAX_TENSOR_DIMS */
     const int64_t *shape; /* ndim entries >= 0 (may be NULL when ndim == 0) */
     xmesh_dtype_t dtype;
     xmesh_mesh_t mesh;
     const char *sharding; /* GSPMD "S0RR", "S01,R,R" or SBP "S(0),B,P" */
+    /* xmesh_split_t (an int, so that initializers of the five fields above
+     * stay valid and mean XMESH_SPLIT_NUMPY). Another value:
+     * INVALID_ARGUMENT naming it. Part of the layout ranks agree on. */
+    int split;
 } xmesh_layout_t;
 
 /* Local block shape of `rank` (a ctx rank): shape[0..ndim-1] is written.

@@ -70,6 +70,7 @@ int main(int argc, char **argv)
             XMESH_SCHEDULER_UNSET);
     fprintf(f, "MAX_TENSOR_DIMS = %d\nMAX_MESH_DIMS = %d\n", XMESH_MAX_TENSOR_DIMS,
             XMESH_MAX_MESH_DIMS);
+    fprintf(f, "SPLIT_NUMPY = %d\nSPLIT_TORCH = %d\n", XMESH_SPLIT_NUMPY, XMESH_SPLIT_TORCH);
     fprintf(f, "PARAMS_MAGIC = %u\n", (unsigned)XMESH_PARAMS_MAGIC);
     fprintf(f, "UNSET_INT = %d\nUNSET_I64 = %lld\nUNSET_DOUBLE = %.17g\n", XMESH_UNSET_INT,
             (long long)XMESH_UNSET_I64, XMESH_UNSET_DOUBLE);
@@ -92,6 +93,7 @@ int main(int argc, char **argv)
     FIELD(f, xmesh_layout_t, dtype);
     FIELD(f, xmesh_layout_t, mesh);
     FIELD(f, xmesh_layout_t, sharding);
+    FIELD(f, xmesh_layout_t, split);
     fprintf(f, "    },\n    \"xmesh_plan_params_t\": {\n");
     FIELD(f, xmesh_plan_params_t, size);
     FIELD(f, xmesh_plan_params_t, magic);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Python package into the venv (scripts/python-venv.sh) and runs
-# its tests under mpirun with 4 and 8 ranks, plus `python -m xmesh.info`.
+# its tests under mpirun with 4 and 8 ranks, plus `python -m xmesh.info`,
+# then xmesh.torch's tests and examples (scripts/python-torch-tests.sh).
 # The CMake build directory is kept (build-py/cmake), so reruns rebuild
 # only what changed. Exit status 0 iff everything passed.
 #
@@ -75,4 +76,7 @@ echo "$ex" | grep -E '^[0-9]+ unit tasks' || { echo "$ex"; echo "python: the exa
 if ! echo "$ex" | grep -q 'scheduler [a-z-]*: OK' || echo "$ex" | grep -q ': WRONG'; then
   echo "$ex"; echo "python: the example's check FAILED"; exit 1
 fi
+# xmesh.torch: its own pytest suite and examples, 4 and 8 processes.
+echo "python: xmesh.torch (scripts/python-torch-tests.sh)"
+scripts/python-torch-tests.sh
 echo "python: all passed"

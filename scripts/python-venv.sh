@@ -2,7 +2,9 @@
 # Creates (once) the virtual environment the Python package is built and
 # tested in, and installs its PyPI packages into it: scikit-build-core,
 # numpy, mpi4py (compiled here against the system Open MPI, never a binary
-# wheel), pytest and ml_dtypes (bfloat16). A venv, because Debian's python3
+# wheel), pytest, ml_dtypes (bfloat16) and torch (for xmesh.torch and its
+# tests: about 4 GB with its CUDA libraries, downloaded once into pip's
+# cache). A venv, because Debian's python3
 # refuses system-wide pip installs (PEP 668). Reruns are instant: a stamp
 # records what was installed, and pip only runs when that changes.
 #
@@ -15,7 +17,7 @@ py=${XMESH_PY_PYTHON:-}
 if [ -z "$py" ]; then
   if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=$(command -v python3); fi
 fi
-pkgs=(scikit-build-core numpy pytest ml_dtypes)  # and mpi4py, below
+pkgs=(scikit-build-core numpy pytest ml_dtypes torch)  # and mpi4py, below
 # The stamp: interpreter, its version, the package list, mpicc's MPI.
 want="$("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])') ${pkgs[*]} mpi4py/$(mpicc --showme:version 2>&1 | head -n1)"
 stamp=$venv/.xmesh-deps
@@ -38,7 +40,8 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --no-binary mpi4py mpi4py
 "$venv/bin/python" - <<'PY'
 from mpi4py import MPI  # noqa: F401 (proves the build loads)
-import mpi4py, numpy, ml_dtypes
-print("python-venv: mpi4py", mpi4py.__version__, "numpy", numpy.__version__, "ml_dtypes", ml_dtypes.__version__)
+import mpi4py, numpy, ml_dtypes, torch
+print("python-venv: mpi4py", mpi4py.__version__, "numpy", numpy.__version__, "ml_dtypes", ml_dtypes.__version__,
+      "torch", torch.__version__)
 PY
 echo "$want" > "$stamp"

@@ -89,11 +89,17 @@ static xmesh_result_t layout_import(const xmesh_layout_t *l, const char *which, 
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: mesh is NULL", which);
     if (!l->sharding)
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: sharding is NULL", which);
+    if (l->split != XMESH_SPLIT_NUMPY && l->split != XMESH_SPLIT_TORCH)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                      "%s layout: split %d is neither XMESH_SPLIT_NUMPY (%d) nor "
+                      "XMESH_SPLIT_TORCH (%d)",
+                      which, l->split, XMESH_SPLIT_NUMPY, XMESH_SPLIT_TORCH);
     xm_layout_t x;
     memset(&x, 0, sizeof x);
     x.ndim = l->ndim;
     x.elem_size = xmesh_dtype_size(l->dtype);
     x.mesh = l->mesh->desc;
+    x.split = l->split;
     for (int d = 0; d < l->ndim; d++) {
         if (l->shape[d] < 0)
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s layout: shape[%d] = %lld is negative",
@@ -232,6 +238,7 @@ static uint64_t hash_layout(uint64_t h, const xm_layout_t *l)
     h = xm_hash64(h, l->shape, sizeof l->shape[0] * l->ndim);
     h = xm_hash64(h, &l->elem_size, sizeof l->elem_size);
     h = xm_hash64(h, &l->spec, sizeof l->spec);
+    h = xm_hash64(h, &l->split, sizeof l->split);
     h = xm_hash64(h, &l->mesh.ndim, sizeof l->mesh.ndim);
     h = xm_hash64(h, l->mesh.shape, sizeof l->mesh.shape);
     h = xm_hash64(h, l->mesh.devs, sizeof(int) * l->mesh.ndev);

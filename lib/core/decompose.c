@@ -22,18 +22,6 @@ static int cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Index of the shard of an array_split(n, k) that contains position pos. */
-static int64_t shard_of(int64_t n, int64_t k, int64_t pos)
-{
-    int64_t base = n / k, rem = n % k;
-    if (rem == 0)
-        return base ? pos / base : 0;
-    int64_t big = rem * (base + 1); /* rem > 0: k >= 2, so base + 1 <= n, big <= n */
-    if (pos < big)
-        return pos / (base + 1);
-    return rem + (pos - big) / base;
-}
-
 static xmesh_result_t make_cuts(const xm_layout_t *s, const xm_layout_t *t, int d, dim_cuts_t *c)
 {
     int64_t ks = xm_layout_nshards(s, d), kt = xm_layout_nshards(t, d), n = s->shape[d];
@@ -42,10 +30,13 @@ static xmesh_result_t make_cuts(const xm_layout_t *s, const xm_layout_t *t, int 
     int64_t m = 0;
     if (!pts)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "decompose: out of memory for cut points");
-    for (int64_t i = 0; i <= ks; i++)
-        pts[m++] = i == ks ? n : (int64_t)(i * (n / ks) + (i < n % ks ? i : n % ks));
-    for (int64_t i = 0; i <= kt; i++)
-        pts[m++] = i == kt ? n : (int64_t)(i * (n / kt) + (i < n % kt ? i : n % kt));
+    /* Shard starts by each side's split rule, then the end. */
+    int64_t end;
+    for (int64_t i = 0; i < ks; i++)
+        xm_layout_dim_block(s, d, i, &pts[m++], &end);
+    for (int64_t i = 0; i < kt; i++)
+        xm_layout_dim_block(t, d, i, &pts[m++], &end);
+    pts[m++] = n;
     qsort(pts, m, sizeof *pts, cmp_i64);
     int64_t u = 0;
     for (int64_t i = 0; i < m; i++)
@@ -58,8 +49,8 @@ static xmesh_result_t make_cuts(const xm_layout_t *s, const xm_layout_t *t, int 
     if (!c->sidx || !c->didx)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "decompose: out of memory for cut points");
     for (int i = 0; i < c->n; i++) {
-        c->sidx[i] = shard_of(n, ks, pts[i]);
-        c->didx[i] = shard_of(n, kt, pts[i]);
+        c->sidx[i] = xm_layout_shard_at(s, d, pts[i]);
+        c->didx[i] = xm_layout_shard_at(t, d, pts[i]);
     }
     return XMESH_SUCCESS;
 }

@@ -1,4 +1,5 @@
-/* Meshes as plain data and the block math of a layout (array_split rule). */
+/* Meshes as plain data and the block math of a layout (numpy.array_split or
+ * torch.chunk rule, xmesh_split_t). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,13 +73,63 @@ int64_t xm_layout_shard_index(const xm_layout_t *l, int d, const int coord[XM_MA
     return idx;
 }
 
+void xm_layout_dim_block(const xm_layout_t *l, int d, int64_t idx, int64_t *lo, int64_t *hi)
+{
+    int64_t n = l->shape[d];
+    if (l->split != XMESH_SPLIT_TORCH) {
+        xm_split(n, xm_layout_nshards(l, d), idx, lo, hi);
+        return;
+    }
+    /* torch: chunk the dim by the major axis, that piece by the next, ...
+     * idx is mixed radix over the axes, major first (xm_layout_shard_index). */
+    int64_t digit[XM_MAX_MESH_DIMS];
+    for (int j = l->spec.naxes[d] - 1; j >= 0; j--) {
+        int64_t k = l->mesh.shape[l->spec.axes[d][j]];
+        digit[j] = idx % k;
+        idx /= k;
+    }
+    int64_t a = 0, b = n;
+    for (int j = 0; j < l->spec.naxes[d]; j++) {
+        int64_t plo, phi;
+        xm_split_torch(b - a, l->mesh.shape[l->spec.axes[d][j]], digit[j], &plo, &phi);
+        b = a + phi;
+        a += plo;
+    }
+    *lo = a;
+    *hi = b;
+}
+
+int64_t xm_layout_shard_at(const xm_layout_t *l, int d, int64_t pos)
+{
+    int64_t n = l->shape[d];
+    if (l->split != XMESH_SPLIT_TORCH) {
+        int64_t k = xm_layout_nshards(l, d), base = n / k, rem = n % k;
+        if (rem == 0)
+            return base ? pos / base : 0;
+        int64_t big = rem * (base + 1); /* rem > 0: k >= 2, so base + 1 <= n, big <= n */
+        if (pos < big)
+            return pos / (base + 1);
+        return rem + (pos - big) / base;
+    }
+    /* torch: the digit of each axis, major first, inside the piece left. */
+    int64_t idx = 0, a = 0, len = n;
+    for (int j = 0; j < l->spec.naxes[d]; j++) {
+        int64_t k = l->mesh.shape[l->spec.axes[d][j]];
+        int64_t c = len / k + (len % k != 0); /* pos in [a, a + len): len >= 1 */
+        int64_t q = (pos - a) / c;
+        idx = idx * k + q;
+        a += q * c;
+        len = len - q * c < c ? len - q * c : c;
+    }
+    return idx;
+}
+
 void xm_layout_block(const xm_layout_t *l, int i, int64_t *lo, int64_t *hi)
 {
     int coord[XM_MAX_MESH_DIMS];
     xm_mesh_coord(&l->mesh, i, coord);
     for (int d = 0; d < l->ndim; d++)
-        xm_split(l->shape[d], xm_layout_nshards(l, d), xm_layout_shard_index(l, d, coord), &lo[d],
-                 &hi[d]);
+        xm_layout_dim_block(l, d, xm_layout_shard_index(l, d, coord), &lo[d], &hi[d]);
 }
 
 int64_t xm_layout_block_volume(const xm_layout_t *l, int i)

@@ -185,6 +185,16 @@ static inline void xm_split(int64_t n, int64_t k, int64_t idx, int64_t *lo, int6
     *hi = *lo + base + (idx < rem ? 1 : 0);
 }
 
+/* torch.chunk rule (XMESH_SPLIT_TORCH): parts of c = ceil(n / k) elements,
+ * part idx is [min(idx c, n), min((idx + 1) c, n)): trailing parts may be
+ * short or empty. */
+static inline void xm_split_torch(int64_t n, int64_t k, int64_t idx, int64_t *lo, int64_t *hi)
+{
+    int64_t c = n / k + (n % k != 0);
+    *lo = idx * c < n ? idx * c : n;
+    *hi = *lo + c < n ? *lo + c : n;
+}
+
 /* Accumulator element size of partial sums: f32 for f16/bf16, else the
  * element size (0 for an unknown dtype). */
 size_t xm_dtype_acc_size(xmesh_dtype_t dtype);
@@ -235,6 +245,7 @@ typedef struct xm_layout {
     size_t elem_size;
     xm_meshdesc_t mesh;
     xm_spec_t spec;
+    int split; /* xmesh_split_t: how a dim is cut into shards (0: numpy) */
 } xm_layout_t;
 
 /* Checks a mesh (ndim range, shape > 0, ids >= 0 and < ndev_limit when
@@ -248,6 +259,13 @@ int xm_mesh_find(const xm_meshdesc_t *m, int dev);
 int64_t xm_layout_nshards(const xm_layout_t *l, int d);
 /* Shard index of tensor dim d for a device at mesh coordinate coord. */
 int64_t xm_layout_shard_index(const xm_layout_t *l, int d, const int coord[XM_MAX_MESH_DIMS]);
+/* Extent [lo, hi) of shard idx (0 <= idx < xm_layout_nshards) of tensor
+ * dim d, by the layout's split rule. Shards lie in index order along the
+ * dim under both rules. */
+void xm_layout_dim_block(const xm_layout_t *l, int d, int64_t idx, int64_t *lo, int64_t *hi);
+/* Index of the (non-empty) shard of tensor dim d that holds position pos,
+ * 0 <= pos < shape[d]. */
+int64_t xm_layout_shard_at(const xm_layout_t *l, int d, int64_t pos);
 /* Block [lo, hi) of the device at mesh index i. */
 void xm_layout_block(const xm_layout_t *l, int i, int64_t *lo, int64_t *hi);
 /* Number of elements of that block. */

@@ -885,6 +885,7 @@ xmesh_result_t xmp_tensor_layout(const xmp_tensor_t *t, xmesh_layout_t *l)
     l->dtype = t->dtype;
     l->mesh = t->mesh->xmesh;
     l->sharding = t->spec;
+    l->split = XMESH_SPLIT_NUMPY;
     return XMESH_SUCCESS;
 }
 

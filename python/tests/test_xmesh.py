@@ -373,3 +373,29 @@ def test_readme_example(ctx):
                 np.testing.assert_array_equal(my_dst, g[dst.local_slice()])
             else:
                 assert my_dst is None
+
+
+def test_torch_split_rule(ctx):
+    """split="torch": torch.chunk's blocks (6 over 4: 2, 2, 2, 0; numpy: 2, 2, 1, 1),
+    a reshard from one rule to the other checked element by element, and an
+    unknown rule refused by name."""
+    n = ctx.size
+    with ctx.mesh((n,)) as m:
+        rows = n + 2
+        t = xmesh.Layout((rows, 3), np.int32, m, "S(0)", split="torch")
+        p = xmesh.Layout((rows, 3), np.int32, m, "S(0)")
+        c = (rows + n - 1) // n
+        for r in range(n):
+            lo, hi = min(r * c, rows), min((r + 1) * c, rows)
+            assert t.local_shape(r) == (hi - lo, 3), r
+            if hi > lo:
+                assert t.local_offset(r) == (lo, 0)
+        assert [p.local_shape(r)[0] for r in range(n)] != [t.local_shape(r)[0] for r in range(n)]
+        g = np.arange(rows * 3, dtype=np.int32).reshape(rows, 3)
+        for src, dst in ((p, t), (t, p)):
+            with ctx.plan(src, dst) as plan:
+                out = plan(np.ascontiguousarray(g[src.local_slice()]))
+            np.testing.assert_array_equal(out, g[dst.local_slice()])
+        with pytest.raises(xmesh.InvalidArgumentError, match="split must be 'numpy' or 'torch'"):
+            xmesh.Layout((rows,), np.int32, m, "S0", split="chunk")
+    assert "split=torch" in repr(t)

@@ -434,18 +434,28 @@ class Mesh(_Handle):
 class Layout:
     """How a global tensor is laid out over a mesh.
 
-    ``Layout(shape, dtype, mesh, spec)``: ``shape`` the global shape (0..8
-    dims), ``dtype`` a NumPy dtype (float16, bfloat16 with ml_dtypes, float32,
-    float64, int8, uint8, int32, int64) or its name, ``spec`` a GSPMD
-    (``"S0RR"``, ``"RS01R"``, ``"S1,R,R"``) or SBP (``"S(0),B,P"``) string.
-    The library checks it at once (a bad spec raises InvalidArgumentError).
+    ``Layout(shape, dtype, mesh, spec, split="numpy")``: ``shape`` the global
+    shape (0..8 dims), ``dtype`` a NumPy dtype (float16, bfloat16 with
+    ml_dtypes, float32, float64, int8, uint8, int32, int64) or its name,
+    ``spec`` a GSPMD (``"S0RR"``, ``"RS01R"``, ``"S1,R,R"``) or SBP
+    (``"S(0),B,P"``) string. ``split`` says how an uneven dim is cut:
+    ``"numpy"`` (numpy.array_split: the first n % k shards one longer) or
+    ``"torch"`` (torch.chunk as DTensor's Shard does: shards of ceil(n / k),
+    trailing ones short or empty; several mesh axes on one dim chunk it one
+    after the other, major first). The library checks it at once (a bad spec
+    raises InvalidArgumentError).
     """
 
-    def __init__(self, shape, dtype, mesh, spec):
+    _SPLITS = {"numpy": _capi.SPLIT_NUMPY, "torch": _capi.SPLIT_TORCH}
+
+    def __init__(self, shape, dtype, mesh, spec, split="numpy"):
         if not isinstance(mesh, Mesh):
             raise _bad(f"mesh must be an xmesh.Mesh, got {type(mesh).__name__}")
         if not isinstance(spec, str):
             raise _bad(f"spec must be a string such as 'S0R' or 'S(0),B', got {spec!r}")
+        if split not in self._SPLITS:
+            raise _bad(f"split must be 'numpy' or 'torch', got {split!r}")
+        self.split = split
         self.shape = _int_tuple(shape, "tensor shape")
         self.code, self.dtype = _resolve_dtype(dtype)
         self.mesh = mesh
@@ -461,7 +471,9 @@ class Layout:
         return len(self.shape)
 
     def _struct(self):
-        return _lib.Layout(len(self.shape), self._cshape, self.code, self.mesh._need(), self._cspec)
+        return _lib.Layout(
+            len(self.shape), self._cshape, self.code, self.mesh._need(), self._cspec, self._SPLITS[self.split]
+        )
 
     def _query(self, fn, rank):
         if rank is None:
@@ -494,7 +506,8 @@ class Layout:
         return None if shp is None else np.empty(shp, self.dtype)
 
     def __repr__(self):
-        return f"<xmesh.Layout {self.shape} {self.dtype.name} {self.spec!r} on {self.mesh!r}>"
+        split = "" if self.split == "numpy" else f" split={self.split}"
+        return f"<xmesh.Layout {self.shape} {self.dtype.name} {self.spec!r}{split} on {self.mesh!r}>"
 
 
 class PlanInfo:

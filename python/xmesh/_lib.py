@@ -37,6 +37,7 @@ class Layout(ctypes.Structure):
         ("dtype", enum_t),
         ("mesh", handle_t),
         ("sharding", ctypes.c_char_p),
+        ("split", ctypes.c_int),
     ]
 
 

@@ -251,6 +251,7 @@ typedef struct {
     xmesh_strategy_t strategy;
     xmesh_scheduler_t scheduler;
     int64_t chunk_bytes;
+    int ssplit, dsplit; /* xmesh_split_t of each side */
 } tcase_t;
 
 typedef struct {
@@ -279,9 +280,10 @@ static void describe(const tcase_t *c, char *buf, size_t len)
     o += snprintf(buf + o, len - o, ";r%d..) %s -> dst(", c->sm_ranks[0], c->sspec);
     for (int a = 0; a < c->dm_ndim; a++)
         o += snprintf(buf + o, len - o, "%s%d", a ? "x" : "", c->dm_shape[a]);
-    snprintf(buf + o, len - o, ";r%d..) %s %s/%s chunk=%lld", c->dm_ranks[0], c->dspec,
+    snprintf(buf + o, len - o, ";r%d..) %s %s/%s chunk=%lld split=%s->%s", c->dm_ranks[0], c->dspec,
              xmesh_strategy_name(c->strategy), xmesh_scheduler_name(c->scheduler),
-             (long long)c->chunk_bytes);
+             (long long)c->chunk_bytes, c->ssplit ? "torch" : "numpy",
+             c->dsplit ? "torch" : "numpy");
 }
 
 static int64_t prod(const int64_t *s, int n)
@@ -307,7 +309,8 @@ static int64_t global_index(const tcase_t *c, const int64_t *bshape, const int64
 
 /* ------------------------------------------------ independent block math
  * The test's own answer to "which block does this rank hold", from the spec
- * string, the mesh and numpy.array_split, sharing no code with the library:
+ * string, the mesh and numpy.array_split (or torch.chunk, axis by axis, for
+ * a torch-split side), sharing no code with the library:
  * the matrix places and checks every element by these offsets, and any
  * disagreement with xmesh_layout_local_shape/offset is a failure. */
 
@@ -373,7 +376,24 @@ static int ref_block(const tcase_t *c, int src_side, int rank, int64_t *off, int
         coord[a] = i % mshape[a];
         i /= mshape[a];
     }
-    for (int d = 0; d < c->ndim; d++) {
+    int torch = src_side ? c->ssplit : c->dsplit;
+    for (int d = 0; d < c->ndim && torch; d++) {
+        /* torch.chunk by each axis in turn, major first, of what the
+         * previous axis left: pieces of ceil(len / k), the last ones short
+         * or empty */
+        off[d] = 0;
+        ext[d] = c->shape[d];
+        for (int q = 0; q < naxes[d]; q++) {
+            int64_t k = mshape[axes[d][q]], j = coord[axes[d][q]];
+            int64_t piece = (ext[d] + k - 1) / k, start = j * piece;
+            if (start > ext[d])
+                start = ext[d];
+            int64_t stop = start + piece > ext[d] ? ext[d] : start + piece;
+            off[d] += start;
+            ext[d] = stop - start;
+        }
+    }
+    for (int d = 0; d < c->ndim && !torch; d++) {
         int64_t k = 1, j = 0;
         for (int q = 0; q < naxes[d]; q++) {
             k *= mshape[axes[d][q]];
@@ -442,8 +462,8 @@ static xmesh_result_t setup(const tcase_t *c, tstate_t *s)
         fprintf(stderr, "rank %d: mesh_create: %s\n", g_rank, xmesh_last_error());
         return XMESH_ERR_INTERNAL;
     }
-    s->sl = (xmesh_layout_t){c->ndim, c->shape, c->dtype, s->sm, c->sspec};
-    s->dl = (xmesh_layout_t){c->ndim, c->shape, c->dtype, s->dm, c->dspec};
+    s->sl = (xmesh_layout_t){c->ndim, c->shape, c->dtype, s->sm, c->sspec, c->ssplit};
+    s->dl = (xmesh_layout_t){c->ndim, c->shape, c->dtype, s->dm, c->dspec, c->dsplit};
     xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
     pp.strategy = c->strategy;
     pp.scheduler = c->scheduler;
@@ -650,6 +670,8 @@ static void random_case(tcase_t *c)
             c->shape[d] = 1 + rndi(40);
         c->chunk_bytes = 64 + rndi(4096);
     }
+    c->ssplit = rndi(2) ? XMESH_SPLIT_TORCH : XMESH_SPLIT_NUMPY;
+    c->dsplit = rndi(2) ? XMESH_SPLIT_TORCH : XMESH_SPLIT_NUMPY;
 }
 
 /* ------------------------------------------------------- special tests */
@@ -1221,6 +1243,29 @@ int main(int argc, char **argv)
             fixed_case(&c, "1,3", XMESH_U8, "2", 0, "S(0)", "2", 2, "S(0)");
             run_case(&c, "fixed-empty");
         }
+        /* torch.chunk shards (ceil-sized, empty trailing ones) to and from
+         * numpy.array_split shards, partial sums too; g_size + 2 rows over
+         * g_size (4: 2,2,2,0 vs 2,2,1,1) or g_size / 2 ranks */
+        if (g_size >= 4) {
+            char rows[32], all[16], lo[16], hi[16];
+            snprintf(rows, sizeof rows, "%d,3,2", g_size + 2);
+            snprintf(all, sizeof all, "%d", g_size);
+            snprintf(lo, sizeof lo, "%d", h);
+            snprintf(hi, sizeof hi, "%d", g_size - h);
+            for (int dir = 0; dir < 4; dir++) {
+                int same = dir >= 2;
+                fixed_case(&c, rows, XMESH_F32, same ? all : lo, 0, "S(0)", same ? all : hi,
+                           same ? 0 : h, "S(0)");
+                c.ssplit = dir % 2 ? XMESH_SPLIT_TORCH : XMESH_SPLIT_NUMPY;
+                c.dsplit = dir % 2 ? XMESH_SPLIT_NUMPY : XMESH_SPLIT_TORCH;
+                run_case(&c, "fixed-torch-split");
+                fixed_case(&c, rows, XMESH_I32, same ? all : lo, 0, "P", same ? all : hi,
+                           same ? 0 : h, "S(0)");
+                c.dsplit = XMESH_SPLIT_TORCH;
+                c.strategy = (xmesh_strategy_t)dir;
+                run_case(&c, "fixed-torch-partial");
+            }
+        }
         /* 0-d tensor */
         fixed_case(&c, "", XMESH_F64, "1", 0, "", "1", g_size - 1, "");
         c.ndim = 0;
@@ -1241,6 +1286,19 @@ int main(int argc, char **argv)
             c.scheduler = (xmesh_scheduler_t)sc;
             c.chunk_bytes = 300;
             run_case(&c, "fixed-scheduler");
+        }
+        /* torch's nested chunking of one dim by two axes (10 rows over 2x2:
+         * 3,2,3,2; numpy's single cut: 3,3,2,2), disjoint and same mesh */
+        for (int same = 0; same < 2; same++) {
+            fixed_case(&c, "10,3", XMESH_I64, "2x2", 0, "S(0),S(0)", "2x2", same ? 0 : 4,
+                       "S(0),S(0)");
+            c.dsplit = XMESH_SPLIT_TORCH;
+            c.chunk_bytes = 40;
+            run_case(&c, "fixed-torch-nested");
+            fixed_case(&c, "7,6", XMESH_F64, "2x2", 0, "S10R", "2x2", same ? 0 : 4, "S(1),S(0)");
+            c.ssplit = XMESH_SPLIT_TORCH;
+            c.dsplit = XMESH_SPLIT_TORCH;
+            run_case(&c, "fixed-torch-nested-2");
         }
     }
 

@@ -167,6 +167,23 @@ static void test_layout_local_shape(void **state)
     assert_int_equal(xmesh_layout_local_shape(&l, 4, got, &holds), XMESH_ERR_INVALID_ARGUMENT);
     expect_msg("shape [4294967296, 4294967296] of 4-byte elements");
     assert_int_equal(got[0], 99);
+    /* torch.chunk split: dim 0, 7 over 3 -> 3, 3, 1, so rank 4 (coordinate
+     * (1, 1)) holds rows [3, 6); dim 1, 5 over 2 -> 3, 2: [3, 5) */
+    l.shape = tshape;
+    l.split = XMESH_SPLIT_TORCH;
+    assert_int_equal(xmesh_layout_local_shape(&l, 4, got, &holds), XMESH_SUCCESS);
+    assert_int_equal(got[0], 3);
+    assert_int_equal(got[1], 2);
+    assert_int_equal(xmesh_layout_local_offset(&l, 5, off, &holds), XMESH_SUCCESS);
+    assert_int_equal(off[0], 6); /* rank 5: (1, 2): the last row */
+    assert_int_equal(xmesh_layout_local_shape(&l, 5, got, &holds), XMESH_SUCCESS);
+    assert_int_equal(got[0], 1);
+    /* an unknown rule is refused by name, nothing written */
+    l.split = 7;
+    got[0] = 99;
+    assert_int_equal(xmesh_layout_local_shape(&l, 4, got, &holds), XMESH_ERR_INVALID_ARGUMENT);
+    expect_msg("split 7 is neither XMESH_SPLIT_NUMPY (0) nor XMESH_SPLIT_TORCH (1)");
+    assert_int_equal(got[0], 99);
     xmesh_mesh_destroy(m);
     xmesh_ctx_destroy(ctx);
 }
@@ -205,6 +222,11 @@ static void test_plan_lifecycle(void **state)
     assert_ptr_equal(plan, keep);
     assert_int_equal(setup_calls, 0);
     dst.sharding = "S01RR";
+    src.split = -1;
+    assert_int_equal(xmesh_plan_create(ctx, &src, &dst, NULL, &plan), XMESH_ERR_INVALID_ARGUMENT);
+    expect_msg("source layout: split -1 is neither");
+    assert_ptr_equal(plan, keep);
+    src.split = XMESH_SPLIT_NUMPY;
     pp.chunk_bytes = 4096;
     pp.scheduler = XMESH_SCHEDULER_NAIVE;
     assert_int_equal(xmesh_plan_create(ctx, &src, &dst, &pp, &plan), XMESH_SUCCESS);

@@ -54,6 +54,134 @@ static void test_split_rule(void **state)
     assert_true(lo == 2 && hi == 2);
 }
 
+/* torch.chunk as DTensor's Shard(d) uses it, the test's own way: chunks of
+ * ceil(n / k) cut from the front while elements remain, then empty chunks
+ * at the end up to k. */
+static void ref_chunk(int64_t n, int64_t k, int64_t *lo, int64_t *hi)
+{
+    int64_t size = n / k + (n % k ? 1 : 0), left = n, at = 0;
+    for (int64_t i = 0; i < k; i++) {
+        int64_t take = left < size ? left : size;
+        lo[i] = at;
+        hi[i] = at + take;
+        at += take;
+        left -= take;
+    }
+}
+
+static void test_torch_split_rule(void **state)
+{
+    (void)state;
+    /* golden: torch.chunk(arange(5), 4) -> 2, 2, 1 (+ one empty shard);
+     * numpy.array_split gives 2, 1, 1, 1 */
+    int64_t want5[4][2] = {{0, 2}, {2, 4}, {4, 5}, {5, 5}}, lo, hi;
+    for (int i = 0; i < 4; i++) {
+        xm_split_torch(5, 4, i, &lo, &hi);
+        assert_true(lo == want5[i][0] && hi == want5[i][1]);
+    }
+    /* 4 over 3: 2, 2, 0 (a whole empty shard); 0 over 2: empty, empty */
+    xm_split_torch(4, 3, 2, &lo, &hi);
+    assert_true(lo == 4 && hi == 4);
+    xm_split_torch(0, 2, 1, &lo, &hi);
+    assert_true(lo == 0 && hi == 0);
+    /* every n, k: one axis, the layout's block math against ref_chunk, and
+     * the shard holding each position */
+    int dev[64];
+    for (int i = 0; i < 64; i++)
+        dev[i] = i;
+    for (int64_t n = 0; n <= 40; n++)
+        for (int k = 1; k <= 9; k++) {
+            int64_t rlo[9], rhi[9];
+            ref_chunk(n, k, rlo, rhi);
+            xm_layout_t l;
+            int64_t shape[1] = {n};
+            int mshape[1] = {k};
+            make_layout(&l, 1, shape, 1, mshape, dev, "S0");
+            l.split = XMESH_SPLIT_TORCH;
+            for (int i = 0; i < k; i++) {
+                int64_t blo[1], bhi[1];
+                xm_layout_block(&l, i, blo, bhi);
+                if (blo[0] != rlo[i] || bhi[0] != rhi[i])
+                    fail_msg("n=%lld k=%d shard %d: [%lld, %lld), torch.chunk [%lld, %lld)",
+                             (long long)n, k, i, (long long)blo[0], (long long)bhi[0],
+                             (long long)rlo[i], (long long)rhi[i]);
+            }
+            for (int64_t p = 0; p < n; p++) {
+                int64_t j = xm_layout_shard_at(&l, 0, p);
+                if (j < 0 || j >= k || p < rlo[j] || p >= rhi[j])
+                    fail_msg("n=%lld k=%d: position %lld said to be in shard %lld", (long long)n, k,
+                             (long long)p, (long long)j);
+            }
+        }
+    /* two axes on one dim: chunk by the major axis, then chunk that piece.
+     * 10 over 2x2: 3, 2, 3, 2 (numpy's single cut: 3, 3, 2, 2); S10 makes
+     * axis 1 the major one. */
+    for (int64_t n = 0; n <= 30; n++)
+        for (int k0 = 1; k0 <= 4; k0++)
+            for (int k1 = 1; k1 <= 4; k1++)
+                for (int swap = 0; swap < 2; swap++) {
+                    xm_layout_t l;
+                    int64_t shape[1] = {n};
+                    int mshape[2] = {k0, k1};
+                    make_layout(&l, 1, shape, 2, mshape, dev, swap ? "S10" : "S01");
+                    l.split = XMESH_SPLIT_TORCH;
+                    int kmaj = swap ? k1 : k0, kmin = swap ? k0 : k1;
+                    int64_t olo[4], ohi[4];
+                    ref_chunk(n, kmaj, olo, ohi);
+                    for (int i = 0; i < k0 * k1; i++) {
+                        int c0 = i / k1, c1 = i % k1, jmaj = swap ? c1 : c0, jmin = swap ? c0 : c1;
+                        int64_t ilo[4], ihi[4], blo[1], bhi[1];
+                        ref_chunk(ohi[jmaj] - olo[jmaj], kmin, ilo, ihi);
+                        xm_layout_block(&l, i, blo, bhi);
+                        if (blo[0] != olo[jmaj] + ilo[jmin] || bhi[0] != olo[jmaj] + ihi[jmin])
+                            fail_msg("n=%lld mesh %dx%d %s device %d: [%lld, %lld), nested "
+                                     "torch.chunk [%lld, %lld)",
+                                     (long long)n, k0, k1, swap ? "S10" : "S01", i,
+                                     (long long)blo[0], (long long)bhi[0],
+                                     (long long)(olo[jmaj] + ilo[jmin]),
+                                     (long long)(olo[jmaj] + ihi[jmin]));
+                    }
+                    for (int64_t p = 0; p < n; p++) {
+                        int64_t j = xm_layout_shard_at(&l, 0, p), blo, bhi;
+                        xm_layout_dim_block(&l, 0, j, &blo, &bhi);
+                        if (p < blo || p >= bhi)
+                            fail_msg("n=%lld mesh %dx%d: position %lld not in shard %lld",
+                                     (long long)n, k0, k1, (long long)p, (long long)j);
+                    }
+                }
+}
+
+static void check_invariants(const xm_layout_t *s, const xm_layout_t *d, const xm_taskset_t *ts,
+                             int iter);
+
+/* A numpy-split layout to a torch-split one on the same devices: the tasks
+ * are the pieces where the two cuts differ. 6 over 4: numpy 2,2,1,1, torch
+ * 2,2,2,0: device 0 and 1 keep theirs, row 4 goes 2 -> 2, row 5 goes 3 -> 2. */
+static void test_numpy_to_torch(void **state)
+{
+    (void)state;
+    int64_t shape[1] = {6};
+    int mshape[1] = {4}, dev[4] = {0, 1, 2, 3};
+    xm_layout_t s, d;
+    make_layout(&s, 1, shape, 1, mshape, dev, "S0");
+    make_layout(&d, 1, shape, 1, mshape, dev, "S0");
+    d.split = XMESH_SPLIT_TORCH;
+    xm_taskset_t ts;
+    assert_int_equal(xm_decompose(&s, &d, NULL, &ts), XMESH_SUCCESS);
+    assert_int_equal(ts.ntasks, 4); /* cuts 0,2,4,5,6 */
+    int64_t want[4][2] = {{0, 2}, {2, 4}, {4, 5}, {5, 6}};
+    int holder[4] = {0, 1, 2, 3}, recv[4] = {0, 1, 2, 2};
+    for (int i = 0; i < 4; i++) {
+        const xm_task_t *t = &ts.tasks[i];
+        assert_true(t->box.lo[0] == want[i][0] && t->box.hi[0] == want[i][1]);
+        assert_int_equal(t->nrecv, 1);
+        assert_int_equal(ts.holders[t->holder_off], holder[i]);
+        assert_int_equal(ts.recvs[t->recv_off], recv[i]);
+    }
+    check_invariants(&s, &d, &ts, -1);
+    xm_taskset_free(&ts);
+}
+
 /* Paper Fig. 2: a 4x4 matrix, meshes A = [[0,1],[2,3]] and B = [[4,5],[6,7]]. */
 static void test_paper_fig2(void **state)
 {
@@ -303,6 +431,8 @@ static void test_random_properties(void **state)
         xm_layout_t s, d;
         make_layout(&s, nd, shape, an, as, adev, sspec);
         make_layout(&d, nd, shape, bn, bs, bdev, dspec);
+        s.split = xt_range(&seed, 0, 1) ? XMESH_SPLIT_TORCH : XMESH_SPLIT_NUMPY;
+        d.split = xt_range(&seed, 0, 1) ? XMESH_SPLIT_TORCH : XMESH_SPLIT_NUMPY;
         xm_hostmap_t hm = {.ndev = 48, .nhosts = 48};
         int host[48];
         for (int i = 0; i < 48; i++)
@@ -311,7 +441,8 @@ static void test_random_properties(void **state)
         xm_taskset_t ts;
         xmesh_result_t r = xm_decompose(&s, &d, xt_range(&seed, 0, 1) ? &hm : NULL, &ts);
         if (r)
-            fail_msg("iter %d: %s -> %s failed: %s", it, sspec, dspec, xmesh_last_error());
+            fail_msg("iter %d: %s (split %d) -> %s (split %d) failed: %s", it, sspec, s.split,
+                     dspec, d.split, xmesh_last_error());
         check_invariants(&s, &d, &ts, it);
         xm_taskset_free(&ts);
     }
@@ -401,7 +532,8 @@ int main(void)
         cmocka_unit_test(test_split_rule),        cmocka_unit_test(test_paper_fig2),
         cmocka_unit_test(test_table2_case4),      cmocka_unit_test(test_partial_groups),
         cmocka_unit_test(test_random_properties), cmocka_unit_test(test_bad_pairs),
-        cmocka_unit_test(test_shape_overflow),
+        cmocka_unit_test(test_shape_overflow),    cmocka_unit_test(test_torch_split_rule),
+        cmocka_unit_test(test_numpy_to_torch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
