@@ -666,27 +666,33 @@ void xm_troutes_free(xm_troutes_t *r)
 
 /* ---------------------------------------------------------- routing */
 
+/* Most NICs per host whose rails the sender choice follows (more: the
+ * send NIC alone, as with one). */
+#define XM_RAILS_MAX 64
+
 /* Receiver of task k on host h whose NIC index (rail) is `rail`, -1 if
- * none (only receivers with want[i], when want is given). */
+ * none (only receivers with want[i]). */
 static int rail_recv(const xm_prep_t *p, const xm_task_t *k, int h, int rail,
                      const unsigned char *want)
 {
     const int *rv = p->ts->recvs + k->recv_off;
     for (int i = 0; i < k->nrecv; i++)
-        if (p->dev_host[rv[i]] == h && (!want || want[i]) && p->dev_nic[rv[i]] % p->nics == rail)
+        if (p->dev_host[rv[i]] == h && want[i] && p->dev_nic[rv[i]] % p->nics == rail)
             return i;
     return -1;
 }
 
 /* Device of `cand` on host h to use as a sender: earliest free send NIC,
  * then lowest NIC, then fewest bytes sent so far, then lowest id (the
- * least-loaded rule). With several NICs and the chain's first receiving
- * host rh known (>= 0), a NIC counts as free once the receive NIC of its
- * rail on rh is free as well: the hop stays on one rail (push_host_recvs),
- * as the runner's NICs carry it (NIC k of a host reaches NIC k of the
- * others; cluster.sh's rails, rail-optimised fabrics). */
+ * least-loaded rule). With several NICs and rail_free given (per NIC
+ * index: when the receive NIC of that rail on the chain's first receiving
+ * host frees, < 0 where that host has no receiver on it), a NIC counts as
+ * free once its rail's receive NIC there is free as well: the hop stays on
+ * one rail (push_host_recvs), as the runner's NICs carry it (NIC k of a
+ * host reaches NIC k of the others; cluster.sh's rails, rail-optimised
+ * fabrics). */
 static int pick_device(const xm_prep_t *p, const xm_state_t *s, const int *cand, int n, int h,
-                       int rh, const xm_task_t *k)
+                       const double *rail_free)
 {
     int best = -1;
     double fbest = 0;
@@ -695,13 +701,8 @@ static int pick_device(const xm_prep_t *p, const xm_state_t *s, const int *cand,
         if (p->dev_host[d] != h)
             continue;
         double fa = s->dir_free[XM_DIR_SEND(p->dev_nic[d])];
-        if (rh >= 0) {
-            int i = rail_recv(p, k, rh, p->dev_nic[d] % p->nics, NULL);
-            if (i >= 0) {
-                double fr = s->dir_free[XM_DIR_RECV(p->dev_nic[p->ts->recvs[k->recv_off + i]])];
-                fa = fr > fa ? fr : fa;
-            }
-        }
+        if (rail_free && rail_free[p->dev_nic[d] % p->nics] > fa)
+            fa = rail_free[p->dev_nic[d] % p->nics];
         if (best < 0) {
             best = d;
             fbest = fa;
@@ -751,16 +752,26 @@ static void choose_senders(const xm_prep_t *p, const xm_state_t *s, int t, int h
         /* one group, broadcast: the main chain's first host after the
          * sender's own (the first uncovered receiver elsewhere), unless the
          * sender's host has receivers (then one of them leaves the host) */
+        double rail_free[XM_RAILS_MAX];
         int rh = -1;
-        if (p->nics > 1 && k->ngroups == 1 && p->strategy != XMESH_STRATEGY_SENDRECV &&
-            !is_recv_host(p, k, h)) {
+        if (p->nics > 1 && p->nics <= XM_RAILS_MAX && k->ngroups == 1 &&
+            p->strategy != XMESH_STRATEGY_SENDRECV && !is_recv_host(p, k, h)) {
             const unsigned char *cov = p->recv_covered + xm_pc(p, t)->recv_off;
             const int *rv = p->ts->recvs + k->recv_off;
-            for (int i = 0; i < k->nrecv && rh < 0; i++)
-                if (!cov[i] && p->dev_host[rv[i]] != h)
-                    rh = p->dev_host[rv[i]];
+            for (int i = 0; i < k->nrecv; i++) {
+                int hr = p->dev_host[rv[i]];
+                if (cov[i] || hr == h || (rh >= 0 && hr != rh))
+                    continue;
+                if (rh < 0) {
+                    rh = hr;
+                    for (int q = 0; q < p->nics; q++)
+                        rail_free[q] = -1;
+                }
+                int n = p->dev_nic[rv[i]];
+                rail_free[n % p->nics] = s->dir_free[XM_DIR_RECV(n)];
+            }
         }
-        snd[g] = pick_device(p, s, hd, k->group_size, h, rh, k);
+        snd[g] = pick_device(p, s, hd, k->group_size, h, rh >= 0 ? rail_free : NULL);
     }
 }
 
