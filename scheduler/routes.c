@@ -666,28 +666,57 @@ void xm_troutes_free(xm_troutes_t *r)
 
 /* ---------------------------------------------------------- routing */
 
+/* Most NICs per host whose rails the sender choice follows (more: the
+ * send NIC alone, as with one). */
+#define XM_RAILS_MAX 64
+
+/* Receiver of task k on host h whose NIC index (rail) is `rail`, -1 if
+ * none (only receivers with want[i]). */
+static int rail_recv(const xm_prep_t *p, const xm_task_t *k, int h, int rail,
+                     const unsigned char *want)
+{
+    const int *rv = p->ts->recvs + k->recv_off;
+    for (int i = 0; i < k->nrecv; i++)
+        if (p->dev_host[rv[i]] == h && want[i] && p->dev_nic[rv[i]] % p->nics == rail)
+            return i;
+    return -1;
+}
+
 /* Device of `cand` on host h to use as a sender: earliest free send NIC,
  * then lowest NIC, then fewest bytes sent so far, then lowest id (the
- * least-loaded rule). */
-static int pick_device(const xm_prep_t *p, const xm_state_t *s, const int *cand, int n, int h)
+ * least-loaded rule). With several NICs and rail_free given (per NIC
+ * index: when the receive NIC of that rail on the chain's first receiving
+ * host frees, < 0 where that host has no receiver on it), a NIC counts as
+ * free once its rail's receive NIC there is free as well: the hop stays on
+ * one rail (push_host_recvs), as the runner's NICs carry it (NIC k of a
+ * host reaches NIC k of the others; cluster.sh's rails, rail-optimised
+ * fabrics). */
+static int pick_device(const xm_prep_t *p, const xm_state_t *s, const int *cand, int n, int h,
+                       const double *rail_free)
 {
     int best = -1;
+    double fbest = 0;
     for (int j = 0; j < n; j++) {
         int d = cand[j];
         if (p->dev_host[d] != h)
             continue;
+        double fa = s->dir_free[XM_DIR_SEND(p->dev_nic[d])];
+        if (rail_free && rail_free[p->dev_nic[d] % p->nics] > fa)
+            fa = rail_free[p->dev_nic[d] % p->nics];
         if (best < 0) {
             best = d;
+            fbest = fa;
             continue;
         }
-        double fa = s->dir_free[XM_DIR_SEND(p->dev_nic[d])];
-        double fb = s->dir_free[XM_DIR_SEND(p->dev_nic[best])];
+        double fb = fbest;
         int na = p->dev_nic[d], nb = p->dev_nic[best];
         if (fa < fb ||
             (fa == fb &&
              (na < nb || (na == nb && (s->dev_load[d] < s->dev_load[best] ||
-                                       (s->dev_load[d] == s->dev_load[best] && d < best))))))
+                                       (s->dev_load[d] == s->dev_load[best] && d < best)))))) {
             best = d;
+            fbest = fa;
+        }
     }
     return best;
 }
@@ -720,7 +749,29 @@ static void choose_senders(const xm_prep_t *p, const xm_state_t *s, int t, int h
                 h = p->dev_host[hd[j]];
         if (h < 0)
             h = p->dev_host[hd[0]];
-        snd[g] = pick_device(p, s, hd, k->group_size, h);
+        /* one group, broadcast: the main chain's first host after the
+         * sender's own (the first uncovered receiver elsewhere), unless the
+         * sender's host has receivers (then one of them leaves the host) */
+        double rail_free[XM_RAILS_MAX];
+        int rh = -1;
+        if (p->nics > 1 && p->nics <= XM_RAILS_MAX && k->ngroups == 1 &&
+            p->strategy != XMESH_STRATEGY_SENDRECV && !is_recv_host(p, k, h)) {
+            const unsigned char *cov = p->recv_covered + xm_pc(p, t)->recv_off;
+            const int *rv = p->ts->recvs + k->recv_off;
+            for (int i = 0; i < k->nrecv; i++) {
+                int hr = p->dev_host[rv[i]];
+                if (cov[i] || hr == h || (rh >= 0 && hr != rh))
+                    continue;
+                if (rh < 0) {
+                    rh = hr;
+                    for (int q = 0; q < p->nics; q++)
+                        rail_free[q] = -1;
+                }
+                int n = p->dev_nic[rv[i]];
+                rail_free[n % p->nics] = s->dir_free[XM_DIR_RECV(n)];
+            }
+        }
+        snd[g] = pick_device(p, s, hd, k->group_size, h, rh >= 0 ? rail_free : NULL);
     }
 }
 
@@ -759,6 +810,20 @@ static void push_host_recvs(const xm_prep_t *p, const xm_state_t *s, xm_troutes_
     }
     if (first < 0)
         return;
+    /* A chain arriving from another host enters through a receiver on the
+     * rail (NIC index) it left from, where the host has one: NIC k of a
+     * host reaches NIC k of the others (cluster.sh's rails, where a socket
+     * between rails leaves by the route of the peer's subnet, not by the
+     * NIC charged here; rail-optimised fabrics alike). */
+    const xm_route_t *cur = r->nroutes > 0 ? &r->routes[r->nroutes - 1] : NULL;
+    if (choose && cur && cur->len > 0) {
+        int up = r->devs[cur->off + cur->len - 1];
+        if (p->dev_host[up] != h) {
+            int i = rail_recv(p, k, h, p->dev_nic[up] % p->nics, want);
+            if (i >= 0)
+                first = i;
+        }
+    }
     if (choose && cnt > 2) {
         int fn = p->dev_nic[rv[first]];
         for (int i = 0; i < k->nrecv; i++) {
