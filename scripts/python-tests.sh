@@ -76,6 +76,18 @@ echo "$ex" | grep -E '^[0-9]+ unit tasks' || { echo "$ex"; echo "python: the exa
 if ! echo "$ex" | grep -q 'scheduler [a-z-]*: OK' || echo "$ex" | grep -q ': WRONG'; then
   echo "$ex"; echo "python: the example's check FAILED"; exit 1
 fi
+# ctx.plan_many over UCX without MPI: Context.from_env() in processes the
+# UCX tier's launcher starts (no mpirun, no mpi4py).
+if (cd /tmp && "$py" -c 'import sys, xmesh._lib as l; sys.exit(l.ctx_create_ucx is None)'); then
+  echo "python: plan_many over UCX (xmesh.Context.from_env), tests/ucx/xmesh-launch.py -n 4"
+  useed=${XMESH_PY_SEED:-$RANDOM}
+  ux=$(cd /tmp && XMESH_PY_SEED=$useed timeout 200 "$py" "$OLDPWD/tests/ucx/xmesh-launch.py" -n 4 --hosts 2 \
+         --timeout 180 -- "$py" "$OLDPWD/python/tests/ucx_many.py" 2>&1) ||
+    { echo "$ux"; echo "python: plan_many over UCX FAILED (XMESH_PY_SEED=$useed replays)"; exit 1; }
+  echo "$ux" | grep -c ': ok: ' | sed 's/^/python: UCX checks passed (ranks x tests): /'
+else
+  echo "python: libxmesh without UCX: plan_many over UCX NOT RUN"
+fi
 # xmesh.torch: its own pytest suite and examples, 4 and 8 processes.
 echo "python: xmesh.torch (scripts/python-torch-tests.sh)"
 scripts/python-torch-tests.sh

@@ -325,6 +325,30 @@ xmesh_result_t xm_rounds_init(const xm_program_t *p, xm_rounds_it_t *it);
 int xm_rounds_next(const xm_program_t *p, xm_rounds_it_t *it, int64_t *round, const xm_rop_t **ops);
 void xm_rounds_free(xm_rounds_it_t *it);
 
+/* ------------------------------------------------- block ops (blockops.c) */
+
+/* Shared by the runners (lib/mpi/exec.c, lib/ucx/exec.c): the part of a
+ * step's ops that touches the caller's blocks. srcs/dsts hold the plan's
+ * ntensors blocks of the reshard in flight (NULL where the rank holds
+ * none). */
+
+/* Bytes of one staging-buffer element of op o (which touches blocks). */
+size_t xm_pop_buf_es(const xm_pstep_t *s, const xm_pop_t *o);
+
+/* Op o (PACK, TO_ACC, ADD_ACC, UNPACK or COPY; others do nothing) of step s
+ * over the step's box-linear elements [a, a + cnt), buf holding them in
+ * order (NULL for COPY): on the step's tensor s->tensor, or piece by piece
+ * for a packed step (s->npieces > 0: each piece a box of its own tensor at
+ * its place in the chunk). Block dtypes are the step's s->sdt / s->ddt. */
+void xm_step_block_op(const xm_program_t *p, const void *const *srcs, void *const *dsts,
+                      const xm_pstep_t *s, const xm_pop_t *o, char *buf, int64_t a, int64_t cnt);
+
+/* XMESH_CHECK's report: the global coordinates of element a of step s
+ * ("i,j,..."), prefixed "tensor k: " for a packed step or when the plan has
+ * ntensors > 1; at most len bytes with the NUL. */
+void xm_step_where(const xm_program_t *p, const xm_taskset_t *ts, int ntensors, const xm_pstep_t *s,
+                   int64_t a, char *at, size_t len);
+
 /* Printable name of an op kind. */
 const char *xm_pop_name(int kind);
 

@@ -498,62 +498,12 @@ static void staged(xm_exec_t *x, int64_t bytes)
         __atomic_fetch_add(x->staged, bytes, __ATOMIC_RELAXED);
 }
 
-/* Bytes of one buffer element of an op that touches blocks. */
-static size_t op_buf_es(const xm_pstep_t *s, const xm_pop_t *o)
-{
-    if (o->kind == XM_POP_TO_ACC || o->kind == XM_POP_ADD_ACC)
-        return xmesh_dtype_size(xm_dtype_acc(s->sdt));
-    return xmesh_dtype_size((xmesh_dtype_t)o->dt);
-}
-
-/* Op o of step s between the blocks of tensor k (geometries sg, dg) and
- * buf, over the box-linear elements [a, a + cnt) of that box. */
-static void piece_op(xm_exec_t *x, int k, const xm_geom_t *sg, const xm_geom_t *dg,
-                     const xm_pstep_t *s, const xm_pop_t *o, char *buf, int64_t a, int64_t cnt)
-{
-    char *src = (char *)x->srcs[k], *dst = x->dsts[k];
-    switch (o->kind) {
-    case XM_POP_PACK:
-        xm_geom_copy_cv(XM_COPY_PACK, o->blk ? dg : sg, o->blk ? s->ddt : s->sdt,
-                        (xmesh_dtype_t)o->dt, o->blk ? dst : src, buf, a, cnt);
-        break;
-    case XM_POP_TO_ACC:
-    case XM_POP_ADD_ACC:
-        xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, sg, s->sdt, src,
-                     buf, a, cnt);
-        break;
-    case XM_POP_UNPACK:
-        xm_geom_copy_cv(XM_COPY_UNPACK, dg, s->ddt, (xmesh_dtype_t)o->dt, dst, buf, a, cnt);
-        break;
-    case XM_POP_COPY:
-        xm_geom_copy2_cv(sg, s->sdt, src, dg, s->ddt, dst, a, cnt);
-        break;
-    default:
-        break;
-    }
-}
-
-/* Op o of step s over the step's box-linear elements [a, a + cnt), buf
- * holding them in order: on the step's tensor, or piece by piece for a
- * packed step (plans of many tensors: each piece is a box of its own
- * tensor, at its place in the chunk). */
+/* Op o of step s over its elements [a, a + cnt) on the reshard's blocks
+ * (lib/core/blockops.c). */
 static void block_op(xm_exec_t *x, const xm_pstep_t *s, const xm_pop_t *o, char *buf, int64_t a,
                      int64_t cnt)
 {
-    if (!s->npieces) {
-        piece_op(x, s->tensor, &s->sg, &s->dg, s, o, buf, a, cnt);
-        return;
-    }
-    size_t bes = op_buf_es(s, o);
-    const xm_ppiece_t *pc = xm_pstep_piece_first(&x->prog, s, a);
-    const xm_ppiece_t *end = x->prog.pieces + s->piece_off + s->npieces;
-    for (; pc < end && pc->off < a + cnt; pc++) {
-        int64_t lo = a > pc->off ? a : pc->off;
-        int64_t hi = a + cnt < pc->off + pc->n ? a + cnt : pc->off + pc->n;
-        if (hi > lo)
-            piece_op(x, pc->tensor, &pc->sg, &pc->dg, s, o,
-                     buf ? buf + (lo - a) * (int64_t)bes : NULL, lo - pc->off, hi - lo);
-    }
+    xm_step_block_op(&x->prog, x->srcs, x->dsts, s, o, buf, a, cnt);
 }
 
 static int compute_chunk(xm_exec_t *x, const xm_pstep_t *s, const xm_stepx_t *sx, xm_step_rt_t *rt,
@@ -715,30 +665,8 @@ static int check_advance(xm_request_t *r, xm_exec_t *x, const xm_pstep_t *s, xm_
                 int64_t a, cnt;
                 xm_pstep_chunk(s, c, &a, &cnt);
                 /* Global coordinates of the chunk's first element. */
-                const xm_taskset_t *ts = &r->plan->ts;
-                const xm_box_t *b = &ts->tasks[s->task].box;
-                int nd = xm_task_ndim(ts, &ts->tasks[s->task]);
-                char at[160] = "";
-                int o = 0;
-                int64_t rem = a, idx[XM_MAX_DIMS];
-                if (s->npieces) { /* a packed step: the tensor and its own box */
-                    const xm_ppiece_t *pc = xm_pstep_piece_first(&x->prog, s, a);
-                    const xm_piece_t *tp = &ts->pieces[ts->tasks[s->task].pack_off +
-                                                       (int)(pc - x->prog.pieces - s->piece_off)];
-                    b = &tp->box;
-                    nd = ts->tmeta[tp->tensor].ndim;
-                    rem = a - pc->off;
-                    o = snprintf(at, sizeof at, "tensor %d: ", tp->tensor);
-                } else if (r->plan->ntensors > 1) {
-                    o = snprintf(at, sizeof at, "tensor %d: ", s->tensor);
-                }
-                for (int d = nd - 1; d >= 0; d--) {
-                    int64_t e = b->hi[d] - b->lo[d];
-                    idx[d] = b->lo[d] + rem % e;
-                    rem /= e;
-                }
-                for (int d = 0; d < nd && o < (int)sizeof at - 24; d++)
-                    o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
+                char at[160];
+                xm_step_where(&x->prog, &r->plan->ts, r->plan->ntensors, s, a, at, sizeof at);
                 /* Pass the origin's sums on, so the ranks downstream (which
                  * got the same damaged bytes) report it too instead of
                  * timing out. */

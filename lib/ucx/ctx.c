@@ -13,6 +13,7 @@ static void ucx_ctx_free(xmesh_ctx_t ctx);
 
 static const xm_backend_ops_t ucx_ops = {
     .name = "ucx",
+    .many_tensors = 1,
     .agree = ucx_agree,
     .plan_setup = xu_plan_setup,
     .plan_teardown = xu_plan_teardown,

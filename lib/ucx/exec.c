@@ -243,8 +243,6 @@ static void timed_sleep(xu_ctx_t *be, pthread_cond_t *cv, long ns)
 xmesh_result_t xu_start(xmesh_plan_t p, const void *const *srcs, void *const *dsts,
                         xmesh_request_t *out)
 {
-    const void *src = srcs[0];
-    void *dst = dsts[0];
     xu_exec_t *x = p->exec;
     xu_ctx_t *be = p->ctx->be;
     if (!x)
@@ -285,8 +283,10 @@ xmesh_result_t xu_start(xmesh_plan_t p, const void *const *srcs, void *const *ds
     r->t_start = xu_now();
     r->deadline = p->timeout_s > 0 ? r->t_start + p->timeout_s : 0;
     r->next_abort_check = r->t_start;
-    x->src = src;
-    x->dst = dst;
+    for (int i = 0; i < p->ntensors; i++) { /* the caller's arrays may go once we return */
+        x->srcs[i] = srcs[i];
+        x->dsts[i] = dsts[i];
+    }
     memset(x->srt, 0, sizeof *x->srt * x->prog.nsteps);
     memset(x->tstate, 0, x->prog.ntasks);
     x->tfirst = 0;
@@ -705,7 +705,11 @@ static void staged(xu_exec_t *x, int64_t bytes)
 }
 
 /* Chunk c of step s through its ops; the receive (if any) has completed.
- * Returns a UCX status (UCS_OK). */
+ * The blocks are the step's tensor's, or (a packed step of a plan of many)
+ * the pieces' tensors': the per-op work over them is the core's
+ * (xm_step_block_op, as the MPI runner); block dtypes are the step's.
+ * Every chunk goes through staging (no zero copy over UCX). Returns a UCX
+ * status (UCS_OK). */
 static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *s,
                                   const xu_stepx_t *sx, xu_step_rt_t *rt, int64_t c,
                                   xu_slot_t *sendslot)
@@ -713,36 +717,33 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
     int64_t a, cnt;
     xm_pstep_chunk(s, c, &a, &cnt);
     int slot = (int)(c % x->window);
-    size_t des = x->dst_es, bs = s->stage_es;
-    char *dst = x->dst, *src = (char *)x->src;
+    size_t des = xmesh_dtype_size(s->ddt), bs = s->stage_es;
+    int packed = s->npieces > 0;
+    char *dst = packed ? NULL : x->dsts[s->tensor];
     char *buf = sx->stage_off >= 0 ? x->stage + sx->stage_off + (int64_t)slot * s->ce * bs : NULL;
     for (int i = 0; i < s->nops; i++) {
         const xm_pop_t *o = &s->ops[i];
         switch (o->kind) {
         case XM_POP_RECV:
             break;
-        case XM_POP_PACK: {
-            const xm_geom_t *g = o->blk ? &s->dg : &s->sg;
-            char *blk = o->blk ? dst : src;
-            xmesh_dtype_t bdt = o->blk ? x->dst_dtype : x->dtype;
-            xm_geom_copy_cv(XM_COPY_PACK, g, bdt, (xmesh_dtype_t)o->dt, blk, buf, a, cnt);
+        case XM_POP_PACK:
+            xm_step_block_op(&x->prog, x->srcs, x->dsts, s, o, buf, a, cnt);
             staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
             break;
-        }
         case XM_POP_TO_ACC:
         case XM_POP_ADD_ACC:
-            xm_geom_copy(o->kind == XM_POP_TO_ACC ? XM_COPY_TO_ACC : XM_COPY_ADD_ACC, &s->sg,
-                         x->dtype, src, buf, a, cnt);
-            staged(x, cnt * (int64_t)xmesh_dtype_size(xm_dtype_acc(x->dtype)));
+            xm_step_block_op(&x->prog, x->srcs, x->dsts, s, o, buf, a, cnt);
+            staged(x, cnt * (int64_t)xmesh_dtype_size(xm_dtype_acc(s->sdt)));
             break;
         case XM_POP_TO_NATIVE:
-            xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(x->dtype), buf, cnt);
+            xm_convert((xmesh_dtype_t)o->dt, buf, xm_dtype_acc(s->sdt), buf, cnt);
             break;
         case XM_POP_UNPACK: {
             /* XMESH_CHECK sums the values as they came off the wire (as the
-             * MPI runner): the received buffer when the unpack converts,
-             * else the written block. */
-            int conv = o->dt != x->dst_dtype, ck = x->check && s->ck_verify;
+             * MPI runner): the received buffer when the unpack converts or
+             * the step is packed (its chunk spans several blocks), else the
+             * written block. */
+            int conv = o->dt != s->ddt || packed, ck = x->check && s->ck_verify;
             if (ck && x->corrupt && !x->corrupted) { /* test hook: damage the received bytes */
                 buf[0] ^= 0x40;
                 x->corrupted = 1;
@@ -750,8 +751,7 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
             if (ck && conv)
                 x->ck[sx->ck_off + c] =
                     xm_geom_hash(NULL, buf, 1, 0, cnt * (int64_t)xmesh_dtype_size(o->dt));
-            xm_geom_copy_cv(XM_COPY_UNPACK, &s->dg, x->dst_dtype, (xmesh_dtype_t)o->dt, dst, buf, a,
-                            cnt);
+            xm_step_block_op(&x->prog, x->srcs, x->dsts, s, o, buf, a, cnt);
             staged(x, cnt * (int64_t)xmesh_dtype_size(o->dt));
             if (ck && !conv)
                 x->ck[sx->ck_off + c] = xm_geom_hash(&s->dg, dst, des, a, cnt);
@@ -759,7 +759,7 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
         }
         case XM_POP_COPY: {
             double t0 = x->trace ? xu_now() - x->t0 : 0;
-            xm_geom_copy2_cv(&s->sg, x->dtype, src, &s->dg, x->dst_dtype, dst, a, cnt);
+            xm_step_block_op(&x->prog, x->srcs, x->dsts, s, o, NULL, a, cnt);
             staged(x, cnt * (int64_t)des);
             if (x->trace)
                 trace_add(x, 3, s->task, x->rank, c, cnt * (int64_t)des, t0, xu_now() - x->t0);
@@ -839,20 +839,12 @@ static int check_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, const xm_p
             goto out_ucx;
         for (int64_t c = 0; c < s->nchunks; c++)
             if (in[c] != own[c]) {
-                int64_t a, cnt, rem, idx[XM_MAX_DIMS];
+                int64_t a, cnt;
                 xm_pstep_chunk(s, c, &a, &cnt);
-                const xm_taskset_t *ts = &r->plan->ts;
-                const xm_box_t *b = &ts->tasks[s->task].box;
-                char at[160] = "";
-                int o = 0;
-                rem = a;
-                for (int d = ts->ndim - 1; d >= 0; d--) {
-                    int64_t ext = b->hi[d] - b->lo[d];
-                    idx[d] = b->lo[d] + rem % ext;
-                    rem /= ext;
-                }
-                for (int d = 0; d < ts->ndim && o < (int)sizeof at - 24; d++)
-                    o += snprintf(at + o, sizeof at - o, "%s%lld", d ? "," : "", (long long)idx[d]);
+                /* Global coordinates of the chunk's first element (the
+                 * tensor's, for plans of many). */
+                char at[160];
+                xm_step_where(&x->prog, &r->plan->ts, r->plan->ntensors, s, a, at, sizeof at);
                 /* The ranks downstream got the same bytes: pass the sums on
                  * so that they report it too. */
                 if (s->next >= 0)
@@ -1261,7 +1253,12 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
                        .strategy = p->strategy,
                        .dtype = p->dtype,
                        .dst_dtype = p->dst_dtype,
-                       .chunk_bytes = p->chunk_bytes};
+                       .chunk_bytes = p->chunk_bytes,
+                       .ntensors = p->ntensors,
+                       .srcs = p->srcs,
+                       .dsts = p->dsts,
+                       .dtypes = p->dtypes,
+                       .dst_dtypes = p->dst_dtypes};
     xm_chains_t ch;
     xmesh_result_t r = xm_chains_build(&in, &ch);
     if (r)
@@ -1286,6 +1283,10 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
     x->send_ahead = (int)(ahead < 1 ? 1 : ahead > x->window ? x->window : ahead);
     x->forward_ahead = (int)(fwd < 1 ? 1 : fwd > x->window ? x->window : fwd);
     int hold_late = xm_param_i64("XMESH_HOLD_LATE") != 0;
+    x->srcs = calloc((size_t)p->ntensors, sizeof *x->srcs);
+    x->dsts = calloc((size_t)p->ntensors, sizeof *x->dsts);
+    if (!x->srcs || !x->dsts)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d tensors", p->ntensors);
     if (!(x->sx = calloc(x->prog.nsteps + 1, sizeof *x->sx)))
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory for %d steps",
                       x->prog.nsteps);
@@ -1361,10 +1362,12 @@ static xmesh_result_t setup_trace(xmesh_plan_t p, xu_exec_t *x, int trace_flag, 
     char *in = calloc((size_t)n, 1);
     if (!in)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
-    for (int i = 0; i < p->src.mesh.ndev; i++)
-        in[p->src.mesh.devs[i]] = 1;
-    for (int i = 0; i < p->dst.mesh.ndev; i++)
-        in[p->dst.mesh.devs[i]] = 1;
+    for (int k = 0; k < p->ntensors; k++) { /* every tensor's meshes */
+        for (int i = 0; i < p->srcs[k].mesh.ndev; i++)
+            in[p->srcs[k].mesh.devs[i]] = 1;
+        for (int i = 0; i < p->dsts[k].mesh.ndev; i++)
+            in[p->dsts[k].mesh.devs[i]] = 1;
+    }
     x->leader = -1;
     for (int i = 0; i < n; i++)
         if (in[i]) {
@@ -1417,6 +1420,8 @@ static void exec_free(xu_ctx_t *be, xu_exec_t *x)
     if (!leak)
         free(x->mem);
     xm_program_free(&x->prog);
+    free(x->srcs);
+    free(x->dsts);
     free(x->sx);
     free(x->srt);
     free(x->tstate);
@@ -1445,10 +1450,7 @@ xmesh_result_t xu_plan_setup(xmesh_plan_t p)
     /* Every rank runs plan setups in the same order: equal tags. */
     x->tag = be->next_tag++ & 0xffff;
     x->rank = ctx->rank;
-    x->dtype = p->dtype;
     x->es = xmesh_dtype_size(p->dtype);
-    x->dst_dtype = p->dst_dtype;
-    x->dst_es = xmesh_dtype_size(p->dst_dtype);
     /* Rank 0's schedule, trace choice and trace path for everyone. */
     int flags[2] = {0, 0}; /* XMESH_TRACE set, XMESH_CHECK */
     char tpath[512] = "";

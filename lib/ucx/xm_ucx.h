@@ -80,9 +80,8 @@ struct xu_request;
 typedef struct xu_exec {
     int rank;
     unsigned tag; /* plan tag, equal on every rank */
-    size_t es, dst_es;
+    size_t es;    /* the plan's first source dtype (the window's unit without a task set size) */
     int window, send_ahead, forward_ahead;
-    xmesh_dtype_t dtype, dst_dtype;
     xm_program_t prog;
     xu_stepx_t *sx;
     /* Staging and slots live in one block: after a failure UCX may still
@@ -101,8 +100,8 @@ typedef struct xu_exec {
     unsigned char *lane; /* per task without a NIC hop: its lane (exec.c, admission) */
     int nlanes;          /* lanes of such tasks: the plan's NICs per host (1..16) */
     int tfirst;
-    const void *src;
-    void *dst;
+    const void **srcs; /* the plan's ntensors blocks of the reshard in flight */
+    void **dsts;
     struct xu_request *active;
     int broken;
     int kept; /* operations UCX still owns after a failure */
@@ -176,8 +175,7 @@ xmesh_result_t xu_status_err(xmesh_result_t code, ucs_status_t st, const char *w
 /* exec.c */
 xmesh_result_t xu_plan_setup(xmesh_plan_t plan);
 void xu_plan_teardown(xmesh_plan_t plan);
-/* Plans of one tensor only (the backend does not set many_tensors): srcs[0]
- * and dsts[0] are the blocks. */
+/* srcs/dsts: the plan's ntensors blocks (plans of many: many_tensors set). */
 xmesh_result_t xu_start(xmesh_plan_t plan, const void *const *srcs, void *const *dsts,
                         xmesh_request_t *req);
 xmesh_result_t xu_test(xmesh_request_t req);

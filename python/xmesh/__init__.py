@@ -337,7 +337,35 @@ class Context(_Handle):
         handle = _comm_handle(comm)
         out = _lib.handle_t()
         _check(_lib.ctx_create_mpi(handle, None, ctypes.byref(out)), "xmesh_ctx_create_mpi")
-        self._h = out.value
+        self._adopt(out.value)
+
+    @classmethod
+    def from_env(cls):
+        """A context over UCX, without MPI (collective over the processes
+        the environment describes: XMESH_RANK/XMESH_SIZE, torchrun's RANK/
+        WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or Slurm's variables; docs/UCX.md).
+        Plans, ``plan_many`` included, work as over MPI; transfers progress
+        in a thread (XMESH_PROGRESS_THREAD=0: inside the calls).
+        ``close()`` (or exit) ends it.
+        """
+        if _lib.ctx_create_ucx is None:
+            unsupported = next(c for c in _ERRORS.values() if c.code_name == "XMESH_ERR_UNSUPPORTED")
+            raise unsupported("xmesh.Context.from_env: this libxmesh was built without UCX")
+        out = _lib.handle_t()
+        _check(_lib.ctx_create_ucx(None, None, ctypes.byref(out)), "xmesh_ctx_create_ucx")
+        self = cls.__new__(cls)
+        self._adopt(out.value)
+        return self
+
+    @property
+    def transport(self):
+        """The context's transport: "mpi" or "ucx"."""
+        if _lib.ctx_transport is None:
+            return "mpi"
+        return _lib.ctx_transport(self._need()).decode()
+
+    def _adopt(self, h):
+        self._h = h
         self._meshes = weakref.WeakSet()
         self._plans = weakref.WeakSet()
         r = ctypes.c_int()

@@ -119,6 +119,15 @@ scheduler_name = _proto("xmesh_scheduler_name", ctypes.c_char_p, enum_t)
 scheduler_parse = _proto("xmesh_scheduler_parse", result_t, ctypes.c_char_p, ctypes.POINTER(enum_t))
 
 ctx_create_mpi = _proto("xmesh_ctx_create_mpi", result_t, mpi_comm_t, ctypes.c_void_p, ctypes.POINTER(handle_t))
+
+def _optional(name, restype, *argtypes):
+    """A prototype the library may lack (a build without that transport): None then."""
+    return _proto(name, restype, *argtypes) if hasattr(lib, name) else None
+
+
+# const xmesh_oob_t * (NULL: the environment's bootstrap) and the params.
+ctx_create_ucx = _optional("xmesh_ctx_create_ucx", result_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(handle_t))
+ctx_transport = _optional("xmesh_ctx_transport", ctypes.c_char_p, handle_t)
 ctx_rank = _proto("xmesh_ctx_rank", result_t, handle_t, c_int_p)
 ctx_size = _proto("xmesh_ctx_size", result_t, handle_t, c_int_p)
 ctx_host = _proto("xmesh_ctx_host", result_t, handle_t, ctypes.c_int, c_int_p)

@@ -18,7 +18,6 @@
  * naming the index with nothing moved. Ranks pretend to sit on hosts of H
  * ranks. The seed is printed; XMESH_TEST_SEED replays.
  */
-#include <mpi.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,8 +25,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "xmesh.h"
+#ifdef XMESH_TEST_UCX /* the same cases over UCX without MPI (tests/ucx) */
+#include "mpi_shim.h"
+#else
+#include <mpi.h>
+
 #include "xmesh/mpi.h"
+#endif
+#include "xmesh.h"
 
 #define GUARD 32
 #define GUARD_BYTE 0xA5
@@ -643,8 +648,13 @@ int main(int argc, char **argv)
     unsigned long long seed = s && *s ? strtoull(s, NULL, 0) : (unsigned long long)time(NULL);
     MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
     if (g_rank == 0) {
-        printf("test_many_mpi: %d ranks, %d per host, %d cases, seed %llu (replay with "
+        printf("test_many_mpi%s: %d ranks, %d per host, %d cases, seed %llu (replay with "
                "XMESH_TEST_SEED=%llu)\n",
+#ifdef XMESH_TEST_UCX
+               " over UCX",
+#else
+               "",
+#endif
                g_size, per_host, cases, seed, seed);
         fflush(stdout);
     }

@@ -1,5 +1,6 @@
 /*
- * The few MPI calls of the MPI tier's test programs (tests/mpi/test_mpi.c),
+ * The few MPI calls of the MPI tier's test programs (tests/mpi/test_mpi.c,
+ * tests/mpi/test_many_mpi.c),
  * over the bootstrap without MPI, so that the same correctness matrix runs
  * over UCX in processes that never call MPI_Init (started by
  * tests/ucx/xmesh-launch.py). The test's own collectives (reporting, seed
@@ -27,8 +28,11 @@ typedef int MPI_Comm;
 typedef int MPI_Datatype;
 typedef int MPI_Op;
 #define MPI_COMM_WORLD 0
+#define MPI_THREAD_SINGLE 0 /* the level does not matter without MPI */
+#define MPI_THREAD_FUNNELED 1
+#define MPI_THREAD_SERIALIZED 2
 #define MPI_THREAD_MULTIPLE 3
-enum { MPI_INT = 1, MPI_LONG, MPI_DOUBLE, MPI_CHAR, MPI_UINT64_T };
+enum { MPI_INT = 1, MPI_LONG, MPI_DOUBLE, MPI_CHAR, MPI_UINT64_T, MPI_UNSIGNED_LONG_LONG };
 enum { MPI_MIN = 1, MPI_MAX };
 
 static xmesh_oob_t shim_oob;

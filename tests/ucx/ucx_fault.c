@@ -8,6 +8,9 @@
  *                whole tensor from it (sendrecv: every survivor waits on it)
  *   --role dst   ranks 0, 2, 3 each send a third straight to rank 1
  *   --mode stop|kill, --timeout S (XMESH_TIMEOUT_S of the plan)
+ *   --many K     (2..64) a plan of K tensors with the same layouts: K - 1
+ *                of 4 KiB (packed into shared chunks) and the rest of the
+ *                24 MiB in the last
  * Every rank prints PASS or FAIL with its result and message; exit 0 on
  * PASS. The victim never returns (the launcher kills it).
  */
@@ -34,6 +37,7 @@ int main(int argc, char **argv)
 {
     const char *mode = "stop", *role = "src";
     double tmo = 2;
+    int many = 1;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--mode"))
             mode = argv[++i];
@@ -41,6 +45,8 @@ int main(int argc, char **argv)
             role = argv[++i];
         else if (!strcmp(argv[i], "--timeout"))
             tmo = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--many"))
+            many = atoi(argv[++i]);
     }
     const char *sc = getenv("XMESH_TEST_TIME_SCALE");
     double scale = sc && atof(sc) > 0 ? atof(sc) : 1;
@@ -64,29 +70,49 @@ int main(int argc, char **argv)
     xmesh_mesh_t mv, mo;
     xmesh_mesh_create(ctx, 1, s1, one, &mv);
     xmesh_mesh_create(ctx, 1, s3, others, &mo);
-    int64_t n = 24 << 20 >> 2; /* 24 MiB of f32 */
+    if (many < 1 || many > 64) {
+        printf("FAIL: --many %d: 1..64\n", many);
+        return 2;
+    }
+    int64_t total = 24 << 20 >> 2; /* 24 MiB of f32 */
+    int64_t shape[64];
+    for (int k = 0; k < many - 1; k++)
+        shape[k] = 1024;
+    shape[many - 1] = total - (int64_t)(many - 1) * 1024;
     int src_role = !strcmp(role, "src");
-    xmesh_layout_t sl = {1, &n, XMESH_F32, src_role ? mv : mo, src_role ? "S(0)" : "S(0)"};
-    xmesh_layout_t dl = {1, &n, XMESH_F32, src_role ? mo : mv, "B"};
+    xmesh_layout_t sls[64], dls[64];
+    for (int k = 0; k < many; k++) {
+        sls[k] = (xmesh_layout_t){1, &shape[k], XMESH_F32, src_role ? mv : mo, "S(0)"};
+        dls[k] = (xmesh_layout_t){1, &shape[k], XMESH_F32, src_role ? mo : mv, "B"};
+    }
     xmesh_plan_params_t pp = XMESH_PLAN_PARAMS_INITIALIZER;
     pp.strategy = XMESH_STRATEGY_SENDRECV;
     pp.timeout_s = tmo;
     xmesh_plan_t plan;
-    if (xmesh_plan_create(ctx, &sl, &dl, &pp, &plan)) {
+    if (many > 1 ? xmesh_plan_create_many(ctx, many, sls, dls, &pp, &plan)
+                 : xmesh_plan_create(ctx, &sls[0], &dls[0], &pp, &plan)) {
         printf("FAIL rank %d: plan: %s\n", rank, xmesh_last_error());
         return 2;
     }
-    int64_t ls[1], ld[1];
-    int hs = 0, hd = 0;
-    xmesh_layout_local_shape(&sl, rank, ls, &hs);
-    xmesh_layout_local_shape(&dl, rank, ld, &hd);
-    float *src = hs ? calloc((size_t)ls[0] + 1, 4) : NULL;
-    float *dst = hd ? calloc((size_t)ld[0] + 1, 4) : NULL;
+    /* Blocks: tensor k's where the rank holds one, else NULL. */
+    const void *src[64];
+    void *dst[64];
+    for (int k = 0; k < many; k++) {
+        int64_t ls[1], ld[1];
+        int hs = 0, hd = 0;
+        xmesh_layout_local_shape(&sls[k], rank, ls, &hs);
+        xmesh_layout_local_shape(&dls[k], rank, ld, &hd);
+        src[k] = hs ? calloc((size_t)ls[0] + 1, 4) : NULL;
+        dst[k] = hd ? calloc((size_t)ld[0] + 1, 4) : NULL;
+    }
     fflush(stdout);
     double t0 = now_s();
     if (rank == VICTIM) {
         xmesh_request_t rq;
-        xmesh_reshard_start(plan, src, dst, &rq);
+        if (many > 1)
+            xmesh_reshard_many_start(plan, src, dst, &rq);
+        else
+            xmesh_reshard_start(plan, src[0], dst[0], &rq);
         for (int i = 0; i < 3; i++)
             xmesh_test(rq);
         printf("victim rank %d (pid %d): raising SIG%s\n", rank, (int)getpid(),
@@ -96,7 +122,8 @@ int main(int argc, char **argv)
         for (;;)
             pause();
     }
-    xmesh_result_t r = xmesh_reshard(plan, src, dst);
+    xmesh_result_t r =
+        many > 1 ? xmesh_reshard_many(plan, src, dst) : xmesh_reshard(plan, src[0], dst[0]);
     double dt = now_s() - t0;
     const char *msg = xmesh_last_error();
     int ok = (r == XMESH_ERR_TIMEOUT || r == XMESH_ERR_REMOTE) && strstr(msg, "rank 1") &&
@@ -105,7 +132,8 @@ int main(int argc, char **argv)
            xmesh_result_string(r), dt, tmo, msg);
     /* Clean-up after a failure: the plan refuses reuse, everything destroys. */
     xmesh_request_t rq;
-    if (xmesh_reshard_start(plan, src, dst, &rq) != XMESH_ERR_INVALID_USAGE) {
+    if ((many > 1 ? xmesh_reshard_many_start(plan, src, dst, &rq)
+                  : xmesh_reshard_start(plan, src[0], dst[0], &rq)) != XMESH_ERR_INVALID_USAGE) {
         printf("FAIL rank %d: a failed plan accepted another reshard\n", rank);
         ok = 0;
     }
@@ -115,7 +143,9 @@ int main(int argc, char **argv)
         ok = 0;
     }
     fflush(stdout);
-    free(src);
-    free(dst);
+    for (int k = 0; k < many; k++) {
+        free((void *)src[k]);
+        free(dst[k]);
+    }
     return ok ? 0 : 1;
 }
