@@ -296,6 +296,24 @@ typedef struct {
 xmesh_result_t xmesh_suggest_order(const xmesh_placement_problem_t *pb, int *suggested_ranks,
                                    xmesh_placement_info_t *info);
 
+/* Configuration parameters (pure: no ctx; thread safe). Every environment variable xmesh and
+ * its training stack read (XMESH_*, XMP_*) is declared once in the library's table with a kind
+ * (string, integer, bytes, real), a default and a help line; `xmesh-info` prints the table.
+ * These read one parameter by name: the environment's value when it is set and valid for the
+ * kind, else the default (a refused value is warned about on stderr, naming it and the
+ * default). The environment is read again at each call. INVALID_ARGUMENT, every output
+ * untouched, for a NULL argument or a name the table does not declare.
+ *
+ * xmesh_param_get: any kind, as text (the environment's string, or the default's), written
+ * NUL-terminated to value[0..len-1]; INVALID_ARGUMENT when it needs more than len bytes.
+ * from_env may be NULL, else *from_env = 1 when the value came from the environment, 0 for
+ * the default. xmesh_param_get_int: integer and bytes kinds (a byte size with its suffix
+ * applied); xmesh_param_get_real: those and the real kind; INVALID_ARGUMENT for another kind,
+ * naming it. */
+xmesh_result_t xmesh_param_get(const char *name, char *value, size_t len, int *from_env);
+xmesh_result_t xmesh_param_get_int(const char *name, int64_t *value);
+xmesh_result_t xmesh_param_get_real(const char *name, double *value);
+
 /* Context queries. */
 xmesh_result_t xmesh_ctx_rank(xmesh_ctx_t ctx, int *rank);
 xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size);

@@ -55,6 +55,8 @@ int xm_log_level(void)
 {
     static int level = -1;
     if (level < 0) {
+        /* Declared in param.c's table, but read here directly: the table's own parsing
+         * reports through XM_ERR and logging, which would come back here. */
         const char *s = getenv("XMESH_DEBUG");
         int l = XM_LOG_NONE;
         if (s && !strcasecmp(s, "WARN"))
