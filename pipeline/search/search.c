@@ -17,6 +17,7 @@
 #include "nn/strategy.h"
 #include "sched/schedule.h"
 #include "xm_core.h"
+#include "util/xmp_err.h"
 
 #define NAX 4
 #define XMP_SEARCH_MAX_SIG 4096 /* act.x placements per stage size (<= options) */
@@ -29,17 +30,6 @@ static const char *const g_strat[XMP_SEARCH_NSTRAT] = {"dp", "megatron", "3d", "
 const char *xmp_search_strategy_name(int i)
 {
     return i >= 0 && i < XMP_SEARCH_NSTRAT ? g_strat[i] : NULL;
-}
-
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && n)
-        vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
 }
 
 /* ------------------------------------------------------------ contexts */
@@ -90,8 +80,7 @@ static int ctx_fail(ctx_t *c, const char *fmt, ...)
     if (!c->failed) {
         va_list ap;
         va_start(ap, fmt);
-        if (c->err && c->errlen)
-            vsnprintf(c->err, c->errlen, fmt, ap);
+        xmp_verr_buf(c->err, c->errlen, fmt, ap);
         va_end(ap);
     }
     c->failed = 1;
@@ -1550,25 +1539,28 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
 static int check_opts(const xmp_search_opts_t *o, char *err, size_t errlen)
 {
     if (!o || !o->cost)
-        return fail(err, errlen, "search: no cost model");
+        return xmp_err_buf(err, errlen, "search: no cost model");
     if (o->nranks < 1 || o->nranks > 4096)
-        return fail(err, errlen, "--ranks %d: must be 1..4096", o->nranks);
+        return xmp_err_buf(err, errlen, "--ranks %d: must be 1..4096", o->nranks);
     if (o->hosts < 1 || o->nranks % o->hosts)
-        return fail(err, errlen, "--hosts %d does not divide --ranks %d (ranks per host = N/H)",
-                    o->hosts, o->nranks);
+        return xmp_err_buf(err, errlen,
+                           "--hosts %d does not divide --ranks %d (ranks per host = N/H)", o->hosts,
+                           o->nranks);
     if (xmp_gpt2_config_check(&o->model))
-        return fail(err, errlen,
-                    "bad model: layers %d, heads %d, channels %d, vocab %d (heads must divide "
-                    "channels)",
-                    o->model.num_layers, o->model.num_heads, o->model.channels,
-                    o->model.padded_vocab_size);
+        return xmp_err_buf(
+            err, errlen,
+            "bad model: layers %d, heads %d, channels %d, vocab %d (heads must divide "
+            "channels)",
+            o->model.num_layers, o->model.num_heads, o->model.channels, o->model.padded_vocab_size);
     if (o->B < 1 || o->T < 1 || o->T > o->model.max_seq_len)
-        return fail(err, errlen, "--batch %d / --seq %d: need batch >= 1, 1 <= seq <= max-seq %d",
-                    o->B, o->T, o->model.max_seq_len);
+        return xmp_err_buf(err, errlen,
+                           "--batch %d / --seq %d: need batch >= 1, 1 <= seq <= max-seq %d", o->B,
+                           o->T, o->model.max_seq_len);
     if (o->memory_limit < 0)
-        return fail(err, errlen, "--memory-limit %.0f: must be >= 0", o->memory_limit);
+        return xmp_err_buf(err, errlen, "--memory-limit %.0f: must be >= 0", o->memory_limit);
     if (o->fixed_M > 0 && o->B % o->fixed_M)
-        return fail(err, errlen, "--microbatches %d does not divide --batch %d", o->fixed_M, o->B);
+        return xmp_err_buf(err, errlen, "--microbatches %d does not divide --batch %d", o->fixed_M,
+                           o->B);
     return 0;
 }
 
@@ -1593,17 +1585,18 @@ int xmp_search_gpt_eval(const xmp_search_opts_t *o, xmp_search_cand_t *c, char *
         return -1;
     int S = c->nstages, M = c->M;
     if (S < 1 || S > XMP_SEARCH_MAX_STAGES || o->nranks % S || M < 1 || o->B % M)
-        return fail(err, errlen, "configuration: %d stages, %d microbatches on %d ranks", S, M,
-                    o->nranks);
+        return xmp_err_buf(err, errlen, "configuration: %d stages, %d microbatches on %d ranks", S,
+                           M, o->nranks);
     int tot = 0;
     for (int s = 0; s < S; s++) {
         if (c->nblocks[s] < 1)
-            return fail(err, errlen, "configuration: stage %d has no block", s);
+            return xmp_err_buf(err, errlen, "configuration: stage %d has no block", s);
         tot += c->nblocks[s];
     }
     if (tot != o->model.num_layers)
-        return fail(err, errlen, "configuration: %d blocks over the stages, the model has %d", tot,
-                    o->model.num_layers);
+        return xmp_err_buf(err, errlen,
+                           "configuration: %d blocks over the stages, the model has %d", tot,
+                           o->model.num_layers);
     ctx_t x;
     xmp_search_opts_t oo = *o;
     oo.strategies = 0;
@@ -1611,7 +1604,7 @@ int xmp_search_gpt_eval(const xmp_search_opts_t *o, xmp_search_cand_t *c, char *
     char e2[512];
     if (ctx_init(&x, &oo, S, M, step_factor(&oo), NULL, e2, sizeof e2)) {
         ctx_free(&x);
-        return fail(err, errlen, "%s", e2);
+        return xmp_err_buf(err, errlen, "%s", e2);
     }
     int oi[XMP_SEARCH_MAX_STAGES];
     for (int s = 0; s < S; s++) {
@@ -1622,15 +1615,15 @@ int xmp_search_gpt_eval(const xmp_search_opts_t *o, xmp_search_cand_t *c, char *
                 oi[s] = q;
         if (oi[s] < 0) {
             ctx_free(&x);
-            return fail(err, errlen,
-                        "configuration: stage %d: strategy %s on that mesh is not a "
-                        "valid option (an SBP rule or an even split is missing)",
-                        s, xmp_search_strategy_name(c->strategy[s]));
+            return xmp_err_buf(err, errlen,
+                               "configuration: stage %d: strategy %s on that mesh is not a "
+                               "valid option (an SBP rule or an even split is missing)",
+                               s, xmp_search_strategy_name(c->strategy[s]));
         }
     }
     int r = eval_ctx(&x, c->nblocks, oi, c, 1);
     ctx_free(&x);
-    return r ? fail(err, errlen, "%s", e2) : 0;
+    return r ? xmp_err_buf(err, errlen, "%s", e2) : 0;
 }
 
 int xmp_search_gpt_check(const xmp_search_opts_t *o, int S, int M, int kind, double *dp_best,
@@ -1639,7 +1632,7 @@ int xmp_search_gpt_check(const xmp_search_opts_t *o, int S, int M, int kind, dou
     if (check_opts(o, err, errlen))
         return -1;
     if (S < 1 || o->nranks % S || S > o->model.num_layers || o->B % M)
-        return fail(err, errlen, "check: S=%d M=%d", S, M);
+        return xmp_err_buf(err, errlen, "check: S=%d M=%d", S, M);
     ctx_t x;
     if (ctx_init(&x, o, S, M, step_factor(o), NULL, err, errlen)) {
         ctx_free(&x);
@@ -1752,7 +1745,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
     if (check_opts(o, err, errlen))
         return -1;
     if (topk < 1)
-        return fail(err, errlen, "--top %d: must be >= 1", topk);
+        return xmp_err_buf(err, errlen, "--top %d: must be >= 1", topk);
     double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     xmp_search_stats_t st;
     memset(&st, 0, sizeof st);
@@ -1821,7 +1814,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
                         xmp_search_cand_t *np = realloc(pool, sizeof *np * (size_t)nc);
                         if (!np) {
                             x.failed = 1;
-                            fail(err, errlen, "out of memory");
+                            xmp_err_buf(err, errlen, "out of memory");
                             break;
                         }
                         pool = np;
@@ -1842,20 +1835,21 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
     }
     if (!any_option) {
         free(pool);
-        return fail(err, errlen,
-                    "%d ranks cannot be factorized into stage meshes for this model: no stage "
-                    "count S dividing %d (S <= %d blocks) gives stages of N/S ranks with a mesh "
-                    "of 1-4 axes on which a built-in strategy (%s) splits batch rows (%d / M), "
-                    "heads (%d), channels (%d) and vocabulary (%d) evenly",
-                    o->nranks, o->nranks, L, "dp, megatron, 3d, axonn", o->B, o->model.num_heads,
-                    o->model.channels, o->model.padded_vocab_size);
+        return xmp_err_buf(
+            err, errlen,
+            "%d ranks cannot be factorized into stage meshes for this model: no stage "
+            "count S dividing %d (S <= %d blocks) gives stages of N/S ranks with a mesh "
+            "of 1-4 axes on which a built-in strategy (%s) splits batch rows (%d / M), "
+            "heads (%d), channels (%d) and vocabulary (%d) evenly",
+            o->nranks, o->nranks, L, "dp, megatron, 3d, axonn", o->B, o->model.num_heads,
+            o->model.channels, o->model.padded_vocab_size);
     }
     if (npool == 0) {
         free(pool);
-        return fail(err, errlen,
-                    "no configuration fits --memory-limit %.0f bytes per rank: the smallest "
-                    "memory any configuration needs is %.0f bytes (%.1f MiB) per rank",
-                    o->memory_limit, st.min_mem_bytes, st.min_mem_bytes / 1048576.0);
+        return xmp_err_buf(err, errlen,
+                           "no configuration fits --memory-limit %.0f bytes per rank: the smallest "
+                           "memory any configuration needs is %.0f bytes (%.1f MiB) per rank",
+                           o->memory_limit, st.min_mem_bytes, st.min_mem_bytes / 1048576.0);
     }
     qsort(pool, (size_t)npool, sizeof *pool, cand_cmp);
     int k = npool < topk ? npool : topk;
