@@ -589,7 +589,8 @@ static const icost_t *icost(ctx_t *c, int s, int oi)
 
 /* Predicted time of moving a tensor (nd, dims) from the mesh of option a on
  * ranks ra.. (spec sa) to option b on ranks rb.. (spec sb), by xmesh's
- * decomposer, scheduler and simulator. */
+ * decomposer, scheduler and simulator (xmesh_plan_predict: the two meshes as
+ * distinct devices, on the hosts of their ranks). */
 static double plan_time(ctx_t *c, int nd, const int64_t *dims, const opt_t *a, int ra,
                         const char *sa, const opt_t *b, int rb, const char *sb)
 {
@@ -602,9 +603,6 @@ static double plan_time(ctx_t *c, int nd, const int64_t *dims, const opt_t *a, i
     int *host = malloc(sizeof(int) * (size_t)ndev), *devs = malloc(sizeof(int) * (size_t)ndev);
     int *hid = calloc((size_t)(c->o->hosts + 1), sizeof(int));
     double t = NAN;
-    xm_taskset_t ts;
-    xm_cluster_t cl;
-    xm_schedule_t sch;
     if (!host || !devs || !hid) {
         ctx_fail(c, "out of memory");
         goto out_free;
@@ -620,59 +618,24 @@ static double plan_time(ctx_t *c, int nd, const int64_t *dims, const opt_t *a, i
         host[i] = hid[h];
         devs[i] = i;
     }
-    xm_hostmap_t hm = {ndev, nh, host};
-    xm_layout_t L[2];
-    memset(L, 0, sizeof L);
-    for (int s = 0; s < 2; s++) {
-        const opt_t *o = s ? b : a;
-        L[s].ndim = nd;
-        memcpy(L[s].shape, dims, sizeof(int64_t) * (size_t)nd);
-        L[s].elem_size = 4;
-        L[s].mesh.ndim = o->ndim;
-        memcpy(L[s].mesh.shape, o->shape, sizeof(int) * (size_t)o->ndim);
-        L[s].mesh.ndev = s ? nb : na;
-        L[s].mesh.devs = s ? devs + na : devs;
-        if (xm_spec_parse(s ? sb : sa, nd, o->ndim, &L[s].spec)) {
-            ctx_fail(c, "boundary spec '%s': %s", s ? sb : sa, xmesh_last_error());
-            goto out_free;
-        }
-    }
-    if (xm_decompose(&L[0], &L[1], &hm, &ts)) {
+    xmesh_placement_problem_t pb = {nd,      dims,     XMESH_F32, a->ndim, a->shape, devs, sa,
+                                    b->ndim, b->shape, devs + na, sb,      ndev,     host};
+    const xm_cluster_t *k = c->o->cluster;
+    xmesh_cluster_model_t model;
+    if (k)
+        model = (xmesh_cluster_model_t){k->nics_per_host, k->nic_send_Bps, k->nic_recv_Bps,
+                                        k->intra_Bps,     k->latency_s,    k->chunk_bytes,
+                                        k->send_ahead};
+    xmesh_predict_opts_t po = {XMESH_SCHEDULER_GREEDY, XMESH_STRATEGY_BROADCAST, 1,
+                               c->o->max_evals > 0 ? c->o->max_evals : 2000};
+    xmesh_prediction_t pr;
+    if (xmesh_plan_predict(&pb, k ? &model : NULL, &po, &pr)) {
         ctx_fail(c, "boundary plan: %s", xmesh_last_error());
         goto out_free;
     }
-    if (xm_cluster_init(&cl, &hm)) {
-        ctx_fail(c, "boundary plan: %s", xmesh_last_error());
-        goto out_ts;
-    }
-    const xm_cluster_t *k = c->o->cluster;
-    if (k) {
-        cl.nics_per_host = k->nics_per_host;
-        cl.nic_send_Bps = k->nic_send_Bps;
-        cl.nic_recv_Bps = k->nic_recv_Bps;
-        cl.intra_Bps = k->intra_Bps;
-        cl.latency_s = k->latency_s;
-        cl.chunk_bytes = k->chunk_bytes;
-        cl.send_ahead = k->send_ahead;
-    }
-    xm_sched_opts_t so;
-    memset(&so, 0, sizeof so);
-    so.kind = XMESH_SCHEDULER_GREEDY;
-    so.seed = 1;
-    so.strategy = XMESH_STRATEGY_BROADCAST;
-    so.max_evals = c->o->max_evals > 0 ? c->o->max_evals : 2000;
-    if (xm_schedule(&ts, &cl, &so, &sch)) {
-        ctx_fail(c, "boundary plan: scheduling: %s", xmesh_last_error());
-        goto out_cl;
-    }
-    t = sch.makespan_s;
-    xm_schedule_free(&sch);
+    t = pr.predicted_s;
     if (c->st)
         c->st->boundary_plans++;
-out_cl:
-    xm_cluster_free(&cl);
-out_ts:
-    xm_taskset_free(&ts);
 out_free:
     free(host);
     free(devs);
