@@ -352,6 +352,64 @@ typedef struct {
 xmesh_result_t xmesh_suggest_order(const xmesh_placement_problem_t *pb, int *suggested_ranks,
                                    xmesh_placement_info_t *info);
 
+/* Offline price of one boundary (pure: no ctx, no MPI, deterministic with max_evals > 0): what a
+ * plan resharding pb's tensor from src_ranks (src_sharding) to dst_ranks (dst_sharding, the
+ * order as given) would take, by the decomposer, the scheduler and the simulator plan creation
+ * uses, for a search that prices many placements without creating meshes or plans. Ranks are
+ * plain ids 0..nranks-1 as in xmesh_suggest_order; the meshes may overlap.
+ *
+ * The cluster model: every field required (model NULL: the XMESH_* parameters and
+ * XMESH_CLUSTER_FILE, as plans use). Rates in bytes per second per direction, times in
+ * seconds. */
+typedef struct {
+    int nics_per_host;   /* >= 1; a host's device i sends through NIC i % nics_per_host */
+    double nic_send_Bps; /* per NIC, > 0 */
+    double nic_recv_Bps; /* per NIC, > 0 */
+    double intra_Bps;    /* device to device inside a host, > 0 */
+    double latency_s;    /* per message, >= 0 */
+    int64_t chunk_bytes; /* pipelining chunk of the broadcast chains, >= 1 */
+    int send_ahead;      /* chunk sends in flight per hop, >= 1 */
+} xmesh_cluster_model_t;
+
+typedef struct {
+    xmesh_scheduler_t scheduler; /* XMESH_SCHEDULER_UNSET: the XMESH_SCHEDULER value */
+    xmesh_strategy_t strategy;   /* BROADCAST (chains) or SENDRECV (one route per receiver) */
+    uint64_t seed;               /* of the randomized schedulers */
+    int64_t max_evals; /* > 0: the searches stop after this many evaluations (results independent
+                          of machine speed); 0: the XMESH_BUDGET_US time budget */
+} xmesh_predict_opts_t;
+
+typedef struct {
+    double predicted_s;       /* simulated makespan of the chosen schedule */
+    double lower_bound_s;     /* the model's lower bound of any schedule */
+    int64_t bytes_total;      /* bytes of the whole tensor */
+    int64_t bytes_cross_host; /* bytes that cross between hosts */
+} xmesh_prediction_t;
+
+/* Writes the prediction to *out. INVALID_ARGUMENT (nothing written) for a NULL argument, a bad
+ * problem (as xmesh_suggest_order), a model field out of its range or another strategy. */
+xmesh_result_t xmesh_plan_predict(const xmesh_placement_problem_t *pb,
+                                  const xmesh_cluster_model_t *model,
+                                  const xmesh_predict_opts_t *opts, xmesh_prediction_t *out);
+
+/* Configuration parameters (pure: no ctx; thread safe). Every environment variable xmesh and
+ * its training stack read (XMESH_*, XMP_*) is declared once in the library's table with a kind
+ * (string, integer, bytes, real), a default and a help line; `xmesh-info` prints the table.
+ * These read one parameter by name: the environment's value when it is set and valid for the
+ * kind, else the default (a refused value is warned about on stderr, naming it and the
+ * default). The environment is read again at each call. INVALID_ARGUMENT, every output
+ * untouched, for a NULL argument or a name the table does not declare.
+ *
+ * xmesh_param_get: any kind, as text (the environment's string, or the default's), written
+ * NUL-terminated to value[0..len-1]; INVALID_ARGUMENT when it needs more than len bytes.
+ * from_env may be NULL, else *from_env = 1 when the value came from the environment, 0 for
+ * the default. xmesh_param_get_int: integer and bytes kinds (a byte size with its suffix
+ * applied); xmesh_param_get_real: those and the real kind; INVALID_ARGUMENT for another kind,
+ * naming it. */
+xmesh_result_t xmesh_param_get(const char *name, char *value, size_t len, int *from_env);
+xmesh_result_t xmesh_param_get_int(const char *name, int64_t *value);
+xmesh_result_t xmesh_param_get_real(const char *name, double *value);
+
 /* Context queries. */
 xmesh_result_t xmesh_ctx_rank(xmesh_ctx_t ctx, int *rank);
 xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size);

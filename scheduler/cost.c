@@ -7,6 +7,24 @@
 #include "xm_cost.h"
 #include "xm_sched_impl.h"
 
+/* Fills r2 and worst_rel of f (alpha, beta set) over the points; returns the
+ * weighted sum of squared residuals. my: the weighted mean of y. */
+static double fit_quality(const double *x, const double *y, const double *w, int n, double my,
+                          xm_fit_t *f)
+{
+    double sse = 0, syy = 0;
+    f->worst_rel = 0;
+    for (int i = 0; i < n; i++) {
+        double wi = w ? w[i] : 1, e = f->alpha + f->beta * x[i] - y[i];
+        sse += wi * e * e;
+        syy += wi * (y[i] - my) * (y[i] - my);
+        if (y[i] != 0 && fabs(e / y[i]) > f->worst_rel)
+            f->worst_rel = fabs(e / y[i]);
+    }
+    f->r2 = syy > 0 ? 1 - sse / syy : (sse == 0 ? 1 : 0);
+    return sse;
+}
+
 xmesh_result_t xm_fit_weighted(const double *x, const double *y, const double *w, int n,
                                xm_fit_t *out)
 {
@@ -30,12 +48,13 @@ xmesh_result_t xm_fit_weighted(const double *x, const double *y, const double *w
         sx += wi * x[i];
         sy += wi * y[i];
     }
-    double mx = sx / sw, my = sy / sw, sxx = 0, sxy = 0, syy = 0;
+    double mx = sx / sw, my = sy / sw, sxx = 0, sxy = 0, sx2 = 0, sxy0 = 0;
     for (int i = 0; i < n; i++) {
         double wi = w ? w[i] : 1;
         sxx += wi * (x[i] - mx) * (x[i] - mx);
         sxy += wi * (x[i] - mx) * (y[i] - my);
-        syy += wi * (y[i] - my) * (y[i] - my);
+        sx2 += wi * x[i] * x[i];
+        sxy0 += wi * x[i] * y[i];
     }
     if (!(sxx > 0))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -44,16 +63,23 @@ xmesh_result_t xm_fit_weighted(const double *x, const double *y, const double *w
     f.n = n;
     f.beta = sxy / sxx;
     f.alpha = my - f.beta * mx;
-    double sse = 0;
-    f.worst_rel = 0;
-    for (int i = 0; i < n; i++) {
-        double e = f.alpha + f.beta * x[i] - y[i];
-        sse += (w ? w[i] : 1) * e * e;
-        if (y[i] != 0 && fabs(e / y[i]) > f.worst_rel)
-            f.worst_rel = fabs(e / y[i]);
+    if (f.alpha >= 0 && f.beta >= 0) {
+        fit_quality(x, y, w, n, my, &f);
+        *out = f;
+        return XMESH_SUCCESS;
     }
-    f.r2 = syy > 0 ? 1 - sse / syy : (sse == 0 ? 1 : 0);
-    *out = f;
+    /* A negative latency or inverse bandwidth means nothing physical (noise, or a sweep whose
+     * small sizes ride a burst allowance). The sum of squares is convex, so with its free
+     * minimum outside alpha, beta >= 0 the constrained minimum lies on an edge: alpha = 0
+     * (beta = sum w x y / sum w x^2, at least 0) or beta = 0 (alpha = the weighted mean of y,
+     * at least 0). The edge with the smaller sum of squares wins; ties keep the slope. */
+    xm_fit_t a0 = f, b0 = f;
+    a0.alpha = 0;
+    a0.beta = sx2 > 0 && sxy0 > 0 ? sxy0 / sx2 : 0;
+    b0.beta = 0;
+    b0.alpha = my > 0 ? my : 0;
+    double sa = fit_quality(x, y, w, n, my, &a0), sb = fit_quality(x, y, w, n, my, &b0);
+    *out = sb < sa ? b0 : a0;
     return XMESH_SUCCESS;
 }
 

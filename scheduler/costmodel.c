@@ -75,29 +75,6 @@ xmesh_result_t xm_coll_fit(xm_coll_t kind, int p, const double *bytes, const dou
     xm_fit_t f;
     if (!r)
         r = xm_fit_weighted(x, seconds, w, npts, &f);
-    if (!r && f.alpha < 0) {
-        /* A latency below 0 means nothing physical (the large sizes dominated and the line
-         * crosses the axis): the least squares with alpha >= 0 then has alpha = 0, beta =
-         * sum w x y / sum w x^2. */
-        double sxy = 0, sxx = 0, sw = 0, sy = 0, syy = 0, sse = 0;
-        for (int i = 0; i < npts; i++) {
-            sxy += w[i] * x[i] * seconds[i];
-            sxx += w[i] * x[i] * x[i];
-            sw += w[i];
-            sy += w[i] * seconds[i];
-        }
-        f.alpha = 0;
-        f.beta = sxy / sxx;
-        f.worst_rel = 0;
-        for (int i = 0; i < npts; i++) {
-            double e = f.beta * x[i] - seconds[i];
-            sse += w[i] * e * e;
-            syy += w[i] * (seconds[i] - sy / sw) * (seconds[i] - sy / sw);
-            if (fabs(e / seconds[i]) > f.worst_rel)
-                f.worst_rel = fabs(e / seconds[i]);
-        }
-        f.r2 = syy > 0 ? 1 - sse / syy : (sse == 0 ? 1 : 0);
-    }
     if (!r)
         *out = f;
     free(x);

@@ -167,9 +167,9 @@ xmesh_result_t xm_costmodel_set_gptstep(xm_costmodel_t *m, const xm_gptstep_t *r
 
 /* Fits time = alpha + beta * f(kind, n, p) to npts points (bytes[i],
  * seconds[i]) by least squares of the relative residuals (weights
- * 1 / seconds^2, xm_fit_weighted); r2 is the weighted R^2. alpha >= 0: when the free
- * fit's alpha is negative, the constrained optimum alpha = 0, beta = sum w x y / sum w x^2
- * (the 16 KiB .. 1 MiB sweeps of 2026-11-25 gave alphas down to -0.9 ms).
+ * 1 / seconds^2, xm_fit_weighted); r2 is the weighted R^2. alpha >= 0 and beta >= 0
+ * (xm_fit_weighted's non-negative least squares: the 16 KiB .. 1 MiB sweeps of 2026-11-25
+ * gave alphas down to -0.9 ms free, a busy machine an all-to-all beta of -1.9e-9 s/byte).
  * INVALID_ARGUMENT (and *out untouched) on a bad kind, p < 2, a byte count
  * <= 0, a time that is not finite and > 0, or what xm_fit_linear refuses
  * (fewer than 2 points, all sizes equal). */

@@ -35,12 +35,17 @@ void xm_error_clear(void)
     last_error[0] = '\0';
 }
 
+/* The message is formatted into a temporary first: an argument may point into
+ * last_error itself (XM_ERR(r, "context: %s", xmesh_last_error()) wraps the
+ * previous message), and vsnprintf's source and destination must not overlap. */
 xmesh_result_t xm_error_at(const char *file, int line, xmesh_result_t r, const char *fmt, ...)
 {
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, strlen(msg) + 1);
     XM_LOG(XM_LOG_INFO, "%s:%d error %d (%s): %s", file, line, (int)r, xmesh_result_string(r),
            last_error);
     return r;
@@ -50,6 +55,8 @@ int xm_log_level(void)
 {
     static int level = -1;
     if (level < 0) {
+        /* Declared in param.c's table, but read here directly: the table's own parsing
+         * reports through XM_ERR and logging, which would come back here. */
         const char *s = getenv("XMESH_DEBUG");
         int l = XM_LOG_NONE;
         if (s && !strcasecmp(s, "WARN"))

@@ -94,6 +94,17 @@ static const xm_param_desc_t params[] = {
     {"XMESH_PROGRESS_NICE", "-10",
      "MPI executor: nice value the progress thread asks for (-20..19); below 0 needs "
      "CAP_SYS_NICE, else the thread keeps the process's value (logged at INFO)"},
+    /* The training stack's (pipeline/), read through xmesh_param_get (include/xmesh.h). */
+    {"XMP_OVERLAP", "none",
+     "xmesh-train: overlap inside a stage, none, all or a comma list of bwd-input, defer-grad, "
+     "prefetch, coll-matmul (pipeline/nn/overlap.h); an unknown name is an error"},
+    {"XMESH_KEEP_FREED", "1",
+     "xmesh-train: 1 = glibc keeps freed memory (mmap threshold raised, heap never trimmed) so a "
+     "step does not fault its buffers in again; 0 = glibc's defaults; another value warns and "
+     "uses 1; a GLIBC_TUNABLES naming glibc.malloc wins"},
+    {"XMESH_CKPT_CRASH", "",
+     "tests only: a checkpoint save stops as a crash would after the shards of ranks < N are "
+     "written (N), or every rank _exit(86)s there (N:exit)"},
 };
 
 /* ------------------------------------------------------------------ types */
@@ -559,4 +570,80 @@ const char *xm_param_kind_name(const char *name)
     if (!t)
         return "string";
     return t->kind == KIND_INT ? "integer" : t->kind == KIND_BYTES ? "bytes" : "real";
+}
+
+/* ------------------------------------------- public by-name reads (xmesh.h) */
+
+/* The declared row of name, or an INVALID_ARGUMENT naming it (-1). */
+static int public_row(const char *fn, const char *name)
+{
+    if (!name) {
+        XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: name is NULL", fn);
+        return -1;
+    }
+    int idx = xm_param_find(name);
+    if (idx < 0)
+        XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+               "%s: '%s' is not a declared parameter (`xmesh-info` lists them)", fn, name);
+    return idx;
+}
+
+xmesh_result_t xmesh_param_get(const char *name, char *value, size_t len, int *from_env)
+{
+    int idx = public_row("xmesh_param_get", name);
+    if (idx < 0)
+        return XMESH_ERR_INVALID_ARGUMENT;
+    if (!value)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xmesh_param_get(%s): value is NULL", name);
+    slot_t sl;
+    resolve(idx, 1, &sl); /* parses, warns about a refused value, logs */
+    xmesh_result_t r = XMESH_SUCCESS;
+    size_t need;
+    pthread_mutex_lock(&mu);
+    /* byname[idx].str: its own copy of the environment string, or the default */
+    const char *v = byname[idx].str ? byname[idx].str : params[idx].deflt;
+    need = strlen(v) + 1;
+    if (need <= len)
+        memcpy(value, v, need);
+    pthread_mutex_unlock(&mu);
+    if (need > len)
+        r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                   "xmesh_param_get(%s): the value needs %zu bytes, the buffer has %zu", name, need,
+                   len);
+    else if (from_env)
+        *from_env = sl.from_env;
+    return r;
+}
+
+/* Integer (ints = 1) or numeric value of a typed row into *i / *r. */
+static xmesh_result_t public_number(const char *fn, const char *name, int ints, int64_t *i,
+                                    double *r)
+{
+    int idx = public_row(fn, name);
+    if (idx < 0)
+        return XMESH_ERR_INVALID_ARGUMENT;
+    if (!(ints ? (void *)i : (void *)r))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s(%s): value is NULL", fn, name);
+    const ptype_t *t = type_of(name);
+    if (!t || (ints && t->kind == KIND_REAL))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s(%s): a %s parameter (read it with %s)", fn,
+                      name, xm_param_kind_name(name),
+                      t ? "xmesh_param_get_real" : "xmesh_param_get");
+    slot_t sl;
+    resolve(idx, 1, &sl);
+    if (ints)
+        *i = sl.i;
+    else
+        *r = t->kind == KIND_REAL ? sl.r : (double)sl.i;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmesh_param_get_int(const char *name, int64_t *value)
+{
+    return public_number("xmesh_param_get_int", name, 1, value, NULL);
+}
+
+xmesh_result_t xmesh_param_get_real(const char *name, double *value)
+{
+    return public_number("xmesh_param_get_real", name, 0, NULL, value);
 }

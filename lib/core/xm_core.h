@@ -56,7 +56,10 @@ static inline void xm_hint_huge(void *p, size_t n)
 /* ---------------------------------------------------------------- errors */
 
 /* Records a formatted message as this thread's last error (prefixed with
- * nothing; file:line goes to the XMESH_DEBUG=INFO log) and returns r. */
+ * nothing; file:line goes to the XMESH_DEBUG=INFO log) and returns r. An
+ * argument may be the last error itself (XM_ERR(r, "ctx: %s",
+ * xmesh_last_error()) is safe): the message is formatted before it replaces
+ * the old one. */
 xmesh_result_t xm_error_at(const char *file, int line, xmesh_result_t r, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 #define XM_ERR(r, ...) xm_error_at(__FILE__, __LINE__, (r), __VA_ARGS__)

@@ -186,8 +186,7 @@ static xmesh_result_t share_schedule(xmesh_plan_t plan)
                           .strategy = plan->strategy == XMESH_STRATEGY_BROADCAST
                                           ? XMESH_STRATEGY_BROADCAST
                                           : XMESH_STRATEGY_SENDRECV};
-    const char *env = getenv("XMESH_NICS_PER_HOST");
-    if ((!env || !*env) && be->nics_per_host > 1 &&
+    if (!xm_param_is_set("XMESH_NICS_PER_HOST") && be->nics_per_host > 1 &&
         plan->cluster.nics_per_host != be->nics_per_host) {
         plan->cluster.nics_per_host = be->nics_per_host;
         if (plan->ctx->rank == 0) {

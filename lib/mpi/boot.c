@@ -46,7 +46,7 @@ xmesh_result_t xm_boot_hosts(MPI_Comm comm, int host_id, int *local_rank, xm_hos
     int id = host_id != XMESH_UNSET_INT && host_id >= 0 ? host_id : -1;
     xmesh_result_t local = XMESH_SUCCESS;
     char saved[512] = "";
-    const char *env = getenv("XMESH_HOST_ID");
+    const char *env = xm_param_str("XMESH_HOST_ID"); /* "" when unset */
     if (host_id == XMESH_UNSET_INT && env && *env &&
         (local = parse_host_env(env, rank, &id)) != XMESH_SUCCESS)
         snprintf(saved, sizeof saved, "%s", xmesh_last_error());

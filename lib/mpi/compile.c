@@ -335,7 +335,7 @@ xmesh_result_t xm_mpi_plan_setup(xmesh_plan_t p)
     x->check = flags[1];
     {
 #ifdef XMESH_TEST_HOOKS /* test builds only (lib/CMakeLists.txt) */
-        const char *cr = getenv("XMESH_TEST_CORRUPT");
+        const char *cr = xm_param_str("XMESH_TEST_CORRUPT");
         x->corrupt = x->check && cr && *cr && atoi(cr) == ctx->rank;
 #else
         x->corrupt = 0;

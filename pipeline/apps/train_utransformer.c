@@ -308,7 +308,7 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
     const int first_img = mb * st->mbs + st->dpi * st->nloc;
     const size_t HW = XMP_UT_IMG * XMP_UT_IMG, nl = (size_t)st->nloc;
     const size_t ncond = nl * XMP_UT_TOKENS * (size_t)st->cfg.cond_dim;
-    int need_cond = 0, rc = 1;
+    int need_cond = 0, rc = -1;
     for (int l = st->first; l <= st->last; l++)
         need_cond |= xmp_ut_layer_uses_cond(&st->cfg, l);
     /* this micro-batch's data, allocated now and freed after its weight gradients */
@@ -329,7 +329,7 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
         (need_cond && !st->cond[mb])) {
         (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d forward mb %d: out of memory", st->stage,
                       mb);
-        return 1;
+        return -1;
     }
     xmp_shapes_batch(&st->sh, st->step, st->o->batch, first_img, st->nloc, st->input[mb],
                      st->target[mb], st->cond[mb]);
@@ -516,7 +516,7 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         xmp_tensor_free(&dso);
         xmp_tensor_free(&dx);
         xmp_tensor_free(&dsi);
-        return 1;
+        return -1;
     }
     return 0;
 }
@@ -531,7 +531,7 @@ static int ut_bwd_weight(void *u, int mb)
         if (xmp_ut_slayer_backward_weight(st->SL[l], t) != 0) {
             (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d weight mb %d: %s", st->stage, mb,
                           xmp_last_error());
-            return 1;
+            return -1;
         }
     }
     mb_free_data(st, mb);
@@ -570,7 +570,7 @@ static int ut_reduce(void *u)
     if (rc) {
         (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d: gradient reduction: %s", st->stage,
                       xmp_last_error());
-        return 1;
+        return -1;
     }
     return 0;
 }
@@ -582,7 +582,7 @@ static int ut_opt(void *u)
         if (xmp_ut_slayer_update(st->SL[l], st->o->lr, st->o->momentum, st->o->wd) != 0) {
             (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d: optimizer: %s", st->stage,
                           xmp_last_error());
-            return 1;
+            return -1;
         }
     return 0;
 }

@@ -50,8 +50,10 @@ int xmp_train_keep_freed_active(void)
 void xmp_train_keep_freed(void)
 {
 #if defined(__GLIBC__) && defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD)
-    const char *e = getenv("XMESH_KEEP_FREED"), *t = getenv("GLIBC_TUNABLES");
-    if (e != NULL && strcmp(e, "1") != 0) {
+    char e[64] = "1";
+    const char *t = getenv("GLIBC_TUNABLES"); /* glibc's own, not an xmesh parameter */
+    (void)xmesh_param_get("XMESH_KEEP_FREED", e, sizeof e, NULL); /* keeps "1" when too long */
+    if (strcmp(e, "1") != 0) {
         if (strcmp(e, "0") != 0)
             fprintf(stderr, "xmesh-train: warning: XMESH_KEEP_FREED='%s' is not 0 or 1; using 1\n",
                     e);

@@ -27,9 +27,10 @@ static int g_crash_exit;
 static int crash_point(void)
 {
     if (g_crash_after == -2) {
-        const char *e = getenv("XMESH_CKPT_CRASH");
-        g_crash_after = e && *e ? atoi(e) : -1;
-        g_crash_exit = e && strstr(e, ":exit") != NULL;
+        char e[64] = "";
+        (void)xmesh_param_get("XMESH_CKPT_CRASH", e, sizeof e, NULL); /* "" when too long */
+        g_crash_after = *e ? atoi(e) : -1;
+        g_crash_exit = strstr(e, ":exit") != NULL;
     }
     return g_crash_after;
 }

@@ -12,6 +12,7 @@
 #include "nn/param.h"
 #include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
+#include "util/xmp_err.h"
 
 #define NPT XMP_GPT2_NUM_PARAM_TENSORS
 #define NAX XMP_MAX_MESH_DIMS
@@ -216,24 +217,13 @@ int xmp_gpt2_strategy_builtin(const char *name, int naxes, char *text, size_t n,
 
 /* ----------------------------------------------------------- validation */
 
-static int set_err(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int set_err(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && n)
-        vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* One op of the stage through the pure SBP deduction (nn/sbp_layers.h). */
 static int deduce(int stage, const char *what, const char *op, int naxes, int nin, const int *nd,
                   const xmp_sbp_t *const *in, xmp_sbp_t *out, char *err, size_t errlen)
 {
     char msg[400];
     if (xmp_sbp_deduce(op, naxes, nin, nd, in, out, msg, sizeof msg))
-        return set_err(err, errlen, "stage %d: %s: %s", stage, what, msg);
+        return xmp_err_buf(err, errlen, "stage %d: %s: %s", stage, what, msg);
     return 0;
 }
 
@@ -247,11 +237,11 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
         known[NPT + i] = aclass[i];
     char sub[512];
     if (s->naxes != ndim)
-        return set_err(err, errlen,
-                       "stage %d: strategy '%s' (%s) has axes=%d, the stage mesh has %d axes",
-                       stage, s->name, s->source, s->naxes, ndim);
+        return xmp_err_buf(err, errlen,
+                           "stage %d: strategy '%s' (%s) has axes=%d, the stage mesh has %d axes",
+                           stage, s->name, s->source, s->naxes, ndim);
     if (xmp_strategy_check_classes(s, known, NPT + NACT, known, NPT + NACT, sub, sizeof sub))
-        return set_err(err, errlen, "stage %d: %s", stage, sub);
+        return xmp_err_buf(err, errlen, "stage %d: %s", stage, sub);
     /* Every S(d) within the class' dims; parameters S or B. */
     for (int i = 0; i < NPT + NACT; i++) {
         const xmp_strategy_entry_t *e = xmp_strategy_get(s, known[i]);
@@ -260,44 +250,47 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
         for (int a = 0; a < ndim; a++) {
             xmp_sbp_t v = e->sbp[a];
             if (v.kind == XMP_S && v.dim >= nd)
-                return set_err(err, errlen,
-                               "stage %d: class %s (%s line %d): mesh axis %d: S(%d) but %s has "
-                               "%d dims",
-                               stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
+                return xmp_err_buf(
+                    err, errlen,
+                    "stage %d: class %s (%s line %d): mesh axis %d: S(%d) but %s has "
+                    "%d dims",
+                    stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
             if (i < NPT && v.kind == XMP_P)
-                return set_err(err, errlen,
-                               "stage %d: class %s: mesh axis %d: P: missing SBP rule 'partial "
-                               "parameter' (a parameter is computed with S or B; its gradient "
-                               "is the P)",
-                               stage, e->cls, a);
+                return xmp_err_buf(err, errlen,
+                                   "stage %d: class %s: mesh axis %d: P: missing SBP rule 'partial "
+                                   "parameter' (a parameter is computed with S or B; its gradient "
+                                   "is the P)",
+                                   stage, e->cls, a);
         }
         for (int a = 0; e->has_store && a < ndim; a++) {
             xmp_sbp_t v = e->store[a];
             if (i >= NPT)
-                return set_err(err, errlen,
-                               "stage %d: class %s (%s line %d): a storage SBP is for parameters "
-                               "only",
-                               stage, e->cls, s->source, e->line);
+                return xmp_err_buf(
+                    err, errlen,
+                    "stage %d: class %s (%s line %d): a storage SBP is for parameters "
+                    "only",
+                    stage, e->cls, s->source, e->line);
             if (v.kind == XMP_P)
-                return set_err(err, errlen,
-                               "stage %d: class %s: mesh axis %d: storage P: missing SBP rule "
-                               "'partial storage' (store S or B)",
-                               stage, e->cls, a);
+                return xmp_err_buf(err, errlen,
+                                   "stage %d: class %s: mesh axis %d: storage P: missing SBP rule "
+                                   "'partial storage' (store S or B)",
+                                   stage, e->cls, a);
             if (v.kind == XMP_S && v.dim >= nd)
-                return set_err(err, errlen,
-                               "stage %d: class %s (%s line %d): mesh axis %d: storage S(%d) but "
-                               "%s has %d dims",
-                               stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
+                return xmp_err_buf(
+                    err, errlen,
+                    "stage %d: class %s (%s line %d): mesh axis %d: storage S(%d) but "
+                    "%s has %d dims",
+                    stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
         }
     }
     /* The tensor between stages: S or B (a partial sum would cross as P). */
     const xmp_strategy_entry_t *x = xmp_strategy_get(s, "act.x");
     for (int a = 0; a < ndim; a++)
         if (x->sbp[a].kind == XMP_P)
-            return set_err(err, errlen,
-                           "stage %d: class act.x: mesh axis %d: P: missing SBP rule 'partial "
-                           "residual stream' (the tensor between stages must be S or B)",
-                           stage, a);
+            return xmp_err_buf(err, errlen,
+                               "stage %d: class act.x: mesh axis %d: P: missing SBP rule 'partial "
+                               "residual stream' (the tensor between stages must be S or B)",
+                               stage, a);
             /* Every op of a stage holding every layer kind, through the deduction
              * rules: the first op that no rule covers is named with its classes. */
 #define SB(cls) (xmp_strategy_get(s, cls)->sbp)
@@ -374,10 +367,11 @@ int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c,
             snprintf(axes + l, sizeof axes - l, "%s%d", l ? "," : "", a);
         }
     if (c->num_heads % hsplit)
-        return set_err(err, errlen,
-                       "stage %d: %d heads cannot be split over tensor-parallel degree %d (heads "
-                       "%% tp must be 0): class act.qkv splits the heads over mesh axes %s",
-                       stage, c->num_heads, hsplit, axes);
+        return xmp_err_buf(
+            err, errlen,
+            "stage %d: %d heads cannot be split over tensor-parallel degree %d (heads "
+            "%% tp must be 0): class act.qkv splits the heads over mesh axes %s",
+            stage, c->num_heads, hsplit, axes);
     return 0;
 }
 
@@ -1274,33 +1268,33 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
     MPI_Comm_size(comm, &size);
     /* Argument checks: pure, the same on every rank, before any collective. */
     if (layout->nranks != size)
-        return set_err(err, errlen, "the stage meshes use %d ranks, the job has %d", layout->nranks,
-                       size);
+        return xmp_err_buf(err, errlen, "the stage meshes use %d ranks, the job has %d",
+                           layout->nranks, size);
     if (tc->recompute < XMP_RECOMPUTE_NONE || tc->recompute > XMP_RECOMPUTE_SELECTIVE)
-        return set_err(err, errlen, "recompute mode %d: expected none, block or selective",
-                       tc->recompute);
+        return xmp_err_buf(err, errlen, "recompute mode %d: expected none, block or selective",
+                           tc->recompute);
     if (tc->M < 1 || tc->B % tc->M)
-        return set_err(err, errlen, "--batch %d is not a multiple of --microbatches %d", tc->B,
-                       tc->M);
+        return xmp_err_buf(err, errlen, "--batch %d is not a multiple of --microbatches %d", tc->B,
+                           tc->M);
     /* The layout's items must be the model's: E, one t per block, L (no item may name a block
      * the parameters do not have). */
     int nblk = 0;
     for (int i = 0; i < layout->nitems; i++) {
         char k = layout->kind[i];
         if (k != 'E' && k != 't' && k != 'L')
-            return set_err(err, errlen, "layout item %d is '%c': GPT-2's items are E, t and L", i,
-                           k);
+            return xmp_err_buf(err, errlen, "layout item %d is '%c': GPT-2's items are E, t and L",
+                               i, k);
         nblk += k == 't';
     }
     if (nblk != c->num_layers)
-        return set_err(err, errlen, "the layout has %d transformer blocks, the model %d", nblk,
-                       c->num_layers);
+        return xmp_err_buf(err, errlen, "the layout has %d transformer blocks, the model %d", nblk,
+                           c->num_layers);
     xmp_overlap_t ov;
     if (xmp_overlap_from_env(&ov))
-        return set_err(err, errlen, "XMP_OVERLAP: %s", xmp_last_error());
+        return xmp_err_buf(err, errlen, "XMP_OVERLAP: %s", xmp_last_error());
     xmp_strategy_t *strat = calloc((size_t)layout->nstages, sizeof *strat);
     if (!strat)
-        return set_err(err, errlen, "out of memory");
+        return xmp_err_buf(err, errlen, "out of memory");
     for (int s = 0; s < layout->nstages; s++) {
         char sub[512];
         if (tc->strategy) {
@@ -1309,7 +1303,7 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
                                      XMP_GPT2_BUILTIN_STRATEGIES, layout->ndim[s], &strat[s], sub,
                                      sizeof sub)) {
             free(strat);
-            return set_err(err, errlen, "stage %d: %s", s, sub);
+            return xmp_err_buf(err, errlen, "stage %d: %s", s, sub);
         }
         if (xmp_gpt2_strategy_check(&strat[s], c, s, layout->ndim[s], layout->shape[s], err,
                                     errlen)) {
@@ -1322,7 +1316,7 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
         st->cap_pos = -1;
     if (!st) {
         free(strat);
-        return set_err(err, errlen, "out of memory");
+        return xmp_err_buf(err, errlen, "out of memory");
     }
     st->comm = comm;
     st->rank = rank;
@@ -1370,7 +1364,7 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
     for (int s = 0; s < layout->nstages; s++) {
         if (xmp_mesh_create(comm, ctx, layout->ndim[s], layout->shape[s],
                             st->ranks + layout->rank0[s], &st->meshes[s])) {
-            set_err(err, errlen, "stage %d mesh: %s", s, xmp_last_error());
+            xmp_err_buf(err, errlen, "stage %d mesh: %s", s, xmp_last_error());
             lfail = 1;
             break;
         }
@@ -1410,19 +1404,19 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
                     add_param(st, full, XMP_GPT2_LNFW, -1) ||
                     add_param(st, full, XMP_GPT2_LNFB, -1);
         if (lfail && !*err)
-            set_err(err, errlen, "stage %d parameters: %s", s,
-                    *xmp_last_error() ? xmp_last_error() : "out of memory");
+            xmp_err_buf(err, errlen, "stage %d parameters: %s", s,
+                        *xmp_last_error() ? xmp_last_error() : "out of memory");
     }
     int anyfail = lfail;
     if (xmp_agree(&anyfail, 1, MPI_INT, MPI_MAX, comm, "gpt2 stage setup status")) {
         if (!*err)
-            set_err(err, errlen, "stage setup: %s", xmp_last_error());
+            xmp_err_buf(err, errlen, "stage setup: %s", xmp_last_error());
         xmp_gpt2_stage_destroy(st);
         return -1;
     }
     if (anyfail) {
         if (!lfail)
-            set_err(err, errlen, "another rank failed to set up its stage");
+            xmp_err_buf(err, errlen, "another rank failed to set up its stage");
         xmp_gpt2_stage_destroy(st);
         return -1;
     }
@@ -1439,7 +1433,7 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
         if (!pf)
             pf = xmesh_plan_create(ctx, &ll, &lf, NULL, &st->tie_lf) != XMESH_SUCCESS;
         if (pf) {
-            set_err(err, errlen, "tied wte plans: %s", xmesh_last_error());
+            xmp_err_buf(err, errlen, "tied wte plans: %s", xmesh_last_error());
             xmp_gpt2_stage_destroy(st);
             return -1;
         }
@@ -1450,7 +1444,7 @@ fail_mem:
     free(st->ranks);
     free(st->pidx);
     free(st);
-    return set_err(err, errlen, "out of memory");
+    return xmp_err_buf(err, errlen, "out of memory");
 }
 
 int xmp_gpt2_stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,

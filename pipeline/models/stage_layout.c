@@ -1,6 +1,7 @@
 /* Stage layouts: parsing "E,t*3|t*3,L", even splits and per-stage meshes. */
 #include "models/stage_layout.h"
 #include "sched/schedule.h"
+#include "util/xmp_err.h"
 
 #include <ctype.h>
 #include <stdint.h>
@@ -9,18 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && errlen)
-        vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* Parses a positive int at *p, advancing it; -1 if none or out of range. */
 static int parse_pos(const char **p, int max)
@@ -48,25 +37,27 @@ static int parse_layout(const char *kinds, const char *layout, xmp_stage_layout_
         while (*p == ' ')
             p++;
         if ((*p == '|' || *p == '\0') && l->count[s] == 0)
-            return fail(err, errlen, "layout '%s': stage %d is empty", layout, s);
+            return xmp_err_buf(err, errlen, "layout '%s': stage %d is empty", layout, s);
         if (!isalpha((unsigned char)*p))
-            return fail(err, errlen, "layout '%s': expected a layer kind at '%s'", layout, p);
+            return xmp_err_buf(err, errlen, "layout '%s': expected a layer kind at '%s'", layout,
+                               p);
         char k = *p++;
         int rep = 1;
         if (*p == '*') {
             p++;
             rep = parse_pos(&p, XMP_MAX_LAYERS);
             if (rep < 0)
-                return fail(err, errlen, "layout '%s': bad repeat count after '%c*'", layout, k);
+                return xmp_err_buf(err, errlen, "layout '%s': bad repeat count after '%c*'", layout,
+                                   k);
         }
         for (int i = 0; i < rep; i++, at++) {
             if (at >= n)
-                return fail(err, errlen, "layout '%s' has more layers than the model's %d", layout,
-                            n);
+                return xmp_err_buf(err, errlen, "layout '%s' has more layers than the model's %d",
+                                   layout, n);
             if (kinds[at] != k)
-                return fail(err, errlen,
-                            "layout '%s': layer %d is '%c' in the model, '%c' in the layout",
-                            layout, at, kinds[at], k);
+                return xmp_err_buf(err, errlen,
+                                   "layout '%s': layer %d is '%c' in the model, '%c' in the layout",
+                                   layout, at, kinds[at], k);
             l->stage_of[at] = s;
             l->count[s]++;
         }
@@ -77,20 +68,21 @@ static int parse_layout(const char *kinds, const char *layout, xmp_stage_layout_
         } else if (*p == '|') {
             p++;
             if (l->count[s] == 0)
-                return fail(err, errlen, "layout '%s': stage %d is empty", layout, s);
+                return xmp_err_buf(err, errlen, "layout '%s': stage %d is empty", layout, s);
             if (++s >= XMP_MAX_STAGES)
-                return fail(err, errlen, "layout '%s': more than %d stages", layout,
-                            XMP_MAX_STAGES);
+                return xmp_err_buf(err, errlen, "layout '%s': more than %d stages", layout,
+                                   XMP_MAX_STAGES);
             l->first[s] = at;
             l->count[s] = 0;
         } else if (*p == '\0') {
             break;
         } else {
-            return fail(err, errlen, "layout '%s': unexpected '%c'", layout, *p);
+            return xmp_err_buf(err, errlen, "layout '%s': unexpected '%c'", layout, *p);
         }
     }
     if (at != n)
-        return fail(err, errlen, "layout '%s' names %d layers, the model has %d", layout, at, n);
+        return xmp_err_buf(err, errlen, "layout '%s' names %d layers, the model has %d", layout, at,
+                           n);
     l->nstages = s + 1;
     return 0;
 }
@@ -100,9 +92,10 @@ static int split_even(int n, int fixed_head, int fixed_tail, int stages, xmp_sta
 {
     int mid = n - fixed_head - fixed_tail;
     if (stages < 1 || stages > XMP_MAX_STAGES)
-        return fail(err, errlen, "--stages %d out of range [1, %d]", stages, XMP_MAX_STAGES);
+        return xmp_err_buf(err, errlen, "--stages %d out of range [1, %d]", stages, XMP_MAX_STAGES);
     if (mid < stages)
-        return fail(err, errlen, "--stages %d: the model has only %d layers to split", stages, mid);
+        return xmp_err_buf(err, errlen, "--stages %d: the model has only %d layers to split",
+                           stages, mid);
     int at = 0;
     for (int s = 0; s < stages; s++) {
         int c = mid / stages + (s < mid % stages);
@@ -133,22 +126,23 @@ static int parse_list(const char *what, const char *s, int nstages, int *out, ch
     for (;;) {
         int v = parse_pos(&p, 1 << 20);
         if (v < 0)
-            return fail(err, errlen, "%s '%s': expected positive integers separated by ','", what,
-                        s);
+            return xmp_err_buf(err, errlen, "%s '%s': expected positive integers separated by ','",
+                               what, s);
         if (k >= nstages)
-            return fail(err, errlen, "%s '%s' has more entries than the %d stages", what, s,
-                        nstages);
+            return xmp_err_buf(err, errlen, "%s '%s' has more entries than the %d stages", what, s,
+                               nstages);
         out[k++] = v;
         if (*p == '\0')
             break;
         if (*p++ != ',')
-            return fail(err, errlen, "%s '%s': expected ',' at '%s'", what, s, p - 1);
+            return xmp_err_buf(err, errlen, "%s '%s': expected ',' at '%s'", what, s, p - 1);
     }
     if (k == 1)
         for (int i = 1; i < nstages; i++)
             out[i] = out[0];
     else if (k != nstages)
-        return fail(err, errlen, "%s '%s' has %d entries for %d stages", what, s, k, nstages);
+        return xmp_err_buf(err, errlen, "%s '%s' has %d entries for %d stages", what, s, k,
+                           nstages);
     return 0;
 }
 
@@ -162,21 +156,23 @@ static int parse_meshes(const char *s, xmp_stage_layout_t *l, char *err, size_t 
             c = parse_pos(&p, 1 << 20);
         }
         if (r < 0 || c < 0 || *p == 'x')
-            return fail(err, errlen,
-                        "--stage-mesh '%s': stage %d: expected RxC (with --stage-dp/--stage-tp a "
-                        "mesh has the 2 axes dp x tp)",
-                        s, k);
+            return xmp_err_buf(
+                err, errlen,
+                "--stage-mesh '%s': stage %d: expected RxC (with --stage-dp/--stage-tp a "
+                "mesh has the 2 axes dp x tp)",
+                s, k);
         if (r != l->dp[k] || c != l->tp[k])
-            return fail(err, errlen,
-                        "--stage-mesh '%s': stage %d mesh %dx%d does not match dp %d x tp %d "
-                        "(axis 0 is data parallel, axis 1 tensor parallel)",
-                        s, k, r, c, l->dp[k], l->tp[k]);
+            return xmp_err_buf(
+                err, errlen,
+                "--stage-mesh '%s': stage %d mesh %dx%d does not match dp %d x tp %d "
+                "(axis 0 is data parallel, axis 1 tensor parallel)",
+                s, k, r, c, l->dp[k], l->tp[k]);
         if (k + 1 < l->nstages && *p++ != ',')
-            return fail(err, errlen, "--stage-mesh '%s': expected %d meshes", s, l->nstages);
+            return xmp_err_buf(err, errlen, "--stage-mesh '%s': expected %d meshes", s, l->nstages);
     }
     if (*p)
-        return fail(err, errlen, "--stage-mesh '%s': more meshes than the %d stages", s,
-                    l->nstages);
+        return xmp_err_buf(err, errlen, "--stage-mesh '%s': more meshes than the %d stages", s,
+                           l->nstages);
     return 0;
 }
 
@@ -202,20 +198,21 @@ static int meshes_to_shapes(const char *s, xmp_stage_layout_t *l, char *err, siz
     for (int k = 0; k < l->nstages; k++) {
         int n = parse_shape(&p, l->shape[k]);
         if (n < 0)
-            return fail(err, errlen,
-                        "--stage-mesh '%s': stage %d: expected a mesh AxB.. of 1 to %d positive "
-                        "axis sizes",
-                        s, k, XMP_STAGE_MAX_AXES);
+            return xmp_err_buf(
+                err, errlen,
+                "--stage-mesh '%s': stage %d: expected a mesh AxB.. of 1 to %d positive "
+                "axis sizes",
+                s, k, XMP_STAGE_MAX_AXES);
         l->ndim[k] = n;
         if (*p == ',')
             p++;
         else if (k + 1 < l->nstages)
-            return fail(err, errlen, "--stage-mesh '%s' has fewer meshes than the %d stages", s,
-                        l->nstages);
+            return xmp_err_buf(err, errlen, "--stage-mesh '%s' has fewer meshes than the %d stages",
+                               s, l->nstages);
     }
     if (*p)
-        return fail(err, errlen, "--stage-mesh '%s': more meshes than the %d stages", s,
-                    l->nstages);
+        return xmp_err_buf(err, errlen, "--stage-mesh '%s': more meshes than the %d stages", s,
+                           l->nstages);
     return 0;
 }
 
@@ -227,7 +224,7 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
     memset(&l, 0, sizeof l);
     int n = kinds ? (int)strlen(kinds) : 0;
     if (n < 1 || n > XMP_MAX_LAYERS)
-        return fail(err, errlen, "model with %d layers (must be 1..%d)", n, XMP_MAX_LAYERS);
+        return xmp_err_buf(err, errlen, "model with %d layers (must be 1..%d)", n, XMP_MAX_LAYERS);
     l.nitems = n;
     memcpy(l.kind, kinds, (size_t)n);
     int rc = (layout && *layout) ? parse_layout(kinds, layout, &l, err, errlen)
@@ -235,8 +232,8 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
     if (rc)
         return rc;
     if (layout && *layout && stages > 0 && stages != l.nstages)
-        return fail(err, errlen, "--stages %d but layout '%s' has %d stages", stages, layout,
-                    l.nstages);
+        return xmp_err_buf(err, errlen, "--stages %d but layout '%s' has %d stages", stages, layout,
+                           l.nstages);
     if (meshes && !dps && !tps) {
         if (meshes_to_shapes(meshes, &l, err, errlen))
             return -1;
@@ -258,8 +255,8 @@ int xmp_stage_layout_build(const char *kinds, int fixed_head, int fixed_tail, co
         for (int a = 0; a < l.ndim[s] && size <= (1 << 20); a++)
             size *= l.shape[s][a];
         if (size > (1 << 20))
-            return fail(err, errlen, "stage %d: mesh of %lld ranks is too large", s,
-                        (long long)size);
+            return xmp_err_buf(err, errlen, "stage %d: mesh of %lld ranks is too large", s,
+                               (long long)size);
         int last = l.shape[s][l.ndim[s] - 1];
         l.tp[s] = l.ndim[s] == 1 ? 1 : last;
         l.dp[s] = (int)size / l.tp[s];

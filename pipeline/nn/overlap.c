@@ -48,8 +48,11 @@ xmesh_result_t xmp_overlap_parse(const char *s, xmp_overlap_t *ov)
 
 xmesh_result_t xmp_overlap_from_env(xmp_overlap_t *ov)
 {
-    const char *s = getenv("XMP_OVERLAP");
-    return xmp_overlap_parse(s ? s : "none", ov);
+    char s[256];
+    xmesh_result_t r = xmesh_param_get("XMP_OVERLAP", s, sizeof s, NULL);
+    if (r)
+        return xmp_err(r, "XMP_OVERLAP: %s", xmesh_last_error());
+    return xmp_overlap_parse(s, ov);
 }
 
 void xmp_overlap_string(const xmp_overlap_t *ov, char *buf, size_t n)

@@ -116,13 +116,8 @@ static int world_rank(void)
 
 double xmp_timeout_s(void)
 {
-    const char *e = getenv("XMESH_TIMEOUT_S");
-    char *end = NULL;
-    if (!e || !*e)
-        return 300.0;
-    double v = strtod(e, &end);
-    if (!end || *end || !(v >= 0.0))
-        return 300.0;
+    double v = 300.0; /* the table's default; a refused value gets it too, with a warning */
+    (void)xmesh_param_get_real("XMESH_TIMEOUT_S", &v);
     return v;
 }
 

@@ -180,7 +180,8 @@ xmesh_result_t xmp_recv(void *buf, int count, MPI_Datatype ty, int src, int tag,
  * xmp_comm_seconds). */
 xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what);
 xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char *what);
-/* XMESH_TIMEOUT_S in seconds (300 when unset or malformed; 0 = no bound). */
+/* XMESH_TIMEOUT_S in seconds (the library's parameter table: 300 when unset, or refused with a
+ * warning when malformed; 0 = no bound). */
 double xmp_timeout_s(void);
 
 /* Failure notices. A rank that fails (and will not join the collectives the others are in)

@@ -9,6 +9,7 @@
 #include "nn/kernels.h"
 #include "nn/sbp_layers.h"
 #include "nn/sbp_ops.h"
+#include "util/xmp_err.h"
 
 #define NAX XMP_MAX_MESH_DIMS
 #define LN_EPS 1e-5f
@@ -680,12 +681,10 @@ static int ded_fail(char *err, size_t n, const char *fmt, ...)
     char buf[400];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    xmp_verr_buf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    if (err && n)
-        snprintf(err, n, "%s", buf);
-    xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s", buf);
-    return -1;
+    xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s", buf); /* both forms of the convention */
+    return xmp_err_buf(err, n, "%s", buf);
 }
 
 int xmp_sbp_deduce(const char *op, int naxes, int nin, const int *in_ndim,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "nn/sbp_ops.h"
+#include "util/xmp_err.h"
 
 #define NAX XMP_MAX_MESH_DIMS
 
@@ -46,11 +47,12 @@ void xmp_rule_msg(char *err, size_t n, const char *op, const char *operand, cons
     if (!err || !n)
         return;
     xmp_sbp_string(sbp, naxes, spec, sizeof spec);
-    int k = snprintf(err, n, "%s: operand %s '%s': mesh axis %d: ", op, operand, spec, axis);
-    if (k < 0 || (size_t)k >= n)
+    xmp_err_buf(err, n, "%s: operand %s '%s': mesh axis %d: ", op, operand, spec, axis);
+    size_t k = strlen(err);
+    if (k + 1 >= n) /* the prefix filled the buffer */
         return;
     va_start(ap, fmt);
-    vsnprintf(err + k, n - (size_t)k, fmt, ap);
+    xmp_verr_buf(err + k, n - k, fmt, ap);
     va_end(ap);
 }
 

@@ -1,5 +1,6 @@
 /* Strategies as data: parse, format, look up, load (see strategy.h). */
 #include "nn/strategy.h"
+#include "util/xmp_err.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -7,18 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && errlen)
-        vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static const char *skip_ws(const char *p, const char *end)
 {
@@ -72,10 +61,11 @@ static int parse_list(const char **p, const char *end, int naxes, xmp_sbp_t *sbp
             const char *t1 = t0;
             while (t1 < end && *t1 != ',' && *t1 != ' ' && *t1 != '\t' && *t1 != '#')
                 t1++;
-            return fail(err, errlen,
-                        "%s:%d: class '%s': %s axis %d: bad SBP '%.*s' (expected S(d) with d "
-                        "0..%d, B or P)",
-                        source, line, cls, what, k, (int)(t1 - t0), t0, XMP_MAX_DIMS - 1);
+            return xmp_err_buf(
+                err, errlen,
+                "%s:%d: class '%s': %s axis %d: bad SBP '%.*s' (expected S(d) with d "
+                "0..%d, B or P)",
+                source, line, cls, what, k, (int)(t1 - t0), t0, XMP_MAX_DIMS - 1);
         }
         if (k < XMP_MAX_MESH_DIMS)
             sbp[k] = s;
@@ -88,8 +78,9 @@ static int parse_list(const char **p, const char *end, int naxes, xmp_sbp_t *sbp
         break;
     }
     if (k != naxes)
-        return fail(err, errlen, "%s:%d: class '%s': %s has %d axes, the strategy has axes=%d",
-                    source, line, cls, what, k, naxes);
+        return xmp_err_buf(err, errlen,
+                           "%s:%d: class '%s': %s has %d axes, the strategy has axes=%d", source,
+                           line, cls, what, k, naxes);
     *p = q;
     return 0;
 }
@@ -101,7 +92,7 @@ static int parse_header(const char *p, const char *end, const char *source, int 
     size_t nk = sizeof kw - 1;
     if ((size_t)(end - p) < nk || strncmp(p, kw, nk) ||
         (p + nk < end && !isspace((unsigned char)p[nk])))
-        return fail(
+        return xmp_err_buf(
             err, errlen,
             "%s:%d: expected the header 'strategy NAME axes=N' before any class, got '%.*s'",
             source, line, (int)(end - p), p);
@@ -109,21 +100,22 @@ static int parse_header(const char *p, const char *end, const char *source, int 
     while (q < end && (is_name_char(*q) || *q == '-'))
         q++;
     if (q == n0 || q - n0 >= XMP_STRATEGY_MAX_NAME)
-        return fail(err, errlen, "%s:%d: header: bad or missing strategy name", source, line);
+        return xmp_err_buf(err, errlen, "%s:%d: header: bad or missing strategy name", source,
+                           line);
     memcpy(s->name, n0, (size_t)(q - n0));
     s->name[q - n0] = '\0';
     q = skip_ws(q, end);
     if (end - q < 6 || strncmp(q, "axes=", 5) || !isdigit((unsigned char)q[5]))
-        return fail(err, errlen, "%s:%d: header: expected 'axes=N' after the name '%s'", source,
-                    line, s->name);
+        return xmp_err_buf(err, errlen, "%s:%d: header: expected 'axes=N' after the name '%s'",
+                           source, line, s->name);
     int a = q[5] - '0';
     q = skip_ws(q + 6, end);
     if (q < end)
-        return fail(err, errlen, "%s:%d: header: unexpected '%.*s' after axes=%d", source, line,
-                    (int)(end - q), q, a);
+        return xmp_err_buf(err, errlen, "%s:%d: header: unexpected '%.*s' after axes=%d", source,
+                           line, (int)(end - q), q, a);
     if (a < 1 || a > XMP_MAX_MESH_DIMS)
-        return fail(err, errlen, "%s:%d: header: axes=%d out of range [1, %d]", source, line, a,
-                    XMP_MAX_MESH_DIMS);
+        return xmp_err_buf(err, errlen, "%s:%d: header: axes=%d out of range [1, %d]", source, line,
+                           a, XMP_MAX_MESH_DIMS);
     s->naxes = a;
     return 0;
 }
@@ -138,39 +130,41 @@ static int parse_entry(const char *p, const char *end, const char *source, int l
     while (q < end && is_name_char(*q))
         q++;
     if (q == p || q - p >= XMP_STRATEGY_MAX_NAME)
-        return fail(err, errlen,
-                    "%s:%d: expected 'CLASS = SBP,...' (class: letters, digits, '_', '.'), got "
-                    "'%.*s'",
-                    source, line, (int)(end - p), p);
+        return xmp_err_buf(
+            err, errlen,
+            "%s:%d: expected 'CLASS = SBP,...' (class: letters, digits, '_', '.'), got "
+            "'%.*s'",
+            source, line, (int)(end - p), p);
     memcpy(e.cls, p, (size_t)(q - p));
     q = skip_ws(q, end);
     if (q >= end || *q != '=')
-        return fail(err, errlen, "%s:%d: class '%s': expected '=' after the class name", source,
-                    line, e.cls);
+        return xmp_err_buf(err, errlen, "%s:%d: class '%s': expected '=' after the class name",
+                           source, line, e.cls);
     q++;
     if (parse_list(&q, end, s->naxes, e.sbp, source, line, e.cls, "SBP", err, errlen))
         return -1;
     if (q < end) {
         if (end - q < 6 || strncmp(q, "store", 5) || !isspace((unsigned char)q[5]))
-            return fail(err, errlen,
-                        "%s:%d: class '%s': unexpected '%.*s' (only 'store SBP,...' "
-                        "may follow the SBP)",
-                        source, line, e.cls, (int)(end - q), q);
+            return xmp_err_buf(err, errlen,
+                               "%s:%d: class '%s': unexpected '%.*s' (only 'store SBP,...' "
+                               "may follow the SBP)",
+                               source, line, e.cls, (int)(end - q), q);
         q += 5;
         if (parse_list(&q, end, s->naxes, e.store, source, line, e.cls, "storage SBP", err, errlen))
             return -1;
         if (q < end)
-            return fail(err, errlen, "%s:%d: class '%s': unexpected '%.*s' after the storage SBP",
-                        source, line, e.cls, (int)(end - q), q);
+            return xmp_err_buf(err, errlen,
+                               "%s:%d: class '%s': unexpected '%.*s' after the storage SBP", source,
+                               line, e.cls, (int)(end - q), q);
         e.has_store = 1;
     }
     for (int i = 0; i < s->n; i++)
         if (!strcmp(s->e[i].cls, e.cls))
-            return fail(err, errlen, "%s:%d: class '%s' given twice (first on line %d)", source,
-                        line, e.cls, s->e[i].line);
+            return xmp_err_buf(err, errlen, "%s:%d: class '%s' given twice (first on line %d)",
+                               source, line, e.cls, s->e[i].line);
     if (s->n >= XMP_STRATEGY_MAX_CLASSES)
-        return fail(err, errlen, "%s:%d: more than %d classes", source, line,
-                    XMP_STRATEGY_MAX_CLASSES);
+        return xmp_err_buf(err, errlen, "%s:%d: more than %d classes", source, line,
+                           XMP_STRATEGY_MAX_CLASSES);
     s->e[s->n++] = e;
     return 0;
 }
@@ -181,10 +175,10 @@ int xmp_strategy_parse(const char *text, const char *source, xmp_strategy_t *out
     if (!source)
         source = "<text>";
     if (!text || !out)
-        return fail(err, errlen, "%s: no text", source);
+        return xmp_err_buf(err, errlen, "%s: no text", source);
     xmp_strategy_t *s = calloc(1, sizeof *s);
     if (!s)
-        return fail(err, errlen, "%s: out of memory", source);
+        return xmp_err_buf(err, errlen, "%s: out of memory", source);
     snprintf(s->source, sizeof s->source, "%s", source);
     int line = 0, have_header = 0, rc = 0;
     const char *p = text;
@@ -208,7 +202,8 @@ int xmp_strategy_parse(const char *text, const char *source, xmp_strategy_t *out
         p = next;
     }
     if (!rc && !have_header)
-        rc = fail(err, errlen, "%s: empty strategy (no 'strategy NAME axes=N' header)", source);
+        rc = xmp_err_buf(err, errlen, "%s: empty strategy (no 'strategy NAME axes=N' header)",
+                         source);
     if (!rc)
         *out = *s;
     free(s);
@@ -302,12 +297,12 @@ static char *read_file(const char *path, char *err, size_t errlen, int *opened)
     if (fseek(f, 0, SEEK_END) == 0)
         len = ftell(f);
     if (len < 0 || len > (1 << 20) || fseek(f, 0, SEEK_SET)) {
-        fail(err, errlen, "strategy file '%s': cannot read it (or larger than 1 MiB)", path);
+        xmp_err_buf(err, errlen, "strategy file '%s': cannot read it (or larger than 1 MiB)", path);
         goto out;
     }
     buf = malloc((size_t)len + 1);
     if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        fail(err, errlen, "strategy file '%s': read failed", path);
+        xmp_err_buf(err, errlen, "strategy file '%s': read failed", path);
         free(buf);
         buf = NULL;
         goto out;
@@ -343,17 +338,17 @@ int xmp_strategy_load_mesh(const char *name_or_path, xmp_strategy_mesh_builtin_f
                            xmp_strategy_t *out, char *err, size_t errlen)
 {
     if (!name_or_path || !*name_or_path)
-        return fail(err, errlen, "strategy: empty name");
+        return xmp_err_buf(err, errlen, "strategy: empty name");
     if (naxes < 1 || naxes > XMP_MAX_MESH_DIMS)
-        return fail(err, errlen, "strategy '%s': mesh of %d axes (must be 1..%d)", name_or_path,
-                    naxes, XMP_MAX_MESH_DIMS);
+        return xmp_err_buf(err, errlen, "strategy '%s': mesh of %d axes (must be 1..%d)",
+                           name_or_path, naxes, XMP_MAX_MESH_DIMS);
     int opened = 0, rc;
     char src[256];
     xmp_strategy_t *s = calloc(1, sizeof *s);
     char *text = read_file(name_or_path, err, errlen, &opened);
     if (!s) {
         free(text);
-        return fail(err, errlen, "strategy '%s': out of memory", name_or_path);
+        return xmp_err_buf(err, errlen, "strategy '%s': out of memory", name_or_path);
     }
     if (opened) {
         if (!text) {
@@ -364,13 +359,13 @@ int xmp_strategy_load_mesh(const char *name_or_path, xmp_strategy_mesh_builtin_f
     } else {
         size_t cap = 1 << 16;
         text = malloc(cap);
-        rc = !text      ? fail(err, errlen, "strategy '%s': out of memory", name_or_path)
+        rc = !text      ? xmp_err_buf(err, errlen, "strategy '%s': out of memory", name_or_path)
              : builtins ? builtins(user, name_or_path, naxes, shape, text, cap, err, errlen)
                         : 1;
         if (rc == 1)
-            fail(err, errlen,
-                 "strategy '%s': no such file and no built-in of that name (built-ins: %s)",
-                 name_or_path, builtin_names ? builtin_names : "none");
+            xmp_err_buf(err, errlen,
+                        "strategy '%s': no such file and no built-in of that name (built-ins: %s)",
+                        name_or_path, builtin_names ? builtin_names : "none");
         if (rc) {
             free(text);
             free(s);
@@ -381,8 +376,8 @@ int xmp_strategy_load_mesh(const char *name_or_path, xmp_strategy_mesh_builtin_f
     rc = xmp_strategy_parse(text, src, s, err, errlen);
     free(text);
     if (!rc && s->naxes != naxes)
-        rc = fail(err, errlen, "%s: strategy '%s' has axes=%d, the stage mesh has %d axes", src,
-                  s->name, s->naxes, naxes);
+        rc = xmp_err_buf(err, errlen, "%s: strategy '%s' has axes=%d, the stage mesh has %d axes",
+                         src, s->name, s->naxes, naxes);
     if (!rc)
         *out = *s;
     free(s);
@@ -404,13 +399,13 @@ int xmp_strategy_check_classes(const xmp_strategy_t *s, const char *const *known
                 int w = snprintf(list + at, sizeof list - at, "%s%s", k ? " " : "", known[k]);
                 at += w > 0 ? (size_t)w : 0;
             }
-            return fail(err, errlen, "%s:%d: unknown class '%s' (known: %s)", s->source,
-                        s->e[i].line, s->e[i].cls, list);
+            return xmp_err_buf(err, errlen, "%s:%d: unknown class '%s' (known: %s)", s->source,
+                               s->e[i].line, s->e[i].cls, list);
         }
     }
     for (int k = 0; k < nreq; k++)
         if (!xmp_strategy_get(s, required[k]))
-            return fail(err, errlen, "%s: class '%s' missing (strategy '%s' must give it)",
-                        s->source, required[k], s->name);
+            return xmp_err_buf(err, errlen, "%s: class '%s' missing (strategy '%s' must give it)",
+                               s->source, required[k], s->name);
     return 0;
 }

@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "pipe/driver.h"
+#include "util/xmp_err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -70,7 +71,7 @@ static void derr(xmp_driver_t *d, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(d->err, sizeof(d->err), fmt, ap);
+    xmp_verr_buf(d->err, sizeof(d->err), fmt, ap);
     va_end(ap);
 }
 
@@ -265,12 +266,10 @@ static xmesh_result_t wait_for(xmp_driver_t *d, int p, int mb)
 
 static xmesh_result_t fail(char *err, size_t errlen, xmesh_result_t r, const char *fmt, ...)
 {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    xmp_verr_buf(err, errlen, fmt, ap);
+    va_end(ap);
     return r;
 }
 

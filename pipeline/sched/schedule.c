@@ -6,6 +6,7 @@
  * split backward I/W as in zero-bubble pipelining (Qi et al. 2024, ZB-H1).
  */
 #include "sched/schedule.h"
+#include "util/xmp_err.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -13,16 +14,6 @@
 #include <string.h>
 
 static int *parse_int_list(const char *q, int *n);
-
-static void seterr(char *err, size_t n, const char *fmt, ...)
-{
-    if (err == NULL || n == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
 
 /* ------------------------------------------------------------------ basics */
 
@@ -48,15 +39,15 @@ int xmp_sched_parse_map(const char *text, int nstages, int ngroups, int *stage_g
                         size_t errlen)
 {
     if (text == NULL || nstages < 1 || ngroups < 1 || ngroups > nstages) {
-        seterr(err, errlen, "stage map: %d stages on %d groups (need 1 <= groups <= stages)",
-               nstages, ngroups);
+        xmp_err_buf(err, errlen, "stage map: %d stages on %d groups (need 1 <= groups <= stages)",
+                    nstages, ngroups);
         return -1;
     }
     if (strcmp(text, "interleaved") == 0) {
         if (nstages % ngroups != 0) {
-            seterr(err, errlen,
-                   "stage map 'interleaved': %d stages are not a multiple of %d groups", nstages,
-                   ngroups);
+            xmp_err_buf(err, errlen,
+                        "stage map 'interleaved': %d stages are not a multiple of %d groups",
+                        nstages, ngroups);
             return -1;
         }
         xmp_sched_interleaved_map(ngroups, nstages / ngroups, stage_group);
@@ -64,8 +55,8 @@ int xmp_sched_parse_map(const char *text, int nstages, int ngroups, int *stage_g
     }
     if (strcmp(text, "v") == 0) {
         if (nstages != 2 * ngroups) {
-            seterr(err, errlen, "stage map 'v': needs %d stages for %d groups, have %d",
-                   2 * ngroups, ngroups, nstages);
+            xmp_err_buf(err, errlen, "stage map 'v': needs %d stages for %d groups, have %d",
+                        2 * ngroups, ngroups, nstages);
             return -1;
         }
         xmp_sched_vshape_map(ngroups, stage_group);
@@ -73,9 +64,10 @@ int xmp_sched_parse_map(const char *text, int nstages, int ngroups, int *stage_g
     }
     int n = 0, *v = parse_int_list(text, &n);
     if (v == NULL || n != nstages) {
-        seterr(err, errlen,
-               "stage map '%s': need 'interleaved', 'v' or %d comma-separated group ids (got %d)",
-               text, nstages, v ? n : 0);
+        xmp_err_buf(
+            err, errlen,
+            "stage map '%s': need 'interleaved', 'v' or %d comma-separated group ids (got %d)",
+            text, nstages, v ? n : 0);
         free(v);
         return -1;
     }
@@ -83,15 +75,15 @@ int xmp_sched_parse_map(const char *text, int nstages, int ngroups, int *stage_g
         int used = 0;
         for (int st = 0; st < nstages; st++) {
             if (v[st] >= ngroups) {
-                seterr(err, errlen, "stage map '%s': stage %d on group %d (groups 0..%d)", text, st,
-                       v[st], ngroups - 1);
+                xmp_err_buf(err, errlen, "stage map '%s': stage %d on group %d (groups 0..%d)",
+                            text, st, v[st], ngroups - 1);
                 free(v);
                 return -1;
             }
             used |= v[st] == g;
         }
         if (!used) {
-            seterr(err, errlen, "stage map '%s': group %d holds no stage", text, g);
+            xmp_err_buf(err, errlen, "stage map '%s': group %d holds no stage", text, g);
             free(v);
             return -1;
         }
@@ -106,40 +98,40 @@ int xmp_sched_create_virtual(int nstages, int ngroups, const int *stage_group, i
                              size_t errlen)
 {
     if (nstages < 1 || nstages > 4096) {
-        seterr(err, errlen, "schedule: %d stages (need 1..4096)", nstages);
+        xmp_err_buf(err, errlen, "schedule: %d stages (need 1..4096)", nstages);
         return -1;
     }
     if (ngroups < 1 || ngroups > nstages) {
-        seterr(err, errlen, "schedule: %d rank groups for %d stages (need 1..%d)", ngroups, nstages,
-               nstages);
+        xmp_err_buf(err, errlen, "schedule: %d rank groups for %d stages (need 1..%d)", ngroups,
+                    nstages, nstages);
         return -1;
     }
     if (stage_group == NULL && ngroups != nstages) {
-        seterr(err, errlen, "schedule: %d groups for %d stages need a stage -> group map", ngroups,
-               nstages);
+        xmp_err_buf(err, errlen, "schedule: %d groups for %d stages need a stage -> group map",
+                    ngroups, nstages);
         return -1;
     }
     if (nmb < 1 || nmb > 1000000) {
-        seterr(err, errlen, "schedule: %d microbatches (need >= 1)", nmb);
+        xmp_err_buf(err, errlen, "schedule: %d microbatches (need >= 1)", nmb);
         return -1;
     }
     if (nedges < 0 || (nedges > 0 && edges == NULL)) {
-        seterr(err, errlen, "schedule: %d edges", nedges);
+        xmp_err_buf(err, errlen, "schedule: %d edges", nedges);
         return -1;
     }
     for (int e = 0; e < nedges; e++) {
         if (edges[e].src < 0 || edges[e].src >= nstages || edges[e].dst < 0 ||
             edges[e].dst >= nstages || edges[e].src == edges[e].dst) {
-            seterr(err, errlen, "schedule: edge %d is %d>%d (stages 0..%d, src != dst)", e,
-                   edges[e].src, edges[e].dst, nstages - 1);
+            xmp_err_buf(err, errlen, "schedule: edge %d is %d>%d (stages 0..%d, src != dst)", e,
+                        edges[e].src, edges[e].dst, nstages - 1);
             return -1;
         }
     }
     if (stage_group != NULL) {
         for (int st = 0; st < nstages; st++)
             if (stage_group[st] < 0 || stage_group[st] >= ngroups) {
-                seterr(err, errlen, "schedule: stage %d is on group %d (groups 0..%d)", st,
-                       stage_group[st], ngroups - 1);
+                xmp_err_buf(err, errlen, "schedule: stage %d is on group %d (groups 0..%d)", st,
+                            stage_group[st], ngroups - 1);
                 return -1;
             }
         for (int g = 0; g < ngroups; g++) {
@@ -147,7 +139,7 @@ int xmp_sched_create_virtual(int nstages, int ngroups, const int *stage_group, i
             for (int st = 0; st < nstages; st++)
                 n += stage_group[st] == g;
             if (n == 0) {
-                seterr(err, errlen, "schedule: group %d holds no stage", g);
+                xmp_err_buf(err, errlen, "schedule: group %d holds no stage", g);
                 return -1;
             }
         }
@@ -195,7 +187,7 @@ int xmp_sched_create_virtual(int nstages, int ngroups, const int *stage_group, i
 out_free:
     xmp_sched_destroy(s);
 out_nomem:
-    seterr(err, errlen, "schedule: out of memory");
+    xmp_err_buf(err, errlen, "schedule: out of memory");
     return -1;
 }
 
@@ -529,11 +521,12 @@ static int parse_header(const char *p, const char *end, xmp_schedule_t **out, ch
     xmp_sedge_t *edges = NULL;
     int *map = NULL;
     if (!next_tok(&p, end, tok, sizeof(tok)) || strcmp(tok, "schedule") != 0) {
-        seterr(err, errlen, "schedule text: first line must start with 'schedule', got '%s'", tok);
+        xmp_err_buf(err, errlen, "schedule text: first line must start with 'schedule', got '%s'",
+                    tok);
         return -1;
     }
     if (!next_tok(&p, end, tok, sizeof(tok)) || strlen(tok) >= sizeof(name)) {
-        seterr(err, errlen, "schedule text: missing or too long name");
+        xmp_err_buf(err, errlen, "schedule text: missing or too long name");
         return -1;
     }
     snprintf(name, sizeof(name), "%s", tok);
@@ -549,7 +542,7 @@ static int parse_header(const char *p, const char *end, xmp_schedule_t **out, ch
         } else if (strncmp(tok, "map=", 4) == 0) {
             free(map);
             if ((map = parse_int_list(tok + 4, &nmap)) == NULL) {
-                seterr(err, errlen, "schedule text: bad stage -> group map '%s'", tok + 4);
+                xmp_err_buf(err, errlen, "schedule text: bad stage -> group map '%s'", tok + 4);
                 goto out_free;
             }
             continue;
@@ -565,12 +558,13 @@ static int parse_header(const char *p, const char *end, xmp_schedule_t **out, ch
                 rec = XMP_RECOMPUTE_SELECTIVE;
                 frac = strtod(q + 10, &e2);
                 if (e2 == q + 10 || *e2 != '\0' || !(frac >= 0 && frac <= 1)) {
-                    seterr(err, errlen, "schedule text: bad selective fraction in '%s'", tok);
+                    xmp_err_buf(err, errlen, "schedule text: bad selective fraction in '%s'", tok);
                     goto out_free;
                 }
             } else {
-                seterr(err, errlen,
-                       "schedule text: '%s': recompute must be none, block or selective:<f>", tok);
+                xmp_err_buf(err, errlen,
+                            "schedule text: '%s': recompute must be none, block or selective:<f>",
+                            tok);
                 goto out_free;
             }
             continue;
@@ -584,19 +578,19 @@ static int parse_header(const char *p, const char *end, xmp_schedule_t **out, ch
             free(edges);
             edges = calloc((size_t)cnt, sizeof(*edges));
             if (edges == NULL) {
-                seterr(err, errlen, "schedule text: out of memory");
+                xmp_err_buf(err, errlen, "schedule text: out of memory");
                 goto out_free;
             }
             for (ne = 0; ne < cnt; ne++) {
                 int a = parse_uint(&q);
                 if (a < 0 || *q != '>') {
-                    seterr(err, errlen, "schedule text: bad edge list '%s'", tok + 6);
+                    xmp_err_buf(err, errlen, "schedule text: bad edge list '%s'", tok + 6);
                     goto out_free;
                 }
                 q++;
                 int b = parse_uint(&q);
                 if (b < 0 || (*q != ',' && *q != '\0')) {
-                    seterr(err, errlen, "schedule text: bad edge list '%s'", tok + 6);
+                    xmp_err_buf(err, errlen, "schedule text: bad edge list '%s'", tok + 6);
                     goto out_free;
                 }
                 if (*q == ',')
@@ -606,22 +600,23 @@ static int parse_header(const char *p, const char *end, xmp_schedule_t **out, ch
             }
             continue;
         } else {
-            seterr(err, errlen, "schedule text: unknown header field '%s'", tok);
+            xmp_err_buf(err, errlen, "schedule text: unknown header field '%s'", tok);
             goto out_free;
         }
         if (*q != '\0') {
-            seterr(err, errlen, "schedule text: bad number in '%s'", tok);
+            xmp_err_buf(err, errlen, "schedule text: bad number in '%s'", tok);
             goto out_free;
         }
     }
     if (S < 0 || M < 0) {
-        seterr(err, errlen, "schedule text: header needs S= and M=");
+        xmp_err_buf(err, errlen, "schedule text: header needs S= and M=");
         goto out_free;
     }
     if ((map != NULL) != (G >= 0) || (map != NULL && nmap != S)) {
-        seterr(err, errlen,
-               "schedule text: groups= and map= go together, the map with S=%d entries (got %d)", S,
-               nmap);
+        xmp_err_buf(
+            err, errlen,
+            "schedule text: groups= and map= go together, the map with S=%d entries (got %d)", S,
+            nmap);
         goto out_free;
     }
     if (xmp_sched_create_virtual(S, G >= 0 ? G : S, map, M, ne, edges, out, err, errlen) != 0)
@@ -662,21 +657,21 @@ int xmp_sched_parse(const char *text, xmp_schedule_t **out, char *err, size_t er
         {
             int st = -1, inf = -1;
             if (*q != 's' && *q != 'g') {
-                seterr(err, errlen, "schedule text line %d: expected 's<stage>' or 'g<group>'",
-                       lineno);
+                xmp_err_buf(err, errlen, "schedule text line %d: expected 's<stage>' or 'g<group>'",
+                            lineno);
                 goto out_free;
             }
             q++;
             st = parse_uint(&q);
             if (st < 0 || st >= s->ngroups || strncmp(q, " inflight<=", 11) != 0) {
-                seterr(err, errlen, "schedule text line %d: bad group header (group %d of %d)",
-                       lineno, st, s->ngroups);
+                xmp_err_buf(err, errlen, "schedule text line %d: bad group header (group %d of %d)",
+                            lineno, st, s->ngroups);
                 goto out_free;
             }
             q += 11;
             inf = parse_uint(&q);
             if (inf < 0 || *q != ':') {
-                seterr(err, errlen, "schedule text line %d: bad inflight bound", lineno);
+                xmp_err_buf(err, errlen, "schedule text line %d: bad inflight bound", lineno);
                 goto out_free;
             }
             q++;
@@ -684,11 +679,11 @@ int xmp_sched_parse(const char *text, xmp_schedule_t **out, char *err, size_t er
             while (next_tok(&q, end, tok, sizeof(tok))) {
                 xmp_action_t a;
                 if (xmp_action_parse(tok, &a) != 0) {
-                    seterr(err, errlen, "schedule text line %d: bad action '%s'", lineno, tok);
+                    xmp_err_buf(err, errlen, "schedule text line %d: bad action '%s'", lineno, tok);
                     goto out_free;
                 }
                 if (xmp_sched_append(s, st, a) != 0) {
-                    seterr(err, errlen, "schedule text: out of memory");
+                    xmp_err_buf(err, errlen, "schedule text: out of memory");
                     goto out_free;
                 }
             }
@@ -697,7 +692,7 @@ int xmp_sched_parse(const char *text, xmp_schedule_t **out, char *err, size_t er
         p = *end ? end + 1 : end;
     }
     if (s == NULL) {
-        seterr(err, errlen, "schedule text: no 'schedule' header");
+        xmp_err_buf(err, errlen, "schedule text: no 'schedule' header");
         return -1;
     }
     *out = s;
@@ -739,13 +734,13 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
         xmp_action_t a = s->acts[g][j];
         fmt_act(a, ab);
         if (a.kind <= XMP_ACT_WAIT && (a.mb < 0 || a.mb >= M)) {
-            seterr(err, errlen, "%s %d action %d '%s': microbatch %d out of 0..%d", gl, g, j, ab,
-                   a.mb, M - 1);
+            xmp_err_buf(err, errlen, "%s %d action %d '%s': microbatch %d out of 0..%d", gl, g, j,
+                        ab, a.mb, M - 1);
             return -1;
         }
         if (a.chunk < 0 || a.chunk >= C || (a.kind > XMP_ACT_WAIT && a.chunk != 0)) {
-            seterr(err, errlen, "%s %d action %d '%s': chunk %d out of 0..%d", gl, g, j, ab,
-                   a.chunk, a.kind > XMP_ACT_WAIT ? 0 : C - 1);
+            xmp_err_buf(err, errlen, "%s %d action %d '%s': chunk %d out of 0..%d", gl, g, j, ab,
+                        a.chunk, a.kind > XMP_ACT_WAIT ? 0 : C - 1);
             return -1;
         }
         int st = a.kind <= XMP_ACT_WAIT ? xmp_action_stage(s, g, a) : -1;
@@ -756,44 +751,45 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
         case XMP_ACT_W: {
             int *slot = &POSK(a.kind, a.chunk, a.mb);
             if (*slot >= 0) {
-                seterr(err, errlen, "%s %d action %d '%s': microbatch %d appears twice", gl, g, j,
-                       ab, a.mb);
+                xmp_err_buf(err, errlen, "%s %d action %d '%s': microbatch %d appears twice", gl, g,
+                            j, ab, a.mb);
                 return -1;
             }
             if (posR >= 0 || posO >= 0) {
-                seterr(err, errlen, "%s %d action %d '%s': compute after R/O", gl, g, j, ab);
+                xmp_err_buf(err, errlen, "%s %d action %d '%s': compute after R/O", gl, g, j, ab);
                 return -1;
             }
             *slot = j;
             if (a.kind == XMP_ACT_F) {
                 if (++inflight > s->max_inflight[g]) {
-                    seterr(err, errlen,
-                           "%s %d action %d '%s': %d microbatches in flight, bound is %d", gl, g, j,
-                           ab, inflight, s->max_inflight[g]);
+                    xmp_err_buf(err, errlen,
+                                "%s %d action %d '%s': %d microbatches in flight, bound is %d", gl,
+                                g, j, ab, inflight, s->max_inflight[g]);
                     return -1;
                 }
                 for (int e = 0; e < s->nedges; e++)
                     if (s->edges[e].dst == st &&
                         pT[(2 * xmp_plan_index(e, XMP_DIR_ACT) + 1) * M + a.mb] < 0) {
-                        seterr(err, errlen, "%s %d action %d '%s': no WA%d.e%d before it", gl, g, j,
-                               ab, a.mb, e);
+                        xmp_err_buf(err, errlen, "%s %d action %d '%s': no WA%d.e%d before it", gl,
+                                    g, j, ab, a.mb, e);
                         return -1;
                     }
             } else if (a.kind == XMP_ACT_B || a.kind == XMP_ACT_I) {
                 if (POSK(XMP_ACT_F, a.chunk, a.mb) < 0) {
-                    seterr(err, errlen, "%s %d action %d '%s': before F%d", gl, g, j, ab, a.mb);
+                    xmp_err_buf(err, errlen, "%s %d action %d '%s': before F%d", gl, g, j, ab,
+                                a.mb);
                     return -1;
                 }
                 inflight--;
                 for (int e = 0; e < s->nedges; e++)
                     if (s->edges[e].src == st &&
                         pT[(2 * xmp_plan_index(e, XMP_DIR_GRAD) + 1) * M + a.mb] < 0) {
-                        seterr(err, errlen, "%s %d action %d '%s': no WG%d.e%d before it", gl, g, j,
-                               ab, a.mb, e);
+                        xmp_err_buf(err, errlen, "%s %d action %d '%s': no WG%d.e%d before it", gl,
+                                    g, j, ab, a.mb, e);
                         return -1;
                     }
             } else if (POSK(XMP_ACT_I, a.chunk, a.mb) < 0) {
-                seterr(err, errlen, "%s %d action %d '%s': W before I%d", gl, g, j, ab, a.mb);
+                xmp_err_buf(err, errlen, "%s %d action %d '%s': W before I%d", gl, g, j, ab, a.mb);
                 return -1;
             }
             break;
@@ -801,26 +797,26 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
         case XMP_ACT_START:
         case XMP_ACT_WAIT: {
             if (a.edge < 0 || a.edge >= s->nedges || (a.dir != 0 && a.dir != 1)) {
-                seterr(err, errlen, "%s %d action %d '%s': edge %d out of 0..%d", gl, g, j, ab,
-                       a.edge, s->nedges - 1);
+                xmp_err_buf(err, errlen, "%s %d action %d '%s': edge %d out of 0..%d", gl, g, j, ab,
+                            a.edge, s->nedges - 1);
                 return -1;
             }
             if (s->edges[a.edge].src != st && s->edges[a.edge].dst != st) {
-                seterr(err, errlen,
-                       "%s %d action %d '%s': edge %d connects stages %d>%d, not stage %d "
-                       "(chunk %d)",
-                       gl, g, j, ab, a.edge, s->edges[a.edge].src, s->edges[a.edge].dst, st,
-                       a.chunk);
+                xmp_err_buf(err, errlen,
+                            "%s %d action %d '%s': edge %d connects stages %d>%d, not stage %d "
+                            "(chunk %d)",
+                            gl, g, j, ab, a.edge, s->edges[a.edge].src, s->edges[a.edge].dst, st,
+                            a.chunk);
                 return -1;
             }
             int side = act_side(s, g, a);
             int q = 2 * xmp_plan_index(a.edge, a.dir) + side;
             if (a.kind == XMP_ACT_START) {
                 if (a.mb != nstarted[q]) {
-                    seterr(err, errlen,
-                           "%s %d action %d '%s': transfers of plan %c.e%d must start in "
-                           "microbatch order, expected microbatch %d",
-                           gl, g, j, ab, a.dir ? 'G' : 'A', a.edge, nstarted[q]);
+                    xmp_err_buf(err, errlen,
+                                "%s %d action %d '%s': transfers of plan %c.e%d must start in "
+                                "microbatch order, expected microbatch %d",
+                                gl, g, j, ab, a.dir ? 'G' : 'A', a.edge, nstarted[q]);
                     return -1;
                 }
                 nstarted[q]++;
@@ -831,18 +827,20 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
                                    ? POSK(XMP_ACT_I, a.chunk, a.mb)
                                    : POSK(XMP_ACT_B, a.chunk, a.mb);
                     if (prod < 0) {
-                        seterr(err, errlen, "%s %d action %d '%s': send before its producer %c%d",
-                               gl, g, j, ab, a.dir == XMP_DIR_ACT ? 'F' : 'I', a.mb);
+                        xmp_err_buf(err, errlen,
+                                    "%s %d action %d '%s': send before its producer %c%d", gl, g, j,
+                                    ab, a.dir == XMP_DIR_ACT ? 'F' : 'I', a.mb);
                         return -1;
                     }
                 }
             } else {
                 if (pS[q * M + a.mb] < 0) {
-                    seterr(err, errlen, "%s %d action %d '%s': wait before start", gl, g, j, ab);
+                    xmp_err_buf(err, errlen, "%s %d action %d '%s': wait before start", gl, g, j,
+                                ab);
                     return -1;
                 }
                 if (pT[q * M + a.mb] >= 0) {
-                    seterr(err, errlen, "%s %d action %d '%s': waited twice", gl, g, j, ab);
+                    xmp_err_buf(err, errlen, "%s %d action %d '%s': waited twice", gl, g, j, ab);
                     return -1;
                 }
                 pT[q * M + a.mb] = j;
@@ -858,12 +856,12 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
             posO = j;
             break;
         default:
-            seterr(err, errlen, "%s %d action %d: unknown kind %d", gl, g, j, a.kind);
+            xmp_err_buf(err, errlen, "%s %d action %d: unknown kind %d", gl, g, j, a.kind);
             return -1;
         }
     }
     if (nR > 1 || nO > 1 || (posO >= 0 && posR > posO)) {
-        seterr(err, errlen, "%s %d: R and O must appear at most once, R before O", gl, g);
+        xmp_err_buf(err, errlen, "%s %d: R and O must appear at most once, R before O", gl, g);
         return -1;
     }
     for (int c = 0; c < C; c++) {
@@ -873,14 +871,15 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
             snprintf(cs, sizeof(cs), " (chunk %d, stage %d)", c, st);
         for (int m = 0; m < M; m++) {
             if (POSK(XMP_ACT_F, c, m) < 0) {
-                seterr(err, errlen, "%s %d%s: no F%d", gl, g, cs, m);
+                xmp_err_buf(err, errlen, "%s %d%s: no F%d", gl, g, cs, m);
                 return -1;
             }
             int hasB = POSK(XMP_ACT_B, c, m) >= 0, hasI = POSK(XMP_ACT_I, c, m) >= 0,
                 hasW = POSK(XMP_ACT_W, c, m) >= 0;
             if (!(hasB && !hasI && !hasW) && !(!hasB && hasI && hasW)) {
-                seterr(err, errlen, "%s %d%s: microbatch %d needs one B%d or one I%d and one W%d",
-                       gl, g, cs, m, m, m, m);
+                xmp_err_buf(err, errlen,
+                            "%s %d%s: microbatch %d needs one B%d or one I%d and one W%d", gl, g,
+                            cs, m, m, m, m);
                 return -1;
             }
         }
@@ -892,8 +891,8 @@ static int validate_group(const xmp_schedule_t *s, int g, int *pos, char *err, s
                 int q = 2 * xmp_plan_index(e, d) + side;
                 for (int m = 0; m < M; m++)
                     if (pS[q * M + m] < 0 || pT[q * M + m] < 0) {
-                        seterr(err, errlen, "%s %d%s: transfer %c%d.e%d not %s", gl, g, cs,
-                               d ? 'G' : 'A', m, e, pS[q * M + m] < 0 ? "started" : "waited");
+                        xmp_err_buf(err, errlen, "%s %d%s: transfer %c%d.e%d not %s", gl, g, cs,
+                                    d ? 'G' : 'A', m, e, pS[q * M + m] < 0 ? "started" : "waited");
                         return -1;
                     }
             }
@@ -910,24 +909,24 @@ int xmp_sched_validate(const xmp_schedule_t *s, const int *layer_stage, int nlay
     for (int e = 0; e < s->nedges; e++)
         if (s->edges[e].src < 0 || s->edges[e].src >= s->nstages || s->edges[e].dst < 0 ||
             s->edges[e].dst >= s->nstages || s->edges[e].src == s->edges[e].dst) {
-            seterr(err, errlen, "edge %d is %d>%d (stages 0..%d)", e, s->edges[e].src,
-                   s->edges[e].dst, s->nstages - 1);
+            xmp_err_buf(err, errlen, "edge %d is %d>%d (stages 0..%d)", e, s->edges[e].src,
+                        s->edges[e].dst, s->nstages - 1);
             return -1;
         }
     if (layer_stage != NULL) {
         if (nlayers < s->nstages) {
-            seterr(err, errlen, "%d layers for %d stages", nlayers, s->nstages);
+            xmp_err_buf(err, errlen, "%d layers for %d stages", nlayers, s->nstages);
             return -1;
         }
         int *cnt = calloc((size_t)s->nstages, sizeof(int));
         if (cnt == NULL) {
-            seterr(err, errlen, "out of memory");
+            xmp_err_buf(err, errlen, "out of memory");
             return -1;
         }
         for (int l = 0; l < nlayers; l++) {
             if (layer_stage[l] < 0 || layer_stage[l] >= s->nstages) {
-                seterr(err, errlen, "layer %d is on stage %d (stages 0..%d)", l, layer_stage[l],
-                       s->nstages - 1);
+                xmp_err_buf(err, errlen, "layer %d is on stage %d (stages 0..%d)", l,
+                            layer_stage[l], s->nstages - 1);
                 free(cnt);
                 return -1;
             }
@@ -935,7 +934,7 @@ int xmp_sched_validate(const xmp_schedule_t *s, const int *layer_stage, int nlay
         }
         for (int i = 0; i < s->nstages; i++)
             if (cnt[i] == 0) {
-                seterr(err, errlen, "stage %d owns no layer", i);
+                xmp_err_buf(err, errlen, "stage %d owns no layer", i);
                 free(cnt);
                 return -1;
             }
@@ -948,13 +947,14 @@ int xmp_sched_validate(const xmp_schedule_t *s, const int *layer_stage, int nlay
         for (int c = 1; c < s->nchunks[g]; c++)
             if (s->group_stage[g][c] <= s->group_stage[g][c - 1] ||
                 s->stage_group[s->group_stage[g][c]] != g) {
-                seterr(err, errlen, "group %d: chunk map is not increasing stages of the group", g);
+                xmp_err_buf(err, errlen,
+                            "group %d: chunk map is not increasing stages of the group", g);
                 return -1;
             }
     }
     int *pos = malloc(((size_t)4 * C * M + 4 * (size_t)P * M + 2 * (size_t)P + 1) * sizeof(int));
     if (pos == NULL) {
-        seterr(err, errlen, "out of memory");
+        xmp_err_buf(err, errlen, "out of memory");
         return -1;
     }
     int r = 0;
@@ -1247,7 +1247,7 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
     if (!E.cnt || !E.kofmb || !E.enq || !E.nend || !E.end || !E.pc || !E.t || !E.held || !E.heldb ||
         !E.hb || !E.pend || !E.phead || !E.ptail || (c->share_nic && (!E.nic_out || !E.nic_in)) ||
         result_alloc(s, res) != 0) {
-        seterr(err, errlen, "simulator: out of memory");
+        xmp_err_buf(err, errlen, "simulator: out of memory");
         goto out_free;
     }
     for (size_t i = 0; i < 2 * PM; i++)
@@ -1299,17 +1299,17 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
             }
             if (a.kind == XMP_ACT_WAIT) { /* late receive: start it now, then wait */
                 if (a.mb != E.cnt[2 * p + 1]) {
-                    seterr(err, errlen,
-                           "simulator: group %d waits for %c%d.e%d out of microbatch order "
-                           "(late receives need waits in start order)",
-                           g, a.dir ? 'G' : 'A', a.mb, a.edge);
+                    xmp_err_buf(err, errlen,
+                                "simulator: group %d waits for %c%d.e%d out of microbatch order "
+                                "(late receives need waits in start order)",
+                                g, a.dir ? 'G' : 'A', a.mb, a.edge);
                     goto out_free;
                 }
             }
             int k = E.cnt[2 * p + side]++;
             if (k >= M) {
-                seterr(err, errlen, "simulator: group %d starts more than %d transfers on e%d", g,
-                       M, a.edge);
+                xmp_err_buf(err, errlen, "simulator: group %d starts more than %d transfers on e%d",
+                            g, M, a.edge);
                 goto out_free;
             }
             E.kofmb[(2 * p + side) * M + a.mb] = k;
@@ -1415,7 +1415,7 @@ int xmp_sched_dryrun(const xmp_schedule_t *s, int late_recv, char *err, size_t e
     xmp_sim_result_t res;
     int r = engine_run(s, &c, 0, 0, &res, err, errlen);
     if (r == 1)
-        seterr(err, errlen, "%s", res.msg);
+        xmp_err_buf(err, errlen, "%s", res.msg);
     if (r >= 0)
         xmp_sim_result_free(&res);
     return r;
@@ -1709,56 +1709,60 @@ static int check_fit(int kind, const xmp_schedule_t *s, char *err, size_t errlen
     int V = s->nchunks[0];
     for (int g = 1; g < R; g++)
         if (s->nchunks[g] != V && kind >= XMP_SCHED_INTERLEAVED_1F1B) {
-            seterr(err, errlen,
-                   "%s needs the same number of stages on every group: group 0 holds "
-                   "%d, group %d holds %d",
-                   kn, V, g, s->nchunks[g]);
+            xmp_err_buf(err, errlen,
+                        "%s needs the same number of stages on every group: group 0 holds "
+                        "%d, group %d holds %d",
+                        kn, V, g, s->nchunks[g]);
             return -1;
         }
     if (kind <= XMP_SCHED_EAGER_1F1B) {
         if (xmp_sched_is_virtual(s)) {
-            seterr(err, errlen,
-                   "%s runs one stage per group, but %d stages sit on %d groups (V=%d; use "
-                   "interleaved-1f1b or zb-v)",
-                   kn, S, R, S / R);
+            xmp_err_buf(err, errlen,
+                        "%s runs one stage per group, but %d stages sit on %d groups (V=%d; use "
+                        "interleaved-1f1b or zb-v)",
+                        kn, S, R, S / R);
             return -1;
         }
         if (kind != XMP_SCHED_GPIPE && M < S) {
-            seterr(err, errlen,
-                   "%s needs at least as many microbatches as stages: M=%d < S=%d (use M >= %d or "
-                   "gpipe)",
-                   kn, M, S, S);
+            xmp_err_buf(
+                err, errlen,
+                "%s needs at least as many microbatches as stages: M=%d < S=%d (use M >= %d or "
+                "gpipe)",
+                kn, M, S, S);
             return -1;
         }
         return 0;
     }
     if (kind <= XMP_SCHED_EAGER_INTERLEAVED_1F1B) {
         if (M % R != 0) {
-            seterr(err, errlen,
-                   "%s needs M a multiple of R (Megatron-LM runs microbatches in rounds of R): "
-                   "M=%d, R=%d, V=%d (use M=%d or M=%d)",
-                   kn, M, R, V, M / R * R > 0 ? M / R * R : R, (M / R + 1) * R);
+            xmp_err_buf(
+                err, errlen,
+                "%s needs M a multiple of R (Megatron-LM runs microbatches in rounds of R): "
+                "M=%d, R=%d, V=%d (use M=%d or M=%d)",
+                kn, M, R, V, M / R * R > 0 ? M / R * R : R, (M / R + 1) * R);
             return -1;
         }
         return 0;
     }
     if (V != 2) {
-        seterr(err, errlen,
-               "%s needs exactly V=2 stages per group (stages r and 2R-1-r): R=%d V=%d", kn, R, V);
+        xmp_err_buf(err, errlen,
+                    "%s needs exactly V=2 stages per group (stages r and 2R-1-r): R=%d V=%d", kn, R,
+                    V);
         return -1;
     }
     if (kind == XMP_SCHED_DUALPIPE_V && M < 2 * R) {
-        seterr(err, errlen,
-               "%s needs at least as many microbatches as stages: M=%d < 2R=%d (R=%d, V=2)", kn, M,
-               2 * R, R);
+        xmp_err_buf(err, errlen,
+                    "%s needs at least as many microbatches as stages: M=%d < 2R=%d (R=%d, V=2)",
+                    kn, M, 2 * R, R);
         return -1;
     }
     for (int g = 0; g < R; g++)
         if (s->group_stage[g][0] != g || s->group_stage[g][1] != 2 * R - 1 - g) {
-            seterr(err, errlen,
-                   "%s needs the V map (group r holds stages r and 2R-1-r): group %d holds stages "
-                   "%d and %d, R=%d",
-                   kn, g, s->group_stage[g][0], s->group_stage[g][1], R);
+            xmp_err_buf(
+                err, errlen,
+                "%s needs the V map (group r holds stages r and 2R-1-r): group %d holds stages "
+                "%d and %d, R=%d",
+                kn, g, s->group_stage[g][0], s->group_stage[g][1], R);
             return -1;
         }
     return 0;
@@ -1774,7 +1778,7 @@ static int fill_wgrad(xmp_schedule_t **ps, const xmp_gen_opts_t *o, char *err, s
     xmp_sim_result_t res;
     memset(&res, 0, sizeof(res));
     if (cf == NULL || cx == NULL) {
-        seterr(err, errlen, "schedule: out of memory");
+        xmp_err_buf(err, errlen, "schedule: out of memory");
         goto out;
     }
     for (int i = 0; i < S; i++) {
@@ -1793,7 +1797,7 @@ static int fill_wgrad(xmp_schedule_t **ps, const xmp_gen_opts_t *o, char *err, s
     int r = engine_run(s, &c, 1, o->max_pending_w, &res, err, errlen);
     if (r != 0) {
         if (r == 1)
-            seterr(err, errlen, "schedule: generated %s deadlocks: %s", s->name, res.msg);
+            xmp_err_buf(err, errlen, "schedule: generated %s deadlocks: %s", s->name, res.msg);
         goto out;
     }
     if (xmp_sched_create_virtual(S, s->ngroups, s->stage_group, s->nmb, s->nedges, s->edges, &g,
@@ -1806,7 +1810,7 @@ static int fill_wgrad(xmp_schedule_t **ps, const xmp_gen_opts_t *o, char *err, s
         g->max_inflight[k] = s->max_inflight[k];
         for (int j = 0; j < res.len[k]; j++)
             if (xmp_sched_append(g, k, res.acts[k][j]) != 0) {
-                seterr(err, errlen, "schedule: out of memory");
+                xmp_err_buf(err, errlen, "schedule: out of memory");
                 goto out;
             }
     }
@@ -1835,16 +1839,17 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
     if (opts)
         o = *opts;
     if (kind < 0 || kind >= XMP_SCHED_KIND_COUNT_) {
-        seterr(err, errlen,
-               "schedule kind %d unknown (gpipe, 1f1b, eager-1f1b, interleaved-1f1b, "
-               "eager-interleaved-1f1b, zb-v, v-1f1b, dualpipe-v)",
-               kind);
+        xmp_err_buf(err, errlen,
+                    "schedule kind %d unknown (gpipe, 1f1b, eager-1f1b, interleaved-1f1b, "
+                    "eager-interleaved-1f1b, zb-v, v-1f1b, dualpipe-v)",
+                    kind);
         return -1;
     }
     if (o.recompute < 0 || o.recompute > XMP_RECOMPUTE_SELECTIVE || o.recompute_frac < 0 ||
         o.recompute_frac > 1) {
-        seterr(err, errlen, "schedule: recompute mode %d fraction %g (modes 0..2, fraction 0..1)",
-               o.recompute, o.recompute_frac);
+        xmp_err_buf(err, errlen,
+                    "schedule: recompute mode %d fraction %g (modes 0..2, fraction 0..1)",
+                    o.recompute, o.recompute_frac);
         return -1;
     }
     if (o.max_act_bytes > 0)
@@ -1854,21 +1859,21 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
     if (stage_group == NULL && ngroups != nstages) {
         map = malloc((size_t)nstages * sizeof(int));
         if (map == NULL) {
-            seterr(err, errlen, "schedule: out of memory");
+            xmp_err_buf(err, errlen, "schedule: out of memory");
             return -1;
         }
         if (kind >= XMP_SCHED_ZB_V) {
             if (nstages != 2 * ngroups) {
-                seterr(err, errlen, "%s needs exactly V=2 stages per group: %d stages on R=%d",
-                       xmp_sched_kind_name(kind), nstages, ngroups);
+                xmp_err_buf(err, errlen, "%s needs exactly V=2 stages per group: %d stages on R=%d",
+                            xmp_sched_kind_name(kind), nstages, ngroups);
                 free(map);
                 return -1;
             }
             xmp_sched_vshape_map(ngroups, map);
         } else {
             if (nstages % ngroups != 0) {
-                seterr(err, errlen, "%s: %d stages do not split evenly over R=%d groups",
-                       xmp_sched_kind_name(kind), nstages, ngroups);
+                xmp_err_buf(err, errlen, "%s: %d stages do not split evenly over R=%d groups",
+                            xmp_sched_kind_name(kind), nstages, ngroups);
                 free(map);
                 return -1;
             }
@@ -1899,13 +1904,13 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
             C = s->nchunks[g];
     ord = malloc((size_t)(3 * C * nmb + 8 * ngroups + 8) * sizeof(ord_t));
     if (ord == NULL) {
-        seterr(err, errlen, "schedule: out of memory");
+        xmp_err_buf(err, errlen, "schedule: out of memory");
         goto out_free;
     }
     for (int g = 0; g < ngroups; g++) {
         int n = group_order(kind, s, g, o.max_warmup, ord);
         if (n < 0) {
-            seterr(err, errlen, "schedule: out of memory");
+            xmp_err_buf(err, errlen, "schedule: out of memory");
             goto out_free;
         }
         if (o.delay_wgrad) { /* B (or ZB-V's I) becomes I, W placed by simulation */
@@ -1920,7 +1925,7 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
             n = m;
         }
         if (gen_group(s, g, ord, n) != 0) {
-            seterr(err, errlen, "schedule: out of memory");
+            xmp_err_buf(err, errlen, "schedule: out of memory");
             goto out_free;
         }
     }
@@ -1932,8 +1937,8 @@ int xmp_sched_generate_map(int kind, int nstages, int ngroups, const int *stage_
     {
         char m[1024];
         if (xmp_sched_dryrun(s, 0, m, sizeof(m)) != 0) {
-            seterr(err, errlen, "%s with R=%d groups, V=%d, M=%d does not run: %s", s->name,
-                   ngroups, C, nmb, m);
+            xmp_err_buf(err, errlen, "%s with R=%d groups, V=%d, M=%d does not run: %s", s->name,
+                        ngroups, C, nmb, m);
             goto out_free;
         }
     }
@@ -1962,7 +1967,7 @@ int xmp_sched_generate_named(const char *name, int R, int V, int M, const xmp_ge
     if (opts)
         o = *opts;
     if (name == NULL || strlen(name) >= sizeof(base)) {
-        seterr(err, errlen, "schedule: no or too long name");
+        xmp_err_buf(err, errlen, "schedule: no or too long name");
         return -1;
     }
     snprintf(base, sizeof(base), "%s", name);
@@ -1973,34 +1978,35 @@ int xmp_sched_generate_named(const char *name, int R, int V, int M, const xmp_ge
     }
     int kind = xmp_sched_kind_parse(base);
     if (kind < 0) {
-        seterr(err, errlen,
-               "schedule '%s' unknown (gpipe, 1f1b, eager-1f1b, interleaved-1f1b, "
-               "eager-interleaved-1f1b, zb-v, v-1f1b, dualpipe-v; '+dw' delays weight "
-               "gradients)",
-               name);
+        xmp_err_buf(err, errlen,
+                    "schedule '%s' unknown (gpipe, 1f1b, eager-1f1b, interleaved-1f1b, "
+                    "eager-interleaved-1f1b, zb-v, v-1f1b, dualpipe-v; '+dw' delays weight "
+                    "gradients)",
+                    name);
         return -1;
     }
     if (R < 1 || V < 1 || M < 1 || (long)R * V > 4096) {
-        seterr(err, errlen, "%s: R=%d groups, V=%d stages per group, M=%d microbatches (need >= 1)",
-               base, R, V, M);
+        xmp_err_buf(err, errlen,
+                    "%s: R=%d groups, V=%d stages per group, M=%d microbatches (need >= 1)", base,
+                    R, V, M);
         return -1;
     }
     if (!xmp_sched_kind_virtual(kind) && V != 1) {
-        seterr(err, errlen,
-               "%s runs one stage per group: V=%d (use interleaved-1f1b or zb-v for V > 1)", base,
-               V);
+        xmp_err_buf(err, errlen,
+                    "%s runs one stage per group: V=%d (use interleaved-1f1b or zb-v for V > 1)",
+                    base, V);
         return -1;
     }
     if (kind >= XMP_SCHED_ZB_V && V != 2) {
-        seterr(err, errlen,
-               "%s needs exactly V=2 stages per group (stages r and 2R-1-r): R=%d V=%d", base, R,
-               V);
+        xmp_err_buf(err, errlen,
+                    "%s needs exactly V=2 stages per group (stages r and 2R-1-r): R=%d V=%d", base,
+                    R, V);
         return -1;
     }
     int S = R * V;
     xmp_sedge_t *edges = calloc((size_t)S, sizeof(*edges));
     if (edges == NULL) {
-        seterr(err, errlen, "schedule: out of memory");
+        xmp_err_buf(err, errlen, "schedule: out of memory");
         return -1;
     }
     int ne = xmp_sched_chain_edges(S, edges);
@@ -2019,7 +2025,7 @@ static int fit_memory(int kind, int nstages, int ngroups, const int *stage_group
 {
     const double cap = opts->max_act_bytes;
     if (opts->act_bytes == NULL) {
-        seterr(err, errlen, "memory cap %.0f B needs act_bytes per stage", cap);
+        xmp_err_buf(err, errlen, "memory cap %.0f B needs act_bytes per stage", cap);
         return -1;
     }
     int kinds[2] = {kind, -1};
@@ -2038,7 +2044,7 @@ static int fit_memory(int kind, int nstages, int ngroups, const int *stage_group
     if (cf == NULL || cx == NULL) {
         free(cf);
         free(cx);
-        seterr(err, errlen, "schedule: out of memory");
+        xmp_err_buf(err, errlen, "schedule: out of memory");
         return -1;
     }
     for (int i = 0; i < S; i++) {
@@ -2138,13 +2144,13 @@ static int fit_memory(int kind, int nstages, int ngroups, const int *stage_group
     free(cx);
     if (best == NULL) {
         if (tried == 0)
-            seterr(err, errlen, "%s", first_err);
+            xmp_err_buf(err, errlen, "%s", first_err);
         else
-            seterr(err, errlen,
-                   "memory cap %.0f B per group not reachable with %s (R=%d, V=%d, M=%d): the "
-                   "smallest modelled peak is %.0f B (%s)",
-                   cap, xmp_sched_kind_name(kind), ngroups, nstages / ngroups, nmb, min_peak,
-                   min_desc);
+            xmp_err_buf(err, errlen,
+                        "memory cap %.0f B per group not reachable with %s (R=%d, V=%d, M=%d): the "
+                        "smallest modelled peak is %.0f B (%s)",
+                        cap, xmp_sched_kind_name(kind), ngroups, nstages / ngroups, nmb, min_peak,
+                        min_desc);
         return -1;
     }
     *out = best;

@@ -21,6 +21,7 @@
 #include "xm_cluster_file.h"
 #include "xm_costmodel.h"
 #include "xmesh.h"
+#include "util/xmp_err.h"
 
 struct xmp_estimator {
     xmp_estimator_opts_t o;
@@ -29,41 +30,29 @@ struct xmp_estimator {
     char label[512];
 };
 
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 int xmp_estimator_create(const xmp_estimator_opts_t *o, xmp_estimator_t **out, char *err,
                          size_t errlen)
 {
     if (!o || !out)
-        return fail(err, errlen, "xmp_estimator_create: NULL argument");
+        return xmp_err_buf(err, errlen, "xmp_estimator_create: NULL argument");
     double flops = o->flops > 0 ? o->flops : 5e10;
     if (!isfinite(flops))
-        return fail(err, errlen, "flops %g: not a rate > 0", o->flops);
+        return xmp_err_buf(err, errlen, "flops %g: not a rate > 0", o->flops);
     xmp_estimator_t *e = calloc(1, sizeof *e);
     if (!e)
-        return fail(err, errlen, "out of memory");
+        return xmp_err_buf(err, errlen, "out of memory");
     e->o = *o;
     e->o.cluster_file = NULL; /* not kept: the caller's string */
     int one = 0;
     xm_hostmap_t hm = {1, 1, &one};
     if (xm_cluster_init(&e->cl, &hm)) {
-        fail(err, errlen, "cluster: %s", xmesh_last_error());
+        xmp_err_buf(err, errlen, "cluster: %s", xmesh_last_error());
         goto out_free;
     }
     if (o->cluster_file) {
         if (xm_cluster_load(o->cluster_file, &e->cl) ||
             xm_costmodel_load(o->cluster_file, &e->cm)) {
-            fail(err, errlen, "cluster file '%s': %s", o->cluster_file, xmesh_last_error());
+            xmp_err_buf(err, errlen, "cluster file '%s': %s", o->cluster_file, xmesh_last_error());
             goto out_cl;
         }
     }
@@ -71,7 +60,7 @@ int xmp_estimator_create(const xmp_estimator_opts_t *o, xmp_estimator_t **out, c
         xm_costmodel_destroy(e->cm);
         e->cm = NULL;
         if (xm_costmodel_nominal(&e->cl, flops, &e->cm)) {
-            fail(err, errlen, "nominal cost model: %s", xmesh_last_error());
+            xmp_err_buf(err, errlen, "nominal cost model: %s", xmesh_last_error());
             goto out_cl;
         }
         snprintf(e->label, sizeof e->label,
@@ -124,16 +113,17 @@ static int stage_names(const xmp_layout_desc_t *l, int S, char *buf, size_t n, c
     char *save = NULL;
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (k == S)
-            return fail(err, errlen, "strategy '%s': more names than the %d stages", l->strategy,
-                        S);
+            return xmp_err_buf(err, errlen, "strategy '%s': more names than the %d stages",
+                               l->strategy, S);
         names[k++] = t;
     }
     if (k == 1)
         for (; k < S; k++)
             names[k] = names[0];
     if (k != S)
-        return fail(err, errlen, "strategy '%s': %d names for %d stages (one, or one per stage)",
-                    l->strategy, k, S);
+        return xmp_err_buf(err, errlen,
+                           "strategy '%s': %d names for %d stages (one, or one per stage)",
+                           l->strategy, k, S);
     return 0;
 }
 
@@ -141,23 +131,24 @@ static int layout_of(const char *kinds, int head, int tail, const xmp_layout_des
                      xmp_stage_layout_t *sl, char *err, size_t errlen)
 {
     if (!l->stage_mesh)
-        return fail(err, errlen, "no stage meshes (stage_mesh, e.g. \"2x2,4\")");
+        return xmp_err_buf(err, errlen, "no stage meshes (stage_mesh, e.g. \"2x2,4\")");
     int nmesh = 1;
     for (const char *q = l->stage_mesh; *q; q++)
         nmesh += *q == ',';
     char msg[512];
     if (xmp_stage_layout_build(kinds, head, tail, l->layout, nmesh, l->stage_mesh, NULL, NULL, sl,
                                msg, sizeof msg))
-        return fail(err, errlen, "layout: %s", msg);
+        return xmp_err_buf(err, errlen, "layout: %s", msg);
     if (sl->nstages > XMP_ESTIMATE_MAX_STAGES)
-        return fail(err, errlen, "%d stages: at most %d", sl->nstages, XMP_ESTIMATE_MAX_STAGES);
+        return xmp_err_buf(err, errlen, "%d stages: at most %d", sl->nstages,
+                           XMP_ESTIMATE_MAX_STAGES);
     if (sl->nranks != l->ranks)
-        return fail(err, errlen, "the stage meshes use %d ranks, ranks is %d", sl->nranks,
-                    l->ranks);
+        return xmp_err_buf(err, errlen, "the stage meshes use %d ranks, ranks is %d", sl->nranks,
+                           l->ranks);
     if (l->hosts < 1 || l->ranks % l->hosts)
-        return fail(err, errlen, "hosts %d does not divide ranks %d", l->hosts, l->ranks);
+        return xmp_err_buf(err, errlen, "hosts %d does not divide ranks %d", l->hosts, l->ranks);
     if (l->ranks > XMP_ESTIMATE_MAX_RANKS)
-        return fail(err, errlen, "ranks %d: at most %d", l->ranks, XMP_ESTIMATE_MAX_RANKS);
+        return xmp_err_buf(err, errlen, "ranks %d: at most %d", l->ranks, XMP_ESTIMATE_MAX_RANKS);
     return 0;
 }
 
@@ -173,7 +164,7 @@ static int sched_of(const xmp_layout_desc_t *l, int *kind, char *err, size_t err
 {
     *kind = XMP_SCHED_1F1B;
     if (l->schedule && (*kind = xmp_sched_kind_parse(l->schedule)) < 0)
-        return fail(err, errlen, "schedule '%s': gpipe, 1f1b or eager-1f1b", l->schedule);
+        return xmp_err_buf(err, errlen, "schedule '%s': gpipe, 1f1b or eager-1f1b", l->schedule);
     return 0;
 }
 
@@ -227,9 +218,10 @@ int xmp_estimate_gpt(const xmp_estimator_t *e, const xmp_gpt_desc_t *m, const xm
                      xmp_estimate_t *out, char *err, size_t errlen)
 {
     if (!e || !m || !l || !out)
-        return fail(err, errlen, "xmp_estimate_gpt: NULL argument");
+        return xmp_err_buf(err, errlen, "xmp_estimate_gpt: NULL argument");
     if (m->layers < 1 || m->layers + 2 > XMP_MAX_LAYERS)
-        return fail(err, errlen, "layers %d: between 1 and %d", m->layers, XMP_MAX_LAYERS - 2);
+        return xmp_err_buf(err, errlen, "layers %d: between 1 and %d", m->layers,
+                           XMP_MAX_LAYERS - 2);
     char kinds[XMP_MAX_LAYERS + 3];
     kinds[0] = 'E';
     memset(kinds + 1, 't', (size_t)m->layers);
@@ -279,10 +271,11 @@ int xmp_estimate_gpt(const xmp_estimator_t *e, const xmp_gpt_desc_t *m, const xm
             if (!strcmp(names[s], xmp_search_strategy_name(k)))
                 c.strategy[s] = k;
         if (c.strategy[s] < 0)
-            return fail(err, errlen,
-                        "strategy '%s' (stage %d): the model knows the built-ins dp, megatron, "
-                        "3d, axonn only",
-                        names[s], s);
+            return xmp_err_buf(
+                err, errlen,
+                "strategy '%s' (stage %d): the model knows the built-ins dp, megatron, "
+                "3d, axonn only",
+                names[s], s);
         /* act.x's spec for the placement advice */
         char text[8192], msg[256];
         xmp_strategy_t st;
@@ -330,11 +323,11 @@ int xmp_estimate_utransformer(const xmp_estimator_t *e, const xmp_utrans_desc_t 
                               size_t errlen)
 {
     if (!e || !m || !l || !out)
-        return fail(err, errlen, "xmp_estimate_utransformer: NULL argument");
+        return xmp_err_buf(err, errlen, "xmp_estimate_utransformer: NULL argument");
     xmp_uts_opts_t so;
     memset(&so, 0, sizeof so);
     if (xmp_ut_config_init(&so.model, m->base, m->groups, m->head_dim))
-        return fail(err, errlen, "model: %s", xmp_last_error());
+        return xmp_err_buf(err, errlen, "model: %s", xmp_last_error());
     char kinds[XMP_UT_LAYERS + 1];
     memset(kinds, 'u', XMP_UT_LAYERS);
     kinds[XMP_UT_LAYERS] = 0;
@@ -359,15 +352,15 @@ int xmp_estimate_utransformer(const xmp_estimator_t *e, const xmp_utrans_desc_t 
     if (stage_names(l, sl.nstages, nbuf, sizeof nbuf, names, err, errlen))
         return -1;
     if (so.B % c.M)
-        return fail(err, errlen, "microbatches %d does not divide the batch %d", c.M, so.B);
+        return xmp_err_buf(err, errlen, "microbatches %d does not divide the batch %d", c.M, so.B);
     so.fixed_M = c.M;
     char spec[XMP_ESTIMATE_MAX_STAGES][64];
     for (int s = 0; s < sl.nstages; s++) {
         if (sl.ndim[s] != 2)
-            return fail(err, errlen,
-                        "stage %d: a mesh of %d axes; the U-Transformer's stages run "
-                        "on 2-axis dp x tp meshes",
-                        s, sl.ndim[s]);
+            return xmp_err_buf(err, errlen,
+                               "stage %d: a mesh of %d axes; the U-Transformer's stages run "
+                               "on 2-axis dp x tp meshes",
+                               s, sl.ndim[s]);
         c.count[s] = sl.count[s];
         c.dp[s] = sl.shape[s][0];
         c.tp[s] = sl.shape[s][1];
@@ -376,7 +369,7 @@ int xmp_estimate_utransformer(const xmp_estimator_t *e, const xmp_utrans_desc_t 
             k++;
         if (k == so.nstrat) {
             if (so.nstrat == XMP_UTS_MAX_STRAT)
-                return fail(err, errlen, "more than %d strategy names", XMP_UTS_MAX_STRAT);
+                return xmp_err_buf(err, errlen, "more than %d strategy names", XMP_UTS_MAX_STRAT);
             so.strategies[so.nstrat++] = names[s];
         }
         c.strategy[s] = k;

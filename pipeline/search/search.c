@@ -17,6 +17,7 @@
 #include "nn/strategy.h"
 #include "sched/schedule.h"
 #include "xm_core.h"
+#include "util/xmp_err.h"
 
 #define NAX 4
 #define XMP_SEARCH_MAX_SIG 4096 /* act.x placements per stage size (<= options) */
@@ -29,17 +30,6 @@ static const char *const g_strat[XMP_SEARCH_NSTRAT] = {"dp", "megatron", "3d", "
 const char *xmp_search_strategy_name(int i)
 {
     return i >= 0 && i < XMP_SEARCH_NSTRAT ? g_strat[i] : NULL;
-}
-
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && n)
-        vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
 }
 
 /* ------------------------------------------------------------ contexts */
@@ -90,8 +80,7 @@ static int ctx_fail(ctx_t *c, const char *fmt, ...)
     if (!c->failed) {
         va_list ap;
         va_start(ap, fmt);
-        if (c->err && c->errlen)
-            vsnprintf(c->err, c->errlen, fmt, ap);
+        xmp_verr_buf(c->err, c->errlen, fmt, ap);
         va_end(ap);
     }
     c->failed = 1;
@@ -600,7 +589,8 @@ static const icost_t *icost(ctx_t *c, int s, int oi)
 
 /* Predicted time of moving a tensor (nd, dims) from the mesh of option a on
  * ranks ra.. (spec sa) to option b on ranks rb.. (spec sb), by xmesh's
- * decomposer, scheduler and simulator. */
+ * decomposer, scheduler and simulator (xmesh_plan_predict: the two meshes as
+ * distinct devices, on the hosts of their ranks). */
 static double plan_time(ctx_t *c, int nd, const int64_t *dims, const opt_t *a, int ra,
                         const char *sa, const opt_t *b, int rb, const char *sb)
 {
@@ -613,9 +603,6 @@ static double plan_time(ctx_t *c, int nd, const int64_t *dims, const opt_t *a, i
     int *host = malloc(sizeof(int) * (size_t)ndev), *devs = malloc(sizeof(int) * (size_t)ndev);
     int *hid = calloc((size_t)(c->o->hosts + 1), sizeof(int));
     double t = NAN;
-    xm_taskset_t ts;
-    xm_cluster_t cl;
-    xm_schedule_t sch;
     if (!host || !devs || !hid) {
         ctx_fail(c, "out of memory");
         goto out_free;
@@ -631,59 +618,24 @@ static double plan_time(ctx_t *c, int nd, const int64_t *dims, const opt_t *a, i
         host[i] = hid[h];
         devs[i] = i;
     }
-    xm_hostmap_t hm = {ndev, nh, host};
-    xm_layout_t L[2];
-    memset(L, 0, sizeof L);
-    for (int s = 0; s < 2; s++) {
-        const opt_t *o = s ? b : a;
-        L[s].ndim = nd;
-        memcpy(L[s].shape, dims, sizeof(int64_t) * (size_t)nd);
-        L[s].elem_size = 4;
-        L[s].mesh.ndim = o->ndim;
-        memcpy(L[s].mesh.shape, o->shape, sizeof(int) * (size_t)o->ndim);
-        L[s].mesh.ndev = s ? nb : na;
-        L[s].mesh.devs = s ? devs + na : devs;
-        if (xm_spec_parse(s ? sb : sa, nd, o->ndim, &L[s].spec)) {
-            ctx_fail(c, "boundary spec '%s': %s", s ? sb : sa, xmesh_last_error());
-            goto out_free;
-        }
-    }
-    if (xm_decompose(&L[0], &L[1], &hm, &ts)) {
+    xmesh_placement_problem_t pb = {nd,      dims,     XMESH_F32, a->ndim, a->shape, devs, sa,
+                                    b->ndim, b->shape, devs + na, sb,      ndev,     host};
+    const xm_cluster_t *k = c->o->cluster;
+    xmesh_cluster_model_t model;
+    if (k)
+        model = (xmesh_cluster_model_t){k->nics_per_host, k->nic_send_Bps, k->nic_recv_Bps,
+                                        k->intra_Bps,     k->latency_s,    k->chunk_bytes,
+                                        k->send_ahead};
+    xmesh_predict_opts_t po = {XMESH_SCHEDULER_GREEDY, XMESH_STRATEGY_BROADCAST, 1,
+                               c->o->max_evals > 0 ? c->o->max_evals : 2000};
+    xmesh_prediction_t pr;
+    if (xmesh_plan_predict(&pb, k ? &model : NULL, &po, &pr)) {
         ctx_fail(c, "boundary plan: %s", xmesh_last_error());
         goto out_free;
     }
-    if (xm_cluster_init(&cl, &hm)) {
-        ctx_fail(c, "boundary plan: %s", xmesh_last_error());
-        goto out_ts;
-    }
-    const xm_cluster_t *k = c->o->cluster;
-    if (k) {
-        cl.nics_per_host = k->nics_per_host;
-        cl.nic_send_Bps = k->nic_send_Bps;
-        cl.nic_recv_Bps = k->nic_recv_Bps;
-        cl.intra_Bps = k->intra_Bps;
-        cl.latency_s = k->latency_s;
-        cl.chunk_bytes = k->chunk_bytes;
-        cl.send_ahead = k->send_ahead;
-    }
-    xm_sched_opts_t so;
-    memset(&so, 0, sizeof so);
-    so.kind = XMESH_SCHEDULER_GREEDY;
-    so.seed = 1;
-    so.strategy = XMESH_STRATEGY_BROADCAST;
-    so.max_evals = c->o->max_evals > 0 ? c->o->max_evals : 2000;
-    if (xm_schedule(&ts, &cl, &so, &sch)) {
-        ctx_fail(c, "boundary plan: scheduling: %s", xmesh_last_error());
-        goto out_cl;
-    }
-    t = sch.makespan_s;
-    xm_schedule_free(&sch);
+    t = pr.predicted_s;
     if (c->st)
         c->st->boundary_plans++;
-out_cl:
-    xm_cluster_free(&cl);
-out_ts:
-    xm_taskset_free(&ts);
 out_free:
     free(host);
     free(devs);
@@ -1550,25 +1502,28 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
 static int check_opts(const xmp_search_opts_t *o, char *err, size_t errlen)
 {
     if (!o || !o->cost)
-        return fail(err, errlen, "search: no cost model");
+        return xmp_err_buf(err, errlen, "search: no cost model");
     if (o->nranks < 1 || o->nranks > 4096)
-        return fail(err, errlen, "--ranks %d: must be 1..4096", o->nranks);
+        return xmp_err_buf(err, errlen, "--ranks %d: must be 1..4096", o->nranks);
     if (o->hosts < 1 || o->nranks % o->hosts)
-        return fail(err, errlen, "--hosts %d does not divide --ranks %d (ranks per host = N/H)",
-                    o->hosts, o->nranks);
+        return xmp_err_buf(err, errlen,
+                           "--hosts %d does not divide --ranks %d (ranks per host = N/H)", o->hosts,
+                           o->nranks);
     if (xmp_gpt2_config_check(&o->model))
-        return fail(err, errlen,
-                    "bad model: layers %d, heads %d, channels %d, vocab %d (heads must divide "
-                    "channels)",
-                    o->model.num_layers, o->model.num_heads, o->model.channels,
-                    o->model.padded_vocab_size);
+        return xmp_err_buf(
+            err, errlen,
+            "bad model: layers %d, heads %d, channels %d, vocab %d (heads must divide "
+            "channels)",
+            o->model.num_layers, o->model.num_heads, o->model.channels, o->model.padded_vocab_size);
     if (o->B < 1 || o->T < 1 || o->T > o->model.max_seq_len)
-        return fail(err, errlen, "--batch %d / --seq %d: need batch >= 1, 1 <= seq <= max-seq %d",
-                    o->B, o->T, o->model.max_seq_len);
+        return xmp_err_buf(err, errlen,
+                           "--batch %d / --seq %d: need batch >= 1, 1 <= seq <= max-seq %d", o->B,
+                           o->T, o->model.max_seq_len);
     if (o->memory_limit < 0)
-        return fail(err, errlen, "--memory-limit %.0f: must be >= 0", o->memory_limit);
+        return xmp_err_buf(err, errlen, "--memory-limit %.0f: must be >= 0", o->memory_limit);
     if (o->fixed_M > 0 && o->B % o->fixed_M)
-        return fail(err, errlen, "--microbatches %d does not divide --batch %d", o->fixed_M, o->B);
+        return xmp_err_buf(err, errlen, "--microbatches %d does not divide --batch %d", o->fixed_M,
+                           o->B);
     return 0;
 }
 
@@ -1593,17 +1548,18 @@ int xmp_search_gpt_eval(const xmp_search_opts_t *o, xmp_search_cand_t *c, char *
         return -1;
     int S = c->nstages, M = c->M;
     if (S < 1 || S > XMP_SEARCH_MAX_STAGES || o->nranks % S || M < 1 || o->B % M)
-        return fail(err, errlen, "configuration: %d stages, %d microbatches on %d ranks", S, M,
-                    o->nranks);
+        return xmp_err_buf(err, errlen, "configuration: %d stages, %d microbatches on %d ranks", S,
+                           M, o->nranks);
     int tot = 0;
     for (int s = 0; s < S; s++) {
         if (c->nblocks[s] < 1)
-            return fail(err, errlen, "configuration: stage %d has no block", s);
+            return xmp_err_buf(err, errlen, "configuration: stage %d has no block", s);
         tot += c->nblocks[s];
     }
     if (tot != o->model.num_layers)
-        return fail(err, errlen, "configuration: %d blocks over the stages, the model has %d", tot,
-                    o->model.num_layers);
+        return xmp_err_buf(err, errlen,
+                           "configuration: %d blocks over the stages, the model has %d", tot,
+                           o->model.num_layers);
     ctx_t x;
     xmp_search_opts_t oo = *o;
     oo.strategies = 0;
@@ -1611,7 +1567,7 @@ int xmp_search_gpt_eval(const xmp_search_opts_t *o, xmp_search_cand_t *c, char *
     char e2[512];
     if (ctx_init(&x, &oo, S, M, step_factor(&oo), NULL, e2, sizeof e2)) {
         ctx_free(&x);
-        return fail(err, errlen, "%s", e2);
+        return xmp_err_buf(err, errlen, "%s", e2);
     }
     int oi[XMP_SEARCH_MAX_STAGES];
     for (int s = 0; s < S; s++) {
@@ -1622,15 +1578,15 @@ int xmp_search_gpt_eval(const xmp_search_opts_t *o, xmp_search_cand_t *c, char *
                 oi[s] = q;
         if (oi[s] < 0) {
             ctx_free(&x);
-            return fail(err, errlen,
-                        "configuration: stage %d: strategy %s on that mesh is not a "
-                        "valid option (an SBP rule or an even split is missing)",
-                        s, xmp_search_strategy_name(c->strategy[s]));
+            return xmp_err_buf(err, errlen,
+                               "configuration: stage %d: strategy %s on that mesh is not a "
+                               "valid option (an SBP rule or an even split is missing)",
+                               s, xmp_search_strategy_name(c->strategy[s]));
         }
     }
     int r = eval_ctx(&x, c->nblocks, oi, c, 1);
     ctx_free(&x);
-    return r ? fail(err, errlen, "%s", e2) : 0;
+    return r ? xmp_err_buf(err, errlen, "%s", e2) : 0;
 }
 
 int xmp_search_gpt_check(const xmp_search_opts_t *o, int S, int M, int kind, double *dp_best,
@@ -1639,7 +1595,7 @@ int xmp_search_gpt_check(const xmp_search_opts_t *o, int S, int M, int kind, dou
     if (check_opts(o, err, errlen))
         return -1;
     if (S < 1 || o->nranks % S || S > o->model.num_layers || o->B % M)
-        return fail(err, errlen, "check: S=%d M=%d", S, M);
+        return xmp_err_buf(err, errlen, "check: S=%d M=%d", S, M);
     ctx_t x;
     if (ctx_init(&x, o, S, M, step_factor(o), NULL, err, errlen)) {
         ctx_free(&x);
@@ -1752,7 +1708,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
     if (check_opts(o, err, errlen))
         return -1;
     if (topk < 1)
-        return fail(err, errlen, "--top %d: must be >= 1", topk);
+        return xmp_err_buf(err, errlen, "--top %d: must be >= 1", topk);
     double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     xmp_search_stats_t st;
     memset(&st, 0, sizeof st);
@@ -1821,7 +1777,7 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
                         xmp_search_cand_t *np = realloc(pool, sizeof *np * (size_t)nc);
                         if (!np) {
                             x.failed = 1;
-                            fail(err, errlen, "out of memory");
+                            xmp_err_buf(err, errlen, "out of memory");
                             break;
                         }
                         pool = np;
@@ -1842,20 +1798,21 @@ int xmp_search_gpt(const xmp_search_opts_t *o, int topk, xmp_search_cand_t *out,
     }
     if (!any_option) {
         free(pool);
-        return fail(err, errlen,
-                    "%d ranks cannot be factorized into stage meshes for this model: no stage "
-                    "count S dividing %d (S <= %d blocks) gives stages of N/S ranks with a mesh "
-                    "of 1-4 axes on which a built-in strategy (%s) splits batch rows (%d / M), "
-                    "heads (%d), channels (%d) and vocabulary (%d) evenly",
-                    o->nranks, o->nranks, L, "dp, megatron, 3d, axonn", o->B, o->model.num_heads,
-                    o->model.channels, o->model.padded_vocab_size);
+        return xmp_err_buf(
+            err, errlen,
+            "%d ranks cannot be factorized into stage meshes for this model: no stage "
+            "count S dividing %d (S <= %d blocks) gives stages of N/S ranks with a mesh "
+            "of 1-4 axes on which a built-in strategy (%s) splits batch rows (%d / M), "
+            "heads (%d), channels (%d) and vocabulary (%d) evenly",
+            o->nranks, o->nranks, L, "dp, megatron, 3d, axonn", o->B, o->model.num_heads,
+            o->model.channels, o->model.padded_vocab_size);
     }
     if (npool == 0) {
         free(pool);
-        return fail(err, errlen,
-                    "no configuration fits --memory-limit %.0f bytes per rank: the smallest "
-                    "memory any configuration needs is %.0f bytes (%.1f MiB) per rank",
-                    o->memory_limit, st.min_mem_bytes, st.min_mem_bytes / 1048576.0);
+        return xmp_err_buf(err, errlen,
+                           "no configuration fits --memory-limit %.0f bytes per rank: the smallest "
+                           "memory any configuration needs is %.0f bytes (%.1f MiB) per rank",
+                           o->memory_limit, st.min_mem_bytes, st.min_mem_bytes / 1048576.0);
     }
     qsort(pool, (size_t)npool, sizeof *pool, cand_cmp);
     int k = npool < topk ? npool : topk;

@@ -17,6 +17,7 @@
 #include "sched/schedule.h"
 #include "search/search.h"
 #include "search/search_priv.h"
+#include "util/xmp_err.h"
 
 #define L_ (XMP_UT_LAYERS)
 #define F32 4.0
@@ -40,18 +41,6 @@ const char *xmp_uts_strategy_name(const xmp_uts_opts_t *o, int i)
     if (i < 0 || i >= xmp_uts_nstrat(o))
         return NULL;
     return o->nstrat > 0 ? o->strategies[i] : g_default[i];
-}
-
-static int fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    if (err && n) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, n, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
 }
 
 /* ------------------------------------------------------------ context */
@@ -95,7 +84,7 @@ static int cfail(uctx_t *c, const char *fmt, ...)
     if (!c->failed && c->err && c->errlen) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(c->err, c->errlen, fmt, ap);
+        xmp_verr_buf(c->err, c->errlen, fmt, ap);
         va_end(ap);
     }
     c->failed = 1;
@@ -685,17 +674,19 @@ static double visit_eval(uctx_t *c, const ucfg_t *g, pool_t *p)
 static int check_opts(const xmp_uts_opts_t *o, char *err, size_t errlen)
 {
     if (!o || !o->cost)
-        return fail(err, errlen, "utransformer search: no cost model");
+        return xmp_err_buf(err, errlen, "utransformer search: no cost model");
     if (o->nranks < 1 || o->nranks > 4096)
-        return fail(err, errlen, "--ranks %d: between 1 and 4096", o->nranks);
+        return xmp_err_buf(err, errlen, "--ranks %d: between 1 and 4096", o->nranks);
     if (o->hosts < 1 || o->nranks % o->hosts)
-        return fail(err, errlen, "--hosts %d does not divide --ranks %d", o->hosts, o->nranks);
+        return xmp_err_buf(err, errlen, "--hosts %d does not divide --ranks %d", o->hosts,
+                           o->nranks);
     if (o->B < 1)
-        return fail(err, errlen, "--batch %d: at least 1", o->B);
+        return xmp_err_buf(err, errlen, "--batch %d: at least 1", o->B);
     if (o->nstrat < 0 || o->nstrat > XMP_UTS_MAX_STRAT)
-        return fail(err, errlen, "%d strategies: at most %d", o->nstrat, XMP_UTS_MAX_STRAT);
+        return xmp_err_buf(err, errlen, "%d strategies: at most %d", o->nstrat, XMP_UTS_MAX_STRAT);
     if (o->fixed_M > 0 && o->B % o->fixed_M)
-        return fail(err, errlen, "--microbatches %d does not divide --batch %d", o->fixed_M, o->B);
+        return xmp_err_buf(err, errlen, "--microbatches %d does not divide --batch %d", o->fixed_M,
+                           o->B);
     return 0;
 }
 
@@ -992,7 +983,7 @@ static int run(const xmp_uts_opts_t *o, int ex, double max_space, int topk, xmp_
     if (check_opts(o, err, errlen))
         return -1;
     if (topk < 1)
-        return fail(err, errlen, "top %d: at least 1", topk);
+        return xmp_err_buf(err, errlen, "top %d: at least 1", topk);
     xmp_uts_stats_t st;
     memset(&st, 0, sizeof st);
     st.seed = o->seed;
@@ -1000,7 +991,7 @@ static int run(const xmp_uts_opts_t *o, int ex, double max_space, int topk, xmp_
     double t0 = now_s();
     pool_t p = {topk, 0, calloc((size_t)topk, sizeof(xmp_uts_cand_t))};
     if (!p.c)
-        return fail(err, errlen, "out of memory");
+        return xmp_err_buf(err, errlen, "out of memory");
     int Ss[L_], nS = stage_counts(o, Ss), rc = -1, anyopt = 0;
     uint64_t rs = o->seed;
     if (ex) { /* the space first: refuse a big one before any work */
@@ -1018,8 +1009,8 @@ static int run(const xmp_uts_opts_t *o, int ex, double max_space, int topk, xmp_
             uctx_free(&c);
         }
         if (total > max_space) {
-            fail(err, errlen, "exhaustive enumeration: %.0f configurations, more than %.0f", total,
-                 max_space);
+            xmp_err_buf(err, errlen, "exhaustive enumeration: %.0f configurations, more than %.0f",
+                        total, max_space);
             goto out;
         }
     }
@@ -1040,18 +1031,20 @@ static int run(const xmp_uts_opts_t *o, int ex, double max_space, int topk, xmp_
     st.seconds = now_s() - t0;
     if (p.n == 0) {
         if (!anyopt || !isfinite(st.min_mem_bytes))
-            fail(err, errlen,
-                 "%d ranks cannot be factorized into stage meshes for this model: no stage count, "
-                 "dp x tp mesh and strategy runs the U-Transformer (batch %d, base %d)",
-                 o->nranks, o->B, o->model.base);
+            xmp_err_buf(
+                err, errlen,
+                "%d ranks cannot be factorized into stage meshes for this model: no stage count, "
+                "dp x tp mesh and strategy runs the U-Transformer (batch %d, base %d)",
+                o->nranks, o->B, o->model.base);
         else if (o->memory_limit > 0 && st.min_mem_bytes > o->memory_limit)
-            fail(err, errlen,
-                 "no configuration fits --memory-limit %.0f bytes per rank: the smallest memory "
-                 "any configuration needs is %.0f bytes (%.1f MiB) per rank",
-                 o->memory_limit, st.min_mem_bytes, st.min_mem_bytes / 1048576.0);
+            xmp_err_buf(
+                err, errlen,
+                "no configuration fits --memory-limit %.0f bytes per rank: the smallest memory "
+                "any configuration needs is %.0f bytes (%.1f MiB) per rank",
+                o->memory_limit, st.min_mem_bytes, st.min_mem_bytes / 1048576.0);
         else
-            fail(err, errlen, "the search found no configuration (seed %llu)",
-                 (unsigned long long)o->seed);
+            xmp_err_buf(err, errlen, "the search found no configuration (seed %llu)",
+                        (unsigned long long)o->seed);
         goto out;
     }
     memcpy(out, p.c, sizeof *out * (size_t)p.n);
@@ -1082,8 +1075,8 @@ int xmp_uts_eval(const xmp_uts_opts_t *o, xmp_uts_cand_t *cand, char *err, size_
         return -1;
     int S = cand->nstages;
     if (S < 1 || S > XMP_UTS_MAX_STAGES || o->nranks % S)
-        return fail(err, errlen, "%d stages: between 1 and %d, dividing --ranks %d", S,
-                    XMP_UTS_MAX_STAGES, o->nranks);
+        return xmp_err_buf(err, errlen, "%d stages: between 1 and %d, dividing --ranks %d", S,
+                           XMP_UTS_MAX_STAGES, o->nranks);
     uctx_t c;
     if (uctx_init(&c, o, S, 0, NULL, err, errlen)) {
         uctx_free(&c);
@@ -1101,17 +1094,17 @@ int xmp_uts_eval(const xmp_uts_opts_t *o, xmp_uts_cand_t *cand, char *err, size_
                 c.opt[k].strat == cand->strategy[s])
                 g.oi[s] = k;
         if (g.oi[s] < 0) {
-            fail(err, errlen, "stage %d: mesh %dx%d with strategy %s is not an option", s,
-                 cand->dp[s], cand->tp[s],
-                 xmp_uts_strategy_name(o, cand->strategy[s])
-                     ? xmp_uts_strategy_name(o, cand->strategy[s])
-                     : "?");
+            xmp_err_buf(err, errlen, "stage %d: mesh %dx%d with strategy %s is not an option", s,
+                        cand->dp[s], cand->tp[s],
+                        xmp_uts_strategy_name(o, cand->strategy[s])
+                            ? xmp_uts_strategy_name(o, cand->strategy[s])
+                            : "?");
             goto out;
         }
     }
     g.first[S] = l;
     if (l != L_) {
-        fail(err, errlen, "the stages hold %d layers, the model has %d", l, L_);
+        xmp_err_buf(err, errlen, "the stages hold %d layers, the model has %d", l, L_);
         goto out;
     }
     g.ki = g.mi = -1;
@@ -1122,13 +1115,14 @@ int xmp_uts_eval(const xmp_uts_opts_t *o, xmp_uts_cand_t *cand, char *err, size_
         if (c.Ms[k] == cand->M)
             g.mi = k;
     if (g.ki < 0 || g.mi < 0) {
-        fail(err, errlen, "schedule %d / microbatches %d not in the space", cand->sched, cand->M);
+        xmp_err_buf(err, errlen, "schedule %d / microbatches %d not in the space", cand->sched,
+                    cand->M);
         goto out;
     }
     if (!cfg_valid(&c, &g)) {
-        fail(err, errlen,
-             "invalid configuration (a strategy does not fit a layer, dp does not "
-             "divide the microbatch, or a 1F1B schedule with M < S)");
+        xmp_err_buf(err, errlen,
+                    "invalid configuration (a strategy does not fit a layer, dp does not "
+                    "divide the microbatch, or a 1F1B schedule with M < S)");
         goto out;
     }
     xmp_uts_cand_t x;

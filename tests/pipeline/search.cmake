@@ -3,7 +3,7 @@
 # `xmesh-train gpt plan` command line: table, JSON, errors (malformed cluster
 # file, ranks, memory limit), each message checked.
 add_executable(test_pipeline_search ${CMAKE_CURRENT_LIST_DIR}/test_search.c)
-target_link_libraries(test_pipeline_search PRIVATE xmesh_pipeline)
+target_link_libraries(test_pipeline_search PRIVATE xmesh_pipeline xmesh_pipeline_internals)
 add_test(NAME pipeline.search COMMAND test_pipeline_search
          ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/cluster_file/calibrate_sections.txt)
 set_tests_properties(pipeline.search PROPERTIES LABELS "pipeline;unit" TIMEOUT 120)

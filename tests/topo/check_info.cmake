@@ -7,7 +7,9 @@ message("${out}${err}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "xmesh-info exited with ${rc}, want 0")
 endif()
+# the training stack's rows too (read through xmesh_param_get)
 foreach(re "xmesh [0-9]+\\.[0-9]+\\.[0-9]+" "XMESH_CHUNK_BYTES +bytes +0"
+           "XMP_OVERLAP +string +none" "XMESH_KEEP_FREED +string +1 " "XMESH_CKPT_CRASH +string"
            "8 GPUs, 4 NICs" "4 NIC\\(s\\) per host" "gpu 7 sends through nic 3 \\(eth3\\)")
   if(NOT out MATCHES "${re}")
     message(FATAL_ERROR "xmesh-info output lacks /${re}/")

@@ -318,12 +318,83 @@ static void test_plan_dtypes(void **state)
     assert_int_equal(xmesh_ctx_destroy(ctx), XMESH_SUCCESS);
 }
 
+/* A message that wraps the previous last error (XM_ERR(r, "ctx: %s",
+ * xmesh_last_error()), as plan creation does for a refused XMESH_STRATEGY or
+ * XMESH_SCHEDULER) keeps that message whole after its prefix: the buffer is
+ * both the destination and an argument of the formatting. */
+static void expect_wrapped(const char *prefix, const char *inner)
+{
+    char want[1024];
+    snprintf(want, sizeof want, "%s%s", prefix, inner);
+    if (strcmp(xmesh_last_error(), want))
+        fail_msg("message '%s', expected '%s'", xmesh_last_error(), want);
+}
+
+static void test_error_wraps_last_error(void **state)
+{
+    (void)state;
+    /* directly: a prefix, then the whole previous message; one that fills
+     * the buffer is cut at 1023 bytes, not smeared */
+    xmesh_strategy_t st;
+    assert_int_equal(xmesh_strategy_parse("bogus-strategy", &st), XMESH_ERR_INVALID_ARGUMENT);
+    char inner[1024];
+    snprintf(inner, sizeof inner, "%s", xmesh_last_error());
+    assert_true(strlen(inner) > 8);
+    assert_int_equal(XM_ERR(XMESH_ERR_INTERNAL, "outer: %s", xmesh_last_error()),
+                     XMESH_ERR_INTERNAL);
+    expect_wrapped("outer: ", inner);
+    char longmsg[1100];
+    memset(longmsg, 'a', sizeof longmsg - 1);
+    longmsg[sizeof longmsg - 1] = '\0';
+    for (int i = 0; i < 26; i++)
+        longmsg[i * 40] = (char)('A' + i);
+    XM_ERR(XMESH_ERR_INTERNAL, "%s", longmsg);
+    assert_int_equal(strlen(xmesh_last_error()), 1023);
+    XM_ERR(XMESH_ERR_INTERNAL, "%.5s|%s", xmesh_last_error(), xmesh_last_error());
+    char want[1024];
+    memcpy(want, longmsg, 5);
+    want[5] = '|';
+    memcpy(want + 6, longmsg, sizeof want - 7);
+    want[sizeof want - 1] = '\0';
+    assert_string_equal(xmesh_last_error(), want);
+
+    /* through plan creation: a bad XMESH_STRATEGY / XMESH_SCHEDULER */
+    xmesh_ctx_t ctx = make_ctx(8, 4);
+    int shape[1] = {4}, a[4] = {0, 1, 2, 3}, b[4] = {4, 5, 6, 7};
+    xmesh_mesh_t ma, mb;
+    assert_int_equal(xmesh_mesh_create(ctx, 1, shape, a, &ma), XMESH_SUCCESS);
+    assert_int_equal(xmesh_mesh_create(ctx, 1, shape, b, &mb), XMESH_SUCCESS);
+    int64_t t[1] = {64};
+    xmesh_layout_t src = {1, t, XMESH_F32, ma, "S0"}, dst = {1, t, XMESH_F32, mb, "R"};
+    xmesh_plan_t plan = (xmesh_plan_t)0x77;
+    int calls = setup_calls;
+    setenv("XMESH_STRATEGY", "bogus-strategy", 1);
+    xm_param_reset();
+    assert_int_equal(xmesh_plan_create(ctx, &src, &dst, NULL, &plan), XMESH_ERR_INVALID_ARGUMENT);
+    expect_wrapped("XMESH_STRATEGY: ", inner);
+    unsetenv("XMESH_STRATEGY");
+    xmesh_scheduler_t sc;
+    assert_int_equal(xmesh_scheduler_parse("bogus-scheduler", &sc), XMESH_ERR_INVALID_ARGUMENT);
+    snprintf(inner, sizeof inner, "%s", xmesh_last_error());
+    setenv("XMESH_SCHEDULER", "bogus-scheduler", 1);
+    xm_param_reset();
+    assert_int_equal(xmesh_plan_create(ctx, &src, &dst, NULL, &plan), XMESH_ERR_INVALID_ARGUMENT);
+    expect_wrapped("XMESH_SCHEDULER: ", inner);
+    unsetenv("XMESH_SCHEDULER");
+    xm_param_reset();
+    assert_ptr_equal(plan, (xmesh_plan_t)0x77);
+    assert_int_equal(setup_calls, calls);
+    assert_int_equal(xmesh_mesh_destroy(ma), XMESH_SUCCESS);
+    assert_int_equal(xmesh_mesh_destroy(mb), XMESH_SUCCESS);
+    assert_int_equal(xmesh_ctx_destroy(ctx), XMESH_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ctx_stats),          cmocka_unit_test(test_mesh_bad_input),
         cmocka_unit_test(test_layout_local_shape), cmocka_unit_test(test_plan_lifecycle),
-        cmocka_unit_test(test_plan_dtypes),
+        cmocka_unit_test(test_plan_dtypes),        cmocka_unit_test(test_error_wraps_last_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -96,6 +96,121 @@ static void test_fit_errors(void **state)
     assert_true(f.alpha == 42 && f.beta == 42 && f.r2 == 42 && f.n == 42); /* untouched */
 }
 
+/* Weighted sum of squared residuals of the line (alpha, beta). */
+static double sse_of(const double *x, const double *y, const double *w, int n, double alpha,
+                     double beta)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        double e = alpha + beta * x[i] - y[i];
+        s += (w ? w[i] : 1) * e * e;
+    }
+    return s;
+}
+
+/* Exact lines with a negative coefficient, by hand. y = 2x - 1 at x = 1..5: alpha = 0, beta =
+ * sum xy / sum x^2 = 2 - 15/55 = 19/11 (residuals 8, 5, 2, -1, -4 over 11: SSE 10/11, against
+ * 40 for the flat line at the mean 5; R^2 1 - (10/11)/40, worst 8/11 at y = 1). y = 10 - x at
+ * x = 1..4: beta = 0, alpha = the mean 7.5 (SSE 5 = SST: R^2 0; worst 1.5/6), against SSE
+ * 66.7 for the line through 0. y = -1 - x: both 0. */
+static void test_fit_nonneg_hand(void **state)
+{
+    (void)state;
+    const double x[5] = {1, 2, 3, 4, 5}, y1[5] = {1, 3, 5, 7, 9}, y2[4] = {9, 8, 7, 6},
+                 y3[3] = {-2, -3, -4};
+    xm_fit_t f;
+    assert_int_equal(xm_fit_linear(x, y1, 5, &f), XMESH_SUCCESS);
+    assert_true(f.alpha == 0);
+    assert_true(fabs(f.beta - 19.0 / 11) < 1e-12);
+    assert_true(fabs(f.r2 - (1 - 1.0 / 44)) < 1e-12);
+    assert_true(fabs(f.worst_rel - 8.0 / 11) < 1e-12);
+    assert_int_equal(f.n, 5);
+    assert_int_equal(xm_fit_linear(x, y2, 4, &f), XMESH_SUCCESS);
+    assert_true(f.beta == 0);
+    assert_true(fabs(f.alpha - 7.5) < 1e-12);
+    assert_true(fabs(f.r2) < 1e-12);
+    assert_true(fabs(f.worst_rel - 0.25) < 1e-12);
+    assert_int_equal(xm_fit_linear(x, y3, 3, &f), XMESH_SUCCESS);
+    assert_true(f.alpha == 0 && f.beta == 0);
+    /* the weighted fit the same way: y = 2x - 1 with w = 1 / y^2 */
+    double w[5];
+    for (int i = 0; i < 5; i++)
+        w[i] = 1 / (y1[i] * y1[i]);
+    assert_int_equal(xm_fit_weighted(x, y1, w, 5, &f), XMESH_SUCCESS);
+    double sxy = 0, sxx = 0;
+    for (int i = 0; i < 5; i++)
+        sxy += w[i] * x[i] * y1[i], sxx += w[i] * x[i] * x[i];
+    assert_true(f.alpha == 0);
+    assert_true(fabs(f.beta - sxy / sxx) < 1e-12);
+}
+
+/* Random points of every shape (rising, falling, noisy, negative intercepts and slopes,
+ * weighted or not): the fit is never negative, equals the free least squares when that is
+ * non-negative, and no non-negative line on a fine grid around it does better. Seeded. */
+static void test_fit_nonneg_random(void **state)
+{
+    (void)state;
+    uint64_t s = 0x0dd5eedull;
+    printf("test_fit_nonneg_random: seed %llu\n", (unsigned long long)s);
+    int constrained = 0, free_fits = 0;
+    for (int rep = 0; rep < 400; rep++) {
+        double x[9], y[9], w[9];
+        int n = 3 + rep % 7, weighted = rep % 2;
+        double u[4];
+        for (int k = 0; k < 4; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            u[k] = (double)(s >> 11) / 9007199254740992.0; /* [0, 1) */
+        }
+        double alpha = (u[0] - 0.4) * 2e-3, beta = (u[1] - 0.3) * 1e-8, noise = u[2] * 0.5;
+        for (int i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            double v = (double)(s >> 11) / 9007199254740992.0 - 0.5;
+            x[i] = 4096.0 * (1 << i);
+            y[i] = alpha + beta * x[i] + noise * 1e-3 * v;
+            w[i] = weighted ? 1 / (1e-6 + y[i] * y[i]) : 1;
+        }
+        const double *wp = weighted ? w : NULL;
+        xm_fit_t f;
+        assert_int_equal(xm_fit_weighted(x, y, wp, n, &f), XMESH_SUCCESS);
+        if (!(f.alpha >= 0 && f.beta >= 0))
+            fail_msg("rep %d: alpha %g beta %g", rep, f.alpha, f.beta);
+        /* the free optimum, by the normal equations */
+        double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+        for (int i = 0; i < n; i++) {
+            double wi = wp ? w[i] : 1;
+            sw += wi, sx += wi * x[i], sy += wi * y[i];
+        }
+        for (int i = 0; i < n; i++) {
+            double wi = wp ? w[i] : 1;
+            sxx += wi * (x[i] - sx / sw) * (x[i] - sx / sw);
+            sxy += wi * (x[i] - sx / sw) * (y[i] - sy / sw);
+        }
+        double fb = sxy / sxx, fa = sy / sw - fb * sx / sw;
+        double got = sse_of(x, y, wp, n, f.alpha, f.beta);
+        if (fa >= 0 && fb >= 0) {
+            free_fits++;
+            if (fabs(f.alpha - fa) > 1e-9 * (fabs(fa) + 1e-6) || fabs(f.beta - fb) > 1e-9 * fb)
+                fail_msg("rep %d: free fit (%g, %g), got (%g, %g)", rep, fa, fb, f.alpha, f.beta);
+            continue;
+        }
+        constrained++;
+        /* grid over alpha in [0, 2 max|y|], beta in [0, 2 max|y| / min x] */
+        double ymax = 0;
+        for (int i = 0; i < n; i++)
+            ymax = fabs(y[i]) > ymax ? fabs(y[i]) : ymax;
+        for (int a = 0; a <= 200; a++)
+            for (int b = 0; b <= 200; b++) {
+                double ga = 2 * ymax * a / 200, gb = 2 * ymax / x[0] * b / 200;
+                double g = sse_of(x, y, wp, n, ga, gb);
+                if (g < got * (1 - 1e-9) - 1e-30)
+                    fail_msg("rep %d: fit (%g, %g) SSE %g, but (%g, %g) has %g", rep, f.alpha,
+                             f.beta, got, ga, gb, g);
+            }
+    }
+    /* both branches were exercised */
+    assert_true(constrained > 50 && free_fits > 50);
+}
+
 /* One task of 1e6 bytes held by device 0, received by rcv[0..1]; NICs and
  * the intra-host link at 1e9 B/s, no latency, one chunk. */
 typedef struct {
@@ -243,10 +358,11 @@ static void test_chain_fill(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fit_exact),  cmocka_unit_test(test_fit_hand),
-        cmocka_unit_test(test_fit_noisy),  cmocka_unit_test(test_fit_errors),
-        cmocka_unit_test(test_mpi_models), cmocka_unit_test(test_allgather_model),
-        cmocka_unit_test(test_chain_fill),
+        cmocka_unit_test(test_fit_exact),         cmocka_unit_test(test_fit_hand),
+        cmocka_unit_test(test_fit_noisy),         cmocka_unit_test(test_fit_errors),
+        cmocka_unit_test(test_mpi_models),        cmocka_unit_test(test_allgather_model),
+        cmocka_unit_test(test_chain_fill),        cmocka_unit_test(test_fit_nonneg_hand),
+        cmocka_unit_test(test_fit_nonneg_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -123,6 +123,43 @@ static void test_fit_weighted_hand(void **state)
     assert_non_null(strstr(xmesh_last_error(), "weight 1 is 0"));
 }
 
+/* Points whose free fit has a negative coefficient, as a busy machine gives them: an
+ * all-to-all whose times fall with size (free beta < 0) comes back flat, beta 0 and alpha the
+ * weighted mean time; one whose small sizes ride a burst allowance (free alpha < 0) comes back
+ * through the origin with beta sum w x t / sum w x^2. Every kind, two group sizes. */
+static void test_coll_fit_nonneg(void **state)
+{
+    (void)state;
+    for (int k = 0; k < XM_COLL_NKINDS; k++)
+        for (int p = 2; p <= 8; p += 6) {
+            double n[5], fall[5], burst[5], x[5];
+            for (int i = 0; i < 5; i++) {
+                n[i] = 16384.0 * p * (1 << (2 * i));
+                x[i] = xm_coll_volume((xm_coll_t)k, n[i], p);
+                fall[i] = 1e-3 - 1.9e-9 * x[i] / (4 * x[0]) * 1e3; /* 1 ms, falling */
+                burst[i] = -2e-4 + 3e-8 * x[i];
+            }
+            xm_fit_t f;
+            assert_int_equal(xm_coll_fit((xm_coll_t)k, p, n, fall, 5, &f), XMESH_SUCCESS);
+            double sw = 0, swt = 0;
+            for (int i = 0; i < 5; i++)
+                sw += 1 / (fall[i] * fall[i]), swt += 1 / fall[i];
+            if (!(f.beta == 0) || !rel_close(f.alpha, swt / sw, 1e-12))
+                fail_msg("%s p %d falling: alpha %g beta %g, expected %g 0",
+                         xm_coll_name((xm_coll_t)k), p, f.alpha, f.beta, swt / sw);
+            assert_int_equal(xm_coll_fit((xm_coll_t)k, p, n, burst, 5, &f), XMESH_SUCCESS);
+            double sxt = 0, sxx = 0;
+            for (int i = 0; i < 5; i++) {
+                double w = 1 / (burst[i] * burst[i]);
+                sxt += w * x[i] * burst[i], sxx += w * x[i] * x[i];
+            }
+            if (!(f.alpha == 0) || !rel_close(f.beta, sxt / sxx, 1e-12))
+                fail_msg("%s p %d burst: alpha %g beta %g, expected 0 %g",
+                         xm_coll_name((xm_coll_t)k), p, f.alpha, f.beta, sxt / sxx);
+            assert_true(f.r2 <= 1 && isfinite(f.worst_rel) && f.n == 5);
+        }
+}
+
 static void test_fit_refused(void **state)
 {
     (void)state;
@@ -568,17 +605,12 @@ static void test_nominal(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_volume),
-        cmocka_unit_test(test_fit_exact),
-        cmocka_unit_test(test_fit_noisy),
-        cmocka_unit_test(test_fit_weighted_hand),
-        cmocka_unit_test(test_fit_refused),
-        cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_old_and_newer_files),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_predict_collective),
-        cmocka_unit_test(test_predict_gemm),
-        cmocka_unit_test(test_nominal),
+        cmocka_unit_test(test_volume),          cmocka_unit_test(test_fit_exact),
+        cmocka_unit_test(test_fit_noisy),       cmocka_unit_test(test_fit_weighted_hand),
+        cmocka_unit_test(test_coll_fit_nonneg), cmocka_unit_test(test_fit_refused),
+        cmocka_unit_test(test_round_trip),      cmocka_unit_test(test_old_and_newer_files),
+        cmocka_unit_test(test_malformed),       cmocka_unit_test(test_predict_collective),
+        cmocka_unit_test(test_predict_gemm),    cmocka_unit_test(test_nominal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -243,13 +243,107 @@ static void test_unknown_env(void **state)
     unsetenv("XMESH_STRATEGY");
 }
 
+static char got_s[64];
+static xmesh_result_t got_rc;
+static void read_timeout_public(void)
+{
+    got_rc = xmesh_param_get_real("XMESH_TIMEOUT_S", &got_r);
+}
+static void read_overlap_public(void)
+{
+    got_rc = xmesh_param_get("XMP_OVERLAP", got_s, sizeof got_s, NULL);
+}
+
+/* The public by-name reads (include/xmesh.h): the training stack's rows are declared; values
+ * come from the environment when valid, else the default; refusals leave outputs untouched. */
+static void test_public_get(void **state)
+{
+    (void)state;
+    static const char *const stack_rows[] = {"XMP_OVERLAP", "XMESH_KEEP_FREED", "XMESH_CKPT_CRASH",
+                                             "XMESH_TIMEOUT_S", "XMESH_NICS_PER_HOST"};
+    for (size_t i = 0; i < sizeof stack_rows / sizeof *stack_rows; i++)
+        if (xm_param_find(stack_rows[i]) < 0)
+            fail_msg("%s is not declared in the parameter table", stack_rows[i]);
+    char buf[64], err[4096];
+    int from = -1;
+    unsetenv("XMP_OVERLAP");
+    assert_int_equal(xmesh_param_get("XMP_OVERLAP", buf, sizeof buf, &from), XMESH_SUCCESS);
+    assert_string_equal(buf, "none");
+    assert_int_equal(from, 0);
+    setenv("XMP_OVERLAP", "bwd-input,prefetch", 1);
+    assert_int_equal(xmesh_param_get("XMP_OVERLAP", buf, sizeof buf, &from), XMESH_SUCCESS);
+    assert_string_equal(buf, "bwd-input,prefetch"); /* re-read at each call */
+    assert_int_equal(from, 1);
+    capture_stderr(read_overlap_public, err, sizeof err);
+    assert_int_equal(got_rc, XMESH_SUCCESS);
+    assert_string_equal(got_s, "bwd-input,prefetch");
+    assert_null(strstr(err, "not an xmesh parameter"));
+    /* a buffer too small: refused naming both sizes, untouched */
+    char small[8];
+    memcpy(small, "keepme!", 8);
+    assert_int_equal(xmesh_param_get("XMP_OVERLAP", small, sizeof small, NULL),
+                     XMESH_ERR_INVALID_ARGUMENT);
+    assert_string_equal(small, "keepme!");
+    assert_non_null(strstr(xmesh_last_error(), "needs 19 bytes, the buffer has 8"));
+    unsetenv("XMP_OVERLAP");
+    setenv("XMESH_CKPT_CRASH", "2:exit", 1);
+    assert_int_equal(xmesh_param_get("XMESH_CKPT_CRASH", buf, sizeof buf, NULL), XMESH_SUCCESS);
+    assert_string_equal(buf, "2:exit");
+    unsetenv("XMESH_CKPT_CRASH");
+    assert_int_equal(xmesh_param_get("XMESH_CKPT_CRASH", buf, sizeof buf, &from), XMESH_SUCCESS);
+    assert_string_equal(buf, "");
+    assert_int_equal(from, 0);
+    assert_int_equal(xmesh_param_get("XMESH_KEEP_FREED", buf, sizeof buf, NULL), XMESH_SUCCESS);
+    assert_string_equal(buf, "1");
+
+    /* undeclared names and NULLs */
+    memcpy(buf, "same", 5);
+    assert_int_equal(xmesh_param_get("XMESH_NO_SUCH_ROW", buf, sizeof buf, NULL),
+                     XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(xmesh_last_error(), "'XMESH_NO_SUCH_ROW' is not a declared parameter"));
+    assert_string_equal(buf, "same");
+    assert_int_equal(xmesh_param_get(NULL, buf, sizeof buf, NULL), XMESH_ERR_INVALID_ARGUMENT);
+    assert_int_equal(xmesh_param_get("XMP_OVERLAP", NULL, 8, NULL), XMESH_ERR_INVALID_ARGUMENT);
+
+    /* numbers: bytes with their suffix, reals, refusals keep the default with a warning */
+    int64_t i = 777;
+    double r = 777;
+    setenv("XMESH_CHUNK_BYTES", "128K", 1);
+    assert_int_equal(xmesh_param_get_int("XMESH_CHUNK_BYTES", &i), XMESH_SUCCESS);
+    assert_int_equal(i, 131072);
+    assert_int_equal(xmesh_param_get_real("XMESH_CHUNK_BYTES", &r), XMESH_SUCCESS);
+    assert_true(r == 131072);
+    unsetenv("XMESH_CHUNK_BYTES");
+    setenv("XMESH_TIMEOUT_S", "2.5", 1);
+    assert_int_equal(xmesh_param_get_real("XMESH_TIMEOUT_S", &r), XMESH_SUCCESS);
+    assert_true(r == 2.5);
+    setenv("XMESH_TIMEOUT_S", "-3", 1);
+    capture_stderr(read_timeout_public, err, sizeof err);
+    assert_int_equal(got_rc, XMESH_SUCCESS);
+    assert_true(got_r == 300);
+    assert_non_null(strstr(err, "XMESH_TIMEOUT_S=-3 refused"));
+    unsetenv("XMESH_TIMEOUT_S");
+    i = 777;
+    assert_int_equal(xmesh_param_get_int("XMESH_TIMEOUT_S", &i), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(
+        strstr(xmesh_last_error(), "a real parameter (read it with xmesh_param_get_real)"));
+    assert_int_equal(i, 777);
+    r = 777;
+    assert_int_equal(xmesh_param_get_real("XMP_OVERLAP", &r), XMESH_ERR_INVALID_ARGUMENT);
+    assert_non_null(
+        strstr(xmesh_last_error(), "a string parameter (read it with xmesh_param_get)"));
+    assert_true(r == 777);
+    assert_int_equal(xmesh_param_get_int("XMESH_NO_SUCH_ROW", &i), XMESH_ERR_INVALID_ARGUMENT);
+    assert_int_equal(xmesh_param_get_int("XMESH_NICS_PER_HOST", NULL), XMESH_ERR_INVALID_ARGUMENT);
+    xm_param_reset();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_int),
-        cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_typed_values),
-        cmocka_unit_test(test_unknown_env),
+        cmocka_unit_test(test_parse_int),    cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_typed_values), cmocka_unit_test(test_unknown_env),
+        cmocka_unit_test(test_public_get),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
