@@ -1093,7 +1093,11 @@ static int ut_par_finish(void *u, int ok, xmp_json_t *j)
         }
     }
     int64_t *all = rank == 0 ? calloc((size_t)size * 4, sizeof(int64_t)) : NULL;
-    MPI_Gather(mine, 4, MPI_INT64_T, all ? all : dummy, 4, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (xmp_gather(mine, 4, all ? all : dummy, MPI_INT64_T, 0, MPI_COMM_WORLD, "memory per rank") !=
+        XMESH_SUCCESS) {
+        free(all);
+        return -1;
+    }
     if (!all)
         return 0;
     printf("memory per rank (bytes): stored parameters + SGD velocity (compute copies)\n");

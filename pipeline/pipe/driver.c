@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "pipe/driver.h"
+#include "nn/coll.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -579,7 +580,10 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
             }
         }
     }
-    MPI_Barrier(cfg->comm);
+    if ((r = xmp_barrier(cfg->comm, "driver create")) != XMESH_SUCCESS) {
+        fail(err, errlen, r, "driver: %s", xmp_last_error());
+        goto out_destroy;
+    }
     d->t_origin = MPI_Wtime();
     *out = d;
     return XMESH_SUCCESS;
@@ -808,7 +812,11 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     d->compute_s = d->wait_s = d->loss_acc = 0;
     d->held = d->peak_held = 0;
     d->peak_bytes = 0;
-    MPI_Barrier(d->cfg.comm);
+    if ((r = xmp_barrier(d->cfg.comm, "driver step start")) != XMESH_SUCCESS) {
+        derr(d, "%s", xmp_last_error());
+        (void)xmp_fail_here(d->cfg.comm, d->err);
+        return r;
+    }
     xmesh_ctx_stats_t x0, x1;
     memset(&x0, 0, sizeof x0);
     memset(&x1, 0, sizeof x1);
@@ -828,11 +836,21 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     double local = MPI_Wtime() - t_start;
     if (d->cfg.ctx)
         xmesh_ctx_get_stats(d->cfg.ctx, &x1);
-    double step = local;
-    /* every request of the step has been waited for by the action list */
-    MPI_Allreduce(&local, &step, 1, MPI_DOUBLE, MPI_MAX, d->cfg.comm);
-    int bad = r != XMESH_SUCCESS, anybad = 0;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, d->cfg.comm);
+    /* One closing all-reduce (step time, failure flag) with the engine's deadline. A rank whose
+     * step failed here tells the others first (a notice naming the rank that does not answer,
+     * if one does not), so none of them waits for it until the timeout; its own all-reduce then
+     * ends at once. On success every request of the step has been waited for. */
+    if (r != XMESH_SUCCESS)
+        (void)xmp_fail_here(d->cfg.comm, d->err);
+    double both[2] = {local, r != XMESH_SUCCESS};
+    xmesh_result_t cr = xmp_agree(both, 2, MPI_DOUBLE, MPI_MAX, d->cfg.comm, "driver step outcome");
+    double step = cr == XMESH_SUCCESS ? both[0] : local;
+    int anybad = cr != XMESH_SUCCESS || both[1] > 0;
+    if (cr != XMESH_SUCCESS && r == XMESH_SUCCESS) {
+        derr(d, "%s", xmp_last_error());
+        (void)xmp_fail_here(d->cfg.comm, d->err);
+        r = cr;
+    }
     d->step_no++;
     if (stats) {
         memset(stats, 0, sizeof(*stats));
@@ -998,7 +1016,14 @@ xmesh_result_t xmp_driver_write_trace(xmp_driver_t *d, const char *path)
         lens = calloc((size_t)d->size, sizeof(int));
         displs = calloc((size_t)d->size, sizeof(int));
     }
-    MPI_Gather(&n, 1, MPI_INT, lens, 1, MPI_INT, 0, d->cfg.comm);
+    xmesh_result_t r = xmp_gather(&n, 1, lens, MPI_INT, 0, d->cfg.comm, "trace lengths");
+    if (r != XMESH_SUCCESS) {
+        derr(d, "trace: %s", xmp_last_error());
+        free(lens);
+        free(displs);
+        free(mine);
+        return r;
+    }
     long total = 0;
     if (d->rank == 0) {
         for (int i = 0; i < d->size; i++) {
@@ -1007,8 +1032,16 @@ xmesh_result_t xmp_driver_write_trace(xmp_driver_t *d, const char *path)
         }
         all = malloc((size_t)total + 1);
     }
-    MPI_Gatherv(mine, n, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, d->cfg.comm);
-    xmesh_result_t r = ok ? XMESH_SUCCESS : XMESH_ERR_NO_MEMORY;
+    r = xmp_gatherv(mine, n, all, lens, displs, MPI_CHAR, 0, d->cfg.comm, "trace events");
+    if (r != XMESH_SUCCESS) {
+        derr(d, "trace: %s", xmp_last_error());
+        free(lens);
+        free(displs);
+        free(all);
+        free(mine);
+        return r;
+    }
+    r = ok ? XMESH_SUCCESS : XMESH_ERR_NO_MEMORY;
     if (d->rank == 0) {
         FILE *f = all ? fopen(path, "w") : NULL;
         if (f == NULL) {
