@@ -23,8 +23,9 @@ static char g_failed_msg[XMP_NOTICE_BYTES];
 static unsigned char *g_posted; /* world size flags: that rank posted a notice */
 static int g_nworld;
 
-/* On the wire a notice is the culprit (int32) followed by the text. */
-#define NOTICE_WIRE (4 + XMP_NOTICE_BYTES)
+/* On the wire a notice is the failed rank it reports (int32: the sender, or the rank whose
+ * failure it relays), the culprit (int32), then the text. */
+#define NOTICE_WIRE (8 + XMP_NOTICE_BYTES)
 
 static int world_rank(void)
 {
@@ -76,7 +77,6 @@ static void record_failure(int rank, int culprit, const char *msg)
         g_culprit = culprit;
         atomic_store(&g_failed_rank, rank);
     }
-    mark_posted(rank);
     pthread_mutex_unlock(&g_fail_mu);
 }
 
@@ -116,12 +116,16 @@ static int poll_notice(void)
             !flag)
             break;
         char buf[NOTICE_WIRE];
-        int32_t culprit;
+        int32_t origin, culprit;
         memset(buf, 0, sizeof buf);
         MPI_Mrecv(buf, NOTICE_WIRE, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
         buf[NOTICE_WIRE - 1] = 0;
-        memcpy(&culprit, buf, 4);
-        record_failure(st.MPI_SOURCE, culprit, buf + 4);
+        memcpy(&origin, buf, 4);
+        memcpy(&culprit, buf + 4, 4);
+        record_failure(origin, culprit, buf + 8);
+        pthread_mutex_lock(&g_fail_mu);
+        mark_posted(st.MPI_SOURCE);
+        pthread_mutex_unlock(&g_fail_mu);
     }
     return atomic_load(&g_failed_rank) >= 0;
 }
@@ -180,10 +184,14 @@ static int *world_ranks(MPI_Comm comm, int *n)
     return in;
 }
 
-xmesh_result_t xmp_fail_blame(MPI_Comm comm, int culprit, const char *msg)
+/* Records a failure of world rank origin and sends its notice to every other rank of comm. */
+static xmesh_result_t post_notice(MPI_Comm comm, int origin, int culprit, const char *msg)
 {
     int me = world_rank(), n = 0;
-    record_failure(me, culprit, msg ? msg : "");
+    record_failure(origin, culprit, msg ? msg : "");
+    pthread_mutex_lock(&g_fail_mu);
+    mark_posted(me);
+    pthread_mutex_unlock(&g_fail_mu);
     if (comm == MPI_COMM_NULL)
         return XMESH_SUCCESS;
     int *w = world_ranks(comm, &n);
@@ -194,9 +202,10 @@ xmesh_result_t xmp_fail_blame(MPI_Comm comm, int culprit, const char *msg)
         free(buf);
         return xmp_err(XMESH_ERR_NO_MEMORY, "xmp_fail: out of memory");
     }
-    int32_t c = culprit;
-    memcpy(buf, &c, 4);
-    snprintf(buf + 4, XMP_NOTICE_BYTES, "%s", msg ? msg : "");
+    int32_t o = origin, c = culprit;
+    memcpy(buf, &o, 4);
+    memcpy(buf + 4, &c, 4);
+    snprintf(buf + 8, XMP_NOTICE_BYTES, "%s", msg ? msg : "");
     for (int i = 0; i < n; i++) {
         MPI_Request q;
         if (w[i] == MPI_UNDEFINED || w[i] == me)
@@ -207,6 +216,11 @@ xmesh_result_t xmp_fail_blame(MPI_Comm comm, int culprit, const char *msg)
     }
     free(w);
     return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_fail_blame(MPI_Comm comm, int culprit, const char *msg)
+{
+    return post_notice(comm, world_rank(), culprit, msg);
 }
 
 xmesh_result_t xmp_fail(MPI_Comm comm, const char *msg)
@@ -314,10 +328,14 @@ void xmp_end_job(int code)
     pthread_mutex_lock(&g_fail_mu);
     mine = g_posted && me < g_nworld && g_posted[me];
     pthread_mutex_unlock(&g_fail_mu);
-    if (!mine) {
+    if (!mine) { /* relays the failure known here: the same report on every rank */
         char msg[XMP_NOTICE_BYTES];
-        snprintf(msg, sizeof msg, "rank %d ends the job", me);
-        (void)xmp_fail_blame(MPI_COMM_WORLD, culprit >= 0 ? culprit : me, msg);
+        int fr = xmp_failed_rank(msg, sizeof msg);
+        if (fr < 0) {
+            fr = me;
+            snprintf(msg, sizeof msg, "rank %d ends the job", me);
+        }
+        (void)post_notice(MPI_COMM_WORLD, fr, culprit >= 0 ? culprit : fr, msg);
     }
     for (;;) {
         poll_notice();
