@@ -53,9 +53,9 @@ double xmp_timeout_s(void)
 double xmp_grace_s(void)
 {
     double T = xmp_timeout_s(), g = T / 4;
-    if (T <= 0 || g > 1.5)
-        return 1.5;
-    return g < 0.25 ? 0.25 : g;
+    if (T <= 0 || g > 2.0)
+        return 2.0;
+    return g < 0.5 ? 0.5 : g;
 }
 
 /* Caller holds g_fail_mu. */
@@ -401,7 +401,7 @@ xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what)
 
 xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char *what)
 {
-    double t0 = MPI_Wtime(), T = xmp_timeout_s();
+    double t0 = MPI_Wtime(), T = xmp_timeout_s(), t_poll = t0;
     long it = 0, ns = 0;
     xmesh_result_t r;
     char ranks[160], fmsg[XMP_NOTICE_BYTES];
@@ -419,7 +419,13 @@ xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char
             r = XMESH_SUCCESS;
             break;
         }
-        if ((it & 63) == 0 && poll_notice()) {
+        /* notices and pings every 10 ms (and at once): a rank diagnosing a timeout waits for
+         * this answer, also on a loaded host where 64 rounds of sched_yield took long */
+        double now = MPI_Wtime();
+        int poll = it == 0 || now - t_poll >= 0.01;
+        if (poll)
+            t_poll = now;
+        if (poll && poll_notice()) {
             int fr = xmp_failed_rank(fmsg, sizeof fmsg), c = xmp_failure_culprit();
             comm_ranks(comm, ranks, sizeof ranks);
             if (fr == world_rank())

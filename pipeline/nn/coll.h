@@ -21,7 +21,7 @@
  * communicator must not be used again: the process should report and end (xmp_end_job).
  *
  * Waiting never spins for long: the loop yields the core for the first second, then sleeps
- * with back-off up to 1 ms, and answers pings and reads notices about every 64 rounds.
+ * with back-off up to 1 ms, and answers pings and reads notices every 10 ms.
  *
  * Reserved tags on MPI_COMM_WORLD: XMP_FAIL_TAG (notices), XMP_PING_TAG, XMP_PONG_TAG.
  * Applications must not use them there. Thread safe (matched probes) under
@@ -53,8 +53,8 @@ extern "C" {
 /* The deadline of one wait: the library's resolved default timeout (xmesh_ctx_get_timeout with
  * no context: XMESH_TIMEOUT_S, default 300 s; 0 = no bound). */
 double xmp_timeout_s(void);
-/* How long a diagnosis waits for answers: a quarter of the timeout, within [0.25 s, 1.5 s]
- * (1.5 s with no timeout). */
+/* How long a diagnosis waits for answers: a quarter of the timeout, within [0.5 s, 2 s]
+ * (2 s with no timeout). */
 double xmp_grace_s(void);
 
 /* Waits for one (all nreq) requests posted on comm, with the deadline and the notices above;
