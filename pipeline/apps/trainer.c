@@ -994,6 +994,12 @@ static int t_opt(void *u)
     t->o += MPI_Wtime() - t0;
     return cb_done(rc);
 }
+static void t_setp(void *u, void (*fn)(void *arg), void *arg)
+{
+    timed_ops_t *t = u;
+    if (t->in.set_progress)
+        t->in.set_progress(t->in.user, fn, arg);
+}
 static int64_t t_act(void *u)
 {
     timed_ops_t *t = u;
@@ -1568,6 +1574,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     dc.ops.reduce_grads = t_red;
     dc.ops.optimizer_step = t_opt;
     dc.ops.activation_bytes = ts.ops.activation_bytes ? t_act : NULL;
+    dc.ops.set_progress = t_setp;
     /* virtual stages: one timed wrapper per model stage of this rank */
     timed_ops_t vt[XMP_MAX_STAGES];
     xmp_stage_ops_t vops[XMP_MAX_STAGES];

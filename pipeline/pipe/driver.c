@@ -65,8 +65,6 @@ struct xmp_driver {
     int64_t peak_bytes;
 };
 
-static _Thread_local xmp_driver_t *current_driver;
-
 static void derr(xmp_driver_t *d, const char *fmt, ...)
 {
     va_list ap;
@@ -219,10 +217,22 @@ static xmesh_result_t progress_all(xmp_driver_t *d)
 
 void xmp_driver_progress(xmp_driver_t *d)
 {
-    if (d == NULL)
-        d = current_driver;
     if (d != NULL)
         (void)progress_all(d); /* errors resurface at the next wait */
+}
+
+/* The progress function the stages get for a step (set_progress). */
+static void stage_progress(void *arg)
+{
+    xmp_driver_progress(arg);
+}
+
+/* Hands every stage of this rank its progress function (on), or takes it back. */
+static void bind_progress(xmp_driver_t *d, int on)
+{
+    for (int c = 0; c < d->nch; c++)
+        if (d->ch_ops[c].set_progress)
+            d->ch_ops[c].set_progress(d->ch_ops[c].user, on ? stage_progress : NULL, on ? d : NULL);
 }
 
 /* Blocks until transfer mb of plan p completed on this rank. */
@@ -823,8 +833,7 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     if (d->cfg.ctx)
         xmesh_ctx_get_stats(d->cfg.ctx, &x0);
     double t_start = MPI_Wtime();
-    xmp_driver_t *saved = current_driver;
-    current_driver = d;
+    bind_progress(d, 1);
     if (d->group >= 0) {
         for (int j = 0; j < s->len[d->group] && r == XMESH_SUCCESS; j++) {
             r = progress_all(d);
@@ -832,7 +841,7 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
                 r = run_action(d, s->acts[d->group][j]);
         }
     }
-    current_driver = saved;
+    bind_progress(d, 0);
     double local = MPI_Wtime() - t_start;
     if (d->cfg.ctx)
         xmesh_ctx_get_stats(d->cfg.ctx, &x1);
