@@ -80,8 +80,27 @@ static void record_failure(int rank, int culprit, const char *msg)
     pthread_mutex_unlock(&g_fail_mu);
 }
 
-/* Answers every pending ping (matched probes: thread safe). A pong echoes the ping's two ints
- * (pinger, probe id) from a block that is never freed: the pinger may be gone. */
+/* What this process waits for now: the world ranks of the communicator of the engine wait in
+ * progress (none: n 0). A pong carries it, so a rank diagnosing a timeout can follow a chain
+ * of waits (it waits for rank 1, which waits for rank 3) to the rank that does not answer. */
+#define PONG_RANKS 64
+static pthread_mutex_t g_wait_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_wait_n, g_wait_ranks[PONG_RANKS];
+
+static void set_waiting(const int *w, int n)
+{
+    pthread_mutex_lock(&g_wait_mu);
+    g_wait_n = n < PONG_RANKS ? n : PONG_RANKS;
+    if (w && g_wait_n > 0)
+        memcpy(g_wait_ranks, w, sizeof(int) * (size_t)g_wait_n);
+    else
+        g_wait_n = 0;
+    pthread_mutex_unlock(&g_wait_mu);
+}
+
+/* Answers every pending ping (matched probes: thread safe). A pong is the ping's two ints
+ * (pinger, probe id), the count and the world ranks this process waits for; sent from a block
+ * that is never freed: the pinger may be gone. */
 static void serve_pings(void)
 {
     for (;;) {
@@ -92,11 +111,17 @@ static void serve_pings(void)
                 MPI_SUCCESS ||
             !flag)
             return;
-        int *b = malloc(2 * sizeof(int)), dummy[2];
+        int *b = calloc(3 + PONG_RANKS, sizeof(int)), dummy[2];
         MPI_Mrecv(b ? b : dummy, 2, MPI_INT, &msg, MPI_STATUS_IGNORE);
+        if (!b)
+            continue;
+        pthread_mutex_lock(&g_wait_mu);
+        b[2] = g_wait_n;
+        memcpy(b + 3, g_wait_ranks, sizeof(int) * (size_t)g_wait_n);
+        pthread_mutex_unlock(&g_wait_mu);
         MPI_Request q;
-        if (b && MPI_Isend(b, 2, MPI_INT, st.MPI_SOURCE, XMP_PONG_TAG, MPI_COMM_WORLD, &q) ==
-                     MPI_SUCCESS)
+        if (MPI_Isend(b, 3 + PONG_RANKS, MPI_INT, st.MPI_SOURCE, XMP_PONG_TAG, MPI_COMM_WORLD,
+                      &q) == MPI_SUCCESS)
             MPI_Request_free(&q);
     }
 }
@@ -235,31 +260,42 @@ static void nap(long *ns)
     nanosleep(&ts, NULL);
 }
 
-int xmp_diagnose(MPI_Comm comm, double grace, int *silent, int max)
+/* Sends a ping to world rank w (the block is never freed: a stopped peer never takes it). */
+static void ping(int w, int me, int id)
+{
+    int *b = malloc(2 * sizeof(int));
+    MPI_Request q;
+    if (!b)
+        return;
+    b[0] = me;
+    b[1] = id;
+    if (MPI_Isend(b, 2, MPI_INT, w, XMP_PING_TAG, MPI_COMM_WORLD, &q) == MPI_SUCCESS)
+        MPI_Request_free(&q);
+}
+
+int xmp_diagnose(MPI_Comm comm, double grace, int *silent, int *via, int max)
 {
     static _Atomic int next_id = 1;
-    int me = world_rank(), n = 0, id = atomic_fetch_add(&next_id, 1);
+    int me = world_rank(), n = 0, nw = 0, id = atomic_fetch_add(&next_id, 1);
+    MPI_Comm_size(MPI_COMM_WORLD, &nw);
     int *w = world_ranks(comm, &n);
-    char *ans = calloc((size_t)(n ? n : 1), 1);
-    int *ping = malloc(2 * sizeof(int)); /* never freed: a stopped peer never takes it */
-    if (!w || !ans || !ping) {
+    /* per world rank: 0 not asked, 1 asked, 2 answered; from: whose wait led to it (-1: comm) */
+    char *state = calloc((size_t)nw, 1);
+    int *from = malloc(sizeof(int) * (size_t)nw);
+    if (!w || !state || !from) {
         free(w);
-        free(ans);
-        free(ping);
+        free(state);
+        free(from);
         return 0;
     }
-    ping[0] = me;
-    ping[1] = id;
     int left = 0;
     for (int i = 0; i < n; i++) {
-        MPI_Request q;
-        if (w[i] == me || w[i] == MPI_UNDEFINED) {
-            ans[i] = 1;
+        if (w[i] == me || w[i] == MPI_UNDEFINED || w[i] < 0 || w[i] >= nw || state[w[i]])
             continue;
-        }
+        state[w[i]] = 1;
+        from[w[i]] = -1;
         left++;
-        if (MPI_Isend(ping, 2, MPI_INT, w[i], XMP_PING_TAG, MPI_COMM_WORLD, &q) == MPI_SUCCESS)
-            MPI_Request_free(&q);
+        ping(w[i], me, id);
     }
     double t0 = MPI_Wtime();
     long ns = 0;
@@ -274,33 +310,37 @@ int xmp_diagnose(MPI_Comm comm, double grace, int *silent, int max)
             nap(&ns);
             continue;
         }
-        int b[2];
-        MPI_Mrecv(b, 2, MPI_INT, &msg, MPI_STATUS_IGNORE);
-        if (b[0] != me || b[1] != id)
+        int b[3 + PONG_RANKS], s = st.MPI_SOURCE;
+        memset(b, 0, sizeof b);
+        MPI_Mrecv(b, 3 + PONG_RANKS, MPI_INT, &msg, MPI_STATUS_IGNORE);
+        if (b[0] != me || b[1] != id || s < 0 || s >= nw || state[s] != 1)
             continue; /* the answer to an earlier diagnosis */
-        for (int i = 0; i < n; i++)
-            if (w[i] == st.MPI_SOURCE && !ans[i]) {
-                ans[i] = 1;
-                left--;
-            }
+        state[s] = 2;
+        left--;
+        /* it is alive but waits itself: ask the ranks it waits for too */
+        for (int i = 0; i < b[2] && i < PONG_RANKS; i++) {
+            int r = b[3 + i];
+            if (r < 0 || r >= nw || r == me || state[r])
+                continue;
+            state[r] = 1;
+            from[r] = s;
+            left++;
+            ping(r, me, id);
+        }
     }
     int k = 0;
-    for (int i = 0; i < n; i++)
-        if (!ans[i]) {
-            if (k < max)
-                silent[k] = w[i];
+    for (int r = 0; r < nw; r++) /* increasing world rank */
+        if (state[r] == 1) {
+            if (k < max) {
+                silent[k] = r;
+                if (via)
+                    via[k] = from[r];
+            }
             k++;
         }
-    /* increasing order (comm order need not be world order) */
-    int m = k < max ? k : max;
-    for (int i = 1; i < m; i++)
-        for (int j = i; j > 0 && silent[j - 1] > silent[j]; j--) {
-            int t = silent[j];
-            silent[j] = silent[j - 1];
-            silent[j - 1] = t;
-        }
     free(w);
-    free(ans);
+    free(state);
+    free(from);
     return k;
 }
 
@@ -309,7 +349,7 @@ int xmp_fail_here(MPI_Comm comm, const char *msg)
     if (xmp_failed_rank(NULL, 0) >= 0)
         return xmp_failure_culprit();
     int silent[1], me = world_rank();
-    int k = xmp_diagnose(comm, xmp_grace_s(), silent, 1);
+    int k = xmp_diagnose(comm, xmp_grace_s(), silent, NULL, 1);
     if (xmp_failed_rank(NULL, 0) >= 0) /* someone else concluded meanwhile */
         return xmp_failure_culprit();
     (void)xmp_fail_blame(comm, k > 0 ? silent[0] : me, msg);
@@ -378,9 +418,9 @@ static void comm_ranks(MPI_Comm comm, char *out, size_t len)
     free(w);
 }
 
-/* ", rank 3 does not answer" / ", ranks 2,3 do not answer" / ", every rank of it answers
- * (one waits elsewhere)". */
-static void silent_text(const int *s, int k, char *out, size_t len)
+/* ": rank 3 does not answer", ": rank 3 does not answer (rank 1 waits for it)", ": ranks 2,3
+ * do not answer", ": every rank of it answers (one is waiting elsewhere)". */
+static void silent_text(const int *s, const int *via, int k, char *out, size_t len)
 {
     if (k == 0) {
         snprintf(out, len, ": every rank of it answers (one is waiting elsewhere)");
@@ -390,8 +430,10 @@ static void silent_text(const int *s, int k, char *out, size_t len)
     for (int i = 0; i < k && i < 8 && o < len; i++)
         o += (size_t)snprintf(out + o, len - o, "%s%d", i ? "," : "", s[i]);
     if (o < len)
-        snprintf(out + o, len - o, "%s %s", k > 8 ? ",..." : "",
-                 k > 1 ? "do not answer" : "does not answer");
+        o += (size_t)snprintf(out + o, len - o, "%s %s", k > 8 ? ",..." : "",
+                              k > 1 ? "do not answer" : "does not answer");
+    if (k == 1 && via[0] >= 0 && o < len)
+        snprintf(out + o, len - o, " (rank %d waits for it)", via[0]);
 }
 
 xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what)
@@ -405,6 +447,7 @@ xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char
     long it = 0, ns = 0;
     xmesh_result_t r;
     char ranks[160], fmsg[XMP_NOTICE_BYTES];
+    int registered = 0;
     for (;;) {
         int done = 0, rc = MPI_Testall(nreq, req, &done, MPI_STATUSES_IGNORE);
         if (rc != MPI_SUCCESS) {
@@ -425,6 +468,13 @@ xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char
         int poll = it == 0 || now - t_poll >= 0.01;
         if (poll)
             t_poll = now;
+        if (poll && !registered && now - t0 >= 0.01) {
+            /* a wait that lasts: say what it waits for to whoever asks (serve_pings) */
+            int nmem = 0, *mem = world_ranks(comm, &nmem);
+            set_waiting(mem, nmem);
+            free(mem);
+            registered = 1;
+        }
         if (poll && poll_notice()) {
             int fr = xmp_failed_rank(fmsg, sizeof fmsg), c = xmp_failure_culprit();
             comm_ranks(comm, ranks, sizeof ranks);
@@ -444,10 +494,10 @@ xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char
         }
         double el = MPI_Wtime() - t0;
         if (T > 0 && el >= T) {
-            int silent[16];
-            int k = xmp_diagnose(comm, xmp_grace_s(), silent, 16);
+            int silent[16], via[16];
+            int k = xmp_diagnose(comm, xmp_grace_s(), silent, via, 16);
             char st[200];
-            silent_text(silent, k, st, sizeof st);
+            silent_text(silent, via, k, st, sizeof st);
             comm_ranks(comm, ranks, sizeof ranks);
             r = xmp_err(XMESH_ERR_TIMEOUT,
                         "rank %d: %s%s timed out after %.3g s (XMESH_TIMEOUT_S = %g)%s",
@@ -464,6 +514,8 @@ xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char
         else
             nap(&ns);
     }
+    if (registered)
+        set_waiting(NULL, 0);
     xmp_comm_seconds_add(MPI_Wtime() - t0);
     return r;
 }

@@ -100,11 +100,14 @@ xmesh_result_t xmp_recv(void *buf, int count, MPI_Datatype ty, int src, int tag,
                         const char *what);
 
 /* Asks every other rank of comm whether it is alive (pings on MPI_COMM_WORLD) and waits up to
- * grace seconds for the answers, answering pings and reading notices meanwhile. Writes the
- * world ranks that did not answer to silent[0 .. max) in increasing order and returns how many
- * there were (also beyond max). Not collective: ranks answer from any wait of this engine, from
- * xmp_failed_rank and from xmp_end_job. */
-int xmp_diagnose(MPI_Comm comm, double grace, int *silent, int max);
+ * grace seconds for the answers, answering pings and reading notices meanwhile. An answer
+ * lists the ranks its sender waits for in an engine wait of its own; those are asked too, so a
+ * chain of waits (this rank waits for rank 1, which waits for rank 3) leads to the rank that
+ * does not answer. Writes the world ranks that did not answer to silent[0 .. max) in increasing
+ * order and, when via is not NULL, to via[i] the rank whose wait led to silent[i] (-1: a rank
+ * of comm itself); returns how many did not answer (also beyond max). Not collective: ranks
+ * answer from any wait of this engine, from xmp_failed_rank and from xmp_end_job. */
+int xmp_diagnose(MPI_Comm comm, double grace, int *silent, int *via, int max);
 
 /* Failure notices. xmp_fail(comm, msg): this rank failed on its own and will not join the
  * collectives the others are in: records it and posts a notice of msg to every other rank of
