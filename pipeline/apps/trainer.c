@@ -1037,8 +1037,13 @@ static int step_stopped(int bad, const char *why, int rank)
         xmp_agree(&flag, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, "step outcome") == XMESH_SUCCESS &&
         !flag)
         return 0;
-    if (!bad)
-        (void)xmp_fail_here(MPI_COMM_WORLD, xmp_last_error());
+    if (!bad) { /* the agreement itself failed: its message says why */
+        char w[768];
+        snprintf(w, sizeof w, "%s", xmp_last_error());
+        (void)xmp_fail_here(MPI_COMM_WORLD, w);
+        report_stop(rank, w);
+        return 1;
+    }
     report_stop(rank, why);
     return 1;
 }
