@@ -845,20 +845,18 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     double local = MPI_Wtime() - t_start;
     if (d->cfg.ctx)
         xmesh_ctx_get_stats(d->cfg.ctx, &x1);
-    /* One closing all-reduce (step time, failure flag) with the engine's deadline. A rank whose
-     * step failed here tells the others first (a notice naming the rank that does not answer,
-     * if one does not), so none of them waits for it until the timeout; its own all-reduce then
-     * ends at once. On success every request of the step has been waited for. */
-    if (r != XMESH_SUCCESS)
+    /* One closing all-reduce (step time) with the engine's deadline. A rank whose step failed
+     * here does not join it: it tells the others (a notice naming the rank that does not answer,
+     * if one does not, else itself), so their all-reduce ends at once instead of at the
+     * timeout. On success every request of the step has been waited for. */
+    double step = local;
+    if (r != XMESH_SUCCESS) {
         (void)xmp_fail_here(d->cfg.comm, d->err);
-    double both[2] = {local, r != XMESH_SUCCESS};
-    xmesh_result_t cr = xmp_agree(both, 2, MPI_DOUBLE, MPI_MAX, d->cfg.comm, "driver step outcome");
-    double step = cr == XMESH_SUCCESS ? both[0] : local;
-    int anybad = cr != XMESH_SUCCESS || both[1] > 0;
-    if (cr != XMESH_SUCCESS && r == XMESH_SUCCESS) {
+    } else if ((r = xmp_agree(&step, 1, MPI_DOUBLE, MPI_MAX, d->cfg.comm, "driver step outcome")) !=
+               XMESH_SUCCESS) {
         derr(d, "%s", xmp_last_error());
         (void)xmp_fail_here(d->cfg.comm, d->err);
-        r = cr;
+        step = local;
     }
     d->step_no++;
     if (stats) {
@@ -874,10 +872,6 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
         stats->xmesh_cpu_s =
             (x1.progress_cpu_s - x0.progress_cpu_s) + (x1.wait_cpu_s - x0.wait_cpu_s);
         stats->xmesh_staged_bytes = x1.staged_bytes - x0.staged_bytes;
-    }
-    if (r == XMESH_SUCCESS && anybad) {
-        derr(d, "step failed on another rank");
-        r = XMESH_ERR_REMOTE;
     }
     return r;
 }
