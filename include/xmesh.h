@@ -413,6 +413,11 @@ xmesh_result_t xmesh_param_get_real(const char *name, double *value);
 /* Context queries. */
 xmesh_result_t xmesh_ctx_rank(xmesh_ctx_t ctx, int *rank);
 xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size);
+/* The default timeout of ctx's blocking operations in seconds (0: no bound): its params'
+ * timeout_s, else XMESH_TIMEOUT_S, else 300. ctx NULL: the value a context created now with
+ * default params would have, so code without a context (an application's own collectives)
+ * bounds its waits like xmesh does. */
+xmesh_result_t xmesh_ctx_get_timeout(xmesh_ctx_t ctx, double *seconds);
 xmesh_result_t xmesh_ctx_host(xmesh_ctx_t ctx, int rank, int *host);
 xmesh_result_t xmesh_ctx_destroy(xmesh_ctx_t ctx);
 

@@ -752,6 +752,13 @@ xmesh_result_t xmesh_ctx_rank(xmesh_ctx_t ctx, int *rank)
     return XMESH_SUCCESS;
 }
 
+xmesh_result_t xmesh_ctx_get_timeout(xmesh_ctx_t ctx, double *seconds)
+{
+    CHECK_NULL(seconds, "seconds");
+    *seconds = ctx ? ctx->timeout_s : xm_param_timeout_s();
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xmesh_ctx_size(xmesh_ctx_t ctx, int *size)
 {
     CHECK_NULL(ctx, "ctx");

@@ -83,6 +83,12 @@ static int64_t w_act(void *u)
     wrap_t *w = u;
     return w->in.activation_bytes ? w->in.activation_bytes(w->in.user) : 0;
 }
+static void w_sp(void *u, void (*fn)(void *arg), void *arg)
+{
+    wrap_t *w = u;
+    if (w->in.set_progress)
+        w->in.set_progress(w->in.user, fn, arg);
+}
 
 static int usage(int rank, const char *msg, const char *val)
 {
@@ -211,7 +217,8 @@ int main(int argc, char **argv)
                            w.in.backward ? w_b : NULL,
                            w.in.reduce_grads ? w_r : NULL,
                            w.in.optimizer_step ? w_o : NULL,
-                           w_act};
+                           w_act,
+                           w_sp};
     xmp_driver_cfg_t dc;
     memset(&dc, 0, sizeof dc);
     dc.comm = MPI_COMM_WORLD;

@@ -406,10 +406,15 @@ static int gpt_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage
                 pfail |= xmp_gpt2_stage_probe_bytes(g->sts[c], &g->act_b[s], &g->ckpt_b[s],
                                                     &keep[s]) != 0;
         }
-        MPI_Allreduce(MPI_IN_PLACE, &pfail, 1, MPI_INT, MPI_MAX, comm);
-        MPI_Allreduce(MPI_IN_PLACE, g->act_b, sl->nstages, MPI_DOUBLE, MPI_MAX, comm);
-        MPI_Allreduce(MPI_IN_PLACE, g->ckpt_b, sl->nstages, MPI_DOUBLE, MPI_MAX, comm);
-        MPI_Allreduce(MPI_IN_PLACE, keep, sl->nstages, MPI_DOUBLE, MPI_MAX, comm);
+        xmesh_result_t ar = xmp_agree(&pfail, 1, MPI_INT, MPI_MAX, comm, "activation probe");
+        if (!ar)
+            ar = xmp_agree(g->act_b, sl->nstages, MPI_DOUBLE, MPI_MAX, comm, "activation bytes");
+        if (!ar)
+            ar = xmp_agree(g->ckpt_b, sl->nstages, MPI_DOUBLE, MPI_MAX, comm, "checkpoint bytes");
+        if (!ar)
+            ar = xmp_agree(keep, sl->nstages, MPI_DOUBLE, MPI_MAX, comm, "selective keep");
+        if (ar)
+            return xmp_train_fail("--max-activation-bytes: %s", xmp_last_error());
         if (pfail)
             return xmp_train_fail("--max-activation-bytes: measuring the activations failed");
         out->act_bytes = g->act_b;
@@ -536,7 +541,10 @@ static int gpt_sample(void *u, int (*eval)(void *ctx), void *ctx, char *out, siz
             if (!have)
                 memset(lg, 0, sizeof(float) * (size_t)Vp);
             /* exactly one rank holds them: the sum is that rank's logits, bit for bit */
-            MPI_Allreduce(MPI_IN_PLACE, lg, Vp, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if (xmp_agree(lg, Vp, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, "sampled logits")) {
+                rc = xmp_train_fail("sampling: %s", xmp_last_error());
+                break;
+            }
             row = lg;
         }
         tok[t] = pick_token(row, V, g->t->sample_greedy, &g->rng);
@@ -604,7 +612,11 @@ static int gpt_par_finish(void *u, int ok, xmp_json_t *j)
         mine[3] += mem.compute_param_bytes;
         mine[4] += mem.grad_bytes;
     }
-    MPI_Gather(mine, 5, MPI_INT64_T, all ? all : dummy, 5, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (xmp_gather(mine, 5, all ? all : dummy, MPI_INT64_T, 0, MPI_COMM_WORLD, "memory per rank") !=
+        XMESH_SUCCESS) {
+        free(all);
+        return -1;
+    }
     if (all) {
         printf("memory per rank (bytes): stored parameters + AdamW moments (compute copies, "
                "gradient accumulators)\n");

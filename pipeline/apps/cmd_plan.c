@@ -646,7 +646,11 @@ int xmp_cmd_gpt_plan_auto(MPI_Comm comm, const xmp_gpt2_config_t *cfg, int batch
     MPI_Comm_rank(node, &lrank);
     MPI_Comm_free(&node);
     int leader = lrank == 0;
-    MPI_Allreduce(&leader, &nhosts, 1, MPI_INT, MPI_SUM, comm);
+    nhosts = leader;
+    if (xmp_agree(&nhosts, 1, MPI_INT, MPI_SUM, comm, "host count") != XMESH_SUCCESS) {
+        xmp_cli_error("--strategy auto: %s", xmp_last_error());
+        return -1;
+    }
     plan_opts_t p;
     memset(&p, 0, sizeof p);
     p.layers = cfg->num_layers;

@@ -154,6 +154,9 @@ typedef struct {
 } ut_edge_t;
 
 typedef struct {
+    /* the driver's progress while it runs a step (set_progress), NULL otherwise */
+    void (*progress)(void *arg);
+    void *progress_arg;
     const ut_opts_t *o;
     xmp_ut_config_t cfg;
     xmp_ut_params_t lay;
@@ -381,7 +384,8 @@ static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, doub
             goto out;
         }
         cur = st->y[IX(st, l, mb)];
-        xmp_driver_progress(NULL);
+        if (st->progress)
+            st->progress(st->progress_arg);
     }
     st->live[mb] = 1;
     for (int k = 0; k < st->nedges; k++) {
@@ -506,7 +510,8 @@ static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *g
         xmp_tensor_free(&st->dskip[IX(st, l, mb)]);
         memset(&st->dact[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
         memset(&st->dskip[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
-        xmp_driver_progress(NULL);
+        if (st->progress)
+            st->progress(st->progress_arg);
         continue;
     fail:
         (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d backward mb %d layer %d: %s", st->stage,
@@ -543,6 +548,13 @@ static int ut_bwd_weight(void *u, int mb)
  * query above those held after set-up (the parameters): the micro-batches' tapes (values,
  * caches, gradients), their data, the op temporaries and the gradient accumulators. The driver
  * queries after every compute action, so its maximum is the step's measured peak. */
+static void ut_set_progress(void *user, void (*fn)(void *arg), void *arg)
+{
+    ut_stage_t *st = user;
+    st->progress = fn;
+    st->progress_arg = arg;
+}
+
 static int64_t ut_act_bytes(void *u)
 {
     ut_stage_t *st = u;
@@ -898,6 +910,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         q->reduce_grads = ut_reduce;
         q->optimizer_step = ut_opt;
         q->activation_bytes = ut_act_bytes;
+        q->set_progress = ut_set_progress;
     }
     out->stage_ops = sl->ngroups != sl->nstages ? g->sops : NULL;
     out->stage = st->stage;
@@ -908,6 +921,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     out->ops.reduce_grads = ut_reduce;
     out->ops.optimizer_step = ut_opt;
     out->ops.activation_bytes = ut_act_bytes;
+    out->ops.set_progress = ut_set_progress;
     out->nedges = st->nedges;
     out->edges = g->ec;
     out->sedges = g->se;
@@ -1093,7 +1107,11 @@ static int ut_par_finish(void *u, int ok, xmp_json_t *j)
         }
     }
     int64_t *all = rank == 0 ? calloc((size_t)size * 4, sizeof(int64_t)) : NULL;
-    MPI_Gather(mine, 4, MPI_INT64_T, all ? all : dummy, 4, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (xmp_gather(mine, 4, all ? all : dummy, MPI_INT64_T, 0, MPI_COMM_WORLD, "memory per rank") !=
+        XMESH_SUCCESS) {
+        free(all);
+        return -1;
+    }
     if (!all)
         return 0;
     printf("memory per rank (bytes): stored parameters + SGD velocity (compute copies)\n");

@@ -859,27 +859,74 @@ typedef struct {
 
 /* xmesh's abort check (xmesh_ctx_set_abort_check): a failure notice of any rank (xmp_fail),
  * this one's included, ends the transfers this rank waits on, which that rank will never
- * complete, at once instead of at XMESH_TIMEOUT_S. */
+ * complete, at once instead of at XMESH_TIMEOUT_S. Polling for notices also answers the
+ * liveness pings of ranks that diagnose a timeout (nn/coll.h). */
 static int abort_on_notice(void *user, char *msg, size_t len)
 {
     (void)user;
     char notice[XMP_NOTICE_BYTES];
-    int fr = xmp_failed_rank(notice, sizeof notice);
+    int fr = xmp_failed_rank(notice, sizeof notice), c = xmp_failure_culprit();
     if (fr < 0)
         return 0;
-    snprintf(msg, len, "rank %d failed (%s)", fr, notice);
+    if (c >= 0 && c != fr)
+        snprintf(msg, len, "rank %d does not answer (found by rank %d: %s)", c, fr, notice);
+    else
+        snprintf(msg, len, "rank %d failed (%s)", fr, notice);
     return 1;
 }
 
 /* A stage callback failed here. Unless it failed because another rank did (a failure notice
- * arrived first), tell every rank now: the driver ends its step with collectives over every
- * rank, so the ranks waiting for this one in a boxing collective must learn it from the
- * notice, not at XMESH_TIMEOUT_S. Returns rc. */
+ * arrived first), tell every rank now, blaming the rank that does not answer if one does not
+ * (xmp_fail_here): the driver ends its step with collectives over every rank, so the ranks
+ * waiting for this one must learn it from the notice, not at XMESH_TIMEOUT_S. Returns rc. */
 static int cb_done(int rc)
 {
-    if (rc != 0 && xmp_failed_rank(NULL, 0) < 0)
-        (void)xmp_fail(MPI_COMM_WORLD, xmp_last_error());
+    if (rc != 0)
+        (void)xmp_fail_here(MPI_COMM_WORLD, xmp_last_error());
     return rc;
+}
+
+/* One line on stderr saying why this rank stops, from the failure now known (nn/coll.h): its
+ * own error (why), or the rank that does not answer, or the rank that failed. */
+static void report_stop(int rank, const char *why)
+{
+    char notice[XMP_NOTICE_BYTES];
+    int fr = xmp_failed_rank(notice, sizeof notice), c = xmp_failure_culprit();
+    if (fr < 0 || (fr == rank && c == rank))
+        xmp_cli_error("rank %d: %s", rank, why);
+    else if (fr == rank)
+        xmp_cli_error("rank %d: stopped: rank %d does not answer (%s)", rank, c, why);
+    else if (c >= 0 && c != fr)
+        xmp_cli_error("rank %d: stopped: rank %d does not answer (found by rank %d: %s)", rank, c,
+                      fr, notice);
+    else
+        xmp_cli_error("rank %d: stopped: rank %d failed (%s)", rank, fr, notice);
+}
+
+/* A collective of the trainer's own control flow failed (a rank does not answer, or failed):
+ * say why and end the job (never returns). */
+static void stop_job(const char *why)
+{
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    char w[768];
+    snprintf(w, sizeof w, "%s", why);
+    (void)xmp_fail_here(MPI_COMM_WORLD, w);
+    report_stop(rank, w);
+    xmp_end_job(1);
+}
+
+/* MPI_Allreduce over the world with the engine's deadline (sbuf may be MPI_IN_PLACE); on
+ * failure the job ends here (stop_job). Collective. */
+static void world_allreduce(const void *sbuf, void *rbuf, int count, MPI_Datatype ty, MPI_Op op,
+                            const char *what)
+{
+    int es = 0;
+    MPI_Type_size(ty, &es);
+    if (sbuf != MPI_IN_PLACE)
+        memmove(rbuf, sbuf, (size_t)count * (size_t)es);
+    if (xmp_agree(rbuf, count, ty, op, MPI_COMM_WORLD, what) != XMESH_SUCCESS)
+        stop_job(xmp_last_error());
 }
 
 static int t_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
@@ -949,6 +996,12 @@ static int t_opt(void *u)
     t->o += MPI_Wtime() - t0;
     return cb_done(rc);
 }
+static void t_setp(void *u, void (*fn)(void *arg), void *arg)
+{
+    timed_ops_t *t = u;
+    if (t->in.set_progress)
+        t->in.set_progress(t->in.user, fn, arg);
+}
 static int64_t t_act(void *u)
 {
     timed_ops_t *t = u;
@@ -959,7 +1012,7 @@ static int64_t t_act(void *u)
 static int lowest_failing(int fail, int rank, int size)
 {
     int r = fail ? rank : size;
-    MPI_Allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    world_allreduce(MPI_IN_PLACE, &r, 1, MPI_INT, MPI_MIN, "lowest failing rank");
     return r;
 }
 
@@ -967,34 +1020,34 @@ static int lowest_failing(int fail, int rank, int size)
 static int any_rank(int bad)
 {
     int any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    world_allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, "any rank failed");
     return any;
 }
 
-/* any_rank after a step that may have failed here while the other ranks still wait in its
- * collectives and transfers. A rank that failed on its own (no failure notice arrived before)
- * first posts a notice to every rank (xmp_fail), so their boxing waits end at once naming it;
- * ranks blocked in a cross-stage transfer end at XMESH_TIMEOUT_S. Then every rank learns the
- * lowest rank that failed on its own and says which one it was (collective; 1: stop). */
-static int any_rank_after_step(int bad, const char *why, int rank, int size)
+/* After a step that may have failed here (bad, why) while the other ranks still wait in its
+ * collectives and transfers, or failed elsewhere. A rank whose step failed has posted a notice
+ * to every rank (the driver and cb_done: xmp_fail_here, which names a rank that does not
+ * answer), so the others' waits end at once naming it. Every rank then agrees on the outcome
+ * with the deadline and, on a failure anywhere, prints one line naming the rank at its root
+ * (report_stop). Returns 1: stop. Collective. */
+static int step_stopped(int bad, const char *why, int rank)
 {
-    char notice[XMP_NOTICE_BYTES];
-    int origin = size;
-    if (bad) {
-        int fr = xmp_failed_rank(notice, sizeof notice);
-        if (fr < 0 || fr == rank) {
-            (void)xmp_fail(MPI_COMM_WORLD, why);
-            origin = rank;
-        }
+    if (bad)
+        (void)xmp_fail_here(MPI_COMM_WORLD, why);
+    int flag = bad;
+    if (!bad &&
+        xmp_agree(&flag, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, "step outcome") == XMESH_SUCCESS &&
+        !flag)
+        return 0;
+    if (!bad) { /* the agreement itself failed: its message says why */
+        char w[768];
+        snprintf(w, sizeof w, "%s", xmp_last_error());
+        (void)xmp_fail_here(MPI_COMM_WORLD, w);
+        report_stop(rank, w);
+        return 1;
     }
-    int first = size;
-    MPI_Allreduce(&origin, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (first < size && first != rank) {
-        int fr = xmp_failed_rank(notice, sizeof notice);
-        xmp_cli_error("rank %d: stopped: rank %d failed%s%s%s", rank, first,
-                      fr == first ? " (" : "", fr == first ? notice : "", fr == first ? ")" : "");
-    }
-    return first < size;
+    report_stop(rank, why);
+    return 1;
 }
 
 /* Re-plans (pipe/replan.h) with the measured per-microbatch costs and xmesh's predicted boundary
@@ -1051,7 +1104,7 @@ static int clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m
                            timed_ops_t *t, timed_ops_t *vt, int nv, double *norm)
 {
     double ss = me >= 0 && m->grad_sumsq ? m->grad_sumsq(m->user) : 0, all = 0;
-    MPI_Allreduce(&ss, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    world_allreduce(&ss, &all, 1, MPI_DOUBLE, MPI_SUM, "gradient norm");
     *norm = sqrt(all);
     int bad = 0;
     if (me >= 0) {
@@ -1144,7 +1197,7 @@ static int par_val(const xmp_train_opts_t *o, const xmp_train_model_t *m, int ra
             break;
         }
         double l = 0;
-        MPI_Allreduce(&ss.loss, &l, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        world_allreduce(&ss.loss, &l, 1, MPI_DOUBLE, MPI_SUM, "validation loss");
         sum += l;
     }
     set_eval(t, vt, nv, 0);
@@ -1197,7 +1250,7 @@ static int probe_base_bytes(const xmp_train_model_t *m, int rank, int me, int S,
     memset(meas, 0, sizeof meas);
     if (me >= 0)
         meas[group[me]] = (double)ss.peak_act_bytes;
-    MPI_Allreduce(meas, all, ngroups, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    world_allreduce(meas, all, ngroups, MPI_DOUBLE, MPI_MAX, "memory probe peaks");
     double one[3 * XMP_MAX_STAGES];
     for (int k = 0; k < 3 * S; k++)
         one[k] = 1.0;
@@ -1270,7 +1323,7 @@ static int probe_act_bytes(const xmp_train_model_t *m, int rank, int me, int S, 
         }
         for (int k = nv ? 0 : -1; k < nv && me >= 0; k++)
             loc[k < 0 ? me : vstage[k]] = (double)(k < 0 ? t : &vt[k])->probe_max;
-        MPI_Allreduce(loc, got[p], S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        world_allreduce(loc, got[p], S, MPI_DOUBLE, MPI_MAX, "memory probe");
     }
     *keep = 0;
     for (int s = 0; s < S; s++) {
@@ -1330,8 +1383,8 @@ static void step_figures(int S, int me, const timed_ops_t *t, const xmp_step_sta
         loc[7 * S + s] = cpu;
         lp[s] = ss->peak_act_bytes;
     }
-    MPI_Allreduce(loc, all, 8 * S, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    world_allreduce(loc, all, 8 * S, MPI_DOUBLE, MPI_MAX, "step statistics");
+    world_allreduce(lp, ap, S, MPI_INT64_T, MPI_MAX, "step statistics");
     for (int k = 0; k < S; k++) {
         cf[k] = all[k];
         ci[k] = all[S + k];
@@ -1415,7 +1468,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     strat = calloc((size_t)sl.nstages, sizeof *strat);
     int sfail = !strat || train_strategies(o, m, &sl, strat, err, sizeof err) != 0;
     int first_bad = sfail ? rank : size;
-    MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    world_allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, "strategy check");
     if (first_bad < size) {
         if (rank == first_bad && rank == 0)
             xmp_cli_error("strategy: %s", strat ? err : "out of memory");
@@ -1528,6 +1581,7 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
     dc.ops.reduce_grads = t_red;
     dc.ops.optimizer_step = t_opt;
     dc.ops.activation_bytes = ts.ops.activation_bytes ? t_act : NULL;
+    dc.ops.set_progress = t_setp;
     /* virtual stages: one timed wrapper per model stage of this rank */
     timed_ops_t vt[XMP_MAX_STAGES];
     xmp_stage_ops_t vops[XMP_MAX_STAGES];
@@ -1676,14 +1730,12 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         const char *cbm = bad && strstr(xmp_driver_error(drv), "callback") ? xmp_last_error() : "";
         snprintf(why, sizeof why, "step %d: %s%s%s%s", step, bad ? xmp_driver_error(drv) : "",
                  *cbm ? " (" : "", cbm, *cbm ? ")" : "");
-        if (any_rank_after_step(bad, why, rank, size)) {
-            if (bad)
-                xmp_cli_error("rank %d: %s", rank, why);
+        if (step_stopped(bad, why, rank)) {
             step_failed = 1;
             break;
         }
         double loss = 0, gnorm = 0;
-        MPI_Allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        world_allreduce(&ss.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, "step loss");
         if (tops.defer_o && clip_and_update(o, m, me, &tops, vt, nv, &gnorm) != 0) {
             if (rank == 0)
                 xmp_cli_error("step %d: gradient clipping / optimizer failed", step);
@@ -1875,20 +1927,17 @@ static int run_parallel(const xmp_train_opts_t *oin, const xmp_train_model_t *m)
         if (compared != want)
             mismatch++;
     }
+    if (step_failed) {
+        /* The failed step left transfers and collectives in flight that MPI cannot cancel (and
+         * maybe a rank that does not answer): the teardown would wait for them. Every rank has
+         * said why: once each of the others has too (their notices), end the job. */
+        if (rank == 0)
+            fprintf(stderr, "xmesh-train: step failed: ending the job (MPI_Abort, exit 1)\n");
+        xmp_end_job(1);
+    }
     if (o->trace && drv && xmp_driver_write_trace(drv, o->trace) != XMESH_SUCCESS && rank == 0)
         xmp_cli_error("--trace '%s': %s", o->trace, xmp_driver_error(drv));
     rc = any_rank(!(ok && !mismatch)) ? 1 : 0;
-    if (step_failed) {
-        /* The failed step left transfers and collectives in flight that MPI cannot cancel: the
-         * teardown would wait for each until XMESH_TIMEOUT_S. Every rank has said why and the
-         * logs are written: end the job now. */
-        fflush(stdout);
-        fflush(stderr);
-        MPI_Barrier(MPI_COMM_WORLD);
-        if (rank == 0)
-            fprintf(stderr, "xmesh-train: step failed: ending the job (MPI_Abort, exit 1)\n");
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
 out:
     if (have_log) {
         double med, mn, mx;

@@ -90,15 +90,17 @@ xmesh_result_t xmp_ckpt_open(MPI_Comm comm, const char *path, xmp_ckpt_t **out)
     }
     if ((r = ck_agree(comm, r)))
         return r;
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm);
-    MPI_Bcast(&len, 1, MPI_INT64_T, 0, comm);
+    if ((r = xmp_bcast(dir, sizeof dir, MPI_CHAR, 0, comm, "checkpoint directory")) ||
+        (r = xmp_bcast(&len, 1, MPI_INT64_T, 0, comm, "checkpoint manifest size")))
+        return r;
     if (rank != 0 && !(text = malloc((size_t)len + 1)))
         r = xmp_err(XMESH_ERR_NO_MEMORY, "xmp_ckpt_open: %" PRId64 " bytes", len);
     if ((r = ck_agree(comm, r)))
         goto out;
     for (int64_t o = 0; o < len; o += 1 << 30) {
         int k = (int)(len - o < (1 << 30) ? len - o : (1 << 30));
-        MPI_Bcast(text + o, k, MPI_CHAR, 0, comm);
+        if ((r = xmp_bcast(text + o, k, MPI_CHAR, 0, comm, "checkpoint manifest")))
+            goto out;
     }
     text[len] = 0;
     snprintf(mp, sizeof mp, "%s/" CK_MANIFEST, dir);
@@ -376,7 +378,8 @@ static xmesh_result_t gather_dsts(MPI_Comm comm, const xmp_ckpt_t *c, const xmp_
         o = next;
     }
     int mb = (int)mybytes;
-    MPI_Allgather(&mb, 1, MPI_INT, counts, 1, MPI_INT, comm);
+    if ((r = xmp_allgather(&mb, 1, counts, MPI_INT, comm, "checkpoint layout sizes")))
+        goto fail;
     int64_t total = 0;
     for (int p = 0; p < size; p++) {
         displs[p] = (int)total;
@@ -388,7 +391,9 @@ static xmesh_result_t gather_dsts(MPI_Comm comm, const xmp_ckpt_t *c, const xmp_
         r = xmp_err(XMESH_ERR_NO_MEMORY, "xmp_ckpt_load: %" PRId64 " bytes of layouts", total);
     if ((r = ck_agree(comm, r)))
         goto fail;
-    MPI_Allgatherv(mine, mb, MPI_BYTE, all, counts, displs, MPI_BYTE, comm);
+    if ((r = xmp_allgatherv_ctl(mine, mb, all, counts, displs, MPI_BYTE, comm,
+                                "checkpoint layouts")))
+        goto fail;
 
     /* every rank now holds every layout: the checks below decide the same
      * everywhere */

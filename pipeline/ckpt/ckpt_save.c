@@ -42,15 +42,22 @@ xmesh_result_t ck_agree(MPI_Comm comm, xmesh_result_t rc)
     int rank, first, mine;
     MPI_Comm_rank(comm, &rank);
     mine = rc != XMESH_SUCCESS ? rank : INT_MAX;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+    char msg[512];
+    memset(msg, 0, sizeof msg);
+    if (rc != XMESH_SUCCESS)
+        snprintf(msg, sizeof msg, "%s", xmp_last_error());
+    xmesh_result_t r;
+    first = mine;
+    /* every collective with the engine's deadline (nn/coll.h): a checkpoint never waits for a
+     * rank that does not answer */
+    if ((r = xmp_agree(&first, 1, MPI_INT, MPI_MIN, comm, "checkpoint status")))
+        return r;
     if (first == INT_MAX)
         return XMESH_SUCCESS;
-    char msg[512];
     int code = (int)rc;
-    if (rank == first)
-        snprintf(msg, sizeof msg, "%s", xmp_last_error());
-    MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, comm);
-    MPI_Bcast(&code, 1, MPI_INT, first, comm);
+    if ((r = xmp_bcast(msg, sizeof msg, MPI_CHAR, first, comm, "checkpoint error")) ||
+        (r = xmp_bcast(&code, 1, MPI_INT, first, comm, "checkpoint error code")))
+        return r;
     return xmp_err((xmesh_result_t)code, "%s", msg);
 }
 
@@ -414,8 +421,9 @@ xmesh_result_t xmp_ckpt_save(MPI_Comm comm, const char *root, int64_t step,
         displs = calloc((size_t)size, sizeof *displs);
         finfo = calloc((size_t)size * 2, sizeof *finfo);
     }
-    MPI_Gather(&nbytes, 1, MPI_INT, counts, 1, MPI_INT, 0, comm);
-    MPI_Gather(mine, 2, MPI_INT64_T, finfo, 2, MPI_INT64_T, 0, comm);
+    if ((r = xmp_gather(&nbytes, 1, counts, MPI_INT, 0, comm, "checkpoint table sizes")) ||
+        (r = xmp_gather(mine, 2, finfo, MPI_INT64_T, 0, comm, "checkpoint file infos")))
+        goto out;
     int64_t total = 0;
     if (rank == 0) {
         for (int p = 0; p < size; p++) {
@@ -432,7 +440,9 @@ xmesh_result_t xmp_ckpt_save(MPI_Comm comm, const char *root, int64_t step,
     }
     if ((r = ck_agree(comm, r)))
         goto out;
-    MPI_Gatherv(recs, nbytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, comm);
+    if ((r = xmp_gatherv(recs, nbytes, all, counts, displs, MPI_BYTE, 0, comm,
+                         "checkpoint block tables")))
+        goto out;
 
     if (rank == 0 && !r) {
         man.step = step;

@@ -117,8 +117,11 @@ xmesh_result_t xmp_gpt2_ckpt_save(xmp_gpt2_stage_t *st, MPI_Comm comm, const cha
         r = xmp_ckpt_metalist_setf(&m, extra[i].key, "%s", extra[i].value);
     int n = xmp_gpt2_stage_named(st, &nt), k = 0;
     int bad = r || n < 0 || (k = entries(nt, n < 0 ? 0 : n, 0, &ts, &names, &store)) < 0, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
-    if (any)
+    any = bad;
+    xmesh_result_t ar = xmp_agree(&any, 1, MPI_INT, MPI_MAX, comm, "gpt2 save");
+    if (ar)
+        r = ar;
+    else if (any)
         r = xmp_err(XMESH_ERR_NO_MEMORY, "gpt2 checkpoint save: out of memory");
     else
         r = xmp_ckpt_save(comm, root, step, ts, k, m.kv, m.n, keep);
@@ -199,9 +202,10 @@ xmesh_result_t xmp_gpt2_ckpt_load(xmp_gpt2_stage_t *st, MPI_Comm comm, xmesh_ctx
     int bad = r || n < 0 || (k = entries(nt, n < 0 ? 0 : n, 0, &ts, &names, &store)) < 0 ||
               (kt = entries(nt, n < 0 ? 0 : n, 1, &tt, &tnames, &tstore)) < 0,
         any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
-    if (any) {
-        r = xmp_err(XMESH_ERR_NO_MEMORY, "gpt2 checkpoint load: out of memory");
+    any = bad;
+    xmesh_result_t ar = xmp_agree(&any, 1, MPI_INT, MPI_MAX, comm, "gpt2 load");
+    if (ar || any) {
+        r = ar ? ar : xmp_err(XMESH_ERR_NO_MEMORY, "gpt2 checkpoint load: out of memory");
         goto out;
     }
     r = xmp_ckpt_load(comm, ctx, ck, ts, k, m.kv, m.n, XMP_CKPT_STRICT);
@@ -254,8 +258,9 @@ xmesh_result_t xmp_gpt2_ckpt_to_llmc(MPI_Comm comm, const xmp_ckpt_t *ck, const 
     int lbad = 0;
     if (rank == 0 && xmp_gpt2_init_random(&m, &s.cfg, 0) != 0)
         lbad = 1;
-    int any = 0;
-    MPI_Allreduce(&lbad, &any, 1, MPI_INT, MPI_MAX, comm);
+    int any = lbad;
+    if ((r = xmp_agree(&any, 1, MPI_INT, MPI_MAX, comm, "gpt2 export configuration")))
+        return r;
     if (any)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: model configuration: %s", xmp_ckpt_dir(ck),
                        xmp_last_error());
@@ -291,11 +296,11 @@ xmesh_result_t xmp_gpt2_ckpt_to_llmc(MPI_Comm comm, const xmp_ckpt_t *ck, const 
             memset(&t, 0, sizeof t);
             xmp_sbp_t sb[1] = {xmp_sbp_b()};
             int ab = xmp_tensor_alloc(&t, mesh, info.ndim, info.shape, XMESH_F32, sb) != 0;
-            int anyab = 0;
-            MPI_Allreduce(&ab, &anyab, 1, MPI_INT, MPI_MAX, comm);
-            if (anyab) {
+            int anyab = ab;
+            xmesh_result_t ar = xmp_agree(&anyab, 1, MPI_INT, MPI_MAX, comm, "gpt2 export tensor");
+            if (ar || anyab) {
                 xmp_tensor_free(&t);
-                r = xmp_err(XMESH_ERR_NO_MEMORY, "tensor '%s': allocation failed", name);
+                r = ar ? ar : xmp_err(XMESH_ERR_NO_MEMORY, "tensor '%s': allocation failed", name);
                 break;
             }
             xmp_ckpt_tensor_t e = {name, &t, NULL};
@@ -316,8 +321,10 @@ xmesh_result_t xmp_gpt2_ckpt_to_llmc(MPI_Comm comm, const xmp_ckpt_t *ck, const 
     int wbad = 0;
     if (!r && rank == 0 && xmp_gpt2_save(&m, file) != 0)
         wbad = 1;
-    MPI_Allreduce(MPI_IN_PLACE, &wbad, 1, MPI_INT, MPI_MAX, comm);
-    if (!r && wbad)
+    xmesh_result_t ar = xmp_agree(&wbad, 1, MPI_INT, MPI_MAX, comm, "gpt2 export write");
+    if (!r && ar)
+        r = ar;
+    else if (!r && wbad)
         r = xmp_err(XMESH_ERR_SYSTEM, "%s: %s", file,
                     rank == 0 ? xmp_last_error() : "write failed");
     xmp_mesh_destroy(mesh);

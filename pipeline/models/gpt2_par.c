@@ -423,6 +423,9 @@ typedef struct {
 
 struct xmp_gpt2_stage {
     MPI_Comm comm;
+    /* the driver's progress while it runs a step (set_progress), NULL otherwise */
+    void (*progress)(void *arg);
+    void *progress_arg;
     int rank, size;
     xmesh_ctx_t ctx;
     xmp_gpt2_config_t cfg;
@@ -462,6 +465,13 @@ struct xmp_gpt2_stage {
     int cap_pos, cap_ok;
     float *cap;
 };
+
+/* Lets queued boundary transfers move between layers (the driver's progress, when given). */
+static void progress(const xmp_gpt2_stage_t *st)
+{
+    if (st->progress)
+        st->progress(st->progress_arg);
+}
 
 static int pindex(const xmp_gpt2_stage_t *st, int id, int layer)
 {
@@ -684,7 +694,7 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
     b->att = y4;
     memset(&y4, 0, sizeof y4);
     CHK(to_class(&b->att, st->act[A_ATT], b->s_att));
-    xmp_driver_progress(NULL);
+    progress(st);
     /* y boxed to the SBP of the sum, so the add needs no collective */
     CHK(xmp_linear_forward_box(&st->ov, &b->att, PT(st, XMP_GPT2_ATTPROJW, layer),
                                PT(st, XMP_GPT2_ATTPROJB, layer), NULL, x, b->s_y1, &y));
@@ -700,7 +710,7 @@ static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x,
                                &b->fch));
     CHK(xmp_gelu_forward(&b->fch, &b->fcg));
     CHK(to_class(&b->fcg, st->act[A_GELU], b->s_fcg));
-    xmp_driver_progress(NULL);
+    progress(st);
     CHK(xmp_linear_forward_box(&st->ov, &b->fcg, PT(st, XMP_GPT2_FCPROJW, layer),
                                PT(st, XMP_GPT2_FCPROJB, layer), NULL, &b->res1, b->s_y2, &y));
     CHK(xmp_add_forward(&b->res1, &y, &b->res2));
@@ -749,7 +759,7 @@ static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor
     CHK(add_into(&dres1, &lx));
     CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN2W, layer)], &lw));
     CHK(accumulate(&st->p[pindex(st, XMP_GPT2_LN2B, layer)], &lb));
-    xmp_driver_progress(NULL);
+    progress(st);
     /* res1 = box(x + y1) */
     CHK(from_class(st, &dres1, b->s_res1));
     for (int a = 0; a < NAX; a++)
@@ -1070,7 +1080,7 @@ static int cb_backward_weight(void *user, int mbi)
         CHK(rc);
         xmp_tensor_free(&q->dy);
         if (i % 4 == 3)
-            xmp_driver_progress(NULL);
+            progress(st);
     }
     m->nwq = 0;
     mb_free(st, m); /* nothing of this microbatch is needed any more */
@@ -1208,6 +1218,13 @@ static int cb_optimizer(void *user)
             mb_free(st, &st->mb[k]);
     st->times.o_s += MPI_Wtime() - t0;
     return 0;
+}
+
+static void cb_set_progress(void *user, void (*fn)(void *arg), void *arg)
+{
+    xmp_gpt2_stage_t *st = user;
+    st->progress = fn;
+    st->progress_arg = arg;
 }
 
 static int64_t cb_act_bytes(void *user)
@@ -1542,6 +1559,7 @@ xmp_stage_ops_t xmp_gpt2_stage_ops(xmp_gpt2_stage_t *st)
     o.reduce_grads = cb_reduce;
     o.optimizer_step = cb_optimizer;
     o.activation_bytes = cb_act_bytes;
+    o.set_progress = cb_set_progress;
     return o;
 }
 

@@ -98,8 +98,11 @@ xmesh_result_t xmp_ut_ckpt_save(xmp_ut_slayer_t *const *layers, MPI_Comm comm, c
         r = xmp_ckpt_metalist_setf(&m, extra[i].key, "%s", extra[i].value);
     int k = 0;
     int bad = r || (k = entries(layers, &nt, &ts, &names, &store)) < 0, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
-    if (any)
+    any = bad;
+    xmesh_result_t ar = xmp_agree(&any, 1, MPI_INT, MPI_MAX, comm, "ut save");
+    if (ar)
+        r = ar;
+    else if (any)
         r = xmp_err(XMESH_ERR_NO_MEMORY, "utransformer checkpoint save: out of memory");
     else
         r = xmp_ckpt_save(comm, root, step, ts, k, m.kv, m.n, keep);
@@ -181,8 +184,11 @@ xmesh_result_t xmp_ut_ckpt_load(xmp_ut_slayer_t *const *layers, MPI_Comm comm, x
     xmesh_result_t r = cfg_meta(cfg, &m);
     int k = 0;
     int bad = r || (k = entries(layers, &nt, &ts, &names, &store)) < 0, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
-    if (any)
+    any = bad;
+    xmesh_result_t ar = xmp_agree(&any, 1, MPI_INT, MPI_MAX, comm, "ut load");
+    if (ar)
+        r = ar;
+    else if (any)
         r = xmp_err(XMESH_ERR_NO_MEMORY, "utransformer checkpoint load: out of memory");
     else
         r = xmp_ckpt_load(comm, ctx, ck, ts, k, m.kv, m.n, XMP_CKPT_STRICT);

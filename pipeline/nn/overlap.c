@@ -409,11 +409,16 @@ xmesh_result_t xmp_linear_forward_cm(const xmp_overlap_t *ov, const xmp_tensor_t
         xmp_tensor_free(&yc);
     }
     if (r) {
-        for (int c = 0; c < na; c++) /* finish the posted broadcasts before freeing */
-            if (q[c] != MPI_REQUEST_NULL)
-                MPI_Wait(&q[c], MPI_STATUS_IGNORE);
+        /* broadcasts still posted: finish them with the deadline; when that fails too, abandon
+         * wfull and q (MPI may still write them) */
+        char keep[512];
+        snprintf(keep, sizeof keep, "%s", xmp_last_error());
+        xmesh_result_t wr = xmp_waitall(na, q, m->axis[axis], what);
+        xmp_err(r, "%s", keep);
         if (have_y)
             xmp_tensor_free(y);
+        if (wr)
+            return r;
     } else if (!have_y) { /* O == 0 */
         r = cm_plain(x, ws, use, b, y);
     }

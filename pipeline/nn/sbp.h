@@ -78,6 +78,7 @@
 #include <xmesh.h>
 #include <xmesh/mpi.h>
 
+#include "nn/coll.h"
 #include "nn/error.h"
 
 #ifdef __cplusplus
@@ -141,67 +142,8 @@ void xmp_comm_counts_reset(void);
 /* "allreduce", "allgather", "reduce_scatter", "alltoall"; NULL out of range. */
 const char *xmp_coll_kind_name(int kind);
 
-/* Collectives of nn/ (boxing and the SBP layers: every collective goes through these).
- * Each is posted nonblocking (MPI_Iallreduce, MPI_Iallgatherv, MPI_Ireduce_scatter; the
- * all-to-all as MPI_Isend/MPI_Irecv pairs, see sbp.c) on staging copies and waited by xmp_wait: the
- * wait ends with XMESH_ERR_TIMEOUT after XMESH_TIMEOUT_S seconds (default 300, 0 = no bound; read
- * at every call, as lib/ reads it), the message naming this rank, the collective and its caller
- *     ("rank 1: MPI_Iallreduce (boxing 'P' axis 0) over world ranks 0,1,2,3 timed out ..."),
- *   XMESH_ERR_REMOTE as soon as a failure notice of another rank arrives (xmp_fail), naming
- *     the failed rank and its message; once a failure is known every later collective fails
- *     at once without being posted;
- * and never calls MPI_Abort. An abandoned collective (MPI cannot cancel one) keeps its
- * staging buffers allocated forever, so the caller's buffers are never written after the
- * call returns, and its communicator must not be used again: after such an error the
- * process should report and end. what names the caller for the message. Collective over
- * comm; buffers as the MPI calls (send buffers read, receive buffers written on success
- * only). */
-xmesh_result_t xmp_allreduce(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
-                             const char *what);
-xmesh_result_t xmp_allgatherv(const void *sbuf, int scount, void *rbuf, const int *rcounts,
-                              const int *rdispls, MPI_Datatype ty, MPI_Comm comm, const char *what);
-xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcounts, MPI_Datatype ty,
-                                  MPI_Op op, MPI_Comm comm, const char *what);
-xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sdispls, void *rbuf,
-                             const int *rcounts, const int *rdispls, MPI_Datatype ty, MPI_Comm comm,
-                             const char *what);
-/* Control messages of the models and trainers (status agreement, parameter gathers): the
- * same deadline and failure-notice behaviour as the collectives above, but not boxing, so never
- * counted in xmp_comm_counts. xmp_agree is an all-reduce of count elements in place (e.g. an
- * int error flag with MPI_MAX); xmp_send / xmp_recv are a point-to-point message (comm ranks),
- * waited with the deadline (the message names the peer). Buffers written on success only. */
-xmesh_result_t xmp_agree(void *buf, int count, MPI_Datatype ty, MPI_Op op, MPI_Comm comm,
-                         const char *what);
-xmesh_result_t xmp_send(const void *buf, int count, MPI_Datatype ty, int dest, int tag,
-                        MPI_Comm comm, const char *what);
-xmesh_result_t xmp_recv(void *buf, int count, MPI_Datatype ty, int src, int tag, MPI_Comm comm,
-                        const char *what);
-/* Waits for one (all nreq) nonblocking requests of nn/ as above (adds the time to
- * xmp_comm_seconds). */
-xmesh_result_t xmp_wait(MPI_Request *req, MPI_Comm comm, const char *what);
-xmesh_result_t xmp_waitall(int nreq, MPI_Request *req, MPI_Comm comm, const char *what);
-/* XMESH_TIMEOUT_S in seconds (the library's parameter table: 300 when unset, or refused with a
- * warning when malformed; 0 = no bound). */
-double xmp_timeout_s(void);
-
-/* Failure notices. A rank that fails (and will not join the collectives the others are in)
- * calls xmp_fail(comm, msg): it posts a notice of msg to every other rank of comm (sent on
- * MPI_COMM_WORLD with the reserved tag XMP_FAIL_TAG; pass MPI_COMM_WORLD to reach every
- * stage of a pipeline), records itself as failed and returns without waiting. Ranks waiting
- * in (or later starting) an nn/ collective end with XMESH_ERR_REMOTE naming it. Not
- * collective. Returns NO_MEMORY only. Applications must not use XMP_FAIL_TAG on
- * MPI_COMM_WORLD. */
-#define XMP_FAIL_TAG 32760
-/* The tag of nn/'s all-to-alls (point-to-point pairs on the axis communicator; blocking
- * xmp_alltoallv and the nonblocking boxing step use it alike, posted in program order). */
-#define XMP_A2A_TAG 7411
-#define XMP_NOTICE_BYTES 256
-xmesh_result_t xmp_fail(MPI_Comm comm, const char *msg);
-/* World rank of the first failure this process knows of (its own included), -1 if none;
- * msg (may be NULL) receives its notice. Polls for notices. */
-int xmp_failed_rank(char *msg, size_t n);
-/* Forgets a known failure (tests, or a job that rebuilt its communicators). */
-void xmp_fail_clear(void);
+/* Collectives of nn/ (boxing and the SBP layers: every collective goes through them), the
+ * deadline, failure notices and xmp_timeout_s: nn/coll.h, the one engine of pipeline/. */
 
 /* A mesh group. Public fields are read-only for callers. */
 typedef struct xmp_mesh {

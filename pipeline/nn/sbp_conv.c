@@ -379,11 +379,13 @@ static xmesh_result_t gn_deduce(const xmp_tensor_t *x, const xmp_tensor_t *gamma
 }
 
 /* Sums n doubles over every mesh axis that splits the channels (collective over those axes). */
-static void ch_allreduce(const xmp_mesh_t *m, const xmp_sbp_t *tx, double *buf, int n)
+static xmesh_result_t ch_allreduce(const xmp_mesh_t *m, const xmp_sbp_t *tx, double *buf, int n)
 {
-    for (int a = 0; a < m->ndim && m->member; a++)
+    xmesh_result_t r = XMESH_SUCCESS;
+    for (int a = 0; a < m->ndim && m->member && !r; a++)
         if (is_ch(tx[a]))
-            XMP_TIMED_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, m->axis[a]));
+            r = xmp_agree(buf, n, MPI_DOUBLE, MPI_SUM, m->axis[a], "group norm statistics");
+    return r;
 }
 
 /* Group norm of my block bx when groups span ranks (two-pass statistics, all-reduced). */
@@ -408,7 +410,11 @@ static xmesh_result_t gn_span_forward(const xmp_tensor_t *bx, const xmp_sbp_t *t
                     acc += pass ? ((double)p[i] - mu) * ((double)p[i] - mu) : (double)p[i];
                 s[g] += acc;
             }
-        ch_allreduce(bx->mesh, tx, s, (int)(nl * groups));
+        xmesh_result_t r = ch_allreduce(bx->mesh, tx, s, (int)(nl * groups));
+        if (r) {
+            free(s);
+            return r;
+        }
         for (int64_t g = 0; g < nl * groups; g++) {
             if (pass)
                 rstd[g] = (float)(1.0 / sqrt(s[g] / M + 1e-5));
@@ -461,7 +467,11 @@ static xmesh_result_t gn_span_backward(const xmp_tensor_t *bx, const xmp_sbp_t *
                 s[2 * g + 1] += d * ((double)x[o + i] - mean[g]) * rstd[g];
             }
         }
-    ch_allreduce(bx->mesh, tx, s, (int)(2 * nl * groups));
+    xmesh_result_t r = ch_allreduce(bx->mesh, tx, s, (int)(2 * nl * groups));
+    if (r) {
+        free(s);
+        return r;
+    }
     for (int64_t n = 0; n < nl; n++)
         for (int64_t c = 0; c < cl; c++) {
             int64_t g = n * groups + (c0 + c) / cpg, o = (n * cl + c) * hw;

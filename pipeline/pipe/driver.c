@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "pipe/driver.h"
 #include "util/xmp_err.h"
+#include "nn/coll.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,8 +65,6 @@ struct xmp_driver {
     int held, peak_held;
     int64_t peak_bytes;
 };
-
-static _Thread_local xmp_driver_t *current_driver;
 
 static void derr(xmp_driver_t *d, const char *fmt, ...)
 {
@@ -219,10 +218,22 @@ static xmesh_result_t progress_all(xmp_driver_t *d)
 
 void xmp_driver_progress(xmp_driver_t *d)
 {
-    if (d == NULL)
-        d = current_driver;
     if (d != NULL)
         (void)progress_all(d); /* errors resurface at the next wait */
+}
+
+/* The progress function the stages get for a step (set_progress). */
+static void stage_progress(void *arg)
+{
+    xmp_driver_progress(arg);
+}
+
+/* Hands every stage of this rank its progress function (on), or takes it back. */
+static void bind_progress(xmp_driver_t *d, int on)
+{
+    for (int c = 0; c < d->nch; c++)
+        if (d->ch_ops[c].set_progress)
+            d->ch_ops[c].set_progress(d->ch_ops[c].user, on ? stage_progress : NULL, on ? d : NULL);
 }
 
 /* Blocks until transfer mb of plan p completed on this rank. */
@@ -578,7 +589,10 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
             }
         }
     }
-    MPI_Barrier(cfg->comm);
+    if ((r = xmp_barrier(cfg->comm, "driver create")) != XMESH_SUCCESS) {
+        fail(err, errlen, r, "driver: %s", xmp_last_error());
+        goto out_destroy;
+    }
     d->t_origin = MPI_Wtime();
     *out = d;
     return XMESH_SUCCESS;
@@ -807,15 +821,18 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
     d->compute_s = d->wait_s = d->loss_acc = 0;
     d->held = d->peak_held = 0;
     d->peak_bytes = 0;
-    MPI_Barrier(d->cfg.comm);
+    if ((r = xmp_barrier(d->cfg.comm, "driver step start")) != XMESH_SUCCESS) {
+        derr(d, "%s", xmp_last_error());
+        (void)xmp_fail_here(d->cfg.comm, d->err);
+        return r;
+    }
     xmesh_ctx_stats_t x0, x1;
     memset(&x0, 0, sizeof x0);
     memset(&x1, 0, sizeof x1);
     if (d->cfg.ctx)
         xmesh_ctx_get_stats(d->cfg.ctx, &x0);
     double t_start = MPI_Wtime();
-    xmp_driver_t *saved = current_driver;
-    current_driver = d;
+    bind_progress(d, 1);
     if (d->group >= 0) {
         for (int j = 0; j < s->len[d->group] && r == XMESH_SUCCESS; j++) {
             r = progress_all(d);
@@ -823,15 +840,23 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
                 r = run_action(d, s->acts[d->group][j]);
         }
     }
-    current_driver = saved;
+    bind_progress(d, 0);
     double local = MPI_Wtime() - t_start;
     if (d->cfg.ctx)
         xmesh_ctx_get_stats(d->cfg.ctx, &x1);
+    /* One closing all-reduce (step time) with the engine's deadline. A rank whose step failed
+     * here does not join it: it tells the others (a notice naming the rank that does not answer,
+     * if one does not, else itself), so their all-reduce ends at once instead of at the
+     * timeout. On success every request of the step has been waited for. */
     double step = local;
-    /* every request of the step has been waited for by the action list */
-    MPI_Allreduce(&local, &step, 1, MPI_DOUBLE, MPI_MAX, d->cfg.comm);
-    int bad = r != XMESH_SUCCESS, anybad = 0;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, d->cfg.comm);
+    if (r != XMESH_SUCCESS) {
+        (void)xmp_fail_here(d->cfg.comm, d->err);
+    } else if ((r = xmp_agree(&step, 1, MPI_DOUBLE, MPI_MAX, d->cfg.comm, "driver step outcome")) !=
+               XMESH_SUCCESS) {
+        derr(d, "%s", xmp_last_error());
+        (void)xmp_fail_here(d->cfg.comm, d->err);
+        step = local;
+    }
     d->step_no++;
     if (stats) {
         memset(stats, 0, sizeof(*stats));
@@ -846,10 +871,6 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
         stats->xmesh_cpu_s =
             (x1.progress_cpu_s - x0.progress_cpu_s) + (x1.wait_cpu_s - x0.wait_cpu_s);
         stats->xmesh_staged_bytes = x1.staged_bytes - x0.staged_bytes;
-    }
-    if (r == XMESH_SUCCESS && anybad) {
-        derr(d, "step failed on another rank");
-        r = XMESH_ERR_REMOTE;
     }
     return r;
 }
@@ -997,7 +1018,14 @@ xmesh_result_t xmp_driver_write_trace(xmp_driver_t *d, const char *path)
         lens = calloc((size_t)d->size, sizeof(int));
         displs = calloc((size_t)d->size, sizeof(int));
     }
-    MPI_Gather(&n, 1, MPI_INT, lens, 1, MPI_INT, 0, d->cfg.comm);
+    xmesh_result_t r = xmp_gather(&n, 1, lens, MPI_INT, 0, d->cfg.comm, "trace lengths");
+    if (r != XMESH_SUCCESS) {
+        derr(d, "trace: %s", xmp_last_error());
+        free(lens);
+        free(displs);
+        free(mine);
+        return r;
+    }
     long total = 0;
     if (d->rank == 0) {
         for (int i = 0; i < d->size; i++) {
@@ -1006,8 +1034,16 @@ xmesh_result_t xmp_driver_write_trace(xmp_driver_t *d, const char *path)
         }
         all = malloc((size_t)total + 1);
     }
-    MPI_Gatherv(mine, n, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, d->cfg.comm);
-    xmesh_result_t r = ok ? XMESH_SUCCESS : XMESH_ERR_NO_MEMORY;
+    r = xmp_gatherv(mine, n, all, lens, displs, MPI_CHAR, 0, d->cfg.comm, "trace events");
+    if (r != XMESH_SUCCESS) {
+        derr(d, "trace: %s", xmp_last_error());
+        free(lens);
+        free(displs);
+        free(all);
+        free(mine);
+        return r;
+    }
+    r = ok ? XMESH_SUCCESS : XMESH_ERR_NO_MEMORY;
     if (d->rank == 0) {
         FILE *f = all ? fopen(path, "w") : NULL;
         if (f == NULL) {

@@ -56,8 +56,15 @@
  *   activation_bytes(user)   optional (NULL): bytes of activations the stage
  *                            currently holds; queried after every compute
  *                            action to report the peak.
- * The callbacks may call xmp_driver_progress(NULL) between layers so that
- * queued transfers are issued and finished ones retired while they compute.
+ *   set_progress(user, progress, arg)   optional (NULL): for the duration of
+ *                            each xmp_driver_step the driver hands the stage
+ *                            its progress function (progress(arg) issues
+ *                            queued transfers and retires finished ones;
+ *                            never blocks); after the step it calls
+ *                            set_progress(user, NULL, NULL). A stage calls
+ *                            progress(arg) between layers, so transfers move
+ *                            while it computes. Passed explicitly: no
+ *                            driver is reachable through hidden state.
  *
  * Virtual stages: when the schedule puts several model stages on one rank group
  * (sched->stage_group), the meshes of those stages list the same ranks (order and shape may
@@ -146,6 +153,7 @@ typedef struct {
     int (*reduce_grads)(void *user);
     int (*optimizer_step)(void *user);
     int64_t (*activation_bytes)(void *user);
+    void (*set_progress)(void *user, void (*progress)(void *arg), void *arg);
 } xmp_stage_ops_t;
 
 /* One stage's mesh: prod(shape) distinct ctx ranks, row-major. Stages use
@@ -229,8 +237,7 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
                                  size_t errlen);
 /* Collective: runs this rank's action list once (one training step). */
 xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats);
-/* Issues queued starts and retires finished requests; never blocks. d NULL:
- * the driver currently running xmp_driver_step on this thread (no-op if none). */
+/* Issues queued starts and retires finished requests; never blocks. NULL: no-op. */
 void xmp_driver_progress(xmp_driver_t *d);
 /* This rank's stage (-1: none); with virtual stages its group's lowest stage. */
 int xmp_driver_stage(const xmp_driver_t *d);

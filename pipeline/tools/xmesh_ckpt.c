@@ -190,8 +190,11 @@ static int from_llmc(int argc, char **argv)
     int bad = xmp_gpt2_load(&m, file) != 0;
     if (bad)
         snprintf(err, sizeof err, "--from-llmc: %s", xmp_last_error());
-    int any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int any = bad;
+    if (xmp_agree(&any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, "--from-llmc read")) {
+        xmp_gpt2_free(&m);
+        return fail(rank, "%s%s", xmp_last_error(), "");
+    }
     if (any) {
         xmp_gpt2_free(&m);
         return fail(rank, "%s%s", *err ? err : "another rank could not read the file", "");
@@ -291,7 +294,10 @@ int main(int argc, char **argv)
         if (rank == 0)
             usage(stderr);
     }
-    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (xmp_bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD, "exit status")) {
+        fprintf(stderr, "xmesh-ckpt: %s\n", xmp_last_error());
+        xmp_end_job(1); /* a rank does not answer: MPI_Finalize would wait for it */
+    }
     MPI_Finalize();
     return rc;
 }

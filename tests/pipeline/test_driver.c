@@ -46,7 +46,10 @@ typedef struct {
     double W[NC * NC], gW[NC * NC], last_gW[NC * NC];
     double x[MAXM][NR * NC], y[MAXM][NR * NC], gz[MAXM][NR * NC];
     int held;
-    int signal, nonzero_in; /* signal mode: inputs must stay zero */
+    int signal, nonzero_in;      /* signal mode: inputs must stay zero */
+    void (*progress)(void *arg); /* the driver's, during a step (set_progress) */
+    void *progress_arg;
+    int progress_calls; /* progress given and called during forwards */
 } toy_t;
 
 static double init_w(int s, int i, int j)
@@ -115,7 +118,10 @@ static int toy_forward(void *u, int mb, const void *const *in, void *const *out,
     }
     for (int i = 0; i < nr; i++) {
         layer_fwd_row(NC, x + i * NC, t->W, y + i * NC);
-        xmp_driver_progress(NULL); /* between "layers", as a model would */
+        if (t->progress) { /* between "layers", as a model would */
+            t->progress(t->progress_arg);
+            t->progress_calls++;
+        }
     }
     for (int e = 0; e < g->nedges; e++)
         if (g->e[e].src == t->s)
@@ -178,6 +184,13 @@ static int toy_step(void *u)
     toy_t *t = u;
     sgd_step(NC * NC, LR, t->W, t->gW, t->last_gW);
     return 0;
+}
+
+static void toy_set_progress(void *u, void (*fn)(void *arg), void *arg)
+{
+    toy_t *t = u;
+    t->progress = fn;
+    t->progress_arg = arg;
 }
 
 static int64_t toy_bytes(void *u)
@@ -373,6 +386,7 @@ static void run_case(xmesh_ctx_t ctx, const graph_t *g, const ref_t *ref, int ki
     cfg.ops.reduce_grads = toy_reduce;
     cfg.ops.optimizer_step = toy_step;
     cfg.ops.activation_bytes = toy_bytes;
+    cfg.ops.set_progress = toy_set_progress;
     xmp_driver_t *d = NULL;
     xmesh_result_t r = xmp_driver_create(&cfg, &d, err, sizeof(err));
     if (r != XMESH_SUCCESS) {
@@ -389,6 +403,12 @@ static void run_case(xmesh_ctx_t ctx, const graph_t *g, const ref_t *ref, int ki
                     xmp_comm_mode_name(mode), xmp_driver_error(d));
             failures++;
             break;
+        }
+        /* progress is handed over explicitly for the step and taken back after it */
+        if (t.progress != NULL || (t.s >= 0 && t.nr > 0 && t.progress_calls == 0)) {
+            fprintf(stderr, "FAIL rank %d %s: progress %s after the step, %d calls\n", rank,
+                    s->name, t.progress ? "still set" : "unset", t.progress_calls);
+            failures++;
         }
         double loss = 0;
         MPI_Allreduce(&st.loss, &loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);

@@ -3,7 +3,7 @@
  *     returns XMESH_ERR_REMOTE naming rank 2 well within T, y untouched; a later
  *     xmp_box_start fails at once ("not started");
  *  2. rank 3 never starts an S(0) -> B box on a fresh mesh: ranks 0, 1, 2 get
- *     XMESH_ERR_TIMEOUT from xmp_box_wait within [T, T + 2.5 s], y untouched.
+ *     XMESH_ERR_TIMEOUT from xmp_box_wait naming rank 3 within [T, T + 2.5 s], y untouched.
  * Every rank reaches MPI_Finalize; the exit code says it all. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +70,7 @@ int main(int argc, char **argv)
         const char *msg = xmp_last_error();
         EXPECT(r == XMESH_ERR_TIMEOUT && strstr(msg, "timed out") && strstr(msg, "MPI_Iallgatherv"),
                "wait returned %d (%s), expected TIMEOUT", (int)r, msg);
+        EXPECT(strstr(msg, ": rank 3 does not answer"), "message does not name rank 3: %s", msg);
         EXPECT_TIMEOUT_WINDOW(el, T);
         EXPECT(!memcmp(&y2, &y0, sizeof y2), "output written on error");
         printf("[rank %d] case 2: %.3f s: %s\n", g_rank, el, msg);

@@ -5,7 +5,8 @@
  *     within the timeout (< T / 2), their output untouched; a later collective fails at once
  *     without being posted; so does a layer (layer norm with a channel split);
  *  2. rank 3 never arrives at a boxing (S(0),S(1) -> B,B on a fresh 2x2 mesh): ranks 0, 1, 2
- *     return XMESH_ERR_TIMEOUT naming the collective within [T, T + 2.5 s].
+ *     return XMESH_ERR_TIMEOUT naming the collective and rank 3 (it does not answer the
+ *     engine's liveness ping) within [T, T + 2.5 s].
  * Nobody calls MPI_Abort: every rank reaches MPI_Finalize and the exit code says it all. */
 #include <math.h>
 #include <stdio.h>
@@ -96,6 +97,8 @@ int main(int argc, char **argv)
         EXPECT(strstr(msg, "MPI_Iallgatherv") && strstr(msg, "timed out") &&
                    strstr(msg, "XMESH_TIMEOUT_S"),
                "message does not name the collective and the timeout: %s", msg);
+        /* the rank it waited for: the liveness ping finds the one that does not answer */
+        EXPECT(strstr(msg, ": rank 3 does not answer"), "message does not name rank 3: %s", msg);
         EXPECT_TIMEOUT_WINDOW(el, T);
         EXPECT(!memcmp(&y2, &y0, sizeof y2), "output written on error");
         printf("[rank %d] case 2: %.3f s: %s\n", g_rank, el, msg);
