@@ -233,10 +233,22 @@ static double p_chain_bound(const xm_prep_t *q, int t)
         if (inter_min > hops)
             inter_min = hops;
         double v = hops * c->latency_s + (hops - inter_min) * ch / maxbw;
-        if (inter_min > 0)
+        if (inter_min > 0) {
             v += (inter_min + K - 1) * ch / inter;
-        else
+            /* The first hop may be inside a host: its window of a0 chunks
+             * (send_ahead) goes at intra speed and only K - a0 chunks are
+             * paced by the slowest hop, so the chain can be up to
+             * (a0 - 1) (c / inter - c / intra) shorter than above. */
+            if (hops > inter_min) {
+                int64_t a0 = xm_hop_fill_inline(c, K, 0, 0);
+                double w = hops * c->latency_s + (hops - inter_min - 1 + a0) * ch / maxbw +
+                           (inter_min + K - a0) * ch / inter;
+                if (w < v)
+                    v = w;
+            }
+        } else {
             v += (K - 1) * ch / maxbw;
+        }
         if (v > best)
             best = v;
     }

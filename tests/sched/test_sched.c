@@ -989,6 +989,124 @@ static void test_schedule_plan_split(void **state)
     }
 }
 
+/* ------------------------------------------------- tiny pipelining chunks */
+
+/* Random pipeline settings of the executors (send_ahead, forward_ahead,
+ * sync_send) and chunks of a few bytes: many chunks per task, so that a
+ * chain's first window counts. */
+static void tiny_chunks(uint64_t *rng, xm_cluster_t *c)
+{
+    c->chunk_bytes = xt_range(rng, 1, 64);
+    c->send_ahead = xt_range(rng, 1, 4);
+    c->forward_ahead = xt_range(rng, 1, 4);
+    c->sync_send = xt_range(rng, 0, 3) == 0;
+}
+
+/* Every scheduler (and xm_lower_bound for broadcast) against the makespan
+ * and the simulated makespan of its schedule. */
+static void check_bound(inst_t *in, uint64_t *rng, int it, const char *what)
+{
+    xmesh_strategy_t st = xt_range(rng, 0, 3) ? XMESH_STRATEGY_BROADCAST : XMESH_STRATEGY_SENDRECV;
+    double lb_any = xm_lower_bound(&in->ts, &in->c);
+    for (int k = 0; k < XMESH_SCHEDULER_COUNT_; k++) {
+        xm_sched_opts_t o = opts(k, st, it, 200);
+        xm_schedule_t s;
+        assert_int_equal(xm_schedule(&in->ts, &in->c, &o, &s), XMESH_SUCCESS);
+        xm_sim_result_t res;
+        assert_int_equal(xm_simulate(&in->ts, &in->c, &s, &res, NULL), XMESH_SUCCESS);
+        double ms = res.makespan_s < s.makespan_s ? res.makespan_s : s.makespan_s;
+        if (s.lower_bound_s > ms * (1 + 1e-12) ||
+            (st == XMESH_STRATEGY_BROADCAST && lb_any > ms * (1 + 1e-12)))
+            fail_msg("seed %llu it %d %s %s %s: chunk %lld ahead %d/%d sync %d nics %d: bound "
+                     "%.12g (any %.12g) > makespan %.12g (simulated %.12g)",
+                     (unsigned long long)g_seed, it, what, xmesh_scheduler_name(k),
+                     st == XMESH_STRATEGY_SENDRECV ? "sendrecv" : "broadcast",
+                     (long long)in->c.chunk_bytes, in->c.send_ahead, in->c.forward_ahead,
+                     in->c.sync_send, in->c.nics_per_host, s.lower_bound_s, lb_any, s.makespan_s,
+                     res.makespan_s);
+        xm_sim_result_free(&res);
+        xm_schedule_free(&s);
+    }
+}
+
+/* A few small tensors through xm_decompose_many (packed or not) on a pair
+ * of 2-d meshes, partial sums among the source shardings. */
+static void make_many(uint64_t *rng, inst_t *in)
+{
+    static const char *const ss[] = {"B,B", "S(0),B", "B,S(1)", "S(0),S(1)", "P,B",
+                                     "B,P", "P,S(0)", "S(1),P", "P,P"};
+    static const char *const ds[] = {"B,B", "S(0),B", "B,S(1)", "S(1),S(0)", "S(0),S(1)"};
+    memset(in, 0, sizeof *in);
+    int sm[2] = {xt_range(rng, 1, 3), xt_range(rng, 1, 2)};
+    int dm[2] = {xt_range(rng, 1, 3), xt_range(rng, 1, 2)};
+    int *sd, *dd;
+    assert_int_equal(xm_hostmap_default(sm, 2, dm, 2, xt_range(rng, 0, 1), &in->hm, &sd, &dd),
+                     XMESH_SUCCESS);
+    enum { MAXN = 6 };
+    int n = xt_range(rng, 1, MAXN);
+    xm_layout_t L[2][MAXN];
+    memset(L, 0, sizeof L);
+    for (int i = 0; i < n; i++) {
+        int64_t shape[2] = {xt_range(rng, 1, 12), xt_range(rng, 1, 12)};
+        for (int s = 0; s < 2; s++) {
+            xm_layout_t *l = &L[s][i];
+            const int *m = s ? dm : sm;
+            l->ndim = 2;
+            l->shape[0] = shape[0];
+            l->shape[1] = shape[1];
+            l->elem_size = 4;
+            l->mesh.ndim = 2;
+            l->mesh.shape[0] = m[0];
+            l->mesh.shape[1] = m[1];
+            l->mesh.ndev = m[0] * m[1];
+            l->mesh.devs = s ? dd : sd;
+            const char *spec = s ? ds[xt_range(rng, 0, 4)] : ss[xt_range(rng, 0, 8)];
+            assert_int_equal(xm_spec_parse(spec, 2, 2, &l->spec), XMESH_SUCCESS);
+        }
+    }
+    int pack = xt_range(rng, 0, 1);
+    assert_int_equal(xm_decompose_many(n, L[0], L[1], NULL, &in->hm, pack ? 1 << 20 : 0,
+                                       xt_range(rng, 16, 2048), &in->ts),
+                     XMESH_SUCCESS);
+    assert_int_equal(xm_cluster_init(&in->c, &in->hm), XMESH_SUCCESS);
+    free(sd);
+    free(dd);
+}
+
+/* With chunks of a few bytes the lower bound still lies below the makespan
+ * of every plan (a P chain whose first hop stays inside a host sends its
+ * first send_ahead chunks at intra-host speed). */
+static void test_lower_bound_tiny_chunks(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x7171;
+    printf("  test_lower_bound_tiny_chunks: seed %llu\n", (unsigned long long)g_seed);
+    for (int it = 0; it < 300; it++) {
+        inst_t in;
+        if (it % 2) {
+            make_random(&rng, &in, xt_range(&rng, 1, 12), 3, xt_range(&rng, 1, 2));
+            int64_t lo = 0; /* small tasks: a few to a hundred chunks */
+            for (int t = 0; t < in.ts.ntasks; t++) {
+                xm_task_t *k = &in.ts.tasks[t];
+                k->bytes = xt_range(&rng, 1, 4096);
+                k->box.lo[0] = lo;
+                k->box.hi[0] = lo += k->bytes;
+            }
+            in.ts.shape[0] = in.ts.bytes_total = lo;
+        } else {
+            make_many(&rng, &in);
+            in.c.nics_per_host = xt_range(&rng, 1, 2);
+            in.c.nic_send_Bps = 1.25e9 * (xt_range(&rng, 0, 1) ? 1.0 : 0.5);
+            in.c.nic_recv_Bps = 1.25e9;
+            in.c.intra_Bps = xt_range(&rng, 0, 1) ? 100e9 : 5e9;
+            in.c.latency_s = xt_range(&rng, 0, 3) * 5e-6;
+        }
+        tiny_chunks(&rng, &in.c);
+        check_bound(&in, &rng, it, it % 2 ? "synthetic" : "many tensors");
+        inst_free(&in);
+    }
+}
+
 int main(void)
 {
     g_seed = xt_seed("test_sched");
@@ -997,6 +1115,7 @@ int main(void)
         cmocka_unit_test(test_chain_vs_chunk_events),
         cmocka_unit_test(test_routes_and_sim_random),
         cmocka_unit_test(test_lower_bound_random),
+        cmocka_unit_test(test_lower_bound_tiny_chunks),
         cmocka_unit_test(test_dfs_matches_brute_force),
         cmocka_unit_test(test_same_seed_same_plan),
         cmocka_unit_test(test_schedule_from_rejects),
