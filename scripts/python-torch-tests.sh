@@ -18,6 +18,16 @@
 #   mpirun runs the rest of the suite (a sample of pairs through the other
 #   tests) and both examples.
 # A libxmesh without UCX runs mpirun only (torchrun is reported NOT RUN).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+launchers="torchrun mpirun" nps="4 8"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --launcher) launchers=$2; shift 2 ;;
+    --np) nps=$2; shift 2 ;;
+    *) echo "usage: $0 [--launcher \"torchrun mpirun\"] [--np \"4 8\"]"; exit 2 ;;
+  esac
+done
 venv=build-py/venv
 py=$PWD/$venv/bin/python
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
