@@ -29,6 +29,7 @@ process group. With a libxmesh that exports ``xmesh_ctx_create_ucx`` (the
 MPI-free bootstrap) the ranks exchange addresses through the group's
 all-gather (gloo, CPU byte tensors) and no MPI is needed (torchrun); without
 it, the processes must run under ``mpirun`` and mpi4py's COMM_WORLD is used.
+``XMESH_TORCH_BOOTSTRAP=oob|mpi`` (or ``init(bootstrap=...)``) chooses.
 """
 
 import collections
@@ -148,12 +149,6 @@ def _oob_allgather(group, size, on_error):
             return -1
 
     return allgather
-
-
-def _weakset():
-    import weakref
-
-    return weakref.WeakSet()
 
 
 # typedef struct { int rank, size; int (*allgather)(void *user, const void *send,
