@@ -69,7 +69,8 @@ for launcher in $launchers; do
       cat "$log"; echo "python-torch: FAILED under $launcher -np $np, exit $rc"; exit 1
     fi
     grep -m1 -E "seed [0-9]+" "$log" | sed 's/rank [0-9]* of/ranks:/' || true
-    echo "python-torch: every rank: $(grep -E '^[0-9]+ passed|^[0-9]+ failed' "$log" | sed 's/ in [0-9.]*s.*$//' | sort | uniq -c | tr -s ' ' | paste -sd ';')"
+    # (not anchored: ranks' lines may interleave in mpirun's output)
+    echo "python-torch: every rank: $(grep -oE '[0-9]+ (passed|failed)[a-z0-9, ]* in [0-9.]+s' "$log" | sed 's/ in [0-9.]*s$//' | sort | uniq -c | tr -s ' ' | paste -sd ';')"
   done
   for ex in python/examples/torch_*.py; do
     [ -e "$ex" ] || continue
