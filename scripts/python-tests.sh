@@ -88,7 +88,8 @@ if (cd /tmp && "$py" -c 'import sys, xmesh._lib as l; sys.exit(l.ctx_create_ucx 
 else
   echo "python: libxmesh without UCX: plan_many over UCX NOT RUN"
 fi
-# xmesh.torch: its own pytest suite and examples, 4 and 8 processes.
+# xmesh.torch: its own pytest suite and examples, 4 and 8 processes, under
+# torchrun (no MPI: UCX through the process group) and mpirun (mpi4py).
 echo "python: xmesh.torch (scripts/python-torch-tests.sh)"
 scripts/python-torch-tests.sh
 echo "python: all passed"

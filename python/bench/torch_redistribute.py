@@ -14,8 +14,9 @@ warm-up (which makes xmesh's plans); median, min and max over --iters. Every
 result is checked once against the source. Prints a table and, with --json,
 writes the figures.
 
-    mpirun -np 8 python python/bench/torch_redistribute.py [--rows 4096 --cols 1024]
-        [--scale 1.0] [--iters 10] [--warmup 2] [--json out.json]
+    torchrun --standalone --nproc-per-node 8 python/bench/torch_redistribute.py
+        [--rows 4096 --cols 1024] [--scale 1.0] [--iters 10] [--warmup 2] [--json out.json]
+    mpirun -np 8 python python/bench/torch_redistribute.py [same options]
 """
 
 import argparse

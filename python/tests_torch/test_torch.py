@@ -304,6 +304,39 @@ def test_state_dict_both_paths_equal(seed):
     check_result(out["wo"], full["wo"], dmesh, [Shard(1)], "callable placements")
 
 
+def test_state_dict_goes_through_one_plan(seed):
+    """By default a state dict moves through ONE plan of many (ctx.plan_many,
+    over MPI and over UCX alike), not one plan per tensor: one batch counted
+    as "many", none as "single", and the data right."""
+    ctx = xt.init()
+    assert hasattr(ctx, "plan_many"), "this xmesh package has no ctx.plan_many"
+    h = SIZE // 2
+    sm, dmesh = mesh(arange(h)), mesh(list(range(h, SIZE)))
+    sd, full = _state_dict(seed + 1, sm)
+    pl = {"wq": [Shard(1)], "wk": [Replicate()], "wo": [Shard(0)], "norm": [Shard(0)], "odd": [Shard(1)]}
+    before = xt.cache_info()
+    out = xt.redistribute_state_dict(sd, dmesh, pl)
+    after = xt.cache_info()
+    assert after.last_path == "many", f"the state dict went through {after.last_path!r} plans (transport {ctx.transport})"
+    assert (after.many, after.single) == (before.many + 1, before.single), (before, after)
+    for k in full:
+        check_result(out[k], full[k], dmesh, pl[k], f"state dict {k} (one plan, {ctx.transport})")
+
+
+def test_context_transport_matches_launcher():
+    """Under torchrun (no MPI) the context is UCX's, bootstrapped through the
+    process group's all-gather; under mpirun it is mpi4py's unless the
+    MPI-free bootstrap is available."""
+    ctx = xt.init()
+    want = os.environ.get("XMESH_TORCH_BOOTSTRAP")
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        assert xt.have_oob_bootstrap(), "torchrun needs a libxmesh with xmesh_ctx_create_ucx"
+        assert ctx.transport == "ucx", ctx.transport
+    if want:
+        assert ctx.transport == {"oob": "ucx", "mpi": "mpi"}[want], (want, ctx.transport)
+    assert ctx.size == SIZE and ctx.rank == RANK
+
+
 def test_plan_cache(seed):
     h = SIZE // 2
     sm, dmesh = mesh(arange(h)), mesh(list(range(h, SIZE)))

@@ -29,6 +29,7 @@ process group. With a libxmesh that exports ``xmesh_ctx_create_ucx`` (the
 MPI-free bootstrap) the ranks exchange addresses through the group's
 all-gather (gloo, CPU byte tensors) and no MPI is needed (torchrun); without
 it, the processes must run under ``mpirun`` and mpi4py's COMM_WORLD is used.
+``XMESH_TORCH_BOOTSTRAP=oob|mpi`` (or ``init(bootstrap=...)``) chooses.
 """
 
 import collections
@@ -126,16 +127,7 @@ class _OobContext(_xm.Context):
         if rc < 0:
             why = f" (all-gather over the torch group failed: {self._error})" if self._error else ""
             _xm._check(rc, "xmesh_ctx_create_ucx" + why)
-        self._h = out.value
-        self._meshes = _weakset()
-        self._plans = _weakset()
-        r = ctypes.c_int()
-        _xm._check(_lib.ctx_rank(self._h, ctypes.byref(r)))
-        self.rank = r.value
-        _xm._check(_lib.ctx_size(self._h, ctypes.byref(r)))
-        self.size = r.value
-        _xm._LIVE_CONTEXTS.add(self)
-        _xm._register_atexit()
+        self._adopt(out.value)
 
 
 def _oob_allgather(group, size, on_error):
@@ -157,12 +149,6 @@ def _oob_allgather(group, size, on_error):
             return -1
 
     return allgather
-
-
-def _weakset():
-    import weakref
-
-    return weakref.WeakSet()
 
 
 # typedef struct { int rank, size; int (*allgather)(void *user, const void *send,
@@ -208,6 +194,10 @@ class _State:
         self.plans = collections.OrderedDict()
         self.cache_size = int(os.environ.get("XMESH_TORCH_PLAN_CACHE", "64") or 64)
         self.hits = self.misses = 0
+        # moves started through one plan of many / through one plan per
+        # tensor (batches of one count as "single"), and the last one's path
+        self.many = self.single = 0
+        self.last_path = None
 
 
 _S = _State()
@@ -217,9 +207,11 @@ def init(group=None, *, bootstrap=None):
     """Makes the xmesh context over ``group`` (default: the default process
     group); collective over its ranks. Called by the first redistribute.
 
-    bootstrap: None (the MPI-free bootstrap when libxmesh has it, else
-    mpi4py), "oob" or "mpi". Under "mpi" the processes must run under mpirun
-    and the group's ranks must be MPI_COMM_WORLD's, in the same order.
+    bootstrap: None (the environment's XMESH_TORCH_BOOTSTRAP when set, else
+    the MPI-free bootstrap when libxmesh has it, else mpi4py), "oob" (UCX,
+    addresses exchanged through the group's all-gather) or "mpi" (mpi4py's
+    COMM_WORLD: the processes must run under mpirun and the group's ranks
+    must be MPI_COMM_WORLD's, in the same order).
     Returns the xmesh.Context.
     """
     if _S.ctx is not None:
@@ -229,7 +221,7 @@ def init(group=None, *, bootstrap=None):
     if not dist.is_available() or not dist.is_initialized():
         raise _xm._InvalidUsage("torch.distributed is not initialised: call torch.distributed.init_process_group first")
     g = group if group is not None else dist.group.WORLD
-    how = bootstrap or ("oob" if have_oob_bootstrap() else "mpi")
+    how = bootstrap or os.environ.get("XMESH_TORCH_BOOTSTRAP") or ("oob" if have_oob_bootstrap() else "mpi")
     if how == "oob":
         if not have_oob_bootstrap():
             raise _xm._InvalidUsage("this libxmesh has no xmesh_ctx_create_ucx (the MPI-free bootstrap): run under mpirun")
@@ -237,7 +229,7 @@ def init(group=None, *, bootstrap=None):
     elif how == "mpi":
         ctx = _mpi_context(g)
     else:
-        raise _xm._bad(f"bootstrap must be None, 'oob' or 'mpi', got {bootstrap!r}")
+        raise _xm._bad(f"bootstrap (or XMESH_TORCH_BOOTSTRAP) must be 'oob' or 'mpi', got {how!r}")
     _S.ctx, _S.group = ctx, g
     # a private CPU group for the agreement before each move, so that it can
     # never pair with a collective of the caller's on the same group
@@ -279,6 +271,8 @@ def shutdown():
         _S.ctx.close()
     _S.ctx = _S.group = _S.vgroup = _S.ranks = None
     _S.hits = _S.misses = 0
+    _S.many = _S.single = 0
+    _S.last_path = None
 
 
 def set_cache_size(n):
@@ -289,9 +283,15 @@ def set_cache_size(n):
     _evict()
 
 
+_CacheInfo = collections.namedtuple("CacheInfo", "hits misses size maxsize many single last_path")
+
+
 def cache_info():
-    """(hits, misses, plans cached, bound)."""
-    return collections.namedtuple("CacheInfo", "hits misses size maxsize")(_S.hits, _S.misses, len(_S.plans), _S.cache_size)
+    """(hits, misses, plans cached, bound, many, single, last_path): plan
+    cache hits and misses; batches started through one plan of many
+    (``many``) and through one plan per tensor (``single``); the last
+    batch's path, "many" or "single" (None before any)."""
+    return _CacheInfo(_S.hits, _S.misses, len(_S.plans), _S.cache_size, _S.many, _S.single, _S.last_path)
 
 
 def _evict():
@@ -529,13 +529,16 @@ def _start(moves, many=None):
         key = ("many",) + tuple(m.plan_key for m in moves)
         try:
             plan = _plan(key, lambda: ctx.plan_many([(m.src_layout, m.dst_layout) for m in moves]))
-        except NotImplementedError:  # a transport without plans of many (UCX): one plan per tensor
+        except NotImplementedError:  # a transport that refuses plans of many: one plan per tensor
             # (plan creation is collective and its refusal agreed, so every rank lands here)
             ctx._no_many = True
             return _start(moves, False)
         srcs = [None if m.src_local is None else _np_view(m.src_local) for m in moves]
         dsts = [None if m.dst_local is None else _np_view(m.dst_local) for m in moves]
-        return [plan.start(srcs, dsts)]
+        req = plan.start(srcs, dsts)
+        _S.many += 1
+        _S.last_path = "many"
+        return [req]
     reqs, seen = [], collections.Counter()
     for m in moves:
         # a plan moves one tensor at a time: the n-th tensor of one layout in
@@ -546,6 +549,8 @@ def _start(moves, many=None):
         s = None if m.src_local is None else _np_view(m.src_local)
         d = None if m.dst_local is None else _np_view(m.dst_local)
         reqs.append(plan.start(s, d))
+    _S.single += 1
+    _S.last_path = "single"
     return reqs
 
 
