@@ -1097,7 +1097,10 @@ static int count_fds(void)
 
 /* Soak: n reshards over a rotating set of plans (every strategy, a P case,
  * an overlapping case), every result checked; resident memory and open
- * file descriptors must not grow after the warm-up tenth. */
+ * file descriptors must not grow over the second half.  The first half is
+ * warm-up: the transports' memory pools (UCX grows its pools lazily) and a
+ * sanitizer's shadow memory settle there; a per-reshard leak still grows
+ * linearly through the second half, so it is caught there. */
 static void test_soak(int n)
 {
     if (n <= 0 || g_size < 2)
@@ -1134,7 +1137,7 @@ static void test_soak(int n)
         } else if (check_dst(&c[i], &s[i], why, sizeof why)) {
             ok = 0;
         }
-        if (it == n / 10) {
+        if (it == n / 2) {
             rss0 = rss_kib();
             fd0 = count_fds();
         }
@@ -1148,7 +1151,7 @@ static void test_soak(int n)
     long v[2] = {rss1 - rss0, fd1 - fd0}, mx[2];
     MPI_Allreduce(v, mx, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
     report(ok && grow_ok,
-           "soak: %d reshards over %d plans in %.1f s, all checked; max growth after warm-up: "
+           "soak: %d reshards over %d plans in %.1f s, all checked; max growth over the second half: "
            "RSS %ld KiB, fds %ld %s",
            n, NP, MPI_Wtime() - t0, mx[0], mx[1], why);
     if (g_rank == 0)
