@@ -36,6 +36,9 @@ static const xm_param_desc_t params[] = {
     {"XMESH_PACK_BYTES", "64M",
      "plans of many tensors: most bytes of one packed task (unit tasks of at most one chunk with "
      "the same holders and receivers, sharing chunks); 0 = no packing"},
+    {"XMESH_CKPT_PLAN_BYTES", "1G",
+     "checkpoint load (pipeline/ckpt): most tensor bytes one plan of many tensors moves (the "
+     "saved blocks it reads are held in memory until it ends); 0 = one plan per tensor"},
     {"XMESH_TIMEOUT_S", "300", "timeout of blocking operations, seconds (0: none)"},
     {"XMESH_HOST_ID", "",
      "override this rank's host id (tests): an integer, or rank/N (N ranks per host); default: "
@@ -133,6 +136,7 @@ static const ptype_t types[] = {
     {"XMESH_SEED", KIND_INT, INT64_MIN, INT64_MAX, 0, 0},
     {"XMESH_SPLIT", KIND_INT, 0, 1, 0, 0},
     {"XMESH_PACK_BYTES", KIND_BYTES, 0, INT64_MAX, 0, 0},
+    {"XMESH_CKPT_PLAN_BYTES", KIND_BYTES, 0, INT64_MAX, 0, 0},
     {"XMESH_TIMEOUT_S", KIND_REAL, 0, 0, 0, 0},
     {"XMESH_NIC_GBPS", KIND_REAL, 0, 0, 0, 1},
     {"XMESH_NICS_PER_HOST", KIND_INT, 1, 1 << 16, 0, 0},

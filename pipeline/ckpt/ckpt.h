@@ -208,6 +208,8 @@ typedef struct {
     int tensors_direct;    /* tensors read directly by their destination ranks */
     int64_t bytes_read;    /* tensor bytes this rank read from shard files */
     int64_t bytes_checked; /* shard bytes this rank read for the CRC pass */
+    int plans;             /* plans of many tensors that moved the tensors_plan tensors (at
+                            * most XMESH_CKPT_PLAN_BYTES tensor bytes each) */
 } xmp_ckpt_load_info_t;
 void xmp_ckpt_last_load_info(xmp_ckpt_load_info_t *info);
 

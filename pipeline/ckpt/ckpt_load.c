@@ -609,26 +609,38 @@ out:
     free(used);
 }
 
-/* Plan path for destination tensor d: collective over ctx. */
-static xmesh_result_t load_plan(MPI_Comm comm, xmesh_ctx_t ctx, files_t *f, const ck_tensor_t *t,
-                                const dst_t *d, void *stage)
+/* One tensor's part of a plan of many: its meshes, layouts and this rank's saved block. */
+typedef struct {
+    xmesh_mesh_t sm, dm;
+    int *src_ranks, *dranks;
+    char sspec[64], dspec[64];
+    char *src; /* this rank's saved block (NULL: it holds none) */
+} part_t;
+
+static void part_free(part_t *p)
+{
+    xmesh_mesh_destroy(p->sm);
+    xmesh_mesh_destroy(p->dm);
+    free(p->src_ranks);
+    free(p->dranks);
+    free(p->src);
+}
+
+/* Meshes and specs of destination d's tensor t in pp; reads this rank's saved block. Local:
+ * the caller agrees on the outcome. */
+static xmesh_result_t part_init(MPI_Comm comm, xmesh_ctx_t ctx, files_t *f, const ck_tensor_t *t,
+                                const dst_t *d, part_t *pp)
 {
     int rank, size;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
-    xmesh_result_t r = XMESH_SUCCESS, rl = XMESH_SUCCESS;
-    int cs[XMP_MAX_MESH_DIMS], *src_ranks = malloc(sizeof(int) * (size_t)t->nblocks);
-    int *dranks = malloc(sizeof(int) * (size_t)d->h->msize);
-    xmesh_mesh_t sm = NULL, dm = NULL;
-    xmesh_plan_t plan = NULL;
-    char *src = NULL;
-    char sspec[64], dspec[64];
-    if (!src_ranks || !dranks)
-        rl = xmp_err(XMESH_ERR_NO_MEMORY, "tensor '%s': plan", t->name);
-    if ((rl = ck_agree(comm, rl)))
-        goto out;
+    pp->src_ranks = malloc(sizeof(int) * (size_t)t->nblocks);
+    pp->dranks = malloc(sizeof(int) * (size_t)d->h->msize);
+    if (!pp->src_ranks || !pp->dranks)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "tensor '%s': plan", t->name);
+    int cs[XMP_MAX_MESH_DIMS];
     ck_collapsed(t, cs);
-    place_sources(t, d, size, src_ranks);
+    place_sources(t, d, size, pp->src_ranks);
     xmp_sbp_t dsbp[XMP_MAX_MESH_DIMS];
     for (int a = 0; a < d->h->mnd; a++) {
         /* P destinations are loaded as B, then zeroed off the holder */
@@ -636,54 +648,110 @@ static xmesh_result_t load_plan(MPI_Comm comm, xmesh_ctx_t ctx, files_t *f, cons
         dsbp[a].dim = d->h->sd[a];
     }
     for (int k = 0; k < d->h->msize; k++)
-        dranks[k] = d->ranks[k];
-    xmp_sbp_string(t->store, t->mnd, sspec, sizeof sspec);
-    xmp_sbp_string(dsbp, d->h->mnd, dspec, sizeof dspec);
-    if ((r = xmesh_mesh_create(ctx, t->mnd, cs, src_ranks, &sm)) ||
-        (r = xmesh_mesh_create(ctx, d->h->mnd, d->h->mshape, dranks, &dm))) {
-        rl = xmp_err(r, "tensor '%s': xmesh mesh: %s", t->name, xmesh_last_error());
-    }
-    if ((rl = ck_agree(comm, rl)))
-        goto out;
-    xmesh_layout_t sl = {t->ndim, t->shape, t->dtype, sm, sspec};
-    xmesh_layout_t dl = {t->ndim, t->shape, t->dtype, dm, dspec};
-    r = xmesh_plan_create(ctx, &sl, &dl, NULL, &plan);
-    if (r) {
-        rl = xmp_err(r, "tensor '%s': xmesh plan %s -> %s: %s", t->name, sspec, dspec,
-                     xmesh_last_error());
-    }
-    if ((rl = ck_agree(comm, rl)))
-        goto out;
+        pp->dranks[k] = d->ranks[k];
+    xmp_sbp_string(t->store, t->mnd, pp->sspec, sizeof pp->sspec);
+    xmp_sbp_string(dsbp, d->h->mnd, pp->dspec, sizeof pp->dspec);
+    xmesh_result_t r;
+    if ((r = xmesh_mesh_create(ctx, t->mnd, cs, pp->src_ranks, &pp->sm)) ||
+        (r = xmesh_mesh_create(ctx, d->h->mnd, d->h->mshape, pp->dranks, &pp->dm)))
+        return xmp_err(r, "tensor '%s': xmesh mesh: %s", t->name, xmesh_last_error());
     size_t esz = xmesh_dtype_size(t->dtype);
     for (int u = 0; u < t->nblocks; u++) {
-        if (src_ranks[u] != rank)
+        if (pp->src_ranks[u] != rank)
             continue;
         const ck_block_t *b = &t->blocks[u];
         int64_t bytes = ck_count(t->ndim, b->lo, b->hi) * (int64_t)esz;
-        src = calloc((size_t)(bytes ? bytes : 1), 1);
-        if (!src) {
-            rl = xmp_err(XMESH_ERR_NO_MEMORY, "tensor '%s': %" PRId64 " bytes", t->name, bytes);
-            break;
-        }
+        if (!(pp->src = calloc((size_t)(bytes ? bytes : 1), 1)))
+            return xmp_err(XMESH_ERR_NO_MEMORY, "tensor '%s': %" PRId64 " bytes", t->name, bytes);
         char path[CK_PATH_MAX + 80];
         int fd;
-        if (bytes && !(rl = file_fd(f, b->file, &fd, path, sizeof path)))
-            rl = ck_pread_all(fd, src, (size_t)bytes, b->offset, path);
+        if (bytes && !(r = file_fd(f, b->file, &fd, path, sizeof path)))
+            r = ck_pread_all(fd, pp->src, (size_t)bytes, b->offset, path);
         g_info.bytes_read += bytes;
+        if (r)
+            return r;
     }
-    /* every rank takes part (with zeros where a read failed); the caller
-     * agrees on the outcome afterwards */
-    r = xmesh_reshard(plan, src, stage);
-    if (r && !rl)
-        rl = xmp_err(r, "tensor '%s': reshard: %s", t->name, xmesh_last_error());
+    return XMESH_SUCCESS;
+}
+
+/* Plan path for the k destinations ds[0..k) (stage[i]: this rank's staging block of ds[i],
+ * NULL where it holds none): one plan of many tensors moves every saved block of the batch.
+ * Collective over ctx; the same result on every rank. */
+static xmesh_result_t load_plans(MPI_Comm comm, xmesh_ctx_t ctx, files_t *f, const dst_t *const *ds,
+                                 void *const *stage, int k)
+{
+    const xmp_ckpt_t *c = f->c;
+    xmesh_result_t r = XMESH_SUCCESS, rl = XMESH_SUCCESS;
+    part_t *pp = calloc((size_t)k, sizeof *pp);
+    xmesh_layout_t *sl = calloc((size_t)k, sizeof *sl), *dl = calloc((size_t)k, sizeof *dl);
+    const void **srcs = calloc((size_t)k, sizeof *srcs);
+    xmesh_plan_t plan = NULL;
+    if (!pp || !sl || !dl || !srcs)
+        rl = xmp_err(XMESH_ERR_NO_MEMORY, "checkpoint load: plan of %d tensors", k);
+    for (int i = 0; i < k && !rl; i++) {
+        const ck_tensor_t *t = &c->tensors[ds[i]->mi];
+        rl = part_init(comm, ctx, f, t, ds[i], &pp[i]);
+        sl[i] = (xmesh_layout_t){t->ndim, t->shape, t->dtype, pp[i].sm, pp[i].sspec};
+        dl[i] = (xmesh_layout_t){t->ndim, t->shape, t->dtype, pp[i].dm, pp[i].dspec};
+        srcs[i] = pp[i].src;
+    }
+    /* a failed read still leaves every rank agreeing before anything moves */
+    if ((rl = ck_agree(comm, rl)))
+        goto out;
+    r = xmesh_plan_create_many(ctx, k, sl, dl, NULL, &plan);
+    if (r) {
+        const ck_tensor_t *t = &c->tensors[ds[0]->mi];
+        rl = k == 1 ? xmp_err(r, "tensor '%s': xmesh plan %s -> %s: %s", t->name, pp[0].sspec,
+                              pp[0].dspec, xmesh_last_error())
+                    : xmp_err(r, "checkpoint load: xmesh plan of %d tensors (from '%s'): %s", k,
+                              t->name, xmesh_last_error());
+    }
+    if ((rl = ck_agree(comm, rl)))
+        goto out;
+    g_info.plans++;
+    r = xmesh_reshard_many(plan, srcs, stage);
+    if (r)
+        rl = xmp_err(r, "checkpoint load: reshard of %d tensors (from '%s'): %s", k,
+                     c->tensors[ds[0]->mi].name, xmesh_last_error());
 out:
     xmesh_plan_destroy(plan);
-    xmesh_mesh_destroy(sm);
-    xmesh_mesh_destroy(dm);
-    free(src);
-    free(src_ranks);
-    free(dranks);
+    for (int i = 0; pp && i < k; i++)
+        part_free(&pp[i]);
+    free(pp);
+    free(sl);
+    free(dl);
+    free(srcs);
     return rl;
+}
+
+static int64_t tensor_bytes(const ck_tensor_t *t)
+{
+    int64_t n = (int64_t)xmesh_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+/* Destinations ds[0..k) moved by plans of many tensors in manifest order, each plan carrying
+ * at most XMESH_CKPT_PLAN_BYTES tensor bytes (at least one tensor; 0: one plan per tensor),
+ * so the saved blocks held in memory at once stay within that budget. Collective. */
+static xmesh_result_t load_batches(MPI_Comm comm, xmesh_ctx_t ctx, files_t *f,
+                                   const dst_t *const *ds, void *const *stage, int k)
+{
+    int64_t budget;
+    if (xmesh_param_get_int("XMESH_CKPT_PLAN_BYTES", &budget) != XMESH_SUCCESS)
+        budget = 0;
+    xmesh_result_t r = XMESH_SUCCESS;
+    for (int i = 0; i < k && !r;) {
+        int j = i + 1;
+        int64_t bytes = tensor_bytes(&f->c->tensors[ds[i]->mi]);
+        while (j < k && budget > 0 && bytes + tensor_bytes(&f->c->tensors[ds[j]->mi]) <= budget)
+            bytes += tensor_bytes(&f->c->tensors[ds[j++]->mi]);
+        g_info.tensors_plan += j - i;
+        r = load_plans(comm, ctx, f, ds + i, stage + i, j - i);
+        i = j;
+    }
+    return r;
 }
 
 xmesh_result_t xmp_ckpt_load(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_ckpt_t *c,
@@ -697,7 +765,8 @@ xmesh_result_t xmp_ckpt_load(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_ckpt_t *c
     char *gbuf = NULL;
     dst_t *dsts = NULL;
     int ndst = 0;
-    void **stage = NULL;
+    void **stage = NULL, **pst = NULL;
+    const dst_t **pds = NULL;
     files_t files = {c, NULL};
 
     memset(&g_info, 0, sizeof g_info);
@@ -781,22 +850,32 @@ xmesh_result_t xmp_ckpt_load(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_ckpt_t *c
     if ((r = ck_agree(comm, r)))
         goto out;
 
-    /* 5. one tensor at a time */
+    /* 5. tensors whose saved blocks fit the ranks: plans of many (one while they fit
+     * XMESH_CKPT_PLAN_BYTES); the others: each destination rank reads its own block */
+    pds = malloc(sizeof *pds * (size_t)(ndst ? ndst : 1));
+    pst = malloc(sizeof *pst * (size_t)(ndst ? ndst : 1));
+    if (!pds || !pst)
+        r = xmp_err(XMESH_ERR_NO_MEMORY, "xmp_ckpt_load: %d tensors", ndst);
+    if ((r = ck_agree(comm, r)))
+        goto out;
+    int npl = 0;
     for (int g = 0; g < ndst && !r; g++) {
         const dst_t *d = &dsts[g];
         const ck_tensor_t *t = &c->tensors[d->mi];
         void *st = d->local >= 0 && tensors[d->local].t->mesh->member ? stage[d->local] : NULL;
         if (ctx && !(flags & XMP_CKPT_LOAD_DIRECT) && t->nblocks <= size) {
-            g_info.tensors_plan++;
-            r = load_plan(comm, ctx, &files, t, d, st);
-        } else {
-            g_info.tensors_direct++;
-            const xmp_tensor_t *dt = st ? tensors[d->local].t : NULL;
-            for (int u = 0; dt && u < t->nblocks && !r; u++)
-                r = read_intersection(&files, t, &t->blocks[u], dt->loff, dt->lshape, st);
+            pds[npl] = d;
+            pst[npl++] = st;
+            continue;
         }
+        g_info.tensors_direct++;
+        const xmp_tensor_t *dt = st ? tensors[d->local].t : NULL;
+        for (int u = 0; dt && u < t->nblocks && !r; u++)
+            r = read_intersection(&files, t, &t->blocks[u], dt->loff, dt->lshape, st);
         r = ck_agree(comm, r);
     }
+    if (!r && npl)
+        r = ck_agree(comm, load_batches(comm, ctx, &files, pds, pst, npl));
     if (r)
         goto out;
 
@@ -825,6 +904,8 @@ out:
         if (files.fds[i] >= 0)
             close(files.fds[i]);
     free(files.fds);
+    free(pds);
+    free(pst);
     free(gbuf);
     free(dsts);
     return r;

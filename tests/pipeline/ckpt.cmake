@@ -10,6 +10,14 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_ckpt.c)
     set_tests_properties(pipeline.ckpt.n${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
       ENVIRONMENT "${XMP_CKPT_ENV}")
   endforeach()
+  # the loader's plans of many: one plan per tensor, and plans of a few tensors each
+  foreach(pb 0 512)
+    add_test(NAME pipeline.ckpt.n3.planbytes${pb}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_ckpt> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(pipeline.ckpt.n3.planbytes${pb} PROPERTIES LABELS "pipeline;mpi"
+      TIMEOUT 120 ENVIRONMENT "${XMP_CKPT_ENV};XMESH_CKPT_PLAN_BYTES=${pb}")
+  endforeach()
   if(TARGET xmesh-ckpt)
     add_test(NAME pipeline.ckpt.info
       COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_info_test.sh ${MPIEXEC_EXECUTABLE}

@@ -329,7 +329,9 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
              * reads otherwise (each rank exactly its destination block) */
             xmp_ckpt_load_info_t li;
             xmp_ckpt_last_load_info(&li);
-            int want_plan = 0;
+            int want_plan = 0, big_plans = 0;
+            int64_t budget = 0, small_bytes = 0;
+            xmesh_param_get_int("XMESH_CKPT_PLAN_BYTES", &budget);
             int64_t plan_bytes = 0, direct_mine = 0, sum[2], mine[2];
             for (int i = 0; i < NT; i++) {
                 int u = 1;
@@ -341,6 +343,8 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
                 if (!(flags & XMP_CKPT_LOAD_DIRECT) && u <= nB) {
                     want_plan++;
                     plan_bytes += nb;
+                    big_plans += nb > budget;
+                    small_bytes += nb > budget ? 0 : nb;
                 } else if (m[i]->member) {
                     direct_mine += t[i].lcount * 4;
                 }
@@ -348,6 +352,19 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
             mine[0] = li.bytes_read;
             mine[1] = direct_mine;
             MPI_Allreduce(mine, sum, 2, MPI_INT64_T, MPI_SUM, cb);
+            /* plans of many: one while the tensors fit XMESH_CKPT_PLAN_BYTES, one per tensor
+             * at 0 */
+            /* a tensor above the budget has a plan of its own; the others fill plans of at
+             * most the budget */
+            int min_plans = !want_plan ? 0
+                            : budget <= 0
+                                ? want_plan
+                                : big_plans + (int)((small_bytes + budget - 1) / budget);
+            int max_plans = budget <= 0 || budget >= plan_bytes ? min_plans : want_plan;
+            if (!r && (li.plans < min_plans || li.plans > max_plans))
+                FAIL("nA=%d nB=%d trial %d: %d tensors (%" PRId64 " bytes) by %d plans, want "
+                     "%d..%d (XMESH_CKPT_PLAN_BYTES %" PRId64 ")",
+                     nA, nB, trial, want_plan, plan_bytes, li.plans, min_plans, max_plans, budget);
             if (!r && (li.tensors_plan != want_plan || li.tensors_direct != NT - want_plan ||
                        sum[0] != plan_bytes + sum[1]))
                 FAIL("nA=%d nB=%d trial %d: %d tensors by plan (want %d), %d direct; %" PRId64
