@@ -39,6 +39,10 @@ static const xm_param_desc_t params[] = {
     {"XMESH_CKPT_PLAN_BYTES", "1G",
      "checkpoint load (pipeline/ckpt): most tensor bytes one plan of many tensors moves (the "
      "saved blocks it reads are held in memory until it ends); 0 = one plan per tensor"},
+    {"XMESH_PIPE_BUNDLE", "1",
+     "pipeline driver: 1 = the tensors that cross one stage boundary in the same slot of the "
+     "schedule (the U-Transformer's skips) move as one plan of many; 0 = one plan per edge and "
+     "direction"},
     {"XMESH_TIMEOUT_S", "300", "timeout of blocking operations, seconds (0: none)"},
     {"XMESH_HOST_ID", "",
      "override this rank's host id (tests): an integer, or rank/N (N ranks per host); default: "
@@ -137,6 +141,7 @@ static const ptype_t types[] = {
     {"XMESH_SPLIT", KIND_INT, 0, 1, 0, 0},
     {"XMESH_PACK_BYTES", KIND_BYTES, 0, INT64_MAX, 0, 0},
     {"XMESH_CKPT_PLAN_BYTES", KIND_BYTES, 0, INT64_MAX, 0, 0},
+    {"XMESH_PIPE_BUNDLE", KIND_INT, 0, 1, 0, 0},
     {"XMESH_TIMEOUT_S", KIND_REAL, 0, 0, 0, 0},
     {"XMESH_NIC_GBPS", KIND_REAL, 0, 0, 0, 1},
     {"XMESH_NICS_PER_HOST", KIND_INT, 1, 1 << 16, 0, 0},

@@ -1,6 +1,6 @@
 /*
  * Pipeline driver: this rank's action list, with one xmesh plan per edge and
- * direction, FIFO-serialised starts, overlap through xmesh_reshard_start /
+ * direction (edges that share a boundary and a slot: one plan of many), FIFO-serialised starts, overlap through xmesh_reshard_start /
  * xmesh_test, timing and a Chrome trace. Contract in driver.h.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -38,6 +38,13 @@ typedef struct {
     int64_t relems;            /* receiver: elements of this rank's block */
     void **wbuf;               /* per mb (receiver, wire != dtype): the received wire block,
                                 * widened into rbuf at the wait; NULL otherwise */
+    /* Bundles: the edges that cross the same stage boundary in the same direction and in the
+     * same slots of the schedule (started after the same compute action, waited before the
+     * same one) move as one plan of many, held by the bundle's lead (its lowest plan index).
+     * lead: the lead's index (itself for a lead); nmem, mem: a lead's members in plan order
+     * (itself first). plan, req, queue, queued and done are used on leads only. */
+    int lead, nmem, *mem;
+    char *queued; /* per mb: queued or issued this step */
 } plan_t;
 
 struct xmp_driver {
@@ -54,7 +61,9 @@ struct xmp_driver {
     int *nin, *nout;         /* [nch] */
     int **in_e, **out_e;     /* [nch][E] */
     plan_t *plans;
+    int nplans;    /* xmesh plans created (one per bundle) */
     void **argbuf; /* scratch pointer arrays for the callbacks */
+    void **bsrc, **bdst; /* scratch block arrays of a bundle's plan of many */
     double t_origin;
     int64_t step_no;
     ev_t *ev;
@@ -157,7 +166,19 @@ static xmesh_result_t issue(xmp_driver_t *d, int p)
         src = snd ? pl->sbuf[mb] : NULL;
         dst = rcv ? (pl->wbuf ? pl->wbuf[mb] : pl->rbuf[mb]) : NULL;
     }
-    xmesh_result_t r = xmesh_reshard_start(pl->plan, src, dst, &pl->req);
+    xmesh_result_t r;
+    if (pl->nmem > 1 && d->cfg.mode != XMP_COMM_SIGNAL) {
+        const void **srcs = (const void **)d->bsrc;
+        void **dsts = d->bdst;
+        for (int k = 0; k < pl->nmem; k++) {
+            const plan_t *m = &d->plans[pl->mem[k]];
+            srcs[k] = snd ? m->sbuf[mb] : NULL;
+            dsts[k] = rcv ? (m->wbuf ? m->wbuf[mb] : m->rbuf[mb]) : NULL;
+        }
+        r = xmesh_reshard_many_start(pl->plan, srcs, dsts, &pl->req);
+    } else {
+        r = xmesh_reshard_start(pl->plan, src, dst, &pl->req);
+    }
     if (r != XMESH_SUCCESS) {
         derr(d, "xmesh_reshard_start of %c%d.e%d on rank %d: %s (%s)", p % 2 ? 'G' : 'A', mb, p / 2,
              d->rank, xmesh_result_string(r), xmesh_last_error());
@@ -207,7 +228,7 @@ static xmesh_result_t progress_plan(xmp_driver_t *d, int p)
 static xmesh_result_t progress_all(xmp_driver_t *d)
 {
     for (int p = 0; p < d->P; p++) {
-        if (d->plans[p].role < 0)
+        if (d->plans[p].role < 0 || d->plans[p].lead != p)
             continue;
         xmesh_result_t r = progress_plan(d, p);
         if (r != XMESH_SUCCESS)
@@ -400,6 +421,95 @@ static size_t block_bytes(const xmesh_layout_t *l, int rank, int *holds, char *e
     return n;
 }
 
+/* The slots of plan p's transfers in the schedule: for every microbatch, the number of compute
+ * actions before its start on the sending stage's list (st) and before its wait on the
+ * receiving stage's list (wt); -1 where the schedule has none. */
+static void transfer_slots(const xmp_driver_t *d, int *st, int *wt)
+{
+    const xmp_schedule_t *s = d->cfg.sched;
+    for (int i = 0; i < d->P * d->M; i++)
+        st[i] = wt[i] = -1;
+    for (int g = 0; g < s->ngroups; g++) {
+        int slot = 0;
+        for (int j = 0; j < s->len[g]; j++) {
+            xmp_action_t a = s->acts[g][j];
+            if (a.kind != XMP_ACT_START && a.kind != XMP_ACT_WAIT) {
+                slot++;
+                continue;
+            }
+            const xmp_edge_cfg_t *ec = &d->edges[a.edge];
+            int from = a.dir == XMP_DIR_ACT ? ec->src : ec->dst;
+            int to = a.dir == XMP_DIR_ACT ? ec->dst : ec->src;
+            int here = s->group_stage[g][a.chunk];
+            int *v = a.kind == XMP_ACT_START ? st : wt;
+            int i = xmp_plan_index(a.edge, a.dir) * d->M + a.mb;
+            if (here == (a.kind == XMP_ACT_START ? from : to) && v[i] < 0)
+                v[i] = slot;
+        }
+    }
+}
+
+/* Groups the plans into bundles (plan_t.lead, nmem, mem): plan p joins the bundle of a lower
+ * plan q when both move between the same two stages in the same direction and every
+ * microbatch's start and wait sit in the same slots as q's, so one plan of many can carry
+ * them all: their blocks are all written when the first start of the slot issues the bundle,
+ * and none is read before the last wait of the slot. XMESH_PIPE_BUNDLE=0: every plan is its
+ * own bundle. The grouping depends on the schedule and the edges only, so every rank makes
+ * the same one. */
+static xmesh_result_t make_bundles(xmp_driver_t *d, char *err, size_t errlen)
+{
+    int64_t on = 1;
+    if (xmesh_param_get_int("XMESH_PIPE_BUNDLE", &on) != XMESH_SUCCESS)
+        on = 1;
+    int P = d->P, M = d->M;
+    int *st = malloc(sizeof(int) * (size_t)(P * M + 1));
+    int *wt = malloc(sizeof(int) * (size_t)(P * M + 1));
+    if (!st || !wt) {
+        free(st);
+        free(wt);
+        return fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+    }
+    transfer_slots(d, st, wt);
+    for (int p = 0; p < P; p++)
+        d->plans[p].lead = p;
+    for (int p = 0; p < P && on; p++) {
+        const xmp_edge_cfg_t *ep = &d->edges[p / 2];
+        for (int q = 0; q < p && d->plans[p].lead == p; q++) {
+            const xmp_edge_cfg_t *eq = &d->edges[q / 2];
+            if (d->plans[q].lead != q || p % 2 != q % 2 || ep->src != eq->src ||
+                ep->dst != eq->dst)
+                continue;
+            int same = 1;
+            for (int m = 0; m < M && same; m++)
+                same = st[p * M + m] >= 0 && wt[p * M + m] >= 0 &&
+                       st[p * M + m] == st[q * M + m] && wt[p * M + m] == wt[q * M + m];
+            if (same)
+                d->plans[p].lead = q;
+        }
+    }
+    free(st);
+    free(wt);
+    for (int p = 0; p < P; p++) {
+        plan_t *pl = &d->plans[p];
+        if (pl->lead != p)
+            continue;
+        for (int q = p; q < P; q++)
+            pl->nmem += d->plans[q].lead == p;
+        if (!(pl->mem = malloc(sizeof(int) * (size_t)pl->nmem)))
+            return fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+        pl->nmem = 0;
+        for (int q = p; q < P; q++)
+            if (d->plans[q].lead == p)
+                pl->mem[pl->nmem++] = q;
+    }
+    return XMESH_SUCCESS;
+}
+
+int xmp_driver_plans(const xmp_driver_t *d)
+{
+    return d ? d->nplans : 0;
+}
+
 xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out, char *err,
                                  size_t errlen)
 {
@@ -409,6 +519,7 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
     xmp_driver_t *d = calloc(1, sizeof(*d));
     if (d == NULL)
         return fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
+    xmesh_layout_t *lsrc = NULL, *ldst = NULL, *bls = NULL, *bld = NULL;
     const xmp_schedule_t *sc = cfg->sched;
     d->cfg = *cfg;
     d->cfg.stage_ops = NULL; /* copied into ch_ops below */
@@ -426,8 +537,14 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
     d->specs = calloc((size_t)(4 * E + 1), sizeof(char *));
     d->plans = calloc((size_t)(d->P ? d->P : 1), sizeof(plan_t));
     d->argbuf = calloc((size_t)(2 * E + 2), sizeof(void *));
+    d->bsrc = calloc((size_t)(d->P + 1), sizeof(void *));
+    d->bdst = calloc((size_t)(d->P + 1), sizeof(void *));
+    lsrc = calloc((size_t)(d->P + 1), sizeof *lsrc);
+    ldst = calloc((size_t)(d->P + 1), sizeof *ldst);
+    bls = calloc((size_t)(d->P + 1), sizeof *bls);
+    bld = calloc((size_t)(d->P + 1), sizeof *bld);
     if (!d->meshes || !d->mesh_ranks || !d->mesh || !d->edges || !d->specs || !d->plans ||
-        !d->argbuf) {
+        !d->argbuf || !d->bsrc || !d->bdst || !lsrc || !ldst || !bls || !bld) {
         r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
         goto out_destroy;
     }
@@ -547,27 +664,22 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
         if (pl->wire != pl->dtype)
             ld.dtype = pl->wire; /* converting plan: the receiver gets wire blocks */
         if (cfg->mode == XMP_COMM_SIGNAL) {
-            xmesh_layout_t ss = {1, &one, XMESH_U8, d->mesh[sst], "R"};
-            xmesh_layout_t sd = {1, &one, XMESH_U8, d->mesh[dst_st], "R"};
-            r = xmesh_plan_create(cfg->ctx, &ss, &sd, &pp, &pl->plan);
-        } else {
-            r = xmesh_plan_create(cfg->ctx, &ls, &ld, &pp, &pl->plan);
+            ls = (xmesh_layout_t){1, &one, XMESH_U8, d->mesh[sst], "R"};
+            ld = (xmesh_layout_t){1, &one, XMESH_U8, d->mesh[dst_st], "R"};
         }
-        if (r != XMESH_SUCCESS) {
-            fail(err, errlen, r, "driver: plan %c.e%d ('%s' on stage %d -> '%s' on stage %d): %s",
-                 dir ? 'G' : 'A', e, ls.sharding, sst, ld.sharding, dst_st, xmesh_last_error());
-            goto out_destroy;
-        }
+        lsrc[p] = ls;
+        ldst[p] = ld;
         pl->sbuf = calloc((size_t)M, sizeof(void *));
         pl->rbuf = calloc((size_t)M, sizeof(void *));
         pl->queue = calloc((size_t)M, sizeof(int));
         pl->done = calloc((size_t)M, 1);
+        pl->queued = calloc((size_t)M, 1);
         if (rcv && pl->wire != pl->dtype &&
             (pl->wbuf = calloc((size_t)M, sizeof(void *))) == NULL) {
             r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
             goto out_destroy;
         }
-        if (!pl->sbuf || !pl->rbuf || !pl->queue || !pl->done) {
+        if (!pl->sbuf || !pl->rbuf || !pl->queue || !pl->done || !pl->queued) {
             r = fail(err, errlen, XMESH_ERR_NO_MEMORY, "driver: out of memory");
             goto out_destroy;
         }
@@ -589,15 +701,44 @@ xmesh_result_t xmp_driver_create(const xmp_driver_cfg_t *cfg, xmp_driver_t **out
             }
         }
     }
+    if ((r = make_bundles(d, err, errlen)) != XMESH_SUCCESS)
+        goto out_destroy;
+    for (int p = 0; p < d->P; p++) {
+        plan_t *pl = &d->plans[p];
+        if (pl->lead != p)
+            continue;
+        int k = cfg->mode == XMP_COMM_SIGNAL ? 1 : pl->nmem;
+        for (int j = 0; j < k; j++) {
+            bls[j] = lsrc[pl->mem[j]];
+            bld[j] = ldst[pl->mem[j]];
+        }
+        r = xmesh_plan_create_many(cfg->ctx, k, bls, bld, &pp, &pl->plan);
+        if (r != XMESH_SUCCESS) {
+            const xmp_edge_cfg_t *ec = &d->edges[p / 2];
+            int dir = p % 2;
+            fail(err, errlen, r,
+                 "driver: plan %c.e%d%s ('%s' on stage %d -> '%s' on stage %d): %s",
+                 dir ? 'G' : 'A', p / 2, k > 1 ? " (and the edges in its slot)" : "",
+                 lsrc[p].sharding, dir == XMP_DIR_ACT ? ec->src : ec->dst, ldst[p].sharding,
+                 dir == XMP_DIR_ACT ? ec->dst : ec->src, xmesh_last_error());
+            goto out_destroy;
+        }
+        d->nplans++;
+    }
     if ((r = xmp_barrier(cfg->comm, "driver create")) != XMESH_SUCCESS) {
         fail(err, errlen, r, "driver: %s", xmp_last_error());
         goto out_destroy;
     }
     d->t_origin = MPI_Wtime();
     *out = d;
-    return XMESH_SUCCESS;
+    r = XMESH_SUCCESS;
+    d = NULL;
 out_destroy:
     xmp_driver_destroy(d);
+    free(lsrc);
+    free(ldst);
+    free(bls);
+    free(bld);
     return r;
 }
 
@@ -628,6 +769,8 @@ xmesh_result_t xmp_driver_destroy(xmp_driver_t *d)
         free(pl->rbuf);
         free(pl->queue);
         free(pl->done);
+        free(pl->queued);
+        free(pl->mem);
     }
     for (int st = 0; d->mesh && st < d->cfg.nstages; st++)
         if (d->mesh[st] != NULL)
@@ -654,6 +797,8 @@ xmesh_result_t xmp_driver_destroy(xmp_driver_t *d)
     free(d->in_e);
     free(d->out_e);
     free(d->argbuf);
+    free(d->bsrc);
+    free(d->bdst);
     free(d->ev);
     free(d);
     return first;
@@ -758,7 +903,9 @@ static xmesh_result_t run_action(xmp_driver_t *d, xmp_action_t a)
 {
     if (a.kind == XMP_ACT_START || a.kind == XMP_ACT_WAIT) {
         int p = xmp_plan_index(a.edge, a.dir);
-        plan_t *pl = &d->plans[p];
+        plan_t *pl = &d->plans[p]; /* the edge's own blocks */
+        int q = pl->lead;          /* the bundle that moves them */
+        plan_t *bl = &d->plans[q];
         xmesh_result_t r;
         int late = d->cfg.mode == XMP_COMM_BLOCKING && pl->role == 1;
         if (a.kind == XMP_ACT_START) {
@@ -770,21 +917,27 @@ static xmesh_result_t run_action(xmp_driver_t *d, xmp_action_t a)
                 d->ch_stage[a.chunk] !=
                     (a.dir == XMP_DIR_ACT ? d->edges[a.edge].src : d->edges[a.edge].dst))
                 return XMESH_SUCCESS;
-            pl->queue[pl->qtail++] = a.mb;
-            return issue(d, p);
+            if (bl->queued[a.mb])
+                return XMESH_SUCCESS; /* the first start of its slot issued the bundle */
+            bl->queued[a.mb] = 1;
+            bl->queue[bl->qtail++] = a.mb;
+            return issue(d, q);
         }
-        if (late && !pl->done[a.mb]) {
-            pl->queue[pl->qtail++] = a.mb;
-            if ((r = issue(d, p)) != XMESH_SUCCESS)
+        if (late && !bl->queued[a.mb]) {
+            bl->queued[a.mb] = 1;
+            bl->queue[bl->qtail++] = a.mb;
+            if ((r = issue(d, q)) != XMESH_SUCCESS)
                 return r;
         }
         double t0 = MPI_Wtime();
-        r = wait_for(d, p, a.mb);
+        r = wait_for(d, q, a.mb);
         double t1 = MPI_Wtime();
         d->wait_s += t1 - t0;
         int e = a.edge;
         int recv_stage = a.dir == XMP_DIR_ACT ? d->edges[e].dst : d->edges[e].src;
-        int64_t flow = (pl->role == 1 || (pl->role == 2 && d->ch_stage[a.chunk] == recv_stage)) &&
+        int64_t flow = p == q &&
+                               (pl->role == 1 ||
+                                (pl->role == 2 && d->ch_stage[a.chunk] == recv_stage)) &&
                                d->rank == lead_rank(d, recv_stage)
                            ? flow_id(d, p, a.mb)
                            : 0;
@@ -814,6 +967,7 @@ xmesh_result_t xmp_driver_step(xmp_driver_t *d, xmp_step_stats_t *stats)
         plan_t *pl = &d->plans[p];
         pl->qhead = pl->qtail = 0;
         memset(pl->done, 0, (size_t)d->M);
+        memset(pl->queued, 0, (size_t)d->M);
         if (d->cfg.mode == XMP_COMM_SIGNAL && (pl->role == 1 || pl->role == 2))
             for (int m = 0; m < d->M; m++)
                 memset(pl->rbuf[m], 0, pl->rbytes ? pl->rbytes : 1);
@@ -890,6 +1044,9 @@ xmesh_result_t xmp_driver_plan_seconds(xmp_driver_t *d, double *x)
 {
     for (int p = 0; p < d->P; p++) {
         xmesh_plan_info_t info;
+        x[p] = 0; /* a bundle's transfer time is its lead's */
+        if (d->plans[p].lead != p)
+            continue;
         if (xmesh_plan_get_info(d->plans[p].plan, &info) != XMESH_SUCCESS) {
             derr(d, "xmesh_plan_get_info: %s", xmesh_last_error());
             return XMESH_ERR_INTERNAL;
@@ -925,9 +1082,10 @@ double xmp_driver_mean_act_seconds(xmp_driver_t *d)
     double sum = 0;
     for (int e = 0; e < d->cfg.nedges; e++) {
         xmesh_plan_info_t info;
-        if (xmesh_plan_get_info(d->plans[xmp_plan_index(e, XMP_DIR_ACT)].plan, &info) ==
-            XMESH_SUCCESS)
-            sum += info.predicted_s;
+        const plan_t *pl = &d->plans[xmp_plan_index(e, XMP_DIR_ACT)];
+        if (pl->lead == xmp_plan_index(e, XMP_DIR_ACT) &&
+            xmesh_plan_get_info(pl->plan, &info) == XMESH_SUCCESS)
+            sum += info.predicted_s; /* a bundle counted once, on its lead */
     }
     return sum / d->cfg.nedges;
 }
@@ -937,7 +1095,9 @@ xmesh_result_t xmp_driver_boundary_bytes(xmp_driver_t *d, int64_t *wire, int64_t
     int64_t w = 0, x = 0;
     for (int p = 0; p < d->P; p++) {
         xmesh_plan_info_t info;
-        if (xmesh_plan_get_info(d->plans[p].plan, &info) != XMESH_SUCCESS) {
+        memset(&info, 0, sizeof info); /* a bundle's bytes are counted on its lead */
+        if (d->plans[p].lead == p &&
+            xmesh_plan_get_info(d->plans[p].plan, &info) != XMESH_SUCCESS) {
             derr(d, "xmesh_plan_get_info: %s", xmesh_last_error());
             return XMESH_ERR_INTERNAL;
         }

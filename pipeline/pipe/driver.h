@@ -85,7 +85,11 @@
  * For each edge e, in edge order, every rank creates two plans (collective):
  * the activation plan (src layout on the producer mesh -> dst layout on the
  * consumer mesh) and the gradient plan (grad_src layout on the consumer mesh
- * -> grad_dst layout on the producer mesh). A schedule's start action
+ * -> grad_dst layout on the producer mesh). Edges between the same two stages
+ * whose starts and waits sit in the same slots of the schedule for every
+ * microbatch (the U-Transformer's skips) share ONE plan of many tensors per
+ * direction, issued at the first start of the slot (XMESH_PIPE_BUNDLE=0: one
+ * plan per edge and direction; xmp_driver_plans() counts them). A schedule's start action
  * enqueues the microbatch on the plan's FIFO; the driver issues it
  * (xmesh_reshard_start) as soon as the plan has no request in flight on this
  * rank, and retires requests with xmesh_test between actions and in
@@ -245,6 +249,10 @@ int xmp_driver_stage(const xmp_driver_t *d);
 int xmp_driver_group(const xmp_driver_t *d);
 /* This rank's model stages in chunk order into stages[0..max); returns how many it has. */
 int xmp_driver_stages(const xmp_driver_t *d, int *stages, int max);
+/* xmesh plans the driver created: one per bundle (the edges that cross the same stage
+ * boundary in the same direction and the same slots of the schedule share one plan of many;
+ * XMESH_PIPE_BUNDLE=0: one per edge and direction, 2 * nedges). */
+int xmp_driver_plans(const xmp_driver_t *d);
 /* Detailed message of the driver's last error. */
 const char *xmp_driver_error(const xmp_driver_t *d);
 /* Predicted step by the timed simulator: per-stage costs (seconds) f, i, w

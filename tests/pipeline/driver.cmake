@@ -4,7 +4,7 @@
 add_executable(test_pipeline_driver ${CMAKE_CURRENT_LIST_DIR}/test_driver.c)
 target_link_libraries(test_pipeline_driver PRIVATE xmesh_pipeline)
 set(XMP_DRIVER_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
-foreach(spec "4;ab" "6;c")
+foreach(spec "4;abd" "6;c")
   list(GET spec 0 np)
   list(GET spec 1 graphs)
   add_test(NAME pipeline.driver.n${np}
@@ -14,6 +14,13 @@ foreach(spec "4;ab" "6;c")
   set_tests_properties(pipeline.driver.n${np} PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
     ENVIRONMENT "${XMP_DRIVER_ENV}")
 endforeach()
+# The same with every edge its own plan (XMESH_PIPE_BUNDLE=0): graph d's three tensors that
+# cross one boundary in one slot move as three plans instead of one plan of many.
+add_test(NAME pipeline.driver.nobundle.n4
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe
+          ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_pipeline_driver> --graph d ${MPIEXEC_POSTFLAGS})
+set_tests_properties(pipeline.driver.nobundle.n4 PROPERTIES LABELS "pipeline;mpi" TIMEOUT 120
+  ENVIRONMENT "${XMP_DRIVER_ENV};XMESH_PIPE_BUNDLE=0")
 # Virtual stages under mpiexec: several model stages per rank group (interleaved-1f1b, zb-v,
 # v-1f1b, with and without the weight-gradient delay, three comm modes), boundaries between
 # stages of one group and between groups as xmesh plans, every gradient element against a

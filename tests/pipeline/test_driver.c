@@ -315,7 +315,36 @@ static int make_graph(char name, graph_t *g)
         edge(g, 0, 3, "S(1)", "B", "B", "B");
         return 6;
     }
+    if (name == 'd') { /* 4 ranks: three tensors cross one boundary in the same slot */
+        g->stages = 2;
+        g->M = 4;
+        stage(g, 0, 0, 2, (int[]){0, 1});
+        stage(g, 1, 1, 2, (int[]){2, 3});
+        edge(g, 0, 1, "S(0)", "S(0)", "S(0)", "B");
+        edge(g, 0, 1, "S(1)", "S(0)", "S(0)", "B");
+        edge(g, 0, 1, "B", "S(0)", "S(0)", "B");
+        return 4;
+    }
     return -1;
+}
+
+/* xmesh plans the driver should make for g: the edges between one pair of stages share a plan
+ * of many per direction (every generated schedule starts them after the same forward and
+ * backward, and waits for them before the same ones); XMESH_PIPE_BUNDLE=0: one per edge and
+ * direction. */
+static int want_plans(const graph_t *g)
+{
+    int64_t on = 1;
+    xmesh_param_get_int("XMESH_PIPE_BUNDLE", &on);
+    int n = 0;
+    for (int e = 0; e < g->nedges; e++) {
+        int first = 1;
+        for (int f = 0; f < e && on; f++)
+            if (g->e[f].src == g->e[e].src && g->e[f].dst == g->e[e].dst)
+                first = 0;
+        n += 2 * first;
+    }
+    return n;
 }
 
 static int close_enough(double a, double b, double scale)
@@ -394,6 +423,11 @@ static void run_case(xmesh_ctx_t ctx, const graph_t *g, const ref_t *ref, int ki
                 err);
         failures++;
         goto out;
+    }
+    if (xmp_driver_plans(d) != want_plans(g)) {
+        fprintf(stderr, "FAIL rank %d %s %s: %d xmesh plans for %d edges, want %d\n", rank,
+                s->name, xmp_comm_mode_name(mode), xmp_driver_plans(d), g->nedges, want_plans(g));
+        failures++;
     }
     for (int step = 0; step < 2; step++) {
         xmp_step_stats_t st;
