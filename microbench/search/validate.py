@@ -242,12 +242,14 @@ def select(cfgs, size):
     return [cfgs[i] for i in sorted(pick)]
 
 
-def space(model_args, size=0, ranks=8):
-    """The validation's configurations: the generated space (select()ed to `size`), then five
-    with --overlap defer-grad (one stage: 8 dp M1, 2x4 dp M1, 4x2 megatron M1, 2x2x2 3d M2;
-    two stages dp,dp 1f1b M2 on the balanced split) where the model has them."""
+def space(model_args, size=0, ranks=8, accept=None):
+    """The validation's configurations: the generated space (those `accept` takes, when
+    given: the model's own checks; then select()ed to `size`), then five with --overlap
+    defer-grad (one stage: 8 dp M1, 2x4 dp M1, 4x2 megatron M1, 2x2x2 3d M2; two stages dp,dp
+    1f1b M2 on the balanced split) where the model has them."""
     L = model_dims(model_args)[0]
-    cfgs = select(generate(model_args, ranks), size)
+    cfgs = [c for c in generate(model_args, ranks) if accept is None or accept(c)]
+    cfgs = select(cfgs, size)
     one = layout_text([L])
     for mesh, strat, M in [("8", "dp", 1), ("2x4", "dp", 1), ("4x2", "megatron", 1),
                            ("2x2x2", "3d", 2)]:
@@ -447,11 +449,14 @@ def main():
     ap.add_argument("--space-size", type=int, default=0, help="at most this many generated "
                     "configurations, spread over stage counts, schedules and M (0: all)")
     ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--list", action="store_true", help="print the space (before the model's "
-                    "checks) and exit: a dry run")
+    ap.add_argument("--list", action="store_true", help="print the space and exit: a dry run "
+                    "(with --train, after the model's checks; without, before them)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
-    cfgs = (space(a.model_args, a.space_size, a.ranks) if a.space == "generated"
+    # with xmesh-train at hand, the space is what the model accepts before the subset is
+    # taken (3d and axonn depend on splits only the model knows)
+    accept = (lambda c: predict(a, c, [], "")[0] is not None) if a.train else None
+    cfgs = (space(a.model_args, a.space_size, a.ranks, accept) if a.space == "generated"
             else space_legacy(model_dims(a.model_args)[0]))
     if a.list:
         for i, c in enumerate(cfgs):
