@@ -506,11 +506,12 @@ static void test_timelines(void)
                 c.xfer = cx;
                 c.share_nic = 1;
                 c.nic_burst_s = 0.75;
-                double b = xmp_sim_run(s, &c, &r1, err, sizeof(err)) == 0 ? r1.step_s : -1;
+                int rr = xmp_sim_run(s, &c, &r1, err, sizeof(err));
+                double b = rr == 0 ? r1.step_s : -1;
                 CHECK(b > 0 && b <= a, "%s S=%d M=%d: burst step %g, without %g",
                       xmp_sched_kind_name(kind), S, M, b, a);
                 xmp_sim_result_free(&r0);
-                if (b > 0)
+                if (rr >= 0) /* -1: freed by xmp_sim_run */
                     xmp_sim_result_free(&r1);
                 xmp_sched_destroy(s);
             }
