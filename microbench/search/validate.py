@@ -351,6 +351,22 @@ def run_one(a, launch, c, rep, outdir, idx):
     return statistics.median(t) if t else None
 
 
+def trainer_ratio(outdir, idx, rep, warmup):
+    """The trainer's own prediction over its measurement in run (idx, rep): each step record's
+    predicted_s is the simulator (the same as the search's) fed the previous step's measured
+    stage costs and xmesh's plan predictions, so predicted_s / step_seconds is the pricing of
+    the schedule alone; the model's pred/meas over this ratio is the part of its error that
+    its stage costs carry. Median over the kept steps that have one; None without any."""
+    try:
+        with open(os.path.join(outdir, "runs", "c%02d-r%d.json" % (idx, rep))) as f:
+            st = json.load(f).get("steps", [])[warmup:]
+    except (OSError, ValueError):
+        return None
+    r = [s["predicted_s"] / s["step_seconds"] for s in st
+         if s.get("predicted_s") and s.get("step_seconds")]
+    return statistics.median(r) if r else None
+
+
 def kendall_tau_b(x, y):
     n = len(x)
     conc = disc = tx = ty = 0
@@ -549,6 +565,15 @@ def main():
                  if e and s0]
             if r:
                 drift = {"median": statistics.median(r), "min": min(r), "max": max(r)}
+    # the schedule's pricing alone: the trainer's predictions from measured stage costs
+    sched_pm = []
+    for i in range(len(keep)):
+        r = [trainer_ratio(a.out, i, k, a.warmup) for k in range(len(runs[i]))]
+        r = [x for x in r if x is not None]
+        if not r and a.measured:
+            r = [x for x in [old.get(cfg_name(keep[i]), {}).get("schedule_pred_over_meas")]
+                 if x is not None]
+        sched_pm.append(statistics.median(r) if r else None)
     for r in runs:
         ok = [x for x in r if x is not None]
         meas.append(statistics.median(ok) if ok else None)
@@ -565,6 +590,7 @@ def main():
                                "measured_s": meas[i], "measured_min_s": lo[i],
                                "measured_max_s": hi[i], "repeats_s": runs[i],
                                "predicted_s": {n: preds[n][i] for n in preds},
+                               "schedule_pred_over_meas": sched_pm[i],
                                "tie_with_best": i in ties}
                               for i, c in enumerate(keep)],
            "metrics": res, "ties_with_best": ties, "calibration_drift": drift,
@@ -595,16 +621,20 @@ def main():
     lines += ["", "Targets: regret <= 5%, precision@5 >= 0.9, tau >= 0.8, median error <= 10%. "
               "precision@5, ties: a pick whose [min, max] overlaps a measured top-5 "
               "configuration's also counts (not the target's definition).",
-              "", "| # | configuration | measured s [min, max] | predicted s | pred/meas | tie |",
-              "|---|---|---|---|---|---|"]
+              "sched. p/m: the trainer's own prediction from the previous step's measured "
+              "stage costs over the step (the same simulator: the schedule's pricing alone; "
+              "pred/meas over it is what the model's stage costs add).",
+              "", "| # | configuration | measured s [min, max] | predicted s | pred/meas | "
+              "sched. p/m | tie |", "|---|---|---|---|---|---|---|"]
     for i, c in enumerate(keep):
         p = preds["full"][i]
         if meas[i] is None:
-            lines.append("| %d | %s | failed | %s | - | |" % (i, md(cfg_name(c)), p))
+            lines.append("| %d | %s | failed | %s | - | - | |" % (i, md(cfg_name(c)), p))
             continue
-        lines.append("| %d | %s | %.4g [%.4g, %.4g] | %.4g | %.2f | %s |" %
+        lines.append("| %d | %s | %.4g [%.4g, %.4g] | %.4g | %.2f | %s | %s |" %
                      (i, md(cfg_name(c)), meas[i], lo[i], hi[i], p or float("nan"),
                       (p / meas[i]) if p else float("nan"),
+                      "%.2f" % sched_pm[i] if sched_pm[i] else "-",
                       "best" if i == best else ("tie" if i in ties else "")))
     with open(os.path.join(a.out, "validation.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
