@@ -12,7 +12,7 @@
 #
 #   scripts/run-search-validation.sh
 # Environment (defaults in brackets; the default run is planned for about 15 minutes on a 2-core
-# quiet machine: calibration ~60 s + 43 configurations x 3 repeats x (launch ~5 s + 6 steps,
+# quiet machine: calibration ~60 s + ~45 configurations x 3 repeats x (launch ~5 s + 6 steps,
 # the first 2 dropped: medians of 2 kept steps varied more);
 # the tiny check below took 80 s on a loaded one):
 #   XMESH_SV_STEPS [6]  XMESH_SV_WARMUP [2]  XMESH_SV_REPEATS [3]
@@ -22,7 +22,8 @@
 #   XMESH_SV_SPACE_SIZE [40] (generated configurations kept, spread over stage counts,
 #     schedules and M; 0: all) plus five with --overlap defer-grad
 #   XMESH_SV_SPACE [generated] (legacy: the hand-written 4-layer space of 2026-11-25..29)
-#   XMESH_SV_LIST=1: print the space and exit (a dry run: no build, no cluster)
+#   XMESH_SV_LIST=1: print the space and exit (a dry run: no build, no cluster; after the
+#     model's checks when build/pipeline/xmesh-train exists)
 #   XMESH_SV_CALIBRATE [1] (0: no calibration; the full model is then the nominal one)
 #   XMESH_SV_CLUSTER (a calibrated cluster file to use instead of calibrating)
 #   XMESH_SV_OUT [build/search-validation/<time>]
@@ -36,7 +37,11 @@ burst=${XMESH_SV_BURST:-64kb}
 model=${XMESH_SV_MODEL:---layers 4 --heads 4 --channels 128 --seq 64 --batch 16}
 space=(--space "${XMESH_SV_SPACE:-generated}" --space-size "${XMESH_SV_SPACE_SIZE:-40}")
 if [ "${XMESH_SV_LIST:-0}" = 1 ]; then
-    exec python3 "$root/microbench/search/validate.py" --list --model-args "$model" "${space[@]}"
+    # with a built xmesh-train, the space the model accepts (what the run would take)
+    train=()
+    [ -x "$root/build/pipeline/xmesh-train" ] && train=(--train "$root/build/pipeline/xmesh-train")
+    exec python3 "$root/microbench/search/validate.py" --list --model-args "$model" "${space[@]}" \
+        "${train[@]}"
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || exit 1
