@@ -61,37 +61,245 @@ MODELS = [
 ]
 
 
-def space(layers):
-    """The configurations: (layout, stage_mesh, stage_strategy, schedule, M), 8 ranks."""
+SCHEDULES = ["gpipe", "1f1b", "eager-1f1b"]
+
+
+def model_dims(model_args):
+    """(layers, heads, channels, batch) from the model's xmesh-train flags (the trainer's
+    defaults where a flag is absent: see xmesh-train gpt --help)."""
+    v = {"--layers": 4, "--heads": 4, "--channels": 128, "--batch": 16}
+    t = shlex.split(model_args)
+    for i, x in enumerate(t):
+        if x in v and i + 1 < len(t):
+            v[x] = int(t[i + 1])
+    return v["--layers"], v["--heads"], v["--channels"], v["--batch"]
+
+
+def layout_text(parts):
+    """'E,t*3|t*3,L' for block counts [3, 3]: E on the first stage, L on the last."""
+    st = ["t" if n == 1 else "t*%d" % n for n in parts]
+    st[0] = "E," + st[0]
+    st[-1] += ",L"
+    return "|".join(st)
+
+
+def splits(L, S):
+    """Up to two contiguous splits of L blocks over S stages, each stage >= 1 block: the
+    balanced one (the extra blocks on the middle stages first, then the first, then the last:
+    the first stage also holds the embedding and the last the head) and, when it exists, the
+    same with one block moved off an end stage (the first, else the last) to its neighbour."""
+    if S > L:
+        return []
+    base, rem = divmod(L, S)
+    parts = [base] * S
+    order = list(range(1, S - 1)) + [0, S - 1] if S > 2 else list(range(S))
+    for i in order[:rem]:
+        parts[i] += 1
+    out = [parts]
+    alt = list(parts)
+    if S >= 2 and alt[0] > 1:
+        alt[0] -= 1
+        alt[1] += 1
+        out.append(alt)
+    elif S >= 3 and alt[-1] > 1:
+        alt[-1] -= 1
+        alt[-2] += 1
+        out.append(alt)
+    return out
+
+
+def meshes(n):
+    """Every ordered factorization of n ranks into 1 to 4 factors >= 2 ('8', '2x4', '4x2',
+    '2x2x2', ...); ['1'] for one rank."""
+    if n == 1:
+        return [[1]]
+    out = []
+
+    def rec(rest, cur):
+        if rest == 1:
+            if 1 <= len(cur) <= 4:
+                out.append(list(cur))
+            return
+        if len(cur) == 4:
+            return
+        for f in range(2, rest + 1):
+            if rest % f == 0:
+                rec(rest // f, cur + [f])
+
+    rec(n, [])
+    return sorted(out, key=lambda m: (len(m), m))
+
+
+def prod(xs):
+    r = 1
+    for x in xs:
+        r *= x
+    return r
+
+
+def stage_options(n, heads, Bm):
+    """(mesh text, strategy) for a stage of n ranks at Bm rows per microbatch, in a fixed
+    order: dp (every axis splits the batch rows), megatron (the last axis the tensor axis:
+    it must divide the heads; the others data), 3d (any axes) and axonn (3 or 4 axes). The
+    splits that only the model knows (3d's and axonn's) are left to `gpt plan --eval`, which
+    drops what the trainer would refuse."""
+    out = []
+    for m in meshes(n):
+        txt = "x".join(str(x) for x in m)
+        if Bm % prod(m) == 0:
+            out.append((txt, "dp"))
+        if m != [1] and heads % m[-1] == 0 and Bm % prod(m[:-1]) == 0:
+            out.append((txt, "megatron"))
+        if m != [1]:
+            out.append((txt, "3d"))
+        if len(m) >= 3:
+            out.append((txt, "axonn"))
+    return out
+
+
+def generate(model_args, ranks=8):
+    """Every configuration of the space the model allows on `ranks` ranks, in a fixed order:
+    stage counts S dividing the ranks with S <= layers; the splits of splits(); per stage
+    count the stage options of stage_options() on every stage (homogeneous) and, for two
+    stages, the first two options mixed both ways; one stage: 1f1b at M 1 and 2 (the
+    schedule does not matter there); S >= 2: every schedule at M = S and 2S (1F1B kinds need M
+    >= S); M must divide the batch."""
+    L, heads, _, B = model_dims(model_args)
+    cfgs = []
+    for S in [s for s in range(1, ranks + 1) if ranks % s == 0 and s <= L]:
+        n = ranks // S
+        Ms = [1, 2] if S == 1 else [S, 2 * S]
+        for parts in splits(L, S):
+            lay = layout_text(parts)
+            for M in Ms:
+                if B % M:
+                    continue
+                opts = stage_options(n, heads, B // M)
+                combos = [[o] * S for o in opts]
+                if S == 2 and len(opts) >= 2 and parts == splits(L, S)[0]:
+                    combos += [[opts[0], opts[1]], [opts[1], opts[0]]]
+                for sched in (["1f1b"] if S == 1 else SCHEDULES):
+                    for cb in combos:
+                        cfgs.append((lay, ",".join(m for m, _ in cb),
+                                     ",".join(st for _, st in cb), sched, M))
+    return cfgs
+
+
+def select(cfgs, size):
+    """At most `size` configurations (0: all), spread over the stage counts (round robin),
+    within a stage count over its (schedule, M) strata (round robin), within a stratum in an
+    order that halves the gaps (first, middle, quarters, ...); returned in generation order."""
+    if size <= 0 or size >= len(cfgs):
+        return list(cfgs)
+    strata = {}
+    for i, c in enumerate(cfgs):
+        strata.setdefault((c[0].count("|"), c[3], c[4]), []).append(i)
+
+    def spread(ix):
+        n, out, seen, k = len(ix), [], set(), 1
+        while len(out) < n:
+            for j in range(k):
+                p = (2 * j + 1) * n // (2 * k) if k > 1 else 0
+                if p not in seen:
+                    seen.add(p)
+                    out.append(ix[p])
+            k *= 2
+            if k > 2 * n:
+                out += [x for q, x in enumerate(ix) if q not in seen]
+                break
+        return out
+
+    # round robin over the stage counts, and within a stage count over its (schedule, M)
+    def interleave(ix):  # the splits (layouts) of a stratum in turn
+        lays, rank = [], {}
+        for i in ix:
+            lay = cfgs[i][0]
+            if lay not in lays:
+                lays.append(lay)
+            rank[i] = sum(1 for j in ix if j < i and cfgs[j][0] == lay)
+        return sorted(ix, key=lambda i: (rank[i], lays.index(cfgs[i][0])))
+
+    by_s = {}
+    for (S, sched, M), v in sorted(strata.items()):
+        qs = by_s.setdefault(S, [])
+        v = interleave(v)
+        k = len(qs) % len(v)  # each stratum of a stage count starts elsewhere
+        qs.append(spread(v[k:] + v[:k]))
+    turn = {S: 0 for S in by_s}
+    pick = set()
+    while len(pick) < size:
+        moved = False
+        for S, qs in sorted(by_s.items()):
+            live = [q for q in qs if q]
+            if not live or len(pick) >= size:
+                continue
+            q = live[turn[S] % len(live)]
+            turn[S] += 1
+            pick.add(q.pop(0))
+            moved = True
+        if not moved:
+            break
+    return [cfgs[i] for i in sorted(pick)]
+
+
+def space(model_args, size=0, ranks=8, accept=None):
+    """The validation's configurations: the generated space (those `accept` takes, when
+    given: the model's own checks; then select()ed to `size`), then five with --overlap
+    defer-grad (one stage: 8 dp M1, 2x4 dp M1, 4x2 megatron M1, 2x2x2 3d M2; two stages dp,dp
+    1f1b M2 on the balanced split) where the model has them."""
+    L = model_dims(model_args)[0]
+    cfgs = [c for c in generate(model_args, ranks) if accept is None or accept(c)]
+    cfgs = select(cfgs, size)
+    one = layout_text([L])
+    for mesh, strat, M in [("8", "dp", 1), ("2x4", "dp", 1), ("4x2", "megatron", 1),
+                           ("2x2x2", "3d", 2)]:
+        if prod(int(x) for x in mesh.split("x")) == ranks:
+            cfgs.append((one, mesh, strat, "1f1b", M, "defer-grad"))
+    two = splits(L, 2)
+    if two and ranks % 2 == 0:
+        cfgs.append((layout_text(two[0]), "%d,%d" % (ranks // 2, ranks // 2), "dp,dp", "1f1b",
+                     2, "defer-grad"))
+    return cfgs
+
+
+def space_legacy(layers):
+    """The hand-written space of 2026-11-25..29 (43 configurations for 4 layers), kept to
+    re-score those runs (--space legacy)."""
     L = layers
     one = "E,t*%d,L" % L
     two = ["E,t*%d|t*%d,L" % (L // 2, L - L // 2), "E,t|t*%d,L" % (L - 1)]
     four = "E," + "|".join(["t"] * L) + ",L" if L == 4 else None
     cfgs = []
-    # one stage of 8 ranks
     for mesh, strat in [("8", "dp"), ("4x2", "megatron"), ("2x4", "megatron"), ("2x4", "dp"),
                         ("2x2x2", "3d"), ("2x2x2", "axonn"), ("2x2x2", "megatron")]:
         cfgs.append((one, mesh, strat, "1f1b", 1))
         cfgs.append((one, mesh, strat, "1f1b", 2))
-    # two stages of 4 ranks
-    for lay, meshes in [(two[0], [("4,4", "dp,dp"), ("2x2,2x2", "megatron,megatron"),
-                                  ("4,2x2", "dp,megatron"), ("2x2,4", "megatron,dp")]),
-                        (two[1], [("4,4", "dp,dp"), ("2x2,2x2", "megatron,megatron")])]:
-        for mesh, strat in meshes:
+    for lay, meshes_ in [(two[0], [("4,4", "dp,dp"), ("2x2,2x2", "megatron,megatron"),
+                                   ("4,2x2", "dp,megatron"), ("2x2,4", "megatron,dp")]),
+                         (two[1], [("4,4", "dp,dp"), ("2x2,2x2", "megatron,megatron")])]:
+        for mesh, strat in meshes_:
             for sched, M in [("1f1b", 2), ("gpipe", 4), ("eager-1f1b", 4)]:
                 cfgs.append((lay, mesh, strat, sched, M))
-    # four stages of 2 ranks
     if four:
-        for mesh, strat in [("2,2,2,2", "dp,dp,dp,dp"), ("2,2,2,2", "megatron,megatron,megatron,megatron")]:
+        for mesh, strat in [("2,2,2,2", "dp,dp,dp,dp"),
+                            ("2,2,2,2", "megatron,megatron,megatron,megatron")]:
             for sched, M in [("1f1b", 4), ("gpipe", 4), ("eager-1f1b", 8)]:
                 cfgs.append((four, mesh, strat, sched, M))
-    # --overlap defer-grad (the switch the model prices: a stage's gradient reductions posted
-    # at once); appended so the indices above stay
     for mesh, strat, M in [("8", "dp", 1), ("2x4", "dp", 1), ("4x2", "megatron", 1),
                            ("2x2x2", "3d", 2)]:
         cfgs.append((one, mesh, strat, "1f1b", M, "defer-grad"))
     cfgs.append((two[0], "4,4", "dp,dp", "1f1b", 2, "defer-grad"))
     return cfgs
+
+
+def summary(cfgs):
+    """One line: configurations per stage count, schedules, mesh axes and M values."""
+    by = lambda f: ", ".join("%s: %d" % (k, v) for k, v in sorted(
+        {k: sum(1 for c in cfgs if f(c) == k) for k in set(f(c) for c in cfgs)}.items()))
+    return ("%d configurations; stages {%s}; schedules {%s}; mesh axes {%s}; M {%s}" %
+            (len(cfgs), by(lambda c: c[0].count("|") + 1), by(lambda c: c[3]),
+             by(lambda c: max(len(m.split("x")) for m in c[1].split(","))),
+             by(lambda c: c[4])))
 
 
 def cfg_flags(c):
@@ -114,7 +322,8 @@ def md(s):
 
 
 def predict(a, c, extra, cluster):
-    cmd = [a.train, "gpt", "plan", "--eval", "--json", "--ranks", "8", "--hosts", str(a.hosts)]
+    cmd = [a.train, "gpt", "plan", "--eval", "--json", "--ranks", str(a.ranks), "--hosts",
+           str(a.hosts)]
     cmd += shlex.split(a.model_args) + cfg_flags(c) + extra
     if cluster:
         cmd += ["--cluster", cluster]
@@ -140,6 +349,22 @@ def run_one(a, launch, c, rep, outdir, idx):
         d = json.load(f)
     t = [s["step_seconds"] for s in d.get("steps", [])][a.warmup:]
     return statistics.median(t) if t else None
+
+
+def trainer_ratio(outdir, idx, rep, warmup):
+    """The trainer's own prediction over its measurement in run (idx, rep): each step record's
+    predicted_s is the simulator (the same as the search's) fed the previous step's measured
+    stage costs and xmesh's plan predictions, so predicted_s / step_seconds is the pricing of
+    the schedule alone; the model's pred/meas over this ratio is the part of its error that
+    its stage costs carry. Median over the kept steps that have one; None without any."""
+    try:
+        with open(os.path.join(outdir, "runs", "c%02d-r%d.json" % (idx, rep))) as f:
+            st = json.load(f).get("steps", [])[warmup:]
+    except (OSError, ValueError):
+        return None
+    r = [s["predicted_s"] / s["step_seconds"] for s in st
+         if s.get("predicted_s") and s.get("step_seconds")]
+    return statistics.median(r) if r else None
 
 
 def kendall_tau_b(x, y):
@@ -217,7 +442,7 @@ def calibrate(a, launch, name, logname):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--train", required=True)
+    ap.add_argument("--train", default="", help="path of xmesh-train (not needed with --list)")
     ap.add_argument("--calibrate", default="", help="path of xmesh-calibrate (run it first)")
     ap.add_argument("--cluster", default="", help="a calibrated cluster file to use instead")
     ap.add_argument("--rate-mbit", type=float, default=0, help="NIC rate (uncalibrated model)")
@@ -234,10 +459,30 @@ def main():
                     "measurements instead of running (re-scores the models)")
     ap.add_argument("--no-end-calibration", dest="end_calibration", action="store_false",
                     help="do not calibrate again after the runs")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--space", default="generated", choices=["generated", "legacy"],
+                    help="generated (from the model, default) or legacy (the 4-layer space of "
+                    "2026-11-25..29, to re-score those runs)")
+    ap.add_argument("--space-size", type=int, default=0, help="at most this many generated "
+                    "configurations, spread over stage counts, schedules and M (0: all)")
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--list", action="store_true", help="print the space and exit: a dry run "
+                    "(with --train, after the model's checks; without, before them)")
+    ap.add_argument("--out", default="")
     a = ap.parse_args()
+    # with xmesh-train at hand, the space is what the model accepts before the subset is
+    # taken (3d and axonn depend on splits only the model knows)
+    accept = (lambda c: predict(a, c, [], "")[0] is not None) if a.train else None
+    cfgs = (space(a.model_args, a.space_size, a.ranks, accept) if a.space == "generated"
+            else space_legacy(model_dims(a.model_args)[0]))
+    if a.list:
+        for i, c in enumerate(cfgs):
+            print("%3d  %s" % (i, cfg_name(c)))
+        print(summary(cfgs))
+        return 0
+    if not a.train or not a.out:
+        ap.error("--train and --out are needed (except with --list)")
     os.makedirs(os.path.join(a.out, "runs"), exist_ok=True)
-    np_ = 8
+    np_ = a.ranks
     if os.environ.get("XMH_MPIRUN"):
         launch = shlex.split(os.environ["XMH_MPIRUN"]) + ["-np", str(np_)]
     else:
@@ -257,7 +502,6 @@ def main():
     if not cal and a.calibrate:
         cal = calibrate(a, launch, "cluster-calibrated.txt", "calibrate.log")
     full_file = cal or nominal_file
-    cfgs = space(4)
     # keep the configurations the model accepts (the trainer runs the same checks)
     keep = []
     for c in cfgs:
@@ -321,6 +565,15 @@ def main():
                  if e and s0]
             if r:
                 drift = {"median": statistics.median(r), "min": min(r), "max": max(r)}
+    # the schedule's pricing alone: the trainer's predictions from measured stage costs
+    sched_pm = []
+    for i in range(len(keep)):
+        r = [trainer_ratio(a.out, i, k, a.warmup) for k in range(len(runs[i]))]
+        r = [x for x in r if x is not None]
+        if not r and a.measured:
+            r = [x for x in [old.get(cfg_name(keep[i]), {}).get("schedule_pred_over_meas")]
+                 if x is not None]
+        sched_pm.append(statistics.median(r) if r else None)
     for r in runs:
         ok = [x for x in r if x is not None]
         meas.append(statistics.median(ok) if ok else None)
@@ -337,6 +590,7 @@ def main():
                                "measured_s": meas[i], "measured_min_s": lo[i],
                                "measured_max_s": hi[i], "repeats_s": runs[i],
                                "predicted_s": {n: preds[n][i] for n in preds},
+                               "schedule_pred_over_meas": sched_pm[i],
                                "tie_with_best": i in ties}
                               for i, c in enumerate(keep)],
            "metrics": res, "ties_with_best": ties, "calibration_drift": drift,
@@ -367,16 +621,20 @@ def main():
     lines += ["", "Targets: regret <= 5%, precision@5 >= 0.9, tau >= 0.8, median error <= 10%. "
               "precision@5, ties: a pick whose [min, max] overlaps a measured top-5 "
               "configuration's also counts (not the target's definition).",
-              "", "| # | configuration | measured s [min, max] | predicted s | pred/meas | tie |",
-              "|---|---|---|---|---|---|"]
+              "sched. p/m: the trainer's own prediction from the previous step's measured "
+              "stage costs over the step (the same simulator: the schedule's pricing alone; "
+              "pred/meas over it is what the model's stage costs add).",
+              "", "| # | configuration | measured s [min, max] | predicted s | pred/meas | "
+              "sched. p/m | tie |", "|---|---|---|---|---|---|---|"]
     for i, c in enumerate(keep):
         p = preds["full"][i]
         if meas[i] is None:
-            lines.append("| %d | %s | failed | %s | - | |" % (i, md(cfg_name(c)), p))
+            lines.append("| %d | %s | failed | %s | - | - | |" % (i, md(cfg_name(c)), p))
             continue
-        lines.append("| %d | %s | %.4g [%.4g, %.4g] | %.4g | %.2f | %s |" %
+        lines.append("| %d | %s | %.4g [%.4g, %.4g] | %.4g | %.2f | %s | %s |" %
                      (i, md(cfg_name(c)), meas[i], lo[i], hi[i], p or float("nan"),
                       (p / meas[i]) if p else float("nan"),
+                      "%.2f" % sched_pm[i] if sched_pm[i] else "-",
                       "best" if i == best else ("tie" if i in ties else "")))
     with open(os.path.join(a.out, "validation.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -9,6 +9,7 @@
 #include "util/xmp_err.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -979,10 +980,11 @@ typedef struct {
     int *pc;         /* per group */
     double *t;
     int *held;
-    double *heldb;             /* per group: bytes held */
-    double *hb;                /* per stage and mb: bytes that microbatch holds */
-    int *pend, *phead, *ptail; /* pending W FIFO per group [G][CM]: chunk*M + mb */
-    double *nic_out, *nic_in;  /* share_nic: per group, when its NICs are free again */
+    double *heldb;              /* per group: bytes held */
+    double *hb;                 /* per stage and mb: bytes that microbatch holds */
+    int *pend, *phead, *ptail;  /* pending W FIFO per group [G][CM]: chunk*M + mb */
+    double *nic_out, *nic_in;   /* share_nic: per group, when its NICs are free again */
+    double *cred_out, *cred_in; /* nic_burst_s: each NIC's credit (seconds) when it frees */
 } engine_t;
 
 static double cost_of(const engine_t *E, int g, xmp_action_t a)
@@ -1088,14 +1090,27 @@ static void advance_plan(engine_t *E, int p)
             b = E->enq[(2 * p + 1) * M + k];
         if (k > 0 && E->end[p * M + k - 1] > b)
             b = E->end[p * M + k - 1];
+        double d = x;
         if (sg >= 0) {
             if (E->nic_out[sg] > b)
                 b = E->nic_out[sg];
             if (E->nic_in[rg] > b)
                 b = E->nic_in[rg];
-            E->nic_out[sg] = E->nic_in[rg] = b + x;
+            double beta = E->c->nic_burst_s;
+            if (beta > 0) {
+                /* token buckets: each NIC gains one second of credit per idle second, up to
+                 * beta; the transfer goes at once for the smaller credit, at the rate after */
+                double ko = fmin(beta, E->cred_out[sg] + (b - E->nic_out[sg]));
+                double ki = fmin(beta, E->cred_in[rg] + (b - E->nic_in[rg]));
+                double k0 = fmin(ko, ki);
+                d = x > k0 ? x - k0 : 0;
+                /* a bucket pays x and refills for d */
+                E->cred_out[sg] = ko - x + d;
+                E->cred_in[rg] = ki - x + d;
+            }
+            E->nic_out[sg] = E->nic_in[rg] = b + d;
         }
-        E->end[p * M + k] = b + x;
+        E->end[p * M + k] = b + d;
         E->nend[p]++;
     }
 }
@@ -1243,9 +1258,14 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
     if (c->share_nic) {
         E.nic_out = calloc((size_t)G, sizeof(double));
         E.nic_in = calloc((size_t)G, sizeof(double));
+        E.cred_out = calloc((size_t)G, sizeof(double));
+        E.cred_in = calloc((size_t)G, sizeof(double));
+        for (int g = 0; E.cred_out && E.cred_in && g < G; g++)
+            E.cred_out[g] = E.cred_in[g] = c->nic_burst_s > 0 ? c->nic_burst_s : 0;
     }
     if (!E.cnt || !E.kofmb || !E.enq || !E.nend || !E.end || !E.pc || !E.t || !E.held || !E.heldb ||
-        !E.hb || !E.pend || !E.phead || !E.ptail || (c->share_nic && (!E.nic_out || !E.nic_in)) ||
+        !E.hb || !E.pend || !E.phead || !E.ptail ||
+        (c->share_nic && (!E.nic_out || !E.nic_in || !E.cred_out || !E.cred_in)) ||
         result_alloc(s, res) != 0) {
         xmp_err_buf(err, errlen, "simulator: out of memory");
         goto out_free;
@@ -1391,6 +1411,8 @@ out_free:
     free(E.ptail);
     free(E.nic_out);
     free(E.nic_in);
+    free(E.cred_out);
+    free(E.cred_in);
     return rc;
 }
 

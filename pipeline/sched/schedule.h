@@ -324,6 +324,17 @@ typedef struct {
                               * chunks of one group use no NIC. 0: every plan its own link (the
                               * skip edges of a U-Transformer, or the activations and gradients
                               * leaving a middle stage, then overlap for free) */
+    double nic_burst_s;      /* with share_nic, > 0: each NIC is a token bucket (a shaped link:
+                              * tc tbf, a cloud NIC's burst allowance) holding up to this many
+                              * seconds of transfer at its rate. It gains a second of credit per
+                              * second idle (full at the start); a transfer of x seconds whose
+                              * NICs hold k0 (the smaller of the sender's outgoing and the
+                              * receiver's incoming credit) takes max(0, x - k0) and spends x
+                              * of each bucket's credit, less what the bucket regains while it
+                              * runs. So an isolated transfer (1F1B's boundary round trips, the
+                              * NIC idle before) takes x minus the burst while back-to-back
+                              * transfers (GPipe's and eager-1F1B's warm-up sends) take x.
+                              * 0: every transfer takes x (a link without burst) */
     /* Memory model (NULL / 0: peak_bytes stays 0). A microbatch holds on its stage from the
      * end of F to the end of B (or W): act_bytes without recomputation, act_bytes *
      * selective_keep under selective, ckpt_bytes under block recomputation. A backward

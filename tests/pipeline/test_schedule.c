@@ -374,12 +374,156 @@ static void test_share_nic(void)
     }
 }
 
+/* The start times of stage st's compute actions of `kind` (F or B) for mb 0..M-1 in res. */
+static void starts_of(const xmp_sim_result_t *res, int st, int kind, int M, double *t)
+{
+    for (int m = 0; m < M; m++)
+        t[m] = -1;
+    for (int j = 0; j < res->len[st]; j++)
+        if (res->acts[st][j].kind == kind && res->acts[st][j].mb >= 0 && res->acts[st][j].mb < M)
+            t[res->acts[st][j].mb] = res->t0[st][j];
+}
+
+/* Simulates kind on the chain of S stages, M microbatches, f 1 and b 2 on every stage, every
+ * transfer x seconds, NICs shared, burst (nic_burst_s) beta; checks the step and, when given,
+ * each stage's F and B start times (want_f / want_b: [S][M], row-major). */
+static void check_timeline(const char *what, int kind, int S, int M, double x, double beta,
+                           double want_step, const double *want_f, const double *want_b)
+{
+    xmp_sedge_t e[8];
+    int ne = xmp_sched_chain_edges(S, e);
+    xmp_schedule_t *s = NULL;
+    CHECK(xmp_sched_generate(kind, S, M, ne, e, NULL, &s, err, sizeof(err)) == 0, "%s: %s", what,
+          err);
+    if (s == NULL)
+        return;
+    double cf[8], cb[8], cx[16];
+    for (int i = 0; i < 8; i++) {
+        cf[i] = 1;
+        cb[i] = 2;
+    }
+    for (int i = 0; i < 16; i++)
+        cx[i] = x;
+    xmp_sim_costs_t c;
+    memset(&c, 0, sizeof(c));
+    c.f = cf;
+    c.b = cb;
+    c.xfer = cx;
+    c.share_nic = 1;
+    c.nic_burst_s = beta;
+    xmp_sim_result_t res;
+    int r = xmp_sim_run(s, &c, &res, err, sizeof(err));
+    CHECK(r == 0, "%s: sim %s", what, err);
+    if (r == 0) {
+        CHECK(res.step_s == want_step, "%s: step %.17g, want %g", what, res.step_s, want_step);
+        for (int st = 0; st < S; st++) {
+            double tf[16], tb[16];
+            starts_of(&res, st, XMP_ACT_F, M, tf);
+            starts_of(&res, st, XMP_ACT_B, M, tb);
+            for (int m = 0; m < M; m++) {
+                if (want_f)
+                    CHECK(tf[m] == want_f[st * M + m], "%s: stage %d F%d starts at %g, want %g",
+                          what, st, m, tf[m], want_f[st * M + m]);
+                if (want_b)
+                    CHECK(tb[m] == want_b[st * M + m], "%s: stage %d B%d starts at %g, want %g",
+                          what, st, m, tb[m], want_b[st * M + m]);
+            }
+        }
+        xmp_sim_result_free(&res);
+    }
+    xmp_sched_destroy(s);
+}
+
+/* Hand-computed timelines (issue 40): f 1, b 2 on every stage, transfers of x each way, the
+ * receive of microbatch m+1 posted after the wait of m (as the driver runs the lists), one
+ * transfer per plan at a time (FIFO), the NICs shared. */
+static void test_timelines(void)
+{
+    /* GPipe S=4 M=4, x 1, no burst. Forwards: stage s runs F m at 2s + m (each boundary adds
+     * one transfer, the sends of one stage go back to back: A m on e_s is [2s+m+1, 2s+m+2]).
+     * Stage 3: F [6,7] [7,8] [8,9] [9,10], B [10,12] [12,14] [14,16] [16,18]; each G takes 1,
+     * so stage s's B m starts at 10 + 3(3-s) + 2m: 19 21 23 25 on stage 0, step 27
+     * = (M + S - 1)(f + b) + 2(S - 1)x = 21 + 6. */
+    const double g_f[16] = {0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9};
+    const double g_b[16] = {19, 21, 23, 25, 16, 18, 20, 22, 13, 15, 17, 19, 10, 12, 14, 16};
+    check_timeline("gpipe S=4 M=4 x=1", XMP_SCHED_GPIPE, 4, 4, 1, 0, 27, g_f, g_b);
+    /* 1F1B S=4 M=4, x 1, no burst: warm-ups 4, 3, 2, 1. Stage 2 runs F0 [4,5] F1 [5,6], then
+     * waits for G0 (stage 3: F0 [6,7] B0 [7,9], G0 [9,10]): B0 [10,12], F2 [12,13], A2 [13,14];
+     * stage 3 ran F1 [9,10] B1 [10,12] and idles 2x for A2 (the boundary round trip): F2
+     * [14,15] B2 [15,17], G2 [17,18]; stage 2: B1 [13,15] F3 [17,18] (A3 from stage 1: F3
+     * [15,16], A3 [16,17]), A3 [18,19]; stage 3 idles again: F3 [19,20] B3 [20,22]. Stage 2:
+     * B2 [18,20] B3 [23,25]; stage 1: B0 [13,15] B1 [16,18] B2 [21,23] B3 [26,28]; stage 0:
+     * B0 [16,18] B1 [19,21] B2 [24,26] B3 [29,31]: step 31 against GPipe's 27, the two round
+     * trips of 2x on stage 3 (and their echo upstream). */
+    const double o_f[16] = {0, 1, 2, 3, 2, 3, 4, 15, 4, 5, 12, 17, 6, 9, 14, 19};
+    const double o_b[16] = {16, 19, 24, 29, 13, 16, 21, 26, 10, 13, 18, 23, 7, 10, 15, 20};
+    check_timeline("1f1b S=4 M=4 x=1", XMP_SCHED_1F1B, 4, 4, 1, 0, 31, o_f, o_b);
+    /* NIC burst (token buckets of beta 1 s, full at the start), S=2, x 2.
+     * GPipe M=2: A0 [1,2] (credit 1: takes 2 - 1), buckets empty; A1 ready at 2, no credit:
+     * [2,4]. Stage 1: F0 [2,3] F1 [4,5] B0 [5,7] B1 [7,9]; G0 at 7 on stage 1's idle outgoing
+     * and stage 0's idle incoming NIC (full): [7,8]; G1 at 9, one second of credit regained on
+     * both: [9,10]. Stage 0: B0 [8,10] B1 [10,12]: step 12 (14 without the burst). */
+    const double b2_f[4] = {0, 1, 2, 4}, b2_b[4] = {8, 10, 5, 7};
+    check_timeline("gpipe S=2 M=2 x=2 burst 1", XMP_SCHED_GPIPE, 2, 2, 2, 1, 12, b2_f, b2_b);
+    /* without the burst: A0 [1,3] A1 [3,5]; stage 1 F0 [3,4] F1 [5,6] B0 [6,8] B1 [8,10]; G0
+     * [8,10] G1 [10,12]; stage 0 B0 [10,12] B1 [12,14] */
+    const double n2_f[4] = {0, 1, 3, 5}, n2_b[4] = {10, 12, 6, 8};
+    check_timeline("gpipe S=2 M=2 x=2", XMP_SCHED_GPIPE, 2, 2, 2, 0, 14, n2_f, n2_b);
+    /* 1F1B S=2 M=2 (stage 1: F0 B0 F1 B1), burst 1: A0 [1,2], A1 [2,4]; stage 1 F0 [2,3] B0
+     * [3,5]; G0 (idle NICs, full) [5,6]; F1 [5,6] B1 [6,8]; G1 at 8, both buckets regained
+     * min(1, 8 - 6) = 1: [8,9]; stage 0 B0 [6,8] B1 [9,11]: step 11. Without: A0 [1,3] A1
+     * [3,5]; F0 [3,4] B0 [4,6]; G0 [6,8]; F1 [6,7] B1 [7,9]; G1 [9,11]; B0 [8,10] B1 [11,13]:
+     * step 13. */
+    const double o2_f[4] = {0, 1, 2, 5}, o2_b[4] = {6, 9, 3, 6};
+    check_timeline("1f1b S=2 M=2 x=2 burst 1", XMP_SCHED_1F1B, 2, 2, 2, 1, 11, o2_f, o2_b);
+    const double p2_f[4] = {0, 1, 3, 6}, p2_b[4] = {8, 11, 4, 7};
+    check_timeline("1f1b S=2 M=2 x=2", XMP_SCHED_1F1B, 2, 2, 2, 0, 13, p2_f, p2_b);
+    /* a burst never makes a step longer, and one of 0 changes nothing */
+    for (int kind = 0; kind < 3; kind++)
+        for (int S = 2; S <= 4; S++)
+            for (int M = S; M <= 8; M += 2) {
+                xmp_sedge_t e[8];
+                int ne = xmp_sched_chain_edges(S, e);
+                xmp_schedule_t *s = NULL;
+                if (xmp_sched_generate(kind, S, M, ne, e, NULL, &s, err, sizeof(err)) != 0)
+                    continue;
+                double cx[16];
+                for (int i = 0; i < 16; i++)
+                    cx[i] = 1.5;
+                xmp_sim_result_t r0, r1;
+                double a = run_sim_x(s, 1, 1.5, 0.5, cx, 1, &r0);
+                xmp_sim_costs_t c;
+                double cf[8], ci[8], cw[8];
+                for (int i = 0; i < 8; i++) {
+                    cf[i] = 1;
+                    ci[i] = 1.5;
+                    cw[i] = 0.5;
+                }
+                memset(&c, 0, sizeof(c));
+                c.f = cf;
+                c.i = ci;
+                c.w = cw;
+                c.xfer = cx;
+                c.share_nic = 1;
+                c.nic_burst_s = 0.75;
+                int rr = xmp_sim_run(s, &c, &r1, err, sizeof(err));
+                double b = rr == 0 ? r1.step_s : -1;
+                CHECK(b > 0 && b <= a, "%s S=%d M=%d: burst step %g, without %g",
+                      xmp_sched_kind_name(kind), S, M, b, a);
+                xmp_sim_result_free(&r0);
+                if (rr >= 0) /* -1: freed by xmp_sim_run */
+                    xmp_sim_result_free(&r1);
+                xmp_sched_destroy(s);
+            }
+}
+
 int main(void)
 {
     test_generators();
     test_nonadjacent();
     test_sim();
     test_share_nic();
+    test_timelines();
     test_checks();
     xmp_sedge_t e[1] = {{0, 1}};
     xmp_schedule_t *s = NULL;
