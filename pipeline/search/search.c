@@ -1298,6 +1298,83 @@ static void scaled_costs(const xmp_sim_costs_t *c, int S, const double *compf, c
     }
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Each stage's CPU factor from res's timeline, time-resolved: its compute time is cut at every
+ * start and end of any stage's compute action; in each piece, each rank q of s gets
+ * xm_cost_cpu_share with s's ranks busy and every other stage's ranks busy at that stage's
+ * compute fraction cf[h] when it is in a compute action there, else waiting; the work s does
+ * is the piece's length / that factor (its rate against the calibrated one). factor[s]: the
+ * largest over s's ranks of (s's compute time / its work), so a stage that computes half its
+ * time alone (factor 0.5) and half together with a stage on the same cpu (1) gets
+ * 1 / (0.5 / 0.5 + 0.5 / 1) = 2/3, not the 0.75 of the mean number of busy ranks (the rate
+ * averages over time, not the ranks competing; docs/SEARCH.md "CPU sharing"). busy: nranks
+ * scratch. 1 where s has no compute or on failure (out of memory). */
+static void share_factors(const xmp_sim_result_t *res, int S, const double *cf, const int *rank0,
+                          const int *nr, int nranks, const xm_costmodel_t *cost, double *busy,
+                          double *factor)
+{
+    int np = 0;
+    for (int s = 0; s < S; s++) {
+        factor[s] = 1;
+        np += 2 * res->len[s];
+    }
+    double *pt = malloc(((size_t)np + (size_t)2 * (size_t)nranks + 1) * sizeof *pt);
+    if (!pt)
+        return;
+    double *work = pt + np, *tot = work + nranks;
+    int n = 0, at[XMP_SEARCH_MAX_STAGES], on[XMP_SEARCH_MAX_STAGES];
+    for (int s = 0; s < S; s++) {
+        at[s] = 0;
+        for (int i = 0; i < res->len[s]; i++)
+            if (is_compute(&res->acts[s][i]) && res->t1[s][i] > res->t0[s][i]) {
+                pt[n++] = res->t0[s][i];
+                pt[n++] = res->t1[s][i];
+            }
+    }
+    qsort(pt, (size_t)n, sizeof *pt, cmp_double);
+    for (int q = 0; q < nranks; q++)
+        work[q] = tot[q] = 0;
+    for (int p = 0; p + 1 < n; p++) {
+        double len = pt[p + 1] - pt[p], mid = 0.5 * (pt[p] + pt[p + 1]);
+        if (!(len > 0))
+            continue;
+        /* which stages compute over the piece (a stage's compute actions are in time order) */
+        for (int s = 0; s < S; s++) {
+            while (at[s] < res->len[s] &&
+                   (!is_compute(&res->acts[s][at[s]]) || res->t1[s][at[s]] <= mid))
+                at[s]++;
+            on[s] = at[s] < res->len[s] && res->t0[s][at[s]] <= mid;
+        }
+        for (int s = 0; s < S; s++) {
+            if (!on[s])
+                continue;
+            for (int h = 0; h < S; h++)
+                for (int q = rank0[h]; q < rank0[h] + nr[h] && q < nranks; q++)
+                    busy[q] = h == s ? 1.0 : on[h] ? fmin(1.0, fmax(0.0, cf[h])) : 0.0;
+            for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++) {
+                double g = 1;
+                if (xm_cost_cpu_share(cost, nranks, busy, q, &g) != 1 || !(g > 0))
+                    g = 1;
+                work[q] += len / g;
+                tot[q] += len;
+            }
+        }
+    }
+    for (int s = 0; s < S; s++) {
+        double worst = 0;
+        for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++)
+            if (work[q] > 0 && tot[q] / work[q] > worst)
+                worst = tot[q] / work[q];
+        factor[s] = worst > 0 ? worst : 1;
+    }
+    free(pt);
+}
+
 int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, int S,
                            const double *compf, const double *compb, const double *ncf,
                            const double *ncb, const int *rank0, const int *nr, int nranks,
@@ -1343,28 +1420,24 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
             cf[s] = tot > 0 ? fmin(1.0, (compf[s] + compb[s]) * factor[s] / tot) : 0;
             busy_s[s] = overlap_s(res, s, s);
         }
-        double moved = 0;
+        double moved = 0, wf[XMP_SEARCH_MAX_STAGES];
+        /* the factor, time-resolved over each stage's compute (share_factors) */
+        share_factors(res, S, cf, rank0, nr, nranks, cost, busy, wf);
         for (int s = 0; s < S; s++) {
             double worst = 1, sync = 0;
             if (busy_s[s] > 0) {
                 /* conditional on s computing: each other stage computes for the part of s's
                  * compute time their actions overlap, at its compute fraction (stages of a
                  * pipeline compute together in the steady phase and reduce together at the
-                 * end: their busy times are correlated, not independent) */
+                 * end: their busy times are correlated, not independent); the collectives'
+                 * sync below takes these probabilities */
                 for (int h = 0; h < S; h++) {
                     double u = h == s ? 1.0 : cf[h] * overlap_s(res, s, h) / busy_s[s];
                     u = u < 0 ? 0 : u > 1 ? 1 : u;
                     for (int q = rank0[h]; q < rank0[h] + nr[h] && q < nranks; q++)
                         busy[q] = u;
                 }
-                worst = 0;
-                for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++) {
-                    double g = 1;
-                    if (xm_cost_cpu_share(cost, nranks, busy, q, &g) == 1 && g > worst)
-                        worst = g;
-                }
-                if (worst <= 0)
-                    worst = 1;
+                worst = wf[s];
                 /* in a collective of s, s's other ranks compute at its compute fraction */
                 for (int q = rank0[s]; ncf && ncb && q < rank0[s] + nr[s] && q < nranks; q++)
                     busy[q] = cf[s];

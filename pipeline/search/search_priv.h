@@ -22,9 +22,11 @@ int xmp_search__plan_seconds(int nranks, int hosts, const xm_cluster_t *cluster,
  * compf[s] and compb[s] seconds of compute at the calibrated every-rank-busy rate; stage s runs
  * on ranks rank0[s] .. rank0[s] + nr[s] - 1 of nranks. When cost has cpuset records for these
  * ranks (and !off), each stage's compute is scaled by its CPU factor: the largest over its
- * ranks of xm_cost_cpu_share with every other stage's ranks busy with the probability that
- * stage computes (its compute per step / the simulated step), found by a damped fixed-point
- * iteration (mean field: a stage that idles in the bubble lends its cpus to the stages that
+ * ranks of (its compute time / the work it does), the work being each piece of its compute
+ * time divided by xm_cost_cpu_share with the other stages' ranks that compute over that piece
+ * of the timeline busy (at their compute fraction) and the others waiting: the rate is
+ * averaged over time, not the number of ranks competing (issue 40). Found by a damped
+ * fixed-point iteration (a stage that idles in the bubble lends its cpus to the stages that
  * share them). factor[s] receives the factors (1 without sharing). With ncf and ncb (the
  * stage's collectives per microbatch in F and in B; NULL: none), each of them also costs the
  * cpuset's sync seconds (xm_cost_cpu_sync) times the probability that another rank of the set
