@@ -1342,6 +1342,8 @@ static int engine_run(const xmp_schedule_t *s, const xmp_sim_costs_t *c, int fil
             continue;
         }
         double d = cost_of(&E, g, a);
+        if (c->act_add && c->act_add[g] && a.kind <= XMP_ACT_W)
+            d = fmax(0.0, d + c->act_add[g][E.pc[g]]);
         if (fill && a.kind == XMP_ACT_W) {
             E.pc[g]++; /* explicit W in a filled schedule: not expected; skip */
             continue;

@@ -346,6 +346,11 @@ typedef struct {
     const double *base_bytes; /* per GROUP: bytes the group holds at its peaks besides the
                                * microbatches' activations (gradient accumulators, backward
                                * temporaries), added to peak_bytes; NULL: 0 */
+    const double *const *act_add; /* per GROUP g, per index i of the schedule's acts[g]: seconds
+                                   * added to that F/B/I/W action's cost (a per-action
+                                   * correction: the CPU-sharing factor of the search), the sum
+                                   * taken as at least 0; the W a filled schedule inserts gets
+                                   * none. NULL (or a NULL row): none */
 } xmp_sim_costs_t;
 
 typedef struct {

@@ -1304,32 +1304,41 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Each stage's CPU factor from res's timeline, time-resolved: its compute time is cut at every
- * start and end of any stage's compute action; in each piece, each rank q of s gets
- * xm_cost_cpu_share with s's ranks busy and every other stage's ranks busy at that stage's
- * compute fraction cf[h] when it is in a compute action there, else waiting; the work s does
- * is the piece's length / that factor (its rate against the calibrated one). factor[s]: the
- * largest over s's ranks of (s's compute time / its work), so a stage that computes half its
- * time alone (factor 0.5) and half together with a stage on the same cpu (1) gets
- * 1 / (0.5 / 0.5 + 0.5 / 1) = 2/3, not the 0.75 of the mean number of busy ranks (the rate
- * averages over time, not the ranks competing; docs/SEARCH.md "CPU sharing"). busy: nranks
- * scratch. 1 where s has no compute or on failure (out of memory). */
+/* CPU factors from res's timeline, time-resolved: the compute time is cut at every start and
+ * end of any stage's compute action; in each piece, a stage s computing there gets the largest
+ * over its ranks of xm_cost_cpu_share with s's ranks busy and every other stage's ranks busy
+ * at that stage's compute fraction cf[h] when it is in a compute action there, else waiting;
+ * the work s does in the piece is its length / that factor (its rate against the calibrated
+ * one). factor[s]: s's compute time / its work; afac (NULL: not wanted; else a row per stage,
+ * indexed as res->acts[s]): the same per compute action (1 for the others). So a stage that
+ * computes half its time alone (factor 0.5) and half together with a stage on the same cpu
+ * (1) gets 1 / (0.5 / 0.5 + 0.5 / 1) = 2/3, not the 0.75 of the mean number of busy ranks
+ * (the rate averages over time, not the ranks competing; docs/SEARCH.md "CPU sharing"), and
+ * per action, its lone actions 0.5 and its shared ones 1. busy: nranks scratch. 1 where s has
+ * no compute or on failure (out of memory). */
 static void share_factors(const xmp_sim_result_t *res, int S, const double *cf, const int *rank0,
                           const int *nr, int nranks, const xm_costmodel_t *cost, double *busy,
-                          double *factor)
+                          double *factor, double *const *afac)
 {
     int np = 0;
     for (int s = 0; s < S; s++) {
         factor[s] = 1;
         np += 2 * res->len[s];
+        for (int i = 0; afac && i < res->len[s]; i++)
+            afac[s][i] = 0; /* work so far */
     }
-    double *pt = malloc(((size_t)np + (size_t)2 * (size_t)nranks + 1) * sizeof *pt);
-    if (!pt)
+    double *pt = malloc(((size_t)np + 1) * sizeof *pt);
+    if (!pt) {
+        for (int s = 0; afac && s < S; s++)
+            for (int i = 0; i < res->len[s]; i++)
+                afac[s][i] = 1;
         return;
-    double *work = pt + np, *tot = work + nranks;
+    }
     int n = 0, at[XMP_SEARCH_MAX_STAGES], on[XMP_SEARCH_MAX_STAGES];
+    double work[XMP_SEARCH_MAX_STAGES], tot[XMP_SEARCH_MAX_STAGES];
     for (int s = 0; s < S; s++) {
         at[s] = 0;
+        work[s] = tot[s] = 0;
         for (int i = 0; i < res->len[s]; i++)
             if (is_compute(&res->acts[s][i]) && res->t1[s][i] > res->t0[s][i]) {
                 pt[n++] = res->t0[s][i];
@@ -1337,8 +1346,6 @@ static void share_factors(const xmp_sim_result_t *res, int S, const double *cf, 
             }
     }
     qsort(pt, (size_t)n, sizeof *pt, cmp_double);
-    for (int q = 0; q < nranks; q++)
-        work[q] = tot[q] = 0;
     for (int p = 0; p + 1 < n; p++) {
         double len = pt[p + 1] - pt[p], mid = 0.5 * (pt[p] + pt[p + 1]);
         if (!(len > 0))
@@ -1356,21 +1363,24 @@ static void share_factors(const xmp_sim_result_t *res, int S, const double *cf, 
             for (int h = 0; h < S; h++)
                 for (int q = rank0[h]; q < rank0[h] + nr[h] && q < nranks; q++)
                     busy[q] = h == s ? 1.0 : on[h] ? fmin(1.0, fmax(0.0, cf[h])) : 0.0;
+            double worst = 0;
             for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++) {
                 double g = 1;
-                if (xm_cost_cpu_share(cost, nranks, busy, q, &g) != 1 || !(g > 0))
-                    g = 1;
-                work[q] += len / g;
-                tot[q] += len;
+                if (xm_cost_cpu_share(cost, nranks, busy, q, &g) == 1 && g > worst)
+                    worst = g;
             }
+            if (!(worst > 0))
+                worst = 1;
+            work[s] += len / worst;
+            tot[s] += len;
+            if (afac)
+                afac[s][at[s]] += len / worst;
         }
     }
     for (int s = 0; s < S; s++) {
-        double worst = 0;
-        for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++)
-            if (work[q] > 0 && tot[q] / work[q] > worst)
-                worst = tot[q] / work[q];
-        factor[s] = worst > 0 ? worst : 1;
+        factor[s] = work[s] > 0 ? tot[s] / work[s] : 1;
+        for (int i = 0; afac && i < res->len[s]; i++)
+            afac[s][i] = afac[s][i] > 0 ? (res->t1[s][i] - res->t0[s][i]) / afac[s][i] : 1;
     }
     free(pt);
 }
@@ -1382,13 +1392,15 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
                            xmp_sim_result_t *res, char *err, size_t errlen)
 {
     double pen[XMP_SEARCH_MAX_STAGES]; /* extra seconds per collective of stage s */
+    double one[XMP_SEARCH_MAX_STAGES];
     for (int s = 0; s < S; s++) {
         factor[s] = 1;
+        one[s] = 1;
         pen[s] = 0;
         if (sync_s)
             sync_s[s] = 0;
     }
-    double *busy = NULL;
+    double *busy = NULL, *af = NULL;
     int shared = !off && S >= 1 && cost && cost->ncpusets > 0 && cost->cpu_nranks == nranks &&
                  !xmp_sched_is_virtual(sch) && sch->ngroups == S;
     /* one stage: nothing to lend, only the collectives' sync can apply */
@@ -1397,32 +1409,64 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
         any_sync |= cost->cpusets[k].sync > 0;
     if (S == 1 && !any_sync)
         shared = 0;
-    if (shared && (busy = malloc((size_t)nranks * sizeof *busy)) == NULL)
+    /* per action (S > 1): each F and B its own factor, from the contention over its own span
+     * (a stage's lone actions in the fill and drain run faster than its shared ones in the
+     * steady phase, and they are the ones on the critical path); af: the factors, then the
+     * seconds added (xmp_sim_costs_t.act_add), a row per stage as sch->acts[s] */
+    size_t na = 0;
+    for (int s = 0; shared && s < S; s++)
+        na += (size_t)sch->len[s];
+    if (shared && ((busy = malloc((size_t)nranks * sizeof *busy)) == NULL ||
+                   (S > 1 && (af = malloc(3 * (na + 1) * sizeof *af)) == NULL)))
         shared = 0; /* out of memory: the plain simulation */
+    double *arow[XMP_SEARCH_MAX_STAGES], *anew[XMP_SEARCH_MAX_STAGES], *aadd[XMP_SEARCH_MAX_STAGES];
+    const double *crow[XMP_SEARCH_MAX_STAGES];
+    for (int s = 0, o = 0; af && s < S; o += sch->len[s], s++) {
+        arow[s] = af + o;
+        anew[s] = af + (na + 1) + o;
+        aadd[s] = af + 2 * (na + 1) + o;
+        crow[s] = aadd[s];
+        for (int i = 0; i < sch->len[s]; i++)
+            arow[s][i] = 1;
+    }
     xmp_sim_costs_t k = *c;
     double f[XMP_SEARCH_MAX_STAGES], b[XMP_SEARCH_MAX_STAGES];
-    int r = 0;
+    int r = 0, per_action = af != NULL && !c->act_add;
     /* damped fixed point: at most 40 runs, stop when no factor or penalty moves by 1e-6 */
-    for (int it = 0; it < (shared ? 40 : 1); it++) {
-        scaled_costs(c, S, compf, compb, ncf, ncb, factor, pen, f, b);
+    for (int it = 0; it <= (shared ? 40 : 0); it++) {
+        /* per action: the stages' compute at the calibrated rate, each action's own factor
+         * added as seconds; else each stage's compute scaled by its factor */
+        scaled_costs(c, S, compf, compb, ncf, ncb, per_action ? one : factor, pen, f, b);
+        for (int s = 0; per_action && s < S; s++)
+            for (int i = 0; i < sch->len[s]; i++) {
+                int kd = sch->acts[s][i].kind;
+                double comp = kd == XMP_ACT_F ? compf[s] : kd == XMP_ACT_B ? compb[s] : 0;
+                aadd[s][i] = -comp * (1 - arow[s][i]);
+            }
         k.f = f;
         k.b = c->b ? b : NULL;
+        k.act_add = per_action ? crow : c->act_add;
         if (it > 0)
             xmp_sim_result_free(res);
         memset(res, 0, sizeof *res);
         r = xmp_sim_run(sch, &k, res, err, errlen);
-        if (r != 0 || !shared || !(res->step_s > 0))
+        if (r != 0 || !shared || !(res->step_s > 0) || it == 40)
             break;
+        for (int s = 0; per_action && s < S; s++)
+            if (res->len[s] != sch->len[s])
+                per_action = 0; /* W inserted: the stage factors (the next run's costs) */
         /* the compute fraction of a stage's F/B actions (they also hold its boxing) */
         double cf[XMP_SEARCH_MAX_STAGES], busy_s[XMP_SEARCH_MAX_STAGES];
+        double wf[XMP_SEARCH_MAX_STAGES];
+        scaled_costs(c, S, compf, compb, ncf, ncb, factor, pen, f, b);
         for (int s = 0; s < S; s++) {
             double tot = f[s] + (c->b ? b[s] : 0);
             cf[s] = tot > 0 ? fmin(1.0, (compf[s] + compb[s]) * factor[s] / tot) : 0;
             busy_s[s] = overlap_s(res, s, s);
         }
-        double moved = 0, wf[XMP_SEARCH_MAX_STAGES];
-        /* the factor, time-resolved over each stage's compute (share_factors) */
-        share_factors(res, S, cf, rank0, nr, nranks, cost, busy, wf);
+        /* the factors, time-resolved over each stage's compute and each action's */
+        share_factors(res, S, cf, rank0, nr, nranks, cost, busy, wf, per_action ? anew : NULL);
+        double moved = 0;
         for (int s = 0; s < S; s++) {
             double worst = 1, sync = 0;
             if (busy_s[s] > 0) {
@@ -1451,19 +1495,20 @@ int xmp_search__sim_shared(const xmp_schedule_t *sch, const xmp_sim_costs_t *c, 
             moved = fmax(moved, fmax(fabs(nf - factor[s]), fabs(np - pen[s])));
             factor[s] = nf;
             pen[s] = np;
+            for (int i = 0; per_action && i < sch->len[s]; i++) {
+                double na_ = 0.5 * (arow[s][i] + anew[s][i]);
+                moved = fmax(moved, fabs(na_ - arow[s][i]));
+                arow[s][i] = na_;
+            }
         }
-        if (moved < 1e-6) {
-            /* the last run used the previous values: run once more with these */
-            scaled_costs(c, S, compf, compb, ncf, ncb, factor, pen, f, b);
-            xmp_sim_result_free(res);
-            memset(res, 0, sizeof *res);
-            r = xmp_sim_run(sch, &k, res, err, errlen);
-            break;
-        }
+        /* converged: run once more with these (the last run used the previous values) */
+        if (moved < 1e-6)
+            it = 39;
     }
     for (int s = 0; sync_s && ncf && ncb && s < S; s++)
         sync_s[s] = (ncf[s] + ncb[s]) * pen[s];
     free(busy);
+    free(af);
     return r;
 }
 

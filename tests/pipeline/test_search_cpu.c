@@ -11,11 +11,10 @@
  *    against 1/2 calibrated: factor 0.5, step 1.0 (2 without sharing); the waiting stage taking
  *    half a computing rank's share (wait 0.5): 1/1.5 of a cpu, factor 0.75, step 1.5; wait 1:
  *    factor 1; no records, off, a cpu per stage: the plain simulation;
- *  - the factor averages the rate over a stage's compute time, not the number of busy ranks
- *    (issue 40): two one-rank stages on one cpu, GPipe M=2 (f 0.3, b 0.7), each computing half
- *    its time alone (factor 0.5) and half with the other (1): factor 1 / (0.5/0.5 + 0.5/1) =
- *    2/3, step 2.0 (as processor sharing played by hand), where the mean count gave 0.75 and
- *    2.25; wait 0.5: 6/7, step 18/7 (the mean count: 0.875, 2.625);
+ *  - each F and B action gets the factor of the contention over its own span (issue 40): two
+ *    one-rank stages on one cpu, GPipe M=2 (f 0.3, b 0.7), played as processor sharing by
+ *    hand: step 2.0, factor 0.75 per stage (1.5 s computing for 2.0 s of calibrated work);
+ *    wait 0.5: 2.5, 0.875. One factor per stage gave 2.25 and 2.625;
  *  - the sync term (cpuset's fifth field): parsed, written, refused when negative; by hand,
  *    xm_cost_cpu_sync (sync x the probability another rank of the set computes) and one stage
  *    of two ranks on one cpu with 2 + 3 collectives per microbatch and sync 10 ms: the partner
@@ -229,22 +228,18 @@ static void test_sim(void)
 }
 
 /* Two one-rank stages, GPipe, M = 2, compute only (f 0.3, b 0.7 per stage), one cpu for both,
- * waiting rank takes `wait` of a computing rank's cpu. With the stages scaled by a (both alike:
- * the timeline is symmetric), stage 0 runs F0 [0, 0.3a], F1 [0.3a, 0.6a], B1 [1.6a, 2.3a],
- * B0 [2.3a, 3a]; stage 1 F0 [0.3a, 0.6a], F1 [0.6a, 0.9a], B1 [0.9a, 1.6a], B0 [1.6a, 2.3a]:
- * step 3a, and each stage computes 2a of which a (F1/F0 and B1/B0) together with the other.
- * Calibrated rate (every rank busy): 1/2 cpu. Wait 0: alone a stage gets the whole cpu
- * (factor 0.5), together 1/2 (factor 1). Its rate averaged over its compute time is
- * 0.5 x 2 + 0.5 x 1 = 1.5 of calibrated: a = 1 / 1.5 = 2/3, step 2.0. Played as processor
- * sharing by hand: s0 F0 alone 0.15; s0 F1 and s1 F0 together 0.3 (to 0.45); s1 F1 alone
- * 0.15 (0.6), B1 alone 0.35 (0.95); s1 B0 and s0 B1 together 0.7 (1.65); s0 B0 alone 0.35:
- * step 2.0 as well. The mean number of busy ranks (1 + 0.5 = 1.5, factor 1.5 / 2 = 0.75,
- * step 2.25) over-states it: the time a stage computes alone is when it does the most work.
- * Wait 0.5: alone 1.5 ranks (factor 0.75), together 2 (factor 1): rate 0.5 / 0.75 + 0.5 / 1
- * = 7/6, a = 6/7, step 18/7 (the mean count 1 + 0.5 + 0.25 = 1.75 gave 0.875, 2.625). */
+ * waiting rank takes `wait` of a computing rank's cpu; calibrated rate (every rank busy): 1/2
+ * cpu. Played as processor sharing by hand, wait 0 (alone a stage gets the whole cpu: factor
+ * 0.5; together 1/2: factor 1): s0 F0 alone 0.15; s0 F1 and s1 F0 together 0.3 (to 0.45); s1
+ * F1 alone 0.15 (0.6), B1 alone 0.35 (0.95); s1 B0 and s0 B1 together 0.7 (1.65); s0 B0 alone
+ * 0.35: step 2.0; each stage computes 0.15 + 0.3 + 0.7 + 0.35 = 1.5 s for 2.0 s of calibrated
+ * work: factor 0.75. Wait 0.5 (alone 1.5 ranks: factor 0.75; together 2: 1): 0.225, 0.3,
+ * 0.225, 0.525, 0.7, 0.525: step 2.5, each stage 1.75 s: factor 0.875. One factor per stage
+ * (the mean-field model before: the same 0.75 and 0.875) gives step 3 x 0.75 = 2.25 and
+ * 3 x 0.875 = 2.625: it also slows the lone fill and drain actions, the critical path. */
 static void test_sim_timeresolved(void)
 {
-    static const double wait[2] = {0, 0.5}, want[2] = {2.0 / 3, 6.0 / 7};
+    static const double wait[2] = {0, 0.5}, want[2] = {0.75, 0.875}, step[2] = {2.0, 2.5};
     int both[2] = {0, 1};
     for (int w = 0; w < 2; w++) {
         xm_costmodel_t *m = xm_costmodel_create();
@@ -267,9 +262,9 @@ static void test_sim_timeresolved(void)
                                            NULL, &res, err, sizeof err);
             EXPECT(r == 0, "simulation: %d %s", r, err);
             EXPECT(near(fac[0], want[w], 1e-4) && near(fac[1], want[w], 1e-4) &&
-                       near(res.step_s, 3 * want[w], 1e-4),
+                       near(res.step_s, step[w], 1e-4),
                    "GPipe M2 wait %g: factors %g %g step %g (want %g, step %g)", wait[w], fac[0],
-                   fac[1], res.step_s, want[w], 3 * want[w]);
+                   fac[1], res.step_s, want[w], step[w]);
             xmp_sim_result_free(&res);
             xmp_sched_destroy(sch);
         }
