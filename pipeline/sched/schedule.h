@@ -340,12 +340,12 @@ typedef struct {
      * selective_keep under selective, ckpt_bytes under block recomputation. A backward
      * (B or I) under recomputation first rebuilds the full act_bytes (a transient on top of
      * what the group holds); after I they stay until W. */
-    const double *act_bytes;  /* per model stage */
-    const double *ckpt_bytes; /* per model stage; NULL: 0 */
-    double selective_keep;    /* 0: 0.5 */
-    const double *base_bytes; /* per GROUP: bytes the group holds at its peaks besides the
-                               * microbatches' activations (gradient accumulators, backward
-                               * temporaries), added to peak_bytes; NULL: 0 */
+    const double *act_bytes;      /* per model stage */
+    const double *ckpt_bytes;     /* per model stage; NULL: 0 */
+    double selective_keep;        /* 0: 0.5 */
+    const double *base_bytes;     /* per GROUP: bytes the group holds at its peaks besides the
+                                   * microbatches' activations (gradient accumulators, backward
+                                   * temporaries), added to peak_bytes; NULL: 0 */
     const double *const *act_add; /* per GROUP g, per index i of the schedule's acts[g]: seconds
                                    * added to that F/B/I/W action's cost (a per-action
                                    * correction: the CPU-sharing factor of the search), the sum

@@ -237,7 +237,7 @@ static void test_sim(void)
  * 0.225, 0.525, 0.7, 0.525: step 2.5, each stage 1.75 s: factor 0.875. One factor per stage
  * (the mean-field model before: the same 0.75 and 0.875) gives step 3 x 0.75 = 2.25 and
  * 3 x 0.875 = 2.625: it also slows the lone fill and drain actions, the critical path. */
-static void test_sim_timeresolved(void)
+static void test_sim_per_action(void)
 {
     static const double wait[2] = {0, 0.5}, want[2] = {0.75, 0.875}, step[2] = {2.0, 2.5};
     int both[2] = {0, 1};
@@ -249,8 +249,8 @@ static void test_sim_timeresolved(void)
         int ne = xmp_sched_chain_edges(2, edges);
         xmp_schedule_t *sch = NULL;
         char err[256];
-        EXPECT(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 2, ne, edges, NULL, &sch, err,
-                                  sizeof err) == 0,
+        EXPECT(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 2, ne, edges, NULL, &sch, err, sizeof err) ==
+                   0,
                "%s", err);
         if (sch) {
             double f[2] = {0.3, 0.3}, b[2] = {0.7, 0.7}, xfer[2] = {0, 0}, fac[2];
@@ -320,7 +320,7 @@ int main(void)
     test_parse();
     test_share();
     test_sim();
-    test_sim_timeresolved();
+    test_sim_per_action();
     test_sync();
     if (g_fail) {
         fprintf(stderr, "pipeline.search.cpu: %d checks failed\n", g_fail);
