@@ -14,7 +14,8 @@
  *  - each F and B action gets the factor of the contention over its own span (issue 40): two
  *    one-rank stages on one cpu, GPipe M=2 (f 0.3, b 0.7), played as processor sharing by
  *    hand: step 2.0, factor 0.75 per stage (1.5 s computing for 2.0 s of calibrated work);
- *    wait 0.5: 2.5, 0.875. One factor per stage gave 2.25 and 2.625;
+ *    wait 0.5: 2.5, 0.875. One factor per stage gave 2.25 and 2.625; the simulator's
+ *    per-action seconds (act_add) by hand: F -0.1, B +0.2 on f 0.3, b 0.7: step 1.1;
  *  - the sync term (cpuset's fifth field): parsed, written, refused when negative; by hand,
  *    xm_cost_cpu_sync (sync x the probability another rank of the set computes) and one stage
  *    of two ranks on one cpu with 2 + 3 collectives per microbatch and sync 10 ms: the partner
@@ -227,6 +228,36 @@ static void test_sim(void)
     xm_costmodel_destroy(m);
 }
 
+/* The simulator's per-action seconds (xmp_sim_costs_t.act_add): one stage, GPipe M=1, f 0.3,
+ * b 0.7; F gets -0.1 and B +0.2: step 0.2 + 0.9 = 1.1; F -0.5: taken as 0, step 0.9. */
+static void test_act_add(void)
+{
+    xmp_sedge_t edges[1];
+    int ne = xmp_sched_chain_edges(1, edges);
+    xmp_schedule_t *sch = NULL;
+    char err[256];
+    EXPECT(xmp_sched_generate(XMP_SCHED_GPIPE, 1, 1, ne, edges, NULL, &sch, err, sizeof err) == 0,
+           "%s", err);
+    if (!sch)
+        return;
+    static const double addf[2] = {-0.1, -0.5}, want[2] = {1.1, 0.9};
+    for (int k = 0; k < 2; k++) {
+        double f[1] = {0.3}, b[1] = {0.7}, add[64] = {0};
+        for (int i = 0; i < sch->len[0] && i < 64; i++)
+            add[i] = sch->acts[0][i].kind == XMP_ACT_F   ? addf[k]
+                     : sch->acts[0][i].kind == XMP_ACT_B ? 0.2
+                                                         : 0;
+        const double *rows[1] = {add};
+        xmp_sim_costs_t c = {.f = f, .b = b, .act_add = rows};
+        xmp_sim_result_t res;
+        memset(&res, 0, sizeof res);
+        EXPECT(xmp_sim_run(sch, &c, &res, err, sizeof err) == 0 && near(res.step_s, want[k], 1e-12),
+               "act_add F %g B 0.2: step %g (want %g) %s", addf[k], res.step_s, want[k], err);
+        xmp_sim_result_free(&res);
+    }
+    xmp_sched_destroy(sch);
+}
+
 /* Two one-rank stages, GPipe, M = 2, compute only (f 0.3, b 0.7 per stage), one cpu for both,
  * waiting rank takes `wait` of a computing rank's cpu; calibrated rate (every rank busy): 1/2
  * cpu. Played as processor sharing by hand, wait 0 (alone a stage gets the whole cpu: factor
@@ -321,6 +352,7 @@ int main(void)
     test_share();
     test_sim();
     test_sim_per_action();
+    test_act_add();
     test_sync();
     if (g_fail) {
         fprintf(stderr, "pipeline.search.cpu: %d checks failed\n", g_fail);
