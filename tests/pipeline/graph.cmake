@@ -1,0 +1,6 @@
+# One graph per model (pipeline/nn/graph.{c,h}; issue 38 item 1): the refusals.
+add_executable(test_graph ${CMAKE_CURRENT_LIST_DIR}/test_graph.c)
+target_include_directories(test_graph PRIVATE ${CMOCKA_INCLUDE_DIR})
+target_link_libraries(test_graph PRIVATE xmesh_pipeline ${CMOCKA_LIBRARY})
+add_test(NAME pipeline.graph COMMAND test_graph)
+set_tests_properties(pipeline.graph PROPERTIES LABELS "pipeline;unit" TIMEOUT 60)
