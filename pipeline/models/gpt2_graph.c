@@ -32,9 +32,8 @@ static int par(gb_t *b, const char *cls, int layer, int group, int nd, int64_t d
     return id;
 }
 
-static void node(gb_t *b, xmp_gop_t kind, const char *rule, const char *what, int group,
-                 int layer, int nin, xmp_gref_t i0, xmp_gref_t i1, xmp_gref_t i2, int out,
-                 unsigned saves)
+static void node(gb_t *b, xmp_gop_t kind, const char *rule, const char *what, int group, int layer,
+                 int nin, xmp_gref_t i0, xmp_gref_t i1, xmp_gref_t i2, int out, unsigned saves)
 {
     const xmp_gref_t in[3] = {i0, i1, i2};
     if (!b->failed)
@@ -47,10 +46,13 @@ static int block(gb_t *b, const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int
     const int64_t C = c->channels, NH = c->num_heads, hs = C / NH;
     const int G = XMP_GPT2_G_BLOCK;
     int ln1w = par(b, "ln1.w", l, G, 1, C, 0, 0, 0), ln1b = par(b, "ln1.b", l, G, 1, C, 0, 0, 0);
-    int qkvw = par(b, "qkv.w", l, G, 4, 3, NH, hs, C), qkvb = par(b, "qkv.b", l, G, 3, 3, NH, hs, 0);
-    int apw = par(b, "attproj.w", l, G, 2, C, C, 0, 0), apb = par(b, "attproj.b", l, G, 1, C, 0, 0, 0);
+    int qkvw = par(b, "qkv.w", l, G, 4, 3, NH, hs, C),
+        qkvb = par(b, "qkv.b", l, G, 3, 3, NH, hs, 0);
+    int apw = par(b, "attproj.w", l, G, 2, C, C, 0, 0),
+        apb = par(b, "attproj.b", l, G, 1, C, 0, 0, 0);
     int ln2w = par(b, "ln2.w", l, G, 1, C, 0, 0, 0), ln2b = par(b, "ln2.b", l, G, 1, C, 0, 0, 0);
-    int fcw = par(b, "fc.w", l, G, 2, 4 * C, C, 0, 0), fcb = par(b, "fc.b", l, G, 1, 4 * C, 0, 0, 0);
+    int fcw = par(b, "fc.w", l, G, 2, 4 * C, C, 0, 0),
+        fcb = par(b, "fc.b", l, G, 1, 4 * C, 0, 0, 0);
     int fpw = par(b, "fcproj.w", l, G, 2, C, 4 * C, 0, 0);
     int fpb = par(b, "fcproj.b", l, G, 1, C, 0, 0, 0);
 
@@ -58,8 +60,8 @@ static int block(gb_t *b, const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int
     node(b, XMP_GOP_LAYERNORM, "layernorm", "layernorm of act.x (ln1.w, ln1.b)", G, l, 3, V(x),
          P(ln1w), P(ln1b), ln1, 1);
     int qkv = val(b, "act.qkv", 5, Bm, T, 3, NH, hs);
-    node(b, XMP_GOP_LINEAR, "linear", "linear act.ln1 x qkv.w (+ qkv.b)", G, l, 3, V(ln1),
-         P(qkvw), P(qkvb), qkv, 1);
+    node(b, XMP_GOP_LINEAR, "linear", "linear act.ln1 x qkv.w (+ qkv.b)", G, l, 3, V(ln1), P(qkvw),
+         P(qkvb), qkv, 1);
     int att = val(b, "act.att", 3, Bm, T, C, 0, 0);
     node(b, XMP_GOP_ATTENTION, "attention", "class act.qkv", G, l, 1, V(qkv), V(0), V(0), att, 1);
     int pr = val(b, "act.x", 3, Bm, T, C, 0, 0);
@@ -83,8 +85,7 @@ static int block(gb_t *b, const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int
     return x3;
 }
 
-int xmp_gpt2_graph(const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int nblock,
-                   xmp_graph_t *g)
+int xmp_gpt2_graph(const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int nblock, xmp_graph_t *g)
 {
     xmp_graph_init(g);
     if (!c || c->channels < 1 || c->num_heads < 1 || c->channels % c->num_heads || Bm < 1 ||
@@ -107,13 +108,14 @@ int xmp_gpt2_graph(const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int nblock
          V(0), x, XMP_G_SAVE_OUT);
     for (int l = 0; l < nblock; l++)
         x = block(&b, c, Bm, T, l, x);
-    int lnfw = par(&b, "lnf.w", -1, H, 1, C, 0, 0, 0), lnfb = par(&b, "lnf.b", -1, H, 1, C, 0, 0, 0);
+    int lnfw = par(&b, "lnf.w", -1, H, 1, C, 0, 0, 0),
+        lnfb = par(&b, "lnf.b", -1, H, 1, C, 0, 0, 0);
     int lnf = val(&b, "act.lnf", 3, Bm, T, C, 0, 0);
     node(&b, XMP_GOP_LAYERNORM, "layernorm", "layernorm of act.x (lnf.w, lnf.b)", H, -1, 3, V(x),
          P(lnfw), P(lnfb), lnf, 1);
     int logits = val(&b, "act.logits", 3, Bm, T, Vp, 0, 0);
-    node(&b, XMP_GOP_LINEAR, "linear", "linear act.lnf x wte (tied head)", H, -1, 2, V(lnf),
-         P(wte), V(0), logits, 1);
+    node(&b, XMP_GOP_LINEAR, "linear", "linear act.lnf x wte (tied head)", H, -1, 2, V(lnf), P(wte),
+         V(0), logits, 1);
     int tgt = val(&b, "", 2, Bm, T, 0, 0, 0), loss = val(&b, "", 2, Bm, T, 0, 0, 0);
     node(&b, XMP_GOP_XENT, "cross_entropy", "cross_entropy of act.logits", H, -1, 2, V(logits),
          V(tgt), V(0), loss, 1);

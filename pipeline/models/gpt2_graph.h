@@ -27,8 +27,7 @@ enum { XMP_GPT2_G_EMBED = 0, XMP_GPT2_G_BLOCK = 1, XMP_GPT2_G_HEAD = 2 };
  * per-token losses are values of no class. Every node saves what the trainer keeps for the
  * backward: its value operands (the embedding: its output). Returns 0, or -1 with the message
  * in xmp_last_error() and g freed. The caller frees g with xmp_graph_free. */
-int xmp_gpt2_graph(const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int nblock,
-                   xmp_graph_t *g);
+int xmp_gpt2_graph(const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int nblock, xmp_graph_t *g);
 
 #ifdef __cplusplus
 }

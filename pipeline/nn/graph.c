@@ -127,8 +127,7 @@ static double node_flops(const xmp_graph_t *g, const xmp_gnode_t *n)
         int qnd = xmp_graph_ref_nd(g, n->in[0], &qd);
         if (qnd != 5)
             return ny;
-        return 4.0 * (double)qd[0] * (double)qd[3] * (double)qd[1] * (double)qd[1] *
-               (double)qd[4];
+        return 4.0 * (double)qd[0] * (double)qd[3] * (double)qd[1] * (double)qd[1] * (double)qd[4];
     }
     case XMP_GOP_CONV: { /* every output: (input channels x kernel) multiply-adds */
         const int64_t *wd;
@@ -145,8 +144,8 @@ static double node_flops(const xmp_graph_t *g, const xmp_gnode_t *n)
     }
 }
 
-int xmp_graph_node(xmp_graph_t *g, xmp_gop_t kind, const char *rule, const char *what,
-                   int group, int layer, int nin, const xmp_gref_t *in, int out, unsigned saves)
+int xmp_graph_node(xmp_graph_t *g, xmp_gop_t kind, const char *rule, const char *what, int group,
+                   int layer, int nin, const xmp_gref_t *in, int out, unsigned saves)
 {
     if ((int)kind < 0 || kind >= XMP_GOP_COUNT)
         return FAIL("graph: node kind %d (must be 0..%d)", (int)kind, XMP_GOP_COUNT - 1);
@@ -159,8 +158,8 @@ int xmp_graph_node(xmp_graph_t *g, xmp_gop_t kind, const char *rule, const char 
     if (out < 0 || out >= g->nval)
         return FAIL("graph: node '%s': output value %d does not exist", what, out);
     if (g->val[out].producer >= 0)
-        return FAIL("graph: node '%s': value %d (%s) is already the output of node %d", what,
-                    out, g->val[out].cls, g->val[out].producer);
+        return FAIL("graph: node '%s': value %d (%s) is already the output of node %d", what, out,
+                    g->val[out].cls, g->val[out].producer);
     if (grow((void **)&g->node, g->nnode, &g->capnode, sizeof *g->node))
         return -1;
     xmp_gnode_t *n = &g->node[g->nnode];
@@ -188,8 +187,8 @@ int xmp_graph_node(xmp_graph_t *g, xmp_gop_t kind, const char *rule, const char 
 const char *xmp_gop_name(xmp_gop_t k)
 {
     static const char *const names[XMP_GOP_COUNT] = {
-        "embedding", "layernorm", "linear",   "attention", "gelu",   "add",
-        "xent",      "conv",      "groupnorm", "silu",     "upsample", "concat"};
+        "embedding", "layernorm", "linear",   "attention", "gelu",   "add",      "xent", "conv",
+        "groupnorm", "silu",      "upsample", "concat",    "tokens", "untokens", "box"};
     return (int)k >= 0 && k < XMP_GOP_COUNT ? names[k] : NULL;
 }
 

@@ -36,6 +36,9 @@ typedef enum {
     XMP_GOP_SILU,          /* SiLU (U-Transformer) */
     XMP_GOP_UPSAMPLE,      /* nearest 2x upsampling (U-Transformer) */
     XMP_GOP_CONCAT,        /* channel concatenation of a skip (U-Transformer) */
+    XMP_GOP_TOKENS,        /* image (N, C, H, W) -> tokens (N, H*W, C) (U-Transformer) */
+    XMP_GOP_UNTOKENS,      /* tokens (N, H*W, C) -> image (N, C, H, W) (U-Transformer) */
+    XMP_GOP_BOX,           /* the same tensor under another activation class: a boxing point */
     XMP_GOP_COUNT
 } xmp_gop_t;
 
@@ -45,7 +48,8 @@ typedef enum {
 #define XMP_G_SAVE_OUT 0x80 /* xmp_gnode_t.saves: the output is kept for the backward */
 
 /* A value: one activation tensor (global shape, f32). cls is the activation class of the
- * strategies ("act.x"); "" for a model input that no strategy names (token ids). */
+ * strategies ("act.x"); "" for a value that no strategy names (token ids, a U-Transformer
+ * intermediate between two boxing points). */
 typedef struct {
     char cls[XMP_G_CLS];
     int nd;
@@ -104,8 +108,8 @@ int xmp_graph_param(xmp_graph_t *g, const char *cls, int nd, const int64_t *dim,
 /* Adds a node of kind over operands in[0..nin-1] producing value out (which gets it as
  * producer), with flops and bytes computed from the shapes (xmp_graph_node_flops). Returns the
  * node id or -1 (an operand or out that does not exist, out already produced, nin > 4). */
-int xmp_graph_node(xmp_graph_t *g, xmp_gop_t kind, const char *rule, const char *what,
-                   int group, int layer, int nin, const xmp_gref_t *in, int out, unsigned saves);
+int xmp_graph_node(xmp_graph_t *g, xmp_gop_t kind, const char *rule, const char *what, int group,
+                   int layer, int nin, const xmp_gref_t *in, int out, unsigned saves);
 
 /* Shape of an operand. */
 int xmp_graph_ref_nd(const xmp_graph_t *g, xmp_gref_t r, const int64_t **dim);

@@ -67,10 +67,10 @@ typedef struct {
     char *icdone; /* [S][nopt] */
     int nsig;
     uint64_t *sighash;
-    double *edge;     /* [S][nsig][nsig], NAN: not computed (edge s -> s+1) */
-    double *tied;     /* [nopt]: tied wte exchange of the last stage, NAN: not computed */
-    double gemm_rate; /* flop/s of a 256^3 sgemm (optimizer term) */
-    double cf;        /* compute factor of the gptstep record (step_factor; 1: none) */
+    double *edge;      /* [S][nsig][nsig], NAN: not computed (edge s -> s+1) */
+    double *tied;      /* [nopt]: tied wte exchange of the last stage, NAN: not computed */
+    double gemm_rate;  /* flop/s of a 256^3 sgemm (optimizer term) */
+    double cf;         /* compute factor of the gptstep record (step_factor; 1: none) */
     xmp_graph_t graph; /* the model of one microbatch with one block (gpt2_graph.h) */
     char *err;
     size_t errlen;
@@ -497,8 +497,8 @@ static void node_cost(ctx_t *c, walk_t *w, const opt_t *o, const xmp_gnode_t *n,
         const xmp_sbp_t *ws = cls(o, g->param[n->in[1].id].cls);
         xmp_sbp_t e[NAX];
         for (int a = 0; a < nax; a++)
-            e[a] = ws[a].kind == XMP_S ? (ws[a].dim == 0 ? xmp_sbp_p() : xmp_sbp_s(2))
-                                       : xmp_sbp_b();
+            e[a] =
+                ws[a].kind == XMP_S ? (ws[a].dim == 0 ? xmp_sbp_p() : xmp_sbp_s(2)) : xmp_sbp_b();
         box(c, w, e, ys, local_elems(y->dim, y->nd, e, o->shape, nax));
         /* token + position embedding: one sum per element */
         elt(c, w, XM_ELT_RESIDUAL, local_elems(y->dim, y->nd, ys, o->shape, nax));

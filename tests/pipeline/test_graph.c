@@ -1,17 +1,22 @@
 /* nn/graph.h and models/gpt2_graph.h: a tiny GPT (C 8, NH 2, L 2, Vp 16, Bm 2, T 4) as one
  * graph: node count and kinds, every value's class and shape, the parameter count against the
  * model's own table, FLOPs against a hand count, the classes in the strategies' order, and the
- * refusals (bad config, bad operands) with their messages. */
+ * refusals (bad config, bad operands) with their messages; the U-Transformer's layer tapes as
+ * graphs (parameters against the model's layout, every weight feeding a conv or a linear, the
+ * boxing points as classes, positions of the down and up convolutions). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "models/gpt2.h"
 #include "models/gpt2_graph.h"
+#include "models/utransformer.h"
+#include "models/utransformer_graph.h"
 #include "nn/error.h"
 #include "nn/graph.h"
 
@@ -25,10 +30,9 @@ static void test_nodes(void **state)
     assert_int_equal(xmp_gpt2_graph(&tiny, BM, T, tiny.num_layers, &g), 0);
     /* embedding, 10 per block, head (layernorm, tied linear, cross entropy) */
     assert_int_equal(g.nnode, 1 + 10 * tiny.num_layers + 3);
-    static const xmp_gop_t blk[10] = {XMP_GOP_LAYERNORM, XMP_GOP_LINEAR, XMP_GOP_ATTENTION,
-                                      XMP_GOP_LINEAR,    XMP_GOP_ADD,    XMP_GOP_LAYERNORM,
-                                      XMP_GOP_LINEAR,    XMP_GOP_GELU,   XMP_GOP_LINEAR,
-                                      XMP_GOP_ADD};
+    static const xmp_gop_t blk[10] = {
+        XMP_GOP_LAYERNORM, XMP_GOP_LINEAR, XMP_GOP_ATTENTION, XMP_GOP_LINEAR, XMP_GOP_ADD,
+        XMP_GOP_LAYERNORM, XMP_GOP_LINEAR, XMP_GOP_GELU,      XMP_GOP_LINEAR, XMP_GOP_ADD};
     assert_int_equal(g.node[0].kind, XMP_GOP_EMBEDDING);
     for (int l = 0; l < tiny.num_layers; l++)
         for (int k = 0; k < 10; k++) {
@@ -57,7 +61,7 @@ static void test_value_classes(void **state)
     (void)state;
     xmp_graph_t g;
     assert_int_equal(xmp_gpt2_graph(&tiny, BM, T, tiny.num_layers, &g), 0);
-    static const char *const blk[10] = {"act.ln1", "act.qkv", "act.att", "act.x",    "act.x",
+    static const char *const blk[10] = {"act.ln1", "act.qkv", "act.att",  "act.x", "act.x",
                                         "act.ln2", "act.fch", "act.gelu", "act.x", "act.x"};
     const char *want[64];
     int n = 0;
@@ -95,10 +99,9 @@ static void test_value_classes(void **state)
         }
     }
     /* the distinct classes in the order the strategies list them */
-    static const char *const pcls[16] = {"wte",       "wpe",   "ln1.w", "ln1.b", "qkv.w",
-                                         "qkv.b",     "attproj.w", "attproj.b", "ln2.w",
-                                         "ln2.b",     "fc.w",  "fc.b",  "fcproj.w", "fcproj.b",
-                                         "lnf.w",     "lnf.b"};
+    static const char *const pcls[16] = {
+        "wte",   "wpe",   "ln1.w", "ln1.b", "qkv.w",    "qkv.b",    "attproj.w", "attproj.b",
+        "ln2.w", "ln2.b", "fc.w",  "fc.b",  "fcproj.w", "fcproj.b", "lnf.w",     "lnf.b"};
     static const char *const acls[9] = {"act.x",   "act.ln1",  "act.qkv", "act.att",   "act.ln2",
                                         "act.fch", "act.gelu", "act.lnf", "act.logits"};
     const char *got[32];
@@ -128,11 +131,10 @@ static void test_param_count(void **state)
     xmp_graph_free(&g);
     /* one block: the stage the checker and the search look at */
     assert_int_equal(xmp_gpt2_graph(&tiny, 1, 1, 1, &g), 0);
-    int64_t C = tiny.channels, blk = 4 * C + 3 * C * C + 3 * C + C * C + C + 4 * C * C + 4 * C +
-                                     4 * C * C + C;
-    assert_int_equal(xmp_graph_param_count(&g),
-                     (int64_t)tiny.padded_vocab_size * C + (int64_t)tiny.max_seq_len * C + blk +
-                         2 * C);
+    int64_t C = tiny.channels,
+            blk = 4 * C + 3 * C * C + 3 * C + C * C + C + 4 * C * C + 4 * C + 4 * C * C + C;
+    assert_int_equal(xmp_graph_param_count(&g), (int64_t)tiny.padded_vocab_size * C +
+                                                    (int64_t)tiny.max_seq_len * C + blk + 2 * C);
     xmp_graph_free(&g);
 }
 
@@ -181,8 +183,7 @@ static void test_refusals(void **state)
     in[0].is_param = 0;
     int y = xmp_graph_value(&g, "act.y", 2, d);
     assert_int_equal(xmp_graph_node(&g, XMP_GOP_GELU, "gelu", "gelu", 0, 0, 1, in, y, 0), 0);
-    assert_int_equal(xmp_graph_node(&g, XMP_GOP_GELU, "gelu", "gelu again", 0, 0, 1, in, y, 0),
-                     -1);
+    assert_int_equal(xmp_graph_node(&g, XMP_GOP_GELU, "gelu", "gelu again", 0, 0, 1, in, y, 0), -1);
     assert_non_null(strstr(xmp_last_error(), "value 1 (act.y) is already the output of node 0"));
     assert_int_equal(g.nnode, 1);
     assert_string_equal(xmp_gop_name(XMP_GOP_XENT), "xent");
@@ -190,12 +191,82 @@ static void test_refusals(void **state)
     xmp_graph_free(&g);
 }
 
+static void test_utransformer(void **state)
+{
+    (void)state;
+    xmp_ut_config_t cf;
+    assert_int_equal(xmp_ut_config_init(&cf, 8, 0, 0), 0);
+    xmp_ut_params_t *pp = calloc(1, sizeof *pp);
+    assert_non_null(pp);
+    xmp_ut_params_layout(&cf, pp);
+    int64_t total = 0;
+    int boxes[3] = {0, 0, 0}, attn = 0;
+    for (int l = 0; l < XMP_UT_LAYERS; l++) {
+        xmp_graph_t g;
+        assert_int_equal(xmp_ut_graph(&cf, l, &g), 0);
+        assert_int_equal((int64_t)pp->layer_count[l], xmp_graph_param_count(&g));
+        total += xmp_graph_param_count(&g);
+        for (int p = 0; p < g.nparam; p++) { /* every weight feeds one conv or linear */
+            if (g.param[p].nd < 2)
+                continue;
+            int uses = 0;
+            for (int i = 0; i < g.nnode; i++)
+                uses += g.node[i].nin > 1 && g.node[i].in[1].is_param && g.node[i].in[1].id == p &&
+                        (g.node[i].kind == XMP_GOP_CONV || g.node[i].kind == XMP_GOP_LINEAR);
+            assert_int_equal(uses, 1);
+        }
+        for (int i = 0; i < g.nnode; i++) {
+            const xmp_gnode_t *n = &g.node[i];
+            const xmp_gvalue_t *x = &g.val[n->in[0].id], *y = &g.val[n->out];
+            attn += n->kind == XMP_GOP_ATTENTION;
+            if (n->kind == XMP_GOP_BOX) {
+                boxes[0] += !strcmp(y->cls, "act.x");
+                boxes[1] += !strcmp(y->cls, "act.block");
+                boxes[2] += !strcmp(y->cls, "act.up");
+            }
+            if (n->kind == XMP_GOP_CONV && !strcmp(g.param[n->in[1].id].cls, "down.w"))
+                assert_int_equal(4 * xmp_ut_graph_positions(y), xmp_ut_graph_positions(x));
+            if (n->kind == XMP_GOP_CONV && !strcmp(g.param[n->in[1].id].cls, "up.w"))
+                assert_int_equal(xmp_ut_graph_positions(y), xmp_ut_graph_positions(x));
+            /* what the search reads off the graph: the pairs' neighbours, the attention's
+             * operands (keys and values of the conditioning tokens in cross attention) */
+            const char *w = n->nin > 1 && n->in[1].is_param ? g.param[n->in[1].id].cls : "";
+            int xp = x->producer;
+            if (!strcmp(w, "conv2.w"))
+                assert_int_equal(g.node[xp].kind, XMP_GOP_SILU);
+            if (!strcmp(w, "attn.o.w"))
+                assert_int_equal(g.node[xp].kind, XMP_GOP_ATTENTION);
+            if (n->kind == XMP_GOP_ATTENTION) {
+                static const char *const qkv[3] = {"attn.q.w", "attn.k.w", "attn.v.w"};
+                for (int k = 0; k < 3; k++) {
+                    const xmp_gnode_t *p = &g.node[g.val[n->in[k].id].producer];
+                    assert_int_equal(p->kind, XMP_GOP_LINEAR);
+                    assert_string_equal(g.param[p->in[1].id].cls, qkv[k]);
+                }
+                int64_t tk = xmp_ut_graph_positions(&g.val[n->in[1].id]);
+                int cross = xmp_ut_layer_uses_cond(&cf, l) && l != XMP_UT_MID_A;
+                assert_int_equal(tk, cross ? XMP_UT_TOKENS : xmp_ut_graph_positions(x));
+            }
+            if (n->kind == XMP_GOP_GROUPNORM && l != XMP_UT_OUT) {
+                const xmp_gnode_t *p = &g.node[xp];
+                assert_int_equal(p->kind, XMP_GOP_CONV);
+                assert_string_equal(g.param[p->in[1].id].cls, "conv1.w");
+            }
+        }
+        xmp_graph_free(&g);
+    }
+    assert_int_equal(total, (int64_t)pp->total);
+    assert_true(boxes[0] > 0 && boxes[1] > 0 && boxes[2] > 0);
+    assert_int_equal(attn, 8); /* down1-3, mid a and b, up2-4 */
+    free(pp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nodes),       cmocka_unit_test(test_value_classes),
         cmocka_unit_test(test_param_count), cmocka_unit_test(test_flops),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_refusals),    cmocka_unit_test(test_utransformer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
