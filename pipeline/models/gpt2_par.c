@@ -29,41 +29,6 @@ enum { A_X, A_LN1, A_QKV, A_ATT, A_LN2, A_FCH, A_GELU, A_LNF, A_LOGITS, NACT };
 static const char *const aclass[NACT] = {"act.x",   "act.ln1",  "act.qkv", "act.att",   "act.ln2",
                                          "act.fch", "act.gelu", "act.lnf", "act.logits"};
 
-/* Global shape of one layer's slice of parameter id (views for QKV). */
-static int param_shape(const xmp_gpt2_config_t *c, int id, int64_t *s)
-{
-    int64_t C = c->channels, NH = c->num_heads;
-    switch (id) {
-    case XMP_GPT2_WTE:
-        s[0] = c->padded_vocab_size, s[1] = C;
-        return 2;
-    case XMP_GPT2_WPE:
-        s[0] = c->max_seq_len, s[1] = C;
-        return 2;
-    case XMP_GPT2_QKVW:
-        s[0] = 3, s[1] = NH, s[2] = C / NH, s[3] = C;
-        return 4;
-    case XMP_GPT2_QKVB:
-        s[0] = 3, s[1] = NH, s[2] = C / NH;
-        return 3;
-    case XMP_GPT2_ATTPROJW:
-        s[0] = C, s[1] = C;
-        return 2;
-    case XMP_GPT2_FCW:
-        s[0] = 4 * C, s[1] = C;
-        return 2;
-    case XMP_GPT2_FCB:
-        s[0] = 4 * C;
-        return 1;
-    case XMP_GPT2_FCPROJW:
-        s[0] = C, s[1] = 4 * C;
-        return 2;
-    default: /* layernorms, attprojb, fcprojb, lnf */
-        s[0] = C;
-        return 1;
-    }
-}
-
 /* ------------------------------------------------------------ built-ins */
 
 /* Per-axis role in a built-in: data (batch split, parameters B), tensor
@@ -299,6 +264,7 @@ typedef struct {
 
 struct xmp_gpt2_stage {
     MPI_Comm comm;
+    xmp_graph_t graph; /* the model with one block (gpt2_graph.h): the parameters' shapes */
     /* the driver's progress while it runs a step (set_progress), NULL otherwise */
     void (*progress)(void *arg);
     void *progress_arg;
@@ -377,8 +343,17 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
     memset(q, 0, sizeof *q);
     q->id = id;
     q->layer = layer;
-    int64_t shape[4];
-    int nd = param_shape(&st->cfg, id, shape);
+    /* one layer's slice, as the model graph has it (qkv as (3, NH, hs, C) views) */
+    const xmp_gparam_t *gp = NULL;
+    for (int i = 0; i < st->graph.nparam && !gp; i++)
+        if (!strcmp(st->graph.param[i].cls, pclass[id]))
+            gp = &st->graph.param[i];
+    if (!gp) {
+        xmp_err(XMESH_ERR_INVALID_ARGUMENT, "no parameter of class %s in the graph", pclass[id]);
+        return -1;
+    }
+    int nd = gp->nd;
+    const int64_t *shape = gp->dim;
     xmp_sbp_t sg[NAX];
     acc_sbp(st->psbp[id], sg);
     const xmp_gpt2_param_info_t *pi = &full->ptab[id];
@@ -1284,6 +1259,9 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
         st->mb = calloc((size_t)tc->M, sizeof(mb_t));
         if (!st->p || !st->mb)
             lfail = 1;
+        /* the parameters' classes and shapes: the model graph (gpt2_graph.h) */
+        if (!lfail && xmp_gpt2_graph(c, 1, 1, 1, &st->graph))
+            lfail = 1;
         for (int k = 0; !lfail && k < tc->M; k++)
             if (!(st->mb[k].b = calloc((size_t)st->nl + 1, sizeof(blk_t))))
                 lfail = 1;
@@ -1416,6 +1394,7 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
         xmp_mesh_destroy(st->meshes[s]);
     free(st->ranks);
     free(st->pidx);
+    xmp_graph_free(&st->graph);
     free(st);
 }
 
