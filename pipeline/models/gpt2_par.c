@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/gpt2_graph.h"
 #include "nn/kernels.h"
 #include "nn/overlap.h"
 #include "nn/param.h"
@@ -27,62 +28,6 @@ static const char *const pclass[NPT] = {
 enum { A_X, A_LN1, A_QKV, A_ATT, A_LN2, A_FCH, A_GELU, A_LNF, A_LOGITS, NACT };
 static const char *const aclass[NACT] = {"act.x",   "act.ln1",  "act.qkv", "act.att",   "act.ln2",
                                          "act.fch", "act.gelu", "act.lnf", "act.logits"};
-
-/* Global shape of one layer's slice of parameter id (views for QKV). */
-static int param_shape(const xmp_gpt2_config_t *c, int id, int64_t *s)
-{
-    int64_t C = c->channels, NH = c->num_heads;
-    switch (id) {
-    case XMP_GPT2_WTE:
-        s[0] = c->padded_vocab_size, s[1] = C;
-        return 2;
-    case XMP_GPT2_WPE:
-        s[0] = c->max_seq_len, s[1] = C;
-        return 2;
-    case XMP_GPT2_QKVW:
-        s[0] = 3, s[1] = NH, s[2] = C / NH, s[3] = C;
-        return 4;
-    case XMP_GPT2_QKVB:
-        s[0] = 3, s[1] = NH, s[2] = C / NH;
-        return 3;
-    case XMP_GPT2_ATTPROJW:
-        s[0] = C, s[1] = C;
-        return 2;
-    case XMP_GPT2_FCW:
-        s[0] = 4 * C, s[1] = C;
-        return 2;
-    case XMP_GPT2_FCB:
-        s[0] = 4 * C;
-        return 1;
-    case XMP_GPT2_FCPROJW:
-        s[0] = C, s[1] = 4 * C;
-        return 2;
-    default: /* layernorms, attprojb, fcprojb, lnf */
-        s[0] = C;
-        return 1;
-    }
-}
-
-/* Global shape of activation class a for microbatches of Bm rows. */
-static int act_shape(const xmp_gpt2_config_t *c, int64_t Bm, int64_t T, int a, int64_t *s)
-{
-    int64_t C = c->channels;
-    s[0] = Bm, s[1] = T, s[2] = C;
-    switch (a) {
-    case A_QKV:
-        s[2] = 3, s[3] = c->num_heads, s[4] = C / c->num_heads;
-        return 5;
-    case A_FCH:
-    case A_GELU:
-        s[2] = 4 * C;
-        return 3;
-    case A_LOGITS:
-        s[2] = c->padded_vocab_size;
-        return 3;
-    default:
-        return 3;
-    }
-}
 
 /* ------------------------------------------------------------ built-ins */
 
@@ -217,144 +162,40 @@ int xmp_gpt2_strategy_builtin(const char *name, int naxes, char *text, size_t n,
 
 /* ----------------------------------------------------------- validation */
 
-/* One op of the stage through the pure SBP deduction (nn/sbp_layers.h). */
-static int deduce(int stage, const char *what, const char *op, int naxes, int nin, const int *nd,
-                  const xmp_sbp_t *const *in, xmp_sbp_t *out, char *err, size_t errlen)
-{
-    char msg[400];
-    if (xmp_sbp_deduce(op, naxes, nin, nd, in, out, msg, sizeof msg))
-        return xmp_err_buf(err, errlen, "stage %d: %s: %s", stage, what, msg);
-    return 0;
-}
-
 int xmp_gpt2_strategy_check(const xmp_strategy_t *s, const xmp_gpt2_config_t *c, int stage,
                             int ndim, const int *shape, char *err, size_t errlen)
 {
-    const char *known[NPT + NACT];
-    for (int i = 0; i < NPT; i++)
-        known[i] = pclass[i];
-    for (int i = 0; i < NACT; i++)
-        known[NPT + i] = aclass[i];
-    char sub[512];
     if (s->naxes != ndim)
         return xmp_err_buf(err, errlen,
                            "stage %d: strategy '%s' (%s) has axes=%d, the stage mesh has %d axes",
                            stage, s->name, s->source, s->naxes, ndim);
-    if (xmp_strategy_check_classes(s, known, NPT + NACT, known, NPT + NACT, sub, sizeof sub))
-        return xmp_err_buf(err, errlen, "stage %d: %s", stage, sub);
-    /* Every S(d) within the class' dims; parameters S or B. */
-    for (int i = 0; i < NPT + NACT; i++) {
-        const xmp_strategy_entry_t *e = xmp_strategy_get(s, known[i]);
-        int64_t sh[8];
-        int nd = i < NPT ? param_shape(c, i, sh) : act_shape(c, 1, 1, i - NPT, sh);
-        for (int a = 0; a < ndim; a++) {
-            xmp_sbp_t v = e->sbp[a];
-            if (v.kind == XMP_S && v.dim >= nd)
-                return xmp_err_buf(
-                    err, errlen,
-                    "stage %d: class %s (%s line %d): mesh axis %d: S(%d) but %s has "
-                    "%d dims",
-                    stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
-            if (i < NPT && v.kind == XMP_P)
-                return xmp_err_buf(err, errlen,
-                                   "stage %d: class %s: mesh axis %d: P: missing SBP rule 'partial "
-                                   "parameter' (a parameter is computed with S or B; its gradient "
-                                   "is the P)",
-                                   stage, e->cls, a);
-        }
-        for (int a = 0; e->has_store && a < ndim; a++) {
-            xmp_sbp_t v = e->store[a];
-            if (i >= NPT)
-                return xmp_err_buf(
-                    err, errlen,
-                    "stage %d: class %s (%s line %d): a storage SBP is for parameters "
-                    "only",
-                    stage, e->cls, s->source, e->line);
-            if (v.kind == XMP_P)
-                return xmp_err_buf(err, errlen,
-                                   "stage %d: class %s: mesh axis %d: storage P: missing SBP rule "
-                                   "'partial storage' (store S or B)",
-                                   stage, e->cls, a);
-            if (v.kind == XMP_S && v.dim >= nd)
-                return xmp_err_buf(
-                    err, errlen,
-                    "stage %d: class %s (%s line %d): mesh axis %d: storage S(%d) but "
-                    "%s has %d dims",
-                    stage, e->cls, s->source, e->line, a, v.dim, e->cls, nd);
-        }
-    }
+    /* A stage holding every layer kind: the embedding, one block and the head (gpt2_graph.h);
+     * its classes and, after the model's own rule on act.x, every op through the deduction. */
+    xmp_graph_t g;
+    char where[32];
+    snprintf(where, sizeof where, "stage %d", stage);
+    if (xmp_gpt2_graph(c, 1, 1, 1, &g))
+        return xmp_err_buf(err, errlen, "%s: %s", where, xmp_last_error());
+    int rc = xmp_strategy_check_graph_classes(s, &g, where, err, errlen);
     /* The tensor between stages: S or B (a partial sum would cross as P). */
     const xmp_strategy_entry_t *x = xmp_strategy_get(s, "act.x");
-    for (int a = 0; a < ndim; a++)
+    for (int a = 0; !rc && a < ndim; a++)
         if (x->sbp[a].kind == XMP_P)
-            return xmp_err_buf(err, errlen,
-                               "stage %d: class act.x: mesh axis %d: P: missing SBP rule 'partial "
-                               "residual stream' (the tensor between stages must be S or B)",
-                               stage, a);
-            /* Every op of a stage holding every layer kind, through the deduction
-             * rules: the first op that no rule covers is named with its classes. */
-#define SB(cls) (xmp_strategy_get(s, cls)->sbp)
-    xmp_sbp_t out[NAX], tok[NAX];
-    for (int a = 0; a < NAX; a++) {
+            rc = xmp_err_buf(err, errlen,
+                             "stage %d: class act.x: mesh axis %d: P: missing SBP rule 'partial "
+                             "residual stream' (the tensor between stages must be S or B)",
+                             stage, a);
+    /* The token ids (and targets) follow act.x's batch/sequence split. */
+    xmp_sbp_t tok[NAX];
+    for (int a = 0; !rc && a < NAX; a++) {
         xmp_sbp_t v = a < ndim ? x->sbp[a] : xmp_sbp_b();
         tok[a] = v.kind == XMP_S && v.dim < 2 ? v : xmp_sbp_b();
     }
-    const struct {
-        const char *what, *op;
-        int nin;
-        int nd[3];
-        const xmp_sbp_t *in[3];
-    } ops[] = {
-        {"embedding of the tokens (act.x's batch/sequence split) x wte",
-         "embedding",
-         2,
-         {2, 2},
-         {tok, SB("wte")}},
-        {"layernorm of act.x (ln1.w, ln1.b)",
-         "layernorm",
-         3,
-         {3, 1, 1},
-         {SB("act.x"), SB("ln1.w"), SB("ln1.b")}},
-        {"linear act.ln1 x qkv.w (+ qkv.b)",
-         "linear",
-         3,
-         {3, 4, 3},
-         {SB("act.ln1"), SB("qkv.w"), SB("qkv.b")}},
-        {"class act.qkv", "attention", 1, {5}, {SB("act.qkv")}},
-        {"linear act.att x attproj.w (+ attproj.b)",
-         "linear",
-         3,
-         {3, 2, 1},
-         {SB("act.att"), SB("attproj.w"), SB("attproj.b")}},
-        {"layernorm of act.x (ln2.w, ln2.b)",
-         "layernorm",
-         3,
-         {3, 1, 1},
-         {SB("act.x"), SB("ln2.w"), SB("ln2.b")}},
-        {"linear act.ln2 x fc.w (+ fc.b)",
-         "linear",
-         3,
-         {3, 2, 1},
-         {SB("act.ln2"), SB("fc.w"), SB("fc.b")}},
-        {"gelu of act.fch", "gelu", 1, {3}, {SB("act.fch")}},
-        {"linear act.gelu x fcproj.w (+ fcproj.b)",
-         "linear",
-         3,
-         {3, 2, 1},
-         {SB("act.gelu"), SB("fcproj.w"), SB("fcproj.b")}},
-        {"layernorm of act.x (lnf.w, lnf.b)",
-         "layernorm",
-         3,
-         {3, 1, 1},
-         {SB("act.x"), SB("lnf.w"), SB("lnf.b")}},
-        {"linear act.lnf x wte (tied head)", "linear", 2, {3, 2}, {SB("act.lnf"), SB("wte")}},
-        {"cross_entropy of act.logits", "cross_entropy", 2, {3, 2}, {SB("act.logits"), tok}},
-    };
-#undef SB
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (deduce(stage, ops[i].what, ops[i].op, ndim, ops[i].nin, ops[i].nd, ops[i].in, out, err,
-                   errlen))
-            return -1;
+    if (!rc)
+        rc = xmp_strategy_check_graph_rules(s, &g, tok, where, err, errlen);
+    xmp_graph_free(&g);
+    if (rc)
+        return -1;
     /* The attention output (Bm, T, NH, hs) is used as (Bm, T, C): the heads
      * must split evenly over the axes that split them. */
     const xmp_strategy_entry_t *q = xmp_strategy_get(s, "act.qkv");
@@ -423,6 +264,7 @@ typedef struct {
 
 struct xmp_gpt2_stage {
     MPI_Comm comm;
+    xmp_graph_t graph; /* the model with one block (gpt2_graph.h): the parameters' shapes */
     /* the driver's progress while it runs a step (set_progress), NULL otherwise */
     void (*progress)(void *arg);
     void *progress_arg;
@@ -501,8 +343,17 @@ static int add_param(xmp_gpt2_stage_t *st, const xmp_gpt2_t *full, int id, int l
     memset(q, 0, sizeof *q);
     q->id = id;
     q->layer = layer;
-    int64_t shape[4];
-    int nd = param_shape(&st->cfg, id, shape);
+    /* one layer's slice, as the model graph has it (qkv as (3, NH, hs, C) views) */
+    const xmp_gparam_t *gp = NULL;
+    for (int i = 0; i < st->graph.nparam && !gp; i++)
+        if (!strcmp(st->graph.param[i].cls, pclass[id]))
+            gp = &st->graph.param[i];
+    if (!gp) {
+        xmp_err(XMESH_ERR_INVALID_ARGUMENT, "no parameter of class %s in the graph", pclass[id]);
+        return -1;
+    }
+    int nd = gp->nd;
+    const int64_t *shape = gp->dim;
     xmp_sbp_t sg[NAX];
     acc_sbp(st->psbp[id], sg);
     const xmp_gpt2_param_info_t *pi = &full->ptab[id];
@@ -1408,6 +1259,9 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
         st->mb = calloc((size_t)tc->M, sizeof(mb_t));
         if (!st->p || !st->mb)
             lfail = 1;
+        /* the parameters' classes and shapes: the model graph (gpt2_graph.h) */
+        if (!lfail && xmp_gpt2_graph(c, 1, 1, 1, &st->graph))
+            lfail = 1;
         for (int k = 0; !lfail && k < tc->M; k++)
             if (!(st->mb[k].b = calloc((size_t)st->nl + 1, sizeof(blk_t))))
                 lfail = 1;
@@ -1540,6 +1394,7 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
         xmp_mesh_destroy(st->meshes[s]);
     free(st->ranks);
     free(st->pidx);
+    xmp_graph_free(&st->graph);
     free(st);
 }
 

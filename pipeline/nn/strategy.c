@@ -1,5 +1,6 @@
 /* Strategies as data: parse, format, look up, load (see strategy.h). */
 #include "nn/strategy.h"
+#include "nn/sbp_layers.h"
 #include "util/xmp_err.h"
 
 #include <ctype.h>
@@ -407,5 +408,88 @@ int xmp_strategy_check_classes(const xmp_strategy_t *s, const char *const *known
         if (!xmp_strategy_get(s, required[k]))
             return xmp_err_buf(err, errlen, "%s: class '%s' missing (strategy '%s' must give it)",
                                s->source, required[k], s->name);
+    return 0;
+}
+
+/* ------------------------------------------------------- against a graph */
+
+#define GMAXCLS 64
+
+int xmp_strategy_check_graph_classes(const xmp_strategy_t *s, const xmp_graph_t *g,
+                                     const char *where, char *err, size_t errlen)
+{
+    const char *known[GMAXCLS];
+    int nd[GMAXCLS];
+    int np = xmp_graph_classes(g, 1, known, nd, GMAXCLS);
+    int n = np < GMAXCLS ? np + xmp_graph_classes(g, 0, known + np, nd + np, GMAXCLS - np) : np;
+    if (n > GMAXCLS)
+        return xmp_err_buf(err, errlen, "%s: the graph has %d classes (at most %d)", where, n,
+                           GMAXCLS);
+    char sub[512];
+    if (xmp_strategy_check_classes(s, known, n, known, n, sub, sizeof sub))
+        return xmp_err_buf(err, errlen, "%s: %s", where, sub);
+    const int naxes = s->naxes;
+    for (int i = 0; i < n; i++) {
+        const xmp_strategy_entry_t *e = xmp_strategy_get(s, known[i]);
+        for (int a = 0; a < naxes; a++) {
+            xmp_sbp_t v = e->sbp[a];
+            if (v.kind == XMP_S && v.dim >= nd[i])
+                return xmp_err_buf(err, errlen,
+                                   "%s: class %s (%s line %d): mesh axis %d: S(%d) but %s has "
+                                   "%d dims",
+                                   where, e->cls, s->source, e->line, a, v.dim, e->cls, nd[i]);
+            if (i < np && v.kind == XMP_P)
+                return xmp_err_buf(err, errlen,
+                                   "%s: class %s: mesh axis %d: P: missing SBP rule 'partial "
+                                   "parameter' (a parameter is computed with S or B; its gradient "
+                                   "is the P)",
+                                   where, e->cls, a);
+        }
+        for (int a = 0; e->has_store && a < naxes; a++) {
+            xmp_sbp_t v = e->store[a];
+            if (i >= np)
+                return xmp_err_buf(err, errlen,
+                                   "%s: class %s (%s line %d): a storage SBP is for parameters "
+                                   "only",
+                                   where, e->cls, s->source, e->line);
+            if (v.kind == XMP_P)
+                return xmp_err_buf(err, errlen,
+                                   "%s: class %s: mesh axis %d: storage P: missing SBP rule "
+                                   "'partial storage' (store S or B)",
+                                   where, e->cls, a);
+            if (v.kind == XMP_S && v.dim >= nd[i])
+                return xmp_err_buf(err, errlen,
+                                   "%s: class %s (%s line %d): mesh axis %d: storage S(%d) but "
+                                   "%s has %d dims",
+                                   where, e->cls, s->source, e->line, a, v.dim, e->cls, nd[i]);
+        }
+    }
+    return 0;
+}
+
+int xmp_strategy_check_graph_rules(const xmp_strategy_t *s, const xmp_graph_t *g,
+                                   const xmp_sbp_t *noclass, const char *where, char *err,
+                                   size_t errlen)
+{
+    xmp_sbp_t out[XMP_MAX_MESH_DIMS];
+    char msg[400];
+    for (int i = 0; i < g->nnode; i++) {
+        const xmp_gnode_t *n = &g->node[i];
+        if (!n->rule)
+            continue;
+        int nd[XMP_G_MAXIN];
+        const xmp_sbp_t *in[XMP_G_MAXIN];
+        for (int k = 0; k < n->nin; k++) {
+            const int64_t *dim;
+            nd[k] = xmp_graph_ref_nd(g, n->in[k], &dim);
+            const char *cls = xmp_graph_ref_cls(g, n->in[k]);
+            const xmp_strategy_entry_t *e = cls[0] ? xmp_strategy_get(s, cls) : NULL;
+            if (cls[0] && !e)
+                return xmp_err_buf(err, errlen, "%s: %s: class %s missing", where, n->what, cls);
+            in[k] = e ? e->sbp : noclass;
+        }
+        if (xmp_sbp_deduce(n->rule, s->naxes, n->nin, nd, in, out, msg, sizeof msg))
+            return xmp_err_buf(err, errlen, "%s: %s: %s", where, n->what, msg);
+    }
     return 0;
 }

@@ -36,6 +36,7 @@
 
 #include <stddef.h>
 
+#include "nn/graph.h"
 #include "nn/sbp.h"
 
 #ifdef __cplusplus
@@ -114,6 +115,20 @@ int xmp_strategy_check_classes(const xmp_strategy_t *s, const char *const *known
 
 /* "S(0),B,P" for naxes SBPs (the strategy's spelling). */
 void xmp_strategy_sbp_string(const xmp_sbp_t *sbp, int naxes, char *buf, size_t n);
+
+/* A strategy against a model's graph (nn/graph.h), in two parts a model calls around its own
+ * checks; messages start with `where` ("stage 1"). Classes: the strategy names exactly the
+ * graph's classes (xmp_strategy_check_classes: parameters first, then values); every compute
+ * S(d) lies within its class' dims; a parameter is computed S or B (its gradient is the P); a
+ * storage SBP is for parameters only, S or B, within the dims. Rules: every node with a
+ * deduction rule, in graph order, through xmp_sbp_deduce (nn/sbp_layers.h) with the SBPs of
+ * its operands' classes (noclass[0..naxes) for values of no class, such as token ids): the
+ * first node no rule covers is named by its `what`. Each returns 0, or -1 with err. */
+int xmp_strategy_check_graph_classes(const xmp_strategy_t *s, const xmp_graph_t *g,
+                                     const char *where, char *err, size_t errlen);
+int xmp_strategy_check_graph_rules(const xmp_strategy_t *s, const xmp_graph_t *g,
+                                   const xmp_sbp_t *noclass, const char *where, char *err,
+                                   size_t errlen);
 
 #ifdef __cplusplus
 }

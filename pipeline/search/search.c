@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "models/gpt2_graph.h"
 #include "models/gpt2_par.h"
 #include "nn/strategy.h"
 #include "sched/schedule.h"
@@ -34,7 +35,9 @@ const char *xmp_search_strategy_name(int i)
 
 /* ------------------------------------------------------------ contexts */
 
-enum { IT_E, IT_T, IT_L, IT_W, NIT }; /* IT_W: the tied wte alone (the L stage's copy) */
+/* The items priced apart: the model graph's groups (gpt2_graph.h), and IT_W: the tied wte alone
+ * (the L stage's copy). */
+enum { IT_E = XMP_GPT2_G_EMBED, IT_T = XMP_GPT2_G_BLOCK, IT_L = XMP_GPT2_G_HEAD, IT_W, NIT };
 
 typedef struct {
     double f, b;      /* seconds per microbatch: forward, backward (compute + boxing) */
@@ -64,10 +67,11 @@ typedef struct {
     char *icdone; /* [S][nopt] */
     int nsig;
     uint64_t *sighash;
-    double *edge;     /* [S][nsig][nsig], NAN: not computed (edge s -> s+1) */
-    double *tied;     /* [nopt]: tied wte exchange of the last stage, NAN: not computed */
-    double gemm_rate; /* flop/s of a 256^3 sgemm (optimizer term) */
-    double cf;        /* compute factor of the gptstep record (step_factor; 1: none) */
+    double *edge;      /* [S][nsig][nsig], NAN: not computed (edge s -> s+1) */
+    double *tied;      /* [nopt]: tied wte exchange of the last stage, NAN: not computed */
+    double gemm_rate;  /* flop/s of a 256^3 sgemm (optimizer term) */
+    double cf;         /* compute factor of the gptstep record (step_factor; 1: none) */
+    xmp_graph_t graph; /* the model of one microbatch with one block (gpt2_graph.h) */
     char *err;
     size_t errlen;
     int failed;
@@ -478,94 +482,98 @@ static void param(ctx_t *c, walk_t *w, const opt_t *o, const char *name, const i
         ic->o += ADAMW_FLOPS * stored / c->gemm_rate;
 }
 
-/* The costs of one item kind (E, t, L) of option oi on stage s. */
+/* One node of the model graph (nn/graph.h) priced by its kind under option o: compute,
+ * boxing and collectives into w; the bytes of what it keeps for the backward (the value
+ * operands it saves, attention's probabilities) into ic->act. */
+static void node_cost(ctx_t *c, walk_t *w, const opt_t *o, const xmp_gnode_t *n, icost_t *ic)
+{
+    const xmp_graph_t *g = &c->graph;
+    const xmp_gvalue_t *y = &g->val[n->out], *x = &g->val[n->in[0].id];
+    const xmp_sbp_t *xs = cls(o, x->cls), *ys = cls(o, y->cls);
+    const int nax = o->ndim;
+    double probs = 0;
+    switch (n->kind) {
+    case XMP_GOP_EMBEDDING: { /* the table's split turned into the output's, then + wpe */
+        const xmp_sbp_t *ws = cls(o, g->param[n->in[1].id].cls);
+        xmp_sbp_t e[NAX];
+        for (int a = 0; a < nax; a++)
+            e[a] =
+                ws[a].kind == XMP_S ? (ws[a].dim == 0 ? xmp_sbp_p() : xmp_sbp_s(2)) : xmp_sbp_b();
+        box(c, w, e, ys, local_elems(y->dim, y->nd, e, o->shape, nax));
+        /* token + position embedding: one sum per element */
+        elt(c, w, XM_ELT_RESIDUAL, local_elems(y->dim, y->nd, ys, o->shape, nax));
+        break;
+    }
+    case XMP_GOP_LAYERNORM:
+        layernorm(c, w, xs, x->dim, ys);
+        break;
+    case XMP_GOP_LINEAR: {
+        const xmp_gparam_t *wp = &g->param[n->in[1].id];
+        linear(c, w, xs, x->dim, x->nd, cls(o, wp->cls), wp->dim, wp->nd, ys);
+        break;
+    }
+    case XMP_GOP_ATTENTION:
+        attention(c, w, xs, x->dim, y->dim, ys, &probs);
+        break;
+    case XMP_GOP_GELU: {
+        xmp_sbp_t u[NAX];
+        unpartial(c, w, xs, local_elems(x->dim, x->nd, xs, o->shape, nax), u);
+        elt(c, w, XM_ELT_GELU, local_elems(x->dim, x->nd, u, o->shape, nax));
+        box(c, w, u, ys, local_elems(x->dim, x->nd, u, o->shape, nax));
+        break;
+    }
+    case XMP_GOP_ADD: /* the residual sums */
+        elt(c, w, XM_ELT_RESIDUAL, local_elems(y->dim, y->nd, ys, o->shape, nax));
+        break;
+    case XMP_GOP_XENT: { /* softmax statistics all-reduced where the vocabulary is split */
+        double le = local_elems(x->dim, x->nd, xs, o->shape, nax), v = 0;
+        int64_t vs = 1;
+        for (int a = 0; a < nax; a++)
+            if (xs[a].kind == XMP_S && xs[a].dim == x->nd - 1)
+                vs *= o->shape[a];
+        double rl = le / ceil((double)x->dim[x->nd - 1] / (double)vs);
+        elt(c, w, XM_ELT_XENT, le);
+        for (int a = 0; a < nax; a++)
+            if (xs[a].kind == XMP_S && xs[a].dim == x->nd - 1)
+                fcoll(c, w, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
+        w->vol += v;
+        break;
+    }
+    default:
+        ctx_fail(c, "search: GPT graph node '%s' of kind %s has no cost", n->what,
+                 xmp_gop_name(n->kind));
+        return;
+    }
+    double kept = probs;
+    for (int k = 0; k < n->nin; k++)
+        if (!n->in[k].is_param && (n->saves >> k & 1u)) {
+            const xmp_gvalue_t *v = &g->val[n->in[k].id];
+            kept += local_elems(v->dim, v->nd, cls(o, v->cls), o->shape, nax);
+        }
+    if (n->saves & XMP_G_SAVE_OUT)
+        kept += local_elems(y->dim, y->nd, ys, o->shape, nax);
+    ic->act += F32 * kept;
+}
+
+/* The costs of one item kind (E, t, L) of option oi on stage s: the nodes and parameters of
+ * the model graph's group of that item (gpt2_graph.h: the groups are E, t, L), in graph order;
+ * IT_W is the tied wte alone (the L stage's copy when E is elsewhere: stage_cost adds it only
+ * then). */
 static void item_costs(ctx_t *c, int s, int oi)
 {
     const opt_t *o = &c->opt[oi];
-    const xmp_gpt2_config_t *m = &c->o->model;
-    int64_t C = m->channels, NH = m->num_heads, hs = C / NH, T = c->o->T;
-    int64_t Bm = c->Bm, Vp = m->padded_vocab_size;
-    int64_t xd[3] = {Bm, T, C}, qd[5] = {Bm, T, 3, NH, hs}, hd[3] = {Bm, T, 4 * C},
-            ld[3] = {Bm, T, Vp};
-    int64_t wqkv[4] = {3, NH, hs, C}, wqkvb[3] = {3, NH, hs}, wcc[2] = {C, C}, wfc[2] = {4 * C, C},
-            wfcp[2] = {C, 4 * C}, vc[1] = {C}, v4c[1] = {4 * C}, wte[2] = {Vp, C},
-            wpe[2] = {m->max_seq_len, C};
+    const xmp_graph_t *g = &c->graph;
     for (int it = 0; it < NIT; it++) {
         icost_t *ic = &c->ic[((size_t)s * c->nopt + oi) * NIT + it];
         memset(ic, 0, sizeof *ic);
         walk_t w = {s * c->n, o->ndim, o->shape, 0, 0, 0, 0, 0, 0, 0};
-        const int nax = o->ndim;
-        if (it == IT_T) {
-            double probs = 0;
-            layernorm(c, &w, cls(o, "act.x"), xd, cls(o, "act.ln1"));
-            linear(c, &w, cls(o, "act.ln1"), xd, 3, cls(o, "qkv.w"), wqkv, 4, cls(o, "act.qkv"));
-            attention(c, &w, cls(o, "act.qkv"), qd, xd, cls(o, "act.att"), &probs);
-            linear(c, &w, cls(o, "act.att"), xd, 3, cls(o, "attproj.w"), wcc, 2, cls(o, "act.x"));
-            layernorm(c, &w, cls(o, "act.x"), xd, cls(o, "act.ln2"));
-            linear(c, &w, cls(o, "act.ln2"), xd, 3, cls(o, "fc.w"), wfc, 2, cls(o, "act.fch"));
-            xmp_sbp_t g[NAX];
-            unpartial(c, &w, cls(o, "act.fch"),
-                      local_elems(hd, 3, cls(o, "act.fch"), o->shape, nax), g);
-            elt(c, &w, XM_ELT_GELU, local_elems(hd, 3, g, o->shape, nax));
-            box(c, &w, g, cls(o, "act.gelu"), local_elems(hd, 3, g, o->shape, nax));
-            /* the two residual sums of the block */
-            elt(c, &w, XM_ELT_RESIDUAL, 2 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax));
-            linear(c, &w, cls(o, "act.gelu"), hd, 3, cls(o, "fcproj.w"), wfcp, 2, cls(o, "act.x"));
-            ic->act = F32 * (2 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax) +
-                             local_elems(xd, 3, cls(o, "act.ln1"), o->shape, nax) +
-                             local_elems(qd, 5, cls(o, "act.qkv"), o->shape, nax) + probs +
-                             local_elems(xd, 3, cls(o, "act.att"), o->shape, nax) +
-                             local_elems(xd, 3, cls(o, "act.ln2"), o->shape, nax) +
-                             local_elems(hd, 3, cls(o, "act.fch"), o->shape, nax) +
-                             local_elems(hd, 3, cls(o, "act.gelu"), o->shape, nax));
-            param(c, &w, o, "ln1.w", vc, 1, ic);
-            param(c, &w, o, "ln1.b", vc, 1, ic);
-            param(c, &w, o, "qkv.w", wqkv, 4, ic);
-            param(c, &w, o, "qkv.b", wqkvb, 3, ic);
-            param(c, &w, o, "attproj.w", wcc, 2, ic);
-            param(c, &w, o, "attproj.b", vc, 1, ic);
-            param(c, &w, o, "ln2.w", vc, 1, ic);
-            param(c, &w, o, "ln2.b", vc, 1, ic);
-            param(c, &w, o, "fc.w", wfc, 2, ic);
-            param(c, &w, o, "fc.b", v4c, 1, ic);
-            param(c, &w, o, "fcproj.w", wfcp, 2, ic);
-            param(c, &w, o, "fcproj.b", vc, 1, ic);
-        } else if (it == IT_E) {
-            const xmp_sbp_t *ws = cls(o, "wte");
-            xmp_sbp_t y[NAX];
-            for (int a = 0; a < nax; a++)
-                y[a] = ws[a].kind == XMP_S ? (ws[a].dim == 0 ? xmp_sbp_p() : xmp_sbp_s(2))
-                                           : xmp_sbp_b();
-            box(c, &w, y, cls(o, "act.x"), local_elems(xd, 3, y, o->shape, nax));
-            ic->act = F32 * local_elems(xd, 3, cls(o, "act.x"), o->shape, nax);
-            /* token + position embedding: one sum per element */
-            elt(c, &w, XM_ELT_RESIDUAL, local_elems(xd, 3, cls(o, "act.x"), o->shape, nax));
-            param(c, &w, o, "wte", wte, 2, ic);
-            param(c, &w, o, "wpe", wpe, 2, ic);
-        } else if (it == IT_W) {
-            param(c, &w, o, "wte", wte, 2, ic);
-        } else {
-            layernorm(c, &w, cls(o, "act.x"), xd, cls(o, "act.lnf"));
-            linear(c, &w, cls(o, "act.lnf"), xd, 3, cls(o, "wte"), wte, 2, cls(o, "act.logits"));
-            const xmp_sbp_t *lg = cls(o, "act.logits");
-            double le = local_elems(ld, 3, lg, o->shape, nax), v = 0;
-            int64_t vs = 1;
-            for (int a = 0; a < nax; a++)
-                if (lg[a].kind == XMP_S && lg[a].dim == 2)
-                    vs *= o->shape[a];
-            double rl = le / ceil((double)Vp / (double)vs);
-            elt(c, &w, XM_ELT_XENT, le);
-            for (int a = 0; a < nax; a++)
-                if (lg[a].kind == XMP_S && lg[a].dim == 2)
-                    fcoll(c, &w, a, XM_COLL_ALLREDUCE, 2 * rl * F32, &v);
-            w.vol += v;
-            /* the stage input, the final norm's output and the logits */
-            ic->act = F32 * (local_elems(xd, 3, cls(o, "act.x"), o->shape, nax) +
-                             local_elems(xd, 3, cls(o, "act.lnf"), o->shape, nax) + le);
-            param(c, &w, o, "lnf.w", vc, 1, ic);
-            param(c, &w, o, "lnf.b", vc, 1, ic);
-            /* the tied wte: the L item's own copy when E is elsewhere
-             * (stage_cost adds it only then) */
+        for (int i = 0; it != IT_W && i < g->nnode; i++)
+            if (g->node[i].group == it)
+                node_cost(c, &w, o, &g->node[i], ic);
+        for (int i = 0; i < g->nparam; i++) {
+            const xmp_gparam_t *p = &g->param[i];
+            if (it == IT_W ? !strcmp(p->cls, "wte") : p->group == it)
+                param(c, &w, o, p->cls, p->dim, p->nd, ic);
         }
         ic->f = w.f;
         ic->b = w.b;
@@ -921,6 +929,7 @@ static void ctx_free(ctx_t *c)
     free(c->sighash);
     free(c->edge);
     free(c->tied);
+    xmp_graph_free(&c->graph);
     memset(c, 0, sizeof *c);
 }
 
@@ -981,6 +990,8 @@ static int ctx_init(ctx_t *c, const xmp_search_opts_t *o, int S, int M, double c
         return ctx_fail(c, "cost model: sgemm: %s", xmesh_last_error());
     c->gemm_rate = 2.0 * 256 * 256 * 256 / p.seconds;
     c->cf = cf;
+    if (xmp_gpt2_graph(&o->model, c->Bm, o->T, 1, &c->graph))
+        return ctx_fail(c, "%s", xmp_last_error());
     if (build_options(c))
         return -1;
     if (c->nopt == 0)

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "models/utransformer_graph.h"
 #include "models/utransformer_sbp.h"
 #include "nn/strategy.h"
 #include "sched/schedule.h"
@@ -65,11 +66,12 @@ typedef struct {
     int S, n, nopt, nM, nk;
     int Ms[MAXM], kinds[3];
     uopt_t *opt;
-    lcost_t *lc;        /* [s][l][oi][mi] */
-    char *lcdone;       /* same */
-    ehent_t *eh;        /* edge memo (open addressing; key 0: empty) */
-    struct vmemo *vm;   /* visited configurations (search only) */
-    double act_img[L_]; /* saved activation floats per image */
+    lcost_t *lc;           /* [s][l][oi][mi] */
+    char *lcdone;          /* same */
+    ehent_t *eh;           /* edge memo (open addressing; key 0: empty) */
+    struct vmemo *vm;      /* visited configurations (search only) */
+    double act_img[L_];    /* saved activation floats per image */
+    xmp_graph_t graph[L_]; /* each layer's graph of one image (models/utransformer_graph.h) */
     xmp_ut_params_t par;
     double gemm_rate;
     xmp_uts_stats_t *st;
@@ -174,52 +176,47 @@ static void layer_cost(uctx_t *c, int s, int l, int oi, int mi, lcost_t *lc)
         lc->o += 4.0 * loc / c->gemm_rate;
         if (t->ndim < 2)
             continue;
-        /* the GEMM of this weight: rows (positions x images), N outputs, K inputs */
+        /* the node this weight feeds (a conv or a linear) and its neighbours in the graph */
+        xmp_ut_wuse_t wu;
+        if (xmp_ut_graph_weight_use(&c->graph[l], cls, &wu)) {
+            cfail(c, "layer %s: weight %s feeds no conv or linear", lname, cls);
+            return;
+        }
+        /* the GEMM of this weight: rows (output positions x images), N outputs, K inputs */
         int co = t->shape[0], ci = t->shape[1];
         double kk = t->ndim == 4 ? (double)t->shape[2] * t->shape[3] : 1;
-        double pos = hw;
-        int is_conv = t->ndim == 4;
-        if (strstr(cls, "down."))
-            pos = hw / 4;
-        else if (strstr(cls, "up."))
-            pos = hw * 4;
-        else if (strstr(cls, "attn.k") || strstr(cls, "attn.v"))
-            pos = xmp_ut_layer_uses_cond(cf, l) && l != XMP_UT_MID_A ? XMP_UT_TOKENS : hw;
+        double pos = wu.pos;
         int so = split_of(u, l, cls, 0), si = split_of(u, l, cls, 1);
         double rows = imgs * pos, N = (double)co / so, K = ci * kk / si;
         double fwd = gemm(c, rows, N, K), bwd = gemm(c, rows, K, N) + gemm(c, N, K, rows);
         lc->f += fwd;
         lc->b += bwd;
         lc->comp += fwd + bwd;
-        /* boxing on the tensor-parallel axes */
-        int paired_in = !strcmp(cls, "conv2.w") || !strcmp(cls, "attn.o.w");
-        int paired_out = !strcmp(cls, "conv1.w") || !strcmp(cls, "attn.q.w") ||
-                         !strcmp(cls, "attn.k.w") || !strcmp(cls, "attn.v.w");
+        /* boxing on the tensor-parallel axes: a pair (output split, then input split: a block's
+         * two convs, attention's projections) boxes nothing between its two halves */
         for (int a = 0; a < 2; a++) {
             xmp_sbp_t ps = psbp(u, l, cls, a);
             if (ps.kind != XMP_S || shape[a] <= 1)
                 continue;
-            double out_b = F32 * imgs * pos * co / (ps.dim == 0 ? 1 : 1);
-            double in_b = F32 * imgs * (is_conv && strstr(cls, "up.") ? hw : pos) * ci;
+            double out_b = F32 * imgs * pos * co;
+            double in_b = F32 * imgs * wu.in_pos * ci;
             if (ps.dim == 1) { /* input split: partial output, all-reduced forward */
                 lc->f += coll(c, rank0, shape, a, XM_COLL_ALLREDUCE, out_b, &vol);
             } else {
-                /* output split: the replicated input's gradient is partial (cond has none) */
-                int cond_in =
-                    (strstr(cls, "attn.k") || strstr(cls, "attn.v")) && pos == XMP_UT_TOKENS;
-                if (!cond_in && !(strstr(cls, "attn.k") || strstr(cls, "attn.v")))
+                /* output split: the replicated input's gradient is partial (not for the keys
+                 * and values, whose input is the conditioning or shared with the query) */
+                if (!wu.kv)
                     lc->b += coll(c, rank0, shape, a, XM_COLL_ALLREDUCE, in_b, &vol);
-                if (!paired_out && !paired_in)
+                if (!wu.paired_out && !wu.paired_in)
                     lc->f += coll(c, rank0, shape, a, XM_COLL_ALLGATHER, out_b, &vol);
             }
         }
-        /* attention products (once, at q) */
-        if (!strcmp(cls, "attn.q.w")) {
+        /* attention products (once, at the query's projection) */
+        if (wu.query) {
             int heads = co / (cf->head_dim > 0 ? cf->head_dim : cf->base);
             if (heads < 1)
                 heads = 1;
-            double hl = (double)heads / so, hd = (double)co / heads;
-            double tk = xmp_ut_layer_uses_cond(cf, l) && l != XMP_UT_MID_A ? XMP_UT_TOKENS : hw;
+            double hl = (double)heads / so, hd = (double)co / heads, tk = wu.kv_pos;
             double af = gemm(c, imgs * hl * hw, tk, hd) + gemm(c, imgs * hl * hw, hd, tk);
             lc->f += af;
             lc->b += 2 * af;
@@ -294,6 +291,8 @@ static void uctx_free(uctx_t *c)
     free(c->lcdone);
     free(c->eh);
     free(c->vm);
+    for (int l = 0; l < L_; l++)
+        xmp_graph_free(&c->graph[l]);
     memset(c, 0, sizeof *c);
 }
 
@@ -350,6 +349,8 @@ static int uctx_init(uctx_t *c, const xmp_uts_opts_t *o, int S, int dedupe, xmp_
             return cfail(c, "layer %s: %s", xmp_ut_layer_name(l), xmp_last_error());
         c->act_img[l] = (double)xmp_ut_layer_activation_floats(ly);
         xmp_ut_layer_destroy(ly);
+        if (xmp_ut_graph(&o->model, l, &c->graph[l]))
+            return cfail(c, "layer %s: %s", xmp_ut_layer_name(l), xmp_last_error());
     }
     c->opt = calloc(MAXOPT, sizeof(uopt_t));
     if (!c->opt)
