@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "xm_api.h"
 #include "xm_cases.h"
 #include "xm_cluster_file.h"
 #include "xm_cost.h"
@@ -458,7 +459,7 @@ static xm_sched_opts_t sched_opts(const opts_t *o, xmesh_scheduler_t kind)
         so.budget_us = 1;
     so.seed = o->seed;
     /* The all-gather strategies take senders and order from the send/receive
-     * model, as plan creation does (lib/core/api.c). */
+     * model, as plan creation does (lib/plan/api.c). */
     so.strategy = o->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
                           o->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
                       ? XMESH_STRATEGY_SENDRECV
@@ -1075,7 +1076,7 @@ static void many_json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* The plan of the whole, as plan creation makes it (lib/core/api.c): the
+/* The plan of the whole, as plan creation makes it (lib/plan/api.c): the
  * union decomposition with packing, one schedule (task splitting as
  * XMESH_SPLIT), its lower bound and simulated makespan; and the model time
  * of one plan per tensor, one after another. */
