@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "xm_cluster_file.h"
 #include "xm_costmodel.h"
 #include "xm_sched_impl.h"
 
@@ -884,36 +883,6 @@ xmesh_result_t xm_costmodel_parse_line(xm_costmodel_t *m, const char *section, i
         return parse_compute(m, line, f, nf);
     return XM_ERR(XMESH_ERR_INTERNAL, "cluster file line %d: section [%s] is not a cost section",
                   line, section);
-}
-
-xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out)
-{
-    if (!text || !out)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_parse: %s is NULL",
-                      !text ? "text" : "out");
-    xm_costmodel_t *m = xm_costmodel_create();
-    if (!m)
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_parse: out of memory");
-    xmesh_result_t r = xm_clusterfile_parse(text, NULL, m);
-    if (r) {
-        xm_costmodel_destroy(m);
-        return r;
-    }
-    *out = m;
-    return XMESH_SUCCESS;
-}
-
-xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out)
-{
-    if (!out)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_load: out is NULL");
-    char *text = NULL;
-    xmesh_result_t r = xm_clusterfile_read(path, &text);
-    if (r)
-        return r;
-    r = xm_costmodel_parse(text, out);
-    free(text);
-    return r;
 }
 
 xmesh_result_t xm_costmodel_nominal(const xm_cluster_t *c, double flops_per_s, xm_costmodel_t **out)

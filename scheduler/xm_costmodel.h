@@ -193,6 +193,7 @@ xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_e
  * sections are skipped). A file without those sections gives an empty
  * model (predictions then say "not calibrated"). INVALID_ARGUMENT naming
  * the line and field on malformed text. */
+/* (Defined in cluster_file.c, beside the parser they call.) */
 xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out);
 xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out);
 /* An UNCALIBRATED model from the cluster's nominal figures, for the
