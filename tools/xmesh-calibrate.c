@@ -52,11 +52,12 @@
 #include "xm_costmodel.h"
 #include "xmesh/mpi.h"
 
+#include "calib/gptstep.h" /* the training stack's GPT-2 step record and probe */
+
 #ifdef XMESH_CALIBRATE_BLAS
 #include <cblas.h>
 
-#include "nn/kernels.h"  /* the training stack's element-wise kernels (compiled in) */
-#include "models/gpt2.h" /* the serial GPT-2 (compiled in): the whole-step probe */
+#include "nn/kernels.h" /* the training stack's element-wise kernels (compiled in) */
 #endif
 
 #define MAX_SIZES 32
@@ -945,71 +946,14 @@ static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
 #endif
 }
 
-/* One training step (forward, backward, AdamW) of the serial GPT-2, every rank at once, timed
- * like the kernels above (repetitions of steps run back to back for at least SUSTAIN_S, the
- * slowest rank's median): 2 layers of the calibrated hidden size, heads of 32 channels,
- * sequence min(tokens, 64), min(tokens, 256) rows, vocabulary min(vocab, 4C). The layout
- * search prices this model from the kernel records and scales its compute by the ratio
- * (xm_costmodel.h, xm_gptstep_t). G->busy stays 0 when not measured. */
-static void measure_gptstep(const opts_t *o, int busy, xm_gptstep_t *G)
+/* The GPT-2 step probe of the training stack (pipeline/calib/gptstep.h), timed like the kernels
+ * above. G->busy stays 0 when not measured (without OpenBLAS: never). */
+static void measure_gptstep(const opts_t *o, int busy, xmp_gptstep_t *G)
 {
     memset(G, 0, sizeof *G);
 #ifdef XMESH_CALIBRATE_BLAS
-    const int creps = COMPUTE_REPS(o);
-    /* bounded so that the probe stays a few seconds and a few hundred MB at GPT-2 124M's
-     * defaults (C 768, V 50304): at most 256 rows and a vocabulary of at most 4C (the factor is
-     * a ratio of the same model measured and priced, so any size the search can price serves;
-     * these keep the head from dominating a 2-layer model) */
-    int C = (int)o->hidden, T = o->tokens < 64 ? (int)o->tokens : 64;
-    int rows = o->tokens < 256 ? (int)o->tokens : 256, V = (int)o->vocab;
-    if (V > 4 * C)
-        V = 4 * C;
-    int NH = C / 32 > 0 ? C / 32 : 1, B = rows / T > 0 ? rows / T : 1;
-    while (C % NH)
-        NH--;
-    xmp_gpt2_config_t cfg = {T, V, xmp_gpt2_pad_vocab(V, 128), 2, NH, C};
-    xmp_gpt2_t m;
-    memset(&m, 0, sizeof m);
-    int *in = malloc((size_t)(B * T) * sizeof(int)), *tg = malloc((size_t)(B * T) * sizeof(int));
-    int ok = in && tg && xmp_gpt2_init_random(&m, &cfg, 1234 + (uint64_t)rank) == 0;
-    for (int i = 0; ok && i < B * T; i++) {
-        in[i] = (i * 7 + rank) % V;
-        tg[i] = (i * 11 + 3) % V;
-    }
-    double tt[MAX_REPS];
-    int step = 0, all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (all_ok) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (int rep = -1; rep < creps; rep++) { /* rep -1: warm-up */
-            double t0 = MPI_Wtime(), t;
-            int calls = 0;
-            do {
-                if (xmp_gpt2_forward(&m, in, tg, B, T) != 0)
-                    ok = 0;
-                xmp_gpt2_zero_grad(&m);
-                if (!ok || xmp_gpt2_backward(&m) != 0 ||
-                    xmp_gpt2_update(&m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, ++step) != 0)
-                    ok = 0;
-                calls++;
-            } while (ok && (t = MPI_Wtime() - t0) < SUSTAIN_S);
-            if (rep >= 0)
-                tt[rep] = ok ? t / calls : 0;
-        }
-        double sec = elt_median_max(tt, creps); /* collective: every rank calls it */
-        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (all_ok)
-            *G = (xm_gptstep_t){2, C, NH, T, B, V, busy, sec, 0};
-        else if (rank == 0)
-            fprintf(stderr, "xmesh-calibrate: the GPT-2 step probe failed on some rank "
-                            "(memory?); no gptstep record\n");
-    } else if (rank == 0) {
-        fprintf(stderr, "xmesh-calibrate: the GPT-2 step probe could not be set up (memory); "
-                        "no gptstep record\n");
-    }
-    xmp_gpt2_free(&m);
-    free(in);
-    free(tg);
+    (void)xmp_gptstep_probe(MPI_COMM_WORLD, o->hidden, o->tokens, o->vocab, COMPUTE_REPS(o),
+                            SUSTAIN_S, busy, elt_median_max, G);
 #else
     (void)o;
     (void)busy;
@@ -1043,7 +987,7 @@ typedef struct {
     int nsets, *set_of, *set_cpus, *set_n;
     double *set_wait, *set_sync;
     xm_elt_rec_t E[XM_ELT_NKINDS]; /* busy 0: not measured */
-    xm_gptstep_t step;             /* gptstep; busy 0: not measured */
+    xmp_gptstep_t step;            /* gptstep; busy 0: not measured */
     char gemm_why[128];
     int gemm_fit_ok;
     xm_fit_t gemm_fit;
@@ -1412,7 +1356,7 @@ static xm_costmodel_t *to_model(const results_t *R)
     for (int k = 0; m && k < XM_ELT_NKINDS; k++)
         if (R->E[k].busy > 0 && xm_costmodel_set_elt(m, (xm_elt_t)k, &R->E[k]))
             fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
-    if (m && R->step.busy > 0 && xm_costmodel_set_gptstep(m, &R->step))
+    if (m && R->step.busy > 0 && xmp_gptstep_set(m, &R->step))
         fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
     int *rk = R->nsets ? malloc((size_t)size * sizeof *rk) : NULL;
     for (int sidx = 0; m && rk && sidx < R->nsets; sidx++) {
