@@ -180,9 +180,10 @@ static inline double xu_now(void)
 }
 /* ctx.c */
 xmesh_result_t xu_status_err(xmesh_result_t code, ucs_status_t st, const char *what);
-/* exec.c */
+/* setup.c */
 xmesh_result_t xu_plan_setup(xmesh_plan_t plan);
 void xu_plan_teardown(xmesh_plan_t plan);
+/* exec.c */
 /* srcs/dsts: the plan's ntensors blocks (plans of many: many_tensors set). */
 xmesh_result_t xu_start(xmesh_plan_t plan, const void *const *srcs, void *const *dsts,
                         xmesh_request_t *req);
