@@ -211,3 +211,35 @@ xmesh_result_t xm_cluster_load(const char *path, xm_cluster_t *c)
     free(text);
     return r;
 }
+
+/* The cost model of a cluster file (xm_costmodel.h): here rather than in costmodel.c, so the
+ * parser depends on the cost model and not both ways. */
+xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out)
+{
+    if (!text || !out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_parse: %s is NULL",
+                      !text ? "text" : "out");
+    xm_costmodel_t *m = xm_costmodel_create();
+    if (!m)
+        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_parse: out of memory");
+    xmesh_result_t r = xm_clusterfile_parse(text, NULL, m);
+    if (r) {
+        xm_costmodel_destroy(m);
+        return r;
+    }
+    *out = m;
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out)
+{
+    if (!out)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_load: out is NULL");
+    char *text = NULL;
+    xmesh_result_t r = xm_clusterfile_read(path, &text);
+    if (r)
+        return r;
+    r = xm_costmodel_parse(text, out);
+    free(text);
+    return r;
+}

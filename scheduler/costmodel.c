@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "xm_cluster_file.h"
 #include "xm_costmodel.h"
 #include "xm_sched_impl.h"
 
@@ -271,35 +270,49 @@ xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_e
     return XMESH_SUCCESS;
 }
 
-xmesh_result_t xm_costmodel_set_gptstep(xm_costmodel_t *m, const xm_gptstep_t *r)
+static int is_step_name(const char *s)
+{
+    size_t n = strlen(s);
+    return n > 4 && n < XM_STEP_NAME && !strcmp(s + n - 4, "step");
+}
+
+xmesh_result_t xm_costmodel_set_step(xm_costmodel_t *m, const xm_steprec_t *r)
 {
     if (!m || !r)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_gptstep: %s is NULL",
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_set_step: %s is NULL",
                       !m ? "model" : "record");
     char where[64];
-    record_where(where, sizeof where, r->line, "gptstep record");
-    const struct {
-        const char *name;
-        int v;
-    } f[] = {{"layers", r->layers}, {"channels", r->channels}, {"heads", r->heads}, {"seq", r->seq},
-             {"rows", r->rows},     {"vocab", r->vocab},       {"busy", r->busy}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].v < 1)
-            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: gptstep field %s: %d (expected >= 1)",
-                          where, f[i].name, f[i].v);
-    if (r->channels % r->heads)
+    record_where(where, sizeof where, r->line, "step record");
+    if (!memchr(r->name, '\0', sizeof r->name) || !is_step_name(r->name))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                      "%s: gptstep field heads: %d does not divide channels %d", where, r->heads,
-                      r->channels);
-    if (!(r->seconds > 0) || !isfinite(r->seconds))
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
-                      "%s: gptstep field seconds: %g (expected a finite time > 0)", where,
-                      r->seconds);
-    if (m->gptstep.busy > 0)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: gptstep repeats line %d", where,
-                      m->gptstep.line);
-    m->gptstep = *r;
+                      "%s: step record name '%.*s' (expected NAMEstep, at most %d characters)",
+                      where, (int)sizeof r->name, r->name, XM_STEP_NAME - 1);
+    if (r->nvalues < 1 || r->nvalues > XM_STEP_MAX_VALUES)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s record has %d values (expected 1 to %d)",
+                      where, r->name, r->nvalues, XM_STEP_MAX_VALUES);
+    for (int i = 0; i < r->nvalues; i++)
+        if (!isfinite(r->values[i]))
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s value %d: %g (expected finite)",
+                          where, r->name, i + 1, r->values[i]);
+    if (!memchr(r->comment, '\0', sizeof r->comment) || strchr(r->comment, '\n'))
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s comment is not one line", where, r->name);
+    const xm_steprec_t *old = xm_costmodel_step(m, r->name);
+    if (old)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: %s repeats line %d", where, r->name,
+                      old->line);
+    if (m->nsteps >= XM_STEP_MAX_RECORDS)
+        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "%s: more than %d step records", where,
+                      XM_STEP_MAX_RECORDS);
+    m->steps[m->nsteps++] = *r;
     return XMESH_SUCCESS;
+}
+
+const xm_steprec_t *xm_costmodel_step(const xm_costmodel_t *m, const char *name)
+{
+    for (int i = 0; m && name && i < m->nsteps; i++)
+        if (!strcmp(m->steps[i].name, name))
+            return &m->steps[i];
+    return NULL;
 }
 
 int xm_cost_elt(const xm_costmodel_t *m, xm_elt_t kind, double units, double *fwd, double *bwd)
@@ -769,22 +782,26 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
         memset(&tmp, 0, sizeof tmp);
         return xm_costmodel_set_elt(m ? m : &tmp, (xm_elt_t)kind, &e);
     }
-    if (!strcmp(f[0], "gptstep")) {
-        static const char *const gf[] = {"gptstep", "layers", "channels", "heads",  "seq",
-                                         "rows",    "vocab",  "busy",     "seconds"};
-        if ((r = want(line, f[0], nf, 9, gf)))
-            return r;
-        int64_t v[7];
-        for (int i = 0; i < 7; i++)
-            if ((r = whole(line, f[0], gf[i + 1], f[i + 1], 1 << 24, &v[i])))
+    if (is_step_name(f[0])) {
+        xm_steprec_t g;
+        memset(&g, 0, sizeof g);
+        snprintf(g.name, sizeof g.name, "%s", f[0]);
+        g.line = line;
+        g.nvalues = nf - 1;
+        if (nf < 2 || nf - 1 > XM_STEP_MAX_VALUES)
+            return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                          "cluster file line %d: %s record has %s%d fields, expected 2 to %d", line,
+                          f[0], nf > MAX_FIELDS ? "more than " : "",
+                          nf > MAX_FIELDS ? MAX_FIELDS : nf, XM_STEP_MAX_VALUES + 1);
+        for (int i = 1; i < nf; i++) {
+            char field[16];
+            snprintf(field, sizeof field, "%d", i);
+            if ((r = num(line, f[0], field, f[i], &g.values[i - 1])))
                 return r;
-        xm_gptstep_t g = {(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4],
-                          (int)v[5], (int)v[6], 0,         line};
-        if ((r = num(line, f[0], gf[8], f[8], &g.seconds)))
-            return r;
+        }
         xm_costmodel_t tmp;
         memset(&tmp, 0, sizeof tmp);
-        return xm_costmodel_set_gptstep(m ? m : &tmp, &g);
+        return xm_costmodel_set_step(m ? m : &tmp, &g);
     }
     if (!strcmp(f[0], "cpuset")) {
         /* a fifth field, sync seconds, since 2026-11-28 (files before it have 4) */
@@ -868,7 +885,7 @@ static xmesh_result_t parse_compute(xm_costmodel_t *m, int line, char **f, int n
     }
     return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                   "cluster file line %d: [compute] unknown record '%s' (expected sgemm, "
-                  "sgemm_fit, eltwise, gptstep or cpuset)",
+                  "sgemm_fit, eltwise, cpuset or a NAMEstep record)",
                   line, f[0]);
 }
 
@@ -884,36 +901,6 @@ xmesh_result_t xm_costmodel_parse_line(xm_costmodel_t *m, const char *section, i
         return parse_compute(m, line, f, nf);
     return XM_ERR(XMESH_ERR_INTERNAL, "cluster file line %d: section [%s] is not a cost section",
                   line, section);
-}
-
-xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out)
-{
-    if (!text || !out)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_parse: %s is NULL",
-                      !text ? "text" : "out");
-    xm_costmodel_t *m = xm_costmodel_create();
-    if (!m)
-        return XM_ERR(XMESH_ERR_NO_MEMORY, "xm_costmodel_parse: out of memory");
-    xmesh_result_t r = xm_clusterfile_parse(text, NULL, m);
-    if (r) {
-        xm_costmodel_destroy(m);
-        return r;
-    }
-    *out = m;
-    return XMESH_SUCCESS;
-}
-
-xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out)
-{
-    if (!out)
-        return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "xm_costmodel_load: out is NULL");
-    char *text = NULL;
-    xmesh_result_t r = xm_clusterfile_read(path, &text);
-    if (r)
-        return r;
-    r = xm_costmodel_parse(text, out);
-    free(text);
-    return r;
 }
 
 xmesh_result_t xm_costmodel_nominal(const xm_cluster_t *c, double flops_per_s, xm_costmodel_t **out)
@@ -1003,7 +990,7 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
     int nelt = 0;
     for (int k = 0; k < XM_ELT_NKINDS; k++)
         nelt += m->elt[k].busy > 0;
-    if (m->ngemm || m->has_gemm_fit || nelt || m->gptstep.busy > 0 || m->ncpusets) {
+    if (m->ngemm || m->has_gemm_fit || nelt || m->nsteps || m->ncpusets) {
         fprintf(f, "\n[compute]\n"
                    "# sgemm m n k busy seconds label: C(m x n) = A(m x k) . B(k x n), busy "
                    "ranks per host at once\n");
@@ -1027,14 +1014,14 @@ xmesh_result_t xm_costmodel_write(const xm_costmodel_t *m, FILE *f)
             if (m->elt[k].busy > 0)
                 fprintf(f, "eltwise %s %d %.10g %.10g\n", elt_names[k], m->elt[k].busy,
                         m->elt[k].fwd * 1e9, m->elt[k].bwd * 1e9);
-        if (m->gptstep.busy > 0) {
-            const xm_gptstep_t *g = &m->gptstep;
-            fprintf(f,
-                    "# gptstep layers channels heads seq rows vocab busy seconds: one training "
-                    "step of the serial GPT-2 (forward, backward, AdamW)\n"
-                    "gptstep %d %d %d %d %d %d %d %.10g\n",
-                    g->layers, g->channels, g->heads, g->seq, g->rows, g->vocab, g->busy,
-                    g->seconds);
+        for (int k = 0; k < m->nsteps; k++) {
+            const xm_steprec_t *g = &m->steps[k];
+            if (g->comment[0])
+                fprintf(f, "# %s\n", g->comment);
+            fprintf(f, "%s", g->name);
+            for (int i = 0; i < g->nvalues; i++)
+                fprintf(f, " %.10g", g->values[i]);
+            fprintf(f, "\n");
         }
         if (m->ncpusets)
             fprintf(f, "# cpuset cpus ranks wait sync: ranks whose affinity masks overlap share "

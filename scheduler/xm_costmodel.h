@@ -83,7 +83,7 @@ typedef struct xm_gemm_rec {
     int64_t m, n, k;
     int busy;                  /* ranks per host running sgemm at once */
     double seconds;            /* one sgemm, the slowest rank's median */
-    char label[XM_GEMM_LABEL]; /* no spaces, e.g. gpt-qkv, conv3x3-16x16-16to16 */
+    char label[XM_GEMM_LABEL]; /* no spaces, a shape name of the calibrator's */
     int line;
 } xm_gemm_rec_t;
 
@@ -115,17 +115,22 @@ typedef struct xm_elt_rec {
     int line;
 } xm_elt_rec_t;
 
-/* A whole training step of the serial GPT-2 (models/gpt2_serial.c: forward, backward, AdamW;
- * the trainer's kernels with everything between them), timed by xmesh-calibrate every rank busy
- * at once ([compute] `gptstep L C NH T ROWS V BUSY SECONDS`). The layout search prices the same
- * model from the kernel records above and scales its compute by the ratio: what the kernels
- * timed one by one in a loop miss of a real step (caches, the glue between them). */
-typedef struct xm_gptstep {
-    int layers, channels, heads, seq, rows, vocab; /* the probe model; rows = batch B */
-    int busy;                                      /* ranks per host at once; 0: absent */
-    double seconds;                                /* one step, > 0 */
-    int line;
-} xm_gptstep_t;
+/* Records of the training stack's own probes ([compute] `NAMEstep V1 V2 ...`, a keyword ending
+ * in "step", up to XM_STEP_MAX_VALUES numbers: e.g. a whole training step of one of its models,
+ * timed by xmesh-calibrate). The cost model knows no model: it checks that the values are
+ * finite numbers, keeps one record per name (a name repeated is an error), writes each back
+ * (with its comment) and prices nothing with them. The training stack reads and checks its own
+ * (pipeline/calib/). */
+#define XM_STEP_NAME 24
+#define XM_STEP_MAX_VALUES 14
+#define XM_STEP_MAX_RECORDS 4
+typedef struct xm_steprec {
+    char name[XM_STEP_NAME];           /* the keyword, ending in "step" */
+    int nvalues;                       /* 1 .. XM_STEP_MAX_VALUES */
+    double values[XM_STEP_MAX_VALUES]; /* as the record lists them (finite) */
+    char comment[200]; /* written on the line above the record ("": none; one line, no '#') */
+    int line;          /* line in the file it came from (0: not from a file) */
+} xm_steprec_t;
 
 /* CPU sharing ([compute] `cpuset CPUS RANKS` records, written by xmesh-calibrate from each rank's
  * affinity mask): ranks whose masks overlap form one set that shares CPUS cpus. The compute
@@ -152,7 +157,8 @@ typedef struct xm_costmodel {
     xm_cpuset_t *cpusets;
     int *cpu_set_of;
     xm_elt_rec_t elt[XM_ELT_NKINDS]; /* [compute] eltwise records (busy 0: absent) */
-    xm_gptstep_t gptstep;            /* [compute] gptstep record (busy 0: absent) */
+    int nsteps;                      /* [compute] NAMEstep records */
+    xm_steprec_t steps[XM_STEP_MAX_RECORDS];
     xm_coll_rec_t *coll;
     xm_gemm_rec_t *gemm;
     int has_gemm_fit;
@@ -161,9 +167,13 @@ typedef struct xm_costmodel {
     int nominal; /* 1: made by xm_costmodel_nominal, not measured */
 } xm_costmodel_t;
 
-/* Checks and sets the model's gptstep record (one per model): INVALID_ARGUMENT naming the bad
- * field. */
-xmesh_result_t xm_costmodel_set_gptstep(xm_costmodel_t *m, const xm_gptstep_t *r);
+/* Adds a copy of the NAMEstep record r: INVALID_ARGUMENT (m unchanged) for a name that does not
+ * end in "step" or is too long, a value count out of 1 .. XM_STEP_MAX_VALUES, a value that is
+ * not finite, a name already present ("... repeats line N") or more than XM_STEP_MAX_RECORDS
+ * records. */
+xmesh_result_t xm_costmodel_set_step(xm_costmodel_t *m, const xm_steprec_t *r);
+/* The record named name, NULL if the model has none. */
+const xm_steprec_t *xm_costmodel_step(const xm_costmodel_t *m, const char *name);
 
 /* Fits time = alpha + beta * f(kind, n, p) to npts points (bytes[i],
  * seconds[i]) by least squares of the relative residuals (weights
@@ -193,6 +203,7 @@ xmesh_result_t xm_costmodel_set_elt(xm_costmodel_t *m, xm_elt_t kind, const xm_e
  * sections are skipped). A file without those sections gives an empty
  * model (predictions then say "not calibrated"). INVALID_ARGUMENT naming
  * the line and field on malformed text. */
+/* (Defined in cluster_file.c, beside the parser they call.) */
 xmesh_result_t xm_costmodel_parse(const char *text, xm_costmodel_t **out);
 xmesh_result_t xm_costmodel_load(const char *path, xm_costmodel_t **out);
 /* An UNCALIBRATED model from the cluster's nominal figures, for the

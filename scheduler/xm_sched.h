@@ -211,10 +211,4 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
                            xm_sim_result_t *out, FILE *trace);
 void xm_sim_result_free(xm_sim_result_t *r);
 
-/* xmesh_suggest_order() with the cluster parameters of model (bandwidths,
- * NICs, latency, chunk; its host map is ignored) instead of the XMESH_*
- * environment; model == NULL is the public call. Defined in lib/core/api.c. */
-xmesh_result_t xm_suggest_order(const xmesh_placement_problem_t *pb, const xm_cluster_t *model,
-                                int *suggested_ranks, xmesh_placement_info_t *info);
-
 #endif /* XM_SCHED_H */

@@ -47,55 +47,13 @@
 #include <unistd.h>
 #include <time.h>
 
-#include "xm_api.h"
-#include "xm_cost.h"
-#include "xm_costmodel.h"
-#include "xmesh/mpi.h"
+#include "calibrate.h"
 
 #ifdef XMESH_CALIBRATE_BLAS
 #include <cblas.h>
 
-#include "nn/kernels.h"  /* the training stack's element-wise kernels (compiled in) */
-#include "models/gpt2.h" /* the serial GPT-2 (compiled in): the whole-step probe */
+#include "nn/kernels.h" /* the training stack's element-wise kernels (compiled in) */
 #endif
-
-#define MAX_SIZES 32
-#define MAX_REPS 64
-
-enum { C_P2P_INTRA, C_P2P_INTER, C_CHAIN, C_AG_INTER, C_AG_INTRA, NCLASS };
-static const char *cname[NCLASS] = {"p2p-intra", "p2p-inter", "chain", "allgather",
-                                    "allgather-intra"};
-static const char *chelp[NCLASS] = {
-    "ping-pong, two ranks of one host (one way)", "ping-pong, hosts 0 and 1 (one way)",
-    "xmesh broadcast chain, one rank -> one per other host",
-    "MPI_Allgather, first rank of every host", "MPI_Allgather, ranks of host 0"};
-
-#define MAX_SHAPES 32
-
-typedef struct {
-    int64_t m, n, k;
-    char label[XM_GEMM_LABEL];
-} shape_t;
-
-typedef struct {
-    int64_t minb, maxb;
-    int steps, reps, vhosts, json;
-    int skip_p2p, skip_coll, skip_compute;
-    int blocking; /* --blocking-collectives: MPI_Allreduce etc. instead of the trainer's calls */
-    int tokens, hidden, vocab, conv_base;
-    int nextra;
-    shape_t extra[MAX_SHAPES];
-    const char *out;
-} opts_t;
-
-typedef struct {
-    int ok; /* measured */
-    char why[128];
-    int n;
-    double x[MAX_SIZES], y[MAX_SIZES];
-    xm_fit_t fit;
-    int fit_ok;
-} klass_t;
 
 static int rank, size;
 static xmesh_ctx_t ctx;
@@ -261,18 +219,6 @@ static int parse(int argc, char **argv, opts_t *o, char *err, size_t errlen)
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Slowest rank's time since t0 (collective). */
 static double since(double t0)
 {
@@ -380,15 +326,10 @@ static void run_class(klass_t *k, const opts_t *o, op_fn op, void *arg)
             if (op(b, arg, &tt[r]))
                 return;
         k->x[k->n] = (double)b;
-        k->y[k->n++] = median(tt, o->reps);
+        k->y[k->n++] = xmc_median(tt, o->reps);
     }
     k->ok = 1;
     k->fit_ok = xm_fit_linear(k->x, k->y, k->n, &k->fit) == XMESH_SUCCESS;
-}
-
-static double gbps(const klass_t *k)
-{
-    return k->fit_ok && k->fit.beta > 0 ? 8 / k->fit.beta / 1e9 : NAN;
 }
 
 static void measure(const opts_t *o, klass_t *K)
@@ -471,25 +412,6 @@ static void measure(const opts_t *o, klass_t *K)
 }
 
 /* ------------------------------------------------------------ collectives */
-
-#define MAX_GEOMS 64
-
-typedef struct {
-    xm_coll_geom_t g;
-    int ngroups;
-    int color; /* this rank's group, MPI_UNDEFINED if none */
-    char what[96];
-} geom_t;
-
-typedef struct {
-    xm_coll_t kind;
-    int geom;
-    int n;
-    double x[MAX_SIZES], y[MAX_SIZES];
-    int fit_ok;
-    xm_fit_t fit;
-    char why[160];
-} coll_res_t;
 
 /* 2, 4, 8, .. below max, then max (max >= 2). */
 static int pow2_list(int max, int *out)
@@ -685,7 +607,7 @@ static int measure_coll(const opts_t *o, geom_t *G, int ng, coll_res_t *res)
                 if (bad)
                     snprintf(r->why, sizeof r->why, "MPI error at %lld bytes", (long long)b);
                 r->x[r->n] = (double)b;
-                r->y[r->n++] = median(tt, reps);
+                r->y[r->n++] = xmc_median(tt, reps);
             }
             if (bad)
                 continue;
@@ -702,320 +624,6 @@ static int measure_coll(const opts_t *o, geom_t *G, int ng, coll_res_t *res)
     return nr;
 }
 
-/* ------------------------------------------------------------ compute */
-
-typedef struct {
-    shape_t s;
-    double seconds; /* slowest rank's median */
-} gemm_res_t;
-
-static int build_shapes(const opts_t *o, shape_t *S)
-{
-    int n = 0;
-    int64_t T = o->tokens, C = o->hidden, V = o->vocab, B = o->conv_base;
-    /* GPT-2 linears, out = in . W^T (rows T, llm.c's layout), and the
-     * weight gradient of the MLP (dW = dout^T . in: 4C x C over T) */
-    const struct {
-        int64_t m, n, k;
-        const char *label;
-    } gpt[] = {{T, 3 * C, C, "gpt-qkv"},        {T, C, C, "gpt-attn-proj"},
-               {T, 4 * C, C, "gpt-fc"},         {T, C, 4 * C, "gpt-fc-proj"},
-               {4 * C, C, T, "gpt-fc-dweight"}, {T, V, C, "gpt-lm-head"}};
-    for (size_t i = 0; i < sizeof gpt / sizeof *gpt; i++) {
-        S[n] = (shape_t){gpt[i].m, gpt[i].n, gpt[i].k, ""};
-        snprintf(S[n++].label, XM_GEMM_LABEL, "%s", gpt[i].label);
-    }
-    /* U-Transformer 3x3 convolutions per sample as im2col GEMMs
-     * (pipeline/nn/unet_kernels.c): weights (oc, ic*9) . cols (ic*9, oh*ow) */
-    const struct {
-        int64_t ic, oc, hw;
-    } conv[] = {{3, B, 32}, {B, B, 32}, {2 * B, 2 * B, 16}, {4 * B, 4 * B, 8}, {8 * B, 4 * B, 4}};
-    for (size_t i = 0; i < sizeof conv / sizeof *conv; i++) {
-        S[n] = (shape_t){conv[i].oc, conv[i].hw * conv[i].hw, conv[i].ic * 9, ""};
-        snprintf(S[n++].label, XM_GEMM_LABEL, "conv3x3-%lldx%lld-%lldto%lld", (long long)conv[i].hw,
-                 (long long)conv[i].hw, (long long)conv[i].ic, (long long)conv[i].oc);
-    }
-    for (int i = 0; i < o->nextra && n < MAX_SHAPES; i++)
-        S[n++] = o->extra[i];
-    /* drop repeated shapes (small settings make some coincide) */
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        int dup = 0;
-        for (int j = 0; j < m && !dup; j++)
-            dup = S[j].m == S[i].m && S[j].n == S[i].n && S[j].k == S[i].k;
-        if (!dup)
-            S[m++] = S[i];
-    }
-    return m;
-}
-
-/* Every timed repetition of a compute kernel runs calls back to back until SUSTAIN_S has
- * passed and divides by the calls it made: on a core shared by several ranks a repetition
- * shorter than the scheduler's slice times whether the rank happened to run alone (a count of
- * calls fixed beforehand from a warm-up call was such a case whenever the warm-up itself was
- * slow: the first shape of a calibration, gpt-qkv, read 0.19, 0.66 and 0.80 ms in three
- * calibrations, 0.18 ms being one rank alone on the core), while the trainer's forward and
- * backward keep every rank busy for tens of ms at the sustained, shared rate. */
-#define SUSTAIN_S 0.05
-
-/* Every rank runs the same sgemm at once; the slowest rank's median. 0
- * shapes when built without OpenBLAS (*why says so). */
-/* Compute is timed sustained (~50 ms a repetition); at least 5 repetitions: with 2, the GELU
- * backward of two calibrations minutes apart read 74 and 97 ns per element. */
-#define COMPUTE_REPS(o) ((o)->reps < 5 ? 5 : (o)->reps)
-static int measure_gemm(const opts_t *o, gemm_res_t *res, char *why, size_t whylen)
-{
-    const int creps = COMPUTE_REPS(o);
-#ifdef XMESH_CALIBRATE_BLAS
-    shape_t S[MAX_SHAPES + 16];
-    int ns = build_shapes(o, S);
-    size_t na = 0, nb = 0, nc = 0;
-    for (int i = 0; i < ns; i++) {
-        size_t a = (size_t)(S[i].m * S[i].k), b = (size_t)(S[i].k * S[i].n),
-               c = (size_t)(S[i].m * S[i].n);
-        na = a > na ? a : na;
-        nb = b > nb ? b : nb;
-        nc = c > nc ? c : nc;
-    }
-    float *A = malloc(na * sizeof *A), *Bm = malloc(nb * sizeof *Bm), *Cm = malloc(nc * 4);
-    if (!A || !Bm || !Cm) {
-        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory for the sgemm shapes\n", rank);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    for (size_t i = 0; i < na; i++)
-        A[i] = (float)((i % 7) + 1) * 0.125f;
-    for (size_t i = 0; i < nb; i++)
-        Bm[i] = (float)((i % 5) + 1) * 0.25f;
-    double tt[MAX_REPS];
-    for (int i = 0; i < ns; i++) {
-        int m = (int)S[i].m, n = (int)S[i].n, k = (int)S[i].k;
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (int rep = -1; rep < creps; rep++) { /* rep -1: warm-up */
-            int calls = 0;
-            double t0 = MPI_Wtime(), t;
-            do {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, k, Bm, n,
-                            0.0f, Cm, n);
-                calls++;
-            } while ((t = MPI_Wtime() - t0) < SUSTAIN_S);
-            if (rep >= 0)
-                tt[rep] = t / calls;
-        }
-        double mine = median(tt, creps), worst = 0;
-        MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        res[i].s = S[i];
-        res[i].seconds = worst;
-    }
-    free(A);
-    free(Bm);
-    free(Cm);
-    (void)why;
-    (void)whylen;
-    return ns;
-#else
-    (void)o;
-    (void)res;
-    snprintf(why, whylen, "built without OpenBLAS (pkg-config openblas not found)");
-    return 0;
-#endif
-}
-
-/* The training stack's element-wise kernels (nn/kernels.c), every rank at once, forward and
- * backward each repeated for SUSTAIN_S per repetition, the slowest rank's median per unit
- * (xm_costmodel.h): rows N = --gemm-tokens, channels C = --gemm-hidden,
- * vocabulary --gemm-vocab, attention over sequences of T = min(N, 256) with heads of 32 channels
- * (NH = C / 32, at least 1). Without OpenBLAS nothing (the kernels use it). */
-static double elt_median_max(double *t, int n)
-{
-    double mine = median(t, n), worst = 0;
-    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return worst;
-}
-
-static void measure_elt(const opts_t *o, int busy, xm_elt_rec_t *E)
-{
-    const int creps = COMPUTE_REPS(o);
-    memset(E, 0, sizeof(xm_elt_rec_t) * XM_ELT_NKINDS);
-#ifdef XMESH_CALIBRATE_BLAS
-    int64_t N = o->tokens, C = o->hidden, V = o->vocab, T = N < 256 ? N : 256, hs = 32;
-    int64_t NH = C / hs > 0 ? C / hs : 1, Bt = N / T > 0 ? N / T : 1, C4 = 4 * C;
-    size_t big = (size_t)(N * C4 > N * V ? N * C4 : N * V);
-    size_t att = (size_t)(Bt * NH * T * T), qkv = (size_t)(Bt * T * 3 * NH * hs);
-    big = big > att ? big : att;
-    big = big > qkv ? big : qkv;
-    float *x = malloc(big * 4), *y = malloc(big * 4), *dy = malloc(big * 4), *dx = malloc(big * 4),
-          *a = malloc(big * 4), *st = malloc((size_t)(N + T + 4 * C4 + 8) * 4 * 2);
-    int *tg = malloc((size_t)N * sizeof(int));
-    if (!x || !y || !dy || !dx || !a || !st || !tg) {
-        fprintf(stderr, "xmesh-calibrate: rank %d: out of memory for the element-wise kernels\n",
-                rank);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    for (size_t i = 0; i < big; i++) {
-        x[i] = (float)((int)(i % 13) - 6) * 0.1f;
-        dy[i] = (float)((int)(i % 7) - 3) * 0.01f;
-        dx[i] = 0;
-    }
-    for (int64_t i = 0; i < N; i++)
-        tg[i] = (int)(i % V);
-    float *w = st, *bb = st + C4, *mu = st + 2 * C4, *rs = mu + N, *work = rs + N;
-    for (int64_t i = 0; i < C4; i++)
-        w[i] = 1, bb[i] = 0;
-    double tf[MAX_REPS], tb[MAX_REPS];
-    for (int k = 0; k < XM_ELT_NKINDS; k++) {
-        double units = 0;
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (int rep = -1; rep < creps; rep++) {  /* rep -1: warm-up */
-            for (int ph = 0; ph < 2; ph++) {      /* forward, then backward */
-                if (ph == 1 && k == XM_ELT_ADAMW) /* no backward */
-                    break;
-                double tw = MPI_Wtime(), t;
-                int calls = 0;
-                do {
-                    switch ((xm_elt_t)k) {
-                    case XM_ELT_GELU:
-                        units = (double)(N * C4);
-                        if (!ph)
-                            xmp_gelu_fwd(y, x, (size_t)(N * C4));
-                        else
-                            xmp_gelu_bwd(dx, x, dy, (size_t)(N * C4));
-                        break;
-                    case XM_ELT_LAYERNORM:
-                        units = (double)(N * C);
-                        if (!ph)
-                            xmp_layernorm_fwd(y, mu, rs, x, w, bb, (size_t)N, (int)C);
-                        else
-                            xmp_layernorm_bwd(dx, a, a + C, dy, x, w, mu, rs, (size_t)N, (int)C);
-                        break;
-                    case XM_ELT_ATTENTION:
-                        units = (double)(Bt * NH * T * T * hs);
-                        if (!ph)
-                            xmp_attention_fwd(y, NULL, a, x, (int)Bt, (int)T, (int)NH, (int)hs);
-                        else
-                            xmp_attention_bwd(dx, dy, x, a, (int)Bt, (int)T, (int)NH, (int)hs,
-                                              work);
-                        break;
-                    case XM_ELT_XENT:
-                        units = (double)(N * V);
-                        if (!ph) {
-                            xmp_softmax_fwd(a, x, (size_t)N, (int)V, (int)V);
-                            xmp_crossentropy_fwd(y, a, tg, (size_t)N, (int)V);
-                        } else {
-                            for (int64_t i = 0; i < N; i++)
-                                dy[i] = 1.0f / (float)N;
-                            xmp_crossentropy_softmax_bwd(dx, dy, a, tg, (size_t)N, (int)V, (int)V);
-                        }
-                        break;
-                    case XM_ELT_RESIDUAL:
-                        units = (double)(N * C);
-                        if (!ph)
-                            xmp_residual_fwd(y, x, a, (size_t)(N * C));
-                        else
-                            xmp_residual_bwd(dx, a, dy, (size_t)(N * C));
-                        break;
-                    default: /* adamw: one step over N x 4C parameters */
-                        units = (double)(N * C4);
-                        xmp_adamw(y, dy, a, dx, (size_t)(N * C4), 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f,
-                                  1);
-                        break;
-                    }
-                    calls++;
-                } while ((t = MPI_Wtime() - tw) < SUSTAIN_S);
-                if (rep >= 0)
-                    (ph ? tb : tf)[rep] = t / calls;
-                /* keep values bounded (outside the timing) */
-                for (size_t i = 0; i < big; i += 64)
-                    dx[i] = 0, a[i] = a[i] != a[i] ? 0 : a[i];
-            }
-        }
-        E[k].busy = busy;
-        E[k].fwd = elt_median_max(tf, creps) / units;
-        E[k].bwd = k == XM_ELT_ADAMW ? 0 : elt_median_max(tb, creps) / units;
-    }
-    free(x);
-    free(y);
-    free(dy);
-    free(dx);
-    free(a);
-    free(st);
-    free(tg);
-#else
-    (void)o;
-    (void)busy;
-#endif
-}
-
-/* One training step (forward, backward, AdamW) of the serial GPT-2, every rank at once, timed
- * like the kernels above (repetitions of steps run back to back for at least SUSTAIN_S, the
- * slowest rank's median): 2 layers of the calibrated hidden size, heads of 32 channels,
- * sequence min(tokens, 64), min(tokens, 256) rows, vocabulary min(vocab, 4C). The layout
- * search prices this model from the kernel records and scales its compute by the ratio
- * (xm_costmodel.h, xm_gptstep_t). G->busy stays 0 when not measured. */
-static void measure_gptstep(const opts_t *o, int busy, xm_gptstep_t *G)
-{
-    memset(G, 0, sizeof *G);
-#ifdef XMESH_CALIBRATE_BLAS
-    const int creps = COMPUTE_REPS(o);
-    /* bounded so that the probe stays a few seconds and a few hundred MB at GPT-2 124M's
-     * defaults (C 768, V 50304): at most 256 rows and a vocabulary of at most 4C (the factor is
-     * a ratio of the same model measured and priced, so any size the search can price serves;
-     * these keep the head from dominating a 2-layer model) */
-    int C = (int)o->hidden, T = o->tokens < 64 ? (int)o->tokens : 64;
-    int rows = o->tokens < 256 ? (int)o->tokens : 256, V = (int)o->vocab;
-    if (V > 4 * C)
-        V = 4 * C;
-    int NH = C / 32 > 0 ? C / 32 : 1, B = rows / T > 0 ? rows / T : 1;
-    while (C % NH)
-        NH--;
-    xmp_gpt2_config_t cfg = {T, V, xmp_gpt2_pad_vocab(V, 128), 2, NH, C};
-    xmp_gpt2_t m;
-    memset(&m, 0, sizeof m);
-    int *in = malloc((size_t)(B * T) * sizeof(int)), *tg = malloc((size_t)(B * T) * sizeof(int));
-    int ok = in && tg && xmp_gpt2_init_random(&m, &cfg, 1234 + (uint64_t)rank) == 0;
-    for (int i = 0; ok && i < B * T; i++) {
-        in[i] = (i * 7 + rank) % V;
-        tg[i] = (i * 11 + 3) % V;
-    }
-    double tt[MAX_REPS];
-    int step = 0, all_ok = 0;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (all_ok) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (int rep = -1; rep < creps; rep++) { /* rep -1: warm-up */
-            double t0 = MPI_Wtime(), t;
-            int calls = 0;
-            do {
-                if (xmp_gpt2_forward(&m, in, tg, B, T) != 0)
-                    ok = 0;
-                xmp_gpt2_zero_grad(&m);
-                if (!ok || xmp_gpt2_backward(&m) != 0 ||
-                    xmp_gpt2_update(&m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, ++step) != 0)
-                    ok = 0;
-                calls++;
-            } while (ok && (t = MPI_Wtime() - t0) < SUSTAIN_S);
-            if (rep >= 0)
-                tt[rep] = ok ? t / calls : 0;
-        }
-        double sec = elt_median_max(tt, creps); /* collective: every rank calls it */
-        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (all_ok)
-            *G = (xm_gptstep_t){2, C, NH, T, B, V, busy, sec, 0};
-        else if (rank == 0)
-            fprintf(stderr, "xmesh-calibrate: the GPT-2 step probe failed on some rank "
-                            "(memory?); no gptstep record\n");
-    } else if (rank == 0) {
-        fprintf(stderr, "xmesh-calibrate: the GPT-2 step probe could not be set up (memory); "
-                        "no gptstep record\n");
-    }
-    xmp_gpt2_free(&m);
-    free(in);
-    free(tg);
-#else
-    (void)o;
-    (void)busy;
-#endif
-}
-
 /* Ranks per host that ran sgemm at once: the largest host's count. */
 static int busy_per_host(void)
 {
@@ -1028,26 +636,6 @@ static int busy_per_host(void)
     }
     return best;
 }
-
-/* Everything measured, on rank 0 for the outputs. */
-typedef struct {
-    klass_t K[NCLASS];
-    geom_t G[MAX_GEOMS];
-    int ng;
-    coll_res_t *C;
-    int nc;
-    char coll_why[96];
-    gemm_res_t S[MAX_SHAPES + 16];
-    int ns, busy;
-    /* CPU sharing (rank 0): set_of[r] for r < size, cpus and wait weight per set */
-    int nsets, *set_of, *set_cpus, *set_n;
-    double *set_wait, *set_sync;
-    xm_elt_rec_t E[XM_ELT_NKINDS]; /* busy 0: not measured */
-    xm_gptstep_t step;             /* gptstep; busy 0: not measured */
-    char gemm_why[128];
-    int gemm_fit_ok;
-    xm_fit_t gemm_fit;
-} results_t;
 
 /* CPU sets: ranks whose affinity masks overlap are one set (union-find on rank 0), its cpus
  * the union's count. Then, when a set has more ranks than cpus, the wait weight: every rank
@@ -1127,7 +715,8 @@ static void measure_sync(const int *set_of, const int *pos, const int *n, const 
         }
     double mine = 0;
     if (pair && pos[rank] == 0) {
-        double with = median(t[0], 3), without = median(t[1], 3), alone = median(t[2], 3);
+        double with = xmc_median(t[0], 3), without = xmc_median(t[1], 3),
+               alone = xmc_median(t[2], 3);
         mine = (with - without - alone) / SYNC_ITERS;
         mine = mine > 0 ? mine : 0;
     }
@@ -1292,7 +881,7 @@ static void measure_cpusets(results_t *R)
                 MPI_Ibarrier(MPI_COMM_WORLD, &q);
                 poll_all(1, &q); /* ranks without a partner wait here */
             }
-            tm[phase] = computing ? median(tt, reps) : 0;
+            tm[phase] = computing ? xmc_median(tt, reps) : 0;
         }
         if (wplan)
             xmesh_plan_destroy(wplan);
@@ -1321,7 +910,7 @@ static void measure_cpusets(results_t *R)
                     }
                 if (m == 0)
                     continue;
-                double t_all = median(ra, m), t_half = median(rh, m);
+                double t_all = xmc_median(ra, m), t_half = xmc_median(rh, m);
                 double share = fmin(1.0, k / nn) * t_all / t_half, w = 0;
                 if (share < 1 && nw > 0)
                     w = (k / share - nb) / nw;
@@ -1355,324 +944,16 @@ static void measure_cpusets(results_t *R)
     }
 }
 
-static double flops(const shape_t *s)
-{
-    return 2.0 * (double)s->m * (double)s->n * (double)s->k;
-}
-
 /* time = alpha + beta * 2mnk over every shape, relative least squares. */
 static void fit_gemm(results_t *R)
 {
     double x[MAX_SHAPES + 16], y[MAX_SHAPES + 16], w[MAX_SHAPES + 16];
     for (int i = 0; i < R->ns; i++) {
-        x[i] = flops(&R->S[i].s);
+        x[i] = xmc_flops(&R->S[i].s);
         y[i] = R->S[i].seconds;
         w[i] = y[i] > 0 ? 1 / (y[i] * y[i]) : 0;
     }
     R->gemm_fit_ok = R->ns >= 2 && xm_fit_weighted(x, y, w, R->ns, &R->gemm_fit) == 0;
-}
-
-/* The model for the file's sections: every successful fit and shape. */
-static xm_costmodel_t *to_model(const results_t *R)
-{
-    xm_costmodel_t *m = xm_costmodel_create();
-    for (int i = 0; m && i < R->nc; i++) {
-        const coll_res_t *c = &R->C[i];
-        if (!c->fit_ok)
-            continue;
-        xm_coll_rec_t rec;
-        memset(&rec, 0, sizeof rec);
-        rec.kind = c->kind;
-        rec.g = R->G[c->geom].g;
-        rec.fit = c->fit;
-        rec.min_bytes = c->x[0];
-        rec.max_bytes = c->x[c->n - 1];
-        if (xm_costmodel_add_coll(m, &rec))
-            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
-        else if (c->n >= 2 && c->n <= XM_COLL_MAX_POINTS &&
-                 xm_costmodel_set_points(m, rec.kind, &rec.g, c->n, c->x, c->y))
-            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error()); /* fit kept alone */
-    }
-    for (int i = 0; m && i < R->ns; i++) {
-        xm_gemm_rec_t g;
-        memset(&g, 0, sizeof g);
-        g.m = R->S[i].s.m;
-        g.n = R->S[i].s.n;
-        g.k = R->S[i].s.k;
-        g.busy = R->busy;
-        g.seconds = R->S[i].seconds;
-        memcpy(g.label, R->S[i].s.label, sizeof g.label);
-        if (xm_costmodel_add_gemm(m, &g))
-            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
-    }
-    if (m && R->gemm_fit_ok) {
-        m->has_gemm_fit = 1;
-        m->gemm_fit = R->gemm_fit;
-    }
-    for (int k = 0; m && k < XM_ELT_NKINDS; k++)
-        if (R->E[k].busy > 0 && xm_costmodel_set_elt(m, (xm_elt_t)k, &R->E[k]))
-            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
-    if (m && R->step.busy > 0 && xm_costmodel_set_gptstep(m, &R->step))
-        fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
-    int *rk = R->nsets ? malloc((size_t)size * sizeof *rk) : NULL;
-    for (int sidx = 0; m && rk && sidx < R->nsets; sidx++) {
-        int n = 0;
-        for (int r = 0; r < size; r++)
-            if (R->set_of[r] == sidx)
-                rk[n++] = r;
-        if (xm_costmodel_add_cpuset(m, R->set_cpus[sidx], rk, n, R->set_wait[sidx]) ||
-            xm_costmodel_set_cpuset_sync(m, m->ncpusets - 1, R->set_sync[sidx]))
-            fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
-    }
-    free(rk);
-    return m;
-}
-
-static void print_table(const opts_t *o, const results_t *R)
-{
-    const klass_t *K = R->K;
-    printf("# xmesh-calibrate: %d ranks on %d hosts; sizes %lld .. %lld bytes in %d steps, "
-           "median of %d\n",
-           size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps);
-    printf("# time = alpha + beta * bytes, least squares; Gbit/s = 8 / beta\n");
-    printf("%-16s %11s %11s %10s %8s %10s  %s\n", "class", "alpha(us)", "beta(ns/B)", "Gbit/s",
-           "R^2", "worst_rel", "what");
-    for (int c = 0; c < NCLASS; c++) {
-        if (!K[c].ok) {
-            printf("%-16s %11s %11s %10s %8s %10s  not measured: %s\n", cname[c], "-", "-", "-",
-                   "-", "-", K[c].why);
-            continue;
-        }
-        if (!K[c].fit_ok) {
-            printf("%-16s fit failed\n", cname[c]);
-            continue;
-        }
-        printf("%-16s %11.2f %11.4f %10.4g %8.5f %10.4f  %s\n", cname[c], K[c].fit.alpha * 1e6,
-               K[c].fit.beta * 1e9, gbps(&K[c]), K[c].fit.r2, K[c].fit.worst_rel, chelp[c]);
-    }
-    printf("# points (bytes: seconds)\n");
-    for (int c = 0; c < NCLASS; c++) {
-        if (!K[c].ok)
-            continue;
-        printf("#   %-16s", cname[c]);
-        for (int i = 0; i < K[c].n; i++)
-            printf(" %.0f:%.6f", K[c].x[i], K[c].y[i]);
-        printf("\n");
-    }
-    if (o->skip_coll)
-        printf("# collectives: skipped (--skip)\n");
-    else if (R->coll_why[0])
-        printf("# collectives: not measured: %s\n", R->coll_why);
-    else {
-        printf("# collectives: time = alpha + beta * f(n, p), relative least squares;\n"
-               "# f = 2(p-1)/p n (allreduce), (p-1)/p n (allgather, reduce_scatter, alltoall);"
-               " bus Gbit/s = 8 / beta\n");
-        printf("%-15s %4s %4s %5s %5s %11s %11s %9s %8s %9s  %s\n", "kind", "p", "rph", "hosts",
-               "share", "alpha(us)", "beta(ns/B)", "busGbit/s", "R^2", "worst_rel", "geometry");
-        for (int i = 0; i < R->nc; i++) {
-            const coll_res_t *c = &R->C[i];
-            const geom_t *g = &R->G[c->geom];
-            printf("%-15s %4d %4d %5d %5d ", xm_coll_name(c->kind), g->g.group_size,
-                   g->g.ranks_per_host, g->g.hosts, g->g.share);
-            if (!c->fit_ok)
-                printf("not fitted: %s\n", c->why);
-            else
-                printf("%11.2f %11.4f %9.4g %8.5f %9.4f  %s\n", c->fit.alpha * 1e6,
-                       c->fit.beta * 1e9, c->fit.beta > 0 ? 8 / c->fit.beta / 1e9 : NAN, c->fit.r2,
-                       c->fit.worst_rel, g->what);
-            printf("#   points (bytes:seconds)");
-            for (int i2 = 0; i2 < c->n; i2++)
-                printf(" %.0f:%.6f", c->x[i2], c->y[i2]);
-            printf("\n");
-        }
-    }
-    if (o->skip_compute)
-        printf("# compute: skipped (--skip)\n");
-    else if (!R->ns)
-        printf("# compute: not measured: %s\n", R->gemm_why);
-    else {
-        printf("# compute: sgemm C(m x n) = A(m x k) . B(k x n), %d ranks per host at once, "
-               "slowest rank's median\n",
-               R->busy);
-        printf("%-28s %7s %7s %7s %12s %9s\n", "shape", "m", "n", "k", "ms", "GFLOP/s");
-        for (int i = 0; i < R->ns; i++)
-            printf("%-28s %7lld %7lld %7lld %12.4f %9.2f\n", R->S[i].s.label,
-                   (long long)R->S[i].s.m, (long long)R->S[i].s.n, (long long)R->S[i].s.k,
-                   R->S[i].seconds * 1e3, flops(&R->S[i].s) / R->S[i].seconds / 1e9);
-        if (R->gemm_fit_ok)
-            printf("# sgemm fit time = alpha + beta * 2mnk: alpha %.2f us, %.4g GFLOP/s, R^2 "
-                   "%.5f, worst_rel %.4f\n",
-                   R->gemm_fit.alpha * 1e6, R->gemm_fit.beta > 0 ? 1e-9 / R->gemm_fit.beta : NAN,
-                   R->gemm_fit.r2, R->gemm_fit.worst_rel);
-        for (int k = 0; k < XM_ELT_NKINDS; k++)
-            if (R->E[k].busy > 0)
-                printf("# eltwise %-10s fwd %8.3f ns/unit  bwd %8.3f ns/unit (%d busy)\n",
-                       xm_elt_name((xm_elt_t)k), R->E[k].fwd * 1e9, R->E[k].bwd * 1e9,
-                       R->E[k].busy);
-        if (R->step.busy > 0)
-            printf("# gptstep (serial GPT-2, L %d C %d NH %d T %d B %d V %d): %.3f ms a step "
-                   "(%d busy)\n",
-                   R->step.layers, R->step.channels, R->step.heads, R->step.seq, R->step.rows,
-                   R->step.vocab, R->step.seconds * 1e3, R->step.busy);
-        for (int c = 0; c < R->nsets; c++)
-            printf("# cpuset %d: %d ranks on %d cpus, a polling rank takes %.2f of a computing "
-                   "rank's cpu; a 2-rank collective waits %.3f ms more while others compute\n",
-                   c, R->set_n[c], R->set_cpus[c], R->set_wait[c], R->set_sync[c] * 1e3);
-    }
-}
-
-static void json_num(const char *k, double v, int comma)
-{
-    if (isfinite(v))
-        printf("\"%s\":%.9g%s", k, v, comma ? "," : "");
-    else
-        printf("\"%s\":null%s", k, comma ? "," : "");
-}
-
-static void print_json(const opts_t *o, const results_t *R, const xm_cluster_t *cl)
-{
-    const klass_t *K = R->K;
-    printf("{\"ranks\":%d,\"hosts\":%d,\"min_bytes\":%lld,\"max_bytes\":%lld,\"steps\":%d,"
-           "\"reps\":%d,\"classes\":{",
-           size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps);
-    for (int c = 0; c < NCLASS; c++) {
-        printf("%s\"%s\":{\"measured\":%s,", c ? "," : "", cname[c], K[c].ok ? "true" : "false");
-        if (!K[c].ok || !K[c].fit_ok) {
-            printf("\"why\":\"%s\"}", K[c].ok ? "fit failed" : K[c].why);
-            continue;
-        }
-        json_num("alpha_s", K[c].fit.alpha, 1);
-        json_num("beta_s_per_byte", K[c].fit.beta, 1);
-        json_num("gbps", gbps(&K[c]), 1);
-        json_num("r2", K[c].fit.r2, 1);
-        json_num("worst_rel_residual", K[c].fit.worst_rel, 1);
-        printf("\"points\":[");
-        for (int i = 0; i < K[c].n; i++)
-            printf("%s[%.0f,%.9g]", i ? "," : "", K[c].x[i], K[c].y[i]);
-        printf("]}");
-    }
-    printf("},\"collectives\":[");
-    for (int i = 0; i < R->nc; i++) {
-        const coll_res_t *c = &R->C[i];
-        const geom_t *g = &R->G[c->geom];
-        printf("%s{\"kind\":\"%s\",\"p\":%d,\"ranks_per_host\":%d,\"hosts\":%d,\"share\":%d,"
-               "\"geometry\":\"%s\",\"fitted\":%s,",
-               i ? "," : "", xm_coll_name(c->kind), g->g.group_size, g->g.ranks_per_host,
-               g->g.hosts, g->g.share, g->what, c->fit_ok ? "true" : "false");
-        if (c->fit_ok) {
-            json_num("alpha_s", c->fit.alpha, 1);
-            json_num("beta_s_per_byte", c->fit.beta, 1);
-            json_num("r2", c->fit.r2, 1);
-            json_num("worst_rel_residual", c->fit.worst_rel, 1);
-        } else {
-            printf("\"why\":\"");
-            for (const char *q = c->why; *q; q++)
-                if (*q != '"' && *q != '\\' && (unsigned char)*q >= ' ')
-                    putchar(*q);
-            printf("\",");
-        }
-        printf("\"points\":[");
-        for (int j = 0; j < c->n; j++)
-            printf("%s[%.0f,%.9g]", j ? "," : "", c->x[j], c->y[j]);
-        printf("]}");
-    }
-    printf("],\"compute\":{\"busy\":%d,\"shapes\":[", R->busy);
-    for (int i = 0; i < R->ns; i++) {
-        printf("%s{\"label\":\"%s\",\"m\":%lld,\"n\":%lld,\"k\":%lld,", i ? "," : "",
-               R->S[i].s.label, (long long)R->S[i].s.m, (long long)R->S[i].s.n,
-               (long long)R->S[i].s.k);
-        json_num("seconds", R->S[i].seconds, 1);
-        json_num("gflops", flops(&R->S[i].s) / R->S[i].seconds / 1e9, 0);
-        printf("}");
-    }
-    printf("],\"fit\":");
-    if (R->gemm_fit_ok) {
-        printf("{");
-        json_num("alpha_s", R->gemm_fit.alpha, 1);
-        json_num("beta_s_per_flop", R->gemm_fit.beta, 1);
-        json_num("r2", R->gemm_fit.r2, 1);
-        json_num("worst_rel_residual", R->gemm_fit.worst_rel, 0);
-        printf("}");
-    } else {
-        printf("null");
-    }
-    printf(",\"why\":\"%s\"}", o->skip_compute ? "skipped" : R->ns ? "" : R->gemm_why);
-    printf(",\"model\":{");
-    json_num("nic_gbps", cl->nic_send_Bps * 8 / 1e9, 1);
-    json_num("intra_gbps", cl->intra_Bps * 8 / 1e9, 1);
-    json_num("latency_us", cl->latency_s * 1e6, 0);
-    printf("},\"output\":");
-    if (o->out)
-        printf("\"%s\"}\n", o->out);
-    else
-        printf("null}\n");
-}
-
-/* The cluster file text; fills the fitted values into *cl (for the JSON).
- * Returns -1 if nothing could be fitted. */
-static int write_file(const opts_t *o, const results_t *R, xm_cluster_t *cl, FILE *f)
-{
-    const klass_t *K = R->K;
-    time_t now = time(NULL);
-    char ts[64];
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    fprintf(f,
-            "# cluster file written by xmesh-calibrate at %s\n"
-            "# %d ranks on %d hosts; sizes %lld .. %lld bytes, %d steps, median of %d\n"
-            "# collectives timed %s\n"
-            "# fits: time = alpha + beta * bytes (least squares); each class below as\n"
-            "# class: alpha_us beta_ns_per_byte gbps r2 worst_rel_residual points\n",
-            ts, size, ctx->hosts.nhosts, (long long)o->minb, (long long)o->maxb, o->steps, o->reps,
-            o->blocking ? "blocking (--blocking-collectives: MPI_Allreduce, ..)"
-                        : "as the trainer runs them (MPI_Iallreduce, .., polled)");
-    for (int c = 0; c < NCLASS; c++) {
-        if (K[c].ok && K[c].fit_ok)
-            fprintf(f, "#   %s: %.4f %.6f %.6g %.6f %.6f %d\n", cname[c], K[c].fit.alpha * 1e6,
-                    K[c].fit.beta * 1e9, gbps(&K[c]), K[c].fit.r2, K[c].fit.worst_rel, K[c].n);
-        else
-            fprintf(f, "#   %s: not measured (%s)\n", cname[c], K[c].ok ? "fit failed" : K[c].why);
-    }
-    int wrote = 0;
-    const klass_t *in = &K[C_P2P_INTER], *ia = &K[C_P2P_INTRA];
-    if (in->ok && in->fit_ok && in->fit.beta > 0) {
-        double lat = in->fit.alpha > 0 ? in->fit.alpha * 1e6 : 0;
-        fprintf(f, "nic_gbps = %.6g   # 8 / beta(p2p-inter)\n", gbps(in));
-        fprintf(f, "latency_us = %.6g   # alpha(p2p-inter)%s\n", lat,
-                in->fit.alpha > 0 ? "" : ", fitted below 0: clamped");
-        cl->nic_send_Bps = cl->nic_recv_Bps = gbps(in) * 1e9 / 8;
-        cl->latency_s = lat * 1e-6;
-        wrote++;
-    } else {
-        fprintf(f, "# nic_gbps, latency_us: not fitted (p2p-inter %s)\n",
-                in->ok ? "slope not positive" : in->why);
-    }
-    if (ia->ok && ia->fit_ok && ia->fit.beta > 0) {
-        fprintf(f, "intra_gbps = %.6g   # 8 / beta(p2p-intra)\n", gbps(ia));
-        cl->intra_Bps = gbps(ia) * 1e9 / 8;
-        wrote++;
-    } else {
-        fprintf(f, "# intra_gbps: not fitted (p2p-intra %s)\n",
-                ia->ok ? "slope not positive" : ia->why);
-    }
-    xm_costmodel_t *m = to_model(R);
-    if (!m) {
-        fprintf(stderr, "xmesh-calibrate: out of memory for the cost model\n");
-        return -1;
-    }
-    if (xm_costmodel_write(m, f))
-        fprintf(stderr, "xmesh-calibrate: %s\n", xmesh_last_error());
-    wrote += m->ncoll + m->ngemm;
-    xm_costmodel_destroy(m);
-    for (int i = 0; i < R->nc; i++)
-        if (!R->C[i].fit_ok) {
-            const xm_coll_geom_t *g = &R->G[R->C[i].geom].g;
-            fprintf(f, "# not fitted: %s p %d ranks_per_host %d hosts %d share %d: %s\n",
-                    xm_coll_name(R->C[i].kind), g->group_size, g->ranks_per_host, g->hosts,
-                    g->share, R->C[i].why);
-        }
-    if (!o->skip_compute && !R->ns)
-        fprintf(f, "# compute not measured: %s\n", R->gemm_why);
-    return wrote ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -1718,6 +999,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "xmesh-calibrate: rank %d: out of memory\n", rank);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    R->size = size;
+    R->nhosts = ctx->hosts.nhosts;
     if (o.skip_p2p)
         for (int c = 0; c < NCLASS; c++)
             snprintf(R->K[c].why, sizeof R->K[c].why, "skipped (--skip p2p)");
@@ -1737,10 +1020,10 @@ int main(int argc, char **argv)
     }
     if (!o.skip_compute) {
         R->busy = busy_per_host();
-        R->ns = measure_gemm(&o, R->S, R->gemm_why, sizeof R->gemm_why);
+        R->ns = xmc_measure_gemm(&o, R->S, R->gemm_why, sizeof R->gemm_why);
         fit_gemm(R);
-        measure_elt(&o, R->busy, R->E);
-        measure_gptstep(&o, R->busy, &R->step);
+        xmc_measure_elt(&o, R->busy, R->E);
+        xmc_measure_gptstep(&o, R->busy, &R->step);
         measure_cpusets(R);
     }
     int rc = 0;
@@ -1760,16 +1043,16 @@ int main(int argc, char **argv)
             rc = 1;
         }
         FILE *sink = f ? f : fopen("/dev/null", "w");
-        if (sink && write_file(&o, R, &cl, sink)) {
+        if (sink && xmc_write_file(&o, R, &cl, sink)) {
             fprintf(stderr, "xmesh-calibrate: nothing could be fitted (see the table)\n");
             rc = 1;
         }
         if (sink)
             fclose(sink);
         if (o.json)
-            print_json(&o, R, &cl);
+            xmc_print_json(&o, R, &cl);
         else {
-            print_table(&o, R);
+            xmc_print_table(&o, R);
             if (f)
                 printf("# cluster file written to %s\n", o.out);
         }

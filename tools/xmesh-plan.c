@@ -15,37 +15,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "xm_api.h"
 #include "xm_cases.h"
 #include "xm_cluster_file.h"
 #include "xm_cost.h"
 #include "xm_sched.h"
 
-#define ALL_SCHEDULERS (-2)
-
-typedef struct {
-    int ndim;
-    int64_t shape[XM_MAX_DIMS];
-    const char *dtype;
-    int src_ndim, src_shape[XM_MAX_MESH_DIMS];
-    int dst_ndim, dst_shape[XM_MAX_MESH_DIMS];
-    const char *src_spec, *dst_spec;
-} problem_t;
-
-typedef struct {
-    problem_t pb;
-    int have_shape, have_src_mesh, have_dst_mesh, have_src_spec, have_dst_spec, have_dtype;
-    int overlap, json, all_cases, case_no, split, suggest;
-    int scheduler; /* xmesh_scheduler_t or ALL_SCHEDULERS */
-    xmesh_strategy_t strategy;
-    double nic_gbps, nic_recv_gbps, intra_gbps, latency_us;
-    int nics_per_host;
-    const char *cluster_file; /* --cluster or XMESH_CLUSTER_FILE, "" if none */
-    int64_t chunk_bytes, max_evals, max_tasks;
-    double budget_ms;
-    uint64_t seed;
-    const char *trace;
-    const char *many; /* --many FILE */
-} opts_t;
+#include "plan.h"
 
 #define NCASES XM_TABLE2_NCASES
 
@@ -113,26 +89,14 @@ static void usage(FILE *f)
         NCASES, XM_MAX_DIMS, XM_MAX_MESH_DIMS);
 }
 
-static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int bad(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "xmesh-plan: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (see --help)\n");
-    va_end(ap);
-    return 2;
-}
-
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 0);
     if (!*s || *end || errno || v < lo || v > hi)
-        return bad("bad value '%s' for %s: expected an integer in [%lld, %lld]", s, flag,
-                   (long long)lo, (long long)hi);
+        return xpl_bad("bad value '%s' for %s: expected an integer in [%lld, %lld]", s, flag,
+                       (long long)lo, (long long)hi);
     *out = v;
     return 0;
 }
@@ -143,62 +107,9 @@ static int parse_pos_double(const char *flag, const char *s, int allow_zero, dou
     errno = 0;
     double v = strtod(s, &end);
     if (!*s || *end || errno || !isfinite(v) || v < 0 || (!allow_zero && v == 0))
-        return bad("bad value '%s' for %s: expected a number %s 0", s, flag,
-                   allow_zero ? ">=" : ">");
+        return xpl_bad("bad value '%s' for %s: expected a number %s 0", s, flag,
+                       allow_zero ? ">=" : ">");
     *out = v;
-    return 0;
-}
-
-/* "2x4" (or "2,4") -> dims. */
-static int parse_mesh(const char *flag, const char *s, int *ndim, int *shape)
-{
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 1 || v > 65536 || n == XM_MAX_MESH_DIMS)
-            return bad("bad value '%s' for %s: expected up to %d positive sizes like 2x4", s, flag,
-                       XM_MAX_MESH_DIMS);
-        shape[n++] = (int)v;
-        p = end;
-        if (*p == 'x' || *p == 'X' || *p == ',') {
-            p++;
-            if (!*p)
-                return bad("bad value '%s' for %s: trailing separator", s, flag);
-        } else if (*p) {
-            return bad("bad value '%s' for %s: unexpected '%c'", s, flag, *p);
-        }
-    }
-    if (n == 0)
-        return bad("bad value '%s' for %s: empty mesh", s, flag);
-    *ndim = n;
-    return 0;
-}
-
-static int parse_shape(const char *s, int *ndim, int64_t *shape)
-{
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (end == p || errno || v < 0 || n == XM_MAX_DIMS)
-            return bad("bad value '%s' for --shape: expected up to %d sizes >= 0 like 1024,512", s,
-                       XM_MAX_DIMS);
-        shape[n++] = v;
-        p = end;
-        if (*p == ',' || *p == 'x') {
-            p++;
-            if (!*p)
-                return bad("bad value '%s' for --shape: trailing separator", s);
-        } else if (*p) {
-            return bad("bad value '%s' for --shape: unexpected '%c'", s, *p);
-        }
-    }
-    *ndim = n;
     return 0;
 }
 
@@ -251,7 +162,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
         x.nics_per_host = o->nics_per_host;
         x.chunk_bytes = o->chunk_bytes;
         if (xm_cluster_load(o->cluster_file, &x))
-            return bad("--cluster: %s", xmesh_last_error());
+            return xpl_bad("--cluster: %s", xmesh_last_error());
         o->nic_gbps = x.nic_send_Bps * 8 / 1e9;
         o->nic_recv_gbps = x.nic_recv_Bps * 8 / 1e9;
         o->intra_gbps = x.intra_Bps * 8 / 1e9;
@@ -290,28 +201,28 @@ static int parse_args(int argc, char **argv, opts_t *o)
             continue;
         }
         if (strncmp(a, "--", 2) != 0)
-            return bad("unexpected argument '%s'", a);
+            return xpl_bad("unexpected argument '%s'", a);
         if (i + 1 >= argc)
-            return bad("option %s needs a value", a);
+            return xpl_bad("option %s needs a value", a);
         const char *val = argv[++i];
         if (!strcmp(a, "--many")) {
             o->many = val;
         } else if (!strcmp(a, "--shape")) {
-            if ((rc = parse_shape(val, &o->pb.ndim, o->pb.shape)))
+            if ((rc = xpl_parse_shape(val, &o->pb.ndim, o->pb.shape)))
                 return rc;
             o->have_shape = 1;
         } else if (!strcmp(a, "--dtype")) {
             xmesh_dtype_t dt;
             if (xmesh_dtype_parse(val, &dt))
-                return bad("bad value '%s' for --dtype: %s", val, xmesh_last_error());
+                return xpl_bad("bad value '%s' for --dtype: %s", val, xmesh_last_error());
             o->pb.dtype = val;
             o->have_dtype = 1;
         } else if (!strcmp(a, "--src-mesh")) {
-            if ((rc = parse_mesh(a, val, &o->pb.src_ndim, o->pb.src_shape)))
+            if ((rc = xpl_parse_mesh(a, val, &o->pb.src_ndim, o->pb.src_shape)))
                 return rc;
             o->have_src_mesh = 1;
         } else if (!strcmp(a, "--dst-mesh")) {
-            if ((rc = parse_mesh(a, val, &o->pb.dst_ndim, o->pb.dst_shape)))
+            if ((rc = xpl_parse_mesh(a, val, &o->pb.dst_ndim, o->pb.dst_shape)))
                 return rc;
             o->have_dst_mesh = 1;
         } else if (!strcmp(a, "--src-spec")) {
@@ -324,14 +235,14 @@ static int parse_args(int argc, char **argv, opts_t *o)
             if (!strcmp(val, "all"))
                 o->scheduler = ALL_SCHEDULERS;
             else if (xmesh_scheduler_parse(val, &k))
-                return bad("bad value '%s' for --scheduler: expected naive, lb, dfs, greedy, "
-                           "ensemble or all",
-                           val);
+                return xpl_bad("bad value '%s' for --scheduler: expected naive, lb, dfs, greedy, "
+                               "ensemble or all",
+                               val);
             else
                 o->scheduler = k;
         } else if (!strcmp(a, "--strategy")) {
             if (xmesh_strategy_parse(val, &st))
-                return bad("bad value '%s' for --strategy: %s", val, xmesh_last_error());
+                return xpl_bad("bad value '%s' for --strategy: %s", val, xmesh_last_error());
             o->strategy = st;
         } else if (!strcmp(a, "--nic-gbps")) {
             if ((rc = parse_pos_double(a, val, 0, &o->nic_gbps)))
@@ -372,16 +283,16 @@ static int parse_args(int argc, char **argv, opts_t *o)
         } else if (!strcmp(a, "--cluster")) {
             /* read above, before the flags that refine it */
         } else {
-            return bad("unknown option '%s'", a);
+            return xpl_bad("unknown option '%s'", a);
         }
     }
     if (!(o->nic_gbps > 0) || !(o->intra_gbps > 0) || o->nics_per_host < 1 || o->chunk_bytes < 1 ||
         !(o->latency_us >= 0))
-        return bad("bad cluster parameter from the environment (XMESH_NIC_GBPS=%g, "
-                   "XMESH_INTRA_GBPS=%g, XMESH_NICS_PER_HOST=%d, XMESH_CHUNK_BYTES=%lld, "
-                   "XMESH_LATENCY_US=%g)",
-                   o->nic_gbps, o->intra_gbps, o->nics_per_host, (long long)o->chunk_bytes,
-                   o->latency_us);
+        return xpl_bad("bad cluster parameter from the environment (XMESH_NIC_GBPS=%g, "
+                       "XMESH_INTRA_GBPS=%g, XMESH_NICS_PER_HOST=%d, XMESH_CHUNK_BYTES=%lld, "
+                       "XMESH_LATENCY_US=%g)",
+                       o->nic_gbps, o->intra_gbps, o->nics_per_host, (long long)o->chunk_bytes,
+                       o->latency_us);
     if (o->case_no) {
         problem_t pb = o->pb;
         set_case(&o->pb, o->case_no - 1);
@@ -406,11 +317,11 @@ static int parse_args(int argc, char **argv, opts_t *o)
             o->pb.dst_spec = pb.dst_spec;
     } else if (!o->all_cases && !o->many) {
         if (!o->have_shape)
-            return bad("missing --shape (or --case N / --all-cases)");
+            return xpl_bad("missing --shape (or --case N / --all-cases)");
         if (!o->have_src_mesh || !o->have_dst_mesh)
-            return bad("missing --%s-mesh", o->have_src_mesh ? "dst" : "src");
+            return xpl_bad("missing --%s-mesh", o->have_src_mesh ? "dst" : "src");
         if (!o->have_src_spec || !o->have_dst_spec)
-            return bad("missing --%s-spec", o->have_src_spec ? "dst" : "src");
+            return xpl_bad("missing --%s-spec", o->have_src_spec ? "dst" : "src");
     }
     return 0;
 }
@@ -448,25 +359,6 @@ static void plan_free(plan_t *p)
     memset(p, 0, sizeof *p);
 }
 
-static xm_sched_opts_t sched_opts(const opts_t *o, xmesh_scheduler_t kind)
-{
-    xm_sched_opts_t so;
-    memset(&so, 0, sizeof so);
-    so.kind = kind;
-    so.budget_us = (int64_t)(o->budget_ms * 1000.0);
-    if (so.budget_us < 1)
-        so.budget_us = 1;
-    so.seed = o->seed;
-    /* The all-gather strategies take senders and order from the send/receive
-     * model, as plan creation does (lib/core/api.c). */
-    so.strategy = o->strategy == XMESH_STRATEGY_SENDRECV_ALLGATHER ||
-                          o->strategy == XMESH_STRATEGY_GLOBAL_ALLGATHER
-                      ? XMESH_STRATEGY_SENDRECV
-                      : o->strategy;
-    so.max_evals = o->max_evals;
-    return so;
-}
-
 /* --split: schedule the unsplit and the split task sets with the main
  * scheduler and keep the split one only if its plan is faster. */
 static xmesh_result_t try_split(const opts_t *o, plan_t *p)
@@ -484,8 +376,8 @@ static xmesh_result_t try_split(const opts_t *o, plan_t *p)
         return XMESH_SUCCESS;
     }
     xm_sched_opts_t so =
-        sched_opts(o, o->scheduler == ALL_SCHEDULERS ? XMESH_SCHEDULER_ENSEMBLE
-                                                     : (xmesh_scheduler_t)o->scheduler);
+        xpl_sched_opts(o, o->scheduler == ALL_SCHEDULERS ? XMESH_SCHEDULER_ENSEMBLE
+                                                         : (xmesh_scheduler_t)o->scheduler);
     xm_schedule_t a, b;
     if ((r = xm_schedule(&p->ts, &p->cl, &so, &a))) {
         xm_taskset_free(&sp);
@@ -510,20 +402,13 @@ static xmesh_result_t try_split(const opts_t *o, plan_t *p)
     return XMESH_SUCCESS;
 }
 
-static double now_ms(clockid_t clk)
-{
-    struct timespec t;
-    clock_gettime(clk, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
 /* Returns 0, 1 (planning error, message printed) or 2 (bad problem). */
 static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
 {
     memset(p, 0, sizeof *p);
     xmesh_dtype_t dt;
     if (xmesh_dtype_parse(pb->dtype, &dt))
-        return bad("bad value '%s' for --dtype", pb->dtype);
+        return xpl_bad("bad value '%s' for --dtype", pb->dtype);
     if (xm_hostmap_default(pb->src_shape, pb->src_ndim, pb->dst_shape, pb->dst_ndim, o->overlap,
                            &p->hm, &p->sdevs, &p->ddevs)) {
         fprintf(stderr, "xmesh-plan: %s\n", xmesh_last_error());
@@ -547,15 +432,15 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
         l->mesh.devs = s ? p->ddevs : p->sdevs;
         const char *spec = s ? pb->dst_spec : pb->src_spec;
         if (xm_spec_parse(spec, pb->ndim, nd, &l->spec))
-            return bad("bad value '%s' for --%s-spec: %s", spec, s ? "dst" : "src",
-                       xmesh_last_error());
+            return xpl_bad("bad value '%s' for --%s-spec: %s", spec, s ? "dst" : "src",
+                           xmesh_last_error());
     }
-    double t0 = now_ms(CLOCK_MONOTONIC), c0 = now_ms(CLOCK_THREAD_CPUTIME_ID);
+    double t0 = xpl_now_ms(CLOCK_MONOTONIC), c0 = xpl_now_ms(CLOCK_THREAD_CPUTIME_ID);
     xmesh_result_t r = xm_decompose(&L[0], &L[1], &p->hm, &p->ts);
-    p->decompose_ms = now_ms(CLOCK_MONOTONIC) - t0;
-    p->decompose_cpu_ms = now_ms(CLOCK_THREAD_CPUTIME_ID) - c0;
+    p->decompose_ms = xpl_now_ms(CLOCK_MONOTONIC) - t0;
+    p->decompose_cpu_ms = xpl_now_ms(CLOCK_THREAD_CPUTIME_ID) - c0;
     if (r == XMESH_ERR_INVALID_ARGUMENT)
-        return bad("%s", xmesh_last_error());
+        return xpl_bad("%s", xmesh_last_error());
     if (r) {
         fprintf(stderr, "xmesh-plan: decomposition failed: %s\n", xmesh_last_error());
         return 1;
@@ -594,11 +479,11 @@ static int plan_run(const opts_t *o, const problem_t *pb, plan_t *p)
         p->main_res = 0;
     }
     for (int k = 0; k < p->nres; k++) {
-        xm_sched_opts_t so = sched_opts(o, p->kinds[k]);
-        double c1 = now_ms(CLOCK_THREAD_CPUTIME_ID);
+        xm_sched_opts_t so = xpl_sched_opts(o, p->kinds[k]);
+        double c1 = xpl_now_ms(CLOCK_THREAD_CPUTIME_ID);
         r = xm_schedule(&p->ts, &p->cl, &so, &p->sched[k]);
         if (k == p->main_res)
-            p->plan_cpu_ms = now_ms(CLOCK_THREAD_CPUTIME_ID) - c1;
+            p->plan_cpu_ms = xpl_now_ms(CLOCK_THREAD_CPUTIME_ID) - c1;
         if (r) {
             fprintf(stderr, "xmesh-plan: scheduling (%s) failed: %s\n",
                     xmesh_scheduler_name(p->kinds[k]), xmesh_last_error());
@@ -657,18 +542,6 @@ static void fmt_shape(char *buf, size_t n, int nd, const int64_t *s)
     buf[0] = 0;
     for (int a = 0; a < nd && k < n; a++)
         k += (size_t)snprintf(buf + k, n - k, "%s%lld", a ? "," : "", (long long)s[a]);
-}
-
-static const char *human_bytes(double b, char *buf, size_t n)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) {
-        b /= 1024;
-        i++;
-    }
-    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
-    return buf;
 }
 
 /* Devices grouped by host: "h0[0,1] h1[4]". */
@@ -746,9 +619,9 @@ static void print_text(const opts_t *o, const problem_t *pb, const plan_t *p)
         printf("  ... %d more tasks (--max-tasks N to list more)\n", ts->ntasks - lim);
     printf("\nunit tasks:        %d\n", ts->ntasks);
     printf("bytes_total:       %lld (%s)\n", (long long)ts->bytes_total,
-           human_bytes((double)ts->bytes_total, hb, sizeof hb));
+           xpl_human_bytes((double)ts->bytes_total, hb, sizeof hb));
     printf("bytes_cross_host:  %lld (%s)\n", (long long)ts->bytes_cross_host,
-           human_bytes((double)ts->bytes_cross_host, hb, sizeof hb));
+           xpl_human_bytes((double)ts->bytes_cross_host, hb, sizeof hb));
     printf("lower bound:       %.6f s\n", s->lower_bound_s);
     for (int i = 0; i < p->nres; i++) {
         const xm_schedule_t *q = &p->sched[i];
@@ -953,302 +826,6 @@ static int all_cases(const opts_t *o)
     return 0;
 }
 
-/* ------------------------------------------------------------ --many */
-
-typedef struct {
-    int n, cap;
-    xm_layout_t *src, *dst;
-    xmesh_dtype_t *sdt, *ddt;
-    int *line; /* line number in the file */
-} many_t;
-
-static void many_free(many_t *m)
-{
-    free(m->src);
-    free(m->dst);
-    free(m->sdt);
-    free(m->ddt);
-    free(m->line);
-    memset(m, 0, sizeof *m);
-}
-
-/* One line "SHAPE DTYPE SRC-MESH SRC-SPEC DST-MESH DST-SPEC [DST-DTYPE]"
- * into tensor m->n (meshes' devices set later). 0 or 2 (message printed). */
-static int many_line(const char *file, int ln, char *text, many_t *m)
-{
-    char *tok[8], *save = NULL;
-    int nt = 0;
-    for (char *t = strtok_r(text, " \t\r\n", &save); t && nt < 8;
-         t = strtok_r(NULL, " \t\r\n", &save))
-        tok[nt++] = t;
-    if (nt != 6 && nt != 7)
-        return bad("--many %s line %d: %d fields, expected SHAPE DTYPE SRC-MESH SRC-SPEC DST-MESH "
-                   "DST-SPEC [DST-DTYPE]",
-                   file, ln, nt);
-    if (m->n == m->cap) {
-        int c = m->cap ? 2 * m->cap : 64;
-        xm_layout_t *s = realloc(m->src, sizeof *s * c),
-                    *d = s ? realloc(m->dst, sizeof *d * c) : 0;
-        if (s)
-            m->src = s;
-        if (d)
-            m->dst = d;
-        xmesh_dtype_t *a = realloc(m->sdt, sizeof *a * c);
-        if (a)
-            m->sdt = a;
-        xmesh_dtype_t *b = realloc(m->ddt, sizeof *b * c);
-        if (b)
-            m->ddt = b;
-        int *l = realloc(m->line, sizeof *l * c);
-        if (l)
-            m->line = l;
-        if (!s || !d || !a || !b || !l) {
-            fprintf(stderr, "xmesh-plan: out of memory\n");
-            return 1;
-        }
-        m->cap = c;
-    }
-    int k = m->n, rc, nd = 0;
-    int64_t shape[XM_MAX_DIMS];
-    if (strcmp(tok[0], "-") && (rc = parse_shape(tok[0], &nd, shape)))
-        return bad("--many %s line %d: shape '%s'", file, ln, tok[0]);
-    if (xmesh_dtype_parse(tok[1], &m->sdt[k]))
-        return bad("--many %s line %d: dtype '%s': %s", file, ln, tok[1], xmesh_last_error());
-    m->ddt[k] = m->sdt[k];
-    if (nt == 7 && xmesh_dtype_parse(tok[6], &m->ddt[k]))
-        return bad("--many %s line %d: dtype '%s': %s", file, ln, tok[6], xmesh_last_error());
-    if (!xm_dtype_pair_ok(m->sdt[k], m->ddt[k]))
-        return bad("--many %s line %d: no conversion from %s to %s (f16, bf16, f32 only)", file, ln,
-                   tok[1], tok[6]);
-    for (int s = 0; s < 2; s++) {
-        xm_layout_t *l = s ? &m->dst[k] : &m->src[k];
-        memset(l, 0, sizeof *l);
-        l->ndim = nd;
-        memcpy(l->shape, shape, sizeof(int64_t) * nd);
-        l->elem_size = xmesh_dtype_size(s ? m->ddt[k] : m->sdt[k]);
-        const char *mesh = tok[s ? 4 : 2], *spec = tok[s ? 5 : 3];
-        if ((rc = parse_mesh(s ? "--many dst mesh" : "--many src mesh", mesh, &l->mesh.ndim,
-                             l->mesh.shape)))
-            return bad("--many %s line %d: mesh '%s'", file, ln, mesh);
-        l->mesh.ndev = 1;
-        for (int a = 0; a < l->mesh.ndim; a++)
-            l->mesh.ndev *= l->mesh.shape[a];
-        if (xm_spec_parse(spec, nd, l->mesh.ndim, &l->spec))
-            return bad("--many %s line %d: spec '%s': %s", file, ln, spec, xmesh_last_error());
-    }
-    m->line[k] = ln;
-    m->n++;
-    return 0;
-}
-
-static int many_read(const char *file, many_t *m)
-{
-    memset(m, 0, sizeof *m);
-    FILE *f = strcmp(file, "-") ? fopen(file, "r") : stdin;
-    if (!f)
-        return bad("--many: cannot open '%s': %s", file, strerror(errno));
-    char buf[1024];
-    int ln = 0, rc = 0;
-    while (!rc && fgets(buf, sizeof buf, f)) {
-        ln++;
-        char *h = strchr(buf, '#');
-        if (h)
-            *h = 0;
-        char *p = buf;
-        while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
-            p++;
-        if (*p)
-            rc = many_line(file, ln, p, m);
-    }
-    if (f != stdin)
-        fclose(f);
-    if (!rc && m->n == 0)
-        rc = bad("--many %s: no layout pairs", file);
-    return rc;
-}
-
-static void many_json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++)
-        fprintf(f, *s == '"' || *s == '\\' ? "\\%c" : "%c", *s);
-    fputc('"', f);
-}
-
-/* The plan of the whole, as plan creation makes it (lib/core/api.c): the
- * union decomposition with packing, one schedule (task splitting as
- * XMESH_SPLIT), its lower bound and simulated makespan; and the model time
- * of one plan per tensor, one after another. */
-static int many_run(const opts_t *o)
-{
-    many_t m;
-    int rc = many_read(o->many, &m);
-    if (rc) {
-        many_free(&m);
-        return rc;
-    }
-    xm_hostmap_t hm;
-    int *sdevs = NULL, *ddevs = NULL, *key = NULL;
-    xm_taskset_t ts;
-    xm_cluster_t cl;
-    xm_schedule_t sc;
-    memset(&ts, 0, sizeof ts);
-    memset(&cl, 0, sizeof cl);
-    memset(&sc, 0, sizeof sc);
-    if (xm_hostmap_default(m.src[0].mesh.shape, m.src[0].mesh.ndim, m.dst[0].mesh.shape,
-                           m.dst[0].mesh.ndim, o->overlap, &hm, &sdevs, &ddevs)) {
-        fprintf(stderr, "xmesh-plan: %s\n", xmesh_last_error());
-        many_free(&m);
-        return 1;
-    }
-    for (int k = 0; k < m.n && !rc; k++) {
-        if (m.src[k].mesh.ndev > m.src[0].mesh.ndev || m.dst[k].mesh.ndev > m.dst[0].mesh.ndev)
-            rc = bad("--many %s line %d: a mesh has more devices than the first line's", o->many,
-                     m.line[k]);
-        m.src[k].mesh.devs = sdevs;
-        m.dst[k].mesh.devs = ddevs;
-    }
-    key = malloc(sizeof(int) * m.n);
-    if (!rc && !key) {
-        fprintf(stderr, "xmesh-plan: out of memory\n");
-        rc = 1;
-    }
-    for (int k = 0; !rc && k < m.n; k++)
-        key[k] = (int)m.sdt[k] * XMESH_DTYPE_COUNT_ + (int)m.ddt[k];
-    if (!rc && xm_cluster_init(&cl, &hm)) {
-        fprintf(stderr, "xmesh-plan: %s\n", xmesh_last_error());
-        rc = 1;
-    }
-    cl.nics_per_host = o->nics_per_host;
-    cl.nic_send_Bps = o->nic_gbps * 1e9 / 8;
-    cl.nic_recv_Bps = o->nic_recv_gbps * 1e9 / 8;
-    cl.intra_Bps = o->intra_gbps * 1e9 / 8;
-    cl.latency_s = o->latency_us * 1e-6;
-    cl.chunk_bytes = o->chunk_bytes;
-    int64_t pack_limit = xm_param_i64("XMESH_PACK_BYTES");
-    int64_t pack_max = pack_limit > 0 && o->strategy != XMESH_STRATEGY_SENDRECV_ALLGATHER &&
-                               o->strategy != XMESH_STRATEGY_GLOBAL_ALLGATHER
-                           ? o->chunk_bytes
-                           : 0;
-    xm_sched_opts_t so =
-        sched_opts(o, o->scheduler == ALL_SCHEDULERS ? XMESH_SCHEDULER_ENSEMBLE
-                                                     : (xmesh_scheduler_t)o->scheduler);
-    int split = o->split || xm_param_i64("XMESH_SPLIT") != 0, used = 0, units = 0, packed = 0;
-    double t0 = now_ms(CLOCK_MONOTONIC), t1 = t0, t2 = t0;
-    if (!rc) {
-        xmesh_result_t r =
-            xm_decompose_many(m.n, m.src, m.dst, key, &hm, pack_max, pack_limit, &ts);
-        t1 = now_ms(CLOCK_MONOTONIC);
-        if (r)
-            rc = r == XMESH_ERR_INVALID_ARGUMENT ? bad("%s", xmesh_last_error()) : 1;
-        else if ((r = xm_schedule_plan(&ts, &cl, &so, split, &sc, &used)))
-            rc = 1;
-        t2 = now_ms(CLOCK_MONOTONIC);
-        if (r && rc == 1)
-            fprintf(stderr, "xmesh-plan: planning failed: %s\n", xmesh_last_error());
-    }
-    /* one plan per tensor, one after another (the same model) */
-    double serial = 0;
-    int serial_ok = 1;
-    for (int k = 0; !rc && k < m.n; k++) {
-        xm_taskset_t one;
-        xm_schedule_t s1;
-        if (xm_decompose_many(1, &m.src[k], &m.dst[k], NULL, &hm, 0, 0, &one)) {
-            serial_ok = 0;
-            break;
-        }
-        if (one.ntasks == 0) {
-            xm_taskset_free(&one);
-            continue;
-        }
-        if (xm_schedule_plan(&one, &cl, &so, split, &s1, NULL)) {
-            xm_taskset_free(&one);
-            serial_ok = 0;
-            break;
-        }
-        serial += s1.makespan_s;
-        xm_schedule_free(&s1);
-        xm_taskset_free(&one);
-    }
-    /* The busiest NIC of the plan of many (simulated busy seconds per
-     * direction) and the most bytes any NIC sends or receives. */
-    xm_sim_result_t sim = {0};
-    double send_busy = 0, recv_busy = 0, send_bytes = 0, recv_bytes = 0;
-    int send_nic = -1, recv_nic = -1;
-    if (!rc && ts.ntasks > 0) {
-        if (xm_simulate(&ts, &cl, &sc, &sim, NULL)) {
-            fprintf(stderr, "xmesh-plan: simulation failed: %s\n", xmesh_last_error());
-            rc = 1;
-        }
-        for (int n = 0; !rc && n < sim.nnics; n++) {
-            if (sim.nic_send_busy_s[n] > send_busy)
-                send_busy = sim.nic_send_busy_s[n], send_nic = n;
-            if (sim.nic_recv_busy_s[n] > recv_busy)
-                recv_busy = sim.nic_recv_busy_s[n], recv_nic = n;
-            if (sim.nic_send_bytes[n] > send_bytes)
-                send_bytes = sim.nic_send_bytes[n];
-            if (sim.nic_recv_bytes[n] > recv_bytes)
-                recv_bytes = sim.nic_recv_bytes[n];
-        }
-    }
-    if (!rc) {
-        for (int t = 0; t < ts.ntasks; t++) {
-            units += ts.tasks[t].npack ? ts.tasks[t].npack : 1;
-            packed += ts.tasks[t].npack > 0;
-        }
-        double lb = sc.lower_bound_s, pr = sc.makespan_s;
-        if (o->json) {
-            printf("{\"many\": ");
-            many_json_str(stdout, o->many);
-            printf(", \"tensors\": %d, \"unit_tasks\": %d, \"scheduled_tasks\": %d, "
-                   "\"packed_tasks\": %d, \"pieces\": %d, \"bytes_total\": %lld, "
-                   "\"bytes_cross_host\": %lld, \"lower_bound_s\": %.9g, \"predicted_s\": "
-                   "%.9g, \"ratio\": %.6g, \"per_tensor_serial_s\": %.9g, \"split\": %d, "
-                   "\"scheduler\": \"%s\", \"strategy\": \"%s\", \"chunk_bytes\": %lld, "
-                   "\"pack_bytes\": %lld, \"decompose_ms\": %.3f, \"plan_ms\": %.3f, "
-                   "\"nics\": %d, \"busiest_send_nic\": %d, \"busiest_send_s\": %.9g, "
-                   "\"most_send_bytes\": %.6g, \"busiest_recv_nic\": %d, "
-                   "\"busiest_recv_s\": %.9g, \"most_recv_bytes\": %.6g}\n",
-                   m.n, units, ts.ntasks, packed, ts.npieces, (long long)ts.bytes_total,
-                   (long long)ts.bytes_cross_host, lb, pr, lb > 0 ? pr / lb : 1.0,
-                   serial_ok ? serial : -1.0, used, xmesh_scheduler_name(so.kind),
-                   xmesh_strategy_name(o->strategy), (long long)o->chunk_bytes,
-                   (long long)pack_limit, t1 - t0, t2 - t0, sim.nnics, send_nic, send_busy,
-                   send_bytes, recv_nic, recv_busy, recv_bytes);
-        } else {
-            char b1[32], b2[32];
-            printf("plan of %d tensors from %s (%s, %s)\n", m.n, o->many,
-                   xmesh_scheduler_name(so.kind), xmesh_strategy_name(o->strategy));
-            printf("  unit tasks          %d (%d scheduled: %d packed tasks carry %d pieces)%s\n",
-                   units, ts.ntasks, packed, ts.npieces, used ? ", split" : "");
-            printf("  bytes               %s total, %s across host NICs\n",
-                   human_bytes((double)ts.bytes_total, b1, sizeof b1),
-                   human_bytes((double)ts.bytes_cross_host, b2, sizeof b2));
-            printf("  lower bound         %.6g s\n", lb);
-            printf("  predicted           %.6g s (%.3fx the bound)\n", pr, lb > 0 ? pr / lb : 1.0);
-            if (serial_ok)
-                printf("  per-tensor plans    %.6g s one after another (%.2fx the plan of many)\n",
-                       serial, pr > 0 ? serial / pr : 1.0);
-            printf("  planning            %.2f ms (decompose %.2f ms)\n", t2 - t0, t1 - t0);
-            if (sim.nnics > 0)
-                printf("  busiest NIC         send %.6g s (NIC %d; most bytes sent by a NIC %s), "
-                       "receive %.6g s (NIC %d; most received %s)\n",
-                       send_busy, send_nic, human_bytes(send_bytes, b1, sizeof b1), recv_busy,
-                       recv_nic, human_bytes(recv_bytes, b2, sizeof b2));
-        }
-    }
-    xm_sim_result_free(&sim);
-    xm_schedule_free(&sc);
-    xm_taskset_free(&ts);
-    xm_cluster_free(&cl);
-    xm_hostmap_free(&hm);
-    free(sdevs);
-    free(ddevs);
-    free(key);
-    many_free(&m);
-    return rc;
-}
-
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -1256,7 +833,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     if (o.many)
-        return many_run(&o);
+        return xpl_many_run(&o);
     if (o.all_cases)
         return all_cases(&o);
     plan_t p;

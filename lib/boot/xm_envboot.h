@@ -5,7 +5,7 @@
  * (default MASTER_ADDR and MASTER_PORT + 1), the others connect to it, as
  * NCCL's root bootstrap does. The connections (a star around rank 0) then
  * carry an all-gather: the xmesh_oob_t a context uses for everything ranks
- * agree on (lib/core/xm_oob.h).
+ * agree on (lib/plan/xm_oob.h).
  */
 #ifndef XM_ENVBOOT_H
 #define XM_ENVBOOT_H

@@ -2,7 +2,7 @@
  * NCCL backend: executes a plan's schedule with NCCL point-to-point calls on
  * CUDA streams, packing, unpacking and reducing on the device.
  *
- * What it runs: the per-rank program of the core (lib/core/xm_program.h),
+ * What it runs: the per-rank program of the core (lib/plan/xm_program.h),
  * the very program the MPI executor runs: chains of devices (the schedule's
  * routes, or the all-gather chains), each rank's segments of them with
  * their ops (pack, send, receive, reduce, unpack, copy). NCCL wants every
@@ -134,7 +134,7 @@ static xm_nccl_ctx_t *be_of(xmesh_ctx_t ctx)
 /* ----------------------------------------------------------- agreement */
 
 /* The agreement collective over the context's out-of-band all-gather
- * (lib/core/xm_oob.h). */
+ * (lib/plan/xm_oob.h). */
 static xmesh_result_t agree_on(xm_nccl_ctx_t *be, xmesh_result_t local, uint64_t hash)
 {
     return xm_oob_agree(&be->oob, local, hash, NULL, NULL, 0, "agree");

@@ -1,6 +1,6 @@
 /*
  * Device-independent half of the NCCL backend: how the per-rank program of
- * the core (lib/core/xm_program.h, the same program the MPI executor runs)
+ * the core (lib/plan/xm_program.h, the same program the MPI executor runs)
  * becomes device work, touching no device. Plain C; the CPU unit tests
  * (tests/gpu/test_devplan.c) compile lib/cuda/devplan.c directly and run
  * whole reshardings through a CPU emulation of NCCL's grouped send/recv, so

@@ -1,5 +1,5 @@
 /* Plan setup of the MPI executor: make the schedule identical on every rank,
- * have the core compile this rank's program (lib/core/xm_program.h), then
+ * have the core compile this rank's program (lib/plan/xm_program.h), then
  * fix what MPI adds to it once: tags, staging and request slots. */
 #include <stdio.h>
 #include <stdlib.h>

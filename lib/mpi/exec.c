@@ -499,7 +499,7 @@ static void staged(xm_exec_t *x, int64_t bytes)
 }
 
 /* Op o of step s over its elements [a, a + cnt) on the reshard's blocks
- * (lib/core/blockops.c). */
+ * (lib/plan/blockops.c). */
 static void block_op(xm_exec_t *x, const xm_pstep_t *s, const xm_pop_t *o, char *buf, int64_t a,
                      int64_t cnt)
 {

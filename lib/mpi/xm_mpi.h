@@ -32,7 +32,7 @@
 #define XM_COMM_POOL 32
 enum { XM_POOL_FREE = 0, XM_POOL_BUSY = 1, XM_POOL_DEAD = 2 };
 
-/* The per-rank program (lib/core/xm_program.h) is what this executor runs:
+/* The per-rank program (lib/plan/xm_program.h) is what this executor runs:
  * its steps, ops, dependencies and chunking. Below is only what the MPI
  * transport adds to a step. */
 typedef struct xm_stepx {

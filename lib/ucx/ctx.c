@@ -24,13 +24,6 @@ static const xm_backend_ops_t ucx_ops = {
     .stats = xu_stats,
 };
 
-double xu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 xmesh_result_t xu_status_err(xmesh_result_t code, ucs_status_t st, const char *what)
 {
     return XM_ERR(code, "%s failed: UCX status %d (%s)", what, (int)st, ucs_status_string(st));

@@ -1,12 +1,12 @@
 /*
  * Private state of the UCX runner (host memory over UCX tag messages). It
- * runs the per-rank program of the core (lib/core/xm_program.h), the one
+ * runs the per-rank program of the core (lib/plan/xm_program.h), the one
  * the MPI runner runs, under the MPI runner's contract (docs/EXECUTOR.md,
  * docs/RELIABILITY.md, docs/UCX.md): nonblocking start/test/wait, a
  * progress thread or progress inside the caller's calls, chunk windows,
  * staging owned by the plan after a failure, timeouts, the abort check,
  * trace and statistics. What ranks agree on goes through the context's
- * out-of-band all-gather (lib/core/xm_oob.h), never MPI.
+ * out-of-band all-gather (lib/plan/xm_oob.h), never MPI.
  *
  * NICs: a rank sends and receives through one UCX worker whose network
  * devices are the NIC the plan's cluster model gives the rank
@@ -17,6 +17,7 @@
 #define XM_UCX_H
 
 #include <pthread.h>
+#include <time.h>
 #include <ucp/api/ucp.h>
 
 #include "xm_api.h"
@@ -169,12 +170,20 @@ typedef struct xu_ctx {
     double wait_cpu_s;
 } xu_ctx_t;
 
+/* Monotonic seconds (inline: both ctx.c and exec.c time with it, and exec.c needs nothing
+ * else of ctx.c). */
+static inline double xu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 /* ctx.c */
-double xu_now(void);
 xmesh_result_t xu_status_err(xmesh_result_t code, ucs_status_t st, const char *what);
-/* exec.c */
+/* setup.c */
 xmesh_result_t xu_plan_setup(xmesh_plan_t plan);
 void xu_plan_teardown(xmesh_plan_t plan);
+/* exec.c */
 /* srcs/dsts: the plan's ntensors blocks (plans of many: many_tensors set). */
 xmesh_result_t xu_start(xmesh_plan_t plan, const void *const *srcs, void *const *dsts,
                         xmesh_request_t *req);

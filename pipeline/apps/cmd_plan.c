@@ -238,7 +238,7 @@ static int load_models(const plan_opts_t *o, xm_costmodel_t **cm, xm_cluster_t *
     if (o->cluster) {
         if (xm_cluster_load(o->cluster, cl))
             return xmp_cli_error("--cluster '%s': %s", o->cluster, xmesh_last_error());
-        if (xm_costmodel_load(o->cluster, &m))
+        if (xmp_costmodel_load(o->cluster, &m))
             return xmp_cli_error("--cluster '%s': %s", o->cluster, xmesh_last_error());
     }
     if (o->nominal || !m || (m->ncoll == 0 && m->ngemm == 0)) {

@@ -3,9 +3,9 @@
  * denoising task (models/shapes_data.h), L2 loss, SGD with Nesterov momentum.
  *
  * This file is the U-Transformer side of the one trainer (apps/trainer.h): the model's own
- * flags, the serial model (the reference, xmp_ut_model_*) and the pipeline stages behind the
- * trainer's model interface; the loop, the common flags, statistics, JSON, --check-serial and
- * re-planning are the trainer's.
+ * flags, the serial model (the reference, xmp_ut_model_*) and the pipeline stages (ut_stage.c)
+ * behind the trainer's model interface; the loop, the common flags, statistics, JSON,
+ * --check-serial and re-planning are the trainer's.
  *
  * Stage graph: every tensor crossing a stage boundary is one edge with its own xmesh plans: the
  * main activation between consecutive layers on different stages, and each long skip
@@ -49,14 +49,7 @@
 #include "nn/unet_kernels.h"
 #include "pipe/driver.h"
 #include "trainer.h"
-
-/* The model's own flags, and the common ones its stages read (copied from the trainer's). */
-typedef struct {
-    int base, groups, head_dim, batch, microbatches;
-    int batch_arg; /* --batch; batch and microbatches are per optimizer step (x --grad-accum) */
-    float lr, momentum, wd, sigma;
-    uint64_t seed;
-} ut_opts_t;
+#include "ut_stage.h"
 
 static void ut_defaults(xmp_train_opts_t *t, ut_opts_t *o)
 {
@@ -141,525 +134,6 @@ static int parse_ut_flags(int argc, char **argv, xmp_train_opts_t *t, ut_opts_t 
     o->batch *= t->grad_accum;
     o->microbatches = t->microbatches * t->grad_accum;
     return 0;
-}
-
-/* ---- pipeline stage ---- */
-
-enum { T_MAIN = 0, T_SKIP = 1 };
-
-typedef struct {
-    int layer, what;               /* tensor: main output or skip output of layer */
-    int pos_src, pos_dst;          /* index among the producer's out-edges / consumer's in-edges */
-    size_t floats_src, floats_dst; /* local floats on the producer / consumer rank */
-} ut_edge_t;
-
-typedef struct {
-    /* the driver's progress while it runs a step (set_progress), NULL otherwise */
-    void (*progress)(void *arg);
-    void *progress_arg;
-    const ut_opts_t *o;
-    xmp_ut_config_t cfg;
-    xmp_ut_params_t lay;
-    const xmp_stage_layout_t *sl;
-    int stage, first, last, dpi, dp, tp, tpi, nloc, mbs, M;
-    long step;
-    xmp_mesh_t *mesh;                  /* this stage's mesh (NULL: no stage) */
-    xmp_ut_strategy_t strat;           /* per-class SBPs of this stage's mesh */
-    xmp_sbp_t edge[XMP_MAX_MESH_DIMS]; /* "S(0),B": the SBP of every stage-graph edge */
-    xmp_ut_slayer_t *SL[XMP_UT_LAYERS];
-    xmp_shapes_t sh;
-    int nedges;
-    ut_edge_t e[2 * XMP_UT_LAYERS];
-    /* per layer l and micro-batch m (index l*M + m): the tape of its forward (allocated when
-     * the micro-batch's forward runs, freed after its weight gradients), the outputs inside it,
-     * and the gradients passed between layers of the stage */
-    xmp_ut_tape_t **tape;
-    const xmp_tensor_t **y, **so;
-    xmp_tensor_t *dact, *dskip;
-    float **input, **cond, **target; /* per micro-batch, allocated with its forward */
-    int *live;                       /* per micro-batch: forward done, weight part not yet */
-    int64_t base_bytes;              /* allocations held after set-up (the parameters) */
-    int recompute;                   /* xmp_recompute_t (models/utransformer_sbp.h tape drop) */
-    int mem_quiet;    /* virtual stages: chunks > 0 report 0 (chunk 0 reports the rank's peak) */
-    xmp_overlap_t ov; /* overlap switches (--overlap / XMP_OVERLAP, nn/overlap.h) */
-} ut_stage_t;
-
-static size_t chw_floats(const int chw[3])
-{
-    return (size_t)chw[0] * chw[1] * chw[2];
-}
-
-/* Stage graph edges in producer-layer order: main before skip for the same layer. */
-/* Images of a micro-batch split over stage s's mesh axis 0 (every built-in's data axis; the edge
- * SBP is S(0) there and B on the other axes). */
-static int data_degree(const xmp_stage_layout_t *sl, int s)
-{
-    return sl->shape[s][0];
-}
-
-/* The edge SBP of each stage, "S(0),B,..." with one entry per mesh axis. */
-static char g_espec[XMP_MAX_STAGES][48];
-
-static int build_edges(const xmp_ut_config_t *c, const xmp_stage_layout_t *sl, int mbs,
-                       ut_edge_t *e, xmp_edge_cfg_t *ec, xmp_sedge_t *se)
-{
-    for (int s = 0; s < sl->nstages; s++) {
-        snprintf(g_espec[s], sizeof g_espec[s], "S(0)");
-        for (int a = 1; a < sl->ndim[s]; a++)
-            strncat(g_espec[s], ",B", sizeof g_espec[s] - strlen(g_espec[s]) - 1);
-    }
-    int n = 0, nout[XMP_MAX_STAGES] = {0}, nin[XMP_MAX_STAGES] = {0};
-    for (int l = 0; l < XMP_UT_LAYERS; l++)
-        for (int what = T_MAIN; what <= T_SKIP; what++) {
-            int dst = what == T_MAIN ? (l + 1 < XMP_UT_LAYERS ? l + 1 : -1) : xmp_ut_skip_dest(l);
-            if (dst < 0 || sl->stage_of[dst] == sl->stage_of[l])
-                continue;
-            int s = sl->stage_of[l], d = sl->stage_of[dst], chw[3];
-            if (what == T_MAIN)
-                xmp_ut_layer_out_shape(c, l, chw);
-            else
-                xmp_ut_layer_skip_shape(c, l, chw);
-            e[n].layer = l;
-            e[n].what = what;
-            e[n].floats_src = chw_floats(chw) * (size_t)(mbs / data_degree(sl, s));
-            e[n].floats_dst = chw_floats(chw) * (size_t)(mbs / data_degree(sl, d));
-            memset(&ec[n], 0, sizeof ec[n]);
-            ec[n].src = s;
-            ec[n].dst = d;
-            ec[n].ndim = 4;
-            ec[n].shape[0] = mbs;
-            for (int k = 0; k < 3; k++)
-                ec[n].shape[k + 1] = chw[k];
-            ec[n].dtype = XMESH_F32;
-            ec[n].src_spec = g_espec[s];
-            ec[n].dst_spec = g_espec[d];
-            se[n].src = s;
-            se[n].dst = d;
-            n++;
-        }
-    /* positions: edges are numbered in increasing id per stage */
-    for (int k = 0; k < n; k++) {
-        e[k].pos_src = nout[se[k].src]++;
-        e[k].pos_dst = nin[se[k].dst]++;
-    }
-    return n;
-}
-
-#define IX(st, l, m) ((size_t)(l) * (size_t)(st)->M + (size_t)(m))
-
-/* A tensor of global shape (mbs, chw...) with SBP "S(0),B" holding n local floats of src. */
-static int wrap(ut_stage_t *st, int ndim, const int64_t *shape, const float *src, size_t n,
-                xmp_tensor_t *t)
-{
-    if (xmp_tensor_alloc(t, st->mesh, ndim, shape, XMESH_F32, st->edge) != XMESH_SUCCESS)
-        return -1;
-    if ((size_t)t->lcount != n) {
-        xmp_err(XMESH_ERR_INTERNAL, "edge block of %lld floats, buffer %zu", (long long)t->lcount,
-                n);
-        xmp_tensor_free(t);
-        return -1;
-    }
-    memcpy(t->data, src, n * sizeof(float));
-    return 0;
-}
-static int wrap_chw(ut_stage_t *st, const int chw[3], const float *src, xmp_tensor_t *t)
-{
-    int64_t s[4] = {st->mbs, chw[0], chw[1], chw[2]};
-    return wrap(st, 4, s, src, (size_t)st->nloc * chw_floats(chw), t);
-}
-/* Copies t, boxed to the edge SBP, into dst (n floats). */
-static int copy_out(ut_stage_t *st, const xmp_tensor_t *t, float *dst, size_t n)
-{
-    xmp_tensor_t b;
-    if (xmp_box(t, st->edge, &b) != XMESH_SUCCESS)
-        return -1;
-    int rc = (size_t)b.lcount == n ? 0 : -1;
-    if (rc)
-        xmp_err(XMESH_ERR_INTERNAL, "edge block of %lld floats, buffer %zu", (long long)b.lcount,
-                n);
-    else
-        memcpy(dst, b.data, n * sizeof(float));
-    xmp_tensor_free(&b);
-    return rc;
-}
-
-/* Floats of a micro-batch's input, target and conditioning data on this rank. */
-static void mb_floats(const ut_stage_t *st, size_t f[3])
-{
-    const size_t HW = XMP_UT_IMG * XMP_UT_IMG, nl = (size_t)st->nloc;
-    f[0] = nl * 3 * HW;
-    f[1] = nl * 4 * HW;
-    f[2] = nl * XMP_UT_TOKENS * (size_t)st->cfg.cond_dim;
-}
-
-static void mb_free_data(ut_stage_t *st, int mb)
-{
-    size_t f[3];
-    mb_floats(st, f);
-    xmp_ut_mem_track(-(int64_t)sizeof(float) *
-                     (int64_t)((st->input[mb] ? f[0] : 0) + (st->target[mb] ? f[1] : 0) +
-                               (st->cond[mb] ? f[2] : 0)));
-    free(st->input[mb]);
-    free(st->cond[mb]);
-    free(st->target[mb]);
-    st->input[mb] = st->cond[mb] = st->target[mb] = NULL;
-}
-
-static int ut_fwd(void *u, int mb, const void *const *in, void *const *out, double *loss)
-{
-    ut_stage_t *st = u;
-    const int first_img = mb * st->mbs + st->dpi * st->nloc;
-    const size_t HW = XMP_UT_IMG * XMP_UT_IMG, nl = (size_t)st->nloc;
-    const size_t ncond = nl * XMP_UT_TOKENS * (size_t)st->cfg.cond_dim;
-    int need_cond = 0, rc = -1;
-    for (int l = st->first; l <= st->last; l++)
-        need_cond |= xmp_ut_layer_uses_cond(&st->cfg, l);
-    /* this micro-batch's data, allocated now and freed after its weight gradients */
-    mb_free_data(st, mb);
-    size_t fl[3];
-    mb_floats(st, fl);
-    if (st->first == 0)
-        st->input[mb] = malloc(fl[0] * sizeof(float));
-    if (st->last == XMP_UT_CONV_OUT)
-        st->target[mb] = malloc(fl[1] * sizeof(float));
-    if (need_cond)
-        st->cond[mb] = malloc(fl[2] * sizeof(float));
-    /* counted like the tapes (freed, and uncounted, by mb_free_data) */
-    xmp_ut_mem_track((int64_t)sizeof(float) *
-                     (int64_t)((st->input[mb] ? fl[0] : 0) + (st->target[mb] ? fl[1] : 0) +
-                               (st->cond[mb] ? fl[2] : 0)));
-    if ((st->first == 0 && !st->input[mb]) || (st->last == XMP_UT_CONV_OUT && !st->target[mb]) ||
-        (need_cond && !st->cond[mb])) {
-        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d forward mb %d: out of memory", st->stage,
-                      mb);
-        return -1;
-    }
-    xmp_shapes_batch(&st->sh, st->step, st->o->batch, first_img, st->nloc, st->input[mb],
-                     st->target[mb], st->cond[mb]);
-    xmp_tensor_t x, cond, skin;
-    memset(&x, 0, sizeof x);
-    memset(&cond, 0, sizeof cond);
-    int64_t cs[3] = {st->mbs, XMP_UT_TOKENS, st->cfg.cond_dim};
-    int chw[3];
-    xmp_ut_layer_in_shape(&st->cfg, st->first, chw);
-    const float *src = st->input[mb];
-    for (int k = 0; k < st->nedges; k++)
-        if (st->sl->stage_of[st->e[k].layer] != st->stage && st->e[k].what == T_MAIN &&
-            st->e[k].layer == st->first - 1)
-            src = in[st->e[k].pos_dst];
-    if (wrap_chw(st, chw, src, &x) != 0 ||
-        (need_cond && wrap(st, 3, cs, st->cond[mb], ncond, &cond) != 0)) {
-        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d forward mb %d: %s", st->stage, mb,
-                      xmp_last_error());
-        goto out;
-    }
-    const xmp_tensor_t *cur = &x;
-    for (int l = st->first; l <= st->last; l++) {
-        const xmp_tensor_t *sk = NULL;
-        int srcl = xmp_ut_skip_source(l);
-        memset(&skin, 0, sizeof skin);
-        if (srcl >= 0 && st->sl->stage_of[srcl] == st->stage)
-            sk = st->so[IX(st, srcl, mb)];
-        else if (srcl >= 0)
-            for (int k = 0; k < st->nedges; k++)
-                if (st->e[k].what == T_SKIP && st->e[k].layer == srcl) {
-                    int sc[3];
-                    xmp_ut_layer_skip_shape(&st->cfg, srcl, sc);
-                    if (wrap_chw(st, sc, in[st->e[k].pos_dst], &skin) != 0) {
-                        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d skip mb %d: %s", st->stage,
-                                      mb, xmp_last_error());
-                        goto out;
-                    }
-                    sk = &skin;
-                }
-        int r = xmp_ut_slayer_forward(st->SL[l], cur, sk, need_cond ? &cond : NULL,
-                                      &st->tape[IX(st, l, mb)], &st->y[IX(st, l, mb)],
-                                      &st->so[IX(st, l, mb)]);
-        xmp_tensor_free(&skin);
-        if (r == 0) /* recomputation: keep the layer's inputs and outputs only */
-            r = xmp_ut_tape_drop(st->tape[IX(st, l, mb)], st->recompute);
-        if (r != 0) {
-            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d forward mb %d: %s", st->stage, mb,
-                          xmp_last_error());
-            goto out;
-        }
-        cur = st->y[IX(st, l, mb)];
-        if (st->progress)
-            st->progress(st->progress_arg);
-    }
-    st->live[mb] = 1;
-    for (int k = 0; k < st->nedges; k++) {
-        const ut_edge_t *e = &st->e[k];
-        if (st->sl->stage_of[e->layer] != st->stage)
-            continue;
-        const xmp_tensor_t *v =
-            e->what == T_MAIN ? st->y[IX(st, e->layer, mb)] : st->so[IX(st, e->layer, mb)];
-        if (copy_out(st, v, out[e->pos_src], e->floats_src) != 0) {
-            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d edge %d mb %d: %s", st->stage, k, mb,
-                          xmp_last_error());
-            goto out;
-        }
-    }
-    /* every rank boxes the output (a collective when act.x is split beyond axis 0); the ranks
-     * of one axis-0 slice hold the same images: one of them (tpi 0) adds the loss */
-    if (st->last == XMP_UT_CONV_OUT) {
-        double l = 0;
-        size_t cnt = nl * XMP_UT_OUT_CH * HW;
-        float *yb = malloc(cnt * sizeof(float));
-        if (!yb || copy_out(st, st->y[IX(st, st->last, mb)], yb, cnt) != 0) {
-            free(yb);
-            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d loss mb %d: output block", st->stage,
-                          mb);
-            goto out;
-        }
-        xmp_unet_mse_forward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW, yb, st->target[mb],
-                             &l);
-        free(yb);
-        if (st->tpi == 0)
-            *loss += l;
-    }
-    rc = 0;
-out:
-    xmp_tensor_free(&x);
-    xmp_tensor_free(&cond);
-    return rc;
-}
-
-static int ut_bwd_input(void *u, int mb, const void *const *gout, void *const *gin)
-{
-    ut_stage_t *st = u;
-    const size_t HW = XMP_UT_IMG * XMP_UT_IMG;
-    for (int k = 0; k < st->nedges; k++) { /* my in-edges' gradients, written below */
-        const ut_edge_t *e = &st->e[k];
-        int dst = e->what == T_MAIN ? e->layer + 1 : xmp_ut_skip_dest(e->layer);
-        if (st->sl->stage_of[e->layer] != st->stage && st->sl->stage_of[dst] == st->stage)
-            memset(gin[e->pos_dst], 0, e->floats_dst * sizeof(float));
-    }
-    for (int l = st->last; l >= st->first; l--) {
-        xmp_tensor_t dy, dso, dx, dsi;
-        memset(&dy, 0, sizeof dy);
-        memset(&dso, 0, sizeof dso);
-        memset(&dx, 0, sizeof dx);
-        memset(&dsi, 0, sizeof dsi);
-        int chw[3], rc = -1;
-        xmp_ut_layer_out_shape(&st->cfg, l, chw);
-        const xmp_tensor_t *pdy = &st->dact[IX(st, l, mb)], *pdso = NULL;
-        if (l == st->last && l == XMP_UT_CONV_OUT) {
-            size_t cnt = (size_t)st->nloc * XMP_UT_OUT_CH * HW;
-            float *yb = malloc(cnt * sizeof(float)), *g = calloc(cnt, sizeof(float));
-            if (yb && g && copy_out(st, st->y[IX(st, l, mb)], yb, cnt) == 0) {
-                xmp_unet_mse_backward(cnt, (double)st->o->batch * XMP_UT_OUT_CH * HW, yb,
-                                      st->target[mb], g);
-                rc = wrap_chw(st, chw, g, &dy);
-            }
-            free(yb);
-            free(g);
-            if (rc)
-                goto fail;
-            pdy = &dy;
-        }
-        int src = xmp_ut_skip_source(l), dst = xmp_ut_skip_dest(l);
-        if (dst >= 0 && st->sl->stage_of[dst] == st->stage && st->dskip[IX(st, l, mb)].mesh)
-            pdso = &st->dskip[IX(st, l, mb)];
-        for (int k = 0; k < st->nedges; k++) {
-            const ut_edge_t *e = &st->e[k];
-            if (e->layer != l || st->sl->stage_of[l] != st->stage)
-                continue;
-            int sc[3];
-            if (e->what == T_MAIN) {
-                if (wrap_chw(st, chw, gout[e->pos_src], &dy) != 0)
-                    goto fail;
-                pdy = &dy;
-            } else {
-                xmp_ut_layer_skip_shape(&st->cfg, l, sc);
-                if (wrap_chw(st, sc, gout[e->pos_src], &dso) != 0)
-                    goto fail;
-                pdso = &dso;
-            }
-        }
-        if (!pdy->mesh) {
-            xmp_err(XMESH_ERR_INTERNAL, "layer %d: no output gradient", l);
-            goto fail;
-        }
-        int same_src = src >= 0 && st->sl->stage_of[src] == st->stage;
-        xmp_tensor_t *pdx = l > 0 ? (l > st->first ? &st->dact[IX(st, l - 1, mb)] : &dx) : NULL;
-        xmp_tensor_t *pdsi = src >= 0 ? (same_src ? &st->dskip[IX(st, src, mb)] : &dsi) : NULL;
-        if (xmp_ut_tape_recompute(st->tape[IX(st, l, mb)], st->recompute) != 0 ||
-            xmp_ut_slayer_backward_input(st->SL[l], st->tape[IX(st, l, mb)], pdy, pdso, pdx,
-                                         pdsi) != 0) {
-            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d backward mb %d: %s", st->stage, mb,
-                          xmp_last_error());
-            goto fail_quiet;
-        }
-        for (int k = 0; k < st->nedges; k++) { /* gradients leaving the stage */
-            const ut_edge_t *e = &st->e[k];
-            if (st->sl->stage_of[e->layer] == st->stage)
-                continue;
-            if (l == st->first && e->what == T_MAIN && e->layer == l - 1 &&
-                copy_out(st, &dx, gin[e->pos_dst], e->floats_dst) != 0)
-                goto fail;
-            if (src >= 0 && !same_src && e->what == T_SKIP && e->layer == src &&
-                copy_out(st, &dsi, gin[e->pos_dst], e->floats_dst) != 0)
-                goto fail;
-        }
-        xmp_tensor_free(&dy);
-        xmp_tensor_free(&dso);
-        xmp_tensor_free(&dx);
-        xmp_tensor_free(&dsi);
-        xmp_tensor_free(&st->dact[IX(st, l, mb)]);
-        xmp_tensor_free(&st->dskip[IX(st, l, mb)]);
-        memset(&st->dact[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
-        memset(&st->dskip[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
-        if (st->progress)
-            st->progress(st->progress_arg);
-        continue;
-    fail:
-        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d backward mb %d layer %d: %s", st->stage,
-                      mb, l, xmp_last_error());
-    fail_quiet:
-        xmp_tensor_free(&dy);
-        xmp_tensor_free(&dso);
-        xmp_tensor_free(&dx);
-        xmp_tensor_free(&dsi);
-        return -1;
-    }
-    return 0;
-}
-
-static int ut_bwd_weight(void *u, int mb)
-{
-    ut_stage_t *st = u;
-    for (int l = st->last; l >= st->first; l--) {
-        xmp_ut_tape_t *t = st->tape[IX(st, l, mb)];
-        st->tape[IX(st, l, mb)] = NULL; /* freed by backward_weight */
-        st->y[IX(st, l, mb)] = st->so[IX(st, l, mb)] = NULL;
-        if (xmp_ut_slayer_backward_weight(st->SL[l], t) != 0) {
-            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d weight mb %d: %s", st->stage, mb,
-                          xmp_last_error());
-            return -1;
-        }
-    }
-    mb_free_data(st, mb);
-    st->live[mb] = 0;
-    return 0;
-}
-
-/* Measured (nn/sbp.h allocation accounting): the peak of this rank's allocations since the last
- * query above those held after set-up (the parameters): the micro-batches' tapes (values,
- * caches, gradients), their data, the op temporaries and the gradient accumulators. The driver
- * queries after every compute action, so its maximum is the step's measured peak. */
-static void ut_set_progress(void *user, void (*fn)(void *arg), void *arg)
-{
-    ut_stage_t *st = user;
-    st->progress = fn;
-    st->progress_arg = arg;
-}
-
-static int64_t ut_act_bytes(void *u)
-{
-    ut_stage_t *st = u;
-    if (st->mem_quiet)
-        return 0;
-    int64_t p = xmp_ut_mem_peak_bytes() - st->base_bytes;
-    xmp_ut_mem_peak_reset();
-    return p > 0 ? p : 0;
-}
-
-/* R: the parameter gradients are boxed to their parameters' storage SBP (P over dp -> B,
- * P -> S where sharded). defer-grad: every layer's reductions posted first (nonblocking), then
- * waited in the same order: the same collectives on the same data. */
-static int ut_reduce(void *u)
-{
-    ut_stage_t *st = u;
-    int rc = 0, started = st->first;
-    for (int l = st->first; st->ov.defer_grad && l <= st->last && !rc; l++, started = l)
-        rc = xmp_ut_slayer_reduce_start(st->SL[l]);
-    for (int l = st->first; st->ov.defer_grad && l < started; l++) /* every started one */
-        if (xmp_ut_slayer_reduce_wait(st->SL[l]) != 0)
-            rc = -1;
-    for (int l = st->first; !st->ov.defer_grad && l <= st->last && !rc; l++)
-        rc = xmp_ut_slayer_reduce(st->SL[l]);
-    if (rc) {
-        (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d: gradient reduction: %s", st->stage,
-                      xmp_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int ut_opt(void *u)
-{
-    ut_stage_t *st = u;
-    for (int l = st->first; l <= st->last; l++)
-        if (xmp_ut_slayer_update(st->SL[l], st->o->lr, st->o->momentum, st->o->wd) != 0) {
-            (void)xmp_err(XMESH_ERR_INVALID_USAGE, "stage %d: optimizer: %s", st->stage,
-                          xmp_last_error());
-            return -1;
-        }
-    return 0;
-}
-
-static void stage_free(ut_stage_t *st)
-{
-    size_t NL = (size_t)XMP_UT_LAYERS * (size_t)st->M;
-    for (size_t i = 0; st->tape && i < NL; i++) {
-        xmp_ut_tape_free(st->tape[i]);
-        xmp_tensor_free(&st->dact[i]);
-        xmp_tensor_free(&st->dskip[i]);
-    }
-    for (int m = 0; st->input && m < st->M; m++)
-        mb_free_data(st, m);
-    for (int l = 0; l < XMP_UT_LAYERS; l++)
-        xmp_ut_slayer_destroy(st->SL[l]);
-    free(st->tape);
-    free(st->y);
-    free(st->so);
-    free(st->dact);
-    free(st->dskip);
-    free(st->input);
-    free(st->cond);
-    free(st->target);
-    free(st->live);
-    xmp_shapes_free(&st->sh);
-}
-
-static int stage_init(ut_stage_t *st)
-{
-    const size_t NL = (size_t)XMP_UT_LAYERS * (size_t)st->M, M = (size_t)st->M;
-    st->tape = calloc(NL, sizeof *st->tape);
-    st->y = calloc(NL, sizeof *st->y);
-    st->so = calloc(NL, sizeof *st->so);
-    st->dact = calloc(NL, sizeof *st->dact);
-    st->dskip = calloc(NL, sizeof *st->dskip);
-    st->input = calloc(M, sizeof(float *));
-    st->cond = calloc(M, sizeof(float *));
-    st->target = calloc(M, sizeof(float *));
-    st->live = calloc(M, sizeof(int));
-    if (!st->tape || !st->y || !st->so || !st->dact || !st->dskip || !st->input || !st->cond ||
-        !st->target || !st->live)
-        return xmp_train_fail("out of memory");
-    st->edge[0] = xmp_sbp_s(0);
-    for (int a = 1; a < XMP_MAX_MESH_DIMS; a++)
-        st->edge[a] = xmp_sbp_b();
-    /* parameters: this rank's blocks (the strategy's SBPs) of the full tensors from the seed */
-    float *full = malloc(st->lay.total * sizeof(float));
-    if (!full)
-        return xmp_train_fail("out of memory");
-    xmp_ut_params_init(&st->lay, st->o->seed, full);
-    int rc = 0;
-    if (xmp_overlap_from_env(&st->ov) != XMESH_SUCCESS)
-        rc = xmp_train_fail("XMP_OVERLAP: %s", xmp_last_error());
-    for (int l = st->first; l <= st->last && !rc; l++) {
-        if (!(st->SL[l] = xmp_ut_slayer_create(&st->cfg, l, st->mbs, st->mesh, &st->strat,
-                                               full + st->lay.layer_offset[l])))
-            rc = xmp_train_fail("stage %d layer %s: %s", st->stage, xmp_ut_layer_name(l),
-                                xmp_last_error());
-        else
-            xmp_ut_slayer_set_overlap(st->SL[l], &st->ov);
-    }
-    free(full);
-    st->base_bytes = xmp_ut_mem_live_bytes();
-    return rc;
 }
 
 /* ---- the adapter: serial model and stages behind the trainer's model interface ---- */
@@ -803,13 +277,13 @@ static int ut_layout_check(void *u, const xmp_stage_layout_t *sl, char *err, siz
             return snprintf(err, errlen, "stage %d: a mesh of %d axes (1..%d)", s, sl->ndim[s],
                             XMP_MAX_MESH_DIMS),
                    -1;
-        if (mbs % data_degree(sl, s) != 0)
+        if (mbs % xmp_uts_data_degree(sl, s) != 0)
             return snprintf(err, errlen,
                             "stage %d: micro-batch %d (--batch %d / --microbatches %d) is not a "
                             "multiple of its data-parallel degree %d (the size of mesh axis 0: "
                             "the images of a micro-batch are split over it at the stage "
                             "boundary)",
-                            s, mbs, g->o.batch, g->o.microbatches, data_degree(sl, s)),
+                            s, mbs, g->o.batch, g->o.microbatches, xmp_uts_data_degree(sl, s)),
                    -1;
     }
     return 0;
@@ -831,7 +305,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
     st->M = g->o.microbatches;
     st->mbs = g->o.batch / st->M;
     xmp_ut_params_layout(&g->cfg, &st->lay);
-    st->nedges = build_edges(&g->cfg, sl, st->mbs, st->e, g->ec, g->se);
+    st->nedges = xmp_uts_build_edges(&g->cfg, sl, st->mbs, st->e, g->ec, g->se);
     for (int k = 0; k < st->nedges; k++) {
         snprintf(g->names[k], sizeof g->names[k], "%s %s", xmp_ut_layer_name(st->e[k].layer),
                  st->e[k].what == T_MAIN ? "main" : "skip");
@@ -883,7 +357,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         for (int a = 0; a < sl->ndim[p->stage]; a++)
             msize *= sl->shape[p->stage][a];
         /* images split over axis 0; the other axes (tp: their rank count) hold the same images */
-        p->dp = data_degree(sl, p->stage);
+        p->dp = xmp_uts_data_degree(sl, p->stage);
         p->tp = msize / p->dp;
         p->dpi = (rank - sl->rank0[p->stage]) / p->tp;
         p->tpi = (rank - sl->rank0[p->stage]) % p->tp;
@@ -891,7 +365,7 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         p->nloc = p->mbs / p->dp;
         if (xmp_shapes_init(&p->sh, g->o.seed, g->cfg.cond_dim, g->o.sigma) != 0)
             local_fail = xmp_train_fail("data: %s", xmp_last_error()) != 0;
-        else if (stage_init(p) != 0)
+        else if (xmp_uts_init(p) != 0)
             local_fail = 1;
     }
     /* every chunk measures above the parameters of all of them */
@@ -904,24 +378,24 @@ static int ut_par_open(void *u, MPI_Comm comm, xmesh_ctx_t ctx, const xmp_stage_
         ut_stage_t *p = k ? &g->xs[k - 1] : st;
         xmp_stage_ops_t *q = &g->sops[p->stage];
         q->user = p;
-        q->forward = ut_fwd;
-        q->backward_input = ut_bwd_input;
-        q->backward_weight = ut_bwd_weight;
-        q->reduce_grads = ut_reduce;
-        q->optimizer_step = ut_opt;
-        q->activation_bytes = ut_act_bytes;
-        q->set_progress = ut_set_progress;
+        q->forward = xmp_uts_fwd;
+        q->backward_input = xmp_uts_bwd_input;
+        q->backward_weight = xmp_uts_bwd_weight;
+        q->reduce_grads = xmp_uts_reduce;
+        q->optimizer_step = xmp_uts_opt;
+        q->activation_bytes = xmp_uts_act_bytes;
+        q->set_progress = xmp_uts_set_progress;
     }
     out->stage_ops = sl->ngroups != sl->nstages ? g->sops : NULL;
     out->stage = st->stage;
     out->ops.user = st;
-    out->ops.forward = ut_fwd;
-    out->ops.backward_input = ut_bwd_input;
-    out->ops.backward_weight = ut_bwd_weight;
-    out->ops.reduce_grads = ut_reduce;
-    out->ops.optimizer_step = ut_opt;
-    out->ops.activation_bytes = ut_act_bytes;
-    out->ops.set_progress = ut_set_progress;
+    out->ops.forward = xmp_uts_fwd;
+    out->ops.backward_input = xmp_uts_bwd_input;
+    out->ops.backward_weight = xmp_uts_bwd_weight;
+    out->ops.reduce_grads = xmp_uts_reduce;
+    out->ops.optimizer_step = xmp_uts_opt;
+    out->ops.activation_bytes = xmp_uts_act_bytes;
+    out->ops.set_progress = xmp_uts_set_progress;
     out->nedges = st->nedges;
     out->edges = g->ec;
     out->sedges = g->se;
@@ -990,7 +464,7 @@ static void stage_release(ut_stage_t *st)
             memset(&st->dact[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
             memset(&st->dskip[IX(st, l, mb)], 0, sizeof(xmp_tensor_t));
         }
-        mb_free_data(st, mb);
+        xmp_uts_mb_free_data(st, mb);
         st->live[mb] = 0;
     }
 }
@@ -1014,9 +488,9 @@ static void ut_par_set_recompute(void *u, int mode)
 static void ut_par_close(void *u)
 {
     ut_run_t *g = u;
-    stage_free(&g->st);
+    xmp_uts_free(&g->st);
     for (int k = 0; k < g->nxs; k++)
-        stage_free(&g->xs[k]);
+        xmp_uts_free(&g->xs[k]);
     free(g->xs);
     g->xs = NULL;
     g->nxs = 0;

@@ -491,6 +491,21 @@ xmesh_result_t xmp_box(const xmp_tensor_t *x, const xmp_sbp_t *dst, xmp_tensor_t
     return XMESH_SUCCESS;
 }
 
+xmesh_result_t xmp_tensor_gather_full(const xmp_tensor_t *t, void *full)
+{
+    xmp_sbp_t allb[XMP_MAX_MESH_DIMS];
+    xmp_tensor_t y;
+    for (int a = 0; a < t->mesh->ndim; a++)
+        allb[a] = xmp_sbp_b();
+    xmesh_result_t r = xmp_box(t, allb, &y);
+    if (r)
+        return r;
+    if (t->mesh->member)
+        memcpy(full, y.data, (size_t)y.lcount * 4);
+    xmp_tensor_free(&y);
+    return XMESH_SUCCESS;
+}
+
 xmesh_result_t xmp_box_backward(const xmp_tensor_t *dy, const xmp_sbp_t *src, xmp_tensor_t *dx)
 {
     if (!dy || !src || !dx)

@@ -1,5 +1,6 @@
 /* SBP meshes and tensors: mesh communicators, local-block math, spec strings,
- * fill / gather helpers. Boxing is in boxing.c. */
+ * the fill helper. Boxing (and the gather helper, a boxing to all-broadcast) is in
+ * boxing.c; the communication and memory counters in stats.c. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -10,84 +11,6 @@
 #include <time.h>
 
 #include "nn/sbp.h"
-
-static _Thread_local double xmp_comm_s;
-
-double xmp_comm_seconds(void)
-{
-    return xmp_comm_s;
-}
-
-void xmp_comm_seconds_add(double s)
-{
-    xmp_comm_s += s;
-}
-
-static _Thread_local xmp_comm_counts_t xmp_counts;
-
-double xmp_comm_bytes(void)
-{
-    double t = 0;
-    for (int k = 0; k < XMP_COLL_NKINDS; k++)
-        t += xmp_counts.bytes[k];
-    return t;
-}
-
-void xmp_comm_counts(xmp_comm_counts_t *out)
-{
-    if (out)
-        *out = xmp_counts;
-}
-
-void xmp_comm_counts_reset(void)
-{
-    memset(&xmp_counts, 0, sizeof xmp_counts);
-}
-
-const char *xmp_coll_kind_name(int kind)
-{
-    static const char *const names[XMP_COLL_NKINDS] = {"allreduce", "allgather", "reduce_scatter",
-                                                       "alltoall"};
-    return kind >= 0 && kind < XMP_COLL_NKINDS ? names[kind] : NULL;
-}
-
-/* Adds one completed collective of kind on p ranks: payload raw bytes, bytes ring-equivalent. */
-static void count_coll(int kind, int p, int64_t payload, double bytes)
-{
-    xmp_counts.calls[kind]++;
-    xmp_counts.payload[kind] += payload;
-    xmp_counts.bytes[kind] += p > 1 ? bytes : 0;
-}
-
-void xmp_comm_count_add(int kind, int p, int64_t payload, double bytes)
-{
-    if (kind >= 0 && kind < XMP_COLL_NKINDS)
-        count_coll(kind, p, payload, bytes);
-}
-
-static _Thread_local int64_t xmp_mem_live, xmp_mem_peak;
-
-int64_t xmp_mem_live_bytes(void)
-{
-    return xmp_mem_live;
-}
-
-int64_t xmp_mem_peak_bytes(void)
-{
-    return xmp_mem_peak;
-}
-
-void xmp_mem_peak_reset(void)
-{
-    xmp_mem_peak = xmp_mem_live;
-}
-
-void xmp_mem_track(int64_t delta)
-{
-    xmp_mem_live += delta;
-    if (xmp_mem_live > xmp_mem_peak)
-        xmp_mem_peak = xmp_mem_live;
-}
 
 /* Bytes of a tensor's local allocation (the same figure on alloc and on free). */
 static int64_t alloc_bytes(const xmp_tensor_t *t)
@@ -454,20 +377,5 @@ xmesh_result_t xmp_tensor_fill_from_full(xmp_tensor_t *t, const void *full)
         }
     int64_t zero[XMP_MAX_DIMS] = {0};
     xmp_copy_box(t->ndim, t->lshape, full, t->shape, t->loff, t->data, t->lshape, zero, 4);
-    return XMESH_SUCCESS;
-}
-
-xmesh_result_t xmp_tensor_gather_full(const xmp_tensor_t *t, void *full)
-{
-    xmp_sbp_t allb[XMP_MAX_MESH_DIMS];
-    xmp_tensor_t y;
-    for (int a = 0; a < t->mesh->ndim; a++)
-        allb[a] = xmp_sbp_b();
-    xmesh_result_t r = xmp_box(t, allb, &y);
-    if (r)
-        return r;
-    if (t->mesh->member)
-        memcpy(full, y.data, (size_t)y.lcount * 4);
-    xmp_tensor_free(&y);
     return XMESH_SUCCESS;
 }

@@ -939,7 +939,8 @@ static void ctx_free(ctx_t *c)
  * probe itself runs with), or when the probe cannot be priced. */
 static double step_factor(const xmp_search_opts_t *o)
 {
-    const xm_gptstep_t *g = o->cost ? &o->cost->gptstep : NULL;
+    xmp_gptstep_t gs;
+    const xmp_gptstep_t *g = o->cost && !xmp_gptstep_get(o->cost, &gs) ? &gs : NULL;
     if (!g || g->busy <= 0 || o->no_step)
         return 1;
     xmp_search_opts_t p;

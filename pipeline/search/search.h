@@ -42,6 +42,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "calib/gptstep.h"
 #include "models/gpt2.h"
 #include "models/stage_layout.h"
 #include "xm_costmodel.h"
@@ -81,7 +82,7 @@ typedef struct {
     int no_cpu_share;
     /* the ablation that ignores the cost model's gptstep record: compute priced from the
      * kernel records alone (otherwise scaled by the record's measured step over the same
-     * model priced from the kernels; xm_costmodel.h, xm_gptstep_t) */
+     * model priced from the kernels; calib/gptstep.h, xmp_gptstep_t) */
     int no_step;
 } xmp_search_opts_t;
 

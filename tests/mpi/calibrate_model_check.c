@@ -1,5 +1,5 @@
 /* Part of mpi.calibrate: loads the cluster file xmesh-calibrate wrote
- * through the search's API (xm_costmodel_load) and checks what the search
+ * through the search's API (xmp_costmodel_load) and checks what the search
  * will rely on: every collective kind has a record inside one host and
  * across hosts, each with finite values and R^2 <= 1; each record predicts
  * its own geometry (its measured time at its largest size when the file has
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calib/gptstep.h" /* the training stack's GPT-2 step record */
 #include "xm_costmodel.h"
 
 static int failures;
@@ -37,7 +38,7 @@ int main(int argc, char **argv)
     }
     int want_compute = !(argc > 2 && !strcmp(argv[2], "--no-compute"));
     xm_costmodel_t *m = NULL;
-    if (xm_costmodel_load(argv[1], &m)) {
+    if (xmp_costmodel_load(argv[1], &m)) {
         printf("FAIL: %s: %s\n", argv[1], xmesh_last_error());
         return 1;
     }
@@ -113,7 +114,9 @@ int main(int argc, char **argv)
             CHECK(m->elt[k].busy >= 1 && m->elt[k].fwd > 0 && isfinite(m->elt[k].bwd),
                   "eltwise %s: busy %d fwd %g bwd %g", xm_elt_name((xm_elt_t)k), m->elt[k].busy,
                   m->elt[k].fwd, m->elt[k].bwd);
-        const xm_gptstep_t *g = &m->gptstep;
+        xmp_gptstep_t gv;
+        const xmp_gptstep_t *g = &gv;
+        (void)xmp_gptstep_get(m, &gv);
         CHECK(g->busy >= 1 && g->layers == 2 && g->channels >= 1 && g->channels % g->heads == 0 &&
                   g->seconds > 0 && isfinite(g->seconds),
               "gptstep: busy %d layers %d channels %d heads %d seconds %g", g->busy, g->layers,

@@ -1,5 +1,5 @@
 /*
- * One-process unit tests of the MPI executor's data layer (lib/core/geom.c):
+ * One-process unit tests of the MPI executor's data layer (lib/plan/geom.c):
  * f16/bf16 conversions against references, box geometry pack/unpack/copy
  * against naive index loops, partial-sum accumulation and the checksum's
  * independence of how a box splits into runs. Random cases print their

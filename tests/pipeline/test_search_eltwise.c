@@ -59,7 +59,7 @@ static void check_bad(const bad_t *bad, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
-        xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
+        xmesh_result_t r = xmp_costmodel_parse(bad[i].text, &out);
         CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel, "bad %zu: result %d", i, (int)r);
         CHECK(strstr(xmesh_last_error(), bad[i].want), "bad %zu: message '%s', expected '%s'", i,
               xmesh_last_error(), bad[i].want);
@@ -76,7 +76,7 @@ static xm_costmodel_t *round_trip(const xm_costmodel_t *m)
     if (mf)
         fclose(mf);
     xm_costmodel_t *m2 = NULL;
-    CHECK(buf && xm_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s\n%s",
+    CHECK(buf && xmp_costmodel_parse(buf, &m2) == XMESH_SUCCESS, "re-parse: %s\n%s",
           xmesh_last_error(), buf ? buf : "");
     free(buf);
     return m2;
@@ -316,7 +316,7 @@ static void test_points(void)
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         xm_costmodel_t *sentinel = (xm_costmodel_t *)&g_fail, *out = sentinel;
-        xmesh_result_t r = xm_costmodel_parse(bad[i].text, &out);
+        xmesh_result_t r = xmp_costmodel_parse(bad[i].text, &out);
         CHECK(r == XMESH_ERR_INVALID_ARGUMENT && out == sentinel, "bad points %zu: result %d", i,
               (int)r);
         CHECK(strstr(xmesh_last_error(), bad[i].want), "bad points %zu: '%s', expected '%s'", i,
@@ -373,16 +373,19 @@ static void test_gptstep(void)
     const char *ok = "[compute]\n"
                      "gptstep 2 32 2 16 2 64 1 0.0125\n";
     xm_costmodel_t *m = NULL;
-    CHECK(xm_costmodel_parse(ok, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
+    CHECK(xmp_costmodel_parse(ok, &m) == XMESH_SUCCESS && m, "%s", xmesh_last_error());
     if (m) {
-        const xm_gptstep_t *g = &m->gptstep;
+        xmp_gptstep_t gv, g2;
+        const xmp_gptstep_t *g = &gv;
+        (void)xmp_gptstep_get(m, &gv);
         CHECK(g->layers == 2 && g->channels == 32 && g->heads == 2 && g->seq == 16 &&
                   g->rows == 2 && g->vocab == 64 && g->busy == 1 && near(g->seconds, 0.0125),
               "parsed %d %d %d %d %d %d %d %g", g->layers, g->channels, g->heads, g->seq, g->rows,
               g->vocab, g->busy, g->seconds);
         xm_costmodel_t *m2 = round_trip(m);
-        CHECK(m2 && !memcmp(&m2->gptstep.layers, &g->layers, 7 * sizeof(int)) &&
-                  near(m2->gptstep.seconds, g->seconds),
+        (void)xmp_gptstep_get(m2, &g2);
+        CHECK(m2 && !memcmp(&g2.layers, &g->layers, 7 * sizeof(int)) &&
+                  near(g2.seconds, g->seconds),
               "gptstep differs after the round trip");
         xm_costmodel_destroy(m2);
         xm_costmodel_destroy(m);
@@ -408,12 +411,12 @@ static void test_gptstep(void)
         CHECK(xm_costmodel_set_elt(cm, (xm_elt_t)k, &r) == XMESH_SUCCESS, "%s", xmesh_last_error());
     }
     const double measured = 0.0125;
-    xm_gptstep_t rec = {2, 32, 2, 16, 2, 64, 1, measured, 0};
-    CHECK(xm_costmodel_set_gptstep(cm, &rec) == XMESH_SUCCESS, "%s", xmesh_last_error());
-    xm_gptstep_t worse = rec;
+    xmp_gptstep_t rec = {2, 32, 2, 16, 2, 64, 1, measured, 0}, now;
+    CHECK(xmp_gptstep_set(cm, &rec) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    xmp_gptstep_t worse = rec;
     worse.seconds = -1;
-    CHECK(xm_costmodel_set_gptstep(cm, &worse) == XMESH_ERR_INVALID_ARGUMENT &&
-              cm->gptstep.seconds == measured,
+    CHECK(xmp_gptstep_set(cm, &worse) == XMESH_ERR_INVALID_ARGUMENT &&
+              xmp_gptstep_get(cm, &now) == XMESH_SUCCESS && now.seconds == measured,
           "a bad record must leave the model as it was");
     char err[512];
     /* the probe model itself, one rank: compute + optimizer == the measured step */

@@ -1,5 +1,5 @@
 /*
- * The out-of-band collectives of lib/core/oob.c (what a context without MPI
+ * The out-of-band collectives of lib/plan/oob.c (what a context without MPI
  * agrees on) with N ranks simulated by N threads of one process: a test
  * all-gather over a shared buffer and a barrier stands in for the
  * framework's. Every rank's verdict is checked: agreement, mismatch, a

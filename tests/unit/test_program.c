@@ -1,5 +1,5 @@
 /*
- * Unit tests of the per-rank program compiler (lib/core/program.c): for
+ * Unit tests of the per-rank program compiler (lib/plan/program.c): for
  * fixed and random reshardings (every strategy, partial sums, all dtypes
  * with a partial-sum path), the programs of all ranks are run on in-memory
  * blocks by a one-process simulator: hops are message queues keyed by hop

@@ -1,7 +1,9 @@
 /*
  * Private definitions behind the public handles, and the backend table.
- * The generic code (lib/core/api.c) validates arguments, decomposes and
- * schedules; a backend (lib/mpi, lib/cuda) moves the bytes.
+ * The generic code (lib/plan/api.c) validates arguments, decomposes and
+ * schedules; a backend (lib/mpi, lib/ucx, lib/cuda) moves the bytes.
+ * lib/plan sits on top of lib/core and scheduler/: neither includes a
+ * header of this folder.
  */
 #ifndef XM_API_H
 #define XM_API_H
@@ -100,5 +102,11 @@ struct xmesh_plan {
 
 /* Fills a cluster model for ctx's host map from XMESH_NIC_GBPS & co. */
 xmesh_result_t xm_cluster_from_env(xm_cluster_t *c, const xm_hostmap_t *hosts, int64_t chunk_bytes);
+
+/* xmesh_suggest_order() with the cluster parameters of model (bandwidths,
+ * NICs, latency, chunk; its host map is ignored) instead of the XMESH_*
+ * environment; model == NULL is the public call (api.c). */
+xmesh_result_t xm_suggest_order(const xmesh_placement_problem_t *pb, const xm_cluster_t *model,
+                                int *suggested_ranks, xmesh_placement_info_t *info);
 
 #endif /* XM_API_H */
