@@ -7,6 +7,9 @@
  *   (S) every set S of holder hosts: each task whose holders all sit in S
  *       and that some host outside S needs must leave S through a send NIC
  *       of S (a Hall-type bound on the sender choice, paper eq. 4 relaxed).
+ * (R) and (S) sum each task's occupancy of one NIC direction, nic_cost =
+ * bytes / hop_bw + latency, not its duration: a direction is exclusive to one
+ * task's bytes at a time, but consecutive chains overlap their fills.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -72,9 +75,9 @@ static double *subset_weights(const xm_prep_t *p, const int *bit_of, int u)
         const xm_prep_class_t *pc = &p->pc[c];
         if (!pc->needs_nic || pc->ngroups > 1)
             continue;
-        f[cm[2 * c]] += pc->lb_dur;
+        f[cm[2 * c]] += pc->nic_cost;
         if (cm[2 * c + 1] != ~0u)
-            g[cm[2 * c + 1]] += pc->lb_dur;
+            g[cm[2 * c + 1]] += pc->nic_cost;
     }
     free(cm);
     for (int b = 0; b < u; b++)
@@ -102,7 +105,7 @@ static double nics_of(const xm_prep_t *p, const int *bit_host, uint64_t m)
 }
 
 /* One class of tasks for the candidate-set loop: equal group holder-host
- * masks and receiver-host masks; w = sum of their lb_dur. */
+ * masks and receiver-host masks; w = sum of their nic_cost. */
 typedef struct {
     uint64_t rmask, hash;
     int rout, ngroups, goff;
@@ -166,7 +169,7 @@ static int agg_build(const xm_prep_t *p, const int *bit_of, int skip_np, agg_t *
         if (!pc->needs_nic)
             continue;
         /* tasks already in the subset weights still propose candidate sets */
-        agg_ent_t e = {0, 0, 0, pc->ngroups, 0, skip_np && pc->ngroups == 1 ? 0.0 : pc->lb_dur};
+        agg_ent_t e = {0, 0, 0, pc->ngroups, 0, skip_np && pc->ngroups == 1 ? 0.0 : pc->nic_cost};
         if (ent_of[p->pt[t].klass] >= 0) {
             a->ent[ent_of[p->pt[t].klass]].w += e.w;
             continue;
@@ -362,7 +365,8 @@ double xm_lower_bound_prep(const xm_prep_t *p)
         }
         /* (R): a receiver host not holding the full value of a task takes
          * it in through one of its NICs; that NIC direction is busy for the
-         * task's whole duration, at least nic_cost. */
+         * task's hop into it, at least nic_cost (not the task's duration:
+         * consecutive chains overlap their fills on a NIC). */
         rh_off[kc] = m;
         for (int i = 0; i < k->nrecv; i++) {
             int h = p->dev_host[ts->recvs[k->recv_off + i]];
@@ -383,7 +387,7 @@ double xm_lower_bound_prep(const xm_prep_t *p)
     rh_off[nk] = m;
     for (int t = 0; t < ts->ntasks; t++) {
         int kc = p->pt[t].klass;
-        double d = p->pc[kc].lb_dur;
+        double d = p->pc[kc].nic_cost;
         for (int i = rh_off[kc]; i < rh_off[kc + 1]; i++)
             rin[rh[i]] += d;
     }

@@ -281,12 +281,32 @@ static int add_res(xm_prep_t *q, const xm_troutes_t *tr, int o)
     int base = q->opt_res_off[o], m = base;
     if (grow_ints(&q->opt_res, &q->opt_res_cap, base + tr->nuse + 1))
         return -1;
+    if (!q->opt_res_t0 || q->opt_rest_cap < q->opt_res_cap) {
+        double *a = realloc(q->opt_res_t0, sizeof(double) * q->opt_res_cap);
+        if (!a)
+            return -1;
+        q->opt_res_t0 = a;
+        a = realloc(q->opt_res_t1, sizeof(double) * q->opt_res_cap);
+        if (!a)
+            return -1;
+        q->opt_res_t1 = a;
+        q->opt_rest_cap = q->opt_res_cap;
+    }
     for (int i = 0; i < tr->nuse; i++) {
-        int d = (tr->use_dir[i] / 2 / q->nics) * 2 + (tr->use_dir[i] & 1), dup = 0;
-        for (int j = base; j < m && !dup; j++)
-            dup = q->opt_res[j] == d;
-        if (!dup)
+        int d = (tr->use_dir[i] / 2 / q->nics) * 2 + (tr->use_dir[i] & 1), dup = -1;
+        for (int j = base; j < m && dup < 0; j++)
+            if (q->opt_res[j] == d)
+                dup = j;
+        if (dup < 0) {
+            q->opt_res_t0[m] = tr->use_off[i];
+            q->opt_res_t1[m] = tr->use_end[i];
             q->opt_res[m++] = d;
+        } else {
+            if (tr->use_off[i] < q->opt_res_t0[dup])
+                q->opt_res_t0[dup] = tr->use_off[i];
+            if (tr->use_end[i] > q->opt_res_t1[dup])
+                q->opt_res_t1[dup] = tr->use_end[i];
+        }
     }
     q->opt_res_off[o + 1] = m;
     if (q->nics > 1) {
@@ -561,6 +581,8 @@ void xm_prep_free(xm_prep_t *p)
     free(p->opt_ndevs);
     free(p->opt_res_off);
     free(p->opt_res);
+    free(p->opt_res_t0);
+    free(p->opt_res_t1);
     free(p->opt_nres_off);
     free(p->opt_nres);
     free(p->need_off);
@@ -657,7 +679,10 @@ xmesh_result_t xm_troutes_init(xm_troutes_t *r, const xm_prep_t *p)
     r->senders = malloc(sizeof *r->senders * (p->max_groups + 1));
     r->use_dir = malloc(sizeof *r->use_dir * 2 * nd);
     r->use_count = malloc(sizeof *r->use_count * 2 * nd);
-    if (!r->routes || !r->devs || !r->senders || !r->use_dir || !r->use_count) {
+    r->use_off = malloc(sizeof *r->use_off * 2 * nd);
+    r->use_end = malloc(sizeof *r->use_end * 2 * nd);
+    if (!r->routes || !r->devs || !r->senders || !r->use_dir || !r->use_count || !r->use_off ||
+        !r->use_end) {
         xm_troutes_free(r);
         return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for routes");
     }
@@ -673,6 +698,8 @@ void xm_troutes_free(xm_troutes_t *r)
     free(r->senders);
     free(r->use_dir);
     free(r->use_count);
+    free(r->use_off);
+    free(r->use_end);
     memset(r, 0, sizeof *r);
 }
 
@@ -1013,14 +1040,20 @@ static void build_routes(const xm_prep_t *p, const xm_state_t *s, int t, const i
 
 /* ----------------------------------------------------------- timing */
 
-static inline void use_dir(xm_troutes_t *r, int dir)
+static inline void use_dir(xm_troutes_t *r, int dir, double t0, double t1)
 {
     for (int i = 0; i < r->nuse; i++)
         if (r->use_dir[i] == dir) {
             r->use_count[i]++;
+            if (t0 < r->use_off[i])
+                r->use_off[i] = t0;
+            if (t1 > r->use_end[i])
+                r->use_end[i] = t1;
             return;
         }
     r->use_dir[r->nuse] = dir;
+    r->use_off[r->nuse] = t0;
+    r->use_end[r->nuse] = t1;
     r->use_count[r->nuse++] = 1;
 }
 
@@ -1033,7 +1066,20 @@ static inline void use_dir(xm_troutes_t *r, int dir)
  * paces the remaining K - a0 chunks (a0: the first hop's window). (Pacing K - 1 after a window
  * of a counted a - 1 chunks twice: with send-ahead 2, a task of 2 chunks was
  * modelled 1.5x its wire time, above the measured time, so the "lower bound"
- * of n-to-m case 4 read 0.671 s against 0.468 s measured.) */
+ * of n-to-m case 4 read 0.671 s against 0.468 s measured.)
+ *
+ * NIC occupancy (docs/LOWER_BOUND.md, model fact 1): hop h of a chain holds
+ * its NIC directions from the fill of the hops before it, off_h = sum_{j<h}
+ * (latency + a_j c / bw_j), to its last chunk, off_h + latency + a_h c / bw_h
+ * + (K - a0) c / min_{j<=h} bw_j, and at least latency + B / hop_bw (its own
+ * bytes at the hop's speed); a direction crossed n times holds from its
+ * earliest hop's start for at least latency + n B / bw. Outside that interval
+ * other tasks may use the direction, as the executor's send-ahead windows let
+ * consecutive chains overlap on a NIC; the whole chain's duration D_t is only
+ * the task's end. (Holding every direction for D_t charged every hop the fill
+ * of the whole chain: a 2-chunk task on a 2-hop chain took 3 chunk times per
+ * NIC instead of 2, so the "lower bound" of GPT-2 FSDP -> TP-4 on 300 Mbit/s
+ * NICs read 8.03 s against 6.84 s measured.) */
 void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
 {
     const xm_cluster_t *c = p->c;
@@ -1057,17 +1103,22 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
             for (int h = 0; h + 1 < rt->len; h++) {
                 double bw = c->intra_Bps;
                 int x = p->dev_host[d[h]] != p->dev_host[d[h + 1]];
-                if (x) {
+                if (x)
                     bw = inter;
-                    use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]));
-                    use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]));
-                }
                 double fill = xm_hop_fill_inline(c, K, prev_x, x);
                 if (h == 0)
                     fill0 = fill;
+                double off = sum;
                 sum += c->latency_s + fill * ch / bw;
                 if (bw < bmin)
                     bmin = bw;
+                if (x) {
+                    double e = sum + ((double)K - fill0) * ch / bmin;
+                    if (e < off + c->latency_s + B / inter)
+                        e = off + c->latency_s + B / inter;
+                    use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]), off, e);
+                    use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]), off, e);
+                }
                 prev_x |= x; /* a hop between hosts upstream paces the rest */
             }
             T = sum + ((double)K - fill0) * ch / bmin;
@@ -1079,9 +1130,11 @@ void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
     /* A NIC direction crossed n times inside the task carries n * B bytes. */
     for (int i = 0; i < r->nuse; i++) {
         double bw = (r->use_dir[i] & 1) ? c->nic_recv_Bps : c->nic_send_Bps;
-        double T = r->use_count[i] * B / bw + c->latency_s;
-        if (T > dur)
-            dur = T;
+        double e = r->use_off[i] + r->use_count[i] * B / bw + c->latency_s;
+        if (e > r->use_end[i])
+            r->use_end[i] = e;
+        if (r->use_end[i] > dur)
+            dur = r->use_end[i];
     }
     r->dur = dur;
 }
@@ -1109,18 +1162,18 @@ double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fi
         r->dur = p->opt_dur[go];
         r->route_dur = p->opt_rdur[go];
         r->nuse = 0;
-        for (int i = p->opt_res_off[go]; i < p->opt_res_off[go + 1]; i++)
+        for (int i = p->opt_res_off[go]; i < p->opt_res_off[go + 1]; i++) {
+            r->use_off[r->nuse] = p->opt_res_t0[i];
+            r->use_end[r->nuse] = p->opt_res_t1[i];
             r->use_dir[r->nuse++] = p->opt_res[i];
+        }
     } else {
         xm_task_timing(p, t, r);
     }
-    double start = 0;
-    for (int i = 0; i < r->nuse; i++)
-        if (s->dir_free[r->use_dir[i]] > start)
-            start = s->dir_free[r->use_dir[i]];
+    double start = xm_task_start(s->dir_free, r);
     double end = start + r->dur;
     for (int i = 0; i < r->nuse; i++)
-        undo_set(undo, &s->dir_free[r->use_dir[i]], end);
+        undo_set(undo, &s->dir_free[r->use_dir[i]], start + r->use_end[i]);
     for (int g = 0; g < k->ngroups; g++)
         undo_set(undo, &s->dev_load[r->senders[g]], s->dev_load[r->senders[g]] + (double)k->bytes);
     if (end > s->makespan)

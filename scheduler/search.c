@@ -96,23 +96,34 @@ static inline double opt_key(const xm_prep_t *p, const xm_state_t *s, int o)
         return st;
     }
     for (int i = p->opt_res_off[o]; i < p->opt_res_off[o + 1]; i++)
-        if (s->dir_free[p->opt_res[i]] > st)
-            st = s->dir_free[p->opt_res[i]];
+        if (s->dir_free[p->opt_res[i]] - p->opt_res_t0[i] > st)
+            st = s->dir_free[p->opt_res[i]] - p->opt_res_t0[i];
     return st;
 }
 
-/* Earliest possible start of option o (global index): exact with one NIC
- * per host, a lower bound with several (each host direction at its
- * earliest-free NIC). */
-static inline double opt_start(const xm_prep_t *p, const xm_state_t *s, int o)
+/* Earliest possible end of option o (global index) of a task of class k:
+ * exact with one NIC per host (the task starts when each direction is free
+ * as its bytes reach it); a lower bound with several: each host direction
+ * at its earliest-free NIC is then held at least nic_cost, within the task,
+ * and the task takes at least min_dur. */
+static inline double opt_end(const xm_prep_t *p, const xm_state_t *s, int o, int k)
 {
     double st = 0;
-    for (int i = p->opt_res_off[o]; i < p->opt_res_off[o + 1]; i++) {
-        double v = res_free(p, s, p->opt_res[i]);
-        if (v > st)
-            st = v;
+    if (p->nics == 1) {
+        for (int i = p->opt_res_off[o]; i < p->opt_res_off[o + 1]; i++) {
+            double v = s->dir_free[p->opt_res[i]] - p->opt_res_t0[i];
+            if (v > st)
+                st = v;
+        }
+        return st + p->opt_dur[o];
     }
-    return st;
+    double e = p->pc[k].min_dur;
+    for (int i = p->opt_res_off[o]; i < p->opt_res_off[o + 1]; i++) {
+        double v = res_free(p, s, p->opt_res[i]) + p->pc[k].nic_cost;
+        if (v > e)
+            e = v;
+    }
+    return e;
 }
 
 /* ------------------------------------------------------------------ DFS */
@@ -186,7 +197,10 @@ static void dfs_account(dfs_t *d, int t, int sign)
     const xm_prep_class_t *pc = &p->pc[pt->klass];
     if (!pc->needs_nic)
         return;
-    double m = pc->min_dur * sign;
+    /* each remaining task holds a NIC direction at least nic_cost (it may
+     * overlap its neighbours' fills: the directions, not the tasks, are
+     * exclusive) */
+    double m = pc->nic_cost * sign;
     for (int i = p->need_off[pt->klass]; i < p->need_off[pt->klass + 1]; i++)
         d->rem_recv[p->need_hosts[i]] -= m;
     for (int o = 0; o < pt->nopt; o++)
@@ -231,7 +245,7 @@ static double dfs_bound(dfs_t *d)
             double e = INFINITY;
             for (int o = 0; o < pt->nopt; o++) {
                 int go = pt->opt_off + o;
-                double v = opt_start(p, s, go) + (p->nics == 1 ? p->opt_dur[go] : p->pc[k].min_dur);
+                double v = opt_end(p, s, go, k);
                 if (v < e)
                     e = v;
             }
@@ -574,22 +588,25 @@ double xm_sched_greedy(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_se
  * position of the task that blocked its start (-1: started when its NIC
  * directions were idle). Returns the makespan; *sum = sum of end times. */
 static double eval_crit(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, const int *order,
-                        const int *hosts, double *end, int *pred, int *dir_last, double *sum)
+                        const int *hosts, double *end, int *pred, int *dir_last, double *dir_end,
+                        double *sum)
 {
     int n = p->ts->ntasks;
     xm_state_reset(s, p);
     for (int d = 0; d < 2 * p->nnics; d++)
-        dir_last[d] = -1;
+        dir_last[d] = -1, dir_end[d] = 0;
     double tot = 0;
     for (int i = 0; i < n; i++) {
         end[i] = xm_step(p, s, order[i], hosts[order[i]], NULL, r, NULL);
         tot += end[i];
         pred[i] = -1;
         for (int u = 0; u < r->nuse; u++) {
+            /* blocked: the direction was free just as this task's bytes reached it */
             int d = r->use_dir[u], q = dir_last[d];
-            if (q >= 0 && end[q] == r->start)
+            if (q >= 0 && dir_end[d] - r->use_off[u] == r->start)
                 pred[i] = q;
             dir_last[d] = i;
+            dir_end[d] = s->dir_free[d];
         }
     }
     *sum = tot;
@@ -612,10 +629,11 @@ double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_s
     int *o2 = xmalloc(sizeof(int) * n), *chain = xmalloc(sizeof(int) * n);
     int *pred = xmalloc(sizeof(int) * n), *pred2 = xmalloc(sizeof(int) * n);
     int *dir_last = xmalloc(sizeof(int) * 2 * p->nnics);
+    double *dir_end = xmalloc(sizeof(double) * 2 * p->nnics);
     double *end = xmalloc(sizeof(double) * n), *end2 = xmalloc(sizeof(double) * n);
     uint64_t rng = ctl->seed ^ 0x696d70726f7665ull;
     double sum, sum2;
-    cur = eval_crit(p, s, r, order, hosts, end, pred, dir_last, &sum);
+    cur = eval_crit(p, s, r, order, hosts, end, pred, dir_last, dir_end, &sum);
     while (cur > ctl->lower_bound * (1 + 1e-12) && !xm_ctl_expired(ctl)) {
         uint64_t x = xm_rng_next(&rng);
         /* critical chain, last task first */
@@ -673,7 +691,7 @@ double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_s
             o2[i] = o2[j];
             o2[j] = v;
         }
-        double ms = eval_crit(p, s, r, o2, hosts, end2, pred2, dir_last, &sum2);
+        double ms = eval_crit(p, s, r, o2, hosts, end2, pred2, dir_last, dir_end, &sum2);
         ctl->evals += n;
         if (ms <= cur) {
             cur = ms;
@@ -690,6 +708,7 @@ double xm_sched_improve(const xm_prep_t *p, xm_state_t *s, xm_troutes_t *r, xm_s
     free(pred);
     free(pred2);
     free(dir_last);
+    free(dir_end);
     free(end);
     free(end2);
     return cur;

@@ -1,12 +1,13 @@
 /*
  * Network simulator of a schedule (issue 3 item 4). Event model: every NIC
  * direction is a FIFO server running its tasks in the schedule's global
- * order (paper 002 eq. 1-3: tasks sharing a sender or receiver NIC never
- * overlap); a task starts when all the NIC directions its routes cross are
- * free and holds them for its duration; a task's duration is the analytic
- * time of its chunked pipelined chains (xm_task_timing: alpha-beta per hop,
- * the slowest hop paces the chunks, a direction crossed n times carries n
- * copies). Processing tasks in `order` is an exact event simulation here,
+ * order (paper 002 eq. 1-3: tasks' bytes on a sender or receiver NIC never
+ * overlap); a task starts as early as every NIC direction its routes cross is
+ * free when its bytes reach it, and holds each from there to its hop's last
+ * chunk (xm_task_timing: the fill of the hops before it, then its own bytes;
+ * alpha-beta per hop, the slowest hop paces the chunks, a direction crossed n
+ * times carries n copies); the task ends when its chains do. Processing
+ * tasks in `order` is an exact event simulation here,
  * because a FIFO server in a fixed global order never lets a later task
  * overtake an earlier one on the same direction.
  *
@@ -45,7 +46,7 @@ static void trace_event(FILE *f, int *first, int pid, int tid, const char *name,
 
 /* Track ids inside host pid: NIC k send = k, recv = nics + k, devices after. */
 static void write_trace(FILE *f, const xm_prep_t *p, const xm_schedule_t *s,
-                        const xm_sim_result_t *res, const int *dev_local)
+                        const xm_sim_result_t *res, const int *dev_local, xm_troutes_t *tr)
 {
     int first = 1;
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
@@ -69,18 +70,20 @@ static void write_trace(FILE *f, const xm_prep_t *p, const xm_schedule_t *s,
         double st = res->task_start_s[t], du = res->task_end_s[t] - st;
         int64_t bytes = p->ts->tasks[t].bytes;
         snprintf(name, sizeof name, "task %d", t);
-        /* NIC directions: recomputed from the routes */
+        /* NIC directions: retimed from the routes, each over its own interval */
+        tr->routes = s->routes + s->task_route_off[t];
+        tr->nroutes = s->task_route_off[t + 1] - s->task_route_off[t];
+        tr->devs = s->route_devs;
+        xm_task_timing(p, t, tr);
+        for (int u = 0; u < tr->nuse; u++) {
+            int nic = tr->use_dir[u] / 2, rcv = tr->use_dir[u] & 1;
+            trace_event(f, &first, nic / p->nics, (rcv ? p->nics : 0) + nic % p->nics, name,
+                        st + tr->use_off[u], tr->use_end[u] - tr->use_off[u], t, bytes,
+                        rcv ? "recv" : "send");
+        }
         for (int q = s->task_route_off[t]; q < s->task_route_off[t + 1]; q++) {
             const xm_route_t *rt = &s->routes[q];
             const int *d = s->route_devs + rt->off;
-            for (int i = 0; i + 1 < rt->len; i++) {
-                if (p->dev_host[d[i]] == p->dev_host[d[i + 1]])
-                    continue;
-                int ns = p->dev_nic[d[i]], nr = p->dev_nic[d[i + 1]];
-                trace_event(f, &first, ns / p->nics, ns % p->nics, name, st, du, t, bytes, "send");
-                trace_event(f, &first, nr / p->nics, p->nics + nr % p->nics, name, st, du, t, bytes,
-                            "recv");
-            }
             for (int i = 0; i < rt->len; i++) {
                 const char *role = rt->len == 1 ? "copy" : i < rt->nsrc ? "source" : "receiver";
                 trace_event(f, &first, p->dev_host[d[i]], 2 * p->nics + dev_local[d[i]], name, st,
@@ -120,6 +123,8 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
     memset(&tr, 0, sizeof tr);
     tr.use_dir = malloc(sizeof(int) * 2 * maxdevs);
     tr.use_count = malloc(sizeof(int) * 2 * maxdevs);
+    tr.use_off = malloc(sizeof(double) * 2 * maxdevs);
+    tr.use_end = malloc(sizeof(double) * 2 * maxdevs);
     res.nnics = p.nnics;
     res.nic_send_busy_s = calloc(p.nnics + 1, sizeof(double));
     res.nic_recv_busy_s = calloc(p.nnics + 1, sizeof(double));
@@ -127,9 +132,9 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
     res.nic_recv_bytes = calloc(p.nnics + 1, sizeof(double));
     res.task_start_s = calloc(n + 1, sizeof(double));
     res.task_end_s = calloc(n + 1, sizeof(double));
-    if (!dir_free || !dev_local || !cnt || !tr.use_dir || !tr.use_count || !res.nic_send_busy_s ||
-        !res.nic_recv_busy_s || !res.nic_send_bytes || !res.nic_recv_bytes || !res.task_start_s ||
-        !res.task_end_s) {
+    if (!dir_free || !dev_local || !cnt || !tr.use_dir || !tr.use_count || !tr.use_off ||
+        !tr.use_end || !res.nic_send_busy_s || !res.nic_recv_busy_s || !res.nic_send_bytes ||
+        !res.nic_recv_bytes || !res.task_start_s || !res.task_end_s) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "xm_simulate: out of memory for %d tasks", n);
         goto out_free;
     }
@@ -146,19 +151,17 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         tr.nroutes = s->task_route_off[t + 1] - s->task_route_off[t];
         tr.devs = s->route_devs;
         xm_task_timing(&p, t, &tr);
-        double start = 0;
-        for (int u = 0; u < tr.nuse; u++)
-            if (dir_free[tr.use_dir[u]] > start)
-                start = dir_free[tr.use_dir[u]];
+        double start = xm_task_start(dir_free, &tr);
         double end = start + tr.dur;
         for (int u = 0; u < tr.nuse; u++) {
-            dir_free[tr.use_dir[u]] = end;
+            double held = tr.use_end[u] - tr.use_off[u];
+            dir_free[tr.use_dir[u]] = start + tr.use_end[u];
             int nic = tr.use_dir[u] / 2;
             if (tr.use_dir[u] & 1) {
-                res.nic_recv_busy_s[nic] += tr.dur;
+                res.nic_recv_busy_s[nic] += held;
                 res.nic_recv_bytes[nic] += (double)ts->tasks[t].bytes;
             } else {
-                res.nic_send_busy_s[nic] += tr.dur;
+                res.nic_send_busy_s[nic] += held;
                 res.nic_send_bytes[nic] += (double)ts->tasks[t].bytes;
             }
         }
@@ -168,7 +171,7 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
             res.makespan_s = end;
     }
     if (trace)
-        write_trace(trace, &p, s, &res, dev_local);
+        write_trace(trace, &p, s, &res, dev_local, &tr);
     *out = res;
     memset(&res, 0, sizeof res);
     r = XMESH_SUCCESS;
@@ -179,6 +182,8 @@ out_free:
     free(cnt);
     free(tr.use_dir);
     free(tr.use_count);
+    free(tr.use_off);
+    free(tr.use_end);
     xm_prep_free(&p);
     return r;
 }

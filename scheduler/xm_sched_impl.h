@@ -72,6 +72,10 @@ typedef struct xm_prep {
     int *opt_res_off;
     int *opt_res;
     int opt_res_cap;
+    /* Per entry of opt_res: its xm_troutes_t.use_off / use_end (merged over
+     * a host's NICs: earliest offset, latest end). */
+    double *opt_res_t0, *opt_res_t1;
+    int opt_rest_cap;
     /* Per option, several NICs per host only: the NIC directions the task
      * crosses when routed on an idle cluster (the DFS orders children by
      * them; exact when the devices are forced, an estimate otherwise). */
@@ -145,6 +149,11 @@ typedef struct xm_troutes {
     int nuse;
     int *use_dir;   /* NIC directions used (distinct) */
     int *use_count; /* inter-host hops through that direction (xm_task_timing() only) */
+    /* Per used direction, relative to the task's start: when the task's bytes
+     * begin to occupy it (the pipeline fill of the hops before it) and when
+     * they leave it; the direction is free for other tasks outside that
+     * interval (docs/LOWER_BOUND.md, model fact 1). use_end <= dur. */
+    double *use_off, *use_end;
     double dur;
     double route_dur; /* max over routes alone, without NIC sharing */
     double start, end;
@@ -162,8 +171,22 @@ double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fi
                xm_troutes_t *r, xm_undo_t *undo);
 
 /* Timing of given routes of one task (shared with the simulator): fills
- * r->dur, r->nuse, r->use_dir, r->use_count from r->routes / r->devs. */
+ * r->dur, r->nuse, r->use_dir, r->use_count, r->use_off, r->use_end from
+ * r->routes / r->devs. */
 void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r);
+
+/* Earliest start of a task timed in r given the directions' free times: each
+ * direction it uses must be free when the task's bytes reach it (use_off). */
+static inline double xm_task_start(const double *dir_free, const xm_troutes_t *r)
+{
+    double start = 0;
+    for (int i = 0; i < r->nuse; i++) {
+        double v = dir_free[r->use_dir[i]] - r->use_off[i];
+        if (v > start)
+            start = v;
+    }
+    return start;
+}
 
 /* Evaluates a whole plan (order + per-task option host or fixed senders)
  * from an idle cluster; returns the makespan. hosts or fixed may be NULL. */

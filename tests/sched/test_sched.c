@@ -251,12 +251,33 @@ static void check_routes(const inst_t *in, const xm_schedule_t *s, xmesh_strateg
 
 /* No two tasks overlap on a NIC direction; each direction serves its tasks in
  * the global order; the schedule's makespan is the simulator's. */
+/* The simulated schedule keeps every NIC direction exclusive: in the
+ * schedule's order, each task's bytes occupy each direction its routes cross
+ * over [start + use_off, start + use_end] (xm_task_timing), inside the task,
+ * and these intervals never overlap on a direction; the NICs' busy sums are
+ * these intervals' lengths. */
 static void check_sim(const inst_t *in, const xm_schedule_t *s)
 {
     xm_sim_result_t res;
     assert_int_equal(xm_simulate(&in->ts, &in->c, s, &res, NULL), XMESH_SUCCESS);
     assert_true(fabs(res.makespan_s - s->makespan_s) <= 1e-12 * (1 + s->makespan_s));
     int n = in->ts.ntasks, nics = in->c.nics_per_host, ndir = 2 * in->hm.nhosts * nics;
+    xm_prep_t p;
+    assert_int_equal(xm_prep_init(&p, &in->ts, &in->c, XMESH_STRATEGY_BROADCAST), XMESH_SUCCESS);
+    int maxdevs = 1;
+    for (int t = 0; t < n; t++) {
+        int nd = 0;
+        for (int q = s->task_route_off[t]; q < s->task_route_off[t + 1]; q++)
+            nd += s->routes[q].len;
+        if (nd > maxdevs)
+            maxdevs = nd;
+    }
+    xm_troutes_t tr;
+    memset(&tr, 0, sizeof tr);
+    tr.use_dir = malloc(sizeof(int) * 2 * maxdevs);
+    tr.use_count = malloc(sizeof(int) * 2 * maxdevs);
+    tr.use_off = malloc(sizeof(double) * 2 * maxdevs);
+    tr.use_end = malloc(sizeof(double) * 2 * maxdevs);
     double *last_end = calloc(ndir, sizeof(double));
     int *pos = malloc(sizeof(int) * n);
     for (int i = 0; i < n; i++)
@@ -281,19 +302,30 @@ static void check_sim(const inst_t *in, const xm_schedule_t *s)
                 used[2 * xm_cluster_nic_of(&in->c, d[j + 1]) + 1] = 1;
             }
         }
-        for (int d = 0; d < ndir; d++) {
-            if (!used[d])
-                continue;
-            if (st < last_end[d] - 1e-12 * (1 + st))
-                fail_msg("seed %llu: task %d starts %.9g on NIC dir %d busy until %.9g (task %d)",
-                         (unsigned long long)g_seed, t, st, d, last_end[d], last_task[d]);
+        tr.routes = s->routes + s->task_route_off[t];
+        tr.nroutes = s->task_route_off[t + 1] - s->task_route_off[t];
+        tr.devs = s->route_devs;
+        xm_task_timing(&p, t, &tr);
+        assert_true(fabs(en - st - tr.dur) <= 1e-12 * (1 + en));
+        int nused = 0;
+        for (int d = 0; d < ndir; d++)
+            nused += used[d];
+        assert_int_equal(nused, tr.nuse);
+        for (int u = 0; u < tr.nuse; u++) {
+            int d = tr.use_dir[u];
+            assert_true(used[d]);
+            double b0 = st + tr.use_off[u], b1 = st + tr.use_end[u];
+            assert_true(tr.use_off[u] >= 0 && b1 >= b0 && b1 <= en * (1 + 1e-12));
+            if (b0 < last_end[d] - 1e-12 * (1 + b0))
+                fail_msg("seed %llu: task %d takes NIC dir %d at %.9g, busy until %.9g (task %d)",
+                         (unsigned long long)g_seed, t, d, b0, last_end[d], last_task[d]);
             if (last_task[d] >= 0)
                 assert_true(pos[last_task[d]] < pos[t]);
-            last_end[d] = en;
+            last_end[d] = b1;
             last_task[d] = t;
             if (d & 1)
-                busy_recv += en - st;
-            busy_sum += en - st;
+                busy_recv += b1 - b0;
+            busy_sum += b1 - b0;
         }
     }
     double rs = 0, ss = 0;
@@ -307,6 +339,11 @@ static void check_sim(const inst_t *in, const xm_schedule_t *s)
     free(pos);
     free(last_task);
     free(used);
+    free(tr.use_dir);
+    free(tr.use_count);
+    free(tr.use_off);
+    free(tr.use_end);
+    xm_prep_free(&p);
     xm_sim_result_free(&res);
 }
 
@@ -764,6 +801,97 @@ static void test_chain_timing(void **state)
     inst_free(&in);
 }
 
+/* Two consecutive broadcast tasks from one sender along the same 2-hop chain
+ * h0 -> h1 -> h2 (one device per host), each B = 110,592 bytes (96 x 576
+ * bf16, a GPT-2 unit task) in K = 2 chunks of c = 55,296 B (chunk_bytes
+ * 65,408), NICs at bw = 37.5e6 B/s (300 Mbit/s), latency a = 1e-5 s,
+ * send_ahead = forward_ahead = 1 (window of one chunk per hop):
+ * c / bw = 1.47456 ms.
+ *   task 0 at 0: hop h0->h1 holds h0 send, h1 recv over [0, a + 2c/bw]
+ *     = [0, 2.95912 ms]; hop h1->h2 starts after the first hop's fill,
+ *     holds h1 send, h2 recv over [a + c/bw, 2a + 3c/bw] = [1.48456,
+ *     4.44368 ms]; the task ends at 2a + 3c/bw = 4.44368 ms.
+ *   task 1 starts when h0 send is free, 2.95912 ms: its second hop needs
+ *     h1 send at 2.95912 + 1.48456 = 4.44368 ms, just free; it ends at
+ *     2.95912 + 4.44368 = 3a + 5c/bw = 7.40280 ms.
+ * Makespan 3a + 5c/bw = 7.40280 ms. The old model held every direction for
+ * the whole chain: 2 (2a + 3c/bw) = 8.88736 ms, and its "lower bound" was
+ * the same. Lower bound: h1 receives both tasks, nic_cost = a + B/bw each:
+ * 2 (a + 2c/bw) = 5.91824 ms. */
+static void test_chain_fill_overlap(void **state)
+{
+    (void)state;
+    inst_t in;
+    memset(&in, 0, sizeof in);
+    int nh = 3;
+    in.hm.ndev = nh;
+    in.hm.nhosts = nh;
+    in.hm.host_of = malloc(sizeof(int) * nh);
+    for (int d = 0; d < nh; d++)
+        in.hm.host_of[d] = d;
+    in.ts.ntasks = 2;
+    in.ts.ndim = 1;
+    in.ts.elem_size = 1;
+    in.ts.tasks = calloc(2, sizeof(xm_task_t));
+    in.ts.holders = malloc(sizeof(int) * 2);
+    in.ts.recvs = malloc(sizeof(int) * 4);
+    for (int t = 0; t < 2; t++) {
+        xm_task_t *k = &in.ts.tasks[t];
+        in.ts.holders[t] = 0;
+        in.ts.recvs[2 * t] = 1;
+        in.ts.recvs[2 * t + 1] = 2;
+        k->bytes = 110592;
+        k->box.lo[0] = t * k->bytes;
+        k->box.hi[0] = (t + 1) * k->bytes;
+        k->ngroups = k->group_size = 1;
+        k->holder_off = t;
+        k->nrecv = 2;
+        k->recv_off = 2 * t;
+    }
+    assert_int_equal(xm_cluster_init(&in.c, &in.hm), XMESH_SUCCESS);
+    in.c.nic_send_Bps = in.c.nic_recv_Bps = 37.5e6;
+    in.c.latency_s = 1e-5;
+    in.c.chunk_bytes = 65408;
+    in.c.send_ahead = in.c.forward_ahead = 1;
+    in.c.sync_send = 0;
+    double a = 1e-5, cb = 55296.0 / 37.5e6;
+    double want = 3 * a + 5 * cb, want_lb = 2 * (a + 2 * cb);
+    assert_true(fabs(want - 7.40280e-3) < 1e-12);
+    assert_true(fabs(want_lb - 5.91824e-3) < 1e-12);
+    xm_sched_opts_t o = opts(XMESH_SCHEDULER_NAIVE, XMESH_STRATEGY_BROADCAST, 1, 10);
+    xm_schedule_t s;
+    assert_int_equal(xm_schedule(&in.ts, &in.c, &o, &s), XMESH_SUCCESS);
+    assert_int_equal(s.nroutes, 2);
+    assert_int_equal(s.routes[0].len, 3);
+    if (fabs(s.makespan_s - want) > 1e-12 * want)
+        fail_msg("makespan %.9g s, want %.9g s", s.makespan_s, want);
+    if (fabs(s.lower_bound_s - want_lb) > 1e-12 * want_lb)
+        fail_msg("lower bound %.9g s, want %.9g s", s.lower_bound_s, want_lb);
+    xm_sim_result_t res;
+    assert_int_equal(xm_simulate(&in.ts, &in.c, &s, &res, NULL), XMESH_SUCCESS);
+    assert_true(fabs(res.makespan_s - want) <= 1e-12 * want);
+    int t0 = s.order[0], t1 = s.order[1];
+    assert_true(fabs(res.task_start_s[t0]) <= 1e-15);
+    assert_true(fabs(res.task_end_s[t0] - (2 * a + 3 * cb)) <= 1e-12 * want);
+    assert_true(fabs(res.task_start_s[t1] - (a + 2 * cb)) <= 1e-12 * want);
+    /* every NIC direction carries each task's bytes once: a + B/bw each */
+    for (int k = 0; k < res.nnics; k++) {
+        double ws = k < 2 ? 2 * (a + 2 * cb) : 0, wr = k > 0 ? 2 * (a + 2 * cb) : 0;
+        assert_true(fabs(res.nic_send_busy_s[k] - ws) <= 1e-12);
+        assert_true(fabs(res.nic_recv_busy_s[k] - wr) <= 1e-12);
+    }
+    xm_sim_result_free(&res);
+    xm_schedule_free(&s);
+    for (xmesh_scheduler_t kind = 0; kind < XMESH_SCHEDULER_COUNT_; kind++) {
+        o = opts(kind, XMESH_STRATEGY_BROADCAST, 1, 1000);
+        if (xm_schedule(&in.ts, &in.c, &o, &s) != XMESH_SUCCESS)
+            continue;
+        assert_true(s.makespan_s >= want_lb * (1 - 1e-12));
+        xm_schedule_free(&s);
+    }
+    inst_free(&in);
+}
+
 /* The analytic chain time equals a chunk-by-chunk event simulation of the
  * same chain: chunk j leaves hop h's sender when it has arrived there and
  * the previous chunk has left, takes c / bw on the wire, then the latency. */
@@ -1112,6 +1240,7 @@ int main(void)
     g_seed = xt_seed("test_sched");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_timing),
+        cmocka_unit_test(test_chain_fill_overlap),
         cmocka_unit_test(test_chain_vs_chunk_events),
         cmocka_unit_test(test_routes_and_sim_random),
         cmocka_unit_test(test_lower_bound_random),
