@@ -66,6 +66,7 @@ int xmp_tr_serial_losses(const xmp_train_opts_t *o, const xmp_train_model_t *m, 
 typedef struct {
     xmp_stage_ops_t in;
     double f, i, w, r, o;
+    double comm; /* of those seconds, the ones in nn/ collectives (xmp_comm_seconds) */
     int nf, ni, nw;
     int defer_o; /* --grad-clip: O runs after the driver step, once the global norm is known */
     int eval;    /* validation: forwards only (the gradients sent are not used) */

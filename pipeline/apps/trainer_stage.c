@@ -104,8 +104,10 @@ int xmp_tr_t_fwd(void *u, int mb, const void *const *in, void *const *out, doubl
         return cb_done(-1);
     }
     double t0 = MPI_Wtime();
+    double c0 = xmp_comm_seconds();
     int rc = t->in.forward(t->in.user, mb, in, out, loss);
     t->f += MPI_Wtime() - t0;
+    t->comm += xmp_comm_seconds() - c0;
     t->nf++;
     if (t->probe && src->activation_bytes) {
         int64_t held = src->activation_bytes(src->user) - a0;
@@ -120,8 +122,10 @@ int xmp_tr_t_bin(void *u, int mb, const void *const *go, void *const *gi)
     if (t->eval)
         return 0;
     double t0 = MPI_Wtime();
+    double c0 = xmp_comm_seconds();
     int rc = t->in.backward_input(t->in.user, mb, go, gi);
     t->i += MPI_Wtime() - t0;
+    t->comm += xmp_comm_seconds() - c0;
     t->ni++;
     return cb_done(rc);
 }
@@ -131,8 +135,10 @@ int xmp_tr_t_bw(void *u, int mb)
     if (t->eval)
         return 0;
     double t0 = MPI_Wtime();
+    double c0 = xmp_comm_seconds();
     int rc = t->in.backward_weight(t->in.user, mb);
     t->w += MPI_Wtime() - t0;
+    t->comm += xmp_comm_seconds() - c0;
     t->nw++;
     return cb_done(rc);
 }
@@ -142,8 +148,10 @@ int xmp_tr_t_red(void *u)
     if (t->eval || t->no_update)
         return 0;
     double t0 = MPI_Wtime();
+    double c0 = xmp_comm_seconds();
     int rc = t->in.reduce_grads ? t->in.reduce_grads(t->in.user) : 0;
     t->r += MPI_Wtime() - t0;
+    t->comm += xmp_comm_seconds() - c0;
     return cb_done(rc);
 }
 int xmp_tr_t_opt(void *u)
@@ -152,8 +160,10 @@ int xmp_tr_t_opt(void *u)
     if (t->defer_o || t->eval || t->no_update)
         return 0;
     double t0 = MPI_Wtime();
+    double c0 = xmp_comm_seconds();
     int rc = t->in.optimizer_step ? t->in.optimizer_step(t->in.user) : 0;
     t->o += MPI_Wtime() - t0;
+    t->comm += xmp_comm_seconds() - c0;
     return cb_done(rc);
 }
 void xmp_tr_t_setp(void *u, void (*fn)(void *arg), void *arg)
@@ -273,9 +283,10 @@ int xmp_tr_clip_and_update(const xmp_train_opts_t *o, const xmp_train_model_t *m
         /* virtual stages: every chunk of the rank its own update (each chunk's O) */
         for (int k = nv ? 0 : -1; k < nv; k++) {
             timed_ops_t *q = k < 0 ? t : &vt[k];
-            double t0 = MPI_Wtime();
+            double t0 = MPI_Wtime(), c0 = xmp_comm_seconds();
             bad |= q->in.optimizer_step ? q->in.optimizer_step(q->in.user) != 0 : 0;
             q->o += MPI_Wtime() - t0;
+            q->comm += xmp_comm_seconds() - c0;
         }
     }
     return xmp_tr_any_rank(bad) ? -1 : 0;
