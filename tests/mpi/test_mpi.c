@@ -1150,10 +1150,11 @@ static void test_soak(int n)
                 fd0, fd1);
     long v[2] = {rss1 - rss0, fd1 - fd0}, mx[2];
     MPI_Allreduce(v, mx, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
-    report(ok && grow_ok,
-           "soak: %d reshards over %d plans in %.1f s, all checked; max growth over the second half: "
-           "RSS %ld KiB, fds %ld %s",
-           n, NP, MPI_Wtime() - t0, mx[0], mx[1], why);
+    report(
+        ok && grow_ok,
+        "soak: %d reshards over %d plans in %.1f s, all checked; max growth over the second half: "
+        "RSS %ld KiB, fds %ld %s",
+        n, NP, MPI_Wtime() - t0, mx[0], mx[1], why);
     if (g_rank == 0)
         printf("soak: %d reshards, RSS growth %ld KiB, fd growth %ld (max over ranks)\n", n, mx[0],
                mx[1]);

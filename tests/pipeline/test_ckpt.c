@@ -356,10 +356,9 @@ static void matrix_case(int nA, int nB, int trial, unsigned flags)
              * at 0 */
             /* a tensor above the budget has a plan of its own; the others fill plans of at
              * most the budget */
-            int min_plans = !want_plan ? 0
-                            : budget <= 0
-                                ? want_plan
-                                : big_plans + (int)((small_bytes + budget - 1) / budget);
+            int min_plans = !want_plan    ? 0
+                            : budget <= 0 ? want_plan
+                                          : big_plans + (int)((small_bytes + budget - 1) / budget);
             int max_plans = budget <= 0 || budget >= plan_bytes ? min_plans : want_plan;
             if (!r && (li.plans < min_plans || li.plans > max_plans))
                 FAIL("nA=%d nB=%d trial %d: %d tensors (%" PRId64 " bytes) by %d plans, want "

@@ -440,8 +440,8 @@ static void run_case(xmesh_ctx_t ctx, const graph_t *g, const ref_t *ref, int ki
         goto out;
     }
     if (xmp_driver_plans(d) != want_plans(g)) {
-        fprintf(stderr, "FAIL rank %d %s %s: %d xmesh plans for %d edges, want %d\n", rank,
-                s->name, xmp_comm_mode_name(mode), xmp_driver_plans(d), g->nedges, want_plans(g));
+        fprintf(stderr, "FAIL rank %d %s %s: %d xmesh plans for %d edges, want %d\n", rank, s->name,
+                xmp_comm_mode_name(mode), xmp_driver_plans(d), g->nedges, want_plans(g));
         failures++;
     }
     for (int step = 0; step < 2; step++) {
