@@ -252,11 +252,8 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
         if (!st->p || !st->mb)
             lfail = 1;
         /* the parameters' classes and shapes: the model graph (gpt2_graph.h) */
-        if (!lfail && xmp_gpt2_graph(c, 1, 1, 1, &st->graph))
+        if (!lfail && xmp_gpt2_graph(c, st->Bm, tc->T, c->num_layers, &st->graph))
             lfail = 1;
-        for (int k = 0; !lfail && k < tc->M; k++)
-            if (!(st->mb[k].b = calloc((size_t)st->nl + 1, sizeof(blk_t))))
-                lfail = 1;
         if (!lfail && st->has_e)
             lfail = add_param(st, full, XMP_GPT2_WTE, -1) || add_param(st, full, XMP_GPT2_WPE, -1);
         for (int l = st->l0; !lfail && l < st->l0 + st->nl; l++)
@@ -266,6 +263,8 @@ static int stage_create(MPI_Comm comm, xmesh_ctx_t ctx, const xmp_gpt2_t *full,
             lfail = add_param(st, full, XMP_GPT2_WTE, -1) ||
                     add_param(st, full, XMP_GPT2_LNFW, -1) ||
                     add_param(st, full, XMP_GPT2_LNFB, -1);
+        if (!lfail)
+            lfail = xmp_gpt2__exec_init(st);
         if (lfail && !*err)
             xmp_err_buf(err, errlen, "stage %d parameters: %s", s,
                         *xmp_last_error() ? xmp_last_error() : "out of memory");
@@ -370,15 +369,13 @@ void xmp_gpt2_stage_destroy(xmp_gpt2_stage_t *st)
     xmesh_plan_destroy(st->tie_fl);
     xmesh_plan_destroy(st->tie_lf);
     free(st->cap);
-    if (st->mb) {
-        for (int k = 0; k < st->tc.M; k++) {
-            if (st->mb[k].b)
-                xmp_gpt2__mb_free(st, &st->mb[k]);
-            free(st->mb[k].b);
-            free(st->mb[k].wq);
-        }
-        free(st->mb);
-    }
+    for (int k = 0; st->mb && k < st->tc.M; k++)
+        xmp_gpt2__mb_free(st, &st->mb[k]), xmp_gexec_mb_free(&st->ex, &st->mb[k].x);
+    free(st->mb);
+    xmp_gexec_free(&st->ex);
+    free(st->vcls);
+    free(st->gpmap);
+    free(st->blo);
     for (int i = 0; st->p && i < st->np; i++)
         xmp_param_free(&st->p[i].P);
     free(st->p);
@@ -498,12 +495,13 @@ int xmp_gpt2_stage_probe_bytes(xmp_gpt2_stage_t *st, double *act, double *ckpt, 
         mb_t *m = &st->mb[0];
         if (!rc) {
             double a = (double)m->bytes,
-                   c = (double)(xmp_gpt2__tbytes(&m->x0) + xmp_gpt2__tbytes(&m->lnf) +
+                   c = (double)(xmp_gpt2__tbytes(&m->x.val[st->v_in]) + xmp_gpt2__tbytes(&m->lnf) +
                                 xmp_gpt2__tbytes(&m->dlogits)),
                    p = 0;
             for (int k = 0; k < st->nl; k++) {
-                c += (double)xmp_gpt2__tbytes(&m->b[k].res2);
-                p += (double)xmp_gpt2__tbytes(&m->b[k].ac.att);
+                c += (double)xmp_gpt2__tbytes(&m->x.val[st->graph.node[st->blo[k + 1] - 1].out]);
+                for (int i = st->blo[k]; i < st->blo[k + 1]; i++)
+                    p += (double)xmp_gpt2__tbytes(&m->x.ac[i].att);
             }
             *act = a;
             *ckpt = c;

@@ -8,6 +8,7 @@
 
 #include "models/gpt2_graph.h"
 #include "models/gpt2_par.h"
+#include "nn/graph_exec.h"
 #include "nn/kernels.h"
 #include "nn/overlap.h"
 #include "nn/param.h"
@@ -34,37 +35,28 @@ typedef struct {
     xmp_param_t P;
 } par_t;
 
-/* Saved activations of one transformer block for one microbatch, and the
- * SBPs each had before it was boxed to its class (for the backward). */
-typedef struct {
-    xmp_norm_cache_t c1, c2;
-    xmp_tensor_t ln1, qkv, att, res1, ln2, fch, fcg, res2;
-    xmp_attn_cache_t ac; /* attention probabilities and what its backward needs */
-    xmp_sbp_t s_qkv[NAX], s_att[NAX], s_res1[NAX], s_fch[NAX], s_fcg[NAX], s_res2[NAX];
-    xmp_sbp_t s_y1[NAX], s_y2[NAX]; /* projections' outputs (before the residual add) */
-} blk_t;
-
-/* A queued weight-gradient GEMM: dW += dy^T x (and db += sum dy). */
-typedef struct {
-    xmp_tensor_t dy;       /* owned */
-    const xmp_tensor_t *x; /* saved activation of the same microbatch */
-    int pw, pb;            /* parameter indexes (pb -1: no bias) */
-} wq_t;
-
+/* One microbatch: the graph executor's values (the blocks' activations, the stage's input and
+ * output; nn/graph_exec.h) and queued weight GEMMs, and what the embedding and the head keep. */
 typedef struct {
     int live;
-    xmp_tensor_t tok, x0, lnf, dlogits;
+    xmp_gexec_mb_t x;
+    xmp_tensor_t tok, lnf, dlogits;
     xmp_norm_cache_t cf;
     xmp_sbp_t s_logits[NAX]; /* logits before boxing to act.logits */
-    blk_t *b;
-    wq_t *wq;
-    int nwq, capwq;
     int64_t bytes;
 } mb_t;
 
 struct xmp_gpt2_stage {
     MPI_Comm comm;
-    xmp_graph_t graph; /* the model with one block (gpt2_graph.h): the parameters' shapes */
+    /* the model (gpt2_graph.h; every block, microbatches of Bm x T): the parameters' shapes,
+     * run by the executor ex with its class SBPs vcls (per value) and parameter indexes gpmap
+     * (per graph parameter: index in p, -1 when not on this stage); blo: first node of
+     * block k (nl + 1 entries); v_in, v_out: the stage's input and output values; g_wte. */
+    xmp_graph_t graph;
+    xmp_gexec_t ex;
+    const xmp_sbp_t **vcls;
+    int *gpmap, *blo;
+    int v_in, v_out, g_wte;
     /* the driver's progress while it runs a step (set_progress), NULL otherwise */
     void (*progress)(void *arg);
     void *progress_arg;
@@ -122,6 +114,10 @@ int xmp_gpt2__pindex(const xmp_gpt2_stage_t *st, int id, int layer);
 /* The compute copy of parameter id of layer on this stage (pindex must find it).
  * (gpt2_par.c) */
 const xmp_tensor_t *xmp_gpt2__PT(const xmp_gpt2_stage_t *st, int id, int layer);
+
+/* Sets up the graph executor of the stage (st->ex, its tables, every microbatch's arrays);
+ * 0 or -1 with the error set. (gpt2_par_step.c) */
+int xmp_gpt2__exec_init(xmp_gpt2_stage_t *st);
 
 /* Frees microbatch m's saved activations and queued weight-gradient tensors; m is left
  * not live, its arrays kept. (gpt2_par_step.c) */

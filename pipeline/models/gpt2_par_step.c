@@ -21,26 +21,10 @@
 
 /* ------------------------------------------------------------ activations */
 
-static void blk_free(blk_t *b)
-{
-    xmp_tensor_t *t[] = {&b->ln1, &b->qkv, &b->att, &b->res1, &b->ln2, &b->fch, &b->fcg, &b->res2};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        xmp_tensor_free(t[i]);
-    xmp_norm_cache_free(&b->c1);
-    xmp_norm_cache_free(&b->c2);
-    xmp_attn_cache_free(&b->ac);
-    memset(b, 0, sizeof *b);
-}
-
 void xmp_gpt2__mb_free(xmp_gpt2_stage_t *st, mb_t *m)
 {
-    for (int k = 0; k < st->nl; k++)
-        blk_free(&m->b[k]);
-    for (int i = 0; i < m->nwq; i++)
-        xmp_tensor_free(&m->wq[i].dy);
-    m->nwq = 0;
+    xmp_gexec_mb_clear(&st->ex, &m->x);
     xmp_tensor_free(&m->tok);
-    xmp_tensor_free(&m->x0);
     xmp_tensor_free(&m->lnf);
     xmp_tensor_free(&m->dlogits);
     xmp_norm_cache_free(&m->cf);
@@ -51,25 +35,6 @@ void xmp_gpt2__mb_free(xmp_gpt2_stage_t *st, mb_t *m)
 int64_t xmp_gpt2__tbytes(const xmp_tensor_t *t)
 {
     return t->lcount * 4;
-}
-
-static int queue_w(mb_t *m, xmp_tensor_t *dy, const xmp_tensor_t *x, int pw, int pb)
-{
-    if (m->nwq == m->capwq) {
-        int nc = m->capwq ? 2 * m->capwq : 16;
-        wq_t *n = realloc(m->wq, sizeof *n * (size_t)nc);
-        if (!n)
-            return -1;
-        m->wq = n;
-        m->capwq = nc;
-    }
-    wq_t *q = &m->wq[m->nwq++];
-    q->dy = *dy; /* takes ownership */
-    memset(dy, 0, sizeof *dy);
-    q->x = x;
-    q->pw = pw;
-    q->pb = pb;
-    return 0;
 }
 
 /* Boxes t in place to its class SBP want, remembering the SBP it had. */
@@ -110,202 +75,11 @@ static int accumulate(par_t *q, xmp_tensor_t *d)
     return add_into(&q->P.g, d);
 }
 
-/* One linear of the block, backward: dx = dy w, boxed to `to` (NULL: left as produced), and
- * the weight part dW += dy^T x (db += sum dy): queued for the W slot, or with the bwd-input
- * overlap switch computed here while the boxing of dx (the input-gradient reduction) is in
- * flight (AxoNN, paper 001 IV). dy is consumed. Same collectives and sums either way. */
-static int lin_bwd(xmp_gpt2_stage_t *st, mb_t *m, xmp_tensor_t *dy, int id, int bid, int layer,
-                   const xmp_tensor_t *x, const xmp_sbp_t *to, xmp_tensor_t *dx)
-{
-    int pw = xmp_gpt2__pindex(st, id, layer), pb = xmp_gpt2__pindex(st, bid, layer);
-    if (xmp_linear_backward_input(dy, xmp_gpt2__PT(st, id, layer), dx))
-        return -1;
-    if (!st->ov.bwd_input || !to) {
-        if (queue_w(m, dy, x, pw, pb))
-            return -1;
-        return to && xmp_box_inplace(dx, to) ? -1 : 0;
-    }
-    xmp_box_req_t *req;
-    xmp_tensor_t dw = {0}, db = {0};
-    if (xmp_box_start(dx, to, &req))
-        return -1;
-    xmp_tensor_free(dx);
-    int rc = xmp_linear_backward_weight(dy, x, &dw, pb >= 0 ? &db : NULL) ? -1 : 0;
-    if (!rc)
-        rc = accumulate(&st->p[pw], &dw);
-    if (!rc && pb >= 0)
-        rc = accumulate(&st->p[pb], &db);
-    xmp_tensor_free(&dw);
-    xmp_tensor_free(&db);
-    xmp_tensor_free(dy);
-    if (xmp_box_wait(req, dx)) /* waited even after an error: the collective order holds */
-        return -1;
-    return rc;
-}
-
-/* The SBP layer norm boxes its dy to (so dx of the linear before it can be boxed there early). */
-static const xmp_sbp_t *ln_dy_sbp(const xmp_gpt2_stage_t *st, const xmp_tensor_t *x, xmp_sbp_t *ty)
-{
-    xmp_sbp_t tx[NAX], tw[NAX], ts[NAX];
-    char msg[400];
-    if (!st->ov.bwd_input ||
-        xmp_rule_layernorm(x->mesh->ndim, x->ndim, x->sbp, tx, tw, ty, ts, msg, sizeof msg))
-        return NULL; /* off, or refused (layernorm_backward will say why) */
-    return ty;
-}
-
-/* (Bm, T, NH, hs) <-> (Bm, T, C) views of the attention output: the same
- * local data when the heads are split evenly (checked by the strategy check). */
-static void view_heads(xmp_tensor_t *t, int to4, int64_t NH, int64_t hs)
-{
-    if (to4) {
-        t->ndim = 4;
-        t->shape[2] = NH, t->shape[3] = hs;
-        t->lshape[2] = t->lshape[2] / hs, t->lshape[3] = hs;
-        t->loff[2] = t->loff[2] / hs, t->loff[3] = 0;
-    } else {
-        t->ndim = 3;
-        t->shape[2] = NH * hs;
-        t->lshape[2] *= hs;
-        t->loff[2] *= hs;
-    }
-    xmp_sbp_string(t->sbp, t->mesh->ndim, t->spec, sizeof t->spec);
-}
-
 #define CHK(x)                                                                                     \
     do {                                                                                           \
         if (x)                                                                                     \
             goto fail;                                                                             \
     } while (0)
-
-/* ------------------------------------------------------------- the block */
-
-static int block_forward(xmp_gpt2_stage_t *st, int layer, const xmp_tensor_t *x, blk_t *b)
-{
-    const xmp_gpt2_config_t *c = &st->cfg;
-    int64_t NH = c->num_heads, hs = c->channels / c->num_heads;
-    xmp_tensor_t y = {0}, y4 = {0};
-    /* attention: res1 = x + attproj(attn(qkv(ln1(x)))) */
-    CHK(xmp_layernorm_forward(x, xmp_gpt2__PT(st, XMP_GPT2_LN1W, layer),
-                              xmp_gpt2__PT(st, XMP_GPT2_LN1B, layer), &b->ln1, &b->c1));
-    CHK(to_class(&b->ln1, st->act[A_LN1], NULL)); /* its backward: boxed to x's SBP */
-    /* GEMM + its collective (--overlap coll-matmul: piecewise, nn/overlap.h (e)) */
-    CHK(xmp_linear_forward_box(&st->ov, &b->ln1, xmp_gpt2__PT(st, XMP_GPT2_QKVW, layer),
-                               xmp_gpt2__PT(st, XMP_GPT2_QKVB, layer), st->act[A_QKV], NULL,
-                               b->s_qkv, &b->qkv));
-    CHK(xmp_attention_forward(&b->qkv, &y4, &b->ac));
-    view_heads(&y4, 0, NH, hs);
-    b->att = y4;
-    memset(&y4, 0, sizeof y4);
-    CHK(to_class(&b->att, st->act[A_ATT], b->s_att));
-    xmp_gpt2__progress(st);
-    /* y boxed to the SBP of the sum, so the add needs no collective */
-    CHK(xmp_linear_forward_box(&st->ov, &b->att, xmp_gpt2__PT(st, XMP_GPT2_ATTPROJW, layer),
-                               xmp_gpt2__PT(st, XMP_GPT2_ATTPROJB, layer), NULL, x, b->s_y1, &y));
-    CHK(xmp_add_forward(x, &y, &b->res1));
-    xmp_tensor_free(&y);
-    CHK(to_class(&b->res1, st->act[A_X], b->s_res1));
-    /* MLP: res2 = res1 + fcproj(gelu(fc(ln2(res1)))) */
-    CHK(xmp_layernorm_forward(&b->res1, xmp_gpt2__PT(st, XMP_GPT2_LN2W, layer),
-                              xmp_gpt2__PT(st, XMP_GPT2_LN2B, layer), &b->ln2, &b->c2));
-    CHK(to_class(&b->ln2, st->act[A_LN2], NULL));
-    CHK(xmp_linear_forward_box(&st->ov, &b->ln2, xmp_gpt2__PT(st, XMP_GPT2_FCW, layer),
-                               xmp_gpt2__PT(st, XMP_GPT2_FCB, layer), st->act[A_FCH], NULL,
-                               b->s_fch, &b->fch));
-    CHK(xmp_gelu_forward(&b->fch, &b->fcg));
-    CHK(to_class(&b->fcg, st->act[A_GELU], b->s_fcg));
-    xmp_gpt2__progress(st);
-    CHK(xmp_linear_forward_box(&st->ov, &b->fcg, xmp_gpt2__PT(st, XMP_GPT2_FCPROJW, layer),
-                               xmp_gpt2__PT(st, XMP_GPT2_FCPROJB, layer), NULL, &b->res1, b->s_y2,
-                               &y));
-    CHK(xmp_add_forward(&b->res1, &y, &b->res2));
-    xmp_tensor_free(&y);
-    CHK(to_class(&b->res2, st->act[A_X], b->s_res2));
-    return 0;
-fail:
-    xmp_tensor_free(&y);
-    xmp_tensor_free(&y4);
-    return -1;
-}
-
-/* Input part of a block's backward: consumes dres2 (owned, act.x's SBP),
- * leaves the block input's gradient in *dx (owned, act.x's SBP), queues the
- * weight GEMMs and accumulates the layer-norm parameter gradients. */
-static int block_backward(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor_t *x,
-                          xmp_tensor_t *dres2, xmp_tensor_t *dx)
-{
-    blk_t *b = &m->b[k];
-    int layer = st->l0 + k;
-    const xmp_gpt2_config_t *c = &st->cfg;
-    int64_t NH = c->num_heads, hs = c->channels / c->num_heads;
-    xmp_tensor_t dy = {0}, dfcg = {0}, dfch = {0}, dln = {0}, datt = {0}, dqkv = {0};
-    xmp_tensor_t dres1 = {0}, dxa = {0}, lx = {0}, lw = {0}, lb = {0};
-    xmp_sbp_t g[NAX];
-    /* res2 = box(res1 + y2) */
-    CHK(from_class(st, dres2, b->s_res2));
-    for (int a = 0; a < NAX; a++)
-        g[a] = xmp_sbp_grad(b->s_y2[a]);
-    CHK(xmp_box(dres2, g, &dy));
-    for (int a = 0; a < NAX; a++)
-        g[a] = xmp_sbp_grad(b->res1.sbp[a]);
-    CHK(xmp_box(dres2, g, &dres1));
-    xmp_tensor_free(dres2);
-    for (int a = 0; a < NAX; a++)
-        g[a] = a < st->nax ? xmp_sbp_grad(b->s_fcg[a]) : xmp_sbp_b();
-    CHK(lin_bwd(st, m, &dy, XMP_GPT2_FCPROJW, XMP_GPT2_FCPROJB, layer, &b->fcg, g, &dfcg));
-    CHK(xmp_gelu_backward(&dfcg, &b->fch, &dfch));
-    xmp_tensor_free(&dfcg);
-    CHK(from_class(st, &dfch, b->s_fch));
-    CHK(lin_bwd(st, m, &dfch, XMP_GPT2_FCW, XMP_GPT2_FCB, layer, &b->ln2,
-                ln_dy_sbp(st, &b->res1, g), &dln));
-    CHK(xmp_layernorm_backward(&dln, &b->res1, xmp_gpt2__PT(st, XMP_GPT2_LN2W, layer), &b->c2, &lx,
-                               &lw, &lb));
-    xmp_tensor_free(&dln);
-    CHK(add_into(&dres1, &lx));
-    CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LN2W, layer)], &lw));
-    CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LN2B, layer)], &lb));
-    xmp_gpt2__progress(st);
-    /* res1 = box(x + y1) */
-    CHK(from_class(st, &dres1, b->s_res1));
-    for (int a = 0; a < NAX; a++)
-        g[a] = xmp_sbp_grad(b->s_y1[a]);
-    CHK(xmp_box(&dres1, g, &dy));
-    for (int a = 0; a < NAX; a++)
-        g[a] = xmp_sbp_grad(x->sbp[a]);
-    CHK(xmp_box(&dres1, g, &dxa));
-    xmp_tensor_free(&dres1);
-    for (int a = 0; a < NAX; a++)
-        g[a] = a < st->nax ? xmp_sbp_grad(b->s_att[a]) : xmp_sbp_b();
-    CHK(lin_bwd(st, m, &dy, XMP_GPT2_ATTPROJW, XMP_GPT2_ATTPROJB, layer, &b->att, g, &datt));
-    view_heads(&datt, 1, NH, hs);
-    CHK(xmp_attention_backward(&datt, &b->qkv, &b->ac, &dqkv));
-    xmp_tensor_free(&datt);
-    CHK(from_class(st, &dqkv, b->s_qkv));
-    CHK(lin_bwd(st, m, &dqkv, XMP_GPT2_QKVW, XMP_GPT2_QKVB, layer, &b->ln1, ln_dy_sbp(st, x, g),
-                &dln));
-    CHK(xmp_layernorm_backward(&dln, x, xmp_gpt2__PT(st, XMP_GPT2_LN1W, layer), &b->c1, &lx, &lw,
-                               &lb));
-    xmp_tensor_free(&dln);
-    CHK(add_into(&dxa, &lx));
-    CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LN1W, layer)], &lw));
-    CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LN1B, layer)], &lb));
-    *dx = dxa;
-    return 0;
-fail:
-    xmp_tensor_free(dres2);
-    xmp_tensor_free(&dy);
-    xmp_tensor_free(&dfcg);
-    xmp_tensor_free(&dfch);
-    xmp_tensor_free(&dln);
-    xmp_tensor_free(&datt);
-    xmp_tensor_free(&dqkv);
-    xmp_tensor_free(&dres1);
-    xmp_tensor_free(&dxa);
-    xmp_tensor_free(&lx);
-    xmp_tensor_free(&lw);
-    xmp_tensor_free(&lb);
-    return -1;
-}
 
 /* ------------------------------------------------------------- callbacks */
 
@@ -327,11 +101,6 @@ static int token_tensor(xmp_gpt2_stage_t *st, int mb, const int *src, xmp_tensor
 static int resid_tensor(xmp_gpt2_stage_t *st, xmp_tensor_t *t)
 {
     return xmp_tensor_alloc(t, st->mesh, 3, st->edge_shape, XMESH_F32, st->act[A_X]) ? -1 : 0;
-}
-
-static const xmp_tensor_t *stage_out(const xmp_gpt2_stage_t *st, const mb_t *m)
-{
-    return st->nl ? &m->b[st->nl - 1].res2 : &m->x0;
 }
 
 /* x[b, t, c] += wpe[t, c] over x's local block (wpe boxed to B first when
@@ -382,49 +151,73 @@ static int pos_grad(const xmp_tensor_t *dx, const xmp_tensor_t *wpe, xmp_tensor_
     return 0;
 }
 
-/* Recomputation (tc.recompute): after a block's forward, block drops everything but its
- * output (the next block's input, kept), selective the attention probabilities. */
-static void drop_for_recompute(const xmp_gpt2_stage_t *st, blk_t *b)
+/* ---------------------------------------------------------- the executor */
+
+/* The graph executor's hooks (nn/graph_exec.h): parameters by graph id. */
+static const xmp_tensor_t *ex_param(void *user, int pid)
 {
-    if (st->tc.recompute == XMP_RECOMPUTE_BLOCK) {
-        xmp_tensor_t keep = b->res2;
-        xmp_sbp_t s2[NAX];
-        memcpy(s2, b->s_res2, sizeof s2);
-        memset(&b->res2, 0, sizeof b->res2);
-        blk_free(b);
-        b->res2 = keep;
-        memcpy(b->s_res2, s2, sizeof s2);
-    } else if (st->tc.recompute == XMP_RECOMPUTE_SELECTIVE) {
-        xmp_attn_cache_free(&b->ac);
-    }
+    xmp_gpt2_stage_t *st = user;
+    return &st->p[st->gpmap[pid]].P.w;
 }
 
-/* Rebuilds what drop_for_recompute dropped of block k (input x) before its backward; the
- * forward is deterministic, so the rebuilt tensors equal the dropped ones bitwise. */
-static int recompute_block(xmp_gpt2_stage_t *st, mb_t *m, int k, const xmp_tensor_t *x)
+static int ex_grad(void *user, int pid, xmp_tensor_t *d)
 {
-    blk_t *b = &m->b[k];
-    if (st->tc.recompute == XMP_RECOMPUTE_BLOCK) {
-        xmp_tensor_t keep = b->res2;
-        memset(&b->res2, 0, sizeof b->res2);
-        int rc = block_forward(st, st->l0 + k, x, b);
-        xmp_tensor_free(&b->res2);
-        b->res2 = keep;
-        /* Held from here to W (the weight GEMMs read them). */
-        m->bytes += xmp_gpt2__tbytes(&b->ln1) + xmp_gpt2__tbytes(&b->qkv) +
-                    xmp_gpt2__tbytes(&b->att) + xmp_gpt2__tbytes(&b->res1) +
-                    xmp_gpt2__tbytes(&b->ln2) + xmp_gpt2__tbytes(&b->fch) +
-                    xmp_gpt2__tbytes(&b->fcg) + xmp_gpt2__tbytes(&b->ac.att);
-        return rc;
+    xmp_gpt2_stage_t *st = user;
+    return accumulate(&st->p[st->gpmap[pid]], d);
+}
+
+static void ex_progress(void *user)
+{
+    xmp_gpt2__progress(user);
+}
+
+int xmp_gpt2__exec_init(xmp_gpt2_stage_t *st)
+{
+    const xmp_graph_t *g = &st->graph;
+    st->vcls = calloc((size_t)g->nval + 1, sizeof *st->vcls);
+    st->gpmap = malloc(sizeof(int) * ((size_t)g->nparam + 1));
+    st->blo = malloc(sizeof(int) * ((size_t)st->nl + 1));
+    if (!st->vcls || !st->gpmap || !st->blo)
+        return xmp_err(XMESH_ERR_NO_MEMORY, "gpt2 stage: out of memory"), -1;
+    for (int v = 0; v < g->nval; v++) /* activation classes: act[A_*] */
+        for (int a = 0; a < NACT; a++)
+            if (!strcmp(g->val[v].cls, xmp_gpt2__aclass[a]))
+                st->vcls[v] = st->act[a];
+    for (int i = 0; i < g->nparam; i++) {
+        st->gpmap[i] = -1;
+        for (int id = 0; id < NPT; id++)
+            if (!strcmp(g->param[i].cls, xmp_gpt2__pclass[id]))
+                st->gpmap[i] = xmp_gpt2__pindex(st, id, g->param[i].layer);
+        if (!strcmp(g->param[i].cls, "wte"))
+            st->g_wte = i;
     }
-    if (st->tc.recompute == XMP_RECOMPUTE_SELECTIVE) {
-        xmp_tensor_t y = {0};
-        xmp_attn_cache_free(&b->ac);
-        int rc = xmp_attention_forward(&b->qkv, &y, &b->ac) != XMESH_SUCCESS;
-        xmp_tensor_free(&y);
-        m->bytes += xmp_gpt2__tbytes(&b->ac.att);
-        return rc ? -1 : 0;
+    /* block k: the nodes of layer l0 + k (contiguous in the graph) */
+    for (int k = 0, i = 0; k < st->nl; k++) {
+        while (i < g->nnode && g->node[i].layer != st->l0 + k)
+            i++;
+        st->blo[k] = i;
+        while (i < g->nnode && g->node[i].layer == st->l0 + k)
+            i++;
+        st->blo[k + 1] = i;
     }
+    st->v_in = st->v_out = g->node[0].out; /* the embedding's output */
+    if (st->nl) {
+        st->v_in = g->node[st->blo[0]].in[0].id;
+        st->v_out = g->node[st->blo[st->nl] - 1].out;
+    }
+    st->ex = (xmp_gexec_t){.g = g,
+                           .ov = &st->ov,
+                           .nax = st->nax,
+                           .cls = st->vcls,
+                           .user = st,
+                           .param = ex_param,
+                           .grad = ex_grad,
+                           .progress = ex_progress};
+    if (xmp_gexec_init(&st->ex))
+        return -1;
+    for (int k = 0; k < st->tc.M; k++)
+        if (xmp_gexec_mb_init(&st->ex, &st->mb[k].x))
+            return -1;
     return 0;
 }
 
@@ -462,28 +255,29 @@ int xmp_gpt2__cb_forward(void *user, int mbi, const void *const *in, void *const
     if (m->live)
         xmp_gpt2__mb_free(st, m);
     m->live = 1;
+    xmp_tensor_t *x = &m->x.val[st->v_in];
     if (st->has_e) {
         CHK(token_tensor(st, mbi, st->inputs, &m->tok));
-        CHK(xmp_embedding_forward(&m->tok, xmp_gpt2__PT(st, XMP_GPT2_WTE, -1), &m->x0));
-        CHK(to_class(&m->x0, st->act[A_X], NULL));
-        CHK(pos_add(&m->x0, xmp_gpt2__PT(st, XMP_GPT2_WPE, -1)));
+        CHK(xmp_embedding_forward(&m->tok, xmp_gpt2__PT(st, XMP_GPT2_WTE, -1), x));
+        CHK(to_class(x, st->act[A_X], NULL));
+        CHK(pos_add(x, xmp_gpt2__PT(st, XMP_GPT2_WPE, -1)));
     } else {
-        CHK(resid_tensor(st, &m->x0));
-        if (m->x0.lcount)
-            memcpy(m->x0.data, in[0], (size_t)m->x0.lcount * 4);
+        CHK(resid_tensor(st, x));
+        if (x->lcount)
+            memcpy(x->data, in[0], (size_t)x->lcount * 4);
     }
-    m->bytes = xmp_gpt2__tbytes(&m->x0);
-    const xmp_tensor_t *x = &m->x0;
+    m->bytes = xmp_gpt2__tbytes(x);
+    /* the blocks: the graph's nodes (nn/graph_exec.h); recomputation (tc.recompute) drops
+     * after each block all but its output (block) or the attention probabilities
+     * (selective) */
     for (int k = 0; k < st->nl; k++) {
-        blk_t *b = &m->b[k];
-        CHK(block_forward(st, st->l0 + k, x, b));
-        drop_for_recompute(st, b);
-        m->bytes +=
-            xmp_gpt2__tbytes(&b->ln1) + xmp_gpt2__tbytes(&b->qkv) + xmp_gpt2__tbytes(&b->att) +
-            xmp_gpt2__tbytes(&b->res1) + xmp_gpt2__tbytes(&b->ln2) + xmp_gpt2__tbytes(&b->fch) +
-            xmp_gpt2__tbytes(&b->fcg) + xmp_gpt2__tbytes(&b->res2) + xmp_gpt2__tbytes(&b->ac.att);
-        x = &b->res2;
+        CHK(xmp_gexec_forward(&st->ex, &m->x, st->blo[k], st->blo[k + 1]));
+        if (st->tc.recompute != XMP_RECOMPUTE_NONE)
+            xmp_gexec_drop(&st->ex, &m->x, st->blo[k], st->blo[k + 1],
+                           st->tc.recompute == XMP_RECOMPUTE_BLOCK);
+        m->bytes += xmp_gexec_bytes(&st->ex, &m->x, st->blo[k], st->blo[k + 1]);
     }
+    x = &m->x.val[st->v_out];
     if (st->has_l) {
         CHK(xmp_layernorm_forward(x, xmp_gpt2__PT(st, XMP_GPT2_LNFW, -1),
                                   xmp_gpt2__PT(st, XMP_GPT2_LNFB, -1), &m->lnf, &m->cf));
@@ -524,29 +318,35 @@ int xmp_gpt2__cb_backward_input(void *user, int mbi, const void *const *gout, vo
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
     mb_t *m = &st->mb[mbi];
-    xmp_tensor_t d = {0}, dx = {0}, dl = {0}, dtab = {0}, lw = {0}, lb = {0}, dw = {0};
-    const xmp_tensor_t *xl = stage_out(st, m);
+    xmp_tensor_t *dp = &m->x.grad[st->v_out], d = {0}, dl = {0}, dtab = {0}, lw = {0}, lb = {0},
+                 dw = {0};
+    const xmp_tensor_t *xl = &m->x.val[st->v_out];
     if (st->has_l) {
         CHK(from_class(st, &m->dlogits, m->s_logits));
         CHK(xmp_linear_backward_input(&m->dlogits, xmp_gpt2__PT(st, XMP_GPT2_WTE, -1), &dl));
-        CHK(queue_w(m, &m->dlogits, &m->lnf, xmp_gpt2__pindex(st, XMP_GPT2_WTE, -1), -1));
-        CHK(xmp_layernorm_backward(&dl, xl, xmp_gpt2__PT(st, XMP_GPT2_LNFW, -1), &m->cf, &d, &lw,
+        CHK(xmp_gexec_queue_w(&m->x, &m->dlogits, &m->lnf, st->g_wte, -1));
+        CHK(xmp_layernorm_backward(&dl, xl, xmp_gpt2__PT(st, XMP_GPT2_LNFW, -1), &m->cf, dp, &lw,
                                    &lb));
         xmp_tensor_free(&dl);
         CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LNFW, -1)], &lw));
         CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LNFB, -1)], &lb));
     } else {
-        CHK(resid_tensor(st, &d));
-        if (d.lcount)
-            memcpy(d.data, gout[0], (size_t)d.lcount * 4);
+        CHK(resid_tensor(st, dp));
+        if (dp->lcount)
+            memcpy(dp->data, gout[0], (size_t)dp->lcount * 4);
     }
+    /* the blocks in reverse, each recomputed first (its bytes held from here to W) */
     for (int k = st->nl - 1; k >= 0; k--) {
-        const xmp_tensor_t *x = k ? &m->b[k - 1].res2 : &m->x0;
-        CHK(recompute_block(st, m, k, x));
-        CHK(block_backward(st, m, k, x, &d, &dx));
-        d = dx;
-        memset(&dx, 0, sizeof dx);
+        int lo = st->blo[k], hi = st->blo[k + 1];
+        int64_t b0 = xmp_gexec_bytes(&st->ex, &m->x, lo, hi);
+        if (st->tc.recompute != XMP_RECOMPUTE_NONE)
+            CHK(xmp_gexec_recompute(&st->ex, &m->x, lo, hi,
+                                    st->tc.recompute == XMP_RECOMPUTE_BLOCK));
+        m->bytes += xmp_gexec_bytes(&st->ex, &m->x, lo, hi) - b0;
+        CHK(xmp_gexec_backward(&st->ex, &m->x, lo, hi));
     }
+    d = m->x.grad[st->v_in];
+    memset(&m->x.grad[st->v_in], 0, sizeof d);
     if (st->has_e) {
         CHK(pos_grad(&d, xmp_gpt2__PT(st, XMP_GPT2_WPE, -1), &dw));
         CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_WPE, -1)], &dw));
@@ -578,21 +378,7 @@ int xmp_gpt2__cb_backward_weight(void *user, int mbi)
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
     mb_t *m = &st->mb[mbi];
-    for (int i = 0; i < m->nwq; i++) {
-        wq_t *q = &m->wq[i];
-        xmp_tensor_t dw = {0}, db = {0};
-        CHK(xmp_linear_backward_weight(&q->dy, q->x, &dw, q->pb >= 0 ? &db : NULL));
-        int rc = accumulate(&st->p[q->pw], &dw);
-        if (q->pb >= 0)
-            rc |= accumulate(&st->p[q->pb], &db);
-        xmp_tensor_free(&dw);
-        xmp_tensor_free(&db);
-        CHK(rc);
-        xmp_tensor_free(&q->dy);
-        if (i % 4 == 3)
-            xmp_gpt2__progress(st);
-    }
-    m->nwq = 0;
+    CHK(xmp_gexec_weights(&st->ex, &m->x));
     xmp_gpt2__mb_free(st, m); /* nothing of this microbatch is needed any more */
     st->times.w_s += MPI_Wtime() - t0;
     st->times.nw++;
