@@ -55,24 +55,11 @@ static int from_class(const xmp_gpt2_stage_t *st, xmp_tensor_t *d, const xmp_sbp
     return xmp_box_inplace(d, g) ? -1 : 0;
 }
 
-/* d += s elementwise; s is boxed to d's SBP first (consumed). */
-static int add_into(xmp_tensor_t *d, xmp_tensor_t *s)
-{
-    int rc = xmp_box_inplace(s, d->sbp) || s->lcount != d->lcount;
-    if (!rc) {
-        float *a = xmp_f32(d), *b = xmp_f32(s);
-        for (int64_t i = 0; i < d->lcount; i++)
-            a[i] += b[i];
-    }
-    xmp_tensor_free(s);
-    return rc ? -1 : 0;
-}
-
 /* Parameter gradient accumulation: d boxed to the accumulator's SBP (no
  * collective for P or S contributions), added (d consumed). */
 static int accumulate(par_t *q, xmp_tensor_t *d)
 {
-    return add_into(&q->P.g, d);
+    return xmp_gexec_add(&q->P.g, d);
 }
 
 #define CHK(x)                                                                                     \

@@ -228,11 +228,8 @@ int xmp_gexec_forward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int lo, int hi)
     return 0;
 }
 
-/* A gradient contribution to value v (t consumed): the first is kept, the next ones are boxed
- * to its SBP and added. */
-static int acc(xmp_gexec_mb_t *m, int v, xmp_tensor_t *t)
+int xmp_gexec_add(xmp_tensor_t *d, xmp_tensor_t *t)
 {
-    xmp_tensor_t *d = &m->grad[v];
     if (!d->data) {
         *d = *t;
         memset(t, 0, sizeof *t);
@@ -299,35 +296,28 @@ int xmp_gexec_weights(const xmp_gexec_t *ex, xmp_gexec_mb_t *m)
 
 /* A linear's backward: dx = dy w, boxed to what x's producer takes (the only use of x), and
  * dW += dy^T x (db): queued, or with the bwd-input overlap computed while dx's box is in
- * flight. dy consumed. Same collectives and sums either way. */
+ * flight (xmp_linear_backward_ov). dy consumed. Same collectives and sums either way. */
 static int linear_backward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, const xmp_gnode_t *n,
                            xmp_tensor_t *dy)
 {
-    int xv = n->in[0].id, pw = n->in[1].id, pb = n->nin > 2 ? n->in[2].id : -1;
-    const xmp_tensor_t *x = &m->val[xv];
+    int xv = n->in[0].id, pw = n->in[1].id, pb = n->nin > 2 ? n->in[2].id : -1, rc;
+    const xmp_tensor_t *x = &m->val[xv], *w = ex->param(ex->user, pw);
     xmp_sbp_t buf[NAX];
     const xmp_sbp_t *to = ex->nuse[xv] == 1 ? want(ex, m, xv, buf) : NULL;
-    xmp_tensor_t dx = {0};
-    if (xmp_linear_backward_input(dy, ex->param(ex->user, pw), &dx))
-        return -1;
-    if (!ex->ov->bwd_input || !to) {
-        if (xmp_gexec_queue_w(m, dy, x, pw, pb) || (to && xmp_box_inplace(&dx, to))) {
-            xmp_tensor_free(&dx);
-            return -1;
-        }
-        return acc(m, xv, &dx);
+    xmp_tensor_t dx = {0}, dw = {0}, db = {0};
+    if (ex->ov->bwd_input && to) {
+        rc = xmp_linear_backward_ov(ex->ov, dy, x, w, to, &dx, &dw, pb >= 0 ? &db : NULL) ||
+             ex->grad(ex->user, pw, &dw) || (pb >= 0 && ex->grad(ex->user, pb, &db));
+        xmp_tensor_free(dy);
+    } else {
+        rc = xmp_linear_backward_input(dy, w, &dx) || xmp_gexec_queue_w(m, dy, x, pw, pb) ||
+             (to && xmp_box_inplace(&dx, to));
     }
-    xmp_box_req_t *req;
-    if (xmp_box_start(&dx, to, &req)) {
-        xmp_tensor_free(&dx);
-        return -1;
-    }
+    rc = rc || xmp_gexec_add(&m->grad[xv], &dx);
     xmp_tensor_free(&dx);
-    int rc = weight_grad(ex, dy, x, pw, pb);
-    xmp_tensor_free(dy);
-    if (xmp_box_wait(req, &dx)) /* waited even after an error: the collective order holds */
-        return -1;
-    return rc ? rc : acc(m, xv, &dx);
+    xmp_tensor_free(&dw);
+    xmp_tensor_free(&db);
+    return rc ? -1 : 0;
 }
 
 static int node_backward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int i)
@@ -350,7 +340,7 @@ static int node_backward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int i)
         rc = xmp_layernorm_backward(d, &m->val[x], opnd(ex, m, n->in[1]), &m->nc[i], &dx, &dw,
                                     &db) != XMESH_SUCCESS;
         xmp_tensor_free(d);
-        rc = rc || acc(m, x, &dx) || ex->grad(ex->user, n->in[1].id, &dw) ||
+        rc = rc || xmp_gexec_add(&m->grad[x], &dx) || ex->grad(ex->user, n->in[1].id, &dw) ||
              ex->grad(ex->user, n->in[2].id, &db);
         break;
     case XMP_GOP_LINEAR:
@@ -361,12 +351,12 @@ static int node_backward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int i)
             view_heads(d, 1, m->val[x].shape[3], m->val[x].shape[4]);
         rc = xmp_attention_backward(d, &m->val[x], &m->ac[i], &dx) != XMESH_SUCCESS;
         xmp_tensor_free(d);
-        rc = rc || acc(m, x, &dx);
+        rc = rc || xmp_gexec_add(&m->grad[x], &dx);
         break;
     case XMP_GOP_GELU:
         rc = xmp_gelu_backward(d, &m->val[x], &dx) != XMESH_SUCCESS;
         xmp_tensor_free(d);
-        rc = rc || acc(m, x, &dx);
+        rc = rc || xmp_gexec_add(&m->grad[x], &dx);
         break;
     case XMP_GOP_ADD:
     case XMP_GOP_BOX:
@@ -379,7 +369,7 @@ static int node_backward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int i)
                     buf[a] = xmp_sbp_grad(m->sbp[v][a]);
                 to = buf;
             }
-            rc = xmp_box(d, to, &dx) != XMESH_SUCCESS || acc(m, v, &dx);
+            rc = xmp_box(d, to, &dx) != XMESH_SUCCESS || xmp_gexec_add(&m->grad[v], &dx);
         }
         xmp_tensor_free(d);
         break;

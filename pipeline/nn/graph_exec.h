@@ -87,6 +87,9 @@ int xmp_gexec_forward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int lo, int hi);
 /* Backward of nodes hi-1..lo: the gradients of what they output are in m->grad (owned); leaves
  * the gradients of their inputs from outside the range there. */
 int xmp_gexec_backward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int lo, int hi);
+/* A gradient contribution t (consumed) to d: moved there when d holds none, else boxed to d's
+ * SBP and added (d += t). 0 or -1. */
+int xmp_gexec_add(xmp_tensor_t *d, xmp_tensor_t *t);
 /* Queues dW += dy^T x (dy consumed); runs the queue in order (progress every 4). */
 int xmp_gexec_queue_w(xmp_gexec_mb_t *m, xmp_tensor_t *dy, const xmp_tensor_t *x, int pw, int pb);
 int xmp_gexec_weights(const xmp_gexec_t *ex, xmp_gexec_mb_t *m);
