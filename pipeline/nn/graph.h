@@ -2,8 +2,8 @@
  * One graph per model (issue 38 item 1): a model's forward as a list of nodes, each an nn/ op
  * over values (activations) and parameter tensors, with the classes a strategy names
  * (nn/strategy.h). One description, walked by every user: the strategy checker (the SBP
- * deduction of each node), the search's cost model (each node priced by its kind), and (next)
- * the stage executor.
+ * deduction of each node), the search's cost model (each node priced by its kind), and the
+ * stage executor (nn/graph_exec.h; GPT-2's blocks).
  *
  * Pure C, no MPI: a graph is plain data built by a model's builder (models/gpt2_graph.c).
  *

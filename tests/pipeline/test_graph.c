@@ -3,7 +3,8 @@
  * model's own table, FLOPs against a hand count, the classes in the strategies' order, and the
  * refusals (bad config, bad operands) with their messages; the U-Transformer's layer tapes as
  * graphs (parameters against the model's layout, every weight feeding a conv or a linear, the
- * boxing points as classes, positions of the down and up convolutions). */
+ * boxing points as classes, positions of the down and up convolutions); the graph executor's
+ * consumer tables and its refusal of a kind it cannot run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +20,7 @@
 #include "models/utransformer_graph.h"
 #include "nn/error.h"
 #include "nn/graph.h"
+#include "nn/graph_exec.h"
 
 static const xmp_gpt2_config_t tiny = {8, 10, 16, 2, 2, 8}; /* maxT V Vp L NH C */
 enum { BM = 2, T = 4 };
@@ -191,6 +193,51 @@ static void test_refusals(void **state)
     xmp_graph_free(&g);
 }
 
+/* The executor's tables (nn/graph_exec.h) on the tiny GPT: what each value feeds and keeps,
+ * and a kind it has no executor for refused naming the node. */
+static void test_exec_tables(void **state)
+{
+    (void)state;
+    xmp_graph_t g;
+    assert_int_equal(xmp_gpt2_graph(&tiny, BM, T, tiny.num_layers, &g), 0);
+    xmp_gexec_t ex = {.g = &g};
+    assert_int_equal(xmp_gexec_init(&ex), 0);
+    for (int l = 0; l < tiny.num_layers; l++) {
+        const xmp_gnode_t *b = &g.node[1 + 10 * l];
+        int x = b[0].in[0].id, att = b[3].in[0].id, pr = b[3].out, x2 = b[4].out,
+            gl = b[8].in[0].id;
+        assert_int_equal(ex.nuse[x], 2); /* layer norm and residual add */
+        assert_int_equal(ex.first[x], 1 + 10 * l);
+        assert_int_equal(ex.last[x], 1 + 10 * l + 4);
+        assert_true(ex.keep[x] && ex.keep[att] && ex.keep[x2] && ex.keep[gl]);
+        assert_int_equal(ex.nuse[pr], 1); /* the projection: only its add, not kept */
+        assert_false(ex.keep[pr]);
+        assert_false(ex.keep[b[8].out]);
+    }
+    assert_int_equal(ex.nuse[g.node[0].in[0].id], 1); /* tokens: the embedding */
+    xmp_gexec_free(&ex);
+    xmp_gexec_free(&ex); /* twice is fine */
+    xmp_graph_free(&g);
+
+    xmp_graph_init(&g);
+    const int64_t d[4] = {1, 2, 4, 4};
+    int x = xmp_graph_value(&g, "act.x", 4, d), y = xmp_graph_value(&g, "act.y", 4, d);
+    xmp_gref_t in[1] = {{0, x}};
+    assert_int_equal(xmp_graph_node(&g, XMP_GOP_SILU, "silu", "silu of act.x", 0, 0, 1, in, y, 0),
+                     0);
+    ex = (xmp_gexec_t){.g = &g};
+    xmp_gexec_mb_t m;
+    assert_int_equal(xmp_gexec_init(&ex), 0);
+    assert_int_equal(xmp_gexec_mb_init(&ex, &m), 0);
+    assert_int_equal(xmp_gexec_forward(&ex, &m, 0, 1), -1);
+    assert_non_null(strstr(xmp_last_error(), "node 0 (silu of act.x): no executor for silu"));
+    assert_int_equal(xmp_gexec_backward(&ex, &m, 0, 1), -1);
+    assert_non_null(strstr(xmp_last_error(), "node 0 (silu of act.x): no gradient of its output"));
+    xmp_gexec_mb_free(&ex, &m);
+    xmp_gexec_free(&ex);
+    xmp_graph_free(&g);
+}
+
 static void test_utransformer(void **state)
 {
     (void)state;
@@ -267,6 +314,7 @@ int main(void)
         cmocka_unit_test(test_nodes),       cmocka_unit_test(test_value_classes),
         cmocka_unit_test(test_param_count), cmocka_unit_test(test_flops),
         cmocka_unit_test(test_refusals),    cmocka_unit_test(test_utransformer),
+        cmocka_unit_test(test_exec_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
