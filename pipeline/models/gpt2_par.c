@@ -495,8 +495,11 @@ int xmp_gpt2_stage_probe_bytes(xmp_gpt2_stage_t *st, double *act, double *ckpt, 
         mb_t *m = &st->mb[0];
         if (!rc) {
             double a = (double)m->bytes,
-                   c = (double)(xmp_gpt2__tbytes(&m->x.val[st->v_in]) + xmp_gpt2__tbytes(&m->lnf) +
-                                xmp_gpt2__tbytes(&m->dlogits)),
+                   c = (double)(xmp_gpt2__tbytes(&m->x.val[st->v_in]) +
+                                (st->has_l ? xmp_gexec_bytes(&st->ex, &m->x, st->hlo, st->hlo + 2) +
+                                                 xmp_gpt2__tbytes(
+                                                     &m->x.grad[st->graph.node[st->hlo + 1].out])
+                                           : 0)),
                    p = 0;
             for (int k = 0; k < st->nl; k++) {
                 c += (double)xmp_gpt2__tbytes(&m->x.val[st->graph.node[st->blo[k + 1] - 1].out]);

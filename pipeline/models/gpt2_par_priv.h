@@ -35,14 +35,12 @@ typedef struct {
     xmp_param_t P;
 } par_t;
 
-/* One microbatch: the graph executor's values (the blocks' activations, the stage's input and
- * output; nn/graph_exec.h) and queued weight GEMMs, and what the embedding and the head keep. */
+/* One microbatch: the graph executor's values (the stage's input, the blocks' and the head's
+ * activations, the logits' gradient; nn/graph_exec.h) and queued weight GEMMs, the tokens. */
 typedef struct {
     int live;
     xmp_gexec_mb_t x;
-    xmp_tensor_t tok, lnf, dlogits;
-    xmp_norm_cache_t cf;
-    xmp_sbp_t s_logits[NAX]; /* logits before boxing to act.logits */
+    xmp_tensor_t tok;
     int64_t bytes;
 } mb_t;
 
@@ -51,12 +49,13 @@ struct xmp_gpt2_stage {
     /* the model (gpt2_graph.h; every block, microbatches of Bm x T): the parameters' shapes,
      * run by the executor ex with its class SBPs vcls (per value) and parameter indexes gpmap
      * (per graph parameter: index in p, -1 when not on this stage); blo: first node of
-     * block k (nl + 1 entries); v_in, v_out: the stage's input and output values; g_wte. */
+     * block k (nl + 1 entries); hlo: the head's first node (layernorm, tied linear, cross
+     * entropy); v_in, v_out: the stage's input and output values; g_wte. */
     xmp_graph_t graph;
     xmp_gexec_t ex;
     const xmp_sbp_t **vcls;
     int *gpmap, *blo;
-    int v_in, v_out, g_wte;
+    int hlo, v_in, v_out, g_wte;
     /* the driver's progress while it runs a step (set_progress), NULL otherwise */
     void (*progress)(void *arg);
     void *progress_arg;

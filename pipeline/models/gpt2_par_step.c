@@ -25,9 +25,6 @@ void xmp_gpt2__mb_free(xmp_gpt2_stage_t *st, mb_t *m)
 {
     xmp_gexec_mb_clear(&st->ex, &m->x);
     xmp_tensor_free(&m->tok);
-    xmp_tensor_free(&m->lnf);
-    xmp_tensor_free(&m->dlogits);
-    xmp_norm_cache_free(&m->cf);
     m->live = 0;
     m->bytes = 0;
 }
@@ -43,16 +40,6 @@ static int to_class(xmp_tensor_t *t, const xmp_sbp_t *want, xmp_sbp_t *was)
     if (was)
         memcpy(was, t->sbp, sizeof t->sbp);
     return xmp_box_inplace(t, want) ? -1 : 0;
-}
-
-/* Backward of to_class: the gradient d (any SBP) boxed in place to the
- * gradient SBP of the pre-boxing SBP was. */
-static int from_class(const xmp_gpt2_stage_t *st, xmp_tensor_t *d, const xmp_sbp_t *was)
-{
-    xmp_sbp_t g[NAX];
-    for (int a = 0; a < NAX; a++)
-        g[a] = a < st->nax ? xmp_sbp_grad(was[a]) : xmp_sbp_b();
-    return xmp_box_inplace(d, g) ? -1 : 0;
 }
 
 /* Parameter gradient accumulation: d boxed to the accumulator's SBP (no
@@ -187,7 +174,9 @@ int xmp_gpt2__exec_init(xmp_gpt2_stage_t *st)
             i++;
         st->blo[k + 1] = i;
     }
-    st->v_in = st->v_out = g->node[0].out; /* the embedding's output */
+    st->hlo = g->nnode - 3;
+    /* a stage without blocks: the embedding's output or the head's input */
+    st->v_in = st->v_out = st->has_l ? g->node[st->hlo].in[0].id : g->node[0].out;
     if (st->nl) {
         st->v_in = g->node[st->blo[0]].in[0].id;
         st->v_out = g->node[st->blo[st->nl] - 1].out;
@@ -238,7 +227,7 @@ int xmp_gpt2__cb_forward(void *user, int mbi, const void *const *in, void *const
     double t0 = MPI_Wtime();
     mb_t *m = &st->mb[mbi];
     const xmp_gpt2_config_t *c = &st->cfg;
-    xmp_tensor_t logits = {0}, tgt = {0};
+    xmp_tensor_t *logits = NULL, tgt = {0};
     if (m->live)
         xmp_gpt2__mb_free(st, m);
     m->live = 1;
@@ -266,26 +255,25 @@ int xmp_gpt2__cb_forward(void *user, int mbi, const void *const *in, void *const
     }
     x = &m->x.val[st->v_out];
     if (st->has_l) {
-        CHK(xmp_layernorm_forward(x, xmp_gpt2__PT(st, XMP_GPT2_LNFW, -1),
-                                  xmp_gpt2__PT(st, XMP_GPT2_LNFB, -1), &m->lnf, &m->cf));
-        CHK(to_class(&m->lnf, st->act[A_LNF], NULL));
-        CHK(xmp_linear_forward(&m->lnf, xmp_gpt2__PT(st, XMP_GPT2_WTE, -1), NULL, &logits));
-        CHK(to_class(&logits, st->act[A_LOGITS], m->s_logits));
+        CHK(xmp_gexec_forward(&st->ex, &m->x, st->hlo, st->hlo + 2)); /* layernorm, linear */
+        logits = &m->x.val[st->graph.node[st->hlo + 1].out];
+        xmp_tensor_t *dlogits = &m->x.grad[st->graph.node[st->hlo + 1].out];
         if (st->cap_pos >= 0 && mbi == 0)
-            CHK(capture_logits(st, &logits));
+            CHK(capture_logits(st, logits));
         CHK(token_tensor(st, mbi, st->targets, &tgt));
         float lv = 0;
-        CHK(xmp_cross_entropy(&logits, &tgt, c->vocab_size, &lv, &m->dlogits));
-        xmp_tensor_free(&logits);
+        CHK(xmp_cross_entropy(logits, &tgt, c->vocab_size, &lv, dlogits));
+        xmp_tensor_free(logits);
         xmp_tensor_free(&tgt);
         /* The microbatch mean weighs Bm/B of the batch mean (serial: mean over B*T). */
         float scale = (float)st->Bm / (float)st->tc.B;
-        float *d = xmp_f32(&m->dlogits);
-        for (int64_t i = 0; i < m->dlogits.lcount; i++)
+        float *d = xmp_f32(dlogits);
+        for (int64_t i = 0; i < dlogits->lcount; i++)
             d[i] *= scale;
         /* Every rank of the stage holds the same loss: each adds its share. */
         *loss += (double)lv * st->Bm / st->tc.B / st->msize;
-        m->bytes += xmp_gpt2__tbytes(&m->lnf) + xmp_gpt2__tbytes(&m->dlogits);
+        m->bytes += xmp_gexec_bytes(&st->ex, &m->x, st->hlo, st->hlo + 2) +
+                    xmp_gpt2__tbytes(dlogits); /* lnf and the logits' gradient */
     } else if (x->lcount) {
         memcpy(out[0], x->data, (size_t)x->lcount * 4);
     }
@@ -295,7 +283,6 @@ int xmp_gpt2__cb_forward(void *user, int mbi, const void *const *in, void *const
 fail:
     (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d forward mb %d: %s", st->stage, mbi,
                   xmp_last_error());
-    xmp_tensor_free(&logits);
     xmp_tensor_free(&tgt);
     return 1;
 }
@@ -305,18 +292,9 @@ int xmp_gpt2__cb_backward_input(void *user, int mbi, const void *const *gout, vo
     xmp_gpt2_stage_t *st = user;
     double t0 = MPI_Wtime();
     mb_t *m = &st->mb[mbi];
-    xmp_tensor_t *dp = &m->x.grad[st->v_out], d = {0}, dl = {0}, dtab = {0}, lw = {0}, lb = {0},
-                 dw = {0};
-    const xmp_tensor_t *xl = &m->x.val[st->v_out];
+    xmp_tensor_t *dp = &m->x.grad[st->v_out], d = {0}, dtab = {0}, dw = {0};
     if (st->has_l) {
-        CHK(from_class(st, &m->dlogits, m->s_logits));
-        CHK(xmp_linear_backward_input(&m->dlogits, xmp_gpt2__PT(st, XMP_GPT2_WTE, -1), &dl));
-        CHK(xmp_gexec_queue_w(&m->x, &m->dlogits, &m->lnf, st->g_wte, -1));
-        CHK(xmp_layernorm_backward(&dl, xl, xmp_gpt2__PT(st, XMP_GPT2_LNFW, -1), &m->cf, dp, &lw,
-                                   &lb));
-        xmp_tensor_free(&dl);
-        CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LNFW, -1)], &lw));
-        CHK(accumulate(&st->p[xmp_gpt2__pindex(st, XMP_GPT2_LNFB, -1)], &lb));
+        CHK(xmp_gexec_backward(&st->ex, &m->x, st->hlo, st->hlo + 2));
     } else {
         CHK(resid_tensor(st, dp));
         if (dp->lcount)
@@ -352,10 +330,7 @@ fail:
     (void)xmp_err(XMESH_ERR_INVALID_USAGE, "gpt2 stage %d backward (input) mb %d: %s", st->stage,
                   mbi, xmp_last_error());
     xmp_tensor_free(&d);
-    xmp_tensor_free(&dl);
     xmp_tensor_free(&dtab);
-    xmp_tensor_free(&lw);
-    xmp_tensor_free(&lb);
     xmp_tensor_free(&dw);
     return 1;
 }

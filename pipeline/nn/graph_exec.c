@@ -139,6 +139,17 @@ static const xmp_sbp_t *want(const xmp_gexec_t *ex, const xmp_gexec_mb_t *m, int
     return buf;
 }
 
+/* 1 when parameter pid is an operand of more than one node (a tied table: its linear runs
+ * unfused and its weight gradient is always queued, so the sums of both uses keep one order). */
+static int tied(const xmp_graph_t *g, int pid)
+{
+    int n = 0;
+    for (int i = 0; i < g->nnode; i++)
+        for (int k = 0; k < g->node[i].nin; k++)
+            n += g->node[i].in[k].is_param && g->node[i].in[k].id == pid;
+    return n > 1;
+}
+
 /* Output v of a node: its produced SBP remembered, boxed to its class. */
 static int box_out(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int v)
 {
@@ -170,7 +181,7 @@ static int node_forward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, int i)
         const xmp_gnode_t *u = ex->nuse[o] == 1 ? &g->node[ex->first[o]] : NULL;
         if (u && u->kind == XMP_GOP_ADD)
             like = &m->val[u->in[u->in[0].id == o ? 1 : 0].id];
-        if (like || ex->cls[o]) {
+        if ((like || ex->cls[o]) && !tied(g, n->in[1].id)) {
             rc = xmp_linear_forward_box(ex->ov, x, w, b, like ? NULL : ex->cls[o], like, m->was[o],
                                         y) != XMESH_SUCCESS;
             memcpy(m->sbp[o], y->sbp, sizeof m->sbp[o]);
@@ -303,7 +314,7 @@ static int linear_backward(const xmp_gexec_t *ex, xmp_gexec_mb_t *m, const xmp_g
     int xv = n->in[0].id, pw = n->in[1].id, pb = n->nin > 2 ? n->in[2].id : -1, rc;
     const xmp_tensor_t *x = &m->val[xv], *w = ex->param(ex->user, pw);
     xmp_sbp_t buf[NAX];
-    const xmp_sbp_t *to = ex->nuse[xv] == 1 ? want(ex, m, xv, buf) : NULL;
+    const xmp_sbp_t *to = ex->nuse[xv] == 1 && !tied(ex->g, pw) ? want(ex, m, xv, buf) : NULL;
     xmp_tensor_t dx = {0}, dw = {0}, db = {0};
     if (ex->ov->bwd_input && to) {
         rc = xmp_linear_backward_ov(ex->ov, dy, x, w, to, &dx, &dw, pb >= 0 ? &db : NULL) ||

@@ -9,8 +9,9 @@
  * (B, T, C) when it has 3 dims), gelu, add, box. Every output is boxed to its class SBP
  * (xmp_gexec_t.cls; NULL: left as produced), remembering the SBP it had (was); a linear
  * whose only consumer is an add is boxed instead to the SBP of the sum (so the add needs no
- * collective). A value no consumer saves (xmp_gnode_t.saves) is freed after its last
- * consumer.
+ * collective); a linear over a tied parameter (an operand of several nodes) runs unfused
+ * (xmp_linear_forward, then the class box). A value no consumer saves (xmp_gnode_t.saves) is freed
+ * after its last consumer.
  *
  * Backward, in reverse node order: gradients by value id (xmp_gexec_mb_t.grad), a second
  * contribution added into the first (boxed to its SBP). A node's output gradient is boxed
@@ -20,7 +21,8 @@
  * linear its dx (with --overlap bwd-input started nonblocking while its weight gradients are
  * computed, AxoNN paper 001 IV; for a layer norm's output to the SBP the layer norm takes its
  * dy in). The weight gradients of a linear are queued (xmp_gexec_weights runs them: the W of
- * zero-bubble schedules) unless the overlap computes them in the box's shadow. Parameter
+ * zero-bubble schedules; always for a tied parameter, so that the sums of its uses keep one
+ * order) unless the overlap computes them in the box's shadow. Parameter
  * gradients go to the model's grad hook.
  *
  * Collective over the tensors' mesh like the ops it calls. Errors: -1 with the message in
