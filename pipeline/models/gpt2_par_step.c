@@ -1,7 +1,9 @@
-/* GPT-2 pipeline stages: a step's work on one stage. Activations kept per microbatch,
- * the transformer block's forward and backward (input and queued weight gradients),
- * recomputation, and the driver's callbacks (forward, backward, reduction with the tied
- * wte exchange, optimizer) with the stage's memory accounting (gpt2_par.h). */
+/* GPT-2 pipeline stages: a step's work on one stage. The blocks and the head's layer norm and
+ * tied linear run through the graph executor over the model graph (nn/graph_exec.h, its hooks
+ * here: parameters, gradients, progress); written out here: the embedding with the positions,
+ * the cross entropy and sampling, recomputation's choice, and the driver's callbacks (forward,
+ * backward, reduction with the tied wte exchange, optimizer) with the stage's memory
+ * accounting (gpt2_par.h). */
 #include "models/gpt2_par.h"
 #include "models/gpt2_par_priv.h"
 
