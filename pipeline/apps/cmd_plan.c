@@ -124,33 +124,16 @@ static int env_int(const char *a, const char *b)
     return v ? atoi(v) : 0;
 }
 
-/* Flags of the plan commands: a string, an integer in [lo, hi]. */
-typedef struct {
-    const char *flag;
-    const char **sp;
-} str_flag_t;
-typedef struct {
-    const char *flag;
-    int *ip;
-    long lo, hi;
-} int_flag_t;
-
-/* argv[*i] against the flags a plan command takes: its string flags st, its integer flags it,
- * and --memory-limit and --flops (into o). 1: taken (*i past its value), 0: none of them, -1: a
- * missing or bad value (printed). */
-static int common_flag(int argc, char **argv, int *i, const str_flag_t *st, size_t nst,
-                       const int_flag_t *it, size_t nit, plan_opts_t *o)
+/* argv[*i] against the flags a plan command takes: its table (xmp_cli_table), --memory-limit
+ * and --flops (into o). 1: taken (*i past its value), 0: none of them, -1: a missing or bad value
+ * (printed). */
+static int common_flag(int argc, char **argv, int *i, const xmp_cli_flag_t *tab, size_t n,
+                       plan_opts_t *o)
 {
     const char *a = argv[*i], *v;
-    for (size_t k = 0; k < nst; k++)
-        if (!strcmp(a, st[k].flag))
-            return (*st[k].sp = xmp_cli_value(argc, argv, i)) ? 1 : -1;
-    for (size_t k = 0; k < nit; k++)
-        if (!strcmp(a, it[k].flag))
-            return (v = xmp_cli_value(argc, argv, i)) &&
-                           !xmp_cli_int(a, v, it[k].lo, it[k].hi, it[k].ip)
-                       ? 1
-                       : -1;
+    int took = xmp_cli_table(argc, argv, i, tab, n);
+    if (took)
+        return took;
     if (!strcmp(a, "--memory-limit"))
         return (v = xmp_cli_value(argc, argv, i)) && !parse_bytes(a, v, &o->memory_limit) ? 1 : -1;
     if (strcmp(a, "--flops"))
@@ -211,27 +194,30 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
             o->eval = 1;
             continue;
         }
-        const str_flag_t st[] = {
-            {"--layout", &o->layout},         {"--stage-mesh", &o->stage_mesh},
-            {"--strategy", &o->strategy},     {"--stage-strategy", &o->stage_strategy},
-            {"--schedule", &o->schedule},     {"--cluster", &o->cluster},
-            {"--strategies", &o->strategies}, {"--schedules", &o->schedules},
-            {"--ablate", &o->ablate},         {"--overlap", &o->overlap}};
-        const int_flag_t it[] = {{"--layers", &o->layers, 1, 512},
-                                 {"--heads", &o->heads, 1, 1024},
-                                 {"--channels", &o->channels, 1, 1 << 16},
-                                 {"--max-seq", &o->max_seq, 1, 1 << 20},
-                                 {"--vocab", &o->vocab, 1, 1 << 20},
-                                 {"--batch", &o->batch, 1, 1 << 20},
-                                 {"--seq", &o->seq, 1, 1 << 20},
-                                 {"--ranks", &o->ranks, 1, 4096},
-                                 {"--hosts", &o->hosts, 1, 4096},
-                                 {"--top", &o->top, 1, PLAN_MAX_TOP},
-                                 {"--microbatches", &o->microbatches, 1, 1 << 20},
-                                 {"--max-stages", &o->max_stages, 1, XMP_SEARCH_MAX_STAGES},
-                                 {"--max-evals", &o->max_evals, 1, 1 << 30}};
-        int took = common_flag(argc, argv, &i, st, sizeof st / sizeof st[0], it,
-                               sizeof it / sizeof it[0], o);
+        const xmp_cli_flag_t f[] = {{"--layout", .sp = &o->layout},
+                                    {"--stage-mesh", .sp = &o->stage_mesh},
+                                    {"--strategy", .sp = &o->strategy},
+                                    {"--stage-strategy", .sp = &o->stage_strategy},
+                                    {"--schedule", .sp = &o->schedule},
+                                    {"--cluster", .sp = &o->cluster},
+                                    {"--strategies", .sp = &o->strategies},
+                                    {"--schedules", .sp = &o->schedules},
+                                    {"--ablate", .sp = &o->ablate},
+                                    {"--overlap", .sp = &o->overlap},
+                                    {"--layers", &o->layers, 1, 512},
+                                    {"--heads", &o->heads, 1, 1024},
+                                    {"--channels", &o->channels, 1, 1 << 16},
+                                    {"--max-seq", &o->max_seq, 1, 1 << 20},
+                                    {"--vocab", &o->vocab, 1, 1 << 20},
+                                    {"--batch", &o->batch, 1, 1 << 20},
+                                    {"--seq", &o->seq, 1, 1 << 20},
+                                    {"--ranks", &o->ranks, 1, 4096},
+                                    {"--hosts", &o->hosts, 1, 4096},
+                                    {"--top", &o->top, 1, PLAN_MAX_TOP},
+                                    {"--microbatches", &o->microbatches, 1, 1 << 20},
+                                    {"--max-stages", &o->max_stages, 1, XMP_SEARCH_MAX_STAGES},
+                                    {"--max-evals", &o->max_evals, 1, 1 << 30}};
+        int took = common_flag(argc, argv, &i, f, sizeof f / sizeof f[0], o);
         if (took < 0)
             return -1;
         if (took)
@@ -774,29 +760,28 @@ static int parse_ut_plan(int argc, char **argv, ut_plan_opts_t *u)
                             : &o->eval) = 1;
             continue;
         }
-        const str_flag_t st[] = {{"--cluster", &o->cluster},
-                                 {"--layout", &o->layout},
-                                 {"--stage-mesh", &o->stage_mesh},
-                                 {"--strategy", &o->strategy},
-                                 {"--stage-strategy", &o->stage_strategy},
-                                 {"--schedule", &o->schedule},
-                                 {"--strategies", &o->strategies},
-                                 {"--schedules", &o->schedules},
-                                 {"--ablate", &o->ablate}};
-        const int_flag_t it[] = {{"--base-channels", &u->base, 1, 1024},
-                                 {"--groups", &u->groups, 1, 1024},
-                                 {"--head-dim", &u->head_dim, 1, 1024},
-                                 {"--batch", &o->batch, 1, 1 << 16},
-                                 {"--ranks", &o->ranks, 1, 4096},
-                                 {"--hosts", &o->hosts, 1, 4096},
-                                 {"--top", &o->top, 1, PLAN_MAX_TOP},
-                                 {"--microbatches", &o->microbatches, 1, 1 << 16},
-                                 {"--max-stages", &o->max_stages, 1, XMP_UTS_MAX_STAGES},
-                                 {"--max-evals", &o->max_evals, 1, 1 << 30},
-                                 {"--restarts", &u->restarts, 1, 1000},
-                                 {"--mh-steps", &u->mh_steps, 1, 10000000}};
-        int took = common_flag(argc, argv, &i, st, sizeof st / sizeof st[0], it,
-                               sizeof it / sizeof it[0], o);
+        const xmp_cli_flag_t f[] = {{"--cluster", .sp = &o->cluster},
+                                    {"--layout", .sp = &o->layout},
+                                    {"--stage-mesh", .sp = &o->stage_mesh},
+                                    {"--strategy", .sp = &o->strategy},
+                                    {"--stage-strategy", .sp = &o->stage_strategy},
+                                    {"--schedule", .sp = &o->schedule},
+                                    {"--strategies", .sp = &o->strategies},
+                                    {"--schedules", .sp = &o->schedules},
+                                    {"--ablate", .sp = &o->ablate},
+                                    {"--base-channels", &u->base, 1, 1024},
+                                    {"--groups", &u->groups, 1, 1024},
+                                    {"--head-dim", &u->head_dim, 1, 1024},
+                                    {"--batch", &o->batch, 1, 1 << 16},
+                                    {"--ranks", &o->ranks, 1, 4096},
+                                    {"--hosts", &o->hosts, 1, 4096},
+                                    {"--top", &o->top, 1, PLAN_MAX_TOP},
+                                    {"--microbatches", &o->microbatches, 1, 1 << 16},
+                                    {"--max-stages", &o->max_stages, 1, XMP_UTS_MAX_STAGES},
+                                    {"--max-evals", &o->max_evals, 1, 1 << 30},
+                                    {"--restarts", &u->restarts, 1, 1000},
+                                    {"--mh-steps", &u->mh_steps, 1, 10000000}};
+        int took = common_flag(argc, argv, &i, f, sizeof f / sizeof f[0], o);
         if (took < 0)
             return -1;
         if (took)
