@@ -76,6 +76,25 @@ int xmp_cli_float(const char *flag, const char *s, double lo, double hi, float *
     return 0;
 }
 
+int xmp_cli_table(int argc, char **argv, int *i, const xmp_cli_flag_t *tab, size_t n)
+{
+    const char *a = argv[*i], *v;
+    size_t k = 0;
+    while (k < n && strcmp(a, tab[k].flag))
+        k++;
+    if (k == n)
+        return 0;
+    if (!(v = xmp_cli_value(argc, argv, i)))
+        return -1;
+    if (tab[k].ip && xmp_cli_int(a, v, tab[k].lo, tab[k].hi, tab[k].ip) != 0)
+        return -1;
+    if (tab[k].fp && xmp_cli_float(a, v, tab[k].flo, tab[k].fhi, tab[k].fp) != 0)
+        return -1;
+    if (tab[k].sp)
+        *tab[k].sp = v;
+    return 1;
+}
+
 double xmp_now(void)
 {
     struct timespec ts;

@@ -27,6 +27,20 @@ int xmp_cli_u64(const char *flag, const char *s, uint64_t *out);
 /* Finite float in [lo, hi]. */
 int xmp_cli_float(const char *flag, const char *s, double lo, double hi, float *out);
 
+/* One "--flag VALUE" of a command's table: an integer in [lo, hi] into *ip, a finite float in
+ * [flo, fhi] into *fp, or the string itself into *sp (one of the three set). */
+typedef struct {
+    const char *flag;
+    int *ip;
+    long lo, hi;
+    float *fp;
+    double flo, fhi;
+    const char **sp;
+} xmp_cli_flag_t;
+/* argv[*i] against tab[0..n): 1 when it is one (its value parsed, *i advanced past it), 0 when
+ * it is none, -1 on a missing or bad value (printed, as the parsers above). */
+int xmp_cli_table(int argc, char **argv, int *i, const xmp_cli_flag_t *tab, size_t n);
+
 /* Monotonic wall clock in seconds. */
 double xmp_now(void);
 

@@ -116,7 +116,7 @@ static void gpt_usage(void)
 static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_t *o)
 {
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
+        const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             gpt_usage();
             return 1;
@@ -130,14 +130,7 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
             o->shuffle = 0;
             continue;
         }
-        const struct {
-            const char *flag;
-            int *ip;
-            long lo, hi;
-            float *fp;
-            double flo, fhi;
-            const char **sp;
-        } f[] = {
+        const xmp_cli_flag_t f[] = {
             {"--layers", &o->layers, 1, 1024, NULL, 0, 0, NULL},
             {"--heads", &o->heads, 1, 1024, NULL, 0, 0, NULL},
             {"--channels", &o->channels, 1, 1 << 16, NULL, 0, 0, NULL},
@@ -154,20 +147,8 @@ static int parse_gpt_flags(int argc, char **argv, xmp_train_opts_t *t, gpt_opts_
             {"--save", NULL, 0, 0, NULL, 0, 0, &o->save},
             {"--val-data", NULL, 0, 0, NULL, 0, 0, &o->val_data},
         };
-        size_t k, nf = sizeof f / sizeof f[0];
-        for (k = 0; k < nf; k++)
-            if (!strcmp(a, f[k].flag))
-                break;
-        if (k == nf)
-            return xmp_cli_error("unknown flag '%s' (see --help)", a);
-        if (!(v = xmp_cli_value(argc, argv, &i)))
-            return -1;
-        if (f[k].ip && xmp_cli_int(a, v, f[k].lo, f[k].hi, f[k].ip) != 0)
-            return -1;
-        if (f[k].fp && xmp_cli_float(a, v, f[k].flo, f[k].fhi, f[k].fp) != 0)
-            return -1;
-        if (f[k].sp)
-            *f[k].sp = v;
+        if ((c = xmp_cli_table(argc, argv, &i, f, sizeof f / sizeof f[0])) <= 0)
+            return c < 0 ? -1 : xmp_cli_error("unknown flag '%s' (see --help)", a);
     }
     if (xmp_train_check_flags(t) != 0)
         return -1;

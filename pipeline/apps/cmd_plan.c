@@ -124,6 +124,46 @@ static int env_int(const char *a, const char *b)
     return v ? atoi(v) : 0;
 }
 
+/* argv[*i] against the flags a plan command takes: its table (xmp_cli_table), --memory-limit
+ * and --flops (into o). 1: taken (*i past its value), 0: none of them, -1: a missing or bad value
+ * (printed). */
+static int common_flag(int argc, char **argv, int *i, const xmp_cli_flag_t *tab, size_t n,
+                       plan_opts_t *o)
+{
+    const char *a = argv[*i], *v;
+    int took = xmp_cli_table(argc, argv, i, tab, n);
+    if (took)
+        return took;
+    if (!strcmp(a, "--memory-limit"))
+        return (v = xmp_cli_value(argc, argv, i)) && !parse_bytes(a, v, &o->memory_limit) ? 1 : -1;
+    if (strcmp(a, "--flops"))
+        return 0;
+    char *end;
+    if (!(v = xmp_cli_value(argc, argv, i)))
+        return -1;
+    o->flops = strtod(v, &end);
+    if (end == v || *end || !(o->flops > 0) || !isfinite(o->flops))
+        return xmp_cli_error("--flops '%s': not a rate > 0 (flop/s)", v);
+    return 1;
+}
+
+/* Ranks and hosts not given: from the MPI launcher's environment (else 1 and 1). */
+static int ranks_hosts(plan_opts_t *o)
+{
+    if (!o->ranks)
+        o->ranks = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
+    if (!o->ranks)
+        o->ranks = 1;
+    if (!o->hosts) {
+        int local = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS");
+        o->hosts = local > 0 && o->ranks % local == 0 ? o->ranks / local : 1;
+    }
+    if (o->ranks % o->hosts)
+        return xmp_cli_error("--hosts %d does not divide --ranks %d (ranks per host = N/H)",
+                             o->hosts, o->ranks);
+    return 0;
+}
+
 static int parse_plan(int argc, char **argv, plan_opts_t *o)
 {
     memset(o, 0, sizeof *o);
@@ -137,7 +177,7 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
     o->top = 5;
     o->flops = 5e10;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
+        const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             plan_usage();
             return 1;
@@ -154,76 +194,37 @@ static int parse_plan(int argc, char **argv, plan_opts_t *o)
             o->eval = 1;
             continue;
         }
-        const struct {
-            const char *flag;
-            const char **sp;
-        } st[] = {{"--layout", &o->layout},         {"--stage-mesh", &o->stage_mesh},
-                  {"--strategy", &o->strategy},     {"--stage-strategy", &o->stage_strategy},
-                  {"--schedule", &o->schedule},     {"--cluster", &o->cluster},
-                  {"--strategies", &o->strategies}, {"--schedules", &o->schedules},
-                  {"--ablate", &o->ablate},         {"--overlap", &o->overlap}};
-        int sdone = 0;
-        for (size_t k = 0; k < sizeof st / sizeof st[0] && !sdone; k++)
-            if (!strcmp(a, st[k].flag)) {
-                if (!(*st[k].sp = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                sdone = 1;
-            }
-        if (sdone)
+        const xmp_cli_flag_t f[] = {{"--layout", .sp = &o->layout},
+                                    {"--stage-mesh", .sp = &o->stage_mesh},
+                                    {"--strategy", .sp = &o->strategy},
+                                    {"--stage-strategy", .sp = &o->stage_strategy},
+                                    {"--schedule", .sp = &o->schedule},
+                                    {"--cluster", .sp = &o->cluster},
+                                    {"--strategies", .sp = &o->strategies},
+                                    {"--schedules", .sp = &o->schedules},
+                                    {"--ablate", .sp = &o->ablate},
+                                    {"--overlap", .sp = &o->overlap},
+                                    {"--layers", &o->layers, 1, 512},
+                                    {"--heads", &o->heads, 1, 1024},
+                                    {"--channels", &o->channels, 1, 1 << 16},
+                                    {"--max-seq", &o->max_seq, 1, 1 << 20},
+                                    {"--vocab", &o->vocab, 1, 1 << 20},
+                                    {"--batch", &o->batch, 1, 1 << 20},
+                                    {"--seq", &o->seq, 1, 1 << 20},
+                                    {"--ranks", &o->ranks, 1, 4096},
+                                    {"--hosts", &o->hosts, 1, 4096},
+                                    {"--top", &o->top, 1, PLAN_MAX_TOP},
+                                    {"--microbatches", &o->microbatches, 1, 1 << 20},
+                                    {"--max-stages", &o->max_stages, 1, XMP_SEARCH_MAX_STAGES},
+                                    {"--max-evals", &o->max_evals, 1, 1 << 30}};
+        int took = common_flag(argc, argv, &i, f, sizeof f / sizeof f[0], o);
+        if (took < 0)
+            return -1;
+        if (took)
             continue;
-        const struct {
-            const char *flag;
-            int *ip;
-            long lo, hi;
-        } it[] = {{"--layers", &o->layers, 1, 512},
-                  {"--heads", &o->heads, 1, 1024},
-                  {"--channels", &o->channels, 1, 1 << 16},
-                  {"--max-seq", &o->max_seq, 1, 1 << 20},
-                  {"--vocab", &o->vocab, 1, 1 << 20},
-                  {"--batch", &o->batch, 1, 1 << 20},
-                  {"--seq", &o->seq, 1, 1 << 20},
-                  {"--ranks", &o->ranks, 1, 4096},
-                  {"--hosts", &o->hosts, 1, 4096},
-                  {"--top", &o->top, 1, PLAN_MAX_TOP},
-                  {"--microbatches", &o->microbatches, 1, 1 << 20},
-                  {"--max-stages", &o->max_stages, 1, XMP_SEARCH_MAX_STAGES},
-                  {"--max-evals", &o->max_evals, 1, 1 << 30}};
-        int done = 0;
-        for (size_t k = 0; k < sizeof it / sizeof it[0] && !done; k++)
-            if (!strcmp(a, it[k].flag)) {
-                if (!(v = xmp_cli_value(argc, argv, &i)) ||
-                    xmp_cli_int(a, v, it[k].lo, it[k].hi, it[k].ip))
-                    return -1;
-                done = 1;
-            }
-        if (done)
-            continue;
-        if (!strcmp(a, "--memory-limit")) {
-            if (!(v = xmp_cli_value(argc, argv, &i)) || parse_bytes(a, v, &o->memory_limit))
-                return -1;
-        } else if (!strcmp(a, "--flops")) {
-            char *end;
-            if (!(v = xmp_cli_value(argc, argv, &i)))
-                return -1;
-            o->flops = strtod(v, &end);
-            if (end == v || *end || !(o->flops > 0) || !isfinite(o->flops))
-                return xmp_cli_error("--flops '%s': not a rate > 0 (flop/s)", v);
-        } else {
-            return xmp_cli_error("unknown flag '%s' (xmesh-train gpt plan --help)", a);
-        }
+        return xmp_cli_error("unknown flag '%s' (xmesh-train gpt plan --help)", a);
     }
-    if (!o->ranks)
-        o->ranks = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
-    if (!o->ranks)
-        o->ranks = 1;
-    if (!o->hosts) {
-        int local = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS");
-        o->hosts = local > 0 && o->ranks % local == 0 ? o->ranks / local : 1;
-    }
-    if (o->ranks % o->hosts)
-        return xmp_cli_error("--hosts %d does not divide --ranks %d (ranks per host = N/H)",
-                             o->hosts, o->ranks);
-    return 0;
+    return ranks_hosts(o);
 }
 
 /* The cost model and boundary cluster of the flags (printed errors). */
@@ -759,86 +760,42 @@ static int parse_ut_plan(int argc, char **argv, ut_plan_opts_t *u)
                             : &o->eval) = 1;
             continue;
         }
-        const struct {
-            const char *flag;
-            const char **sp;
-        } st[] = {{"--cluster", &o->cluster},
-                  {"--layout", &o->layout},
-                  {"--stage-mesh", &o->stage_mesh},
-                  {"--strategy", &o->strategy},
-                  {"--stage-strategy", &o->stage_strategy},
-                  {"--schedule", &o->schedule},
-                  {"--strategies", &o->strategies},
-                  {"--schedules", &o->schedules},
-                  {"--ablate", &o->ablate}};
-        int sdone = 0;
-        for (size_t k = 0; k < sizeof st / sizeof st[0] && !sdone; k++)
-            if (!strcmp(a, st[k].flag)) {
-                if (!(*st[k].sp = xmp_cli_value(argc, argv, &i)))
-                    return -1;
-                sdone = 1;
-            }
-        if (sdone)
+        const xmp_cli_flag_t f[] = {{"--cluster", .sp = &o->cluster},
+                                    {"--layout", .sp = &o->layout},
+                                    {"--stage-mesh", .sp = &o->stage_mesh},
+                                    {"--strategy", .sp = &o->strategy},
+                                    {"--stage-strategy", .sp = &o->stage_strategy},
+                                    {"--schedule", .sp = &o->schedule},
+                                    {"--strategies", .sp = &o->strategies},
+                                    {"--schedules", .sp = &o->schedules},
+                                    {"--ablate", .sp = &o->ablate},
+                                    {"--base-channels", &u->base, 1, 1024},
+                                    {"--groups", &u->groups, 1, 1024},
+                                    {"--head-dim", &u->head_dim, 1, 1024},
+                                    {"--batch", &o->batch, 1, 1 << 16},
+                                    {"--ranks", &o->ranks, 1, 4096},
+                                    {"--hosts", &o->hosts, 1, 4096},
+                                    {"--top", &o->top, 1, PLAN_MAX_TOP},
+                                    {"--microbatches", &o->microbatches, 1, 1 << 16},
+                                    {"--max-stages", &o->max_stages, 1, XMP_UTS_MAX_STAGES},
+                                    {"--max-evals", &o->max_evals, 1, 1 << 30},
+                                    {"--restarts", &u->restarts, 1, 1000},
+                                    {"--mh-steps", &u->mh_steps, 1, 10000000}};
+        int took = common_flag(argc, argv, &i, f, sizeof f / sizeof f[0], o);
+        if (took < 0)
+            return -1;
+        if (took)
             continue;
-        const struct {
-            const char *flag;
-            int *ip;
-            long lo, hi;
-        } it[] = {{"--base-channels", &u->base, 1, 1024},
-                  {"--groups", &u->groups, 1, 1024},
-                  {"--head-dim", &u->head_dim, 1, 1024},
-                  {"--batch", &o->batch, 1, 1 << 16},
-                  {"--ranks", &o->ranks, 1, 4096},
-                  {"--hosts", &o->hosts, 1, 4096},
-                  {"--top", &o->top, 1, PLAN_MAX_TOP},
-                  {"--microbatches", &o->microbatches, 1, 1 << 16},
-                  {"--max-stages", &o->max_stages, 1, XMP_UTS_MAX_STAGES},
-                  {"--max-evals", &o->max_evals, 1, 1 << 30},
-                  {"--restarts", &u->restarts, 1, 1000},
-                  {"--mh-steps", &u->mh_steps, 1, 10000000}};
-        int done = 0;
-        for (size_t k = 0; k < sizeof it / sizeof it[0] && !done; k++)
-            if (!strcmp(a, it[k].flag)) {
-                if (!(v = xmp_cli_value(argc, argv, &i)) ||
-                    xmp_cli_int(a, v, it[k].lo, it[k].hi, it[k].ip))
-                    return -1;
-                done = 1;
-            }
-        if (done)
-            continue;
-        if (!strcmp(a, "--memory-limit")) {
-            if (!(v = xmp_cli_value(argc, argv, &i)) || parse_bytes(a, v, &o->memory_limit))
-                return -1;
-        } else if (!strcmp(a, "--seed")) {
-            char *end;
-            if (!(v = xmp_cli_value(argc, argv, &i)))
-                return -1;
-            u->seed = strtoll(v, &end, 10);
-            if (end == v || *end || u->seed < 0)
-                return xmp_cli_error("--seed '%s': not an integer >= 0", v);
-        } else if (!strcmp(a, "--flops")) {
-            char *end;
-            if (!(v = xmp_cli_value(argc, argv, &i)))
-                return -1;
-            o->flops = strtod(v, &end);
-            if (end == v || *end || !(o->flops > 0) || !isfinite(o->flops))
-                return xmp_cli_error("--flops '%s': not a rate > 0 (flop/s)", v);
-        } else {
+        if (strcmp(a, "--seed"))
             return xmp_cli_error("unknown flag '%s' (xmesh-train utransformer plan --help)", a);
-        }
+        char *end;
+        if (!(v = xmp_cli_value(argc, argv, &i)))
+            return -1;
+        u->seed = strtoll(v, &end, 10);
+        if (end == v || *end || u->seed < 0)
+            return xmp_cli_error("--seed '%s': not an integer >= 0", v);
     }
-    if (!o->ranks)
-        o->ranks = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
-    if (!o->ranks)
-        o->ranks = 1;
-    if (!o->hosts) {
-        int local = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS");
-        o->hosts = local > 0 && o->ranks % local == 0 ? o->ranks / local : 1;
-    }
-    if (o->ranks % o->hosts)
-        return xmp_cli_error("--hosts %d does not divide --ranks %d (ranks per host = N/H)",
-                             o->hosts, o->ranks);
-    return 0;
+    return ranks_hosts(o);
 }
 
 static int fill_ut_opts(ut_plan_opts_t *u, const xm_costmodel_t *cm, const xm_cluster_t *cl,

@@ -83,7 +83,7 @@ static void ut_usage(void)
 static int parse_ut_flags(int argc, char **argv, xmp_train_opts_t *t, ut_opts_t *o)
 {
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = NULL;
+        const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             ut_usage();
             return 1;
@@ -93,13 +93,7 @@ static int parse_ut_flags(int argc, char **argv, xmp_train_opts_t *t, ut_opts_t 
             return -1;
         if (c > 0)
             continue;
-        const struct {
-            const char *flag;
-            int *ip;
-            long lo, hi;
-            float *fp;
-            double flo, fhi;
-        } f[] = {
+        const xmp_cli_flag_t f[] = {
             {"--base-channels", &o->base, 1, 1024, NULL, 0, 0},
             {"--groups", &o->groups, 1, 1024, NULL, 0, 0},
             {"--head-dim", &o->head_dim, 1, 1024, NULL, 0, 0},
@@ -107,18 +101,8 @@ static int parse_ut_flags(int argc, char **argv, xmp_train_opts_t *t, ut_opts_t 
             {"--momentum", NULL, 0, 0, &o->momentum, 0.0, 0.999999},
             {"--noise", NULL, 0, 0, &o->sigma, 0.0, 100.0},
         };
-        size_t k, nf = sizeof f / sizeof f[0];
-        for (k = 0; k < nf; k++)
-            if (!strcmp(a, f[k].flag))
-                break;
-        if (k == nf)
-            return xmp_cli_error("unknown flag '%s' (see --help)", a);
-        if (!(v = xmp_cli_value(argc, argv, &i)))
-            return -1;
-        if (f[k].ip && xmp_cli_int(a, v, f[k].lo, f[k].hi, f[k].ip) != 0)
-            return -1;
-        if (f[k].fp && xmp_cli_float(a, v, f[k].flo, f[k].fhi, f[k].fp) != 0)
-            return -1;
+        if ((c = xmp_cli_table(argc, argv, &i, f, sizeof f / sizeof f[0])) <= 0)
+            return c < 0 ? -1 : xmp_cli_error("unknown flag '%s' (see --help)", a);
     }
     if (xmp_train_check_flags(t) != 0)
         return -1;

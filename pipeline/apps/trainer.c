@@ -201,14 +201,7 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
             *sw[k].p = 1;
             return 1;
         }
-    const struct {
-        const char *flag;
-        int *ip;
-        long lo, hi;
-        float *fp;
-        double flo, fhi;
-        const char **sp;
-    } t[] = {
+    const xmp_cli_flag_t t[] = {
         {"--steps", &o->steps, 1, 1 << 30, NULL, 0, 0, NULL},
         {"--warmup", &o->warmup, 0, 1 << 30, NULL, 0, 0, NULL},
         {"--bench-warmup", &o->bench_warmup, 0, 1 << 30, NULL, 0, 0, NULL},
@@ -244,101 +237,89 @@ int xmp_train_parse_flag(int argc, char **argv, int *i, xmp_train_opts_t *o)
         {"--keep", &o->keep, 0, 1 << 20, NULL, 0, 0, NULL},
         {"--resume", NULL, 0, 0, NULL, 0, 0, &o->resume},
     };
-    size_t k, nt = sizeof t / sizeof t[0];
-    for (k = 0; k < nt; k++)
-        if (!strcmp(a, t[k].flag))
-            break;
-    if (k == nt) {
-        if (!strcmp(a, "--inject-fail")) {
-            char *e1 = NULL, *e2 = NULL;
-            if (!(v = xmp_cli_value(argc, argv, i)))
-                return -1;
-            long st = strtol(v, &e1, 10), rk = -1;
-            if (e1 != v && *e1 == ':')
-                rk = strtol(e1 + 1, &e2, 10);
-            if (e1 == v || *e1 != ':' || !e2 || e2 == e1 + 1 || *e2 || st < 0 || rk < 0 ||
-                st > (1 << 30) || rk > (1 << 30))
-                return xmp_cli_error("--inject-fail '%s': expected STEP:RANK (two whole numbers "
-                                     ">= 0)",
-                                     v);
-            o->inject_step = (int)st;
-            o->inject_rank = (int)rk;
-            return 1;
-        }
-        if (!strcmp(a, "--seed")) {
-            if (!(v = xmp_cli_value(argc, argv, i)) || xmp_cli_u64(a, v, &o->seed) != 0)
-                return -1;
-            return 1;
-        }
-        if (!strcmp(a, "--lr-decay")) {
-            if (!(v = xmp_cli_value(argc, argv, i)))
-                return -1;
-            if (!strcmp(v, "none"))
-                o->lr_decay = XMP_LR_NONE;
-            else if (!strcmp(v, "cosine"))
-                o->lr_decay = XMP_LR_COSINE;
-            else if (!strcmp(v, "linear"))
-                o->lr_decay = XMP_LR_LINEAR;
-            else
-                return xmp_cli_error("--lr-decay '%s': expected none, cosine or linear", v);
-            return 1;
-        }
-        if (!strcmp(a, "--schedule")) {
-            if (!(v = xmp_cli_value(argc, argv, i)))
-                return -1;
-            if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
-                return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b, eager-1f1b, "
-                                     "interleaved-1f1b, eager-interleaved-1f1b, zb-v, v-1f1b or "
-                                     "dualpipe-v",
-                                     v);
-            return 1;
-        }
-        if (!strcmp(a, "--recompute")) {
-            if (!(v = xmp_cli_value(argc, argv, i)))
-                return -1;
-            if ((o->recompute = xmp_recompute_parse(v)) < 0)
-                return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
-            return 1;
-        }
-        if (!strcmp(a, "--boundary-dtype")) {
-            xmesh_dtype_t bt;
-            if (!(v = xmp_cli_value(argc, argv, i)))
-                return -1;
-            if (xmesh_dtype_parse(v, &bt) != XMESH_SUCCESS ||
-                (bt != XMESH_F32 && bt != XMESH_BF16 && bt != XMESH_F16))
-                return xmp_cli_error("--boundary-dtype '%s': expected f32, bf16 or f16", v);
-            o->boundary_dtype = (int)bt;
-            return 1;
-        }
-        if (!strcmp(a, "--overlap")) { /* communication overlap inside a stage (nn/overlap.h) */
-            xmp_overlap_t ov;
-            if (!(v = xmp_cli_value(argc, argv, i)))
-                return -1;
-            if (xmp_overlap_parse(v, &ov))
-                return xmp_cli_error("--overlap: %s", xmp_last_error());
-            setenv("XMP_OVERLAP", v, 1); /* read by every model's stages at creation */
-            return 1;
-        }
-        if (!strcmp(a, "--comm")) {
-            if (!(v = xmp_cli_value(argc, argv, i)))
-                return -1;
-            if ((o->comm = xmp_comm_mode_parse(v)) < 0)
-                return xmp_cli_error("--comm '%s': expected broadcast, sendrecv, "
-                                     "sendrecv-allgather, blocking or signal",
-                                     v);
-            return 1;
-        }
-        return 0;
+    int took = xmp_cli_table(argc, argv, i, t, sizeof t / sizeof t[0]);
+    if (took)
+        return took;
+    if (!strcmp(a, "--inject-fail")) {
+        char *e1 = NULL, *e2 = NULL;
+        if (!(v = xmp_cli_value(argc, argv, i)))
+            return -1;
+        long st = strtol(v, &e1, 10), rk = -1;
+        if (e1 != v && *e1 == ':')
+            rk = strtol(e1 + 1, &e2, 10);
+        if (e1 == v || *e1 != ':' || !e2 || e2 == e1 + 1 || *e2 || st < 0 || rk < 0 ||
+            st > (1 << 30) || rk > (1 << 30))
+            return xmp_cli_error("--inject-fail '%s': expected STEP:RANK (two whole numbers "
+                                 ">= 0)",
+                                 v);
+        o->inject_step = (int)st;
+        o->inject_rank = (int)rk;
+        return 1;
     }
-    if (!(v = xmp_cli_value(argc, argv, i)))
-        return -1;
-    if (t[k].ip && xmp_cli_int(a, v, t[k].lo, t[k].hi, t[k].ip) != 0)
-        return -1;
-    if (t[k].fp && xmp_cli_float(a, v, t[k].flo, t[k].fhi, t[k].fp) != 0)
-        return -1;
-    if (t[k].sp)
-        *t[k].sp = v;
-    return 1;
+    if (!strcmp(a, "--seed")) {
+        if (!(v = xmp_cli_value(argc, argv, i)) || xmp_cli_u64(a, v, &o->seed) != 0)
+            return -1;
+        return 1;
+    }
+    if (!strcmp(a, "--lr-decay")) {
+        if (!(v = xmp_cli_value(argc, argv, i)))
+            return -1;
+        if (!strcmp(v, "none"))
+            o->lr_decay = XMP_LR_NONE;
+        else if (!strcmp(v, "cosine"))
+            o->lr_decay = XMP_LR_COSINE;
+        else if (!strcmp(v, "linear"))
+            o->lr_decay = XMP_LR_LINEAR;
+        else
+            return xmp_cli_error("--lr-decay '%s': expected none, cosine or linear", v);
+        return 1;
+    }
+    if (!strcmp(a, "--schedule")) {
+        if (!(v = xmp_cli_value(argc, argv, i)))
+            return -1;
+        if ((o->schedule = xmp_sched_kind_parse(v)) < 0)
+            return xmp_cli_error("--schedule '%s': expected gpipe, 1f1b, eager-1f1b, "
+                                 "interleaved-1f1b, eager-interleaved-1f1b, zb-v, v-1f1b or "
+                                 "dualpipe-v",
+                                 v);
+        return 1;
+    }
+    if (!strcmp(a, "--recompute")) {
+        if (!(v = xmp_cli_value(argc, argv, i)))
+            return -1;
+        if ((o->recompute = xmp_recompute_parse(v)) < 0)
+            return xmp_cli_error("--recompute '%s': expected none, block or selective", v);
+        return 1;
+    }
+    if (!strcmp(a, "--boundary-dtype")) {
+        xmesh_dtype_t bt;
+        if (!(v = xmp_cli_value(argc, argv, i)))
+            return -1;
+        if (xmesh_dtype_parse(v, &bt) != XMESH_SUCCESS ||
+            (bt != XMESH_F32 && bt != XMESH_BF16 && bt != XMESH_F16))
+            return xmp_cli_error("--boundary-dtype '%s': expected f32, bf16 or f16", v);
+        o->boundary_dtype = (int)bt;
+        return 1;
+    }
+    if (!strcmp(a, "--overlap")) { /* communication overlap inside a stage (nn/overlap.h) */
+        xmp_overlap_t ov;
+        if (!(v = xmp_cli_value(argc, argv, i)))
+            return -1;
+        if (xmp_overlap_parse(v, &ov))
+            return xmp_cli_error("--overlap: %s", xmp_last_error());
+        setenv("XMP_OVERLAP", v, 1); /* read by every model's stages at creation */
+        return 1;
+    }
+    if (!strcmp(a, "--comm")) {
+        if (!(v = xmp_cli_value(argc, argv, i)))
+            return -1;
+        if ((o->comm = xmp_comm_mode_parse(v)) < 0)
+            return xmp_cli_error("--comm '%s': expected broadcast, sendrecv, "
+                                 "sendrecv-allgather, blocking or signal",
+                                 v);
+        return 1;
+    }
+    return 0;
 }
 
 int xmp_train_check_flags(xmp_train_opts_t *o)

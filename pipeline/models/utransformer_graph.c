@@ -159,7 +159,7 @@ int xmp_ut_graph(const xmp_ut_config_t *cf, int layer, xmp_graph_t *g)
         value(&c, pl->skip_in, "act.x", 4, 1, sk[0], sk[1], sk[2]);
     }
     if (!c.failed && pl->cond >= 0)
-        value(&c, pl->cond, "", 3, 1, XMP_UT_TOKENS, cf->cond_dim, 0);
+        value(&c, pl->cond, "act.cond", 3, 1, XMP_UT_TOKENS, cf->cond_dim, 0);
     for (int i = 0; !c.failed && i < pl->nops; i++)
         convert(&c, &pl->ops[i]);
     free(pl);

@@ -2,7 +2,8 @@
  * The U-Transformer as graphs (nn/graph.h; issue 38 item 1): one layer's op tape
  * (utransformer_plan.h, the tape both executors run) converted to a graph of one image, whose
  * nodes carry their kinds, value shapes and activation classes (the tape's boxing points become
- * XMP_GOP_BOX nodes into "act.x", "act.block", "act.up"; other values have no class) and whose
+ * XMP_GOP_BOX nodes into "act.x", "act.block", "act.up"; the conditioning tokens are "act.cond";
+ * other values have no class) and whose
  * parameters are the layer's tensors under their classes ("conv1.w", "attn.q.w"). The search
  * (search/search_ut.c) prices a layer by the kinds of the nodes its weights feed.
  */
@@ -18,7 +19,7 @@ extern "C" {
 
 /* Builds into g (initialized here) layer `layer`'s graph for one image: the layer's input
  * (class act.x), the skip it takes (up layers; act.x) and the conditioning tokens (cross
- * attention; no class) are the graph's inputs, in that order. Parameters have layer and group
+ * attention; act.cond) are the graph's inputs, in that order. Parameters have layer and group
  * `layer`. Returns 0, or -1 with the message in xmp_last_error() and g freed. */
 int xmp_ut_graph(const xmp_ut_config_t *cf, int layer, xmp_graph_t *g);
 

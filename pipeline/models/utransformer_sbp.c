@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/utransformer_graph.h"
 #include "models/utransformer_plan.h"
 #include "nn/param.h"
 #include "nn/sbp_conv.h"
@@ -278,11 +279,6 @@ const xmp_sbp_t *xmp_ut_strategy_store(const xmp_ut_strategy_t *s, const char *l
     return e ? (e->has_store ? e->store : e->sbp) : NULL;
 }
 
-static int is_s(xmp_sbp_t s, int d)
-{
-    return s.kind == XMP_S && s.dim == d;
-}
-
 /* Strips a layer qualifier from a class name ("down1.attn.q.w" -> "attn.q.w"). */
 static const char *base_class(const char *nm)
 {
@@ -295,35 +291,89 @@ static const char *base_class(const char *nm)
     return nm;
 }
 
-/* The rules every SBP of class cls (ndim dims; act: an activation) must satisfy on each axis. */
-static int check_sbp(const xmp_ut_strategy_t *s, const char *ln, const char *cls, int ndim, int act,
-                     int up, const xmp_sbp_t *sbp, const char *what)
+/* The strategy as layer ln reads it, for nn/strategy's graph walk: for each class of the layer's
+ * graph (activations, then parameters) the line "<ln>.<class>", else "<class>", under the class'
+ * name (its line number kept for messages). */
+static int layer_view(const xmp_ut_strategy_t *s, const xmp_graph_t *g, const char *ln,
+                      xmp_strategy_t *v)
 {
-    for (int a = 0; a < s->naxes; a++) {
-        xmp_sbp_t v = sbp[a];
-        char sb[16];
-        xmp_strategy_sbp_string(&v, 1, sb, sizeof sb);
-        if (v.kind == XMP_P)
-            return xmp_ut__fail(
-                "strategy %s: class %s (layer %s), mesh axis %d: %s P: no rule keeps a %s "
-                "as a partial sum between ops (give S or B)",
-                s->name, cls, ln, a, what, act ? "boxed activation" : "parameter");
-        if (v.kind == XMP_S && v.dim >= ndim)
-            return xmp_ut__fail(
-                "strategy %s: class %s (layer %s), mesh axis %d: %s %s splits dim %d of a "
-                "%d-dim tensor: no rule",
-                s->name, cls, ln, a, what, sb, v.dim, ndim);
-        if (act && ndim == 4 && v.kind == XMP_S && v.dim >= 2)
-            return xmp_ut__fail(
-                "strategy %s: class %s (layer %s), mesh axis %d: %s splits the image "
-                "(height or width): no rule (a 3x3 convolution would need halo "
-                "exchanges); split S(0) (batch) or S(1) (channels)",
-                s->name, cls, ln, a, sb);
-        if (act && up && ndim == 4 && v.kind == XMP_S && v.dim == 1)
-            return xmp_ut__fail(
-                "strategy %s: class %s (layer %s), mesh axis %d: S(1) (channels) feeds the "
-                "skip concat, which has no channel-split rule; give %s.%s B or S(0) there",
-                s->name, cls, ln, a, ln, cls);
+    memset(v, 0, sizeof *v);
+    snprintf(v->name, sizeof v->name, "%s", s->name);
+    snprintf(v->source, sizeof v->source, "%s", s->source);
+    v->naxes = s->naxes;
+    for (int par = 0; par <= 1; par++) {
+        const char *cls[XMP_STRATEGY_MAX_CLASSES];
+        int n = xmp_graph_classes(g, par, cls, NULL, XMP_STRATEGY_MAX_CLASSES);
+        for (int i = 0; i < n && i < XMP_STRATEGY_MAX_CLASSES - v->n; i++) {
+            const xmp_strategy_entry_t *e = entry(s, ln, cls[i]);
+            if (!e)
+                return xmp_ut__fail("strategy %s: no SBP for %s class %s (layer %s)", s->name,
+                                    par ? "parameter" : "activation", cls[i], ln);
+            v->e[v->n] = *e;
+            snprintf(v->e[v->n].cls, sizeof v->e[v->n].cls, "%s", cls[i]);
+            v->n++;
+        }
+    }
+    return 0;
+}
+
+/* The U-Transformer's own rules on layer ln's graph, after nn/strategy's (every class, every
+ * parameter rule): no activation is kept as a partial sum between ops, no feature map is split
+ * spatially (a 3x3 convolution would need halos), no channel split feeds a concat, and the
+ * attention heads divide the channel pieces of the mesh axes that split them. */
+static int check_layer_rules(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c,
+                             const xmp_graph_t *g, const xmp_strategy_t *v, const char *ln,
+                             const int *shape)
+{
+    const char *cls[XMP_STRATEGY_MAX_CLASSES];
+    int nd[XMP_STRATEGY_MAX_CLASSES];
+    int n = xmp_graph_classes(g, 0, cls, nd, XMP_STRATEGY_MAX_CLASSES);
+    for (int i = 0; i < n && i < XMP_STRATEGY_MAX_CLASSES; i++) {
+        const xmp_sbp_t *sbp = xmp_strategy_get(v, cls[i])->sbp;
+        for (int a = 0; a < s->naxes; a++) {
+            char sb[16];
+            xmp_strategy_sbp_string(&sbp[a], 1, sb, sizeof sb);
+            if (sbp[a].kind == XMP_P)
+                return xmp_ut__fail(
+                    "strategy %s: class %s (layer %s), mesh axis %d: SBP P: no rule keeps a boxed "
+                    "activation as a partial sum between ops (give S or B)",
+                    s->name, cls[i], ln, a);
+            if (nd[i] == 4 && sbp[a].kind == XMP_S && sbp[a].dim >= 2)
+                return xmp_ut__fail(
+                    "strategy %s: class %s (layer %s), mesh axis %d: %s splits the image "
+                    "(height or width): no rule (a 3x3 convolution would need halo "
+                    "exchanges); split S(0) (batch) or S(1) (channels)",
+                    s->name, cls[i], ln, a, sb);
+        }
+    }
+    for (int i = 0; i < g->nnode; i++) {
+        const xmp_gnode_t *o = &g->node[i];
+        for (int k = 0; o->kind == XMP_GOP_CONCAT && k < o->nin; k++) {
+            const char *vc = xmp_graph_ref_cls(g, o->in[k]);
+            const xmp_strategy_entry_t *e = vc[0] ? xmp_strategy_get(v, vc) : NULL;
+            for (int a = 0; e && a < s->naxes; a++)
+                if (e->sbp[a].kind == XMP_S && e->sbp[a].dim == 1)
+                    return xmp_ut__fail(
+                        "strategy %s: class %s (layer %s), mesh axis %d: S(1) (channels) feeds "
+                        "the skip concat, which has no channel-split rule; give %s.%s B or S(0) "
+                        "there",
+                        s->name, vc, ln, a, ln, vc);
+        }
+        if (o->kind != XMP_GOP_ATTENTION)
+            continue;
+        /* the output (N, T, heads * head_dim) */
+        int heads = (int)(g->val[o->out].dim[2] / c->head_dim);
+        const xmp_sbp_t *q = xmp_ut_strategy_get(s, ln, "attn.q.w");
+        const xmp_sbp_t *in = xmp_ut_strategy_get(s, ln, "act.block");
+        int pieces = 1, a0 = -1;
+        for (int a = 0; q && in && a < s->naxes; a++)
+            if (q[a].kind == XMP_S && q[a].dim == 0 && in[a].kind != XMP_S)
+                pieces *= shape[a], a0 = a;
+        if (heads % pieces != 0)
+            return xmp_ut__fail("strategy %s, layer %s: attention heads %d not divisible by the "
+                                "%d channel pieces (mesh axis %d of size %d; class attn.q.w): "
+                                "give %s.attn.* B on that axis",
+                                s->name, ln, heads, pieces, a0, shape[a0], ln);
     }
     return 0;
 }
@@ -331,7 +381,6 @@ static int check_sbp(const xmp_ut_strategy_t *s, const char *ln, const char *cls
 int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, int first, int last,
                           const int *shape)
 {
-    static _Thread_local xmp_ut_plan_t pl;
     /* every line names a known class, optionally qualified by a layer name */
     for (int i = 0; i < s->n; i++) {
         const char *nm = base_class(s->e[i].cls);
@@ -352,53 +401,26 @@ int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, 
                 "storage SBP",
                 s->source, s->e[i].line, s->name, s->e[i].cls);
     }
+    /* each layer's graph (models/utransformer_graph.h) through nn/strategy's walk, as GPT-2's
+     * stages are (its classes, their dims, the parameter rules), then the model's own rules (the
+     * U-Transformer's nodes carry no xmp_sbp_deduce rule, so nn/strategy's rule walk has none to
+     * check) */
+    static _Thread_local xmp_strategy_t v;
     for (int l = first; l <= last; l++) {
         const char *ln = xmp_ut_layer_name(l);
-        if (xmp_ut__build(c, l, 1, 1, &pl, NULL) != 0)
+        char where[96], err[512];
+        snprintf(where, sizeof where, "strategy %s, layer %s", s->name, ln);
+        xmp_graph_t g;
+        if (xmp_ut_graph(c, l, &g))
             return -1;
-        const xmp_sbp_t *ax = xmp_ut_strategy_get(s, ln, "act.x");
-        const xmp_sbp_t *cd = xmp_ut_strategy_get(s, ln, "act.cond");
-        if (!ax || (xmp_ut_layer_uses_cond(c, l) && !cd))
-            return xmp_ut__fail("strategy %s: no SBP for class %s of layer %s", s->name,
-                                ax ? "act.cond" : "act.x", ln);
-        if (check_sbp(s, ln, "act.x", 4, 1, is_up_layer(l), ax, "compute SBP") ||
-            (xmp_ut_layer_uses_cond(c, l) && check_sbp(s, ln, "act.cond", 3, 1, 0, cd, "SBP")))
+        int rc = layer_view(s, &g, ln, &v);
+        if (!rc && xmp_strategy_check_graph_classes(&v, &g, where, err, sizeof err))
+            rc = xmp_ut__fail("%s", err);
+        if (!rc)
+            rc = check_layer_rules(s, c, &g, &v, ln, shape);
+        xmp_graph_free(&g);
+        if (rc)
             return -1;
-        for (int k = 0; k < pl.npt; k++) {
-            const xmp_sbp_t *p = xmp_ut_strategy_get(s, ln, pl.pt[k].name);
-            if (!p)
-                return xmp_ut__fail("strategy %s: no SBP for parameter class %s (layer %s)",
-                                    s->name, pl.pt[k].name, ln);
-            if (check_sbp(s, ln, pl.pt[k].name, pl.pt[k].ndim, 0, 0, p, "compute SBP") ||
-                check_sbp(s, ln, pl.pt[k].name, pl.pt[k].ndim, 0, 0,
-                          xmp_ut_strategy_store(s, ln, pl.pt[k].name), "storage SBP"))
-                return -1;
-        }
-        for (int i = 0; i < pl.nops; i++) {
-            const xmp_ut_op_t *o = &pl.ops[i];
-            if (o->kind == XMP_UT_OP_BOX) {
-                const xmp_sbp_t *b = xmp_ut_strategy_get(s, ln, o->cls);
-                if (!b)
-                    return xmp_ut__fail("strategy %s: no SBP for activation class %s (layer %s)",
-                                        s->name, o->cls, ln);
-                if (check_sbp(s, ln, o->cls, 4, 1, 0, b, "SBP"))
-                    return -1;
-            }
-            if (o->kind == XMP_UT_OP_ATTN) {
-                const xmp_sbp_t *q = xmp_ut_strategy_get(s, ln, "attn.q.w");
-                const xmp_sbp_t *in = xmp_ut_strategy_get(s, ln, "act.block");
-                int pieces = 1, a0 = -1;
-                for (int a = 0; q && in && a < s->naxes; a++)
-                    if (is_s(q[a], 0) && in[a].kind != XMP_S)
-                        pieces *= shape[a], a0 = a;
-                if (o->attn.heads % pieces != 0)
-                    return xmp_ut__fail(
-                        "strategy %s, layer %s: attention heads %d not divisible by the "
-                        "%d channel pieces (mesh axis %d of size %d; class attn.q.w): "
-                        "give %s.attn.* B on that axis",
-                        s->name, ln, o->attn.heads, pieces, a0, shape[a0], ln);
-            }
-        }
     }
     return 0;
 }

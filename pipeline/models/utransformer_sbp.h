@@ -77,9 +77,11 @@ const xmp_sbp_t *xmp_ut_strategy_store(const xmp_ut_strategy_t *s, const char *l
                                        const char *cls);
 /* Checks before anything runs that every class the layers [first, last] need is in *s and that
  * an SBP rule of the layers' ops covers each one on each axis of a mesh of that shape (s->naxes
- * sizes): no spatial split or partial sum of a feature map, no channel split into the up
- * layers' concat, parameter splits within the tensor's dims, storage SBPs that are S or B,
- * attention heads divisible by the channel pieces. -1 names the class, layer, axis and rule. */
+ * sizes), walking each layer's graph (models/utransformer_graph.h) through nn/strategy.h's
+ * xmp_strategy_check_graph_classes, then the model's own rules: no spatial split or partial sum of
+ * a feature map, no channel split into the up layers' concat, parameter splits within the tensor's
+ * dims, storage SBPs that are S or B, attention heads divisible by the channel pieces. -1 names the
+ * class, layer, axis and rule. */
 int xmp_ut_strategy_check(const xmp_ut_strategy_t *s, const xmp_ut_config_t *c, int first, int last,
                           const int *shape);
 

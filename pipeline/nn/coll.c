@@ -2,6 +2,7 @@
  * loop, and every collective of the training stack posted nonblocking and waited there. */
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -559,15 +560,42 @@ static xmesh_result_t known_failure(const char *what)
                    what, fr, fmsg);
 }
 
+/* The name of a collective in messages: "MPI_Isend to rank 3 (what)". */
+#define NAME_LEN 200
+
+/* Names a collective into w (NAME_LEN bytes) and returns the failure already known here, if any
+ * (known_failure): a collective is not started after one. */
+static xmesh_result_t named(char *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static xmesh_result_t named(char *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w, NAME_LEN, fmt, ap);
+    va_end(ap);
+    return known_failure(w);
+}
+
+/* Posting (rc: the MPI_I* call's) and waiting (xmp_wait) of one staged request q. When posting
+ * fails the stage s is freed; when the wait fails the collective is abandoned and s stays
+ * allocated (MPI may still read or write it). */
+static xmesh_result_t post_wait(int rc, MPI_Request *q, MPI_Comm comm, const char *w, void *s)
+{
+    xmesh_result_t r = posted(rc, w);
+    if (r) {
+        free(s);
+        return r;
+    }
+    return xmp_wait(q, comm, w);
+}
+
 /* The deadline all-reduce both wrappers below share: staged, in place, waited by xmp_wait. */
 static xmesh_result_t allreduce_staged(void *buf, int count, MPI_Datatype ty, MPI_Op op,
                                        MPI_Comm comm, const char *what)
 {
     size_t bytes = (size_t)count * type_size(ty);
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Iallreduce (%s)", what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Iallreduce (%s)", what);
     if (r)
         return r;
     /* Out of place (send copy, receive half): with MPI_IN_PLACE Open MPI's libnbc takes its
@@ -577,11 +605,7 @@ static xmesh_result_t allreduce_staged(void *buf, int count, MPI_Datatype ty, MP
     if (!s)
         return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
     memcpy(s, buf, bytes);
-    if ((r = posted(MPI_Iallreduce(s, s + bytes, count, ty, op, comm, &q), w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
+    if ((r = post_wait(MPI_Iallreduce(s, s + bytes, count, ty, op, comm, &q), &q, comm, w, s)))
         return r; /* abandoned: s stays allocated */
     memcpy(buf, s + bytes, bytes);
     free(s);
@@ -614,20 +638,15 @@ xmesh_result_t xmp_send(const void *buf, int count, MPI_Datatype ty, int dest, i
 {
     size_t bytes = (size_t)count * type_size(ty);
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Isend to rank %d (%s)", dest, what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Isend to rank %d (%s)", dest, what);
     if (r)
         return r;
     void *s = stage(bytes);
     if (!s)
         return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
     memcpy(s, buf, bytes);
-    if ((r = posted(MPI_Isend(s, count, ty, dest, tag, comm, &q), w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
+    if ((r = post_wait(MPI_Isend(s, count, ty, dest, tag, comm, &q), &q, comm, w, s)))
         return r; /* abandoned: s stays allocated */
     free(s);
     return XMESH_SUCCESS;
@@ -638,19 +657,14 @@ xmesh_result_t xmp_recv(void *buf, int count, MPI_Datatype ty, int src, int tag,
 {
     size_t bytes = (size_t)count * type_size(ty);
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Irecv from rank %d (%s)", src, what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Irecv from rank %d (%s)", src, what);
     if (r)
         return r;
     void *s = stage(bytes);
     if (!s)
         return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
-    if ((r = posted(MPI_Irecv(s, count, ty, src, tag, comm, &q), w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
+    if ((r = post_wait(MPI_Irecv(s, count, ty, src, tag, comm, &q), &q, comm, w, s)))
         return r; /* abandoned: MPI may still write s, which stays allocated */
     memcpy(buf, s, bytes);
     free(s);
@@ -672,9 +686,8 @@ static xmesh_result_t allgatherv_staged(const void *sbuf, int scount, void *rbuf
 {
     int n = 0;
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Iallgatherv (%s)", what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Iallgatherv (%s)", what);
     if (r)
         return r;
     MPI_Comm_size(comm, &n);
@@ -688,11 +701,8 @@ static xmesh_result_t allgatherv_staged(const void *sbuf, int scount, void *rbuf
     memcpy(c, rcounts, sizeof(int) * (size_t)n);
     memcpy(d, rdispls, sizeof(int) * (size_t)n);
     memcpy(s + ints, sbuf, sb);
-    if ((r = posted(MPI_Iallgatherv(s + ints, scount, ty, s + ints + sb, c, d, ty, comm, &q), w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
+    if ((r = post_wait(MPI_Iallgatherv(s + ints, scount, ty, s + ints + sb, c, d, ty, comm, &q), &q,
+                       comm, w, s)))
         return r;
     memcpy(rbuf, s + ints + sb, rb);
     free(s);
@@ -741,9 +751,8 @@ xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcoun
 {
     int n = 0, me = 0;
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Ireduce_scatter (%s)", what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Ireduce_scatter (%s)", what);
     if (r)
         return r;
     MPI_Comm_size(comm, &n);
@@ -759,11 +768,8 @@ xmesh_result_t xmp_reduce_scatter(const void *sbuf, void *rbuf, const int *rcoun
     int *c = (int *)s;
     memcpy(c, rcounts, ints);
     memcpy(s + ints, sbuf, sb);
-    if ((r = posted(MPI_Ireduce_scatter(s + ints, s + ints + sb, c, ty, op, comm, &q), w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
+    if ((r = post_wait(MPI_Ireduce_scatter(s + ints, s + ints + sb, c, ty, op, comm, &q), &q, comm,
+                       w, s)))
         return r;
     memcpy(rbuf, s + ints + sb, rb);
     free(s);
@@ -782,9 +788,8 @@ xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sd
                              const char *what)
 {
     int n = 0, me = 0, k = 0;
-    char w[200];
-    snprintf(w, sizeof w, "all-to-all by MPI_Isend/MPI_Irecv (%s)", what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "all-to-all by MPI_Isend/MPI_Irecv (%s)", what);
     if (r)
         return r;
     MPI_Comm_size(comm, &n);
@@ -830,14 +835,11 @@ xmesh_result_t xmp_alltoallv(const void *sbuf, const int *scounts, const int *sd
 xmesh_result_t xmp_barrier(MPI_Comm comm, const char *what)
 {
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Ibarrier (%s)", what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Ibarrier (%s)", what);
     if (r)
         return r;
-    if ((r = posted(MPI_Ibarrier(comm, &q), w)))
-        return r;
-    return xmp_wait(&q, comm, w);
+    return post_wait(MPI_Ibarrier(comm, &q), &q, comm, w, NULL);
 }
 
 xmesh_result_t xmp_bcast(void *buf, int count, MPI_Datatype ty, int root, MPI_Comm comm,
@@ -845,20 +847,15 @@ xmesh_result_t xmp_bcast(void *buf, int count, MPI_Datatype ty, int root, MPI_Co
 {
     size_t bytes = (size_t)count * type_size(ty);
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Ibcast from rank %d (%s)", root, what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Ibcast from rank %d (%s)", root, what);
     if (r)
         return r;
     char *s = stage(bytes);
     if (!s)
         return xmp_err(XMESH_ERR_NO_MEMORY, "%s: out of memory", w);
     memcpy(s, buf, bytes);
-    if ((r = posted(MPI_Ibcast(s, count, ty, root, comm, &q), w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
+    if ((r = post_wait(MPI_Ibcast(s, count, ty, root, comm, &q), &q, comm, w, s)))
         return r; /* abandoned: s stays allocated */
     memcpy(buf, s, bytes);
     free(s);
@@ -871,9 +868,8 @@ xmesh_result_t xmp_gatherv(const void *sbuf, int scount, void *rbuf, const int *
 {
     int n = 0, me = 0;
     MPI_Request q;
-    char w[200];
-    snprintf(w, sizeof w, "MPI_Igatherv to rank %d (%s)", root, what);
-    xmesh_result_t r = known_failure(w);
+    char w[NAME_LEN];
+    xmesh_result_t r = named(w, "MPI_Igatherv to rank %d (%s)", root, what);
     if (r)
         return r;
     MPI_Comm_size(comm, &n);
@@ -891,13 +887,9 @@ xmesh_result_t xmp_gatherv(const void *sbuf, int scount, void *rbuf, const int *
         memcpy(d, rdispls, sizeof(int) * (size_t)n);
     }
     memcpy(s + ints, sbuf, sb);
-    if ((r = posted(MPI_Igatherv(s + ints, scount, ty, s + ints + sb, me == root ? c : NULL,
-                                 me == root ? d : NULL, ty, root, comm, &q),
-                    w))) {
-        free(s);
-        return r;
-    }
-    if ((r = xmp_wait(&q, comm, w)))
+    if ((r = post_wait(MPI_Igatherv(s + ints, scount, ty, s + ints + sb, me == root ? c : NULL,
+                                    me == root ? d : NULL, ty, root, comm, &q),
+                       &q, comm, w, s)))
         return r;
     if (me == root)
         memcpy(rbuf, s + ints + sb, rb);

@@ -436,8 +436,9 @@ int xmp_strategy_check_graph_classes(const xmp_strategy_t *s, const xmp_graph_t 
             if (v.kind == XMP_S && v.dim >= nd[i])
                 return xmp_err_buf(err, errlen,
                                    "%s: class %s (%s line %d): mesh axis %d: S(%d) but %s has "
-                                   "%d dims",
-                                   where, e->cls, s->source, e->line, a, v.dim, e->cls, nd[i]);
+                                   "%d dims (S(%d) splits dim %d of a %d-dim tensor: no rule)",
+                                   where, e->cls, s->source, e->line, a, v.dim, e->cls, nd[i],
+                                   v.dim, v.dim, nd[i]);
             if (i < np && v.kind == XMP_P)
                 return xmp_err_buf(err, errlen,
                                    "%s: class %s: mesh axis %d: P: missing SBP rule 'partial "
@@ -455,7 +456,7 @@ int xmp_strategy_check_graph_classes(const xmp_strategy_t *s, const xmp_graph_t 
             if (v.kind == XMP_P)
                 return xmp_err_buf(err, errlen,
                                    "%s: class %s: mesh axis %d: storage P: missing SBP rule "
-                                   "'partial storage' (store S or B)",
+                                   "'partial storage' (no storage SBP P: store S or B)",
                                    where, e->cls, a);
             if (v.kind == XMP_S && v.dim >= nd[i])
                 return xmp_err_buf(err, errlen,
