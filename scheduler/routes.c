@@ -104,6 +104,50 @@ static int class_same(const xm_prep_t *p, int c, int t, const facts_t *f)
     return 1;
 }
 
+/* A hop between rails takes the rail of one of its ends that is usable
+ * (nic_ok) on both hosts (xm_route_rails). Where neither is, for two
+ * devices of one task on different hosts and rails, the first device's rail
+ * becomes usable on the second's host, so that every hop stays on usable
+ * NICs (the lower bound counts only those, docs/LOWER_BOUND.md). */
+static int rails_usable(xm_prep_t *p)
+{
+    const xm_taskset_t *ts = p->ts;
+    int K = p->nics;
+    /* per task: its hosts and, per host, the rails of its devices there */
+    int *hs = malloc(sizeof(int) * (p->nhosts + 1));
+    uint64_t *rm = calloc(p->nhosts + 1, sizeof *rm);
+    if (!hs || !rm) {
+        free(hs);
+        free(rm);
+        return -1;
+    }
+    for (int c = 0; c < p->nklass; c++) {
+        const xm_task_t *k = &ts->tasks[p->pc[c].rep];
+        int nh = k->ngroups * k->group_size, n = nh + k->nrecv, nhs = 0;
+        for (int i = 0; i < n; i++) {
+            int a = i < nh ? ts->holders[k->holder_off + i] : ts->recvs[k->recv_off + i - nh];
+            int h = p->dev_host[a];
+            if (!rm[h])
+                hs[nhs++] = h;
+            rm[h] |= 1ull << (p->dev_nic[a] % K % 64);
+        }
+        for (int i = 0; i < nhs; i++)
+            for (int j = 0; j < nhs; j++)
+                for (int ra = 0; i != j && ra < K && ra < 64; ra++)
+                    for (int rb = 0; (rm[hs[i]] >> ra & 1) && rb < K && rb < 64; rb++) {
+                        int ha = hs[i], hb = hs[j];
+                        if (rb != ra && (rm[hb] >> rb & 1) && !p->nic_ok[hb * K + ra] &&
+                            !p->nic_ok[ha * K + rb])
+                            p->nic_ok[hb * K + ra] = 1;
+                    }
+        for (int i = 0; i < nhs; i++)
+            rm[hs[i]] = 0;
+    }
+    free(hs);
+    free(rm);
+    return 0;
+}
+
 typedef struct {
     uint64_t sig;
     int c;
@@ -497,6 +541,10 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     }
     free(cls.slot);
     cls.slot = NULL;
+    if (q.nics > 1 && rails_usable(&q)) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
+        goto out_free_prep;
+    }
     for (int i = 0; i < q.nnics; i++)
         q.host_nics[i / q.nics] += q.nic_ok[i];
     q.opt_dur = malloc(sizeof(double) * ((size_t)off + 1));

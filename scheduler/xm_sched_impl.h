@@ -182,7 +182,8 @@ double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fi
  * sender host's send direction and the receiver host's receive direction;
  * ties: a), so the runner sends and receives it on that rail's NIC at both
  * ends (one UCX worker per NIC, docs/UCX.md) and the hops between rails of
- * a plan spread over the rails. Neither usable on both: a. */
+ * a plan spread over the rails. (xm_prep_init makes one of them usable on
+ * both where neither was.) */
 void xm_route_rails(const xm_prep_t *p, const xm_state_t *s, xm_troutes_t *r);
 
 /* Timing of given routes of one task (shared with the simulator): fills
