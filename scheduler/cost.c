@@ -192,8 +192,12 @@ static void res_flow(res_t *r, int a, int b, double bytes)
     if (a == b)
         return;
     if (c->hosts.host_of[a] != c->hosts.host_of[b]) {
+        /* one rail at both ends, the sender's: the UCX runner's rail of a
+         * hop without a scheduled one (xm_pstep_t.rail_in) */
+        int nics = r->nnics / c->hosts.nhosts;
         res_add(r, XM_DIR_SEND(r->dev_nic[a]), bytes / c->nic_send_Bps);
-        res_add(r, XM_DIR_RECV(r->dev_nic[b]), bytes / c->nic_recv_Bps);
+        res_add(r, XM_DIR_RECV(c->hosts.host_of[b] * nics + r->dev_nic[a] % nics),
+                bytes / c->nic_recv_Bps);
     } else {
         res_add(r, 2 * r->nnics + 2 * a, bytes / c->intra_Bps);
         res_add(r, 2 * r->nnics + 2 * b + 1, bytes / c->intra_Bps);

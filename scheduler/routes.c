@@ -104,6 +104,50 @@ static int class_same(const xm_prep_t *p, int c, int t, const facts_t *f)
     return 1;
 }
 
+/* A hop between rails takes the rail of one of its ends that is usable
+ * (nic_ok) on both hosts (xm_route_rails). Where neither is, for two
+ * devices of one task on different hosts and rails, the first device's rail
+ * becomes usable on the second's host, so that every hop stays on usable
+ * NICs (the lower bound counts only those, docs/LOWER_BOUND.md). */
+static int rails_usable(xm_prep_t *p)
+{
+    const xm_taskset_t *ts = p->ts;
+    int K = p->nics;
+    /* per task: its hosts and, per host, the rails of its devices there */
+    int *hs = malloc(sizeof(int) * (p->nhosts + 1));
+    uint64_t *rm = calloc(p->nhosts + 1, sizeof *rm);
+    if (!hs || !rm) {
+        free(hs);
+        free(rm);
+        return -1;
+    }
+    for (int c = 0; c < p->nklass; c++) {
+        const xm_task_t *k = &ts->tasks[p->pc[c].rep];
+        int nh = k->ngroups * k->group_size, n = nh + k->nrecv, nhs = 0;
+        for (int i = 0; i < n; i++) {
+            int a = i < nh ? ts->holders[k->holder_off + i] : ts->recvs[k->recv_off + i - nh];
+            int h = p->dev_host[a];
+            if (!rm[h])
+                hs[nhs++] = h;
+            rm[h] |= 1ull << (p->dev_nic[a] % K % 64);
+        }
+        for (int i = 0; i < nhs; i++)
+            for (int j = 0; j < nhs; j++)
+                for (int ra = 0; i != j && ra < K && ra < 64; ra++)
+                    for (int rb = 0; (rm[hs[i]] >> ra & 1) && rb < K && rb < 64; rb++) {
+                        int ha = hs[i], hb = hs[j];
+                        if (rb != ra && (rm[hb] >> rb & 1) && !p->nic_ok[hb * K + ra] &&
+                            !p->nic_ok[ha * K + rb])
+                            p->nic_ok[hb * K + ra] = 1;
+                    }
+        for (int i = 0; i < nhs; i++)
+            rm[hs[i]] = 0;
+    }
+    free(hs);
+    free(rm);
+    return 0;
+}
+
 typedef struct {
     uint64_t sig;
     int c;
@@ -497,6 +541,10 @@ xmesh_result_t xm_prep_init(xm_prep_t *p, const xm_taskset_t *ts, const xm_clust
     }
     free(cls.slot);
     cls.slot = NULL;
+    if (q.nics > 1 && rails_usable(&q)) {
+        r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory");
+        goto out_free_prep;
+    }
     for (int i = 0; i < q.nnics; i++)
         q.host_nics[i / q.nics] += q.nic_ok[i];
     q.opt_dur = malloc(sizeof(double) * ((size_t)off + 1));
@@ -676,13 +724,14 @@ xmesh_result_t xm_troutes_init(xm_troutes_t *r, const xm_prep_t *p)
     int nd = p->max_route_devs + 1, nr = p->max_routes + 1;
     r->routes = malloc(sizeof *r->routes * nr);
     r->devs = malloc(sizeof *r->devs * nd);
+    r->rails = malloc(sizeof *r->rails * nd);
     r->senders = malloc(sizeof *r->senders * (p->max_groups + 1));
     r->use_dir = malloc(sizeof *r->use_dir * 2 * nd);
     r->use_count = malloc(sizeof *r->use_count * 2 * nd);
     r->use_off = malloc(sizeof *r->use_off * 2 * nd);
     r->use_end = malloc(sizeof *r->use_end * 2 * nd);
-    if (!r->routes || !r->devs || !r->senders || !r->use_dir || !r->use_count || !r->use_off ||
-        !r->use_end) {
+    if (!r->routes || !r->devs || !r->rails || !r->senders || !r->use_dir || !r->use_count ||
+        !r->use_off || !r->use_end) {
         xm_troutes_free(r);
         return XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for routes");
     }
@@ -695,6 +744,7 @@ void xm_troutes_free(xm_troutes_t *r)
         return;
     free(r->routes);
     free(r->devs);
+    free(r->rails);
     free(r->senders);
     free(r->use_dir);
     free(r->use_count);
@@ -1038,107 +1088,6 @@ static void build_routes(const xm_prep_t *p, const xm_state_t *s, int t, const i
         free(in_main);
 }
 
-/* ----------------------------------------------------------- timing */
-
-static inline void use_dir(xm_troutes_t *r, int dir, double t0, double t1)
-{
-    for (int i = 0; i < r->nuse; i++)
-        if (r->use_dir[i] == dir) {
-            r->use_count[i]++;
-            if (t0 < r->use_off[i])
-                r->use_off[i] = t0;
-            if (t1 > r->use_end[i])
-                r->use_end[i] = t1;
-            return;
-        }
-    r->use_dir[r->nuse] = dir;
-    r->use_off[r->nuse] = t0;
-    r->use_end[r->nuse] = t1;
-    r->use_count[r->nuse++] = 1;
-}
-
-/* Alpha-beta pipelined chain (paper 3.1, T^bc = t + A t / K): the bytes go
- * in K chunks of c = B / K; every hop costs latency + a c / bw for its first
- * window, where a = xm_hop_fill() chunks share the hop's wire and arrive
- * together (the executor keeps send_ahead sends in flight per hop, and
- * forward_ahead on a hop between hosts with one upstream, whose chunks
- * arrive paced by that NIC), then the slowest hop
- * paces the remaining K - a0 chunks (a0: the first hop's window). (Pacing K - 1 after a window
- * of a counted a - 1 chunks twice: with send-ahead 2, a task of 2 chunks was
- * modelled 1.5x its wire time, above the measured time, so the "lower bound"
- * of n-to-m case 4 read 0.671 s against 0.468 s measured.)
- *
- * NIC occupancy (docs/LOWER_BOUND.md, model fact 1): hop h of a chain holds
- * its NIC directions from the fill of the hops before it, off_h = sum_{j<h}
- * (latency + a_j c / bw_j), to its last chunk, off_h + latency + a_h c / bw_h
- * + (K - a0) c / min_{j<=h} bw_j, and at least latency + B / hop_bw (its own
- * bytes at the hop's speed); a direction crossed n times holds from its
- * earliest hop's start for at least latency + n B / bw. Outside that interval
- * other tasks may use the direction, as the executor's send-ahead windows let
- * consecutive chains overlap on a NIC; the whole chain's duration D_t is only
- * the task's end. (Holding every direction for D_t charged every hop the fill
- * of the whole chain: a 2-chunk task on a 2-hop chain took 3 chunk times per
- * NIC instead of 2, so the "lower bound" of GPT-2 FSDP -> TP-4 on 300 Mbit/s
- * NICs read 8.03 s against 6.84 s measured.) */
-void xm_task_timing(const xm_prep_t *p, int t, xm_troutes_t *r)
-{
-    const xm_cluster_t *c = p->c;
-    const xm_task_t *k = &p->ts->tasks[t];
-    double B = (double)k->bytes;
-    int64_t C = c->chunk_bytes > 0 ? c->chunk_bytes : (int64_t)1 << 20;
-    int64_t K = (k->bytes + C - 1) / C;
-    if (K < 1)
-        K = 1;
-    double ch = B / (double)K, inter = hop_bw(c), dur = 0;
-    r->nuse = 0;
-    for (int q = 0; q < r->nroutes; q++) {
-        const xm_route_t *rt = &r->routes[q];
-        const int *d = r->devs + rt->off;
-        double T;
-        if (rt->len <= 1) {
-            T = c->latency_s + B / c->intra_Bps; /* self copy: a local memcpy */
-        } else {
-            double sum = 0, bmin = INFINITY, fill0 = 1;
-            int prev_x = 0;
-            for (int h = 0; h + 1 < rt->len; h++) {
-                double bw = c->intra_Bps;
-                int x = p->dev_host[d[h]] != p->dev_host[d[h + 1]];
-                if (x)
-                    bw = inter;
-                double fill = xm_hop_fill_inline(c, K, prev_x, x);
-                if (h == 0)
-                    fill0 = fill;
-                double off = sum;
-                sum += c->latency_s + fill * ch / bw;
-                if (bw < bmin)
-                    bmin = bw;
-                if (x) {
-                    double e = sum + ((double)K - fill0) * ch / bmin;
-                    if (e < off + c->latency_s + B / inter)
-                        e = off + c->latency_s + B / inter;
-                    use_dir(r, XM_DIR_SEND(p->dev_nic[d[h]]), off, e);
-                    use_dir(r, XM_DIR_RECV(p->dev_nic[d[h + 1]]), off, e);
-                }
-                prev_x |= x; /* a hop between hosts upstream paces the rest */
-            }
-            T = sum + ((double)K - fill0) * ch / bmin;
-        }
-        if (T > dur)
-            dur = T;
-    }
-    r->route_dur = dur;
-    /* A NIC direction crossed n times inside the task carries n * B bytes. */
-    for (int i = 0; i < r->nuse; i++) {
-        double bw = (r->use_dir[i] & 1) ? c->nic_recv_Bps : c->nic_send_Bps;
-        double e = r->use_off[i] + r->use_count[i] * B / bw + c->latency_s;
-        if (e > r->use_end[i])
-            r->use_end[i] = e;
-        if (r->use_end[i] > dur)
-            dur = r->use_end[i];
-    }
-    r->dur = dur;
-}
-
 double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fixed,
                xm_troutes_t *r, xm_undo_t *undo)
 {
@@ -1148,6 +1097,7 @@ double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fi
     else
         choose_senders(p, s, t, host, r->senders);
     build_routes(p, s, t, r->senders, r);
+    xm_route_rails(p, s, r);
     int go = -1;
     if (p->opt_timed && !fixed) {
         /* With one NIC per host the routes' hosts, hence hops, NIC

@@ -73,8 +73,8 @@ static xmesh_result_t materialise_collect(const xm_prep_t *p, xmesh_scheduler_t 
     /* per task: where its routes and devices start in the issue-order buffers */
     int64_t *at = malloc(sizeof(int64_t) * 3 * ((size_t)n + 1));
     xm_route_t *rbuf = NULL;
-    int *dbuf = NULL;
-    int64_t rcap = 0, dcap = 0, nr = 0, nd = 0;
+    int *dbuf = NULL, *lbuf = NULL;
+    int64_t rcap = 0, dcap = 0, lcap = 0, nr = 0, nd = 0;
     xmesh_result_t r = XMESH_SUCCESS;
     s.scheduler = kind;
     s.ntasks = n;
@@ -100,7 +100,8 @@ static xmesh_result_t materialise_collect(const xm_prep_t *p, xmesh_scheduler_t 
         int t = order[i];
         xm_step(p, &st, t, hosts ? hosts[t] : -1, fixed ? fixed + (size_t)t * G : NULL, &tr, NULL);
         if (grow((void **)&rbuf, &rcap, nr + tr.nroutes, sizeof *rbuf) ||
-            grow((void **)&dbuf, &dcap, nd + tr.ndevs, sizeof *dbuf)) {
+            grow((void **)&dbuf, &dcap, nd + tr.ndevs, sizeof *dbuf) ||
+            grow((void **)&lbuf, &lcap, nd + tr.ndevs, sizeof *lbuf)) {
             r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for routes");
             goto out_free;
         }
@@ -110,8 +111,10 @@ static xmesh_result_t materialise_collect(const xm_prep_t *p, xmesh_scheduler_t 
         /* a few entries per task: plain loops beat memcpy calls */
         for (int q = 0; q < tr.nroutes; q++)
             rbuf[nr + q] = tr.routes[q];
-        for (int q = 0; q < tr.ndevs; q++)
+        for (int q = 0; q < tr.ndevs; q++) {
             dbuf[nd + q] = tr.devs[q];
+            lbuf[nd + q] = tr.rails[q];
+        }
         nr += tr.nroutes;
         nd += tr.ndevs;
         s.task_route_off[t + 1] = tr.nroutes;
@@ -130,9 +133,11 @@ static xmesh_result_t materialise_collect(const xm_prep_t *p, xmesh_scheduler_t 
     s.nroutes = s.task_route_off[n];
     s.routes = malloc(sizeof *s.routes * (s.nroutes + 1));
     s.route_devs = malloc(sizeof(int) * (nd + 1));
+    s.route_rails = malloc(sizeof(int) * (nd + 1));
     xm_hint_huge(s.routes, sizeof *s.routes * (size_t)s.nroutes);
     xm_hint_huge(s.route_devs, sizeof(int) * (size_t)nd);
-    if (!s.routes || !s.route_devs) {
+    xm_hint_huge(s.route_rails, sizeof(int) * (size_t)nd);
+    if (!s.routes || !s.route_devs || !s.route_rails) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d routes", s.nroutes);
         goto out_free;
     }
@@ -142,8 +147,10 @@ static xmesh_result_t materialise_collect(const xm_prep_t *p, xmesh_scheduler_t 
     for (int t = 0; t < n; t++) {
         int q0 = s.task_route_off[t], nq = s.task_route_off[t + 1] - q0;
         int64_t r0 = at[3 * (size_t)t], d0 = at[3 * (size_t)t + 1], tdevs = at[3 * (size_t)t + 2];
-        for (int64_t q = 0; q < tdevs; q++)
+        for (int64_t q = 0; q < tdevs; q++) {
             s.route_devs[doff + q] = dbuf[d0 + q];
+            s.route_rails[doff + q] = lbuf[d0 + q];
+        }
         for (int q = 0; q < nq; q++) {
             xm_route_t rt = rbuf[r0 + q];
             rt.off += (int)doff;
@@ -161,6 +168,7 @@ out_free:
     free(at);
     free(rbuf);
     free(dbuf);
+    free(lbuf);
     return r;
 }
 
@@ -242,9 +250,11 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
     s.nroutes = (int)nr;
     s.routes = malloc(sizeof *s.routes * (s.nroutes + 1));
     s.route_devs = malloc(sizeof(int) * (nd + 1));
+    s.route_rails = malloc(sizeof(int) * (nd + 1));
     xm_hint_huge(s.routes, sizeof *s.routes * (size_t)s.nroutes);
     xm_hint_huge(s.route_devs, sizeof(int) * (size_t)nd);
-    if (!s.routes || !s.route_devs) {
+    xm_hint_huge(s.route_rails, sizeof(int) * (size_t)nd);
+    if (!s.routes || !s.route_devs || !s.route_rails) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "scheduler: out of memory for %d routes", s.nroutes);
         goto out_free;
     }
@@ -301,8 +311,10 @@ static xmesh_result_t materialise(const xm_prep_t *p, xmesh_scheduler_t kind, co
             rt.off += d0;
             s.routes[r0 + q] = rt;
         }
-        for (int q = 0; q < tr.ndevs; q++)
+        for (int q = 0; q < tr.ndevs; q++) {
             s.route_devs[d0 + q] = tr.devs[q];
+            s.route_rails[d0 + q] = tr.rails[q];
+        }
         int g = 0;
         for (int ng = p->ts->tasks[t].ngroups; g < ng; g++)
             snd[g] = tr.senders[g];
@@ -719,6 +731,7 @@ void xm_schedule_free(xm_schedule_t *s)
     free(s->routes);
     free(s->task_route_off);
     free(s->route_devs);
+    free(s->route_rails);
     memset(s, 0, sizeof *s);
 }
 

@@ -74,6 +74,7 @@ static void write_trace(FILE *f, const xm_prep_t *p, const xm_schedule_t *s,
         tr->routes = s->routes + s->task_route_off[t];
         tr->nroutes = s->task_route_off[t + 1] - s->task_route_off[t];
         tr->devs = s->route_devs;
+        tr->rails = s->route_rails;
         xm_task_timing(p, t, tr);
         for (int u = 0; u < tr->nuse; u++) {
             int nic = tr->use_dir[u] / 2, rcv = tr->use_dir[u] & 1;
@@ -150,6 +151,7 @@ xmesh_result_t xm_simulate(const xm_taskset_t *ts, const xm_cluster_t *c, const 
         tr.routes = s->routes + s->task_route_off[t];
         tr.nroutes = s->task_route_off[t + 1] - s->task_route_off[t];
         tr.devs = s->route_devs;
+        tr.rails = s->route_rails;
         xm_task_timing(&p, t, &tr);
         double start = xm_task_start(dir_free, &tr);
         double end = start + tr.dur;

@@ -122,6 +122,14 @@ typedef struct xm_schedule {
     xm_route_t *routes;  /* sorted by task id */
     int *task_route_off; /* ntasks + 1: routes of task t are routes[off[t] .. off[t+1]) */
     int *route_devs;
+    /* Parallel to route_devs: the rail (NIC index, the same on both hosts)
+     * that the hop from route_devs[i] to the next device of its route takes
+     * when it crosses hosts, -1 otherwise (the route's last device, a hop
+     * inside a host). A hop whose two devices sit on one NIC index keeps it;
+     * a hop between rails gets one of the two (scheduler/timing.c). NULL in
+     * a schedule built by hand: every hop leaves by its sender's NIC and
+     * arrives on its receiver's. */
+    int *route_rails;
     double lower_bound_s; /* xm_lower_bound() of the instance */
     double makespan_s;    /* simulated makespan of this schedule */
     double plan_s;        /* wall time spent scheduling */

@@ -145,6 +145,11 @@ typedef struct xm_troutes {
     xm_route_t *routes;
     int ndevs;
     int *devs;
+    /* Parallel to devs: the rail (NIC index on both hosts) of the hop from
+     * devs[i] to the next device of its route when it crosses hosts, else
+     * -1 (xm_route_rails). NULL (a schedule without rails): a hop leaves by
+     * its sender's NIC and arrives on its receiver's. */
+    int *rails;
     int *senders; /* max_groups */
     int nuse;
     int *use_dir;   /* NIC directions used (distinct) */
@@ -169,6 +174,17 @@ void xm_troutes_free(xm_troutes_t *r);
  * Returns the task's end time; details in *r. */
 double xm_step(const xm_prep_t *p, xm_state_t *s, int t, int host, const int *fixed,
                xm_troutes_t *r, xm_undo_t *undo);
+
+/* Rails of the routes in r (r->rails, timing.c): a hop between hosts whose
+ * devices sit on one NIC index keeps it; a hop between rails (its sender on
+ * NIC index a, its receiver on b != a) takes whichever of a and b is usable
+ * on both hosts (xm_prep_t.nic_ok) and frees first there (the later of the
+ * sender host's send direction and the receiver host's receive direction;
+ * ties: a), so the runner sends and receives it on that rail's NIC at both
+ * ends (one UCX worker per NIC, docs/UCX.md) and the hops between rails of
+ * a plan spread over the rails. (xm_prep_init makes one of them usable on
+ * both where neither was.) */
+void xm_route_rails(const xm_prep_t *p, const xm_state_t *s, xm_troutes_t *r);
 
 /* Timing of given routes of one task (shared with the simulator): fills
  * r->dur, r->nuse, r->use_dir, r->use_count, r->use_off, r->use_end from

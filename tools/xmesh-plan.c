@@ -759,6 +759,10 @@ static void print_json(const opts_t *o, const problem_t *pb, const plan_t *p)
             printf("%s{\"nsrc\":%d,\"devs\":", q > s->task_route_off[t] ? "," : "",
                    s->routes[q].nsrc);
             json_devs(stdout, s->route_devs + s->routes[q].off, s->routes[q].len);
+            if (s->route_rails) { /* rail of the hop after each device, -1: none */
+                printf(",\"rails\":");
+                json_devs(stdout, s->route_rails + s->routes[q].off, s->routes[q].len);
+            }
             printf("}");
         }
         printf("],\"start_s\":%.9g,\"end_s\":%.9g}", p->sim.task_start_s[t], p->sim.task_end_s[t]);

@@ -46,9 +46,10 @@ typedef struct {
  *     context's out-of-band channel (plan agreement).
  * Hosts: ranks whose host names agree (gethostname, or XMESH_HOST) share a
  * host, unless params->host_id / XMESH_HOST_ID say otherwise (tests). Then
- * every rank opens a UCX worker per NIC (XMESH_UCX_NICS, else UCX's own
- * choice of devices), exchanges worker addresses through the bootstrap and
- * connects to every other rank. Progress: a progress thread
+ * every rank opens a UCX worker per NIC (XMESH_UCX_NICS, else one on UCX's
+ * own choice of devices), exchanges worker addresses through the bootstrap
+ * and connects worker k to worker k of every other rank; every rank must
+ * name as many devices (else INVALID_ARGUMENT naming both counts). Progress: a progress thread
  * (XMESH_PROGRESS_THREAD=1, the default) overlaps transfers with the
  * caller's compute; with 0, transfers move only inside xmesh_reshard_start /
  * xmesh_test / xmesh_wait, as with MPI below MPI_THREAD_MULTIPLE.

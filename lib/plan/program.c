@@ -477,6 +477,23 @@ static xmesh_result_t add_pieces(pbuild_t *b, const xm_task_t *t, int has_src, i
     return XMESH_SUCCESS;
 }
 
+/* Rail of the hop of chain cn from position i to position j (> i, devices
+ * devs[i] != devs[j]), see xm_pstep_t.rail_in. */
+static int hop_rail(const xm_prog_in_t *in, const xm_chain_t *cn, const int *devs, int i, int j)
+{
+    const int *host = in->hosts->host_of;
+    if (host[devs[i]] == host[devs[j]])
+        return -1;
+    int K = in->nics > 0 ? in->nics : 1;
+    const xm_schedule_t *sc = in->sched;
+    if (cn->route >= 0 && sc && sc->route_rails && j == i + 1)
+        return sc->route_rails[sc->routes[cn->route].off + i];
+    int k = 0;
+    for (int q = 0; q < devs[i]; q++)
+        k += host[q] == host[devs[i]];
+    return k % K;
+}
+
 /* Adds this rank's steps of chain ci. */
 static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
 {
@@ -506,6 +523,8 @@ static xmesh_result_t add_chain(pbuild_t *b, const xm_chains_t *ch, int ci)
             s->next = j < len ? devs[j] : -1;
             s->hop_in = i > 0 ? cn->hop0 + nseg - 1 : -1;
             s->hop_out = j < len ? cn->hop0 + nseg : -1;
+            s->rail_in = i > 0 ? hop_rail(b->in, cn, devs, i - 1, i) : -1;
+            s->rail_out = j < len ? hop_rail(b->in, cn, devs, j - 1, j) : -1;
             s->pos_first = i;
             s->pos_last = j - 1;
             s->nic_paced = 0;

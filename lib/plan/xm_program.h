@@ -108,6 +108,9 @@ typedef struct xm_prog_in {
     xmesh_dtype_t dtype;     /* the source's */
     xmesh_dtype_t dst_dtype; /* the destination's: equal, or a pair xm_dtype_pair_ok accepts */
     int64_t chunk_bytes;
+    /* NICs per host of the plan's cluster model (<= 0: 1): the range of the
+     * steps' rails (xm_pstep_t.rail_in / rail_out). */
+    int nics;
     /* Plans of many tensors: ntensors > 0 layouts and dtypes per tensor
      * (ts->ntensors of them; tasks name their tensor); src/dst/dtype/
      * dst_dtype above are then ignored. ntensors == 0: one tensor, above. */
@@ -178,6 +181,12 @@ typedef struct xm_pstep {
     xmesh_dtype_t sdt, ddt;
     int prev, next;      /* peer ranks, -1 for none */
     int hop_in, hop_out; /* hop ids from prev / to next, -1 for none */
+    /* Rail (NIC index, the same on both hosts) of the hop from prev / to
+     * next when it crosses hosts, else -1: the schedule's route_rails, or
+     * without them (hand-built schedules, all-gather chains) the sender's
+     * index on its host modulo the NICs. Equal at both ends of a hop; the
+     * UCX runner sends and receives it on that rail's worker. */
+    int rail_in, rail_out;
     int mode;
     int pos_first, pos_last, nsrc; /* chain positions covered; sources are < nsrc */
     int nic_paced;       /* a hop between hosts comes before pos_first in the chain: the step's

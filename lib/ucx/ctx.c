@@ -46,109 +46,133 @@ static void peer_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
     __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE);
 }
 
-/* The n-th device of XMESH_UCX_NICS ("eth0,eth1" or "mlx5_0:1,mlx5_1:1"),
- * counted modulo the list; "" when the list is empty. Returns the count. */
-static int nic_pick(int n, char *out, size_t len)
+/* The devices of XMESH_UCX_NICS ("eth0,eth1" or "mlx5_0:1,mlx5_1:1") into
+ * names[], in order; returns their count (0 when the list is empty), or -1
+ * after XM_ERR for a list that is too long or has an empty or too long name. */
+static int nic_list(char names[XU_RAILS_MAX][128])
 {
     const char *list = xm_param_str("XMESH_UCX_NICS");
-    out[0] = '\0';
     if (!list || !*list)
         return 0;
-    int count = 1;
-    for (const char *p = list; *p; p++)
-        count += *p == ',';
-    int want = n % count, i = 0;
-    const char *s = list;
-    while (i < want) {
-        s = strchr(s, ',') + 1;
-        i++;
+    int count = 0;
+    for (const char *s = list;; count++) {
+        const char *e = strchr(s, ',');
+        size_t l = e ? (size_t)(e - s) : strlen(s);
+        if (count == XU_RAILS_MAX) {
+            XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "XMESH_UCX_NICS '%s': more than %d devices", list,
+                   XU_RAILS_MAX);
+            return -1;
+        }
+        if (l == 0 || l >= 128) {
+            XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                   "XMESH_UCX_NICS '%s': device %d is %s (names are 1 to 127 characters, "
+                   "separated by commas)",
+                   list, count, l ? "too long" : "empty");
+            return -1;
+        }
+        memcpy(names[count], s, l);
+        names[count][l] = '\0';
+        if (!e)
+            return count + 1;
+        s = e + 1;
     }
-    const char *e = strchr(s, ',');
-    size_t l = e ? (size_t)(e - s) : strlen(s);
-    if (l >= len)
-        l = len - 1;
-    memcpy(out, s, l);
-    out[l] = '\0';
-    return count;
 }
 
-/* This rank's index among the ranks of its (context) host: the model's
- * device index that picks a NIC (xm_cluster_nic_of). */
-static int host_index(const xm_hostmap_t *h, int rank)
+/* One UCX context and worker per device of XMESH_UCX_NICS (one without a
+ * list, on UCX's choice of devices), worker k bound to device k. */
+static xmesh_result_t ucx_open(xu_ctx_t *be)
 {
-    int k = 0;
-    for (int q = 0; q < rank; q++)
-        k += h->host_of[q] == h->host_of[rank];
-    return k;
-}
-
-/* UCX context and worker of this rank. */
-static xmesh_result_t ucx_open(xu_ctx_t *be, int nic_index)
-{
-    ucp_config_t *cfg = NULL;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
-    if (st != UCS_OK)
-        return xu_status_err(XMESH_ERR_BACKEND, st, "ucp_config_read");
-    be->nic = -1;
-    if (nic_pick(nic_index, be->nic_name, sizeof be->nic_name) > 0) {
+    char names[XU_RAILS_MAX][128];
+    int n = nic_list(names);
+    if (n < 0)
+        return XMESH_ERR_INVALID_ARGUMENT;
+    be->nw = n > 0 ? n : 1;
+    be->nic_names[0] = '\0';
+    for (int k = 0; k < n; k++) {
+        size_t l = strlen(be->nic_names);
+        snprintf(be->nic_names + l, sizeof be->nic_names - l, "%s%s", k ? "," : "", names[k]);
+    }
+    for (int k = 0; k < be->nw; k++) {
+        ucp_config_t *cfg = NULL;
+        ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+        if (st != UCS_OK)
+            return xu_status_err(XMESH_ERR_BACKEND, st, "ucp_config_read");
         /* Network devices only: shared memory inside the host stays. */
-        st = ucp_config_modify(cfg, "NET_DEVICES", be->nic_name);
-        if (st != UCS_OK) {
+        if (n > 0 && (st = ucp_config_modify(cfg, "NET_DEVICES", names[k])) != UCS_OK) {
             ucp_config_release(cfg);
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "XMESH_UCX_NICS: UCX refused device '%s': %s",
-                          be->nic_name, ucs_status_string(st));
+                          names[k], ucs_status_string(st));
         }
-        be->nic = nic_index;
-    }
-    ucp_params_t pp;
-    memset(&pp, 0, sizeof pp);
-    pp.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    pp.features = UCP_FEATURE_TAG;
-    pp.mt_workers_shared = 0;
-    st = ucp_init(&pp, cfg, &be->ucp);
-    ucp_config_release(cfg);
-    if (st != UCS_OK) {
-        be->ucp = NULL;
-        return xu_status_err(XMESH_ERR_BACKEND, st, "ucp_init");
-    }
-    ucp_worker_params_t wp;
-    memset(&wp, 0, sizeof wp);
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    /* One thread at a time calls UCX: the progress token (exec.c). */
-    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-    st = ucp_worker_create(be->ucp, &wp, &be->worker);
-    if (st != UCS_OK) {
-        be->worker = NULL;
-        return xu_status_err(XMESH_ERR_BACKEND, st, "ucp_worker_create");
+        ucp_params_t pp;
+        memset(&pp, 0, sizeof pp);
+        pp.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+        pp.features = UCP_FEATURE_TAG;
+        pp.mt_workers_shared = 0;
+        st = ucp_init(&pp, cfg, &be->ucp[k]);
+        ucp_config_release(cfg);
+        if (st != UCS_OK) {
+            be->ucp[k] = NULL;
+            return xu_status_err(XMESH_ERR_BACKEND, st, "ucp_init");
+        }
+        ucp_worker_params_t wp;
+        memset(&wp, 0, sizeof wp);
+        wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        /* One thread at a time calls UCX: the progress token (exec.c). */
+        wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+        st = ucp_worker_create(be->ucp[k], &wp, &be->worker[k]);
+        if (st != UCS_OK) {
+            be->worker[k] = NULL;
+            return xu_status_err(XMESH_ERR_BACKEND, st, "ucp_worker_create");
+        }
     }
     return XMESH_SUCCESS;
 }
 
 #define XU_HOSTLEN 64
 
-/* Worker addresses of every rank through the bootstrap, then endpoints. */
+/* Worker addresses of every rank through the bootstrap (a record per rank:
+ * the host name, the worker count, then each worker's address), then
+ * endpoint k of every peer from worker k to its worker k. Every rank must
+ * have as many workers (XMESH_UCX_NICS naming as many devices everywhere). */
 static xmesh_result_t connect_all(xmesh_ctx_t ctx, xu_ctx_t *be)
 {
-    ucp_address_t *addr = NULL;
-    size_t alen = 0;
-    ucs_status_t st = ucp_worker_get_address(be->worker, &addr, &alen);
-    if (st != UCS_OK)
-        return xu_status_err(XMESH_ERR_BACKEND, st, "ucp_worker_get_address");
-    int n = ctx->size;
-    uint64_t mylen = alen, *lens = malloc(sizeof(uint64_t) * n);
+    int n = ctx->size, nw = be->nw;
+    ucp_address_t *addr[XU_RAILS_MAX] = {NULL};
+    uint64_t mylen[XU_RAILS_MAX + 1] = {0}, *lens = malloc(sizeof mylen * n);
     char *all = NULL, *mine = NULL;
     xmesh_result_t r;
     if (!lens) {
         r = XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory");
         goto out;
     }
-    if ((r = xm_oob_allgather(&be->oob, &mylen, lens, sizeof mylen, "address lengths")))
+    mylen[XU_RAILS_MAX] = (uint64_t)nw;
+    for (int k = 0; k < nw; k++) {
+        size_t alen = 0;
+        ucs_status_t st = ucp_worker_get_address(be->worker[k], &addr[k], &alen);
+        if (st != UCS_OK) {
+            addr[k] = NULL;
+            r = xu_status_err(XMESH_ERR_BACKEND, st, "ucp_worker_get_address");
+            goto out;
+        }
+        mylen[k] = alen;
+    }
+    if ((r = xm_oob_allgather(&be->oob, mylen, lens, sizeof mylen, "address lengths")))
         goto out;
     uint64_t mx = 0;
-    for (int q = 0; q < n; q++)
-        mx = lens[q] > mx ? lens[q] : mx;
-    /* A record: the host name (XM_UCX_HOSTLEN bytes), then the address. */
-    size_t rec = XU_HOSTLEN + mx;
+    for (int q = 0; q < n; q++) {
+        const uint64_t *l = lens + (size_t)q * (XU_RAILS_MAX + 1);
+        if (l[XU_RAILS_MAX] != (uint64_t)nw) {
+            r = XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
+                       "XMESH_UCX_NICS: rank %d opened %llu UCX worker(s) (one per device), rank "
+                       "%d %d: every rank must name as many devices",
+                       q, (unsigned long long)l[XU_RAILS_MAX], ctx->rank, nw);
+            goto out;
+        }
+        for (int k = 0; k < nw; k++)
+            mx = l[k] > mx ? l[k] : mx;
+    }
+    /* A record: the host name (XU_HOSTLEN bytes), then nw addresses of mx bytes. */
+    size_t rec = XU_HOSTLEN + (size_t)nw * mx;
     all = malloc(rec * n);
     mine = calloc(1, rec);
     if (!all || !mine) {
@@ -156,7 +180,8 @@ static xmesh_result_t connect_all(xmesh_ctx_t ctx, xu_ctx_t *be)
         goto out;
     }
     xm_oob_hostname(mine, XU_HOSTLEN);
-    memcpy(mine + XU_HOSTLEN, addr, alen);
+    for (int k = 0; k < nw; k++)
+        memcpy(mine + XU_HOSTLEN + (size_t)k * mx, addr[k], mylen[k]);
     if ((r = xm_oob_allgather(&be->oob, mine, all, rec, "worker addresses")))
         goto out;
     for (int q = 0; q < n; q++) {
@@ -164,32 +189,37 @@ static xmesh_result_t connect_all(xmesh_ctx_t ctx, xu_ctx_t *be)
         be->peers[q].rank = q;
         if (q == ctx->rank)
             continue;
-        ucp_ep_params_t ep;
-        memset(&ep, 0, sizeof ep);
-        ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
-        ep.address = (const ucp_address_t *)(all + (size_t)q * rec + XU_HOSTLEN);
         /* Peer failure handling where UCX has it (TCP, RDMA): a dead peer
          * fails the operations with it at once. UCX 1.13's shared-memory
          * transports have none and are excluded by it, so ranks of one
          * machine (equal host names) keep shared memory and rely on the
          * timeout and the abort check. */
         int same = !strcmp(all + (size_t)q * rec, all + (size_t)ctx->rank * rec);
-        ep.err_mode = same ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
-        ep.err_handler.cb = peer_failed;
-        ep.err_handler.arg = &be->peers[q];
-        st = ucp_ep_create(be->worker, &ep, &be->peers[q].ep);
-        if (st != UCS_OK) {
-            be->peers[q].ep = NULL;
-            char w[64];
-            snprintf(w, sizeof w, "ucp_ep_create(rank %d)", q);
-            r = xu_status_err(XMESH_ERR_BACKEND, st, w);
-            goto out;
+        for (int k = 0; k < nw; k++) {
+            ucp_ep_params_t ep;
+            memset(&ep, 0, sizeof ep);
+            ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                            UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+            ep.address =
+                (const ucp_address_t *)(all + (size_t)q * rec + XU_HOSTLEN + (size_t)k * mx);
+            ep.err_mode = same ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+            ep.err_handler.cb = peer_failed;
+            ep.err_handler.arg = &be->peers[q];
+            ucs_status_t st = ucp_ep_create(be->worker[k], &ep, &be->peers[q].ep[k]);
+            if (st != UCS_OK) {
+                be->peers[q].ep[k] = NULL;
+                char w[64];
+                snprintf(w, sizeof w, "ucp_ep_create(rank %d, worker %d)", q, k);
+                r = xu_status_err(XMESH_ERR_BACKEND, st, w);
+                goto out;
+            }
         }
     }
     r = XMESH_SUCCESS;
 out:
-    ucp_worker_release_address(be->worker, addr);
+    for (int k = 0; k < nw; k++)
+        if (addr[k])
+            ucp_worker_release_address(be->worker[k], addr[k]);
     free(lens);
     free(all);
     free(mine);
@@ -197,36 +227,38 @@ out:
 }
 
 /* Closes every endpoint, flushing what was sent (a peer still receiving
- * gets it), at most `limit` seconds; then the worker and the context. */
+ * gets it), at most `limit` seconds; then the workers and the contexts. */
 static void ucx_close(xmesh_ctx_t ctx, xu_ctx_t *be, double limit)
 {
-    if (be->peers && be->worker) {
+    int nw = be->nw;
+    if (be->peers && nw > 0 && be->worker[0]) {
         int n = ctx->size;
-        void **reqs = calloc((size_t)n, sizeof *reqs);
-        for (int q = 0; q < n; q++) {
-            if (!be->peers[q].ep)
-                continue;
-            ucp_request_param_t prm;
-            memset(&prm, 0, sizeof prm);
-            prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            prm.flags = __atomic_load_n(&be->peers[q].failed, __ATOMIC_ACQUIRE) ||
-                                __atomic_load_n(&be->peers[q].suspect, __ATOMIC_RELAXED)
-                            ? UCP_EP_CLOSE_FLAG_FORCE
-                            : 0;
-            void *rq = ucp_ep_close_nbx(be->peers[q].ep, &prm);
-            if (UCS_PTR_IS_PTR(rq) && reqs)
-                reqs[q] = rq;
-            be->peers[q].ep = NULL;
-        }
+        void **reqs = calloc((size_t)n * nw, sizeof *reqs);
+        for (int q = 0; q < n; q++)
+            for (int k = 0; k < nw; k++) {
+                if (!be->peers[q].ep[k])
+                    continue;
+                ucp_request_param_t prm;
+                memset(&prm, 0, sizeof prm);
+                prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+                prm.flags = __atomic_load_n(&be->peers[q].failed, __ATOMIC_ACQUIRE) ||
+                                    __atomic_load_n(&be->peers[q].suspect, __ATOMIC_RELAXED)
+                                ? UCP_EP_CLOSE_FLAG_FORCE
+                                : 0;
+                void *rq = ucp_ep_close_nbx(be->peers[q].ep[k], &prm);
+                if (UCS_PTR_IS_PTR(rq) && reqs)
+                    reqs[(size_t)q * nw + k] = rq;
+                be->peers[q].ep[k] = NULL;
+            }
         double end = xu_now() + limit;
         for (int pending = 1; pending && reqs;) {
-            ucp_worker_progress(be->worker);
+            xu_progress(be);
             pending = 0;
-            for (int q = 0; q < n; q++)
-                if (reqs[q]) {
-                    if (ucp_request_check_status(reqs[q]) != UCS_INPROGRESS) {
-                        ucp_request_free(reqs[q]);
-                        reqs[q] = NULL;
+            for (size_t i = 0; i < (size_t)n * nw; i++)
+                if (reqs[i]) {
+                    if (ucp_request_check_status(reqs[i]) != UCS_INPROGRESS) {
+                        ucp_request_free(reqs[i]);
+                        reqs[i] = NULL;
                     } else {
                         pending = 1;
                     }
@@ -234,25 +266,27 @@ static void ucx_close(xmesh_ctx_t ctx, xu_ctx_t *be, double limit)
             if (pending && xu_now() > end) {
                 /* A peer that neither takes nor refuses what was sent to
                  * it (stopped, not dead): UCX cannot destroy an endpoint
-                 * with requests queued, so the worker and the UCX context
+                 * with requests queued, so the workers and the UCX contexts
                  * are left to the process's end. */
-                XM_WARN("rank %d: UCX endpoints did not close within %.3g s; the UCX worker is "
+                XM_WARN("rank %d: UCX endpoints did not close within %.3g s; the UCX workers are "
                         "left open",
                         ctx->rank, limit);
                 free(reqs);
-                be->worker = NULL;
-                be->ucp = NULL;
+                memset(be->worker, 0, sizeof be->worker);
+                memset(be->ucp, 0, sizeof be->ucp);
                 return;
             }
         }
         free(reqs);
     }
-    if (be->worker)
-        ucp_worker_destroy(be->worker);
-    if (be->ucp)
-        ucp_cleanup(be->ucp);
-    be->worker = NULL;
-    be->ucp = NULL;
+    for (int k = 0; k < XU_RAILS_MAX; k++) {
+        if (be->worker[k])
+            ucp_worker_destroy(be->worker[k]);
+        if (be->ucp[k])
+            ucp_cleanup(be->ucp[k]);
+        be->worker[k] = NULL;
+        be->ucp[k] = NULL;
+    }
 }
 
 xmesh_result_t xmesh_ctx_create_ucx(const xmesh_oob_t *oob, const xmesh_ctx_params_t *params,
@@ -303,7 +337,7 @@ xmesh_result_t xmesh_ctx_create_ucx(const xmesh_oob_t *oob, const xmesh_ctx_para
     if (!be->peers)
         local = XM_ERR(XMESH_ERR_NO_MEMORY, "context: out of memory for %d peers", ctx->size);
     if (!local)
-        local = ucx_open(be, host_index(&ctx->hosts, ctx->rank));
+        local = ucx_open(be);
     if (local)
         snprintf(saved, sizeof saved, "%s", xmesh_last_error());
     if ((r = xm_oob_agree(&be->oob, local, 0, NULL, NULL, 0, "UCX start-up"))) {
@@ -330,9 +364,9 @@ xmesh_result_t xmesh_ctx_create_ucx(const xmesh_oob_t *oob, const xmesh_ctx_para
     be->threaded = xm_param_i64("XMESH_PROGRESS_THREAD") != 0;
     ctx->ops = &ucx_ops;
     ctx->be = be;
-    XM_INFO("ctx: rank %d of %d on host %d of %d, UCX %s, NIC '%s', %s", ctx->rank, ctx->size,
-            ctx->hosts.host_of[ctx->rank], ctx->hosts.nhosts, ucp_get_version_string(),
-            be->nic_name, be->threaded ? "progress thread" : "progress in test/wait only");
+    XM_INFO("ctx: rank %d of %d on host %d of %d, UCX %s, %d worker(s) on NICs '%s', %s", ctx->rank,
+            ctx->size, ctx->hosts.host_of[ctx->rank], ctx->hosts.nhosts, ucp_get_version_string(),
+            be->nw, be->nic_names, be->threaded ? "progress thread" : "progress in test/wait only");
     *out = ctx;
     return XMESH_SUCCESS;
 out_ucx:

@@ -44,9 +44,11 @@ static void recv_done(void *req, ucs_status_t st, const ucp_tag_recv_info_t *inf
     __atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
 }
 
-ucs_status_t xu_send(xu_ctx_t *be, int peer, const void *buf, size_t n, uint64_t tag, int sync,
-                     xu_slot_t *s)
+ucs_status_t xu_send(xu_ctx_t *be, int peer, int rail, const void *buf, size_t n, uint64_t tag,
+                     int sync, xu_slot_t *s)
 {
+    int k = xu_rail_worker(be, rail);
+    ucp_ep_h ep = be->peers[peer].ep[k];
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof prm);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -55,8 +57,9 @@ ucs_status_t xu_send(xu_ctx_t *be, int peer, const void *buf, size_t n, uint64_t
     s->busy = 1;
     s->status = UCS_OK;
     s->req = NULL;
-    ucs_status_ptr_t p = sync ? ucp_tag_send_sync_nbx(be->peers[peer].ep, buf, n, tag, &prm)
-                              : ucp_tag_send_nbx(be->peers[peer].ep, buf, n, tag, &prm);
+    s->w = be->worker[k];
+    ucs_status_ptr_t p = sync ? ucp_tag_send_sync_nbx(ep, buf, n, tag, &prm)
+                              : ucp_tag_send_nbx(ep, buf, n, tag, &prm);
     if (p == NULL) { /* completed in place: no callback */
         s->busy = 0;
         return UCS_OK;
@@ -69,8 +72,9 @@ ucs_status_t xu_send(xu_ctx_t *be, int peer, const void *buf, size_t n, uint64_t
     return UCS_OK;
 }
 
-ucs_status_t xu_recv(xu_ctx_t *be, void *buf, size_t n, uint64_t tag, xu_slot_t *s)
+ucs_status_t xu_recv(xu_ctx_t *be, int rail, void *buf, size_t n, uint64_t tag, xu_slot_t *s)
 {
+    ucp_worker_h w = be->worker[xu_rail_worker(be, rail)];
     ucp_request_param_t prm;
     memset(&prm, 0, sizeof prm);
     prm.op_attr_mask =
@@ -80,7 +84,8 @@ ucs_status_t xu_recv(xu_ctx_t *be, void *buf, size_t n, uint64_t tag, xu_slot_t 
     s->busy = 1;
     s->status = UCS_OK;
     s->len = 0;
-    ucs_status_ptr_t p = ucp_tag_recv_nbx(be->worker, buf, n, tag, UINT64_MAX, &prm);
+    s->w = w;
+    ucs_status_ptr_t p = ucp_tag_recv_nbx(w, buf, n, tag, UINT64_MAX, &prm);
     if (UCS_PTR_IS_ERR(p)) {
         s->busy = 0;
         s->req = NULL;
@@ -88,6 +93,14 @@ ucs_status_t xu_recv(xu_ctx_t *be, void *buf, size_t n, uint64_t tag, xu_slot_t 
     }
     s->req = p;
     return UCS_OK;
+}
+
+int xu_progress(xu_ctx_t *be)
+{
+    int moved = 0;
+    for (int k = 0; k < be->nw; k++)
+        moved |= ucp_worker_progress(be->worker[k]) != 0;
+    return moved;
 }
 
 /* 1 when the slot holds nothing in flight (its UCX request released); *err
@@ -204,7 +217,7 @@ static int progress_round(xu_ctx_t *be, int from_thread)
     be->busy = 1;
     pthread_mutex_unlock(&be->mu);
     int moved = 0;
-    for (int k = 0; k < 64 && ucp_worker_progress(be->worker); k++)
+    for (int k = 0; k < 64 && xu_progress(be); k++)
         moved = 1;
     for (int i = 0; i < n; i++)
         moved |= exec_advance(be->snap[i]);
@@ -584,15 +597,15 @@ static int trace_progress(xu_request_t *r)
         if (x->rank == x->leader) {
             for (int i = 0; i < n && st == UCS_OK; i++)
                 if (x->parts[i] != x->rank)
-                    st = xu_recv(be, &x->tr_counts[i], sizeof(int64_t),
+                    st = xu_recv(be, -1, &x->tr_counts[i], sizeof(int64_t),
                                  XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->parts[i]),
                                  &x->tr_slots[2 * i]);
         } else {
             x->tr_counts[0] = x->nev;
-            st = xu_send(be, x->leader, &x->tr_counts[0], sizeof(int64_t),
+            st = xu_send(be, x->leader, -1, &x->tr_counts[0], sizeof(int64_t),
                          XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->rank), 0, &x->tr_slots[0]);
             if (st == UCS_OK)
-                st = xu_send(be, x->leader, x->ev, sizeof(xu_trace_ev_t) * (size_t)x->nev,
+                st = xu_send(be, x->leader, -1, x->ev, sizeof(xu_trace_ev_t) * (size_t)x->nev,
                              XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->rank + 1), 0, &x->tr_slots[1]);
         }
         if (st != UCS_OK)
@@ -621,7 +634,7 @@ static int trace_progress(xu_request_t *r)
                 snprintf(r->msg, sizeof r->msg, "XMESH_TRACE: out of memory");
                 return -1;
             }
-            if ((st = xu_recv(be, x->tr_bufs[i], sizeof(xu_trace_ev_t) * (size_t)c,
+            if ((st = xu_recv(be, -1, x->tr_bufs[i], sizeof(xu_trace_ev_t) * (size_t)c,
                               XU_TAG(x->tag, XU_TAG_TRACE_HOP, 2 * x->parts[i] + 1),
                               &x->tr_slots[2 * i])) != UCS_OK)
                 goto out_ucx;
@@ -647,12 +660,12 @@ static void cancel_all(xu_ctx_t *be, xu_exec_t *x)
     for (int i = 0; i < total; i++) {
         xu_slot_t *s = i < x->nslots ? &x->slots[i] : &x->tr_slots[i - x->nslots];
         if (s->busy && s->req)
-            ucp_request_cancel(be->worker, s->req);
+            ucp_request_cancel(s->w, s->req);
     }
     double until = xu_now() + 0.05;
     int pending = 1;
     while (pending && xu_now() < until) {
-        ucp_worker_progress(be->worker);
+        xu_progress(be);
         pending = 0;
         for (int i = 0; i < total; i++) {
             xu_slot_t *s = i < x->nslots ? &x->slots[i] : &x->tr_slots[i - x->nslots];
@@ -770,8 +783,8 @@ static ucs_status_t compute_chunk(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *
             if (x->check && s->ck_origin)
                 x->ck[sx->ck_off + c] = xm_geom_hash(NULL, buf, 1, 0, (int64_t)sbytes);
             rt->t_send[slot] = x->trace ? xu_now() - x->t0 : 0;
-            return xu_send(be, s->next, buf, sbytes, XU_TAG(x->tag, s->hop_out, c % XU_CHUNK_MOD),
-                           sx->sync, sendslot);
+            return xu_send(be, s->next, s->rail_out, buf, sbytes,
+                           XU_TAG(x->tag, s->hop_out, c % XU_CHUNK_MOD), sx->sync, sendslot);
         }
         default:
             break;
@@ -789,7 +802,7 @@ static ucs_status_t post_recv(xu_ctx_t *be, xu_exec_t *x, const xm_pstep_t *s, x
     int slot = (int)(c % x->window);
     void *buf = x->stage + sx->stage_off + (int64_t)slot * s->ce * (int64_t)s->stage_es;
     rt->t_recv[slot] = x->trace ? xu_now() - x->t0 : 0;
-    return xu_recv(be, buf, (size_t)cnt * xmesh_dtype_size(s->in_dt),
+    return xu_recv(be, s->rail_in, buf, (size_t)cnt * xmesh_dtype_size(s->in_dt),
                    XU_TAG(x->tag, s->hop_in, c % XU_CHUNK_MOD), slot_p);
 }
 
@@ -820,14 +833,14 @@ static int check_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, const xm_p
     xu_slot_t *rs = &sl[2 * x->window], *ss = &sl[2 * x->window + 1];
     if (rt->ck_state == 0) {
         if (verify) {
-            if ((st = xu_recv(be, in, bytes, tin, rs)) != UCS_OK)
+            if ((st = xu_recv(be, s->rail_in, in, bytes, tin, rs)) != UCS_OK)
                 goto out_ucx;
             rt->ck_state = 1;
             return 1;
         }
         if (rt->computed < s->nchunks) /* after the last chunk's send */
             return 0;
-        if ((st = xu_send(be, s->next, own, bytes, tout, 0, ss)) != UCS_OK)
+        if ((st = xu_send(be, s->next, s->rail_out, own, bytes, tout, 0, ss)) != UCS_OK)
             goto out_ucx;
         rt->ck_state = 2;
         return 1;
@@ -848,7 +861,7 @@ static int check_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, const xm_p
                 /* The ranks downstream got the same bytes: pass the sums on
                  * so that they report it too. */
                 if (s->next >= 0)
-                    xu_send(be, s->next, in, bytes, tout, 0, ss);
+                    xu_send(be, s->next, s->rail_out, in, bytes, tout, 0, ss);
                 fail(r, XMESH_ERR_BACKEND,
                      "rank %d: XMESH_CHECK: data of task %d received from rank %d is corrupt in "
                      "chunk %lld of %lld: %lld elements starting at global index (%s) differ "
@@ -858,7 +871,7 @@ static int check_advance(xu_request_t *r, xu_ctx_t *be, xu_exec_t *x, const xm_p
                 return -1;
             }
         if (s->next >= 0) {
-            if ((st = xu_send(be, s->next, in, bytes, tout, 0, ss)) != UCS_OK)
+            if ((st = xu_send(be, s->next, s->rail_out, in, bytes, tout, 0, ss)) != UCS_OK)
                 goto out_ucx;
             rt->ck_state = 2;
         } else {
@@ -1041,7 +1054,9 @@ static int exec_advance(xu_request_t *r)
     if (r->phase == 0) {
         /* Tasks start in global order. A task that crosses a NIC waits for
          * every earlier unfinished task holding one of its NIC directions on
-         * this rank; a task inside the host (no NIC) waits for every earlier
+         * this rank on the same rail (x->nicm: a rank sends and receives on
+         * every rail's worker, so tasks on different rails run together, as
+         * the model runs different NICs); a task inside the host (no NIC) waits for every earlier
          * unfinished task inside the host holding one of its local links.
          * Unlike the MPI runner, a NIC task does not wait for an earlier
          * task that merely shares a local link with it: with several NICs
@@ -1049,11 +1064,13 @@ static int exec_advance(xu_request_t *r)
          * host's local links, and waiting there ran the NICs one after the
          * other (5 hosts x 4 ranks, 2 NICs at 100 Mbit/s, case 1: 2.0x the
          * two-NIC bound, 1.05x without the wait). Staging and slots stay
-         * safe: xm_program_pool gives a task the region of its lowest class,
-         * a NIC direction for NIC tasks and a local link only for tasks
-         * without one, and tasks sharing a region still never overlap. */
+         * safe: lane_pool (setup.c) gives a task the region of its lowest
+         * class, a NIC direction and rail for NIC tasks and a local link of
+         * its lane only for tasks without one, and tasks sharing a region
+         * still never overlap. */
         const unsigned nic = XM_SLOT_SEND | XM_SLOT_RECV, loc = XM_SLOT_LSEND | XM_SLOT_LRECV;
-        unsigned nic_blocked = 0, loc_blocked[16] = {0};
+        unsigned loc_blocked[16] = {0};
+        uint32_t nic_blocked = 0; /* (direction, rail) pairs, as x->nicm */
         int lanes_full = 0;
         for (int i = x->tfirst; i < x->prog.ntasks; i++) {
             const xm_ptask_t *t = &x->prog.tasks[i];
@@ -1065,11 +1082,12 @@ static int exec_advance(xu_request_t *r)
             }
             if (x->tstate[i] == 0) {
                 unsigned *lb = &loc_blocked[x->lane[i]];
-                if (has_nic ? t->slots & nic & nic_blocked : t->slots & loc & *lb) {
-                    nic_blocked |= t->slots & nic;
+                if (has_nic ? x->nicm[i] & nic_blocked : t->slots & loc & *lb) {
+                    nic_blocked |= x->nicm[i];
                     if (!has_nic && (*lb |= t->slots & loc) == loc)
                         lanes_full |= 1 << x->lane[i];
-                    if (nic_blocked == nic && lanes_full == (1 << x->nlanes) - 1)
+                    if ((nic_blocked & x->nicm_all) == x->nicm_all &&
+                        lanes_full == (1 << x->nlanes) - 1)
                         break;
                     continue;
                 }
@@ -1094,7 +1112,7 @@ static int exec_advance(xu_request_t *r)
                     x->tfirst++;
                 moved = 1;
             } else {
-                nic_blocked |= t->slots & nic;
+                nic_blocked |= x->nicm[i];
                 if (!has_nic && (loc_blocked[x->lane[i]] |= t->slots & loc) == loc)
                     lanes_full |= 1 << x->lane[i];
             }

@@ -18,15 +18,17 @@
 
 #include "xm_ucx.h"
 
-/* xm_program_pool with lanes: a task is given the region of its lowest
- * class (as there), and a task without a NIC hop the region of its lowest
- * local link in its lane (x->lane), so that tasks of different lanes never
- * share staging or slots. With one lane this is xm_program_pool. */
+/* xm_program_pool with rails and lanes: a task with a NIC hop is given the
+ * region of its lowest NIC direction and rail (x->nicm: sends before
+ * receives, as there), a task without one the region of its lowest local
+ * link in its lane (x->lane), so that tasks that may run together (other
+ * rails, other lanes) never share staging or slots. With one NIC and one
+ * lane this is xm_program_pool. */
 static xmesh_result_t lane_pool(const xu_exec_t *x, const int64_t *need, int64_t align,
                                 int64_t *off, int64_t *total)
 {
     const xm_program_t *p = &x->prog;
-    int nreg = 2 + 2 * x->nlanes;
+    int nreg = 32 + 2 * x->nlanes;
     int64_t *size = calloc((size_t)nreg, sizeof(int64_t)), *base = calloc((size_t)nreg, 8);
     int *region = malloc(sizeof(int) * (p->nsteps + 1));
     if (!size || !base || !region) {
@@ -37,10 +39,10 @@ static xmesh_result_t lane_pool(const xu_exec_t *x, const int64_t *need, int64_t
     }
     for (int k = 0; k < p->ntasks; k++) {
         const xm_ptask_t *t = &p->tasks[k];
-        int reg = -1;
-        for (int b = 0; b < XM_NSLOTS && reg < 0; b++)
+        int reg = x->nicm[k] ? __builtin_ctz(x->nicm[k]) : -1;
+        for (int b = 2; b < XM_NSLOTS && reg < 0; b++)
             if (t->slots & (1u << b))
-                reg = b < 2 ? b : 2 + (b - 2) * x->nlanes + x->lane[k];
+                reg = 32 + (b - 2) * x->nlanes + x->lane[k];
         int64_t o = 0;
         for (int i = t->first_step; i < t->first_step + t->nsteps; i++) {
             region[i] = reg;
@@ -116,6 +118,7 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
                        .dtype = p->dtype,
                        .dst_dtype = p->dst_dtype,
                        .chunk_bytes = p->chunk_bytes,
+                       .nics = p->cluster.nics_per_host,
                        .ntensors = p->ntensors,
                        .srcs = p->srcs,
                        .dsts = p->dsts,
@@ -170,8 +173,24 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
     x->nlanes = p->cluster.nics_per_host < 1    ? 1
                 : p->cluster.nics_per_host > 16 ? 16
                                                 : p->cluster.nics_per_host;
-    if (!(x->lane = calloc((size_t)x->prog.ntasks + 1, 1)))
+    x->lane = calloc((size_t)x->prog.ntasks + 1, 1);
+    x->nicm = calloc((size_t)x->prog.ntasks + 1, sizeof *x->nicm);
+    if (!x->lane || !x->nicm)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
+    /* The NIC directions of each task on this rank by rail (admission and
+     * staging regions): its hops between hosts, on their rails. */
+    x->nicm_all = 0;
+    for (int k = 0; k < x->prog.ntasks; k++) {
+        const xm_ptask_t *t = &x->prog.tasks[k];
+        for (int i = t->first_step; i < t->first_step + t->nsteps; i++) {
+            const xm_pstep_t *s = &x->prog.steps[i];
+            if (s->next >= 0 && hm->host_of[s->next] != me)
+                x->nicm[k] |= 1u << (s->rail_out > 0 ? s->rail_out % 16 : 0);
+            if (s->prev >= 0 && hm->host_of[s->prev] != me)
+                x->nicm[k] |= 1u << (16 + (s->rail_in > 0 ? s->rail_in % 16 : 0));
+        }
+        x->nicm_all |= x->nicm[k];
+    }
     int next_lane[XM_NSLOTS] = {0};
     for (int k = 0; k < x->prog.ntasks; k++) {
         unsigned sl = x->prog.tasks[k].slots;
@@ -288,6 +307,7 @@ static void exec_free(xu_ctx_t *be, xu_exec_t *x)
     free(x->srt);
     free(x->tstate);
     free(x->lane);
+    free(x->nicm);
     free(x->parts);
     if (!tleak) {
         free(x->ev);

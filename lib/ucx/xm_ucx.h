@@ -8,10 +8,15 @@
  * trace and statistics. What ranks agree on goes through the context's
  * out-of-band all-gather (lib/plan/xm_oob.h), never MPI.
  *
- * NICs: a rank sends and receives through one UCX worker whose network
- * devices are the NIC the plan's cluster model gives the rank
- * (xm_cluster_nic_of: the rank's index on its host modulo the NICs), from
- * XMESH_UCX_NICS; inside a host UCX picks shared memory.
+ * NICs (rails): a rank opens one UCX context and worker per device of
+ * XMESH_UCX_NICS, worker k bound to device k (UCX_NET_DEVICES for it
+ * only), and exchanges every worker's address; endpoint k of a peer joins
+ * worker k to the peer's worker k. A hop between hosts leaves and arrives on
+ * the worker of the rail the plan gave it (xm_pstep_t.rail_out / rail_in,
+ * from the schedule's route_rails, modulo the workers), so it uses the NIC
+ * the model charges at both ends; hops inside a host, the trace gather and
+ * everything without a rail use worker 0, where UCX picks shared memory.
+ * Without XMESH_UCX_NICS: one worker, UCX's choice of devices.
  */
 #ifndef XM_UCX_H
 #define XM_UCX_H
@@ -34,6 +39,8 @@
 #define XU_SYNC_MIN_BYTES (16 << 10)
 /* Slots of a step: w receives, w sends, then XMESH_CHECK's sums (receive, send). */
 #define XU_STEP_SLOTS(w) (2 * (w) + 2)
+/* Most UCX workers (rails) of a rank: the devices of XMESH_UCX_NICS. */
+#define XU_RAILS_MAX 16
 
 /* 64-bit tags: plan (16 bits) | hop (28) | chunk (20: chunk mod 2^19, bit
  * 19 marks the trace gather). Chunk numbers in the tag make matching exact
@@ -47,6 +54,7 @@
  * until the completion callback has run. */
 typedef struct xu_slot {
     void *req;
+    ucp_worker_h w; /* the worker it was posted on (cancelling needs it) */
     int busy;
     ucs_status_t status;
     size_t len;
@@ -99,7 +107,12 @@ typedef struct xu_exec {
     xu_step_rt_t *srt;
     unsigned char *tstate;
     unsigned char *lane; /* per task without a NIC hop: its lane (exec.c, admission) */
-    int nlanes;          /* lanes of such tasks: the plan's NICs per host (1..16) */
+    /* Per task: the NIC directions it holds on this rank, by rail (bit r:
+     * sends on rail r mod 16, bit 16 + r: receives); the union over tasks.
+     * Admission (exec.c) and staging regions (setup.c) go by these. */
+    uint32_t *nicm;
+    uint32_t nicm_all;
+    int nlanes; /* lanes of such tasks: the plan's NICs per host (1..16) */
     int tfirst;
     const void **srcs; /* the plan's ntensors blocks of the reshard in flight */
     void **dsts;
@@ -139,8 +152,8 @@ typedef struct xu_request {
 #define XU_REQ_FREE 0x66726565u
 
 typedef struct xu_peer {
-    ucp_ep_h ep;
-    int failed;  /* set by the endpoint's error handler */
+    ucp_ep_h ep[XU_RAILS_MAX]; /* ep[k]: from worker k to the peer's worker k */
+    int failed;                /* set by the endpoint's error handler */
     int suspect; /* a reshard failed with operations to or from it unfinished: closed unflushed */
     ucs_status_t fail_status; /* UCX's reason */
     struct xu_ctx *be;
@@ -150,11 +163,11 @@ typedef struct xu_peer {
 typedef struct xu_ctx {
     xmesh_oob_t oob;
     xm_envboot_t *boot; /* the environment bootstrap, NULL with a caller's oob */
-    ucp_context_h ucp;
-    ucp_worker_h worker;
+    int nw;             /* workers (rails): the devices of XMESH_UCX_NICS, 1 without */
+    ucp_context_h ucp[XU_RAILS_MAX];
+    ucp_worker_h worker[XU_RAILS_MAX];
     xu_peer_t *peers;
-    int nic;            /* index into XMESH_UCX_NICS, -1: UCX's choice */
-    char nic_name[128]; /* the device, "" for UCX's choice */
+    char nic_names[512]; /* XMESH_UCX_NICS as used, "" for UCX's choice */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     pthread_t thread;
@@ -194,8 +207,16 @@ void xu_ctx_stop_thread(xu_ctx_t *be);
 void xu_ctx_free_requests(xu_ctx_t *be);
 /* Posts / polls one slot (exec.c). */
 int xu_slot_idle(xu_ctx_t *be, xu_slot_t *s, ucs_status_t *err, size_t *len);
-ucs_status_t xu_send(xu_ctx_t *be, int peer, const void *buf, size_t n, uint64_t tag, int sync,
-                     xu_slot_t *s);
-ucs_status_t xu_recv(xu_ctx_t *be, void *buf, size_t n, uint64_t tag, xu_slot_t *s);
+/* rail: the hop's (xm_pstep_t.rail_out / rail_in), -1 for worker 0. */
+ucs_status_t xu_send(xu_ctx_t *be, int peer, int rail, const void *buf, size_t n, uint64_t tag,
+                     int sync, xu_slot_t *s);
+ucs_status_t xu_recv(xu_ctx_t *be, int rail, void *buf, size_t n, uint64_t tag, xu_slot_t *s);
+/* Progress on every worker; nonzero if any moved. */
+int xu_progress(xu_ctx_t *be);
+/* The worker of a rail (-1: worker 0). */
+static inline int xu_rail_worker(const xu_ctx_t *be, int rail)
+{
+    return rail < 0 ? 0 : rail % be->nw;
+}
 
 #endif /* XM_UCX_H */

@@ -13,8 +13,9 @@
 #   -n: NICs per emulated host (default 1, at most 8), each shaped to the rate on its own: NIC k
 #       of every host sits in subnet k (a "rail", eth<k> in the namespace), all on one bridge, and
 #       each host routes by source address (a socket bound to eth<k>'s address leaves through
-#       eth<k>, whatever subnet it talks to). MPI (btl tcp) uses eth0 only; the UCX runner gives
-#       rank i of a host NIC i mod K (XMESH_UCX_NICS, XMESH_NICS_PER_HOST exported)
+#       eth<k>, whatever subnet it talks to). MPI (btl tcp) uses eth0 only; the UCX runner opens
+#       a worker on every eth<k> and sends each hop between hosts on the rail the plan gave it
+#       (XMESH_UCX_NICS, XMESH_NICS_PER_HOST exported)
 #   -m: MTU of every emulated NIC (default 1500). The kernel's work for the emulated NICs is
 #       per packet (veth, bridge, tbf, TCP: no NIC offload), so at 1500 it takes host CPU a real
 #       NIC would not; 9000 (jumbo frames) cuts it about six-fold (docs/RESULTS.md 2026-11-29)

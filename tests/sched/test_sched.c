@@ -298,13 +298,20 @@ static void check_sim(const inst_t *in, const xm_schedule_t *s)
             for (int j = 0; j + 1 < rt->len; j++) {
                 if (in->hm.host_of[d[j]] == in->hm.host_of[d[j + 1]])
                     continue;
-                used[2 * xm_cluster_nic_of(&in->c, d[j])] = 1;
-                used[2 * xm_cluster_nic_of(&in->c, d[j + 1]) + 1] = 1;
+                /* the hop's rail at both ends (route_rails), as charged */
+                int rl = s->route_rails ? s->route_rails[rt->off + j] : -1;
+                assert_true(rl < nics);
+                used[2 * (rl >= 0 ? in->hm.host_of[d[j]] * nics + rl
+                                  : xm_cluster_nic_of(&in->c, d[j]))] = 1;
+                used[2 * (rl >= 0 ? in->hm.host_of[d[j + 1]] * nics + rl
+                                  : xm_cluster_nic_of(&in->c, d[j + 1])) +
+                     1] = 1;
             }
         }
         tr.routes = s->routes + s->task_route_off[t];
         tr.nroutes = s->task_route_off[t + 1] - s->task_route_off[t];
         tr.devs = s->route_devs;
+        tr.rails = s->route_rails;
         xm_task_timing(&p, t, &tr);
         assert_true(fabs(en - st - tr.dur) <= 1e-12 * (1 + en));
         int nused = 0;

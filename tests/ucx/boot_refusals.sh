@@ -53,5 +53,12 @@ run "bad XMESH_BOOTSTRAP" -n 2 --max-wall "$wall" --env '*:XMESH_BOOTSTRAP=nohos
     "$prog" --expect INVALID_ARGUMENT --msg "XMESH_BOOTSTRAP 'nohostport'" --max-s 1
 run "rank outside the world" -n 2 --max-wall "$wall" --skip 0 --env 1:RANK=7 -- \
     "$prog" --expect INVALID_ARGUMENT --msg "RANK/WORLD_SIZE" --max-s 1
+run "XMESH_UCX_NICS names more devices on one rank" -n 3 --max-wall "$wall" \
+    --env '*:XMESH_UCX_NICS=lo' --env 1:XMESH_UCX_NICS=lo,lo -- \
+    "$prog" --expect INVALID_ARGUMENT --msg "UCX worker(s) (one per device)" \
+    --msg "every rank must name as many devices" --max-s "$bound"
+run "XMESH_UCX_NICS with an empty device" -n 2 --max-wall "$wall" \
+    --env '*:XMESH_UCX_NICS=lo,,lo' -- \
+    "$prog" --expect INVALID_ARGUMENT --msg "XMESH_UCX_NICS 'lo,,lo': device 1 is empty" --max-s 1
 echo "boot_refusals: $fails failed"
 [ $fails -eq 0 ]

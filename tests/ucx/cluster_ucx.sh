@@ -4,8 +4,9 @@
 # mpirun only starts the processes (OMPI_COMM_WORLD_RANK/SIZE; nothing calls
 # MPI_Init); they meet at rank 0's eth0 address (XMESH_BOOTSTRAP) and run the
 # MPI tier's correctness matrix over UCX (every element checked): shared memory
-# inside a host, TCP through the shaped NICs between hosts, rank i of a host on
-# NIC i mod K. Then every NIC index (rail) must have carried data. Skips (77) where the
+# inside a host, TCP through the shaped NICs between hosts, every rank with a
+# UCX worker on each of the K NICs and every hop between hosts on the rail the
+# plan gave it. Then every NIC index (rail) must have carried data. Skips (77) where the
 # cluster cannot be built.
 # usage: cluster_ucx.sh SOURCE_DIR TEST_UCX NICS
 set -u

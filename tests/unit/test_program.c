@@ -868,34 +868,62 @@ static int runner_rail(const xm_hostmap_t *h, int d, int nics)
 }
 
 /* Several NICs per host (issue 36 item 3): with 2 NICs per host, the
- * program's chains of the paper's cases (bench scale, 16 MiB, the plan the
- * library makes: split, deterministic budget) cross hosts only between
- * devices on the same rail, so each hop leaves and arrives on the NICs the
- * model charges (the emulated cluster's NIC k reaches only NIC k by its
- * route; a hop between rails went by the peer's subnet: cases 2, 3, 8, 9
- * ran at their one-NIC time). In cases 2, 3 and 9 every sending host sends
- * on both rails and every receiving host receives on both, equally. Case 4
- * (one holder, one receiver per task, on different rails) is left out: no
- * route keeps it on one rail. */
+ * program's hops between hosts of the paper's cases (bench scale, 16 MiB,
+ * the plan the library makes: split, deterministic budget) each take one
+ * rail (NIC index) at both ends: the sender's step says the same rail as the
+ * receiver's (rail_out, rail_in), the one the schedule charged
+ * (route_rails), and a hop between two devices of one rail keeps it (the
+ * emulated cluster's NIC k reaches NIC k by its route; the UCX runner sends
+ * and receives each hop on its rail's worker). Cases 1-3, 5-9 have no hop
+ * between rails at all; case 4 (one holder, one receiver per task, half the
+ * pairs on different rails) has 32 of 64, and the schedule spreads them over
+ * both rails. In cases 2, 3, 4 and 9 every sending host sends on both rails
+ * and every receiving host receives on both, equally (bytes as elements). */
 static void test_rails(void **state)
 {
     (void)state;
     static const struct {
-        int no, both;
+        int no, both, cross;
         pcase_t c;
     } cases[] = {
-        {1, 0, {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "S0RR", 2, {2, 4}, "S0RR", 0, 65408, 0}},
-        {2, 1, {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "RRR", 2, {2, 4}, "S0RR", 0, 65408, 0}},
-        {3, 1, {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "RS0R", 2, {2, 4}, "S0RR", 0, 65408, 0}},
-        {5, 0, {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "S1RR", 2, {2, 4}, "S0RR", 0, 65408, 0}},
-        {6, 0, {3, {612, 204, 34}, XMESH_I32, 2, {2, 4}, "S0RR", 2, {3, 4}, "S0RR", 0, 65408, 0}},
-        {7, 0, {3, {208, 208, 104}, XMESH_I32, 2, {1, 4}, "S1RR", 2, {2, 4}, "RRR", 0, 65408, 0}},
-        {8, 0, {3, {208, 208, 104}, XMESH_I32, 2, {2, 3}, "RRR", 2, {3, 2}, "RRR", 0, 65408, 0}},
-        {9, 1, {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "RS0R", 2, {2, 4}, "RRS0", 0, 65408, 0}},
+        {1,
+         0,
+         0,
+         {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "S0RR", 2, {2, 4}, "S0RR", 0, 65408, 0}},
+        {2,
+         1,
+         0,
+         {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "RRR", 2, {2, 4}, "S0RR", 0, 65408, 0}},
+        {3,
+         1,
+         0,
+         {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "RS0R", 2, {2, 4}, "S0RR", 0, 65408, 0}},
+        {4,
+         1,
+         1,
+         {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "RS01R", 2, {2, 4}, "S01RR", 0, 65408, 0}},
+        {5,
+         0,
+         0,
+         {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "S1RR", 2, {2, 4}, "S0RR", 0, 65408, 0}},
+        {6,
+         0,
+         0,
+         {3, {612, 204, 34}, XMESH_I32, 2, {2, 4}, "S0RR", 2, {3, 4}, "S0RR", 0, 65408, 0}},
+        {7,
+         0,
+         0,
+         {3, {208, 208, 104}, XMESH_I32, 2, {1, 4}, "S1RR", 2, {2, 4}, "RRR", 0, 65408, 0}},
+        {8, 0, 0, {3, {208, 208, 104}, XMESH_I32, 2, {2, 3}, "RRR", 2, {3, 2}, "RRR", 0, 65408, 0}},
+        {9,
+         1,
+         0,
+         {3, {208, 208, 104}, XMESH_I32, 2, {2, 4}, "RS0R", 2, {2, 4}, "RRS0", 0, 65408, 0}},
     };
     const int K = 2;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const pcase_t *c = &cases[i].c;
+        int no = cases[i].no;
         po_world_t w;
         po_world_init(c, &w);
         xm_cluster_t cl;
@@ -909,14 +937,37 @@ static void test_rails(void **state)
                               .strategy = XMESH_STRATEGY_BROADCAST};
         xm_schedule_t s;
         if (xm_schedule_plan(&w.ts, &cl, &so, 1, &s, NULL))
-            fail_msg("case %d: xm_schedule_plan: %s", cases[i].no, xmesh_last_error());
+            fail_msg("case %d: xm_schedule_plan: %s", no, xmesh_last_error());
+        assert_non_null(s.route_rails);
         for (int d = 0; d < w.hosts.ndev; d++)
             assert_int_equal(xm_cluster_nic_of(&cl, d) % K, runner_rail(&w.hosts, d, K));
         xm_prog_in_t in = po_prog_in(c, &w, &s);
+        in.nics = K;
         xm_chains_t ch;
         if (xm_chains_build(&in, &ch))
-            fail_msg("case %d: chains: %s", cases[i].no, xmesh_last_error());
-        int nh = w.hosts.nhosts;
+            fail_msg("case %d: chains: %s", no, xmesh_last_error());
+        /* Per hop id: the rail its sender's step says, its receiver's, the
+         * chain's bytes (elements) on it. */
+        int *rout = malloc(sizeof(int) * (ch.nhops + 1)),
+            *rin = malloc(sizeof(int) * (ch.nhops + 1));
+        assert_non_null(rout);
+        assert_non_null(rin);
+        for (int h = 0; h < ch.nhops; h++)
+            rout[h] = rin[h] = -2;
+        for (int r = 0; r < w.hosts.ndev; r++) {
+            xm_program_t pg;
+            if (xm_program_build(&in, &ch, r, &pg))
+                fail_msg("case %d: program of rank %d: %s", no, r, xmesh_last_error());
+            for (int k = 0; k < pg.nsteps; k++) {
+                const xm_pstep_t *st = &pg.steps[k];
+                if (st->hop_out >= 0)
+                    rout[st->hop_out] = st->rail_out;
+                if (st->hop_in >= 0)
+                    rin[st->hop_in] = st->rail_in;
+            }
+            xm_program_free(&pg);
+        }
+        int nh = w.hosts.nhosts, ncross = 0;
         double *snd = calloc((size_t)nh * K, sizeof *snd),
                *rcv = calloc((size_t)nh * K, sizeof *rcv);
         assert_non_null(snd);
@@ -925,28 +976,48 @@ static void test_rails(void **state)
             const xm_chain_t *cn = &ch.c[q];
             const int *d = ch.devs + cn->off;
             double b = (double)(cn->r1 - cn->r0);
-            for (int j = 0; j + 1 < cn->len; j++) {
-                int ha = w.hosts.host_of[d[j]], hb = w.hosts.host_of[d[j + 1]];
-                if (ha == hb)
+            for (int j = 0, hop = cn->hop0; j + 1 < cn->len; j++) {
+                if (d[j] == d[j + 1])
                     continue;
+                int ha = w.hosts.host_of[d[j]], hb = w.hosts.host_of[d[j + 1]], rl = rout[hop];
+                if (rl != rin[hop])
+                    fail_msg("case %d: chain %d (task %d) hop %d (%d -> %d): the sender says rail "
+                             "%d, the receiver %d",
+                             no, q, cn->task, hop, d[j], d[j + 1], rl, rin[hop]);
+                hop++;
+                if (ha == hb) {
+                    if (rl != -1)
+                        fail_msg("case %d: hop %d -> %d inside host %d has rail %d", no, d[j],
+                                 d[j + 1], ha, rl);
+                    continue;
+                }
                 int ra = runner_rail(&w.hosts, d[j], K), rb = runner_rail(&w.hosts, d[j + 1], K);
-                if (ra != rb)
-                    fail_msg("case %d: chain %d (task %d) hops %d (host %d, rail %d) -> %d (host "
-                             "%d, rail %d): between rails",
-                             cases[i].no, q, cn->task, d[j], ha, ra, d[j + 1], hb, rb);
-                snd[ha * K + ra] += b;
-                rcv[hb * K + rb] += b;
+                if (rl < 0 || rl >= K || (ra == rb && rl != ra) ||
+                    (ra != rb && rl != ra && rl != rb))
+                    fail_msg("case %d: chain %d (task %d) hop %d (host %d, rail %d) -> %d (host "
+                             "%d, rail %d) on rail %d",
+                             no, q, cn->task, d[j], ha, ra, d[j + 1], hb, rb, rl);
+                if (cn->route >= 0 && s.route_rails[s.routes[cn->route].off + j] != rl)
+                    fail_msg("case %d: chain %d hop %d: rail %d, the schedule charged %d", no, q, j,
+                             rl, s.route_rails[s.routes[cn->route].off + j]);
+                ncross += ra != rb;
+                snd[ha * K + rl] += b;
+                rcv[hb * K + rl] += b;
             }
         }
+        if (cases[i].cross ? ncross == 0 : ncross != 0)
+            fail_msg("case %d: %d hops between rails", no, ncross);
         for (int h = 0; cases[i].both && h < nh; h++)
             for (int dir = 0; dir < 2; dir++) {
                 const double *v = dir ? rcv : snd;
                 if (v[h * K] + v[h * K + 1] == 0)
                     continue;
                 if (v[h * K] != v[h * K + 1])
-                    fail_msg("case %d: host %d %s %.0f elements on rail 0, %.0f on rail 1",
-                             cases[i].no, h, dir ? "receives" : "sends", v[h * K], v[h * K + 1]);
+                    fail_msg("case %d: host %d %s %.0f elements on rail 0, %.0f on rail 1", no, h,
+                             dir ? "receives" : "sends", v[h * K], v[h * K + 1]);
             }
+        free(rout);
+        free(rin);
         free(snd);
         free(rcv);
         xm_chains_free(&ch);
