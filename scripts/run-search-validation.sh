@@ -55,6 +55,7 @@ args=(python3 "$root/microbench/search/validate.py" --train "$root/build/pipelin
       --hosts 4 --model-args "$model" --steps "${XMESH_SV_STEPS:-6}"
       --warmup "${XMESH_SV_WARMUP:-2}" --repeats "${XMESH_SV_REPEATS:-3}"
       --max-configs "${XMESH_SV_MAX_CONFIGS:-0}" --only "${XMESH_SV_ONLY:-}" --out "$out"
+      --nic-burst "$burst"
       "${space[@]}")
 if [ -n "${XMESH_SV_CLUSTER:-}" ]; then
     args+=(--cluster "$XMESH_SV_CLUSTER")
