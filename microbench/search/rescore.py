@@ -15,11 +15,18 @@ with a copy of each run's cluster file that has `nic_burst_bytes` (written under
 
 --json writes every prediction and the metrics, so two trees' models can be compared
 (--compare OLD.json prints the metrics of both side by side).
+
+A run still going (no validation.json yet) is re-assembled from what it has written: each
+runs/cNN-rK.log's command line (the model and configuration flags) and cNN-rK.json's step
+records (the median of the steps after --warmup, default 2 as the validation's; the
+configuration's time the median of its repeats, as validate.py does).
 """
 import argparse
 import concurrent.futures
+import glob
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -34,12 +41,79 @@ def cluster_of(run):
     p = os.path.join(run, "cluster-calibrated.txt")
     if os.path.exists(p):
         return p
-    with open(os.path.join(run, "validation.json")) as f:
-        q = json.load(f).get("cluster_file", "")
+    q = ""
+    if os.path.exists(os.path.join(run, "validation.json")):
+        with open(os.path.join(run, "validation.json")) as f:
+            q = json.load(f).get("cluster_file", "")
     if q and os.path.exists(q):
         return q
     raise SystemExit("rescore: %s has no cluster-calibrated.txt and its cluster_file %r is "
                      "missing" % (run, q))
+
+
+CFG_FLAGS = ("--layout", "--stage-mesh", "--stage-strategy", "--schedule", "--microbatches",
+             "--overlap")
+
+
+def assemble(run, warmup):
+    """validation.json's fields from a run's runs/cNN-rK.{log,json} (a run still going)."""
+    logs = sorted(glob.glob(os.path.join(run, "runs", "c*-r*.log")))
+    per = {}
+    model = None
+    for log in logs:
+        m = re.search(r"c(\d+)-r(\d+)\.log$", log)
+        with open(log) as f:
+            first = f.readline()
+        if not m or not first.startswith("$ "):
+            continue
+        cmd = shlex.split(first[2:])
+        if "gpt" not in cmd or "--layout" not in cmd:
+            continue
+        g = cmd.index("gpt")
+        lay = cmd.index("--layout")
+        model = model or " ".join(shlex.quote(x) for x in cmd[g + 1:lay])
+        flags = []
+        for k in CFG_FLAGS:
+            if k in cmd:
+                flags += [k, cmd[cmd.index(k) + 1]]
+        try:
+            with open(log[:-4] + ".json") as f:
+                st = json.load(f).get("steps", [])[warmup:]
+        except (OSError, ValueError):
+            continue
+        t = [x["step_seconds"] for x in st if x.get("step_seconds")]
+        r = [x["predicted_s"] / x["step_seconds"] for x in st
+             if x.get("predicted_s") and x.get("step_seconds")]
+        if not t:
+            continue
+        e = per.setdefault(int(m.group(1)), {"flags": flags, "reps": [], "pm": []})
+        e["reps"].append(statistics.median(t))
+        e["pm"] += r
+    if model is None:
+        raise SystemExit("rescore: %s has neither validation.json nor runs/*.log with a "
+                         "configuration" % run)
+    cfgs = []
+    for i, e in sorted(per.items()):
+        d = dict(zip(e["flags"][0::2], e["flags"][1::2]))
+        name = "%s / %s / %s / %s M%s%s" % (d["--layout"], d["--stage-mesh"],
+                                             d["--stage-strategy"], d["--schedule"],
+                                             d["--microbatches"],
+                                             " / " + d["--overlap"] if "--overlap" in d else "")
+        cfgs.append({"index": i, "name": name, "flags": e["flags"],
+                     "measured_s": statistics.median(e["reps"]),
+                     "measured_min_s": min(e["reps"]), "measured_max_s": max(e["reps"]),
+                     "repeats_s": e["reps"],
+                     "schedule_pred_over_meas": statistics.median(e["pm"]) if e["pm"] else None})
+    return {"model_args": model, "hosts": 4, "ranks": 8, "rate_mbit": None,
+            "configurations": cfgs}
+
+
+def load_run(run, warmup):
+    p = os.path.join(run, "validation.json")
+    if os.path.exists(p):
+        with open(p) as f:
+            return json.load(f)
+    return assemble(run, warmup)
 
 
 def predict(train, doc, flags, cluster, extra):
@@ -61,9 +135,8 @@ def group_key(name):
     return S, sched, m, strat, parts[1]
 
 
-def score(run, train, extra, jobs, burst, workdir):
-    with open(os.path.join(run, "validation.json")) as f:
-        doc = json.load(f)
+def score(run, train, extra, jobs, burst, workdir, warmup):
+    doc = load_run(run, warmup)
     cl = cluster_of(run)
     if burst:
         os.makedirs(workdir, exist_ok=True)
@@ -128,6 +201,8 @@ def main():
     ap.add_argument("--rows", action="store_true", help="print every configuration's pred/meas")
     ap.add_argument("--burst", default="", help="NIC token-bucket burst (tc units: 64kb; "
                     "default none) priced for every run")
+    ap.add_argument("--warmup", type=int, default=2, help="steps dropped per run when a run "
+                    "is re-assembled from runs/ (no validation.json yet)")
     ap.add_argument("--workdir", default="/tmp/rescore-clusters",
                     help="where the cluster files with a burst are written")
     a = ap.parse_args()
@@ -137,11 +212,8 @@ def main():
             old = {r["run"]: r for r in json.load(f)}
     out = []
     for run in a.runs:
-        if not os.path.exists(os.path.join(run, "validation.json")):
-            print("rescore: %s: no validation.json (yet), skipped" % run, file=sys.stderr)
-            continue
         res = score(run, a.train, shlex.split(a.plan_args), a.jobs,
-                    tc_size(a.burst) if a.burst else 0, a.workdir)
+                    tc_size(a.burst) if a.burst else 0, a.workdir, a.warmup)
         out.append(res)
         report(res, old.get(run))
         if a.rows:
