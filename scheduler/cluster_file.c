@@ -30,7 +30,7 @@ static xmesh_result_t apply(xm_cluster_t *x, int line, const char *key, const ch
     if (end == val || *end || errno || !isfinite(v))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster file line %d: %s = '%s' is not a number",
                       line, key, val);
-    if (v <= 0 && strcmp(key, "latency_us"))
+    if (v <= 0 && strcmp(key, "latency_us") && strcmp(key, "nic_burst_bytes"))
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT, "cluster file line %d: %s = %s must be > 0", line,
                       key, val);
     if (v < 0)
@@ -46,6 +46,8 @@ static xmesh_result_t apply(xm_cluster_t *x, int line, const char *key, const ch
         x->intra_Bps = v * 1e9 / 8;
     } else if (!strcmp(key, "latency_us")) {
         x->latency_s = v * 1e-6;
+    } else if (!strcmp(key, "nic_burst_bytes")) {
+        x->nic_burst_bytes = v;
     } else if (!strcmp(key, "nics_per_host") || !strcmp(key, "chunk_bytes")) {
         if (v != floor(v) || v > (strcmp(key, "nics_per_host") ? 1e15 : 64))
             return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
@@ -58,7 +60,8 @@ static xmesh_result_t apply(xm_cluster_t *x, int line, const char *key, const ch
     } else {
         return XM_ERR(XMESH_ERR_INVALID_ARGUMENT,
                       "cluster file line %d: unknown key '%s' (expected nic_gbps, nic_send_gbps, "
-                      "nic_recv_gbps, nics_per_host, intra_gbps, latency_us or chunk_bytes)",
+                      "nic_recv_gbps, nics_per_host, intra_gbps, latency_us, chunk_bytes or "
+                      "nic_burst_bytes)",
                       line, key);
     }
     return XMESH_SUCCESS;

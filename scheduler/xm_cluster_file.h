@@ -8,6 +8,7 @@
  *   intra_gbps     = 800
  *   latency_us     = 5
  *   chunk_bytes    = 1048576
+ *   nic_burst_bytes = 65536  # token-bucket burst of each NIC (>= 0; default 0: none)
  *
  * Keys not given keep the cluster's current values.
  *

@@ -19,16 +19,19 @@
 /* ------------------------------------------------------------ cluster */
 
 typedef struct xm_cluster {
-    xm_hostmap_t hosts;  /* device -> host (owned) */
-    int nics_per_host;   /* >= 1; device i of a host uses NIC (i % nics_per_host) */
-    double nic_send_Bps; /* per NIC, bytes/s */
-    double nic_recv_Bps; /* per NIC, bytes/s */
-    double intra_Bps;    /* device-to-device inside a host, bytes/s */
-    double latency_s;    /* per message (alpha) */
-    int64_t chunk_bytes; /* pipelining chunk of the broadcast chains */
-    int send_ahead;      /* chunk sends in flight per hop (>= 1): a hop's pipeline fill */
-    int forward_ahead;   /* the same on a NIC hop whose input is a NIC hop (>= 1) */
-    int sync_send;       /* chunks between hosts are synchronous sends (XMESH_SYNC_SEND) */
+    xm_hostmap_t hosts;     /* device -> host (owned) */
+    int nics_per_host;      /* >= 1; device i of a host uses NIC (i % nics_per_host) */
+    double nic_send_Bps;    /* per NIC, bytes/s */
+    double nic_recv_Bps;    /* per NIC, bytes/s */
+    double intra_Bps;       /* device-to-device inside a host, bytes/s */
+    double latency_s;       /* per message (alpha) */
+    int64_t chunk_bytes;    /* pipelining chunk of the broadcast chains */
+    int send_ahead;         /* chunk sends in flight per hop (>= 1): a hop's pipeline fill */
+    int forward_ahead;      /* the same on a NIC hop whose input is a NIC hop (>= 1) */
+    int sync_send;          /* chunks between hosts are synchronous sends (XMESH_SYNC_SEND) */
+    double nic_burst_bytes; /* token-bucket burst of each NIC (bytes a NIC idle long enough
+                             * sends at once, e.g. tc tbf `burst`); 0: none. Priced by the
+                             * pipeline simulator's boundary transfers (nic_burst_s) only */
 } xm_cluster_t;
 
 /* Chunks a hop of a pipelined chain of K chunks puts on its wire before the

@@ -16,7 +16,9 @@
 # the first 2 dropped: medians of 2 kept steps varied more);
 # the tiny check below took 80 s on a loaded one):
 #   XMESH_SV_STEPS [6]  XMESH_SV_WARMUP [2]  XMESH_SV_REPEATS [3]
-#   XMESH_SV_MAX_CONFIGS [0 = all]  XMESH_SV_RATE [200mbit]  XMESH_SV_BURST [64kb]
+#   XMESH_SV_MAX_CONFIGS [0 = all]  XMESH_SV_RATE [200mbit]  XMESH_SV_BURST [64kb] (the NICs'
+#     token bucket, cluster.sh -b; also written as nic_burst_bytes into the nic-burst model's
+#     cluster file, validate.py --nic-burst)
 #   XMESH_SV_ONLY (comma list of configuration indices, the table's #: a subset)
 #   XMESH_SV_MODEL ["--layers 4 --heads 4 --channels 128 --seq 64 --batch 16"]
 #   XMESH_SV_SPACE_SIZE [40] (generated configurations kept, spread over stage counts,
@@ -55,6 +57,7 @@ args=(python3 "$root/microbench/search/validate.py" --train "$root/build/pipelin
       --hosts 4 --model-args "$model" --steps "${XMESH_SV_STEPS:-6}"
       --warmup "${XMESH_SV_WARMUP:-2}" --repeats "${XMESH_SV_REPEATS:-3}"
       --max-configs "${XMESH_SV_MAX_CONFIGS:-0}" --only "${XMESH_SV_ONLY:-}" --out "$out"
+      --nic-burst "$burst"
       "${space[@]}")
 if [ -n "${XMESH_SV_CLUSTER:-}" ]; then
     args+=(--cluster "$XMESH_SV_CLUSTER")

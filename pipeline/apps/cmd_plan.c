@@ -63,7 +63,8 @@ static void plan_usage(void)
            "                      overlap (--overlap ignored), cpu (no CPU sharing between\n"
            "                      stages: the cluster file's cpuset records ignored),\n"
            "                      step (compute from the kernel records alone: the\n"
-           "                      cluster file's gptstep record ignored)\n"
+           "                      cluster file's gptstep record ignored), burst (the\n"
+           "                      cluster file's nic_burst_bytes ignored)\n"
            "  --overlap LIST      the run's overlap switches (as xmesh-train gpt --overlap);\n"
            "                      modelled: defer-grad (gradient reductions overlap their\n"
            "                      latencies); the others are accepted, not modelled\n"
@@ -300,15 +301,16 @@ static int fill_search_opts(const plan_opts_t *p, const xm_costmodel_t *cm, cons
         return -1;
     if (p->schedules && parse_list("--schedules", p->schedules, kn, 3, &so->schedules))
         return -1;
-    static const char *const an[] = {"boundary", "share", "overlap", "cpu", "step"};
+    static const char *const an[] = {"boundary", "share", "overlap", "cpu", "step", "burst"};
     unsigned ab = 0;
-    if (p->ablate && parse_list("--ablate", p->ablate, an, 5, &ab))
+    if (p->ablate && parse_list("--ablate", p->ablate, an, 6, &ab))
         return -1;
     so->no_boundary = !!(ab & 1u);
     so->no_share = !!(ab & 2u);
     so->no_overlap = !!(ab & 4u);
     so->no_cpu_share = !!(ab & 8u);
     so->no_step = !!(ab & 16u);
+    so->no_burst = !!(ab & 32u);
     if (p->overlap) {
         xmp_overlap_t ov;
         if (xmp_overlap_parse(p->overlap, &ov))

@@ -104,6 +104,10 @@ static int eval_ctx(ctx_t *x, const int *nb, const int *oi, xmp_search_cand_t *c
         return xmp_search__ctx_fail(x, "schedule %s S=%d M=%d: %s", xmp_sched_kind_name(c->sched),
                                     S, x->M, msg);
     xmp_sim_costs_t sc = {.f = f, .b = b, .xfer = xfer, .r = rmax, .o = omax, .share_nic = 1};
+    /* the NICs' token buckets (cluster file nic_burst_bytes): seconds at the slower direction */
+    const xm_cluster_t *cl = x->o->cluster;
+    if (cl && cl->nic_burst_bytes > 0 && !x->o->no_burst)
+        sc.nic_burst_s = cl->nic_burst_bytes / fmin(cl->nic_send_Bps, cl->nic_recv_Bps);
     xmp_sim_result_t res;
     memset(&res, 0, sizeof res);
     double compf[XMP_SEARCH_MAX_STAGES], compb[XMP_SEARCH_MAX_STAGES];

@@ -84,6 +84,10 @@ typedef struct {
      * kernel records alone (otherwise scaled by the record's measured step over the same
      * model priced from the kernels; calib/gptstep.h, xmp_gptstep_t) */
     int no_step;
+    /* the ablation that ignores the cluster's nic_burst_bytes (the NICs' token buckets: a
+     * boundary transfer leaving an idle NIC sends up to the burst at once; xmp_sim_costs_t
+     * nic_burst_s) */
+    int no_burst;
 } xmp_search_opts_t;
 
 typedef struct {

@@ -24,7 +24,8 @@ int xmp_search__plan_seconds(int nranks, int hosts, const xm_cluster_t *cluster,
  * ranks (and !off), each F and B action's compute is scaled by its own CPU factor (more than
  * one stage): its span of the timeline is cut where any stage's compute starts or ends, each
  * piece priced by xm_cost_cpu_share (the largest over the stage's ranks) with the ranks of the
- * other stages computing there busy (at their compute fraction) and the others waiting, and
+ * other stages computing there busy (at their compute fraction), those in their optimizer step
+ * (O, element-wise compute) busy and the others waiting, and
  * the action's factor is its span / the work it does (the rate averaged over time, not the
  * ranks competing: processor sharing at the fixed point; issue 40), passed to the simulator
  * as xmp_sim_costs_t.act_add. Found by a damped fixed-point iteration (a stage that idles in

@@ -75,7 +75,8 @@ static int cmp_double(const void *a, const void *b)
 /* CPU factors from res's timeline, time-resolved: the compute time is cut at every start and
  * end of any stage's compute action; in each piece, a stage s computing there gets the largest
  * over its ranks of xm_cost_cpu_share with s's ranks busy and every other stage's ranks busy
- * at that stage's compute fraction cf[h] when it is in a compute action there, else waiting;
+ * at that stage's compute fraction cf[h] when it is in a compute action there, busy (1) in its
+ * optimizer step (O: AdamW, element-wise compute, not a wait), else waiting;
  * the work s does in the piece is its length / that factor (its rate against the calibrated
  * one). factor[s]: s's compute time / its work; afac (NULL: not wanted; else a row per stage,
  * indexed as res->acts[s]): the same per compute action (1 for the others). So a stage that
@@ -103,12 +104,14 @@ static void share_factors(const xmp_sim_result_t *res, int S, const double *cf, 
         return;
     }
     int n = 0, at[XMP_SEARCH_MAX_STAGES], on[XMP_SEARCH_MAX_STAGES];
+    int ot[XMP_SEARCH_MAX_STAGES], opt[XMP_SEARCH_MAX_STAGES];
     double work[XMP_SEARCH_MAX_STAGES], tot[XMP_SEARCH_MAX_STAGES];
     for (int s = 0; s < S; s++) {
-        at[s] = 0;
+        at[s] = ot[s] = 0;
         work[s] = tot[s] = 0;
         for (int i = 0; i < res->len[s]; i++)
-            if (is_compute(&res->acts[s][i]) && res->t1[s][i] > res->t0[s][i]) {
+            if ((is_compute(&res->acts[s][i]) || res->acts[s][i].kind == XMP_ACT_O) &&
+                res->t1[s][i] > res->t0[s][i]) {
                 pt[n++] = res->t0[s][i];
                 pt[n++] = res->t1[s][i];
             }
@@ -124,13 +127,21 @@ static void share_factors(const xmp_sim_result_t *res, int S, const double *cf, 
                    (!is_compute(&res->acts[s][at[s]]) || res->t1[s][at[s]] <= mid))
                 at[s]++;
             on[s] = at[s] < res->len[s] && res->t0[s][at[s]] <= mid;
+            /* in its optimizer step (element-wise compute: busy, not waiting) */
+            while (ot[s] < res->len[s] &&
+                   (res->acts[s][ot[s]].kind != XMP_ACT_O || res->t1[s][ot[s]] <= mid))
+                ot[s]++;
+            opt[s] = ot[s] < res->len[s] && res->t0[s][ot[s]] <= mid;
         }
         for (int s = 0; s < S; s++) {
             if (!on[s])
                 continue;
             for (int h = 0; h < S; h++)
                 for (int q = rank0[h]; q < rank0[h] + nr[h] && q < nranks; q++)
-                    busy[q] = h == s ? 1.0 : on[h] ? fmin(1.0, fmax(0.0, cf[h])) : 0.0;
+                    busy[q] = h == s   ? 1.0
+                              : on[h]  ? fmin(1.0, fmax(0.0, cf[h]))
+                              : opt[h] ? 1.0
+                                       : 0.0;
             double worst = 0;
             for (int q = rank0[s]; q < rank0[s] + nr[s] && q < nranks; q++) {
                 double g = 1;

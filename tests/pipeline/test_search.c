@@ -222,6 +222,83 @@ static void test_one_rank(void)
            total, 16.0 * (double)total, 4.0 * (double)total, m3d, c.mem_param_bytes);
 }
 
+/* The cluster's NIC burst (nic_burst_bytes) reaches the search's simulator as nic_burst_s =
+ * bytes / the slower NIC direction: two one-rank stages on two hosts, 1F1B M=2, no cpuset
+ * records (the plain simulation), so the step must equal xmp_sim_run of the same schedule fed
+ * the candidate's own stage costs and boundary time with that burst; half a transfer's burst
+ * shortens the step; --ablate burst (no_burst) and burst 0 price as before. */
+static double replay(const xmp_search_cand_t *c, double burst_s)
+{
+    xmp_sedge_t edges[XMP_SEARCH_MAX_STAGES];
+    int ne = xmp_sched_chain_edges(c->nstages, edges);
+    xmp_schedule_t *sch = NULL;
+    char msg[256];
+    if (xmp_sched_generate(c->sched, c->nstages, c->M, ne, edges, NULL, &sch, msg, sizeof msg)) {
+        CHECK(0, "schedule: %s", msg);
+        return NAN;
+    }
+    double xfer[2] = {c->boundary_s, c->boundary_s}, r = 0, o = 0;
+    for (int s = 0; s < c->nstages; s++) {
+        r = fmax(r, c->stage_r_s[s]);
+        o = fmax(o, c->stage_o_s[s]);
+    }
+    xmp_sim_costs_t k = {.f = c->stage_f_s,
+                         .b = c->stage_b_s,
+                         .xfer = xfer,
+                         .r = r,
+                         .o = o,
+                         .share_nic = 1,
+                         .nic_burst_s = burst_s};
+    xmp_sim_result_t res;
+    double t = NAN;
+    if (xmp_sim_run(sch, &k, &res, msg, sizeof msg) == 0)
+        t = res.step_s;
+    else
+        CHECK(0, "simulator: %s", msg);
+    xmp_sim_result_free(&res);
+    xmp_sched_destroy(sch);
+    return t;
+}
+
+static void test_burst(void)
+{
+    xm_cluster_t keep = g_cl;
+    g_cl.nic_send_Bps = 25e6; /* 200 Mbit/s out, 400 in: the burst is timed at the slower */
+    g_cl.nic_recv_Bps = 50e6;
+    xmp_search_opts_t o;
+    base_opts(&o, 2, 2, 32, 64, 4, 16, 2, 2);
+    xmp_search_cand_t c;
+    memset(&c, 0, sizeof c);
+    c.nstages = 2;
+    c.M = 2;
+    c.sched = XMP_SCHED_1F1B;
+    c.nblocks[0] = c.nblocks[1] = 1;
+    c.ndim[0] = c.ndim[1] = 1;
+    c.shape[0][0] = c.shape[1][0] = 1;
+    char err[512];
+    g_cl.nic_burst_bytes = 0;
+    CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "%s", err);
+    double step0 = c.step_s, e = c.boundary_s;
+    CHECK(e > 0 && rel_eq(step0, replay(&c, 0)), "no burst: step %.9g, replayed %.9g (x %g)", step0,
+          replay(&c, 0), e);
+    /* half a transfer's bytes at the slower direction */
+    g_cl.nic_burst_bytes = 0.5 * e * 25e6;
+    CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "%s", err);
+    double step1 = c.step_s;
+    CHECK(rel_eq(step1, replay(&c, 0.5 * e)), "burst %.0f B: step %.9g, replayed with %g s %.9g",
+          g_cl.nic_burst_bytes, step1, 0.5 * e, replay(&c, 0.5 * e));
+    CHECK(step1 < step0 - 0.5 * e,
+          "burst: step %.9g, without %.9g (x %g: two transfers on the "
+          "critical path)",
+          step1, step0, e);
+    o.no_burst = 1;
+    CHECK(xmp_search_gpt_eval(&o, &c, err, sizeof err) == 0, "%s", err);
+    CHECK(rel_eq(c.step_s, step0), "no_burst: step %.9g, without a burst %.9g", c.step_s, step0);
+    printf("  burst: x %.6g s, step %.6g s -> %.6g s with %.0f B\n", e, step0, step1,
+           g_cl.nic_burst_bytes);
+    g_cl = keep;
+}
+
 /* The search's results: consistent with eval, flags that build. */
 static void test_search_results(void)
 {
@@ -389,6 +466,7 @@ int main(int argc, char **argv)
     }
     test_geometry();
     test_one_rank();
+    test_burst();
     test_errors();
     test_search_results();
     test_dp_exhaustive(seed);

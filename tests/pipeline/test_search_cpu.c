@@ -16,6 +16,8 @@
  *    hand: step 2.0, factor 0.75 per stage (1.5 s computing for 2.0 s of calibrated work);
  *    wait 0.5: 2.5, 0.875. One factor per stage gave 2.25 and 2.625; the simulator's
  *    per-action seconds (act_add) by hand: F -0.1, B +0.2 on f 0.3, b 0.7: step 1.1;
+ *  - a stage in its optimizer step (O, element-wise compute) counts busy for the stages sharing
+ *    its cpu, not waiting: GPipe M=1 with o 0.4 by hand, step 1.6 (1.4 when O was a wait);
  *  - the sync term (cpuset's fifth field): parsed, written, refused when negative; by hand,
  *    xm_cost_cpu_sync (sync x the probability another rank of the set computes) and one stage
  *    of two ranks on one cpu with 2 + 3 collectives per microbatch and sync 10 ms: the partner
@@ -303,6 +305,50 @@ static void test_sim_per_action(void)
     }
 }
 
+/* A stage in its optimizer step (O: AdamW, element-wise compute) is busy, not waiting: two
+ * one-rank stages on one cpu, waiting rank takes nothing, GPipe M=1, f 0.3, b 0.7, o 0.4 per
+ * stage, r 0; calibrated rate (every rank busy) 1/2 cpu, so a stage alone runs at twice it.
+ * By hand: s0 F0 alone 0.15; s1 F0 alone 0.15 (0.3), B0 alone 0.35 (0.65), then s1's O 0.4
+ * (to 1.05, not scaled); s0 B0 from 0.65 shares the cpu with that O for 0.4 s (0.4 of its 0.7
+ * of calibrated work), the other 0.3 alone in 0.15 s: ends 1.2, its O to 1.6: step 1.6, B0's
+ * span 0.55. Counting the O as a wait (before): B0 alone 0.35, step 0.65 + 0.35 + 0.4 = 1.4. */
+static void test_sim_optimizer_busy(void)
+{
+    int both[2] = {0, 1};
+    xm_costmodel_t *m = xm_costmodel_create();
+    EXPECT(xm_costmodel_add_cpuset(m, 1, both, 2, 0) == XMESH_SUCCESS, "%s", xmesh_last_error());
+    xmp_sedge_t edges[1];
+    int ne = xmp_sched_chain_edges(2, edges);
+    xmp_schedule_t *sch = NULL;
+    char err[256];
+    EXPECT(xmp_sched_generate(XMP_SCHED_GPIPE, 2, 1, ne, edges, NULL, &sch, err, sizeof err) == 0,
+           "%s", err);
+    if (sch) {
+        double f[2] = {0.3, 0.3}, b[2] = {0.7, 0.7}, xfer[2] = {0, 0}, fac[2];
+        xmp_sim_costs_t c = {.f = f, .b = b, .xfer = xfer, .o = 0.4};
+        int rank0[2] = {0, 1}, nr[2] = {1, 1};
+        xmp_sim_result_t res;
+        memset(&res, 0, sizeof res);
+        int r = xmp_search__sim_shared(sch, &c, 2, f, b, NULL, NULL, rank0, nr, 2, m, 0, fac, NULL,
+                                       &res, err, sizeof err);
+        EXPECT(r == 0, "simulation: %d %s", r, err);
+        double b0 = -1, o1 = -1;
+        for (int i = 0; r == 0 && i < res.len[0]; i++)
+            if (res.acts[0][i].kind == XMP_ACT_B)
+                b0 = res.t1[0][i] - res.t0[0][i];
+        for (int i = 0; r == 0 && i < res.len[1]; i++)
+            if (res.acts[1][i].kind == XMP_ACT_O)
+                o1 = res.t0[1][i];
+        EXPECT(r == 0 && near(res.step_s, 1.6, 1e-4) && near(b0, 0.55, 1e-4) &&
+                   near(o1, 0.65, 1e-4),
+               "optimizer busy: step %g (want 1.6), s0 B0 %g s (want 0.55), s1 O at %g (want 0.65)",
+               res.step_s, b0, o1);
+        xmp_sim_result_free(&res);
+        xmp_sched_destroy(sch);
+    }
+    xm_costmodel_destroy(m);
+}
+
 /* One stage of two ranks on one cpu, GPipe M=1, compute only (f 0.3, b 0.7), 2 collectives in
  * the forward and 3 in the backward. */
 static void sync_case(const xm_costmodel_t *cost, int off, double *step, double *sync_s)
@@ -352,6 +398,7 @@ int main(void)
     test_share();
     test_sim();
     test_sim_per_action();
+    test_sim_optimizer_busy();
     test_act_add();
     test_sync();
     if (g_fail) {

@@ -24,6 +24,7 @@ static void test_apply(void **state)
 {
     (void)state;
     xm_cluster_t c = fresh();
+    assert_true(c.nic_burst_bytes == 0); /* no token bucket unless a file says so */
     const char *text = "# fitted 2026-11-22\n"
                        "nic_send_gbps = 0.2   # shaper rate\n"
                        "nic_recv_gbps=0.4\n"
@@ -31,7 +32,8 @@ static void test_apply(void **state)
                        "nics_per_host = 2\n"
                        "intra_gbps = 16\n"
                        "latency_us = 35.5\n"
-                       "chunk_bytes = 65536\r\n";
+                       "chunk_bytes = 65536\r\n"
+                       "nic_burst_bytes = 65536  # tc tbf burst 64kb\n";
     assert_int_equal(xm_cluster_parse(text, &c), XMESH_SUCCESS);
     assert_true(c.nic_send_Bps == 0.2e9 / 8);
     assert_true(c.nic_recv_Bps == 0.4e9 / 8);
@@ -39,6 +41,10 @@ static void test_apply(void **state)
     assert_true(c.intra_Bps == 16e9 / 8);
     assert_true(c.latency_s > 35.49e-6 && c.latency_s < 35.51e-6);
     assert_int_equal(c.chunk_bytes, 65536);
+    assert_true(c.nic_burst_bytes == 65536);
+    /* 0 is allowed (no burst) and a later value replaces an earlier one */
+    assert_int_equal(xm_cluster_parse("nic_burst_bytes = 0\n", &c), XMESH_SUCCESS);
+    assert_true(c.nic_burst_bytes == 0);
     xm_cluster_free(&c);
 }
 
@@ -59,6 +65,8 @@ static void test_bad(void **state)
     expect_bad("nic_gbps = fast\n", "nic_gbps = 'fast' is not a number");
     expect_bad("nic_gbps = 0\n", "must be > 0");
     expect_bad("latency_us = -1\n", "must be >= 0");
+    expect_bad("nic_burst_bytes = -65536\n", "nic_burst_bytes = -65536 must be >= 0");
+    expect_bad("nic_burst_bytes = 64kb\n", "nic_burst_bytes = '64kb' is not a number");
     expect_bad("nics_per_host = 1.5\n", "whole number");
     expect_bad("nics_per_host = 1000\n", "whole number");
     expect_bad("nic_gbps 10\n", "line 1: 'nic_gbps 10' is not of the form key = value");
