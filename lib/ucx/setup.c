@@ -234,6 +234,21 @@ static xmesh_result_t compile(xmesh_plan_t p, xu_exec_t *x)
         return XM_ERR(XMESH_ERR_NO_MEMORY, "plan setup: out of memory");
     XM_INFO("plan setup (ucx): rank %d: %d tasks, %d steps, %lld staging bytes, window %d", x->rank,
             x->prog.ntasks, x->prog.nsteps, (long long)x->stage_bytes, x->window);
+    if (xm_log_level() >= XM_LOG_INFO) { /* bytes this rank sends to other hosts, per rail */
+        char line[256] = "";
+        int64_t by[4] = {0};
+        for (int i = 0; i < x->prog.nsteps; i++) {
+            const xm_pstep_t *s = &x->prog.steps[i];
+            if (s->next >= 0 && hm->host_of[s->next] != me && s->rail_out >= 0)
+                by[s->rail_out % 4] += s->bytes;
+        }
+        for (int k = 0; k < x->nlanes && k < 4; k++) {
+            size_t l = strlen(line);
+            snprintf(line + l, sizeof line - l, "%s%lld", k ? ", " : "", (long long)by[k]);
+        }
+        XM_INFO("plan setup (ucx): rank %d sends to other hosts, bytes per rail (mod 4): %s",
+                x->rank, line);
+    }
     return XMESH_SUCCESS;
 }
 

@@ -931,6 +931,9 @@ static void test_rails(void **state)
         cl.nics_per_host = K;
         cl.nic_send_Bps = cl.nic_recv_Bps = 0.1e9 / 8;
         cl.chunk_bytes = c->chunk;
+        /* the library's defaults (XMESH_SYNC_SEND=1: 4 chunks ahead) */
+        cl.sync_send = 1;
+        cl.send_ahead = cl.forward_ahead = 4;
         xm_sched_opts_t so = {.kind = XMESH_SCHEDULER_ENSEMBLE,
                               .max_evals = 20000,
                               .seed = 1,
