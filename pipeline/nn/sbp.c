@@ -379,3 +379,35 @@ xmesh_result_t xmp_tensor_fill_from_full(xmp_tensor_t *t, const void *full)
     xmp_copy_box(t->ndim, t->lshape, full, t->shape, t->loff, t->data, t->lshape, zero, 4);
     return XMESH_SUCCESS;
 }
+
+xmesh_result_t xmp_check_f32(const xmp_tensor_t *t, const char *op, const char *name)
+{
+    if (!t)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, name);
+    if (t->dtype != XMESH_F32)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s, expected f32", op, name,
+                       xmesh_dtype_name(t->dtype));
+    return XMESH_SUCCESS;
+}
+
+xmesh_result_t xmp_same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, const char *op)
+{
+    if (a->mesh != b->mesh)
+        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: operands '%s' and '%s' on different meshes",
+                       op, a->spec, b->spec);
+    return XMESH_SUCCESS;
+}
+
+void xmp_sbp_all_b(xmp_sbp_t *s)
+{
+    for (int a = 0; a < XMP_MAX_MESH_DIMS; a++)
+        s[a] = xmp_sbp_b();
+}
+
+int64_t xmp_prod(const int64_t *s, int lo, int hi)
+{
+    int64_t v = 1;
+    for (int d = lo; d < hi; d++)
+        v *= s[d];
+    return v;
+}

@@ -276,6 +276,14 @@ xmesh_result_t xmp_box_inplace(xmp_tensor_t *t, const xmp_sbp_t *dst);
 
 /* Helpers shared by the nn/ sources (not for model code). */
 xmesh_result_t xmp_sbp_check(const xmp_mesh_t *m, int ndim, const xmp_sbp_t *sbp, const char *what);
+/* op's operand `name`: refused when NULL or not f32 (the message names op, operand, dtype). */
+xmesh_result_t xmp_check_f32(const xmp_tensor_t *t, const char *op, const char *name);
+/* op's operands a and b: refused when on different meshes. */
+xmesh_result_t xmp_same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, const char *op);
+/* Every axis (XMP_MAX_MESH_DIMS) of s B. */
+void xmp_sbp_all_b(xmp_sbp_t *s);
+/* Product of s[lo..hi). */
+int64_t xmp_prod(const int64_t *s, int lo, int hi);
 void xmp_sbp_string(const xmp_sbp_t *sbp, int mesh_ndim, char *buf, size_t n);
 /* Copies a box of extent ext from src (shape ss) at lo_s to dst (shape ds)
  * at lo_d, row-major, esz-byte elements. */

@@ -23,14 +23,6 @@ static xmesh_result_t check_t(const xmp_tensor_t *t, int ndim, const char *op, c
     return XMESH_SUCCESS;
 }
 
-static xmesh_result_t same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, const char *op)
-{
-    if (a->mesh != b->mesh)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: operands '%s' and '%s' on different meshes",
-                       op, a->spec, b->spec);
-    return XMESH_SUCCESS;
-}
-
 /* Refuses S(d) with d >= first on a feature map (spatial split: halos needed). */
 static xmesh_result_t no_spatial(const xmp_tensor_t *t, int first, const char *op, const char *name)
 {
@@ -42,12 +34,6 @@ static xmesh_result_t no_spatial(const xmp_tensor_t *t, int first, const char *o
                            "split the batch (S(0)) or the channels instead",
                            op, name, t->spec, t->sbp[a].dim, a);
     return XMESH_SUCCESS;
-}
-
-static void all_b(xmp_sbp_t *s)
-{
-    for (int a = 0; a < NAX; a++)
-        s[a] = xmp_sbp_b();
 }
 
 static xmp_sbp_t grad_of(xmp_sbp_t s)
@@ -92,9 +78,9 @@ static xmesh_result_t conv_deduce(const xmp_tensor_t *x, const xmp_tensor_t *w, 
     xmesh_result_t r;
     if ((r = no_spatial(x, 2, op, "input x")))
         return r;
-    all_b(tx);
-    all_b(tw);
-    all_b(ty);
+    xmp_sbp_all_b(tx);
+    xmp_sbp_all_b(tw);
+    xmp_sbp_all_b(ty);
     for (int a = 0; a < x->mesh->ndim; a++) {
         xmp_sbp_t sx = x->sbp[a], sw = w->sbp[a];
         if (sw.kind == XMP_S && sw.dim >= 2)
@@ -124,9 +110,10 @@ static xmesh_result_t conv_check(const xmp_tensor_t *x, const xmp_tensor_t *w,
                                  xmp_unet_conv2d_t *g)
 {
     xmesh_result_t r;
-    if ((r = check_t(x, 4, op, "x")) || (r = check_t(w, 4, op, "w")) || (r = same_mesh(x, w, op)))
+    if ((r = check_t(x, 4, op, "x")) || (r = check_t(w, 4, op, "w")) ||
+        (r = xmp_same_mesh(x, w, op)))
         return r;
-    if (b && ((r = check_t(b, 1, op, "b")) || (r = same_mesh(x, b, op))))
+    if (b && ((r = check_t(b, 1, op, "b")) || (r = xmp_same_mesh(x, b, op))))
         return r;
     if (w->shape[1] != x->shape[1])
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: weight has %lld input channels, x has %lld",
@@ -168,7 +155,7 @@ xmesh_result_t xmp_conv2d_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: y is NULL", op);
     if ((r = conv_check(x, w, b, stride, pad, op, &g)) || (r = conv_deduce(x, w, tx, tw, ty, op)))
         return r;
-    all_b(tb);
+    xmp_sbp_all_b(tb);
     for (int a = 0; a < x->mesh->ndim; a++)
         if (ty[a].kind == XMP_S && ty[a].dim == 1)
             tb[a] = xmp_sbp_s(0);
@@ -228,9 +215,9 @@ xmesh_result_t xmp_conv2d_backward_input(const xmp_tensor_t *dy, const xmp_tenso
     if (!dx)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dx is NULL", op);
     if ((r = conv_check(x, w, NULL, stride, pad, op, &g)) || (r = check_t(dy, 4, op, "dy")) ||
-        (r = same_mesh(x, dy, op)) || (r = conv_deduce(x, w, tx, tw, ty, op)))
+        (r = xmp_same_mesh(x, dy, op)) || (r = conv_deduce(x, w, tx, tw, ty, op)))
         return r;
-    all_b(tdx);
+    xmp_sbp_all_b(tdx);
     for (int a = 0; a < NAX; a++) {
         tdy[a] = grad_of(ty[a]);
         if (a >= x->mesh->ndim)
@@ -280,10 +267,10 @@ xmesh_result_t xmp_conv2d_backward_weight(const xmp_tensor_t *dy, const xmp_tens
     if (!dw)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dw is NULL", op);
     if ((r = conv_check(x, w, NULL, stride, pad, op, &g)) || (r = check_t(dy, 4, op, "dy")) ||
-        (r = same_mesh(x, dy, op)) || (r = conv_deduce(x, w, tx, tw, ty, op)))
+        (r = xmp_same_mesh(x, dy, op)) || (r = conv_deduce(x, w, tx, tw, ty, op)))
         return r;
-    all_b(tdw);
-    all_b(tdb);
+    xmp_sbp_all_b(tdw);
+    xmp_sbp_all_b(tdb);
     for (int a = 0; a < NAX; a++) {
         tdy[a] = grad_of(ty[a]);
         if (a >= x->mesh->ndim)
@@ -355,15 +342,15 @@ static xmesh_result_t gn_deduce(const xmp_tensor_t *x, const xmp_tensor_t *gamma
 {
     xmesh_result_t r;
     if ((r = check_t(x, 4, op, "x")) || (r = check_t(gamma, 1, op, "gamma")) ||
-        (r = same_mesh(x, gamma, op)) || (r = no_spatial(x, 2, op, "input x")))
+        (r = xmp_same_mesh(x, gamma, op)) || (r = no_spatial(x, 2, op, "input x")))
         return r;
     if (groups < 1 || x->shape[1] % groups != 0 || gamma->shape[0] != x->shape[1])
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
                        "%s: groups %d must divide the %lld channels (gamma has %lld)", op, groups,
                        (long long)x->shape[1], (long long)gamma->shape[0]);
-    all_b(tx);
-    all_b(tg);
-    all_b(ts);
+    xmp_sbp_all_b(tx);
+    xmp_sbp_all_b(tg);
+    xmp_sbp_all_b(ts);
     for (int a = 0; a < x->mesh->ndim; a++) {
         xmp_sbp_t s = x->sbp[a];
         if (s.kind == XMP_S) {
@@ -496,7 +483,7 @@ xmesh_result_t xmp_groupnorm_forward(const xmp_tensor_t *x, const xmp_tensor_t *
     if (!y || !cache)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: y or cache is NULL", op);
     if ((r = gn_deduce(x, gamma, groups, tx, tg, ts, &span, op)) ||
-        (r = check_t(beta, 1, op, "beta")) || (r = same_mesh(x, beta, op)))
+        (r = check_t(beta, 1, op, "beta")) || (r = xmp_same_mesh(x, beta, op)))
         return r;
     if (beta->shape[0] != x->shape[1])
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: beta has %lld entries, x %lld channels", op,
@@ -556,9 +543,9 @@ xmesh_result_t xmp_groupnorm_backward(const xmp_tensor_t *dy, const xmp_tensor_t
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT,
                        "%s: needs the cache and dx and/or both of dgamma, dbeta", op);
     if ((r = gn_deduce(x, gamma, groups, tx, tg, ts, &span, op)) ||
-        (r = check_t(dy, 4, op, "dy")) || (r = same_mesh(x, dy, op)))
+        (r = check_t(dy, 4, op, "dy")) || (r = xmp_same_mesh(x, dy, op)))
         return r;
-    all_b(tdg);
+    xmp_sbp_all_b(tdg);
     for (int a = 0; a < x->mesh->ndim; a++)
         if (tx[a].kind == XMP_S)
             tdg[a] = tx[a].dim == 0 ? xmp_sbp_p() : xmp_sbp_s(0);
@@ -613,7 +600,7 @@ out_dy:
 
 static void used_no_p(const xmp_tensor_t *x, xmp_sbp_t *t)
 {
-    all_b(t);
+    xmp_sbp_all_b(t);
     for (int a = 0; a < x->mesh->ndim; a++)
         t[a] = x->sbp[a].kind == XMP_P ? xmp_sbp_b() : x->sbp[a];
 }
@@ -645,7 +632,7 @@ xmesh_result_t xmp_silu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, 
     if (!dx)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dx is NULL", op);
     if ((r = check_t(x, 0, op, "x")) || (r = check_t(dy, x->ndim, op, "dy")) ||
-        (r = same_mesh(x, dy, op)))
+        (r = xmp_same_mesh(x, dy, op)))
         return r;
     used_no_p(x, tx);
     xmp_tensor_t bx, bdy, o;
@@ -695,9 +682,9 @@ xmesh_result_t xmp_upsample2x_backward(const xmp_tensor_t *dy, const xmp_tensor_
     if (!dx)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dx is NULL", op);
     if ((r = check_t(x, 4, op, "x")) || (r = check_t(dy, 4, op, "dy")) ||
-        (r = same_mesh(x, dy, op)) || (r = no_spatial(x, 2, op, "input x")))
+        (r = xmp_same_mesh(x, dy, op)) || (r = no_spatial(x, 2, op, "input x")))
         return r;
-    all_b(tg);
+    xmp_sbp_all_b(tg);
     for (int a = 0; a < x->mesh->ndim; a++)
         tg[a] = grad_of(x->sbp[a]);
     xmp_tensor_t bdy, o;
@@ -719,12 +706,13 @@ static xmesh_result_t cat_deduce(const xmp_tensor_t *a, const xmp_tensor_t *b, x
                                  const char *op)
 {
     xmesh_result_t r;
-    if ((r = check_t(a, 4, op, "a")) || (r = check_t(b, 4, op, "b")) || (r = same_mesh(a, b, op)))
+    if ((r = check_t(a, 4, op, "a")) || (r = check_t(b, 4, op, "b")) ||
+        (r = xmp_same_mesh(a, b, op)))
         return r;
     if (a->shape[0] != b->shape[0] || a->shape[2] != b->shape[2] || a->shape[3] != b->shape[3])
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: a and b differ in batch or spatial size",
                        op);
-    all_b(t);
+    xmp_sbp_all_b(t);
     for (int ax = 0; ax < a->mesh->ndim; ax++) {
         xmp_sbp_t s[2] = {a->sbp[ax], b->sbp[ax]};
         int s0 = 0, bb = 0;
@@ -781,7 +769,7 @@ xmesh_result_t xmp_concat_backward(const xmp_tensor_t *dy, const xmp_tensor_t *a
     xmp_sbp_t t[NAX];
     xmesh_result_t r;
     if ((r = cat_deduce(a, b, t, op)) || (r = check_t(dy, 4, op, "dy")) ||
-        (r = same_mesh(a, dy, op)))
+        (r = xmp_same_mesh(a, dy, op)))
         return r;
     for (int ax = 0; ax < NAX; ax++)
         t[ax] = grad_of(t[ax]);
@@ -813,7 +801,7 @@ out:
 /* Maps the SBP of an NCHW tensor to that of its (N, HW, C) tokens (to 1) or back (to 0). */
 static xmesh_result_t tok_map(const xmp_tensor_t *src, int to, xmp_sbp_t *dst, const char *op)
 {
-    all_b(dst);
+    xmp_sbp_all_b(dst);
     for (int a = 0; a < src->mesh->ndim; a++) {
         xmp_sbp_t s = src->sbp[a];
         dst[a] = s;
@@ -861,7 +849,7 @@ xmesh_result_t xmp_to_tokens_backward(const xmp_tensor_t *dt, const xmp_tensor_t
     if (!dx)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dx is NULL", op);
     if ((r = check_t(x, 4, op, "x")) || (r = check_t(dt, 3, op, "dt")) ||
-        (r = same_mesh(x, dt, op)) || (r = tok_map(x, 1, ts, op)))
+        (r = xmp_same_mesh(x, dt, op)) || (r = tok_map(x, 1, ts, op)))
         return r;
     for (int a = 0; a < NAX; a++) {
         ts[a] = grad_of(ts[a]);
@@ -912,7 +900,7 @@ xmesh_result_t xmp_from_tokens_backward(const xmp_tensor_t *dx, const xmp_tensor
     if (!dt)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: dt is NULL", op);
     if ((r = check_t(t, 3, op, "t")) || (r = check_t(dx, 4, op, "dx")) ||
-        (r = same_mesh(t, dx, op)) || (r = tok_map(t, 0, xs, op)))
+        (r = xmp_same_mesh(t, dx, op)) || (r = tok_map(t, 0, xs, op)))
         return r;
     if ((int64_t)h * w != t->shape[1])
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %d x %d pixels for %lld tokens", op, h, w,
@@ -951,7 +939,8 @@ static xmesh_result_t mha_deduce(const xmp_tensor_t *q, const xmp_tensor_t *k,
 {
     xmesh_result_t r;
     if ((r = check_t(q, 3, op, "q")) || (r = check_t(k, 3, op, "k")) ||
-        (r = check_t(v, 3, op, "v")) || (r = same_mesh(q, k, op)) || (r = same_mesh(q, v, op)))
+        (r = check_t(v, 3, op, "v")) || (r = xmp_same_mesh(q, k, op)) ||
+        (r = xmp_same_mesh(q, v, op)))
         return r;
     if (head_dim < 1 || q->shape[2] % head_dim != 0 || k->shape[2] != q->shape[2] ||
         v->shape[2] != q->shape[2] || k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] ||
@@ -962,9 +951,9 @@ static xmesh_result_t mha_deduce(const xmp_tensor_t *q, const xmp_tensor_t *k,
                        op, (long long)q->shape[0], (long long)q->shape[1], (long long)q->shape[2],
                        (long long)k->shape[0], (long long)k->shape[1], (long long)k->shape[2],
                        head_dim);
-    all_b(tq);
-    all_b(tk);
-    all_b(tp);
+    xmp_sbp_all_b(tq);
+    xmp_sbp_all_b(tk);
+    xmp_sbp_all_b(tp);
     for (int a = 0; a < q->mesh->ndim; a++) {
         xmp_sbp_t s = q->sbp[a];
         if (s.kind != XMP_S)
@@ -1047,7 +1036,7 @@ xmesh_result_t xmp_mha_backward(const xmp_tensor_t *dout, const xmp_tensor_t *q,
     if (!cache || !dq || !dk || !dv)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: cache, dq, dk and dv are required", op);
     if ((r = mha_deduce(q, k, v, head_dim, tq, tk, tp, op)) || (r = check_t(dout, 3, op, "dout")) ||
-        (r = same_mesh(q, dout, op)))
+        (r = xmp_same_mesh(q, dout, op)))
         return r;
     for (int a = 0; a < NAX; a++)
         tdk[a] = tq[a].kind == XMP_S && tq[a].dim == 1 ? xmp_sbp_p() : tk[a];

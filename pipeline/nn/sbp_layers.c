@@ -14,24 +14,6 @@
 #define NAX XMP_MAX_MESH_DIMS
 #define LN_EPS 1e-5f
 
-static int64_t prod(const int64_t *s, int lo, int hi)
-{
-    int64_t v = 1;
-    for (int d = lo; d < hi; d++)
-        v *= s[d];
-    return v;
-}
-
-static xmesh_result_t check_f32(const xmp_tensor_t *t, const char *op, const char *name)
-{
-    if (!t)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, name);
-    if (t->dtype != XMESH_F32)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s, expected f32", op, name,
-                       xmesh_dtype_name(t->dtype));
-    return XMESH_SUCCESS;
-}
-
 static xmesh_result_t same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, const char *op,
                                 const char *na, const char *nb)
 {
@@ -137,8 +119,8 @@ static xmesh_result_t ln_check(const char *op, const xmp_tensor_t *x, const xmp_
                                const xmp_tensor_t *b)
 {
     xmesh_result_t r;
-    if ((r = check_f32(x, op, "x")) || (r = check_f32(w, op, "w")) ||
-        (b && (r = check_f32(b, op, "b"))))
+    if ((r = xmp_check_f32(x, op, "x")) || (r = xmp_check_f32(w, op, "w")) ||
+        (b && (r = xmp_check_f32(b, op, "b"))))
         return r;
     if ((r = same_mesh(x, w, op, "x", "w")) || (b && (r = same_mesh(x, b, op, "x", "b"))))
         return r;
@@ -220,7 +202,7 @@ xmesh_result_t xmp_layernorm_forward(const xmp_tensor_t *x, const xmp_tensor_t *
         goto out_free_y;
     if ((r = xmp_tensor_alloc(&rstd, x->mesh, nd - 1, x->shape, XMESH_F32, ts)))
         goto out_free_mean;
-    int64_t N = prod(xb.lshape, 0, nd - 1), Cl = xb.lshape[nd - 1];
+    int64_t N = xmp_prod(xb.lshape, 0, nd - 1), Cl = xb.lshape[nd - 1];
     const float *X = xmp_f32(&xb), *W = xmp_f32(&wb), *Bi = xmp_f32(&bb);
     float *Y = xmp_f32(&yo), *M = xmp_f32(&mean), *S = xmp_f32(&rstd);
     if (!has_channel_split(m, tx, nd)) {
@@ -302,7 +284,7 @@ xmesh_result_t xmp_layernorm_backward(const xmp_tensor_t *dy, const xmp_tensor_t
     xmp_tensor_t xb, wb, gb, dxo, dwo, dbo;
     float *sums = NULL;
     xmesh_result_t r;
-    if ((r = ln_check(op, x, w, NULL)) || (r = check_f32(dy, op, "dy")) ||
+    if ((r = ln_check(op, x, w, NULL)) || (r = xmp_check_f32(dy, op, "dy")) ||
         (r = same_mesh(x, dy, op, "x", "dy")))
         return r;
     if (!cache || !dx || !dw || !db)
@@ -339,7 +321,7 @@ xmesh_result_t xmp_layernorm_backward(const xmp_tensor_t *dy, const xmp_tensor_t
         goto out_free_dx;
     if ((r = xmp_tensor_alloc(&dbo, x->mesh, 1, w->shape, XMESH_F32, tg)))
         goto out_free_dw;
-    int64_t N = prod(xb.lshape, 0, nd - 1), Cl = xb.lshape[nd - 1];
+    int64_t N = xmp_prod(xb.lshape, 0, nd - 1), Cl = xb.lshape[nd - 1];
     const float *X = xmp_f32(&xb), *W = xmp_f32(&wb), *G = xmp_f32(&gb);
     const float *M = xmp_f32(&cache->mean), *S = xmp_f32(&cache->rstd);
     float *DX = xmp_f32(&dxo), *DW = xmp_f32(&dwo), *DB = xmp_f32(&dbo);
@@ -499,7 +481,7 @@ static void attn_bwd_local(const attn_geo_t *g, float *dq, float *dkv, const flo
 static xmesh_result_t attn_check(const char *op, const xmp_tensor_t *qkv, xmp_sbp_t *tq,
                                  xmp_sbp_t *ty, xmp_sbp_t *ta)
 {
-    xmesh_result_t r = check_f32(qkv, op, "qkv");
+    xmesh_result_t r = xmp_check_f32(qkv, op, "qkv");
     char msg[400];
     if (r)
         return r;
@@ -606,7 +588,7 @@ xmesh_result_t xmp_attention_backward(const xmp_tensor_t *dy, const xmp_tensor_t
     xmp_tensor_t q, kv, gy, dq, dkv, dkvs;
     float *work = NULL;
     xmesh_result_t r;
-    if ((r = attn_check(op, qkv, tq, ty, ta)) || (r = check_f32(dy, op, "dy")) ||
+    if ((r = attn_check(op, qkv, tq, ty, ta)) || (r = xmp_check_f32(dy, op, "dy")) ||
         (r = same_mesh(qkv, dy, op, "qkv", "dy")))
         return r;
     if (!cache || !dqkv)

@@ -11,32 +11,6 @@
 
 #define NAX XMP_MAX_MESH_DIMS
 
-static int64_t prod(const int64_t *s, int lo, int hi)
-{
-    int64_t v = 1;
-    for (int d = lo; d < hi; d++)
-        v *= s[d];
-    return v;
-}
-
-static xmesh_result_t check_f32(const xmp_tensor_t *t, const char *op, const char *name)
-{
-    if (!t)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, name);
-    if (t->dtype != XMESH_F32)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: %s has dtype %s, expected f32", op, name,
-                       xmesh_dtype_name(t->dtype));
-    return XMESH_SUCCESS;
-}
-
-static xmesh_result_t same_mesh(const xmp_tensor_t *a, const xmp_tensor_t *b, const char *op)
-{
-    if (a->mesh != b->mesh)
-        return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: operands '%s' and '%s' on different meshes",
-                       op, a->spec, b->spec);
-    return XMESH_SUCCESS;
-}
-
 /* ------------------------------------------------------------ rule helpers */
 
 void xmp_rule_msg(char *err, size_t n, const char *op, const char *operand, const xmp_sbp_t *sbp,
@@ -73,12 +47,6 @@ int xmp_rule_operand(const char *op, const char *operand, int naxes, int nd, con
         }
     }
     return 0;
-}
-
-static void all_b(xmp_sbp_t *t)
-{
-    for (int a = 0; a < NAX; a++)
-        t[a] = xmp_sbp_b();
 }
 
 /* ------------------------------------------------------------ contraction */
@@ -146,7 +114,7 @@ static xmesh_result_t contract(const operand_t *A, const operand_t *B, const cha
     int64_t oshape[XMP_MAX_DIMS];
     int fa = A->con_first ? A->ncon : 0, fb = B->con_first ? B->ncon : 0;
     int ca = A->con_first ? 0 : A->nfree, cb = B->con_first ? 0 : B->nfree;
-    xmesh_result_t r = same_mesh(A->t, B->t, op);
+    xmesh_result_t r = xmp_same_mesh(A->t, B->t, op);
     if (r)
         return r;
     if (A->ncon != B->ncon || A->nfree + B->nfree > XMP_MAX_DIMS)
@@ -183,8 +151,8 @@ static xmesh_result_t contract(const operand_t *A, const operand_t *B, const cha
     }
     int64_t M = 0, K = 0, N = 0, K2 = 0;
     if (m->member) {
-        M = prod(pa->lshape, fa, fa + A->nfree), K = prod(pa->lshape, ca, ca + A->ncon);
-        N = prod(pb->lshape, fb, fb + B->nfree), K2 = prod(pb->lshape, cb, cb + B->ncon);
+        M = xmp_prod(pa->lshape, fa, fa + A->nfree), K = xmp_prod(pa->lshape, ca, ca + A->ncon);
+        N = xmp_prod(pb->lshape, fb, fb + B->nfree), K2 = xmp_prod(pb->lshape, cb, cb + B->ncon);
     }
     /* sgemm with beta 0 writes every element of the output; an empty product leaves zeros */
     r = M && N && K
@@ -220,7 +188,7 @@ out_free_a:
  * y is P, B otherwise. */
 static void bias_rule(int naxes, int nb, const xmp_sbp_t *ty, xmp_sbp_t *tb)
 {
-    all_b(tb);
+    xmp_sbp_all_b(tb);
     for (int a = 0; a < naxes; a++) {
         if (ty[a].kind == XMP_P)
             tb[a] = xmp_sbp_p();
@@ -244,9 +212,9 @@ int xmp_rule_linear(int naxes, int nx, const xmp_sbp_t *sx, int nw, const xmp_sb
         xmp_rule_operand("linear", "w", naxes, nw, sw, err, n))
         return -1;
     operand_t A = {NULL, nx - 1, 1, 0}, B = {NULL, nw - 1, 1, 0};
-    all_b(tx);
-    all_b(tw);
-    all_b(ty);
+    xmp_sbp_all_b(tx);
+    xmp_sbp_all_b(tw);
+    xmp_sbp_all_b(ty);
     for (int a = 0; a < naxes; a++)
         deduce(&A, &B, sx[a], sw[a], &tx[a], &tw[a], &ty[a]);
     if (tb)
@@ -259,8 +227,8 @@ xmesh_result_t xmp_linear_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
 {
     const char *op = "xmp_linear_forward";
     xmesh_result_t r;
-    if ((r = check_f32(x, op, "x")) || (r = check_f32(w, op, "w")) ||
-        (b && (r = check_f32(b, op, "b"))))
+    if ((r = xmp_check_f32(x, op, "x")) || (r = xmp_check_f32(w, op, "w")) ||
+        (b && (r = xmp_check_f32(b, op, "b"))))
         return r;
     if (x->ndim < 1 || w->ndim < 2)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: x has %d dims, w %d (need >= 1, >= 2)", op,
@@ -270,7 +238,7 @@ xmesh_result_t xmp_linear_forward(const xmp_tensor_t *x, const xmp_tensor_t *w,
         if (b->ndim != no || memcmp(b->shape, w->shape, sizeof(int64_t) * (size_t)no))
             return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: bias of %d dims does not match w", op,
                            b->ndim);
-        if ((r = same_mesh(x, b, op)))
+        if ((r = xmp_same_mesh(x, b, op)))
             return r;
     }
     operand_t A = {x, nb, 1, 0}, B = {w, no, 1, 0};
@@ -304,7 +272,7 @@ xmesh_result_t xmp_linear_backward_input(const xmp_tensor_t *dy, const xmp_tenso
 {
     const char *op = "xmp_linear_backward_input";
     xmesh_result_t r;
-    if ((r = check_f32(dy, op, "dy")) || (r = check_f32(w, op, "w")))
+    if ((r = xmp_check_f32(dy, op, "dy")) || (r = xmp_check_f32(w, op, "w")))
         return r;
     int no = w->ndim - 1, nb = dy->ndim - no;
     if (no < 1 || nb < 0)
@@ -319,7 +287,7 @@ xmesh_result_t xmp_linear_backward_weight(const xmp_tensor_t *dy, const xmp_tens
 {
     const char *op = "xmp_linear_backward_weight";
     xmesh_result_t r;
-    if ((r = check_f32(dy, op, "dy")) || (r = check_f32(x, op, "x")))
+    if ((r = xmp_check_f32(dy, op, "dy")) || (r = xmp_check_f32(x, op, "x")))
         return r;
     int nb = x->ndim - 1, no = dy->ndim - nb;
     if (nb < 0 || no < 1)
@@ -374,7 +342,7 @@ int xmp_rule_add(int naxes, int nd, const xmp_sbp_t *sx, const xmp_sbp_t *sy, xm
     if (xmp_rule_operand("add", "x", naxes, nd, sx, err, n) ||
         xmp_rule_operand("add", "y", naxes, nd, sy, err, n))
         return -1;
-    all_b(tz);
+    xmp_sbp_all_b(tz);
     for (int a = 0; a < naxes; a++)
         tz[a] = add_rule(sx[a], sy[a]);
     return 0;
@@ -384,7 +352,8 @@ xmesh_result_t xmp_add_forward(const xmp_tensor_t *x, const xmp_tensor_t *y, xmp
 {
     const char *op = "xmp_add_forward";
     xmesh_result_t r;
-    if ((r = check_f32(x, op, "x")) || (r = check_f32(y, op, "y")) || (r = same_mesh(x, y, op)))
+    if ((r = xmp_check_f32(x, op, "x")) || (r = xmp_check_f32(y, op, "y")) ||
+        (r = xmp_same_mesh(x, y, op)))
         return r;
     if (x->ndim != y->ndim || memcmp(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim))
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: shapes differ (%d vs %d dims)", op, x->ndim,
@@ -446,7 +415,7 @@ static xmesh_result_t no_p(const xmp_tensor_t *x, xmp_sbp_t *t, const char *op)
 
 xmesh_result_t xmp_gelu_forward(const xmp_tensor_t *x, xmp_tensor_t *y)
 {
-    xmesh_result_t r = check_f32(x, "xmp_gelu_forward", "x");
+    xmesh_result_t r = xmp_check_f32(x, "xmp_gelu_forward", "x");
     xmp_sbp_t t[NAX];
     if (r || (r = no_p(x, t, "xmp_gelu_forward")))
         return r;
@@ -464,8 +433,8 @@ xmesh_result_t xmp_gelu_forward(const xmp_tensor_t *x, xmp_tensor_t *y)
 xmesh_result_t xmp_gelu_backward(const xmp_tensor_t *dy, const xmp_tensor_t *x, xmp_tensor_t *dx)
 {
     xmesh_result_t r;
-    if ((r = check_f32(dy, "xmp_gelu_backward", "dy")) ||
-        (r = check_f32(x, "xmp_gelu_backward", "x")))
+    if ((r = xmp_check_f32(dy, "xmp_gelu_backward", "dy")) ||
+        (r = xmp_check_f32(x, "xmp_gelu_backward", "x")))
         return r;
     xmp_sbp_t t[NAX];
     xmp_tensor_t bx = {0};
@@ -512,9 +481,9 @@ int xmp_rule_embedding(int naxes, int nt, const xmp_sbp_t *stok, int ntab, const
     if (xmp_rule_operand("embedding", "tok", naxes, nt, stok, err, n) ||
         xmp_rule_operand("embedding", "table", naxes, 2, stab, err, n))
         return -1;
-    all_b(tt);
-    all_b(tw);
-    all_b(to);
+    xmp_sbp_all_b(tt);
+    xmp_sbp_all_b(tw);
+    xmp_sbp_all_b(to);
     for (int a = 0; a < naxes; a++) {
         xmp_sbp_t st = stok[a], sw = stab[a];
         if (st.kind == XMP_P) {
@@ -555,7 +524,7 @@ xmesh_result_t xmp_embedding_forward(const xmp_tensor_t *tok, const xmp_tensor_t
     xmesh_result_t r;
     if (!tok || tok->dtype != XMESH_I32)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: token ids must be i32", op);
-    if ((r = check_f32(table, op, "table")) || (r = same_mesh(tok, table, op)))
+    if ((r = xmp_check_f32(table, op, "table")) || (r = xmp_same_mesh(tok, table, op)))
         return r;
     if (table->ndim != 2 || tok->ndim + 1 > XMP_MAX_DIMS)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: table has %d dims, expected 2", op,
@@ -598,7 +567,7 @@ xmesh_result_t xmp_embedding_backward(const xmp_tensor_t *dout, const xmp_tensor
 {
     const char *op = "xmp_embedding_backward";
     xmesh_result_t r;
-    if ((r = check_f32(dout, op, "dout")) || (r = check_f32(table, op, "table")))
+    if ((r = xmp_check_f32(dout, op, "dout")) || (r = xmp_check_f32(table, op, "table")))
         return r;
     xmp_sbp_t tt[NAX], tw[NAX], to[NAX], tg[NAX], gw[NAX];
     if ((r = emb_deduce(tok, table, tt, tw, to, op)))
@@ -648,8 +617,8 @@ int xmp_rule_cross_entropy(int naxes, int nl, const xmp_sbp_t *sl, const xmp_sbp
     if (xmp_rule_operand("cross_entropy", "logits", naxes, nl, sl, err, n) ||
         (st && xmp_rule_operand("cross_entropy", "targets", naxes, nr, st, err, n)))
         return -1;
-    all_b(tl);
-    all_b(tt);
+    xmp_sbp_all_b(tl);
+    xmp_sbp_all_b(tt);
     for (int a = 0; a < naxes; a++) {
         if (st && st[a].kind == XMP_P) {
             xmp_rule_msg(err, n, "cross_entropy", "targets", st, naxes, a,
@@ -667,11 +636,11 @@ xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t 
 {
     const char *op = "xmp_cross_entropy";
     xmesh_result_t r;
-    if ((r = check_f32(logits, op, "logits")))
+    if ((r = xmp_check_f32(logits, op, "logits")))
         return r;
     if (!targets || targets->dtype != XMESH_I32 || !loss)
         return xmp_err(XMESH_ERR_INVALID_ARGUMENT, "%s: targets must be i32, loss non-NULL", op);
-    if ((r = same_mesh(logits, targets, op)))
+    if ((r = xmp_same_mesh(logits, targets, op)))
         return r;
     int nr = logits->ndim - 1;
     const xmp_mesh_t *m = logits->mesh;
@@ -694,7 +663,8 @@ xmesh_result_t xmp_cross_entropy(const xmp_tensor_t *logits, const xmp_tensor_t 
         xmp_tensor_free(&L);
         return r;
     }
-    int64_t R = prod(L.lshape, 0, nr), Vl = L.lshape[nr], v0 = L.loff[nr], N = prod(L.shape, 0, nr);
+    int64_t R = xmp_prod(L.lshape, 0, nr), Vl = L.lshape[nr], v0 = L.loff[nr],
+            N = xmp_prod(L.shape, 0, nr);
     float *buf = calloc((size_t)(3 * R + 1), sizeof(float));
     double total = 0;
     if (!buf) {
